@@ -1,0 +1,18 @@
+//! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
+pub mod setops;
+pub mod sorted_intersect;
+
+use datafusion::error::Result;
+
+use crate::gpu::Gpu;
+
+/// A kernel family's self-check against its CPU twin (run by `setfusion doctor`).
+pub type SelfCheck = fn(&Gpu) -> Result<String>;
+
+/// Every family's self-check, by kernel family name.
+pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
+    vec![
+        ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
+        ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
+    ]
+}

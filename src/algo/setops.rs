@@ -1,0 +1,328 @@
+//! Multiset selection: which probe rows survive a semi/anti join or an
+//! INTERSECT / EXCEPT [ALL] against a build side, on 64-bit keys.
+//!
+//! One signature, three implementations: [`select_cpu`] (the CPU twin),
+//! and the GPU strategies in [`select_gpu`] (`hash`: kernels/hash_setops.cu,
+//! `bitmap`: kernels/bitmap_setops.cu). The result is one bit per probe row,
+//! LSB-first in 32-bit words, which is exactly Arrow's boolean buffer layout.
+//!
+//! Rules per distinct key with `m` probe copies and `n` build copies (seed 002):
+//! semi keeps all m if n > 0; anti keeps all m if n == 0; INTERSECT ALL keeps
+//! min(m, n); EXCEPT ALL keeps max(m - n, 0); INTERSECT / EXCEPT keep one copy.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
+use datafusion::error::{DataFusionError, Result};
+
+use crate::gpu::{cuda_err, Gpu, TransferStats};
+
+/// The selection rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SetOp {
+    Semi = 0,
+    Anti = 1,
+    IntersectDistinct = 2,
+    IntersectAll = 3,
+    ExceptDistinct = 4,
+    ExceptAll = 5,
+}
+
+impl SetOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SetOp::Semi => "semi",
+            SetOp::Anti => "anti",
+            SetOp::IntersectDistinct => "intersect",
+            SetOp::IntersectAll => "intersect all",
+            SetOp::ExceptDistinct => "except",
+            SetOp::ExceptAll => "except all",
+        }
+    }
+
+    /// Does the rule need per-key multiplicities (not just presence)?
+    pub fn needs_counts(&self) -> bool {
+        !matches!(self, SetOp::Semi | SetOp::Anti)
+    }
+}
+
+/// GPU strategy for [`select_gpu`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuStrategy {
+    Hash,
+    Bitmap,
+}
+
+impl GpuStrategy {
+    pub fn name(&self) -> &'static str {
+        match self {
+            GpuStrategy::Hash => "hash",
+            GpuStrategy::Bitmap => "bitmap",
+        }
+    }
+}
+
+/// Convert bit words (LSB-first) to an Arrow boolean buffer of `len` bits.
+pub fn words_to_bool(words: Vec<u32>, len: usize) -> BooleanBuffer {
+    BooleanBuffer::new(Buffer::from_vec(words), 0, len)
+}
+
+/// CPU twin: same rules, a hash map of (build count, probe rank) per key.
+pub fn select_cpu(op: SetOp, build: &[u64], probe: &[u64]) -> BooleanBuffer {
+    let mut words = vec![0u32; probe.len().div_ceil(32)];
+    let mut set = |i: usize| words[i >> 5] |= 1 << (i & 31);
+    match op {
+        SetOp::Semi | SetOp::Anti => {
+            let keys: std::collections::HashSet<u64> = build.iter().copied().collect();
+            let want = op == SetOp::Semi;
+            for (i, k) in probe.iter().enumerate() {
+                if keys.contains(k) == want {
+                    set(i);
+                }
+            }
+        }
+        _ => {
+            let mut counts: HashMap<u64, (u32, u32)> = HashMap::with_capacity(build.len());
+            for k in build {
+                counts.entry(*k).or_default().0 += 1;
+            }
+            for (i, k) in probe.iter().enumerate() {
+                let e = counts.entry(*k).or_default();
+                let (n, r) = (e.0, e.1);
+                e.1 += 1;
+                let keep = match op {
+                    SetOp::IntersectAll => r < n,
+                    SetOp::IntersectDistinct => n > 0 && r == 0,
+                    SetOp::ExceptAll => r >= n,
+                    SetOp::ExceptDistinct => n == 0 && r == 0,
+                    SetOp::Semi | SetOp::Anti => unreachable!(),
+                };
+                if keep {
+                    set(i);
+                }
+            }
+        }
+    }
+    words_to_bool(words, probe.len())
+}
+
+/// Largest key domain (max - min + 1) the bitmap strategy accepts.
+pub const BITMAP_MAX_RANGE: u64 = 1 << 32;
+
+/// Device bytes a strategy needs for these inputs (used to plan partitions).
+pub fn device_bytes(strategy: GpuStrategy, op: SetOp, nb: usize, np: usize, range: u64) -> usize {
+    let keys = (nb + np) * 8 + np.div_ceil(32) * 4;
+    match strategy {
+        GpuStrategy::Hash => keys + hash_capacity(op, nb, np) * 16,
+        GpuStrategy::Bitmap if op.needs_counts() => keys + range as usize * 8,
+        GpuStrategy::Bitmap => keys + (range as usize).div_ceil(32) * 4,
+    }
+}
+
+fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
+    let distinct_bound = if op == SetOp::ExceptDistinct { nb + np } else { nb };
+    (distinct_bound * 2).next_power_of_two().max(1024)
+}
+
+/// The domain [min, max] of both inputs, if any.
+pub fn key_range(build: &[u64], probe: &[u64]) -> Option<(u64, u64)> {
+    let mut it = build.iter().chain(probe.iter());
+    let first = *it.next()?;
+    Some(it.fold((first, first), |(lo, hi), &k| (lo.min(k), hi.max(k))))
+}
+
+fn launch_cfg(n: usize) -> LaunchConfig {
+    let threads = 256u32;
+    let blocks = (n.div_ceil(threads as usize)).clamp(1, 132 * 32) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// GPU implementation: upload keys, build, probe, download one bit per probe row.
+/// The caller holds the device lock. Errors (including the memory budget) are
+/// returned, never panicked, so the caller can partition or fall back.
+pub fn select_gpu(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[u64],
+    probe: &[u64],
+    stats: &mut TransferStats,
+) -> Result<BooleanBuffer> {
+    let np = probe.len();
+    if np == 0 {
+        return Ok(BooleanBuffer::new_unset(0));
+    }
+    let d_build = gpu.upload(build, stats)?;
+    let d_probe = gpu.upload(probe, stats)?;
+    let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
+    let stream = gpu.stream();
+    let started = Instant::now();
+    let (nb64, np64) = (build.len() as u64, np as u64);
+    let opi = op as i32;
+    match strategy {
+        GpuStrategy::Hash => {
+            let cap = hash_capacity(op, build.len(), np);
+            let mask = (cap - 1) as u64;
+            let keys = gpu.alloc::<u64>(cap + 1)?;
+            let count_b = gpu.alloc_zeros::<u32>(cap + 1)?;
+            let ctr_a = gpu.alloc_zeros::<u32>(if op.needs_counts() { cap + 1 } else { 1 })?;
+            let f = gpu.function("hash_setops", "fill_empty")?;
+            let n = (cap + 1) as u64;
+            // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
+            unsafe { stream.launch_builder(&f).arg(&keys.slice).arg(&n).launch(launch_cfg(cap + 1)) }
+                .map_err(|e| cuda_err("fill_empty", e))?;
+            if !build.is_empty() {
+                let f = gpu.function("hash_setops", "build")?;
+                // SAFETY: as above.
+                unsafe {
+                    stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&keys.slice).arg(&count_b.slice).arg(&mask)
+                        .launch(launch_cfg(build.len()))
+                }
+                .map_err(|e| cuda_err("hash build", e))?;
+            }
+            let f = gpu.function("hash_setops", "probe")?;
+            // SAFETY: as above.
+            unsafe {
+                stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&keys.slice).arg(&count_b.slice)
+                    .arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice).launch(launch_cfg(np))
+            }
+            .map_err(|e| cuda_err("hash probe", e))?;
+            gpu.synchronize()?;
+        }
+        GpuStrategy::Bitmap => {
+            let (lo, hi) = key_range(build, probe).unwrap();
+            let range = hi - lo + 1;
+            if range > BITMAP_MAX_RANGE {
+                return Err(DataFusionError::Plan(format!("bitmap strategy: key range {range} too wide")));
+            }
+            if op.needs_counts() {
+                let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
+                let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
+                if !build.is_empty() {
+                    let f = gpu.function("bitmap_setops", "build_counts")?;
+                    // SAFETY: kernel signatures match kernels/bitmap_setops.cu; count arrays cover [lo, hi].
+                    unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(launch_cfg(build.len())) }
+                        .map_err(|e| cuda_err("bitmap build", e))?;
+                }
+                let f = gpu.function("bitmap_setops", "probe_counts")?;
+                // SAFETY: as above.
+                unsafe {
+                    stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&count_b.slice)
+                        .arg(&ctr_a.slice).arg(&opi).arg(&out.slice).launch(launch_cfg(np))
+                }
+                .map_err(|e| cuda_err("bitmap probe", e))?;
+            } else {
+                let bits = gpu.alloc_zeros::<u32>((range as usize).div_ceil(32))?;
+                if !build.is_empty() {
+                    let f = gpu.function("bitmap_setops", "build_bits")?;
+                    // SAFETY: as above; the bitmap covers [lo, hi].
+                    unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(launch_cfg(build.len())) }
+                        .map_err(|e| cuda_err("bitmap build", e))?;
+                }
+                let anti = (op == SetOp::Anti) as i32;
+                let f = gpu.function("bitmap_setops", "probe_bits")?;
+                // SAFETY: as above.
+                unsafe {
+                    stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&bits.slice)
+                        .arg(&anti).arg(&out.slice).launch(launch_cfg(np))
+                }
+                .map_err(|e| cuda_err("bitmap probe", e))?;
+            }
+            gpu.synchronize()?;
+        }
+    }
+    stats.kernel += started.elapsed();
+    let words = gpu.download(&out, np.div_ceil(32), stats)?;
+    Ok(words_to_bool(words, np))
+}
+
+/// Run [`select_gpu`] in key-hash partitions small enough for the budget.
+/// Equal keys always land in the same partition, so every rule stays exact.
+pub fn select_gpu_partitioned(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[u64],
+    probe: &[u64],
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, usize)> {
+    let range = key_range(build, probe).map(|(lo, hi)| hi - lo + 1).unwrap_or(1);
+    let need = device_bytes(strategy, op, build.len(), probe.len(), range);
+    let avail = gpu.budget().available().max(1);
+    if need <= avail {
+        return Ok((select_gpu(gpu, strategy, op, build, probe, stats)?, 1));
+    }
+    // Partitions use the hash strategy (a bitmap's size is set by the range, not
+    // the rows); twice the naive count leaves room for skew between partitions.
+    let hash_need = device_bytes(GpuStrategy::Hash, op, build.len(), probe.len(), 0);
+    let parts = (hash_need.div_ceil(avail) * 2).next_power_of_two().max(2);
+    let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as usize & (parts - 1);
+    let mut b_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
+    for &k in build {
+        b_parts[part_of(k)].push(k);
+    }
+    let mut p_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
+    let mut p_rows: Vec<Vec<u32>> = vec![Vec::new(); parts];
+    for (i, &k) in probe.iter().enumerate() {
+        let p = part_of(k);
+        p_parts[p].push(k);
+        p_rows[p].push(i as u32);
+    }
+    let mut words = vec![0u32; probe.len().div_ceil(32)];
+    for p in 0..parts {
+        let sel = select_gpu(gpu, GpuStrategy::Hash, op, &b_parts[p], &p_parts[p], stats)?;
+        for j in sel.set_indices() {
+            let i = p_rows[p][j] as usize;
+            words[i >> 5] |= 1 << (i & 31);
+        }
+    }
+    Ok((words_to_bool(words, probe.len()), parts))
+}
+
+/// Doctor self-check: every op and strategy against the CPU twin on random keys with duplicates.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut checked = 0;
+    for &(nb, np, domain) in &[(0usize, 100usize, 10u64), (1000, 0, 10), (5000, 7000, 3000), (100_000, 150_000, 1 << 40)] {
+        let build: Vec<u64> = (0..nb).map(|_| rng.random_range(0..domain)).collect();
+        let mut probe: Vec<u64> = (0..np).map(|_| rng.random_range(0..domain)).collect();
+        if np > 3 {
+            probe[0] = u64::MAX; // the hash table's empty marker must still work as a key
+        }
+        for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
+            let want = select_cpu(op, &build, &probe);
+            let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
+            let strategies: &[GpuStrategy] =
+                if range < BITMAP_MAX_RANGE { &[GpuStrategy::Hash, GpuStrategy::Bitmap] } else { &[GpuStrategy::Hash] };
+            for &s in strategies {
+                let got = select_gpu(gpu, s, op, &build, &probe, &mut TransferStats::default())?;
+                if !same_multiset_selection(op, &probe, &want, &got) {
+                    return Err(DataFusionError::Execution(format!(
+                        "setops self-check failed: {} / {} on {nb} x {np} keys",
+                        op.name(),
+                        s.name()
+                    )));
+                }
+                checked += 1;
+            }
+        }
+    }
+    Ok(format!("{checked} op/strategy/input combinations match the CPU twin"))
+}
+
+/// Two selections are equivalent if they keep the same multiset of keys (which
+/// copy of equal keys is kept is immaterial: equal keys are equal rows).
+pub fn same_multiset_selection(op: SetOp, probe: &[u64], a: &BooleanBuffer, b: &BooleanBuffer) -> bool {
+    if !op.needs_counts() {
+        return a == b;
+    }
+    let pick = |s: &BooleanBuffer| {
+        let mut v: Vec<u64> = s.set_indices().map(|i| probe[i]).collect();
+        v.sort_unstable();
+        v
+    };
+    a.len() == b.len() && pick(a) == pick(b)
+}

@@ -1,0 +1,64 @@
+//! `setfusion doctor`: device report, kernel compilation, self-checks.
+
+use datafusion::error::Result;
+
+use crate::gpu;
+
+/// One line saying which device setfusion will use, or why none.
+pub fn gpu_line() -> String {
+    match gpu::gpu(0) {
+        Ok(g) => {
+            let i = g.info();
+            format!("GPU: {} (sm_{}{}, {:.1} GiB)", i.name, i.compute_capability.0, i.compute_capability.1, i.total_memory as f64 / (1u64 << 30) as f64)
+        }
+        Err(e) => format!("no GPU: {e}; setfusion runs on the CPU"),
+    }
+}
+
+/// Exit code 0 when healthy (or when no GPU is present: that is a supported setup).
+pub async fn run() -> Result<i32> {
+    println!("setfusion {}", env!("CARGO_PKG_VERSION"));
+    let g = match gpu::gpu(0) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("no GPU: {e}; setfusion runs on the CPU");
+            let require = std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            return Ok(if require { 2 } else { 0 });
+        }
+    };
+    let i = g.info();
+    println!("device {}: {}", i.ordinal, i.name);
+    println!("compute capability: {}.{}", i.compute_capability.0, i.compute_capability.1);
+    println!("driver version: {}.{}", i.driver_version / 1000, (i.driver_version % 1000) / 10);
+    println!("multiprocessors: {}", i.multiprocessors);
+    println!(
+        "memory: {:.1} GiB total, {:.1} GiB free, budget {:.1} GiB",
+        i.total_memory as f64 / (1u64 << 30) as f64,
+        g.free_memory()? as f64 / (1u64 << 30) as f64,
+        g.budget().limit() as f64 / (1u64 << 30) as f64
+    );
+    let mut ok = true;
+    match g.compile_all() {
+        Ok(list) => {
+            for (family, t) in list {
+                println!("kernel {family}: compiled/loaded in {:.1} ms", t.as_secs_f64() * 1e3);
+            }
+        }
+        Err(e) => {
+            println!("kernel compilation FAILED: {}", super::one_line(&e));
+            return Ok(1);
+        }
+    }
+    for (family, check) in crate::algo::self_checks() {
+        let _lock = g.lock_blocking();
+        match check(&g) {
+            Ok(msg) => println!("self-check {family}: ok ({msg})"),
+            Err(e) => {
+                ok = false;
+                println!("self-check {family}: FAILED: {}", super::one_line(&e));
+            }
+        }
+    }
+    println!("{}", if ok { "doctor: all checks passed" } else { "doctor: some checks FAILED" });
+    Ok(if ok { 0 } else { 1 })
+}

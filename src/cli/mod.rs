@@ -1,0 +1,210 @@
+//! The `setfusion` command line, shaped like datafusion-cli.
+//!
+//! ```text
+//! setfusion [--table NAME=PATH]... [-c "SQL; SQL"]... [-f FILE.sql]... [--format table|csv|json]
+//! setfusion demo | doctor | slt FILE.slt...
+//! ```
+//! With neither `-c` nor `-f` it reads statements from standard input (a REPL
+//! when that is a terminal). Every error is one line on stderr and a non-zero exit.
+
+pub mod demo;
+pub mod doctor;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
+use datafusion::sql::parser::DFParser;
+
+/// Output format of query results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FILE]... [--format table|csv|json]
+       setfusion demo      run the built-in demonstration (generated data, no download)
+       setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
+       setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes";
+
+/// One line, for stderr: DataFusion errors can span lines.
+pub fn one_line(e: &DataFusionError) -> String {
+    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Entry point; returns the process exit code.
+pub async fn main_with_args(args: Vec<String>) -> i32 {
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {}", one_line(&e));
+            1
+        }
+    }
+}
+
+async fn run(args: Vec<String>) -> Result<i32> {
+    let mut tables = Vec::new();
+    let mut commands: Vec<String> = Vec::new();
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut format = Format::Table;
+    let mut it = args.into_iter().skip(1).peekable();
+    let usage_err = |m: &str| DataFusionError::Configuration(format!("{m}\n{USAGE}"));
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "demo" if tables.is_empty() && commands.is_empty() => return demo::run().await.map(|_| 0),
+            "doctor" if tables.is_empty() && commands.is_empty() => return doctor::run().await,
+            "slt" => {
+                let paths: Vec<PathBuf> = it.by_ref().map(PathBuf::from).collect();
+                if paths.is_empty() {
+                    return Err(usage_err("slt needs at least one .slt file"));
+                }
+                return Ok(crate::slt::run_cli(&paths, &[crate::slt::Mode::Cpu, crate::slt::Mode::Gpu]).await);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(0);
+            }
+            "--table" | "-t" => {
+                let spec = it.next().ok_or_else(|| usage_err("--table needs NAME=PATH"))?;
+                let (name, path) =
+                    spec.split_once('=').ok_or_else(|| usage_err(&format!("--table '{spec}': expected NAME=PATH")))?;
+                tables.push((name.to_string(), PathBuf::from(path)));
+            }
+            "-c" | "--command" => commands.push(it.next().ok_or_else(|| usage_err("-c needs SQL"))?),
+            "-f" | "--file" => files.push(PathBuf::from(it.next().ok_or_else(|| usage_err("-f needs a file"))?)),
+            "--format" => {
+                format = match it.next().as_deref() {
+                    Some("table") => Format::Table,
+                    Some("csv") => Format::Csv,
+                    Some("json") => Format::Json,
+                    other => return Err(usage_err(&format!("--format {other:?}: expected table, csv or json"))),
+                }
+            }
+            other => return Err(usage_err(&format!("unknown argument '{other}'"))),
+        }
+    }
+    let ctx = crate::context();
+    for (name, path) in &tables {
+        register_table(&ctx, name, path).await?;
+    }
+    if commands.is_empty() && files.is_empty() {
+        return repl(&ctx, format).await;
+    }
+    for c in &commands {
+        run_sql(&ctx, c, format).await?;
+    }
+    for f in &files {
+        let sql = std::fs::read_to_string(f)
+            .map_err(|e| DataFusionError::Execution(format!("cannot read {}: {e}", f.display())))?;
+        run_sql(&ctx, &sql, format).await?;
+    }
+    Ok(0)
+}
+
+/// Register a Parquet or CSV file (or a folder of them) as a table, by extension.
+pub async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| DataFusionError::Execution(format!("table {name}: cannot open {}: {e}", path.display())))?;
+    let ext_of = |p: &Path| p.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
+    let ext = if meta.is_dir() {
+        std::fs::read_dir(path)
+            .map_err(|e| DataFusionError::Execution(format!("table {name}: {e}")))?
+            .filter_map(|e| e.ok().and_then(|e| ext_of(&e.path())))
+            .find(|e| e == "parquet" || e == "csv")
+    } else {
+        ext_of(path)
+    };
+    let p = path.to_string_lossy();
+    match ext.as_deref() {
+        Some("parquet") => ctx.register_parquet(name, p.as_ref(), ParquetReadOptions::default()).await,
+        Some("csv") => ctx.register_csv(name, p.as_ref(), CsvReadOptions::new()).await,
+        _ => Err(DataFusionError::Execution(format!(
+            "table {name}: {} is neither .parquet nor .csv (nor a folder of them)",
+            path.display()
+        ))),
+    }
+}
+
+/// Run every statement of `sql` in order, printing each result.
+pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<()> {
+    let state = ctx.state();
+    let dialect = state.config().options().sql_parser.dialect;
+    let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?;
+    for stmt in statements {
+        let plan = ctx.state().statement_to_plan(stmt).await?;
+        let df = ctx.execute_logical_plan(plan).await?;
+        let batches = df.collect().await?;
+        print_batches(&batches, format)?;
+    }
+    Ok(())
+}
+
+fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Table => {
+            if batches.iter().any(|b| b.num_columns() > 0) {
+                writeln!(out, "{}", pretty_format_batches(batches)?)?;
+            }
+        }
+        Format::Csv => {
+            let mut w = datafusion::arrow::csv::Writer::new(&mut out);
+            for b in batches {
+                w.write(b)?;
+            }
+        }
+        Format::Json => {
+            let mut w = datafusion::arrow::json::LineDelimitedWriter::new(&mut out);
+            for b in batches {
+                w.write(b)?;
+            }
+            w.finish()?;
+        }
+    }
+    Ok(())
+}
+
+/// Read statements (terminated by `;`) from stdin; errors are reported and reading goes on.
+async fn repl(ctx: &SessionContext, format: Format) -> Result<i32> {
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        println!("setfusion {} — {}. End statements with ';', quit with \\q.", env!("CARGO_PKG_VERSION"), doctor::gpu_line());
+    }
+    let mut buf = String::new();
+    let mut failed = false;
+    let stdin = std::io::stdin();
+    loop {
+        if interactive {
+            print!("{}", if buf.is_empty() { "setfusion> " } else { "       -> " });
+            std::io::stdout().flush().ok();
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        if buf.is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {
+            break;
+        }
+        buf.push_str(&line);
+        if buf.trim_end().ends_with(';') {
+            if let Err(e) = run_sql(ctx, &buf, format).await {
+                eprintln!("Error: {}", one_line(&e));
+                failed = true;
+            }
+            buf.clear();
+        }
+    }
+    if !buf.trim().is_empty() {
+        if let Err(e) = run_sql(ctx, &buf, format).await {
+            eprintln!("Error: {}", one_line(&e));
+            failed = true;
+        }
+    }
+    Ok(if failed && !interactive { 1 } else { 0 })
+}

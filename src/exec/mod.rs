@@ -1,0 +1,2 @@
+//! DataFusion `ExecutionPlan`s: one operator per file, the plan node separate from its stream.
+pub mod set_select;

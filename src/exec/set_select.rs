@@ -1,0 +1,540 @@
+//! `SemiJoinExec` / `SetOpExec`: keep the rows of one input that a multiset
+//! rule selects against the other input.
+//!
+//! Semi and anti joins (IN, EXISTS, NOT IN, NOT EXISTS) and INTERSECT / EXCEPT
+//! [ALL] are the same operator: both sides' key columns are encoded into
+//! 64-bit keys, one selection bit per kept-side row is computed by
+//! [`crate::algo::setops`] (GPU or CPU backend), and the kept side's batches
+//! are filtered on the host. Only key columns ever reach the device.
+//!
+//! The output keeps the kept side's partitioning and order: the selection is
+//! computed once for all partitions (ranks in INTERSECT ALL are global), and
+//! `execute(p)` streams partition `p` of the result.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
+use datafusion::arrow::buffer::BooleanBuffer;
+use datafusion::arrow::compute::{concat, filter_record_batch};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::OnceCell;
+
+use crate::algo::setops::{self, GpuStrategy, SetOp};
+use crate::config::{SetfusionConfig, Strategy};
+use crate::gpu::{self, TransferStats};
+use crate::keys::{self, KeyColumns};
+
+/// Where the selection runs, decided at planning time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    Gpu,
+    /// CPU backend, with the reason it was chosen.
+    Cpu(String),
+}
+
+/// NULL semantics of the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NullMode {
+    /// Equi-join: a NULL key matches nothing.
+    NeverEqual,
+    /// Set operations (and IS NOT DISTINCT FROM joins): NULL equals NULL.
+    Equal,
+    /// NOT IN: SQL three-valued logic (any NULL on the other side, or a NULL
+    /// kept-side key, removes the row unless the other side is empty).
+    NullAware,
+}
+
+type Partitions = Arc<Vec<Vec<RecordBatch>>>;
+
+/// The operator. See the module documentation.
+#[derive(Debug)]
+pub struct SetSelectExec {
+    op: SetOp,
+    /// The side whose rows are output.
+    keep: Arc<dyn ExecutionPlan>,
+    /// The side that is only looked up.
+    other: Arc<dyn ExecutionPlan>,
+    keep_keys: Vec<PhysicalExprRef>,
+    other_keys: Vec<PhysicalExprRef>,
+    nulls: NullMode,
+    backend: Backend,
+    /// Optional projection of the kept side's columns.
+    projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    result: Arc<OnceCell<std::result::Result<Partitions, Arc<DataFusionError>>>>,
+    /// What ran (strategy, partitions), for EXPLAIN ANALYZE.
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+impl SetSelectExec {
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_new(
+        op: SetOp,
+        keep: Arc<dyn ExecutionPlan>,
+        other: Arc<dyn ExecutionPlan>,
+        keep_keys: Vec<PhysicalExprRef>,
+        other_keys: Vec<PhysicalExprRef>,
+        nulls: NullMode,
+        backend: Backend,
+        projection: Option<Vec<usize>>,
+    ) -> Result<Self> {
+        if keep_keys.len() != other_keys.len() || keep_keys.is_empty() {
+            return Err(DataFusionError::Plan("setfusion: key lists must be non-empty and of equal length".into()));
+        }
+        let keep_schema = keep.schema();
+        let schema = match &projection {
+            Some(p) => Arc::new(keep_schema.project(p)?),
+            None => keep_schema.clone(),
+        };
+        // Filtering keeps the kept side's partitioning; its equivalences hold for a projection only if unchanged.
+        let eq = match &projection {
+            None => keep.equivalence_properties().clone(),
+            Some(_) => EquivalenceProperties::new(schema.clone()),
+        };
+        let partitioning = match &projection {
+            None => keep.output_partitioning().clone(),
+            Some(_) => datafusion::physical_plan::Partitioning::UnknownPartitioning(keep.output_partitioning().partition_count()),
+        };
+        let cache = Arc::new(PlanProperties::new(eq, partitioning, EmissionType::Final, Boundedness::Bounded));
+        Ok(Self {
+            op,
+            keep,
+            other,
+            keep_keys,
+            other_keys,
+            nulls,
+            backend,
+            projection,
+            schema,
+            cache,
+            metrics: ExecutionPlanMetricsSet::new(),
+            result: Arc::new(OnceCell::new()),
+            ran: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    pub fn op(&self) -> SetOp {
+        self.op
+    }
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn is_join(&self) -> bool {
+        matches!(self.op, SetOp::Semi | SetOp::Anti)
+    }
+}
+
+impl DisplayAs for SetSelectExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let keys: Vec<String> =
+            self.keep_keys.iter().zip(&self.other_keys).map(|(a, b)| format!("({a}, {b})")).collect();
+        let backend = match &self.backend {
+            Backend::Gpu => "gpu".to_string(),
+            Backend::Cpu(reason) => format!("cpu ({reason})"),
+        };
+        write!(f, "{}: op={}", self.name(), self.op.name())?;
+        if self.is_join() {
+            write!(f, ", on=[{}]", keys.join(", "))?;
+        } else {
+            write!(f, ", columns={}", self.keep_keys.len())?;
+        }
+        match self.nulls {
+            NullMode::NeverEqual => {}
+            NullMode::Equal if !self.is_join() => {}
+            NullMode::Equal => write!(f, ", nulls_equal")?,
+            NullMode::NullAware => write!(f, ", null_aware")?,
+        }
+        write!(f, ", backend={backend}")?;
+        if let Some(p) = &self.projection {
+            write!(f, ", projection={p:?}")?;
+        }
+        if !matches!(t, DisplayFormatType::TreeRender) {
+            if let Some(ran) = self.ran.lock().unwrap().as_ref() {
+                write!(f, ", ran={ran}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for SetSelectExec {
+    fn name(&self) -> &str {
+        if self.is_join() {
+            "SemiJoinExec"
+        } else {
+            "SetOpExec"
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.keep, &self.other]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![self.projection.is_none(), false]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for e in self.keep_keys.iter().chain(&self.other_keys) {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 2 {
+            return Err(DataFusionError::Internal("SetSelectExec has two children".into()));
+        }
+        let other = children.pop().unwrap();
+        let keep = children.pop().unwrap();
+        Ok(Arc::new(SetSelectExec::try_new(
+            self.op,
+            keep,
+            other,
+            self.keep_keys.clone(),
+            self.other_keys.clone(),
+            self.nulls,
+            self.backend.clone(),
+            self.projection.clone(),
+        )?))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let cell = self.result.clone();
+        let run = Run {
+            op: self.op,
+            keep: self.keep.clone(),
+            other: self.other.clone(),
+            keep_keys: self.keep_keys.clone(),
+            other_keys: self.other_keys.clone(),
+            nulls: self.nulls,
+            backend: self.backend.clone(),
+            projection: self.projection.clone(),
+            metrics: Metrics::new(&self.metrics),
+            ran: self.ran.clone(),
+        };
+        let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let fut = async move {
+            let parts = cell
+                .get_or_init(|| async move { run.run(context).await.map(Arc::new).map_err(Arc::new) })
+                .await
+                .clone()
+                .map_err(|e| DataFusionError::Shared(e))?;
+            let batches = parts.get(partition).cloned().unwrap_or_default();
+            out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        };
+        let stream = futures::stream::once(fut).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+#[derive(Clone)]
+struct Metrics {
+    bytes_to_device: Count,
+    bytes_to_host: Count,
+    transfer_time: Time,
+    kernel_time: Time,
+    encode_time: Time,
+    input_rows: Count,
+}
+
+impl Metrics {
+    fn new(m: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
+            bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
+            transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
+            kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
+            encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0),
+            input_rows: MetricBuilder::new(m).global_counter("input_rows"),
+        }
+    }
+}
+
+/// One execution of the operator (all partitions).
+struct Run {
+    op: SetOp,
+    keep: Arc<dyn ExecutionPlan>,
+    other: Arc<dyn ExecutionPlan>,
+    keep_keys: Vec<PhysicalExprRef>,
+    other_keys: Vec<PhysicalExprRef>,
+    nulls: NullMode,
+    backend: Backend,
+    projection: Option<Vec<usize>>,
+    metrics: Metrics,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+/// Evaluate key expressions over all batches and concatenate per expression.
+fn key_columns(batches: &[RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<ArrayRef>> {
+    exprs
+        .iter()
+        .map(|e| {
+            let parts: Vec<ArrayRef> =
+                batches.iter().map(|b| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect::<Result<_>>()?;
+            if parts.is_empty() {
+                let dt = e.data_type(&batches.first().map(|b| b.schema()).unwrap_or_else(|| Arc::new(datafusion::arrow::datatypes::Schema::empty())))
+                    .unwrap_or(DataType::Null);
+                return Ok(datafusion::arrow::array::new_empty_array(&dt));
+            }
+            let refs: Vec<&dyn datafusion::arrow::array::Array> = parts.iter().map(|a| a.as_ref()).collect();
+            Ok(concat(&refs)?)
+        })
+        .collect()
+}
+
+impl Run {
+    async fn run(self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
+        let cfg = SetfusionConfig::from_options(context.session_config().options());
+        let (keep_parts, other_parts) = futures::try_join!(
+            collect_partitioned(self.keep.clone(), context.clone()),
+            collect_partitioned(self.other.clone(), context.clone())
+        )?;
+        let keep_batches: Vec<RecordBatch> = keep_parts.iter().flatten().cloned().collect();
+        let other_batches: Vec<RecordBatch> = other_parts.into_iter().flatten().collect();
+        let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
+        let other_rows: usize = other_batches.iter().map(|b| b.num_rows()).sum();
+        self.metrics.input_rows.add(keep_rows + other_rows);
+
+        let t = Instant::now();
+        let (keep_cols, other_cols) = if keep_rows == 0 {
+            (vec![], vec![])
+        } else {
+            (key_columns(&keep_batches, &self.keep_keys)?, key_columns(&other_batches, &self.other_keys)?)
+        };
+        let selection = if keep_rows == 0 {
+            BooleanBuffer::new_unset(0)
+        } else {
+            let types: Vec<DataType> = keep_cols.iter().map(|c| c.data_type().clone()).collect();
+            let other_cols = coerce_like(other_cols, &types)?;
+            let converter = keys::converter_for(&types)?;
+            let keep_k = keys::encode(&keep_cols, converter.as_ref())?;
+            let other_k = keys::encode(&other_cols, converter.as_ref())?;
+            self.metrics.encode_time.add_duration(t.elapsed());
+            let (sel, ran) = self.select(&cfg, &keep_k, &other_k)?;
+            *self.ran.lock().unwrap() = Some(ran);
+            sel
+        };
+
+        // Filter each partition's batches with its slice of the selection.
+        let mut offset = 0;
+        let mut out = Vec::with_capacity(keep_parts.len());
+        for part in keep_parts {
+            let mut batches = Vec::with_capacity(part.len());
+            for b in part {
+                let n = b.num_rows();
+                let mask = BooleanArray::new(selection.slice(offset, n), None);
+                offset += n;
+                let filtered = filter_record_batch(&b, &mask)?;
+                let filtered = match &self.projection {
+                    Some(p) => filtered.project(p)?,
+                    None => filtered,
+                };
+                if filtered.num_rows() > 0 {
+                    batches.push(filtered);
+                }
+            }
+            out.push(batches);
+        }
+        Ok(out)
+    }
+
+    /// Compute the selection over all kept rows, applying NULL semantics around the keyed core.
+    fn select(&self, cfg: &SetfusionConfig, keep: &KeyColumns, other: &KeyColumns) -> Result<(BooleanBuffer, String)> {
+        let n = keep.len();
+        // NOT IN with an empty subquery keeps everything, NULL keys included.
+        if self.nulls == NullMode::NullAware && other.is_empty() {
+            return Ok((BooleanBuffer::new_set(n), "no-op (empty subquery)".into()));
+        }
+        // NOT IN with a NULL in the subquery keeps nothing.
+        if self.nulls == NullMode::NullAware && other.null_count() > 0 {
+            return Ok((BooleanBuffer::new_unset(n), "no-op (NULL in subquery)".into()));
+        }
+        let null_is_value = self.nulls == NullMode::Equal;
+        // Rows with NULL keys leave the keyed core; their fate is decided here.
+        let keep_idx: Option<Vec<u32>> =
+            (keep.null_count() > 0).then(|| (0..n as u32).filter(|i| !keep.is_null(*i as usize)).collect());
+        let other_idx: Option<Vec<u32>> =
+            (other.null_count() > 0).then(|| (0..other.len() as u32).filter(|i| !other.is_null(*i as usize)).collect());
+        let gather = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> Vec<u64> {
+            match idx {
+                Some(ix) => ix.iter().map(|i| k.keys[*i as usize]).collect(),
+                None => k.keys.clone(),
+            }
+        };
+        let (kk, ok) = (gather(keep, &keep_idx), gather(other, &other_idx));
+        let (mut core, ran) = self.select_keys(cfg, &kk, &ok, keep, other, &keep_idx, &other_idx)?;
+        let Some(keep_idx) = keep_idx else {
+            return Ok((core, ran));
+        };
+        // Scatter back and decide NULL-key rows.
+        let mut words = vec![0u32; n.div_ceil(32)];
+        for j in core.set_indices() {
+            let i = keep_idx[j] as usize;
+            words[i >> 5] |= 1 << (i & 31);
+        }
+        let null_keep_count = {
+            let m = keep.null_count();
+            let nb = other.null_count();
+            match (self.op, null_is_value, self.nulls) {
+                (_, _, NullMode::NullAware) => 0,
+                (SetOp::Semi, true, _) => if nb > 0 { m } else { 0 },
+                (SetOp::Semi, false, _) => 0,
+                (SetOp::Anti, true, _) => if nb > 0 { 0 } else { m },
+                (SetOp::Anti, false, _) => m,
+                (SetOp::IntersectAll, ..) => m.min(nb),
+                (SetOp::IntersectDistinct, ..) => (m > 0 && nb > 0) as usize,
+                (SetOp::ExceptAll, ..) => m.saturating_sub(nb),
+                (SetOp::ExceptDistinct, ..) => (m > 0 && nb == 0) as usize,
+            }
+        };
+        let mut left = null_keep_count;
+        for i in 0..n {
+            if left == 0 {
+                break;
+            }
+            if keep.is_null(i) {
+                words[i >> 5] |= 1 << (i & 31);
+                left -= 1;
+            }
+        }
+        core = setops::words_to_bool(words, n);
+        Ok((core, ran))
+    }
+
+    /// The keyed core: choose backend and strategy, run, verify hashed keys.
+    #[allow(clippy::too_many_arguments)]
+    fn select_keys(
+        &self,
+        cfg: &SetfusionConfig,
+        kk: &[u64],
+        ok: &[u64],
+        keep: &KeyColumns,
+        other: &KeyColumns,
+        keep_idx: &Option<Vec<u32>>,
+        other_idx: &Option<Vec<u32>>,
+    ) -> Result<(BooleanBuffer, String)> {
+        let hashed = keep.rows.is_some();
+        let (sel, mut ran) = match &self.backend {
+            Backend::Cpu(_) => (setops::select_cpu(self.op, ok, kk), "cpu".to_string()),
+            Backend::Gpu => match self.run_gpu(cfg, kk, ok, hashed) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Device trouble never fails the query: the CPU twin gives the same answer.
+                    (setops::select_cpu(self.op, ok, kk), format!("cpu (GPU failed: {e})"))
+                }
+            },
+        };
+        if !hashed {
+            return Ok((sel, ran));
+        }
+        // Hashed keys: make sure equal hashes meant equal rows; on a collision recompute exactly.
+        let sub = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> KeyColumns {
+            let rows = k.rows.as_ref().unwrap();
+            match idx {
+                None => KeyColumns { keys: k.keys.clone(), nulls: None, rows: Some(rows.clone()) },
+                Some(ix) => {
+                    let conv_rows = ix.iter().map(|i| rows.row(*i as usize));
+                    let mut r = rows.clone();
+                    r.clear();
+                    for row in conv_rows {
+                        r.push(row);
+                    }
+                    KeyColumns { keys: ix.iter().map(|i| k.keys[*i as usize]).collect(), nulls: None, rows: Some(r) }
+                }
+            }
+        };
+        let (kb, kp) = (sub(other, other_idx), sub(keep, keep_idx));
+        match keys::verify_or_exact(&kb, &kp) {
+            None => Ok((sel, ran)),
+            Some((b_ids, p_ids)) => {
+                ran.push_str(", hash collision resolved on cpu");
+                Ok((setops::select_cpu(self.op, &b_ids, &p_ids), ran))
+            }
+        }
+    }
+
+    fn run_gpu(&self, cfg: &SetfusionConfig, kk: &[u64], ok: &[u64], hashed: bool) -> Result<(BooleanBuffer, String)> {
+        let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let _lock = g.lock_blocking();
+        g.budget().set_limit(cfg.memory_limit.0);
+        let strategy = match cfg.strategy {
+            Strategy::Hash => GpuStrategy::Hash,
+            Strategy::Bitmap if !hashed => GpuStrategy::Bitmap,
+            _ => choose_strategy(self.op, kk, ok, hashed),
+        };
+        let mut stats = TransferStats::default();
+        let (sel, parts) = setops::select_gpu_partitioned(&g, strategy, self.op, ok, kk, &mut stats)?;
+        self.metrics.bytes_to_device.add(stats.bytes_to_device);
+        self.metrics.bytes_to_host.add(stats.bytes_to_host);
+        self.metrics.transfer_time.add_duration(stats.to_device + stats.to_host);
+        self.metrics.kernel_time.add_duration(stats.kernel);
+        let strategy = if parts > 1 { GpuStrategy::Hash } else { strategy };
+        Ok((sel, format!("gpu/{}{}", strategy.name(), if parts > 1 { format!(" in {parts} partitions") } else { String::new() })))
+    }
+}
+
+/// `auto`: a bitmap / direct-address table when the key domain is dense
+/// enough that the table is no larger than a hash table would be, else hash.
+fn choose_strategy(op: SetOp, kk: &[u64], ok: &[u64], hashed: bool) -> GpuStrategy {
+    if hashed {
+        return GpuStrategy::Hash;
+    }
+    let Some((lo, hi)) = setops::key_range(ok, kk) else { return GpuStrategy::Hash };
+    let range = hi.wrapping_sub(lo).saturating_add(1);
+    if range > setops::BITMAP_MAX_RANGE {
+        return GpuStrategy::Hash;
+    }
+    let bitmap = setops::device_bytes(GpuStrategy::Bitmap, op, ok.len(), kk.len(), range);
+    let hash = setops::device_bytes(GpuStrategy::Hash, op, ok.len(), kk.len(), range);
+    if bitmap <= hash {
+        GpuStrategy::Bitmap
+    } else {
+        GpuStrategy::Hash
+    }
+}
+
+/// Cast the other side's key columns to the kept side's types (the planner
+/// already coerced them; this guards dictionary / view variants).
+fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
+    cols.into_iter()
+        .zip(types)
+        .map(|(c, t)| if c.data_type() == t { Ok(c) } else { Ok(datafusion::arrow::compute::cast(&c, t)?) })
+        .collect()
+}

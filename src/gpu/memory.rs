@@ -1,0 +1,234 @@
+//! Device memory budget, pinned staging and host<->device transfers.
+//!
+//! Every device allocation is charged against a [`MemoryBudget`] first, so an
+//! operator learns "this does not fit" as an ordinary error it can react to
+//! (partition or fall back) instead of a CUDA out-of-memory deep in a kernel.
+//! Uploads go through two pinned staging buffers used alternately, so copying
+//! the next chunk out of pageable Arrow memory overlaps the DMA of the last.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use datafusion::error::{DataFusionError, Result};
+
+use super::{cuda_err, Gpu};
+
+/// Bytes of each pinned staging buffer.
+const STAGING_BYTES: usize = 64 << 20;
+
+/// Budget for device memory, in bytes. The limit is set per operator run from
+/// `setfusion.memory_limit` (0 = 90% of the device's memory).
+#[derive(Debug)]
+pub struct MemoryBudget {
+    total: usize,
+    limit: AtomicUsize,
+    used: Arc<AtomicUsize>,
+}
+
+impl MemoryBudget {
+    pub(super) fn new(total: usize) -> Self {
+        Self { total, limit: AtomicUsize::new(total / 10 * 9), used: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// Set the limit; 0 means 90% of device memory.
+    pub fn set_limit(&self, bytes: usize) {
+        let l = if bytes == 0 { self.total / 10 * 9 } else { bytes.min(self.total) };
+        self.limit.store(l, Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes still available under the limit.
+    pub fn available(&self) -> usize {
+        self.limit().saturating_sub(self.used())
+    }
+
+    /// Charge `bytes`; the charge is returned when the [`Reservation`] drops.
+    pub fn reserve(&self, bytes: usize) -> Result<Reservation> {
+        let limit = self.limit();
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            if cur + bytes > limit {
+                return Err(DataFusionError::ResourcesExhausted(format!(
+                    "setfusion GPU: device memory budget exceeded: need {bytes} bytes, {} of {limit} in use",
+                    cur
+                )));
+            }
+            match self.used.compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(Reservation { bytes, used: self.used.clone() }),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// A charge against the budget, released on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    bytes: usize,
+    used: Arc<AtomicUsize>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A typed device allocation that holds its budget charge.
+#[derive(Debug)]
+pub struct DeviceBuffer<T> {
+    pub slice: CudaSlice<T>,
+    _charge: Reservation,
+}
+
+impl<T> DeviceBuffer<T> {
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+}
+
+/// Bytes moved and time spent, for EXPLAIN ANALYZE.
+#[derive(Debug, Default, Clone)]
+pub struct TransferStats {
+    pub bytes_to_device: usize,
+    pub bytes_to_host: usize,
+    pub to_device: Duration,
+    pub to_host: Duration,
+    pub kernel: Duration,
+}
+
+impl TransferStats {
+    pub fn add(&mut self, o: &TransferStats) {
+        self.bytes_to_device += o.bytes_to_device;
+        self.bytes_to_host += o.bytes_to_host;
+        self.to_device += o.to_device;
+        self.to_host += o.to_host;
+        self.kernel += o.kernel;
+    }
+}
+
+/// Two pinned buffers, each with the event of the last copy out of it.
+pub(super) struct Staging {
+    bufs: [PinnedHostSlice<u8>; 2],
+    pending: [Option<CudaEvent>; 2],
+}
+
+/// Plain numeric element types that may be reinterpreted from bytes.
+pub trait Pod: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {}
+impl Pod for u8 {}
+impl Pod for u32 {}
+impl Pod for i32 {}
+impl Pod for u64 {}
+impl Pod for i64 {}
+
+impl Gpu {
+    /// Allocate `len` zeroed elements, charged to the budget.
+    pub fn alloc_zeros<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
+        let slice = self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| cuda_err("cuMemAlloc", e))?;
+        Ok(DeviceBuffer { slice, _charge: charge })
+    }
+
+    /// Allocate `len` elements whose contents the caller will overwrite.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
+        // SAFETY: the memory is uninitialised; every caller writes it (kernel or copy) before reading.
+        let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+        Ok(DeviceBuffer { slice, _charge: charge })
+    }
+
+    /// Copy host data to a new device buffer through the pinned staging buffers.
+    pub fn upload<T: Pod>(&self, host: &[T], stats: &mut TransferStats) -> Result<DeviceBuffer<T>> {
+        let mut dst = self.alloc::<T>(host.len())?;
+        self.upload_into(host, &mut dst, 0, stats)?;
+        Ok(dst)
+    }
+
+    /// Copy `host` into `dst[offset..offset + host.len()]`.
+    pub fn upload_into<T: Pod>(
+        &self,
+        host: &[T],
+        dst: &mut DeviceBuffer<T>,
+        offset: usize,
+        stats: &mut TransferStats,
+    ) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut guard = self.staging.lock().unwrap();
+        if guard.is_none() {
+            // SAFETY: the pinned memory is written (copy_from_slice) before any DMA reads it.
+            let mk = || unsafe { self.ctx.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(|e| cuda_err("cuMemHostAlloc", e));
+            *guard = Some(Staging { bufs: [mk()?, mk()?], pending: [None, None] });
+        }
+        let staging = guard.as_mut().unwrap();
+        let elem = std::mem::size_of::<T>();
+        let per_chunk = STAGING_BYTES / elem;
+        for (i, chunk) in host.chunks(per_chunk).enumerate() {
+            let b = i % 2;
+            if let Some(ev) = staging.pending[b].take() {
+                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
+            }
+            let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
+            // SAFETY: T is Pod (plain numbers), so viewing the chunk as bytes is sound.
+            let bytes = unsafe { std::slice::from_raw_parts(chunk.as_ptr() as *const u8, std::mem::size_of_val(chunk)) };
+            pinned[..bytes.len()].copy_from_slice(bytes);
+            // SAFETY: the pinned buffer is u8 aligned to at least 8 by cuMemHostAlloc, and
+            // holds exactly chunk.len() initialised T values.
+            let typed: &[T] = unsafe { std::slice::from_raw_parts(pinned.as_ptr() as *const T, chunk.len()) };
+            let off = offset + i * per_chunk;
+            let mut view = dst.slice.slice_mut(off..off + chunk.len());
+            self.stream.memcpy_htod(typed, &mut view).map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
+        }
+        for p in staging.pending.iter_mut() {
+            if let Some(ev) = p.take() {
+                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
+            }
+        }
+        stats.bytes_to_device += std::mem::size_of_val(host);
+        stats.to_device += start.elapsed();
+        Ok(())
+    }
+
+    /// Copy the first `len` elements of a device buffer back to the host.
+    pub fn download<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize, stats: &mut TransferStats) -> Result<Vec<T>> {
+        let start = Instant::now();
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            self.stream
+                .memcpy_dtoh(&src.slice.slice(0..len), &mut out)
+                .map_err(|e| cuda_err("cuMemcpyDtoH", e))?;
+            self.synchronize()?;
+        }
+        stats.bytes_to_host += len * std::mem::size_of::<T>();
+        stats.to_host += start.elapsed();
+        Ok(out)
+    }
+
+    /// Read one element (a count the host needs to size the next step).
+    pub fn read_one<T: Pod>(&self, src: &DeviceBuffer<T>, index: usize, stats: &mut TransferStats) -> Result<T> {
+        let start = Instant::now();
+        let mut out = [T::default()];
+        self.stream
+            .memcpy_dtoh(&src.slice.slice(index..index + 1), &mut out)
+            .map_err(|e| cuda_err("cuMemcpyDtoH", e))?;
+        self.synchronize()?;
+        stats.bytes_to_host += std::mem::size_of::<T>();
+        stats.to_host += start.elapsed();
+        Ok(out[0])
+    }
+}

@@ -1,0 +1,233 @@
+//! Device runtime: the only place that talks to CUDA.
+//!
+//! One lazily created, process-wide [`Gpu`] per device ordinal. Discovery never
+//! panics: when no driver, no device or no NVRTC is present, [`gpu`] returns an
+//! [`Unavailable`] reason that the planner shows in EXPLAIN and the CLI prints
+//! as a one-line notice. Nothing here knows about SQL.
+
+mod compile;
+mod memory;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use datafusion::error::DataFusionError;
+
+pub use compile::{kernel_sources, KernelSource};
+pub use memory::{DeviceBuffer, MemoryBudget, TransferStats};
+
+/// Why the GPU backend cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// `libcuda.so` could not be loaded (no NVIDIA driver on this machine).
+    NoDriver,
+    /// The driver loaded but reports no device with the requested ordinal.
+    NoDevice { ordinal: usize, count: i32 },
+    /// The driver failed to initialise or create a context.
+    DriverInit(String),
+    /// `libnvrtc.so` could not be loaded, so kernels cannot be compiled.
+    NoNvrtc,
+    /// A kernel failed to compile or load.
+    Kernel(String),
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NoDriver => write!(f, "no NVIDIA driver (libcuda.so not found)"),
+            Unavailable::NoDevice { ordinal, count } => {
+                write!(f, "no CUDA device {ordinal} ({count} device(s) present)")
+            }
+            Unavailable::DriverInit(e) => write!(f, "CUDA driver failed to initialise: {e}"),
+            Unavailable::NoNvrtc => {
+                write!(f, "NVRTC not found (libnvrtc.so): kernels cannot be compiled")
+            }
+            Unavailable::Kernel(e) => write!(f, "kernel compilation failed: {e}"),
+        }
+    }
+}
+
+/// Static facts about the device, for `doctor` and EXPLAIN.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_memory: usize,
+    pub driver_version: i32,
+    pub multiprocessors: i32,
+}
+
+/// A usable device: context, one stream, compiled kernels and a memory budget.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    budget: MemoryBudget,
+    /// Serialises whole operators on the device: one operator owns the stream
+    /// (and the pinned staging buffers) at a time, which keeps memory
+    /// accounting simple and transfers in large contiguous batches.
+    exclusive: tokio::sync::Mutex<()>,
+    staging: Mutex<Option<memory::Staging>>,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+type Slot = OnceLock<Result<Arc<Gpu>, Unavailable>>;
+static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Slot>>>> = OnceLock::new();
+
+/// The process-wide device `ordinal`, created on first use.
+pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Unavailable> {
+    if std::env::var("SETFUSION_DISABLE_GPU").is_ok_and(|v| v == "1") {
+        return Err(Unavailable::DriverInit("SETFUSION_DISABLE_GPU=1".into()));
+    }
+    let slot = {
+        let mut map = DEVICES.get_or_init(Default::default).lock().unwrap();
+        map.entry(ordinal).or_default().clone()
+    };
+    slot.get_or_init(|| Gpu::open(ordinal).map(Arc::new)).clone()
+}
+
+/// Is a device usable? Cheap after the first call.
+pub fn available(ordinal: usize) -> Result<(), Unavailable> {
+    gpu(ordinal).map(|_| ())
+}
+
+impl Gpu {
+    fn open(ordinal: usize) -> Result<Self, Unavailable> {
+        // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Unavailable::NoDriver);
+        }
+        // SAFETY: as above, for libnvrtc.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Unavailable::NoNvrtc);
+        }
+        let count = CudaContext::device_count().map_err(|e| Unavailable::DriverInit(e.to_string()))?;
+        if ordinal as i32 >= count {
+            return Err(Unavailable::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| Unavailable::DriverInit(e.to_string()))?;
+        let err = |e: DriverError| Unavailable::DriverInit(e.to_string());
+        let mut driver_version = 0i32;
+        // SAFETY: plain out-parameter query on an initialised driver.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(err)?,
+            compute_capability: ctx.compute_capability().map_err(err)?,
+            total_memory: ctx.total_mem().map_err(err)?,
+            driver_version,
+            multiprocessors: ctx
+                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(err)?,
+        };
+        let stream = ctx.new_stream().map_err(err)?;
+        let budget = MemoryBudget::new(info.total_memory);
+        let gpu = Gpu {
+            ctx,
+            stream,
+            info,
+            modules: Mutex::new(HashMap::new()),
+            budget,
+            exclusive: tokio::sync::Mutex::new(()),
+            staging: Mutex::new(None),
+        };
+        Ok(gpu)
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    /// Take the device for one operator's run. Held across awaits.
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.exclusive.lock().await
+    }
+
+    /// Blocking variant of [`Gpu::lock`] for synchronous algorithm code.
+    pub fn lock_blocking(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        loop {
+            if let Ok(g) = self.exclusive.try_lock() {
+                return g;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// Free device memory as the driver reports it.
+    pub fn free_memory(&self) -> Result<usize, DataFusionError> {
+        self.ctx.mem_get_info().map(|(free, _)| free).map_err(|e| cuda_err("cuMemGetInfo", e))
+    }
+
+    /// Compile (or fetch from the disk cache) and load one kernel family.
+    pub fn module(&self, family: &'static str) -> Result<Arc<CudaModule>, DataFusionError> {
+        let mut modules = self.modules.lock().unwrap();
+        if let Some(m) = modules.get(family) {
+            return Ok(m.clone());
+        }
+        let src = kernel_sources()
+            .iter()
+            .find(|k| k.family == family)
+            .ok_or_else(|| DataFusionError::Internal(format!("unknown kernel family {family}")))?;
+        let ptx = compile::compile_cached(src, &self.info)?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(|e| cuda_err(&format!("loading kernels/{family}.cu"), e))?;
+        modules.insert(family, module.clone());
+        Ok(module)
+    }
+
+    /// A kernel function from a family.
+    pub fn function(&self, family: &'static str, name: &str) -> Result<CudaFunction, DataFusionError> {
+        self.module(family)?
+            .load_function(name)
+            .map_err(|e| cuda_err(&format!("loading kernel {family}::{name}"), e))
+    }
+
+    /// Compile every kernel family (used by `doctor`).
+    pub fn compile_all(&self) -> Result<Vec<(&'static str, std::time::Duration)>, DataFusionError> {
+        kernel_sources()
+            .iter()
+            .map(|k| {
+                let t = std::time::Instant::now();
+                self.module(k.family).map(|_| (k.family, t.elapsed()))
+            })
+            .collect()
+    }
+
+    pub fn synchronize(&self) -> Result<(), DataFusionError> {
+        self.stream.synchronize().map_err(|e| cuda_err("stream synchronize", e))
+    }
+}
+
+/// Map a CUDA driver error to a DataFusion error with context.
+pub fn cuda_err(what: &str, e: DriverError) -> DataFusionError {
+    DataFusionError::Execution(format!("setfusion GPU: {what} failed: {e}"))
+}
+
+/// Is this error a device out-of-memory (so the caller may partition or fall back)?
+pub fn is_out_of_memory(e: &DataFusionError) -> bool {
+    let s = e.to_string();
+    s.contains("CUDA_ERROR_OUT_OF_MEMORY") || s.contains("device memory budget exceeded")
+}

@@ -1,0 +1,231 @@
+//! Arrow key columns -> 64-bit device keys.
+//!
+//! One fixed-width column of at most 64 bits becomes its own value (exact: two
+//! keys are equal iff the SQL values are equal). Everything else (composite
+//! keys, strings, binary, decimal wider than 18 digits) becomes a 64-bit hash
+//! of Arrow's row encoding; those keys are *candidates* and every match is
+//! verified on the exact row bytes (see [`KeyColumns::verify_or_exact`]), so a
+//! hash collision can never change a result.
+//!
+//! SQL equality on floats: -0.0 = 0.0, and every NaN equals every NaN
+//! (DataFusion's grouping semantics); values are normalised before encoding.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
+use datafusion::arrow::row::{RowConverter, Rows, SortField};
+use datafusion::error::{DataFusionError, Result};
+
+/// Why a key type cannot be encoded (shown in EXPLAIN as the CPU reason).
+pub fn unsupported_reason(types: &[DataType]) -> Option<String> {
+    for t in types {
+        if !supported(t) {
+            return Some(format!("key type {t} is not supported on the device"));
+        }
+    }
+    None
+}
+
+fn supported(t: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        t,
+        Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16 | Float32 | Float64
+            | Date32 | Date64 | Time32(_) | Time64(_) | Timestamp(_, _) | Duration(_) | Interval(_)
+            | Decimal32(_, _) | Decimal64(_, _) | Decimal128(_, _) | Decimal256(_, _)
+            | Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_) | Null
+    )
+}
+
+/// Is a single column of this type encoded exactly (its value is the key)?
+pub fn is_exact(types: &[DataType]) -> bool {
+    use DataType::*;
+    match types {
+        [t] => match t {
+            Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float32 | Float64 | Date32
+            | Date64 | Time32(_) | Time64(_) | Timestamp(_, _) | Duration(_) => true,
+            Decimal128(p, _) | Decimal64(p, _) | Decimal32(p, _) => *p <= 18,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Key columns of one side, concatenated over all its batches.
+pub struct KeyColumns {
+    /// One key per row (value or hash).
+    pub keys: Vec<u64>,
+    /// Rows where some key column is NULL (None: no NULLs).
+    pub nulls: Option<NullBuffer>,
+    /// Exact row bytes for verification (hash-encoded keys only).
+    pub rows: Option<Rows>,
+}
+
+impl KeyColumns {
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+    pub fn is_null(&self, i: usize) -> bool {
+        self.nulls.as_ref().is_some_and(|n| n.is_null(i))
+    }
+    pub fn null_count(&self) -> usize {
+        self.nulls.as_ref().map_or(0, |n| n.null_count())
+    }
+}
+
+/// Encode key columns (each the concatenation of one key expression over the
+/// side's batches). `converter` must be shared by both sides of an operator so
+/// their row bytes are comparable.
+pub fn encode(columns: &[ArrayRef], converter: Option<&RowConverter>) -> Result<KeyColumns> {
+    let len = columns.first().map_or(0, |c| c.len());
+    let nulls = columns.iter().fold(None::<NullBuffer>, |acc, c| NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref()));
+    let nulls = nulls.filter(|n| n.null_count() > 0);
+    let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
+    if is_exact(&types) {
+        return Ok(KeyColumns { keys: exact_values(&columns[0])?, nulls, rows: None });
+    }
+    let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;
+    let normalized: Vec<ArrayRef> = columns.iter().map(normalize_floats).collect::<Result<_>>()?;
+    let rows = converter.convert_columns(&normalized)?;
+    let keys = (0..len).map(|i| hash_bytes(rows.row(i).as_ref())).collect();
+    debug_assert_eq!(rows.num_rows(), len);
+    Ok(KeyColumns { keys, nulls, rows: Some(rows) })
+}
+
+/// A row converter for these key types (None when the keys are exact).
+pub fn converter_for(types: &[DataType]) -> Result<Option<RowConverter>> {
+    if is_exact(types) {
+        return Ok(None);
+    }
+    let fields = types.iter().map(|t| SortField::new(normalized_type(t))).collect();
+    Ok(Some(RowConverter::new(fields)?))
+}
+
+fn normalized_type(t: &DataType) -> DataType {
+    t.clone()
+}
+
+fn canon_f64(v: f64) -> u64 {
+    if v.is_nan() {
+        f64::NAN.to_bits()
+    } else if v == 0.0 {
+        0
+    } else {
+        v.to_bits()
+    }
+}
+
+fn canon_f32(v: f32) -> u64 {
+    if v.is_nan() {
+        f32::NAN.to_bits() as u64
+    } else if v == 0.0 {
+        0
+    } else {
+        v.to_bits() as u64
+    }
+}
+
+/// Replace -0.0 by 0.0 and every NaN by the canonical NaN, so byte equality is SQL equality.
+fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
+    Ok(match a.data_type() {
+        DataType::Float64 => Arc::new(a.as_primitive::<Float64Type>().unary::<_, Float64Type>(|v| f64::from_bits(canon_f64(v)))),
+        DataType::Float32 => {
+            Arc::new(a.as_primitive::<Float32Type>().unary::<_, Float32Type>(|v| f32::from_bits(canon_f32(v) as u32)))
+        }
+        _ => a.clone(),
+    })
+}
+
+/// Exact 64-bit image of a single fixed-width column (NULL slots hold arbitrary values).
+fn exact_values(a: &ArrayRef) -> Result<Vec<u64>> {
+    Ok(match a.data_type() {
+        DataType::Float64 => a.as_primitive::<Float64Type>().values().iter().map(|v| canon_f64(*v)).collect(),
+        DataType::Float32 => a.as_primitive::<Float32Type>().values().iter().map(|v| canon_f32(*v)).collect(),
+        DataType::Int64 => a.as_primitive::<Int64Type>().values().iter().map(|v| *v as u64).collect(),
+        DataType::UInt64 => a.as_primitive::<datafusion::arrow::datatypes::UInt64Type>().values().to_vec(),
+        DataType::Boolean => {
+            let b = a.as_boolean();
+            (0..b.len()).map(|i| b.value(i) as u64).collect()
+        }
+        DataType::Decimal128(_, _) => a
+            .as_primitive::<datafusion::arrow::datatypes::Decimal128Type>()
+            .values()
+            .iter()
+            .map(|v| *v as i64 as u64)
+            .collect(),
+        _ => {
+            // Every other exact type is an integer of at most 64 bits underneath.
+            let data = a.to_data();
+            let width = a.data_type().primitive_width().unwrap_or(8);
+            let raw = datafusion::arrow::array::make_array(data.into_builder().data_type(int_of_width(width)).build()?);
+            let as64 = cast(&raw, &DataType::Int64)?;
+            let p: &PrimitiveArray<Int64Type> = as64.as_primitive();
+            p.values().iter().map(|v| *v as u64).collect()
+        }
+    })
+}
+
+fn int_of_width(w: usize) -> DataType {
+    match w {
+        1 => DataType::Int8,
+        2 => DataType::Int16,
+        4 => DataType::Int32,
+        _ => DataType::Int64,
+    }
+}
+
+/// 64-bit hash of a byte string (the same function on every platform).
+pub fn hash_bytes(b: &[u8]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h: u64 = (b.len() as u64).wrapping_mul(K) ^ 0x243F_6A88_85A3_08D3;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        let v = u64::from_le_bytes(c.try_into().unwrap());
+        h = (h ^ v).wrapping_mul(K).rotate_left(29);
+    }
+    let mut tail = [0u8; 8];
+    let r = chunks.remainder();
+    tail[..r.len()].copy_from_slice(r);
+    h = (h ^ u64::from_le_bytes(tail)).wrapping_mul(K);
+    h ^= h >> 32;
+    h = h.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    h ^ (h >> 32)
+}
+
+/// For hash-encoded keys: check that equal hashes always mean equal rows
+/// across both sides. Returns `None` if the hashes are collision-free (the
+/// device result stands), or exact dense ids for both sides if a collision
+/// was found (the caller recomputes with them).
+pub fn verify_or_exact(build: &KeyColumns, probe: &KeyColumns) -> Option<(Vec<u64>, Vec<u64>)> {
+    let (Some(br), Some(pr)) = (&build.rows, &probe.rows) else { return None };
+    let mut rep: HashMap<u64, (bool, usize)> = HashMap::with_capacity(build.len() + probe.len());
+    let row = |side: bool, i: usize| if side { br.row(i) } else { pr.row(i) };
+    let mut collision = false;
+    'outer: for (side, kc) in [(true, build), (false, probe)] {
+        for (i, k) in kc.keys.iter().enumerate() {
+            let (s, j) = *rep.entry(*k).or_insert((side, i));
+            if row(s, j) != row(side, i) {
+                collision = true;
+                break 'outer;
+            }
+        }
+    }
+    if !collision {
+        return None;
+    }
+    let mut ids: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut id_of = |r: &[u8]| {
+        let n = ids.len() as u64;
+        *ids.entry(r.to_vec()).or_insert(n)
+    };
+    let b = (0..build.len()).map(|i| id_of(br.row(i).as_ref())).collect();
+    let p = (0..probe.len()).map(|i| id_of(pr.row(i).as_ref())).collect();
+    Some((b, p))
+}

@@ -1,0 +1,52 @@
+//! setfusion: GPU-accelerated set operators for Apache DataFusion.
+//!
+//! ```text
+//! let state = setfusion::install(SessionStateBuilder::new().with_default_features()).build();
+//! let ctx = SessionContext::new_with_state(state);
+//! ```
+//! installs the exact INTERSECT/EXCEPT [ALL] step, the GPU semi/anti join rule
+//! and the `setfusion.*` settings (`SET setfusion.enabled = false`, ...).
+
+pub mod algo;
+pub mod cli;
+pub mod config;
+pub mod datagen;
+pub mod exec;
+pub mod gpu;
+pub mod keys;
+pub mod planner;
+pub mod slt;
+
+use std::sync::Arc;
+
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+pub use config::SetfusionConfig;
+
+/// Add setfusion to a session builder (call after `with_default_features()`).
+pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
+    let mut builder = builder;
+    let config = builder.config().get_or_insert_with(SessionConfig::new).clone();
+    let config = if config.options().extensions.get::<SetfusionConfig>().is_some() {
+        config
+    } else {
+        config.with_option_extension(SetfusionConfig::default())
+    };
+    builder
+        .with_config(config)
+        .with_analyzer_rule(Arc::new(planner::SetOpRule))
+        .with_physical_optimizer_rule(Arc::new(planner::SemiJoinRule))
+        .with_query_planner(Arc::new(planner::SetfusionQueryPlanner))
+}
+
+/// A `SessionContext` with DataFusion's defaults plus setfusion.
+pub fn context() -> SessionContext {
+    context_with_config(SessionConfig::new())
+}
+
+/// Like [`context`] with a caller-provided configuration.
+pub fn context_with_config(config: SessionConfig) -> SessionContext {
+    let state = install(SessionStateBuilder::new().with_config(config).with_default_features()).build();
+    SessionContext::new_with_state(state)
+}

@@ -1,0 +1,44 @@
+//! Planning: the logical step that gives INTERSECT ALL / EXCEPT ALL their exact
+//! multiset semantics, and the physical rule that puts setfusion operators in
+//! place of DataFusion's semi/anti joins.
+
+mod set_ops;
+mod semi_join;
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::set_select::Backend;
+
+pub use semi_join::SemiJoinRule;
+pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
+
+/// Estimated rows of a plan (None when unknown).
+pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied())
+}
+
+/// GPU or CPU, with the reason for a CPU choice (shown in EXPLAIN).
+pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[DataType]) -> Backend {
+    if !cfg.enabled {
+        return Backend::Cpu("setfusion.enabled = false".into());
+    }
+    if cfg.strategy == Strategy::Cpu {
+        return Backend::Cpu("setfusion.strategy = cpu".into());
+    }
+    if let Some(reason) = crate::keys::unsupported_reason(key_types) {
+        return Backend::Cpu(reason);
+    }
+    if let Err(e) = crate::gpu::available(cfg.device) {
+        return Backend::Cpu(e.to_string());
+    }
+    if let Some(n) = rows {
+        if n < cfg.min_rows {
+            return Backend::Cpu(format!("{n} estimated rows < setfusion.min_rows = {}", cfg.min_rows));
+        }
+    }
+    Backend::Gpu
+}

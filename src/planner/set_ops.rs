@@ -1,0 +1,183 @@
+//! INTERSECT / EXCEPT [ALL] with exact SQL multiset semantics.
+//!
+//! DataFusion plans `a INTERSECT ALL b` as a left semi join on all columns
+//! (keeping every copy of a matching row: min(m, n) is lost) and
+//! `a EXCEPT ALL b` as a left anti join (max(m - n, 0) is lost). The analyzer
+//! rule [`SetOpRule`] recognises the shapes `LogicalPlanBuilder::intersect` /
+//! `except` build — a semi/anti join on every column with NULLs equal and no
+//! filter, over a `Distinct` for the distinct forms — and replaces them with a
+//! [`SetOpNode`], which [`SetOpPlanner`] turns into a `SetOpExec`.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchemaRef, NullEquality};
+use datafusion::config::ConfigOptions;
+use datafusion::error::Result;
+use datafusion::execution::context::QueryPlanner;
+use datafusion::catalog::Session;
+use datafusion::logical_expr::{
+    Distinct, Expr, Extension, Join, JoinConstraint, JoinType, LogicalPlan, UserDefinedLogicalNode,
+    UserDefinedLogicalNodeCore,
+};
+use datafusion::optimizer::AnalyzerRule;
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+
+use crate::algo::setops::SetOp;
+use crate::config::SetfusionConfig;
+use crate::exec::set_select::{NullMode, SetSelectExec};
+
+/// A set operation with exact semantics: rows of `left` selected against `right`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SetOpNode {
+    pub op: SetOp,
+    pub left: LogicalPlan,
+    pub right: LogicalPlan,
+}
+
+impl PartialOrd for SetOpNode {
+    fn partial_cmp(&self, _other: &Self) -> Option<Ordering> {
+        None
+    }
+}
+
+impl UserDefinedLogicalNodeCore for SetOpNode {
+    fn name(&self) -> &str {
+        "SetOp"
+    }
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.left, &self.right]
+    }
+    fn schema(&self) -> &DFSchemaRef {
+        self.left.schema()
+    }
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SetOp: {}", self.op.name().to_uppercase())
+    }
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
+        let right = inputs.pop().unwrap();
+        let left = inputs.pop().unwrap();
+        Ok(Self { op: self.op, left, right })
+    }
+    fn supports_limit_pushdown(&self) -> bool {
+        false
+    }
+}
+
+/// Analyzer rule: set-operation joins -> [`SetOpNode`].
+#[derive(Debug, Default)]
+pub struct SetOpRule;
+
+impl SetOpRule {
+    fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+        let LogicalPlan::Join(join) = &plan else { return Ok(Transformed::no(plan)) };
+        let Some(op_all) = set_op_of(join) else { return Ok(Transformed::no(plan)) };
+        let (op, left) = match join.left.as_ref() {
+            LogicalPlan::Distinct(Distinct::All(input)) => {
+                let op = if op_all == SetOp::IntersectAll { SetOp::IntersectDistinct } else { SetOp::ExceptDistinct };
+                (op, input.as_ref().clone())
+            }
+            other => (op_all, other.clone()),
+        };
+        let node = SetOpNode { op, left, right: join.right.as_ref().clone() };
+        Ok(Transformed::yes(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
+    }
+}
+
+/// The ALL set operation a join implements, if it has the shape of one.
+fn set_op_of(join: &Join) -> Option<SetOp> {
+    let op = match join.join_type {
+        JoinType::LeftSemi => SetOp::IntersectAll,
+        JoinType::LeftAnti => SetOp::ExceptAll,
+        _ => return None,
+    };
+    let left_fields = join.left.schema().fields().len();
+    let right_fields = join.right.schema().fields().len();
+    let shape = join.filter.is_none()
+        && join.null_equality == NullEquality::NullEqualsNull
+        && join.join_constraint == JoinConstraint::On
+        && !join.null_aware
+        && join.on.len() == left_fields
+        && left_fields == right_fields
+        && join.on.iter().enumerate().all(|(i, (l, r))| {
+            matches!(l, Expr::Column(c) if c.name == *join.left.schema().field(i).name())
+                && matches!(r, Expr::Column(c) if c.name == *join.right.schema().field(i).name())
+        });
+    shape.then_some(op)
+}
+
+impl AnalyzerRule for SetOpRule {
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up(Self::rewrite).map(|t| t.data)
+    }
+    fn name(&self) -> &str {
+        "setfusion_exact_set_ops"
+    }
+}
+
+/// Physical planning of [`SetOpNode`].
+#[derive(Debug, Default)]
+pub struct SetOpPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for SetOpPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session_state: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<SetOpNode>() else { return Ok(None) };
+        let (left, right) = (physical_inputs[0].clone(), physical_inputs[1].clone());
+        let columns = |p: &Arc<dyn ExecutionPlan>| -> Vec<PhysicalExprRef> {
+            p.schema().fields().iter().enumerate().map(|(i, f)| Arc::new(Column::new(f.name(), i)) as PhysicalExprRef).collect()
+        };
+        let cfg = SetfusionConfig::from_options(session_state.config_options());
+        let types: Vec<_> = left.schema().fields().iter().map(|f| f.data_type().clone()).collect();
+        let rows = match (super::estimated_rows(&left), super::estimated_rows(&right)) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        let backend = super::choose_backend(&cfg, rows, &types);
+        let exec = SetSelectExec::try_new(
+            node.op,
+            left.clone(),
+            right.clone(),
+            columns(&left),
+            columns(&right),
+            NullMode::Equal,
+            backend,
+            None,
+        )?;
+        Ok(Some(Arc::new(exec)))
+    }
+}
+
+/// DataFusion's planner with [`SetOpPlanner`] added.
+#[derive(Debug, Default)]
+pub struct SetfusionQueryPlanner;
+
+#[async_trait]
+impl QueryPlanner for SetfusionQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session_state: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SetOpPlanner)]);
+        planner.create_physical_plan(logical_plan, session_state).await
+    }
+}
