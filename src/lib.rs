@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod keys;
 pub mod planner;
 pub mod slt;
+pub mod udf;
 
 use std::sync::Arc;
 
@@ -33,10 +34,13 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     } else {
         config.with_option_extension(SetfusionConfig::default())
     };
+    // Similarity and tokenizer functions (issue 4), added to whatever is registered.
+    builder.scalar_functions().get_or_insert_with(Vec::new).extend(udf::functions());
     builder
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))
         .with_physical_optimizer_rule(Arc::new(planner::SemiJoinRule))
+        .with_physical_optimizer_rule(Arc::new(planner::SimilarityJoinRule))
         .with_query_planner(Arc::new(planner::SetfusionQueryPlanner))
 }
 

@@ -1,6 +1,7 @@
 //! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
 pub mod setops;
 pub mod sorted_intersect;
+pub mod ssjoin;
 
 use datafusion::error::Result;
 

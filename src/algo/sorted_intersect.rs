@@ -143,3 +143,23 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     }
     Ok(format!("{checked} inputs match the CPU twin"))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gpu_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        println!("{}", super::self_check(&gpu).unwrap());
+    }
+
+    #[test]
+    fn cpu_twin_counts() {
+        let a = [1u32, 3, 5, 7, 9];
+        let b = [0u32, 3, 4, 9, 10];
+        let mut f = vec![false; 5];
+        assert_eq!(super::intersect_count_cpu(&a, &b, Some(&mut f)), 2);
+        assert_eq!(f, vec![false, true, false, false, true]);
+        assert_eq!(super::intersect_count_cpu::<u32>(&[], &b, None), 0);
+    }
+}

@@ -12,6 +12,7 @@ pub mod doctor;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -54,7 +55,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut format = Format::Table;
     let mut it = args.into_iter().skip(1).peekable();
-    let usage_err = |m: &str| DataFusionError::Configuration(format!("{m}\n{USAGE}"));
+    let usage_err = |m: &str| DataFusionError::Configuration(format!("{m} (see setfusion --help)"));
     while let Some(a) = it.next() {
         match a.as_str() {
             "demo" if tables.is_empty() && commands.is_empty() => return demo::run().await.map(|_| 0),
@@ -134,12 +135,18 @@ pub async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Re
 /// Run every statement of `sql` in order, printing each result.
 pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<()> {
     let state = ctx.state();
-    let dialect = state.config().options().sql_parser.dialect;
+    let dialect_name = state.config().options().sql_parser.dialect.to_string();
+    let dialect = datafusion::sql::sqlparser::dialect::dialect_from_str(&dialect_name)
+        .ok_or_else(|| DataFusionError::Configuration(format!("unknown SQL dialect {dialect_name}")))?;
     let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?;
     for stmt in statements {
         let plan = ctx.state().statement_to_plan(stmt).await?;
         let df = ctx.execute_logical_plan(plan).await?;
-        let batches = df.collect().await?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let mut batches = df.collect().await?;
+        if batches.is_empty() && !schema.fields().is_empty() {
+            batches.push(RecordBatch::new_empty(schema));
+        }
         print_batches(&batches, format)?;
     }
     Ok(())

@@ -11,7 +11,6 @@
 //! computed once for all partitions (ranks in INTERSECT ALL are global), and
 //! `execute(p)` streams partition `p` of the result.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -148,7 +147,7 @@ impl DisplayAs for SetSelectExec {
             self.keep_keys.iter().zip(&self.other_keys).map(|(a, b)| format!("({a}, {b})")).collect();
         let backend = match &self.backend {
             Backend::Gpu => "gpu".to_string(),
-            Backend::Cpu(reason) => format!("cpu ({reason})"),
+            Backend::Cpu(reason) => format!("cpu, reason=\"{reason}\""),
         };
         write!(f, "{}: op={}", self.name(), self.op.name())?;
         if self.is_join() {
@@ -182,10 +181,6 @@ impl ExecutionPlan for SetSelectExec {
         } else {
             "SetOpExec"
         }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {

@@ -25,6 +25,7 @@ static SOURCES: &[KernelSource] = &[
     KernelSource { family: "sorted_intersect", source: include_str!("../../kernels/sorted_intersect.cu") },
     KernelSource { family: "hash_setops", source: include_str!("../../kernels/hash_setops.cu") },
     KernelSource { family: "bitmap_setops", source: include_str!("../../kernels/bitmap_setops.cu") },
+    KernelSource { family: "ssjoin", source: include_str!("../../kernels/ssjoin.cu") },
 ];
 
 /// Every embedded kernel family.

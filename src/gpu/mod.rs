@@ -16,7 +16,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use datafusion::error::DataFusionError;
 
 pub use compile::{kernel_sources, KernelSource};
-pub use memory::{DeviceBuffer, MemoryBudget, TransferStats};
+pub use memory::{DeviceBuffer, MemoryBudget, Pod, TransferStats};
 
 /// Why the GPU backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -230,4 +230,19 @@ pub fn cuda_err(what: &str, e: DriverError) -> DataFusionError {
 pub fn is_out_of_memory(e: &DataFusionError) -> bool {
     let s = e.to_string();
     s.contains("CUDA_ERROR_OUT_OF_MEMORY") || s.contains("device memory budget exceeded")
+}
+
+/// For tests: the device, or `None` after printing why the GPU part is skipped.
+/// With `SETFUSION_REQUIRE_GPU=1` a missing device is a test failure.
+pub fn test_gpu() -> Option<Arc<Gpu>> {
+    match gpu(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            if std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("skipping GPU part: {e}");
+            None
+        }
+    }
 }

@@ -4,6 +4,7 @@
 
 mod set_ops;
 mod semi_join;
+mod similarity;
 
 use std::sync::Arc;
 
@@ -14,9 +15,11 @@ use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::set_select::Backend;
 
 pub use semi_join::SemiJoinRule;
+pub use similarity::SimilarityJoinRule;
 pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
 
 /// Estimated rows of a plan (None when unknown).
+#[allow(deprecated)] // StatisticsContext needs a session we do not have in a physical rule
 pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied())
 }

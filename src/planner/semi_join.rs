@@ -36,7 +36,7 @@ struct JoinParts {
 }
 
 fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
-    if let Some(j) = plan.as_any().downcast_ref::<HashJoinExec>() {
+    if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
         if j.filter().is_some() {
             return None;
         }
@@ -50,7 +50,7 @@ fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
             projection: j.projection.as_ref().map(|p| p.iter().copied().collect()),
         });
     }
-    if let Some(j) = plan.as_any().downcast_ref::<SortMergeJoinExec>() {
+    if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
         if j.filter().is_some() {
             return None;
         }

@@ -319,9 +319,9 @@ pub struct PeerReport {
     pub skipped_by_condition: usize,
     /// Records that pass in plain DataFusion but fail under setfusion.
     pub differences: Vec<PeerDiff>,
-    /// Records that fail in plain DataFusion but pass under setfusion (for
-    /// example INTERSECT ALL results where DataFusion's expected answer is
-    /// itself the SQL-correct one only under setfusion); informational.
+    /// Records that fail in plain DataFusion but pass under setfusion
+    /// (informational; usually a missing data file that setfusion's plan
+    /// never reads, or an expected error that both raise differently).
     pub setfusion_only: Vec<PeerDiff>,
 }
 

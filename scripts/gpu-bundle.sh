@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build the release CLI, the test binaries and the benchmarks, and pack them
+# with xz into bundle/ (git-ignored) for the GPU machine, which has no Rust
+# toolchain. Then, on the GPU machine, from the repository root:
+#     bash bundle/run.sh [doctor|test|demo|bench-setops|bench-ssjoin|all]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf bundle && mkdir -p bundle
+cargo build --release --bins --benches
+# test binaries: the lib unit tests and the one integration test binary
+cargo test --release --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except Exception: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        t = m["target"]
+        name = "test-" + ("lib" if "lib" in t["kind"] else t["name"])
+        print(name, m["executable"])
+' > bundle/tests.txt
+while read -r name exe; do cp "$exe" "bundle/$name"; done < bundle/tests.txt
+cp target/release/setfusion bundle/setfusion
+for b in target/release/deps/setops_bench-* target/release/deps/ssjoin_bench-*; do
+  [ -x "$b" ] && [ -f "$b" ] && cp "$b" "bundle/$(basename "$b" | sed 's/-[0-9a-f]*$//')" || true
+done
+mkdir -p bundle/data && cp ../shared/data/dblp_t_18k.txt bundle/data/ 2>/dev/null || true
+cp scripts/gpu-run.sh bundle/run.sh
+(cd bundle && for f in setfusion test-* *_bench; do [ -f "$f" ] && xz -T2 -6 -f "$f"; done)
+du -sh bundle; ls -la bundle

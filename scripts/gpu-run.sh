@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after scripts/gpu-bundle.sh
+# was run on the build machine:  bash bundle/run.sh [doctor|test|demo|bench-setops|bench-ssjoin|all]
+set -uo pipefail
+cd "$(dirname "$0")"
+for f in *.xz; do [ -f "${f%.xz}" ] || xz -d -k "$f"; done
+chmod +x setfusion test-* *_bench 2>/dev/null
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+export SETFUSION_REQUIRE_GPU=1 SETFUSION_DATA_DIR="$PWD/data" SETFUSION_ROOT="$(cd .. && pwd)"
+out="${OUT:-/tmp/setfusion-out}"; mkdir -p "$out"
+what="${1:-all}"
+rc=0
+cd ..   # the repository root: tests find sql-tests/ here
+if [[ $what == doctor || $what == all || $what == test ]]; then
+  bundle/setfusion doctor 2>&1 | tee "$out/doctor.txt" || rc=1
+fi
+if [[ $what == test || $what == all ]]; then
+  for t in bundle/test-*; do
+    [[ $t == *.xz || $t == *.txt ]] && continue
+    echo "== $t" | tee -a "$out/tests.txt"
+    "$t" --test-threads=2 > "$out/last-test.log" 2>&1; r=$?
+    cat "$out/last-test.log" >> "$out/tests.txt"
+    grep -E "^test result|FAILED|panicked|skipping|failed|^test .*(ok|FAILED)$" "$out/last-test.log" | tail -60
+    [ $r -eq 0 ] || rc=1
+  done
+fi
+if [[ $what == demo || $what == all ]]; then
+  bundle/setfusion demo 2>&1 | tee "$out/demo.txt" || rc=1
+fi
+if [[ $what == bench-setops ]]; then bundle/setops_bench 2>&1 | tee "$out/bench-setops.txt" || rc=1; fi
+if [[ $what == bench-ssjoin ]]; then bundle/ssjoin_bench 2>&1 | tee "$out/bench-ssjoin.txt" || rc=1; fi
+exit $rc

@@ -1,0 +1,1161 @@
+//! Set-similarity join (issue 4): all pairs of sets whose Jaccard, Dice,
+//! cosine similarity or overlap reaches a threshold.
+//!
+//! * **Preprocessing** ([`preprocess`], shared by both backends): elements
+//!   (u64 keys: integers, or dictionary ids of strings) become dense u32 token
+//!   ids ordered by ascending global document frequency over both inputs
+//!   (rare tokens first, so prefixes are selective); every set is sorted and
+//!   deduplicated; sets are ordered by size (ties by id).
+//! * **CPU backend** ([`ssjoin_cpu`]): a multithreaded PPJoin (AllPairs with
+//!   the positional filter): static inverted index over the *index prefixes*
+//!   of the indexed side, probe prefixes scanned within the length-filter
+//!   window, positional pruning of candidates, merge verification with early
+//!   termination. Threads take chunks of probe sets from a shared counter.
+//! * **GPU backend** ([`ssjoin_gpu`], kernels/ssjoin.cu): sf-gSSJoin /
+//!   fgssjoin style. The CSR inverted index (prefix tokens -> set positions,
+//!   sorted by position = by size) lives on the device. A first kernel counts
+//!   per probe set the index entries its prefix visits inside its length
+//!   window; the host cuts the probe sets into blocks whose count matrix
+//!   (block rows x window columns) and candidate buffer fit the free device
+//!   memory / `setfusion.memory_limit`. Per block, one CUDA block per probe
+//!   set walks the concatenated inverted-list segments of its prefix tokens
+//!   (split evenly over the threads) and increments `count[row][y]` with
+//!   atomics; the first touch appends `(row, y)` to a candidate list. The
+//!   verify kernel resets the counters it read (so the matrix is never
+//!   cleared as a whole), merges both sets with early termination, applies
+//!   the threshold in double precision and appends `(x, y, overlap)` for
+//!   matching pairs only; just those triples return to the host.
+//!
+//! Exactness: every backend decides a pair with the same predicate
+//! [`Threshold::passes`] on `(overlap, |x|, |y|)`, which evaluates the metric
+//! from integers with one IEEE division (plus one square root for cosine), the
+//! same expression as the SQL functions in `crate::udf` and as the kernel. All
+//! filters are derived from that predicate (never from a separately rounded
+//! formula), so they only drop pairs the predicate rejects.
+//!
+//! Similarity of two empty sets is 0 (see `crate::udf`): with a threshold
+//! > 0 an empty set never joins.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::error::{DataFusionError, Result};
+
+use crate::gpu::{cuda_err, Gpu, TransferStats};
+
+/// A result pair: (id of the R set, id of the S set, overlap). For a self
+/// join the first id is the smaller one.
+pub type Pair = (u32, u32, u32);
+
+/// The similarity function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    /// |x ∩ y| / |x ∪ y|
+    Jaccard = 0,
+    /// 2 |x ∩ y| / (|x| + |y|)
+    Dice = 1,
+    /// |x ∩ y| / sqrt(|x| |y|)
+    Cosine = 2,
+    /// |x ∩ y|
+    Overlap = 3,
+}
+
+impl Metric {
+    /// The SQL function name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Metric::Jaccard => "jaccard",
+            Metric::Dice => "dice",
+            Metric::Cosine => "set_cosine",
+            Metric::Overlap => "overlap",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Metric> {
+        match name {
+            "jaccard" => Some(Metric::Jaccard),
+            "dice" => Some(Metric::Dice),
+            "set_cosine" => Some(Metric::Cosine),
+            "overlap" => Some(Metric::Overlap),
+            _ => None,
+        }
+    }
+
+    /// The metric's value for overlap `o` of sets of sizes `a` and `b`.
+    /// Computed from exact integers with one rounding step (cosine: the
+    /// square root and the division), identically on CPU, GPU and in SQL.
+    /// Two empty sets (and, for cosine, any empty set) give 0.
+    #[inline]
+    pub fn value(&self, o: u64, a: u64, b: u64) -> f64 {
+        match self {
+            Metric::Jaccard => {
+                let den = a + b - o;
+                if den == 0 {
+                    0.0
+                } else {
+                    o as f64 / den as f64
+                }
+            }
+            Metric::Dice => {
+                let den = a + b;
+                if den == 0 {
+                    0.0
+                } else {
+                    (2 * o) as f64 / den as f64
+                }
+            }
+            Metric::Cosine => {
+                let p = a * b;
+                if p == 0 {
+                    0.0
+                } else {
+                    o as f64 / (p as f64).sqrt()
+                }
+            }
+            Metric::Overlap => o as f64,
+        }
+    }
+
+    /// Is `t` a valid join threshold for this metric? `Err` says why not.
+    pub fn check_threshold(&self, t: f64) -> std::result::Result<(), String> {
+        match self {
+            Metric::Overlap if !(t >= 1.0 && t.is_finite()) => {
+                Err(format!("overlap join threshold must be at least 1, got {t}"))
+            }
+            Metric::Overlap => Ok(()),
+            _ if !(t > 0.0 && t <= 1.0) => {
+                Err(format!("{} join threshold must be in (0, 1], got {t}", self.name()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `metric(x, y) >= value` (or `> value` when `strict`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Threshold {
+    pub metric: Metric,
+    pub value: f64,
+    pub strict: bool,
+}
+
+impl Threshold {
+    pub fn new(metric: Metric, value: f64) -> Self {
+        Self { metric, value, strict: false }
+    }
+
+    pub fn strict(metric: Metric, value: f64) -> Self {
+        Self { metric, value, strict: true }
+    }
+
+    /// The join predicate on (overlap, |x|, |y|).
+    #[inline]
+    pub fn passes(&self, o: u32, a: u32, b: u32) -> bool {
+        let v = self.metric.value(o as u64, a as u64, b as u64);
+        if self.strict {
+            v > self.value
+        } else {
+            v >= self.value
+        }
+    }
+
+    /// Smallest overlap with which sets of sizes `a` and `b` pass, or None.
+    pub fn min_overlap(&self, a: u32, b: u32) -> Option<u32> {
+        let m = a.min(b);
+        if m == 0 || !self.passes(m, a, b) {
+            return None;
+        }
+        let t = self.value;
+        let (af, bf) = (a as f64, b as f64);
+        let est = match self.metric {
+            Metric::Jaccard => t * (af + bf) / (1.0 + t),
+            Metric::Dice => t * (af + bf) / 2.0,
+            Metric::Cosine => t * (af * bf).sqrt(),
+            Metric::Overlap => t,
+        };
+        let mut o = if est.is_finite() { (est.ceil().max(1.0)).min(m as f64) as u32 } else { m };
+        while o > 1 && self.passes(o - 1, a, b) {
+            o -= 1;
+        }
+        while !self.passes(o, a, b) {
+            o += 1;
+        }
+        Some(o)
+    }
+
+    /// Can some pair of sets of sizes `a` and `b` pass at all?
+    #[inline]
+    fn feasible(&self, a: u32, b: u32) -> bool {
+        b >= 1 && a >= 1 && self.passes(a.min(b), a, b)
+    }
+
+    /// The partner sizes `[lo, hi]` (hi capped at `cap`) for which a set of
+    /// size `a` can pass (the length filter), or None.
+    pub fn size_range(&self, a: u32, cap: u32) -> Option<(u32, u32)> {
+        if a == 0 || !self.feasible(a, a) {
+            return None;
+        }
+        let t = self.value;
+        let af = a as f64;
+        let est_lo = match self.metric {
+            Metric::Jaccard => t * af,
+            Metric::Dice => t * af / (2.0 - t),
+            Metric::Cosine => t * t * af,
+            Metric::Overlap => t,
+        };
+        let mut lo = if est_lo.is_finite() { est_lo.floor().clamp(1.0, af) as u32 } else { 1 };
+        while lo > 1 && self.feasible(a, lo - 1) {
+            lo -= 1;
+        }
+        while !self.feasible(a, lo) {
+            lo += 1;
+        }
+        let cap = cap.max(a);
+        let est_hi = match self.metric {
+            Metric::Jaccard => af / t,
+            Metric::Dice => af * (2.0 - t) / t,
+            Metric::Cosine => af / (t * t),
+            Metric::Overlap => f64::INFINITY,
+        };
+        let mut hi = if est_hi.is_finite() && est_hi < cap as f64 { (est_hi.ceil() as u32).max(a) } else { cap };
+        while hi < cap && self.feasible(a, hi + 1) {
+            hi += 1;
+        }
+        while hi > a && !self.feasible(a, hi) {
+            hi -= 1;
+        }
+        Some((lo, hi))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Preprocessing
+// ---------------------------------------------------------------------------
+
+/// Raw sets as CSR: set `i` is `elems[offsets[i]..offsets[i + 1]]` (any order,
+/// duplicates allowed). Set `i` gets id `i`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawSets {
+    pub offsets: Vec<usize>,
+    pub elems: Vec<u64>,
+}
+
+impl RawSets {
+    pub fn new() -> Self {
+        Self { offsets: vec![0], elems: Vec::new() }
+    }
+
+    pub fn from_vecs(sets: &[Vec<u64>]) -> Self {
+        let mut r = Self::new();
+        for s in sets {
+            r.push(s.iter().copied());
+        }
+        r
+    }
+
+    pub fn push(&mut self, set: impl IntoIterator<Item = u64>) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.elems.extend(set);
+        self.offsets.push(self.elems.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn set(&self, i: usize) -> &[u64] {
+        &self.elems[self.offsets[i]..self.offsets[i + 1]]
+    }
+}
+
+/// Preprocessed sets: set at position `p` is `tokens[offsets[p]..offsets[p+1]]`
+/// (strictly increasing token ids), positions ordered by size; `ids[p]` is the
+/// caller's id of that set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetCollection {
+    pub offsets: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub ids: Vec<u32>,
+}
+
+impl SetCollection {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    #[inline]
+    pub fn set(&self, p: usize) -> &[u32] {
+        &self.tokens[self.offsets[p] as usize..self.offsets[p + 1] as usize]
+    }
+    #[inline]
+    pub fn size(&self, p: usize) -> u32 {
+        self.offsets[p + 1] - self.offsets[p]
+    }
+    pub fn max_size(&self) -> u32 {
+        (0..self.len()).map(|p| self.size(p)).max().unwrap_or(0)
+    }
+    /// One past the largest token id.
+    pub fn vocabulary(&self) -> u32 {
+        self.tokens.iter().max().map(|m| m + 1).unwrap_or(0)
+    }
+}
+
+/// splitmix64 as a `Hasher` for u64 keys (std's SipHash is several times slower).
+#[derive(Default)]
+struct MixHasher(u64);
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 30;
+        x = x.wrapping_mul(0xbf58476d1ce4e5b9);
+        x ^= x >> 27;
+        x = x.wrapping_mul(0x94d049bb133111eb);
+        x ^ (x >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = i;
+    }
+}
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
+
+/// Sort and deduplicate each set.
+pub fn dedup_sets(raw: &RawSets) -> RawSets {
+    let mut out = RawSets { offsets: Vec::with_capacity(raw.len() + 1), elems: Vec::with_capacity(raw.elems.len()) };
+    out.offsets.push(0);
+    let mut buf = Vec::new();
+    for i in 0..raw.len() {
+        buf.clear();
+        buf.extend_from_slice(raw.set(i));
+        buf.sort_unstable();
+        buf.dedup();
+        out.elems.extend_from_slice(&buf);
+        out.offsets.push(out.elems.len());
+    }
+    out
+}
+
+/// Preprocess one or two collections with one shared token order (see the
+/// module documentation). `s = None` is a self join of `r`.
+pub fn preprocess(r: &RawSets, s: Option<&RawSets>) -> (SetCollection, Option<SetCollection>) {
+    let rd = dedup_sets(r);
+    let sd = s.map(dedup_sets);
+    let mut freq: FastMap<u64, u32> = FastMap::default();
+    for e in rd.elems.iter().chain(sd.iter().flat_map(|s| s.elems.iter())) {
+        *freq.entry(*e).or_insert(0) += 1;
+    }
+    let mut order: Vec<(u32, u64)> = freq.iter().map(|(e, f)| (*f, *e)).collect();
+    order.sort_unstable();
+    for (rank, (_, e)) in order.iter().enumerate() {
+        *freq.get_mut(e).unwrap() = rank as u32;
+    }
+    let build = |d: &RawSets| -> SetCollection {
+        let n = d.len();
+        let mut perm: Vec<u32> = (0..n as u32).collect();
+        perm.sort_by_key(|&i| (d.offsets[i as usize + 1] - d.offsets[i as usize], i));
+        let mut c = SetCollection {
+            offsets: Vec::with_capacity(n + 1),
+            tokens: Vec::with_capacity(d.elems.len()),
+            ids: perm.clone(),
+        };
+        assert!(d.elems.len() < u32::MAX as usize, "similarity join: more than 2^32 set elements");
+        c.offsets.push(0);
+        for &i in &perm {
+            let start = c.tokens.len();
+            c.tokens.extend(d.set(i as usize).iter().map(|e| freq[e]));
+            c.tokens[start..].sort_unstable();
+            c.offsets.push(c.tokens.len() as u32);
+        }
+        c
+    };
+    let rc = build(&rd);
+    let sc = sd.as_ref().map(build);
+    (rc, sc)
+}
+
+// ---------------------------------------------------------------------------
+// Plan shared by both backends: length-filter tables and the prefix index
+// ---------------------------------------------------------------------------
+
+/// Per probe size `a`: the window of indexed positions `[lo_pos, hi_pos)`
+/// (length filter), the probe prefix length and the partner size range.
+struct Tables {
+    lo_pos: Vec<u32>,
+    hi_pos: Vec<u32>,
+    probe_prefix: Vec<u32>,
+    lo_size: Vec<u32>,
+    hi_size: Vec<u32>,
+}
+
+/// Inverted index over the indexed side's prefixes: token -> (set position,
+/// token position in the set), sorted by set position (= by set size).
+struct PrefixIndex {
+    offsets: Vec<u32>,
+    sets: Vec<u32>,
+    positions: Vec<u32>,
+}
+
+struct Plan<'a> {
+    r: &'a SetCollection,
+    s: &'a SetCollection,
+    self_join: bool,
+    tables: Tables,
+    index: PrefixIndex,
+    s_sizes: Vec<u32>,
+}
+
+impl<'a> Plan<'a> {
+    fn new(r: &'a SetCollection, s: Option<&'a SetCollection>, thr: Threshold) -> Self {
+        let self_join = s.is_none();
+        let s = s.unwrap_or(r);
+        let s_sizes: Vec<u32> = (0..s.len()).map(|p| s.size(p)).collect();
+        let max_r = r.max_size();
+        let max_s = s.max_size();
+        let n = max_r as usize + 1;
+        let mut tables = Tables {
+            lo_pos: vec![0; n],
+            hi_pos: vec![0; n],
+            probe_prefix: vec![0; n],
+            lo_size: vec![0; n],
+            hi_size: vec![0; n],
+        };
+        for a in 1..=max_r {
+            let Some((lo, hi)) = thr.size_range(a, max_s) else { continue };
+            let alpha = thr.min_overlap(a, lo).unwrap_or(a);
+            let i = a as usize;
+            tables.lo_pos[i] = s_sizes.partition_point(|&b| b < lo) as u32;
+            tables.hi_pos[i] = s_sizes.partition_point(|&b| b <= hi) as u32;
+            tables.probe_prefix[i] = a - alpha + 1;
+            tables.lo_size[i] = lo;
+            tables.hi_size[i] = hi;
+        }
+        // Index prefix per indexed size b.
+        let mut index_prefix = vec![0u32; max_s as usize + 1];
+        for b in 1..=max_s {
+            let alpha = if self_join {
+                // Partners probe later, so they are at least as large.
+                thr.min_overlap(b, b)
+            } else {
+                thr.size_range(b, max_r.max(1)).and_then(|(lo, _)| thr.min_overlap(b, lo))
+            };
+            index_prefix[b as usize] = alpha.map(|al| b - al + 1).unwrap_or(0);
+        }
+        let vocab = r.vocabulary().max(s.vocabulary()) as usize;
+        let mut counts = vec![0u32; vocab + 1];
+        for p in 0..s.len() {
+            let set = s.set(p);
+            for &t in &set[..index_prefix[set.len()] as usize] {
+                counts[t as usize + 1] += 1;
+            }
+        }
+        for i in 1..counts.len() {
+            counts[i] += counts[i - 1];
+        }
+        let total = counts[vocab] as usize;
+        let mut fill = counts.clone();
+        let mut sets = vec![0u32; total];
+        let mut positions = vec![0u32; total];
+        for p in 0..s.len() {
+            let set = s.set(p);
+            for (j, &t) in set[..index_prefix[set.len()] as usize].iter().enumerate() {
+                let k = fill[t as usize] as usize;
+                sets[k] = p as u32;
+                positions[k] = j as u32;
+                fill[t as usize] += 1;
+            }
+        }
+        Plan { r, s, self_join, tables, index: PrefixIndex { offsets: counts, sets, positions }, s_sizes }
+    }
+
+    /// The indexed-position window of probe `x` (length filter; self joins
+    /// only pair a set with those before it).
+    #[inline]
+    fn window(&self, x: usize) -> (u32, u32) {
+        let a = self.r.size(x) as usize;
+        let (lo, mut hi) = (self.tables.lo_pos[a], self.tables.hi_pos[a]);
+        if self.self_join {
+            hi = hi.min(x as u32);
+        }
+        (lo, hi.max(lo))
+    }
+
+    fn pair(&self, x: u32, y: u32, o: u32) -> Pair {
+        let (a, b) = (self.r.ids[x as usize], self.s.ids[y as usize]);
+        if self.self_join && b < a {
+            (b, a, o)
+        } else {
+            (a, b, o)
+        }
+    }
+}
+
+/// Overlap of two strictly increasing token lists, or None as soon as it
+/// cannot reach `need`.
+#[inline]
+fn overlap_at_least(x: &[u32], y: &[u32], need: u32) -> Option<u32> {
+    let (mut i, mut j, mut o) = (0usize, 0usize, 0u32);
+    while i < x.len() && j < y.len() {
+        if o as usize + (x.len() - i).min(y.len() - j) < need as usize {
+            return None;
+        }
+        match x[i].cmp(&y[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                o += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    (o >= need).then_some(o)
+}
+
+/// Counters of one join run (EXPLAIN ANALYZE).
+#[derive(Debug, Default, Clone)]
+pub struct JoinStats {
+    /// Candidate pairs that reached verification.
+    pub candidates: u64,
+    /// Pairs that passed the threshold.
+    pub results: u64,
+    /// Probe blocks (GPU) or probe chunks (CPU).
+    pub blocks: u64,
+    pub transfer: TransferStats,
+}
+
+/// Run `work(chunk_start, chunk_end, state)` over `[0, n)` in chunks on
+/// `threads` threads; returns the per-thread outputs.
+fn parallel_chunks<S: Send, F>(n: usize, threads: usize, chunk: usize, init: impl Fn() -> S + Sync, work: F) -> Vec<S>
+where
+    F: Fn(usize, usize, &mut S) + Sync,
+{
+    let next = AtomicUsize::new(0);
+    let threads = threads.clamp(1, n.div_ceil(chunk).max(1));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut st = init();
+                    loop {
+                        let start = next.fetch_add(chunk, Ordering::Relaxed);
+                        if start >= n {
+                            break;
+                        }
+                        work(start, (start + chunk).min(n), &mut st);
+                    }
+                    st
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("ssjoin worker panicked")).collect()
+    })
+}
+
+/// Default thread count: the machine's available parallelism.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+// ---------------------------------------------------------------------------
+// CPU backend
+// ---------------------------------------------------------------------------
+
+/// CPU backend (PPJoin, all cores). `s = None`: self join, pairs `id_a < id_b`.
+pub fn ssjoin_cpu(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Vec<Pair> {
+    ssjoin_cpu_with(r, s, thr, default_threads(), &mut JoinStats::default())
+}
+
+/// [`ssjoin_cpu`] with an explicit thread count and statistics.
+pub fn ssjoin_cpu_with(
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    threads: usize,
+    stats: &mut JoinStats,
+) -> Vec<Pair> {
+    let plan = Plan::new(r, s, thr);
+    let n_s = plan.s.len();
+    struct State {
+        counts: Vec<u32>,
+        touched: Vec<u32>,
+        out: Vec<Pair>,
+        candidates: u64,
+        alpha_size: u32,
+        alpha_lo: u32,
+        alpha: Vec<u32>,
+    }
+    const PRUNED: u32 = u32::MAX;
+    let chunk = 64;
+    let states = parallel_chunks(
+        r.len(),
+        threads,
+        chunk,
+        || State {
+            counts: vec![0; n_s],
+            touched: Vec::new(),
+            out: Vec::new(),
+            candidates: 0,
+            alpha_size: 0,
+            alpha_lo: 0,
+            alpha: Vec::new(),
+        },
+        |start, end, st| {
+            for x in start..end {
+                let a = r.size(x);
+                let p = plan.tables.probe_prefix[a as usize] as usize;
+                let (lo, hi) = plan.window(x);
+                if p == 0 || lo >= hi {
+                    continue;
+                }
+                if st.alpha_size != a {
+                    // Minimum overlaps for this probe size over its partner sizes.
+                    let (ls, hs) = (plan.tables.lo_size[a as usize], plan.tables.hi_size[a as usize]);
+                    st.alpha_size = a;
+                    st.alpha_lo = ls;
+                    st.alpha.clear();
+                    st.alpha.extend((ls..=hs).map(|b| thr.min_overlap(a, b).unwrap_or(u32::MAX)));
+                }
+                let xs = r.set(x);
+                for (i, &w) in xs[..p].iter().enumerate() {
+                    let (ls, le) = (plan.index.offsets[w as usize] as usize, plan.index.offsets[w as usize + 1] as usize);
+                    let list = &plan.index.sets[ls..le];
+                    let from = list.partition_point(|&y| y < lo);
+                    let to = from + list[from..].partition_point(|&y| y < hi);
+                    for k in from..to {
+                        let y = list[k] as usize;
+                        let c = st.counts[y];
+                        if c == PRUNED {
+                            continue;
+                        }
+                        if c == 0 {
+                            st.touched.push(y as u32);
+                        }
+                        let b = plan.s_sizes[y];
+                        let j = plan.index.positions[ls + k];
+                        let alpha = st.alpha[(b - st.alpha_lo) as usize];
+                        let ub = c + 1 + (a - i as u32 - 1).min(b - j - 1);
+                        st.counts[y] = if ub >= alpha { c + 1 } else { PRUNED };
+                    }
+                }
+                for t in 0..st.touched.len() {
+                    let y = st.touched[t] as usize;
+                    let c = std::mem::take(&mut st.counts[y]);
+                    if c == PRUNED {
+                        continue;
+                    }
+                    st.candidates += 1;
+                    let b = plan.s_sizes[y];
+                    let alpha = st.alpha[(b - st.alpha_lo) as usize];
+                    if let Some(o) = overlap_at_least(xs, plan.s.set(y), alpha) {
+                        if thr.passes(o, a, b) {
+                            st.out.push(plan.pair(x as u32, y as u32, o));
+                        }
+                    }
+                }
+                st.touched.clear();
+            }
+        },
+    );
+    let mut out = Vec::with_capacity(states.iter().map(|s| s.out.len()).sum());
+    for st in states {
+        stats.candidates += st.candidates;
+        out.extend(st.out);
+    }
+    stats.results += out.len() as u64;
+    stats.blocks += r.len().div_ceil(chunk) as u64;
+    out
+}
+
+// ---------------------------------------------------------------------------
+// References (tests and benchmarks)
+// ---------------------------------------------------------------------------
+
+/// Nested-loop reference: every pair, full merge, the same predicate.
+pub fn ssjoin_brute_force(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Vec<Pair> {
+    let self_join = s.is_none();
+    let s = s.unwrap_or(r);
+    let mut out = Vec::new();
+    for x in 0..r.len() {
+        let ys = if self_join { 0..x } else { 0..s.len() };
+        for y in ys {
+            let o = overlap_at_least(r.set(x), s.set(y), 0).unwrap_or(0);
+            if thr.passes(o, r.size(x), s.size(y)) {
+                let (a, b) = (r.ids[x], s.ids[y]);
+                out.push(if self_join && b < a { (b, a, o) } else { (a, b, o) });
+            }
+        }
+    }
+    out
+}
+
+/// Exact reference without any filter: a full inverted index over `s` counts
+/// every intersecting pair, then the predicate decides (thresholds > 0 need
+/// overlap >= 1). Multithreaded; fast enough for tens of thousands of sets.
+pub fn ssjoin_exact_counter(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Vec<Pair> {
+    let self_join = s.is_none();
+    let s = s.unwrap_or(r);
+    let vocab = r.vocabulary().max(s.vocabulary()) as usize;
+    let mut offsets = vec![0u32; vocab + 1];
+    for &t in &s.tokens {
+        offsets[t as usize + 1] += 1;
+    }
+    for i in 1..offsets.len() {
+        offsets[i] += offsets[i - 1];
+    }
+    let mut fill = offsets.clone();
+    let mut lists = vec![0u32; s.tokens.len()];
+    for p in 0..s.len() {
+        for &t in s.set(p) {
+            lists[fill[t as usize] as usize] = p as u32;
+            fill[t as usize] += 1;
+        }
+    }
+    let states = parallel_chunks(
+        r.len(),
+        default_threads(),
+        32,
+        || (vec![0u32; s.len()], Vec::<u32>::new(), Vec::<Pair>::new()),
+        |start, end, (counts, touched, out)| {
+            for x in start..end {
+                for &t in r.set(x) {
+                    let list = &lists[offsets[t as usize] as usize..offsets[t as usize + 1] as usize];
+                    let end = if self_join { list.partition_point(|&y| (y as usize) < x) } else { list.len() };
+                    for &y in &list[..end] {
+                        if counts[y as usize] == 0 {
+                            touched.push(y);
+                        }
+                        counts[y as usize] += 1;
+                    }
+                }
+                for &y in touched.iter() {
+                    let o = std::mem::take(&mut counts[y as usize]);
+                    if thr.passes(o, r.size(x), s.size(y as usize)) {
+                        let (a, b) = (r.ids[x], s.ids[y as usize]);
+                        out.push(if self_join && b < a { (b, a, o) } else { (a, b, o) });
+                    }
+                }
+                touched.clear();
+            }
+        },
+    );
+    states.into_iter().flat_map(|(_, _, o)| o).collect()
+}
+
+// ---------------------------------------------------------------------------
+// GPU backend
+// ---------------------------------------------------------------------------
+
+/// Largest count matrix (bytes) one probe block uses: bigger buys nothing
+/// once the device is saturated.
+const MAX_MATRIX_BYTES: usize = 4 << 30;
+/// Largest candidate buffer (slots) of one probe block.
+const MAX_CANDIDATES: usize = 1 << 27;
+/// Bytes per candidate slot: the (row, y) key plus an output triple.
+const CANDIDATE_BYTES: usize = 8 + 12;
+
+fn cfg_1d(n: usize, threads: u32) -> LaunchConfig {
+    let blocks = n.div_ceil(threads as usize).clamp(1, 1 << 20) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// GPU backend (kernels/ssjoin.cu); same contract as [`ssjoin_cpu`]. The
+/// caller holds the device lock and has set the memory budget. Errors
+/// (including "does not fit the budget") are returned, never panicked.
+pub fn ssjoin_gpu(
+    gpu: &Gpu,
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    stats: &mut JoinStats,
+) -> Result<Vec<Pair>> {
+    let plan = Plan::new(r, s, thr);
+    let n_r = r.len();
+    if n_r == 0 || plan.s.is_empty() || plan.index.sets.is_empty() {
+        return Ok(Vec::new());
+    }
+    if r.tokens.len() >= u32::MAX as usize || plan.s.tokens.len() >= u32::MAX as usize {
+        return Err(DataFusionError::ResourcesExhausted("similarity join: more than 2^32 set elements".into()));
+    }
+    let ts = &mut stats.transfer;
+    let stream = gpu.stream().clone();
+    // Device-resident inputs: both collections, the size tables and the index.
+    let d_r_off = gpu.upload(&r.offsets, ts)?;
+    let d_r_tok = gpu.upload(&r.tokens, ts)?;
+    let (d_s_off, d_s_tok) = if plan.self_join {
+        (None, None)
+    } else {
+        (Some(gpu.upload(&plan.s.offsets, ts)?), Some(gpu.upload(&plan.s.tokens, ts)?))
+    };
+    let s_off = d_s_off.as_ref().unwrap_or(&d_r_off);
+    let s_tok = d_s_tok.as_ref().unwrap_or(&d_r_tok);
+    let d_pp = gpu.upload(&plan.tables.probe_prefix, ts)?;
+    let d_lo = gpu.upload(&plan.tables.lo_pos, ts)?;
+    let d_hi = gpu.upload(&plan.tables.hi_pos, ts)?;
+    let d_idx_off = gpu.upload(&plan.index.offsets, ts)?;
+    let d_idx_sets = gpu.upload(&plan.index.sets, ts)?;
+    let self_join = plan.self_join as i32;
+    let metric = thr.metric as i32;
+    let strict = thr.strict as i32;
+    let t = thr.value;
+
+    // 1. Entries each probe visits (an exact bound on its candidates).
+    let d_hits = gpu.alloc::<u32>(n_r)?;
+    let f_hits = gpu.function("ssjoin", "probe_hits")?;
+    let n_r64 = n_r as u64;
+    let started = Instant::now();
+    // SAFETY: argument list matches kernels/ssjoin.cu probe_hits; the tables cover every probe size, hits has n_r slots.
+    unsafe {
+        stream
+            .launch_builder(&f_hits)
+            .arg(&d_r_off.slice)
+            .arg(&d_r_tok.slice)
+            .arg(&n_r64)
+            .arg(&d_pp.slice)
+            .arg(&d_lo.slice)
+            .arg(&d_hi.slice)
+            .arg(&d_idx_off.slice)
+            .arg(&d_idx_sets.slice)
+            .arg(&self_join)
+            .arg(&d_hits.slice)
+            .launch(cfg_1d(n_r, 128))
+    }
+    .map_err(|e| cuda_err("ssjoin probe_hits", e))?;
+    gpu.synchronize()?;
+    ts.kernel += started.elapsed();
+    let hits = gpu.download(&d_hits, n_r, ts)?;
+    drop(d_hits);
+
+    // 2. Size the blocks from what is free now.
+    let free = gpu.free_memory().unwrap_or(usize::MAX);
+    let avail = gpu.budget().available().min(free) / 10 * 9;
+    let max_hits = hits.iter().copied().max().unwrap_or(0) as usize;
+    let total_hits: usize = hits.iter().map(|&h| h as usize).sum();
+    if total_hits == 0 {
+        return Ok(Vec::new());
+    }
+    let cand_cap = (avail / 2 / CANDIDATE_BYTES).min(MAX_CANDIDATES).max(max_hits).min(total_hits).max(1);
+    let matrix_cap = ((avail.saturating_sub(cand_cap * CANDIDATE_BYTES)) / 4).min(MAX_MATRIX_BYTES / 4);
+    let windows: Vec<(u32, u32)> = (0..n_r).map(|x| plan.window(x)).collect();
+    let mut blocks: Vec<(usize, usize, u32, u32)> = Vec::new();
+    let mut x = 0;
+    let mut matrix_need = 0usize;
+    while x < n_r {
+        if hits[x] == 0 {
+            x += 1;
+            continue;
+        }
+        let start = x;
+        let (mut wlo, mut whi) = windows[x];
+        let mut sum = 0usize;
+        while x < n_r {
+            let h = hits[x] as usize;
+            let (nlo, nhi) = if h == 0 { (wlo, whi) } else { (wlo.min(windows[x].0), whi.max(windows[x].1)) };
+            let rows = x - start + 1;
+            if rows > 1 && (sum + h > cand_cap || rows * (nhi - nlo) as usize > matrix_cap) {
+                break;
+            }
+            (wlo, whi, sum) = (nlo, nhi, sum + h);
+            x += 1;
+        }
+        let need = (x - start) * (whi - wlo) as usize;
+        if need > matrix_cap || sum > cand_cap {
+            return Err(DataFusionError::ResourcesExhausted(format!(
+                "setfusion GPU: device memory budget exceeded: similarity join probe set needs {} bytes of counters and {} candidate slots, {} bytes available",
+                need * 4,
+                sum,
+                avail
+            )));
+        }
+        matrix_need = matrix_need.max(need);
+        blocks.push((start, x, wlo, whi));
+    }
+    let counts = gpu.alloc_zeros::<u32>(matrix_need)?;
+    let cand = gpu.alloc::<u64>(cand_cap)?;
+    let out = gpu.alloc::<u32>(cand_cap * 3)?;
+    let mut cand_count = gpu.alloc_zeros::<u32>(1)?;
+    let mut out_count = gpu.alloc_zeros::<u32>(1)?;
+    let f_count = gpu.function("ssjoin", "count_block")?;
+    let f_verify = gpu.function("ssjoin", "verify_block")?;
+    let cand_cap64 = cand_cap as u64;
+    let sms = gpu.info().multiprocessors.max(1) as u32;
+
+    // 3. Per block: count, verify, download the matching triples.
+    let mut result = Vec::new();
+    for &(p0, p1, wlo, whi) in &blocks {
+        let nprobe = (p1 - p0) as u32;
+        let p0u = p0 as u32;
+        let width = (whi - wlo) as u64;
+        stream.memset_zeros(&mut cand_count.slice).map_err(|e| cuda_err("memset", e))?;
+        let started = Instant::now();
+        let grid = nprobe.min(sms * 64);
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argument list matches count_block; every (row, y) it touches is inside the block's window, so
+        // row * width + (y - wlo) < nprobe * width <= counts.len(); candidate writes are bounded by cand_cap.
+        unsafe {
+            stream
+                .launch_builder(&f_count)
+                .arg(&d_r_off.slice)
+                .arg(&d_r_tok.slice)
+                .arg(&p0u)
+                .arg(&nprobe)
+                .arg(&d_pp.slice)
+                .arg(&d_lo.slice)
+                .arg(&d_hi.slice)
+                .arg(&d_idx_off.slice)
+                .arg(&d_idx_sets.slice)
+                .arg(&self_join)
+                .arg(&wlo)
+                .arg(&width)
+                .arg(&counts.slice)
+                .arg(&cand.slice)
+                .arg(&cand_count.slice)
+                .arg(&cand_cap64)
+                .launch(cfg)
+        }
+        .map_err(|e| cuda_err("ssjoin count_block", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        let nc = gpu.read_one(&cand_count, 0, ts)? as usize;
+        stats.blocks += 1;
+        if nc == 0 {
+            continue;
+        }
+        if nc > cand_cap {
+            return Err(DataFusionError::Internal(format!("ssjoin: {nc} candidates > capacity {cand_cap}")));
+        }
+        stats.candidates += nc as u64;
+        let nc32 = nc as u32;
+        stream.memset_zeros(&mut out_count.slice).map_err(|e| cuda_err("memset", e))?;
+        let started = Instant::now();
+        // SAFETY: argument list matches verify_block; it reads nc candidates, resets their counters and writes at
+        // most nc <= cand_cap triples into out (3 * cand_cap slots).
+        unsafe {
+            stream
+                .launch_builder(&f_verify)
+                .arg(&cand.slice)
+                .arg(&nc32)
+                .arg(&p0u)
+                .arg(&wlo)
+                .arg(&width)
+                .arg(&counts.slice)
+                .arg(&d_r_off.slice)
+                .arg(&d_r_tok.slice)
+                .arg(&s_off.slice)
+                .arg(&s_tok.slice)
+                .arg(&metric)
+                .arg(&t)
+                .arg(&strict)
+                .arg(&out.slice)
+                .arg(&out_count.slice)
+                .arg(&cand_cap64)
+                .launch(cfg_1d(nc, 256))
+        }
+        .map_err(|e| cuda_err("ssjoin verify_block", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        let no = gpu.read_one(&out_count, 0, ts)? as usize;
+        if no == 0 {
+            continue;
+        }
+        let triples = gpu.download(&out, no * 3, ts)?;
+        result.extend(triples.chunks_exact(3).map(|c| plan.pair(c[0], c[1], c[2])));
+    }
+    stats.results += result.len() as u64;
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Uniform elements in [0, universe), sizes in [0, max_size].
+    pub(crate) fn uniform(n: usize, universe: u64, max_size: usize, seed: u64) -> RawSets {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut r = RawSets::new();
+        for _ in 0..n {
+            let k = rng.random_range(0..=max_size);
+            r.push((0..k).map(|_| rng.random_range(0..universe)).collect::<Vec<_>>());
+        }
+        r
+    }
+
+    /// Zipf-skewed elements (exponent ~1) via inverse CDF on a harmonic table.
+    pub(crate) fn zipf(n: usize, universe: usize, max_size: usize, seed: u64) -> RawSets {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut cdf = Vec::with_capacity(universe);
+        let mut acc = 0.0;
+        for i in 1..=universe {
+            acc += 1.0 / i as f64;
+            cdf.push(acc);
+        }
+        let mut r = RawSets::new();
+        for _ in 0..n {
+            let k = rng.random_range(0..=max_size);
+            r.push(
+                (0..k)
+                    .map(|_| {
+                        let u = rng.random::<f64>() * acc;
+                        cdf.partition_point(|&c| c < u) as u64 * 7919 + 3
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        r
+    }
+
+    fn sorted(mut v: Vec<Pair>) -> Vec<Pair> {
+        v.sort_unstable();
+        v
+    }
+
+    fn thresholds() -> Vec<Threshold> {
+        let mut v = Vec::new();
+        for m in [Metric::Jaccard, Metric::Dice, Metric::Cosine] {
+            for t in [0.1, 0.3, 0.5, 0.6, 0.75, 0.9, 1.0] {
+                v.push(Threshold::new(m, t));
+            }
+            v.push(Threshold::strict(m, 0.5));
+            v.push(Threshold::strict(m, 1.0));
+        }
+        for k in [1.0, 2.0, 3.0, 2.5] {
+            v.push(Threshold::new(Metric::Overlap, k));
+        }
+        v.push(Threshold::strict(Metric::Overlap, 2.0));
+        v
+    }
+
+    fn collections() -> Vec<(&'static str, RawSets, RawSets)> {
+        vec![
+            ("uniform", uniform(300, 40, 12, 1), uniform(250, 40, 12, 2)),
+            ("zipf", zipf(300, 200, 20, 3), zipf(200, 200, 20, 4)),
+            ("dups", uniform(200, 8, 10, 5), uniform(100, 8, 6, 6)),
+        ]
+    }
+
+    #[test]
+    fn min_overlap_and_size_range_agree_with_predicate() {
+        for thr in thresholds() {
+            for a in 0..40u32 {
+                for b in 0..40u32 {
+                    let expect = (1..=a.min(b)).find(|&o| thr.passes(o, a, b));
+                    assert_eq!(thr.min_overlap(a, b), expect, "{thr:?} a={a} b={b}");
+                }
+                let feasible: Vec<u32> = (1..=60).filter(|&b| a > 0 && thr.passes(a.min(b), a, b)).collect();
+                let range = thr.size_range(a, 60);
+                match range {
+                    None => assert!(feasible.is_empty(), "{thr:?} a={a}"),
+                    Some((lo, hi)) => assert_eq!(feasible, (lo..=hi).collect::<Vec<_>>(), "{thr:?} a={a}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn preprocess_orders_tokens_and_sets() {
+        let raw = RawSets::from_vecs(&[vec![5, 5, 1, 9], vec![], vec![1], vec![1, 9, 2]]);
+        let (c, _) = preprocess(&raw, None);
+        // 1 appears in 3 sets, 9 in 2, 5 and 2 in one: 2 and 5 get the smallest ids.
+        assert_eq!(c.ids, vec![1, 2, 0, 3]);
+        assert_eq!(c.size(0), 0);
+        for p in 0..c.len() {
+            assert!(c.set(p).windows(2).all(|w| w[0] < w[1]));
+        }
+        let id_of_1 = c.set(1)[0];
+        assert_eq!(id_of_1, 3, "most frequent token gets the largest id");
+    }
+
+    #[test]
+    fn cpu_matches_brute_force() {
+        for (name, a, b) in collections() {
+            let (r, s) = preprocess(&a, Some(&b));
+            let s = s.unwrap();
+            let (rs, _) = preprocess(&a, None);
+            for thr in thresholds() {
+                let want = sorted(ssjoin_brute_force(&rs, None, thr));
+                assert_eq!(sorted(ssjoin_cpu(&rs, None, thr)), want, "{name} self {thr:?}");
+                assert_eq!(sorted(ssjoin_exact_counter(&rs, None, thr)), want, "{name} self counter {thr:?}");
+                let want = sorted(ssjoin_brute_force(&r, Some(&s), thr));
+                assert_eq!(sorted(ssjoin_cpu(&r, Some(&s), thr)), want, "{name} r-s {thr:?}");
+                assert_eq!(sorted(ssjoin_cpu_with(&r, Some(&s), thr, 3, &mut JoinStats::default())), want);
+            }
+        }
+    }
+
+    #[test]
+    fn empty_inputs() {
+        let empty = RawSets::new();
+        let some = RawSets::from_vecs(&[vec![1, 2], vec![], vec![2, 1, 1]]);
+        let thr = Threshold::new(Metric::Jaccard, 0.5);
+        let (e, _) = preprocess(&empty, None);
+        assert!(ssjoin_cpu(&e, None, thr).is_empty());
+        let (r, s) = preprocess(&empty, Some(&some));
+        assert!(ssjoin_cpu(&r, s.as_ref(), thr).is_empty());
+        let (r, s) = preprocess(&some, Some(&empty));
+        assert!(ssjoin_cpu(&r, s.as_ref(), thr).is_empty());
+        let (r, _) = preprocess(&some, None);
+        assert_eq!(ssjoin_cpu(&r, None, thr), vec![(0, 2, 2)]);
+        // Only empty sets: nothing joins (empty/empty similarity is 0).
+        let (r, _) = preprocess(&RawSets::from_vecs(&[vec![], vec![]]), None);
+        assert!(ssjoin_cpu(&r, None, Threshold::new(Metric::Jaccard, 0.01)).is_empty());
+    }
+
+    /// GPU vs brute force; skips without a device unless SETFUSION_REQUIRE_GPU=1.
+    #[test]
+    fn gpu_matches_brute_force() {
+        let g = match crate::gpu::gpu(0) {
+            Ok(g) => g,
+            Err(e) => {
+                if std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                    panic!("SETFUSION_REQUIRE_GPU=1 but no GPU: {e}");
+                }
+                eprintln!("skipping gpu_matches_brute_force: {e}");
+                return;
+            }
+        };
+        let _lock = g.lock_blocking();
+        for limit in [0usize, 1 << 20] {
+            g.budget().set_limit(limit);
+            for (name, a, b) in collections() {
+                let (r, s) = preprocess(&a, Some(&b));
+                let s = s.unwrap();
+                let (rs, _) = preprocess(&a, None);
+                for thr in thresholds() {
+                    let want = sorted(ssjoin_brute_force(&rs, None, thr));
+                    let got = ssjoin_gpu(&g, &rs, None, thr, &mut JoinStats::default()).unwrap();
+                    assert_eq!(sorted(got), want, "{name} self {thr:?} limit {limit}");
+                    let want = sorted(ssjoin_brute_force(&r, Some(&s), thr));
+                    let got = ssjoin_gpu(&g, &r, Some(&s), thr, &mut JoinStats::default()).unwrap();
+                    assert_eq!(sorted(got), want, "{name} r-s {thr:?} limit {limit}");
+                }
+            }
+        }
+        // A larger skewed self join streamed through many small blocks.
+        g.budget().set_limit(4 << 20);
+        let (r, _) = preprocess(&zipf(5000, 2000, 40, 9), None);
+        for t in [0.3, 0.6, 0.9] {
+            let thr = Threshold::new(Metric::Jaccard, t);
+            let mut st = JoinStats::default();
+            let got = sorted(ssjoin_gpu(&g, &r, None, thr, &mut st).unwrap());
+            assert_eq!(got, sorted(ssjoin_exact_counter(&r, None, thr)), "zipf 5000 t={t}");
+            assert!(st.blocks >= 1);
+        }
+        g.budget().set_limit(0);
+    }
+}

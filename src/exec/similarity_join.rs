@@ -1,0 +1,418 @@
+//! `SimilarityJoinExec`: an inner join whose predicate contains
+//! `metric(l.set, r.set) >= t` (or `> t`), computed as a set-similarity join
+//! ([`crate::algo::ssjoin`], GPU or CPU backend) instead of a nested loop.
+//!
+//! Both inputs are collected; the two set expressions are evaluated and
+//! encoded with one key space (strings dictionary-encoded, see
+//! [`crate::udf::sets`]); the join yields (left row, right row) pairs, the
+//! remaining conjuncts of the join filter are evaluated on those pairs and the
+//! join's output columns are gathered with `take`. When both sides produce the
+//! very same sets (a self join such as `FROM r a JOIN r b ON a.id < b.id AND
+//! jaccard(a.s, b.s) >= t`), the algorithm runs as a self join (each unordered
+//! pair once) and the pairs are mirrored, with the diagonal added.
+//!
+//! One output partition.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use datafusion::arrow::compute::{concat_batches, filter, take};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::JoinSide;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::algo::ssjoin::{self, JoinStats, Pair, Threshold};
+use crate::config::SetfusionConfig;
+use crate::exec::set_select::Backend;
+use crate::gpu;
+
+/// The operator. See the module documentation.
+#[derive(Debug)]
+pub struct SimilarityJoinExec {
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    /// The set expression over the left input's schema.
+    left_set: PhysicalExprRef,
+    /// The set expression over the right input's schema.
+    right_set: PhysicalExprRef,
+    threshold: Threshold,
+    /// Other conjuncts of the join filter, applied to the pairs.
+    residual: Option<JoinFilter>,
+    /// Projection of the joined (left ++ right) columns.
+    projection: Option<Vec<usize>>,
+    backend: Backend,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+impl SimilarityJoinExec {
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_new(
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        left_set: PhysicalExprRef,
+        right_set: PhysicalExprRef,
+        threshold: Threshold,
+        residual: Option<JoinFilter>,
+        projection: Option<Vec<usize>>,
+        backend: Backend,
+    ) -> Result<Self> {
+        threshold.metric.check_threshold(threshold.value).map_err(DataFusionError::Plan)?;
+        let (ls, rs) = (left.schema(), right.schema());
+        let fields: Vec<_> = ls.fields().iter().chain(rs.fields().iter()).cloned().collect();
+        let joined = Schema::new(fields);
+        let schema = Arc::new(match &projection {
+            Some(p) => joined.project(p)?,
+            None => joined,
+        });
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            left,
+            right,
+            left_set,
+            right_set,
+            threshold,
+            residual,
+            projection,
+            backend,
+            schema,
+            cache,
+            metrics: ExecutionPlanMetricsSet::new(),
+            ran: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    pub fn threshold(&self) -> Threshold {
+        self.threshold
+    }
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+}
+
+impl DisplayAs for SimilarityJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let op = if self.threshold.strict { ">" } else { ">=" };
+        write!(
+            f,
+            "SimilarityJoinExec: metric={}, on=({}, {}), threshold {op} {}",
+            self.threshold.metric.name(),
+            self.left_set,
+            self.right_set,
+            self.threshold.value
+        )?;
+        if let Some(r) = &self.residual {
+            write!(f, ", filter={}", r.expression())?;
+        }
+        match &self.backend {
+            Backend::Gpu => write!(f, ", backend=gpu")?,
+            Backend::Cpu(reason) => write!(f, ", backend=cpu ({reason})")?,
+        }
+        if let Some(p) = &self.projection {
+            write!(f, ", projection={p:?}")?;
+        }
+        if !matches!(t, DisplayFormatType::TreeRender) {
+            if let Some(ran) = self.ran.lock().unwrap().as_ref() {
+                write!(f, ", ran={ran}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for SimilarityJoinExec {
+    fn name(&self) -> &str {
+        "SimilarityJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left, &self.right]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let mut exprs = vec![&self.left_set, &self.right_set];
+        if let Some(r) = &self.residual {
+            exprs.push(r.expression());
+        }
+        for e in exprs {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 2 {
+            return Err(DataFusionError::Internal("SimilarityJoinExec has two children".into()));
+        }
+        let right = children.pop().unwrap();
+        let left = children.pop().unwrap();
+        Ok(Arc::new(SimilarityJoinExec::try_new(
+            left,
+            right,
+            self.left_set.clone(),
+            self.right_set.clone(),
+            self.threshold,
+            self.residual.clone(),
+            self.projection.clone(),
+            self.backend.clone(),
+        )?))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!("SimilarityJoinExec has one partition, got {partition}")));
+        }
+        let run = Run {
+            left: self.left.clone(),
+            right: self.right.clone(),
+            left_set: self.left_set.clone(),
+            right_set: self.right_set.clone(),
+            threshold: self.threshold,
+            residual: self.residual.clone(),
+            projection: self.projection.clone(),
+            backend: self.backend.clone(),
+            schema: self.schema.clone(),
+            metrics: Metrics::new(&self.metrics),
+            ran: self.ran.clone(),
+        };
+        let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let fut = async move {
+            let batches = run.run(context).await?;
+            out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        };
+        let stream = futures::stream::once(fut).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+#[derive(Clone)]
+struct Metrics {
+    candidates: Count,
+    verified: Count,
+    bytes_to_device: Count,
+    bytes_to_host: Count,
+    transfer_time: Time,
+    kernel_time: Time,
+    join_time: Time,
+    input_rows: Count,
+}
+
+impl Metrics {
+    fn new(m: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            candidates: MetricBuilder::new(m).global_counter("candidates"),
+            verified: MetricBuilder::new(m).global_counter("verified_pairs"),
+            bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
+            bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
+            transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
+            kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
+            join_time: MetricBuilder::new(m).subset_time("join_time", 0),
+            input_rows: MetricBuilder::new(m).global_counter("input_rows"),
+        }
+    }
+}
+
+struct Run {
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    left_set: PhysicalExprRef,
+    right_set: PhysicalExprRef,
+    threshold: Threshold,
+    residual: Option<JoinFilter>,
+    projection: Option<Vec<usize>>,
+    backend: Backend,
+    schema: SchemaRef,
+    metrics: Metrics,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+/// Run the join on the chosen backend; device trouble falls back to the CPU.
+pub fn join_sets(
+    backend: &Backend,
+    cfg: &SetfusionConfig,
+    r: &ssjoin::SetCollection,
+    s: Option<&ssjoin::SetCollection>,
+    thr: Threshold,
+    stats: &mut JoinStats,
+) -> (Vec<Pair>, String) {
+    let cpu = |stats: &mut JoinStats| ssjoin::ssjoin_cpu_with(r, s, thr, ssjoin::default_threads(), stats);
+    match backend {
+        Backend::Cpu(_) => (cpu(stats), "cpu".into()),
+        Backend::Gpu => {
+            let res = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string())).and_then(|g| {
+                let _lock = g.lock_blocking();
+                g.budget().set_limit(cfg.memory_limit.0);
+                let mut st = JoinStats::default();
+                let out = ssjoin::ssjoin_gpu(&g, r, s, thr, &mut st);
+                g.budget().set_limit(0);
+                out.map(|o| (o, st))
+            });
+            match res {
+                Ok((pairs, st)) => {
+                    let blocks = st.blocks;
+                    stats.candidates += st.candidates;
+                    stats.results += st.results;
+                    stats.blocks += st.blocks;
+                    stats.transfer.add(&st.transfer);
+                    (pairs, format!("gpu in {blocks} probe block(s)"))
+                }
+                Err(e) => (cpu(stats), format!("cpu (GPU failed: {e})")),
+            }
+        }
+    }
+}
+
+impl Run {
+    async fn run(self, context: Arc<TaskContext>) -> Result<Vec<RecordBatch>> {
+        let cfg = SetfusionConfig::from_options(context.session_config().options());
+        let batch_size = context.session_config().batch_size().max(1);
+        let (lp, rp) = futures::try_join!(
+            collect_partitioned(self.left.clone(), context.clone()),
+            collect_partitioned(self.right.clone(), context.clone())
+        )?;
+        let (ls, rs) = (self.left.schema(), self.right.schema());
+        let left = concat_batches(&ls, lp.iter().flatten())?;
+        let right = concat_batches(&rs, rp.iter().flatten())?;
+        self.metrics.input_rows.add(left.num_rows() + right.num_rows());
+        if left.num_rows() == 0 || right.num_rows() == 0 {
+            return Ok(vec![]);
+        }
+        let la = self.left_set.evaluate(&left)?.into_array(left.num_rows())?;
+        let ra = self.right_set.evaluate(&right)?.into_array(right.num_rows())?;
+
+        let timer = Instant::now();
+        let thr = self.threshold;
+        let backend = self.backend.clone();
+        let cfg2 = cfg.clone();
+        let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let enc = crate::udf::sets::encode("similarity join", &[la, ra])?;
+            let same = enc[0].sets == enc[1].sets && enc[0].valid == enc[1].valid;
+            let mut stats = JoinStats::default();
+            let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
+            let ran = if same {
+                let (c, _) = ssjoin::preprocess(&enc[0].sets, None);
+                let (pairs, ran) = join_sets(&backend, &cfg2, &c, None, thr, &mut stats);
+                lidx.reserve(pairs.len() * 2);
+                ridx.reserve(pairs.len() * 2);
+                for (a, b, _) in pairs {
+                    lidx.push(a);
+                    ridx.push(b);
+                    lidx.push(b);
+                    ridx.push(a);
+                }
+                // The diagonal: a set with itself.
+                for p in 0..c.len() {
+                    let n = c.size(p);
+                    if n > 0 && thr.passes(n, n, n) {
+                        lidx.push(c.ids[p]);
+                        ridx.push(c.ids[p]);
+                    }
+                }
+                format!("{ran}, self join")
+            } else {
+                let (r, s) = ssjoin::preprocess(&enc[0].sets, Some(&enc[1].sets));
+                let (pairs, ran) = join_sets(&backend, &cfg2, &r, s.as_ref(), thr, &mut stats);
+                lidx.reserve(pairs.len());
+                ridx.reserve(pairs.len());
+                for (a, b, _) in pairs {
+                    lidx.push(a);
+                    ridx.push(b);
+                }
+                ran
+            };
+            Ok((lidx, ridx, ran, stats))
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("similarity join task failed: {e}")))??;
+        self.metrics.join_time.add_duration(timer.elapsed());
+        self.metrics.candidates.add(stats.candidates as usize);
+        self.metrics.verified.add(stats.results as usize);
+        self.metrics.bytes_to_device.add(stats.transfer.bytes_to_device);
+        self.metrics.bytes_to_host.add(stats.transfer.bytes_to_host);
+        self.metrics.transfer_time.add_duration(stats.transfer.to_device + stats.transfer.to_host);
+        self.metrics.kernel_time.add_duration(stats.transfer.kernel);
+        *self.ran.lock().unwrap() = Some(ran);
+
+        let nl = ls.fields().len();
+        let cols: Vec<usize> = match &self.projection {
+            Some(p) => p.clone(),
+            None => (0..nl + rs.fields().len()).collect(),
+        };
+        let mut out = Vec::new();
+        for start in (0..lidx.len()).step_by(batch_size) {
+            let end = (start + batch_size).min(lidx.len());
+            let mut li = UInt32Array::from(lidx[start..end].to_vec());
+            let mut ri = UInt32Array::from(ridx[start..end].to_vec());
+            if let Some(f) = &self.residual {
+                let columns: Vec<ArrayRef> = f
+                    .column_indices()
+                    .iter()
+                    .map(|c| match c.side {
+                        JoinSide::Left => take(left.column(c.index).as_ref(), &li, None),
+                        _ => take(right.column(c.index).as_ref(), &ri, None),
+                    })
+                    .collect::<std::result::Result<_, _>>()?;
+                let batch = RecordBatch::try_new_with_options(
+                    f.schema().clone(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(li.len())),
+                )?;
+                let mask = f.expression().evaluate(&batch)?.into_array(li.len())?;
+                let mask = mask
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?;
+                li = filter(&li, mask)?.as_any().downcast_ref::<UInt32Array>().unwrap().clone();
+                ri = filter(&ri, mask)?.as_any().downcast_ref::<UInt32Array>().unwrap().clone();
+            }
+            if li.is_empty() {
+                continue;
+            }
+            let columns: Vec<ArrayRef> = cols
+                .iter()
+                .map(|&c| if c < nl { take(left.column(c).as_ref(), &li, None) } else { take(right.column(c - nl).as_ref(), &ri, None) })
+                .collect::<std::result::Result<_, _>>()?;
+            out.push(RecordBatch::try_new_with_options(
+                self.schema.clone(),
+                columns,
+                &RecordBatchOptions::new().with_row_count(Some(li.len())),
+            )?);
+        }
+        Ok(out)
+    }
+}

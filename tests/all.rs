@@ -1,0 +1,17 @@
+//! The crate's single integration-test binary (`cargo test --release --test all`).
+//!
+//! Keep it one binary (each test binary links all of DataFusion). To add tests,
+//! create `tests/all/<name>.rs` and add a line below:
+//!
+//! ```text
+//! #[path = "all/<name>.rs"]
+//! mod <name>;
+//! ```
+//!
+//! Shared helpers (GPU skip logic, runtime, crate root) are in `tests/all/common.rs`
+//! and reachable as `crate::common::...`.
+
+#[path = "all/common.rs"]
+mod common;
+#[path = "all/slt_suites.rs"]
+mod slt_suites;

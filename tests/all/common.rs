@@ -1,0 +1,57 @@
+//! Helpers shared by the modules of the `all` test binary.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The crate root (tests run with any working directory).
+pub fn crate_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `SETFUSION_REQUIRE_GPU=1`: GPU-mode tests fail instead of skipping when no
+/// GPU is usable.
+pub fn require_gpu() -> bool {
+    std::env::var("SETFUSION_REQUIRE_GPU").map(|v| v == "1").unwrap_or(false)
+}
+
+/// `Ok(())` when GPU-mode tests should run; `Err(reason)` after printing
+/// `skipping gpu mode: <reason>` when they should be skipped. Panics when no
+/// GPU is usable and `SETFUSION_REQUIRE_GPU=1`.
+pub fn gpu_or_skip() -> Result<(), String> {
+    match setfusion::slt::gpu_mode_status() {
+        Ok(()) => Ok(()),
+        Err(reason) if require_gpu() => panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {reason}"),
+        Err(reason) => {
+            println!("skipping gpu mode: {reason}");
+            eprintln!("skipping gpu mode: {reason}");
+            Err(reason)
+        }
+    }
+}
+
+/// A multi-threaded tokio runtime for a test.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_stack_size(8 << 20)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Run `f` on a thread with a large stack (DataFusion's planner recurses deeply
+/// on big queries) inside a fresh runtime.
+pub fn block_on<F, Fut, T>(f: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+    T: Send + 'static,
+{
+    std::thread::Builder::new()
+        .stack_size(16 << 20)
+        .spawn(move || runtime().block_on(f()))
+        .expect("spawn test thread")
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
