@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build the release CLI, the test binaries and the benchmarks, and pack them
+# Build the release CLI (which also runs the benchmarks: `setfusion bench`) and
+# the test binaries, and pack them
 # with xz into bundle/ (git-ignored) for the GPU machine, which has no Rust
 # toolchain. Then, on the GPU machine, from the repository root:
 #     bash bundle/run.sh [doctor|test|demo|bench-setops|bench-ssjoin|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle
-cargo build --release --bins --benches
+cargo build --release --bins
 # test binaries: the lib unit tests and the one integration test binary
 cargo test --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '
@@ -21,10 +22,8 @@ for line in sys.stdin:
 ' > bundle/tests.txt
 while read -r name exe; do cp "$exe" "bundle/$name"; done < bundle/tests.txt
 cp target/release/setfusion bundle/setfusion
-for b in target/release/deps/setops_bench-* target/release/deps/ssjoin_bench-*; do
-  [ -x "$b" ] && [ -f "$b" ] && cp "$b" "bundle/$(basename "$b" | sed 's/-[0-9a-f]*$//')" || true
-done
 mkdir -p bundle/data && cp ../shared/data/dblp_t_18k.txt bundle/data/ 2>/dev/null || true
 cp scripts/gpu-run.sh bundle/run.sh
-(cd bundle && for f in setfusion test-* *_bench; do [ -f "$f" ] && xz -T2 -6 -f "$f"; done)
+# Symbols are most of a DataFusion binary; stripped and xz -9 each is ~20 MB.
+(cd bundle && for f in setfusion test-*; do [[ $f == *.txt ]] && continue; strip "$f"; xz -T2 -9 -f "$f"; done)
 du -sh bundle; ls -la bundle

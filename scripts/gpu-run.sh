@@ -4,7 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 for f in *.xz; do [ -f "${f%.xz}" ] || xz -d -k "$f"; done
-chmod +x setfusion test-* *_bench 2>/dev/null
+chmod +x setfusion test-* 2>/dev/null
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 export SETFUSION_REQUIRE_GPU=1 SETFUSION_DATA_DIR="$PWD/data" SETFUSION_ROOT="$(cd .. && pwd)"
 out="${OUT:-/tmp/setfusion-out}"; mkdir -p "$out"
@@ -27,6 +27,7 @@ fi
 if [[ $what == demo || $what == all ]]; then
   bundle/setfusion demo 2>&1 | tee "$out/demo.txt" || rc=1
 fi
-if [[ $what == bench-setops ]]; then bundle/setops_bench 2>&1 | tee "$out/bench-setops.txt" || rc=1; fi
-if [[ $what == bench-ssjoin ]]; then bundle/ssjoin_bench 2>&1 | tee "$out/bench-ssjoin.txt" || rc=1; fi
+if [[ $what == bench-* ]]; then
+  SETFUSION_BENCH_OUT="$out/${what}.md" bundle/setfusion bench "${what#bench-}" 2>&1 | tee "$out/${what}.txt" || rc=1
+fi
 exit $rc

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
-use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
@@ -55,10 +55,11 @@ pub fn is_exact(types: &[DataType]) -> bool {
     }
 }
 
-/// Key columns of one side, concatenated over all its batches.
+/// Key columns of one side, over all its batches.
 pub struct KeyColumns {
-    /// One key per row (value or hash).
-    pub keys: Vec<u64>,
+    /// One key per row (value or hash), in chunks read back to back. Exact
+    /// 64-bit integer columns are borrowed from the Arrow buffers (no copy).
+    pub chunks: Vec<ScalarBuffer<u64>>,
     /// Rows where some key column is NULL (None: no NULLs).
     pub nulls: Option<NullBuffer>,
     /// Exact row bytes for verification (hash-encoded keys only).
@@ -67,10 +68,18 @@ pub struct KeyColumns {
 
 impl KeyColumns {
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.chunks.iter().map(|c| c.len()).sum()
     }
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len() == 0
+    }
+    /// The key chunks as slices.
+    pub fn slices(&self) -> Vec<&[u64]> {
+        self.chunks.iter().map(|c| c.as_ref()).collect()
+    }
+    /// Every key, in row order.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.chunks.iter().flat_map(|c| c.iter().copied())
     }
     pub fn is_null(&self, i: usize) -> bool {
         self.nulls.as_ref().is_some_and(|n| n.is_null(i))
@@ -80,23 +89,44 @@ impl KeyColumns {
     }
 }
 
-/// Encode key columns (each the concatenation of one key expression over the
-/// side's batches). `converter` must be shared by both sides of an operator so
-/// their row bytes are comparable.
-pub fn encode(columns: &[ArrayRef], converter: Option<&RowConverter>) -> Result<KeyColumns> {
-    let len = columns.first().map_or(0, |c| c.len());
-    let nulls = columns.iter().fold(None::<NullBuffer>, |acc, c| NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref()));
-    let nulls = nulls.filter(|n| n.null_count() > 0);
-    let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
-    if is_exact(&types) {
-        return Ok(KeyColumns { keys: exact_values(&columns[0])?, nulls, rows: None });
+/// Encode key columns given per batch (`batches[b][c]`: key column c of batch b;
+/// all batches have the same types). `converter` must be shared by both sides of
+/// an operator so their row bytes are comparable.
+pub fn encode(batches: &[Vec<ArrayRef>], types: &[DataType], converter: Option<&RowConverter>) -> Result<KeyColumns> {
+    // NULL rows over all batches (a row is NULL if any key column is).
+    let any_nulls = batches.iter().flatten().any(|c| c.logical_null_count() > 0);
+    let nulls = if any_nulls {
+        let mut b = datafusion::arrow::array::BooleanBufferBuilder::new(0);
+        for cols in batches {
+            let n = cols.iter().fold(None::<NullBuffer>, |acc, c| NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref()));
+            match n {
+                Some(n) => b.append_buffer(n.inner()),
+                None => b.append_n(cols.first().map_or(0, |c| c.len()), true),
+            }
+        }
+        Some(NullBuffer::new(b.finish())).filter(|n| n.null_count() > 0)
+    } else {
+        None
+    };
+    if is_exact(types) {
+        let chunks = batches.iter().map(|cols| exact_values(&cols[0])).collect::<Result<_>>()?;
+        return Ok(KeyColumns { chunks, nulls, rows: None });
     }
     let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;
+    let columns: Vec<ArrayRef> = (0..types.len())
+        .map(|c| {
+            let parts: Vec<&dyn Array> = batches.iter().map(|b| b[c].as_ref()).collect();
+            if parts.is_empty() {
+                Ok(datafusion::arrow::array::new_empty_array(&types[c]))
+            } else {
+                datafusion::arrow::compute::concat(&parts).map_err(DataFusionError::from)
+            }
+        })
+        .collect::<Result<_>>()?;
     let normalized: Vec<ArrayRef> = columns.iter().map(normalize_floats).collect::<Result<_>>()?;
     let rows = converter.convert_columns(&normalized)?;
-    let keys = (0..len).map(|i| hash_bytes(rows.row(i).as_ref())).collect();
-    debug_assert_eq!(rows.num_rows(), len);
-    Ok(KeyColumns { keys, nulls, rows: Some(rows) })
+    let keys: Vec<u64> = (0..rows.num_rows()).map(|i| hash_bytes(rows.row(i).as_ref())).collect();
+    Ok(KeyColumns { chunks: vec![ScalarBuffer::from(keys)], nulls, rows: Some(rows) })
 }
 
 /// A row converter for these key types (None when the keys are exact).
@@ -144,7 +174,19 @@ fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
 }
 
 /// Exact 64-bit image of a single fixed-width column (NULL slots hold arbitrary values).
-fn exact_values(a: &ArrayRef) -> Result<Vec<u64>> {
+/// 64-bit integer columns share the Arrow buffer: no copy.
+fn exact_values(a: &ArrayRef) -> Result<ScalarBuffer<u64>> {
+    match a.data_type() {
+        DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_) => {
+            let data = a.to_data();
+            return Ok(ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len()));
+        }
+        _ => {}
+    }
+    Ok(ScalarBuffer::from(exact_values_owned(a)?))
+}
+
+fn exact_values_owned(a: &ArrayRef) -> Result<Vec<u64>> {
     Ok(match a.data_type() {
         DataType::Float64 => a.as_primitive::<Float64Type>().values().iter().map(|v| canon_f64(*v)).collect(),
         DataType::Float32 => a.as_primitive::<Float32Type>().values().iter().map(|v| canon_f32(*v)).collect(),
@@ -209,8 +251,8 @@ pub fn verify_or_exact(build: &KeyColumns, probe: &KeyColumns) -> Option<(Vec<u6
     let row = |side: bool, i: usize| if side { br.row(i) } else { pr.row(i) };
     let mut collision = false;
     'outer: for (side, kc) in [(true, build), (false, probe)] {
-        for (i, k) in kc.keys.iter().enumerate() {
-            let (s, j) = *rep.entry(*k).or_insert((side, i));
+        for (i, k) in kc.iter().enumerate() {
+            let (s, j) = *rep.entry(k).or_insert((side, i));
             if row(s, j) != row(side, i) {
                 collision = true;
                 break 'outer;

@@ -8,6 +8,7 @@
 //! and the `setfusion.*` settings (`SET setfusion.enabled = false`, ...).
 
 pub mod algo;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod datagen;

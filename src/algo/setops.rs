@@ -71,24 +71,32 @@ pub fn words_to_bool(words: Vec<u32>, len: usize) -> BooleanBuffer {
 
 /// CPU twin: same rules, a hash map of (build count, probe rank) per key.
 pub fn select_cpu(op: SetOp, build: &[u64], probe: &[u64]) -> BooleanBuffer {
-    let mut words = vec![0u32; probe.len().div_ceil(32)];
+    select_cpu_chunks(op, &[build], &[probe])
+}
+
+/// [`select_cpu`] over keys held in several slices (one per batch), read back to back.
+pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u64]]) -> BooleanBuffer {
+    let build = build_chunks.iter().flat_map(|c| c.iter());
+    let probe = || probe_chunks.iter().flat_map(|c| c.iter());
+    let probe_len: usize = probe_chunks.iter().map(|c| c.len()).sum();
+    let mut words = vec![0u32; probe_len.div_ceil(32)];
     let mut set = |i: usize| words[i >> 5] |= 1 << (i & 31);
     match op {
         SetOp::Semi | SetOp::Anti => {
-            let keys: std::collections::HashSet<u64> = build.iter().copied().collect();
+            let keys: std::collections::HashSet<u64> = build.copied().collect();
             let want = op == SetOp::Semi;
-            for (i, k) in probe.iter().enumerate() {
+            for (i, k) in probe().enumerate() {
                 if keys.contains(k) == want {
                     set(i);
                 }
             }
         }
         _ => {
-            let mut counts: HashMap<u64, (u32, u32)> = HashMap::with_capacity(build.len());
+            let mut counts: HashMap<u64, (u32, u32)> = HashMap::new();
             for k in build {
                 counts.entry(*k).or_default().0 += 1;
             }
-            for (i, k) in probe.iter().enumerate() {
+            for (i, k) in probe().enumerate() {
                 let e = counts.entry(*k).or_default();
                 let (n, r) = (e.0, e.1);
                 e.1 += 1;
@@ -105,7 +113,7 @@ pub fn select_cpu(op: SetOp, build: &[u64], probe: &[u64]) -> BooleanBuffer {
             }
         }
     }
-    words_to_bool(words, probe.len())
+    words_to_bool(words, probe_len)
 }
 
 /// Largest key domain (max - min + 1) the bitmap strategy accepts.
@@ -128,9 +136,29 @@ fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
 
 /// The domain [min, max] of both inputs, if any.
 pub fn key_range(build: &[u64], probe: &[u64]) -> Option<(u64, u64)> {
-    let mut it = build.iter().chain(probe.iter());
-    let first = *it.next()?;
-    Some(it.fold((first, first), |(lo, hi), &k| (lo.min(k), hi.max(k))))
+    key_range_chunks(&[build, probe])
+}
+
+/// [`key_range`] over several slices, scanned in parallel.
+pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
+    let merge = |a: Option<(u64, u64)>, b: Option<(u64, u64)>| match (a, b) {
+        (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
+        (x, None) | (None, x) => x,
+    };
+    let scan = |c: &[u64]| c.iter().fold(None, |acc, &k| merge(acc, Some((k, k))));
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+    if total < (1 << 22) || threads == 1 {
+        return chunks.iter().fold(None, |acc, c| merge(acc, scan(c)));
+    }
+    // Split every chunk into pieces so that threads get similar work.
+    let piece = total.div_ceil(threads * 4);
+    let pieces: Vec<&[u64]> = chunks.iter().flat_map(|c| c.chunks(piece.max(1))).collect();
+    let per = pieces.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = pieces.chunks(per.max(1)).map(|ps| s.spawn(move || ps.iter().fold(None, |acc, c| merge(acc, scan(c))))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).fold(None, merge)
+    })
 }
 
 fn launch_cfg(n: usize) -> LaunchConfig {
@@ -150,11 +178,24 @@ pub fn select_gpu(
     probe: &[u64],
     stats: &mut TransferStats,
 ) -> Result<BooleanBuffer> {
-    let np = probe.len();
+    select_gpu_chunks(gpu, strategy, op, &[build], &[probe], stats)
+}
+
+/// [`select_gpu`] over keys held in several slices (one per batch): they are
+/// gathered straight into the pinned staging buffers, never concatenated.
+pub fn select_gpu_chunks(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<BooleanBuffer> {
+    let np: usize = probe.iter().map(|c| c.len()).sum();
     if np == 0 {
         return Ok(BooleanBuffer::new_unset(0));
     }
-    let resident = ResidentSelect::upload(gpu, build, probe, stats)?;
+    let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
     let out = resident.run(gpu, strategy, op, stats)?;
     let words = gpu.download(&out, np.div_ceil(32), stats)?;
     Ok(words_to_bool(words, np))
@@ -172,12 +213,17 @@ pub struct ResidentSelect {
 
 impl ResidentSelect {
     pub fn upload(gpu: &Gpu, build: &[u64], probe: &[u64], stats: &mut TransferStats) -> Result<Self> {
+        Self::upload_chunks(gpu, &[build], &[probe], stats)
+    }
+
+    pub fn upload_chunks(gpu: &Gpu, build: &[&[u64]], probe: &[&[u64]], stats: &mut TransferStats) -> Result<Self> {
+        let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
         Ok(Self {
-            build: gpu.upload(build, stats)?,
-            probe: gpu.upload(probe, stats)?,
-            nb: build.len(),
-            np: probe.len(),
-            range: key_range(build, probe),
+            build: gpu.upload_chunks(build, stats)?,
+            probe: gpu.upload_chunks(probe, stats)?,
+            nb: build.iter().map(|c| c.len()).sum(),
+            np: probe.iter().map(|c| c.len()).sum(),
+            range: key_range_chunks(&all),
         })
     }
 
@@ -273,19 +319,23 @@ pub fn select_gpu_partitioned(
     gpu: &Gpu,
     strategy: GpuStrategy,
     op: SetOp,
-    build: &[u64],
-    probe: &[u64],
+    build: &[&[u64]],
+    probe: &[&[u64]],
     stats: &mut TransferStats,
 ) -> Result<(BooleanBuffer, usize)> {
-    let range = key_range(build, probe).map(|(lo, hi)| hi - lo + 1).unwrap_or(1);
-    let need = device_bytes(strategy, op, build.len(), probe.len(), range);
+    let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
+    let range = key_range_chunks(&all).map(|(lo, hi)| hi - lo + 1).unwrap_or(1);
+    let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
+    let need = device_bytes(strategy, op, nb, np, range);
     let avail = gpu.budget().available().max(1);
     if need <= avail {
-        return Ok((select_gpu(gpu, strategy, op, build, probe, stats)?, 1));
+        return Ok((select_gpu_chunks(gpu, strategy, op, build, probe, stats)?, 1));
     }
+    let build = build.iter().flat_map(|c| c.iter());
+    let probe = probe.iter().flat_map(|c| c.iter());
     // Partitions use the hash strategy (a bitmap's size is set by the range, not
     // the rows); twice the naive count leaves room for skew between partitions.
-    let hash_need = device_bytes(GpuStrategy::Hash, op, build.len(), probe.len(), 0);
+    let hash_need = device_bytes(GpuStrategy::Hash, op, nb, np, 0);
     let parts = (hash_need.div_ceil(avail) * 2).next_power_of_two().max(2);
     let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as usize & (parts - 1);
     let mut b_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
@@ -294,12 +344,12 @@ pub fn select_gpu_partitioned(
     }
     let mut p_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
     let mut p_rows: Vec<Vec<u32>> = vec![Vec::new(); parts];
-    for (i, &k) in probe.iter().enumerate() {
+    for (i, &k) in probe.enumerate() {
         let p = part_of(k);
         p_parts[p].push(k);
         p_rows[p].push(i as u32);
     }
-    let mut words = vec![0u32; probe.len().div_ceil(32)];
+    let mut words = vec![0u32; np.div_ceil(32)];
     for p in 0..parts {
         let sel = select_gpu(gpu, GpuStrategy::Hash, op, &b_parts[p], &p_parts[p], stats)?;
         for j in sel.set_indices() {
@@ -307,7 +357,7 @@ pub fn select_gpu_partitioned(
             words[i >> 5] |= 1 << (i & 31);
         }
     }
-    Ok((words_to_bool(words, probe.len()), parts))
+    Ok((words_to_bool(words, np), parts))
 }
 
 /// Doctor self-check: every op and strategy against the CPU twin on random keys with duplicates.
@@ -448,7 +498,7 @@ mod tests {
         let probe: Vec<u64> = (0..300_000).map(|_| rng.random_range(0..100_000u64)).collect();
         gpu.budget().set_limit(4 << 20); // 4 MiB: forces several partitions
         for op in OPS {
-            let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &build, &probe, &mut TransferStats::default()).unwrap();
+            let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &[&build], &[&probe], &mut TransferStats::default()).unwrap();
             assert!(parts > 1, "expected partitioning");
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
         }

@@ -31,7 +31,8 @@ pub enum Format {
 const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FILE]... [--format table|csv|json]
        setfusion demo      run the built-in demonstration (generated data, no download)
        setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
-       setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes";
+       setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes
+       setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)";
 
 /// One line, for stderr: DataFusion errors can span lines.
 pub fn one_line(e: &DataFusionError) -> String {
@@ -66,6 +67,12 @@ async fn run(args: Vec<String>) -> Result<i32> {
                     return Err(usage_err("slt needs at least one .slt file"));
                 }
                 return Ok(crate::slt::run_cli(&paths, &[crate::slt::Mode::Cpu, crate::slt::Mode::Gpu]).await);
+            }
+            "bench" if tables.is_empty() && commands.is_empty() => {
+                return match it.next().as_deref() {
+                    Some("setops") => crate::bench::setops::run().await.map(|_| 0),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops"))),
+                };
             }
             "-h" | "--help" => {
                 println!("{USAGE}");

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::compute::{concat, filter_record_batch};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
@@ -58,7 +58,15 @@ pub enum NullMode {
     NullAware,
 }
 
-type Partitions = Arc<Vec<Vec<RecordBatch>>>;
+/// The computed result: the kept side's batches per partition and one selection
+/// bit per kept-side row (in partition, then batch order).
+#[derive(Debug)]
+struct Selected {
+    parts: Vec<Vec<RecordBatch>>,
+    selection: BooleanBuffer,
+    /// Row offset of each partition's first row in `selection`.
+    offsets: Vec<usize>,
+}
 
 /// The operator. See the module documentation.
 #[derive(Debug)]
@@ -77,7 +85,7 @@ pub struct SetSelectExec {
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
-    result: Arc<OnceCell<std::result::Result<Partitions, Arc<DataFusionError>>>>,
+    result: Arc<OnceCell<std::result::Result<Arc<Selected>, Arc<DataFusionError>>>>,
     /// What ran (strategy, partitions), for EXPLAIN ANALYZE.
     ran: Arc<Mutex<Option<String>>>,
 }
@@ -235,20 +243,38 @@ impl ExecutionPlan for SetSelectExec {
             other_keys: self.other_keys.clone(),
             nulls: self.nulls,
             backend: self.backend.clone(),
-            projection: self.projection.clone(),
             metrics: Metrics::new(&self.metrics),
             ran: self.ran.clone(),
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let projection = self.projection.clone();
         let fut = async move {
-            let parts = cell
+            let sel = cell
                 .get_or_init(|| async move { run.run(context).await.map(Arc::new).map_err(Arc::new) })
                 .await
                 .clone()
-                .map_err(|e| DataFusionError::Shared(e))?;
-            let batches = parts.get(partition).cloned().unwrap_or_default();
-            out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
-            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+                .map_err(DataFusionError::Shared)?;
+            // Each partition filters its own batches, so output partitions filter in parallel.
+            let mut offset = sel.offsets.get(partition).copied().unwrap_or(0);
+            let batches = sel.parts.get(partition).cloned().unwrap_or_default();
+            let mut out = Vec::with_capacity(batches.len());
+            for b in batches {
+                let n = b.num_rows();
+                let mask = BooleanArray::new(sel.selection.slice(offset, n), None);
+                offset += n;
+                let kept = mask.true_count();
+                if kept == 0 {
+                    continue;
+                }
+                let filtered = if kept == n { b } else { filter_record_batch(&b, &mask)? };
+                let filtered = match &projection {
+                    Some(p) => filtered.project(p)?,
+                    None => filtered,
+                };
+                out_rows.add(filtered.num_rows());
+                out.push(Ok(filtered));
+            }
+            Ok::<_, DataFusionError>(futures::stream::iter(out))
         };
         let stream = futures::stream::once(fut).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
@@ -291,31 +317,20 @@ struct Run {
     other_keys: Vec<PhysicalExprRef>,
     nulls: NullMode,
     backend: Backend,
-    projection: Option<Vec<usize>>,
     metrics: Metrics,
     ran: Arc<Mutex<Option<String>>>,
 }
 
-/// Evaluate key expressions over all batches and concatenate per expression.
-fn key_columns(batches: &[RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<ArrayRef>> {
-    exprs
+/// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
+fn key_columns(batches: &[RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
+    batches
         .iter()
-        .map(|e| {
-            let parts: Vec<ArrayRef> =
-                batches.iter().map(|b| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect::<Result<_>>()?;
-            if parts.is_empty() {
-                let dt = e.data_type(&batches.first().map(|b| b.schema()).unwrap_or_else(|| Arc::new(datafusion::arrow::datatypes::Schema::empty())))
-                    .unwrap_or(DataType::Null);
-                return Ok(datafusion::arrow::array::new_empty_array(&dt));
-            }
-            let refs: Vec<&dyn datafusion::arrow::array::Array> = parts.iter().map(|a| a.as_ref()).collect();
-            Ok(concat(&refs)?)
-        })
+        .map(|b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
         .collect()
 }
 
 impl Run {
-    async fn run(self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
+    async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let (keep_parts, other_parts) = futures::try_join!(
             collect_partitioned(self.keep.clone(), context.clone()),
@@ -326,48 +341,33 @@ impl Run {
         let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
         let other_rows: usize = other_batches.iter().map(|b| b.num_rows()).sum();
         self.metrics.input_rows.add(keep_rows + other_rows);
+        let mut offsets = Vec::with_capacity(keep_parts.len());
+        let mut at = 0;
+        for p in &keep_parts {
+            offsets.push(at);
+            at += p.iter().map(|b| b.num_rows()).sum::<usize>();
+        }
 
-        let t = Instant::now();
-        let (keep_cols, other_cols) = if keep_rows == 0 {
-            (vec![], vec![])
-        } else {
-            (key_columns(&keep_batches, &self.keep_keys)?, key_columns(&other_batches, &self.other_keys)?)
-        };
         let selection = if keep_rows == 0 {
             BooleanBuffer::new_unset(0)
         } else {
-            let types: Vec<DataType> = keep_cols.iter().map(|c| c.data_type().clone()).collect();
-            let other_cols = coerce_like(other_cols, &types)?;
+            let t = Instant::now();
+            let keep_schema = self.keep.schema();
+            let types: Vec<DataType> = self.keep_keys.iter().map(|k| k.data_type(&keep_schema)).collect::<Result<_>>()?;
+            let keep_cols = key_columns(&keep_batches, &self.keep_keys)?;
+            let other_cols = key_columns(&other_batches, &self.other_keys)?
+                .into_iter()
+                .map(|cols| coerce_like(cols, &types))
+                .collect::<Result<Vec<_>>>()?;
             let converter = keys::converter_for(&types)?;
-            let keep_k = keys::encode(&keep_cols, converter.as_ref())?;
-            let other_k = keys::encode(&other_cols, converter.as_ref())?;
+            let keep_k = keys::encode(&keep_cols, &types, converter.as_ref())?;
+            let other_k = keys::encode(&other_cols, &types, converter.as_ref())?;
             self.metrics.encode_time.add_duration(t.elapsed());
             let (sel, ran) = self.select(&cfg, &keep_k, &other_k)?;
             *self.ran.lock().unwrap() = Some(ran);
             sel
         };
-
-        // Filter each partition's batches with its slice of the selection.
-        let mut offset = 0;
-        let mut out = Vec::with_capacity(keep_parts.len());
-        for part in keep_parts {
-            let mut batches = Vec::with_capacity(part.len());
-            for b in part {
-                let n = b.num_rows();
-                let mask = BooleanArray::new(selection.slice(offset, n), None);
-                offset += n;
-                let filtered = filter_record_batch(&b, &mask)?;
-                let filtered = match &self.projection {
-                    Some(p) => filtered.project(p)?,
-                    None => filtered,
-                };
-                if filtered.num_rows() > 0 {
-                    batches.push(filtered);
-                }
-            }
-            out.push(batches);
-        }
-        Ok(out)
+        Ok(Selected { parts: keep_parts, selection, offsets })
     }
 
     /// Compute the selection over all kept rows, applying NULL semantics around the keyed core.
@@ -387,13 +387,19 @@ impl Run {
             (keep.null_count() > 0).then(|| (0..n as u32).filter(|i| !keep.is_null(*i as usize)).collect());
         let other_idx: Option<Vec<u32>> =
             (other.null_count() > 0).then(|| (0..other.len() as u32).filter(|i| !other.is_null(*i as usize)).collect());
-        let gather = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> Vec<u64> {
-            match idx {
-                Some(ix) => ix.iter().map(|i| k.keys[*i as usize]).collect(),
-                None => k.keys.clone(),
-            }
+        // Non-NULL keys only; without NULLs the chunks are used as they are (no copy).
+        let compact = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> Option<Vec<u64>> {
+            idx.as_ref().map(|_| k.iter().enumerate().filter(|(i, _)| !k.is_null(*i)).map(|(_, v)| v).collect())
         };
-        let (kk, ok) = (gather(keep, &keep_idx), gather(other, &other_idx));
+        let (kk_owned, ok_owned) = (compact(keep, &keep_idx), compact(other, &other_idx));
+        let kk: Vec<&[u64]> = match &kk_owned {
+            Some(v) => vec![v.as_slice()],
+            None => keep.slices(),
+        };
+        let ok: Vec<&[u64]> = match &ok_owned {
+            Some(v) => vec![v.as_slice()],
+            None => other.slices(),
+        };
         let (mut core, ran) = self.select_keys(cfg, &kk, &ok, keep, other, &keep_idx, &other_idx)?;
         let Some(keep_idx) = keep_idx else {
             return Ok((core, ran));
@@ -438,8 +444,8 @@ impl Run {
     fn select_keys(
         &self,
         cfg: &SetfusionConfig,
-        kk: &[u64],
-        ok: &[u64],
+        kk: &[&[u64]],
+        ok: &[&[u64]],
         keep: &KeyColumns,
         other: &KeyColumns,
         keep_idx: &Option<Vec<u32>>,
@@ -447,12 +453,12 @@ impl Run {
     ) -> Result<(BooleanBuffer, String)> {
         let hashed = keep.rows.is_some();
         let (sel, mut ran) = match &self.backend {
-            Backend::Cpu(_) => (setops::select_cpu(self.op, ok, kk), "cpu".to_string()),
+            Backend::Cpu(_) => (setops::select_cpu_chunks(self.op, ok, kk), "cpu".to_string()),
             Backend::Gpu => match self.run_gpu(cfg, kk, ok, hashed) {
                 Ok(r) => r,
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.
-                    (setops::select_cpu(self.op, ok, kk), format!("cpu (GPU failed: {e})"))
+                    (setops::select_cpu_chunks(self.op, ok, kk), format!("cpu (GPU failed: {})", crate::cli::one_line(&e)))
                 }
             },
         };
@@ -463,15 +469,16 @@ impl Run {
         let sub = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> KeyColumns {
             let rows = k.rows.as_ref().unwrap();
             match idx {
-                None => KeyColumns { keys: k.keys.clone(), nulls: None, rows: Some(rows.clone()) },
+                None => KeyColumns { chunks: k.chunks.clone(), nulls: None, rows: Some(rows.clone()) },
                 Some(ix) => {
-                    let conv_rows = ix.iter().map(|i| rows.row(*i as usize));
                     let mut r = rows.clone();
                     r.clear();
-                    for row in conv_rows {
-                        r.push(row);
+                    for i in ix {
+                        r.push(rows.row(*i as usize));
                     }
-                    KeyColumns { keys: ix.iter().map(|i| k.keys[*i as usize]).collect(), nulls: None, rows: Some(r) }
+                    let all: Vec<u64> = k.iter().collect();
+                    let keys: Vec<u64> = ix.iter().map(|i| all[*i as usize]).collect();
+                    KeyColumns { chunks: vec![keys.into()], nulls: None, rows: Some(r) }
                 }
             }
         };
@@ -485,7 +492,7 @@ impl Run {
         }
     }
 
-    fn run_gpu(&self, cfg: &SetfusionConfig, kk: &[u64], ok: &[u64], hashed: bool) -> Result<(BooleanBuffer, String)> {
+    fn run_gpu(&self, cfg: &SetfusionConfig, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
         let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let _lock = g.lock_blocking();
         g.budget().set_limit(cfg.memory_limit.0);
@@ -507,17 +514,19 @@ impl Run {
 
 /// `auto`: a bitmap / direct-address table when the key domain is dense
 /// enough that the table is no larger than a hash table would be, else hash.
-fn choose_strategy(op: SetOp, kk: &[u64], ok: &[u64], hashed: bool) -> GpuStrategy {
+fn choose_strategy(op: SetOp, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> GpuStrategy {
     if hashed {
         return GpuStrategy::Hash;
     }
-    let Some((lo, hi)) = setops::key_range(ok, kk) else { return GpuStrategy::Hash };
+    let all: Vec<&[u64]> = kk.iter().chain(ok.iter()).copied().collect();
+    let Some((lo, hi)) = setops::key_range_chunks(&all) else { return GpuStrategy::Hash };
     let range = hi.wrapping_sub(lo).saturating_add(1);
     if range > setops::BITMAP_MAX_RANGE {
         return GpuStrategy::Hash;
     }
-    let bitmap = setops::device_bytes(GpuStrategy::Bitmap, op, ok.len(), kk.len(), range);
-    let hash = setops::device_bytes(GpuStrategy::Hash, op, ok.len(), kk.len(), range);
+    let (nk, no) = (kk.iter().map(|c| c.len()).sum(), ok.iter().map(|c| c.len()).sum());
+    let bitmap = setops::device_bytes(GpuStrategy::Bitmap, op, no, nk, range);
+    let hash = setops::device_bytes(GpuStrategy::Hash, op, no, nk, range);
     if bitmap <= hash {
         GpuStrategy::Bitmap
     } else {

@@ -164,7 +164,30 @@ impl Gpu {
         offset: usize,
         stats: &mut TransferStats,
     ) -> Result<()> {
-        if host.is_empty() {
+        self.upload_chunks_into(&[host], dst, offset, stats)
+    }
+
+    /// Copy several host slices, back to back, to a new device buffer.
+    pub fn upload_chunks<T: Pod>(&self, chunks: &[&[T]], stats: &mut TransferStats) -> Result<DeviceBuffer<T>> {
+        let total = chunks.iter().map(|c| c.len()).sum();
+        let mut dst = self.alloc::<T>(total)?;
+        self.upload_chunks_into(chunks, &mut dst, 0, stats)?;
+        Ok(dst)
+    }
+
+    /// Copy several host slices, back to back, into `dst` from `offset`.
+    ///
+    /// Each 64 MiB of staging is filled by several threads at once (one core's
+    /// memcpy is slower than PCIe) while the other staging buffer is in flight.
+    pub fn upload_chunks_into<T: Pod>(
+        &self,
+        chunks: &[&[T]],
+        dst: &mut DeviceBuffer<T>,
+        offset: usize,
+        stats: &mut TransferStats,
+    ) -> Result<()> {
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        if total == 0 {
             return Ok(());
         }
         let start = Instant::now();
@@ -176,30 +199,51 @@ impl Gpu {
         }
         let staging = guard.as_mut().unwrap();
         let elem = std::mem::size_of::<T>();
-        let per_chunk = STAGING_BYTES / elem;
-        for (i, chunk) in host.chunks(per_chunk).enumerate() {
-            let b = i % 2;
+        let per_fill = STAGING_BYTES / elem;
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+        // Cursor over the source chunks: (chunk index, position inside it).
+        let (mut ci, mut cpos) = (0usize, 0usize);
+        let mut done = 0usize;
+        let mut fill = 0usize;
+        while done < total {
+            let b = fill % 2;
+            fill += 1;
             if let Some(ev) = staging.pending[b].take() {
                 ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
             }
+            let n = per_fill.min(total - done);
+            // Pieces of source chunks that make up this fill.
+            let mut pieces: Vec<&[T]> = Vec::new();
+            let mut need = n;
+            while need > 0 {
+                let c = chunks[ci];
+                let take = (c.len() - cpos).min(need);
+                if take > 0 {
+                    pieces.push(&c[cpos..cpos + take]);
+                }
+                cpos += take;
+                need -= take;
+                if cpos == c.len() {
+                    ci += 1;
+                    cpos = 0;
+                }
+            }
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
-            // SAFETY: T is Pod (plain numbers), so viewing the chunk as bytes is sound.
-            let bytes = unsafe { std::slice::from_raw_parts(chunk.as_ptr() as *const u8, std::mem::size_of_val(chunk)) };
-            pinned[..bytes.len()].copy_from_slice(bytes);
-            // SAFETY: the pinned buffer is u8 aligned to at least 8 by cuMemHostAlloc, and
-            // holds exactly chunk.len() initialised T values.
-            let typed: &[T] = unsafe { std::slice::from_raw_parts(pinned.as_ptr() as *const T, chunk.len()) };
-            let off = offset + i * per_chunk;
-            let mut view = dst.slice.slice_mut(off..off + chunk.len());
-            self.stream.memcpy_htod(typed, &mut view).map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            // SAFETY: the pinned buffer is at least 8-aligned (cuMemHostAlloc) and large enough for n elements of T.
+            let typed: &mut [T] = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr() as *mut T, n) };
+            parallel_gather(&pieces, typed, threads);
+            let off = offset + done;
+            let mut view = dst.slice.slice_mut(off..off + n);
+            self.stream.memcpy_htod(&*typed, &mut view).map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
+            done += n;
         }
         for p in staging.pending.iter_mut() {
             if let Some(ev) = p.take() {
                 ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
             }
         }
-        stats.bytes_to_device += std::mem::size_of_val(host);
+        stats.bytes_to_device += total * elem;
         stats.to_device += start.elapsed();
         Ok(())
     }
@@ -231,4 +275,42 @@ impl Gpu {
         stats.to_host += start.elapsed();
         Ok(out[0])
     }
+}
+
+/// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
+fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], threads: usize) {
+    let total = dst.len();
+    if threads <= 1 || total < (1 << 20) {
+        let mut at = 0;
+        for p in pieces {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        return;
+    }
+    let per = total.div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut rest = dst;
+        let mut base = 0;
+        while !rest.is_empty() {
+            let n = per.min(rest.len());
+            let (mine, tail) = rest.split_at_mut(n);
+            rest = tail;
+            let lo = base;
+            base += n;
+            s.spawn(move || {
+                // Copy the part of the concatenation [lo, lo + n) into `mine`.
+                let (mut at, mut pos) = (0usize, 0usize);
+                for p in pieces {
+                    let (p_lo, p_hi) = (pos, pos + p.len());
+                    pos = p_hi;
+                    let (a, b) = (p_lo.max(lo), p_hi.min(lo + n));
+                    if a < b {
+                        mine[at..at + (b - a)].copy_from_slice(&p[a - p_lo..b - p_lo]);
+                        at += b - a;
+                    }
+                }
+            });
+        }
+    });
 }

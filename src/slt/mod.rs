@@ -302,7 +302,7 @@ impl PeerDiff {
 
 impl fmt::Display for PeerDiff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n[SQL] {}\n{}", self.key(), self.sql.trim(), self.error)
+        write!(f, "{}: {}", self.key(), self.error)
     }
 }
 

@@ -1,0 +1,182 @@
+//! Benchmark for issue 3: DataFusion's native CPU plan vs setfusion, side by
+//! side in one run, on tables a and b of N BIGINT rows held in memory
+//! (a.k = (i * 2654435761) % 400000000, b.k = (i * 40503 + 7) % 400000000).
+//! Plus device-resident microbenchmarks (sorted u32 intersection, hash semi join).
+//!
+//! ```text
+//! cargo bench --bench setops_bench            # N = 100,000,000 (SETFUSION_BENCH_ROWS to change)
+//! setfusion bench setops                      # the same program, from the release CLI
+//! SETFUSION_BENCH_OUT=report.md setfusion bench setops
+//! ```
+//! Reports: median of SETFUSION_BENCH_RUNS (default 3) warm runs, the cold
+//! (first) run separately, and setfusion's transfer and kernel time.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::error::Result;
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use crate::algo::setops::{self, GpuStrategy, SetOp};
+use crate::algo::sorted_intersect::SortedIntersect;
+use crate::datagen;
+use crate::gpu::{self, TransferStats};
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Sum a named metric over every setfusion node of an executed plan.
+fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let mut total = 0;
+    if plan.name() == "SemiJoinExec" || plan.name() == "SetOpExec" {
+        if let Some(m) = plan.metrics() {
+            total += m.sum_by_name(name).map_or(0, |v| v.as_usize());
+        }
+    }
+    for c in plan.children() {
+        total += metric(c, name);
+    }
+    total
+}
+
+struct Run {
+    time: Duration,
+    rows: usize,
+    transfer_ns: usize,
+    kernel_ns: usize,
+    bytes: usize,
+}
+
+async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
+    let t = Instant::now();
+    let df = ctx.sql(sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let batches = collect(plan.clone(), ctx.task_ctx()).await?;
+    let time = t.elapsed();
+    let rows = if batches.len() == 1 && batches[0].num_rows() == 1 && batches[0].num_columns() == 1 {
+        datafusion::arrow::util::display::array_value_to_string(batches[0].column(0), 0).unwrap().parse().unwrap_or(1)
+    } else {
+        batches.iter().map(|b| b.num_rows()).sum()
+    };
+    Ok(Run {
+        time,
+        rows,
+        transfer_ns: metric(&plan, "transfer_time"),
+        kernel_ns: metric(&plan, "kernel_time"),
+        bytes: metric(&plan, "bytes_to_device") + metric(&plan, "bytes_to_host"),
+    })
+}
+
+/// Run the benchmark and print (and optionally write) the report.
+pub async fn run() -> Result<()> {
+    let n: u64 = std::env::var("SETFUSION_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000_000);
+    let runs: usize = std::env::var("SETFUSION_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
+    let mut report = String::new();
+    let gpu_line = match gpu::gpu(0) {
+        Ok(g) => format!("{} ({} SMs)", g.info().name, g.info().multiprocessors),
+        Err(e) => format!("no GPU ({e})"),
+    };
+    writeln!(report, "## Set operations and semi/anti joins: {n} x {n} BIGINT rows, in memory").unwrap();
+    writeln!(report, "\nDevice: {gpu_line}; host: {threads} threads; median of {runs} warm runs, cold = first run.\n").unwrap();
+    writeln!(report, "| query | result rows | DataFusion warm ms | DataFusion cold ms | setfusion warm ms | setfusion cold ms | speedup (warm) | transfer ms | kernel ms | bytes moved |").unwrap();
+    writeln!(report, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
+
+    let t = Instant::now();
+    let a = Arc::new(datagen::key_table(n, datagen::key_a, true, threads)?);
+    let b = Arc::new(datagen::key_table(n, datagen::key_b, false, threads)?);
+    eprintln!("generated 2 x {n} rows in {:.1} s", t.elapsed().as_secs_f64());
+    let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(threads));
+    let sf = crate::context_with_config(SessionConfig::new().with_target_partitions(threads));
+    for ctx in [&plain, &sf] {
+        ctx.register_table("a", a.clone())?;
+        ctx.register_table("b", b.clone())?;
+    }
+    for (name, sql) in datagen::SET_QUERIES {
+        let mut df_runs = Vec::new();
+        let mut sf_runs = Vec::new();
+        for _ in 0..=runs {
+            df_runs.push(run_once(&plain, sql).await?);
+            sf_runs.push(run_once(&sf, sql).await?);
+        }
+        let df_cold = df_runs.remove(0).time;
+        let sf_cold = sf_runs.remove(0).time;
+        let df_warm = median(df_runs.iter().map(|r| r.time).collect());
+        let sf_warm = median(sf_runs.iter().map(|r| r.time).collect());
+        let last = sf_runs.last().unwrap();
+        let agree = if df_runs[0].rows == last.rows || name.ends_with("ALL") { "" } else { " (differs from DataFusion!)" };
+        let line = format!(
+            "| {name} | {}{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}x | {:.1} | {:.1} | {:.2} GB |",
+            last.rows,
+            if name.ends_with("ALL") { format!(" (DataFusion: {})", df_runs[0].rows) } else { agree.to_string() },
+            ms(df_warm),
+            ms(df_cold),
+            ms(sf_warm),
+            ms(sf_cold),
+            df_warm.as_secs_f64() / sf_warm.as_secs_f64(),
+            last.transfer_ns as f64 / 1e6,
+            last.kernel_ns as f64 / 1e6,
+            last.bytes as f64 / 1e9
+        );
+        eprintln!("{line}");
+        writeln!(report, "{line}").unwrap();
+    }
+    drop((a, b, plain, sf));
+
+    if let Ok(g) = gpu::gpu(0) {
+        writeln!(report, "\n## Device-resident microbenchmarks\n").unwrap();
+        writeln!(report, "| kernel | input | median ms | throughput |").unwrap();
+        writeln!(report, "|---|---|---|---|").unwrap();
+        let _lock = g.lock_blocking();
+        // Sorted u32 intersection, a = 2i, b = 3i, 2^28 keys each.
+        let m: u32 = std::env::var("SETFUSION_BENCH_SORTED_LOG2").ok().and_then(|v| v.parse().ok()).unwrap_or(28);
+        let len = 1usize << m;
+        let av: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(2)).collect();
+        let bv: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(3)).collect();
+        // 2i and 3i wrap past 2^32 for large i: keep strictly increasing prefixes only.
+        let av: Vec<u32> = av.windows(2).take_while(|w| w[0] < w[1]).map(|w| w[0]).collect();
+        let bv: Vec<u32> = bv.windows(2).take_while(|w| w[0] < w[1]).map(|w| w[0]).collect();
+        let mut stats = TransferStats::default();
+        let mut si = SortedIntersect::upload(&g, &av, &bv, &mut stats)?;
+        let want = crate::algo::sorted_intersect::intersect_count_cpu(&av, &bv, None);
+        let mut times = Vec::new();
+        for _ in 0..10 {
+            let mut s = TransferStats::default();
+            let got = si.run(&g, None, &mut s)?;
+            assert_eq!(got, want, "sorted intersection count");
+            times.push(s.kernel);
+        }
+        let t = median(times);
+        let keys = (av.len() + bv.len()) as f64;
+        writeln!(report, "| sorted u32 intersection (merge path) | {} x {} keys, {} common | {:.3} | {:.0} G keys/s |", av.len(), bv.len(), want, ms(t), keys / t.as_secs_f64() / 1e9).unwrap();
+        drop(si);
+        // Hash semi join, 10M x 10M int32 keys (device-resident build and probe).
+        let nk = 10_000_000usize;
+        let build: Vec<u64> = (0..nk as u64).map(|i| (i * 2654435761) % 20_000_000).collect();
+        let probe: Vec<u64> = (0..nk as u64).map(|i| (i * 40503 + 7) % 20_000_000).collect();
+        let mut times = Vec::new();
+        for s in [GpuStrategy::Hash, GpuStrategy::Bitmap] {
+            let resident = setops::ResidentSelect::upload(&g, &build, &probe, &mut TransferStats::default())?;
+            times.clear();
+            for _ in 0..10 {
+                let mut st = TransferStats::default();
+                resident.run(&g, s, SetOp::Semi, &mut st)?;
+                times.push(st.kernel);
+            }
+            let t = median(times.clone());
+            writeln!(report, "| semi join ({}) | 10M x 10M int32-range keys | {:.3} | {:.1} G probes/s |", s.name(), ms(t), nk as f64 / t.as_secs_f64() / 1e9).unwrap();
+        }
+    }
+    println!("{report}");
+    if let Ok(path) = std::env::var("SETFUSION_BENCH_OUT") {
+        std::fs::write(&path, &report).ok();
+    }
+    Ok(())
+}

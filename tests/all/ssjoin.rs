@@ -1,0 +1,226 @@
+//! Set-similarity join (issue 4): both backends against exact references on
+//! random collections and on the DBLP titles, and the SQL operator's plan.
+//! GPU parts are skipped (with the reason printed) when no GPU is usable,
+//! unless SETFUSION_REQUIRE_GPU=1.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use setfusion::algo::ssjoin::{
+    preprocess, ssjoin_brute_force, ssjoin_cpu, ssjoin_exact_counter, ssjoin_gpu, JoinStats, Metric, Pair, RawSets,
+    SetCollection, Threshold,
+};
+
+use crate::common::{block_on, crate_root, require_gpu};
+
+fn gpu() -> Option<Arc<setfusion::gpu::Gpu>> {
+    match setfusion::gpu::gpu(0) {
+        Ok(g) => Some(g),
+        Err(e) if require_gpu() => panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {e}"),
+        Err(e) => {
+            println!("skipping gpu backend: {e}");
+            None
+        }
+    }
+}
+
+fn sorted(mut v: Vec<Pair>) -> Vec<Pair> {
+    v.sort_unstable();
+    v
+}
+
+fn uniform(rng: &mut StdRng, n: usize, universe: u64, lo: usize, hi: usize) -> RawSets {
+    let mut r = RawSets::new();
+    for _ in 0..n {
+        let k = rng.random_range(lo..=hi);
+        r.push((0..k).map(|_| rng.random_range(0..universe)).collect::<Vec<_>>());
+    }
+    r
+}
+
+fn zipf(rng: &mut StdRng, n: usize, universe: usize, lo: usize, hi: usize) -> RawSets {
+    let cdf: Vec<f64> = (1..=universe).scan(0.0, |a, i| {
+        *a += 1.0 / i as f64;
+        Some(*a)
+    }).collect();
+    let total = *cdf.last().unwrap();
+    let mut r = RawSets::new();
+    for _ in 0..n {
+        let k = rng.random_range(lo..=hi);
+        r.push((0..k).map(|_| cdf.partition_point(|&c| c < rng.random::<f64>() * total) as u64).collect::<Vec<_>>());
+    }
+    r
+}
+
+/// Run CPU (and GPU when present) and compare with `want`.
+fn check(name: &str, r: &SetCollection, s: Option<&SetCollection>, thr: Threshold, want: &[Pair], g: Option<&setfusion::gpu::Gpu>) {
+    assert_eq!(sorted(ssjoin_cpu(r, s, thr)), want, "{name}: cpu backend, {thr:?}");
+    if let Some(g) = g {
+        let _lock = g.lock_blocking();
+        let mut st = JoinStats::default();
+        let got = ssjoin_gpu(g, r, s, thr, &mut st).unwrap_or_else(|e| panic!("{name}: gpu failed: {e}"));
+        assert_eq!(sorted(got), want, "{name}: gpu backend, {thr:?}");
+    }
+}
+
+#[test]
+fn differential_random_collections() {
+    let g = gpu();
+    let mut rng = StdRng::seed_from_u64(42);
+    let cases = [
+        ("uniform", uniform(&mut rng, 1500, 300, 0, 25), uniform(&mut rng, 1000, 300, 1, 25)),
+        ("zipf", zipf(&mut rng, 1500, 2000, 0, 40), zipf(&mut rng, 1200, 2000, 5, 40)),
+    ];
+    for (name, a, b) in &cases {
+        let (rs, _) = preprocess(a, None);
+        let (r, s) = preprocess(a, Some(b));
+        let s = s.unwrap();
+        let mut thresholds = vec![];
+        for m in [Metric::Jaccard, Metric::Dice, Metric::Cosine] {
+            for t in [0.2, 0.5, 0.7, 0.9] {
+                thresholds.push(Threshold::new(m, t));
+            }
+        }
+        thresholds.push(Threshold::strict(Metric::Jaccard, 0.5));
+        thresholds.push(Threshold::new(Metric::Overlap, 1.0));
+        thresholds.push(Threshold::new(Metric::Overlap, 4.0));
+        for thr in thresholds {
+            let want = sorted(ssjoin_brute_force(&rs, None, thr));
+            check(&format!("{name} self"), &rs, None, thr, &want, g.as_deref());
+            let want = sorted(ssjoin_brute_force(&r, Some(&s), thr));
+            check(&format!("{name} r-s"), &r, Some(&s), thr, &want, g.as_deref());
+        }
+    }
+    // GPU streaming under a small memory limit: many probe blocks.
+    if let Some(g) = g {
+        let (r, _) = preprocess(&cases[1].1, None);
+        let thr = Threshold::new(Metric::Jaccard, 0.3);
+        let want = sorted(ssjoin_brute_force(&r, None, thr));
+        let _lock = g.lock_blocking();
+        g.budget().set_limit(2 << 20);
+        let mut st = JoinStats::default();
+        let got = ssjoin_gpu(&g, &r, None, thr, &mut st);
+        g.budget().set_limit(0);
+        assert_eq!(sorted(got.unwrap()), want, "gpu under a 2 MiB budget");
+        println!("gpu under a 2 MiB budget: {} probe blocks", st.blocks);
+        assert!(st.blocks > 1);
+    }
+}
+
+/// DBLP titles (with typos), 3-gram sets, self join at 0.5 / 0.7 / 0.9.
+#[test]
+fn dblp_3gram_self_join() {
+    let path = crate_root().join("../shared/data/dblp_t_18k.txt");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        println!("skipping dblp test: {} not found", path.display());
+        return;
+    };
+    let mut dict: HashMap<String, u64> = HashMap::new();
+    let mut raw = RawSets::new();
+    for line in text.lines() {
+        let title = line.split_once('#').map(|(_, t)| t).unwrap_or(line);
+        let grams = setfusion::udf::qgram_tokens(&title.to_lowercase(), 3);
+        let n = dict.len();
+        let keys: Vec<u64> = grams
+            .into_iter()
+            .map(|g| {
+                let n2 = dict.len() as u64;
+                *dict.entry(g).or_insert(n2)
+            })
+            .collect();
+        let _ = n;
+        raw.push(keys);
+    }
+    assert_eq!(raw.len(), 18000);
+    let (c, _) = preprocess(&raw, None);
+    let g = gpu();
+    // The exact reference once at the lowest threshold; higher thresholds
+    // re-apply the predicate to its (overlap, sizes).
+    let start = std::time::Instant::now();
+    let base = sorted(ssjoin_exact_counter(&c, None, Threshold::new(Metric::Jaccard, 0.5)));
+    let t_ref = start.elapsed();
+    let mut size_of = vec![0u32; c.len()];
+    for p in 0..c.len() {
+        size_of[c.ids[p] as usize] = c.size(p);
+    }
+    for t in [0.5, 0.7, 0.9] {
+        let thr = Threshold::new(Metric::Jaccard, t);
+        let want: Vec<Pair> =
+            base.iter().copied().filter(|&(a, b, o)| thr.passes(o, size_of[a as usize], size_of[b as usize])).collect();
+        let start = std::time::Instant::now();
+        let mut st = JoinStats::default();
+        let cpu = sorted(setfusion::algo::ssjoin::ssjoin_cpu_with(&c, None, thr, setfusion::algo::ssjoin::default_threads(), &mut st));
+        let t_cpu = start.elapsed();
+        assert_eq!(cpu, want, "dblp cpu t={t}");
+        let mut line = format!(
+            "dblp 3-grams jaccard >= {t}: {} pairs; reference (at 0.5) {t_ref:.2?}, cpu {t_cpu:.2?} ({} candidates)",
+            want.len(),
+            st.candidates
+        );
+        if let Some(g) = &g {
+            let _lock = g.lock_blocking();
+            let start = std::time::Instant::now();
+            let mut st = JoinStats::default();
+            let got = sorted(ssjoin_gpu(g, &c, None, thr, &mut st).unwrap());
+            line += &format!(", gpu {:.2?} ({} candidates, {} blocks)", start.elapsed(), st.candidates, st.blocks);
+            assert_eq!(got, want, "dblp gpu t={t}");
+        }
+        println!("{line}");
+        assert!(!want.is_empty());
+    }
+}
+
+async fn sql_rows(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Vec<String> {
+    let batches = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    text.lines().map(|l| l.to_string()).collect()
+}
+
+/// The SQL operator: plan shape, EXPLAIN ANALYZE metrics, results vs the
+/// nested-loop plan with setfusion disabled.
+#[test]
+fn sql_similarity_join_plan_and_results() {
+    let use_gpu = gpu().is_some();
+    block_on(move || async move {
+        let ctx = setfusion::context();
+        ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
+        if !use_gpu {
+            ctx.sql("SET setfusion.strategy = 'cpu'").await.unwrap().collect().await.unwrap();
+        }
+        // 400 random integer sets.
+        let mut rng = StdRng::seed_from_u64(7);
+        let rows: Vec<String> = (0..400)
+            .map(|i| {
+                let k = rng.random_range(1..12);
+                let v: Vec<String> = (0..k).map(|_| rng.random_range(0..40).to_string()).collect();
+                format!("({i}, [{}])", v.join(", "))
+            })
+            .collect();
+        ctx.sql(&format!("CREATE TABLE t(id INT, s INT[]) AS VALUES {}", rows.join(", "))).await.unwrap().collect().await.unwrap();
+        let q = "SELECT a.id, b.id FROM t a JOIN t b ON a.id < b.id AND jaccard(a.s, b.s) >= 0.4 ORDER BY 1, 2";
+        let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+        assert!(plan.contains("SimilarityJoinExec: metric=jaccard"), "{plan}");
+        assert!(plan.contains("threshold >= 0.4"), "{plan}");
+        assert!(plan.contains(if use_gpu { "backend=gpu" } else { "backend=cpu (setfusion.strategy = cpu)" }), "{plan}");
+        let analyzed = sql_rows(&ctx, &format!("EXPLAIN ANALYZE {q}")).await.join("\n");
+        for m in ["candidates=", "verified_pairs=", "bytes_to_device=", "kernel_time="] {
+            assert!(analyzed.contains(m), "{m} missing in\n{analyzed}");
+        }
+        let got = sql_rows(&ctx, q).await;
+        ctx.sql("SET setfusion.enabled = false").await.unwrap().collect().await.unwrap();
+        let plain_plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+        assert!(!plain_plan.contains("SimilarityJoinExec"), "{plain_plan}");
+        let want = sql_rows(&ctx, q).await;
+        assert_eq!(got, want);
+        assert!(got.len() > 4, "expected some pairs");
+        // A bad threshold is a planning error that says so.
+        ctx.sql("SET setfusion.enabled = true").await.unwrap().collect().await.unwrap();
+        let err = match ctx.sql("SELECT * FROM t a JOIN t b ON jaccard(a.s, b.s) >= 2").await {
+            Ok(df) => df.collect().await.unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("threshold must be in (0, 1]"), "{err}");
+    });
+}
