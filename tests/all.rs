@@ -15,3 +15,7 @@
 mod common;
 #[path = "all/slt_suites.rs"]
 mod slt_suites;
+#[path = "all/differential.rs"]
+mod differential;
+#[path = "all/ssjoin.rs"]
+mod ssjoin;

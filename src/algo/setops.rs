@@ -216,15 +216,44 @@ impl ResidentSelect {
         Self::upload_chunks(gpu, &[build], &[probe], stats)
     }
 
+    /// Upload both sides; the key domain is computed by the copying threads on the way.
     pub fn upload_chunks(gpu: &Gpu, build: &[&[u64]], probe: &[&[u64]], stats: &mut TransferStats) -> Result<Self> {
-        let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
-        Ok(Self {
-            build: gpu.upload_chunks(build, stats)?,
-            probe: gpu.upload_chunks(probe, stats)?,
-            nb: build.iter().map(|c| c.len()).sum(),
-            np: probe.iter().map(|c| c.len()).sum(),
-            range: key_range_chunks(&all),
-        })
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let (lo, hi) = (AtomicU64::new(u64::MAX), AtomicU64::new(0));
+        let observe = |s: &[u64]| {
+            if let Some((l, h)) = key_range(s, &[]) {
+                lo.fetch_min(l, Ordering::Relaxed);
+                hi.fetch_max(h, Ordering::Relaxed);
+            }
+        };
+        let d_build = gpu.upload_chunks_observed(build, stats, &observe)?;
+        let d_probe = gpu.upload_chunks_observed(probe, stats, &observe)?;
+        let (nb, np): (usize, usize) = (build.iter().map(|c| c.len()).sum(), probe.iter().map(|c| c.len()).sum());
+        let range = (nb + np > 0).then(|| (lo.into_inner(), hi.into_inner()));
+        Ok(Self { build: d_build, probe: d_probe, nb, np, range })
+    }
+
+    /// The key domain [lo, hi] of both inputs (None when both are empty).
+    pub fn range(&self) -> Option<(u64, u64)> {
+        self.range
+    }
+
+    /// `auto`: a bitmap / direct-address table when the key domain is dense
+    /// enough that it is no larger than a hash table and fits the budget.
+    pub fn choose(&self, gpu: &Gpu, op: SetOp) -> GpuStrategy {
+        let Some((lo, hi)) = self.range else { return GpuStrategy::Hash };
+        let range = hi.wrapping_sub(lo).saturating_add(1);
+        if range > BITMAP_MAX_RANGE {
+            return GpuStrategy::Hash;
+        }
+        let bitmap = device_bytes(GpuStrategy::Bitmap, op, self.nb, self.np, range);
+        let hash = device_bytes(GpuStrategy::Hash, op, self.nb, self.np, range);
+        let keys = (self.nb + self.np) * 8;
+        if bitmap <= hash && bitmap - keys <= gpu.budget().available() {
+            GpuStrategy::Bitmap
+        } else {
+            GpuStrategy::Hash
+        }
     }
 
     /// Run the kernels; returns one bit per probe row on the device.
@@ -311,6 +340,38 @@ impl ResidentSelect {
         stats.kernel += started.elapsed();
         Ok(out)
     }
+}
+
+/// The GPU path used by the operators: upload once, pick the strategy
+/// (`forced`, or by [`ResidentSelect::choose`]), run, download one bit per
+/// probe row. Inputs that do not fit the memory budget are hash-partitioned.
+/// Returns the selection and a description of what ran (for EXPLAIN ANALYZE).
+pub fn select_gpu_auto(
+    gpu: &Gpu,
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, String)> {
+    let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
+    if np == 0 {
+        return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into()));
+    }
+    if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > gpu.budget().available() {
+        let (sel, parts) = select_gpu_partitioned(gpu, GpuStrategy::Hash, op, build, probe, stats)?;
+        return Ok((sel, format!("gpu/hash in {parts} partitions")));
+    }
+    let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
+    let strategy = match forced {
+        // A forced bitmap on a domain too wide for one falls back to the hash table.
+        Some(GpuStrategy::Bitmap) if resident.range.is_none_or(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) => GpuStrategy::Hash,
+        Some(s) => s,
+        None => resident.choose(gpu, op),
+    };
+    let out = resident.run(gpu, strategy, op, stats)?;
+    let words = gpu.download(&out, np.div_ceil(32), stats)?;
+    Ok((words_to_bool(words, np), format!("gpu/{}", strategy.name())))
 }
 
 /// Run [`select_gpu`] in key-hash partitions small enough for the budget.

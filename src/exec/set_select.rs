@@ -360,8 +360,13 @@ impl Run {
                 .map(|cols| coerce_like(cols, &types))
                 .collect::<Result<Vec<_>>>()?;
             let converter = keys::converter_for(&types)?;
-            let keep_k = keys::encode(&keep_cols, &types, converter.as_ref())?;
-            let other_k = keys::encode(&other_cols, &types, converter.as_ref())?;
+            let mut keep_k = keys::encode(&keep_cols, &types, converter.as_ref())?;
+            let mut other_k = keys::encode(&other_cols, &types, converter.as_ref())?;
+            if self.nulls == NullMode::Equal && converter.is_some() {
+                // Row-encoded keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
+                keep_k.nulls = None;
+                other_k.nulls = None;
+            }
             self.metrics.encode_time.add_duration(t.elapsed());
             let (sel, ran) = self.select(&cfg, &keep_k, &other_k)?;
             *self.ran.lock().unwrap() = Some(ran);
@@ -496,41 +501,20 @@ impl Run {
         let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let _lock = g.lock_blocking();
         g.budget().set_limit(cfg.memory_limit.0);
-        let strategy = match cfg.strategy {
-            Strategy::Hash => GpuStrategy::Hash,
-            Strategy::Bitmap if !hashed => GpuStrategy::Bitmap,
-            _ => choose_strategy(self.op, kk, ok, hashed),
+        // Hashed keys only support the hash table (their "domain" is meaningless).
+        let forced = match cfg.strategy {
+            _ if hashed => Some(GpuStrategy::Hash),
+            Strategy::Hash => Some(GpuStrategy::Hash),
+            Strategy::Bitmap => Some(GpuStrategy::Bitmap),
+            Strategy::Auto | Strategy::Cpu => None,
         };
         let mut stats = TransferStats::default();
-        let (sel, parts) = setops::select_gpu_partitioned(&g, strategy, self.op, ok, kk, &mut stats)?;
+        let (sel, ran) = setops::select_gpu_auto(&g, forced, self.op, ok, kk, &mut stats)?;
         self.metrics.bytes_to_device.add(stats.bytes_to_device);
         self.metrics.bytes_to_host.add(stats.bytes_to_host);
         self.metrics.transfer_time.add_duration(stats.to_device + stats.to_host);
         self.metrics.kernel_time.add_duration(stats.kernel);
-        let strategy = if parts > 1 { GpuStrategy::Hash } else { strategy };
-        Ok((sel, format!("gpu/{}{}", strategy.name(), if parts > 1 { format!(" in {parts} partitions") } else { String::new() })))
-    }
-}
-
-/// `auto`: a bitmap / direct-address table when the key domain is dense
-/// enough that the table is no larger than a hash table would be, else hash.
-fn choose_strategy(op: SetOp, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> GpuStrategy {
-    if hashed {
-        return GpuStrategy::Hash;
-    }
-    let all: Vec<&[u64]> = kk.iter().chain(ok.iter()).copied().collect();
-    let Some((lo, hi)) = setops::key_range_chunks(&all) else { return GpuStrategy::Hash };
-    let range = hi.wrapping_sub(lo).saturating_add(1);
-    if range > setops::BITMAP_MAX_RANGE {
-        return GpuStrategy::Hash;
-    }
-    let (nk, no) = (kk.iter().map(|c| c.len()).sum(), ok.iter().map(|c| c.len()).sum());
-    let bitmap = setops::device_bytes(GpuStrategy::Bitmap, op, no, nk, range);
-    let hash = setops::device_bytes(GpuStrategy::Hash, op, no, nk, range);
-    if bitmap <= hash {
-        GpuStrategy::Bitmap
-    } else {
-        GpuStrategy::Hash
+        Ok((sel, ran))
     }
 }
 

@@ -169,9 +169,20 @@ impl Gpu {
 
     /// Copy several host slices, back to back, to a new device buffer.
     pub fn upload_chunks<T: Pod>(&self, chunks: &[&[T]], stats: &mut TransferStats) -> Result<DeviceBuffer<T>> {
+        self.upload_chunks_observed(chunks, stats, &|_| {})
+    }
+
+    /// [`Gpu::upload_chunks`], calling `observe` on every piece of the input
+    /// from the copying threads while it is hot in cache (e.g. for min / max).
+    pub fn upload_chunks_observed<T: Pod>(
+        &self,
+        chunks: &[&[T]],
+        stats: &mut TransferStats,
+        observe: &(dyn Fn(&[T]) + Sync),
+    ) -> Result<DeviceBuffer<T>> {
         let total = chunks.iter().map(|c| c.len()).sum();
         let mut dst = self.alloc::<T>(total)?;
-        self.upload_chunks_into(chunks, &mut dst, 0, stats)?;
+        self.upload_chunks_into_observed(chunks, &mut dst, 0, stats, observe)?;
         Ok(dst)
     }
 
@@ -185,6 +196,17 @@ impl Gpu {
         dst: &mut DeviceBuffer<T>,
         offset: usize,
         stats: &mut TransferStats,
+    ) -> Result<()> {
+        self.upload_chunks_into_observed(chunks, dst, offset, stats, &|_| {})
+    }
+
+    fn upload_chunks_into_observed<T: Pod>(
+        &self,
+        chunks: &[&[T]],
+        dst: &mut DeviceBuffer<T>,
+        offset: usize,
+        stats: &mut TransferStats,
+        observe: &(dyn Fn(&[T]) + Sync),
     ) -> Result<()> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         if total == 0 {
@@ -231,7 +253,7 @@ impl Gpu {
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
             // SAFETY: the pinned buffer is at least 8-aligned (cuMemHostAlloc) and large enough for n elements of T.
             let typed: &mut [T] = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr() as *mut T, n) };
-            parallel_gather(&pieces, typed, threads);
+            parallel_gather(&pieces, typed, threads, observe);
             let off = offset + done;
             let mut view = dst.slice.slice_mut(off..off + n);
             self.stream.memcpy_htod(&*typed, &mut view).map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
@@ -278,12 +300,13 @@ impl Gpu {
 }
 
 /// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
-fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], threads: usize) {
+fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], threads: usize, observe: &(dyn Fn(&[T]) + Sync)) {
     let total = dst.len();
     if threads <= 1 || total < (1 << 20) {
         let mut at = 0;
         for p in pieces {
             dst[at..at + p.len()].copy_from_slice(p);
+            observe(p);
             at += p.len();
         }
         return;
@@ -306,7 +329,9 @@ fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], thread
                     pos = p_hi;
                     let (a, b) = (p_lo.max(lo), p_hi.min(lo + n));
                     if a < b {
-                        mine[at..at + (b - a)].copy_from_slice(&p[a - p_lo..b - p_lo]);
+                        let src = &p[a - p_lo..b - p_lo];
+                        mine[at..at + (b - a)].copy_from_slice(src);
+                        observe(src);
                         at += b - a;
                     }
                 }

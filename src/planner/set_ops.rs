@@ -25,7 +25,6 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_expr::PhysicalExprRef;
-use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
@@ -34,12 +33,16 @@ use crate::algo::setops::SetOp;
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::{NullMode, SetSelectExec};
 
-/// A set operation with exact semantics: rows of `left` selected against `right`.
+/// A set operation with exact semantics: rows of `left` selected against
+/// `right`, comparing `left_keys[i]` with `right_keys[i]` (every column, with
+/// the casts type coercion put on them).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SetOpNode {
     pub op: SetOp,
     pub left: LogicalPlan,
     pub right: LogicalPlan,
+    pub left_keys: Vec<Expr>,
+    pub right_keys: Vec<Expr>,
 }
 
 impl PartialOrd for SetOpNode {
@@ -59,15 +62,16 @@ impl UserDefinedLogicalNodeCore for SetOpNode {
         self.left.schema()
     }
     fn expressions(&self) -> Vec<Expr> {
-        vec![]
+        self.left_keys.iter().chain(&self.right_keys).cloned().collect()
     }
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "SetOp: {}", self.op.name().to_uppercase())
     }
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
+    fn with_exprs_and_inputs(&self, mut exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
         let right = inputs.pop().unwrap();
         let left = inputs.pop().unwrap();
-        Ok(Self { op: self.op, left, right })
+        let right_keys = exprs.split_off(exprs.len() / 2);
+        Ok(Self { op: self.op, left, right, left_keys: exprs, right_keys })
     }
     fn supports_limit_pushdown(&self) -> bool {
         false
@@ -89,7 +93,8 @@ impl SetOpRule {
             }
             other => (op_all, other.clone()),
         };
-        let node = SetOpNode { op, left, right: join.right.as_ref().clone() };
+        let (left_keys, right_keys) = join.on.iter().cloned().unzip();
+        let node = SetOpNode { op, left, right: join.right.as_ref().clone(), left_keys, right_keys };
         Ok(Transformed::yes(LogicalPlan::Extension(Extension { node: Arc::new(node) })))
     }
 }
@@ -110,10 +115,19 @@ fn set_op_of(join: &Join) -> Option<SetOp> {
         && join.on.len() == left_fields
         && left_fields == right_fields
         && join.on.iter().enumerate().all(|(i, (l, r))| {
-            matches!(l, Expr::Column(c) if c.name == *join.left.schema().field(i).name())
-                && matches!(r, Expr::Column(c) if c.name == *join.right.schema().field(i).name())
+            is_column_named(l, join.left.schema().field(i).name()) && is_column_named(r, join.right.schema().field(i).name())
         });
     shape.then_some(op)
+}
+
+/// `name`, possibly under the casts that type coercion adds to join keys.
+fn is_column_named(e: &Expr, name: &str) -> bool {
+    match e {
+        Expr::Column(c) => c.name == name,
+        Expr::Cast(c) => is_column_named(&c.expr, name),
+        Expr::TryCast(c) => is_column_named(&c.expr, name),
+        _ => false,
+    }
 }
 
 impl AnalyzerRule for SetOpRule {
@@ -133,20 +147,23 @@ pub struct SetOpPlanner;
 impl ExtensionPlanner for SetOpPlanner {
     async fn plan_extension(
         &self,
-        _planner: &dyn PhysicalPlanner,
+        planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
+        logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
         session_state: &dyn Session,
-        _planning_ctx: &PhysicalPlanningContext,
+        planning_ctx: &PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(node) = node.as_any().downcast_ref::<SetOpNode>() else { return Ok(None) };
         let (left, right) = (physical_inputs[0].clone(), physical_inputs[1].clone());
-        let columns = |p: &Arc<dyn ExecutionPlan>| -> Vec<PhysicalExprRef> {
-            p.schema().fields().iter().enumerate().map(|(i, f)| Arc::new(Column::new(f.name(), i)) as PhysicalExprRef).collect()
+        let keys = |exprs: &[Expr], input: &LogicalPlan| -> Result<Vec<PhysicalExprRef>> {
+            exprs.iter().map(|e| planner.create_physical_expr(e, input.schema(), session_state, planning_ctx)).collect()
         };
+        let left_keys = keys(&node.left_keys, logical_inputs[0])?;
+        let right_keys = keys(&node.right_keys, logical_inputs[1])?;
         let cfg = SetfusionConfig::from_options(session_state.config_options());
-        let types: Vec<_> = left.schema().fields().iter().map(|f| f.data_type().clone()).collect();
+        let left_schema = left.schema();
+        let types: Vec<_> = left_keys.iter().map(|k| k.data_type(&left_schema)).collect::<Result<_>>()?;
         let rows = match (super::estimated_rows(&left), super::estimated_rows(&right)) {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
@@ -156,8 +173,8 @@ impl ExtensionPlanner for SetOpPlanner {
             node.op,
             left.clone(),
             right.clone(),
-            columns(&left),
-            columns(&right),
+            left_keys,
+            right_keys,
             NullMode::Equal,
             backend,
             None,
