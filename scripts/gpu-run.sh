@@ -34,6 +34,7 @@ if [[ $what == demo || $what == all ]]; then
   $B/setfusion demo 2>&1 | tee "$out/demo.txt" || rc=1
 fi
 if [[ $what == bench-* ]]; then
-  SETFUSION_BENCH_OUT="$out/${what}.md" $B/setfusion bench "${what#bench-}" 2>&1 | tee "$out/${what}.txt" || rc=1
+  SETFUSION_BENCH_OUT="$out/${what}.md" SSJOIN_BENCH_OUT="$out/${what}.md" \
+    $B/setfusion bench "${what#bench-}" "${@:2}" 2>&1 | tee "$out/${what}.txt" || rc=1
 fi
 exit $rc

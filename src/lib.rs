@@ -22,6 +22,7 @@ pub mod udf;
 use std::sync::Arc;
 
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use config::SetfusionConfig;
@@ -37,11 +38,17 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     };
     // Similarity and tokenizer functions (issue 4), added to whatever is registered.
     builder.scalar_functions().get_or_insert_with(Vec::new).extend(udf::functions());
+    // The semi/anti join rule runs right after DataFusion's join selection and
+    // before distribution enforcement: a replaced join then gets no hash
+    // repartitioning of its inputs (the operator reads all of them at once).
+    let mut rules = PhysicalOptimizer::new().rules;
+    let at = rules.iter().position(|r| r.name() == "join_selection").map_or(rules.len(), |i| i + 1);
+    rules.insert(at, Arc::new(planner::SemiJoinRule));
+    rules.push(Arc::new(planner::SimilarityJoinRule));
     builder
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))
-        .with_physical_optimizer_rule(Arc::new(planner::SemiJoinRule))
-        .with_physical_optimizer_rule(Arc::new(planner::SimilarityJoinRule))
+        .with_physical_optimizer_rules(rules)
         .with_query_planner(Arc::new(planner::SetfusionQueryPlanner))
 }
 

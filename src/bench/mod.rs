@@ -2,3 +2,4 @@
 //! wrappers in `benches/`) and by `setfusion bench <name>`, so the release
 //! CLI alone can benchmark on a machine without a Rust toolchain.
 pub mod setops;
+pub mod ssjoin;

@@ -32,7 +32,8 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion demo      run the built-in demonstration (generated data, no download)
        setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
        setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes
-       setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)";
+       setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)
+       setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE]   the similarity-join benchmark";
 
 /// One line, for stderr: DataFusion errors can span lines.
 pub fn one_line(e: &DataFusionError) -> String {
@@ -71,7 +72,15 @@ async fn run(args: Vec<String>) -> Result<i32> {
             "bench" if tables.is_empty() && commands.is_empty() => {
                 return match it.next().as_deref() {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops"))),
+                    Some("ssjoin") => {
+                        // It drives its own runtime: run it on a plain thread.
+                        let rest: Vec<String> = it.collect();
+                        std::thread::spawn(move || crate::bench::ssjoin::run(rest))
+                            .join()
+                            .map(|_| 0)
+                            .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
+                    }
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops or ssjoin"))),
                 };
             }
             "-h" | "--help" => {

@@ -41,7 +41,8 @@ use crate::keys::{self, KeyColumns};
 /// Where the selection runs, decided at planning time.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
-    Gpu,
+    /// GPU backend with the configured strategy (`auto` picks at run time).
+    Gpu(Strategy),
     /// CPU backend, with the reason it was chosen.
     Cpu(String),
 }
@@ -154,7 +155,7 @@ impl DisplayAs for SetSelectExec {
         let keys: Vec<String> =
             self.keep_keys.iter().zip(&self.other_keys).map(|(a, b)| format!("({a}, {b})")).collect();
         let backend = match &self.backend {
-            Backend::Gpu => "gpu".to_string(),
+            Backend::Gpu(strategy) => format!("gpu, strategy={strategy}"),
             Backend::Cpu(reason) => format!("cpu, reason=\"{reason}\""),
         };
         write!(f, "{}: op={}", self.name(), self.op.name())?;
@@ -201,6 +202,11 @@ impl ExecutionPlan for SetSelectExec {
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![self.projection.is_none(), false]
+    }
+
+    /// All input partitions are read at once: repartitioning them first only costs.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false, false]
     }
 
     fn apply_expressions(
@@ -459,7 +465,7 @@ impl Run {
         let hashed = keep.rows.is_some();
         let (sel, mut ran) = match &self.backend {
             Backend::Cpu(_) => (setops::select_cpu_chunks(self.op, ok, kk), "cpu".to_string()),
-            Backend::Gpu => match self.run_gpu(cfg, kk, ok, hashed) {
+            Backend::Gpu(_) => match self.run_gpu(cfg, kk, ok, hashed) {
                 Ok(r) => r,
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.

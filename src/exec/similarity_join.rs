@@ -126,8 +126,8 @@ impl DisplayAs for SimilarityJoinExec {
             write!(f, ", filter={}", r.expression())?;
         }
         match &self.backend {
-            Backend::Gpu => write!(f, ", backend=gpu")?,
-            Backend::Cpu(reason) => write!(f, ", backend=cpu ({reason})")?,
+            Backend::Gpu(_) => write!(f, ", backend=gpu")?,
+            Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
         }
         if let Some(p) = &self.projection {
             write!(f, ", projection={p:?}")?;
@@ -273,7 +273,7 @@ pub fn join_sets(
     let cpu = |stats: &mut JoinStats| ssjoin::ssjoin_cpu_with(r, s, thr, ssjoin::default_threads(), stats);
     match backend {
         Backend::Cpu(_) => (cpu(stats), "cpu".into()),
-        Backend::Gpu => {
+        Backend::Gpu(_) => {
             let res = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string())).and_then(|g| {
                 let _lock = g.lock_blocking();
                 g.budget().set_limit(cfg.memory_limit.0);

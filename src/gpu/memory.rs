@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 use datafusion::error::{DataFusionError, Result};
 
 use super::{cuda_err, Gpu};
@@ -256,7 +256,13 @@ impl Gpu {
             parallel_gather(&pieces, typed, threads, observe);
             let off = offset + done;
             let mut view = dst.slice.slice_mut(off..off + n);
-            self.stream.memcpy_htod(&*typed, &mut view).map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            let (dptr, _record) = view.device_ptr_mut(&self.stream);
+            // SAFETY: `typed` is pinned host memory that stays untouched until this
+            // copy's event (recorded below) completes; `dptr` addresses n elements of
+            // `dst`. (cudarc's safe memcpy_htod synchronises on plain slices, which
+            // would serialise the copy with the next fill.)
+            unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &*typed, self.stream.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             done += n;
         }

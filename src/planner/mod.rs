@@ -43,5 +43,5 @@ pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[D
             return Backend::Cpu(format!("{n} estimated rows < setfusion.min_rows = {}", cfg.min_rows));
         }
     }
-    Backend::Gpu
+    Backend::Gpu(cfg.strategy)
 }
