@@ -16,8 +16,10 @@
 
 enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
 
+// The all-ones key lives in the extra slot mask + 1, whose key word is set to 0
+// once that key is inserted (so presence is known without a count).
 __device__ __forceinline__ u64 find_or_insert(u64* keys, u64 mask, u64 k) {
-    if (k == EMPTY) return mask + 1;
+    if (k == EMPTY) { keys[mask + 1] = 0; return mask + 1; }
     u64 s = sf_mix64(k) & mask;
     while (true) {
         u64 cur = keys[s];
@@ -31,7 +33,7 @@ __device__ __forceinline__ u64 find_or_insert(u64* keys, u64 mask, u64 k) {
 }
 
 __device__ __forceinline__ long long find(const u64* keys, u64 mask, u64 k) {
-    if (k == EMPTY) return (long long)(mask + 1);
+    if (k == EMPTY) return keys[mask + 1] == EMPTY ? -1 : (long long)(mask + 1);
     u64 s = sf_mix64(k) & mask;
     while (true) {
         u64 cur = keys[s];
@@ -44,12 +46,12 @@ __device__ __forceinline__ long long find(const u64* keys, u64 mask, u64 k) {
 // keys: cap+1 entries initialised to EMPTY (the extra one is the EMPTY key's slot).
 extern "C" __global__ void fill_empty(u64* keys, u64 n) { SF_FOR(i, n) keys[i] = EMPTY; }
 
-// Insert every build key and count its multiplicity. A null bit (valid == 0)
-// skips the row: equi-joins never match NULL keys.
+// Insert every build key and count its multiplicity (count_b == nullptr for
+// semi/anti joins, which only need presence: one atomic per row less).
 extern "C" __global__ void build(const u64* bkeys, u64 nb, u64* keys, u32* count_b, u64 mask) {
     SF_FOR(i, nb) {
         u64 s = find_or_insert(keys, mask, bkeys[i]);
-        atomicAdd(&count_b[s], 1u);
+        if (count_b) atomicAdd(&count_b[s], 1u);
     }
 }
 
@@ -62,10 +64,10 @@ extern "C" __global__ void probe(const u64* pkeys, u64 np, u64* keys, const u32*
             u64 k = pkeys[i];
             if (op == SEMI || op == ANTI || op == INTERSECT_DISTINCT || op == INTERSECT_ALL) {
                 long long s = find(keys, mask, k);
-                u32 nb = s >= 0 ? count_b[s] : 0;
-                if (op == SEMI) keep = nb > 0;
-                else if (op == ANTI) keep = nb == 0;
-                else if (nb > 0) {
+                if (op == SEMI) keep = s >= 0;
+                else if (op == ANTI) keep = s < 0;
+                else if (s >= 0 && count_b[s] > 0) {
+                    u32 nb = count_b[s];
                     u32 r = atomicAdd(&ctr_a[s], 1u);
                     keep = op == INTERSECT_ALL ? r < nb : r == 0;
                 }

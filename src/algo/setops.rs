@@ -270,8 +270,10 @@ impl ResidentSelect {
                 let cap = hash_capacity(op, nb, np);
                 let mask = (cap - 1) as u64;
                 let keys = gpu.alloc::<u64>(cap + 1)?;
-                let count_b = gpu.alloc_zeros::<u32>(cap + 1)?;
-                let ctr_a = gpu.alloc_zeros::<u32>(if op.needs_counts() { cap + 1 } else { 1 })?;
+                let counted = if op.needs_counts() { cap + 1 } else { 1 };
+                let count_b = gpu.alloc_zeros::<u32>(counted)?;
+                let ctr_a = gpu.alloc_zeros::<u32>(counted)?;
+                let null_counts: u64 = 0;
                 let f = gpu.function("hash_setops", "fill_empty")?;
                 let n = (cap + 1) as u64;
                 // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
@@ -281,8 +283,14 @@ impl ResidentSelect {
                     let f = gpu.function("hash_setops", "build")?;
                     // SAFETY: as above.
                     unsafe {
-                        stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&keys.slice).arg(&count_b.slice).arg(&mask)
-                            .launch(launch_cfg(nb))
+                        let mut l = stream.launch_builder(&f);
+                        l.arg(&d_build.slice).arg(&nb64).arg(&keys.slice);
+                        if op.needs_counts() {
+                            l.arg(&count_b.slice);
+                        } else {
+                            l.arg(&null_counts); // presence is enough for semi/anti joins
+                        }
+                        l.arg(&mask).launch(launch_cfg(nb))
                     }
                     .map_err(|e| cuda_err("hash build", e))?;
                 }
@@ -535,6 +543,10 @@ mod tests {
             if case % 5 == 0 && np > 0 {
                 build.push(u64::MAX);
                 build.push(probe[0]);
+            }
+            let mut probe = probe;
+            if case % 7 == 0 {
+                probe.push(u64::MAX); // the table's empty marker as a probe key, present in build or not
             }
             for op in OPS {
                 let want = reference(op, &build, &probe);

@@ -49,6 +49,28 @@ pub async fn run() -> Result<i32> {
             return Ok(1);
         }
     }
+    // Host -> device bandwidth through the pinned staging buffers (1 GiB of pageable memory).
+    {
+        let _lock = g.lock_blocking();
+        let host: Vec<u64> = (0..(1u64 << 27)).collect();
+        let mut best: Option<gpu::TransferStats> = None;
+        for _ in 0..3 {
+            let mut st = gpu::TransferStats::default();
+            let d = g.upload(&host, &mut st)?;
+            drop(d);
+            if best.as_ref().is_none_or(|b| st.to_device < b.to_device) {
+                best = Some(st);
+            }
+        }
+        let st = best.unwrap();
+        println!(
+            "upload 1 GiB: {:.1} GB/s ({:.1} ms: staging copies {:.1} ms, DMA waits {:.1} ms)",
+            (1u64 << 30) as f64 / st.to_device.as_secs_f64() / 1e9,
+            st.to_device.as_secs_f64() * 1e3,
+            st.staging_copy.as_secs_f64() * 1e3,
+            st.dma_wait.as_secs_f64() * 1e3
+        );
+    }
     for (family, check) in crate::algo::self_checks() {
         let _lock = g.lock_blocking();
         match check(&g) {

@@ -107,6 +107,9 @@ pub struct TransferStats {
     pub to_device: Duration,
     pub to_host: Duration,
     pub kernel: Duration,
+    /// Of `to_device`: host copies into pinned staging, and waits for DMA.
+    pub staging_copy: Duration,
+    pub dma_wait: Duration,
 }
 
 impl TransferStats {
@@ -116,6 +119,8 @@ impl TransferStats {
         self.to_device += o.to_device;
         self.to_host += o.to_host;
         self.kernel += o.kernel;
+        self.staging_copy += o.staging_copy;
+        self.dma_wait += o.dma_wait;
     }
 }
 
@@ -231,7 +236,9 @@ impl Gpu {
             let b = fill % 2;
             fill += 1;
             if let Some(ev) = staging.pending[b].take() {
+                let w = Instant::now();
                 ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
+                stats.dma_wait += w.elapsed();
             }
             let n = per_fill.min(total - done);
             // Pieces of source chunks that make up this fill.
@@ -253,7 +260,9 @@ impl Gpu {
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
             // SAFETY: the pinned buffer is at least 8-aligned (cuMemHostAlloc) and large enough for n elements of T.
             let typed: &mut [T] = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr() as *mut T, n) };
+            let c = Instant::now();
             parallel_gather(&pieces, typed, threads, observe);
+            stats.staging_copy += c.elapsed();
             let off = offset + done;
             let mut view = dst.slice.slice_mut(off..off + n);
             let (dptr, _record) = view.device_ptr_mut(&self.stream);
@@ -266,11 +275,13 @@ impl Gpu {
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             done += n;
         }
+        let w = Instant::now();
         for p in staging.pending.iter_mut() {
             if let Some(ev) = p.take() {
                 ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
             }
         }
+        stats.dma_wait += w.elapsed();
         stats.bytes_to_device += total * elem;
         stats.to_device += start.elapsed();
         Ok(())
@@ -344,4 +355,69 @@ fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], thread
             });
         }
     });
+}
+
+/// An Arrow array's buffers on the device: the values (or, for strings and
+/// binary, the data bytes), the offsets for variable-width types, and the
+/// validity bitmap when the array has NULLs. Offsets and validity keep Arrow's
+/// layout (validity bit-packed LSB first), so kernels read them directly.
+#[derive(Debug)]
+pub struct DeviceArray {
+    pub len: usize,
+    /// Bit offset into `validity` and element offset into `values`/`offsets`.
+    pub offset: usize,
+    pub values: DeviceBuffer<u8>,
+    pub offsets: Option<DeviceBuffer<u8>>,
+    pub validity: Option<DeviceBuffer<u8>>,
+}
+
+impl Gpu {
+    /// Upload a primitive, boolean, Utf8/LargeUtf8 or Binary/LargeBinary array's buffers.
+    pub fn upload_array(&self, array: &datafusion::arrow::array::ArrayData, stats: &mut TransferStats) -> Result<DeviceArray> {
+        use datafusion::arrow::datatypes::DataType::*;
+        let bufs = array.buffers();
+        let validity = match array.nulls() {
+            Some(n) if n.null_count() > 0 => Some(self.upload(n.buffer().as_slice(), stats)?),
+            _ => None,
+        };
+        let (values, offsets) = match array.data_type() {
+            Utf8 | LargeUtf8 | Binary | LargeBinary => (self.upload(bufs[1].as_slice(), stats)?, Some(self.upload(bufs[0].as_slice(), stats)?)),
+            t if t.is_primitive() || *t == Boolean => (self.upload(bufs[0].as_slice(), stats)?, None),
+            other => {
+                return Err(DataFusionError::NotImplemented(format!("setfusion GPU: uploading {other} arrays")));
+            }
+        };
+        Ok(DeviceArray { len: array.len(), offset: array.offset(), values, offsets, validity })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Array, Int32Array, StringArray};
+
+    use super::*;
+
+    #[test]
+    fn arrow_buffers_round_trip() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking(); // other tests change the memory budget under this lock
+        let mut stats = TransferStats::default();
+        let ints = Int32Array::from(vec![Some(1), None, Some(-3), Some(4)]);
+        let d = gpu.upload_array(&ints.to_data(), &mut stats).unwrap();
+        let bytes = gpu.download(&d.values, d.values.len(), &mut stats).unwrap();
+        assert_eq!(&bytes[..16], ints.to_data().buffers()[0].as_slice());
+        let validity = gpu.download(d.validity.as_ref().unwrap(), 1, &mut stats).unwrap();
+        assert_eq!(validity[0] & 0xf, 0b1101);
+        let strings = StringArray::from(vec![Some("setfusion"), None, Some(""), Some("gpu")]);
+        let d = gpu.upload_array(&strings.to_data(), &mut stats).unwrap();
+        let data = gpu.download(&d.values, d.values.len(), &mut stats).unwrap();
+        assert_eq!(&data[..12], b"setfusiongpu");
+        let offs = gpu.download(d.offsets.as_ref().unwrap(), 20, &mut stats).unwrap();
+        assert_eq!(offs, strings.to_data().buffers()[0].as_slice());
+        // A large upload goes through several staging fills.
+        let big: Vec<u64> = (0..20_000_000u64).map(|i| i * 7).collect();
+        let d = gpu.upload(&big, &mut stats).unwrap();
+        let back = gpu.download(&d, big.len(), &mut stats).unwrap();
+        assert!(back == big);
+    }
 }
