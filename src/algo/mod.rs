@@ -15,5 +15,6 @@ pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
         ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
+        ("ssjoin", ssjoin::self_check as SelfCheck),
     ]
 }

@@ -1159,3 +1159,38 @@ mod tests {
         g.budget().set_limit(0);
     }
 }
+
+/// Doctor self-check: the GPU join against brute force on random collections,
+/// every metric, self and R-S joins.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut random_sets = |n: usize| {
+        let sets: Vec<Vec<u64>> = (0..n).map(|_| (0..rng.random_range(0..20)).map(|_| rng.random_range(0..60u64)).collect()).collect();
+        RawSets::from_vecs(&sets)
+    };
+    let (r, s) = (random_sets(300), random_sets(200));
+    let (rc, sc) = preprocess(&r, Some(&s));
+    let sc = sc.unwrap();
+    let (selfc, _) = preprocess(&r, None);
+    let mut checked = 0;
+    for (metric, t) in [(Metric::Jaccard, 0.5), (Metric::Dice, 0.6), (Metric::Cosine, 0.7), (Metric::Overlap, 3.0)] {
+        let thr = Threshold::new(metric, t);
+        for (a, b) in [(&rc, Some(&sc)), (&selfc, None)] {
+            let mut want = ssjoin_brute_force(a, b, thr);
+            let mut got = ssjoin_gpu(gpu, a, b, thr, &mut JoinStats::default())?;
+            want.sort_unstable();
+            got.sort_unstable();
+            if got != want {
+                return Err(DataFusionError::Execution(format!(
+                    "ssjoin self-check failed: {} >= {t}: gpu {} pairs, brute force {}",
+                    metric.name(),
+                    got.len(),
+                    want.len()
+                )));
+            }
+            checked += 1;
+        }
+    }
+    Ok(format!("{checked} joins match brute force"))
+}

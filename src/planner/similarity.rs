@@ -25,7 +25,8 @@ use datafusion::physical_plan::joins::NestedLoopJoinExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::algo::ssjoin::{Metric, Threshold};
-use crate::config::SetfusionConfig;
+use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::set_select::Backend;
 use crate::exec::similarity_join::SimilarityJoinExec;
 
 #[derive(Debug, Default)]
@@ -148,7 +149,14 @@ impl SimilarityJoinRule {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
         };
-        let backend = super::choose_backend(cfg, rows, &[]);
+        let backend = match super::choose_backend(cfg, rows, &[]) {
+            Backend::Gpu(Strategy::Auto) if cpu_is_faster(&found.threshold) => Backend::Cpu(format!(
+                "{} >= {} is a high threshold: the CPU prefix-filter join is faster there (BENCHMARKS.md)",
+                found.threshold.metric.name(),
+                found.threshold.value
+            )),
+            b => b,
+        };
         let projection = j.projection().as_ref().map(|p| p.iter().copied().collect());
         let exec = SimilarityJoinExec::try_new(
             j.left().clone(),
@@ -177,5 +185,20 @@ impl PhysicalOptimizerRule for SimilarityJoinRule {
     }
     fn schema_check(&self) -> bool {
         true
+    }
+}
+
+/// Measured on the H100 (BENCHMARKS.md): at high thresholds prefix filtering
+/// leaves the CPU so few candidates that the GPU's fixed costs dominate.
+/// Thresholds are compared in Jaccard terms (dice d = 2j / (1 + j); cosine is
+/// at least dice, so the dice bound is used for it too).
+fn cpu_is_faster(t: &crate::algo::ssjoin::Threshold) -> bool {
+    use crate::algo::ssjoin::Metric;
+    const JACCARD_CPU_FROM: f64 = 0.7;
+    let dice_from = 2.0 * JACCARD_CPU_FROM / (1.0 + JACCARD_CPU_FROM);
+    match t.metric {
+        Metric::Jaccard => t.value >= JACCARD_CPU_FROM,
+        Metric::Dice | Metric::Cosine => t.value >= dice_from,
+        Metric::Overlap => false,
     }
 }
