@@ -1125,7 +1125,8 @@ mod tests {
                 if std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1") {
                     panic!("SETFUSION_REQUIRE_GPU=1 but no GPU: {e}");
                 }
-                eprintln!("skipping gpu_matches_brute_force: {e}");
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "skipping gpu_matches_brute_force: {e}");
                 return;
             }
         };

@@ -1,3 +1,37 @@
 //! DataFusion `ExecutionPlan`s: one operator per file, the plan node separate from its stream.
 pub mod set_select;
 pub mod similarity_join;
+
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+
+use crate::gpu::TransferStats;
+
+/// The device metrics every setfusion operator reports in EXPLAIN ANALYZE.
+#[derive(Debug, Clone)]
+pub struct DeviceMetrics {
+    pub input_rows: Count,
+    bytes_to_device: Count,
+    bytes_to_host: Count,
+    transfer_time: Time,
+    kernel_time: Time,
+}
+
+impl DeviceMetrics {
+    pub fn new(m: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            input_rows: MetricBuilder::new(m).global_counter("input_rows"),
+            bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
+            bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
+            transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
+            kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
+        }
+    }
+
+    /// Add one device run's bytes and times.
+    pub fn record(&self, s: &TransferStats) {
+        self.bytes_to_device.add(s.bytes_to_device);
+        self.bytes_to_host.add(s.bytes_to_host);
+        self.transfer_time.add_duration(s.to_device + s.to_host);
+        self.kernel_time.add_duration(s.kernel);
+    }
+}

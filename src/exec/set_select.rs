@@ -24,7 +24,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -35,6 +35,7 @@ use tokio::sync::OnceCell;
 
 use crate::algo::setops::{self, GpuStrategy, SetOp};
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
 use crate::keys::{self, KeyColumns};
 
@@ -293,24 +294,13 @@ impl ExecutionPlan for SetSelectExec {
 
 #[derive(Clone)]
 struct Metrics {
-    bytes_to_device: Count,
-    bytes_to_host: Count,
-    transfer_time: Time,
-    kernel_time: Time,
+    device: DeviceMetrics,
     encode_time: Time,
-    input_rows: Count,
 }
 
 impl Metrics {
     fn new(m: &ExecutionPlanMetricsSet) -> Self {
-        Self {
-            bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
-            bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
-            transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
-            kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
-            encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0),
-            input_rows: MetricBuilder::new(m).global_counter("input_rows"),
-        }
+        Self { device: DeviceMetrics::new(m), encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0) }
     }
 }
 
@@ -346,7 +336,7 @@ impl Run {
         let other_batches: Vec<RecordBatch> = other_parts.into_iter().flatten().collect();
         let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
         let other_rows: usize = other_batches.iter().map(|b| b.num_rows()).sum();
-        self.metrics.input_rows.add(keep_rows + other_rows);
+        self.metrics.device.input_rows.add(keep_rows + other_rows);
         let mut offsets = Vec::with_capacity(keep_parts.len());
         let mut at = 0;
         for p in &keep_parts {
@@ -516,10 +506,7 @@ impl Run {
         };
         let mut stats = TransferStats::default();
         let (sel, ran) = setops::select_gpu_auto(&g, forced, self.op, ok, kk, &mut stats)?;
-        self.metrics.bytes_to_device.add(stats.bytes_to_device);
-        self.metrics.bytes_to_host.add(stats.bytes_to_host);
-        self.metrics.transfer_time.add_duration(stats.to_device + stats.to_host);
-        self.metrics.kernel_time.add_duration(stats.kernel);
+        self.metrics.device.record(&stats);
         Ok((sel, ran))
     }
 }

@@ -38,6 +38,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::algo::ssjoin::{self, JoinStats, Pair, Threshold};
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::Backend;
+use crate::exec::DeviceMetrics;
 use crate::gpu;
 
 /// The operator. See the module documentation.
@@ -224,12 +225,8 @@ impl ExecutionPlan for SimilarityJoinExec {
 struct Metrics {
     candidates: Count,
     verified: Count,
-    bytes_to_device: Count,
-    bytes_to_host: Count,
-    transfer_time: Time,
-    kernel_time: Time,
     join_time: Time,
-    input_rows: Count,
+    device: DeviceMetrics,
 }
 
 impl Metrics {
@@ -237,12 +234,8 @@ impl Metrics {
         Self {
             candidates: MetricBuilder::new(m).global_counter("candidates"),
             verified: MetricBuilder::new(m).global_counter("verified_pairs"),
-            bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
-            bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
-            transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
-            kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
             join_time: MetricBuilder::new(m).subset_time("join_time", 0),
-            input_rows: MetricBuilder::new(m).global_counter("input_rows"),
+            device: DeviceMetrics::new(m),
         }
     }
 }
@@ -308,7 +301,7 @@ impl Run {
         let (ls, rs) = (self.left.schema(), self.right.schema());
         let left = concat_batches(&ls, lp.iter().flatten())?;
         let right = concat_batches(&rs, rp.iter().flatten())?;
-        self.metrics.input_rows.add(left.num_rows() + right.num_rows());
+        self.metrics.device.input_rows.add(left.num_rows() + right.num_rows());
         if left.num_rows() == 0 || right.num_rows() == 0 {
             return Ok(vec![]);
         }
@@ -362,10 +355,7 @@ impl Run {
         self.metrics.join_time.add_duration(timer.elapsed());
         self.metrics.candidates.add(stats.candidates as usize);
         self.metrics.verified.add(stats.results as usize);
-        self.metrics.bytes_to_device.add(stats.transfer.bytes_to_device);
-        self.metrics.bytes_to_host.add(stats.transfer.bytes_to_host);
-        self.metrics.transfer_time.add_duration(stats.transfer.to_device + stats.transfer.to_host);
-        self.metrics.kernel_time.add_duration(stats.transfer.kernel);
+        self.metrics.device.record(&stats.transfer);
         *self.ran.lock().unwrap() = Some(ran);
 
         let nl = ls.fields().len();

@@ -25,7 +25,9 @@ pub fn gpu_or_skip() -> Result<(), String> {
         Ok(()) => Ok(()),
         Err(reason) if require_gpu() => panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {reason}"),
         Err(reason) => {
-            println!("skipping gpu mode: {reason}");
+            // Past the harness's capture, so the CI log shows it.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipping gpu mode: {reason}");
             Err(reason)
         }
     }

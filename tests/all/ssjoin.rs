@@ -20,7 +20,8 @@ fn gpu() -> Option<Arc<setfusion::gpu::Gpu>> {
         Ok(g) => Some(g),
         Err(e) if require_gpu() => panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {e}"),
         Err(e) => {
-            println!("skipping gpu backend: {e}");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipping gpu backend: {e}");
             None
         }
     }
