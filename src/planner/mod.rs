@@ -24,6 +24,25 @@ pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied())
 }
 
+/// Estimated rows of both inputs of an operator together (None if either is unknown).
+pub fn estimated_input_rows(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    Some(estimated_rows(a)? + estimated_rows(b)?)
+}
+
+/// Apply a plan rewrite bottom-up when setfusion is enabled (the body of every setfusion physical rule).
+pub fn rewrite_when_enabled(
+    plan: Arc<dyn ExecutionPlan>,
+    config: &datafusion::config::ConfigOptions,
+    rewrite: impl Fn(Arc<dyn ExecutionPlan>, &SetfusionConfig) -> datafusion::error::Result<datafusion::common::tree_node::Transformed<Arc<dyn ExecutionPlan>>>,
+) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+    use datafusion::common::tree_node::TreeNode;
+    let cfg = SetfusionConfig::from_options(config);
+    if !cfg.enabled {
+        return Ok(plan);
+    }
+    plan.transform_up(|p| rewrite(p, &cfg)).map(|t| t.data)
+}
+
 /// GPU or CPU, with the reason for a CPU choice (shown in EXPLAIN).
 pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[DataType]) -> Backend {
     if !cfg.enabled {

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{JoinType, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -82,10 +82,7 @@ impl SemiJoinRule {
             j.on.into_iter().map(|(l, r)| if keep_left { (l, r) } else { (r, l) }).unzip();
         let schema = keep.schema();
         let types: Vec<_> = keep_keys.iter().map(|k| k.data_type(&schema)).collect::<Result<_>>()?;
-        let rows = match (super::estimated_rows(&keep), super::estimated_rows(&other)) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
+        let rows = super::estimated_input_rows(&keep, &other);
         let backend = super::choose_backend(cfg, rows, &types);
         if matches!(backend, Backend::Cpu(_)) && cfg.strategy != Strategy::Cpu {
             return Ok(Transformed::no(plan));
@@ -104,11 +101,7 @@ impl SemiJoinRule {
 
 impl PhysicalOptimizerRule for SemiJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        let cfg = SetfusionConfig::from_options(config);
-        if !cfg.enabled {
-            return Ok(plan);
-        }
-        plan.transform_up(|p| Self::rewrite(p, &cfg)).map(|t| t.data)
+        super::rewrite_when_enabled(plan, config, Self::rewrite)
     }
     fn name(&self) -> &str {
         "setfusion_semi_join"

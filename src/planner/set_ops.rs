@@ -164,10 +164,7 @@ impl ExtensionPlanner for SetOpPlanner {
         let cfg = SetfusionConfig::from_options(session_state.config_options());
         let left_schema = left.schema();
         let types: Vec<_> = left_keys.iter().map(|k| k.data_type(&left_schema)).collect::<Result<_>>()?;
-        let rows = match (super::estimated_rows(&left), super::estimated_rows(&right)) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
+        let rows = super::estimated_input_rows(&left, &right);
         let backend = super::choose_backend(&cfg, rows, &types);
         let exec = SetSelectExec::try_new(
             node.op,

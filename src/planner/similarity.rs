@@ -145,10 +145,7 @@ impl SimilarityJoinRule {
             .map(|e| JoinFilter::new(e, filter.column_indices().to_vec(), filter.schema().clone()));
         let left_set = to_side(&found.left_arg, filter, j.left())?;
         let right_set = to_side(&found.right_arg, filter, j.right())?;
-        let rows = match (super::estimated_rows(j.left()), super::estimated_rows(j.right())) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
+        let rows = super::estimated_input_rows(j.left(), j.right());
         let backend = match super::choose_backend(cfg, rows, &[]) {
             Backend::Gpu(Strategy::Auto) if cpu_is_faster(&found.threshold) => Backend::Cpu(format!(
                 "{} >= {} is a high threshold: the CPU prefix-filter join is faster there (BENCHMARKS.md)",
@@ -174,11 +171,7 @@ impl SimilarityJoinRule {
 
 impl PhysicalOptimizerRule for SimilarityJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        let cfg = SetfusionConfig::from_options(config);
-        if !cfg.enabled {
-            return Ok(plan);
-        }
-        plan.transform_up(|p| Self::rewrite(p, &cfg)).map(|t| t.data)
+        super::rewrite_when_enabled(plan, config, Self::rewrite)
     }
     fn name(&self) -> &str {
         "setfusion_similarity_join"
