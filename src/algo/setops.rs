@@ -291,6 +291,12 @@ impl ResidentSelect {
         Ok(Self { build: d_build, probe: d_probe, nb, np, range })
     }
 
+    /// Keys that are already on the device (e.g. row hashes computed there).
+    /// `range` is their domain when known; hashed keys pass None (hash strategy only).
+    pub fn from_device(build: DeviceBuffer<u64>, nb: usize, probe: DeviceBuffer<u64>, np: usize, range: Option<(u64, u64)>) -> Self {
+        Self { build, probe, nb, np, range }
+    }
+
     /// The key domain [lo, hi] of both inputs (None when both are empty).
     pub fn range(&self) -> Option<(u64, u64)> {
         self.range
