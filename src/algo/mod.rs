@@ -1,5 +1,7 @@
 //! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
+pub mod row_hash;
 pub mod setops;
+pub mod sort_setops;
 pub mod sorted_intersect;
 pub mod ssjoin;
 

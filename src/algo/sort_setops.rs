@@ -1,0 +1,1 @@
+//! Radix sort + Balanced Path multiset operators (seed 002): work in progress.
