@@ -12,56 +12,72 @@
 // dedicated extra slot at index `cap`.
 #include "common.cuh"
 
-#define EMPTY 0xffffffffffffffffULL
-
 enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
 
-// The all-ones key lives in the extra slot mask + 1, whose key word is set to 0
-// once that key is inserted (so presence is known without a count).
-__device__ __forceinline__ u64 find_or_insert(u64* keys, u64 mask, u64 k) {
-    if (k == EMPTY) { keys[mask + 1] = 0; return mask + 1; }
-    u64 s = sf_mix64(k) & mask;
+// Two table widths: u64 keys as they are, and u32 offsets (key - lo) when the
+// key domain spans less than 2^32 - 1 values (half the table bytes, so twice
+// the share of it that stays in L2; the host checks the domain).
+__device__ __forceinline__ u64 sf_slot(u64 k) { return sf_mix64(k); }
+__device__ __forceinline__ u64 sf_slot(u32 k) {
+    // murmur3 fmix32: cheap, and spreads arithmetic key patterns
+    k ^= k >> 16; k *= 0x85ebca6bu; k ^= k >> 13; k *= 0xc2b2ae35u; k ^= k >> 16;
+    return k;
+}
+
+// The all-ones key is the empty marker; it lives in the extra slot mask + 1,
+// whose key word is set to 0 once that key is inserted (so presence is known
+// without a count). In the u32 table it cannot occur (domain < 2^32 - 1).
+template <typename K>
+__device__ __forceinline__ u64 find_or_insert(K* keys, u64 mask, K k) {
+    const K empty = (K)~(K)0;
+    if (k == empty) { keys[mask + 1] = 0; return mask + 1; }
+    u64 s = sf_slot(k) & mask;
     while (true) {
-        u64 cur = keys[s];
+        K cur = keys[s];
         if (cur == k) return s;
-        if (cur == EMPTY) {
-            u64 prev = atomicCAS(&keys[s], EMPTY, k);
-            if (prev == EMPTY || prev == k) return s;
+        if (cur == empty) {
+            K prev = atomicCAS(&keys[s], empty, k);
+            if (prev == empty || prev == k) return s;
         }
         s = (s + 1) & mask;
     }
 }
 
-__device__ __forceinline__ long long find(const u64* keys, u64 mask, u64 k) {
-    if (k == EMPTY) return keys[mask + 1] == EMPTY ? -1 : (long long)(mask + 1);
-    u64 s = sf_mix64(k) & mask;
+template <typename K>
+__device__ __forceinline__ long long find(const K* keys, u64 mask, K k) {
+    const K empty = (K)~(K)0;
+    if (k == empty) return keys[mask + 1] == empty ? -1 : (long long)(mask + 1);
+    u64 s = sf_slot(k) & mask;
     while (true) {
-        u64 cur = keys[s];
+        K cur = keys[s];
         if (cur == k) return (long long)s;
-        if (cur == EMPTY) return -1;
+        if (cur == empty) return -1;
         s = (s + 1) & mask;
     }
 }
 
-// keys: cap+1 entries initialised to EMPTY (the extra one is the EMPTY key's slot).
-extern "C" __global__ void fill_empty(u64* keys, u64 n) { SF_FOR(i, n) keys[i] = EMPTY; }
+// keys: cap+1 entries set to all ones (the extra one is the all-ones key's slot).
+extern "C" __global__ void fill_empty(u64* keys, u64 n) { SF_FOR(i, n) keys[i] = ~0ULL; }
+extern "C" __global__ void fill_empty_32(u32* keys, u64 n) { SF_FOR(i, n) keys[i] = ~0u; }
 
 // Insert every build key and count its multiplicity (count_b == nullptr for
 // semi/anti joins, which only need presence: one atomic per row less).
-extern "C" __global__ void build(const u64* bkeys, u64 nb, u64* keys, u32* count_b, u64 mask) {
+template <typename K>
+__device__ void build_rows(const u64* bkeys, u64 nb, u64 lo, K* keys, u32* count_b, u64 mask) {
     SF_FOR(i, nb) {
-        u64 s = find_or_insert(keys, mask, bkeys[i]);
+        u64 s = find_or_insert(keys, mask, (K)(bkeys[i] - lo));
         if (count_b) atomicAdd(&count_b[s], 1u);
     }
 }
 
 // Decide each probe row; one output bit per row.
-extern "C" __global__ void probe(const u64* pkeys, u64 np, u64* keys, const u32* count_b, u32* ctr_a,
-                                 u64 mask, int op, u32* out_bits) {
+template <typename K>
+__device__ void probe_rows(const u64* pkeys, u64 np, u64 lo, K* keys, const u32* count_b, u32* ctr_a,
+                           u64 mask, int op, u32* out_bits) {
     SF_FOR_WARPS(i, np) {
         bool keep = false;
         if (i < np) {
-            u64 k = pkeys[i];
+            K k = (K)(pkeys[i] - lo);
             if (op == SEMI || op == ANTI || op == INTERSECT_DISTINCT || op == INTERSECT_ALL) {
                 long long s = find(keys, mask, k);
                 if (op == SEMI) keep = s >= 0;
@@ -82,4 +98,19 @@ extern "C" __global__ void probe(const u64* pkeys, u64 np, u64* keys, const u32*
         }
         sf_store_bit(out_bits, i, np, keep);
     }
+}
+
+extern "C" __global__ void build(const u64* bkeys, u64 nb, u64* keys, u32* count_b, u64 mask) {
+    build_rows<u64>(bkeys, nb, 0, keys, count_b, mask);
+}
+extern "C" __global__ void probe(const u64* pkeys, u64 np, u64* keys, const u32* count_b, u32* ctr_a,
+                                 u64 mask, int op, u32* out_bits) {
+    probe_rows<u64>(pkeys, np, 0, keys, count_b, ctr_a, mask, op, out_bits);
+}
+extern "C" __global__ void build_32(const u64* bkeys, u64 nb, u64 lo, u32* keys, u32* count_b, u64 mask) {
+    build_rows<u32>(bkeys, nb, lo, keys, count_b, mask);
+}
+extern "C" __global__ void probe_32(const u64* pkeys, u64 np, u64 lo, u32* keys, const u32* count_b, u32* ctr_a,
+                                    u64 mask, int op, u32* out_bits) {
+    probe_rows<u32>(pkeys, np, lo, keys, count_b, ctr_a, mask, op, out_bits);
 }

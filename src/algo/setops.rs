@@ -192,6 +192,13 @@ fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
     (distinct_bound * 2).next_power_of_two().max(1024)
 }
 
+/// Slots of the u32 table: load factor at most 2/3 (its slots are half the
+/// size, so a fuller table still touches fewer bytes than the u64 one).
+fn hash_capacity_32(op: SetOp, nb: usize, np: usize) -> usize {
+    let distinct_bound = if op == SetOp::ExceptDistinct { nb + np } else { nb };
+    (distinct_bound + distinct_bound / 2).next_power_of_two().max(1024)
+}
+
 /// The domain [min, max] of both inputs, if any.
 pub fn key_range(build: &[u64], probe: &[u64]) -> Option<(u64, u64)> {
     key_range_chunks(&[build, probe])
@@ -274,20 +281,16 @@ impl ResidentSelect {
         Self::upload_chunks(gpu, &[build], &[probe], stats)
     }
 
-    /// Upload both sides; the key domain is computed by the copying threads on the way.
+    /// Upload both sides, frame-of-reference packed in transit ([`Gpu::upload_keys`]);
+    /// the key domain falls out of the packing.
     pub fn upload_chunks(gpu: &Gpu, build: &[&[u64]], probe: &[&[u64]], stats: &mut TransferStats) -> Result<Self> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        let (lo, hi) = (AtomicU64::new(u64::MAX), AtomicU64::new(0));
-        let observe = |s: &[u64]| {
-            // A branch-free fold the compiler vectorises (this runs on every key).
-            let (l, h) = s.iter().fold((u64::MAX, 0u64), |(l, h), &k| (l.min(k), h.max(k)));
-            lo.fetch_min(l, Ordering::Relaxed);
-            hi.fetch_max(h, Ordering::Relaxed);
-        };
-        let d_build = gpu.upload_chunks_observed(build, stats, &observe)?;
-        let d_probe = gpu.upload_chunks_observed(probe, stats, &observe)?;
+        let (d_build, rb) = gpu.upload_keys(build, stats)?;
+        let (d_probe, rp) = gpu.upload_keys(probe, stats)?;
         let (nb, np): (usize, usize) = (build.iter().map(|c| c.len()).sum(), probe.iter().map(|c| c.len()).sum());
-        let range = (nb + np > 0).then(|| (lo.into_inner(), hi.into_inner()));
+        let range = match (rb, rp) {
+            (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
+            (x, None) | (None, x) => x,
+        };
         Ok(Self { build: d_build, probe: d_probe, nb, np, range })
     }
 
@@ -331,40 +334,56 @@ impl ResidentSelect {
         let opi = op as i32;
         match strategy {
             GpuStrategy::Hash => {
-                let cap = hash_capacity(op, nb, np);
+                // Keys of a domain narrower than 2^32 - 1 go into a u32 table of
+                // offsets from its minimum (half the bytes, more of it in L2).
+                let narrow = self.range.filter(|(lo, hi)| hi - lo < u32::MAX as u64).map(|(lo, _)| lo);
+                let cap = match narrow {
+                    Some(_) => hash_capacity_32(op, nb, np),
+                    None => hash_capacity(op, nb, np),
+                };
                 let mask = (cap - 1) as u64;
-                let keys = gpu.alloc::<u64>(cap + 1)?;
                 let counted = if op.needs_counts() { cap + 1 } else { 1 };
                 let count_b = gpu.alloc_zeros::<u32>(counted)?;
                 let ctr_a = gpu.alloc_zeros::<u32>(counted)?;
                 let null_counts: u64 = 0;
-                let f = gpu.function("hash_setops", "fill_empty")?;
                 let n = (cap + 1) as u64;
+                let (fill, build, probe, width) = match narrow {
+                    Some(_) => ("fill_empty_32", "build_32", "probe_32", 4),
+                    None => ("fill_empty", "build", "probe", 8),
+                };
+                // The table as raw bytes: the kernels see u32 or u64 slots (cuMemAlloc aligns to 256).
+                let table = gpu.alloc::<u8>((cap + 1) * width)?;
+                let f = gpu.function("hash_setops", fill)?;
                 // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
-                unsafe { stream.launch_builder(&f).arg(&keys.slice).arg(&n).launch(launch_cfg(cap + 1)) }
+                unsafe { stream.launch_builder(&f).arg(&table.slice).arg(&n).launch(launch_cfg(cap + 1)) }
                     .map_err(|e| cuda_err("fill_empty", e))?;
+                let lo = narrow.unwrap_or(0);
                 if nb > 0 {
-                    let f = gpu.function("hash_setops", "build")?;
-                    // SAFETY: as above.
-                    unsafe {
-                        let mut l = stream.launch_builder(&f);
-                        l.arg(&d_build.slice).arg(&nb64).arg(&keys.slice);
-                        if op.needs_counts() {
-                            l.arg(&count_b.slice);
-                        } else {
-                            l.arg(&null_counts); // presence is enough for semi/anti joins
-                        }
-                        l.arg(&mask).launch(launch_cfg(nb))
+                    let f = gpu.function("hash_setops", build)?;
+                    let mut l = stream.launch_builder(&f);
+                    l.arg(&d_build.slice).arg(&nb64);
+                    if narrow.is_some() {
+                        l.arg(&lo);
                     }
-                    .map_err(|e| cuda_err("hash build", e))?;
+                    l.arg(&table.slice);
+                    if op.needs_counts() {
+                        l.arg(&count_b.slice);
+                    } else {
+                        l.arg(&null_counts); // presence is enough for semi/anti joins
+                    }
+                    // SAFETY: as above.
+                    unsafe { l.arg(&mask).launch(launch_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
                 }
-                let f = gpu.function("hash_setops", "probe")?;
+                let f = gpu.function("hash_setops", probe)?;
+                let mut l = stream.launch_builder(&f);
+                l.arg(&d_probe.slice).arg(&np64);
+                if narrow.is_some() {
+                    l.arg(&lo);
+                }
+                l.arg(&table.slice);
+                l.arg(&count_b.slice).arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice);
                 // SAFETY: as above.
-                unsafe {
-                    stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&keys.slice).arg(&count_b.slice)
-                        .arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice).launch(launch_cfg(np))
-                }
-                .map_err(|e| cuda_err("hash probe", e))?;
+                unsafe { l.launch(launch_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
                 gpu.synchronize()?;
             }
             GpuStrategy::Bitmap => {
@@ -498,17 +517,21 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut checked = 0;
-    for &(nb, np, domain) in &[(0usize, 100usize, 10u64), (1000, 0, 10), (5000, 7000, 3000), (100_000, 150_000, 1 << 40)] {
-        let build: Vec<u64> = (0..nb).map(|_| rng.random_range(0..domain)).collect();
-        let mut probe: Vec<u64> = (0..np).map(|_| rng.random_range(0..domain)).collect();
-        if np > 3 {
+    // (build rows, probe rows, key domain, with the all-ones key): narrow domains
+    // use the u32 table, wide ones (or the all-ones key) the u64 table.
+    let cases = [(0usize, 100usize, 10u64, true), (1000, 0, 10, true), (5000, 7000, 3000, true), (5000, 7000, 3000, false),
+        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true)];
+    for &(nb, np, domain, marker) in &cases {
+        let build: Vec<u64> = (0..nb).map(|_| 1000 + rng.random_range(0..domain)).collect();
+        let mut probe: Vec<u64> = (0..np).map(|_| 1000 + rng.random_range(0..domain)).collect();
+        if np > 3 && marker {
             probe[0] = u64::MAX; // the hash table's empty marker must still work as a key
         }
         for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
             let want = select_cpu(op, &build, &probe);
             let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
             let strategies: &[GpuStrategy] =
-                if range < BITMAP_MAX_RANGE { &[GpuStrategy::Hash, GpuStrategy::Bitmap] } else { &[GpuStrategy::Hash] };
+                if range < (1 << 24) { &[GpuStrategy::Hash, GpuStrategy::Bitmap] } else { &[GpuStrategy::Hash] };
             for &s in strategies {
                 let got = select_gpu(gpu, s, op, &build, &probe, &mut TransferStats::default())?;
                 if !same_multiset_selection(op, &probe, &want, &got) {
@@ -634,6 +657,24 @@ mod tests {
                     let got = select_gpu(&gpu, s, op, &build, &probe, &mut TransferStats::default()).unwrap();
                     assert_eq!(kept(&probe, &got), want, "case {case} {op:?} {s:?}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_u32_table_domain_edges() {
+        // Domains of exactly 2^32 - 1 values (widest u32 table: offset 0xfffffffe)
+        // and 2^32 values (first u64 one), with keys at both ends.
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        for span in [u32::MAX as u64 - 1, u32::MAX as u64] {
+            let lo = 1u64 << 40;
+            let build = vec![lo, lo + span, lo + 5, lo + span, lo + 77];
+            let probe = vec![lo + span, lo, lo + 6, lo + span, lo + span, lo + 77, lo + span - 1];
+            for op in OPS {
+                let want = reference(op, &build, &probe);
+                let got = select_gpu(&gpu, GpuStrategy::Hash, op, &build, &probe, &mut TransferStats::default()).unwrap();
+                assert_eq!(kept(&probe, &got), want, "span {span} {op:?}");
             }
         }
     }

@@ -12,8 +12,12 @@ use datafusion::error::Result;
 
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
-/// Elements merged per tile (NT * VT in the kernel).
-const TILE: usize = 256 * 15;
+/// Tile shapes (threads per block, merge steps per thread) instantiated in
+/// kernels/sorted_intersect.cu; `setfusion bench setops` measures each.
+pub const TILE_SHAPES: &[(usize, usize)] = &[(128, 11), (128, 15), (256, 7), (256, 11), (256, 15), (256, 19), (512, 9)];
+
+/// The shape used unless one is chosen with [`SortedIntersect::with_shape`].
+pub const DEFAULT_SHAPE: (usize, usize) = (256, 11);
 
 /// Key types the kernel family is instantiated for.
 pub trait SortedKey: crate::gpu::Pod + Ord {
@@ -54,12 +58,15 @@ pub struct SortedIntersect<T> {
     count: DeviceBuffer<u64>,
     na: usize,
     nb: usize,
+    shape: (usize, usize),
 }
 
 impl<T: SortedKey> SortedIntersect<T> {
     /// Upload both inputs once.
     pub fn upload(gpu: &Gpu, a: &[T], b: &[T], stats: &mut TransferStats) -> Result<Self> {
-        let tiles = (a.len() + b.len()).div_ceil(TILE).max(1);
+        // Partition scratch for the smallest tile of any shape.
+        let min_tile = TILE_SHAPES.iter().map(|(nt, vt)| nt * vt).min().unwrap_or(1);
+        let tiles = (a.len() + b.len()).div_ceil(min_tile).max(1);
         Ok(Self {
             a: gpu.upload(a, stats)?,
             b: gpu.upload(b, stats)?,
@@ -67,7 +74,16 @@ impl<T: SortedKey> SortedIntersect<T> {
             count: gpu.alloc_zeros::<u64>(1)?,
             na: a.len(),
             nb: b.len(),
+            shape: DEFAULT_SHAPE,
         })
+    }
+
+    /// Use another instantiated tile shape (one of [`TILE_SHAPES`]).
+    pub fn with_shape(mut self, shape: (usize, usize)) -> Self {
+        if TILE_SHAPES.contains(&shape) {
+            self.shape = shape;
+        }
+        self
     }
 
     /// Launch partition + intersect; returns the count. `flags`, if given,
@@ -78,18 +94,20 @@ impl<T: SortedKey> SortedIntersect<T> {
             return Ok(0);
         }
         let stream = gpu.stream();
-        let tiles = total.div_ceil(TILE);
-        let nparts = (tiles + 1) as i64;
+        let (nt, vt) = self.shape;
+        let tile = nt * vt;
+        let tiles = total.div_ceil(tile);
+        let (nparts, nv) = ((tiles + 1) as i64, tile as i64);
         let (na, nb) = (self.na as i64, self.nb as i64);
         let started = Instant::now();
         stream.memset_zeros(&mut self.count.slice).map_err(|e| cuda_err("memset", e))?;
         let part = gpu.function("sorted_intersect", &format!("partitions_{}", T::SUFFIX))?;
         let cfg = LaunchConfig { grid_dim: ((tiles + 1).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: signature matches kernels/sorted_intersect.cu; parts holds tiles + 1 entries.
-        unsafe { stream.launch_builder(&part).arg(&self.a.slice).arg(&na).arg(&self.b.slice).arg(&nb).arg(&self.parts.slice).arg(&nparts).launch(cfg) }
+        unsafe { stream.launch_builder(&part).arg(&self.a.slice).arg(&na).arg(&self.b.slice).arg(&nb).arg(&self.parts.slice).arg(&nparts).arg(&nv).launch(cfg) }
             .map_err(|e| cuda_err("partitions", e))?;
-        let kern = gpu.function("sorted_intersect", &format!("intersect_{}", T::SUFFIX))?;
-        let cfg = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let kern = gpu.function("sorted_intersect", &format!("intersect_{}_{nt}x{vt}", T::SUFFIX))?;
+        let cfg = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (nt as u32, 1, 1), shared_mem_bytes: 0 };
         let null_flags: u64 = 0;
         let mut launch = stream.launch_builder(&kern);
         launch.arg(&self.a.slice).arg(&na).arg(&self.b.slice).arg(&nb).arg(&self.parts.slice).arg(&self.count.slice);
@@ -107,7 +125,18 @@ impl<T: SortedKey> SortedIntersect<T> {
 
 /// Host-to-host convenience: upload, intersect, return the count and match flags for `a`.
 pub fn intersect_count_gpu<T: SortedKey>(gpu: &Gpu, a: &[T], b: &[T], stats: &mut TransferStats) -> Result<(u64, Vec<bool>)> {
-    let mut si = SortedIntersect::upload(gpu, a, b, stats)?;
+    intersect_count_gpu_shaped(gpu, a, b, DEFAULT_SHAPE, stats)
+}
+
+/// [`intersect_count_gpu`] with a given tile shape.
+pub fn intersect_count_gpu_shaped<T: SortedKey>(
+    gpu: &Gpu,
+    a: &[T],
+    b: &[T],
+    shape: (usize, usize),
+    stats: &mut TransferStats,
+) -> Result<(u64, Vec<bool>)> {
+    let mut si = SortedIntersect::upload(gpu, a, b, stats)?.with_shape(shape);
     let flags = gpu.alloc_zeros::<u32>(a.len().div_ceil(32).max(1))?;
     let n = si.run(gpu, Some(&flags), stats)?;
     let words = gpu.download(&flags, a.len().div_ceil(32), stats)?;
@@ -130,18 +159,20 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         let b32 = sorted_set((0..nb).map(|_| rng.random_range(0..domain) as u32).collect());
         let mut want_flags = vec![false; a32.len()];
         let want = intersect_count_cpu(&a32, &b32, Some(&mut want_flags));
-        let (got, flags) = intersect_count_gpu(gpu, &a32, &b32, &mut TransferStats::default())?;
         let a64: Vec<u64> = a32.iter().map(|v| (*v as u64) << 20 | 5).collect();
         let b64: Vec<u64> = b32.iter().map(|v| (*v as u64) << 20 | 5).collect();
-        let (got64, _) = intersect_count_gpu(gpu, &a64, &b64, &mut TransferStats::default())?;
-        if got != want || flags != want_flags || got64 != want {
-            return Err(datafusion::error::DataFusionError::Execution(format!(
-                "sorted_intersect self-check failed on {na} x {nb}: cpu {want}, gpu u32 {got}, gpu u64 {got64}"
-            )));
+        for &shape in TILE_SHAPES {
+            let (got, flags) = intersect_count_gpu_shaped(gpu, &a32, &b32, shape, &mut TransferStats::default())?;
+            let (got64, flags64) = intersect_count_gpu_shaped(gpu, &a64, &b64, shape, &mut TransferStats::default())?;
+            if got != want || flags != want_flags || got64 != want || flags64 != want_flags {
+                return Err(datafusion::error::DataFusionError::Execution(format!(
+                    "sorted_intersect self-check failed on {na} x {nb}, tiles {shape:?}: cpu {want}, gpu u32 {got}, gpu u64 {got64}"
+                )));
+            }
+            checked += 2;
         }
-        checked += 2;
     }
-    Ok(format!("{checked} inputs match the CPU twin"))
+    Ok(format!("{checked} input/tile-shape combinations match the CPU twin"))
 }
 
 #[cfg(test)]

@@ -131,6 +131,7 @@ pub async fn run() -> Result<()> {
     drop((a, b, plain, sf));
 
     if let Ok(g) = gpu::gpu(0) {
+        let tile_note;
         writeln!(report, "\n## Device-resident microbenchmarks\n").unwrap();
         writeln!(report, "| kernel | input | median ms | throughput |").unwrap();
         writeln!(report, "|---|---|---|---|").unwrap();
@@ -146,16 +147,26 @@ pub async fn run() -> Result<()> {
         let mut stats = TransferStats::default();
         let mut si = SortedIntersect::upload(&g, &av, &bv, &mut stats)?;
         let want = crate::algo::sorted_intersect::intersect_count_cpu(&av, &bv, None);
-        let mut times = Vec::new();
-        for _ in 0..10 {
-            let mut s = TransferStats::default();
-            let got = si.run(&g, None, &mut s)?;
-            assert_eq!(got, want, "sorted intersection count");
-            times.push(s.kernel);
-        }
-        let t = median(times);
         let keys = (av.len() + bv.len()) as f64;
-        writeln!(report, "| sorted u32 intersection (merge path) | {} x {} keys, {} common | {:.3} | {:.0} G keys/s |", av.len(), bv.len(), want, ms(t), keys / t.as_secs_f64() / 1e9).unwrap();
+        // Every instantiated tile shape; the report keeps them all.
+        let mut shapes = Vec::new();
+        for &shape in crate::algo::sorted_intersect::TILE_SHAPES {
+            si = si.with_shape(shape);
+            let mut times = Vec::new();
+            for _ in 0..10 {
+                let mut s = TransferStats::default();
+                let got = si.run(&g, None, &mut s)?;
+                assert_eq!(got, want, "sorted intersection count");
+                times.push(s.kernel);
+            }
+            shapes.push((shape, median(times)));
+        }
+        let best = shapes.iter().min_by_key(|(_, t)| *t).copied().unwrap_or(((0, 0), Duration::ZERO));
+        let t = best.1;
+        writeln!(report, "| sorted u32 intersection (merge path, tiles {}x{}) | {} x {} keys, {} common | {:.3} | {:.0} G keys/s |", best.0.0, best.0.1, av.len(), bv.len(), want, ms(t), keys / t.as_secs_f64() / 1e9).unwrap();
+        let all: Vec<String> = shapes.iter().map(|((nt, vt), t)| format!("{nt}x{vt}: {:.3} ms", ms(*t))).collect();
+        eprintln!("sorted intersection by tile shape: {}", all.join(", "));
+        tile_note = format!("Sorted intersection by tile shape (threads x steps, median of 10): {}.", all.join(", "));
         drop(si);
         // Hash semi join, 10M x 10M int32 keys (device-resident build and probe).
         let nk = 10_000_000usize;
@@ -173,6 +184,7 @@ pub async fn run() -> Result<()> {
             let t = median(times.clone());
             writeln!(report, "| semi join ({}) | 10M x 10M int32-range keys | {:.3} | {:.1} G probes/s |", s.name(), ms(t), nk as f64 / t.as_secs_f64() / 1e9).unwrap();
         }
+        writeln!(report, "\n{tile_note}").unwrap();
     }
     println!("{report}");
     if let Ok(path) = std::env::var("SETFUSION_BENCH_OUT") {

@@ -10,13 +10,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaSlice, DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtrMut, DeviceRepr, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
 use datafusion::error::{DataFusionError, Result};
 
 use super::{cuda_err, Gpu};
 
-/// Bytes of each pinned staging buffer.
-const STAGING_BYTES: usize = 64 << 20;
+/// Bytes of each pinned staging buffer: 64 MiB of data plus room for one
+/// packed fill's segment descriptors (see [`Gpu::upload_keys`]).
+const STAGING_BYTES: usize = (64 << 20) + PACK_DESC;
+
+// Frame-of-reference packing of u64 keys in transit (kernels/transfer.cu has the
+// same constants): a fill of PACK_FILL keys in PACK_SEGS segments of PACK_SEG.
+const PACK_SEG: usize = 1 << 16;
+const PACK_SEGS: usize = 128;
+const PACK_FILL: usize = PACK_SEG * PACK_SEGS;
+const PACK_DESC: usize = 4096;
+const PACK_HIGH: usize = PACK_DESC + PACK_FILL * 4;
 
 /// Budget for device memory, in bytes. The limit is set per operator run from
 /// `setfusion.memory_limit` (0 = 90% of the device's memory).
@@ -218,18 +227,12 @@ impl Gpu {
             return Ok(());
         }
         let start = Instant::now();
-        let mut guard = self.staging.lock().unwrap();
-        if guard.is_none() {
-            // SAFETY: the pinned memory is written (copy_from_slice) before any DMA reads it.
-            let mk = || unsafe { self.ctx.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(|e| cuda_err("cuMemHostAlloc", e));
-            *guard = Some(Staging { bufs: [mk()?, mk()?], pending: [None, None] });
-        }
-        let staging = guard.as_mut().unwrap();
+        let mut guard = self.staging()?;
+        let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
         let elem = std::mem::size_of::<T>();
         let per_fill = STAGING_BYTES / elem;
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
-        // Cursor over the source chunks: (chunk index, position inside it).
-        let (mut ci, mut cpos) = (0usize, 0usize);
+        let mut cursor = Cursor::new(chunks);
         let mut done = 0usize;
         let mut fill = 0usize;
         while done < total {
@@ -241,22 +244,7 @@ impl Gpu {
                 stats.dma_wait += w.elapsed();
             }
             let n = per_fill.min(total - done);
-            // Pieces of source chunks that make up this fill.
-            let mut pieces: Vec<&[T]> = Vec::new();
-            let mut need = n;
-            while need > 0 {
-                let c = chunks[ci];
-                let take = (c.len() - cpos).min(need);
-                if take > 0 {
-                    pieces.push(&c[cpos..cpos + take]);
-                }
-                cpos += take;
-                need -= take;
-                if cpos == c.len() {
-                    ci += 1;
-                    cpos = 0;
-                }
-            }
+            let pieces = cursor.take(n);
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
             // SAFETY: the pinned buffer is at least 8-aligned (cuMemHostAlloc) and large enough for n elements of T.
             let typed: &mut [T] = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr() as *mut T, n) };
@@ -287,6 +275,92 @@ impl Gpu {
         Ok(())
     }
 
+    /// The pinned staging buffers, allocated on first use (held while uploading).
+    fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
+        let mut guard = self.staging.lock().map_err(|_| DataFusionError::Internal("staging lock poisoned".into()))?;
+        if guard.is_none() {
+            // SAFETY: the pinned memory is written by the host before any DMA reads it.
+            let mk = || unsafe { self.ctx.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(|e| cuda_err("cuMemHostAlloc", e));
+            *guard = Some(Staging { bufs: [mk()?, mk()?], pending: [None, None] });
+        }
+        Ok(guard)
+    }
+
+    /// Upload 64-bit keys frame-of-reference coded: every segment of 65,536 keys
+    /// travels as 32-bit offsets from its minimum when its values span less than
+    /// 2^32 (half the PCIe bytes and half the pinned-memory writes of the raw
+    /// keys), else as low and high words. `kernels/transfer.cu` decodes each fill
+    /// on the device right behind its DMA. Returns the decoded keys and the
+    /// domain [min, max] of all keys (None when there are none), which the
+    /// strategies need anyway and which falls out of the packing for free.
+    pub fn upload_keys(&self, chunks: &[&[u64]], stats: &mut TransferStats) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        let mut dst = self.alloc::<u64>(total)?;
+        if total == 0 {
+            return Ok((dst, None));
+        }
+        let decode = self.function("transfer", "decode_for")?;
+        let mut scratch = [self.alloc::<u8>(STAGING_BYTES)?, self.alloc::<u8>(STAGING_BYTES)?];
+        let start = Instant::now();
+        let mut guard = self.staging()?;
+        let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+        let mut cursor = Cursor::new(chunks);
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        let (mut done, mut fill) = (0usize, 0usize);
+        while done < total {
+            let b = fill % 2;
+            fill += 1;
+            if let Some(ev) = staging.pending[b].take() {
+                let w = Instant::now();
+                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
+                stats.dma_wait += w.elapsed();
+            }
+            let n = PACK_FILL.min(total - done);
+            let pieces = cursor.take(n);
+            let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
+            let c = Instant::now();
+            let (flo, fhi, wide) = pack_fill(&pieces, n, pinned, threads);
+            stats.staging_copy += c.elapsed();
+            lo = lo.min(flo);
+            hi = hi.max(fhi);
+            let stream = self.stream.cu_stream();
+            let mut copy = |from: usize, len: usize| -> Result<()> {
+                let mut view = scratch[b].slice.slice_mut(from..from + len);
+                let (dptr, _record) = view.device_ptr_mut(&self.stream);
+                // SAFETY: pinned host bytes [from, from + len) stay untouched until this
+                // fill's event (recorded below) completes; the device view has len bytes.
+                unsafe { cudarc::driver::result::memcpy_htod_async(dptr, &pinned[from..from + len], stream) }
+                    .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))
+            };
+            copy(0, PACK_DESC + n * 4)?;
+            stats.bytes_to_device += PACK_DESC + n * 4;
+            if wide {
+                copy(PACK_HIGH, n * 4)?;
+                stats.bytes_to_device += n * 4;
+            }
+            let (n64, high64) = (n as u64, PACK_HIGH as u64);
+            let mut out = dst.slice.slice_mut(done..done + n);
+            let blocks = n.div_ceil(256).min(132 * 16) as u32;
+            let cfg = cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: signature matches kernels/transfer.cu; the scratch holds this fill's
+            // descriptors, low and (if read) high words for n keys; `out` has n elements.
+            unsafe { self.stream.launch_builder(&decode).arg(&scratch[b].slice).arg(&n64).arg(&high64).arg(&mut out).launch(cfg) }
+                .map_err(|e| cuda_err("decode_for", e))?;
+            staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
+            done += n;
+        }
+        let w = Instant::now();
+        for p in staging.pending.iter_mut() {
+            if let Some(ev) = p.take() {
+                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
+            }
+        }
+        stats.dma_wait += w.elapsed();
+        stats.to_device += start.elapsed();
+        Ok((dst, Some((lo, hi))))
+    }
+
     /// Copy the first `len` elements of a device buffer back to the host.
     pub fn download<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize, stats: &mut TransferStats) -> Result<Vec<T>> {
         let start = Instant::now();
@@ -314,6 +388,146 @@ impl Gpu {
         stats.to_host += start.elapsed();
         Ok(out[0])
     }
+}
+
+/// Reads several slices back to back, `n` elements at a time.
+struct Cursor<'a, T> {
+    chunks: &'a [&'a [T]],
+    ci: usize,
+    pos: usize,
+}
+
+impl<'a, T> Cursor<'a, T> {
+    fn new(chunks: &'a [&'a [T]]) -> Self {
+        Self { chunks, ci: 0, pos: 0 }
+    }
+
+    /// The next `n` elements as pieces of the source slices (fewer at the end).
+    fn take(&mut self, n: usize) -> Vec<&'a [T]> {
+        let mut pieces = Vec::new();
+        let mut need = n;
+        while need > 0 && self.ci < self.chunks.len() {
+            let c = self.chunks[self.ci];
+            let take = (c.len() - self.pos).min(need);
+            if take > 0 {
+                pieces.push(&c[self.pos..self.pos + take]);
+            }
+            self.pos += take;
+            need -= take;
+            if self.pos == c.len() {
+                self.ci += 1;
+                self.pos = 0;
+            }
+        }
+        pieces
+    }
+}
+
+/// Call `f` on the parts of the concatenation of `pieces` in [lo, hi).
+fn for_range<T>(pieces: &[&[T]], lo: usize, hi: usize, mut f: impl FnMut(&[T])) {
+    let mut pos = 0;
+    for p in pieces {
+        let (p_lo, p_hi) = (pos, pos + p.len());
+        pos = p_hi;
+        let (a, b) = (p_lo.max(lo), p_hi.min(hi));
+        if a < b {
+            f(&p[a - p_lo..b - p_lo]);
+        }
+        if pos >= hi {
+            break;
+        }
+    }
+}
+
+/// Frame-of-reference code one fill of `n` keys into a staging buffer (layout
+/// in kernels/transfer.cu). Threads take whole segments; each segment is read
+/// twice, min/max then offsets, the second time from cache (512 KiB).
+/// Returns the fill's (min, max) and whether any segment needed high words.
+fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], threads: usize) -> (u64, u64, bool) {
+    let segs = n.div_ceil(PACK_SEG);
+    let (desc, rest) = buf.split_at_mut(PACK_DESC);
+    let (low_bytes, high_bytes) = rest.split_at_mut(PACK_FILL * 4);
+    // SAFETY: cuMemHostAlloc memory is page aligned and every region starts at a
+    // multiple of 8 bytes; u64/u32 have no invalid bit patterns; lengths are in bounds.
+    let (bases, flags, low, high) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(desc.as_mut_ptr() as *mut u64, PACK_SEGS),
+            std::slice::from_raw_parts_mut(desc.as_mut_ptr().add(PACK_SEGS * 8) as *mut u32, PACK_SEGS),
+            std::slice::from_raw_parts_mut(low_bytes.as_mut_ptr() as *mut u32, n),
+            std::slice::from_raw_parts_mut(high_bytes.as_mut_ptr() as *mut u32, n),
+        )
+    };
+    struct Seg<'s> {
+        at: usize,
+        base: &'s mut u64,
+        wide: &'s mut u32,
+        low: &'s mut [u32],
+        high: &'s mut [u32],
+    }
+    let mut work: Vec<Seg> = bases
+        .iter_mut()
+        .zip(flags.iter_mut())
+        .zip(low.chunks_mut(PACK_SEG).zip(high.chunks_mut(PACK_SEG)))
+        .take(segs)
+        .enumerate()
+        .map(|(i, ((base, wide), (low, high)))| Seg { at: i * PACK_SEG, base, wide, low, high })
+        .collect();
+    let pack = |segs: &mut [Seg]| -> (u64, u64, bool) {
+        let (mut lo, mut hi, mut any_wide) = (u64::MAX, 0u64, false);
+        for s in segs {
+            let len = s.low.len();
+            let (mut l, mut h) = (u64::MAX, 0u64);
+            for_range(pieces, s.at, s.at + len, |p| {
+                // a branch-free fold the compiler vectorises
+                let (a, b) = p.iter().fold((u64::MAX, 0u64), |(l, h), &k| (l.min(k), h.max(k)));
+                l = l.min(a);
+                h = h.max(b);
+            });
+            let wide = h - l > u32::MAX as u64;
+            *s.base = l;
+            *s.wide = wide as u32;
+            let mut at = 0;
+            for_range(pieces, s.at, s.at + len, |p| {
+                let out = &mut s.low[at..at + p.len()];
+                out.iter_mut().zip(p).for_each(|(o, &k)| *o = k.wrapping_sub(l) as u32);
+                if wide {
+                    s.high[at..at + p.len()].iter_mut().zip(p).for_each(|(o, &k)| *o = (k.wrapping_sub(l) >> 32) as u32);
+                }
+                at += p.len();
+            });
+            lo = lo.min(l);
+            hi = hi.max(h);
+            any_wide |= wide;
+        }
+        (lo, hi, any_wide)
+    };
+    let merge = |a: (u64, u64, bool), b: (u64, u64, bool)| (a.0.min(b.0), a.1.max(b.1), a.2 || b.2);
+    if threads <= 1 || n < (1 << 20) {
+        return pack(&mut work);
+    }
+    let per = work.len().div_ceil(threads);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = work.chunks_mut(per).map(|w| sc.spawn(move || pack(w))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold((u64::MAX, 0, false), merge)
+    })
+}
+
+/// CPU twin of `decode_for` in kernels/transfer.cu: the keys of one packed fill.
+#[cfg(test)]
+fn decode_fill_cpu(buf: &[u8], n: usize) -> Vec<u64> {
+    let word = |off: usize| u32::from_le_bytes(buf[off..off + 4].try_into().unwrap()) as u64;
+    (0..n)
+        .map(|i| {
+            let s = i / PACK_SEG;
+            let base = u64::from_le_bytes(buf[s * 8..s * 8 + 8].try_into().unwrap());
+            let wide = word(PACK_SEGS * 8 + s * 4) != 0;
+            let mut v = word(PACK_DESC + i * 4);
+            if wide {
+                v |= word(PACK_HIGH + i * 4) << 32;
+            }
+            base.wrapping_add(v)
+        })
+        .collect()
 }
 
 /// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
@@ -396,6 +610,54 @@ mod tests {
     use datafusion::arrow::array::{Array, Int32Array, StringArray};
 
     use super::*;
+
+    #[test]
+    fn packed_fill_round_trips() {
+        // Narrow segments, a wide one (hash-like keys), u64::MAX / 0 extremes, pieces
+        // that straddle segment boundaries, and a partial last segment.
+        let narrow: Vec<u64> = (0..150_000u64).map(|i| 5_000_000_000 + (i * 2654435761) % 400_000_000).collect();
+        let wide: Vec<u64> = (0..70_000u64).map(|i| i.wrapping_mul(0x9E3779B97F4A7C15)).collect();
+        let edge = vec![u64::MAX, 0, u64::MAX - 1, 1];
+        let chunks: Vec<&[u64]> = vec![&narrow[..1000], &wide, &edge, &narrow[1000..]];
+        let all: Vec<u64> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        for threads in [1, 3] {
+            let mut store = vec![0u64; STAGING_BYTES / 8];
+            // SAFETY: test-only view of an 8-aligned u64 vector as bytes.
+            let buf = unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut u8, STAGING_BYTES) };
+            let n = all.len();
+            let (lo, hi, any_wide) = pack_fill(&chunks, n, buf, threads);
+            assert_eq!((lo, hi, any_wide), (0, u64::MAX, true));
+            assert_eq!(decode_fill_cpu(buf, n), all);
+        }
+        let mut store = vec![0u64; STAGING_BYTES / 8];
+        // SAFETY: as above.
+        let buf = unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut u8, STAGING_BYTES) };
+        let (lo, hi, any_wide) = pack_fill(&[&narrow[..]], narrow.len(), buf, 2);
+        assert!(!any_wide);
+        assert_eq!((lo, hi), (*narrow.iter().min().unwrap(), *narrow.iter().max().unwrap()));
+        assert_eq!(decode_fill_cpu(buf, narrow.len()), narrow);
+    }
+
+    #[test]
+    fn packed_upload_matches_host() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut stats = TransferStats::default();
+        // Several fills: narrow keys, then a wide stretch, in uneven chunks.
+        let narrow: Vec<u64> = (0..20_000_000u64).map(|i| (i * 2654435761) % 400_000_000).collect();
+        let wide: Vec<u64> = (0..3_000_000u64).map(|i| i.wrapping_mul(0x9E3779B97F4A7C15)).collect();
+        let chunks: Vec<&[u64]> = vec![&narrow[..12_345_678], &wide, &narrow[12_345_678..]];
+        let (d, range) = gpu.upload_keys(&chunks, &mut stats).unwrap();
+        let back = gpu.download(&d, d.len(), &mut stats).unwrap();
+        let all: Vec<u64> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert!(back == all, "packed upload differs from the host keys");
+        let lo = *all.iter().min().unwrap();
+        let hi = *all.iter().max().unwrap();
+        assert_eq!(range, Some((lo, hi)));
+        assert!(stats.bytes_to_device < all.len() * 8, "narrow segments travel as 32-bit offsets");
+        let (_, none) = gpu.upload_keys(&[], &mut stats).unwrap();
+        assert_eq!(none, None);
+    }
 
     #[test]
     fn arrow_buffers_round_trip() {
