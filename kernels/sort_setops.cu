@@ -1,3 +1,310 @@
-// Radix sort + Balanced Path multiset operators (seed 002). Work in progress.
+// Sort-based multiset operators (seed 002, moderngpu "Multisets"): semi/anti
+// join and INTERSECT / EXCEPT [ALL] on 64-bit keys, by
+//   1. an LSD radix sort of the probe side A (keys with their original row
+//      index) and of the build side B (keys only): 8-bit digits, only as many
+//      passes as the key domain needs (keys are sorted as key - lo, so a 4e8
+//      wide domain takes 4 passes, not 8). Each pass is histogram (per tile
+//      and digit) -> exclusive scan (digit-major, so the scatter is stable) ->
+//      scatter. The sort is stable and A starts in row order, so among equal
+//      probe keys the sorted order is row order: rank = occurrence number.
+//   2. Balanced Path partitioning of the merge of sorted A and sorted B into
+//      tiles of BP_NV inputs (+-1: a "starred" diagonal moves one B element to
+//      the left tile so that the r-th copy of a key in A and the r-th copy in
+//      B always land in the same tile), then per thread inside the tile.
+//   3. A serial multiset merge per thread (std::set_* semantics): equal keys
+//      advance both cursors, so A's r-th copy of x is "matched" exactly when
+//      B has more than r copies, i.e. rank < n_b. Per A element:
+//        semi: n_b > 0                    anti: n_b == 0
+//        intersect all: rank < n_b        except all: rank >= n_b
+//        intersect: rank == 0 && n_b > 0  except: rank == 0 && n_b == 0
+//      (rank == 0: the previous A key differs; n_b > 0 for an unmatched A
+//      element: the previous B key is equal, since all of B's copies precede
+//      it on the path). A kept element sets the bit of its original row.
+// Output: one bit per probe row, LSB first in u32 words (pre-zeroed).
 #include "common.cuh"
-extern "C" __global__ void sort_setops_placeholder(u64* x) {}
+
+enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
+
+#define FULL_MASK 0xffffffffu
+
+// ---------------------------------------------------------------- radix sort
+// One block of RS_THREADS per tile of RS_TILE keys; each warp owns a
+// contiguous RS_WARP_ITEMS slice of the tile (so the scatter is stable within
+// the tile without block-wide barriers in its loop).
+#define RS_RADIX 256
+#define RS_WARPS 8
+#define RS_THREADS (RS_WARPS * 32)
+#define RS_WARP_ITEMS 512
+#define RS_TILE (RS_WARPS * RS_WARP_ITEMS)
+static_assert(RS_THREADS == RS_RADIX, "one thread per digit in the per-tile digit loops");
+
+__device__ __forceinline__ u32 rs_digit(u64 k, u64 sub, u32 shift) { return (u32)(((k - sub) >> shift) & (RS_RADIX - 1)); }
+
+// counts[d * ntiles + tile] = number of keys of `tile` whose digit is d.
+extern "C" __global__ void rs_histogram(const u64* keys, u64 n, u64 sub, u32 shift, u32* counts, u64 ntiles) {
+    __shared__ u32 hist[RS_RADIX];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    hist[threadIdx.x] = 0;
+    __syncthreads();
+    const u64 base = (u64)blockIdx.x * RS_TILE + (u64)warp * RS_WARP_ITEMS;
+    // The loop bound is warp-uniform, so every lane takes part in the match.
+    for (u32 c = 0; c < RS_WARP_ITEMS && base + c < n; c += 32) {
+        const u64 i = base + c + lane;
+        const bool valid = i < n;
+        const u32 d = valid ? rs_digit(keys[i], sub, shift) : RS_RADIX; // padding lanes group apart
+        const u32 peers = __match_any_sync(FULL_MASK, d);
+        // One shared atomic per distinct digit in the warp: skewed keys (all
+        // equal digits) would otherwise serialise 32 atomics on one bin.
+        if (valid && lane == (u32)(__ffs(peers) - 1)) atomicAdd(&hist[d], (u32)__popc(peers));
+    }
+    __syncthreads();
+    counts[(u64)threadIdx.x * ntiles + blockIdx.x] = hist[threadIdx.x];
+}
+
+// Stable scatter of one digit pass. `offsets` is the exclusive scan of the
+// histogram's counts. kout receives key - sub (the first pass subtracts lo;
+// later passes pass sub = 0). Values: vin == nullptr means "the row index
+// itself" (first pass of A); vout == nullptr means keys only (B).
+extern "C" __global__ void rs_scatter(const u64* kin, const u32* vin, u64* kout, u32* vout, u64 n, u64 sub, u32 shift,
+                                      const u32* offsets, u64 ntiles) {
+    // Per warp and digit: first the warp's count, then its running output position.
+    __shared__ u32 woff[RS_WARPS][RS_RADIX];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (u32 j = threadIdx.x; j < RS_WARPS * RS_RADIX; j += RS_THREADS) woff[j / RS_RADIX][j % RS_RADIX] = 0;
+    __syncthreads();
+    const u64 base = (u64)blockIdx.x * RS_TILE + (u64)warp * RS_WARP_ITEMS;
+    for (u32 c = 0; c < RS_WARP_ITEMS && base + c < n; c += 32) {
+        const u64 i = base + c + lane;
+        const bool valid = i < n;
+        const u32 d = valid ? rs_digit(kin[i], sub, shift) : RS_RADIX;
+        const u32 peers = __match_any_sync(FULL_MASK, d);
+        // Each warp writes only its own row, and distinct digits have distinct leaders.
+        if (valid && lane == (u32)(__ffs(peers) - 1)) woff[warp][d] += (u32)__popc(peers);
+        __syncwarp(); // the next chunk's leader for d may be another lane
+    }
+    __syncthreads();
+    {
+        // Thread d: the tile's global start for digit d, split over the warps in order.
+        const u32 d = threadIdx.x;
+        u32 run = offsets[(u64)d * ntiles + blockIdx.x];
+        for (u32 w = 0; w < RS_WARPS; ++w) {
+            const u32 cnt = woff[w][d];
+            woff[w][d] = run;
+            run += cnt;
+        }
+    }
+    __syncthreads();
+    const u32 lanes_below = (1u << lane) - 1u;
+    for (u32 c = 0; c < RS_WARP_ITEMS && base + c < n; c += 32) {
+        const u64 i = base + c + lane;
+        const bool valid = i < n;
+        const u64 k = valid ? kin[i] - sub : 0;
+        const u32 d = valid ? (u32)((k >> shift) & (RS_RADIX - 1)) : RS_RADIX;
+        const u32 peers = __match_any_sync(FULL_MASK, d);
+        const bool leader = lane == (u32)(__ffs(peers) - 1);
+        u32 pos = 0;
+        if (valid) pos = woff[warp][d] + (u32)__popc(peers & lanes_below);
+        __syncwarp(); // every peer has read the running position before the leader moves it
+        if (valid && leader) woff[warp][d] += (u32)__popc(peers);
+        __syncwarp();
+        if (valid) {
+            kout[pos] = k;
+            if (vout) vout[pos] = vin ? vin[i] : (u32)i;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- exclusive scan (u32, in place)
+#define SCAN_THREADS 256
+#define SCAN_ITEMS 8
+#define SCAN_TILE (SCAN_THREADS * SCAN_ITEMS)
+
+// Exclusive scan of each SCAN_TILE slice of data; sums[block] = the slice's total.
+extern "C" __global__ void scan_tiles(u32* data, u64 n, u32* sums) {
+    __shared__ u32 s[SCAN_THREADS];
+    const u32 tid = threadIdx.x;
+    const u64 base = (u64)blockIdx.x * SCAN_TILE + (u64)tid * SCAN_ITEMS;
+    u32 v[SCAN_ITEMS];
+    u32 total = 0;
+#pragma unroll
+    for (int j = 0; j < SCAN_ITEMS; ++j) {
+        v[j] = base + j < n ? data[base + j] : 0u;
+        total += v[j];
+    }
+    s[tid] = total;
+    __syncthreads();
+    // Hillis-Steele inclusive scan of the thread totals.
+    for (u32 off = 1; off < SCAN_THREADS; off <<= 1) {
+        const u32 add = tid >= off ? s[tid - off] : 0u;
+        __syncthreads();
+        s[tid] += add;
+        __syncthreads();
+    }
+    u32 run = s[tid] - total;
+#pragma unroll
+    for (int j = 0; j < SCAN_ITEMS; ++j) {
+        if (base + j < n) data[base + j] = run;
+        run += v[j];
+    }
+    if (tid == SCAN_THREADS - 1) sums[blockIdx.x] = s[tid];
+}
+
+// Add each slice's scanned offset (sums, already exclusive-scanned).
+extern "C" __global__ void scan_add(u32* data, u64 n, const u32* sums) {
+    SF_FOR(i, n) data[i] += sums[i / SCAN_TILE];
+}
+
+// ---------------------------------------------------------------- Balanced Path
+#define BP_NT 128
+#define BP_VT 16
+#define BP_NV (BP_NT * BP_VT)
+#define STAR_BIT 0x8000000000000000ULL
+
+template <typename I> __device__ __forceinline__ I sp_min(I a, I b) { return a < b ? a : b; }
+template <typename I> __device__ __forceinline__ I sp_max(I a, I b) { return a > b ? a : b; }
+
+// First i in [0, n) with a[i] >= x (n if none).
+template <typename I> __device__ I sp_lower_bound(const u64* a, I n, u64 x) {
+    I lo = 0, hi = n;
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (a[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// First i in [0, n) with a[i] > x (n if none).
+template <typename I> __device__ I sp_upper_bound(const u64* a, I n, u64 x) {
+    I lo = 0, hi = n;
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (!(x < a[mid])) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// moderngpu BalancedPath<Duplicates = true>: where cross-diagonal `diag` of
+// the merge of a[0, na) and b[0, nb) meets the Balanced Path, which pairs the
+// r-th copy of a key in A with the r-th copy in B. Returns the A index; the B
+// index is diag - result + *star (a starred diagonal gives the B element at
+// diag - result to the left side, so a key-rank pair is never split).
+// Plain binary searches (moderngpu biases them towards short duplicate runs;
+// correctness is the same).
+template <typename I> __device__ I sp_balanced_path(const u64* a, I na, const u64* b, I nb, I diag, int* star) {
+    // Merge Path, lower-bound flavour: on ties A's elements come first.
+    I lo = diag > nb ? diag - nb : 0, hi = sp_min(diag, na);
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (!(b[diag - 1 - mid] < a[mid])) lo = mid + 1; else hi = mid;
+    }
+    I ai = lo;
+    const I bi = diag - lo;
+    *star = 0;
+    if (bi < nb) {
+        const u64 x = b[bi];
+        // Where the Merge Path entered x's run in both inputs (where Balanced Path diverged).
+        const I a_start = sp_lower_bound<I>(a, ai, x);
+        const I b_start = sp_lower_bound<I>(b, bi, x);
+        const I a_run = ai - a_start;
+        I b_run = bi - b_start;
+        const I x_count = a_run + b_run;
+        // Spread the run evenly over A and B, bounded by B's run of x.
+        I b_adv = sp_max(x_count >> 1, x_count - a_run);
+        const I b_end = sp_min(nb, b_start + b_adv + 1);
+        const I b_run_end = bi + sp_upper_bound<I>(b + bi, b_end - bi, x);
+        b_run = b_run_end - b_start;
+        b_adv = sp_min(b_adv, b_run);
+        const I a_adv = x_count - b_adv;
+        *star = (a_adv == b_adv + 1) && (b_adv < b_run);
+        ai = a_start + a_adv;
+    }
+    return ai;
+}
+
+// parts[t] = A index where diagonal min(t * BP_NV, na + nb) meets the
+// Balanced Path, with the star flag in bit 63; t in [0, ntiles].
+extern "C" __global__ void bp_partition(const u64* a, u64 na, const u64* b, u64 nb, u64 ntiles, u64* parts) {
+    SF_FOR(t, ntiles + 1) {
+        const i64 diag = sp_min((i64)(t * BP_NV), (i64)(na + nb));
+        int star = 0;
+        const i64 ai = sp_balanced_path<i64>(a, (i64)na, b, (i64)nb, diag, &star);
+        parts[t] = (u64)ai | (star ? STAR_BIT : 0ULL);
+    }
+}
+
+// The keep rule for one A element (see the header).
+__device__ __forceinline__ bool sp_keep(int op, bool matched, bool first, bool present) {
+    switch (op) {
+    case SEMI: return present;
+    case ANTI: return !present;
+    case INTERSECT_DISTINCT: return first && present;
+    case INTERSECT_ALL: return matched;
+    case EXCEPT_DISTINCT: return first && !present;
+    default: return !matched; // EXCEPT_ALL
+    }
+}
+
+// One block per tile: load the tile's A and B ranges into shared memory,
+// split them over the threads by Balanced Path (BP_VT +-1 inputs each), and
+// let each thread run the serial multiset merge over its slots.
+// a: sorted probe keys, a_rows: their original rows, b: sorted build keys.
+extern "C" __global__ void bp_select(const u64* a, const u32* a_rows, u64 na, const u64* b, u64 nb, const u64* parts,
+                                     int op, u32* out) {
+    __shared__ u64 keys[BP_NV + 1]; // a tile holds at most BP_NV + 1 inputs (a stolen B element)
+    __shared__ int start_a[BP_NT + 1], start_b[BP_NT + 1];
+    const int tid = threadIdx.x;
+    const i64 t = blockIdx.x;
+    const u64 p0 = parts[t], p1 = parts[t + 1];
+    const i64 a0 = (i64)(p0 & ~STAR_BIT), a1 = (i64)(p1 & ~STAR_BIT);
+    const int s0 = (p0 & STAR_BIT) ? 1 : 0, s1 = (p1 & STAR_BIT) ? 1 : 0;
+    const i64 total = (i64)(na + nb);
+    const i64 b0 = t * BP_NV - a0 + s0;
+    const i64 b1 = sp_min(total, (t + 1) * BP_NV) - a1 + s1;
+    const int ac = (int)(a1 - a0), bc = (int)(b1 - b0);
+    for (int i = tid; i < ac; i += BP_NT) keys[i] = a[a0 + i];
+    for (int i = tid; i < bc; i += BP_NT) keys[ac + i] = b[b0 + i];
+    // The keys just before the tile: rank == 0 and n_b > 0 look one element back.
+    const bool has_aprev = a0 > 0, has_bprev = b0 > 0;
+    const u64 aprev = has_aprev ? a[a0 - 1] : 0, bprev = has_bprev ? b[b0 - 1] : 0;
+    __syncthreads();
+    const u64* sa = keys;
+    const u64* sb = keys + ac;
+    // This thread's first slot: local diagonal tid * BP_VT - s0 (the tile
+    // itself starts s0 past its global diagonal). Thread 0 starts at (0, 0).
+    int ia = 0, ib = 0;
+    const int d = tid * BP_VT - s0;
+    if (d > 0) {
+        const int dd = sp_min(d, ac + bc);
+        int star = 0;
+        ia = sp_balanced_path<int>(sa, ac, sb, bc, dd, &star);
+        ib = dd - ia + star;
+    }
+    start_a[tid] = ia;
+    start_b[tid] = ib;
+    if (tid == 0) {
+        start_a[BP_NT] = ac;
+        start_b[BP_NT] = bc;
+    }
+    __syncthreads();
+    // Run slots until reaching the next thread's start; a matched pair that
+    // straddles it (a starred split) is finished here, as the next thread's
+    // start already skips its B element.
+    const int end = start_a[tid + 1] + start_b[tid + 1];
+    while (ia + ib < end) {
+        if (ia >= ac) { ++ib; continue; } // B-only slot
+        const u64 ak = sa[ia];
+        const bool b_in = ib < bc;
+        const u64 bk = b_in ? sb[ib] : 0;
+        if (b_in && bk < ak) { ++ib; continue; } // B-only slot
+        const bool matched = b_in && bk == ak;
+        const bool first = ia > 0 ? sa[ia - 1] != ak : !(has_aprev && aprev == ak);
+        // Unmatched: all of B's copies of ak (if any) precede this slot, the last just before ib.
+        const bool present = matched || (ib > 0 ? sb[ib - 1] == ak : (has_bprev && bprev == ak));
+        if (sp_keep(op, matched, first, present)) {
+            const u32 row = a_rows[a0 + ia];
+            atomicOr(&out[row >> 5], 1u << (row & 31));
+        }
+        ++ia;
+        if (matched) ++ib;
+    }
+}
