@@ -21,6 +21,8 @@ pub enum Strategy {
     Hash,
     /// GPU bitmap / direct-address table on a dense integer domain.
     Bitmap,
+    /// GPU radix sort + Balanced Path merge (seed 002).
+    Sort,
 }
 
 impl FromStr for Strategy {
@@ -31,8 +33,9 @@ impl FromStr for Strategy {
             "cpu" => Ok(Strategy::Cpu),
             "hash" => Ok(Strategy::Hash),
             "bitmap" => Ok(Strategy::Bitmap),
+            "sort" => Ok(Strategy::Sort),
             other => Err(DataFusionError::Configuration(format!(
-                "invalid setfusion.strategy '{other}': expected one of auto, cpu, hash, bitmap"
+                "invalid setfusion.strategy '{other}': expected one of auto, cpu, hash, bitmap, sort"
             ))),
         }
     }
@@ -45,6 +48,7 @@ impl fmt::Display for Strategy {
             Strategy::Cpu => "cpu",
             Strategy::Hash => "hash",
             Strategy::Bitmap => "bitmap",
+            Strategy::Sort => "sort",
         })
     }
 }

@@ -53,6 +53,8 @@ impl SetOp {
 pub enum GpuStrategy {
     Hash,
     Bitmap,
+    /// Radix sort + Balanced Path (src/algo/sort_setops.rs).
+    Sort,
 }
 
 impl GpuStrategy {
@@ -60,6 +62,7 @@ impl GpuStrategy {
         match self {
             GpuStrategy::Hash => "hash",
             GpuStrategy::Bitmap => "bitmap",
+            GpuStrategy::Sort => "sort",
         }
     }
 }
@@ -184,6 +187,7 @@ pub fn device_bytes(strategy: GpuStrategy, op: SetOp, nb: usize, np: usize, rang
         GpuStrategy::Hash => keys + hash_capacity(op, nb, np) * 16,
         GpuStrategy::Bitmap if op.needs_counts() => keys + range as usize * 8,
         GpuStrategy::Bitmap => keys + (range as usize).div_ceil(32) * 4,
+        GpuStrategy::Sort => keys + crate::algo::sort_setops::device_bytes_sorted(nb, np),
     }
 }
 
@@ -327,6 +331,10 @@ impl ResidentSelect {
     pub fn run(&self, gpu: &Gpu, strategy: GpuStrategy, op: SetOp, stats: &mut TransferStats) -> Result<DeviceBuffer<u32>> {
         let (nb, np) = (self.nb, self.np);
         let (d_build, d_probe) = (&self.build, &self.probe);
+        if strategy == GpuStrategy::Sort {
+            // Allocates its own output, synchronises and adds its kernel time.
+            return crate::algo::sort_setops::run_sorted(gpu, op, d_build, nb, d_probe, np, self.range, stats);
+        }
         let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
         let stream = gpu.stream();
         let started = Instant::now();
@@ -386,6 +394,7 @@ impl ResidentSelect {
                 unsafe { l.launch(launch_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
                 gpu.synchronize()?;
             }
+            GpuStrategy::Sort => {} // returned above
             GpuStrategy::Bitmap => {
                 let (lo, hi) = self.range.unwrap_or((0, 0));
                 let range = hi - lo + 1;
@@ -531,7 +540,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             let want = select_cpu(op, &build, &probe);
             let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
             let strategies: &[GpuStrategy] =
-                if range < (1 << 24) { &[GpuStrategy::Hash, GpuStrategy::Bitmap] } else { &[GpuStrategy::Hash] };
+                if range < (1 << 24) { &[GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] } else { &[GpuStrategy::Hash, GpuStrategy::Sort] };
             for &s in strategies {
                 let got = select_gpu(gpu, s, op, &build, &probe, &mut TransferStats::default())?;
                 if !same_multiset_selection(op, &probe, &want, &got) {
@@ -649,7 +658,7 @@ mod tests {
             }
             for op in OPS {
                 let want = reference(op, &build, &probe);
-                for s in [GpuStrategy::Hash, GpuStrategy::Bitmap] {
+                for s in [GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] {
                     let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
                     if s == GpuStrategy::Bitmap && range >= BITMAP_MAX_RANGE {
                         continue;

@@ -173,7 +173,7 @@ pub async fn run() -> Result<()> {
         let build: Vec<u64> = (0..nk as u64).map(|i| (i * 2654435761) % 20_000_000).collect();
         let probe: Vec<u64> = (0..nk as u64).map(|i| (i * 40503 + 7) % 20_000_000).collect();
         let mut times = Vec::new();
-        for s in [GpuStrategy::Hash, GpuStrategy::Bitmap] {
+        for s in [GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] {
             let resident = setops::ResidentSelect::upload(&g, &build, &probe, &mut TransferStats::default())?;
             times.clear();
             for _ in 0..10 {

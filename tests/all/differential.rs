@@ -137,7 +137,7 @@ fn random_queries_agree() {
             setup(&cpu, &stmts, &["SET setfusion.strategy = 'cpu'"]).await;
             let mut gpus = Vec::new();
             if gpu {
-                for strategy in ["auto", "hash", "bitmap"] {
+                for strategy in ["auto", "hash", "bitmap", "sort"] {
                     let g = setfusion::context();
                     let set = format!("SET setfusion.strategy = '{strategy}'");
                     setup(&g, &stmts, &["SET setfusion.min_rows = 0", &set]).await;
@@ -173,6 +173,6 @@ fn random_queries_agree() {
                 checked += 1;
             }
         }
-        println!("differential: {checked} random queries agree (cpu backend{})", if gpu { ", gpu auto/hash/bitmap" } else { "" });
+        println!("differential: {checked} random queries agree (cpu backend{})", if gpu { ", gpu auto/hash/bitmap/sort" } else { "" });
     });
 }
