@@ -455,7 +455,7 @@ impl<'a> Plan<'a> {
             };
             index_prefix[b as usize] = alpha.map(|al| b - al + 1).unwrap_or(0);
         }
-        let vocab = r.vocabulary().max(s.vocabulary()) as usize;
+        let vocab = if self_join { r.vocabulary() } else { r.vocabulary().max(s.vocabulary()) } as usize;
         let mut counts = vec![0u32; vocab + 1];
         for p in 0..s.len() {
             let set = s.set(p);
@@ -535,6 +535,10 @@ pub struct JoinStats {
     pub results: u64,
     /// Probe blocks (GPU) or probe chunks (CPU).
     pub blocks: u64,
+    /// Inverted-index entries the probes visited (GPU).
+    pub hits: u64,
+    /// Host time building the length tables and the prefix index.
+    pub plan: std::time::Duration,
     pub transfer: TransferStats,
 }
 
@@ -588,7 +592,23 @@ pub fn ssjoin_cpu_with(
     threads: usize,
     stats: &mut JoinStats,
 ) -> Vec<Pair> {
+    ssjoin_cpu_until(r, s, thr, threads, stats, None).unwrap_or_default()
+}
+
+/// [`ssjoin_cpu_with`] that gives up (None) once `deadline` has passed; the
+/// workers check it between chunks of 64 probes (the benchmark's CPU cap).
+pub fn ssjoin_cpu_until(
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    threads: usize,
+    stats: &mut JoinStats,
+    deadline: Option<Instant>,
+) -> Option<Vec<Pair>> {
+    let expired = std::sync::atomic::AtomicBool::new(false);
+    let started = Instant::now();
     let plan = Plan::new(r, s, thr);
+    stats.plan += started.elapsed();
     let n_s = plan.s.len();
     struct State {
         counts: Vec<u32>,
@@ -615,6 +635,12 @@ pub fn ssjoin_cpu_with(
             alpha: Vec::new(),
         },
         |start, end, st| {
+            if let Some(d) = deadline {
+                if expired.load(Ordering::Relaxed) || Instant::now() >= d {
+                    expired.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
             for x in start..end {
                 let a = r.size(x);
                 let p = plan.tables.probe_prefix[a as usize] as usize;
@@ -671,6 +697,9 @@ pub fn ssjoin_cpu_with(
             }
         },
     );
+    if expired.load(Ordering::Relaxed) {
+        return None;
+    }
     let mut out = Vec::with_capacity(states.iter().map(|s| s.out.len()).sum());
     for st in states {
         stats.candidates += st.candidates;
@@ -678,7 +707,7 @@ pub fn ssjoin_cpu_with(
     }
     stats.results += out.len() as u64;
     stats.blocks += r.len().div_ceil(chunk) as u64;
-    out
+    Some(out)
 }
 
 // ---------------------------------------------------------------------------
@@ -760,22 +789,140 @@ pub fn ssjoin_exact_counter(r: &SetCollection, s: Option<&SetCollection>, thr: T
 // GPU backend
 // ---------------------------------------------------------------------------
 
-/// Largest count matrix (bytes) one probe block uses: bigger buys nothing
-/// once the device is saturated.
-const MAX_MATRIX_BYTES: usize = 4 << 30;
-/// Largest candidate buffer (slots) of one probe block.
-const MAX_CANDIDATES: usize = 1 << 27;
-/// Bytes per candidate slot: the (row, y) key plus an output triple.
-const CANDIDATE_BYTES: usize = 8 + 12;
+/// Threads per CUDA block of `join_probes` (the kernel's SF_BLOCK).
+const JOIN_BLOCK: u32 = 128;
+/// Slots of the shared-memory candidate table of the first pass: 16 bytes
+/// each (key, count, last position, compaction list) = 32 KiB per CUDA block,
+/// under the 48 KiB default, so about six blocks fit an SM. Probes with more
+/// distinct candidates run again with tables in global memory.
+const SHARED_SLOTS: u32 = 2048;
+/// CUDA blocks per SM for the grid-stride loops over probes when the
+/// occupancy query fails (normally the grid is what fits at once, so no
+/// block starts late with a full share of probes).
+const BLOCKS_PER_SM: u32 = 4;
+/// Result triples the output buffer starts with (it grows on overflow).
+const MAX_OUT_START: usize = 1 << 24;
 
-fn cfg_1d(n: usize, threads: u32) -> LaunchConfig {
-    let blocks = n.div_ceil(threads as usize).clamp(1, 1 << 20) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+/// Table slots for a probe with at most `m` distinct candidates (the
+/// kernel's `sf_table_slots`): a power of two >= 1.5 m + 1, at least 32.
+fn table_slots(m: u32) -> usize {
+    let want = m as u64 + (m >> 1) as u64 + 1;
+    want.next_power_of_two().clamp(32, 1 << 31) as usize
+}
+
+/// The device-resident inputs of one join, uploaded as one buffer (one
+/// transfer, one wait) and passed to the kernel as views.
+struct DeviceInputs {
+    buf: crate::gpu::DeviceBuffer<u32>,
+    /// r_off, r_tok, s_off, s_tok, pp, lo, hi, idx_off, idx_sets
+    ranges: [std::ops::Range<usize>; 9],
+}
+
+/// Kernel arguments fixed for the whole join, and one launch of
+/// `join_probes` (the only kernel), so the launch list lives in one place.
+struct JoinKernel<'a> {
+    gpu: &'a Gpu,
+    f: cudarc::driver::CudaFunction,
+    inputs: &'a DeviceInputs,
+    self_join: i32,
+    metric: i32,
+    t: f64,
+    strict: i32,
+    shared_slots: u32,
+}
+
+/// Where one launch takes its probes and candidate tables from.
+enum Probes<'a> {
+    /// Probe positions `first..first + n`, shared-memory tables; probes
+    /// whose table would exceed [`SHARED_SLOTS`] are deferred to `big`.
+    Range { first: u32, n: u32 },
+    /// Probe positions `list[first..first + n]`, global tables at
+    /// `tab + tab_off[first + i]` (4 * slots words each).
+    Listed { list: &'a crate::gpu::DeviceBuffer<u32>, tab: &'a crate::gpu::DeviceBuffer<u32>, tab_off: &'a crate::gpu::DeviceBuffer<u64>, first: u32, n: u32 },
+}
+
+impl JoinKernel<'_> {
+    fn launch(
+        &self,
+        probes: &Probes,
+        big: &crate::gpu::DeviceBuffer<u32>,
+        counters: &crate::gpu::DeviceBuffer<u64>,
+        out: &crate::gpu::DeviceBuffer<u32>,
+        out_cap: u64,
+    ) -> Result<()> {
+        let stream = self.gpu.stream();
+        let v: Vec<_> = self.inputs.ranges.iter().map(|r| self.inputs.buf.slice.slice(r.clone())).collect();
+        let null: u64 = 0;
+        let (first, n, shared) = match probes {
+            Probes::Range { first, n } => (*first, *n, self.shared_slots),
+            Probes::Listed { first, n, .. } => (*first, *n, 0),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let sms = self.gpu.info().multiprocessors.max(1) as u32;
+        let per_sm = self
+            .f
+            .occupancy_max_active_blocks_per_multiprocessor(JOIN_BLOCK, shared as usize * 16, None)
+            .unwrap_or(BLOCKS_PER_SM)
+            .max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(sms * per_sm), 1, 1),
+            block_dim: (JOIN_BLOCK, 1, 1),
+            shared_mem_bytes: shared * 16,
+        };
+        let mut b = stream.launch_builder(&self.f);
+        for view in &v {
+            b.arg(view);
+        }
+        b.arg(&self.self_join).arg(&self.metric).arg(&self.t).arg(&self.strict);
+        match probes {
+            Probes::Range { .. } => b.arg(&null),
+            Probes::Listed { list, .. } => b.arg(&list.slice),
+        };
+        b.arg(&first).arg(&n);
+        match probes {
+            Probes::Range { .. } => b.arg(&null).arg(&null),
+            Probes::Listed { tab, tab_off, .. } => b.arg(&tab.slice).arg(&tab_off.slice),
+        };
+        b.arg(&shared).arg(&big.slice).arg(&counters.slice).arg(&out.slice).arg(&out_cap);
+        // SAFETY: the argument list matches kernels/ssjoin.cu join_probes. The tables cover every probe size and the
+        // index every token; deferred probes (< n per launch) fit `big` (2 words per probe of the join); a listed
+        // probe's region (4 * table_slots(m) words at tab_off) lies inside `tab`; at most out_cap triples are written.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("ssjoin join_probes", e))?;
+        Ok(())
+    }
+}
+
+/// Knobs of the GPU path; tests shrink them to force the deferred-probe,
+/// grouping and output-overflow paths on small inputs.
+#[derive(Debug, Clone, Copy)]
+struct GpuTuning {
+    /// Shared-memory table slots per CUDA block in the first pass.
+    shared_slots: u32,
+    /// Initial output buffer (triples); None: from the budget.
+    out_start: Option<usize>,
+}
+
+const DEFAULT_TUNING: GpuTuning = GpuTuning { shared_slots: SHARED_SLOTS, out_start: None };
+
+/// Device counters: result triples, deferred probes, candidates, index entries.
+fn read_counters(gpu: &Gpu, c: &crate::gpu::DeviceBuffer<u64>, ts: &mut TransferStats) -> Result<[u64; 4]> {
+    let v = gpu.download(c, 4, ts)?;
+    Ok([v[0], v[1], v[2], v[3]])
 }
 
 /// GPU backend (kernels/ssjoin.cu); same contract as [`ssjoin_cpu`]. The
 /// caller holds the device lock and has set the memory budget. Errors
 /// (including "does not fit the budget") are returned, never panicked.
+///
+/// Host <-> device traffic: one upload of the preprocessed collection, the
+/// length tables and the prefix index; one launch over all probes with
+/// shared-memory candidate tables; a read of four counters; the result
+/// triples. Only probes with more distinct candidates than a shared table
+/// holds (skewed data, low thresholds) cost a second round: their list goes
+/// up and they run in groups whose global-memory tables fit the budget,
+/// without a host wait between groups unless the output buffer could fill.
 pub fn ssjoin_gpu(
     gpu: &Gpu,
     r: &SetCollection,
@@ -783,7 +930,20 @@ pub fn ssjoin_gpu(
     thr: Threshold,
     stats: &mut JoinStats,
 ) -> Result<Vec<Pair>> {
+    ssjoin_gpu_tuned(gpu, r, s, thr, stats, DEFAULT_TUNING)
+}
+
+fn ssjoin_gpu_tuned(
+    gpu: &Gpu,
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    stats: &mut JoinStats,
+    tuning: GpuTuning,
+) -> Result<Vec<Pair>> {
+    let started = Instant::now();
     let plan = Plan::new(r, s, thr);
+    stats.plan += started.elapsed();
     let n_r = r.len();
     if n_r == 0 || plan.s.is_empty() || plan.index.sets.is_empty() {
         return Ok(Vec::new());
@@ -793,190 +953,172 @@ pub fn ssjoin_gpu(
     }
     let ts = &mut stats.transfer;
     let stream = gpu.stream().clone();
-    // Device-resident inputs: both collections, the size tables and the index.
-    let d_r_off = gpu.upload(&r.offsets, ts)?;
-    let d_r_tok = gpu.upload(&r.tokens, ts)?;
-    let (d_s_off, d_s_tok) = if plan.self_join {
-        (None, None)
-    } else {
-        (Some(gpu.upload(&plan.s.offsets, ts)?), Some(gpu.upload(&plan.s.tokens, ts)?))
+
+    // Device-resident inputs, one upload.
+    let mut host: Vec<&[u32]> = vec![&r.offsets, &r.tokens];
+    if !plan.self_join {
+        host.extend([plan.s.offsets.as_slice(), plan.s.tokens.as_slice()]);
+    }
+    host.extend([
+        plan.tables.probe_prefix.as_slice(),
+        plan.tables.lo_pos.as_slice(),
+        plan.tables.hi_pos.as_slice(),
+        plan.index.offsets.as_slice(),
+        plan.index.sets.as_slice(),
+    ]);
+    let mut at = 0;
+    let mut bounds: Vec<std::ops::Range<usize>> = host
+        .iter()
+        .map(|h| {
+            at += h.len();
+            at - h.len()..at
+        })
+        .collect();
+    if plan.self_join {
+        // s_off, s_tok are r_off, r_tok.
+        bounds.splice(2..2, [bounds[0].clone(), bounds[1].clone()]);
+    }
+    let ranges: [std::ops::Range<usize>; 9] =
+        bounds.try_into().map_err(|_| DataFusionError::Internal("ssjoin: input layout".into()))?;
+    let inputs = DeviceInputs { buf: gpu.upload_chunks(&host, ts)?, ranges };
+    let kernel = JoinKernel {
+        gpu,
+        f: gpu.function("ssjoin", "join_probes")?,
+        inputs: &inputs,
+        self_join: plan.self_join as i32,
+        metric: thr.metric as i32,
+        t: thr.value,
+        strict: thr.strict as i32,
+        shared_slots: tuning.shared_slots,
     };
-    let s_off = d_s_off.as_ref().unwrap_or(&d_r_off);
-    let s_tok = d_s_tok.as_ref().unwrap_or(&d_r_tok);
-    let d_pp = gpu.upload(&plan.tables.probe_prefix, ts)?;
-    let d_lo = gpu.upload(&plan.tables.lo_pos, ts)?;
-    let d_hi = gpu.upload(&plan.tables.hi_pos, ts)?;
-    let d_idx_off = gpu.upload(&plan.index.offsets, ts)?;
-    let d_idx_sets = gpu.upload(&plan.index.sets, ts)?;
-    let self_join = plan.self_join as i32;
-    let metric = thr.metric as i32;
-    let strict = thr.strict as i32;
-    let t = thr.value;
+    let mut counters = gpu.alloc_zeros::<u64>(4)?;
+    let big = gpu.alloc::<u32>(2 * n_r)?;
+    let avail = |gpu: &Gpu| gpu.budget().available().min(gpu.free_memory().unwrap_or(usize::MAX)) / 10 * 9;
+    let mut out_cap = tuning.out_start.unwrap_or_else(|| (avail(gpu) / 8 / 12).clamp(1024, MAX_OUT_START)).max(1);
+    let mut out = gpu.alloc::<u32>(out_cap * 3)?;
+    let mut result: Vec<Pair> = Vec::new();
+    let mut push = |triples: Vec<u32>| result.extend(triples.chunks_exact(3).map(|c| plan.pair(c[0], c[1], c[2])));
 
-    // 1. Entries each probe visits (an exact bound on its candidates).
-    let d_hits = gpu.alloc::<u32>(n_r)?;
-    let f_hits = gpu.function("ssjoin", "probe_hits")?;
-    let n_r64 = n_r as u64;
-    let started = Instant::now();
-    // SAFETY: argument list matches kernels/ssjoin.cu probe_hits; the tables cover every probe size, hits has n_r slots.
-    unsafe {
-        stream
-            .launch_builder(&f_hits)
-            .arg(&d_r_off.slice)
-            .arg(&d_r_tok.slice)
-            .arg(&n_r64)
-            .arg(&d_pp.slice)
-            .arg(&d_lo.slice)
-            .arg(&d_hi.slice)
-            .arg(&d_idx_off.slice)
-            .arg(&d_idx_sets.slice)
-            .arg(&self_join)
-            .arg(&d_hits.slice)
-            .launch(cfg_1d(n_r, 128))
-    }
-    .map_err(|e| cuda_err("ssjoin probe_hits", e))?;
-    gpu.synchronize()?;
-    ts.kernel += started.elapsed();
-    let hits = gpu.download(&d_hits, n_r, ts)?;
-    drop(d_hits);
-
-    // 2. Size the blocks from what is free now.
-    let free = gpu.free_memory().unwrap_or(usize::MAX);
-    let avail = gpu.budget().available().min(free) / 10 * 9;
-    let max_hits = hits.iter().copied().max().unwrap_or(0) as usize;
-    let total_hits: usize = hits.iter().map(|&h| h as usize).sum();
-    if total_hits == 0 {
-        return Ok(Vec::new());
-    }
-    let cand_cap = (avail / 2 / CANDIDATE_BYTES).min(MAX_CANDIDATES).max(max_hits).min(total_hits).max(1);
-    let matrix_cap = ((avail.saturating_sub(cand_cap * CANDIDATE_BYTES)) / 4).min(MAX_MATRIX_BYTES / 4);
-    let windows: Vec<(u32, u32)> = (0..n_r).map(|x| plan.window(x)).collect();
-    let mut blocks: Vec<(usize, usize, u32, u32)> = Vec::new();
-    let mut x = 0;
-    let mut matrix_need = 0usize;
-    while x < n_r {
-        if hits[x] == 0 {
-            x += 1;
+    // 1. All probes with shared-memory tables. If the results overflow the
+    // output buffer, grow it (or, if the budget says no, halve the range).
+    let mut deferred: Vec<(u32, u32)> = Vec::new();
+    let mut ranges = vec![(0u32, n_r as u32)];
+    while let Some((a, b)) = ranges.pop() {
+        stream.memset_zeros(&mut counters.slice).map_err(|e| cuda_err("memset", e))?;
+        let t = Instant::now();
+        kernel.launch(&Probes::Range { first: a, n: b - a }, &big, &counters, &out, out_cap as u64)?;
+        let c = read_counters(gpu, &counters, ts)?;
+        ts.kernel += t.elapsed();
+        stats.blocks += 1;
+        if c[0] > out_cap as u64 {
+            let need = usize::try_from(c[0]).unwrap_or(usize::MAX);
+            drop(out);
+            match gpu.alloc::<u32>(need.saturating_mul(3)) {
+                Ok(o) => {
+                    out = o;
+                    out_cap = need;
+                    ranges.push((a, b));
+                }
+                Err(_) if b - a > 1 => {
+                    out = gpu.alloc::<u32>(out_cap * 3)?;
+                    let mid = a + (b - a) / 2;
+                    ranges.extend([(mid, b), (a, mid)]);
+                }
+                Err(e) => return Err(e),
+            }
             continue;
         }
-        let start = x;
-        let (mut wlo, mut whi) = windows[x];
-        let mut sum = 0usize;
-        while x < n_r {
-            let h = hits[x] as usize;
-            let (nlo, nhi) = if h == 0 { (wlo, whi) } else { (wlo.min(windows[x].0), whi.max(windows[x].1)) };
-            let rows = x - start + 1;
-            if rows > 1 && (sum + h > cand_cap || rows * (nhi - nlo) as usize > matrix_cap) {
-                break;
-            }
-            (wlo, whi, sum) = (nlo, nhi, sum + h);
-            x += 1;
+        stats.candidates += c[2];
+        stats.hits += c[3];
+        if c[0] > 0 {
+            push(gpu.download(&out, c[0] as usize * 3, ts)?);
         }
-        let need = (x - start) * (whi - wlo) as usize;
-        if need > matrix_cap || sum > cand_cap {
+        if c[1] > 0 {
+            let list = gpu.download(&big, c[1] as usize * 2, ts)?;
+            deferred.extend(list.chunks_exact(2).map(|p| (p[0], p[1])));
+        }
+    }
+
+    // 2. Probes with many candidates: global-memory tables, in groups whose
+    // tables fit the scratch buffer and whose results (at most their distinct
+    // candidates) fit the output buffer, so no group can overflow it.
+    if !deferred.is_empty() {
+        deferred.sort_unstable();
+        let words: Vec<usize> = deferred.iter().map(|&(_, m)| 4 * table_slots(m)).collect();
+        let total_words: usize = words.iter().sum();
+        let largest = words.iter().copied().max().unwrap_or(0);
+        let list_host: Vec<u32> = deferred.iter().map(|&(x, _)| x).collect();
+        let list = gpu.upload(&list_host, ts)?;
+        // A group is at least one probe: the output must hold its bound.
+        let largest_bound = deferred.iter().map(|&(_, m)| m as usize).max().unwrap_or(0);
+        if largest_bound > out_cap {
+            drop(out);
+            out = gpu.alloc::<u32>(largest_bound * 3)?;
+            out_cap = largest_bound;
+        }
+        let scratch_words = total_words.min(avail(gpu).saturating_sub(deferred.len() * 8) / 4);
+        if largest > scratch_words {
             return Err(DataFusionError::ResourcesExhausted(format!(
-                "setfusion GPU: device memory budget exceeded: similarity join probe set needs {} bytes of counters and {} candidate slots, {} bytes available",
-                need * 4,
-                sum,
-                avail
+                "setfusion GPU: device memory budget exceeded: similarity join probe needs a {} byte candidate table, {} bytes available",
+                largest * 4,
+                scratch_words * 4
             )));
         }
-        matrix_need = matrix_need.max(need);
-        blocks.push((start, x, wlo, whi));
-    }
-    let counts = gpu.alloc_zeros::<u32>(matrix_need)?;
-    let cand = gpu.alloc::<u64>(cand_cap)?;
-    let out = gpu.alloc::<u32>(cand_cap * 3)?;
-    let mut cand_count = gpu.alloc_zeros::<u32>(1)?;
-    let mut out_count = gpu.alloc_zeros::<u32>(1)?;
-    let f_count = gpu.function("ssjoin", "count_block")?;
-    let f_verify = gpu.function("ssjoin", "verify_block")?;
-    let cand_cap64 = cand_cap as u64;
-    let sms = gpu.info().multiprocessors.max(1) as u32;
-
-    // 3. Per block: count, verify, download the matching triples.
-    let mut result = Vec::new();
-    for &(p0, p1, wlo, whi) in &blocks {
-        let nprobe = (p1 - p0) as u32;
-        let p0u = p0 as u32;
-        let width = (whi - wlo) as u64;
-        stream.memset_zeros(&mut cand_count.slice).map_err(|e| cuda_err("memset", e))?;
-        let started = Instant::now();
-        let grid = nprobe.min(sms * 64);
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argument list matches count_block; every (row, y) it touches is inside the block's window, so
-        // row * width + (y - wlo) < nprobe * width <= counts.len(); candidate writes are bounded by cand_cap.
-        unsafe {
-            stream
-                .launch_builder(&f_count)
-                .arg(&d_r_off.slice)
-                .arg(&d_r_tok.slice)
-                .arg(&p0u)
-                .arg(&nprobe)
-                .arg(&d_pp.slice)
-                .arg(&d_lo.slice)
-                .arg(&d_hi.slice)
-                .arg(&d_idx_off.slice)
-                .arg(&d_idx_sets.slice)
-                .arg(&self_join)
-                .arg(&wlo)
-                .arg(&width)
-                .arg(&counts.slice)
-                .arg(&cand.slice)
-                .arg(&cand_count.slice)
-                .arg(&cand_cap64)
-                .launch(cfg)
+        let mut groups: Vec<(usize, usize, u64)> = Vec::new(); // (first, end, distinct bound)
+        let mut offsets = Vec::with_capacity(deferred.len());
+        let (mut g0, mut used, mut bound) = (0usize, 0usize, 0u64);
+        for (i, &w) in words.iter().enumerate() {
+            let m = deferred[i].1 as u64;
+            if i > g0 && (used + w > scratch_words || bound + m > out_cap as u64) {
+                groups.push((g0, i, bound));
+                (g0, used, bound) = (i, 0, 0);
+            }
+            offsets.push(used as u64);
+            used += w;
+            bound += m;
         }
-        .map_err(|e| cuda_err("ssjoin count_block", e))?;
-        gpu.synchronize()?;
-        ts.kernel += started.elapsed();
-        let nc = gpu.read_one(&cand_count, 0, ts)? as usize;
-        stats.blocks += 1;
-        if nc == 0 {
-            continue;
+        groups.push((g0, words.len(), bound));
+        let tab_off = gpu.upload(&offsets, ts)?;
+        let tab = gpu.alloc::<u32>(scratch_words)?;
+        stream.memset_zeros(&mut counters.slice).map_err(|e| cuda_err("memset", e))?;
+        let mut pending = 0u64; // bound on the triples in `out` not yet downloaded
+        let t = Instant::now();
+        for &(first, end, gbound) in &groups {
+            if pending + gbound > out_cap as u64 {
+                drain(gpu, &out, &mut counters, ts, (&mut stats.candidates, &mut stats.hits), &mut push)?;
+                pending = 0;
+            }
+            let probes =
+                Probes::Listed { list: &list, tab: &tab, tab_off: &tab_off, first: first as u32, n: (end - first) as u32 };
+            kernel.launch(&probes, &big, &counters, &out, out_cap as u64)?;
+            pending += gbound;
+            stats.blocks += 1;
         }
-        if nc > cand_cap {
-            return Err(DataFusionError::Internal(format!("ssjoin: {nc} candidates > capacity {cand_cap}")));
-        }
-        stats.candidates += nc as u64;
-        let nc32 = nc as u32;
-        stream.memset_zeros(&mut out_count.slice).map_err(|e| cuda_err("memset", e))?;
-        let started = Instant::now();
-        // SAFETY: argument list matches verify_block; it reads nc candidates, resets their counters and writes at
-        // most nc <= cand_cap triples into out (3 * cand_cap slots).
-        unsafe {
-            stream
-                .launch_builder(&f_verify)
-                .arg(&cand.slice)
-                .arg(&nc32)
-                .arg(&p0u)
-                .arg(&wlo)
-                .arg(&width)
-                .arg(&counts.slice)
-                .arg(&d_r_off.slice)
-                .arg(&d_r_tok.slice)
-                .arg(&s_off.slice)
-                .arg(&s_tok.slice)
-                .arg(&metric)
-                .arg(&t)
-                .arg(&strict)
-                .arg(&out.slice)
-                .arg(&out_count.slice)
-                .arg(&cand_cap64)
-                .launch(cfg_1d(nc, 256))
-        }
-        .map_err(|e| cuda_err("ssjoin verify_block", e))?;
-        gpu.synchronize()?;
-        ts.kernel += started.elapsed();
-        let no = gpu.read_one(&out_count, 0, ts)? as usize;
-        if no == 0 {
-            continue;
-        }
-        let triples = gpu.download(&out, no * 3, ts)?;
-        result.extend(triples.chunks_exact(3).map(|c| plan.pair(c[0], c[1], c[2])));
+        drain(gpu, &out, &mut counters, ts, (&mut stats.candidates, &mut stats.hits), &mut push)?;
+        ts.kernel += t.elapsed();
     }
     stats.results += result.len() as u64;
     Ok(result)
+}
+
+/// Wait for the launches so far, take their result triples and counts, and
+/// zero the counters for the next launches.
+fn drain(
+    gpu: &Gpu,
+    out: &crate::gpu::DeviceBuffer<u32>,
+    counters: &mut crate::gpu::DeviceBuffer<u64>,
+    ts: &mut TransferStats,
+    (candidates, hits): (&mut u64, &mut u64),
+    push: &mut dyn FnMut(Vec<u32>),
+) -> Result<()> {
+    let c = read_counters(gpu, counters, ts)?;
+    *candidates += c[2];
+    *hits += c[3];
+    if c[0] > 0 {
+        push(gpu.download(out, c[0] as usize * 3, ts)?);
+    }
+    gpu.stream().memset_zeros(&mut counters.slice).map_err(|e| cuda_err("memset", e))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1146,6 +1288,35 @@ mod tests {
                     assert_eq!(sorted(got), want, "{name} r-s {thr:?} limit {limit}");
                 }
             }
+        }
+        // Tiny shared tables (nearly every probe deferred to global tables, in
+        // many groups) and a one-triple output buffer (overflow: grow, drain).
+        g.budget().set_limit(1 << 20);
+        for (name, a, b) in collections() {
+            let (r, s) = preprocess(&a, Some(&b));
+            let (rs, _) = preprocess(&a, None);
+            for shared_slots in [32, 64] {
+                let tuning = GpuTuning { shared_slots, out_start: Some(1) };
+                for thr in thresholds() {
+                    let want = sorted(ssjoin_brute_force(&rs, None, thr));
+                    let got = ssjoin_gpu_tuned(&g, &rs, None, thr, &mut JoinStats::default(), tuning).unwrap();
+                    assert_eq!(sorted(got), want, "{name} self {thr:?} tuned {tuning:?}");
+                    let want = sorted(ssjoin_brute_force(&r, s.as_ref(), thr));
+                    let got = ssjoin_gpu_tuned(&g, &r, s.as_ref(), thr, &mut JoinStats::default(), tuning).unwrap();
+                    assert_eq!(sorted(got), want, "{name} r-s {thr:?} tuned {tuning:?}");
+                }
+            }
+        }
+        // Sets longer than one segment chunk (128 prefix tokens), few of them.
+        let long = uniform(60, 400, 390, 12);
+        let (lr, _) = preprocess(&long, None);
+        for t in [0.05, 0.2, 0.5] {
+            let thr = Threshold::new(Metric::Jaccard, t);
+            let want = sorted(ssjoin_brute_force(&lr, None, thr));
+            assert_eq!(sorted(ssjoin_gpu(&g, &lr, None, thr, &mut JoinStats::default()).unwrap()), want, "long t={t}");
+            let tuning = GpuTuning { shared_slots: 32, out_start: Some(1) };
+            let got = ssjoin_gpu_tuned(&g, &lr, None, thr, &mut JoinStats::default(), tuning).unwrap();
+            assert_eq!(sorted(got), want, "long tuned t={t}");
         }
         // A larger skewed self join streamed through many small blocks.
         g.budget().set_limit(4 << 20);

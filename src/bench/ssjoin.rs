@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! cargo bench --bench ssjoin -- [--out FILE] [--quick] [--reps N] [--no-nlj]
+//!     [--collections dblp,uniform,zipf] [--sets 100000,1000000]
+//!     [--thresholds 0.5,0.6,0.7,0.8,0.9] [--cpu-timeout-s S] [--no-cpu]
 //! ```
 //! (or `SSJOIN_BENCH_OUT=FILE`). Datasets: DBLP 18k titles as lower-cased
 //! 3-gram sets (../shared/data/dblp_t_18k.txt), and generated UNIFORM and
@@ -12,7 +14,11 @@
 //! answers). Tokens are renumbered by ascending frequency by the shared
 //! preprocessing, which is timed separately. Jaccard thresholds 0.5..0.9.
 //! Each backend: median of `--reps` runs (default 3; 1 when a run takes
-//! more than 60 s); results are checked equal. `--quick`: 100k sets only.
+//! more than 10 s); results are checked equal. `--quick`: 100k sets only.
+//! `--collections` / `--sets` / `--thresholds` pick what runs (the DBLP
+//! collection ignores `--sets`). `--cpu-timeout-s S` stops a CPU-backend run
+//! after S seconds and reports it as not finished (the GPU result is then
+//! unchecked); `--no-cpu` skips the CPU backend.
 //! DataFusion's own nested-loop plan (setfusion disabled) and the SQL
 //! similarity join run on the first 4,000 sets of the smallest collection
 //! (DBLP; `SSJOIN_BENCH_NLJ_SETS` changes it) at 0.9.
@@ -23,34 +29,69 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use crate::algo::ssjoin::{
-    default_threads, preprocess, ssjoin_cpu_with, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
+    default_threads, preprocess, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
 
 struct Args {
     out: Option<String>,
-    quick: bool,
     reps: usize,
     nlj: bool,
+    collections: Vec<String>,
+    sets: Vec<usize>,
+    thresholds: Vec<f64>,
+    cpu_timeout: Option<Duration>,
+    cpu: bool,
+}
+
+/// A comma-separated list; entries that do not parse are reported and dropped.
+fn list<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Vec<T> {
+    v.map(|s| {
+        s.split(',')
+            .filter(|x| !x.trim().is_empty())
+            .filter_map(|x| {
+                let p = x.trim().parse().ok();
+                if p.is_none() {
+                    eprintln!("{flag}: ignoring {x:?}");
+                }
+                p
+            })
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 fn args(v: Vec<String>) -> Args {
-    let mut a = Args { out: std::env::var("SSJOIN_BENCH_OUT").ok(), quick: false, reps: 3, nlj: true };
+    let mut a = Args {
+        out: std::env::var("SSJOIN_BENCH_OUT").ok(),
+        reps: 3,
+        nlj: true,
+        collections: vec!["dblp".into(), "uniform".into(), "zipf".into()],
+        sets: vec![100_000, 1_000_000],
+        thresholds: vec![0.5, 0.6, 0.7, 0.8, 0.9],
+        cpu_timeout: None,
+        cpu: true,
+    };
     let mut i = 0;
     while i < v.len() {
+        let next = v.get(i + 1);
+        let mut takes = true;
         match v[i].as_str() {
-            "--out" => {
-                a.out = v.get(i + 1).cloned();
-                i += 1;
+            "--out" => a.out = next.cloned(),
+            "--quick" => (a.sets, takes) = (vec![100_000], false),
+            "--no-nlj" => (a.nlj, takes) = (false, false),
+            "--no-cpu" => (a.cpu, takes) = (false, false),
+            "--reps" => a.reps = next.and_then(|x| x.parse().ok()).unwrap_or(3).max(1),
+            "--collections" => a.collections = list::<String>("--collections", next).into_iter().map(|c| c.to_lowercase()).collect(),
+            "--sets" => a.sets = list("--sets", next),
+            "--thresholds" => {
+                a.thresholds = list::<f64>("--thresholds", next).into_iter().filter(|t| *t > 0.0 && *t <= 1.0).collect()
             }
-            "--quick" => a.quick = true,
-            "--no-nlj" => a.nlj = false,
-            "--reps" => {
-                a.reps = v.get(i + 1).and_then(|x| x.parse().ok()).unwrap_or(3).max(1);
-                i += 1;
+            "--cpu-timeout-s" => {
+                a.cpu_timeout = next.and_then(|x| x.parse::<f64>().ok()).filter(|s| *s > 0.0).map(Duration::from_secs_f64)
             }
-            _ => {} // cargo bench passes --bench
+            _ => takes = false, // cargo bench passes --bench
         }
-        i += 1;
+        i += if takes { 2 } else { 1 };
     }
     a
 }
@@ -128,20 +169,21 @@ fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e3)
 }
 
-/// Run `f` up to `reps` times (once if a run takes more than 60 s).
-fn timed(reps: usize, mut f: impl FnMut() -> Vec<Pair>) -> (Duration, Vec<Pair>) {
+/// Run `f` up to `reps` times (once if a run takes more than 10 s); None
+/// when a run did not finish (`f` returned None).
+fn timed(reps: usize, mut f: impl FnMut() -> Option<Vec<Pair>>) -> Option<(Duration, Vec<Pair>)> {
     let mut times = vec![];
     let mut out = vec![];
     for _ in 0..reps {
         let t = Instant::now();
-        out = f();
+        out = f()?;
         let e = t.elapsed();
         times.push(e);
-        if e > Duration::from_secs(60) {
+        if e > Duration::from_secs(10) {
             break;
         }
     }
-    (median(times), out)
+    Some((median(times), out))
 }
 
 fn sorted(mut v: Vec<Pair>) -> Vec<Pair> {
@@ -158,21 +200,39 @@ pub fn run(argv: Vec<String>) {
         Ok(g) => g.info().name.clone(),
         Err(e) => format!("none ({e})"),
     };
-    let mut datasets: Vec<(String, RawSets)> = vec![];
-    if let Some(d) = dblp() {
-        datasets.push(("DBLP-18k 3-grams".into(), d));
-    } else {
-        eprintln!("dblp_t_18k.txt not found: skipping DBLP");
+    let want = |c: &str| args.collections.iter().any(|x| x == c);
+    // Collections are generated lazily, one at a time (1M sets take ~1 GB each).
+    let mut datasets: Vec<(String, Box<dyn Fn() -> Option<RawSets>>)> = vec![];
+    if want("dblp") {
+        datasets.push(("DBLP-18k 3-grams".into(), Box::new(|| {
+            let d = dblp();
+            if d.is_none() {
+                eprintln!("dblp_t_18k.txt not found: skipping DBLP");
+            }
+            d
+        })));
     }
-    let sizes: &[usize] = if args.quick { &[100_000] } else { &[100_000, 1_000_000] };
-    for &n in sizes {
-        datasets.push((format!("UNIFORM-{}k", n / 1000), generate(n, false, 11 + n as u64)));
-        datasets.push((format!("ZIPF-{}k", n / 1000), generate(n, true, 13 + n as u64)));
+    for &n in &args.sets {
+        let label = if n % 1000 == 0 { format!("{}k", n / 1000) } else { n.to_string() };
+        if want("uniform") {
+            datasets.push((format!("UNIFORM-{label}"), Box::new(move || Some(generate(n, false, 11 + n as u64)))));
+        }
+        if want("zipf") {
+            datasets.push((format!("ZIPF-{label}"), Box::new(move || Some(generate(n, true, 13 + n as u64)))));
+        }
     }
+    let cpu_note = match (args.cpu, args.cpu_timeout) {
+        (false, _) => " The CPU backend was not run (--no-cpu).".to_string(),
+        (true, Some(d)) => format!(" CPU runs are stopped after {} s (\"stopped\": not finished; the GPU pairs are then unchecked).", d.as_secs_f64()),
+        (true, None) => String::new(),
+    };
     let mut md = String::new();
     md += &format!(
-        "# Set-similarity join benchmark (Jaccard self join)\n\nGPU: {device}; CPU backend: {threads} threads; median of {} run(s) per cell (1 when a run exceeds 60 s). Times in ms, excluding the shared preprocessing (shown per dataset).\n\n",
+        "# Set-similarity join benchmark (Jaccard self join)\n\nGPU: {device}; CPU backend: {threads} threads; median of {} run(s) per cell (1 when a run exceeds 10 s). Times in ms, excluding the shared preprocessing (shown per dataset).{cpu_note}\n\n",
         args.reps
+    );
+    let mut breakdown = String::from(
+        "\n## GPU time breakdown (last run of each cell)\n\nplan: host length tables + prefix index; upload: one transfer of collection + index; kernel: launches until their results are counted; download: counters + result triples.\n\n| dataset | t | GPU ms | plan ms | upload ms | kernel ms | download ms | index entries visited | launches |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     md += "| dataset | sets | avg size | preprocess ms | t | pairs | CPU ms | GPU ms | GPU speedup | CPU candidates | GPU candidates | GPU blocks |\n";
     md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
@@ -182,63 +242,99 @@ pub fn run(argv: Vec<String>) {
         let _l = g.lock_blocking();
         let _ = ssjoin_gpu(g, &c, None, Threshold::new(Metric::Jaccard, 0.5), &mut JoinStats::default());
     }
-    for (name, raw) in &datasets {
+    let mut smallest: Option<(String, RawSets)> = None;
+    for (name, make) in &datasets {
+        let Some(raw) = make() else { continue };
         let t = Instant::now();
-        let (c, _): (SetCollection, _) = preprocess(raw, None);
+        let (c, _): (SetCollection, _) = preprocess(&raw, None);
         let prep = t.elapsed();
         let avg = c.tokens.len() as f64 / c.len().max(1) as f64;
-        for t in [0.5, 0.6, 0.7, 0.8, 0.9] {
+        for &t in &args.thresholds {
             let thr = Threshold::new(Metric::Jaccard, t);
             let mut cst = JoinStats::default();
-            let (cpu_t, cpu_out) = timed(args.reps, || {
-                cst = JoinStats::default();
-                ssjoin_cpu_with(&c, None, thr, threads, &mut cst)
-            });
-            let cpu_out = sorted(cpu_out);
+            let cpu = if args.cpu {
+                timed(args.reps, || {
+                    cst = JoinStats::default();
+                    ssjoin_cpu_until(&c, None, thr, threads, &mut cst, args.cpu_timeout.map(|d| Instant::now() + d))
+                })
+            } else {
+                None
+            };
+            let cpu_cell = match (&cpu, args.cpu, args.cpu_timeout) {
+                (Some((d, _)), _, _) => ms(*d),
+                (None, false, _) => "not run".to_string(),
+                (None, true, Some(d)) => format!("stopped at {} s", d.as_secs_f64()),
+                (None, true, None) => "not run".to_string(),
+            };
+            let cpu_out = cpu.as_ref().map(|(_, o)| sorted(o.clone()));
+            let mut pairs = cpu_out.as_ref().map(|o| o.len().to_string()).unwrap_or_else(|| "-".into());
             let (gpu_cell, speed, gcand, gblocks) = match &gpu {
                 Ok(g) => {
                     let mut gst = JoinStats::default();
                     let mut err = None;
-                    let (gpu_t, gpu_out) = timed(args.reps, || {
+                    let run = timed(args.reps, || {
                         let _l = g.lock_blocking();
                         gst = JoinStats::default();
                         match ssjoin_gpu(g, &c, None, thr, &mut gst) {
-                            Ok(v) => v,
+                            Ok(v) => Some(v),
                             Err(e) => {
                                 err = Some(e.to_string());
-                                vec![]
+                                None
                             }
                         }
                     });
-                    if let Some(e) = err {
-                        (format!("error: {e}"), "-".into(), "-".into(), "-".into())
-                    } else {
-                        let ok = sorted(gpu_out) == cpu_out;
-                        let cell = if ok { ms(gpu_t) } else { format!("{} (MISMATCH)", ms(gpu_t)) };
-                        (
-                            cell,
-                            format!("{:.1}x", cpu_t.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9)),
-                            gst.candidates.to_string(),
-                            gst.blocks.to_string(),
-                        )
+                    match (run, err) {
+                        (Some((gpu_t, gpu_out)), None) => {
+                            let gpu_out = sorted(gpu_out);
+                            let cell = match &cpu_out {
+                                Some(o) if *o == gpu_out => ms(gpu_t),
+                                Some(_) => format!("{} (MISMATCH)", ms(gpu_t)),
+                                None => {
+                                    pairs = format!("{} (GPU, unchecked)", gpu_out.len());
+                                    ms(gpu_t)
+                                }
+                            };
+                            let speed = match (&cpu, args.cpu_timeout) {
+                                (Some((cpu_t, _)), _) => format!("{:.1}x", cpu_t.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9)),
+                                (None, Some(d)) if args.cpu => format!("> {:.1}x", d.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9)),
+                                _ => "-".into(),
+                            };
+                            let tr = &gst.transfer;
+                            breakdown += &format!(
+                                "| {name} | {t} | {} | {} | {} | {} | {} | {} | {} |\n",
+                                ms(gpu_t),
+                                ms(gst.plan),
+                                ms(tr.to_device),
+                                ms(tr.kernel),
+                                ms(tr.to_host),
+                                gst.hits,
+                                gst.blocks
+                            );
+                            (cell, speed, gst.candidates.to_string(), gst.blocks.to_string())
+                        }
+                        (_, e) => (format!("error: {}", e.unwrap_or_default()), "-".into(), "-".into(), "-".into()),
                     }
                 }
                 Err(_) => ("-".into(), "-".into(), "-".into(), "-".into()),
             };
+            let cpu_cand = if cpu.is_some() { cst.candidates.to_string() } else { "-".into() };
             let row = format!(
-                "| {name} | {} | {avg:.1} | {} | {t} | {} | {} | {gpu_cell} | {speed} | {} | {gcand} | {gblocks} |\n",
+                "| {name} | {} | {avg:.1} | {} | {t} | {pairs} | {cpu_cell} | {gpu_cell} | {speed} | {cpu_cand} | {gcand} | {gblocks} |\n",
                 c.len(),
                 ms(prep),
-                cpu_out.len(),
-                ms(cpu_t),
-                cst.candidates
             );
             print!("{row}");
             md += &row;
         }
+        if smallest.as_ref().is_none_or(|(_, s)| raw.len() < s.len()) {
+            smallest = Some((name.clone(), raw));
+        }
+    }
+    if gpu.is_ok() {
+        md += &breakdown;
     }
     if args.nlj {
-        if let Some((name, raw)) = datasets.first() {
+        if let Some((name, raw)) = &smallest {
             // The nested loop is quadratic (18k DBLP sets took 517 s on 2 cores):
             // run it on the first NLJ_SETS sets of the smallest collection.
             let n = std::env::var("SSJOIN_BENCH_NLJ_SETS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000usize).min(raw.len());

@@ -60,6 +60,8 @@ pub struct SimilarityJoinExec {
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     ran: Arc<Mutex<Option<String>>>,
+    /// Why the planner chose the GPU (the CPU reason lives in `Backend::Cpu`).
+    choice_note: Option<String>,
 }
 
 impl SimilarityJoinExec {
@@ -101,7 +103,14 @@ impl SimilarityJoinExec {
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             ran: Arc::new(Mutex::new(None)),
+            choice_note: None,
         })
+    }
+
+    /// The planner's reason for a GPU choice, shown in EXPLAIN.
+    pub fn with_choice_note(mut self, note: Option<String>) -> Self {
+        self.choice_note = note;
+        self
     }
 
     pub fn threshold(&self) -> Threshold {
@@ -127,7 +136,10 @@ impl DisplayAs for SimilarityJoinExec {
             write!(f, ", filter={}", r.expression())?;
         }
         match &self.backend {
-            Backend::Gpu(_) => write!(f, ", backend=gpu")?,
+            Backend::Gpu(_) => match &self.choice_note {
+                Some(note) => write!(f, ", backend=gpu, reason=\"{note}\"")?,
+                None => write!(f, ", backend=gpu")?,
+            },
             Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
         }
         if let Some(p) = &self.projection {
@@ -186,7 +198,8 @@ impl ExecutionPlan for SimilarityJoinExec {
             self.residual.clone(),
             self.projection.clone(),
             self.backend.clone(),
-        )?))
+        )?
+        .with_choice_note(self.choice_note.clone())))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {

@@ -1,28 +1,39 @@
-//! Physical rule: an inner `NestedLoopJoinExec` whose filter has a conjunct
-//! `metric(l, r) >= t` / `> t` (also written `t <= metric(l, r)`, and with the
-//! arguments on either side) -> [`SimilarityJoinExec`].
+//! Physical rule: an inner `NestedLoopJoinExec` or `HashJoinExec` whose
+//! filter has a conjunct `metric(l, r) >= t` / `> t` (also written
+//! `t <= metric(l, r)`, and with the arguments on either side) ->
+//! [`SimilarityJoinExec`]. A hash join's equality keys (`l.k = r.k`, or
+//! `IS NOT DISTINCT FROM` for null-equal keys) join the other filter conjuncts
+//! in the operator's residual filter, applied to the candidate pairs; when the
+//! hash join's output was hash-partitioned, a `RepartitionExec` with the same
+//! partitioning is put on top so parents that relied on it still get it
+//! (this rule runs after distribution enforcement). A hash join that declares
+//! an output ordering or a fetch limit is left alone.
 //!
 //! `metric` is one of `jaccard`, `dice`, `set_cosine`, `overlap` (possibly
 //! under a cast, as for `overlap(a, b) >= 1.5`), `t` a literal, and each
 //! argument must read columns of one input only, the two arguments opposite
 //! inputs. The other conjuncts become the operator's residual filter. A
 //! threshold outside (0, 1] (jaccard, dice, set_cosine) or below 1 (overlap)
-//! is a planning error. Joins not of this form keep DataFusion's plan (a join
-//! with equality keys is already a hash join and is left alone).
+//! is a planning error. Joins not of this form keep DataFusion's plan.
+//!
+//! Backend choice ([`cost_model`]): GPU unless the CPU prefix-filter join is
+//! expected to be faster, from the threshold and the estimated input rows.
 
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{JoinSide, JoinType, ScalarValue};
+use datafusion::common::{JoinSide, JoinType, NullEquality, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
 use datafusion::physical_expr::{conjunction_opt, split_conjunction, PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::joins::utils::JoinFilter;
-use datafusion::physical_plan::joins::NestedLoopJoinExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
+use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use crate::algo::ssjoin::{Metric, Threshold};
 use crate::config::{SetfusionConfig, Strategy};
@@ -130,42 +141,126 @@ fn find(conjuncts: &[&Arc<dyn PhysicalExpr>], filter: &JoinFilter) -> Result<Opt
     Ok(None)
 }
 
+/// The parts of a join the rule needs, from either join operator.
+struct JoinParts<'a> {
+    left: &'a Arc<dyn ExecutionPlan>,
+    right: &'a Arc<dyn ExecutionPlan>,
+    filter: &'a JoinFilter,
+    /// Equality keys (hash join), over the left / right input schemas.
+    on: &'a [(Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>)],
+    null_equal: bool,
+    projection: Option<Vec<usize>>,
+}
+
+/// `rest` plus `l = r` for every equality key, as one filter over an
+/// intermediate schema extended with the key columns.
+fn residual_filter(
+    rest: Vec<Arc<dyn PhysicalExpr>>,
+    parts: &JoinParts,
+) -> Result<Option<JoinFilter>> {
+    let filter = parts.filter;
+    let mut fields: Vec<Field> = filter.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut indices: Vec<ColumnIndex> = filter.column_indices().to_vec();
+    let mut conjuncts = rest;
+    for (l, r) in parts.on {
+        let mut map = |e: &Arc<dyn PhysicalExpr>, side: JoinSide, input: &Arc<dyn ExecutionPlan>| -> Result<Arc<dyn PhysicalExpr>> {
+            let schema = input.schema();
+            e.clone()
+                .transform(|n| {
+                    let Some(c) = n.downcast_ref::<Column>() else { return Ok(Transformed::no(n)) };
+                    let at = match indices.iter().position(|ci| ci.side == side && ci.index == c.index()) {
+                        Some(at) => at,
+                        None => {
+                            let f = schema.field(c.index());
+                            // Unique names: Column evaluates by index, the name is for display.
+                            fields.push(Field::new(format!("{}#sfkey{}", f.name(), fields.len()), f.data_type().clone(), f.is_nullable()));
+                            indices.push(ColumnIndex { index: c.index(), side });
+                            indices.len() - 1
+                        }
+                    };
+                    Ok(Transformed::yes(Arc::new(Column::new(fields[at].name(), at)) as Arc<dyn PhysicalExpr>))
+                })
+                .map(|t| t.data)
+        };
+        let (l, r) = (map(l, JoinSide::Left, parts.left)?, map(r, JoinSide::Right, parts.right)?);
+        let op = if parts.null_equal { Operator::IsNotDistinctFrom } else { Operator::Eq };
+        conjuncts.push(Arc::new(BinaryExpr::new(l, op, r)));
+    }
+    Ok(conjunction_opt(conjuncts).map(|e| JoinFilter::new(e, indices, Arc::new(Schema::new(fields)))))
+}
+
 impl SimilarityJoinRule {
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
-        let Some(j) = plan.downcast_ref::<NestedLoopJoinExec>() else { return Ok(Transformed::no(plan)) };
-        if *j.join_type() != JoinType::Inner {
+        let parts = if let Some(j) = plan.downcast_ref::<NestedLoopJoinExec>() {
+            if *j.join_type() != JoinType::Inner {
+                return Ok(Transformed::no(plan));
+            }
+            let Some(filter) = j.filter() else { return Ok(Transformed::no(plan)) };
+            JoinParts {
+                left: j.left(),
+                right: j.right(),
+                filter,
+                on: &[],
+                null_equal: false,
+                projection: j.projection().as_ref().map(|p| p.iter().copied().collect()),
+            }
+        } else if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+            if *j.join_type() != JoinType::Inner
+                || j.null_aware
+                || j.fetch().is_some()
+                || j.properties().output_ordering().is_some()
+            {
+                return Ok(Transformed::no(plan));
+            }
+            let Some(filter) = j.filter() else { return Ok(Transformed::no(plan)) };
+            JoinParts {
+                left: j.left(),
+                right: j.right(),
+                filter,
+                on: j.on(),
+                null_equal: j.null_equality() == NullEquality::NullEqualsNull,
+                projection: j.projection.as_ref().map(|p| p.iter().copied().collect()),
+            }
+        } else {
             return Ok(Transformed::no(plan));
-        }
-        let Some(filter) = j.filter() else { return Ok(Transformed::no(plan)) };
+        };
+        let filter = parts.filter;
         let conjuncts = split_conjunction(filter.expression());
         let Some(found) = find(&conjuncts, filter)? else { return Ok(Transformed::no(plan)) };
         let rest: Vec<Arc<dyn PhysicalExpr>> =
             conjuncts.iter().enumerate().filter(|(i, _)| *i != found.index).map(|(_, c)| (*c).clone()).collect();
-        let residual = conjunction_opt(rest)
-            .map(|e| JoinFilter::new(e, filter.column_indices().to_vec(), filter.schema().clone()));
-        let left_set = to_side(&found.left_arg, filter, j.left())?;
-        let right_set = to_side(&found.right_arg, filter, j.right())?;
-        let rows = super::estimated_input_rows(j.left(), j.right());
-        let backend = match super::choose_backend(cfg, rows, &[]) {
-            Backend::Gpu(Strategy::Auto) if cpu_is_faster(&found.threshold) => Backend::Cpu(format!(
-                "{} >= {} is a high threshold: the CPU prefix-filter join is faster there (BENCHMARKS.md)",
-                found.threshold.metric.name(),
-                found.threshold.value
-            )),
-            b => b,
+        let residual = residual_filter(rest, &parts)?;
+        let left_set = to_side(&found.left_arg, filter, parts.left)?;
+        let right_set = to_side(&found.right_arg, filter, parts.right)?;
+        let rows = super::estimated_input_rows(parts.left, parts.right);
+        let pairs = super::estimated_rows(parts.left)
+            .zip(super::estimated_rows(parts.right))
+            .map(|(l, r)| l as f64 * r as f64);
+        let (backend, note) = match super::choose_backend(cfg, rows, &[]) {
+            Backend::Gpu(Strategy::Auto) => match cost_model(&found.threshold, pairs, cfg.min_rows > 0) {
+                Choice::Cpu(why) => (Backend::Cpu(why), None),
+                Choice::Gpu(why) => (Backend::Gpu(Strategy::Auto), Some(why)),
+            },
+            b => (b, None),
         };
-        let projection = j.projection().as_ref().map(|p| p.iter().copied().collect());
         let exec = SimilarityJoinExec::try_new(
-            j.left().clone(),
-            j.right().clone(),
+            parts.left.clone(),
+            parts.right.clone(),
             left_set,
             right_set,
             found.threshold,
             residual,
-            projection,
+            parts.projection.clone(),
             backend,
-        )?;
-        Ok(Transformed::yes(Arc::new(exec)))
+        )?
+        .with_choice_note(note);
+        let exec: Arc<dyn ExecutionPlan> = Arc::new(exec);
+        // Keep a hash join's output partitioning for the parents planned on it.
+        let exec = match plan.output_partitioning() {
+            p @ Partitioning::Hash(_, n) if *n > 1 => Arc::new(RepartitionExec::try_new(exec, p.clone())?),
+            _ => exec,
+        };
+        Ok(Transformed::yes(exec))
     }
 }
 
@@ -181,17 +276,112 @@ impl PhysicalOptimizerRule for SimilarityJoinRule {
     }
 }
 
-/// Measured on the H100 (BENCHMARKS.md): at high thresholds prefix filtering
-/// leaves the CPU so few candidates that the GPU's fixed costs dominate.
-/// Thresholds are compared in Jaccard terms (dice d = 2j / (1 + j); cosine is
-/// at least dice, so the dice bound is used for it too).
-fn cpu_is_faster(t: &crate::algo::ssjoin::Threshold) -> bool {
-    use crate::algo::ssjoin::Metric;
-    const JACCARD_CPU_FROM: f64 = 0.7;
-    let dice_from = 2.0 * JACCARD_CPU_FROM / (1.0 + JACCARD_CPU_FROM);
+/// The backend the cost model picks, with the reason shown in EXPLAIN.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    Gpu(String),
+    Cpu(String),
+}
+
+/// Below this many estimated pairs (|left| x |right|, about 5k x 5k sets)
+/// the GPU's fixed cost (uploads, launches, a few syncs) exceeds the whole
+/// CPU join: the SQL run on 4,000 DBLP sets took 24.9 ms on the CPU backend
+/// and 30.6 ms with the GPU (BENCHMARKS.md section 2).
+const MIN_GPU_PAIRS: f64 = 2.5e7;
+/// Jaccard threshold from which the CPU backend was faster on the measured
+/// 18k- and 100k-set collections (BENCHMARKS.md section 2: GPU 2.0x / 1.4x /
+/// 0.8x at 0.7 on DBLP / UNIFORM / ZIPF, 0.8x / 0.8x / 0.5x at 0.8).
+const JACCARD_CROSSOVER: f64 = 0.7;
+/// Pairs of the largest measured collection (100k x 100k sets).
+const CALIBRATED_PAIRS: f64 = 1e10;
+
+/// The Jaccard threshold with the same prefix-filter selectivity: dice
+/// d = 2j / (1 + j), so j = d / (2 - d); cosine is at least dice, so the dice
+/// bound is used for it too. Overlap (an absolute count) has none.
+fn jaccard_equivalent(t: &Threshold) -> Option<f64> {
     match t.metric {
-        Metric::Jaccard => t.value >= JACCARD_CPU_FROM,
-        Metric::Dice | Metric::Cosine => t.value >= dice_from,
-        Metric::Overlap => false,
+        Metric::Jaccard => Some(t.value),
+        Metric::Dice | Metric::Cosine => Some(t.value / (2.0 - t.value)),
+        Metric::Overlap => None,
+    }
+}
+
+/// The planning-time cost model, from what the rule knows: the metric and
+/// threshold, and the estimated input rows (`pairs` = |left| x |right|, None
+/// when either estimate is missing); the sets' sizes are not known before
+/// execution. Calibrated on the H100 measurements in BENCHMARKS.md section 2
+/// (GPU vs 16-thread CPU backend, Jaccard self joins of 18k and 100k sets):
+///
+/// * fewer than [`MIN_GPU_PAIRS`] estimated pairs: CPU (`size_floor`;
+///   off when `setfusion.min_rows = 0` asks for the GPU at any size);
+/// * otherwise CPU iff the Jaccard-equivalent threshold is at least the
+///   crossover, 0.7 up to 100k x 100k pairs. CPU work grows with the pairs
+///   and halved with every +0.1 of threshold in the measurements, while the
+///   GPU's fixed cost does not grow with them, so beyond the measured size the
+///   crossover moves up by 0.1 per doubling of the pairs (an extrapolation:
+///   1M-set collections were not measured when this was written);
+/// * overlap joins: GPU (no threshold scale to compare).
+pub fn cost_model(t: &Threshold, pairs: Option<f64>, size_floor: bool) -> Choice {
+    let size = match pairs {
+        Some(p) => format!("~{p:.1e} estimated pairs"),
+        None => "unknown input size".to_string(),
+    };
+    if let (Some(p), true) = (pairs, size_floor) {
+        if p < MIN_GPU_PAIRS {
+            return Choice::Cpu(format!(
+                "cost model: {size} < {MIN_GPU_PAIRS:.1e}: the GPU's fixed cost exceeds the CPU join"
+            ));
+        }
+    }
+    let Some(tj) = jaccard_equivalent(t) else {
+        return Choice::Gpu(format!("cost model: overlap join, {size}"));
+    };
+    let crossover = match pairs {
+        Some(p) if p > CALIBRATED_PAIRS => JACCARD_CROSSOVER + 0.1 * (p / CALIBRATED_PAIRS).log2(),
+        _ => JACCARD_CROSSOVER,
+    };
+    let what = if t.metric == Metric::Jaccard {
+        format!("jaccard {}", t.value)
+    } else {
+        format!("{} {} (jaccard-equivalent {tj:.3})", t.metric.name(), t.value)
+    };
+    if tj >= crossover {
+        Choice::Cpu(format!(
+            "cost model: {what} >= crossover {crossover:.2} at {size}: the CPU prefix-filter join is faster there (BENCHMARKS.md)"
+        ))
+    } else {
+        Choice::Gpu(format!("cost model: {what} < crossover {crossover:.2} at {size}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(c: Choice) -> bool {
+        matches!(c, Choice::Cpu(_))
+    }
+
+    #[test]
+    fn cost_model_follows_the_measurements() {
+        let j = |t| Threshold::new(Metric::Jaccard, t);
+        // Unknown size: the measured crossover.
+        assert!(!cpu(cost_model(&j(0.6), None, true)));
+        assert!(cpu(cost_model(&j(0.7), None, true)));
+        // 18k and 100k self joins: GPU up to 0.6, CPU from 0.7... as measured (0.7 on DBLP was a 2.0x GPU win).
+        for n in [18_000f64, 100_000.0] {
+            assert!(!cpu(cost_model(&j(0.5), Some(n * n), true)));
+            assert!(!cpu(cost_model(&j(0.6), Some(n * n), true)));
+            assert!(cpu(cost_model(&j(0.8), Some(n * n), true)));
+        }
+        // Tiny inputs: CPU at any threshold, unless setfusion.min_rows = 0.
+        assert!(cpu(cost_model(&j(0.3), Some(1000.0 * 1000.0), true)));
+        assert!(!cpu(cost_model(&j(0.3), Some(1000.0 * 1000.0), false)));
+        // 1M x 1M: the crossover passes 1.0 (extrapolated).
+        assert!(!cpu(cost_model(&j(0.9), Some(1e12), true)));
+        // Dice / cosine compare in Jaccard terms; overlap goes to the GPU.
+        assert!(cpu(cost_model(&Threshold::new(Metric::Dice, 0.85), None, true)));
+        assert!(!cpu(cost_model(&Threshold::new(Metric::Cosine, 0.8), None, true)));
+        assert!(!cpu(cost_model(&Threshold::new(Metric::Overlap, 3.0), Some(1e9), true)));
     }
 }

@@ -225,3 +225,59 @@ fn sql_similarity_join_plan_and_results() {
         assert!(err.contains("threshold must be in (0, 1]"), "{err}");
     });
 }
+
+/// A hash join with a similarity conjunct (equality keys + jaccard) becomes a
+/// SimilarityJoinExec whose residual filter applies the keys; the answer is
+/// DataFusion's own (setfusion disabled).
+#[test]
+fn sql_similarity_join_with_equality_keys() {
+    let use_gpu = gpu().is_some();
+    block_on(move || async move {
+        let ctx = setfusion::context();
+        ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
+        if !use_gpu {
+            ctx.sql("SET setfusion.strategy = 'cpu'").await.unwrap().collect().await.unwrap();
+        }
+        let mut rng = StdRng::seed_from_u64(17);
+        let rows: Vec<String> = (0..300)
+            .map(|i| {
+                let k = rng.random_range(0..10);
+                let v: Vec<String> = (0..k).map(|_| rng.random_range(0..30).to_string()).collect();
+                let cat = match rng.random_range(0..4) {
+                    0 => "NULL".to_string(),
+                    c => format!("'c{c}'"),
+                };
+                format!("({i}, {cat}, {}, [{}])", rng.random_range(0..3), v.join(", "))
+            })
+            .collect();
+        ctx.sql(&format!("CREATE TABLE t(id INT, cat VARCHAR, g INT, s INT[]) AS VALUES {}", rows.join(", ")))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let queries = [
+            "SELECT a.id, b.id FROM t a JOIN t b ON a.cat = b.cat AND jaccard(a.s, b.s) >= 0.4 AND a.id < b.id ORDER BY 1, 2",
+            "SELECT a.id, b.id FROM t a JOIN t b ON a.cat = b.cat AND a.g = b.g AND dice(a.s, b.s) > 0.5 ORDER BY 1, 2",
+            "SELECT a.id, b.id, a.cat FROM t a JOIN t b ON a.cat = b.cat AND overlap(a.s, b.s) >= 2 ORDER BY 1, 2",
+            "SELECT count(*) FROM t a JOIN t b ON a.g + 1 = b.g AND jaccard(a.s, b.s) >= 0.3",
+        ];
+        let mut got = Vec::new();
+        for q in queries {
+            let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+            if !plan.contains("SimilarityJoinExec") {
+                panic!("no SimilarityJoinExec for {q}:\n{plan}");
+            }
+            assert!(!plan.contains("HashJoinExec"), "{q}\n{plan}");
+            got.push(sql_rows(&ctx, q).await);
+        }
+        ctx.sql("SET setfusion.enabled = false").await.unwrap().collect().await.unwrap();
+        for (q, got) in queries.iter().zip(got) {
+            let plain = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+            assert!(plain.contains("HashJoinExec"), "{q}\n{plain}");
+            let want = sql_rows(&ctx, q).await;
+            assert_eq!(got, want, "{q}");
+            assert!(want.len() > 4, "{q}: expected some rows");
+        }
+    });
+}
