@@ -50,6 +50,7 @@ struct Run {
     time: Duration,
     rows: usize,
     transfer_ns: usize,
+    staging_ns: usize,
     kernel_ns: usize,
     bytes: usize,
 }
@@ -69,6 +70,7 @@ async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
         time,
         rows,
         transfer_ns: metric(&plan, "transfer_time"),
+        staging_ns: metric(&plan, "staging_copy_time"),
         kernel_ns: metric(&plan, "kernel_time"),
         bytes: metric(&plan, "bytes_to_device") + metric(&plan, "bytes_to_host"),
     })
@@ -86,7 +88,7 @@ pub async fn run() -> Result<()> {
     };
     writeln!(report, "## Set operations and semi/anti joins: {n} x {n} BIGINT rows, in memory").unwrap();
     writeln!(report, "\nDevice: {gpu_line}; host: {threads} threads; median of {runs} warm runs, cold = first run.\n").unwrap();
-    writeln!(report, "| query | result rows | DataFusion warm ms | DataFusion cold ms | setfusion warm ms | setfusion cold ms | speedup (warm) | transfer ms | kernel ms | bytes moved |").unwrap();
+    writeln!(report, "| query | result rows | DataFusion warm ms | DataFusion cold ms | setfusion warm ms | setfusion cold ms | speedup (warm) | transfer ms (host packing) | kernel ms | bytes moved |").unwrap();
     writeln!(report, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
 
     let t = Instant::now();
@@ -113,7 +115,7 @@ pub async fn run() -> Result<()> {
         let last = sf_runs.last().unwrap();
         let agree = if df_runs[0].rows == last.rows || name.ends_with("ALL") { "" } else { " (differs from DataFusion!)" };
         let line = format!(
-            "| {name} | {}{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}x | {:.1} | {:.1} | {:.2} GB |",
+            "| {name} | {}{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}x | {:.1} ({:.1}) | {:.1} | {:.2} GB |",
             last.rows,
             if name.ends_with("ALL") { format!(" (DataFusion: {})", df_runs[0].rows) } else { agree.to_string() },
             ms(df_warm),
@@ -122,6 +124,7 @@ pub async fn run() -> Result<()> {
             ms(sf_cold),
             df_warm.as_secs_f64() / sf_warm.as_secs_f64(),
             last.transfer_ns as f64 / 1e6,
+            last.staging_ns as f64 / 1e6,
             last.kernel_ns as f64 / 1e6,
             last.bytes as f64 / 1e9
         );

@@ -13,6 +13,8 @@ pub struct DeviceMetrics {
     bytes_to_device: Count,
     bytes_to_host: Count,
     transfer_time: Time,
+    /// Of transfer_time: host copies / packing into pinned staging.
+    staging_copy_time: Time,
     kernel_time: Time,
 }
 
@@ -23,6 +25,7 @@ impl DeviceMetrics {
             bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
             bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
             transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
+            staging_copy_time: MetricBuilder::new(m).subset_time("staging_copy_time", 0),
             kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
         }
     }
@@ -32,6 +35,7 @@ impl DeviceMetrics {
         self.bytes_to_device.add(s.bytes_to_device);
         self.bytes_to_host.add(s.bytes_to_host);
         self.transfer_time.add_duration(s.to_device + s.to_host);
+        self.staging_copy_time.add_duration(s.staging_copy);
         self.kernel_time.add_duration(s.kernel);
     }
 }
