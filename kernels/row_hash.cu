@@ -1,3 +1,179 @@
-// Row hashing and exact verification of hashed keys on the device. Work in progress.
+// Row hashing and exact verification of hashed keys on the device.
+//
+// Keys that are not one fixed-width column arrive as Arrow row-format bytes:
+// row i of a side is data[offsets[i] .. offsets[i + 1]). Each row becomes one
+// 64-bit hash, bit-identical to `keys::hash_bytes` (src/keys.rs, its CPU twin),
+// so the hash-table kernels can select on it. A hash is only a candidate
+// match: `verify_insert` + `verify_check` then prove that equal hashes always
+// mean equal bytes, over both sides together, and raise a flag otherwise (the
+// host then recomputes that operator exactly, so no collision changes a result).
+//
+// One thread per row: rows are short (typically 8-100 bytes) and the hash is
+// a sequential chain over 8-byte chunks, so a warp per row would idle most
+// lanes. Adjacent threads read adjacent rows, which keeps loads mostly
+// coalesced. Bytes are read as aligned 64-bit words and shifted into place
+// (unaligned 8-byte loads fault on the device); the host pads every data
+// buffer to a multiple of 8 bytes plus one zeroed word, so the word after the
+// last data byte may always be read.
 #include "common.cuh"
-extern "C" __global__ void row_hash_placeholder(u64* x) {}
+
+#define RH_EMPTY 0xffffffffffffffffULL
+#define RH_NO_ROW 0xffffffffu
+#define RH_K 0x9E3779B97F4A7C15ULL
+
+__device__ __forceinline__ u64 rh_rotl(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// The 8 bytes at byte position `pos` of a padded, 8-aligned buffer, little-endian.
+__device__ __forceinline__ u64 rh_load8(const u64* __restrict__ words, u64 pos) {
+    u64 w = pos >> 3;
+    unsigned sh = (unsigned)(pos & 7) * 8;
+    u64 lo = words[w];
+    if (sh == 0) return lo;
+    return (lo >> sh) | (words[w + 1] << (64 - sh));
+}
+
+// keys::hash_bytes over data[start .. start + len).
+__device__ __forceinline__ u64 rh_hash_row(const u64* __restrict__ words, u64 start, u64 len) {
+    u64 h = (len * RH_K) ^ 0x243F6A8885A308D3ULL;
+    u64 end = start + len;
+    u64 pos = start;
+    unsigned sh = (unsigned)(start & 7) * 8;
+    if (len >= 8) {
+        // Rolling window: every full chunk needs one new aligned word. `cur`
+        // holds the word containing `pos`; the word after it contains byte
+        // pos + 7 < end when sh != 0, and is the next chunk's word otherwise,
+        // so it is read in bounds in both cases.
+        u64 w = pos >> 3;
+        u64 cur = words[w];
+        while (pos + 8 <= end) {
+            u64 next = words[w + 1];
+            u64 v = sh == 0 ? cur : (cur >> sh) | (next << (64 - sh));
+            h = rh_rotl((h ^ v) * RH_K, 29);
+            cur = next;
+            ++w;
+            pos += 8;
+        }
+    }
+    u64 r = end - pos;  // 0..7 tail bytes, zero-padded like the CPU twin
+    u64 tail = 0;
+    if (r) tail = rh_load8(words, pos) & (~0ULL >> (64 - 8 * r));
+    h = (h ^ tail) * RH_K;
+    h ^= h >> 32;
+    h *= 0xD6E8FEB86659FD93ULL;
+    return h ^ (h >> 32);
+}
+
+template <typename O>
+__device__ __forceinline__ void rh_hash_rows(const O* __restrict__ offsets, const u64* __restrict__ words, u64 n,
+                                             u64* __restrict__ out) {
+    SF_FOR(i, n) {
+        u64 s = (u64)offsets[i];
+        u64 e = (u64)offsets[i + 1];
+        out[i] = rh_hash_row(words, s, e - s);
+    }
+}
+
+// One hash per row. offsets: n + 1 entries; words: the padded data bytes.
+extern "C" __global__ void hash_rows_u32(const u32* offsets, const u64* words, u64 n, u64* out) {
+    rh_hash_rows(offsets, words, n, out);
+}
+extern "C" __global__ void hash_rows_u64(const u64* offsets, const u64* words, u64 n, u64* out) {
+    rh_hash_rows(offsets, words, n, out);
+}
+
+// ---- Verification ---------------------------------------------------------
+// Open addressing on the 64-bit hash (capacity a power of two, at least twice
+// the rows, so probing always ends). keys: cap + 1 entries set to RH_EMPTY;
+// reps: cap + 1 entries set to RH_NO_ROW. The all-ones hash (the empty
+// marker) uses the extra slot `cap` = mask + 1, whose key word is unused.
+// Row g of the combined input is build row g for g < nb, else probe row g - nb.
+
+__device__ __forceinline__ u64 rh_slot_insert(u64* keys, u64 mask, u64 h) {
+    if (h == RH_EMPTY) return mask + 1;
+    u64 s = sf_mix64(h) & mask;
+    while (true) {
+        u64 cur = keys[s];
+        if (cur == h) return s;
+        if (cur == RH_EMPTY) {
+            u64 prev = atomicCAS(&keys[s], RH_EMPTY, h);
+            if (prev == RH_EMPTY || prev == h) return s;
+        }
+        s = (s + 1) & mask;
+    }
+}
+
+// The slot of an inserted hash; ~0 if absent (cannot happen after verify_insert).
+__device__ __forceinline__ u64 rh_slot_find(const u64* keys, u64 mask, u64 h) {
+    if (h == RH_EMPTY) return mask + 1;
+    u64 s = sf_mix64(h) & mask;
+    while (true) {
+        u64 cur = keys[s];
+        if (cur == h) return s;
+        if (cur == RH_EMPTY) return RH_EMPTY;
+        s = (s + 1) & mask;
+    }
+}
+
+// Pass 1: every row's hash gets a slot; the slot's representative is the
+// smallest row index with that hash (deterministic, independent of timing).
+extern "C" __global__ void verify_insert(const u64* bh, u64 nb, const u64* ph, u64 np, u64* keys, u32* reps, u64 mask) {
+    SF_FOR(g, nb + np) {
+        u64 h = g < nb ? bh[g] : ph[g - nb];
+        u64 s = rh_slot_insert(keys, mask, h);
+        atomicMin(&reps[s], (u32)g);
+    }
+}
+
+// Do two rows hold the same bytes?
+__device__ __forceinline__ bool rh_rows_equal(const u64* __restrict__ wa, u64 sa, const u64* __restrict__ wb, u64 sb, u64 len) {
+    u64 i = 0;
+    for (; i + 8 <= len; i += 8)
+        if (rh_load8(wa, sa + i) != rh_load8(wb, sb + i)) return false;
+    u64 r = len - i;
+    if (r == 0) return true;
+    u64 m = ~0ULL >> (64 - 8 * r);
+    return ((rh_load8(wa, sa + i) ^ rh_load8(wb, sb + i)) & m) == 0;
+}
+
+// Pass 2 (a separate launch, so every representative is final): each row
+// that is not its hash's representative compares its bytes with it. Any
+// difference is a collision: *flag = 1. Rows stop early once it is set.
+template <typename O>
+__device__ __forceinline__ void rh_verify_check(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
+                                                const u32* reps, u64 mask, const O* b_off, const u64* b_words,
+                                                const O* p_off, const u64* p_words, u32* flag) {
+    SF_FOR(g, nb + np) {
+        if (*(volatile u32*)flag) return;
+        bool build = g < nb;
+        u64 h = build ? bh[g] : ph[g - nb];
+        u64 s = rh_slot_find(keys, mask, h);
+        if (s == RH_EMPTY) { *flag = 1; return; }  // impossible; fail safe (exact recompute)
+        u64 r = reps[s];
+        if (r == g) continue;
+        u64 i = build ? g : g - nb;
+        const u64* wa = build ? b_words : p_words;
+        u64 sa = build ? (u64)b_off[i] : (u64)p_off[i];
+        u64 la = (build ? (u64)b_off[i + 1] : (u64)p_off[i + 1]) - sa;
+        bool rb = r < nb;
+        u64 j = rb ? r : r - nb;
+        const u64* wb = rb ? b_words : p_words;
+        u64 sb = rb ? (u64)b_off[j] : (u64)p_off[j];
+        u64 lb = (rb ? (u64)b_off[j + 1] : (u64)p_off[j + 1]) - sb;
+        if (la != lb || !rh_rows_equal(wa, sa, wb, sb, la)) { *flag = 1; return; }
+    }
+}
+
+extern "C" __global__ void verify_check_u32(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys, const u32* reps,
+                                            u64 mask, const u32* b_off, const u64* b_words, const u32* p_off,
+                                            const u64* p_words, u32* flag) {
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask, b_off, b_words, p_off, p_words, flag);
+}
+extern "C" __global__ void verify_check_u64(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys, const u32* reps,
+                                            u64 mask, const u64* b_off, const u64* b_words, const u64* p_off,
+                                            const u64* p_words, u32* flag) {
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask, b_off, b_words, p_off, p_words, flag);
+}
+
+// Fill n words of a buffer with a value (the table's empty markers).
+extern "C" __global__ void fill_u64(u64* x, u64 n, u64 v) { SF_FOR(i, n) x[i] = v; }
+extern "C" __global__ void fill_u32(u32* x, u64 n, u32 v) { SF_FOR(i, n) x[i] = v; }

@@ -4,8 +4,9 @@
 //! keys are equal iff the SQL values are equal). Everything else (composite
 //! keys, strings, binary, decimal wider than 18 digits) becomes a 64-bit hash
 //! of Arrow's row encoding; those keys are *candidates* and every match is
-//! verified on the exact row bytes (see [`KeyColumns::verify_or_exact`]), so a
-//! hash collision can never change a result.
+//! verified on the exact row bytes (see [`verify_or_exact`], and its device
+//! counterpart in [`crate::algo::row_hash`]), so a hash collision can never
+//! change a result.
 //!
 //! SQL equality on floats: -0.0 = 0.0, and every NaN equals every NaN
 //! (DataFusion's grouping semantics); values are normalised before encoding.
@@ -59,6 +60,8 @@ pub fn is_exact(types: &[DataType]) -> bool {
 pub struct KeyColumns {
     /// One key per row (value or hash), in chunks read back to back. Exact
     /// 64-bit integer columns are borrowed from the Arrow buffers (no copy).
+    /// Empty for hash-encoded keys whose hashing was deferred (see
+    /// [`KeyColumns::hashes_deferred`]): the device hashes them itself.
     pub chunks: Vec<ScalarBuffer<u64>>,
     /// Rows where some key column is NULL (None: no NULLs).
     pub nulls: Option<NullBuffer>,
@@ -68,7 +71,15 @@ pub struct KeyColumns {
 
 impl KeyColumns {
     pub fn len(&self) -> usize {
-        self.chunks.iter().map(|c| c.len()).sum()
+        match &self.rows {
+            Some(r) => r.num_rows(),
+            None => self.chunks.iter().map(|c| c.len()).sum(),
+        }
+    }
+    /// Hash-encoded keys that were not hashed on the host: `chunks` is empty
+    /// and the hashes must be computed from `rows` ([`hash_rows`] or the device).
+    pub fn hashes_deferred(&self) -> bool {
+        self.rows.is_some() && self.chunks.is_empty()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -91,8 +102,15 @@ impl KeyColumns {
 
 /// Encode key columns given per batch (`batches[b][c]`: key column c of batch b;
 /// all batches have the same types). `converter` must be shared by both sides of
-/// an operator so their row bytes are comparable.
-pub fn encode(batches: &[Vec<ArrayRef>], types: &[DataType], converter: Option<&RowConverter>) -> Result<KeyColumns> {
+/// an operator so their row bytes are comparable. With `host_hashes == false`,
+/// hash-encoded keys keep only their row bytes (the GPU backend hashes them on
+/// the device; see [`KeyColumns::hashes_deferred`]).
+pub fn encode(
+    batches: &[Vec<ArrayRef>],
+    types: &[DataType],
+    converter: Option<&RowConverter>,
+    host_hashes: bool,
+) -> Result<KeyColumns> {
     // NULL rows over all batches (a row is NULL if any key column is).
     let any_nulls = batches.iter().flatten().any(|c| c.logical_null_count() > 0);
     let nulls = if any_nulls {
@@ -125,8 +143,8 @@ pub fn encode(batches: &[Vec<ArrayRef>], types: &[DataType], converter: Option<&
         .collect::<Result<_>>()?;
     let normalized: Vec<ArrayRef> = columns.iter().map(normalize_floats).collect::<Result<_>>()?;
     let rows = converter.convert_columns(&normalized)?;
-    let keys: Vec<u64> = (0..rows.num_rows()).map(|i| hash_bytes(rows.row(i).as_ref())).collect();
-    Ok(KeyColumns { chunks: vec![ScalarBuffer::from(keys)], nulls, rows: Some(rows) })
+    let chunks = if host_hashes { vec![ScalarBuffer::from(hash_rows(RowSubset::all(&rows)))] } else { Vec::new() };
+    Ok(KeyColumns { chunks, nulls, rows: Some(rows) })
 }
 
 /// A row converter for these key types (None when the keys are exact).
@@ -241,33 +259,100 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// Some rows of a [`Rows`]: all of them, or those at `idx` (e.g. the non-NULL
+/// keys), in that order. Lets verification and the device read a subset
+/// without copying it into a new `Rows`.
+#[derive(Clone, Copy)]
+pub struct RowSubset<'a> {
+    rows: &'a Rows,
+    idx: Option<&'a [u32]>,
+}
+
+impl<'a> RowSubset<'a> {
+    pub fn all(rows: &'a Rows) -> Self {
+        Self { rows, idx: None }
+    }
+    /// `idx` must index `rows` (checked once here, so reads never panic later).
+    pub fn new(rows: &'a Rows, idx: Option<&'a [u32]>) -> Result<Self> {
+        if let Some(ix) = idx {
+            if ix.iter().any(|&i| i as usize >= rows.num_rows()) {
+                return Err(DataFusionError::Internal("row subset index out of range".into()));
+            }
+        }
+        Ok(Self { rows, idx })
+    }
+    pub fn len(&self) -> usize {
+        self.idx.map_or(self.rows.num_rows(), |ix| ix.len())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes of the subset's row `j` (`j < len()`).
+    pub fn row(&self, j: usize) -> &'a [u8] {
+        let i = self.idx.map_or(j, |ix| ix[j] as usize);
+        self.rows.row(i).data()
+    }
+    /// Every row's bytes, in order.
+    pub fn iter(self) -> impl Iterator<Item = &'a [u8]> {
+        (0..self.len()).map(move |j| self.row(j))
+    }
+    /// Total bytes of the subset's rows.
+    pub fn data_len(&self) -> usize {
+        match self.idx {
+            None => self.rows.lengths().sum(),
+            Some(ix) => ix.iter().map(|&i| self.rows.row_len(i as usize)).sum(),
+        }
+    }
+}
+
+/// Host hashes of rows ([`hash_bytes`] of each row's bytes).
+pub fn hash_rows(rows: RowSubset<'_>) -> Vec<u64> {
+    rows.iter().map(hash_bytes).collect()
+}
+
 /// For hash-encoded keys: check that equal hashes always mean equal rows
 /// across both sides. Returns `None` if the hashes are collision-free (the
 /// device result stands), or exact dense ids for both sides if a collision
-/// was found (the caller recomputes with them).
+/// was found (the caller recomputes with them). Deferred hashes are computed here.
 pub fn verify_or_exact(build: &KeyColumns, probe: &KeyColumns) -> Option<(Vec<u64>, Vec<u64>)> {
     let (Some(br), Some(pr)) = (&build.rows, &probe.rows) else { return None };
-    let mut rep: HashMap<u64, (bool, usize)> = HashMap::with_capacity(build.len() + probe.len());
-    let row = |side: bool, i: usize| if side { br.row(i) } else { pr.row(i) };
-    let mut collision = false;
-    'outer: for (side, kc) in [(true, build), (false, probe)] {
-        for (i, k) in kc.iter().enumerate() {
-            let (s, j) = *rep.entry(k).or_insert((side, i));
-            if row(s, j) != row(side, i) {
+    let hashes = |k: &KeyColumns, r| if k.hashes_deferred() { hash_rows(RowSubset::all(r)) } else { k.iter().collect() };
+    let (bh, ph) = (hashes(build, br), hashes(probe, pr));
+    verify_rows_or_exact(RowSubset::all(br), &bh, RowSubset::all(pr), &ph)
+}
+
+/// [`verify_or_exact`] over row subsets and their hashes (`hashes[j]` is the hash of row `j`).
+pub fn verify_rows_or_exact<'a>(
+    build: RowSubset<'a>,
+    build_hashes: &[u64],
+    probe: RowSubset<'a>,
+    probe_hashes: &[u64],
+) -> Option<(Vec<u64>, Vec<u64>)> {
+    let mut rep: HashMap<u64, &'a [u8]> = HashMap::with_capacity(build.len() + probe.len());
+    let mut collision = build_hashes.len() != build.len() || probe_hashes.len() != probe.len();
+    'outer: for (rows, hashes) in [(build, build_hashes), (probe, probe_hashes)] {
+        if collision {
+            break;
+        }
+        for (j, &k) in hashes.iter().enumerate() {
+            let r = rows.row(j);
+            if *rep.entry(k).or_insert(r) != r {
                 collision = true;
                 break 'outer;
             }
         }
     }
-    if !collision {
-        return None;
-    }
-    let mut ids: HashMap<Vec<u8>, u64> = HashMap::new();
-    let mut id_of = |r: &[u8]| {
+    collision.then(|| exact_ids(build, probe))
+}
+
+/// Exact dense ids of both sides' rows: equal ids iff equal row bytes.
+pub fn exact_ids<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> (Vec<u64>, Vec<u64>) {
+    let mut ids: HashMap<&'a [u8], u64> = HashMap::with_capacity(build.len() + probe.len());
+    let mut id_of = |r: &'a [u8]| {
         let n = ids.len() as u64;
-        *ids.entry(r.to_vec()).or_insert(n)
+        *ids.entry(r).or_insert(n)
     };
-    let b = (0..build.len()).map(|i| id_of(br.row(i).as_ref())).collect();
-    let p = (0..probe.len()).map(|i| id_of(pr.row(i).as_ref())).collect();
-    Some((b, p))
+    let b = build.iter().map(&mut id_of).collect();
+    let p = probe.iter().map(&mut id_of).collect();
+    (b, p)
 }

@@ -33,11 +33,12 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
+use crate::algo::row_hash;
 use crate::algo::setops::{self, GpuStrategy, SetOp};
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
-use crate::keys::{self, KeyColumns};
+use crate::keys::{self, KeyColumns, RowSubset};
 
 /// Where the selection runs, decided at planning time.
 #[derive(Debug, Clone, PartialEq)]
@@ -356,8 +357,10 @@ impl Run {
                 .map(|cols| coerce_like(cols, &types))
                 .collect::<Result<Vec<_>>>()?;
             let converter = keys::converter_for(&types)?;
-            let mut keep_k = keys::encode(&keep_cols, &types, converter.as_ref())?;
-            let mut other_k = keys::encode(&other_cols, &types, converter.as_ref())?;
+            // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
+            let host_hashes = !matches!(self.backend, Backend::Gpu(_));
+            let mut keep_k = keys::encode(&keep_cols, &types, converter.as_ref(), host_hashes)?;
+            let mut other_k = keys::encode(&other_cols, &types, converter.as_ref(), host_hashes)?;
             if self.nulls == NullMode::Equal && converter.is_some() {
                 // Row-encoded keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
                 keep_k.nulls = None;
@@ -388,20 +391,7 @@ impl Run {
             (keep.null_count() > 0).then(|| (0..n as u32).filter(|i| !keep.is_null(*i as usize)).collect());
         let other_idx: Option<Vec<u32>> =
             (other.null_count() > 0).then(|| (0..other.len() as u32).filter(|i| !other.is_null(*i as usize)).collect());
-        // Non-NULL keys only; without NULLs the chunks are used as they are (no copy).
-        let compact = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> Option<Vec<u64>> {
-            idx.as_ref().map(|_| k.iter().enumerate().filter(|(i, _)| !k.is_null(*i)).map(|(_, v)| v).collect())
-        };
-        let (kk_owned, ok_owned) = (compact(keep, &keep_idx), compact(other, &other_idx));
-        let kk: Vec<&[u64]> = match &kk_owned {
-            Some(v) => vec![v.as_slice()],
-            None => keep.slices(),
-        };
-        let ok: Vec<&[u64]> = match &ok_owned {
-            Some(v) => vec![v.as_slice()],
-            None => other.slices(),
-        };
-        let (mut core, ran) = self.select_keys(cfg, &kk, &ok, keep, other, &keep_idx, &other_idx)?;
+        let (mut core, ran) = self.select_keys(cfg, keep, other, &keep_idx, &other_idx)?;
         let Some(keep_idx) = keep_idx else {
             return Ok((core, ran));
         };
@@ -440,51 +430,62 @@ impl Run {
         Ok((core, ran))
     }
 
-    /// The keyed core: choose backend and strategy, run, verify hashed keys.
-    #[allow(clippy::too_many_arguments)]
+    /// The keyed core over the non-NULL keys (`*_idx`: their rows, None = all):
+    /// choose backend and strategy, run, verify hashed keys.
     fn select_keys(
         &self,
         cfg: &SetfusionConfig,
-        kk: &[&[u64]],
-        ok: &[&[u64]],
         keep: &KeyColumns,
         other: &KeyColumns,
         keep_idx: &Option<Vec<u32>>,
         other_idx: &Option<Vec<u32>>,
     ) -> Result<(BooleanBuffer, String)> {
-        let hashed = keep.rows.is_some();
-        let (sel, mut ran) = match &self.backend {
-            Backend::Cpu(_) => (setops::select_cpu_chunks(self.op, ok, kk), "cpu".to_string()),
-            Backend::Gpu(_) => match self.run_gpu(cfg, kk, ok, hashed) {
-                Ok(r) => r,
+        let (Some(keep_rows), Some(other_rows)) = (&keep.rows, &other.rows) else {
+            // Exact keys: the key is the value, nothing to verify.
+            let (kk, ok) = (core_keys(keep, keep_idx)?, core_keys(other, other_idx)?);
+            return Ok(self.select_hashes(cfg, &kk.slices(), &ok.slices(), false));
+        };
+        let keep_rows = RowSubset::new(keep_rows, keep_idx.as_deref())?;
+        let other_rows = RowSubset::new(other_rows, other_idx.as_deref())?;
+        let mut gpu_note = None;
+        if let Backend::Gpu(_) = &self.backend {
+            // Hash and verify on the device; the host never hashes these rows.
+            match self.run_gpu_rows(cfg, other_rows, keep_rows) {
+                Ok(Some(sel)) => return Ok((sel, "gpu/hash (device row hashes)".into())),
+                Ok(None) => {
+                    let (b_ids, p_ids) = keys::exact_ids(other_rows, keep_rows);
+                    let ran = "gpu/hash (device row hashes), hash collision resolved on cpu".to_string();
+                    return Ok((setops::select_cpu(self.op, &b_ids, &p_ids), ran));
+                }
+                // Too large for one device pass: hash on the host, where the GPU select partitions.
+                Err(e) if gpu::is_out_of_memory(&e) => gpu_note = Some(" (rows over the device budget: host row hashes)"),
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.
-                    (setops::select_cpu_chunks(self.op, ok, kk), format!("cpu (GPU failed: {})", crate::cli::one_line(&e)))
-                }
-            },
-        };
-        if !hashed {
-            return Ok((sel, ran));
-        }
-        // Hashed keys: make sure equal hashes meant equal rows; on a collision recompute exactly.
-        let sub = |k: &KeyColumns, idx: &Option<Vec<u32>>| -> KeyColumns {
-            let rows = k.rows.as_ref().unwrap();
-            match idx {
-                None => KeyColumns { chunks: k.chunks.clone(), nulls: None, rows: Some(rows.clone()) },
-                Some(ix) => {
-                    let mut r = rows.clone();
-                    r.clear();
-                    for i in ix {
-                        r.push(rows.row(*i as usize));
-                    }
-                    let all: Vec<u64> = k.iter().collect();
-                    let keys: Vec<u64> = ix.iter().map(|i| all[*i as usize]).collect();
-                    KeyColumns { chunks: vec![keys.into()], nulls: None, rows: Some(r) }
+                    let reason = format!("cpu (GPU failed: {})", crate::cli::one_line(&e));
+                    let (kk, ok) = (core_keys(keep, keep_idx)?, core_keys(other, other_idx)?);
+                    let sel = setops::select_cpu_chunks(self.op, &ok.slices(), &kk.slices());
+                    return self.verify_host_hashed(sel, reason, (keep_rows, &kk), (other_rows, &ok));
                 }
             }
-        };
-        let (kb, kp) = (sub(other, other_idx), sub(keep, keep_idx));
-        match keys::verify_or_exact(&kb, &kp) {
+        }
+        // Host hashes (the CPU backend computed them while encoding).
+        let (kk, ok) = (core_keys(keep, keep_idx)?, core_keys(other, other_idx)?);
+        let (sel, mut ran) = self.select_hashes(cfg, &kk.slices(), &ok.slices(), true);
+        ran.push_str(gpu_note.unwrap_or(""));
+        self.verify_host_hashed(sel, ran, (keep_rows, &kk), (other_rows, &ok))
+    }
+
+    /// Hashed keys selected on host hashes: make sure equal hashes meant equal
+    /// rows; on a collision recompute exactly.
+    fn verify_host_hashed(
+        &self,
+        sel: BooleanBuffer,
+        mut ran: String,
+        keep: (RowSubset<'_>, &CoreKeys<'_>),
+        other: (RowSubset<'_>, &CoreKeys<'_>),
+    ) -> Result<(BooleanBuffer, String)> {
+        let (kh, oh) = (keep.1.contiguous(), other.1.contiguous());
+        match keys::verify_rows_or_exact(other.0, &oh, keep.0, &kh) {
             None => Ok((sel, ran)),
             Some((b_ids, p_ids)) => {
                 ran.push_str(", hash collision resolved on cpu");
@@ -493,12 +494,38 @@ impl Run {
         }
     }
 
+    /// Select on 64-bit keys with the configured backend (hash-encoded keys: `hashed`).
+    fn select_hashes(&self, cfg: &SetfusionConfig, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> (BooleanBuffer, String) {
+        match &self.backend {
+            Backend::Cpu(_) => (setops::select_cpu_chunks(self.op, ok, kk), "cpu".to_string()),
+            Backend::Gpu(_) => match self.run_gpu(cfg, kk, ok, hashed) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Device trouble never fails the query: the CPU twin gives the same answer.
+                    (setops::select_cpu_chunks(self.op, ok, kk), format!("cpu (GPU failed: {})", crate::cli::one_line(&e)))
+                }
+            },
+        }
+    }
+
+    /// Hashed keys on the GPU: device row hashes, device verification, device select.
+    fn run_gpu_rows(&self, cfg: &SetfusionConfig, build: RowSubset<'_>, probe: RowSubset<'_>) -> Result<Option<BooleanBuffer>> {
+        let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let _lock = g.lock_blocking();
+        g.budget().set_limit(cfg.memory_limit.0);
+        let mut stats = TransferStats::default();
+        let r = row_hash::select_subsets_gpu(&g, self.op, build, probe, &mut stats);
+        self.metrics.device.record(&stats);
+        r
+    }
+
     fn run_gpu(&self, cfg: &SetfusionConfig, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
         let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let _lock = g.lock_blocking();
         g.budget().set_limit(cfg.memory_limit.0);
         // Hashed keys only support the hash table (their "domain" is meaningless).
         let forced = match cfg.strategy {
+            Strategy::Sort => Some(GpuStrategy::Sort), // sorts any 64-bit keys, hashes included
             _ if hashed => Some(GpuStrategy::Hash),
             Strategy::Hash => Some(GpuStrategy::Hash),
             Strategy::Bitmap => Some(GpuStrategy::Bitmap),
@@ -511,6 +538,41 @@ impl Run {
     }
 }
 
+/// One side's non-NULL keys as slices: the chunks themselves when no row is dropped.
+enum CoreKeys<'a> {
+    Borrowed(Vec<&'a [u64]>),
+    Owned(Vec<u64>),
+}
+
+impl CoreKeys<'_> {
+    fn slices(&self) -> Vec<&[u64]> {
+        match self {
+            CoreKeys::Borrowed(v) => v.clone(),
+            CoreKeys::Owned(v) => vec![v.as_slice()],
+        }
+    }
+    /// The keys in one slice (borrowed when they already are).
+    fn contiguous(&self) -> std::borrow::Cow<'_, [u64]> {
+        match self {
+            CoreKeys::Borrowed(v) if v.len() == 1 => std::borrow::Cow::Borrowed(v[0]),
+            CoreKeys::Borrowed(v) => std::borrow::Cow::Owned(v.concat()),
+            CoreKeys::Owned(v) => std::borrow::Cow::Borrowed(v.as_slice()),
+        }
+    }
+}
+
+/// One side's keys at `idx` (None: all rows): exact values, or row hashes
+/// (computed here on the host when encoding deferred them to the device).
+fn core_keys<'a>(k: &'a KeyColumns, idx: &Option<Vec<u32>>) -> Result<CoreKeys<'a>> {
+    if let (Some(rows), true) = (&k.rows, k.hashes_deferred()) {
+        return Ok(CoreKeys::Owned(keys::hash_rows(RowSubset::new(rows, idx.as_deref())?)));
+    }
+    Ok(match idx {
+        None => CoreKeys::Borrowed(k.slices()),
+        Some(_) => CoreKeys::Owned(k.iter().enumerate().filter(|(i, _)| !k.is_null(*i)).map(|(_, v)| v).collect()),
+    })
+}
+
 /// Cast the other side's key columns to the kept side's types (the planner
 /// already coerced them; this guards dictionary / view variants).
 fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
@@ -518,4 +580,73 @@ fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>>
         .zip(types)
         .map(|(c, t)| if c.data_type() == t { Ok(c) } else { Ok(datafusion::arrow::compute::cast(&c, t)?) })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Array, Int32Array, StringArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::col;
+    use datafusion::prelude::SessionContext;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn batch(schema: &SchemaRef, rng: &mut rand::rngs::StdRng, n: usize) -> RecordBatch {
+        let words = ["", "a", "setfusion", "a string key longer than sixteen bytes", "ß∂ƒ"];
+        let s: StringArray = (0..n).map(|_| (rng.random_range(0..8) > 0).then(|| words[rng.random_range(0..words.len())])).collect();
+        let i: Int32Array = (0..n).map(|_| Some(rng.random_range(0..3))).collect();
+        RecordBatch::try_new(schema.clone(), vec![Arc::new(s), Arc::new(i)]).unwrap()
+    }
+
+    fn sorted_rows(batches: &[RecordBatch]) -> Vec<(Option<String>, i32)> {
+        let mut v: Vec<_> = batches
+            .iter()
+            .flat_map(|b| {
+                let s = b.column(0).as_any().downcast_ref::<StringArray>().unwrap().clone();
+                let i = b.column(1).as_any().downcast_ref::<Int32Array>().unwrap().clone();
+                (0..b.num_rows()).map(move |r| (s.is_valid(r).then(|| s.value(r).to_string()), i.value(r))).collect::<Vec<_>>()
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Row-encoded keys (strings, composite) give the same rows on the GPU
+    /// backend (device row hashes; without a device, its CPU fallback with
+    /// deferred host hashes) as on the CPU backend.
+    #[tokio::test]
+    async fn hashed_keys_gpu_backend_matches_cpu_backend() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true), Field::new("i", DataType::Int32, false)]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let keep_parts = vec![vec![batch(&schema, &mut rng, 300), batch(&schema, &mut rng, 200)], vec![batch(&schema, &mut rng, 250)]];
+        let other_parts = vec![vec![batch(&schema, &mut rng, 400)]];
+        let ctx = SessionContext::new();
+        let ops = [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
+        let key_sets: [&[&str]; 2] = [&["s"], &["s", "i"]];
+        for keys in key_sets {
+            let exprs: Vec<PhysicalExprRef> = keys.iter().map(|k| col(k, &schema).unwrap()).collect();
+            for op in ops {
+                for nulls in [NullMode::NeverEqual, NullMode::Equal, NullMode::NullAware] {
+                    if nulls == NullMode::NullAware && op != SetOp::Anti {
+                        continue;
+                    }
+                    let run = |backend: Backend| {
+                        let keep = MemorySourceConfig::try_new_exec(&keep_parts, schema.clone(), None).unwrap();
+                        let other = MemorySourceConfig::try_new_exec(&other_parts, schema.clone(), None).unwrap();
+                        Arc::new(
+                            SetSelectExec::try_new(op, keep, other, exprs.clone(), exprs.clone(), nulls, backend, None).unwrap(),
+                        )
+                    };
+                    let (gpu_exec, cpu_exec) = (run(Backend::Gpu(Strategy::Hash)), run(Backend::Cpu("test".into())));
+                    let got = datafusion::physical_plan::collect(gpu_exec.clone(), ctx.task_ctx()).await.unwrap();
+                    let want = datafusion::physical_plan::collect(cpu_exec, ctx.task_ctx()).await.unwrap();
+                    let ran = gpu_exec.ran.lock().unwrap().clone().unwrap_or_default();
+                    assert!(ran.starts_with("gpu/hash (device row hashes)") || ran.starts_with("cpu (GPU failed") || ran.starts_with("no-op"), "{ran}");
+                    assert_eq!(sorted_rows(&got), sorted_rows(&want), "{keys:?} {op:?} {nulls:?} ran={ran}");
+                }
+            }
+        }
+    }
 }
