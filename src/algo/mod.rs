@@ -16,6 +16,7 @@ pub type SelfCheck = fn(&Gpu) -> Result<String>;
 pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
+        ("row_hash", row_hash::self_check as SelfCheck),
         ("sort_setops", sort_setops::self_check as SelfCheck),
         ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
         ("ssjoin", ssjoin::self_check as SelfCheck),
