@@ -33,7 +33,8 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
        setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes
        setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)
-       setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE]   the similarity-join benchmark";
+       setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE] [--collections dblp,uniform,zipf]
+                              [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark";
 
 /// One line, for stderr: DataFusion errors can span lines.
 pub fn one_line(e: &DataFusionError) -> String {

@@ -25,7 +25,6 @@ const PACK_SEG: usize = 1 << 16;
 const PACK_SEGS: usize = 128;
 const PACK_FILL: usize = PACK_SEG * PACK_SEGS;
 const PACK_DESC: usize = 4096;
-const PACK_HIGH: usize = PACK_DESC + PACK_FILL * 4;
 
 /// Budget for device memory, in bytes. The limit is set per operator run from
 /// `setfusion.memory_limit` (0 = 90% of the device's memory).
@@ -287,12 +286,12 @@ impl Gpu {
     }
 
     /// Upload 64-bit keys frame-of-reference coded: every segment of 65,536 keys
-    /// travels as 32-bit offsets from its minimum when its values span less than
-    /// 2^32 (half the PCIe bytes and half the pinned-memory writes of the raw
-    /// keys), else as low and high words. `kernels/transfer.cu` decodes each fill
-    /// on the device right behind its DMA. Returns the decoded keys and the
-    /// domain [min, max] of all keys (None when there are none), which the
-    /// strategies need anyway and which falls out of the packing for free.
+    /// travels as 32-bit offsets when its keys lie within 2^31 of its first key
+    /// (half the PCIe bytes and half the pinned-memory writes of the raw keys),
+    /// else as low and high words. `kernels/transfer.cu` decodes each fill on
+    /// the device right behind its DMA. Returns the decoded keys and their
+    /// domain [min, max] (None when there are none; reduced on the device), which
+    /// the strategies need to choose a table.
     pub fn upload_keys(&self, chunks: &[&[u64]], stats: &mut TransferStats) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         let mut dst = self.alloc::<u64>(total)?;
@@ -300,13 +299,17 @@ impl Gpu {
             return Ok((dst, None));
         }
         let decode = self.function("transfer", "decode_for")?;
-        let mut scratch = [self.alloc::<u8>(STAGING_BYTES)?, self.alloc::<u8>(STAGING_BYTES)?];
+        // Keys per fill: a whole staging buffer, or less for small uploads and
+        // small budgets (two device scratch buffers hold the fills in flight).
+        let affordable = (self.budget.available() / 8).saturating_sub(PACK_DESC) / 8 / PACK_SEG * PACK_SEG;
+        let cap = if total <= PACK_FILL.min(affordable.max(PACK_SEG)) { total } else { PACK_FILL.min(affordable).max(PACK_SEG) };
+        let high_off = PACK_DESC + cap * 4;
+        let mut scratch = [self.alloc::<u8>(high_off + cap * 4)?, self.alloc::<u8>(high_off + cap * 4)?];
         let start = Instant::now();
         let mut guard = self.staging()?;
         let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
         let mut cursor = Cursor::new(chunks);
-        let (mut lo, mut hi) = (u64::MAX, 0u64);
         let (mut done, mut fill) = (0usize, 0usize);
         while done < total {
             let b = fill % 2;
@@ -316,14 +319,12 @@ impl Gpu {
                 ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
                 stats.dma_wait += w.elapsed();
             }
-            let n = PACK_FILL.min(total - done);
+            let n = cap.min(total - done);
             let pieces = cursor.take(n);
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
             let c = Instant::now();
-            let (flo, fhi, wide) = pack_fill(&pieces, n, pinned, threads);
+            let wide = pack_fill(&pieces, n, &mut pinned[..high_off + cap * 4], cap, threads);
             stats.staging_copy += c.elapsed();
-            lo = lo.min(flo);
-            hi = hi.max(fhi);
             let stream = self.stream.cu_stream();
             let mut copy = |from: usize, len: usize| -> Result<()> {
                 let mut view = scratch[b].slice.slice_mut(from..from + len);
@@ -336,10 +337,10 @@ impl Gpu {
             copy(0, PACK_DESC + n * 4)?;
             stats.bytes_to_device += PACK_DESC + n * 4;
             if wide {
-                copy(PACK_HIGH, n * 4)?;
+                copy(high_off, n * 4)?;
                 stats.bytes_to_device += n * 4;
             }
-            let (n64, high64) = (n as u64, PACK_HIGH as u64);
+            let (n64, high64) = (n as u64, high_off as u64);
             let mut out = dst.slice.slice_mut(done..done + n);
             let blocks = n.div_ceil(256).min(132 * 16) as u32;
             let cfg = cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -358,7 +359,12 @@ impl Gpu {
         }
         stats.dma_wait += w.elapsed();
         stats.to_device += start.elapsed();
-        Ok((dst, Some((lo, hi))))
+        // The domain, reduced on the device (3 TB/s) rather than on the host
+        // threads, whose packing pass is kept to one compare-free sweep.
+        let t = Instant::now();
+        let range = gpu_min_max(self, &dst, total, stats)?;
+        stats.kernel += t.elapsed();
+        Ok((dst, Some(range)))
     }
 
     /// Copy the first `len` elements of a device buffer back to the host.
@@ -439,16 +445,21 @@ fn for_range<T>(pieces: &[&[T]], lo: usize, hi: usize, mut f: impl FnMut(&[T])) 
     }
 }
 
-/// Frame-of-reference code one fill of `n` keys into a staging buffer (layout
-/// in kernels/transfer.cu). Threads take whole segments; each segment is read
-/// twice, min/max then offsets, the second time from cache (512 KiB).
-/// Returns the fill's (min, max) and whether any segment needed high words.
-fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], threads: usize) -> (u64, u64, bool) {
+/// Frame-of-reference code one fill of `n` keys (at most `cap`) into a staging
+/// buffer laid out for `cap` keys (layout in kernels/transfer.cu). Threads
+/// take whole segments. A segment's base is its first key minus 2^31, so one
+/// sweep can write every offset's low word and OR together the high words:
+/// the segment is narrow iff that OR is zero (no compares, so it vectorises);
+/// only wide segments are swept again for their high words.
+/// Returns whether any segment needed high words.
+fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize, threads: usize) -> bool {
     let segs = n.div_ceil(PACK_SEG);
     let (desc, rest) = buf.split_at_mut(PACK_DESC);
-    let (low_bytes, high_bytes) = rest.split_at_mut(PACK_FILL * 4);
+    let (low_bytes, high_bytes) = rest.split_at_mut(cap * 4);
+    assert!(high_bytes.len() >= n * 4 && low_bytes.len() >= n * 4 && segs <= PACK_SEGS, "staging layout too small");
     // SAFETY: cuMemHostAlloc memory is page aligned and every region starts at a
-    // multiple of 8 bytes; u64/u32 have no invalid bit patterns; lengths are in bounds.
+    // multiple of 4 (desc at 0, low at 4096, high at 4096 + 4 cap) or 8 (bases);
+    // u64/u32 have no invalid bit patterns; lengths were checked above.
     let (bases, flags, low, high) = unsafe {
         (
             std::slice::from_raw_parts_mut(desc.as_mut_ptr() as *mut u64, PACK_SEGS),
@@ -472,49 +483,65 @@ fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], threads: usize) -> (u6
         .enumerate()
         .map(|(i, ((base, wide), (low, high)))| Seg { at: i * PACK_SEG, base, wide, low, high })
         .collect();
-    let pack = |segs: &mut [Seg]| -> (u64, u64, bool) {
-        let (mut lo, mut hi, mut any_wide) = (u64::MAX, 0u64, false);
+    let pack = |segs: &mut [Seg]| -> bool {
+        let mut any_wide = false;
         for s in segs {
             let len = s.low.len();
-            let (mut l, mut h) = (u64::MAX, 0u64);
+            let mut first = None;
+            for_range(pieces, s.at, s.at + 1, |p| first = p.first().copied());
+            let base = first.unwrap_or(0).wrapping_sub(1 << 31);
+            let (mut at, mut over) = (0usize, 0u64);
             for_range(pieces, s.at, s.at + len, |p| {
-                // a branch-free fold the compiler vectorises
-                let (a, b) = p.iter().fold((u64::MAX, 0u64), |(l, h), &k| (l.min(k), h.max(k)));
-                l = l.min(a);
-                h = h.max(b);
-            });
-            let wide = h - l > u32::MAX as u64;
-            *s.base = l;
-            *s.wide = wide as u32;
-            let mut at = 0;
-            for_range(pieces, s.at, s.at + len, |p| {
-                let out = &mut s.low[at..at + p.len()];
-                out.iter_mut().zip(p).for_each(|(o, &k)| *o = k.wrapping_sub(l) as u32);
-                if wide {
-                    s.high[at..at + p.len()].iter_mut().zip(p).for_each(|(o, &k)| *o = (k.wrapping_sub(l) >> 32) as u32);
+                for (o, &k) in s.low[at..at + p.len()].iter_mut().zip(p) {
+                    let v = k.wrapping_sub(base);
+                    *o = v as u32;
+                    over |= v >> 32;
                 }
                 at += p.len();
             });
-            lo = lo.min(l);
-            hi = hi.max(h);
+            let wide = over != 0;
+            if wide {
+                let mut at = 0;
+                for_range(pieces, s.at, s.at + len, |p| {
+                    s.high[at..at + p.len()].iter_mut().zip(p).for_each(|(o, &k)| *o = (k.wrapping_sub(base) >> 32) as u32);
+                    at += p.len();
+                });
+            }
+            *s.base = base;
+            *s.wide = wide as u32;
             any_wide |= wide;
         }
-        (lo, hi, any_wide)
+        any_wide
     };
-    let merge = |a: (u64, u64, bool), b: (u64, u64, bool)| (a.0.min(b.0), a.1.max(b.1), a.2 || b.2);
     if threads <= 1 || n < (1 << 20) {
         return pack(&mut work);
     }
     let per = work.len().div_ceil(threads);
     std::thread::scope(|sc| {
         let handles: Vec<_> = work.chunks_mut(per).map(|w| sc.spawn(move || pack(w))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold((u64::MAX, 0, false), merge)
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold(false, |a, b| a || b)
     })
+}
+
+/// [min, max] of `n` device keys (n > 0), by a reduction kernel.
+fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
+    let f = gpu.function("transfer", "min_max")?;
+    let mut out = gpu.alloc::<u64>(2)?;
+    let init = [u64::MAX, 0u64];
+    gpu.stream.memcpy_htod(&init, &mut out.slice).map_err(|e| cuda_err("cuMemcpyHtoD", e))?;
+    let n64 = n as u64;
+    let blocks = n.div_ceil(256).min(132 * 8) as u32;
+    let cfg = cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: signature matches kernels/transfer.cu; `keys` has n elements, `out` two.
+    unsafe { gpu.stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&mut out.slice).launch(cfg) }
+        .map_err(|e| cuda_err("min_max", e))?;
+    let v = gpu.download(&out, 2, stats)?;
+    Ok((v[0], v[1]))
 }
 
 /// CPU twin of `decode_for` in kernels/transfer.cu: the keys of one packed fill.
 #[cfg(test)]
-fn decode_fill_cpu(buf: &[u8], n: usize) -> Vec<u64> {
+fn decode_fill_cpu(buf: &[u8], n: usize, cap: usize) -> Vec<u64> {
     let word = |off: usize| u32::from_le_bytes(buf[off..off + 4].try_into().unwrap()) as u64;
     (0..n)
         .map(|i| {
@@ -523,7 +550,7 @@ fn decode_fill_cpu(buf: &[u8], n: usize) -> Vec<u64> {
             let wide = word(PACK_SEGS * 8 + s * 4) != 0;
             let mut v = word(PACK_DESC + i * 4);
             if wide {
-                v |= word(PACK_HIGH + i * 4) << 32;
+                v |= word(PACK_DESC + cap * 4 + i * 4) << 32;
             }
             base.wrapping_add(v)
         })
@@ -625,17 +652,18 @@ mod tests {
             // SAFETY: test-only view of an 8-aligned u64 vector as bytes.
             let buf = unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut u8, STAGING_BYTES) };
             let n = all.len();
-            let (lo, hi, any_wide) = pack_fill(&chunks, n, buf, threads);
-            assert_eq!((lo, hi, any_wide), (0, u64::MAX, true));
-            assert_eq!(decode_fill_cpu(buf, n), all);
+            assert!(pack_fill(&chunks, n, buf, PACK_FILL, threads));
+            assert_eq!(decode_fill_cpu(buf, n, PACK_FILL), all);
+            // A fill laid out for fewer keys (small uploads, small budgets).
+            assert!(pack_fill(&chunks, n, buf, n, threads));
+            assert_eq!(decode_fill_cpu(buf, n, n), all);
         }
         let mut store = vec![0u64; STAGING_BYTES / 8];
         // SAFETY: as above.
         let buf = unsafe { std::slice::from_raw_parts_mut(store.as_mut_ptr() as *mut u8, STAGING_BYTES) };
-        let (lo, hi, any_wide) = pack_fill(&[&narrow[..]], narrow.len(), buf, 2);
-        assert!(!any_wide);
-        assert_eq!((lo, hi), (*narrow.iter().min().unwrap(), *narrow.iter().max().unwrap()));
-        assert_eq!(decode_fill_cpu(buf, narrow.len()), narrow);
+        // Domain 4e8 < 2^31: every segment is narrow around its first key.
+        assert!(!pack_fill(&[&narrow[..]], narrow.len(), buf, PACK_FILL, 2));
+        assert_eq!(decode_fill_cpu(buf, narrow.len(), PACK_FILL), narrow);
     }
 
     #[test]
