@@ -96,17 +96,19 @@ __device__ void intersect_tile(const T* a, i64 na, const T* b, i64 nb, const i64
 extern "C" __global__ void partitions_u32(const u32* a, i64 na, const u32* b, i64 nb, i64* parts, i64 nparts, i64 nv) { partitions(a, na, b, nb, parts, nparts, nv); }
 extern "C" __global__ void partitions_u64(const u64* a, i64 na, const u64* b, i64 nb, i64* parts, i64 nparts, i64 nv) { partitions(a, na, b, nb, parts, nparts, nv); }
 
-#define SF_INTERSECT(NT_, VT_)                                                                                      \
+#define SF_INTERSECT_U32(NT_, VT_)                                                                                  \
     extern "C" __global__ void __launch_bounds__(NT_) intersect_u32_##NT_##x##VT_(                                  \
         const u32* a, i64 na, const u32* b, i64 nb, const i64* parts, unsigned long long* count, u32* flags) {      \
         intersect_tile<NT_, VT_>(a, na, b, nb, parts, count, flags);                                               \
-    }                                                                                                               \
+    }
+#define SF_INTERSECT(NT_, VT_)                                                                                      \
+    SF_INTERSECT_U32(NT_, VT_)                                                                                      \
     extern "C" __global__ void __launch_bounds__(NT_) intersect_u64_##NT_##x##VT_(                                  \
         const u64* a, i64 na, const u64* b, i64 nb, const i64* parts, unsigned long long* count, u32* flags) {      \
         intersect_tile<NT_, VT_>(a, na, b, nb, parts, count, flags);                                               \
     }
 
-// Keep in step with TILE_SHAPES in src/algo/sorted_intersect.rs.
+// Keep in step with TILE_SHAPES / TILE_SHAPES_U32 in src/algo/sorted_intersect.rs.
 SF_INTERSECT(128, 11)
 SF_INTERSECT(128, 15)
 SF_INTERSECT(256, 7)
@@ -114,3 +116,5 @@ SF_INTERSECT(256, 11)
 SF_INTERSECT(256, 15)
 SF_INTERSECT(256, 19)
 SF_INTERSECT(512, 9)
+SF_INTERSECT_U32(256, 23)
+SF_INTERSECT_U32(256, 27)

@@ -52,6 +52,9 @@ struct Run {
     transfer_ns: usize,
     staging_ns: usize,
     kernel_ns: usize,
+    input_ns: usize,
+    encode_ns: usize,
+    select_ns: usize,
     bytes: usize,
 }
 
@@ -71,6 +74,9 @@ async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
         rows,
         transfer_ns: metric(&plan, "transfer_time"),
         staging_ns: metric(&plan, "staging_copy_time"),
+        input_ns: metric(&plan, "input_time"),
+        encode_ns: metric(&plan, "key_encode_time"),
+        select_ns: metric(&plan, "select_time"),
         kernel_ns: metric(&plan, "kernel_time"),
         bytes: metric(&plan, "bytes_to_device") + metric(&plan, "bytes_to_host"),
     })
@@ -101,6 +107,7 @@ pub async fn run() -> Result<()> {
         ctx.register_table("a", a.clone())?;
         ctx.register_table("b", b.clone())?;
     }
+    let mut phases = Vec::new();
     for (name, sql) in datagen::SET_QUERIES {
         let mut df_runs = Vec::new();
         let mut sf_runs = Vec::new();
@@ -130,6 +137,21 @@ pub async fn run() -> Result<()> {
         );
         eprintln!("{line}");
         writeln!(report, "{line}").unwrap();
+        phases.push(format!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            ms(last.time),
+            last.input_ns as f64 / 1e6,
+            last.encode_ns as f64 / 1e6,
+            last.select_ns as f64 / 1e6,
+            (last.transfer_ns + last.kernel_ns) as f64 / 1e6,
+            ms(last.time) - (last.input_ns + last.encode_ns + last.select_ns) as f64 / 1e6
+        ));
+    }
+    writeln!(report, "\nWhere setfusion's time goes (last warm run, ms): waiting for the inputs, key encoding, the selection (of which transfers + kernels), and the rest (planning, output filtering and the aggregate above).\n").unwrap();
+    writeln!(report, "| query | total | inputs | encode | select | of which transfer + kernel | rest |").unwrap();
+    writeln!(report, "|---|---|---|---|---|---|---|").unwrap();
+    for p in &phases {
+        writeln!(report, "{p}").unwrap();
     }
     drop((a, b, plain, sf));
 
@@ -153,7 +175,8 @@ pub async fn run() -> Result<()> {
         let keys = (av.len() + bv.len()) as f64;
         // Every instantiated tile shape; the report keeps them all.
         let mut shapes = Vec::new();
-        for &shape in crate::algo::sorted_intersect::TILE_SHAPES {
+        use crate::algo::sorted_intersect::{TILE_SHAPES, TILE_SHAPES_U32};
+        for &shape in TILE_SHAPES.iter().chain(TILE_SHAPES_U32) {
             si = si.with_shape(shape);
             let mut times = Vec::new();
             for _ in 0..10 {

@@ -297,11 +297,20 @@ impl ExecutionPlan for SetSelectExec {
 struct Metrics {
     device: DeviceMetrics,
     encode_time: Time,
+    /// Waiting for both inputs to be collected.
+    input_time: Time,
+    /// The whole selection (both backends, NULL handling, transfers, kernels).
+    select_time: Time,
 }
 
 impl Metrics {
     fn new(m: &ExecutionPlanMetricsSet) -> Self {
-        Self { device: DeviceMetrics::new(m), encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0) }
+        Self {
+            device: DeviceMetrics::new(m),
+            encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0),
+            input_time: MetricBuilder::new(m).subset_time("input_time", 0),
+            select_time: MetricBuilder::new(m).subset_time("select_time", 0),
+        }
     }
 }
 
@@ -329,10 +338,12 @@ fn key_columns(batches: &[RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec
 impl Run {
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
+        let waiting = Instant::now();
         let (keep_parts, other_parts) = futures::try_join!(
             collect_partitioned(self.keep.clone(), context.clone()),
             collect_partitioned(self.other.clone(), context.clone())
         )?;
+        self.metrics.input_time.add_duration(waiting.elapsed());
         let keep_batches: Vec<RecordBatch> = keep_parts.iter().flatten().cloned().collect();
         let other_batches: Vec<RecordBatch> = other_parts.into_iter().flatten().collect();
         let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
@@ -367,7 +378,9 @@ impl Run {
                 other_k.nulls = None;
             }
             self.metrics.encode_time.add_duration(t.elapsed());
+            let t = Instant::now();
             let (sel, ran) = self.select(&cfg, &keep_k, &other_k)?;
+            self.metrics.select_time.add_duration(t.elapsed());
             *self.ran.lock().unwrap() = Some(ran);
             sel
         };
