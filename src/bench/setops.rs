@@ -153,6 +153,12 @@ pub async fn run() -> Result<()> {
     for p in &phases {
         writeln!(report, "{p}").unwrap();
     }
+    // One EXPLAIN ANALYZE of IN, for the per-operator times around the GPU step.
+    if let Some((_, sql)) = datagen::SET_QUERIES.iter().find(|(n, _)| *n == "IN") {
+        let batches = sf.sql(&format!("EXPLAIN ANALYZE {sql}")).await?.collect().await?;
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).map(|t| t.to_string()).unwrap_or_default();
+        writeln!(report, "\nEXPLAIN ANALYZE of IN (setfusion):\n\n```\n{text}\n```").unwrap();
+    }
     drop((a, b, plain, sf));
 
     if let Ok(g) = gpu::gpu(0) {
