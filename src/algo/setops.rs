@@ -571,36 +571,42 @@ pub fn same_multiset_selection(op: SetOp, probe: &[u64], a: &BooleanBuffer, b: &
     a.len() == b.len() && pick(a) == pick(b)
 }
 
+/// Test reference: the SQL multiset rules computed by counting (independent of
+/// every backend's code path); the kept keys, sorted.
+#[cfg(test)]
+pub(crate) fn multiset_reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec<u64> {
+    let mut nb: HashMap<u64, usize> = HashMap::new();
+    for k in build {
+        *nb.entry(*k).or_default() += 1;
+    }
+    let mut m: HashMap<u64, usize> = HashMap::new();
+    for k in probe {
+        *m.entry(*k).or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for (k, &mk) in &m {
+        let n = nb.get(k).copied().unwrap_or(0);
+        let copies = match op {
+            SetOp::Semi => if n > 0 { mk } else { 0 },
+            SetOp::Anti => if n == 0 { mk } else { 0 },
+            SetOp::IntersectAll => mk.min(n),
+            SetOp::ExceptAll => mk.saturating_sub(n),
+            SetOp::IntersectDistinct => (n > 0) as usize,
+            SetOp::ExceptDistinct => (n == 0) as usize,
+        };
+        out.extend(std::iter::repeat_n(*k, copies));
+    }
+    out.sort_unstable();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// Reference: the SQL multiset rules computed by counting (independent of select_cpu's code path).
     fn reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec<u64> {
-        let mut nb: HashMap<u64, usize> = HashMap::new();
-        for k in build {
-            *nb.entry(*k).or_default() += 1;
-        }
-        let mut m: HashMap<u64, usize> = HashMap::new();
-        for k in probe {
-            *m.entry(*k).or_default() += 1;
-        }
-        let mut out = Vec::new();
-        for (k, &mk) in &m {
-            let n = nb.get(k).copied().unwrap_or(0);
-            let copies = match op {
-                SetOp::Semi => if n > 0 { mk } else { 0 },
-                SetOp::Anti => if n == 0 { mk } else { 0 },
-                SetOp::IntersectAll => mk.min(n),
-                SetOp::ExceptAll => mk.saturating_sub(n),
-                SetOp::IntersectDistinct => (n > 0) as usize,
-                SetOp::ExceptDistinct => (n == 0) as usize,
-            };
-            out.extend(std::iter::repeat_n(*k, copies));
-        }
-        out.sort_unstable();
-        out
+        multiset_reference(op, build, probe)
     }
 
     const OPS: [SetOp; 6] =

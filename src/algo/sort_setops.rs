@@ -379,7 +379,6 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use rand::{Rng, SeedableRng};
 
@@ -388,29 +387,7 @@ mod tests {
 
     /// The SQL multiset rules computed by counting (independent of the merge).
     fn reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec<u64> {
-        let mut nb: HashMap<u64, usize> = HashMap::new();
-        for k in build {
-            *nb.entry(*k).or_default() += 1;
-        }
-        let mut m: HashMap<u64, usize> = HashMap::new();
-        for k in probe {
-            *m.entry(*k).or_default() += 1;
-        }
-        let mut out = Vec::new();
-        for (k, &mk) in &m {
-            let n = nb.get(k).copied().unwrap_or(0);
-            let copies = match op {
-                SetOp::Semi => if n > 0 { mk } else { 0 },
-                SetOp::Anti => if n == 0 { mk } else { 0 },
-                SetOp::IntersectAll => mk.min(n),
-                SetOp::ExceptAll => mk.saturating_sub(n),
-                SetOp::IntersectDistinct => (n > 0) as usize,
-                SetOp::ExceptDistinct => (n == 0) as usize,
-            };
-            out.extend(std::iter::repeat_n(*k, copies));
-        }
-        out.sort_unstable();
-        out
+        crate::algo::setops::multiset_reference(op, build, probe)
     }
 
     fn kept(probe: &[u64], sel: &BooleanBuffer) -> Vec<u64> {

@@ -138,6 +138,18 @@ pub(super) struct Staging {
     pending: [Option<CudaEvent>; 2],
 }
 
+impl Staging {
+    /// Wait until the DMA out of buffer `b` (if any is in flight) is done.
+    fn wait(&mut self, b: usize, stats: &mut TransferStats) -> Result<()> {
+        if let Some(ev) = self.pending[b].take() {
+            let w = Instant::now();
+            ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
+            stats.dma_wait += w.elapsed();
+        }
+        Ok(())
+    }
+}
+
 /// Plain numeric element types that may be reinterpreted from bytes.
 pub trait Pod: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {}
 impl Pod for u8 {}
@@ -237,11 +249,7 @@ impl Gpu {
         while done < total {
             let b = fill % 2;
             fill += 1;
-            if let Some(ev) = staging.pending[b].take() {
-                let w = Instant::now();
-                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
-                stats.dma_wait += w.elapsed();
-            }
+            staging.wait(b, stats)?;
             let n = per_fill.min(total - done);
             let pieces = cursor.take(n);
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
@@ -262,13 +270,8 @@ impl Gpu {
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             done += n;
         }
-        let w = Instant::now();
-        for p in staging.pending.iter_mut() {
-            if let Some(ev) = p.take() {
-                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
-            }
-        }
-        stats.dma_wait += w.elapsed();
+        staging.wait(0, stats)?;
+        staging.wait(1, stats)?;
         stats.bytes_to_device += total * elem;
         stats.to_device += start.elapsed();
         Ok(())
@@ -314,11 +317,7 @@ impl Gpu {
         while done < total {
             let b = fill % 2;
             fill += 1;
-            if let Some(ev) = staging.pending[b].take() {
-                let w = Instant::now();
-                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
-                stats.dma_wait += w.elapsed();
-            }
+            staging.wait(b, stats)?;
             let n = cap.min(total - done);
             let pieces = cursor.take(n);
             let pinned = staging.bufs[b].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
@@ -351,13 +350,8 @@ impl Gpu {
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             done += n;
         }
-        let w = Instant::now();
-        for p in staging.pending.iter_mut() {
-            if let Some(ev) = p.take() {
-                ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
-            }
-        }
-        stats.dma_wait += w.elapsed();
+        staging.wait(0, stats)?;
+        staging.wait(1, stats)?;
         stats.to_device += start.elapsed();
         // The domain, reduced on the device (3 TB/s) rather than on the host
         // threads, whose packing pass is kept to one compare-free sweep.
