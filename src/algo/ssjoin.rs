@@ -404,10 +404,131 @@ struct Tables {
 
 /// Inverted index over the indexed side's prefixes: token -> (set position,
 /// token position in the set), sorted by set position (= by set size).
+/// `positions` is only filled for the CPU backend (the GPU kernel finds a
+/// match's position itself), empty otherwise.
 struct PrefixIndex {
     offsets: Vec<u32>,
     sets: Vec<u32>,
     positions: Vec<u32>,
+}
+
+/// Index entries per worker thread below which another thread does not pay
+/// for its spawn and its histogram row.
+const INDEX_ENTRIES_PER_THREAD: usize = 32 * 1024;
+/// Cap on the per-thread histogram rows (threads x vocabulary counters).
+const INDEX_HISTOGRAM_WORDS: usize = 64 << 20;
+
+impl PrefixIndex {
+    /// CSR index of `s`'s prefixes (`prefix[size]` tokens of each set) over
+    /// tokens `0..vocab`, built on up to `threads` threads without per-set
+    /// allocations: each thread counts the tokens of a contiguous range of
+    /// sets into its own histogram row, the rows are turned into write
+    /// cursors by one prefix sum over (token, thread) split by token ranges,
+    /// and each thread scatters its sets through its cursors. Thread ranges
+    /// follow set order, so every list stays sorted by set position (what the
+    /// window binary searches need) with no sort, exactly as a serial build.
+    /// `vocab` must exceed every prefix token (sets are strictly increasing,
+    /// so their last tokens bound them).
+    /// `per_thread`: entries below which another thread is not worth it.
+    fn build(s: &SetCollection, prefix: &[u32], vocab: usize, with_positions: bool, threads: usize, per_thread: usize) -> Self {
+        use std::sync::atomic::AtomicU32;
+        use std::sync::{Barrier, OnceLock};
+        let n_s = s.len();
+        let entries = |p: usize| prefix[s.size(p) as usize] as usize;
+        let total: usize = (0..n_s).map(entries).sum();
+        let threads = threads
+            .min(total / per_thread.max(1))
+            .min(INDEX_HISTOGRAM_WORDS / vocab.max(1))
+            .max(1);
+        // Set ranges with about equal entry counts (sets grow with position).
+        let mut bounds = Vec::with_capacity(threads + 1);
+        bounds.push(0usize);
+        let mut acc = 0usize;
+        for p in 0..n_s {
+            while bounds.len() < threads && acc >= total * bounds.len() / threads {
+                bounds.push(p);
+            }
+            acc += entries(p);
+        }
+        while bounds.len() <= threads {
+            bounds.push(n_s);
+        }
+        let zeros = |n: usize| -> Vec<AtomicU32> { std::iter::repeat_with(|| AtomicU32::new(0)).take(n).collect() };
+        // Relaxed atomics only make the shared arrays writable from several
+        // threads without unsafe: every slot has one writer per phase and the
+        // barriers order the phases (plain loads and stores on x86 and ARM).
+        let offsets = zeros(vocab + 1);
+        let sets = zeros(total);
+        let positions = zeros(if with_positions { total } else { 0 });
+        let rows: Vec<OnceLock<Vec<AtomicU32>>> = (0..threads).map(|_| OnceLock::new()).collect();
+        let range_totals = zeros(threads);
+        let barrier = Barrier::new(threads);
+        let work = |i: usize| {
+            let (p0, p1) = (bounds[i], bounds[i + 1]);
+            // 1. Count this thread's sets into its own row (first touched here,
+            // so the row's pages land near this thread).
+            let row = zeros(vocab);
+            for p in p0..p1 {
+                let set = s.set(p);
+                for &t in &set[..prefix[set.len()] as usize] {
+                    let c = &row[t as usize];
+                    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                }
+            }
+            let _ = rows[i].set(row);
+            barrier.wait();
+            let all: Vec<&[AtomicU32]> =
+                rows.iter().map(|r| r.get().expect("every worker sets its row before the barrier").as_slice()).collect();
+            // 2. Entries of this thread's token range, then 3. exclusive prefix
+            // sum in (token, thread) order: row i's counter becomes the first
+            // slot of thread i's sets in that token's list.
+            let (t0, t1) = (vocab * i / threads, vocab * (i + 1) / threads);
+            let mut sum = 0u32;
+            for t in t0..t1 {
+                for row in &all {
+                    sum += row[t].load(Ordering::Relaxed);
+                }
+            }
+            range_totals[i].store(sum, Ordering::Relaxed);
+            barrier.wait();
+            let mut run: u32 = range_totals[..i].iter().map(|c| c.load(Ordering::Relaxed)).sum();
+            for t in t0..t1 {
+                offsets[t].store(run, Ordering::Relaxed);
+                for row in &all {
+                    let c = row[t].load(Ordering::Relaxed);
+                    row[t].store(run, Ordering::Relaxed);
+                    run += c;
+                }
+            }
+            barrier.wait();
+            // 4. Scatter: disjoint slots per thread, ascending set positions.
+            let row = all[i];
+            for p in p0..p1 {
+                let set = s.set(p);
+                for (j, &t) in set[..prefix[set.len()] as usize].iter().enumerate() {
+                    let k = row[t as usize].load(Ordering::Relaxed);
+                    row[t as usize].store(k + 1, Ordering::Relaxed);
+                    sets[k as usize].store(p as u32, Ordering::Relaxed);
+                    if with_positions {
+                        positions[k as usize].store(j as u32, Ordering::Relaxed);
+                    }
+                }
+            }
+        };
+        if threads == 1 {
+            work(0);
+        } else {
+            std::thread::scope(|scope| {
+                for i in 0..threads {
+                    let work = &work;
+                    scope.spawn(move || work(i));
+                }
+            });
+        }
+        offsets[vocab].store(total as u32, Ordering::Relaxed);
+        let plain = |v: Vec<AtomicU32>| -> Vec<u32> { v.into_iter().map(AtomicU32::into_inner).collect() };
+        PrefixIndex { offsets: plain(offsets), sets: plain(sets), positions: plain(positions) }
+    }
 }
 
 struct Plan<'a> {
@@ -420,7 +541,9 @@ struct Plan<'a> {
 }
 
 impl<'a> Plan<'a> {
-    fn new(r: &'a SetCollection, s: Option<&'a SetCollection>, thr: Threshold) -> Self {
+    /// Length tables and prefix index; `with_positions`: record each index
+    /// entry's token position (the CPU backend's positional filter).
+    fn new(r: &'a SetCollection, s: Option<&'a SetCollection>, thr: Threshold, with_positions: bool, threads: usize) -> Self {
         let self_join = s.is_none();
         let s = s.unwrap_or(r);
         let s_sizes: Vec<u32> = (0..s.len()).map(|p| s.size(p)).collect();
@@ -455,31 +578,13 @@ impl<'a> Plan<'a> {
             };
             index_prefix[b as usize] = alpha.map(|al| b - al + 1).unwrap_or(0);
         }
-        let vocab = if self_join { r.vocabulary() } else { r.vocabulary().max(s.vocabulary()) } as usize;
-        let mut counts = vec![0u32; vocab + 1];
-        for p in 0..s.len() {
-            let set = s.set(p);
-            for &t in &set[..index_prefix[set.len()] as usize] {
-                counts[t as usize + 1] += 1;
-            }
-        }
-        for i in 1..counts.len() {
-            counts[i] += counts[i - 1];
-        }
-        let total = counts[vocab] as usize;
-        let mut fill = counts.clone();
-        let mut sets = vec![0u32; total];
-        let mut positions = vec![0u32; total];
-        for p in 0..s.len() {
-            let set = s.set(p);
-            for (j, &t) in set[..index_prefix[set.len()] as usize].iter().enumerate() {
-                let k = fill[t as usize] as usize;
-                sets[k] = p as u32;
-                positions[k] = j as u32;
-                fill[t as usize] += 1;
-            }
-        }
-        Plan { r, s, self_join, tables, index: PrefixIndex { offsets: counts, sets, positions }, s_sizes }
+        // One past the largest token of either side (probe tokens look up
+        // their lists too). Sets are strictly increasing, so the last tokens
+        // suffice: O(sets) instead of a scan of every token.
+        let last_max = |c: &SetCollection| (0..c.len()).filter_map(|p| c.set(p).last().map(|t| t + 1)).max().unwrap_or(0);
+        let vocab = if self_join { last_max(r) } else { last_max(r).max(last_max(s)) } as usize;
+        let index = PrefixIndex::build(s, &index_prefix, vocab, with_positions, threads, INDEX_ENTRIES_PER_THREAD);
+        Plan { r, s, self_join, tables, index, s_sizes }
     }
 
     /// The indexed-position window of probe `x` (length filter; self joins
@@ -607,7 +712,7 @@ pub fn ssjoin_cpu_until(
 ) -> Option<Vec<Pair>> {
     let expired = std::sync::atomic::AtomicBool::new(false);
     let started = Instant::now();
-    let plan = Plan::new(r, s, thr);
+    let plan = Plan::new(r, s, thr, true, threads);
     stats.plan += started.elapsed();
     let n_s = plan.s.len();
     struct State {
@@ -942,7 +1047,7 @@ fn ssjoin_gpu_tuned(
     tuning: GpuTuning,
 ) -> Result<Vec<Pair>> {
     let started = Instant::now();
-    let plan = Plan::new(r, s, thr);
+    let plan = Plan::new(r, s, thr, false, default_threads());
     stats.plan += started.elapsed();
     let n_r = r.len();
     if n_r == 0 || plan.s.is_empty() || plan.index.sets.is_empty() {
@@ -1236,6 +1341,78 @@ mod tests {
                 let want = sorted(ssjoin_brute_force(&r, Some(&s), thr));
                 assert_eq!(sorted(ssjoin_cpu(&r, Some(&s), thr)), want, "{name} r-s {thr:?}");
                 assert_eq!(sorted(ssjoin_cpu_with(&r, Some(&s), thr, 3, &mut JoinStats::default())), want);
+            }
+        }
+    }
+
+    /// The threaded index build equals the serial one (same lists, same
+    /// order), for any thread count including more threads than sets.
+    #[test]
+    fn parallel_prefix_index_matches_serial() {
+        let (c, _) = preprocess(&zipf(3000, 500, 30, 21), None);
+        let vocab = c.vocabulary() as usize;
+        for cut in [0u32, 1, 3] {
+            // prefix[b]: all but `cut` tokens of a set of size b.
+            let prefix: Vec<u32> = (0..=c.max_size()).map(|b| b.saturating_sub(cut)).collect();
+            let serial = PrefixIndex::build(&c, &prefix, vocab, true, 1, 1);
+            assert_eq!(serial.offsets.len(), vocab + 1);
+            for threads in [2, 3, 7, 16, 64] {
+                for pos in [true, false] {
+                    let par = PrefixIndex::build(&c, &prefix, vocab, pos, threads, 1);
+                    assert_eq!(par.offsets, serial.offsets, "cut {cut} threads {threads}");
+                    assert_eq!(par.sets, serial.sets, "cut {cut} threads {threads}");
+                    if pos {
+                        assert_eq!(par.positions, serial.positions, "cut {cut} threads {threads}");
+                    } else {
+                        assert!(par.positions.is_empty());
+                    }
+                }
+            }
+            // Lists ascending by set position, entries point at their token.
+            for t in 0..vocab {
+                let (a, b) = (serial.offsets[t] as usize, serial.offsets[t + 1] as usize);
+                assert!(serial.sets[a..b].windows(2).all(|w| w[0] < w[1]));
+                for k in a..b {
+                    assert_eq!(c.set(serial.sets[k] as usize)[serial.positions[k] as usize], t as u32);
+                }
+            }
+        }
+        // More threads than sets.
+        let (few, _) = preprocess(&uniform(5, 30, 12, 8), None);
+        let prefix: Vec<u32> = (0..=few.max_size()).collect();
+        let v = few.vocabulary() as usize;
+        let one = PrefixIndex::build(&few, &prefix, v, true, 1, 1);
+        let many = PrefixIndex::build(&few, &prefix, v, true, 16, 1);
+        assert_eq!((one.offsets, one.sets, one.positions), (many.offsets, many.sets, many.positions));
+        let (e, _) = preprocess(&RawSets::from_vecs(&[vec![], vec![]]), None);
+        let idx = PrefixIndex::build(&e, &[0], 0, true, 4, 1);
+        assert_eq!((idx.offsets, idx.sets.len()), (vec![0], 0));
+    }
+
+    /// Host plan time on a bench-like 100k collection (sizes 10..=50,
+    /// universe 100k): `cargo test --release --lib plan_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn plan_timing() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut raw = RawSets::new();
+        for _ in 0..100_000 {
+            let k = rng.random_range(10..=50);
+            raw.push((0..k).map(|_| rng.random_range(0..100_000u64)).collect::<Vec<_>>());
+        }
+        let (c, _) = preprocess(&raw, None);
+        for t in [0.5, 0.6, 0.9] {
+            let thr = Threshold::new(Metric::Jaccard, t);
+            for (threads, pos) in [(1, true), (1, false), (default_threads(), false)] {
+                let mut best = std::time::Duration::MAX;
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    let plan = Plan::new(&c, None, thr, pos, threads);
+                    best = best.min(t0.elapsed());
+                    std::hint::black_box(&plan.index.sets);
+                }
+                let entries = Plan::new(&c, None, thr, pos, threads).index.sets.len();
+                eprintln!("t={t} threads={threads} positions={pos}: plan {:.2} ms ({entries} entries)", best.as_secs_f64() * 1e3);
             }
         }
     }
