@@ -379,7 +379,6 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
-
     use rand::{Rng, SeedableRng};
 
     use super::*;
