@@ -915,12 +915,13 @@ fn table_slots(m: u32) -> usize {
     want.next_power_of_two().clamp(32, 1 << 31) as usize
 }
 
-/// The device-resident inputs of one join, uploaded as one buffer (one
-/// transfer, one wait) and passed to the kernel as views.
+/// The device-resident inputs of one join, in two buffers (the collection,
+/// uploaded while the host builds the plan; then the plan's tables and
+/// index), passed to the kernel as views.
 struct DeviceInputs {
-    buf: crate::gpu::DeviceBuffer<u32>,
-    /// r_off, r_tok, s_off, s_tok, pp, lo, hi, idx_off, idx_sets
-    ranges: [std::ops::Range<usize>; 9],
+    bufs: [crate::gpu::DeviceBuffer<u32>; 2],
+    /// (buffer, range) of r_off, r_tok, s_off, s_tok, pp, lo, hi, idx_off, idx_sets
+    ranges: [(usize, std::ops::Range<usize>); 9],
 }
 
 /// Kernel arguments fixed for the whole join, and one launch of
@@ -956,7 +957,7 @@ impl JoinKernel<'_> {
         out_cap: u64,
     ) -> Result<()> {
         let stream = self.gpu.stream();
-        let v: Vec<_> = self.inputs.ranges.iter().map(|r| self.inputs.buf.slice.slice(r.clone())).collect();
+        let v: Vec<_> = self.inputs.ranges.iter().map(|(b, r)| self.inputs.bufs[*b].slice.slice(r.clone())).collect();
         let null: u64 = 0;
         let (first, n, shared) = match probes {
             Probes::Range { first, n } => (*first, *n, self.shared_slots),
@@ -1046,46 +1047,74 @@ fn ssjoin_gpu_tuned(
     stats: &mut JoinStats,
     tuning: GpuTuning,
 ) -> Result<Vec<Pair>> {
-    let started = Instant::now();
-    let plan = Plan::new(r, s, thr, false, default_threads());
-    stats.plan += started.elapsed();
+    let self_join = s.is_none();
+    let s_c = s.unwrap_or(r);
     let n_r = r.len();
-    if n_r == 0 || plan.s.is_empty() || plan.index.sets.is_empty() {
+    if n_r == 0 || s_c.is_empty() {
         return Ok(Vec::new());
     }
-    if r.tokens.len() >= u32::MAX as usize || plan.s.tokens.len() >= u32::MAX as usize {
+    if r.tokens.len() >= u32::MAX as usize || s_c.tokens.len() >= u32::MAX as usize {
         return Err(DataFusionError::ResourcesExhausted("similarity join: more than 2^32 set elements".into()));
+    }
+
+    // The collection goes up on a second thread while this one builds the
+    // plan (length tables + prefix index), so its staging copy and DMA hide
+    // behind the index build instead of following it; the plan's arrays
+    // follow in a second, smaller upload.
+    let mut collection: Vec<&[u32]> = vec![&r.offsets, &r.tokens];
+    if !self_join {
+        collection.extend([s_c.offsets.as_slice(), s_c.tokens.as_slice()]);
+    }
+    let (plan, plan_time, uploaded) = std::thread::scope(|scope| {
+        let up = scope.spawn(|| -> Result<(crate::gpu::DeviceBuffer<u32>, TransferStats)> {
+            // A fresh thread has no current CUDA context.
+            gpu.context().bind_to_thread().map_err(|e| cuda_err("bind CUDA context", e))?;
+            let mut st = TransferStats::default();
+            let buf = gpu.upload_chunks(&collection, &mut st)?;
+            Ok((buf, st))
+        });
+        let started = Instant::now();
+        let plan = Plan::new(r, s, thr, false, default_threads());
+        let plan_time = started.elapsed();
+        let uploaded =
+            up.join().unwrap_or_else(|_| Err(DataFusionError::Internal("ssjoin: collection upload thread panicked".into())));
+        (plan, plan_time, uploaded)
+    });
+    stats.plan += plan_time;
+    let (collection_buf, upload_stats) = uploaded?;
+    stats.transfer.add(&upload_stats);
+    if plan.index.sets.is_empty() {
+        return Ok(Vec::new());
     }
     let ts = &mut stats.transfer;
     let stream = gpu.stream().clone();
 
-    // Device-resident inputs, one upload.
-    let mut host: Vec<&[u32]> = vec![&r.offsets, &r.tokens];
-    if !plan.self_join {
-        host.extend([plan.s.offsets.as_slice(), plan.s.tokens.as_slice()]);
-    }
-    host.extend([
-        plan.tables.probe_prefix.as_slice(),
-        plan.tables.lo_pos.as_slice(),
-        plan.tables.hi_pos.as_slice(),
-        plan.index.offsets.as_slice(),
-        plan.index.sets.as_slice(),
-    ]);
+    let plan_arrays: [&[u32]; 5] = [
+        &plan.tables.probe_prefix,
+        &plan.tables.lo_pos,
+        &plan.tables.hi_pos,
+        &plan.index.offsets,
+        &plan.index.sets,
+    ];
+    let plan_buf = gpu.upload_chunks(&plan_arrays, ts)?;
+    let mut ranges: Vec<(usize, std::ops::Range<usize>)> = Vec::with_capacity(9);
     let mut at = 0;
-    let mut bounds: Vec<std::ops::Range<usize>> = host
-        .iter()
-        .map(|h| {
-            at += h.len();
-            at - h.len()..at
-        })
-        .collect();
-    if plan.self_join {
-        // s_off, s_tok are r_off, r_tok.
-        bounds.splice(2..2, [bounds[0].clone(), bounds[1].clone()]);
+    for c in &collection {
+        ranges.push((0, at..at + c.len()));
+        at += c.len();
     }
-    let ranges: [std::ops::Range<usize>; 9] =
-        bounds.try_into().map_err(|_| DataFusionError::Internal("ssjoin: input layout".into()))?;
-    let inputs = DeviceInputs { buf: gpu.upload_chunks(&host, ts)?, ranges };
+    if self_join {
+        // s_off, s_tok are r_off, r_tok.
+        ranges.extend([ranges[0].clone(), ranges[1].clone()]);
+    }
+    at = 0;
+    for c in &plan_arrays {
+        ranges.push((1, at..at + c.len()));
+        at += c.len();
+    }
+    let ranges: [(usize, std::ops::Range<usize>); 9] =
+        ranges.try_into().map_err(|_| DataFusionError::Internal("ssjoin: input layout".into()))?;
+    let inputs = DeviceInputs { bufs: [collection_buf, plan_buf], ranges };
     let kernel = JoinKernel {
         gpu,
         f: gpu.function("ssjoin", "join_probes")?,
