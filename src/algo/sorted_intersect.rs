@@ -20,20 +20,22 @@ pub const TILE_SHAPES: &[(usize, usize)] = &[(128, 11), (128, 15), (256, 7), (25
 /// 48 KiB static shared-memory limit).
 pub const TILE_SHAPES_U32: &[(usize, usize)] = &[(256, 23), (256, 27)];
 
-/// The shape used unless one is chosen with [`SortedIntersect::with_shape`]:
-/// the fastest of [`TILE_SHAPES`] on the H100 (2^28 x 2^28 u32 keys: 1.25 ms,
-/// against 1.68 ms for 256 x 15 and 2.03 ms for 256 x 11).
-pub const DEFAULT_SHAPE: (usize, usize) = (256, 19);
 
 /// Key types the kernel family is instantiated for.
 pub trait SortedKey: crate::gpu::Pod + Ord {
     const SUFFIX: &'static str;
+    /// The tile shape used unless one is chosen with [`SortedIntersect::with_shape`].
+    const DEFAULT_SHAPE: (usize, usize);
 }
 impl SortedKey for u32 {
     const SUFFIX: &'static str = "u32";
+    /// Fastest measured on the H100 (2^28 x 2^28 keys: 1.17 ms, 459 G keys/s).
+    const DEFAULT_SHAPE: (usize, usize) = (256, 27);
 }
 impl SortedKey for u64 {
     const SUFFIX: &'static str = "u64";
+    /// The largest u64 tile within 48 KiB of static shared memory.
+    const DEFAULT_SHAPE: (usize, usize) = (256, 19);
 }
 
 /// CPU twin: |a ∩ b| for strictly increasing inputs, with optional per-`a` match flags.
@@ -80,7 +82,7 @@ impl<T: SortedKey> SortedIntersect<T> {
             count: gpu.alloc_zeros::<u64>(1)?,
             na: a.len(),
             nb: b.len(),
-            shape: DEFAULT_SHAPE,
+            shape: T::DEFAULT_SHAPE,
         })
     }
 
@@ -132,7 +134,7 @@ impl<T: SortedKey> SortedIntersect<T> {
 
 /// Host-to-host convenience: upload, intersect, return the count and match flags for `a`.
 pub fn intersect_count_gpu<T: SortedKey>(gpu: &Gpu, a: &[T], b: &[T], stats: &mut TransferStats) -> Result<(u64, Vec<bool>)> {
-    intersect_count_gpu_shaped(gpu, a, b, DEFAULT_SHAPE, stats)
+    intersect_count_gpu_shaped(gpu, a, b, T::DEFAULT_SHAPE, stats)
 }
 
 /// [`intersect_count_gpu`] with a given tile shape.
