@@ -288,15 +288,14 @@ pub enum Choice {
 /// CPU join: the SQL run on 4,000 DBLP sets took 24.9 ms on the CPU backend
 /// and 30.6 ms with the GPU (BENCHMARKS.md section 2).
 const MIN_GPU_PAIRS: f64 = 2.5e7;
-/// Jaccard threshold from which the CPU backend was faster on the measured
-/// 18k- and 100k-set collections (H100, rewritten `join_probes` kernel, issue
-/// 4 measurements; GPU ms / 16-thread CPU ms): the GPU won at every threshold
-/// up to 0.8 on all three (0.6: DBLP 10.4 / 83.5, UNIFORM 19.8 / 87.2, ZIPF
-/// 17.0 / 51.0) and lost at 0.9 on DBLP (3.2 / 2.9) and ZIPF (8.2 / 6.6), won
-/// at 0.9 only on UNIFORM (7.6 / 9.5). Those GPU times still included the
-/// serial host plan step (1.3-4.4 ms at 0.9) that is now threaded, so the
-/// true crossover may lie above 0.9; 0.9 is what was measured.
-const JACCARD_CROSSOVER: f64 = 0.9;
+/// Jaccard threshold from which the CPU backend is chosen. On the H100 (09:25
+/// run, threaded plan step, GPU ms / 16-thread CPU ms; BENCHMARKS.md section
+/// 2) the GPU won every measured cell of the 18k, 100k and 1M-set collections,
+/// 0.9 included (DBLP 1.7 / 2.8, UNIFORM-100k 3.8 / 10.1, ZIPF-100k 4.2 / 6.9);
+/// an earlier run of the kernel, with the serial plan step, lost at 0.9 on
+/// DBLP and ZIPF. Above the highest measured threshold prefix filtering
+/// leaves the CPU almost no candidates, so the CPU keeps 0.95 and up.
+const JACCARD_CROSSOVER: f64 = 0.95;
 /// Pairs of the largest measured collection (100k x 100k sets).
 const CALIBRATED_PAIRS: f64 = 1e10;
 
@@ -320,11 +319,12 @@ fn jaccard_equivalent(t: &Threshold) -> Option<f64> {
 /// * fewer than [`MIN_GPU_PAIRS`] estimated pairs: CPU (`size_floor`;
 ///   off when `setfusion.min_rows = 0` asks for the GPU at any size);
 /// * otherwise CPU iff the Jaccard-equivalent threshold is at least the
-///   crossover, 0.9 up to 100k x 100k pairs. CPU work grows with the pairs
+///   crossover, 0.95 up to 100k x 100k pairs. CPU work grows with the pairs
 ///   and roughly halves with every +0.1 of threshold in the measurements, while the
 ///   GPU's fixed cost does not grow with them, so beyond the measured size the
-///   crossover moves up by 0.1 per doubling of the pairs (an extrapolation:
-///   1M-set collections were not measured when this was written);
+///   crossover moves up by 0.1 per doubling of the pairs (so 1M x 1M sets go
+///   to the GPU at any threshold; measured there: 7.6x at 0.9 on UNIFORM-1M,
+///   2.7x on ZIPF-1M);
 /// * overlap joins: GPU (no threshold scale to compare).
 pub fn cost_model(t: &Threshold, pairs: Option<f64>, size_floor: bool) -> Choice {
     let size = match pairs {
@@ -370,16 +370,16 @@ mod tests {
     #[test]
     fn cost_model_follows_the_measurements() {
         let j = |t| Threshold::new(Metric::Jaccard, t);
-        // Unknown size: the measured crossover.
-        assert!(!cpu(cost_model(&j(0.8), None, true)));
-        assert!(cpu(cost_model(&j(0.9), None, true)));
-        // 18k and 100k self joins: GPU up to 0.8, CPU at 0.9, as measured
-        // (0.9: the GPU lost on DBLP and ZIPF, won on UNIFORM).
+        // Unknown size: the crossover.
+        assert!(!cpu(cost_model(&j(0.9), None, true)));
+        assert!(cpu(cost_model(&j(0.95), None, true)));
+        // 18k and 100k self joins: GPU up to 0.9 (measured faster in every
+        // cell), CPU from 0.95 (unmeasured; prefix filters leave ~no work).
         for n in [18_000f64, 100_000.0] {
-            for t in [0.5, 0.6, 0.7, 0.8, 0.85] {
+            for t in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9] {
                 assert!(!cpu(cost_model(&j(t), Some(n * n), true)), "{n} {t}");
             }
-            assert!(cpu(cost_model(&j(0.9), Some(n * n), true)));
+            assert!(cpu(cost_model(&j(0.95), Some(n * n), true)));
             assert!(cpu(cost_model(&j(1.0), Some(n * n), true)));
         }
         // Tiny inputs: CPU at any threshold, unless setfusion.min_rows = 0.
@@ -388,8 +388,8 @@ mod tests {
         // 1M x 1M: the crossover passes 1.0 (extrapolated).
         assert!(!cpu(cost_model(&j(0.9), Some(1e12), true)));
         // Dice / cosine compare in Jaccard terms; overlap goes to the GPU.
-        // dice 0.95 ~ jaccard 0.905, dice 0.9 ~ jaccard 0.818, cosine 0.8 <= jaccard 0.667.
-        assert!(cpu(cost_model(&Threshold::new(Metric::Dice, 0.95), None, true)));
+        // dice 0.98 ~ jaccard 0.961, dice 0.9 ~ jaccard 0.818, cosine 0.8 <= jaccard 0.667.
+        assert!(cpu(cost_model(&Threshold::new(Metric::Dice, 0.98), None, true)));
         assert!(!cpu(cost_model(&Threshold::new(Metric::Dice, 0.9), None, true)));
         assert!(!cpu(cost_model(&Threshold::new(Metric::Cosine, 0.8), None, true)));
         assert!(!cpu(cost_model(&Threshold::new(Metric::Overlap, 3.0), Some(1e9), true)));
