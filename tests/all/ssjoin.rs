@@ -181,17 +181,24 @@ async fn sql_rows(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Vec<S
     text.lines().map(|l| l.to_string()).collect()
 }
 
+/// A setfusion session that plans similarity joins at any size: on the GPU
+/// when one is present, else on the CPU backend (named, so EXPLAIN says so).
+async fn similarity_session(use_gpu: bool) -> datafusion::prelude::SessionContext {
+    let ctx = setfusion::context();
+    ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
+    if !use_gpu {
+        ctx.sql("SET setfusion.strategy = 'cpu'").await.unwrap().collect().await.unwrap();
+    }
+    ctx
+}
+
 /// The SQL operator: plan shape, EXPLAIN ANALYZE metrics, results vs the
 /// nested-loop plan with setfusion disabled.
 #[test]
 fn sql_similarity_join_plan_and_results() {
     let use_gpu = gpu().is_some();
     block_on(move || async move {
-        let ctx = setfusion::context();
-        ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
-        if !use_gpu {
-            ctx.sql("SET setfusion.strategy = 'cpu'").await.unwrap().collect().await.unwrap();
-        }
+        let ctx = similarity_session(use_gpu).await;
         // 400 random integer sets.
         let mut rng = StdRng::seed_from_u64(7);
         let rows: Vec<String> = (0..400)
@@ -235,11 +242,7 @@ fn sql_similarity_join_plan_and_results() {
 fn sql_similarity_join_with_equality_keys() {
     let use_gpu = gpu().is_some();
     block_on(move || async move {
-        let ctx = setfusion::context();
-        ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
-        if !use_gpu {
-            ctx.sql("SET setfusion.strategy = 'cpu'").await.unwrap().collect().await.unwrap();
-        }
+        let ctx = similarity_session(use_gpu).await;
         let mut rng = StdRng::seed_from_u64(17);
         let rows: Vec<String> = (0..300)
             .map(|i| {
