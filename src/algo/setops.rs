@@ -208,15 +208,20 @@ pub fn key_range(build: &[u64], probe: &[u64]) -> Option<(u64, u64)> {
     key_range_chunks(&[build, probe])
 }
 
-/// [`key_range`] over several slices, scanned in parallel.
-pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
-    let merge = |a: Option<(u64, u64)>, b: Option<(u64, u64)>| match (a, b) {
+/// The union of two key domains.
+fn merge_ranges(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<(u64, u64)> {
+    match (a, b) {
         (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
         (x, None) | (None, x) => x,
-    };
+    }
+}
+
+/// [`key_range`] over several slices, scanned in parallel.
+pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
+    let merge = merge_ranges;
     let scan = |c: &[u64]| (!c.is_empty()).then(|| c.iter().fold((u64::MAX, 0u64), |(l, h), &k| (l.min(k), h.max(k))));
     let total: usize = chunks.iter().map(|c| c.len()).sum();
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+    let threads = crate::gpu::copy_threads();
     if total < (1 << 22) || threads == 1 {
         return chunks.iter().fold(None, |acc, c| merge(acc, scan(c)));
     }
@@ -291,11 +296,7 @@ impl ResidentSelect {
         let (d_build, rb) = gpu.upload_keys(build, stats)?;
         let (d_probe, rp) = gpu.upload_keys(probe, stats)?;
         let (nb, np): (usize, usize) = (build.iter().map(|c| c.len()).sum(), probe.iter().map(|c| c.len()).sum());
-        let range = match (rb, rp) {
-            (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
-            (x, None) | (None, x) => x,
-        };
-        Ok(Self { build: d_build, probe: d_probe, nb, np, range })
+        Ok(Self { build: d_build, probe: d_probe, nb, np, range: merge_ranges(rb, rp) })
     }
 
     /// Keys that are already on the device (e.g. row hashes computed there).

@@ -242,7 +242,7 @@ impl Gpu {
         let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
         let elem = std::mem::size_of::<T>();
         let per_fill = STAGING_BYTES / elem;
-        let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+        let threads = copy_threads();
         let mut cursor = Cursor::new(chunks);
         let mut done = 0usize;
         let mut fill = 0usize;
@@ -311,7 +311,7 @@ impl Gpu {
         let start = Instant::now();
         let mut guard = self.staging()?;
         let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
-        let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+        let threads = copy_threads();
         let mut cursor = Cursor::new(chunks);
         let (mut done, mut fill) = (0usize, 0usize);
         while done < total {
@@ -388,6 +388,12 @@ impl Gpu {
         stats.to_host += start.elapsed();
         Ok(out[0])
     }
+}
+
+/// Host threads for copies, packing and scans over key columns: one per core,
+/// at most 16 (beyond that the copies are bound by memory bandwidth).
+pub(crate) fn copy_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).min(16)
 }
 
 /// Reads several slices back to back, `n` elements at a time.

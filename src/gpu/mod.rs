@@ -17,6 +17,7 @@ use datafusion::error::DataFusionError;
 
 pub use compile::{kernel_sources, KernelSource};
 pub use memory::{DeviceBuffer, MemoryBudget, Pod, TransferStats};
+pub(crate) use memory::copy_threads;
 
 /// Why the GPU backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
