@@ -1,5 +1,5 @@
 // Hash-based multiset operators: semi/anti join and INTERSECT/EXCEPT [ALL].
-// Open addressing with linear probing on 64-bit keys (seed 001: linear hashing
+// Open addressing with (bucketed) linear probing on 64-bit keys (seed 001: linear hashing
 // was its fastest method on unsorted inputs). The table stores per distinct key
 // the build-side multiplicity and a probe-side occurrence counter, which gives
 // the exact SQL multiset result per probe row:
@@ -10,6 +10,10 @@
 // by atomicAdd: equal rows are identical, so which copy is kept is immaterial).
 // The all-ones key is the table's empty marker; rows with that key use a
 // dedicated extra slot at index `cap`.
+//
+// (Running large tables in passes over hash partitions small enough for L2 was
+// measured on the H100 and did not pay: 10M x 10M 0.87 ms in 1 pass, 0.82 in
+// 2, 1.00 in 4; 50M x 50M 7.2 ms in 1, 8.5 in 4. One pass it is.)
 #include "common.cuh"
 
 enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
@@ -24,37 +28,72 @@ __device__ __forceinline__ u64 sf_slot(u32 k) {
     return k;
 }
 
+// Buckets of 16 bytes (4 u32 or 2 u64 slots), read with one vector load:
+// linear probing bucket by bucket. A key goes to the next bucket only when
+// every slot of this one holds another key, and slots never empty again, so
+// a lookup that meets a bucket with an empty slot (and not its key) is done.
+// This trades the dependent slot-by-slot loads of plain linear probing for one
+// load per bucket (10M x 10M semi join on the H100: 0.91 -> 0.85 ms).
+template <typename K>
+struct Bucket {
+    static const int N = 16 / sizeof(K);
+    K k[16 / sizeof(K)];
+};
+
+// The bucket starting at slot b (b a multiple of N; the table is 256-byte aligned).
+template <typename K>
+__device__ __forceinline__ Bucket<K> load_bucket(const K* keys, u64 b) {
+    uint4 v = *reinterpret_cast<const uint4*>(keys + b);
+    Bucket<K> out;
+    memcpy(&out.k[0], &v, 16);
+    return out;
+}
+
 // The all-ones key is the empty marker; it lives in the extra slot mask + 1,
 // whose key word is set to 0 once that key is inserted (so presence is known
 // without a count). In the u32 table it cannot occur (domain < 2^32 - 1).
 template <typename K>
 __device__ __forceinline__ u64 find_or_insert(K* keys, u64 mask, K k) {
     const K empty = (K)~(K)0;
+    const int N = Bucket<K>::N;
     if (k == empty) { keys[mask + 1] = 0; return mask + 1; }
-    u64 s = sf_slot(k) & mask;
+    u64 b = sf_slot(k) & mask & ~(u64)(N - 1);
     while (true) {
-        // Read before the CAS: occupied slots cost a read, not an atomic (CAS-first
-        // measured slower on the H100: 0.99 against 0.91 ms for 10M x 10M).
-        K cur = keys[s];
-        if (cur == k) return s;
-        if (cur == empty) {
-            K prev = atomicCAS(&keys[s], empty, k);
-            if (prev == empty || prev == k) return s;
+        // Read before the CAS: present keys cost a load, not an atomic. The
+        // load may be stale (L1 does not see other SMs' CASes): a stale empty
+        // slot is only ever CASed, whose result is the truth, and a bucket is
+        // never re-read, so staleness cannot loop or duplicate a key.
+        Bucket<K> cur = load_bucket(keys, b);
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            if (cur.k[j] == k) return b + j;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            if (cur.k[j] == empty) {
+                K prev = atomicCAS(&keys[b + j], empty, k);
+                if (prev == empty || prev == k) return b + j;
+            }
         }
-        s = (s + 1) & mask;
+        b = (b + N) & mask;
     }
 }
 
 template <typename K>
 __device__ __forceinline__ long long find(const K* keys, u64 mask, K k) {
     const K empty = (K)~(K)0;
+    const int N = Bucket<K>::N;
     if (k == empty) return keys[mask + 1] == empty ? -1 : (long long)(mask + 1);
-    u64 s = sf_slot(k) & mask;
+    u64 b = sf_slot(k) & mask & ~(u64)(N - 1);
     while (true) {
-        K cur = keys[s];
-        if (cur == k) return (long long)s;
-        if (cur == empty) return -1;
-        s = (s + 1) & mask;
+        Bucket<K> cur = load_bucket(keys, b);
+        bool open = false;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            if (cur.k[j] == k) return (long long)(b + j);
+            open |= cur.k[j] == empty;
+        }
+        if (open) return -1;
+        b = (b + N) & mask;
     }
 }
 

@@ -185,22 +185,30 @@ pub fn device_bytes(strategy: GpuStrategy, op: SetOp, nb: usize, np: usize, rang
     let keys = (nb + np) * 8 + np.div_ceil(32) * 4;
     match strategy {
         GpuStrategy::Hash => keys + hash_capacity(op, nb, np) * 16,
-        GpuStrategy::Bitmap if op.needs_counts() => keys + range as usize * 8,
+        // ALL forms may need counts (a repeated build key); DISTINCT forms two bitmaps.
+        GpuStrategy::Bitmap if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) => keys + range as usize * 8,
+        GpuStrategy::Bitmap if op.needs_counts() => keys + (range as usize).div_ceil(32) * 8,
         GpuStrategy::Bitmap => keys + (range as usize).div_ceil(32) * 4,
         GpuStrategy::Sort => keys + crate::algo::sort_setops::device_bytes_sorted(nb, np),
     }
 }
 
 fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
-    let distinct_bound = if op == SetOp::ExceptDistinct { nb + np } else { nb };
-    (distinct_bound * 2).next_power_of_two().max(1024)
+    hash_slots(distinct_bound(op, nb, np), false)
 }
 
-/// Slots of the u32 table: load factor at most 2/3 (its slots are half the
-/// size, so a fuller table still touches fewer bytes than the u64 one).
-fn hash_capacity_32(op: SetOp, nb: usize, np: usize) -> usize {
-    let distinct_bound = if op == SetOp::ExceptDistinct { nb + np } else { nb };
-    (distinct_bound + distinct_bound / 2).next_power_of_two().max(1024)
+/// Rows that may insert a distinct key into the table (build rows; for
+/// EXCEPT DISTINCT also probe rows, which insert to elect one copy).
+fn distinct_bound(op: SetOp, nb: usize, np: usize) -> usize {
+    if op == SetOp::ExceptDistinct { nb + np } else { nb }
+}
+
+/// Slots for at most `bound` distinct keys: u64 tables at load <= 1/2; u32
+/// tables (`narrow`) at load <= 2/3 (their slots are half the size, so a
+/// fuller table still touches fewer bytes than the u64 one).
+fn hash_slots(bound: usize, narrow: bool) -> usize {
+    let slots = if narrow { bound + bound / 2 } else { bound * 2 };
+    slots.next_power_of_two().max(1024)
 }
 
 /// The domain [min, max] of both inputs, if any.
@@ -343,57 +351,7 @@ impl ResidentSelect {
         let opi = op as i32;
         match strategy {
             GpuStrategy::Hash => {
-                // Keys of a domain narrower than 2^32 - 1 go into a u32 table of
-                // offsets from its minimum (half the bytes, more of it in L2).
-                let narrow = self.range.filter(|(lo, hi)| hi - lo < u32::MAX as u64).map(|(lo, _)| lo);
-                let cap = match narrow {
-                    Some(_) => hash_capacity_32(op, nb, np),
-                    None => hash_capacity(op, nb, np),
-                };
-                let mask = (cap - 1) as u64;
-                let counted = if op.needs_counts() { cap + 1 } else { 1 };
-                let count_b = gpu.alloc_zeros::<u32>(counted)?;
-                let ctr_a = gpu.alloc_zeros::<u32>(counted)?;
-                let null_counts: u64 = 0;
-                let n = (cap + 1) as u64;
-                let (fill, build, probe, width) = match narrow {
-                    Some(_) => ("fill_empty_32", "build_32", "probe_32", 4),
-                    None => ("fill_empty", "build", "probe", 8),
-                };
-                // The table as raw bytes: the kernels see u32 or u64 slots (cuMemAlloc aligns to 256).
-                let table = gpu.alloc::<u8>((cap + 1) * width)?;
-                let f = gpu.function("hash_setops", fill)?;
-                // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
-                unsafe { stream.launch_builder(&f).arg(&table.slice).arg(&n).launch(launch_cfg(cap + 1)) }
-                    .map_err(|e| cuda_err("fill_empty", e))?;
-                let lo = narrow.unwrap_or(0);
-                if nb > 0 {
-                    let f = gpu.function("hash_setops", build)?;
-                    let mut l = stream.launch_builder(&f);
-                    l.arg(&d_build.slice).arg(&nb64);
-                    if narrow.is_some() {
-                        l.arg(&lo);
-                    }
-                    l.arg(&table.slice);
-                    if op.needs_counts() {
-                        l.arg(&count_b.slice);
-                    } else {
-                        l.arg(&null_counts); // presence is enough for semi/anti joins
-                    }
-                    // SAFETY: as above.
-                    unsafe { l.arg(&mask).launch(launch_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
-                }
-                let f = gpu.function("hash_setops", probe)?;
-                let mut l = stream.launch_builder(&f);
-                l.arg(&d_probe.slice).arg(&np64);
-                if narrow.is_some() {
-                    l.arg(&lo);
-                }
-                l.arg(&table.slice);
-                l.arg(&count_b.slice).arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice);
-                // SAFETY: as above.
-                unsafe { l.launch(launch_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
-                gpu.synchronize()?;
+                self.run_hash(gpu, op, &out)?;
             }
             GpuStrategy::Sort => {} // returned above
             GpuStrategy::Bitmap => {
@@ -402,7 +360,12 @@ impl ResidentSelect {
                 if range > BITMAP_MAX_RANGE {
                     return Err(DataFusionError::Plan(format!("bitmap strategy: key range {range} too wide")));
                 }
-                if op.needs_counts() {
+                // Multiset operators first try two bitmaps (build membership and
+                // "seen" probe ranks), exact whenever no build key repeats.
+                let ranked = op.needs_counts() && self.run_bitmap_ranks(gpu, op, range, &out)?;
+                if ranked {
+                    // `out` is written.
+                } else if op.needs_counts() {
                     let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
                     let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
                     if nb > 0 {
@@ -440,6 +403,97 @@ impl ResidentSelect {
         }
         stats.kernel += started.elapsed();
         Ok(out)
+    }
+
+    /// INTERSECT / EXCEPT [ALL] on bitmaps when every build key occurs at most
+    /// once (the DISTINCT forms only need presence, so always): writes `out`
+    /// and returns true, or returns false (nothing written) when a build key
+    /// repeats and the ALL form needs counts.
+    fn run_bitmap_ranks(&self, gpu: &Gpu, op: SetOp, range: u64, out: &DeviceBuffer<u32>) -> Result<bool> {
+        let stream = gpu.stream();
+        let lo = self.range.map_or(0, |(lo, _)| lo);
+        let (nb64, np64, opi) = (self.nb as u64, self.np as u64, op as i32);
+        let words = (range as usize).div_ceil(32);
+        let bits = gpu.alloc_zeros::<u32>(words)?;
+        let dup = gpu.alloc_zeros::<u32>(1)?;
+        if self.nb > 0 {
+            let f = gpu.function("bitmap_setops", "build_bits_dup")?;
+            // SAFETY: kernel signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range).
+            unsafe { stream.launch_builder(&f).arg(&self.build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).arg(&dup.slice).launch(launch_cfg(self.nb)) }
+                .map_err(|e| cuda_err("bitmap build", e))?;
+        }
+        let all = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
+        if all && gpu.read_one(&dup, 0, &mut TransferStats::default())? != 0 {
+            return Ok(false);
+        }
+        let seen = gpu.alloc_zeros::<u32>(words)?;
+        let f = gpu.function("bitmap_setops", "probe_ranks")?;
+        // SAFETY: as above; `seen` covers the same domain, `out` one bit per probe row.
+        unsafe {
+            stream.launch_builder(&f).arg(&self.probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&bits.slice)
+                .arg(&seen.slice).arg(&opi).arg(&out.slice).launch(launch_cfg(self.np))
+        }
+        .map_err(|e| cuda_err("bitmap probe", e))?;
+        Ok(true)
+    }
+
+    /// Build and probe the hash table; writes `out` (one bit per probe row)
+    /// and synchronises.
+    fn run_hash(&self, gpu: &Gpu, op: SetOp, out: &DeviceBuffer<u32>) -> Result<()> {
+        let (nb, np) = (self.nb, self.np);
+        let (d_build, d_probe) = (&self.build, &self.probe);
+        let stream = gpu.stream();
+        let (nb64, np64) = (nb as u64, np as u64);
+        let opi = op as i32;
+        // Keys of a domain narrower than 2^32 - 1 go into a u32 table of
+        // offsets from its minimum (half the bytes, more of it in L2).
+        let narrow = self.range.filter(|(lo, hi)| hi - lo < u32::MAX as u64).map(|(lo, _)| lo);
+        let lo = narrow.unwrap_or(0);
+        let width = if narrow.is_some() { 4 } else { 8 };
+        let counted = op.needs_counts();
+        let suffix = if narrow.is_some() { "_32" } else { "" };
+        let cap = hash_slots(distinct_bound(op, nb, np), narrow.is_some());
+        let mask = (cap - 1) as u64;
+        let n = (cap + 1) as u64;
+        let counted_len = if counted { cap + 1 } else { 1 };
+        let count_b = gpu.alloc_zeros::<u32>(counted_len)?;
+        let ctr_a = gpu.alloc_zeros::<u32>(counted_len)?;
+        let null_counts: u64 = 0;
+        // The table as raw bytes: the kernels see u32 or u64 slots (cuMemAlloc aligns to 256).
+        let table = gpu.alloc::<u8>((cap + 1) * width)?;
+        let fill = gpu.function("hash_setops", &format!("fill_empty{suffix}"))?;
+        let build = gpu.function("hash_setops", &format!("build{suffix}"))?;
+        let probe = gpu.function("hash_setops", &format!("probe{suffix}"))?;
+        // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
+        unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&n).launch(launch_cfg(cap + 1)) }
+            .map_err(|e| cuda_err("fill_empty", e))?;
+        if nb > 0 {
+            let mut l = stream.launch_builder(&build);
+            l.arg(&d_build.slice).arg(&nb64);
+            if narrow.is_some() {
+                l.arg(&lo);
+            }
+            l.arg(&table.slice);
+            if counted {
+                l.arg(&count_b.slice);
+            } else {
+                l.arg(&null_counts); // presence is enough for semi/anti joins
+            }
+            l.arg(&mask);
+            // SAFETY: as above.
+            unsafe { l.launch(launch_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
+        }
+        let mut l = stream.launch_builder(&probe);
+        l.arg(&d_probe.slice).arg(&np64);
+        if narrow.is_some() {
+            l.arg(&lo);
+        }
+        l.arg(&table.slice);
+        l.arg(&count_b.slice).arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice);
+        // SAFETY: as above; `out` holds one bit per probe row.
+        unsafe { l.launch(launch_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
+        gpu.synchronize()?;
+        Ok(())
     }
 }
 
@@ -529,10 +583,15 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut checked = 0;
     // (build rows, probe rows, key domain, with the all-ones key): narrow domains
     // use the u32 table, wide ones (or the all-ones key) the u64 table.
-    let cases = [(0usize, 100usize, 10u64, true), (1000, 0, 10, true), (5000, 7000, 3000, true), (5000, 7000, 3000, false),
-        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true)];
+    let cases = [(0usize, 100usize, 10u64, true), (1000, 0, 10, true), (5000, 7000, 3000, true), (5000, 7000, 3000, false), (4000, 7000, 9000, false),
+        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true), (50_000, 50_000, 2, false)];
     for &(nb, np, domain, marker) in &cases {
-        let build: Vec<u64> = (0..nb).map(|_| 1000 + rng.random_range(0..domain)).collect();
+        let mut build: Vec<u64> = (0..nb).map(|_| 1000 + rng.random_range(0..domain)).collect();
+        if nb == 4000 {
+            // Distinct build keys: the bitmap ALL forms run on two bitmaps instead of counts.
+            build.sort_unstable();
+            build.dedup();
+        }
         let mut probe: Vec<u64> = (0..np).map(|_| 1000 + rng.random_range(0..domain)).collect();
         if np > 3 && marker {
             probe[0] = u64::MAX; // the hash table's empty marker must still work as a key

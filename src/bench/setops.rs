@@ -205,16 +205,18 @@ pub async fn run() -> Result<()> {
         let build: Vec<u64> = (0..nk as u64).map(|i| (i * 2654435761) % 20_000_000).collect();
         let probe: Vec<u64> = (0..nk as u64).map(|i| (i * 40503 + 7) % 20_000_000).collect();
         let mut times = Vec::new();
+        let resident = setops::ResidentSelect::upload(&g, &build, &probe, &mut TransferStats::default())?;
         for s in [GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] {
-            let resident = setops::ResidentSelect::upload(&g, &build, &probe, &mut TransferStats::default())?;
             times.clear();
             for _ in 0..10 {
                 let mut st = TransferStats::default();
-                resident.run(&g, s, SetOp::Semi, &mut st)?;
+                let out = resident.run(&g, s, SetOp::Semi, &mut st)?;
                 times.push(st.kernel);
+                drop(out);
             }
             let t = median(times.clone());
-            writeln!(report, "| semi join ({}) | 10M x 10M int32-range keys | {:.3} | {:.1} G probes/s |", s.name(), ms(t), nk as f64 / t.as_secs_f64() / 1e9).unwrap();
+            let label = s.name();
+            writeln!(report, "| semi join ({label}) | 10M x 10M int32-range keys | {:.3} | {:.1} G probes/s |", ms(t), nk as f64 / t.as_secs_f64() / 1e9).unwrap();
         }
         writeln!(report, "\n{tile_note}").unwrap();
     }

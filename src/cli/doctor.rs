@@ -90,6 +90,17 @@ pub async fn run() -> Result<i32> {
             st.staging_copy.as_secs_f64() * 1e3,
             st.dma_wait.as_secs_f64() * 1e3
         );
+        // The host threads pack each 8M-key fill in a fresh thread scope: what that costs here.
+        let threads = crate::gpu::copy_threads();
+        let t = std::time::Instant::now();
+        for _ in 0..25 {
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(|| std::hint::black_box(0));
+                }
+            });
+        }
+        println!("host: {threads} copy threads; spawning and joining them costs {:.0} us per fill", t.elapsed().as_secs_f64() * 1e6 / 25.0);
     }
     for (family, check) in crate::algo::self_checks() {
         let _lock = g.lock_blocking();

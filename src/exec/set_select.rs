@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -25,6 +25,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -256,6 +257,8 @@ impl ExecutionPlan for SetSelectExec {
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let projection = self.projection.clone();
+        let schema = self.schema.clone();
+        let batch_size = context.session_config().batch_size().max(1);
         let fut = async move {
             let sel = cell
                 .get_or_init(|| async move { run.run(context).await.map(Arc::new).map_err(Arc::new) })
@@ -264,8 +267,23 @@ impl ExecutionPlan for SetSelectExec {
                 .map_err(DataFusionError::Shared)?;
             // Each partition filters its own batches, so output partitions filter in parallel.
             let mut offset = sel.offsets.get(partition).copied().unwrap_or(0);
-            let batches = sel.parts.get(partition).cloned().unwrap_or_default();
+            let batches = sel.parts.get(partition).map(Vec::as_slice).unwrap_or_default();
             let mut out = Vec::with_capacity(batches.len());
+            if schema.fields().is_empty() {
+                // No column is read above (count(*)): row counts only, nothing filtered. Batches
+                // stay at batch_size rows: the aggregate above materialises a literal per row,
+                // and small arrays are reused by the allocator where huge ones page-fault.
+                let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+                let mut kept = sel.selection.slice(offset, rows).count_set_bits();
+                out_rows.add(kept);
+                while kept > 0 {
+                    let n = kept.min(batch_size);
+                    kept -= n;
+                    let options = RecordBatchOptions::new().with_row_count(Some(n));
+                    out.push(RecordBatch::try_new_with_options(schema.clone(), vec![], &options).map_err(DataFusionError::from));
+                }
+                return Ok::<_, DataFusionError>(futures::stream::iter(out));
+            }
             for b in batches {
                 let n = b.num_rows();
                 let mask = BooleanArray::new(sel.selection.slice(offset, n), None);
@@ -274,11 +292,12 @@ impl ExecutionPlan for SetSelectExec {
                 if kept == 0 {
                     continue;
                 }
-                let filtered = if kept == n { b } else { filter_record_batch(&b, &mask)? };
-                let filtered = match &projection {
-                    Some(p) => filtered.project(p)?,
-                    None => filtered,
+                // Project first: only the output columns are filtered.
+                let b = match &projection {
+                    Some(p) => b.project(p)?,
+                    None => b.clone(),
                 };
+                let filtered = if kept == n { b } else { filter_record_batch(&b, &mask)? };
                 out_rows.add(filtered.num_rows());
                 out.push(Ok(filtered));
             }
@@ -290,6 +309,34 @@ impl ExecutionPlan for SetSelectExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    /// Absorb a column-only projection above (e.g. the empty one under
+    /// count(*)): fewer columns are filtered, none at all for an empty one.
+    fn try_swapping_with_projection(&self, projection: &ProjectionExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        try_embed_projection(projection, self)
+    }
+}
+
+impl EmbeddedProjection for SetSelectExec {
+    /// `projection` indexes this node's output columns; it is composed with
+    /// the node's own projection of the kept side.
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> Result<Self> {
+        let composed = match (&self.projection, projection) {
+            (Some(own), Some(p)) => Some(p.iter().map(|&i| own[i]).collect()),
+            (None, p) => p,
+            (own, None) => own.clone(),
+        };
+        SetSelectExec::try_new(
+            self.op,
+            self.keep.clone(),
+            self.other.clone(),
+            self.keep_keys.clone(),
+            self.other_keys.clone(),
+            self.nulls,
+            self.backend.clone(),
+            composed,
+        )
     }
 }
 
@@ -328,11 +375,8 @@ struct Run {
 }
 
 /// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
-fn key_columns(batches: &[RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
-    batches
-        .iter()
-        .map(|b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
-        .collect()
+fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
+    keys::par_map(batches, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
 }
 
 impl Run {
@@ -344,8 +388,8 @@ impl Run {
             collect_partitioned(self.other.clone(), context.clone())
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
-        let keep_batches: Vec<RecordBatch> = keep_parts.iter().flatten().cloned().collect();
-        let other_batches: Vec<RecordBatch> = other_parts.into_iter().flatten().collect();
+        let keep_batches: Vec<&RecordBatch> = keep_parts.iter().flatten().collect();
+        let other_batches: Vec<&RecordBatch> = other_parts.iter().flatten().collect();
         let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
         let other_rows: usize = other_batches.iter().map(|b| b.num_rows()).sum();
         self.metrics.device.input_rows.add(keep_rows + other_rows);

@@ -59,6 +59,8 @@ pub struct DeviceInfo {
     pub total_memory: usize,
     pub driver_version: i32,
     pub multiprocessors: i32,
+    /// L2 cache size (hash tables larger than a share of it run in passes).
+    pub l2_cache_bytes: usize,
 }
 
 /// A usable device: context, one stream, compiled kernels and a memory budget.
@@ -129,6 +131,10 @@ impl Gpu {
             multiprocessors: ctx
                 .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(err)?,
+            l2_cache_bytes: ctx
+                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+                .map_err(err)?
+                .max(0) as usize,
         };
         let stream = ctx.new_stream().map_err(err)?;
         if ctx.has_async_alloc() {
