@@ -140,6 +140,35 @@ __device__ __forceinline__ u32 sf_block_scan(u32 v, u32* wsum) {
     return v;
 }
 
+// Segment table of one chunk of probe-prefix tokens r_tok[from .. from + cn - 1]
+// (cn <= SF_CHUNK, one token per thread): seg_start[k] = first entry of token
+// k's inverted list inside the window [lo, hi), seg_cum[0..cn] = exclusive
+// prefix sums of the segment lengths (seg_cum[cn]: the chunk's hits). Returns
+// this thread's inclusive sum. All SF_BLOCK threads must call; it ends after
+// the scan's last barrier but before seg_start/seg_cum are visible to the
+// block (the caller's next __syncthreads publishes them). Step 1 builds the
+// first chunk's table (kept when it is the only chunk), step 2 each later one.
+__device__ __forceinline__ u32 sf_segments(
+    const u32* __restrict__ r_tok, u32 from, u32 cn,
+    const u32* __restrict__ idx_off, const u32* __restrict__ idx_sets, u32 lo, u32 hi,
+    u32* seg_start, u32* seg_cum, u32* wsum)
+{
+    const u32 tid = threadIdx.x;
+    u32 len = 0;
+    if (tid < cn) {
+        u32 w = r_tok[from + tid];
+        u32 s = idx_off[w], e = idx_off[w + 1];
+        u32 l = sf_lower_bound(idx_sets, s, e, lo);
+        u32 u = sf_lower_bound(idx_sets, l, e, hi);
+        seg_start[tid] = l;
+        len = u - l;
+    }
+    u32 incl = sf_block_scan(len, wsum);
+    if (tid < cn) seg_cum[tid + 1] = incl;
+    if (tid == 0) seg_cum[0] = 0;
+    return incl;
+}
+
 // counters: [0] result triples, [1] deferred (big) probes, [2] candidates
 // (distinct pairs counted), [3] index entries visited.
 // list == null: probes are first .. first + n - 1; else list[first + i].
@@ -179,18 +208,7 @@ extern "C" __global__ void join_probes(
         if (tid == 0) s_total = 0;
         {
             u32 cn = p < SF_CHUNK ? p : SF_CHUNK;
-            u32 len = 0;
-            if (tid < cn) {
-                u32 w = r_tok[beg + tid];
-                u32 s = idx_off[w], e = idx_off[w + 1];
-                u32 l = sf_lower_bound(idx_sets, s, e, lo);
-                u32 u = sf_lower_bound(idx_sets, l, e, hi);
-                seg_start[tid] = l;
-                len = u - l;
-            }
-            u32 incl = sf_block_scan(len, wsum);
-            if (tid < cn) seg_cum[tid + 1] = incl;
-            if (tid == 0) seg_cum[0] = 0;
+            u32 incl = sf_segments(r_tok, beg, cn, idx_off, idx_sets, lo, hi, seg_start, seg_cum, wsum);
             if (p > SF_CHUNK) {
                 // More chunks: only their totals now; segments are rebuilt per chunk below.
                 u32 more = 0;
@@ -243,18 +261,7 @@ extern "C" __global__ void join_probes(
         for (u32 c0 = 0; c0 < p; c0 += SF_CHUNK) {
             u32 cn = p - c0 < SF_CHUNK ? p - c0 : SF_CHUNK;
             if (c0 > 0) {
-                u32 len = 0;
-                if (tid < cn) {
-                    u32 w = r_tok[beg + c0 + tid];
-                    u32 s = idx_off[w], e = idx_off[w + 1];
-                    u32 l = sf_lower_bound(idx_sets, s, e, lo);
-                    u32 u = sf_lower_bound(idx_sets, l, e, hi);
-                    seg_start[tid] = l;
-                    len = u - l;
-                }
-                u32 incl = sf_block_scan(len, wsum);
-                if (tid < cn) seg_cum[tid + 1] = incl;
-                if (tid == 0) seg_cum[0] = 0;
+                sf_segments(r_tok, beg + c0, cn, idx_off, idx_sets, lo, hi, seg_start, seg_cum, wsum);
                 __syncthreads();
             }
             u32 ctotal = seg_cum[cn];

@@ -279,12 +279,18 @@ impl RawSets {
 
 /// Preprocessed sets: set at position `p` is `tokens[offsets[p]..offsets[p+1]]`
 /// (strictly increasing token ids), positions ordered by size; `ids[p]` is the
-/// caller's id of that set.
+/// caller's id of that set. Built by [`preprocess`] (or `Default`, empty).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SetCollection {
     pub offsets: Vec<u32>,
     pub tokens: Vec<u32>,
     pub ids: Vec<u32>,
+    /// One past the largest token id of this collection and its partner:
+    /// [`preprocess`]'s count of distinct elements (tokens are their ranks).
+    /// Kept so the plan does not look up every set's last token (a cache
+    /// miss per set, about 0.3 ms for 100k sets, on the GPU path's critical
+    /// path). Private, so every collection comes from `preprocess`.
+    vocab: u32,
 }
 
 impl SetCollection {
@@ -303,7 +309,7 @@ impl SetCollection {
         self.offsets[p + 1] - self.offsets[p]
     }
     pub fn max_size(&self) -> u32 {
-        (0..self.len()).map(|p| self.size(p)).max().unwrap_or(0)
+        self.offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
     }
     /// One past the largest token id.
     pub fn vocabulary(&self) -> u32 {
@@ -372,6 +378,7 @@ pub fn preprocess(r: &RawSets, s: Option<&RawSets>) -> (SetCollection, Option<Se
             offsets: Vec::with_capacity(n + 1),
             tokens: Vec::with_capacity(d.elems.len()),
             ids: perm.clone(),
+            vocab: order.len() as u32,
         };
         assert!(d.elems.len() < u32::MAX as usize, "similarity join: more than 2^32 set elements");
         c.offsets.push(0);
@@ -412,122 +419,358 @@ struct PrefixIndex {
     positions: Vec<u32>,
 }
 
-/// Index entries per worker thread below which another thread does not pay
-/// for its spawn and its histogram row.
-const INDEX_ENTRIES_PER_THREAD: usize = 32 * 1024;
-/// Cap on the per-thread histogram rows (threads x vocabulary counters).
-const INDEX_HISTOGRAM_WORDS: usize = 64 << 20;
+/// Work (index entries plus indexed sets, see [`PrefixIndex::set_ranges`])
+/// per worker thread below which another thread does not pay for itself: a
+/// thread costs a spawn and two channel hand-offs, tens of microseconds,
+/// while its share of the two passes costs a few nanoseconds per unit. The
+/// GPU path builds the index while a second thread uploads the collection,
+/// so the build has to stay well below that upload (about 2 ms for 100k
+/// sets); ZIPF-100k at Jaccard 0.6 (0.73M entries, 100k sets): 8 threads.
+/// (The former build used 16 threads there, one per 32k entries, with three
+/// barriers and 16 vocabulary-sized histograms, and took 3.6 ms on the
+/// 16-core host.)
+const INDEX_WORK_PER_THREAD: usize = 96 * 1024;
+/// log2 of the most token buckets of the first pass: few enough that each
+/// thread's write streams (one per bucket) stay in its L1/L2, enough that one
+/// bucket's entries and token counters stay small in the second pass.
+const INDEX_BUCKET_BITS: u32 = 9;
+
+/// A first-pass entry: the token's offset within its bucket and the set
+/// position. u32 (`offset << set_bits | set`) where both fit, which halves
+/// the first pass's memory traffic; u64 otherwise.
+trait IndexEntry: Copy + Default + Send + Sync {
+    fn pack(offset: u32, set: u32, set_bits: u32) -> Self;
+    fn offset(self, set_bits: u32) -> usize;
+    fn set(self, set_bits: u32) -> u32;
+}
+
+impl IndexEntry for u32 {
+    #[inline]
+    fn pack(offset: u32, set: u32, set_bits: u32) -> Self {
+        offset << set_bits | set
+    }
+    #[inline]
+    fn offset(self, set_bits: u32) -> usize {
+        (self >> set_bits) as usize
+    }
+    #[inline]
+    fn set(self, set_bits: u32) -> u32 {
+        self & ((1u32 << set_bits) - 1)
+    }
+}
+
+impl IndexEntry for u64 {
+    #[inline]
+    fn pack(offset: u32, set: u32, _: u32) -> Self {
+        (offset as u64) << 32 | set as u64
+    }
+    #[inline]
+    fn offset(self, _: u32) -> usize {
+        (self >> 32) as usize
+    }
+    #[inline]
+    fn set(self, _: u32) -> u32 {
+        self as u32
+    }
+}
+
+/// Shape of one index build: tokens `0..vocab` in `buckets` buckets of
+/// `1 << shift` tokens; set positions take `set_bits` bits; `total` entries.
+#[derive(Clone, Copy)]
+struct IndexShape {
+    vocab: usize,
+    shift: u32,
+    buckets: usize,
+    set_bits: u32,
+    total: usize,
+    with_positions: bool,
+}
+
+impl IndexShape {
+    fn new(n_sets: usize, vocab: usize, total: usize, with_positions: bool) -> Self {
+        let bits = |n: usize| usize::BITS - n.saturating_sub(1).leading_zeros();
+        let shift = bits(vocab).saturating_sub(INDEX_BUCKET_BITS);
+        IndexShape { vocab, shift, buckets: vocab.div_ceil(1 << shift), set_bits: bits(n_sets), total, with_positions }
+    }
+    /// Whether u32 entries hold a bucket offset and a set position.
+    fn packs_u32(&self) -> bool {
+        self.set_bits < 32 && self.shift + self.set_bits <= 32
+    }
+    /// Tokens of buckets `b0..b1`.
+    fn tokens(&self, b0: usize, b1: usize) -> std::ops::Range<usize> {
+        (b0 << self.shift).min(self.vocab)..(b1 << self.shift).min(self.vocab)
+    }
+}
+
+/// One thread's first-pass output: its sets' prefix entries grouped by token
+/// bucket, ascending set positions within a bucket; bucket `b` is
+/// `entries[start[b]..start[b + 1]]`; `positions` parallel to `entries`
+/// (token positions in their sets) or empty.
+struct IndexPart<E> {
+    start: Vec<u32>,
+    entries: Vec<E>,
+    positions: Vec<u32>,
+}
+
+/// One thread's second-pass work: buckets `buckets` and the index slices
+/// they fill (their tokens' list starts, their entries).
+struct GatherJob<'a> {
+    buckets: std::ops::Range<usize>,
+    offsets: &'a mut [u32],
+    sets: &'a mut [u32],
+    positions: &'a mut [u32],
+}
 
 impl PrefixIndex {
     /// CSR index of `s`'s prefixes (`prefix[size]` tokens of each set) over
-    /// tokens `0..vocab`, built on up to `threads` threads without per-set
-    /// allocations: each thread counts the tokens of a contiguous range of
-    /// sets into its own histogram row, the rows are turned into write
-    /// cursors by one prefix sum over (token, thread) split by token ranges,
-    /// and each thread scatters its sets through its cursors. Thread ranges
-    /// follow set order, so every list stays sorted by set position (what the
+    /// tokens `0..vocab`, on up to `threads` threads (one per `per_thread`
+    /// units of work), as a two-pass radix partition (a CSR transpose):
+    /// 1. each thread takes a contiguous range of sets and writes their
+    ///    entries grouped by token bucket (high token bits) into its own
+    ///    array ([`Self::partition`]);
+    /// 2. each thread takes a contiguous range of buckets, whose lists form a
+    ///    contiguous slice of the index, counting-sorts each bucket's entries
+    ///    (from every thread's array, in thread order) by token in a small
+    ///    buffer and copies it out ([`Self::gather`]).
+    /// Both passes write sequentially or within a small, cache-resident
+    /// window. The former build scattered every entry straight to its final
+    /// slot (a cache miss per entry over the whole index, most of its time),
+    /// kept a vocabulary-sized histogram per thread and synchronised all its
+    /// threads with three barriers (on the GPU path the upload runs its own
+    /// copy threads meanwhile, so one descheduled thread stalls every other).
+    /// Sets are read in order, thread ranges follow set order and both sorts
+    /// are stable, so every list stays sorted by set position (what the
     /// window binary searches need) with no sort, exactly as a serial build.
-    /// `vocab` must exceed every prefix token (sets are strictly increasing,
-    /// so their last tokens bound them).
-    /// `per_thread`: entries below which another thread is not worth it.
+    /// One scope: the threads hand their parts to this one, which lays out
+    /// the index and hands each its slices back (channels, no barriers and
+    /// no unsafe). `vocab` must exceed every prefix token.
     fn build(s: &SetCollection, prefix: &[u32], vocab: usize, with_positions: bool, threads: usize, per_thread: usize) -> Self {
-        use std::sync::atomic::AtomicU32;
-        use std::sync::{Barrier, OnceLock};
+        let (bounds, total) = Self::set_ranges(s, prefix, threads, per_thread);
+        let shape = IndexShape::new(s.len(), vocab, total, with_positions);
+        if shape.packs_u32() {
+            Self::build_with::<u32>(s, prefix, &bounds, shape)
+        } else {
+            Self::build_with::<u64>(s, prefix, &bounds, shape)
+        }
+    }
+
+    fn build_with<E: IndexEntry>(s: &SetCollection, prefix: &[u32], bounds: &[usize], shape: IndexShape) -> Self {
+        let (vocab, total) = (shape.vocab, shape.total);
+        let threads = bounds.len() - 1;
+        let mut offsets = vec![0u32; vocab + 1];
+        let mut sets = vec![0u32; total];
+        let mut positions = vec![0u32; if shape.with_positions { total } else { 0 }];
+        offsets[vocab] = total as u32;
+        let part = |i: usize| Self::partition::<E>(s, prefix, &shape, bounds[i]..bounds[i + 1]);
+        let (off, out, pos) = (&mut offsets[..vocab], &mut sets[..], &mut positions[..]);
+        if threads == 1 {
+            let parts = [part(0)];
+            for job in Self::jobs(&parts, &shape, 1, off, out, pos) {
+                Self::gather(&parts, &shape, job);
+            }
+        } else {
+            let shared = std::sync::OnceLock::<Vec<IndexPart<E>>>::new();
+            std::thread::scope(|scope| {
+                use std::sync::mpsc::channel;
+                let (part_tx, part_rx) = channel();
+                let job_txs: Vec<_> = (1..threads)
+                    .map(|i| {
+                        let (job_tx, job_rx) = channel::<GatherJob>();
+                        let (part_tx, part, shared, shape) = (part_tx.clone(), &part, &shared, &shape);
+                        scope.spawn(move || {
+                            let sent = part_tx.send((i, part(i))).is_ok();
+                            // Let the receiver see the end if a sibling dies.
+                            drop(part_tx);
+                            // No job: this thread (after a failure elsewhere) just ends.
+                            if let (true, Ok(job)) = (sent, job_rx.recv()) {
+                                Self::gather(shared.get().expect("parts are shared before jobs are sent"), shape, job);
+                            }
+                        });
+                        job_tx
+                    })
+                    .collect();
+                drop(part_tx);
+                let mut parts: Vec<Option<IndexPart<E>>> = (0..threads).map(|_| None).collect();
+                parts[0] = Some(part(0));
+                for (i, p) in part_rx.iter().take(threads - 1) {
+                    parts[i] = Some(p);
+                }
+                // A missing part is a worker that panicked: the scope reports it.
+                let parts: Vec<IndexPart<E>> = parts.into_iter().map(|p| p.expect("prefix index worker panicked")).collect();
+                let parts = shared.get_or_init(|| parts);
+                let mut jobs = Self::jobs(parts, &shape, threads, off, out, pos).into_iter();
+                let mine = jobs.next().expect("one job per thread");
+                for (tx, job) in job_txs.iter().zip(jobs) {
+                    let _ = tx.send(job);
+                }
+                Self::gather(parts, &shape, mine);
+            });
+        }
+        PrefixIndex { offsets, sets, positions }
+    }
+
+    /// Entry count and up to `threads` contiguous set ranges (`bounds`, one
+    /// more than the threads) with about equal work, from one pass over the
+    /// set sizes in blocks. Work counts a set like an entry: the first pass
+    /// reads every set's bounds, prefix length and first tokens twice, which
+    /// is most of the time when prefixes are short (high thresholds).
+    /// `per_thread`: work below which another thread does not pay for itself.
+    fn set_ranges(s: &SetCollection, prefix: &[u32], threads: usize, per_thread: usize) -> (Vec<usize>, usize) {
         let n_s = s.len();
-        let entries = |p: usize| prefix[s.size(p) as usize] as usize;
-        let total: usize = (0..n_s).map(entries).sum();
-        let threads = threads
-            .min(total / per_thread.max(1))
-            .min(INDEX_HISTOGRAM_WORDS / vocab.max(1))
-            .max(1);
-        // Set ranges with about equal entry counts (sets grow with position).
+        // Block sums: enough blocks for a fine split, few enough to keep this
+        // pass a plain sum over the offsets.
+        let block = (n_s / 256).clamp(1, 1024);
+        let entries: Vec<usize> = (0..n_s)
+            .step_by(block)
+            .map(|p0| {
+                let p1 = (p0 + block).min(n_s);
+                s.offsets[p0..=p1].windows(2).map(|w| prefix[(w[1] - w[0]) as usize] as usize).sum()
+            })
+            .collect();
+        let total: usize = entries.iter().sum();
+        let work = total + n_s;
+        let threads = if total == 0 { 1 } else { threads.min(work / per_thread.max(1)).max(1) };
         let mut bounds = Vec::with_capacity(threads + 1);
         bounds.push(0usize);
         let mut acc = 0usize;
-        for p in 0..n_s {
-            while bounds.len() < threads && acc >= total * bounds.len() / threads {
-                bounds.push(p);
+        for (k, &c) in entries.iter().enumerate() {
+            while bounds.len() < threads && acc >= work * bounds.len() / threads {
+                bounds.push(k * block);
             }
-            acc += entries(p);
+            acc += c + block.min(n_s - k * block);
         }
         while bounds.len() <= threads {
             bounds.push(n_s);
         }
-        let zeros = |n: usize| -> Vec<AtomicU32> { std::iter::repeat_with(|| AtomicU32::new(0)).take(n).collect() };
-        // Relaxed atomics only make the shared arrays writable from several
-        // threads without unsafe: every slot has one writer per phase and the
-        // barriers order the phases (plain loads and stores on x86 and ARM).
-        let offsets = zeros(vocab + 1);
-        let sets = zeros(total);
-        let positions = zeros(if with_positions { total } else { 0 });
-        let rows: Vec<OnceLock<Vec<AtomicU32>>> = (0..threads).map(|_| OnceLock::new()).collect();
-        let range_totals = zeros(threads);
-        let barrier = Barrier::new(threads);
-        let work = |i: usize| {
-            let (p0, p1) = (bounds[i], bounds[i + 1]);
-            // 1. Count this thread's sets into its own row (first touched here,
-            // so the row's pages land near this thread).
-            let row = zeros(vocab);
-            for p in p0..p1 {
-                let set = s.set(p);
-                for &t in &set[..prefix[set.len()] as usize] {
-                    let c = &row[t as usize];
-                    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                }
+        (bounds, total)
+    }
+
+    /// First pass over the sets `range`.
+    fn partition<E: IndexEntry>(
+        s: &SetCollection,
+        prefix: &[u32],
+        shape: &IndexShape,
+        range: std::ops::Range<usize>,
+    ) -> IndexPart<E> {
+        let (shift, set_bits, buckets) = (shape.shift, shape.set_bits, shape.buckets);
+        let prefixes = || range.clone().map(|p| &s.set(p)[..prefix[s.size(p) as usize] as usize]);
+        let mut start = vec![0u32; buckets + 1];
+        for set in prefixes() {
+            for &t in set {
+                // Panics on a token past the vocabulary's buckets (the second
+                // pass catches one inside the last bucket).
+                start[(t >> shift) as usize + 1] += 1;
             }
-            let _ = rows[i].set(row);
-            barrier.wait();
-            let all: Vec<&[AtomicU32]> =
-                rows.iter().map(|r| r.get().expect("every worker sets its row before the barrier").as_slice()).collect();
-            // 2. Entries of this thread's token range, then 3. exclusive prefix
-            // sum in (token, thread) order: row i's counter becomes the first
-            // slot of thread i's sets in that token's list.
-            let (t0, t1) = (vocab * i / threads, vocab * (i + 1) / threads);
-            let mut sum = 0u32;
-            for t in t0..t1 {
-                for row in &all {
-                    sum += row[t].load(Ordering::Relaxed);
-                }
-            }
-            range_totals[i].store(sum, Ordering::Relaxed);
-            barrier.wait();
-            let mut run: u32 = range_totals[..i].iter().map(|c| c.load(Ordering::Relaxed)).sum();
-            for t in t0..t1 {
-                offsets[t].store(run, Ordering::Relaxed);
-                for row in &all {
-                    let c = row[t].load(Ordering::Relaxed);
-                    row[t].store(run, Ordering::Relaxed);
-                    run += c;
-                }
-            }
-            barrier.wait();
-            // 4. Scatter: disjoint slots per thread, ascending set positions.
-            let row = all[i];
-            for p in p0..p1 {
-                let set = s.set(p);
-                for (j, &t) in set[..prefix[set.len()] as usize].iter().enumerate() {
-                    let k = row[t as usize].load(Ordering::Relaxed);
-                    row[t as usize].store(k + 1, Ordering::Relaxed);
-                    sets[k as usize].store(p as u32, Ordering::Relaxed);
-                    if with_positions {
-                        positions[k as usize].store(j as u32, Ordering::Relaxed);
-                    }
-                }
-            }
-        };
-        if threads == 1 {
-            work(0);
-        } else {
-            std::thread::scope(|scope| {
-                for i in 0..threads {
-                    let work = &work;
-                    scope.spawn(move || work(i));
-                }
-            });
         }
-        offsets[vocab].store(total as u32, Ordering::Relaxed);
-        let plain = |v: Vec<AtomicU32>| -> Vec<u32> { v.into_iter().map(AtomicU32::into_inner).collect() };
-        PrefixIndex { offsets: plain(offsets), sets: plain(sets), positions: plain(positions) }
+        for b in 0..buckets {
+            start[b + 1] += start[b];
+        }
+        let n = start[buckets] as usize;
+        let mut cursor = start[..buckets].to_vec();
+        let mut entries = vec![E::default(); n];
+        let mut positions = vec![0u32; if shape.with_positions { n } else { 0 }];
+        let low = (1u32 << shift) - 1;
+        for (p, set) in range.clone().zip(prefixes()) {
+            for (j, &t) in set.iter().enumerate() {
+                let c = &mut cursor[(t >> shift) as usize];
+                entries[*c as usize] = E::pack(t & low, p as u32, set_bits);
+                if shape.with_positions {
+                    positions[*c as usize] = j as u32;
+                }
+                *c += 1;
+            }
+        }
+        IndexPart { start, entries, positions }
+    }
+
+    /// Splits the index arrays (`offsets` without its last slot) into one
+    /// job per thread: contiguous bucket ranges with about equal entries.
+    fn jobs<'a, E>(
+        parts: &[IndexPart<E>],
+        shape: &IndexShape,
+        threads: usize,
+        mut offsets: &'a mut [u32],
+        mut sets: &'a mut [u32],
+        mut positions: &'a mut [u32],
+    ) -> Vec<GatherJob<'a>> {
+        let (buckets, total) = (shape.buckets, shape.total);
+        // first[b]: index slot of bucket b's first entry.
+        let mut first = Vec::with_capacity(buckets + 1);
+        let mut acc = 0usize;
+        for b in 0..buckets {
+            first.push(acc);
+            acc += parts.iter().map(|q| (q.start[b + 1] - q.start[b]) as usize).sum::<usize>();
+        }
+        first.push(acc);
+        assert_eq!(acc, total, "prefix index: entry count");
+        let mut jobs = Vec::with_capacity(threads);
+        let mut b0 = 0;
+        for j in 1..=threads {
+            let b1 = if j == threads { buckets } else { first.partition_point(|&f| f < total * j / threads).max(b0) };
+            let n = first[b1] - first[b0];
+            let (o, o_rest) = std::mem::take(&mut offsets).split_at_mut(shape.tokens(b0, b1).len());
+            let (e, e_rest) = std::mem::take(&mut sets).split_at_mut(n);
+            let (q, q_rest) = std::mem::take(&mut positions).split_at_mut(if shape.with_positions { n } else { 0 });
+            (offsets, sets, positions) = (o_rest, e_rest, q_rest);
+            jobs.push(GatherJob { buckets: b0..b1, offsets: o, sets: e, positions: q });
+            b0 = b1;
+        }
+        jobs
+    }
+
+    /// Second pass over one job's buckets.
+    fn gather<E: IndexEntry>(parts: &[IndexPart<E>], shape: &IndexShape, job: GatherJob) {
+        let (shift, set_bits, with_positions) = (shape.shift, shape.set_bits, shape.with_positions);
+        let GatherJob { buckets, offsets, sets, positions } = job;
+        // Global slot of this job's first entry.
+        let base: usize = parts.iter().map(|q| q.start[buckets.start] as usize).sum();
+        let t_base = shape.tokens(buckets.start, buckets.start).start;
+        let mut cursor = vec![0u32; (1usize << shift).min(shape.vocab)];
+        // One bucket's sorted entries: scattered here (small, cache resident),
+        // then copied out in order, so the index (fresh memory) is written
+        // sequentially instead of line by line at random.
+        let (mut sorted, mut sorted_pos) = (Vec::new(), Vec::new());
+        let mut at = 0usize;
+        for b in buckets {
+            let tokens = shape.tokens(b, b + 1);
+            let cursor = &mut cursor[..tokens.len()];
+            cursor.fill(0);
+            let regions = || parts.iter().map(move |q| (q, q.start[b] as usize..q.start[b + 1] as usize));
+            for (q, r) in regions() {
+                for &e in &q.entries[r] {
+                    // Panics on a token past the vocabulary.
+                    cursor[e.offset(set_bits)] += 1;
+                }
+            }
+            // Exclusive scan: list starts (global slots), then write cursors
+            // within the bucket.
+            let mut n = 0u32;
+            for (t, c) in tokens.clone().zip(cursor.iter_mut()) {
+                offsets[t - t_base] = (base + at) as u32 + n;
+                let k = *c;
+                *c = n;
+                n += k;
+            }
+            let n = n as usize;
+            sorted.resize(n, 0u32);
+            sorted_pos.resize(if with_positions { n } else { 0 }, 0u32);
+            for (q, r) in regions() {
+                let from = r.start;
+                for (i, &e) in q.entries[r].iter().enumerate() {
+                    let c = &mut cursor[e.offset(set_bits)];
+                    sorted[*c as usize] = e.set(set_bits);
+                    if with_positions {
+                        sorted_pos[*c as usize] = q.positions[from + i];
+                    }
+                    *c += 1;
+                }
+            }
+            sets[at..at + n].copy_from_slice(&sorted);
+            if with_positions {
+                positions[at..at + n].copy_from_slice(&sorted_pos);
+            }
+            at += n;
+        }
     }
 }
 
@@ -540,15 +783,37 @@ struct Plan<'a> {
     s_sizes: Vec<u32>,
 }
 
+/// What the prefix index build needs besides the sets, with the tables.
+struct Layout {
+    tables: Tables,
+    s_sizes: Vec<u32>,
+    /// Index prefix length per indexed set size.
+    index_prefix: Vec<u32>,
+    /// One past the largest token of either side.
+    vocab: usize,
+}
+
 impl<'a> Plan<'a> {
     /// Length tables and prefix index; `with_positions`: record each index
     /// entry's token position (the CPU backend's positional filter).
     fn new(r: &'a SetCollection, s: Option<&'a SetCollection>, thr: Threshold, with_positions: bool, threads: usize) -> Self {
+        let Layout { tables, s_sizes, index_prefix, vocab } = Self::layout(r, s, thr);
         let self_join = s.is_none();
         let s = s.unwrap_or(r);
-        let s_sizes: Vec<u32> = (0..s.len()).map(|p| s.size(p)).collect();
-        let max_r = r.max_size();
-        let max_s = s.max_size();
+        let index = PrefixIndex::build(s, &index_prefix, vocab, with_positions, threads, INDEX_WORK_PER_THREAD);
+        Plan { r, s, self_join, tables, index, s_sizes }
+    }
+
+    /// Length tables, index prefix lengths and vocabulary (serial, O(sets)).
+    fn layout(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Layout {
+        let self_join = s.is_none();
+        let s = s.unwrap_or(r);
+        // Slice windows instead of per-set `size()` calls: these O(sets)
+        // passes run before the index build on the GPU path's critical path.
+        let sizes = |c: &SetCollection| -> Vec<u32> { c.offsets.windows(2).map(|w| w[1] - w[0]).collect() };
+        let s_sizes = sizes(s);
+        let max_s = s_sizes.iter().copied().max().unwrap_or(0);
+        let max_r = if self_join { max_s } else { r.max_size() };
         let n = max_r as usize + 1;
         let mut tables = Tables {
             lo_pos: vec![0; n],
@@ -579,12 +844,9 @@ impl<'a> Plan<'a> {
             index_prefix[b as usize] = alpha.map(|al| b - al + 1).unwrap_or(0);
         }
         // One past the largest token of either side (probe tokens look up
-        // their lists too). Sets are strictly increasing, so the last tokens
-        // suffice: O(sets) instead of a scan of every token.
-        let last_max = |c: &SetCollection| (0..c.len()).filter_map(|p| c.set(p).last().map(|t| t + 1)).max().unwrap_or(0);
-        let vocab = if self_join { last_max(r) } else { last_max(r).max(last_max(s)) } as usize;
-        let index = PrefixIndex::build(s, &index_prefix, vocab, with_positions, threads, INDEX_ENTRIES_PER_THREAD);
-        Plan { r, s, self_join, tables, index, s_sizes }
+        // their lists too), recorded by `preprocess`.
+        let vocab = r.vocab.max(s.vocab) as usize;
+        Layout { tables, s_sizes, index_prefix, vocab }
     }
 
     /// The indexed-position window of probe `x` (length filter; self joins
@@ -1355,6 +1617,16 @@ mod tests {
         }
         let id_of_1 = c.set(1)[0];
         assert_eq!(id_of_1, 3, "most frequent token gets the largest id");
+        // The recorded vocabulary (the plan's offsets length) is one past
+        // the largest token, of both sides for a pair.
+        assert_eq!(c.vocab, c.vocabulary());
+        for (_, a, b) in collections() {
+            let (r, s) = preprocess(&a, Some(&b));
+            let s = s.unwrap();
+            assert_eq!((r.vocab, s.vocab), (r.vocabulary().max(s.vocabulary()), r.vocab));
+            let (r, _) = preprocess(&a, None);
+            assert_eq!(r.vocab, r.vocabulary());
+        }
     }
 
     #[test]
@@ -1374,35 +1646,60 @@ mod tests {
         }
     }
 
-    /// The threaded index build equals the serial one (same lists, same
-    /// order), for any thread count including more threads than sets.
+    /// Reference prefix index: one list per token, sets appended in order.
+    fn naive_index(c: &SetCollection, prefix: &[u32], vocab: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+        let mut lists = vec![Vec::new(); vocab];
+        for p in 0..c.len() {
+            let set = c.set(p);
+            for (j, &t) in set[..prefix[set.len()] as usize].iter().enumerate() {
+                lists[t as usize].push((p as u32, j as u32));
+            }
+        }
+        let mut offsets = vec![0u32];
+        for l in &lists {
+            offsets.push(offsets.last().unwrap() + l.len() as u32);
+        }
+        let flat = lists.iter().flatten();
+        (offsets, flat.clone().map(|e| e.0).collect(), flat.map(|e| e.1).collect())
+    }
+
+    /// The index build equals a naive one (same lists, same order) for any
+    /// thread count including more threads than sets, with one token per
+    /// bucket (small vocabulary) or several, a vocabulary past the largest
+    /// token, and both first-pass entry widths.
     #[test]
     fn parallel_prefix_index_matches_serial() {
-        let (c, _) = preprocess(&zipf(3000, 500, 30, 21), None);
-        let vocab = c.vocabulary() as usize;
-        for cut in [0u32, 1, 3] {
-            // prefix[b]: all but `cut` tokens of a set of size b.
-            let prefix: Vec<u32> = (0..=c.max_size()).map(|b| b.saturating_sub(cut)).collect();
-            let serial = PrefixIndex::build(&c, &prefix, vocab, true, 1, 1);
-            assert_eq!(serial.offsets.len(), vocab + 1);
-            for threads in [2, 3, 7, 16, 64] {
-                for pos in [true, false] {
-                    let par = PrefixIndex::build(&c, &prefix, vocab, pos, threads, 1);
-                    assert_eq!(par.offsets, serial.offsets, "cut {cut} threads {threads}");
-                    assert_eq!(par.sets, serial.sets, "cut {cut} threads {threads}");
-                    if pos {
-                        assert_eq!(par.positions, serial.positions, "cut {cut} threads {threads}");
-                    } else {
-                        assert!(par.positions.is_empty());
+        let (small, _) = preprocess(&zipf(3000, 500, 30, 21), None);
+        let (large, _) = preprocess(&zipf(3000, 20_000, 40, 22), None);
+        assert_eq!(IndexShape::new(small.len(), small.vocabulary() as usize, 0, false).shift, 0);
+        assert!(IndexShape::new(large.len(), large.vocabulary() as usize, 0, false).shift >= 3);
+        for c in [&small, &large] {
+            for slack in [0, 37] {
+                let vocab = c.vocabulary() as usize + slack;
+                for cut in [0u32, 1, 3] {
+                    // prefix[b]: all but `cut` tokens of a set of size b.
+                    let prefix: Vec<u32> = (0..=c.max_size()).map(|b| b.saturating_sub(cut)).collect();
+                    let (offsets, sets, positions) = naive_index(c, &prefix, vocab);
+                    let what = format!("vocab {vocab} cut {cut}");
+                    for threads in [1, 2, 3, 7, 16, 64] {
+                        for pos in [true, false] {
+                            let idx = PrefixIndex::build(c, &prefix, vocab, pos, threads, 1);
+                            assert_eq!(idx.offsets, offsets, "{what} threads {threads}");
+                            assert_eq!(idx.sets, sets, "{what} threads {threads}");
+                            if pos {
+                                assert_eq!(idx.positions, positions, "{what} threads {threads}");
+                            } else {
+                                assert!(idx.positions.is_empty());
+                            }
+                        }
                     }
-                }
-            }
-            // Lists ascending by set position, entries point at their token.
-            for t in 0..vocab {
-                let (a, b) = (serial.offsets[t] as usize, serial.offsets[t + 1] as usize);
-                assert!(serial.sets[a..b].windows(2).all(|w| w[0] < w[1]));
-                for k in a..b {
-                    assert_eq!(c.set(serial.sets[k] as usize)[serial.positions[k] as usize], t as u32);
+                    // u64 entries (taken when a bucket offset and a set
+                    // position do not fit 32 bits together).
+                    let (bounds, total) = PrefixIndex::set_ranges(c, &prefix, 3, 1);
+                    let shape = IndexShape::new(c.len(), vocab, total, true);
+                    assert!(shape.packs_u32());
+                    let wide = PrefixIndex::build_with::<u64>(c, &prefix, &bounds, shape);
+                    assert_eq!((&wide.offsets, &wide.sets, &wide.positions), (&offsets, &sets, &positions), "{what} u64");
                 }
             }
         }
@@ -1410,16 +1707,21 @@ mod tests {
         let (few, _) = preprocess(&uniform(5, 30, 12, 8), None);
         let prefix: Vec<u32> = (0..=few.max_size()).collect();
         let v = few.vocabulary() as usize;
-        let one = PrefixIndex::build(&few, &prefix, v, true, 1, 1);
         let many = PrefixIndex::build(&few, &prefix, v, true, 16, 1);
-        assert_eq!((one.offsets, one.sets, one.positions), (many.offsets, many.sets, many.positions));
+        assert_eq!((many.offsets, many.sets, many.positions), naive_index(&few, &prefix, v));
         let (e, _) = preprocess(&RawSets::from_vecs(&[vec![], vec![]]), None);
         let idx = PrefixIndex::build(&e, &[0], 0, true, 4, 1);
         assert_eq!((idx.offsets, idx.sets.len()), (vec![0], 0));
     }
 
-    /// Host plan time on a bench-like 100k collection (sizes 10..=50,
-    /// universe 100k): `cargo test --release --lib plan_timing -- --ignored --nocapture`.
+    /// Host plan time on bench-like 100k collections, by phase: UNIFORM-like
+    /// (sizes 10..=50, universe 100k) and the bench's own ZIPF-100k, whose
+    /// GPU run at Jaccard 0.6 waited on the plan (the collection upload on a
+    /// second thread takes about 2 ms there).
+    /// `cargo test --release --lib plan_timing -- --ignored --nocapture`;
+    /// SSJOIN_PLAN_THREADS=1,2,16 sets the thread counts (default: 1 and all).
+    /// Phases, each on this thread: layout (length tables), ranges (entry
+    /// count, set ranges), partition and gather (the index build's passes).
     #[test]
     #[ignore]
     fn plan_timing() {
@@ -1429,19 +1731,67 @@ mod tests {
             let k = rng.random_range(10..=50);
             raw.push((0..k).map(|_| rng.random_range(0..100_000u64)).collect::<Vec<_>>());
         }
-        let (c, _) = preprocess(&raw, None);
-        for t in [0.5, 0.6, 0.9] {
-            let thr = Threshold::new(Metric::Jaccard, t);
-            for (threads, pos) in [(1, true), (1, false), (default_threads(), false)] {
-                let mut best = std::time::Duration::MAX;
-                for _ in 0..5 {
-                    let t0 = Instant::now();
-                    let plan = Plan::new(&c, None, thr, pos, threads);
-                    best = best.min(t0.elapsed());
-                    std::hint::black_box(&plan.index.sets);
+        let (uniform_c, _) = preprocess(&raw, None);
+        let (zipf_c, _) = preprocess(&crate::bench::ssjoin::generate(100_000, true, 13 + 100_000), None);
+        let threads: Vec<usize> = std::env::var("SSJOIN_PLAN_THREADS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, default_threads()]);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        for (name, c) in [("uniform", &uniform_c), ("zipf", &zipf_c)] {
+            eprintln!("{name}: {} sets, {} tokens, vocabulary {}", c.len(), c.tokens.len(), c.vocabulary());
+            for t in [0.5, 0.6, 0.9] {
+                let thr = Threshold::new(Metric::Jaccard, t);
+                let mut runs = vec![(1, true)];
+                runs.extend(threads.iter().map(|&n| (n, false)));
+                for (threads, pos) in runs {
+                    let mut best = std::time::Duration::MAX;
+                    let mut phases = [std::time::Duration::MAX; 4];
+                    let mut workers = 0;
+                    for _ in 0..9 {
+                        let t0 = Instant::now();
+                        let plan = Plan::new(c, None, thr, pos, threads);
+                        best = best.min(t0.elapsed());
+                        std::hint::black_box(&plan.index.sets);
+                        drop(plan);
+                        // The same steps one by one.
+                        let t0 = Instant::now();
+                        let l = Plan::layout(c, None, thr);
+                        let t1 = Instant::now();
+                        let (bounds, total) = PrefixIndex::set_ranges(c, &l.index_prefix, threads, INDEX_WORK_PER_THREAD);
+                        let t2 = Instant::now();
+                        // The two passes on this thread (u32 entries here).
+                        let shape = IndexShape::new(c.len(), l.vocab, total, pos);
+                        assert!(shape.packs_u32());
+                        let parts: Vec<IndexPart<u32>> = bounds
+                            .windows(2)
+                            .map(|w| PrefixIndex::partition(c, &l.index_prefix, &shape, w[0]..w[1]))
+                            .collect();
+                        let t3 = Instant::now();
+                        let (mut offsets, mut sets, mut positions) =
+                            (vec![0u32; l.vocab + 1], vec![0u32; total], vec![0u32; if pos { total } else { 0 }]);
+                        let off = &mut offsets[..l.vocab];
+                        for job in PrefixIndex::jobs(&parts, &shape, parts.len(), off, &mut sets, &mut positions) {
+                            PrefixIndex::gather(&parts, &shape, job);
+                        }
+                        let t4 = Instant::now();
+                        std::hint::black_box(&sets);
+                        workers = bounds.len() - 1;
+                        for (p, d) in phases.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3]) {
+                            *p = (*p).min(d);
+                        }
+                    }
+                    let entries = Plan::new(c, None, thr, pos, threads).index.sets.len();
+                    eprintln!(
+                        "{name} t={t} threads={threads} ({workers} used) positions={pos}: plan {:.3} ms ({entries} entries); \
+                         layout {:.3} ranges {:.3} partition {:.3} gather {:.3}",
+                        ms(best),
+                        ms(phases[0]),
+                        ms(phases[1]),
+                        ms(phases[2]),
+                        ms(phases[3])
+                    );
                 }
-                let entries = Plan::new(&c, None, thr, pos, threads).index.sets.len();
-                eprintln!("t={t} threads={threads} positions={pos}: plan {:.2} ms ({entries} entries)", best.as_secs_f64() * 1e3);
             }
         }
     }

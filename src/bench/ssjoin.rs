@@ -118,7 +118,8 @@ fn dblp() -> Option<RawSets> {
     Some(raw)
 }
 
-fn generate(n: usize, zipf: bool, seed: u64) -> RawSets {
+/// UNIFORM / ZIPF collections (also timed by ssjoin's `plan_timing` test).
+pub(crate) fn generate(n: usize, zipf: bool, seed: u64) -> RawSets {
     const UNIVERSE: usize = 100_000;
     let mut rng = StdRng::seed_from_u64(seed);
     let cdf: Vec<f64> = if zipf {

@@ -609,6 +609,10 @@ fn decode_fill_cpu(buf: &[u8], n: usize, cap: usize) -> Vec<u64> {
 /// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
 fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], threads: usize, observe: &(dyn Fn(&[T]) + Sync)) {
     let total = dst.len();
+    // At least 2 MiB per thread: small uploads (a similarity join's 11 MB
+    // collection) pay more for spawning 16 threads than they save, and compete
+    // with the host work they overlap.
+    let threads = threads.min((total * std::mem::size_of::<T>()) >> 21);
     if threads <= 1 || total < (1 << 20) {
         let mut at = 0;
         for p in pieces {

@@ -235,9 +235,9 @@ fn sql_similarity_join_plan_and_results() {
     });
 }
 
-/// A hash join with a similarity conjunct (equality keys + jaccard) becomes a
-/// SimilarityJoinExec whose residual filter applies the keys; the answer is
-/// DataFusion's own (setfusion disabled).
+/// A hash join with a similarity conjunct (equality or IS NOT DISTINCT FROM
+/// keys + jaccard) becomes a SimilarityJoinExec whose residual filter applies
+/// the keys; the answer is DataFusion's own (setfusion disabled).
 #[test]
 fn sql_similarity_join_with_equality_keys() {
     let use_gpu = gpu().is_some();
@@ -266,6 +266,9 @@ fn sql_similarity_join_with_equality_keys() {
             "SELECT a.id, b.id FROM t a JOIN t b ON a.cat = b.cat AND a.g = b.g AND dice(a.s, b.s) > 0.5 ORDER BY 1, 2",
             "SELECT a.id, b.id, a.cat FROM t a JOIN t b ON a.cat = b.cat AND overlap(a.s, b.s) >= 2 ORDER BY 1, 2",
             "SELECT count(*) FROM t a JOIN t b ON a.g + 1 = b.g AND jaccard(a.s, b.s) >= 0.3",
+            // NULL-equal keys (NULL categories pair up); parenthesised because DataFusion's
+            // parser binds IS NOT DISTINCT FROM looser than AND.
+            "SELECT a.id, b.id FROM t a JOIN t b ON (a.cat IS NOT DISTINCT FROM b.cat) AND jaccard(a.s, b.s) >= 0.4 AND a.id < b.id ORDER BY 1, 2",
         ];
         let mut got = Vec::new();
         for q in queries {
