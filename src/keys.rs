@@ -157,15 +157,18 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync
         return items.iter().map(f).collect();
     }
     let per = items.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let f = &f;
-        let handles: Vec<_> = items.chunks(per).map(|c| s.spawn(move || c.iter().map(f).collect::<Result<Vec<R>>>())).collect();
-        let mut out = Vec::with_capacity(items.len());
-        for h in handles {
-            out.extend(h.join().map_err(|_| DataFusionError::Internal("key encoding thread panicked".into()))??);
-        }
-        Ok(out)
-    })
+    let chunks: Vec<&[T]> = items.chunks(per).collect();
+    let results: Vec<std::sync::Mutex<Option<Result<Vec<R>>>>> = chunks.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    crate::gpu::for_each_index(chunks.len(), &|i| {
+        let r = chunks[i].iter().map(&f).collect::<Result<Vec<R>>>();
+        *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    });
+    let mut out = Vec::with_capacity(items.len());
+    for r in results {
+        let r = r.into_inner().unwrap_or_else(|e| e.into_inner());
+        out.extend(r.ok_or_else(|| DataFusionError::Internal("key encoding task did not run".into()))??);
+    }
+    Ok(out)
 }
 
 /// A row converter for these key types (None when the keys are exact).

@@ -512,11 +512,17 @@ fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize, threads: u
     if threads <= 1 || n < (1 << 20) {
         return pack(&mut work);
     }
+    // The pool's persistent threads: a fresh thread scope per fill cost ~0.5 ms.
     let per = work.len().div_ceil(threads);
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = work.chunks_mut(per).map(|w| sc.spawn(move || pack(w))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold(false, |a, b| a || b)
-    })
+    let parts: Vec<std::sync::Mutex<&mut [Seg]>> = work.chunks_mut(per).map(std::sync::Mutex::new).collect();
+    let any_wide = std::sync::atomic::AtomicBool::new(false);
+    super::pool::for_each_index(parts.len(), &|i| {
+        let mut segs = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+        if pack(&mut segs) {
+            any_wide.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    any_wide.into_inner()
 }
 
 /// Write the low words of `k - base` for every key of `src` into `dst` (same
@@ -623,30 +629,31 @@ fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], thread
         return;
     }
     let per = total.div_ceil(threads);
-    std::thread::scope(|s| {
-        let mut rest = dst;
-        let mut base = 0;
-        while !rest.is_empty() {
-            let n = per.min(rest.len());
-            let (mine, tail) = rest.split_at_mut(n);
-            rest = tail;
-            let lo = base;
-            base += n;
-            s.spawn(move || {
-                // Copy the part of the concatenation [lo, lo + n) into `mine`.
-                let (mut at, mut pos) = (0usize, 0usize);
-                for p in pieces {
-                    let (p_lo, p_hi) = (pos, pos + p.len());
-                    pos = p_hi;
-                    let (a, b) = (p_lo.max(lo), p_hi.min(lo + n));
-                    if a < b {
-                        let src = &p[a - p_lo..b - p_lo];
-                        mine[at..at + (b - a)].copy_from_slice(src);
-                        observe(src);
-                        at += b - a;
-                    }
-                }
-            });
+    let mut parts = Vec::with_capacity(threads);
+    let (mut rest, mut base) = (dst, 0usize);
+    while !rest.is_empty() {
+        let n = per.min(rest.len());
+        let (mine, tail) = rest.split_at_mut(n);
+        rest = tail;
+        parts.push(std::sync::Mutex::new((base, mine)));
+        base += n;
+    }
+    super::pool::for_each_index(parts.len(), &|i| {
+        let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+        let (lo, ref mut mine) = *part;
+        let n = mine.len();
+        // Copy the part of the concatenation [lo, lo + n) into `mine`.
+        let (mut at, mut pos) = (0usize, 0usize);
+        for p in pieces {
+            let (p_lo, p_hi) = (pos, pos + p.len());
+            pos = p_hi;
+            let (a, b) = (p_lo.max(lo), p_hi.min(lo + n));
+            if a < b {
+                let src = &p[a - p_lo..b - p_lo];
+                mine[at..at + (b - a)].copy_from_slice(src);
+                observe(src);
+                at += b - a;
+            }
         }
     });
 }

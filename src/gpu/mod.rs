@@ -7,6 +7,7 @@
 
 mod compile;
 mod memory;
+mod pool;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -18,6 +19,7 @@ use datafusion::error::DataFusionError;
 pub use compile::{kernel_sources, KernelSource};
 pub use memory::{DeviceBuffer, MemoryBudget, Pod, TransferStats};
 pub(crate) use memory::copy_threads;
+pub(crate) use pool::for_each_index;
 
 /// Why the GPU backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
