@@ -440,6 +440,10 @@ impl ResidentSelect {
     /// Build and probe the hash table; writes `out` (one bit per probe row)
     /// and synchronises.
     fn run_hash(&self, gpu: &Gpu, op: SetOp, out: &DeviceBuffer<u32>) -> Result<()> {
+        // One thread per row (the kernels' grid-stride loops then run once):
+        // 0.808 ms against 0.845 ms with at most 32 blocks per SM looping, for
+        // the 10M x 10M semi join on the H100.
+        let rows_cfg = |n: usize| LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (nb, np) = (self.nb, self.np);
         let (d_build, d_probe) = (&self.build, &self.probe);
         let stream = gpu.stream();
@@ -481,7 +485,7 @@ impl ResidentSelect {
             }
             l.arg(&mask);
             // SAFETY: as above.
-            unsafe { l.launch(launch_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
+            unsafe { l.launch(rows_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
         }
         let mut l = stream.launch_builder(&probe);
         l.arg(&d_probe.slice).arg(&np64);
@@ -491,7 +495,7 @@ impl ResidentSelect {
         l.arg(&table.slice);
         l.arg(&count_b.slice).arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice);
         // SAFETY: as above; `out` holds one bit per probe row.
-        unsafe { l.launch(launch_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
+        unsafe { l.launch(rows_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
         gpu.synchronize()?;
         Ok(())
     }
