@@ -127,7 +127,7 @@ pub fn encode(
         None
     };
     if is_exact(types) {
-        let chunks = par_map(batches, |cols| exact_values(&cols[0]))?;
+        let chunks = crate::gpu::par_map(batches, |cols| exact_values(&cols[0]))?;
         return Ok(KeyColumns { chunks, nulls, rows: None });
     }
     let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;
@@ -145,30 +145,6 @@ pub fn encode(
     let rows = converter.convert_columns(&normalized)?;
     let chunks = if host_hashes { vec![ScalarBuffer::from(hash_rows(RowSubset::all(&rows)))] } else { Vec::new() };
     Ok(KeyColumns { chunks, nulls, rows: Some(rows) })
-}
-
-/// `f` over `items`, in order, on several threads when there are many: the
-/// per-batch bookkeeping of key columns (one Arrow array per 8192-row batch)
-/// costs milliseconds on one thread over a 100M-row input.
-pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
-    const PER_THREAD: usize = 1024;
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16).min(items.len() / PER_THREAD).max(1);
-    if threads == 1 {
-        return items.iter().map(f).collect();
-    }
-    let per = items.len().div_ceil(threads);
-    let chunks: Vec<&[T]> = items.chunks(per).collect();
-    let results: Vec<std::sync::Mutex<Option<Result<Vec<R>>>>> = chunks.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    crate::gpu::for_each_index(chunks.len(), &|i| {
-        let r = chunks[i].iter().map(&f).collect::<Result<Vec<R>>>();
-        *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-    });
-    let mut out = Vec::with_capacity(items.len());
-    for r in results {
-        let r = r.into_inner().unwrap_or_else(|e| e.into_inner());
-        out.extend(r.ok_or_else(|| DataFusionError::Internal("key encoding task did not run".into()))??);
-    }
-    Ok(out)
 }
 
 /// A row converter for these key types (None when the keys are exact).
@@ -218,11 +194,6 @@ fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
 /// Exact 64-bit image of a single fixed-width column (NULL slots hold arbitrary values).
 /// 64-bit integer columns share the Arrow buffer: no copy.
 fn exact_values(a: &ArrayRef) -> Result<ScalarBuffer<u64>> {
-    // BIGINT, the common case: share the values buffer without building an
-    // ArrayData (operators see tens of thousands of 8192-row batches).
-    if let Some(p) = a.as_primitive_opt::<Int64Type>() {
-        return Ok(ScalarBuffer::new(p.values().inner().clone(), 0, p.len()));
-    }
     match a.data_type() {
         DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_) => {
             let data = a.to_data();

@@ -226,20 +226,19 @@ fn merge_ranges(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<(u64, u6
 
 /// [`key_range`] over several slices, scanned in parallel.
 pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
-    let merge = merge_ranges;
     let scan = |c: &[u64]| (!c.is_empty()).then(|| c.iter().fold((u64::MAX, 0u64), |(l, h), &k| (l.min(k), h.max(k))));
     let total: usize = chunks.iter().map(|c| c.len()).sum();
     let threads = crate::gpu::copy_threads();
     if total < (1 << 22) || threads == 1 {
-        return chunks.iter().fold(None, |acc, c| merge(acc, scan(c)));
+        return chunks.iter().fold(None, |acc, c| merge_ranges(acc, scan(c)));
     }
     // Split every chunk into pieces so that threads get similar work.
     let piece = total.div_ceil(threads * 4);
     let pieces: Vec<&[u64]> = chunks.iter().flat_map(|c| c.chunks(piece.max(1))).collect();
     let per = pieces.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let handles: Vec<_> = pieces.chunks(per.max(1)).map(|ps| s.spawn(move || ps.iter().fold(None, |acc, c| merge(acc, scan(c))))).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).fold(None, merge)
+        let handles: Vec<_> = pieces.chunks(per.max(1)).map(|ps| s.spawn(move || ps.iter().fold(None, |acc, c| merge_ranges(acc, scan(c))))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).fold(None, merge_ranges)
     })
 }
 
@@ -360,32 +359,11 @@ impl ResidentSelect {
                 if range > BITMAP_MAX_RANGE {
                     return Err(DataFusionError::Plan(format!("bitmap strategy: key range {range} too wide")));
                 }
-                // Multiset operators first try two bitmaps (build membership and
-                // "seen" probe ranks), exact whenever no build key repeats.
-                let ranked = op.needs_counts() && self.run_bitmap_ranks(gpu, op, range, &out)?;
-                if ranked {
-                    // `out` is written.
-                } else if op.needs_counts() {
-                    let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
-                    let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
-                    if nb > 0 {
-                        let f = gpu.function("bitmap_setops", "build_counts")?;
-                        // SAFETY: kernel signatures match kernels/bitmap_setops.cu; count arrays cover [lo, hi].
-                        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(launch_cfg(nb)) }
-                            .map_err(|e| cuda_err("bitmap build", e))?;
-                    }
-                    let f = gpu.function("bitmap_setops", "probe_counts")?;
-                    // SAFETY: as above.
-                    unsafe {
-                        stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&count_b.slice)
-                            .arg(&ctr_a.slice).arg(&opi).arg(&out.slice).launch(launch_cfg(np))
-                    }
-                    .map_err(|e| cuda_err("bitmap probe", e))?;
-                } else {
+                if !op.needs_counts() {
                     let bits = gpu.alloc_zeros::<u32>((range as usize).div_ceil(32))?;
                     if nb > 0 {
                         let f = gpu.function("bitmap_setops", "build_bits")?;
-                        // SAFETY: as above; the bitmap covers [lo, hi].
+                        // SAFETY: kernel signatures match kernels/bitmap_setops.cu; the bitmap covers [lo, hi].
                         unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(launch_cfg(nb)) }
                             .map_err(|e| cuda_err("bitmap build", e))?;
                     }
@@ -395,6 +373,24 @@ impl ResidentSelect {
                     unsafe {
                         stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&bits.slice)
                             .arg(&anti).arg(&out.slice).launch(launch_cfg(np))
+                    }
+                    .map_err(|e| cuda_err("bitmap probe", e))?;
+                // Multiset operators first try two bitmaps (build membership and
+                // "seen" probe ranks); counts only when a build key repeats.
+                } else if !self.run_bitmap_ranks(gpu, op, lo, range, &out)? {
+                    let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
+                    let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
+                    if nb > 0 {
+                        let f = gpu.function("bitmap_setops", "build_counts")?;
+                        // SAFETY: as above; count arrays cover [lo, hi].
+                        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(launch_cfg(nb)) }
+                            .map_err(|e| cuda_err("bitmap build", e))?;
+                    }
+                    let f = gpu.function("bitmap_setops", "probe_counts")?;
+                    // SAFETY: as above.
+                    unsafe {
+                        stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&count_b.slice)
+                            .arg(&ctr_a.slice).arg(&opi).arg(&out.slice).launch(launch_cfg(np))
                     }
                     .map_err(|e| cuda_err("bitmap probe", e))?;
                 }
@@ -409,9 +405,8 @@ impl ResidentSelect {
     /// once (the DISTINCT forms only need presence, so always): writes `out`
     /// and returns true, or returns false (nothing written) when a build key
     /// repeats and the ALL form needs counts.
-    fn run_bitmap_ranks(&self, gpu: &Gpu, op: SetOp, range: u64, out: &DeviceBuffer<u32>) -> Result<bool> {
+    fn run_bitmap_ranks(&self, gpu: &Gpu, op: SetOp, lo: u64, range: u64, out: &DeviceBuffer<u32>) -> Result<bool> {
         let stream = gpu.stream();
-        let lo = self.range.map_or(0, |(lo, _)| lo);
         let (nb64, np64, opi) = (self.nb as u64, self.np as u64, op as i32);
         let words = (range as usize).div_ceil(32);
         let bits = gpu.alloc_zeros::<u32>(words)?;

@@ -420,9 +420,9 @@ struct PrefixIndex {
 }
 
 /// Work (index entries plus indexed sets, see [`PrefixIndex::set_ranges`])
-/// per worker thread below which another thread does not pay for itself: a
-/// thread costs a spawn and two channel hand-offs, tens of microseconds,
-/// while its share of the two passes costs a few nanoseconds per unit. The
+/// per task below which another task does not pay for itself: a task costs
+/// two hand-offs to a pool thread, microseconds, while its share of the two
+/// passes costs a few nanoseconds per unit. The
 /// GPU path builds the index while a second thread uploads the collection,
 /// so the build has to stay well below that upload (about 2 ms for 100k
 /// sets); ZIPF-100k at Jaccard 0.6 (0.73M entries, 100k sets): 8 threads.
@@ -541,9 +541,9 @@ impl PrefixIndex {
     /// Sets are read in order, thread ranges follow set order and both sorts
     /// are stable, so every list stays sorted by set position (what the
     /// window binary searches need) with no sort, exactly as a serial build.
-    /// One scope: the threads hand their parts to this one, which lays out
-    /// the index and hands each its slices back (channels, no barriers and
-    /// no unsafe). `vocab` must exceed every prefix token.
+    /// Both passes run as tasks on the host copy pool
+    /// ([`crate::gpu::for_each_mut`]); this thread lays out the index between
+    /// them (no barriers). `vocab` must exceed every prefix token.
     fn build(s: &SetCollection, prefix: &[u32], vocab: usize, with_positions: bool, threads: usize, per_thread: usize) -> Self {
         let (bounds, total) = Self::set_ranges(s, prefix, threads, per_thread);
         let shape = IndexShape::new(s.len(), vocab, total, with_positions);
@@ -569,21 +569,14 @@ impl PrefixIndex {
                 Self::gather(&parts, &shape, job);
             }
         } else {
-            // Both phases on the persistent host threads (a fresh thread scope
-            // costs ~0.5 ms on the GPU machine, a quarter of this whole plan).
-            use std::sync::Mutex;
-            let built: Vec<Mutex<Option<IndexPart<E>>>> = (0..threads).map(|_| Mutex::new(None)).collect();
-            crate::gpu::for_each_index(threads, &|i| {
-                *built[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(part(i));
-            });
-            let parts: Vec<IndexPart<E>> = built
-                .into_iter()
-                .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("for_each_index runs every part"))
-                .collect();
-            let jobs: Vec<Mutex<Option<GatherJob>>> =
-                Self::jobs(&parts, &shape, threads, off, out, pos).into_iter().map(|j| Mutex::new(Some(j))).collect();
-            crate::gpu::for_each_index(jobs.len(), &|i| {
-                if let Some(job) = jobs[i].lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // Both passes on the host copy pool (a fresh thread scope costs
+            // ~0.5 ms on the GPU machine, a quarter of this whole plan).
+            let mut parts: Vec<Option<IndexPart<E>>> = (0..threads).map(|_| None).collect();
+            crate::gpu::for_each_mut(&mut parts, &|i, slot| *slot = Some(part(i)));
+            let parts: Vec<IndexPart<E>> = parts.into_iter().map(|p| p.expect("for_each_mut runs every part")).collect();
+            let mut jobs: Vec<Option<GatherJob>> = Self::jobs(&parts, &shape, threads, off, out, pos).into_iter().map(Some).collect();
+            crate::gpu::for_each_mut(&mut jobs, &|_, job| {
+                if let Some(job) = job.take() {
                     Self::gather(&parts, &shape, job);
                 }
             });

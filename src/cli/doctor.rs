@@ -90,7 +90,8 @@ pub async fn run() -> Result<i32> {
             st.staging_copy.as_secs_f64() * 1e3,
             st.dma_wait.as_secs_f64() * 1e3
         );
-        // The host threads pack each 8M-key fill in a fresh thread scope: what that costs here.
+        // What a fresh scope of copy threads per 8M-key fill would cost here (the
+        // persistent pool in src/gpu/pool.rs saves it once per fill).
         let threads = crate::gpu::copy_threads();
         let t = std::time::Instant::now();
         for _ in 0..25 {

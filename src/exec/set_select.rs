@@ -376,7 +376,7 @@ struct Run {
 
 /// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
 fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
-    keys::par_map(batches, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
+    crate::gpu::par_map(batches, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
 }
 
 impl Run {

@@ -514,11 +514,10 @@ fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize, threads: u
     }
     // The pool's persistent threads: a fresh thread scope per fill cost ~0.5 ms.
     let per = work.len().div_ceil(threads);
-    let parts: Vec<std::sync::Mutex<&mut [Seg]>> = work.chunks_mut(per).map(std::sync::Mutex::new).collect();
+    let mut parts: Vec<&mut [Seg]> = work.chunks_mut(per).collect();
     let any_wide = std::sync::atomic::AtomicBool::new(false);
-    super::pool::for_each_index(parts.len(), &|i| {
-        let mut segs = parts[i].lock().unwrap_or_else(|e| e.into_inner());
-        if pack(&mut segs) {
+    super::pool::for_each_mut(&mut parts, &|_, segs| {
+        if pack(segs) {
             any_wide.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     });
@@ -635,13 +634,11 @@ fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], thread
         let n = per.min(rest.len());
         let (mine, tail) = rest.split_at_mut(n);
         rest = tail;
-        parts.push(std::sync::Mutex::new((base, mine)));
+        parts.push((base, mine));
         base += n;
     }
-    super::pool::for_each_index(parts.len(), &|i| {
-        let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
-        let (lo, ref mut mine) = *part;
-        let n = mine.len();
+    super::pool::for_each_mut(&mut parts, &|_, (lo, mine)| {
+        let (lo, n) = (*lo, mine.len());
         // Copy the part of the concatenation [lo, lo + n) into `mine`.
         let (mut at, mut pos) = (0usize, 0usize);
         for p in pieces {

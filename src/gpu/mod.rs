@@ -19,7 +19,7 @@ use datafusion::error::DataFusionError;
 pub use compile::{kernel_sources, KernelSource};
 pub use memory::{DeviceBuffer, MemoryBudget, Pod, TransferStats};
 pub(crate) use memory::copy_threads;
-pub(crate) use pool::for_each_index;
+pub(crate) use pool::{for_each_mut, par_map};
 
 /// Why the GPU backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,8 +61,6 @@ pub struct DeviceInfo {
     pub total_memory: usize,
     pub driver_version: i32,
     pub multiprocessors: i32,
-    /// L2 cache size (hash tables larger than a share of it run in passes).
-    pub l2_cache_bytes: usize,
 }
 
 /// A usable device: context, one stream, compiled kernels and a memory budget.
@@ -133,10 +131,6 @@ impl Gpu {
             multiprocessors: ctx
                 .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(err)?,
-            l2_cache_bytes: ctx
-                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-                .map_err(err)?
-                .max(0) as usize,
         };
         let stream = ctx.new_stream().map_err(err)?;
         if ctx.has_async_alloc() {

@@ -107,6 +107,33 @@ pub(crate) fn for_each_index(n: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Run `f(i, &mut items[i])` for every item on the pool (each item is handed
+/// to exactly one task, so tasks may mutate their own item).
+pub(crate) fn for_each_mut<T: Send>(items: &mut [T], f: &(dyn Fn(usize, &mut T) + Sync)) {
+    let slots: Vec<Mutex<&mut T>> = items.iter_mut().map(Mutex::new).collect();
+    for_each_index(slots.len(), &|i| f(i, &mut slots[i].lock().unwrap_or_else(|e| e.into_inner())));
+}
+
+/// `f` over `items`, in order, on the pool when there are many (at least
+/// 1024 per thread): the per-batch bookkeeping of key columns (one Arrow
+/// array per 8192-row batch) costs milliseconds on one thread over a
+/// 100M-row input.
+pub(crate) fn par_map<T: Sync, R: Send, E: Send>(items: &[T], f: impl Fn(&T) -> Result<R, E> + Sync) -> Result<Vec<R>, E> {
+    const PER_THREAD: usize = 1024;
+    let threads = super::copy_threads().min(items.len() / PER_THREAD).max(1);
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunks: Vec<&[T]> = items.chunks(items.len().div_ceil(threads)).collect();
+    let mut results: Vec<Option<Result<Vec<R>, E>>> = chunks.iter().map(|_| None).collect();
+    for_each_mut(&mut results, &|i, slot| *slot = Some(chunks[i].iter().map(&f).collect()));
+    let mut out = Vec::with_capacity(items.len());
+    for r in results {
+        out.extend(r.expect("for_each_mut runs every task")?);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
