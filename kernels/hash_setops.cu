@@ -11,9 +11,20 @@
 // The all-ones key is the table's empty marker; rows with that key use a
 // dedicated extra slot at index `cap`.
 //
-// (Running large tables in passes over hash partitions small enough for L2 was
-// measured on the H100 and did not pay: 10M x 10M 0.87 ms in 1 pass, 0.82 in
-// 2, 1.00 in 4; 50M x 50M 7.2 ms in 1, 8.5 in 4. One pass it is.)
+// Build in passes: when the table is a little larger than L2 (10M keys: 64 MB
+// against the H100's 50 MB), inserting the keys whose home bucket lies in the
+// lower half of the table first, then the others, keeps each pass's dirty
+// working set in L2 (10M x 10M semi join on the H100: build 540 -> 450 us;
+// 3 passes 495 us, 4 passes 567 us, each pass re-reads the build keys). The
+// probe does not gain from passes (259 us in 1, 290 us in 2): it only reads.
+// Measured and dropped (November 2026, same benchmark): 32-byte buckets (a
+// whole DRAM sector per lookup; 0.817 against 0.816 ms); a CAS without the
+// read before it (build 608 us); a table at half the load (1.04 ms); and a
+// radix-partitioned join with tables in shared memory, which moves the random
+// accesses on chip but pays for them in the partitioning: histogram ~100 us,
+// scatter 500 us even with the tiles sorted in shared memory before writing
+// (runs of ~4 rows over 2^11 partitions are partial DRAM sectors), join 250 us
+// (its output is a random atomicOr per kept row); 0.95 ms in all.)
 #include "common.cuh"
 
 enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
@@ -97,16 +108,20 @@ __device__ __forceinline__ long long find(const K* keys, u64 mask, K k) {
     }
 }
 
-// keys: cap+1 entries set to all ones (the extra one is the all-ones key's slot).
-extern "C" __global__ void fill_empty(u64* keys, u64 n) { SF_FOR(i, n) keys[i] = ~0ULL; }
-extern "C" __global__ void fill_empty_32(u32* keys, u64 n) { SF_FOR(i, n) keys[i] = ~0u; }
+// Set the table's n16 16-byte words to all ones (every slot empty, the extra
+// slot included: the host rounds the table up to whole words).
+extern "C" __global__ void fill_empty(uint4* words, u64 n16) { SF_FOR(i, n16) words[i] = make_uint4(~0u, ~0u, ~0u, ~0u); }
 
-// Insert every build key and count its multiplicity (count_b == nullptr for
-// semi/anti joins, which only need presence: one atomic per row less).
+// Insert the build keys of pass `pass` of `passes` (those whose home bucket
+// lies in that share of the table; see the note on passes above) and count
+// their multiplicity (count_b == nullptr for semi/anti joins, which only need
+// presence: one atomic per row less).
 template <typename K>
-__device__ void build_rows(const u64* bkeys, u64 nb, u64 lo, K* keys, u32* count_b, u64 mask) {
+__device__ void build_rows(const u64* bkeys, u64 nb, u64 lo, K* keys, u32* count_b, u64 mask, u32 pass, u32 passes) {
     SF_FOR(i, nb) {
-        u64 s = find_or_insert(keys, mask, (K)(bkeys[i] - lo));
+        K k = (K)(bkeys[i] - lo);
+        if (passes > 1 && (u32)(((sf_slot(k) & mask) * passes) / (mask + 1)) != pass) continue;
+        u64 s = find_or_insert(keys, mask, k);
         if (count_b) atomicAdd(&count_b[s], 1u);
     }
 }
@@ -141,15 +156,15 @@ __device__ void probe_rows(const u64* pkeys, u64 np, u64 lo, K* keys, const u32*
     }
 }
 
-extern "C" __global__ void build(const u64* bkeys, u64 nb, u64* keys, u32* count_b, u64 mask) {
-    build_rows<u64>(bkeys, nb, 0, keys, count_b, mask);
+extern "C" __global__ void build(const u64* bkeys, u64 nb, u64* keys, u32* count_b, u64 mask, u32 pass, u32 passes) {
+    build_rows<u64>(bkeys, nb, 0, keys, count_b, mask, pass, passes);
 }
 extern "C" __global__ void probe(const u64* pkeys, u64 np, u64* keys, const u32* count_b, u32* ctr_a,
                                  u64 mask, int op, u32* out_bits) {
     probe_rows<u64>(pkeys, np, 0, keys, count_b, ctr_a, mask, op, out_bits);
 }
-extern "C" __global__ void build_32(const u64* bkeys, u64 nb, u64 lo, u32* keys, u32* count_b, u64 mask) {
-    build_rows<u32>(bkeys, nb, lo, keys, count_b, mask);
+extern "C" __global__ void build_32(const u64* bkeys, u64 nb, u64 lo, u32* keys, u32* count_b, u64 mask, u32 pass, u32 passes) {
+    build_rows<u32>(bkeys, nb, lo, keys, count_b, mask, pass, passes);
 }
 extern "C" __global__ void probe_32(const u64* pkeys, u64 np, u64 lo, u32* keys, const u32* count_b, u32* ctr_a,
                                     u64 mask, int op, u32* out_bits) {

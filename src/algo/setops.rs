@@ -211,6 +211,15 @@ fn hash_slots(bound: usize, narrow: bool) -> usize {
     slots.next_power_of_two().max(1024)
 }
 
+/// Passes of the hash build over a table of `bytes` (kernels/hash_setops.cu,
+/// "Build in passes"): two for a table just past L2 (64 MiB at 10M keys; the
+/// H100 has 50 MB), where each half's dirty working set fits; one otherwise,
+/// since every pass re-reads the build keys and a half of a much larger
+/// table gains nothing from L2.
+fn build_passes(bytes: usize) -> u32 {
+    if bytes > (32 << 20) && bytes <= (128 << 20) { 2 } else { 1 }
+}
+
 /// The domain [min, max] of both inputs, if any.
 pub fn key_range(build: &[u64], probe: &[u64]) -> Option<(u64, u64)> {
     key_range_chunks(&[build, probe])
@@ -453,20 +462,23 @@ impl ResidentSelect {
         let suffix = if narrow.is_some() { "_32" } else { "" };
         let cap = hash_slots(distinct_bound(op, nb, np), narrow.is_some());
         let mask = (cap - 1) as u64;
-        let n = (cap + 1) as u64;
         let counted_len = if counted { cap + 1 } else { 1 };
         let count_b = gpu.alloc_zeros::<u32>(counted_len)?;
         let ctr_a = gpu.alloc_zeros::<u32>(counted_len)?;
         let null_counts: u64 = 0;
-        // The table as raw bytes: the kernels see u32 or u64 slots (cuMemAlloc aligns to 256).
-        let table = gpu.alloc::<u8>((cap + 1) * width)?;
-        let fill = gpu.function("hash_setops", &format!("fill_empty{suffix}"))?;
+        // The table as raw bytes, in whole 16-byte words: the kernels see u32 or
+        // u64 slots (cuMemAlloc aligns to 256).
+        let words = ((cap + 1) * width).div_ceil(16);
+        let table = gpu.alloc::<u8>(words * 16)?;
+        let fill = gpu.function("hash_setops", "fill_empty")?;
         let build = gpu.function("hash_setops", &format!("build{suffix}"))?;
         let probe = gpu.function("hash_setops", &format!("probe{suffix}"))?;
+        let words64 = words as u64;
         // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
-        unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&n).launch(launch_cfg(cap + 1)) }
+        unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&words64).launch(launch_cfg(words)) }
             .map_err(|e| cuda_err("fill_empty", e))?;
-        if nb > 0 {
+        let passes = build_passes(cap * width);
+        for pass in 0..if nb > 0 { passes } else { 0 } {
             let mut l = stream.launch_builder(&build);
             l.arg(&d_build.slice).arg(&nb64);
             if narrow.is_some() {
@@ -478,7 +490,7 @@ impl ResidentSelect {
             } else {
                 l.arg(&null_counts); // presence is enough for semi/anti joins
             }
-            l.arg(&mask);
+            l.arg(&mask).arg(&pass).arg(&passes);
             // SAFETY: as above.
             unsafe { l.launch(rows_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
         }
@@ -583,7 +595,10 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     // (build rows, probe rows, key domain, with the all-ones key): narrow domains
     // use the u32 table, wide ones (or the all-ones key) the u64 table.
     let cases = [(0usize, 100usize, 10u64, true), (1000, 0, 10, true), (5000, 7000, 3000, true), (5000, 7000, 3000, false), (4000, 7000, 9000, false),
-        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true), (50_000, 50_000, 2, false)];
+        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true), (50_000, 50_000, 2, false),
+        // Heavily repeated keys (30,000 copies of one) in a u64 table; and a u32 table of
+        // 64 MiB, which the hash build fills in two passes.
+        (600_000, 200_000, 1 << 40, true), (6_000_000, 1_000_000, 1 << 30, false)];
     for &(nb, np, domain, marker) in &cases {
         let mut build: Vec<u64> = (0..nb).map(|_| 1000 + rng.random_range(0..domain)).collect();
         if nb == 4000 {
@@ -591,9 +606,15 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             build.sort_unstable();
             build.dedup();
         }
+        if nb == 600_000 {
+            build[..30_000].fill(1234);
+        }
         let mut probe: Vec<u64> = (0..np).map(|_| 1000 + rng.random_range(0..domain)).collect();
         if np > 3 && marker {
             probe[0] = u64::MAX; // the hash table's empty marker must still work as a key
+            if nb > 3 {
+                build[1] = u64::MAX;
+            }
         }
         for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
             let want = select_cpu(op, &build, &probe);

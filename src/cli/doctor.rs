@@ -102,6 +102,22 @@ pub async fn run() -> Result<i32> {
             });
         }
         println!("host: {threads} copy threads; spawning and joining them costs {:.0} us per fill", t.elapsed().as_secs_f64() * 1e6 / 25.0);
+        // Host memory bandwidth on the same threads: the ceiling for packing keys
+        // and for filtering payload columns on the host (both stream memory).
+        let mut dst = vec![0u64; host.len()];
+        let per = host.len().div_ceil(threads);
+        let mut pieces: Vec<(&[u64], &mut [u64], u64)> = host.chunks(per).zip(dst.chunks_mut(per)).map(|(a, b)| (a, b, 0)).collect();
+        let (mut read, mut copy) = (f64::MAX, f64::MAX);
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            crate::gpu::for_each_mut(&mut pieces, &|_, (src, _, sum)| *sum = src.iter().fold(0u64, |a, &x| a.wrapping_add(x)));
+            read = read.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            crate::gpu::for_each_mut(&mut pieces, &|_, (src, dst, _)| dst.copy_from_slice(src));
+            copy = copy.min(t.elapsed().as_secs_f64());
+        }
+        std::hint::black_box(&pieces);
+        println!("host memory on {threads} threads: read 1 GiB at {:.1} GB/s, copy 1 GiB at {:.1} GB/s (2 GiB of traffic)", (1u64 << 30) as f64 / read / 1e9, (1u64 << 30) as f64 / copy / 1e9);
     }
     for (family, check) in crate::algo::self_checks() {
         let _lock = g.lock_blocking();

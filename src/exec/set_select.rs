@@ -256,6 +256,8 @@ impl ExecutionPlan for SetSelectExec {
             ran: self.ran.clone(),
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        // Host time spent cutting the kept rows out of this partition's batches (summed over partitions).
+        let filter_time = MetricBuilder::new(&self.metrics).subset_time("output_filter_time", partition);
         let projection = self.projection.clone();
         let schema = self.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
@@ -284,6 +286,7 @@ impl ExecutionPlan for SetSelectExec {
                 }
                 return Ok::<_, DataFusionError>(futures::stream::iter(out));
             }
+            let _timer = filter_time.timer();
             for b in batches {
                 let n = b.num_rows();
                 let mask = BooleanArray::new(sel.selection.slice(offset, n), None);
