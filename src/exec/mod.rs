@@ -2,7 +2,11 @@
 pub mod set_select;
 pub mod similarity_join;
 
+use std::fmt;
+use std::sync::Mutex;
+
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::DisplayFormatType;
 
 use crate::gpu::TransferStats;
 
@@ -38,4 +42,23 @@ impl DeviceMetrics {
         self.staging_copy_time.add_duration(s.staging_copy);
         self.kernel_time.add_duration(s.kernel);
     }
+}
+
+/// The tail every setfusion operator's EXPLAIN line ends with: the embedded
+/// projection, and (after a run, except in the tree view) what actually ran.
+pub(crate) fn fmt_projection_and_ran(
+    f: &mut fmt::Formatter,
+    t: DisplayFormatType,
+    projection: &Option<Vec<usize>>,
+    ran: &Mutex<Option<String>>,
+) -> fmt::Result {
+    if let Some(p) = projection {
+        write!(f, ", projection={p:?}")?;
+    }
+    if !matches!(t, DisplayFormatType::TreeRender) {
+        if let Some(ran) = ran.lock().unwrap().as_ref() {
+            write!(f, ", ran={ran}")?;
+        }
+    }
+    Ok(())
 }

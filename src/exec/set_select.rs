@@ -174,15 +174,7 @@ impl DisplayAs for SetSelectExec {
             NullMode::NullAware => write!(f, ", null_aware")?,
         }
         write!(f, ", backend={backend}")?;
-        if let Some(p) = &self.projection {
-            write!(f, ", projection={p:?}")?;
-        }
-        if !matches!(t, DisplayFormatType::TreeRender) {
-            if let Some(ran) = self.ran.lock().unwrap().as_ref() {
-                write!(f, ", ran={ran}")?;
-            }
-        }
-        Ok(())
+        super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
     }
 }
 

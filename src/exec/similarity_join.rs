@@ -142,15 +142,7 @@ impl DisplayAs for SimilarityJoinExec {
             },
             Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
         }
-        if let Some(p) = &self.projection {
-            write!(f, ", projection={p:?}")?;
-        }
-        if !matches!(t, DisplayFormatType::TreeRender) {
-            if let Some(ran) = self.ran.lock().unwrap().as_ref() {
-                write!(f, ", ran={ran}")?;
-            }
-        }
-        Ok(())
+        super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
     }
 }
 
