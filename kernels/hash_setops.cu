@@ -24,7 +24,8 @@
 // accesses on chip but pays for them in the partitioning: histogram ~100 us,
 // scatter 500 us even with the tiles sorted in shared memory before writing
 // (runs of ~4 rows over 2^11 partitions are partial DRAM sectors), join 250 us
-// (its output is a random atomicOr per kept row); 0.95 ms in all.)
+// (its output is a random atomicOr per kept row); 0.95 ms at best, 2.1 ms at
+// worst over the variants tried.)
 #include "common.cuh"
 
 enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
