@@ -38,3 +38,55 @@ extern "C" __global__ void min_max(const u64* keys, u64 n, u64* out) {
     }
     if ((threadIdx.x & 31) == 0) { atomicMin(&out[0], lo); atomicMax(&out[1], hi); }
 }
+
+// The return trip of kept keys: the keys of the rows whose selection bit is
+// set, in row order, so the host need not cut the key column out of its
+// batches (it has the other columns to filter, and the device already holds
+// the decoded keys). Blocks of SF_KEPT_WORDS selection words (32 rows each):
+// count_kept writes each block's kept count, the host turns the counts into
+// offsets, compact_kept writes each block's kept keys from its offset on.
+#define SF_KEPT_WORDS 256
+
+// Selection word w with the bits past row n cleared.
+__device__ __forceinline__ u32 kept_word(const u32* sel, u64 w, u64 n) {
+    if (w * 32 >= n) return 0;
+    u32 bits = sel[w];
+    u64 valid = n - w * 32;
+    return valid >= 32 ? bits : bits & ((1u << valid) - 1);
+}
+
+extern "C" __global__ void count_kept(const u32* sel, u64 n, u32* counts) {
+    __shared__ u32 warp_sums[SF_KEPT_WORDS / 32];
+    u32 c = __popc(kept_word(sel, (u64)blockIdx.x * SF_KEPT_WORDS + threadIdx.x, n));
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_down_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 t = 0;
+        for (int i = 0; i < SF_KEPT_WORDS / 32; i++) t += warp_sums[i];
+        counts[blockIdx.x] = t;
+    }
+}
+
+// Launched with SF_KEPT_WORDS threads per block; offsets[b] = kept rows before block b.
+extern "C" __global__ void compact_kept(const u32* sel, u64 n, const u64* keys, const u64* offsets, u64* out) {
+    __shared__ u32 warp_sums[SF_KEPT_WORDS / 32];
+    u64 w = (u64)blockIdx.x * SF_KEPT_WORDS + threadIdx.x;
+    u32 bits = kept_word(sel, w, n);
+    u32 c = __popc(bits), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (u32)o) incl += y;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    u32 before = 0;
+    for (u32 i = 0; i < warp; i++) before += warp_sums[i];
+    u64 at = offsets[blockIdx.x] + before + incl - c;
+    while (bits) {
+        u32 b = __ffs(bits) - 1;
+        out[at++] = keys[w * 32 + b];
+        bits &= bits - 1;
+    }
+}

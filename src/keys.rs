@@ -127,7 +127,7 @@ pub fn encode(
         None
     };
     if is_exact(types) {
-        let chunks = crate::gpu::par_map(batches, |cols| exact_values(&cols[0]))?;
+        let chunks = crate::gpu::par_map(batches, 128, |cols| exact_values(&cols[0]))?;
         return Ok(KeyColumns { chunks, nulls, rows: None });
     }
     let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;

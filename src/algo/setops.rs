@@ -17,7 +17,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
 use datafusion::error::{DataFusionError, Result};
 
-use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, PendingBuffer, TransferStats};
 
 /// The selection rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -310,6 +310,7 @@ impl ResidentSelect {
     /// the key domain falls out of the packing.
     pub fn upload_chunks(gpu: &Gpu, build: &[&[u64]], probe: &[&[u64]], stats: &mut TransferStats) -> Result<Self> {
         let (d_build, rb) = gpu.upload_keys(build, stats)?;
+        crate::exec::trace("gpu: build keys uploaded");
         let (d_probe, rp) = gpu.upload_keys(probe, stats)?;
         let (nb, np): (usize, usize) = (build.iter().map(|c| c.len()).sum(), probe.iter().map(|c| c.len()).sum());
         Ok(Self { build: d_build, probe: d_probe, nb, np, range: merge_ranges(rb, rp) })
@@ -512,23 +513,29 @@ impl ResidentSelect {
 /// (`forced`, or by [`ResidentSelect::choose`]), run, download one bit per
 /// probe row. Inputs that do not fit the memory budget are hash-partitioned.
 /// Returns the selection and a description of what ran (for EXPLAIN ANALYZE).
+///
+/// With `kept_keys`, the probe keys of the selected rows also come back (in
+/// row order, in pinned memory an Arrow buffer owns: see [`compact_kept_keys`])
+/// when the keys stayed on the device in one piece; None otherwise.
 pub fn select_gpu_auto(
     gpu: &Gpu,
     forced: Option<GpuStrategy>,
     op: SetOp,
     build: &[&[u64]],
     probe: &[&[u64]],
+    kept_keys: bool,
     stats: &mut TransferStats,
-) -> Result<(BooleanBuffer, String)> {
+) -> Result<(BooleanBuffer, String, Option<PendingBuffer>)> {
     let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
     if np == 0 {
-        return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into()));
+        return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into(), None));
     }
     if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > gpu.budget().available() {
         let (sel, parts) = select_gpu_partitioned(gpu, GpuStrategy::Hash, op, build, probe, stats)?;
-        return Ok((sel, format!("gpu/hash in {parts} partitions")));
+        return Ok((sel, format!("gpu/hash in {parts} partitions"), None));
     }
     let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
+    crate::exec::trace("gpu: keys uploaded");
     let strategy = match forced {
         // A forced bitmap on a domain too wide for one falls back to the hash table.
         Some(GpuStrategy::Bitmap) if resident.range.is_none_or(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) => GpuStrategy::Hash,
@@ -536,8 +543,61 @@ pub fn select_gpu_auto(
         None => resident.choose(gpu, op),
     };
     let out = resident.run(gpu, strategy, op, stats)?;
+    crate::exec::trace("gpu: kernels done");
     let words = gpu.download(&out, np.div_ceil(32), stats)?;
-    Ok((words_to_bool(words, np), format!("gpu/{}", strategy.name())))
+    crate::exec::trace("gpu: selection downloaded");
+    let sel = words_to_bool(words, np);
+    // Kept keys only while the device can hold them a moment longer; else the host filters.
+    let keys = if kept_keys { compact_kept_keys(gpu, &resident.probe, &out, np, stats).ok() } else { None };
+    crate::exec::trace("gpu: kept keys downloaded");
+    drop((out, resident));
+    Ok((sel, format!("gpu/{}", strategy.name()), keys.map(|(b, _)| b)))
+}
+
+/// The keys of the selected rows, in row order, compacted on the device
+/// (`kernels/transfer.cu`: count_kept, compact_kept) and on their way into
+/// pinned memory that an Arrow buffer owns, with their number. `sel` holds
+/// one bit per key of `keys` (n keys). CPU twin: [`compact_kept_keys_cpu`].
+pub fn compact_kept_keys(
+    gpu: &Gpu,
+    keys: &DeviceBuffer<u64>,
+    sel: &DeviceBuffer<u32>,
+    n: usize,
+    stats: &mut TransferStats,
+) -> Result<(PendingBuffer, usize)> {
+    const WORDS_PER_BLOCK: usize = 256; // SF_KEPT_WORDS
+    let blocks = n.div_ceil(32).div_ceil(WORDS_PER_BLOCK).max(1);
+    let n64 = n as u64;
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (WORDS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    let t = Instant::now();
+    let mut counts = gpu.alloc::<u32>(blocks)?;
+    let count = gpu.function("transfer", "count_kept")?;
+    // SAFETY: signature matches kernels/transfer.cu; `sel` holds ceil(n / 32) words, `counts` one per block.
+    unsafe { gpu.stream().launch_builder(&count).arg(&sel.slice).arg(&n64).arg(&mut counts.slice).launch(cfg) }
+        .map_err(|e| cuda_err("count_kept", e))?;
+    let counts = gpu.download(&counts, blocks, stats)?;
+    let mut offsets = Vec::with_capacity(blocks);
+    let mut total = 0u64;
+    for c in counts {
+        offsets.push(total);
+        total += c as u64;
+    }
+    let offsets = gpu.upload(&offsets, stats)?;
+    let mut out = gpu.alloc::<u64>((total as usize).max(1))?;
+    let compact = gpu.function("transfer", "compact_kept")?;
+    // SAFETY: signature matches kernels/transfer.cu; `keys` holds n keys, `offsets` one per
+    // block, and `out` the `total` kept keys the counts add up to.
+    unsafe {
+        gpu.stream().launch_builder(&compact).arg(&sel.slice).arg(&n64).arg(&keys.slice).arg(&offsets.slice).arg(&mut out.slice).launch(cfg)
+    }
+    .map_err(|e| cuda_err("compact_kept", e))?;
+    stats.kernel += t.elapsed();
+    Ok((gpu.download_to_arrow(&out, total as usize, stats)?, total as usize))
+}
+
+/// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.
+pub fn compact_kept_keys_cpu(keys: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
+    sel.set_indices().map(|i| keys[i]).collect()
 }
 
 /// Run [`select_gpu`] in key-hash partitions small enough for the budget.
@@ -634,7 +694,34 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             }
         }
     }
-    Ok(format!("{checked} op/strategy/input combinations match the CPU twin"))
+    // The kept keys' return trip: row counts around word and block edges, densities 0 to 1.
+    let mut compacted = 0;
+    for n in [1usize, 31, 32, 33, 8191, 8192, 8193, 100_003, 3_000_001] {
+        for density in [0.0, 0.01, 0.5, 1.0] {
+            let keys: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+            let sel = BooleanBuffer::from_iter((0..n).map(|_| rng.random_bool(density)));
+            let words = bool_to_words(&sel);
+            let mut stats = TransferStats::default();
+            let (d_keys, d_sel) = (gpu.upload(&keys, &mut stats)?, gpu.upload(&words, &mut stats)?);
+            let (got, count) = compact_kept_keys(gpu, &d_keys, &d_sel, n, &mut stats)?;
+            let got = got.wait()?;
+            let want = compact_kept_keys_cpu(&keys, &sel);
+            if count != want.len() || got.typed_data::<u64>()[..count] != want[..] {
+                return Err(DataFusionError::Execution(format!("kept keys self-check failed: {n} rows, density {density}")));
+            }
+            compacted += 1;
+        }
+    }
+    Ok(format!("{checked} op/strategy/input combinations and {compacted} kept-key compactions match the CPU twin"))
+}
+
+/// A selection as 32-bit words, bit i of word i / 32 = row i (the device layout).
+fn bool_to_words(sel: &BooleanBuffer) -> Vec<u32> {
+    let mut words = vec![0u32; sel.len().div_ceil(32)];
+    for i in sel.set_indices() {
+        words[i >> 5] |= 1 << (i & 31);
+    }
+    words
 }
 
 /// Two selections are equivalent if they keep the same multiset of keys (which

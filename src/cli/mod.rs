@@ -33,6 +33,7 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
        setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes
        setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)
+       setfusion bench filter      the host's floor for cutting kept rows out of 100M x 2 BIGINT columns
        setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE] [--collections dblp,uniform,zipf]
                               [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark";
 
@@ -73,6 +74,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
             "bench" if tables.is_empty() && commands.is_empty() => {
                 return match it.next().as_deref() {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
+                    Some("filter") => crate::bench::filter::run().map(|_| 0),
                     Some("ssjoin") => {
                         // It drives its own runtime: run it on a plain thread.
                         let rest: Vec<String> = it.collect();
@@ -81,7 +83,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops or ssjoin"))),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter or ssjoin"))),
                 };
             }
             "-h" | "--help" => {

@@ -15,9 +15,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::array::{make_array, ArrayData, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
@@ -62,14 +62,18 @@ pub enum NullMode {
     NullAware,
 }
 
-/// The computed result: the kept side's batches per partition and one selection
-/// bit per kept-side row (in partition, then batch order).
+/// The computed result, per partition of the kept side: its output batches
+/// (kept rows, projected), or for an output without columns only the number
+/// of kept rows.
 #[derive(Debug)]
 struct Selected {
-    parts: Vec<Vec<RecordBatch>>,
-    selection: BooleanBuffer,
-    /// Row offset of each partition's first row in `selection`.
-    offsets: Vec<usize>,
+    outputs: Vec<Output>,
+}
+
+#[derive(Debug)]
+enum Output {
+    Batches(Vec<RecordBatch>),
+    Rows(usize),
 }
 
 /// The operator. See the module documentation.
@@ -150,6 +154,21 @@ impl SetSelectExec {
 
     fn is_join(&self) -> bool {
         matches!(self.op, SetOp::Semi | SetOp::Anti)
+    }
+
+    /// The kept side's column whose kept values the GPU backend can send back
+    /// instead of the host cutting them out of the batches: the only key, a
+    /// plain column of a 64-bit type whose key is its own bits, and output.
+    fn key_column_in_output(&self) -> Option<usize> {
+        let [key] = self.keep_keys.as_slice() else { return None };
+        let col = key.downcast_ref::<datafusion::physical_expr::expressions::Column>()?;
+        let field = self.keep.schema().fields().get(col.index())?.clone();
+        let own_bits = matches!(
+            field.data_type(),
+            DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_)
+        );
+        let output = !self.schema.fields().is_empty() && self.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
+        (own_bits && output && matches!(self.backend, Backend::Gpu(_))).then_some(col.index())
     }
 }
 
@@ -244,58 +263,46 @@ impl ExecutionPlan for SetSelectExec {
             other_keys: self.other_keys.clone(),
             nulls: self.nulls,
             backend: self.backend.clone(),
+            output: (!self.schema.fields().is_empty()).then(|| self.projection.clone()),
+            key_from_device: self.key_column_in_output(),
+            device_keys: Mutex::new(None),
             metrics: Metrics::new(&self.metrics),
             ran: self.ran.clone(),
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
-        // Host time spent cutting the kept rows out of this partition's batches (summed over partitions).
-        let filter_time = MetricBuilder::new(&self.metrics).subset_time("output_filter_time", partition);
-        let projection = self.projection.clone();
         let schema = self.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
         let fut = async move {
             let sel = cell
-                .get_or_init(|| async move { run.run(context).await.map(Arc::new).map_err(Arc::new) })
+                .get_or_init(|| async move {
+                    let r = run.run(context).await.map(Arc::new).map_err(Arc::new);
+                    super::trace("run returned");
+                    r
+                })
                 .await
                 .clone()
                 .map_err(DataFusionError::Shared)?;
-            // Each partition filters its own batches, so output partitions filter in parallel.
-            let mut offset = sel.offsets.get(partition).copied().unwrap_or(0);
-            let batches = sel.parts.get(partition).map(Vec::as_slice).unwrap_or_default();
-            let mut out = Vec::with_capacity(batches.len());
-            if schema.fields().is_empty() {
-                // No column is read above (count(*)): row counts only, nothing filtered. Batches
-                // stay at batch_size rows: the aggregate above materialises a literal per row,
-                // and small arrays are reused by the allocator where huge ones page-fault.
-                let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-                let mut kept = sel.selection.slice(offset, rows).count_set_bits();
-                out_rows.add(kept);
-                while kept > 0 {
-                    let n = kept.min(batch_size);
-                    kept -= n;
-                    let options = RecordBatchOptions::new().with_row_count(Some(n));
-                    out.push(RecordBatch::try_new_with_options(schema.clone(), vec![], &options).map_err(DataFusionError::from));
+            super::trace(&format!("partition {partition} ready"));
+            let out = match sel.outputs.get(partition) {
+                Some(Output::Batches(batches)) => {
+                    out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
+                    batches.iter().cloned().map(Ok).collect()
                 }
-                return Ok::<_, DataFusionError>(futures::stream::iter(out));
-            }
-            let _timer = filter_time.timer();
-            for b in batches {
-                let n = b.num_rows();
-                let mask = BooleanArray::new(sel.selection.slice(offset, n), None);
-                offset += n;
-                let kept = mask.true_count();
-                if kept == 0 {
-                    continue;
+                Some(Output::Rows(rows)) => {
+                    // No column is read above (count(*)): row counts only, nothing filtered. Batches
+                    // stay at batch_size rows: the aggregate above materialises a literal per row,
+                    // and small arrays are reused by the allocator where huge ones page-fault.
+                    out_rows.add(*rows);
+                    (0..*rows)
+                        .step_by(batch_size)
+                        .map(|at| {
+                            let options = RecordBatchOptions::new().with_row_count(Some(batch_size.min(rows - at)));
+                            RecordBatch::try_new_with_options(schema.clone(), vec![], &options).map_err(DataFusionError::from)
+                        })
+                        .collect()
                 }
-                // Project first: only the output columns are filtered.
-                let b = match &projection {
-                    Some(p) => b.project(p)?,
-                    None => b.clone(),
-                };
-                let filtered = if kept == n { b } else { filter_record_batch(&b, &mask)? };
-                out_rows.add(filtered.num_rows());
-                out.push(Ok(filtered));
-            }
+                None => Vec::new(),
+            };
             Ok::<_, DataFusionError>(futures::stream::iter(out))
         };
         let stream = futures::stream::once(fut).try_flatten();
@@ -341,6 +348,8 @@ struct Metrics {
     encode_time: Time,
     /// Waiting for both inputs to be collected.
     input_time: Time,
+    /// Cutting the kept rows out of the kept side's batches (host, copy threads).
+    output_filter_time: Time,
     /// The whole selection (both backends, NULL handling, transfers, kernels).
     select_time: Time,
 }
@@ -351,6 +360,7 @@ impl Metrics {
             device: DeviceMetrics::new(m),
             encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0),
             input_time: MetricBuilder::new(m).subset_time("input_time", 0),
+            output_filter_time: MetricBuilder::new(m).subset_time("output_filter_time", 0),
             select_time: MetricBuilder::new(m).subset_time("select_time", 0),
         }
     }
@@ -365,36 +375,234 @@ struct Run {
     other_keys: Vec<PhysicalExprRef>,
     nulls: NullMode,
     backend: Backend,
+    /// The kept side's columns to output (None inside: all); None: no column
+    /// is output, only row counts.
+    output: Option<Option<Vec<usize>>>,
+    /// The kept side's key column, when it is output and the device can send
+    /// its kept values back (see [`SetSelectExec::key_column_in_output`]).
+    key_from_device: Option<usize>,
+    /// The kept keys the GPU backend sent back, when asked for and possible.
+    device_keys: Mutex<Option<gpu::PendingBuffer>>,
     metrics: Metrics,
     ran: Arc<Mutex<Option<String>>>,
 }
 
+/// Output batches aim at this many rows (or the session's batch size, if
+/// larger): every batch costs a cross-thread hand-off in the operators above
+/// (CoalescePartitionsExec under `collect`), measured at ~13 us per batch on
+/// the GPU machine, 20 ms for the 1536 batches of a 100M-row input.
+const OUTPUT_BATCH_ROWS: usize = 1 << 17;
+/// At most this many input rows go into one output batch (one task), so
+/// sparse selections still spread over the copy threads.
+const GROUP_INPUT_ROWS: usize = 1 << 20;
+
+/// Cut the kept rows out of every partition (`projection` applied first, so
+/// only output columns are read), on the copy threads, all partitions at
+/// once: partitions filtering in their own streams were measured to serialise
+/// on the runtime (a woken partition can wait in a busy worker's queue for a
+/// whole partition's filtering: 20 ms of 100 on 100M rows). Consecutive input
+/// batches of a partition are filtered into one output batch of about
+/// [`OUTPUT_BATCH_ROWS`] rows (arrow's `BatchCoalescer` copies kept rows
+/// straight into the output), so no extra copy is made to form large batches.
+/// `projection`: the kept side's output columns (None inside: all); None: no
+/// column is output, only each partition's row count. `key_column`: a column
+/// (kept side index) whose kept values came back from the device, in row
+/// order, as 64-bit values of its own type: the host slices them instead of
+/// reading and filtering that column.
+fn filter_partitions(
+    parts: &[Vec<RecordBatch>],
+    selection: &BooleanBuffer,
+    projection: Option<Option<&[usize]>>,
+    key_column: Option<(usize, gpu::PendingBuffer)>,
+    batch_size: usize,
+) -> Result<Vec<Output>> {
+    let mut flat = Vec::new();
+    let mut at = 0;
+    for (p, batches) in parts.iter().enumerate() {
+        for b in batches {
+            flat.push((p, b, at));
+            at += b.num_rows();
+        }
+    }
+    let kept: Vec<usize> =
+        crate::gpu::par_map(&flat, 64, |(_, b, at)| Ok::<_, DataFusionError>(selection.slice(*at, b.num_rows()).count_set_bits()))?;
+    let Some(projection) = projection else {
+        let mut rows = vec![0; parts.len()];
+        flat.iter().zip(&kept).for_each(|((p, ..), k)| rows[*p] += k);
+        return Ok(rows.into_iter().map(Output::Rows).collect());
+    };
+    let Some((_, first, _)) = flat.first() else { return Ok(parts.iter().map(|_| Output::Batches(Vec::new())).collect()) };
+    let columns: Vec<usize> = projection.map_or_else(|| (0..first.num_columns()).collect(), <[usize]>::to_vec);
+    // Output columns filtered on the host (all but a key column from the device).
+    let key_column = key_column.filter(|(c, _)| columns.contains(c));
+    let host_columns: Vec<usize> = columns.iter().copied().filter(|&c| key_column.as_ref().is_none_or(|(k, _)| c != *k)).collect();
+    // Groups of consecutive batches of one partition: (partition, first, end, kept rows, kept rows before).
+    let target = OUTPUT_BATCH_ROWS.max(batch_size);
+    let mut groups: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+    let (mut input_rows, mut before) = (0usize, 0usize);
+    for (i, ((p, b, _), &k)) in flat.iter().zip(&kept).enumerate() {
+        match groups.last_mut() {
+            Some(g) if g.0 == *p && g.3 < target && input_rows < GROUP_INPUT_ROWS => {
+                g.2 = i + 1;
+                g.3 += k;
+                input_rows += b.num_rows();
+            }
+            _ => {
+                groups.push((*p, i, i + 1, k, before));
+                input_rows = b.num_rows();
+            }
+        }
+        before += k;
+    }
+    // The host's columns of each group's output batch, filtered in parallel
+    // while the device's keys are still on their way.
+    type Filtered = Result<Option<(SchemaRef, Option<RecordBatch>)>>;
+    let mut results: Vec<Option<Filtered>> = groups.iter().map(|_| None).collect();
+    crate::gpu::for_each_mut(&mut results, &|g, slot| {
+        let (_, first, end, rows, _) = groups[g];
+        let run = || -> Filtered {
+            if rows == 0 {
+                return Ok(None);
+            }
+            // The batches' own schema (nullability as produced), not the plan's.
+            let schema = Arc::new(flat[first].1.schema().project(&columns)?);
+            let batches: Vec<(&RecordBatch, BooleanBuffer)> =
+                (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
+            if let Some(host) = filter_fixed_width(&batches, &host_columns, rows)? {
+                return Ok(Some((schema, Some(host))));
+            }
+            let mut out: Option<BatchCoalescer> = None;
+            for i in first..end {
+                let (_, b, at) = flat[i];
+                let n = b.num_rows();
+                if kept[i] == 0 || host_columns.is_empty() {
+                    continue;
+                }
+                let b = b.project(&host_columns)?;
+                let out = out.get_or_insert_with(|| BatchCoalescer::new(b.schema(), rows));
+                if kept[i] == n {
+                    out.push_batch(b)?;
+                } else {
+                    out.push_batch_with_filter(b, &BooleanArray::new(selection.slice(at, n), None))?;
+                }
+            }
+            let host = match out {
+                Some(mut out) => {
+                    out.finish_buffered_batch()?;
+                    out.next_completed_batch()
+                }
+                None => None,
+            };
+            Ok(Some((schema, host)))
+        };
+        *slot = Some(run());
+    });
+    let key_column = match key_column {
+        Some((c, pending)) => Some((c, pending.wait()?)),
+        None => None,
+    };
+    let mut outputs: Vec<Vec<RecordBatch>> = parts.iter().map(|_| Vec::new()).collect();
+    for (&(p, _, _, rows, before), r) in groups.iter().zip(results) {
+        let Some((schema, host)) = r.expect("for_each_mut runs every task")? else { continue };
+        let arrays: Vec<ArrayRef> = columns
+            .iter()
+            .enumerate()
+            .map(|(j, c)| match (&key_column, &host) {
+                (Some((k, keys)), _) if k == c => {
+                    let data = ArrayData::builder(schema.field(j).data_type().clone())
+                        .len(rows)
+                        .add_buffer(keys.slice_with_length(before * 8, rows * 8))
+                        .build()?;
+                    Ok(make_array(data))
+                }
+                (_, Some(h)) => Ok(h.column(host_columns.iter().position(|x| x == c).unwrap_or(0)).clone()),
+                _ => Err(DataFusionError::Internal("setfusion: output column missing".into())),
+            })
+            .collect::<Result<_>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        outputs[p].push(RecordBatch::try_new_with_options(schema, arrays, &options)?);
+    }
+    Ok(outputs.into_iter().map(Output::Batches).collect())
+}
+
+/// The kept rows of `columns` of `batches` (each with its selection) as one
+/// batch of `rows` rows, when every such column is a fixed-width 4- or 8-byte
+/// primitive without NULLs: kept values are copied straight into one output
+/// buffer per column. (`BatchCoalescer` filters a batch that keeps more than
+/// 1/16 of its rows into a temporary batch first and copies that again.)
+/// None: some column is not of that kind.
+fn filter_fixed_width(batches: &[(&RecordBatch, BooleanBuffer)], columns: &[usize], rows: usize) -> Result<Option<RecordBatch>> {
+    let width = |c: usize| -> Option<usize> {
+        let dt = batches.first()?.0.column(c).data_type().clone();
+        let w = dt.primitive_width().filter(|w| *w == 4 || *w == 8)?;
+        batches
+            .iter()
+            .all(|(b, _)| {
+                let a = b.column(c);
+                let aligned = a.to_data().buffers().first().is_some_and(|v| v.as_ptr().align_offset(w) == 0);
+                a.data_type() == &dt && a.logical_null_count() == 0 && aligned
+            })
+            .then_some(w)
+    };
+    let widths: Option<Vec<usize>> = columns.iter().map(|&c| width(c)).collect();
+    let (Some(widths), Some((first, _))) = (widths, batches.first()) else { return Ok(None) };
+    let mut arrays = Vec::with_capacity(columns.len());
+    for (&c, w) in columns.iter().zip(widths) {
+        let values = if w == 8 { kept_values::<u64>(batches, c, rows) } else { kept_values::<u32>(batches, c, rows) };
+        let data = ArrayData::builder(first.column(c).data_type().clone()).len(rows).add_buffer(values).build()?;
+        arrays.push(make_array(data));
+    }
+    let schema = Arc::new(first.schema().project(columns)?);
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(Some(RecordBatch::try_new_with_options(schema, arrays, &options)?))
+}
+
+/// The kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order.
+fn kept_values<T: datafusion::arrow::datatypes::ArrowNativeType>(
+    batches: &[(&RecordBatch, BooleanBuffer)],
+    c: usize,
+    rows: usize,
+) -> datafusion::arrow::buffer::Buffer {
+    let mut out: Vec<T> = Vec::with_capacity(rows);
+    for (b, mask) in batches {
+        let data = b.column(c).to_data();
+        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
+        let chunks = mask.bit_chunks();
+        let mut push_word = |base: usize, mut m: u64| {
+            while m != 0 {
+                out.push(values[base + m.trailing_zeros() as usize]);
+                m &= m - 1;
+            }
+        };
+        for (w, word) in chunks.iter().enumerate() {
+            push_word(w * 64, word);
+        }
+        push_word(chunks.chunk_len() * 64, chunks.remainder_bits());
+    }
+    datafusion::arrow::buffer::Buffer::from_vec(out)
+}
+
 /// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
 fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
-    crate::gpu::par_map(batches, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
+    crate::gpu::par_map(batches, 128, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
 }
 
 impl Run {
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
+        super::trace("run start");
         let waiting = Instant::now();
         let (keep_parts, other_parts) = futures::try_join!(
             collect_partitioned(self.keep.clone(), context.clone()),
             collect_partitioned(self.other.clone(), context.clone())
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
+        super::trace("inputs collected");
         let keep_batches: Vec<&RecordBatch> = keep_parts.iter().flatten().collect();
         let other_batches: Vec<&RecordBatch> = other_parts.iter().flatten().collect();
         let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
         let other_rows: usize = other_batches.iter().map(|b| b.num_rows()).sum();
         self.metrics.device.input_rows.add(keep_rows + other_rows);
-        let mut offsets = Vec::with_capacity(keep_parts.len());
-        let mut at = 0;
-        for p in &keep_parts {
-            offsets.push(at);
-            at += p.iter().map(|b| b.num_rows()).sum::<usize>();
-        }
-
         let selection = if keep_rows == 0 {
             BooleanBuffer::new_unset(0)
         } else {
@@ -417,13 +625,38 @@ impl Run {
                 other_k.nulls = None;
             }
             self.metrics.encode_time.add_duration(t.elapsed());
+            super::trace("keys encoded");
             let t = Instant::now();
             let (sel, ran) = self.select(&cfg, &keep_k, &other_k)?;
             self.metrics.select_time.add_duration(t.elapsed());
             *self.ran.lock().unwrap() = Some(ran);
+            crate::gpu::drop_later((keep_k, other_k, keep_cols, other_cols));
             sel
         };
-        Ok(Selected { parts: keep_parts, selection, offsets })
+        super::trace("select done");
+        let t = Instant::now();
+        let projection = self.output.as_ref().map(|p| p.as_deref());
+        // The device's kept keys stand in for the key column only if they cover every kept row.
+        let device_keys = self.device_keys.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let key_column = match (self.key_from_device, device_keys) {
+            (Some(c), Some(keys)) if keys.len() == selection.count_set_bits() * 8 => Some((c, keys)),
+            _ => None,
+        };
+        if let Some(ran) = self.ran.lock().unwrap().as_mut().filter(|_| key_column.is_some()) {
+            ran.push_str(", key column from device");
+        }
+        let batch_size = context.session_config().batch_size();
+        let outputs = match filter_partitions(&keep_parts, &selection, projection, key_column, batch_size) {
+            // Device trouble on the keys' way back: the host filters that column too.
+            Err(e) if e.to_string().contains("download event") => filter_partitions(&keep_parts, &selection, projection, None, batch_size)?,
+            r => r?,
+        };
+        self.metrics.output_filter_time.add_duration(t.elapsed());
+        super::trace("output filtered");
+        drop((keep_batches, other_batches));
+        crate::gpu::drop_later((keep_parts, other_parts, selection));
+        super::trace("inputs dropped");
+        Ok(Selected { outputs })
     }
 
     /// Compute the selection over all kept rows, applying NULL semantics around the keyed core.
@@ -584,7 +817,10 @@ impl Run {
             Strategy::Auto | Strategy::Cpu => None,
         };
         let mut stats = TransferStats::default();
-        let (sel, ran) = setops::select_gpu_auto(&g, forced, self.op, ok, kk, &mut stats)?;
+        // Exact keys only; `run` checks that they cover every kept row.
+        let want_keys = self.key_from_device.is_some() && !hashed;
+        let (sel, ran, keys) = setops::select_gpu_auto(&g, forced, self.op, ok, kk, want_keys, &mut stats)?;
+        *self.device_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
         self.metrics.device.record(&stats);
         Ok((sel, ran))
     }
@@ -650,6 +886,66 @@ mod tests {
         let s: StringArray = (0..n).map(|_| (rng.random_range(0..8) > 0).then(|| words[rng.random_range(0..words.len())])).collect();
         let i: Int32Array = (0..n).map(|_| Some(rng.random_range(0..3))).collect();
         RecordBatch::try_new(schema.clone(), vec![Arc::new(s), Arc::new(i)]).unwrap()
+    }
+
+    /// The output with a key column sent back by the device (here: its CPU
+    /// twin's compaction) equals the host's own filtering, for every
+    /// projection around the key, over partitions of many batches and several
+    /// output groups, with a column holding NULLs beside the key.
+    #[test]
+    fn key_column_from_device_matches_host_filter() {
+        use datafusion::arrow::array::Int64Array;
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut all_keys = Vec::new();
+        let parts: Vec<Vec<RecordBatch>> = [0usize, 3, 90, 1]
+            .iter()
+            .map(|&batches| {
+                (0..batches)
+                    .map(|_| {
+                        let n = rng.random_range(0..5000);
+                        let k: Vec<i64> = (0..n).map(|_| rng.random_range(-1000..1000)).collect();
+                        all_keys.extend(k.iter().map(|&x| x as u64));
+                        let s: StringArray = (0..n).map(|i| (i % 3 > 0).then(|| format!("s{i}"))).collect();
+                        let v = Int64Array::from_iter_values((0..n as i64).map(|i| i * 7));
+                        RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(k)), Arc::new(s), Arc::new(v)]).unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+        for density in [0.0, 0.3, 1.0] {
+            let selection = BooleanBuffer::from_iter((0..all_keys.len()).map(|_| rng.random_bool(density)));
+            let keys = datafusion::arrow::buffer::Buffer::from_vec(setops::compact_kept_keys_cpu(&all_keys, &selection));
+            let projections: [Option<Vec<usize>>; 6] = [None, Some(vec![0, 2]), Some(vec![2, 0]), Some(vec![0]), Some(vec![1, 0, 0]), Some(vec![1])];
+            for p in projections {
+                let host = filter_partitions(&parts, &selection, Some(p.as_deref()), None, 8192).unwrap();
+                let device = filter_partitions(&parts, &selection, Some(p.as_deref()), Some((0, gpu::PendingBuffer::ready(keys.clone()))), 8192).unwrap();
+                let mut at = 0;
+                for ((h, d), part) in host.iter().zip(&device).zip(&parts) {
+                    let (Output::Batches(h), Output::Batches(d)) = (h, d) else { panic!("batches expected") };
+                    let cols = p.clone().unwrap_or_else(|| vec![0, 1, 2]);
+                    let out_schema = Arc::new(schema.project(&cols).unwrap());
+                    // Arrow's own filter, batch by batch, is the reference.
+                    let want: Vec<RecordBatch> = part
+                        .iter()
+                        .map(|b| {
+                            let mask = BooleanArray::new(selection.slice(at, b.num_rows()), None);
+                            at += b.num_rows();
+                            datafusion::arrow::compute::filter_record_batch(&b.project(&cols).unwrap(), &mask).unwrap()
+                        })
+                        .collect();
+                    let want = datafusion::arrow::compute::concat_batches(&out_schema, &want).unwrap();
+                    let h = datafusion::arrow::compute::concat_batches(&out_schema, h).unwrap();
+                    let d = datafusion::arrow::compute::concat_batches(&out_schema, d).unwrap();
+                    assert_eq!(h.columns(), want.columns(), "host, projection {p:?}, density {density}");
+                    assert_eq!(d.columns(), want.columns(), "device keys, projection {p:?}, density {density}");
+                }
+            }
+        }
     }
 
     fn sorted_rows(batches: &[RecordBatch]) -> Vec<(Option<String>, i32)> {

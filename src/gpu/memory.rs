@@ -7,10 +7,11 @@
 //! the next chunk out of pageable Arrow memory overlaps the DMA of the last.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaSlice, DevicePtrMut, DeviceRepr, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::error::{DataFusionError, Result};
 
 use super::{cuda_err, Gpu};
@@ -147,6 +148,58 @@ impl Staging {
             stats.dma_wait += w.elapsed();
         }
         Ok(())
+    }
+}
+
+/// Pinned host buffers given back by the Arrow arrays that owned them.
+pub(super) type PinnedFree = Arc<Mutex<Vec<PinnedHostSlice<u8>>>>;
+
+/// At most this many pinned buffers wait for reuse (freeing one costs no more than the pinning saved).
+const PINNED_KEEP: usize = 4;
+
+/// Owner of a pinned buffer inside an Arrow [`Buffer`]: gives it back to the
+/// device's pool when the last array using it is dropped.
+struct PinnedOwner {
+    buf: Option<PinnedHostSlice<u8>>,
+    free: PinnedFree,
+}
+
+impl Drop for PinnedOwner {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            if free.len() < PINNED_KEEP {
+                free.push(buf);
+            }
+        }
+    }
+}
+
+/// A host buffer that a device-to-host copy is still filling.
+pub struct PendingBuffer {
+    buffer: Buffer,
+    /// The copy's event (None: the bytes are there already).
+    done: Option<CudaEvent>,
+}
+
+impl PendingBuffer {
+    /// A buffer whose bytes are already there (the CPU twins' results).
+    pub fn ready(buffer: Buffer) -> Self {
+        Self { buffer, done: None }
+    }
+    /// The number of bytes it will hold.
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+    /// Wait for the copy; then the bytes are there.
+    pub fn wait(self) -> Result<Buffer> {
+        if let Some(done) = &self.done {
+            done.synchronize().map_err(|e| cuda_err("download event", e))?;
+        }
+        Ok(self.buffer)
     }
 }
 
@@ -362,10 +415,30 @@ impl Gpu {
     }
 
     /// Copy the first `len` elements of a device buffer back to the host.
+    /// Up to a staging buffer's size the copy lands in pinned staging and is
+    /// copied out on the copy threads: a DMA into pageable memory goes through
+    /// the driver's own bounce buffers, measured at 4.3 GB/s on the GPU
+    /// machine (2.9 ms for a 100M-row selection bitmap, 0.5 ms this way).
     pub fn download<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize, stats: &mut TransferStats) -> Result<Vec<T>> {
         let start = Instant::now();
         let mut out = vec![T::default(); len];
-        if len > 0 {
+        let bytes = len * std::mem::size_of::<T>();
+        if bytes >= (1 << 20) && bytes <= STAGING_BYTES {
+            let mut guard = self.staging()?;
+            let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
+            staging.wait(0, stats)?;
+            let pinned = staging.bufs[0].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
+            // SAFETY: the pinned buffer is page aligned and holds at least `bytes` bytes (checked above).
+            let typed: &mut [T] = unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr() as *mut T, len) };
+            let view = src.slice.slice(0..len);
+            let (sptr, _record) = view.device_ptr(&self.stream);
+            // SAFETY: `typed` is pinned host memory of len elements, not touched until the
+            // synchronisation below; `sptr` addresses len elements of `src`.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(typed, sptr, self.stream.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+            self.synchronize()?;
+            parallel_gather(&[&*typed], &mut out, copy_threads(), &|_| {});
+        } else if len > 0 {
             self.stream
                 .memcpy_dtoh(&src.slice.slice(0..len), &mut out)
                 .map_err(|e| cuda_err("cuMemcpyDtoH", e))?;
@@ -374,6 +447,48 @@ impl Gpu {
         stats.bytes_to_host += len * std::mem::size_of::<T>();
         stats.to_host += start.elapsed();
         Ok(out)
+    }
+
+    /// Start copying the first `len` elements of a device buffer into pinned
+    /// host memory that an Arrow [`Buffer`] owns: the DMA runs at full PCIe
+    /// speed while the host goes on, and no host thread touches the data. The
+    /// memory goes back to a small pool when the last array using it is
+    /// dropped, so warm queries pin none. The device buffer may be dropped at
+    /// once (frees are ordered on the stream after the copy).
+    pub fn download_to_arrow<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize, stats: &mut TransferStats) -> Result<PendingBuffer> {
+        let start = Instant::now();
+        let bytes = len * std::mem::size_of::<T>();
+        let reused = {
+            let mut free = self.pinned_free.lock().unwrap_or_else(|e| e.into_inner());
+            // The smallest cached buffer that holds `bytes`.
+            let best = free.iter().enumerate().filter(|(_, b)| b.len() >= bytes).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        let mut buf = match reused {
+            Some(b) => b,
+            // SAFETY: the pinned memory is written by the DMA below before anything reads it.
+            None => unsafe { self.ctx.alloc_pinned::<u8>(bytes.max(1).next_multiple_of(16 << 20)) }.map_err(|e| cuda_err("cuMemHostAlloc", e))?,
+        };
+        let pinned = buf.as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
+        if bytes > 0 {
+            let view = src.slice.slice(0..len);
+            let (sptr, _record) = view.device_ptr(&self.stream);
+            // SAFETY: `pinned` holds at least `bytes` bytes and is not read before the event
+            // recorded below completes (PendingBuffer::wait); `sptr` addresses `bytes` bytes of `src`.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut pinned[..bytes], sptr, self.stream.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyDtoHAsync", e))?;
+        }
+        let done = self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?;
+        let ptr = std::ptr::NonNull::new(buf.as_mut_ptr().map_err(|e| cuda_err("pinned buffer", e))?)
+            .ok_or_else(|| DataFusionError::Internal("null pinned buffer".into()))?;
+        let owner = Arc::new(PinnedOwner { buf: Some(buf), free: self.pinned_free.clone() });
+        // SAFETY: `ptr` addresses at least `bytes` bytes of pinned memory that `owner` keeps
+        // allocated (and out of the pool) for as long as the Buffer lives; the bytes are
+        // initialised by the copy above, which PendingBuffer::wait waits for.
+        let buffer = unsafe { Buffer::from_custom_allocation(ptr, bytes, owner) };
+        stats.bytes_to_host += bytes;
+        stats.to_host += start.elapsed();
+        Ok(PendingBuffer { buffer, done: Some(done) })
     }
 
     /// Read one element (a count the host needs to size the next step).

@@ -17,9 +17,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use datafusion::error::DataFusionError;
 
 pub use compile::{kernel_sources, KernelSource};
-pub use memory::{DeviceBuffer, MemoryBudget, Pod, TransferStats};
+pub use memory::{DeviceBuffer, MemoryBudget, PendingBuffer, Pod, TransferStats};
 pub(crate) use memory::copy_threads;
-pub(crate) use pool::{for_each_mut, par_map};
+pub(crate) use pool::{drop_later, for_each_mut, par_map};
 
 /// Why the GPU backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +75,8 @@ pub struct Gpu {
     /// accounting simple and transfers in large contiguous batches.
     exclusive: tokio::sync::Mutex<()>,
     staging: Mutex<Option<memory::Staging>>,
+    /// Pinned buffers returned by the Arrow arrays that owned them, for reuse.
+    pinned_free: memory::PinnedFree,
 }
 
 impl fmt::Debug for Gpu {
@@ -162,6 +164,7 @@ impl Gpu {
             budget,
             exclusive: tokio::sync::Mutex::new(()),
             staging: Mutex::new(None),
+            pinned_free: Default::default(),
         };
         Ok(gpu)
     }
