@@ -544,9 +544,15 @@ pub fn select_gpu_auto(
     };
     let out = resident.run(gpu, strategy, op, stats)?;
     crate::exec::trace("gpu: kernels done");
-    let words = gpu.download(&out, np.div_ceil(32), stats)?;
+    // A large selection stays in the pinned memory its DMA lands in (little-endian
+    // u32 words are Arrow's bitmap bytes): no host copy, no fresh pages to fault in.
+    let words = np.div_ceil(32);
+    let sel = if words >= (1 << 18) {
+        BooleanBuffer::new(gpu.download_to_arrow(&out, words, stats)?.wait()?, 0, np)
+    } else {
+        words_to_bool(gpu.download(&out, words, stats)?, np)
+    };
     crate::exec::trace("gpu: selection downloaded");
-    let sel = words_to_bool(words, np);
     // Kept keys only while the device can hold them a moment longer; else the host filters.
     let keys = if kept_keys { compact_kept_keys(gpu, &resident.probe, &out, np, stats).ok() } else { None };
     crate::exec::trace("gpu: kept keys downloaded");

@@ -415,6 +415,7 @@ fn filter_partitions(
     projection: Option<Option<&[usize]>>,
     key_column: Option<(usize, gpu::PendingBuffer)>,
     batch_size: usize,
+    out_mem: Option<&gpu::Gpu>,
 ) -> Result<Vec<Output>> {
     let mut flat = Vec::new();
     let mut at = 0;
@@ -454,6 +455,12 @@ fn filter_partitions(
         }
         before += k;
     }
+    // Fixed-width host columns without NULLs land in one pinned buffer from the
+    // device's pool (resident pages, reused across queries) when there is a device.
+    let pinned_hosts = match (out_mem, fixed_widths(&flat, &kept, &host_columns)) {
+        (Some(g), Some(widths)) => Some(filter_fixed_width_pinned(g, &flat, &kept, selection, &groups, &host_columns, &widths, before)?),
+        _ => None,
+    };
     // The host's columns of each group's output batch, filtered in parallel
     // while the device's keys are still on their way.
     type Filtered = Result<Option<(SchemaRef, Option<RecordBatch>)>>;
@@ -466,6 +473,9 @@ fn filter_partitions(
             }
             // The batches' own schema (nullability as produced), not the plan's.
             let schema = Arc::new(flat[first].1.schema().project(&columns)?);
+            if let Some(hosts) = &pinned_hosts {
+                return Ok(Some((schema, hosts[g].clone())));
+            }
             let batches: Vec<(&RecordBatch, BooleanBuffer)> =
                 (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
             if let Some(host) = filter_fixed_width(&batches, &host_columns, rows)? {
@@ -557,6 +567,130 @@ fn filter_fixed_width(batches: &[(&RecordBatch, BooleanBuffer)], columns: &[usiz
     Ok(Some(RecordBatch::try_new_with_options(schema, arrays, &options)?))
 }
 
+/// The byte widths of `columns` when every one is a fixed-width 4- or 8-byte
+/// primitive of one type, aligned and without NULLs, in every batch with kept rows.
+fn fixed_widths(flat: &[(usize, &RecordBatch, usize)], kept: &[usize], columns: &[usize]) -> Option<Vec<usize>> {
+    let first = flat.iter().zip(kept).find(|(_, k)| **k > 0)?.0 .1;
+    if columns.is_empty() {
+        return None;
+    }
+    columns
+        .iter()
+        .map(|&c| {
+            let dt = first.column(c).data_type().clone();
+            let w = dt.primitive_width().filter(|w| *w == 4 || *w == 8)?;
+            flat.iter()
+                .zip(kept)
+                .filter(|(_, k)| **k > 0)
+                .all(|((_, b, _), _)| {
+                    let a = b.column(c);
+                    let aligned = a.to_data().buffers().first().is_some_and(|v| v.as_ptr().align_offset(w) == 0);
+                    a.data_type() == &dt && a.logical_null_count() == 0 && aligned
+                })
+                .then_some(w)
+        })
+        .collect()
+}
+
+/// Every group's kept rows of the fixed-width `columns` (see [`fixed_widths`]),
+/// written straight into one pinned host buffer (`Gpu::host_output`): one
+/// region per column, one slice per group in it. Returns each group's batch of
+/// those columns (None for groups that keep nothing).
+#[allow(clippy::too_many_arguments)]
+fn filter_fixed_width_pinned(
+    g: &gpu::Gpu,
+    flat: &[(usize, &RecordBatch, usize)],
+    kept: &[usize],
+    selection: &BooleanBuffer,
+    groups: &[(usize, usize, usize, usize, usize)],
+    columns: &[usize],
+    widths: &[usize],
+    total: usize,
+) -> Result<Vec<Option<RecordBatch>>> {
+    let region: Vec<usize> = widths.iter().map(|w| (total * w).next_multiple_of(64)).collect();
+    let bytes: usize = region.iter().sum();
+    let mut out = g.host_output(bytes)?;
+    let mut rest = &mut out.as_mut_slice()?[..bytes];
+    // slices[g][j]: group g's part of column j's region.
+    let mut slices: Vec<Vec<&mut [u8]>> = groups.iter().map(|_| Vec::new()).collect();
+    for (j, w) in widths.iter().enumerate() {
+        let (col, tail) = std::mem::take(&mut rest).split_at_mut(region[j]);
+        rest = tail;
+        let mut col = col;
+        for (gi, grp) in groups.iter().enumerate() {
+            let (mine, tail) = std::mem::take(&mut col).split_at_mut(grp.3 * w);
+            slices[gi].push(mine);
+            col = tail;
+        }
+    }
+    crate::gpu::for_each_mut(&mut slices, &|gi, dsts| {
+        let (_, first, end, _, _) = groups[gi];
+        let batches: Vec<(&RecordBatch, BooleanBuffer)> =
+            (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
+        for ((&c, &w), dst) in columns.iter().zip(widths).zip(dsts.iter_mut()) {
+            if w == 8 {
+                write_kept::<u64>(&batches, c, dst);
+            } else {
+                write_kept::<u32>(&batches, c, dst);
+            }
+        }
+    });
+    drop(slices);
+    let buffer = out.into_buffer(bytes)?;
+    let Some(first) = flat.iter().zip(kept).find(|(_, k)| **k > 0).map(|(f, _)| f.1) else {
+        return Ok(groups.iter().map(|_| None).collect());
+    };
+    let schema = Arc::new(first.schema().project(columns)?);
+    groups
+        .iter()
+        .map(|&(_, _, _, rows, before)| {
+            if rows == 0 {
+                return Ok(None);
+            }
+            let mut at = 0;
+            let arrays = columns
+                .iter()
+                .zip(widths)
+                .enumerate()
+                .map(|(j, (&c, &w))| {
+                    let data = ArrayData::builder(first.column(c).data_type().clone())
+                        .len(rows)
+                        .add_buffer(buffer.slice_with_length(at + before * w, rows * w))
+                        .build()?;
+                    at += region[j];
+                    Ok(make_array(data))
+                })
+                .collect::<Result<Vec<ArrayRef>>>()?;
+            let options = RecordBatchOptions::new().with_row_count(Some(rows));
+            Ok(Some(RecordBatch::try_new_with_options(schema.clone(), arrays, &options)?))
+        })
+        .collect()
+}
+
+/// Write the kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order, into `dst`.
+fn write_kept<T: datafusion::arrow::datatypes::ArrowNativeType>(batches: &[(&RecordBatch, BooleanBuffer)], c: usize, dst: &mut [u8]) {
+    use datafusion::arrow::datatypes::ToByteSlice;
+    let w = std::mem::size_of::<T>();
+    let mut slots = dst.chunks_exact_mut(w);
+    for (b, mask) in batches {
+        let data = b.column(c).to_data();
+        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
+        let chunks = mask.bit_chunks();
+        let mut put = |base: usize, mut m: u64| {
+            while m != 0 {
+                if let Some(slot) = slots.next() {
+                    slot.copy_from_slice(values[base + m.trailing_zeros() as usize].to_byte_slice());
+                }
+                m &= m - 1;
+            }
+        };
+        for (wi, word) in chunks.iter().enumerate() {
+            put(wi * 64, word);
+        }
+        put(chunks.chunk_len() * 64, chunks.remainder_bits());
+    }
+}
+
 /// The kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order.
 fn kept_values<T: datafusion::arrow::datatypes::ArrowNativeType>(
     batches: &[(&RecordBatch, BooleanBuffer)],
@@ -646,9 +780,15 @@ impl Run {
             ran.push_str(", key column from device");
         }
         let batch_size = context.session_config().batch_size();
-        let outputs = match filter_partitions(&keep_parts, &selection, projection, key_column, batch_size) {
+        let g = match &self.backend {
+            Backend::Gpu(_) => gpu::gpu(cfg.device).ok(),
+            Backend::Cpu(_) => None,
+        };
+        let outputs = match filter_partitions(&keep_parts, &selection, projection, key_column, batch_size, g.as_deref()) {
             // Device trouble on the keys' way back: the host filters that column too.
-            Err(e) if e.to_string().contains("download event") => filter_partitions(&keep_parts, &selection, projection, None, batch_size)?,
+            Err(e) if e.to_string().contains("download event") => {
+                filter_partitions(&keep_parts, &selection, projection, None, batch_size, None)?
+            }
             r => r?,
         };
         self.metrics.output_filter_time.add_duration(t.elapsed());
@@ -917,13 +1057,15 @@ mod tests {
                     .collect()
             })
             .collect();
+        let g = crate::gpu::test_gpu();
         for density in [0.0, 0.3, 1.0] {
             let selection = BooleanBuffer::from_iter((0..all_keys.len()).map(|_| rng.random_bool(density)));
             let keys = datafusion::arrow::buffer::Buffer::from_vec(setops::compact_kept_keys_cpu(&all_keys, &selection));
             let projections: [Option<Vec<usize>>; 6] = [None, Some(vec![0, 2]), Some(vec![2, 0]), Some(vec![0]), Some(vec![1, 0, 0]), Some(vec![1])];
             for p in projections {
-                let host = filter_partitions(&parts, &selection, Some(p.as_deref()), None, 8192).unwrap();
-                let device = filter_partitions(&parts, &selection, Some(p.as_deref()), Some((0, gpu::PendingBuffer::ready(keys.clone()))), 8192).unwrap();
+                let host = filter_partitions(&parts, &selection, Some(p.as_deref()), None, 8192, None).unwrap();
+                // With a device, its pinned pool holds the host's fixed-width output.
+                let device = filter_partitions(&parts, &selection, Some(p.as_deref()), Some((0, gpu::PendingBuffer::ready(keys.clone()))), 8192, g.as_deref()).unwrap();
                 let mut at = 0;
                 for ((h, d), part) in host.iter().zip(&device).zip(&parts) {
                     let (Output::Batches(h), Output::Batches(d)) = (h, d) else { panic!("batches expected") };

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use datafusion::error::DataFusionError;
 
 pub use compile::{kernel_sources, KernelSource};
-pub use memory::{DeviceBuffer, MemoryBudget, PendingBuffer, Pod, TransferStats};
+pub use memory::{DeviceBuffer, HostOut, MemoryBudget, PendingBuffer, Pod, TransferStats};
 pub(crate) use memory::copy_threads;
 pub(crate) use pool::{drop_later, for_each_mut, par_map};
 
