@@ -5,11 +5,14 @@
 //! [ALL] are the same operator: both sides' key columns are encoded into
 //! 64-bit keys, one selection bit per kept-side row is computed by
 //! [`crate::algo::setops`] (GPU or CPU backend), and the kept side's batches
-//! are filtered on the host. Only key columns ever reach the device.
+//! are filtered on the host. Only key columns ever reach the device; when the
+//! output holds the (single, 64-bit) key column, the GPU backend sends its
+//! kept values back and the host filters only the other columns.
 //!
 //! The output keeps the kept side's partitioning and order: the selection is
-//! computed once for all partitions (ranks in INTERSECT ALL are global), and
-//! `execute(p)` streams partition `p` of the result.
+//! computed once for all partitions (ranks in INTERSECT ALL are global), all
+//! partitions are filtered at once on the copy threads (into batches of about
+//! 128K rows), and `execute(p)` streams partition `p` of the result.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
