@@ -670,34 +670,52 @@ fn filter_fixed_width_pinned(
         .collect()
 }
 
-/// The kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order.
-fn kept_of<'a, T: datafusion::arrow::datatypes::ArrowNativeType>(
-    batches: &'a [(&'a RecordBatch, BooleanBuffer)],
-    c: usize,
-) -> impl Iterator<Item = T> + 'a {
-    batches.iter().flat_map(move |(b, mask)| {
-        let data = b.column(c).to_data();
-        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
-        mask.set_indices().map(move |i| values[i])
-    })
-}
-
-/// Write [`kept_of`] into `dst`.
+/// Write the kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order, into `dst`.
 fn write_kept<T: datafusion::arrow::datatypes::ArrowNativeType>(batches: &[(&RecordBatch, BooleanBuffer)], c: usize, dst: &mut [u8]) {
     use datafusion::arrow::datatypes::ToByteSlice;
-    for (slot, v) in dst.chunks_exact_mut(std::mem::size_of::<T>()).zip(kept_of::<T>(batches, c)) {
-        slot.copy_from_slice(v.to_byte_slice());
+    let w = std::mem::size_of::<T>();
+    let mut slots = dst.chunks_exact_mut(w);
+    for (b, mask) in batches {
+        let data = b.column(c).to_data();
+        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
+        let chunks = mask.bit_chunks();
+        let mut put = |base: usize, mut m: u64| {
+            while m != 0 {
+                if let Some(slot) = slots.next() {
+                    slot.copy_from_slice(values[base + m.trailing_zeros() as usize].to_byte_slice());
+                }
+                m &= m - 1;
+            }
+        };
+        for (wi, word) in chunks.iter().enumerate() {
+            put(wi * 64, word);
+        }
+        put(chunks.chunk_len() * 64, chunks.remainder_bits());
     }
 }
 
-/// [`kept_of`] in a new buffer of `rows` values.
+/// The kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order.
 fn kept_values<T: datafusion::arrow::datatypes::ArrowNativeType>(
     batches: &[(&RecordBatch, BooleanBuffer)],
     c: usize,
     rows: usize,
 ) -> datafusion::arrow::buffer::Buffer {
     let mut out: Vec<T> = Vec::with_capacity(rows);
-    out.extend(kept_of::<T>(batches, c));
+    for (b, mask) in batches {
+        let data = b.column(c).to_data();
+        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
+        let chunks = mask.bit_chunks();
+        let mut push_word = |base: usize, mut m: u64| {
+            while m != 0 {
+                out.push(values[base + m.trailing_zeros() as usize]);
+                m &= m - 1;
+            }
+        };
+        for (w, word) in chunks.iter().enumerate() {
+            push_word(w * 64, word);
+        }
+        push_word(chunks.chunk_len() * 64, chunks.remainder_bits());
+    }
     datafusion::arrow::buffer::Buffer::from_vec(out)
 }
 
