@@ -105,17 +105,7 @@ pub fn run() -> Result<()> {
                             }
                             for i in lo..hi {
                                 let v = p[i].column(1).as_primitive::<Int64Type>().values();
-                                let chunks = m[i].values().bit_chunks();
-                                let mut push = |base: usize, mut w: u64| {
-                                    while w != 0 {
-                                        buf.push(v[base + w.trailing_zeros() as usize]);
-                                        w &= w - 1;
-                                    }
-                                };
-                                for (w, word) in chunks.iter().enumerate() {
-                                    push(w * 64, word);
-                                }
-                                push(chunks.chunk_len() * 64, chunks.remainder_bits());
+                                crate::exec::set_select::for_each_kept(v, m[i].values(), |x| buf.push(x));
                             }
                         }
                     });

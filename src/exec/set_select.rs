@@ -460,8 +460,9 @@ fn filter_partitions(
     }
     // Fixed-width host columns without NULLs land in one pinned buffer from the
     // device's pool (resident pages, reused across queries) when there is a device.
-    let pinned_hosts = match (out_mem, fixed_widths(&flat, &kept, &host_columns)) {
-        (Some(g), Some(widths)) => Some(filter_fixed_width_pinned(g, &flat, &kept, selection, &groups, &host_columns, &widths, before)?),
+    let widths = fixed_widths(&flat, &kept, &host_columns);
+    let pinned_hosts = match (out_mem, &widths) {
+        (Some(g), Some(widths)) => Some(filter_fixed_width_pinned(g, &flat, &kept, selection, &groups, &host_columns, widths, before)?),
         _ => None,
     };
     // The host's columns of each group's output batch, filtered in parallel
@@ -479,10 +480,10 @@ fn filter_partitions(
             if let Some(hosts) = &pinned_hosts {
                 return Ok(Some((schema, hosts[g].clone())));
             }
-            let batches: Vec<(&RecordBatch, BooleanBuffer)> =
-                (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
-            if let Some(host) = filter_fixed_width(&batches, &host_columns, rows)? {
-                return Ok(Some((schema, Some(host))));
+            if let Some(widths) = &widths {
+                let batches: Vec<(&RecordBatch, BooleanBuffer)> =
+                    (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
+                return Ok(Some((schema, Some(filter_fixed_width(&batches, &host_columns, widths, rows)?))));
             }
             let mut out: Option<BatchCoalescer> = None;
             for i in first..end {
@@ -539,35 +540,22 @@ fn filter_partitions(
 }
 
 /// The kept rows of `columns` of `batches` (each with its selection) as one
-/// batch of `rows` rows, when every such column is a fixed-width 4- or 8-byte
-/// primitive without NULLs: kept values are copied straight into one output
-/// buffer per column. (`BatchCoalescer` filters a batch that keeps more than
-/// 1/16 of its rows into a temporary batch first and copies that again.)
-/// None: some column is not of that kind.
-fn filter_fixed_width(batches: &[(&RecordBatch, BooleanBuffer)], columns: &[usize], rows: usize) -> Result<Option<RecordBatch>> {
-    let width = |c: usize| -> Option<usize> {
-        let dt = batches.first()?.0.column(c).data_type().clone();
-        let w = dt.primitive_width().filter(|w| *w == 4 || *w == 8)?;
-        batches
-            .iter()
-            .all(|(b, _)| {
-                let a = b.column(c);
-                let aligned = a.to_data().buffers().first().is_some_and(|v| v.as_ptr().align_offset(w) == 0);
-                a.data_type() == &dt && a.logical_null_count() == 0 && aligned
-            })
-            .then_some(w)
-    };
-    let widths: Option<Vec<usize>> = columns.iter().map(|&c| width(c)).collect();
-    let (Some(widths), Some((first, _))) = (widths, batches.first()) else { return Ok(None) };
+/// batch of `rows` rows, the columns being fixed-width primitives of byte
+/// `widths` (see [`fixed_widths`]): kept values are copied straight into one
+/// output buffer per column. (`BatchCoalescer` filters a batch that keeps
+/// more than 1/16 of its rows into a temporary batch first and copies that
+/// again.)
+fn filter_fixed_width(batches: &[(&RecordBatch, BooleanBuffer)], columns: &[usize], widths: &[usize], rows: usize) -> Result<RecordBatch> {
+    let Some((first, _)) = batches.first() else { return Err(DataFusionError::Internal("setfusion: no batch to filter".into())) };
     let mut arrays = Vec::with_capacity(columns.len());
-    for (&c, w) in columns.iter().zip(widths) {
+    for (&c, &w) in columns.iter().zip(widths) {
         let values = if w == 8 { kept_values::<u64>(batches, c, rows) } else { kept_values::<u32>(batches, c, rows) };
         let data = ArrayData::builder(first.column(c).data_type().clone()).len(rows).add_buffer(values).build()?;
         arrays.push(make_array(data));
     }
     let schema = Arc::new(first.schema().project(columns)?);
     let options = RecordBatchOptions::new().with_row_count(Some(rows));
-    Ok(Some(RecordBatch::try_new_with_options(schema, arrays, &options)?))
+    Ok(RecordBatch::try_new_with_options(schema, arrays, &options)?)
 }
 
 /// The byte widths of `columns` when every one is a fixed-width 4- or 8-byte
@@ -670,27 +658,39 @@ fn filter_fixed_width_pinned(
         .collect()
 }
 
+/// Call `f` with every value of `values` whose bit in `mask` is set, in
+/// order, one 64-bit mask word at a time. The one loop behind the fixed-width
+/// output paths (and `setfusion bench filter`).
+pub(crate) fn for_each_kept<T: Copy>(values: &[T], mask: &BooleanBuffer, mut f: impl FnMut(T)) {
+    let chunks = mask.bit_chunks();
+    let mut word = |base: usize, mut m: u64| {
+        while m != 0 {
+            f(values[base + m.trailing_zeros() as usize]);
+            m &= m - 1;
+        }
+    };
+    for (w, bits) in chunks.iter().enumerate() {
+        word(w * 64, bits);
+    }
+    word(chunks.chunk_len() * 64, chunks.remainder_bits());
+}
+
+/// Column `c` (fixed width `T`, aligned, no NULLs) of a batch as a slice.
+fn fixed_values<T: datafusion::arrow::datatypes::ArrowNativeType>(b: &RecordBatch, c: usize) -> datafusion::arrow::buffer::ScalarBuffer<T> {
+    let data = b.column(c).to_data();
+    datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len())
+}
+
 /// Write the kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order, into `dst`.
 fn write_kept<T: datafusion::arrow::datatypes::ArrowNativeType>(batches: &[(&RecordBatch, BooleanBuffer)], c: usize, dst: &mut [u8]) {
     use datafusion::arrow::datatypes::ToByteSlice;
-    let w = std::mem::size_of::<T>();
-    let mut slots = dst.chunks_exact_mut(w);
+    let mut slots = dst.chunks_exact_mut(std::mem::size_of::<T>());
     for (b, mask) in batches {
-        let data = b.column(c).to_data();
-        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
-        let chunks = mask.bit_chunks();
-        let mut put = |base: usize, mut m: u64| {
-            while m != 0 {
-                if let Some(slot) = slots.next() {
-                    slot.copy_from_slice(values[base + m.trailing_zeros() as usize].to_byte_slice());
-                }
-                m &= m - 1;
+        for_each_kept(&fixed_values::<T>(b, c), mask, |v: T| {
+            if let Some(slot) = slots.next() {
+                slot.copy_from_slice(v.to_byte_slice());
             }
-        };
-        for (wi, word) in chunks.iter().enumerate() {
-            put(wi * 64, word);
-        }
-        put(chunks.chunk_len() * 64, chunks.remainder_bits());
+        });
     }
 }
 
@@ -702,19 +702,7 @@ fn kept_values<T: datafusion::arrow::datatypes::ArrowNativeType>(
 ) -> datafusion::arrow::buffer::Buffer {
     let mut out: Vec<T> = Vec::with_capacity(rows);
     for (b, mask) in batches {
-        let data = b.column(c).to_data();
-        let values = datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len());
-        let chunks = mask.bit_chunks();
-        let mut push_word = |base: usize, mut m: u64| {
-            while m != 0 {
-                out.push(values[base + m.trailing_zeros() as usize]);
-                m &= m - 1;
-            }
-        };
-        for (w, word) in chunks.iter().enumerate() {
-            push_word(w * 64, word);
-        }
-        push_word(chunks.chunk_len() * 64, chunks.remainder_bits());
+        for_each_kept(&fixed_values::<T>(b, c), mask, |v| out.push(v));
     }
     datafusion::arrow::buffer::Buffer::from_vec(out)
 }
