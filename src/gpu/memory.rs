@@ -664,7 +664,11 @@ fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize, threads: u
         return pack(&mut work);
     }
     // The pool's persistent threads: a fresh thread scope per fill cost ~0.5 ms.
-    let per = work.len().div_ceil(threads);
+    // Four parts per thread, claimed as threads come free: with one part each,
+    // a fill waits for its slowest thread, and on a busy host one thread that
+    // loses its core for a while (the reaper freeing the last query's inputs,
+    // another tenant) stretches every fill.
+    let per = work.len().div_ceil(threads * 4).max(1);
     let mut parts: Vec<&mut [Seg]> = work.chunks_mut(per).collect();
     let any_wide = std::sync::atomic::AtomicBool::new(false);
     super::pool::for_each_mut(&mut parts, &|_, segs| {
