@@ -193,13 +193,19 @@ fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
 
 /// Exact 64-bit image of a single fixed-width column (NULL slots hold arbitrary values).
 /// 64-bit integer columns share the Arrow buffer: no copy.
+/// Is the key of a value of this type its own 64 bits? Then the key column
+/// is the Arrow values buffer itself, and a key is also the column's value.
+pub fn key_is_own_bits(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_)
+    )
+}
+
 fn exact_values(a: &ArrayRef) -> Result<ScalarBuffer<u64>> {
-    match a.data_type() {
-        DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_) => {
-            let data = a.to_data();
-            return Ok(ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len()));
-        }
-        _ => {}
+    if key_is_own_bits(a.data_type()) {
+        let data = a.to_data();
+        return Ok(ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len()));
     }
     Ok(ScalarBuffer::from(exact_values_owned(a)?))
 }

@@ -17,11 +17,7 @@ use datafusion::arrow::datatypes::Int64Type;
 use datafusion::error::Result;
 
 use crate::datagen;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
+use super::median;
 
 pub fn run() -> Result<()> {
     let n: u64 = std::env::var("SETFUSION_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000_000);

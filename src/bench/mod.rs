@@ -4,3 +4,9 @@
 pub mod filter;
 pub mod setops;
 pub mod ssjoin;
+
+/// The median of some timings (the upper one of an even count).
+pub(crate) fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+    v.sort();
+    v[v.len() / 2]
+}

@@ -22,11 +22,7 @@ use crate::algo::setops::{self, GpuStrategy, SetOp};
 use crate::algo::sorted_intersect::SortedIntersect;
 use crate::datagen;
 use crate::gpu::{self, TransferStats};
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
+use super::median;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

@@ -31,6 +31,7 @@ use rand::{Rng, SeedableRng};
 use crate::algo::ssjoin::{
     default_threads, preprocess, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
+use super::median;
 
 struct Args {
     out: Option<String>,
@@ -159,11 +160,6 @@ pub(crate) fn generate(n: usize, zipf: bool, seed: u64) -> RawSets {
         }
     }
     raw
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn ms(d: Duration) -> String {

@@ -44,8 +44,6 @@ impl DeviceMetrics {
     }
 }
 
-/// The tail every setfusion operator's EXPLAIN line ends with: the embedded
-/// projection, and (after a run, except in the tree view) what actually ran.
 /// With SETFUSION_TRACE set, print one timeline event to stderr (ms since
 /// the first event of the process): where a query's time goes between its
 /// operators and the runtime, which per-operator metrics cannot show.
@@ -56,6 +54,8 @@ pub fn trace(what: &str) {
     }
 }
 
+/// The tail every setfusion operator's EXPLAIN line ends with: the embedded
+/// projection, and (after a run, except in the tree view) what actually ran.
 pub(crate) fn fmt_projection_and_ran(
     f: &mut fmt::Formatter,
     t: DisplayFormatType,

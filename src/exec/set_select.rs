@@ -166,10 +166,7 @@ impl SetSelectExec {
         let [key] = self.keep_keys.as_slice() else { return None };
         let col = key.downcast_ref::<datafusion::physical_expr::expressions::Column>()?;
         let field = self.keep.schema().fields().get(col.index())?.clone();
-        let own_bits = matches!(
-            field.data_type(),
-            DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_)
-        );
+        let own_bits = keys::key_is_own_bits(field.data_type());
         let output = !self.schema.fields().is_empty() && self.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
         (own_bits && output && matches!(self.backend, Backend::Gpu(_))).then_some(col.index())
     }
@@ -481,8 +478,7 @@ fn filter_partitions(
                 return Ok(Some((schema, hosts[g].clone())));
             }
             if let Some(widths) = &widths {
-                let batches: Vec<(&RecordBatch, BooleanBuffer)> =
-                    (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
+                let batches = group_batches(flat.as_slice(), &kept, selection, first, end);
                 return Ok(Some((schema, Some(filter_fixed_width(&batches, &host_columns, widths, rows)?))));
             }
             let mut out: Option<BatchCoalescer> = None;
@@ -537,6 +533,17 @@ fn filter_partitions(
         outputs[p].push(RecordBatch::try_new_with_options(schema, arrays, &options)?);
     }
     Ok(outputs.into_iter().map(Output::Batches).collect())
+}
+
+/// The batches `first..end` of `flat` that keep rows, each with its slice of the selection.
+fn group_batches<'a>(
+    flat: &[(usize, &'a RecordBatch, usize)],
+    kept: &[usize],
+    selection: &BooleanBuffer,
+    first: usize,
+    end: usize,
+) -> Vec<(&'a RecordBatch, BooleanBuffer)> {
+    (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect()
 }
 
 /// The kept rows of `columns` of `batches` (each with its selection) as one
@@ -616,8 +623,7 @@ fn filter_fixed_width_pinned(
     }
     crate::gpu::for_each_mut(&mut slices, &|gi, dsts| {
         let (_, first, end, _, _) = groups[gi];
-        let batches: Vec<(&RecordBatch, BooleanBuffer)> =
-            (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].1, selection.slice(flat[i].2, flat[i].1.num_rows()))).collect();
+        let batches = group_batches(flat, kept, selection, first, end);
         for ((&c, &w), dst) in columns.iter().zip(widths).zip(dsts.iter_mut()) {
             if w == 8 {
                 write_kept::<u64>(&batches, c, dst);
@@ -775,11 +781,12 @@ impl Run {
             Backend::Gpu(_) => gpu::gpu(cfg.device).ok(),
             Backend::Cpu(_) => None,
         };
+        let used_device = key_column.is_some() || g.is_some();
         let outputs = match filter_partitions(&keep_parts, &selection, projection, key_column, batch_size, g.as_deref()) {
-            // Device trouble on the keys' way back: the host filters that column too.
-            Err(e) if e.to_string().contains("download event") => {
-                filter_partitions(&keep_parts, &selection, projection, None, batch_size, None)?
-            }
+            // Device trouble (the kept keys' way back, pinned output memory) never fails
+            // the query: the host alone filters every column again. A host-side error
+            // recurs there and is returned.
+            Err(_) if used_device => filter_partitions(&keep_parts, &selection, projection, None, batch_size, None)?,
             r => r?,
         };
         self.metrics.output_filter_time.add_duration(t.elapsed());
