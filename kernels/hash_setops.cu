@@ -127,13 +127,18 @@ __device__ void build_rows(const u64* bkeys, u64 nb, u64 lo, K* keys, u32* count
     }
 }
 
-// Decide each probe row; one output bit per row.
+// Decide each probe row; one output bit per row. A key outside the table's
+// domain [lo, lo + span] has no match (a u32 table built from the build side
+// alone may be probed by wider keys; EXCEPT DISTINCT's callers pass a domain
+// holding every probe key, since its probe inserts them).
 template <typename K>
-__device__ void probe_rows(const u64* pkeys, u64 np, u64 lo, K* keys, const u32* count_b, u32* ctr_a,
+__device__ void probe_rows(const u64* pkeys, u64 np, u64 lo, u64 span, K* keys, const u32* count_b, u32* ctr_a,
                            u64 mask, int op, u32* out_bits) {
     SF_FOR_WARPS(i, np) {
         bool keep = false;
-        if (i < np) {
+        if (i < np && pkeys[i] - lo > span) {
+            keep = op == ANTI || op == EXCEPT_ALL;
+        } else if (i < np) {
             K k = (K)(pkeys[i] - lo);
             if (op == SEMI || op == ANTI || op == INTERSECT_DISTINCT || op == INTERSECT_ALL) {
                 long long s = find(keys, mask, k);
@@ -162,12 +167,12 @@ extern "C" __global__ void build(const u64* bkeys, u64 nb, u64* keys, u32* count
 }
 extern "C" __global__ void probe(const u64* pkeys, u64 np, u64* keys, const u32* count_b, u32* ctr_a,
                                  u64 mask, int op, u32* out_bits) {
-    probe_rows<u64>(pkeys, np, 0, keys, count_b, ctr_a, mask, op, out_bits);
+    probe_rows<u64>(pkeys, np, 0, ~0ULL, keys, count_b, ctr_a, mask, op, out_bits);
 }
 extern "C" __global__ void build_32(const u64* bkeys, u64 nb, u64 lo, u32* keys, u32* count_b, u64 mask, u32 pass, u32 passes) {
     build_rows<u32>(bkeys, nb, lo, keys, count_b, mask, pass, passes);
 }
-extern "C" __global__ void probe_32(const u64* pkeys, u64 np, u64 lo, u32* keys, const u32* count_b, u32* ctr_a,
+extern "C" __global__ void probe_32(const u64* pkeys, u64 np, u64 lo, u64 span, u32* keys, const u32* count_b, u32* ctr_a,
                                     u64 mask, int op, u32* out_bits) {
-    probe_rows<u32>(pkeys, np, lo, keys, count_b, ctr_a, mask, op, out_bits);
+    probe_rows<u32>(pkeys, np, lo, span, keys, count_b, ctr_a, mask, op, out_bits);
 }

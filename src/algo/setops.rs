@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
 use datafusion::error::{DataFusionError, Result};
 
@@ -330,19 +330,7 @@ impl ResidentSelect {
     /// `auto`: a bitmap / direct-address table when the key domain is dense
     /// enough that it is no larger than a hash table and fits the budget.
     pub fn choose(&self, gpu: &Gpu, op: SetOp) -> GpuStrategy {
-        let Some((lo, hi)) = self.range else { return GpuStrategy::Hash };
-        let range = hi.wrapping_sub(lo).saturating_add(1);
-        if range > BITMAP_MAX_RANGE {
-            return GpuStrategy::Hash;
-        }
-        let bitmap = device_bytes(GpuStrategy::Bitmap, op, self.nb, self.np, range);
-        let hash = device_bytes(GpuStrategy::Hash, op, self.nb, self.np, range);
-        let keys = (self.nb + self.np) * 8;
-        if bitmap <= hash && bitmap - keys <= gpu.budget().available() {
-            GpuStrategy::Bitmap
-        } else {
-            GpuStrategy::Hash
-        }
+        choose_table(gpu, op, self.nb, self.np, self.range)
     }
 
     /// Run the kernels; returns one bit per probe row on the device.
@@ -370,21 +358,8 @@ impl ResidentSelect {
                     return Err(DataFusionError::Plan(format!("bitmap strategy: key range {range} too wide")));
                 }
                 if !op.needs_counts() {
-                    let bits = gpu.alloc_zeros::<u32>((range as usize).div_ceil(32))?;
-                    if nb > 0 {
-                        let f = gpu.function("bitmap_setops", "build_bits")?;
-                        // SAFETY: kernel signatures match kernels/bitmap_setops.cu; the bitmap covers [lo, hi].
-                        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(launch_cfg(nb)) }
-                            .map_err(|e| cuda_err("bitmap build", e))?;
-                    }
-                    let anti = (op == SetOp::Anti) as i32;
-                    let f = gpu.function("bitmap_setops", "probe_bits")?;
-                    // SAFETY: as above.
-                    unsafe {
-                        stream.launch_builder(&f).arg(&d_probe.slice).arg(&np64).arg(&lo).arg(&range).arg(&bits.slice)
-                            .arg(&anti).arg(&out.slice).launch(launch_cfg(np))
-                    }
-                    .map_err(|e| cuda_err("bitmap probe", e))?;
+                    let table = Presence::build(gpu, GpuStrategy::Bitmap, op, d_build, nb, np, self.range)?;
+                    table.probe(gpu, op, &d_probe.slice.slice(..), &out.slice.slice(..))?;
                 // Multiset operators first try two bitmaps (build membership and
                 // "seen" probe ranks); counts only when a build key repeats.
                 } else if !self.run_bitmap_ranks(gpu, op, lo, range, &out)? {
@@ -445,19 +420,41 @@ impl ResidentSelect {
     /// Build and probe the hash table; writes `out` (one bit per probe row)
     /// and synchronises.
     fn run_hash(&self, gpu: &Gpu, op: SetOp, out: &DeviceBuffer<u32>) -> Result<()> {
-        // One thread per row (the kernels' grid-stride loops then run once):
-        // 0.808 ms against 0.845 ms with at most 32 blocks per SM looping, for
-        // the 10M x 10M semi join on the H100.
-        let rows_cfg = |n: usize| LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let (nb, np) = (self.nb, self.np);
-        let (d_build, d_probe) = (&self.build, &self.probe);
+        let table = HashTable::build(gpu, op, &self.build, self.nb, self.np, self.range)?;
+        table.probe(gpu, op, &self.probe.slice.slice(..), &out.slice.slice(..))?;
+        gpu.synchronize()
+    }
+}
+
+/// Launch config of the hash kernels: one thread per row (their grid-stride
+/// loops then run once): 0.808 ms against 0.845 ms with at most 32 blocks per
+/// SM looping, for the 10M x 10M semi join on the H100.
+fn rows_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The build keys in an open-addressing table on the device
+/// (kernels/hash_setops.cu), with per-slot build counts and probe counters
+/// for the multiset rules. Built once, probed by any run of probe keys.
+struct HashTable {
+    table: DeviceBuffer<u8>,
+    count_b: DeviceBuffer<u32>,
+    ctr_a: DeviceBuffer<u32>,
+    mask: u64,
+    /// A u32 table of offsets from `lo` for keys in [lo, lo + span] (span
+    /// below 2^32 - 1): half the bytes, more of it in L2. Probe keys outside
+    /// it have no match.
+    narrow: Option<(u64, u64)>,
+}
+
+impl HashTable {
+    /// Queue the table's fill and build on the stream (no synchronisation).
+    /// `range`: the build keys' domain, which must also hold every probe key
+    /// for EXCEPT DISTINCT (its probe inserts keys).
+    fn build(gpu: &Gpu, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, np: usize, range: Option<(u64, u64)>) -> Result<Self> {
         let stream = gpu.stream();
-        let (nb64, np64) = (nb as u64, np as u64);
-        let opi = op as i32;
-        // Keys of a domain narrower than 2^32 - 1 go into a u32 table of
-        // offsets from its minimum (half the bytes, more of it in L2).
-        let narrow = self.range.filter(|(lo, hi)| hi - lo < u32::MAX as u64).map(|(lo, _)| lo);
-        let lo = narrow.unwrap_or(0);
+        let nb64 = nb as u64;
+        let narrow = range.filter(|(lo, hi)| hi - lo < u32::MAX as u64).map(|(lo, hi)| (lo, hi - lo));
         let width = if narrow.is_some() { 4 } else { 8 };
         let counted = op.needs_counts();
         let suffix = if narrow.is_some() { "_32" } else { "" };
@@ -473,7 +470,6 @@ impl ResidentSelect {
         let table = gpu.alloc::<u8>(words * 16)?;
         let fill = gpu.function("hash_setops", "fill_empty")?;
         let build = gpu.function("hash_setops", &format!("build{suffix}"))?;
-        let probe = gpu.function("hash_setops", &format!("probe{suffix}"))?;
         let words64 = words as u64;
         // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
         unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&words64).launch(launch_cfg(words)) }
@@ -482,8 +478,8 @@ impl ResidentSelect {
         for pass in 0..if nb > 0 { passes } else { 0 } {
             let mut l = stream.launch_builder(&build);
             l.arg(&d_build.slice).arg(&nb64);
-            if narrow.is_some() {
-                l.arg(&lo);
+            if let Some((lo, _)) = &narrow {
+                l.arg(lo);
             }
             l.arg(&table.slice);
             if counted {
@@ -495,17 +491,135 @@ impl ResidentSelect {
             // SAFETY: as above.
             unsafe { l.launch(rows_cfg(nb)) }.map_err(|e| cuda_err("hash build", e))?;
         }
-        let mut l = stream.launch_builder(&probe);
-        l.arg(&d_probe.slice).arg(&np64);
-        if narrow.is_some() {
-            l.arg(&lo);
+        Ok(Self { table, count_b, ctr_a, mask, narrow })
+    }
+
+    /// Queue the probe of `keys`: one bit per key into `out`, which starts at
+    /// the word of the keys' first row (no synchronisation).
+    fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
+        let (n, n64, opi) = (keys.len(), keys.len() as u64, op as i32);
+        let probe = gpu.function("hash_setops", if self.narrow.is_some() { "probe_32" } else { "probe" })?;
+        let mut l = gpu.stream().launch_builder(&probe);
+        l.arg(keys).arg(&n64);
+        if let Some((lo, span)) = &self.narrow {
+            l.arg(lo).arg(span);
         }
-        l.arg(&table.slice);
-        l.arg(&count_b.slice).arg(&ctr_a.slice).arg(&mask).arg(&opi).arg(&out.slice);
-        // SAFETY: as above; `out` holds one bit per probe row.
-        unsafe { l.launch(rows_cfg(np)) }.map_err(|e| cuda_err("hash probe", e))?;
-        gpu.synchronize()?;
+        l.arg(&self.table.slice);
+        l.arg(&self.count_b.slice).arg(&self.ctr_a.slice).arg(&self.mask).arg(&opi).arg(out);
+        // SAFETY: signature matches kernels/hash_setops.cu; `out` holds one bit per key of `keys`.
+        unsafe { l.launch(rows_cfg(n)) }.map_err(|e| cuda_err("hash probe", e))?;
         Ok(())
+    }
+}
+
+/// A semi / anti join's build side on the device, ready to probe any run of
+/// keys: presence bits over a dense domain, or the hash table.
+enum Presence {
+    /// One bit per value of [lo, lo + range).
+    Bits { bits: DeviceBuffer<u32>, lo: u64, range: u64 },
+    Hash(HashTable),
+}
+
+impl Presence {
+    /// Queue the build (no synchronisation). `range`: the build keys' domain
+    /// (a bitmap needs one no wider than [`BITMAP_MAX_RANGE`]).
+    fn build(gpu: &Gpu, strategy: GpuStrategy, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, np: usize, range: Option<(u64, u64)>) -> Result<Self> {
+        let bitmap = match (strategy, range) {
+            (GpuStrategy::Bitmap, Some((lo, hi))) if hi - lo < BITMAP_MAX_RANGE => Some((lo, hi - lo + 1)),
+            (GpuStrategy::Bitmap, None) => Some((0, 1)),
+            _ => None,
+        };
+        let Some((lo, range)) = bitmap else { return Ok(Presence::Hash(HashTable::build(gpu, op, d_build, nb, np, range)?)) };
+        let bits = gpu.alloc_zeros::<u32>((range as usize).div_ceil(32))?;
+        if nb > 0 {
+            let nb64 = nb as u64;
+            let f = gpu.function("bitmap_setops", "build_bits")?;
+            // SAFETY: signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range), which holds every build key.
+            unsafe { gpu.stream().launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(launch_cfg(nb)) }
+                .map_err(|e| cuda_err("bitmap build", e))?;
+        }
+        Ok(Presence::Bits { bits, lo, range })
+    }
+
+    /// Queue the probe of `keys` (semi: kept if present; anti: if absent),
+    /// one bit per key into `out`, which starts at the keys' first row's word.
+    fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
+        let (bits, lo, range) = match self {
+            Presence::Hash(table) => return table.probe(gpu, op, keys, out),
+            Presence::Bits { bits, lo, range } => (bits, lo, range),
+        };
+        let (n64, anti) = (keys.len() as u64, (op == SetOp::Anti) as i32);
+        let f = gpu.function("bitmap_setops", "probe_bits")?;
+        // SAFETY: signature matches kernels/bitmap_setops.cu; keys outside [lo, lo + range) read no bit; `out` holds one bit per key.
+        unsafe {
+            gpu.stream().launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&anti).arg(out)
+                .launch(launch_cfg(keys.len()))
+        }
+        .map_err(|e| cuda_err("bitmap probe", e))?;
+        Ok(())
+    }
+}
+
+/// Semi / anti joins with the probe side streamed: the build keys upload
+/// first, and their table (chosen from the build side alone: a probe key
+/// outside its domain has no match) is built while the first probe fill is
+/// packed; each probe fill is probed as soon as its decode is queued, so the
+/// kernels run behind the host's packing of the next fill instead of after
+/// the last one. Returns the probe keys, the selection words on the device
+/// (synchronised) and the strategy.
+fn select_streamed(
+    gpu: &Gpu,
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<(DeviceBuffer<u64>, DeviceBuffer<u32>, GpuStrategy)> {
+    let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
+    let (d_build, range) = gpu.upload_keys(build, stats)?;
+    crate::exec::trace("gpu: build keys uploaded");
+    let strategy = pick_strategy(gpu, forced, op, nb, np, range);
+    let t = Instant::now();
+    let table = Presence::build(gpu, strategy, op, &d_build, nb, np, range)?;
+    let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
+    stats.kernel += t.elapsed();
+    let (d_probe, _) = gpu.upload_keys_each(probe, stats, false, &mut |keys, first| {
+        table.probe(gpu, op, keys, &out.slice.slice(first / 32..))
+    })?;
+    // Kernel time shown: what the last fill's probe adds after the uploads.
+    let t = Instant::now();
+    gpu.synchronize()?;
+    stats.kernel += t.elapsed();
+    drop((table, d_build));
+    Ok((d_probe, out, strategy))
+}
+
+/// `auto` for `nb` build and `np` probe keys over the domain `range`: a bitmap
+/// / direct-address table when the domain is dense enough that it is no
+/// larger than a hash table and fits the budget.
+fn choose_table(gpu: &Gpu, op: SetOp, nb: usize, np: usize, range: Option<(u64, u64)>) -> GpuStrategy {
+    let Some((lo, hi)) = range else { return GpuStrategy::Hash };
+    let range = hi.wrapping_sub(lo).saturating_add(1);
+    if range > BITMAP_MAX_RANGE {
+        return GpuStrategy::Hash;
+    }
+    let bitmap = device_bytes(GpuStrategy::Bitmap, op, nb, np, range);
+    let hash = device_bytes(GpuStrategy::Hash, op, nb, np, range);
+    let keys = (nb + np) * 8;
+    if bitmap <= hash && bitmap - keys <= gpu.budget().available() {
+        GpuStrategy::Bitmap
+    } else {
+        GpuStrategy::Hash
+    }
+}
+
+/// The strategy `forced`, or chosen by [`choose_table`]; a forced bitmap on a
+/// domain too wide for one falls back to the hash table.
+fn pick_strategy(gpu: &Gpu, forced: Option<GpuStrategy>, op: SetOp, nb: usize, np: usize, range: Option<(u64, u64)>) -> GpuStrategy {
+    match forced {
+        Some(GpuStrategy::Bitmap) if range.is_none_or(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) => GpuStrategy::Hash,
+        Some(s) => s,
+        None => choose_table(gpu, op, nb, np, range),
     }
 }
 
@@ -534,15 +648,18 @@ pub fn select_gpu_auto(
         let (sel, parts) = select_gpu_partitioned(gpu, GpuStrategy::Hash, op, build, probe, stats)?;
         return Ok((sel, format!("gpu/hash in {parts} partitions"), None));
     }
-    let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
-    crate::exec::trace("gpu: keys uploaded");
-    let strategy = match forced {
-        // A forced bitmap on a domain too wide for one falls back to the hash table.
-        Some(GpuStrategy::Bitmap) if resident.range.is_none_or(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) => GpuStrategy::Hash,
-        Some(s) => s,
-        None => resident.choose(gpu, op),
+    // Semi / anti joins probe each fill as it lands; the multiset rules (and
+    // the sort strategy) need every probe key on the device first.
+    let streamed = matches!(op, SetOp::Semi | SetOp::Anti) && nb > 0 && forced != Some(GpuStrategy::Sort);
+    let (probe_keys, out, strategy) = if streamed {
+        select_streamed(gpu, forced, op, build, probe, stats)?
+    } else {
+        let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
+        crate::exec::trace("gpu: keys uploaded");
+        let strategy = pick_strategy(gpu, forced, op, nb, np, resident.range);
+        let out = resident.run(gpu, strategy, op, stats)?;
+        (resident.probe, out, strategy)
     };
-    let out = resident.run(gpu, strategy, op, stats)?;
     crate::exec::trace("gpu: kernels done");
     // A large selection stays in the pinned memory its DMA lands in (little-endian
     // u32 words are Arrow's bitmap bytes): no host copy, no fresh pages to fault in.
@@ -554,10 +671,11 @@ pub fn select_gpu_auto(
     };
     crate::exec::trace("gpu: selection downloaded");
     // Kept keys only while the device can hold them a moment longer; else the host filters.
-    let keys = if kept_keys { compact_kept_keys(gpu, &resident.probe, &out, np, stats).ok() } else { None };
+    let keys = if kept_keys { compact_kept_keys(gpu, &probe_keys, &out, np, stats).ok() } else { None };
     crate::exec::trace("gpu: kept keys downloaded");
-    drop((out, resident));
-    Ok((sel, format!("gpu/{}", strategy.name()), keys.map(|(b, _)| b)))
+    drop((out, probe_keys));
+    let how = if streamed { ", probed per upload fill" } else { "" };
+    Ok((sel, format!("gpu/{}{how}", strategy.name()), keys.map(|(b, _)| b)))
 }
 
 /// The keys of the selected rows, in row order, compacted on the device
@@ -865,6 +983,53 @@ mod tests {
                 assert_eq!(kept(&probe, &got), want, "span {span} {op:?}");
             }
         }
+    }
+
+    #[test]
+    fn gpu_streamed_semi_anti_matches_cpu_twin() {
+        // Semi / anti joins probe each upload fill as it lands, on a table built
+        // from the build side's domain alone: probe keys below it, far above it,
+        // and exactly 2^32 above its minimum (the same u32 offset as the minimum
+        // in a narrow table) must find nothing. A small budget makes fills of
+        // 65,536 keys, so the probe side spans several.
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let lo = 1u64 << 40;
+        gpu.budget().set_limit(8 << 20);
+        for case in 0..6 {
+            // Domains for a bitmap, a u32 hash table, a u64 hash table.
+            let width = [50_000, 3_000_000_000u64, 6_000_000_000][case % 3];
+            let nb = rng.random_range(1..20_000);
+            let build: Vec<u64> = (0..nb).map(|_| lo + rng.random_range(0..width)).collect();
+            let np = 400_000 + rng.random_range(0..1000);
+            let probe: Vec<u64> = (0..np)
+                .map(|i| match i % 9 {
+                    0 => lo + (1 << 32) + rng.random_range(0..width),
+                    1 => lo - 1 - rng.random_range(0..width),
+                    2 => build[rng.random_range(0..nb)],
+                    3 => u64::MAX - rng.random_range(0..3),
+                    _ => lo + rng.random_range(0..width),
+                })
+                .collect();
+            // Several slices, as the operators pass them (one per batch).
+            let chunks: Vec<&[u64]> = probe.chunks(70_001).collect();
+            for op in [SetOp::Semi, SetOp::Anti] {
+                let want = select_cpu(op, &build, &probe);
+                // (A forced bitmap of the wider domains would not fit the budget.)
+                let forced_bitmap = (case % 3 == 0).then_some(Some(GpuStrategy::Bitmap));
+                for forced in [None, Some(GpuStrategy::Hash)].into_iter().chain(forced_bitmap) {
+                    let mut stats = TransferStats::default();
+                    let (got, ran, keys) = select_gpu_auto(&gpu, forced, op, &[&build], &chunks, true, &mut stats).unwrap();
+                    assert!(ran.ends_with("probed per upload fill"), "case {case} {op:?} {forced:?}: {ran}");
+                    assert_eq!(got, want, "case {case} {op:?} {forced:?} ({ran})");
+                    let keys = keys.expect("kept keys").wait().unwrap();
+                    let keys: &[u64] = keys.typed_data();
+                    assert_eq!(keys, compact_kept_keys_cpu(&probe, &want).as_slice(), "case {case} {op:?} {forced:?}");
+                }
+            }
+        }
+        gpu.budget().set_limit(0);
     }
 
     #[test]

@@ -59,6 +59,7 @@ async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
     let t = Instant::now();
     crate::exec::trace("query start");
     let df = ctx.sql(sql).await?;
+    crate::exec::trace("logical plan optimized");
     let plan = df.create_physical_plan().await?;
     let planned = t.elapsed();
     let batches = collect(plan.clone(), ctx.task_ctx()).await?;

@@ -377,6 +377,22 @@ impl Gpu {
     /// domain [min, max] (None when there are none; reduced on the device), which
     /// the strategies need to choose a table.
     pub fn upload_keys(&self, chunks: &[&[u64]], stats: &mut TransferStats) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
+        self.upload_keys_each(chunks, stats, true, &mut |_, _| Ok(()))
+    }
+
+    /// [`Gpu::upload_keys`], calling `on_fill(keys, first)` as soon as each
+    /// fill's decode is queued on the stream: `keys` are the fill's decoded
+    /// keys, rows `first..first + keys.len()` (`first` a multiple of 65,536),
+    /// and work `on_fill` queues on the stream runs on them while the host
+    /// packs the next fill. Without `want_range` the domain is not reduced
+    /// (None is returned).
+    pub fn upload_keys_each(
+        &self,
+        chunks: &[&[u64]],
+        stats: &mut TransferStats,
+        want_range: bool,
+        on_fill: &mut dyn FnMut(&cudarc::driver::CudaView<'_, u64>, usize) -> Result<()>,
+    ) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         let mut dst = self.alloc::<u64>(total)?;
         if total == 0 {
@@ -429,11 +445,17 @@ impl Gpu {
             unsafe { self.stream.launch_builder(&decode).arg(&scratch[b].slice).arg(&n64).arg(&high64).arg(&mut out).launch(cfg) }
                 .map_err(|e| cuda_err("decode_for", e))?;
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
+            // After the staging event: the next fill's packing waits for this
+            // fill's copy only, not for the work queued here.
+            on_fill(&dst.slice.slice(done..done + n), done)?;
             done += n;
         }
         staging.wait(0, stats)?;
         staging.wait(1, stats)?;
         stats.to_device += start.elapsed();
+        if !want_range {
+            return Ok((dst, None));
+        }
         // The domain, reduced on the device (3 TB/s) rather than on the host
         // threads, whose packing pass is kept to one compare-free sweep.
         let t = Instant::now();

@@ -101,6 +101,7 @@ impl SemiJoinRule {
 
 impl PhysicalOptimizerRule for SemiJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        crate::exec::trace("physical rule setfusion_semi_join");
         super::rewrite_when_enabled(plan, config, Self::rewrite)
     }
     fn name(&self) -> &str {
