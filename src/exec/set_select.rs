@@ -395,6 +395,31 @@ const OUTPUT_BATCH_ROWS: usize = 1 << 17;
 /// At most this many input rows go into one output batch (one task), so
 /// sparse selections still spread over the copy threads.
 const GROUP_INPUT_ROWS: usize = 1 << 20;
+/// The inputs are executed with at least this batch size. The operator reads
+/// all of both inputs before it outputs a row, so their batch size only sets
+/// how many batches it handles, each with its own bookkeeping (key arrays,
+/// selection slices, packing pieces): a 100M-row in-memory table comes as
+/// 12,288 batches of 8,192 rows (DataSourceExec splits its 65,536-row batches
+/// to the session's batch size), or as 1,536.
+const INPUT_BATCH_ROWS: usize = 1 << 16;
+
+/// `context` with a session batch size of at least [`INPUT_BATCH_ROWS`], for executing the inputs.
+fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    let config = context.session_config();
+    if config.batch_size() >= INPUT_BATCH_ROWS {
+        return context.clone();
+    }
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config.clone().with_batch_size(INPUT_BATCH_ROWS),
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
+}
 
 /// Cut the kept rows out of every partition (`projection` applied first, so
 /// only output columns are read), on the copy threads, all partitions at
@@ -740,9 +765,10 @@ impl Run {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         super::trace("run start");
         let waiting = Instant::now();
+        let inputs = input_context(&context);
         let (keep_parts, other_parts) = futures::try_join!(
-            collect_partitioned(self.keep.clone(), context.clone()),
-            collect_partitioned(self.other.clone(), context.clone())
+            collect_partitioned(self.keep.clone(), inputs.clone()),
+            collect_partitioned(self.other.clone(), inputs)
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
         super::trace("inputs collected");
