@@ -121,6 +121,11 @@ extensions_options! {
         pub memory_limit: ByteSize, default = ByteSize(0)
         /// CUDA device ordinal.
         pub device: usize, default = 0
+        /// Output arrays may live in pinned host memory from the device's pool (the kept key
+        /// column the device sends back; fixed-width output columns without NULLs): no page
+        /// faults, no copy. false: every output array is in ordinary memory (pinned memory
+        /// cannot be swapped out, and a caller holding results holds it).
+        pub pinned_output: bool, default = true
     }
 }
 

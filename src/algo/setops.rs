@@ -584,6 +584,10 @@ fn select_streamed(
     let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
     stats.kernel += t.elapsed();
     let (d_probe, _) = gpu.upload_keys_each(probe, stats, false, &mut |keys, first| {
+        // Each fill's bits start a word of their own (fills are whole 65,536-key segments).
+        if first % 32 != 0 {
+            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+        }
         table.probe(gpu, op, keys, &out.slice.slice(first / 32..))
     })?;
     // Kernel time shown: what the last fill's probe adds after the uploads.

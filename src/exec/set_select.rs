@@ -815,8 +815,8 @@ impl Run {
         let key_column = self.key_from_device.zip(device_keys);
         let batch_size = context.session_config().batch_size();
         let g = match &self.backend {
-            Backend::Gpu(_) => gpu::gpu(cfg.device).ok(),
-            Backend::Cpu(_) => None,
+            Backend::Gpu(_) if cfg.pinned_output => gpu::gpu(cfg.device).ok(),
+            _ => None,
         };
         let used_device = key_column.is_some() || g.is_some();
         let (outputs, keys_from_device) = match filter_partitions(&keep_parts, &selection, projection, key_column, batch_size, g.as_deref()) {
@@ -995,8 +995,9 @@ impl Run {
             Strategy::Auto | Strategy::Cpu => None,
         };
         let mut stats = TransferStats::default();
-        // Exact keys only; `run` checks that they cover every kept row.
-        let want_keys = self.key_from_device.is_some() && !hashed;
+        // Exact keys only (they come back into pinned memory the output owns);
+        // the output filter checks that they cover every kept row.
+        let want_keys = self.key_from_device.is_some() && !hashed && cfg.pinned_output;
         let (sel, ran, keys) = setops::select_gpu_auto(&g, forced, self.op, ok, kk, want_keys, &mut stats)?;
         *self.device_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
         self.metrics.device.record(&stats);
