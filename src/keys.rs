@@ -191,8 +191,6 @@ fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
     })
 }
 
-/// Exact 64-bit image of a single fixed-width column (NULL slots hold arbitrary values).
-/// 64-bit integer columns share the Arrow buffer: no copy.
 /// Is the key of a value of this type its own 64 bits? Then the key column
 /// is the Arrow values buffer itself, and a key is also the column's value.
 pub fn key_is_own_bits(t: &DataType) -> bool {
@@ -202,6 +200,8 @@ pub fn key_is_own_bits(t: &DataType) -> bool {
     )
 }
 
+/// Exact 64-bit image of a single fixed-width column (NULL slots hold arbitrary values).
+/// 64-bit integer columns share the Arrow buffer: no copy.
 fn exact_values(a: &ArrayRef) -> Result<ScalarBuffer<u64>> {
     if key_is_own_bits(a.data_type()) {
         let data = a.to_data();

@@ -327,12 +327,6 @@ impl ResidentSelect {
         self.range
     }
 
-    /// `auto`: a bitmap / direct-address table when the key domain is dense
-    /// enough that it is no larger than a hash table and fits the budget.
-    pub fn choose(&self, gpu: &Gpu, op: SetOp) -> GpuStrategy {
-        choose_table(gpu, op, self.nb, self.np, self.range)
-    }
-
     /// Run the kernels; returns one bit per probe row on the device.
     pub fn run(&self, gpu: &Gpu, strategy: GpuStrategy, op: SetOp, stats: &mut TransferStats) -> Result<DeviceBuffer<u32>> {
         let (nb, np) = (self.nb, self.np);
@@ -340,9 +334,6 @@ impl ResidentSelect {
         if strategy == GpuStrategy::Sort {
             // Allocates its own output, synchronises and adds its kernel time.
             return crate::algo::sort_setops::run_sorted(gpu, op, d_build, nb, d_probe, np, self.range, stats);
-        }
-        if strategy == GpuStrategy::Bitmap && self.range.is_some_and(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) {
-            return Err(DataFusionError::Plan("bitmap strategy: key range too wide".into()));
         }
         let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
         let started = Instant::now();
@@ -455,18 +446,20 @@ enum ProbeTable {
 }
 
 impl ProbeTable {
-    /// Build the table for `strategy` (the bitmap forms need a domain no wider
-    /// than [`BITMAP_MAX_RANGE`]; the hash table is used otherwise). `range`:
-    /// the build keys' domain; EXCEPT DISTINCT needs one holding every probe
-    /// key too. The kernels are queued, not awaited, except that the ALL forms
-    /// read whether a build key repeats.
+    /// Build the table for `strategy` (Bitmap or Hash; a bitmap domain wider
+    /// than [`BITMAP_MAX_RANGE`] is an error: [`pick_strategy`] never picks
+    /// one). `range`: the build keys' domain; EXCEPT DISTINCT needs one holding
+    /// every probe key too. The kernels are queued, not awaited, except that
+    /// the ALL forms read whether a build key repeats.
     fn build(gpu: &Gpu, strategy: GpuStrategy, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, np: usize, range: Option<(u64, u64)>) -> Result<Self> {
-        let bitmap = match (strategy, range) {
-            (GpuStrategy::Bitmap, Some((lo, hi))) if hi - lo < BITMAP_MAX_RANGE => Some((lo, hi - lo + 1)),
-            (GpuStrategy::Bitmap, None) => Some((0, 1)),
-            _ => None,
+        let (lo, range) = match (strategy, range) {
+            (GpuStrategy::Bitmap, Some((lo, hi))) if hi - lo < BITMAP_MAX_RANGE => (lo, hi - lo + 1),
+            (GpuStrategy::Bitmap, Some((lo, hi))) => {
+                return Err(DataFusionError::Plan(format!("bitmap strategy: key range {} too wide", (hi - lo).saturating_add(1))))
+            }
+            (GpuStrategy::Bitmap, None) => (0, 1),
+            _ => return Ok(ProbeTable::Hash(HashTable::build(gpu, op, d_build, nb, np, range)?)),
         };
-        let Some((lo, range)) = bitmap else { return Ok(ProbeTable::Hash(HashTable::build(gpu, op, d_build, nb, np, range)?)) };
         let (stream, nb64, words) = (gpu.stream(), nb as u64, (range as usize).div_ceil(32));
         let bits = gpu.alloc_zeros::<u32>(words)?;
         if !op.needs_counts() {
@@ -602,8 +595,8 @@ fn pick_strategy(gpu: &Gpu, forced: Option<GpuStrategy>, op: SetOp, nb: usize, n
 }
 
 /// The GPU path used by the operators: upload once, pick the strategy
-/// (`forced`, or by [`ResidentSelect::choose`]), run, download one bit per
-/// probe row. Inputs that do not fit the memory budget are hash-partitioned.
+/// ([`pick_strategy`]), run (probing each upload fill as it lands where the
+/// rule allows: [`select_streamed`]), download one bit per probe row. Inputs that do not fit the memory budget are hash-partitioned.
 /// Returns the selection and a description of what ran (for EXPLAIN ANALYZE).
 ///
 /// With `kept_keys`, the probe keys of the selected rows also come back (in
