@@ -19,3 +19,5 @@ mod slt_suites;
 mod differential;
 #[path = "all/ssjoin.rs"]
 mod ssjoin;
+#[path = "all/tpch.rs"]
+mod tpch;

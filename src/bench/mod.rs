@@ -4,6 +4,7 @@
 pub mod filter;
 pub mod setops;
 pub mod ssjoin;
+pub mod tpch;
 
 /// The median of some timings (the upper one of an even count).
 pub(crate) fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {

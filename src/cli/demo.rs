@@ -33,7 +33,7 @@ async fn explain_lines(ctx: &SessionContext, sql: &str) -> Result<Vec<String>> {
     let text = pretty_format_batches(&batches)?.to_string();
     Ok(text
         .lines()
-        .filter(|l| l.contains("SemiJoinExec") || l.contains("SetOpExec") || l.contains("HashJoinExec") || l.contains("SimilarityJoinExec"))
+        .filter(|l| ["SetfusionDeclinedExec", "SemiJoinExec", "SetOpExec", "HashJoinExec", "SimilarityJoinExec"].iter().any(|op| l.contains(op)))
         .map(|l| l.trim_matches(|c| c == '|' || c == ' ').trim().to_string())
         .collect())
 }

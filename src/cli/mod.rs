@@ -35,7 +35,9 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)
        setfusion bench filter      the host's floor for cutting kept rows out of 100M x 2 BIGINT columns
        setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE] [--collections dblp,uniform,zipf]
-                              [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark";
+                              [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark
+       setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
+                              TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
 
 /// One line, for stderr: DataFusion errors can span lines.
 pub fn one_line(e: &DataFusionError) -> String {
@@ -63,7 +65,12 @@ async fn run(args: Vec<String>) -> Result<i32> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "demo" if tables.is_empty() && commands.is_empty() => return demo::run().await.map(|_| 0),
-            "doctor" if tables.is_empty() && commands.is_empty() => return doctor::run().await,
+            "doctor" if tables.is_empty() && commands.is_empty() => {
+                if it.peek().is_some_and(|a| a == "--start-probe") {
+                    return Ok(doctor::start_probe());
+                }
+                return doctor::run().await;
+            }
             "slt" => {
                 let paths: Vec<PathBuf> = it.by_ref().map(PathBuf::from).collect();
                 if paths.is_empty() {
@@ -75,6 +82,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                 return match it.next().as_deref() {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
                     Some("filter") => crate::bench::filter::run().map(|_| 0),
+                    Some("tpch") => crate::bench::tpch::run(it.collect()).await.map(|_| 0),
                     Some("ssjoin") => {
                         // It drives its own runtime: run it on a plain thread.
                         let rest: Vec<String> = it.collect();
@@ -83,7 +91,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter or ssjoin"))),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin or tpch"))),
                 };
             }
             "-h" | "--help" => {

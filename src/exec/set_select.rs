@@ -25,7 +25,8 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_expr::projection::ProjectionMapping;
+use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
@@ -99,6 +100,8 @@ pub struct SetSelectExec {
     result: Arc<OnceCell<std::result::Result<Arc<Selected>, Arc<DataFusionError>>>>,
     /// What ran (strategy, partitions), for EXPLAIN ANALYZE.
     ran: Arc<Mutex<Option<String>>>,
+    /// The planner's reason for a GPU choice (the cost model's estimate), for EXPLAIN.
+    choice_note: Option<String>,
 }
 
 impl SetSelectExec {
@@ -121,14 +124,18 @@ impl SetSelectExec {
             Some(p) => Arc::new(keep_schema.project(p)?),
             None => keep_schema.clone(),
         };
-        // Filtering keeps the kept side's partitioning; its equivalences hold for a projection only if unchanged.
-        let eq = match &projection {
-            None => keep.equivalence_properties().clone(),
-            Some(_) => EquivalenceProperties::new(schema.clone()),
-        };
-        let partitioning = match &projection {
-            None => keep.output_partitioning().clone(),
-            Some(_) => datafusion::physical_plan::Partitioning::UnknownPartitioning(keep.output_partitioning().partition_count()),
+        // Filtering keeps the kept side's partitioning, orderings and equivalences; a
+        // (column-only) projection maps them onto the output columns, as HashJoinExec
+        // does. Dropping them instead broke TPC-H Q20: a sort pushed below this node
+        // was lost once a projection was embedded, and SortPreservingMergeExec above
+        // no longer saw its order.
+        let (eq, partitioning) = match &projection {
+            None => (keep.equivalence_properties().clone(), keep.output_partitioning().clone()),
+            Some(p) => {
+                let mapping = ProjectionMapping::from_indices(p, &keep_schema)?;
+                let input_eq = keep.equivalence_properties();
+                (input_eq.project(&mapping, schema.clone()), keep.output_partitioning().project(&mapping, input_eq))
+            }
         };
         let cache = Arc::new(PlanProperties::new(eq, partitioning, EmissionType::Final, Boundedness::Bounded));
         Ok(Self {
@@ -145,7 +152,14 @@ impl SetSelectExec {
             metrics: ExecutionPlanMetricsSet::new(),
             result: Arc::new(OnceCell::new()),
             ran: Arc::new(Mutex::new(None)),
+            choice_note: None,
         })
+    }
+
+    /// The planner's reason for a GPU choice, shown in EXPLAIN.
+    pub fn with_note(mut self, note: Option<String>) -> Self {
+        self.choice_note = note;
+        self
     }
 
     pub fn op(&self) -> SetOp {
@@ -177,7 +191,10 @@ impl DisplayAs for SetSelectExec {
         let keys: Vec<String> =
             self.keep_keys.iter().zip(&self.other_keys).map(|(a, b)| format!("({a}, {b})")).collect();
         let backend = match &self.backend {
-            Backend::Gpu(strategy) => format!("gpu, strategy={strategy}"),
+            Backend::Gpu(strategy) => match &self.choice_note {
+                Some(note) => format!("gpu, strategy={strategy}, reason=\"{note}\""),
+                None => format!("gpu, strategy={strategy}"),
+            },
             Backend::Cpu(reason) => format!("cpu, reason=\"{reason}\""),
         };
         write!(f, "{}: op={}", self.name(), self.op.name())?;
@@ -214,8 +231,9 @@ impl ExecutionPlan for SetSelectExec {
         vec![&self.keep, &self.other]
     }
 
+    /// Kept rows leave in their input order, partition by partition.
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![self.projection.is_none(), false]
+        vec![true, false]
     }
 
     /// All input partitions are read at once: repartitioning them first only costs.
@@ -250,7 +268,8 @@ impl ExecutionPlan for SetSelectExec {
             self.nulls,
             self.backend.clone(),
             self.projection.clone(),
-        )?))
+        )?
+        .with_note(self.choice_note.clone())))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -339,6 +358,7 @@ impl EmbeddedProjection for SetSelectExec {
             self.backend.clone(),
             composed,
         )
+        .map(|e| e.with_note(self.choice_note.clone()))
     }
 }
 

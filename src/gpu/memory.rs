@@ -359,7 +359,7 @@ impl Gpu {
     }
 
     /// The pinned staging buffers, allocated on first use (held while uploading).
-    fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
+    pub(super) fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
         let mut guard = self.staging.lock().map_err(|_| DataFusionError::Internal("staging lock poisoned".into()))?;
         if guard.is_none() {
             // SAFETY: the pinned memory is written by the host before any DMA reads it.

@@ -90,7 +90,7 @@ static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Slot>>>> = OnceLock::new();
 
 /// The process-wide device `ordinal`, created on first use.
 pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Unavailable> {
-    if std::env::var("SETFUSION_DISABLE_GPU").is_ok_and(|v| v == "1") {
+    if disabled() {
         return Err(Unavailable::DriverInit("SETFUSION_DISABLE_GPU=1".into()));
     }
     let slot = {
@@ -103,6 +103,108 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Unavailable> {
 /// Is a device usable? Cheap after the first call.
 pub fn available(ordinal: usize) -> Result<(), Unavailable> {
     gpu(ordinal).map(|_| ())
+}
+
+fn disabled() -> bool {
+    std::env::var("SETFUSION_DISABLE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// How long each step of a device's start took (for `doctor` and the cost model).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartTimes {
+    /// Driver initialisation and context creation.
+    pub context: std::time::Duration,
+    /// Loading the set-selection kernel families (native code from the disk cache).
+    pub kernels: std::time::Duration,
+    /// Pinned staging buffers and the host copy threads.
+    pub staging: std::time::Duration,
+    /// All of it, from the start's request.
+    pub total: std::time::Duration,
+}
+
+struct Start {
+    began: std::time::Instant,
+    done: OnceLock<StartTimes>,
+}
+
+static STARTS: OnceLock<Mutex<HashMap<usize, Arc<Start>>>> = OnceLock::new();
+
+/// Start device `ordinal` on a background thread (context, the set-selection
+/// kernels, pinned staging, copy threads) unless it is started already, and
+/// return at once: planning and the scans overlap the start instead of the
+/// first query waiting for it (issue 13). Without a driver nothing starts.
+pub fn start_in_background(ordinal: usize) {
+    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
+    if disabled() || !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return;
+    }
+    let start = {
+        let mut map = STARTS.get_or_init(Default::default).lock().unwrap();
+        if map.contains_key(&ordinal) {
+            return;
+        }
+        let start = Arc::new(Start { began: std::time::Instant::now(), done: OnceLock::new() });
+        map.insert(ordinal, start.clone());
+        start
+    };
+    let spawned = std::thread::Builder::new().name("setfusion-gpu-start".into()).spawn(move || {
+        let t = std::time::Instant::now();
+        let mut times = StartTimes::default();
+        if let Ok(g) = gpu(ordinal) {
+            times.context = t.elapsed();
+            let (kernels, staging) = g.warm_up();
+            times.kernels = kernels;
+            times.staging = staging;
+        }
+        times.total = start.began.elapsed();
+        let _ = start.done.set(times);
+    });
+    if spawned.is_err() {
+        // No thread: the first query opens the device itself.
+        STARTS.get_or_init(Default::default).lock().unwrap().remove(&ordinal);
+    }
+}
+
+/// How far device `ordinal` is, asked without waiting (the planner's question).
+#[derive(Debug, Clone)]
+pub enum Readiness {
+    /// Usable now, kernels loaded.
+    Ready,
+    /// Starting in the background for this long so far.
+    Starting(std::time::Duration),
+    Unavailable(Unavailable),
+}
+
+/// See [`Readiness`]. A device nobody started is opened here, synchronously.
+pub fn readiness(ordinal: usize) -> Readiness {
+    if disabled() {
+        return Readiness::Unavailable(Unavailable::DriverInit("SETFUSION_DISABLE_GPU=1".into()));
+    }
+    let start = STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).cloned());
+    if let Some(st) = start {
+        if st.done.get().is_none() {
+            return Readiness::Starting(st.began.elapsed());
+        }
+    }
+    match gpu(ordinal) {
+        Ok(_) => Readiness::Ready,
+        Err(e) => Readiness::Unavailable(e),
+    }
+}
+
+/// The times of device `ordinal`'s background start, once it has finished.
+pub fn start_times(ordinal: usize) -> Option<StartTimes> {
+    STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).and_then(|s| s.done.get().copied()))
+}
+
+/// Wait until a background start of `ordinal` (if any) has finished.
+pub fn wait_started(ordinal: usize) {
+    let start = STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).cloned());
+    if let Some(st) = start {
+        while st.done.get().is_none() {
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+    }
 }
 
 impl Gpu {
@@ -169,6 +271,23 @@ impl Gpu {
         Ok(gpu)
     }
 
+    /// What every set selection needs, made ready ahead of the first query: the
+    /// kernel families of the semi / anti join and set-operation path, the pinned
+    /// staging buffers and the host copy threads. Other families load when first
+    /// used. Returns the time of the kernels and of the rest; a failure here
+    /// shows again, with its error, when a query needs the same step.
+    pub fn warm_up(&self) -> (std::time::Duration, std::time::Duration) {
+        let t = std::time::Instant::now();
+        for family in ["transfer", "bitmap_setops", "hash_setops"] {
+            let _ = self.module(family);
+        }
+        let kernels = t.elapsed();
+        let t = std::time::Instant::now();
+        drop(self.staging());
+        pool::warm_up();
+        (kernels, t.elapsed())
+    }
+
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -215,11 +334,15 @@ impl Gpu {
             .iter()
             .find(|k| k.family == family)
             .ok_or_else(|| DataFusionError::Internal(format!("unknown kernel family {family}")))?;
-        let ptx = compile::compile_cached(src, &self.info)?;
-        let module = self
-            .ctx
-            .load_module(ptx)
-            .map_err(|e| cuda_err(&format!("loading kernels/{family}.cu"), e))?;
+        let cubin = compile::compile_cached(src, &self.info)?;
+        let module = match self.ctx.load_module(cubin) {
+            Ok(m) => m,
+            // A driver older than NVRTC refuses its native code: JIT the PTX instead.
+            Err(_) => self
+                .ctx
+                .load_module(compile::compile_ptx(src, &self.info)?)
+                .map_err(|e| cuda_err(&format!("loading kernels/{family}.cu"), e))?,
+        };
         modules.insert(family, module.clone());
         Ok(module)
     }

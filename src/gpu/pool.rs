@@ -75,6 +75,12 @@ fn pool() -> &'static Pool {
     })
 }
 
+/// Start the pool's threads now (the device's background start does, so no
+/// query waits for them).
+pub(crate) fn warm_up() {
+    pool();
+}
+
 /// Run `f(0)`, ..., `f(n - 1)` on the pool's threads and the calling thread;
 /// returns when every call has returned (a panic in one is re-raised here).
 pub(crate) fn for_each_index(n: usize, f: &(dyn Fn(usize) + Sync)) {

@@ -2,6 +2,7 @@
 //! multiset semantics, and the physical rule that puts setfusion operators in
 //! place of DataFusion's semi/anti joins.
 
+pub mod cost;
 mod set_ops;
 mod semi_join;
 mod similarity;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::algo::setops::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::set_select::Backend;
 
@@ -18,10 +20,24 @@ pub use semi_join::SemiJoinRule;
 pub use similarity::SimilarityJoinRule;
 pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
 
-/// Estimated rows of a plan (None when unknown).
+/// Estimated rows of a plan (None when unknown). A node without an estimate
+/// whose only input has one (an aggregate, a projection) is bounded by it:
+/// none of those nodes adds rows.
 #[allow(deprecated)] // StatisticsContext needs a session we do not have in a physical rule
 pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied())
+    if let Some(n) = plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied()) {
+        return Some(n);
+    }
+    let bounded = plan.name().starts_with("Aggregate")
+        || plan.name().starts_with("Projection")
+        || plan.name().starts_with("Filter")
+        || plan.name().starts_with("Repartition")
+        || plan.name().starts_with("Coalesce")
+        || plan.name().starts_with("Sort");
+    match plan.children().as_slice() {
+        [child] if bounded => estimated_rows(child),
+        _ => None,
+    }
 }
 
 /// Estimated rows of both inputs of an operator together (None if either is unknown).
@@ -43,15 +59,11 @@ pub fn rewrite_when_enabled(
     plan.transform_up(|p| rewrite(p, &cfg)).map(|t| t.data)
 }
 
-/// GPU or CPU, with the reason for a CPU choice (shown in EXPLAIN).
+/// GPU or CPU, with the reason for a CPU choice (shown in EXPLAIN). Waits for
+/// a device still starting (the similarity join's rule; the set selections
+/// use [`decide`]).
 pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[DataType]) -> Backend {
-    if !cfg.enabled {
-        return Backend::Cpu("setfusion.enabled = false".into());
-    }
-    if cfg.strategy == Strategy::Cpu {
-        return Backend::Cpu("setfusion.strategy = cpu".into());
-    }
-    if let Some(reason) = crate::keys::unsupported_reason(key_types) {
+    if let Some(reason) = forced_cpu(cfg, key_types) {
         return Backend::Cpu(reason);
     }
     if let Err(e) = crate::gpu::available(cfg.device) {
@@ -63,4 +75,71 @@ pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[D
         }
     }
     Backend::Gpu(cfg.strategy)
+}
+
+/// The reasons for the CPU that need no estimate: settings and key types.
+fn forced_cpu(cfg: &SetfusionConfig, key_types: &[DataType]) -> Option<String> {
+    if !cfg.enabled {
+        return Some("setfusion.enabled = false".into());
+    }
+    if cfg.strategy == Strategy::Cpu {
+        return Some("setfusion.strategy = cpu".into());
+    }
+    crate::keys::unsupported_reason(key_types)
+}
+
+/// The planner's choice for one set selection.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub backend: Backend,
+    /// Why the GPU was chosen (the estimate), for EXPLAIN.
+    pub note: Option<String>,
+    /// A usable device was turned down (cost model, `min_rows`): where
+    /// DataFusion's operator stays, EXPLAIN says so above it.
+    pub declined: bool,
+}
+
+/// A set selection's backend, with the estimate behind the choice (for
+/// EXPLAIN). `Backend::Cpu` means DataFusion's own operator where that one is
+/// right, setfusion's CPU backend otherwise (INTERSECT / EXCEPT ALL).
+///
+/// An explicit GPU strategy (`hash`, `bitmap`, `sort`) or `min_rows = 0` takes
+/// the GPU whenever one is usable, waiting for its start; otherwise inputs
+/// under `min_rows` stay on the CPU and the cost model ([`cost::estimate`])
+/// decides, without waiting for a device that is still starting.
+pub fn decide(
+    cfg: &SetfusionConfig,
+    op: SetOp,
+    a: &Arc<dyn ExecutionPlan>,
+    b: &Arc<dyn ExecutionPlan>,
+    key_types: &[DataType],
+    threads: usize,
+) -> Decision {
+    let cpu = |reason: String, declined: bool| Decision { backend: Backend::Cpu(reason), note: None, declined };
+    if let Some(reason) = forced_cpu(cfg, key_types) {
+        return cpu(reason, false);
+    }
+    let forced = cfg.strategy != Strategy::Auto || cfg.min_rows == 0;
+    if forced {
+        crate::gpu::wait_started(cfg.device);
+    }
+    let readiness = crate::gpu::readiness(cfg.device);
+    if let crate::gpu::Readiness::Unavailable(e) = &readiness {
+        return cpu(e.to_string(), false);
+    }
+    if forced {
+        let why = if cfg.strategy != Strategy::Auto { format!("setfusion.strategy = {}", cfg.strategy) } else { "setfusion.min_rows = 0".into() };
+        return Decision { backend: Backend::Gpu(cfg.strategy), note: Some(why), declined: false };
+    }
+    let rows = estimated_input_rows(a, b);
+    if let Some(n) = rows {
+        if n < cfg.min_rows {
+            return cpu(format!("{n} estimated rows < setfusion.min_rows = {}", cfg.min_rows), true);
+        }
+    }
+    let candidate = cost::Candidate { op, rows, key_types, threads };
+    match cost::estimate(&candidate, &readiness, &cost::Calibration::current()) {
+        cost::Verdict::Gpu(why) => Decision { backend: Backend::Gpu(Strategy::Auto), note: Some(why), declined: false },
+        cost::Verdict::Cpu(why) => cpu(why, true),
+    }
 }

@@ -20,6 +20,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::algo::setops::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
 
 #[derive(Debug, Default)]
@@ -68,7 +69,15 @@ fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
 }
 
 impl SemiJoinRule {
-    fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig, threads: usize) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if let Some(d) = plan.downcast_ref::<SetfusionDeclinedExec>() {
+            // Planned twice (a subtree DataFusion planned for a set operation is
+            // optimised again with the whole plan): one note is enough.
+            let inner = d.children()[0];
+            if inner.downcast_ref::<SetfusionDeclinedExec>().is_some() {
+                return Ok(Transformed::yes(inner.clone()));
+            }
+        }
         let Some(j) = parts_of(&plan) else { return Ok(Transformed::no(plan)) };
         let (op, keep_left) = match j.join_type {
             JoinType::LeftSemi => (SetOp::Semi, true),
@@ -82,10 +91,17 @@ impl SemiJoinRule {
             j.on.into_iter().map(|(l, r)| if keep_left { (l, r) } else { (r, l) }).unzip();
         let schema = keep.schema();
         let types: Vec<_> = keep_keys.iter().map(|k| k.data_type(&schema)).collect::<Result<_>>()?;
-        let rows = super::estimated_input_rows(&keep, &other);
-        let backend = super::choose_backend(cfg, rows, &types);
-        if matches!(backend, Backend::Cpu(_)) && cfg.strategy != Strategy::Cpu {
-            return Ok(Transformed::no(plan));
+        let super::Decision { backend, note, declined } = super::decide(cfg, op, &keep, &other, &types, threads);
+        if let Backend::Cpu(reason) = &backend {
+            if cfg.strategy != Strategy::Cpu {
+                // DataFusion's join is right and, by the estimate, not slower: keep it.
+                crate::exec::trace(&format!("setfusion keeps DataFusion's {:?} join: {reason}", j.join_type));
+                return Ok(if declined {
+                    Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
+                } else {
+                    Transformed::no(plan)
+                });
+            }
         }
         let nulls = if j.null_aware {
             NullMode::NullAware
@@ -94,7 +110,7 @@ impl SemiJoinRule {
         } else {
             NullMode::NeverEqual
         };
-        let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, backend, j.projection)?;
+        let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, backend, j.projection)?.with_note(note);
         Ok(Transformed::yes(Arc::new(exec)))
     }
 }
@@ -102,7 +118,8 @@ impl SemiJoinRule {
 impl PhysicalOptimizerRule for SemiJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         crate::exec::trace("physical rule setfusion_semi_join");
-        super::rewrite_when_enabled(plan, config, Self::rewrite)
+        let threads = config.execution.target_partitions;
+        super::rewrite_when_enabled(plan, config, |p, cfg| Self::rewrite(p, cfg, threads))
     }
     fn name(&self) -> &str {
         "setfusion_semi_join"

@@ -30,8 +30,9 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
 use crate::algo::setops::SetOp;
-use crate::config::SetfusionConfig;
-use crate::exec::set_select::{NullMode, SetSelectExec};
+use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::declined::SetfusionDeclinedExec;
+use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
 
 /// A set operation with exact semantics: rows of `left` selected against
 /// `right`, comparing `left_keys[i]` with `right_keys[i]` (every column, with
@@ -164,8 +165,19 @@ impl ExtensionPlanner for SetOpPlanner {
         let cfg = SetfusionConfig::from_options(session_state.config_options());
         let left_schema = left.schema();
         let types: Vec<_> = left_keys.iter().map(|k| k.data_type(&left_schema)).collect::<Result<_>>()?;
-        let rows = super::estimated_input_rows(&left, &right);
-        let backend = super::choose_backend(&cfg, rows, &types);
+        let threads = session_state.config_options().execution.target_partitions;
+        let super::Decision { backend, note, declined } = super::decide(&cfg, node.op, &left, &right, &types, threads);
+        let exact_either_way = matches!(node.op, SetOp::IntersectAll | SetOp::ExceptAll);
+        if let Backend::Cpu(reason) = &backend {
+            if !exact_either_way && cfg.strategy != Strategy::Cpu {
+                // DataFusion's plan of INTERSECT / EXCEPT (distinct) is right and, by the
+                // estimate, not slower than the GPU: rebuild it from the node and plan it.
+                crate::exec::trace(&format!("setfusion keeps DataFusion's {}: {reason}", node.op.name()));
+                let plan = datafusion_plan(node, logical_inputs[0], logical_inputs[1])?;
+                let plan = planner.create_physical_plan(&plan, session_state).await?;
+                return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
+            }
+        }
         let exec = SetSelectExec::try_new(
             node.op,
             left.clone(),
@@ -175,9 +187,30 @@ impl ExtensionPlanner for SetOpPlanner {
             NullMode::Equal,
             backend,
             None,
-        )?;
+        )?
+        .with_note(note);
         Ok(Some(Arc::new(exec)))
     }
+}
+
+/// DataFusion's own plan of a distinct set operation, as `LogicalPlanBuilder::intersect`
+/// / `except` build it: a semi (anti) join on every column, NULLs equal, over
+/// the distinct left input.
+fn datafusion_plan(node: &SetOpNode, left: &LogicalPlan, right: &LogicalPlan) -> Result<LogicalPlan> {
+    let join_type = if node.op == SetOp::IntersectDistinct { JoinType::LeftSemi } else { JoinType::LeftAnti };
+    let distinct = LogicalPlan::Distinct(Distinct::All(Arc::new(left.clone())));
+    let on = node.left_keys.iter().cloned().zip(node.right_keys.iter().cloned()).collect();
+    let join = Join::try_new(
+        Arc::new(distinct),
+        Arc::new(right.clone()),
+        on,
+        None,
+        join_type,
+        JoinConstraint::On,
+        NullEquality::NullEqualsNull,
+        false,
+    )?;
+    Ok(LogicalPlan::Join(join))
 }
 
 /// DataFusion's planner with [`SetOpPlanner`] added.
