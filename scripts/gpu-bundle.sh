@@ -24,6 +24,6 @@ while read -r name exe; do cp "$exe" "bundle/$name"; done < bundle/tests.txt
 cp target/release/setfusion bundle/setfusion
 mkdir -p bundle/data && cp ../shared/data/dblp_t_18k.txt bundle/data/ 2>/dev/null || true
 cp scripts/gpu-run.sh bundle/run.sh
-# Symbols are most of a DataFusion binary; stripped and xz -6 each is ~20 MB.
-(cd bundle && for f in setfusion test-*; do [[ $f == *.txt ]] && continue; strip "$f"; xz -T2 -6 -f "$f"; done)
+# Symbols are most of a DataFusion binary; stripped and xz -9e each is ~17-20 MB (the three must fit the 64 MiB a device call carries).
+(cd bundle && for f in setfusion test-*; do [[ $f == *.txt ]] && continue; strip "$f"; xz -T2 -9e -f "$f"; done)
 du -sh bundle; ls -la bundle

@@ -98,11 +98,20 @@ impl std::hash::Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
-/// The rules over one partition: `probe` yields (row, key) in row order.
-fn select_serial(op: SetOp, build: impl Iterator<Item = u64>, probe: impl Iterator<Item = (usize, u64)>, mut set: impl FnMut(usize)) {
+/// The rules over one partition: `probe` yields (row, key) in row order;
+/// `build_len` sizes the table up front.
+fn select_serial(
+    op: SetOp,
+    build: impl Iterator<Item = u64>,
+    build_len: usize,
+    probe: impl Iterator<Item = (usize, u64)>,
+    mut set: impl FnMut(usize),
+) {
     match op {
         SetOp::Semi | SetOp::Anti => {
-            let keys: std::collections::HashSet<u64, std::hash::BuildHasherDefault<KeyHasher>> = build.collect();
+            let mut keys: std::collections::HashSet<u64, std::hash::BuildHasherDefault<KeyHasher>> =
+                std::collections::HashSet::with_capacity_and_hasher(build_len, Default::default());
+            keys.extend(build);
             let want = op == SetOp::Semi;
             for (i, k) in probe {
                 if keys.contains(&k) == want {
@@ -111,7 +120,7 @@ fn select_serial(op: SetOp, build: impl Iterator<Item = u64>, probe: impl Iterat
             }
         }
         _ => {
-            let mut counts: KeyMap<(u32, u32)> = KeyMap::default();
+            let mut counts: KeyMap<(u32, u32)> = KeyMap::with_capacity_and_hasher(build_len, Default::default());
             for k in build {
                 counts.entry(k).or_default().0 += 1;
             }
@@ -134,47 +143,70 @@ fn select_serial(op: SetOp, build: impl Iterator<Item = u64>, probe: impl Iterat
     }
 }
 
-/// [`select_cpu`] over keys held in several slices (one per batch), read back
-/// to back. Large inputs are hash-partitioned by key over the cores (equal keys
-/// share a partition, so every rule stays exact).
+/// Radix partitions of the parallel CPU selection: many more than threads, so
+/// each partition's table stays near the cache and the pool balances them.
+const CPU_PART_BITS: u32 = 8;
+/// Keys per partitioning task.
+const CPU_PIECE: usize = 1 << 20;
+
+/// Split chunks into pieces of at most [`CPU_PIECE`] keys, each with its first row.
+fn pieces<'a>(chunks: &[&'a [u64]]) -> Vec<(usize, &'a [u64])> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for c in chunks {
+        for piece in c.chunks(CPU_PIECE) {
+            out.push((at, piece));
+            at += piece.len();
+        }
+    }
+    out
+}
+
+/// [`select_cpu`] over keys given in chunks (read back to back), on the host
+/// copy threads: every piece of keys is radix-partitioned by hash in parallel,
+/// then each partition applies the rule on its own, reading its probe keys in
+/// row order (piece by piece), which the ranks of the ALL rules need.
 pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u64]]) -> BooleanBuffer {
-    let build = || build_chunks.iter().flat_map(|c| c.iter().copied());
-    let probe = || probe_chunks.iter().flat_map(|c| c.iter().copied()).enumerate();
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicU32, Ordering};
     let probe_len: usize = probe_chunks.iter().map(|c| c.len()).sum();
     let build_len: usize = build_chunks.iter().map(|c| c.len()).sum();
-    let mut words = vec![0u32; probe_len.div_ceil(32)];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).next_power_of_two();
-    if threads == 1 || probe_len + build_len < (1 << 16) {
-        select_serial(op, build(), probe(), |i| words[i >> 5] |= 1 << (i & 31));
+    if crate::gpu::copy_threads() == 1 || probe_len + build_len < (1 << 16) {
+        let mut words = vec![0u32; probe_len.div_ceil(32)];
+        let build = build_chunks.iter().flat_map(|c| c.iter().copied());
+        let probe = probe_chunks.iter().flat_map(|c| c.iter().copied()).enumerate();
+        select_serial(op, build, build_len, probe, |i| words[i >> 5] |= 1 << (i & 31));
         return words_to_bool(words, probe_len);
     }
-    let part = |k: u64| ((k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize) & (threads - 1);
-    let mut b_parts: Vec<Vec<u64>> = vec![Vec::with_capacity(build_len / threads + 16); threads];
-    for k in build() {
-        b_parts[part(k)].push(k);
-    }
-    let mut p_parts: Vec<Vec<(usize, u64)>> = vec![Vec::with_capacity(probe_len / threads + 16); threads];
-    for (i, k) in probe() {
-        p_parts[part(k)].push((i, k));
-    }
-    let kept: Vec<Vec<usize>> = std::thread::scope(|s| {
-        let handles: Vec<_> = b_parts
-            .iter()
-            .zip(&p_parts)
-            .map(|(b, p)| {
-                s.spawn(move || {
-                    let mut out = Vec::new();
-                    select_serial(op, b.iter().copied(), p.iter().copied(), |i| out.push(i));
-                    out
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let parts = 1usize << CPU_PART_BITS;
+    let part = |k: u64| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CPU_PART_BITS)) as usize;
+    let Ok(build_buckets): Result<Vec<Vec<Vec<u64>>>, Infallible> = crate::gpu::par_map(&pieces(build_chunks), 1, |(_, keys)| {
+        let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+        for &k in *keys {
+            b[part(k)].push(k);
+        }
+        Ok(b)
     });
-    for i in kept.into_iter().flatten() {
-        words[i >> 5] |= 1 << (i & 31);
-    }
-    words_to_bool(words, probe_len)
+    let Ok(probe_buckets): Result<Vec<Vec<Vec<(usize, u64)>>>, Infallible> = crate::gpu::par_map(&pieces(probe_chunks), 1, |(at, keys)| {
+        let mut b: Vec<Vec<(usize, u64)>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+        for (j, &k) in keys.iter().enumerate() {
+            b[part(k)].push((at + j, k));
+        }
+        Ok(b)
+    });
+    let words: Vec<AtomicU32> = (0..probe_len.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
+    let ids: Vec<usize> = (0..parts).collect();
+    let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&p| {
+        let n = build_buckets.iter().map(|b| b[p].len()).sum();
+        let build = build_buckets.iter().flat_map(|b| b[p].iter().copied());
+        let probe = probe_buckets.iter().flat_map(|b| b[p].iter().copied());
+        select_serial(op, build, n, probe, |i| {
+            words[i >> 5].fetch_or(1 << (i & 31), Ordering::Relaxed);
+        });
+        Ok(())
+    });
+    crate::gpu::drop_later((build_buckets, probe_buckets));
+    words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), probe_len)
 }
 
 /// Largest key domain (max - min + 1) the bitmap strategy accepts.

@@ -345,10 +345,11 @@ struct Args {
     out: Option<PathBuf>,
     svg: Option<PathBuf>,
     one: Option<(String, bool)>,
+    chart_from: Vec<PathBuf>,
 }
 
 fn parse_args(args: Vec<String>) -> Result<Args> {
-    let mut a = Args { sf: 1.0, runs: 5, queries: Vec::new(), out: None, svg: None, one: None };
+    let mut a = Args { sf: 1.0, runs: 5, queries: Vec::new(), out: None, svg: None, one: None, chart_from: Vec::new() };
     let mut it = args.into_iter();
     let bad = |m: String| DataFusionError::Configuration(format!("bench tpch: {m}"));
     let mut engine = None;
@@ -361,6 +362,8 @@ fn parse_args(args: Vec<String>) -> Result<Args> {
             "--queries" => a.queries = val()?.split(',').map(str::to_string).collect(),
             "--out" => a.out = Some(PathBuf::from(val()?)),
             "--svg" => a.svg = Some(PathBuf::from(val()?)),
+            // Redraw the chart from tables this benchmark wrote (runs split over several calls).
+            "--chart-from" => a.chart_from = val()?.split(',').map(PathBuf::from).collect(),
             // The fresh-process run of one query (the parent starts these).
             "--one" => one = Some(val()?),
             "--engine" => engine = Some(val()? == "setfusion"),
@@ -443,6 +446,19 @@ async fn offload_summary(ctx: &SessionContext, sql: &str) -> Result<String> {
 /// Run the benchmark; see the module documentation.
 pub async fn run(args: Vec<String>) -> Result<()> {
     let a = parse_args(args)?;
+    if !a.chart_from.is_empty() {
+        let svg = a.svg.as_ref().ok_or_else(|| exec_err("--chart-from needs --svg"))?;
+        let mut measured = Vec::new();
+        let mut device = String::new();
+        for p in &a.chart_from {
+            let text = std::fs::read_to_string(p)?;
+            if let Some(d) = text.lines().next().and_then(|l| l.split(": ").nth(1)).and_then(|l| l.split(',').next()) {
+                device = d.to_string();
+            }
+            measured.extend(text.lines().filter_map(parse_row));
+        }
+        return chart(&measured, a.sf, &device, svg);
+    }
     let dir = data_dir(a.sf)?;
     if let Some((name, setfusion)) = &a.one {
         return run_one(&dir, name, *setfusion).await;
@@ -483,17 +499,34 @@ pub async fn run(args: Vec<String>) -> Result<()> {
             m.offloaded
         );
         measured.push(m);
+        // Written after every query, so a run cut short still leaves its table.
+        let report = report(&measured, a.sf, a.runs, threads);
+        if let Some(p) = &a.out {
+            std::fs::write(p, &report)?;
+        }
     }
-    let gpu_line = match crate::gpu::gpu(0) {
+    println!("{}", report(&measured, a.sf, a.runs, threads));
+    if let Some(p) = &a.svg {
+        chart(&measured, a.sf, &gpu_line(), p)?;
+    }
+    Ok(())
+}
+
+fn gpu_line() -> String {
+    match crate::gpu::gpu(0) {
         Ok(g) => g.info().name.clone(),
         Err(e) => format!("no GPU ({e})"),
-    };
+    }
+}
+
+/// The markdown table of the measured queries.
+fn report(measured: &[Measured], sf: f64, runs: usize, threads: usize) -> String {
     let mut report = String::new();
-    writeln!(report, "## TPC-H SF{} over Parquet: {gpu_line}, {threads} host threads\n", a.sf).unwrap();
-    writeln!(report, "Median of {} runs. Fresh = the query's time in a new process (setfusion installed, tables registered; the device starts in the background); warm = the same query again in one process.\n", a.runs).unwrap();
+    writeln!(report, "## TPC-H SF{sf} over Parquet: {}, {threads} host threads\n", gpu_line()).unwrap();
+    writeln!(report, "Median of {runs} runs. Fresh = the query's time in a new process (setfusion installed, tables registered; the device starts in the background); warm = the same query again in one process.\n").unwrap();
     writeln!(report, "| query | rows | DataFusion fresh ms | setfusion fresh ms | speedup fresh | DataFusion warm ms | setfusion warm ms | speedup warm | setfusion's plan |").unwrap();
     writeln!(report, "|---|---|---|---|---|---|---|---|---|").unwrap();
-    for m in &measured {
+    for m in measured {
         writeln!(
             report,
             "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {} |",
@@ -509,14 +542,22 @@ pub async fn run(args: Vec<String>) -> Result<()> {
         )
         .unwrap();
     }
-    println!("{report}");
-    if let Some(p) = &a.out {
-        std::fs::write(p, &report)?;
-    }
-    if let Some(p) = &a.svg {
-        chart(&measured, a.sf, &gpu_line, p)?;
-    }
-    Ok(())
+    report
+}
+
+/// A row of [`report`]'s table back (for `--chart-from`).
+fn parse_row(line: &str) -> Option<Measured> {
+    let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+    let ms_of = |i: usize| cells.get(i).and_then(|c| c.parse::<f64>().ok()).map(|v| Duration::from_secs_f64(v / 1e3));
+    Some(Measured {
+        name: cells.first()?.to_string(),
+        rows: cells.get(1)?.parse().ok()?,
+        df_fresh: ms_of(2)?,
+        sf_fresh: ms_of(3)?,
+        df_warm: ms_of(5)?,
+        sf_warm: ms_of(6)?,
+        offloaded: cells.get(8)?.to_string(),
+    })
 }
 
 /// An SVG bar chart of the speedups over DataFusion (fresh and warm) per query.

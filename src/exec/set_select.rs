@@ -809,13 +809,19 @@ impl Run {
                 .map(|cols| coerce_like(cols, &types))
                 .collect::<Result<Vec<_>>>()?;
             super::trace("key columns evaluated");
-            let converter = keys::converter_for(&types)?;
-            // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
-            let host_hashes = !matches!(self.backend, Backend::Gpu(_));
-            let mut keep_k = keys::encode(&keep_cols, &types, converter.as_ref(), host_hashes)?;
-            let mut other_k = keys::encode(&other_cols, &types, converter.as_ref(), host_hashes)?;
-            if self.nulls == NullMode::Equal && converter.is_some() {
-                // Row-encoded keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
+            let (mut keep_k, mut other_k, nulls_in_keys) = match keys::encode_packed(&keep_cols, &other_cols, &types)? {
+                Some((k, o)) => (k, o, true),
+                None => {
+                    let converter = keys::converter_for(&types)?;
+                    // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
+                    let host_hashes = !matches!(self.backend, Backend::Gpu(_));
+                    let k = keys::encode(&keep_cols, &types, converter.as_ref(), host_hashes)?;
+                    let o = keys::encode(&other_cols, &types, converter.as_ref(), host_hashes)?;
+                    (k, o, converter.is_some())
+                }
+            };
+            if self.nulls == NullMode::Equal && nulls_in_keys {
+                // Row-encoded and packed keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
                 keep_k.nulls = None;
                 other_k.nulls = None;
             }

@@ -92,10 +92,18 @@ impl Calibration {
     }
 }
 
-/// DataFusion's cost per input row and thread, ns (fixed-width keys).
-const DF_JOIN_NS: f64 = 100.0;
-/// The same for INTERSECT / EXCEPT (a distinct aggregate and a join).
-const DF_SETOP_NS: f64 = 190.0;
+/// DataFusion's cost per input row and thread, ns (fixed-width keys): a lower
+/// bound of its measured times (H100 host, 16 threads: 100M x 100M IN 111,
+/// TPC-H SF10 anti join of lineitem and orders 66), so the GPU must win clearly.
+const DF_JOIN_NS: f64 = 60.0;
+/// The same for INTERSECT / EXCEPT, a distinct aggregate and a join (measured
+/// 114 on TPC-H SF10 customers, 190 on 100M x 100M in memory).
+const DF_SETOP_NS: f64 = 100.0;
+/// setfusion's CPU backend (the only exact CPU choice for INTERSECT / EXCEPT
+/// ALL), per row and thread: measured 350 ns for BIGINT keys and 5,700 ns for
+/// composite keys on TPC-H SF10.
+const SF_CPU_NS: f64 = 350.0;
+const SF_CPU_WIDE_NS: f64 = 5_700.0;
 /// String / binary / composite keys cost DataFusion this much more.
 const DF_WIDE_FACTOR: f64 = 2.0;
 /// setfusion's GPU path: fixed cost per operator (launches, synchronisation, the output), ms.
@@ -124,22 +132,45 @@ pub enum Verdict {
     Cpu(String),
 }
 
+/// Keys DataFusion compares as more than one fixed-width value.
 fn wide(types: &[DataType]) -> bool {
-    types.len() > 1 || types.iter().any(|t| !t.is_primitive() && !matches!(t, DataType::Boolean | DataType::Null))
+    types.len() > 1 || hashed(types)
+}
+
+/// Keys setfusion hashes on the host: any column that is not exact on its own
+/// (strings, binary, wide decimals). Composite keys of exact columns are
+/// packed into one 64-bit key when their ranges allow (`keys::encode_packed`).
+fn hashed(types: &[DataType]) -> bool {
+    !types.iter().all(|t| crate::keys::is_exact(std::slice::from_ref(t)))
 }
 
 /// Estimate DataFusion's and the GPU's time for `c` and choose.
 pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verdict {
+    // INTERSECT / EXCEPT ALL must be replaced (DataFusion's answer is wrong): the
+    // GPU's rival is then setfusion's own CPU backend.
+    let exact_only = matches!(c.op, SetOp::IntersectAll | SetOp::ExceptAll);
+    if let Readiness::Unavailable(e) = readiness {
+        return Verdict::Cpu(e.to_string());
+    }
     let Some(rows) = c.rows else {
-        return Verdict::Cpu("cost model: no row estimate for an input, so no basis to move it to the GPU".into());
+        return if exact_only {
+            Verdict::Gpu("cost model: no row estimate; setfusion's CPU backend is the slower exact choice".into())
+        } else {
+            Verdict::Cpu("cost model: no row estimate for an input, so no basis to move it to the GPU".into())
+        };
     };
     let n = rows as f64;
     let wide = wide(c.key_types);
-    let per_row = match c.op {
-        SetOp::IntersectDistinct | SetOp::ExceptDistinct => DF_SETOP_NS,
-        _ => DF_JOIN_NS,
-    } * if wide { DF_WIDE_FACTOR } else { 1.0 };
-    let df_ms = n * per_row / c.threads.max(1) as f64 / 1e6;
+    let threads = c.threads.max(1) as f64;
+    let (rival, cpu_ms) = if exact_only {
+        ("setfusion's CPU backend", n * if hashed(c.key_types) { SF_CPU_WIDE_NS } else { SF_CPU_NS } / threads / 1e6)
+    } else {
+        let per_row = match c.op {
+            SetOp::IntersectDistinct | SetOp::ExceptDistinct => DF_SETOP_NS,
+            _ => DF_JOIN_NS,
+        } * if wide { DF_WIDE_FACTOR } else { 1.0 };
+        ("DataFusion", n * per_row / threads / 1e6)
+    };
     let (start_left, starting) = match readiness {
         Readiness::Ready => (0.0, String::new()),
         Readiness::Starting(elapsed) => {
@@ -147,18 +178,21 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
             let left = (cal.start_ms - elapsed.as_secs_f64() * 1e3).max(cal.start_ms / 10.0);
             (left, format!(" incl. {left:.0} ms of device start left"))
         }
-        Readiness::Unavailable(e) => return Verdict::Cpu(e.to_string()),
+        Readiness::Unavailable(_) => unreachable!("handled above"),
     };
     let transfer_ms = n * 8.0 / (cal.upload_gbps * 1e9) * 1e3;
-    let host_ms = if wide { n * GPU_WIDE_HOST_NS / 1e6 } else { 0.0 };
+    let hashed = hashed(c.key_types);
+    let host_ms = if hashed { n * GPU_WIDE_HOST_NS / 1e6 } else { 0.0 };
     let gpu_ms = start_left + GPU_FIXED_MS + transfer_ms + host_ms;
     let cal_note = if cal.measured { "" } else { ", uncalibrated (run setfusion doctor)" };
     let what = format!(
-        "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}, DataFusion ~{df_ms:.1} ms on {} threads{cal_note}",
-        if wide { ", wide keys hashed on the host" } else { "" },
+        "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}, {rival} ~{cpu_ms:.1} ms on {} threads{cal_note}",
+        if hashed { ", keys hashed on the host" } else if wide { ", composite keys packed" } else { "" },
         c.threads
     );
-    if gpu_ms * MARGIN < df_ms {
+    // The GPU must win by the margin against DataFusion; against setfusion's
+    // own CPU backend, any win will do.
+    if gpu_ms * if exact_only { 1.0 } else { MARGIN } < cpu_ms {
         Verdict::Gpu(format!("cost model: {what}"))
     } else {
         Verdict::Cpu(format!("cost model: {what}"))
@@ -185,7 +219,10 @@ mod tests {
         // A TPC-H SF10-sized semi join (~15M rows): GPU when warm, not while the device starts.
         assert!(gpu(estimate(&cand(SetOp::Semi, 15_000_000, &int), &Readiness::Ready, &cal)));
         assert!(!gpu(estimate(&cand(SetOp::Semi, 15_000_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
-        // ... but a 200M-row one is worth waiting for.
+        // INTERSECT ALL's rival is setfusion's CPU backend: the GPU even while it starts.
+        assert!(gpu(estimate(&cand(SetOp::IntersectAll, 15_000_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
+        assert!(!gpu(estimate(&cand(SetOp::IntersectAll, 10_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
+        // ... and a 200M-row join is worth waiting for.
         assert!(gpu(estimate(&cand(SetOp::IntersectAll, 200_000_000, &int), &Readiness::Starting(Duration::ZERO), &cal)));
         // Strings hashed on the host lose to DataFusion at any size.
         let s = [DataType::Utf8];
@@ -193,6 +230,8 @@ mod tests {
         // Unknown sizes and missing devices: DataFusion.
         let unknown = Candidate { rows: None, ..cand(SetOp::Semi, 0, &int) };
         assert!(!gpu(estimate(&unknown, &Readiness::Ready, &cal)));
+        let unknown_all = Candidate { rows: None, ..cand(SetOp::ExceptAll, 0, &int) };
+        assert!(gpu(estimate(&unknown_all, &Readiness::Ready, &cal)));
         let none = Readiness::Unavailable(crate::gpu::Unavailable::NoDriver);
         assert_eq!(estimate(&cand(SetOp::Semi, 1 << 30, &int), &none, &cal), Verdict::Cpu("no NVIDIA driver (libcuda.so not found)".into()));
     }

@@ -23,9 +23,12 @@ pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
 /// Estimated rows of a plan (None when unknown). A node without an estimate
 /// whose only input has one (an aggregate, a projection) is bounded by it:
 /// none of those nodes adds rows.
-#[allow(deprecated)] // StatisticsContext needs a session we do not have in a physical rule
 pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    if let Some(n) = plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied()) {
+    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+    // DataFusion 55 computes statistics bottom-up through StatisticsContext; the
+    // deprecated per-node `partition_statistics` answers "unknown" for most nodes.
+    let stats = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok();
+    if let Some(n) = stats.and_then(|s| s.num_rows.get_value().copied()) {
         return Some(n);
     }
     let bounded = plan.name().starts_with("Aggregate")

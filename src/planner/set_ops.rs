@@ -20,7 +20,7 @@ use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::catalog::Session;
 use datafusion::logical_expr::{
-    Distinct, Expr, Extension, Join, JoinConstraint, JoinType, LogicalPlan, UserDefinedLogicalNode,
+    Distinct, Expr, Extension, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
     UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::AnalyzerRule;
@@ -198,7 +198,9 @@ impl ExtensionPlanner for SetOpPlanner {
 /// the distinct left input.
 fn datafusion_plan(node: &SetOpNode, left: &LogicalPlan, right: &LogicalPlan) -> Result<LogicalPlan> {
     let join_type = if node.op == SetOp::IntersectDistinct { JoinType::LeftSemi } else { JoinType::LeftAnti };
-    let distinct = LogicalPlan::Distinct(Distinct::All(Arc::new(left.clone())));
+    // As DataFusion's optimizer leaves it: the physical planner takes no Distinct node.
+    let columns: Vec<Expr> = left.schema().columns().into_iter().map(Expr::Column).collect();
+    let distinct = LogicalPlanBuilder::from(left.clone()).aggregate(columns, Vec::<Expr>::new())?.build()?;
     let on = node.left_keys.iter().cloned().zip(node.right_keys.iter().cloned()).collect();
     let join = Join::try_new(
         Arc::new(distinct),
