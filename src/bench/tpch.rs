@@ -560,7 +560,8 @@ fn parse_row(line: &str) -> Option<Measured> {
     })
 }
 
-/// An SVG bar chart of the speedups over DataFusion (fresh and warm) per query.
+/// An SVG chart of the speedups over DataFusion per query: horizontal bars,
+/// fresh process and warm, with the 1x line.
 fn chart(measured: &[Measured], sf: f64, device: &str, path: &Path) -> Result<()> {
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| exec_err(format!("chart: {e}"));
@@ -568,45 +569,51 @@ fn chart(measured: &[Measured], sf: f64, device: &str, path: &Path) -> Result<()
     let speed = |m: &Measured| {
         (m.df_fresh.as_secs_f64() / m.sf_fresh.as_secs_f64(), m.df_warm.as_secs_f64() / m.sf_warm.as_secs_f64())
     };
-    let top = measured.iter().map(|m| { let (f, w) = speed(m); f.max(w) }).fold(1.0f64, f64::max) * 1.15;
-    let root = SVGBackend::new(path, (120 + 70 * n as u32, 480)).into_drawing_area();
+    let top = measured.iter().map(|m| { let (f, w) = speed(m); f.max(w) }).fold(1.0f64, f64::max) * 1.1;
+    let root = SVGBackend::new(path, (860, 110 + 36 * n as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut c = ChartBuilder::on(&root)
-        .caption(format!("setfusion speedup over DataFusion, TPC-H SF{sf} Parquet ({device})"), ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(110)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..n as f64, 0f64..top)
+        .caption(format!("setfusion's speedup over DataFusion, TPC-H SF{sf} over Parquet"), ("sans-serif", 18))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(180)
+        .build_cartesian_2d(0f64..top, 0f64..n as f64)
         .map_err(|e| err(&e))?;
+    // Row i (from the top) is query i; its label sits at the row's middle.
     let names: Vec<String> = measured.iter().map(|m| m.name.clone()).collect();
+    let row = |i: usize| (n - 1 - i) as f64;
     c.configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 && i < names.len() { names[i].clone() } else { String::new() }
+        .disable_y_mesh()
+        .y_labels(n * 2 + 1)
+        .y_label_formatter(&|y| {
+            let r = y.floor() as usize;
+            if (y - r as f64 - 0.5).abs() < 0.01 && r < n { names[n - 1 - r].clone() } else { String::new() }
         })
-        .x_label_style(("sans-serif", 11).into_font().transform(FontTransform::Rotate90))
-        .y_desc("speedup (x)")
+        .x_desc(format!("DataFusion time / setfusion time ({device})"))
         .draw()
         .map_err(|e| err(&e))?;
     let fresh = RGBColor(0x4c, 0x72, 0xb0);
     let warm = RGBColor(0xdd, 0x84, 0x52);
     c.draw_series(measured.iter().enumerate().map(|(i, m)| {
-        Rectangle::new([(i as f64 + 0.1, 0.0), (i as f64 + 0.48, speed(m).0)], fresh.filled())
+        Rectangle::new([(0.0, row(i) + 0.52), (speed(m).0, row(i) + 0.9)], fresh.filled())
     }))
     .map_err(|e| err(&e))?
     .label("fresh process")
     .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], fresh.filled()));
     c.draw_series(measured.iter().enumerate().map(|(i, m)| {
-        Rectangle::new([(i as f64 + 0.52, 0.0), (i as f64 + 0.9, speed(m).1)], warm.filled())
+        Rectangle::new([(0.0, row(i) + 0.1), (speed(m).1, row(i) + 0.48)], warm.filled())
     }))
     .map_err(|e| err(&e))?
-    .label("warm")
+    .label("warm (same process)")
     .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], warm.filled()));
-    c.draw_series(std::iter::once(PathElement::new(vec![(0.0, 1.0), (n as f64, 1.0)], BLACK.stroke_width(1))))
+    c.draw_series(std::iter::once(PathElement::new(vec![(1.0, 0.0), (1.0, n as f64)], BLACK.stroke_width(1))))
         .map_err(|e| err(&e))?;
-    c.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| err(&e))?;
+    c.configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
