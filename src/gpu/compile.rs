@@ -52,14 +52,20 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
+/// setfusion's folder in the user's cache (`$XDG_CACHE_HOME/setfusion`, else
+/// `~/.cache/setfusion`): kernels, the doctor's calibration.
+pub fn setfusion_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("setfusion"))
+}
+
 fn cache_dir() -> Option<PathBuf> {
     if let Ok(d) = std::env::var("SETFUSION_CACHE_DIR") {
         return Some(PathBuf::from(d));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("setfusion").join("kernels"))
+    Some(setfusion_cache_dir()?.join("kernels"))
 }
 
 fn nvrtc_version() -> (i32, i32) {

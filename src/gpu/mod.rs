@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use datafusion::error::DataFusionError;
 
-pub use compile::{kernel_sources, KernelSource};
+pub use compile::{kernel_sources, setfusion_cache_dir, KernelSource};
 pub use memory::{DeviceBuffer, HostOut, MemoryBudget, PendingBuffer, Pod, TransferStats};
 pub(crate) use memory::copy_threads;
 pub(crate) use pool::{drop_later, for_each_mut, par_map};

@@ -50,10 +50,7 @@ impl Calibration {
         if let Some(p) = std::env::var_os("SETFUSION_CALIBRATION") {
             return Some(PathBuf::from(p));
         }
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-        Some(base.join("setfusion").join("calibration.txt"))
+        Some(crate::gpu::setfusion_cache_dir()?.join("calibration.txt"))
     }
 
     /// The stored calibration (read once per process), or the defaults.
