@@ -118,8 +118,6 @@ pub struct StartTimes {
     pub context: std::time::Duration,
     /// Loading the set-selection kernel families (native code from the disk cache).
     pub kernels: std::time::Duration,
-    /// All of it, from the start's request.
-    pub total: std::time::Duration,
 }
 
 struct Start {
@@ -129,8 +127,13 @@ struct Start {
 
 static STARTS: OnceLock<Mutex<HashMap<usize, Arc<Start>>>> = OnceLock::new();
 
-/// Start device `ordinal` on a background thread (context, the set-selection
-/// kernels, pinned staging, copy threads) unless it is started already, and
+/// The background start of `ordinal`, if one was requested.
+fn start_of(ordinal: usize) -> Option<Arc<Start>> {
+    STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).cloned())
+}
+
+/// Start device `ordinal` on a background thread (context and the
+/// set-selection kernels; see [`Gpu::warm_up`] for the rest) unless it is started already, and
 /// return at once: planning and the scans overlap the start instead of the
 /// first query waiting for it (issue 13). Without a driver nothing starts.
 pub fn start_in_background(ordinal: usize) {
@@ -160,7 +163,6 @@ pub fn start_in_background(ordinal: usize) {
             times.context = t.elapsed();
             times.kernels = g.load_set_selection_kernels();
         }
-        times.total = start.began.elapsed();
         let _ = start.done.set(times);
     });
     if spawned.is_err() {
@@ -184,8 +186,7 @@ pub fn readiness(ordinal: usize) -> Readiness {
     if disabled() {
         return Readiness::Unavailable(Unavailable::DriverInit("SETFUSION_DISABLE_GPU=1".into()));
     }
-    let start = STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).cloned());
-    if let Some(st) = start {
+    if let Some(st) = start_of(ordinal) {
         if st.done.get().is_none() {
             return Readiness::Starting(st.began.elapsed());
         }
@@ -198,13 +199,12 @@ pub fn readiness(ordinal: usize) -> Readiness {
 
 /// The times of device `ordinal`'s background start, once it has finished.
 pub fn start_times(ordinal: usize) -> Option<StartTimes> {
-    STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).and_then(|s| s.done.get().copied()))
+    start_of(ordinal).and_then(|s| s.done.get().copied())
 }
 
 /// Wait until a background start of `ordinal` (if any) has finished.
 pub fn wait_started(ordinal: usize) {
-    let start = STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).cloned());
-    if let Some(st) = start {
+    if let Some(st) = start_of(ordinal) {
         while st.done.get().is_none() {
             std::thread::sleep(std::time::Duration::from_micros(500));
         }

@@ -24,10 +24,14 @@ pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
 /// whose only input has one (an aggregate, a projection) is bounded by it:
 /// none of those nodes adds rows.
 pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
     // DataFusion 55 computes statistics bottom-up through StatisticsContext; the
     // deprecated per-node `partition_statistics` answers "unknown" for most nodes.
-    let stats = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok();
+    // One context for the whole walk: it caches every node it computed.
+    rows_or_bound(plan, &datafusion::physical_plan::statistics::StatisticsContext::new())
+}
+
+fn rows_or_bound(plan: &Arc<dyn ExecutionPlan>, ctx: &datafusion::physical_plan::statistics::StatisticsContext) -> Option<usize> {
+    let stats = ctx.compute(plan.as_ref(), &datafusion::physical_plan::statistics::StatisticsArgs::new()).ok();
     if let Some(n) = stats.and_then(|s| s.num_rows.get_value().copied()) {
         return Some(n);
     }
@@ -38,7 +42,7 @@ pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         || plan.name().starts_with("Coalesce")
         || plan.name().starts_with("Sort");
     match plan.children().as_slice() {
-        [child] if bounded => estimated_rows(child),
+        [child] if bounded => rows_or_bound(child, ctx),
         _ => None,
     }
 }
