@@ -1,7 +1,16 @@
 // Row hashing and exact verification of hashed keys on the device.
 //
-// Keys that are not one fixed-width column arrive as Arrow row-format bytes:
-// row i of a side is data[offsets[i] .. offsets[i + 1]). Each row becomes one
+// Keys that are not one fixed-width column arrive in one of two layouts:
+// - offsets: row i of a side is data[offsets[i] .. offsets[i + 1]) (Arrow
+//   row-format bytes, or a string column's values with rebased offsets);
+// - views: a Utf8View / BinaryView column as Arrow holds it. Row i's 16-byte
+//   view is words 2i, 2i + 1: its length in the low 32 bits; up to 12 bytes
+//   inline right after it, longer values at (buffer index, offset) in the
+//   high words. The batches' value buffers are concatenated in `data`; batch
+//   b (rows batch_rows[b] .. batch_rows[b + 1]) finds its buffer k at byte
+//   buf_pos[batch_bufs[b] + k]. The view words are padded with two zeroed
+//   words, so inline bytes are read like any others.
+// Each row becomes one
 // 64-bit hash, bit-identical to `keys::hash_bytes` (src/keys.rs, its CPU twin),
 // so the hash-table kernels can select on it. A hash is only a candidate
 // match: `verify_insert` + `verify_check` then prove that equal hashes always
@@ -63,22 +72,65 @@ __device__ __forceinline__ u64 rh_hash_row(const u64* __restrict__ words, u64 st
     return h ^ (h >> 32);
 }
 
+// Where a row's bytes are: a padded word array, the byte position in it, the length.
+struct RhRow {
+    const u64* words;
+    u64 start;
+    u64 len;
+};
+
+// Offsets layout (32- or 64-bit offsets).
 template <typename O>
-__device__ __forceinline__ void rh_hash_rows(const O* __restrict__ offsets, const u64* __restrict__ words, u64 n,
-                                             u64* __restrict__ out) {
+struct RhOffsets {
+    const O* off;
+    const u64* words;
+    __device__ __forceinline__ RhRow row(u64 i) const {
+        u64 s = (u64)off[i];
+        return RhRow{words, s, (u64)off[i + 1] - s};
+    }
+};
+
+// Views layout.
+struct RhViews {
+    const u64* views;
+    const u32* batch_rows;  // nbatches + 1 entries, ascending
+    u32 nbatches;
+    const u32* batch_bufs;  // nbatches entries
+    const u64* buf_pos;
+    const u64* data;
+    __device__ __forceinline__ RhRow row(u64 i) const {
+        u64 v0 = views[2 * i], v1 = views[2 * i + 1];
+        u64 len = v0 & 0xffffffffULL;
+        if (len <= 12) return RhRow{views, 16 * i + 4, len};
+        // The batch of row i: the last b with batch_rows[b] <= i (batch_rows[0] = 0 <= i < batch_rows[nbatches]).
+        u32 lo = 0, hi = nbatches;
+        while (hi - lo > 1) {
+            u32 mid = (lo + hi) >> 1;
+            if ((u64)batch_rows[mid] <= i) lo = mid; else hi = mid;
+        }
+        return RhRow{data, buf_pos[batch_bufs[lo] + (u32)v1] + (v1 >> 32), len};
+    }
+};
+
+template <typename S>
+__device__ __forceinline__ void rh_hash_rows(S side, u64 n, u64* __restrict__ out) {
     SF_FOR(i, n) {
-        u64 s = (u64)offsets[i];
-        u64 e = (u64)offsets[i + 1];
-        out[i] = rh_hash_row(words, s, e - s);
+        RhRow r = side.row(i);
+        out[i] = rh_hash_row(r.words, r.start, r.len);
     }
 }
 
 // One hash per row. offsets: n + 1 entries; words: the padded data bytes.
 extern "C" __global__ void hash_rows_u32(const u32* offsets, const u64* words, u64 n, u64* out) {
-    rh_hash_rows(offsets, words, n, out);
+    rh_hash_rows(RhOffsets<u32>{offsets, words}, n, out);
 }
 extern "C" __global__ void hash_rows_u64(const u64* offsets, const u64* words, u64 n, u64* out) {
-    rh_hash_rows(offsets, words, n, out);
+    rh_hash_rows(RhOffsets<u64>{offsets, words}, n, out);
+}
+// One hash per view.
+extern "C" __global__ void hash_views(const u64* views, const u32* batch_rows, u32 nbatches, const u32* batch_bufs,
+                                      const u64* buf_pos, const u64* data, u64 n, u64* out) {
+    rh_hash_rows(RhViews{views, batch_rows, nbatches, batch_bufs, buf_pos, data}, n, out);
 }
 
 // ---- Verification ---------------------------------------------------------
@@ -138,10 +190,9 @@ __device__ __forceinline__ bool rh_rows_equal(const u64* __restrict__ wa, u64 sa
 // Pass 2 (a separate launch, so every representative is final): each row
 // that is not its hash's representative compares its bytes with it. Any
 // difference is a collision: *flag = 1. Rows stop early once it is set.
-template <typename O>
+template <typename S>
 __device__ __forceinline__ void rh_verify_check(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
-                                                const u32* reps, u64 mask, const O* b_off, const u64* b_words,
-                                                const O* p_off, const u64* p_words, u32* flag) {
+                                                const u32* reps, u64 mask, S b_side, S p_side, u32* flag) {
     SF_FOR(g, nb + np) {
         if (*(volatile u32*)flag) return;
         bool build = g < nb;
@@ -150,28 +201,31 @@ __device__ __forceinline__ void rh_verify_check(const u64* bh, u64 nb, const u64
         if (s == RH_EMPTY) { *flag = 1; return; }  // impossible; fail safe (exact recompute)
         u64 r = reps[s];
         if (r == g) continue;
-        u64 i = build ? g : g - nb;
-        const u64* wa = build ? b_words : p_words;
-        u64 sa = build ? (u64)b_off[i] : (u64)p_off[i];
-        u64 la = (build ? (u64)b_off[i + 1] : (u64)p_off[i + 1]) - sa;
-        bool rb = r < nb;
-        u64 j = rb ? r : r - nb;
-        const u64* wb = rb ? b_words : p_words;
-        u64 sb = rb ? (u64)b_off[j] : (u64)p_off[j];
-        u64 lb = (rb ? (u64)b_off[j + 1] : (u64)p_off[j + 1]) - sb;
-        if (la != lb || !rh_rows_equal(wa, sa, wb, sb, la)) { *flag = 1; return; }
+        RhRow a = build ? b_side.row(g) : p_side.row(g - nb);
+        RhRow c = r < nb ? b_side.row(r) : p_side.row(r - nb);
+        if (a.len != c.len || !rh_rows_equal(a.words, a.start, c.words, c.start, a.len)) { *flag = 1; return; }
     }
 }
 
 extern "C" __global__ void verify_check_u32(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys, const u32* reps,
                                             u64 mask, const u32* b_off, const u64* b_words, const u32* p_off,
                                             const u64* p_words, u32* flag) {
-    rh_verify_check(bh, nb, ph, np, keys, reps, mask, b_off, b_words, p_off, p_words, flag);
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask, RhOffsets<u32>{b_off, b_words}, RhOffsets<u32>{p_off, p_words}, flag);
 }
 extern "C" __global__ void verify_check_u64(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys, const u32* reps,
                                             u64 mask, const u64* b_off, const u64* b_words, const u64* p_off,
                                             const u64* p_words, u32* flag) {
-    rh_verify_check(bh, nb, ph, np, keys, reps, mask, b_off, b_words, p_off, p_words, flag);
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask, RhOffsets<u64>{b_off, b_words}, RhOffsets<u64>{p_off, p_words}, flag);
+}
+extern "C" __global__ void verify_check_views(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
+                                              const u32* reps, u64 mask, const u64* b_views, const u32* b_batch_rows,
+                                              u32 b_nbatches, const u32* b_batch_bufs, const u64* b_buf_pos,
+                                              const u64* b_data, const u64* p_views, const u32* p_batch_rows,
+                                              u32 p_nbatches, const u32* p_batch_bufs, const u64* p_buf_pos,
+                                              const u64* p_data, u32* flag) {
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask,
+                    RhViews{b_views, b_batch_rows, b_nbatches, b_batch_bufs, b_buf_pos, b_data},
+                    RhViews{p_views, p_batch_rows, p_nbatches, p_batch_bufs, p_buf_pos, p_data}, flag);
 }
 
 // Fill n words of a buffer with a value (the table's empty markers).

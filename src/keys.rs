@@ -1,12 +1,15 @@
 //! Arrow key columns -> 64-bit device keys.
 //!
 //! One fixed-width column of at most 64 bits becomes its own value (exact: two
-//! keys are equal iff the SQL values are equal). Everything else (composite
-//! keys, strings, binary, decimal wider than 18 digits) becomes a 64-bit hash
-//! of Arrow's row encoding; those keys are *candidates* and every match is
-//! verified on the exact row bytes (see [`verify_or_exact`], and its device
-//! counterpart in [`crate::algo::row_hash`]), so a hash collision can never
-//! change a result.
+//! keys are equal iff the SQL values are equal). Everything else becomes a
+//! 64-bit hash of exact key bytes ([`KeyBytes`]): one string or binary column
+//! is hashed over its values' bytes as Arrow holds them (no copy, no row
+//! encoding; on the GPU backend the device reads the offsets or views and the
+//! value buffers itself), other keys (composite keys with strings, decimals
+//! wider than 18 digits) over Arrow's row encoding. Hashed keys are
+//! *candidates*: every match is verified on the exact bytes (see
+//! [`verify_or_exact`], and its device counterpart in
+//! [`crate::algo::row_hash`]), so a hash collision can never change a result.
 //!
 //! SQL equality on floats: -0.0 = 0.0, and every NaN equals every NaN
 //! (DataFusion's grouping semantics); values are normalised before encoding.
@@ -15,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
-use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
+use datafusion::arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
@@ -65,21 +68,21 @@ pub struct KeyColumns {
     pub chunks: Vec<ScalarBuffer<u64>>,
     /// Rows where some key column is NULL (None: no NULLs).
     pub nulls: Option<NullBuffer>,
-    /// Exact row bytes for verification (hash-encoded keys only).
-    pub rows: Option<Rows>,
+    /// Exact key bytes for verification (hash-encoded keys only).
+    pub bytes: Option<KeyBytes>,
 }
 
 impl KeyColumns {
     pub fn len(&self) -> usize {
-        match &self.rows {
-            Some(r) => r.num_rows(),
+        match &self.bytes {
+            Some(b) => b.len(),
             None => self.chunks.iter().map(|c| c.len()).sum(),
         }
     }
     /// Hash-encoded keys that were not hashed on the host: `chunks` is empty
-    /// and the hashes must be computed from `rows` ([`hash_rows`] or the device).
+    /// and the hashes must be computed from `bytes` ([`hash_rows`] or the device).
     pub fn hashes_deferred(&self) -> bool {
-        self.rows.is_some() && self.chunks.is_empty()
+        self.bytes.is_some() && self.chunks.is_empty()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -130,7 +133,19 @@ pub fn encode(
     let nulls = key_nulls(batches);
     if is_exact(types) {
         let chunks = crate::gpu::par_map(batches, 128, |cols| exact_values(&cols[0]))?;
-        return Ok(KeyColumns { chunks, nulls, rows: None });
+        return Ok(KeyColumns { chunks, nulls, bytes: None });
+    }
+    if is_byte_column(types) {
+        let column = ByteColumn::new(batches.iter().map(|cols| cols[0].clone()).collect())?;
+        let chunks = if host_hashes {
+            crate::gpu::par_map(&column.arrays, 16, |a| {
+                let parts = ByteParts::of(a.as_ref())?;
+                Ok::<_, DataFusionError>(ScalarBuffer::from((0..parts.len()).map(|i| hash_bytes(parts.value(i))).collect::<Vec<_>>()))
+            })?
+        } else {
+            Vec::new()
+        };
+        return Ok(KeyColumns { chunks, nulls, bytes: Some(KeyBytes::Values(column)) });
     }
     let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;
     let columns: Vec<ArrayRef> = (0..types.len())
@@ -145,8 +160,9 @@ pub fn encode(
         .collect::<Result<_>>()?;
     let normalized: Vec<ArrayRef> = columns.iter().map(normalize_floats).collect::<Result<_>>()?;
     let rows = converter.convert_columns(&normalized)?;
-    let chunks = if host_hashes { vec![ScalarBuffer::from(hash_rows(RowSubset::all(&rows)))] } else { Vec::new() };
-    Ok(KeyColumns { chunks, nulls, rows: Some(rows) })
+    let bytes = KeyBytes::Rows(rows);
+    let chunks = if host_hashes { vec![ScalarBuffer::from(hash_rows(RowSubset::all(&bytes)))] } else { Vec::new() };
+    Ok(KeyColumns { chunks, nulls, bytes: Some(bytes) })
 }
 
 /// Composite keys whose columns are each exact (integers, dates, decimals of
@@ -216,14 +232,15 @@ pub fn encode_packed(a: &[Vec<ArrayRef>], b: &[Vec<ArrayRef>], types: &[DataType
             }
             Ok::<_, DataFusionError>(ScalarBuffer::from(keys))
         })?;
-        Ok(KeyColumns { chunks, nulls: key_nulls(side), rows: None })
+        Ok(KeyColumns { chunks, nulls: key_nulls(side), bytes: None })
     };
     Ok(Some((pack(a, &ai)?, pack(b, &bi)?)))
 }
 
-/// A row converter for these key types (None when the keys are exact).
+/// A row converter for these key types (None when the keys are exact or one
+/// string / binary column, whose values are their own key bytes).
 pub fn converter_for(types: &[DataType]) -> Result<Option<RowConverter>> {
-    if is_exact(types) {
+    if is_exact(types) || is_byte_column(types) {
         return Ok(None);
     }
     let fields = types.iter().map(|t| SortField::new(normalized_type(t))).collect();
@@ -339,54 +356,200 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
-/// Some rows of a [`Rows`]: all of them, or those at `idx` (e.g. the non-NULL
-/// keys), in that order. Lets verification and the device read a subset
-/// without copying it into a new `Rows`.
-#[derive(Clone, Copy)]
-pub struct RowSubset<'a> {
-    rows: &'a Rows,
-    idx: Option<&'a [u32]>,
+/// Is this one string or binary column, whose values' bytes are its keys?
+/// (Byte equality is SQL equality for these types.)
+pub fn is_byte_column(types: &[DataType]) -> bool {
+    use DataType::*;
+    matches!(types, [Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView])
 }
 
-impl<'a> RowSubset<'a> {
-    pub fn all(rows: &'a Rows) -> Self {
-        Self { rows, idx: None }
-    }
-    /// `idx` must index `rows` (checked once here, so reads never panic later).
-    pub fn new(rows: &'a Rows, idx: Option<&'a [u32]>) -> Result<Self> {
-        if let Some(ix) = idx {
-            if ix.iter().any(|&i| i as usize >= rows.num_rows()) {
-                return Err(DataFusionError::Internal("row subset index out of range".into()));
-            }
-        }
-        Ok(Self { rows, idx })
-    }
+/// The exact bytes behind hash-encoded keys, one byte string per row.
+pub enum KeyBytes {
+    /// Arrow's row format: composite keys, wide decimals, fixed-size binary.
+    Rows(Rows),
+    /// One string / binary column as Arrow holds it (see [`is_byte_column`]).
+    Values(ByteColumn),
+}
+
+impl KeyBytes {
     pub fn len(&self) -> usize {
-        self.idx.map_or(self.rows.num_rows(), |ix| ix.len())
+        match self {
+            KeyBytes::Rows(r) => r.num_rows(),
+            KeyBytes::Values(c) => c.len(),
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Bytes of the subset's row `j` (`j < len()`).
-    pub fn row(&self, j: usize) -> &'a [u8] {
-        let i = self.idx.map_or(j, |ix| ix[j] as usize);
-        self.rows.row(i).data()
+}
+
+/// One string / binary column over several batches, not copied.
+pub struct ByteColumn {
+    arrays: Vec<ArrayRef>,
+    /// The first row of each array, then the total (`arrays.len() + 1` entries).
+    starts: Vec<usize>,
+}
+
+impl ByteColumn {
+    /// Every array must be a string or binary array ([`is_byte_column`]), all of one type.
+    pub fn new(arrays: Vec<ArrayRef>) -> Result<Self> {
+        let mut starts = Vec::with_capacity(arrays.len() + 1);
+        starts.push(0);
+        for a in &arrays {
+            ByteParts::of(a.as_ref())?;
+            if a.data_type() != arrays[0].data_type() {
+                return Err(DataFusionError::Internal(format!("key column of {} and {}", a.data_type(), arrays[0].data_type())));
+            }
+            starts.push(starts[starts.len() - 1] + a.len());
+        }
+        Ok(Self { arrays, starts })
     }
-    /// Every row's bytes, in order.
-    pub fn iter(self) -> impl Iterator<Item = &'a [u8]> {
-        (0..self.len()).map(move |j| self.row(j))
+    pub fn len(&self) -> usize {
+        self.starts[self.starts.len() - 1]
     }
-    /// Total bytes of the subset's rows.
-    pub fn data_len(&self) -> usize {
-        match self.idx {
-            None => self.rows.lengths().sum(),
-            Some(ix) => ix.iter().map(|&i| self.rows.row_len(i as usize)).sum(),
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn arrays(&self) -> &[ArrayRef] {
+        &self.arrays
+    }
+    /// The first row of each array, then the total.
+    pub fn starts(&self) -> &[usize] {
+        &self.starts
+    }
+    /// Bytes of row `i` (`i < len()`).
+    fn value(&self, i: usize) -> &[u8] {
+        let b = self.starts.partition_point(|&s| s <= i) - 1;
+        parts_of(&self.arrays[b]).value(i - self.starts[b])
+    }
+}
+
+/// A string / binary array's buffers, read without a type dispatch per row.
+#[derive(Clone, Copy)]
+pub enum ByteParts<'a> {
+    /// Utf8 / Binary: value `i` is `data[offsets[i]..offsets[i + 1]]`.
+    Offsets32(&'a [i32], &'a [u8]),
+    /// LargeUtf8 / LargeBinary.
+    Offsets64(&'a [i64], &'a [u8]),
+    /// Utf8View / BinaryView: 16-byte views (little-endian length, then 12
+    /// inline bytes, or a 4-byte prefix, buffer index and offset) and the buffers.
+    Views(&'a [u8], &'a [Buffer]),
+}
+
+impl<'a> ByteParts<'a> {
+    pub fn of(a: &'a dyn Array) -> Result<Self> {
+        use DataType::*;
+        Ok(match a.data_type() {
+            Utf8 => ByteParts::Offsets32(a.as_string::<i32>().value_offsets(), a.as_string::<i32>().value_data()),
+            Binary => ByteParts::Offsets32(a.as_binary::<i32>().value_offsets(), a.as_binary::<i32>().value_data()),
+            LargeUtf8 => ByteParts::Offsets64(a.as_string::<i64>().value_offsets(), a.as_string::<i64>().value_data()),
+            LargeBinary => ByteParts::Offsets64(a.as_binary::<i64>().value_offsets(), a.as_binary::<i64>().value_data()),
+            Utf8View => ByteParts::Views(a.as_string_view().views().inner().as_slice(), a.as_string_view().data_buffers()),
+            BinaryView => ByteParts::Views(a.as_binary_view().views().inner().as_slice(), a.as_binary_view().data_buffers()),
+            t => return Err(DataFusionError::Internal(format!("{t} is not a string or binary column"))),
+        })
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            ByteParts::Offsets32(o, _) => o.len() - 1,
+            ByteParts::Offsets64(o, _) => o.len() - 1,
+            ByteParts::Views(v, _) => v.len() / 16,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes of value `i` (`i < len()`; NULL slots give whatever they hold).
+    #[inline]
+    pub fn value(&self, i: usize) -> &'a [u8] {
+        match *self {
+            ByteParts::Offsets32(o, d) => &d[o[i] as usize..o[i + 1] as usize],
+            ByteParts::Offsets64(o, d) => &d[o[i] as usize..o[i + 1] as usize],
+            ByteParts::Views(v, bufs) => {
+                let view = &v[16 * i..16 * i + 16];
+                let word = |k: usize| u32::from_le_bytes(view[k..k + 4].try_into().unwrap()) as usize;
+                let len = word(0);
+                if len <= 12 {
+                    &view[4..4 + len]
+                } else {
+                    &bufs[word(8)].as_slice()[word(12)..word(12) + len]
+                }
+            }
         }
     }
 }
 
-/// Host hashes of rows ([`hash_bytes`] of each row's bytes).
+/// [`ByteParts::of`] for arrays [`ByteColumn::new`] already checked.
+fn parts_of(a: &ArrayRef) -> ByteParts<'_> {
+    ByteParts::of(a.as_ref()).expect("checked by ByteColumn::new")
+}
+
+/// Some rows of [`KeyBytes`]: all of them, or those at `idx` (e.g. the non-NULL
+/// keys), in that order. Lets verification and the device read a subset
+/// without copying it.
+#[derive(Clone, Copy)]
+pub struct RowSubset<'a> {
+    bytes: &'a KeyBytes,
+    idx: Option<&'a [u32]>,
+}
+
+impl<'a> RowSubset<'a> {
+    pub fn all(bytes: &'a KeyBytes) -> Self {
+        Self { bytes, idx: None }
+    }
+    /// `idx` must index the rows (checked once here, so reads never panic later).
+    pub fn new(bytes: &'a KeyBytes, idx: Option<&'a [u32]>) -> Result<Self> {
+        if let Some(ix) = idx {
+            if ix.iter().any(|&i| i as usize >= bytes.len()) {
+                return Err(DataFusionError::Internal("row subset index out of range".into()));
+            }
+        }
+        Ok(Self { bytes, idx })
+    }
+    pub fn len(&self) -> usize {
+        self.idx.map_or(self.bytes.len(), |ix| ix.len())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn bytes(&self) -> &'a KeyBytes {
+        self.bytes
+    }
+    pub fn idx(&self) -> Option<&'a [u32]> {
+        self.idx
+    }
+    /// Every row's bytes, in order (arrays are walked in turn, not searched, when all rows are read).
+    pub fn iter(self) -> Box<dyn Iterator<Item = &'a [u8]> + 'a> {
+        match (self.bytes, self.idx) {
+            (KeyBytes::Rows(r), None) => Box::new(r.iter().map(|r| r.data())),
+            (KeyBytes::Rows(r), Some(ix)) => Box::new(ix.iter().map(move |&i| r.row(i as usize).data())),
+            (KeyBytes::Values(c), None) => Box::new(c.arrays.iter().flat_map(|a| {
+                let p = parts_of(a);
+                (0..p.len()).map(move |i| p.value(i))
+            })),
+            (KeyBytes::Values(c), Some(ix)) => Box::new(ix.iter().map(move |&i| c.value(i as usize))),
+        }
+    }
+    /// Total bytes of the subset's rows.
+    pub fn data_len(&self) -> usize {
+        match (self.bytes, self.idx) {
+            (KeyBytes::Rows(r), None) => r.lengths().sum(),
+            (KeyBytes::Rows(r), Some(ix)) => ix.iter().map(|&i| r.row_len(i as usize)).sum(),
+            _ => self.iter().map(|r| r.len()).sum(),
+        }
+    }
+}
+
+/// Host hashes of rows ([`hash_bytes`] of each row's bytes); a whole string
+/// column is hashed array by array on several threads.
 pub fn hash_rows(rows: RowSubset<'_>) -> Vec<u64> {
+    if let (KeyBytes::Values(c), None) = (rows.bytes, rows.idx) {
+        let per_array = crate::gpu::par_map(&c.arrays, 16, |a| {
+            let p = parts_of(a);
+            Ok::<_, DataFusionError>((0..p.len()).map(|i| hash_bytes(p.value(i))).collect::<Vec<u64>>())
+        });
+        return per_array.map(|v| v.concat()).unwrap_or_default();
+    }
     rows.iter().map(hash_bytes).collect()
 }
 
@@ -395,7 +558,7 @@ pub fn hash_rows(rows: RowSubset<'_>) -> Vec<u64> {
 /// device result stands), or exact dense ids for both sides if a collision
 /// was found (the caller recomputes with them). Deferred hashes are computed here.
 pub fn verify_or_exact(build: &KeyColumns, probe: &KeyColumns) -> Option<(Vec<u64>, Vec<u64>)> {
-    let (Some(br), Some(pr)) = (&build.rows, &probe.rows) else { return None };
+    let (Some(br), Some(pr)) = (&build.bytes, &probe.bytes) else { return None };
     let hashes = |k: &KeyColumns, r| if k.hashes_deferred() { hash_rows(RowSubset::all(r)) } else { k.iter().collect() };
     let (bh, ph) = (hashes(build, br), hashes(probe, pr));
     verify_rows_or_exact(RowSubset::all(br), &bh, RowSubset::all(pr), &ph)
@@ -414,8 +577,7 @@ pub fn verify_rows_or_exact<'a>(
         if collision {
             break;
         }
-        for (j, &k) in hashes.iter().enumerate() {
-            let r = rows.row(j);
+        for (&k, r) in hashes.iter().zip(rows.iter()) {
             if *rep.entry(k).or_insert(r) != r {
                 collision = true;
                 break 'outer;

@@ -4,6 +4,7 @@ pub mod setops;
 pub mod sort_setops;
 pub mod sorted_intersect;
 pub mod ssjoin;
+pub mod ssjoin_prep;
 
 use datafusion::error::Result;
 
@@ -20,5 +21,6 @@ pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
         ("sort_setops", sort_setops::self_check as SelfCheck),
         ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
         ("ssjoin", ssjoin::self_check as SelfCheck),
+        ("ssjoin_prep", ssjoin_prep::self_check as SelfCheck),
     ]
 }

@@ -2,10 +2,17 @@
 //! (kernels/row_hash.cu).
 //!
 //! Keys that are not one fixed-width column (strings, binary, composite keys,
-//! wide decimals) are Arrow row-format bytes ([`Rows`]). On the GPU backend
-//! their bytes go to the device, each row is hashed there to the same 64-bit
+//! wide decimals) are byte strings ([`KeyBytes`]). On the GPU backend their
+//! bytes go to the device, each row is hashed there to the same 64-bit
 //! value as [`keys::hash_bytes`] (the CPU twin), and the hashes stay on the
-//! device for the hash-table selection ([`setops::ResidentSelect`]). Before
+//! device for the hash-table selection ([`setops::ResidentSelect`]).
+//!
+//! The bytes travel as Arrow holds them where it can: a string / binary
+//! column's value buffers go as whole pieces (offset arrays with their
+//! offsets rebased; view arrays as their views plus their distinct buffers,
+//! read by the kernels through a batch table), so the host copies large
+//! pieces into pinned staging and touches no row. Row-format keys, and
+//! subsets of offset arrays, are gathered row by row. Before
 //! the selection runs, the device proves that equal hashes mean equal bytes
 //! over both sides: every row is compared with its hash's representative row
 //! (the smallest row index with that hash). A collision is reported as
@@ -18,13 +25,16 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BinaryViewArray};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::row::Rows;
+use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::algo::setops::{self, GpuStrategy, ResidentSelect, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
-use crate::keys::{self, RowSubset};
+use crate::keys::{self, ByteColumn, ByteParts, KeyBytes, RowSubset};
 
 const FAMILY: &str = "row_hash";
 /// The verification table's empty key and "no representative yet" markers (as in the kernel).
@@ -55,13 +65,190 @@ enum DeviceOffsets {
     U64(DeviceBuffer<u64>),
 }
 
-/// One side's rows on the device: `n + 1` offsets and the bytes, padded to a
-/// multiple of 8 plus one zeroed word (the kernels read aligned 64-bit words,
-/// including the word after the last byte).
-struct DeviceRows {
+/// One side's rows on the device, in a layout of kernels/row_hash.cu. Byte
+/// buffers are padded to a multiple of 8 plus one zeroed word (the kernels
+/// read aligned 64-bit words, including the word after the last byte).
+enum DeviceRows {
+    /// `n + 1` offsets and the bytes.
+    Offsets { n: usize, offsets: DeviceOffsets, data: DeviceBuffer<u8> },
+    /// Arrow views (two words per row, then two zeroed words), the batch table and the value buffers.
+    Views {
+        n: usize,
+        views: DeviceBuffer<u64>,
+        batch_rows: DeviceBuffer<u32>,
+        nbatches: u32,
+        batch_bufs: DeviceBuffer<u32>,
+        buf_pos: DeviceBuffer<u64>,
+        data: DeviceBuffer<u8>,
+    },
+}
+
+impl DeviceRows {
+    fn len(&self) -> usize {
+        match self {
+            DeviceRows::Offsets { n, .. } | DeviceRows::Views { n, .. } => *n,
+        }
+    }
+}
+
+/// One side's rows on the host, as they will travel.
+enum HostRows<'a> {
+    /// Row by row (row-format keys, subsets of offset arrays).
+    Slices(Vec<&'a [u8]>),
+    /// Whole Utf8 / Binary (or large) arrays: each array's value bytes as one piece.
+    Arrays(Vec<ByteParts<'a>>),
+    /// Utf8View / BinaryView arrays.
+    Views(HostViews<'a>),
+}
+
+/// View arrays ready to upload: the views (whole arrays' views as pieces, or
+/// those of a subset gathered), batch by batch, and the distinct buffers.
+struct HostViews<'a> {
     n: usize,
-    offsets: DeviceOffsets,
-    data: DeviceBuffer<u8>,
+    views: Vec<std::borrow::Cow<'a, [u64]>>,
+    /// First row of each batch (in the side's row numbering), then `n`.
+    batch_rows: Vec<u32>,
+    /// Each batch's first entry in `buf_pos`.
+    batch_bufs: Vec<u32>,
+    /// Byte position of each batch's buffer k in the concatenated data.
+    buf_pos: Vec<u64>,
+    /// The distinct buffers, in data order.
+    buffers: Vec<&'a [u8]>,
+    data_len: usize,
+}
+
+impl HostRows<'_> {
+    fn len(&self) -> usize {
+        match self {
+            HostRows::Slices(r) => r.len(),
+            HostRows::Arrays(a) => a.iter().map(|p| p.len()).sum(),
+            HostRows::Views(v) => v.n,
+        }
+    }
+    /// Bytes of row data on the device (before padding).
+    fn data_len(&self) -> usize {
+        match self {
+            HostRows::Slices(r) => r.iter().map(|r| r.len()).sum(),
+            HostRows::Arrays(a) => a.iter().map(array_data).map(|d| d.len()).sum(),
+            HostRows::Views(v) => v.data_len,
+        }
+    }
+    /// Device bytes of these rows and their hashes.
+    fn device_bytes(&self, wide: bool) -> usize {
+        let n = self.len();
+        match self {
+            HostRows::Views(v) => (2 * n + 2) * 8 + v.batch_rows.len() * 8 + v.buf_pos.len() * 8 + padded_len(v.data_len) + n * 8,
+            _ => (n + 1) * if wide { 8 } else { 4 } + padded_len(self.data_len()) + n * 8,
+        }
+    }
+}
+
+/// The value bytes an offset array's rows span.
+fn array_data<'a>(p: &ByteParts<'a>) -> &'a [u8] {
+    match *p {
+        ByteParts::Offsets32(o, d) => &d[o[0] as usize..o[o.len() - 1] as usize],
+        ByteParts::Offsets64(o, d) => &d[o[0] as usize..o[o.len() - 1] as usize],
+        ByteParts::Views(..) => &[],
+    }
+}
+
+/// A view array's views as 64-bit words (two per row).
+fn view_words(a: &ArrayRef) -> Option<&[u64]> {
+    match a.data_type() {
+        DataType::Utf8View => Some(a.as_string_view().views().inner().typed_data::<u64>()),
+        DataType::BinaryView => Some(a.as_binary_view().views().inner().typed_data::<u64>()),
+        _ => None,
+    }
+}
+
+/// View buffers are uploaded whole; when they hold much more than the rows
+/// use (views of a filtered or sliced array keep every buffer), the rows are
+/// gathered instead. Whole buffers are taken up to this many bytes, or up to
+/// four times the views' own bytes.
+const VIEW_BUFFERS_ALWAYS: usize = 64 << 20;
+
+/// A string column's rows (all, or the ascending subset `idx`) as views, if
+/// their buffers are worth uploading whole.
+fn host_views<'a>(col: &'a ByteColumn, idx: Option<&'a [u32]>) -> Option<HostViews<'a>> {
+    let arrays = col.arrays();
+    let mut words: Vec<&'a [u64]> = Vec::with_capacity(arrays.len());
+    for a in arrays {
+        words.push(view_words(a)?);
+    }
+    if idx.is_some_and(|ix| ix.windows(2).any(|w| w[0] >= w[1])) {
+        return None; // the batch table needs each batch's rows together
+    }
+    let n = idx.map_or(col.len(), |ix| ix.len());
+    if n >= u32::MAX as usize {
+        return None;
+    }
+    // Rows per batch in the side's numbering, and the views.
+    let (views, per_batch): (Vec<std::borrow::Cow<'a, [u64]>>, Vec<usize>) = match idx {
+        None => (words.iter().map(|w| std::borrow::Cow::Borrowed(*w)).collect(), arrays.iter().map(|a| a.len()).collect()),
+        Some(ix) => {
+            let starts = col.starts();
+            let mut per = vec![0usize; arrays.len()];
+            let mut gathered = Vec::with_capacity(2 * ix.len());
+            for &i in ix {
+                let b = starts.partition_point(|&s| s <= i as usize) - 1;
+                let j = i as usize - starts[b];
+                gathered.extend_from_slice(&words[b][2 * j..2 * j + 2]);
+                per[b] += 1;
+            }
+            (vec![std::borrow::Cow::Owned(gathered)], per)
+        }
+    };
+    let mut batch_rows = vec![0u32];
+    let mut batch_bufs = Vec::new();
+    let mut buf_pos = Vec::new();
+    let mut buffers: Vec<&'a [u8]> = Vec::new();
+    let mut seen: HashMap<(usize, usize), u64> = HashMap::new();
+    let mut data_len = 0usize;
+    for (a, rows) in arrays.iter().zip(per_batch) {
+        if rows == 0 {
+            continue; // empty batches would break the kernels' batch search
+        }
+        batch_rows.push(batch_rows[batch_rows.len() - 1] + rows as u32);
+        batch_bufs.push(buf_pos.len() as u32);
+        let ByteParts::Views(_, bufs) = ByteParts::of(a.as_ref()).ok()? else { return None };
+        for buf in bufs {
+            let bytes = buf.as_slice();
+            let pos = *seen.entry((bytes.as_ptr() as usize, bytes.len())).or_insert_with(|| {
+                buffers.push(bytes);
+                data_len += bytes.len();
+                (data_len - bytes.len()) as u64
+            });
+            buf_pos.push(pos);
+        }
+    }
+    if data_len > VIEW_BUFFERS_ALWAYS.max(4 * 16 * n) {
+        return None;
+    }
+    Some(HostViews { n, views, batch_rows, batch_bufs, buf_pos, buffers, data_len })
+}
+
+/// How both sides travel: views when both are view arrays worth it, whole
+/// offset arrays when both are offset arrays read in full, else row by row.
+/// Both sides take one layout (one verification kernel reads them).
+fn host_rows<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> (HostRows<'a>, HostRows<'a>) {
+    if let (KeyBytes::Values(bc), KeyBytes::Values(pc)) = (build.bytes(), probe.bytes()) {
+        if let (Some(b), Some(p)) = (host_views(bc, build.idx()), host_views(pc, probe.idx())) {
+            return (HostRows::Views(b), HostRows::Views(p));
+        }
+        let whole = |c: &'a ByteColumn, idx: Option<&[u32]>| -> Option<Vec<ByteParts<'a>>> {
+            if idx.is_some() {
+                return None;
+            }
+            c.arrays()
+                .iter()
+                .map(|a| ByteParts::of(a.as_ref()).ok().filter(|p| !matches!(p, ByteParts::Views(..))))
+                .collect()
+        };
+        if let (Some(b), Some(p)) = (whole(bc, build.idx()), whole(pc, probe.idx())) {
+            return (HostRows::Arrays(b), HostRows::Arrays(p));
+        }
+    }
+    (HostRows::Slices(build.iter().collect()), HostRows::Slices(probe.iter().collect()))
 }
 
 fn padded_len(bytes: usize) -> usize {
@@ -83,12 +270,74 @@ fn launch_cfg(gpu: &Gpu, n: usize) -> LaunchConfig {
 
 /// Device bytes that hashing, verifying and selecting these rows need at the
 /// peak (rows + hashes + verification table, then hashes + the select's table).
-pub fn device_bytes(op: SetOp, nb: usize, np: usize, build_bytes: usize, probe_bytes: usize) -> usize {
-    let wide = build_bytes.max(probe_bytes) > u32::MAX as usize;
-    let ow = if wide { 8 } else { 4 };
-    let side = |n: usize, bytes: usize| (n + 1) * ow + padded_len(bytes) + n * 8;
-    let verify = side(nb, build_bytes) + side(np, probe_bytes) + (verify_capacity(nb + np) + 1) * 12 + 4;
+fn device_bytes(op: SetOp, build: &HostRows<'_>, probe: &HostRows<'_>, wide: bool) -> usize {
+    let (nb, np) = (build.len(), probe.len());
+    let verify = build.device_bytes(wide) + probe.device_bytes(wide) + (verify_capacity(nb + np) + 1) * 12 + 4;
     verify.max(setops::device_bytes(GpuStrategy::Hash, op, nb, np, 0))
+}
+
+/// Upload one side in its layout.
+fn upload_side(gpu: &Gpu, rows: &HostRows<'_>, wide: bool, stats: &mut TransferStats) -> Result<DeviceRows> {
+    match rows {
+        HostRows::Slices(r) => upload_rows(gpu, r, wide, stats),
+        HostRows::Arrays(arrays) => upload_arrays(gpu, arrays, wide, stats),
+        HostRows::Views(v) => upload_views(gpu, v, stats),
+    }
+}
+
+/// Whole offset arrays: their value bytes as pieces, their offsets rebased
+/// onto the concatenation (array by array on the copy threads).
+fn upload_arrays(gpu: &Gpu, arrays: &[ByteParts<'_>], wide: bool, stats: &mut TransferStats) -> Result<DeviceRows> {
+    let pieces: Vec<&[u8]> = arrays.iter().map(array_data).collect();
+    let mut bases = Vec::with_capacity(arrays.len());
+    let mut total = 0u64;
+    for p in &pieces {
+        bases.push(total);
+        total += p.len() as u64;
+    }
+    let n = arrays.iter().map(|p| p.len()).sum();
+    // Each array's offsets but its last, shifted to where its bytes land.
+    fn rebased<T: TryFrom<u64>>(p: &ByteParts<'_>, base: u64) -> Vec<T> {
+        let conv = |o: u64| T::try_from(o).ok().expect("offsets checked to fit");
+        match *p {
+            ByteParts::Offsets32(o, _) => o[..o.len() - 1].iter().map(|&x| conv(base + (x - o[0]) as u64)).collect(),
+            ByteParts::Offsets64(o, _) => o[..o.len() - 1].iter().map(|&x| conv(base + (x - o[0]) as u64)).collect(),
+            ByteParts::Views(..) => Vec::new(),
+        }
+    }
+    let items: Vec<(&ByteParts<'_>, u64)> = arrays.iter().zip(bases).collect();
+    let offsets = if wide {
+        let mut parts = crate::gpu::par_map(&items, 16, |(p, b)| Ok::<_, DataFusionError>(rebased::<u64>(p, *b)))?;
+        parts.push(vec![total]);
+        DeviceOffsets::U64(gpu.upload_chunks(&parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), stats)?)
+    } else {
+        if total > u32::MAX as u64 {
+            return Err(DataFusionError::Internal("row_hash: 32-bit offsets for more than 4 GiB of rows".into()));
+        }
+        let mut parts = crate::gpu::par_map(&items, 16, |(p, b)| Ok::<_, DataFusionError>(rebased::<u32>(p, *b)))?;
+        parts.push(vec![total as u32]);
+        DeviceOffsets::U32(gpu.upload_chunks(&parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), stats)?)
+    };
+    let mut data = gpu.alloc_zeros::<u8>(padded_len(total as usize))?;
+    gpu.upload_chunks_into(&pieces, &mut data, 0, stats)?;
+    Ok(DeviceRows::Offsets { n, offsets, data })
+}
+
+/// View arrays: the views, the batch table and the distinct buffers, all as whole pieces.
+fn upload_views(gpu: &Gpu, v: &HostViews<'_>, stats: &mut TransferStats) -> Result<DeviceRows> {
+    let mut views = gpu.alloc_zeros::<u64>(2 * v.n + 2)?;
+    gpu.upload_chunks_into(&v.views.iter().map(|w| w.as_ref()).collect::<Vec<_>>(), &mut views, 0, stats)?;
+    let mut data = gpu.alloc_zeros::<u8>(padded_len(v.data_len))?;
+    gpu.upload_chunks_into(&v.buffers, &mut data, 0, stats)?;
+    Ok(DeviceRows::Views {
+        n: v.n,
+        views,
+        batch_rows: gpu.upload(&v.batch_rows, stats)?,
+        nbatches: (v.batch_rows.len() - 1) as u32,
+        batch_bufs: gpu.upload(&v.batch_bufs, stats)?,
+        buf_pos: gpu.upload(&v.buf_pos, stats)?,
+        data,
+    })
 }
 
 /// Upload one side's rows: offsets computed from the row lengths, and the
@@ -121,28 +370,37 @@ fn upload_rows(gpu: &Gpu, rows: &[&[u8]], wide: bool, stats: &mut TransferStats)
     // Zeroed so the padding the kernels read past the last row is defined.
     let mut data = gpu.alloc_zeros::<u8>(padded_len(total))?;
     gpu.upload_chunks_into(rows, &mut data, 0, stats)?;
-    Ok(DeviceRows { n, offsets, data })
+    Ok(DeviceRows::Offsets { n, offsets, data })
 }
 
 /// Hash every row on the device; the hashes stay there.
 fn hash_on_device(gpu: &Gpu, rows: &DeviceRows) -> Result<DeviceBuffer<u64>> {
-    let out = gpu.alloc::<u64>(rows.n)?;
-    if rows.n == 0 {
+    let out = gpu.alloc::<u64>(rows.len())?;
+    if rows.len() == 0 {
         return Ok(out);
     }
-    let n = rows.n as u64;
+    let n = rows.len() as u64;
     let stream = gpu.stream();
-    let cfg = launch_cfg(gpu, rows.n);
-    match &rows.offsets {
-        DeviceOffsets::U32(o) => {
+    let cfg = launch_cfg(gpu, rows.len());
+    match rows {
+        DeviceRows::Offsets { offsets: DeviceOffsets::U32(o), data, .. } => {
             let f = gpu.function(FAMILY, "hash_rows_u32")?;
             // SAFETY: signature matches kernels/row_hash.cu; offsets hold n + 1 entries within the padded data; out holds n.
-            unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&rows.data.slice).arg(&n).arg(&out.slice).launch(cfg) }
+            unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg) }
         }
-        DeviceOffsets::U64(o) => {
+        DeviceRows::Offsets { offsets: DeviceOffsets::U64(o), data, .. } => {
             let f = gpu.function(FAMILY, "hash_rows_u64")?;
             // SAFETY: as above.
-            unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&rows.data.slice).arg(&n).arg(&out.slice).launch(cfg) }
+            unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg) }
+        }
+        DeviceRows::Views { views, batch_rows, nbatches, batch_bufs, buf_pos, data, .. } => {
+            let f = gpu.function(FAMILY, "hash_views")?;
+            // SAFETY: signature matches kernels/row_hash.cu; views hold 2n + 2 words whose buffer
+            // references (valid Arrow views) lie within the batch table and the padded data; out holds n.
+            unsafe {
+                stream.launch_builder(&f).arg(&views.slice).arg(&batch_rows.slice).arg(nbatches).arg(&batch_bufs.slice)
+                    .arg(&buf_pos.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg)
+            }
         }
     }
     .map_err(|e| cuda_err("row hash", e))?;
@@ -159,7 +417,7 @@ fn verify_on_device(
     probe_hashes: &DeviceBuffer<u64>,
     stats: &mut TransferStats,
 ) -> Result<bool> {
-    let (nb, np) = (build.n, probe.n);
+    let (nb, np) = (build.len(), probe.len());
     let n = nb + np;
     if n == 0 {
         return Ok(true);
@@ -190,36 +448,50 @@ fn verify_on_device(
             .arg(&keys.slice).arg(&reps.slice).arg(&mask).launch(launch_cfg(gpu, n))
     }
     .map_err(|e| cuda_err("row_hash verify insert", e))?;
-    match (&build.offsets, &probe.offsets) {
-        (DeviceOffsets::U32(bo), DeviceOffsets::U32(po)) => {
+    let (b, p) = (&build_hashes.slice, &probe_hashes.slice);
+    let cfg = launch_cfg(gpu, n);
+    match (build, probe) {
+        (
+            DeviceRows::Offsets { offsets: DeviceOffsets::U32(bo), data: bd, .. },
+            DeviceRows::Offsets { offsets: DeviceOffsets::U32(po), data: pd, .. },
+        ) => {
             let f = gpu.function(FAMILY, "verify_check_u32")?;
             // SAFETY: as above; each side's offsets hold n + 1 entries within its padded data.
             unsafe {
-                stream.launch_builder(&f).arg(&build_hashes.slice).arg(&nb64).arg(&probe_hashes.slice).arg(&np64)
-                    .arg(&keys.slice).arg(&reps.slice).arg(&mask).arg(&bo.slice).arg(&build.data.slice)
-                    .arg(&po.slice).arg(&probe.data.slice).arg(&flag.slice).launch(launch_cfg(gpu, n))
+                stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                    .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
             }
         }
-        (DeviceOffsets::U64(bo), DeviceOffsets::U64(po)) => {
+        (
+            DeviceRows::Offsets { offsets: DeviceOffsets::U64(bo), data: bd, .. },
+            DeviceRows::Offsets { offsets: DeviceOffsets::U64(po), data: pd, .. },
+        ) => {
             let f = gpu.function(FAMILY, "verify_check_u64")?;
             // SAFETY: as above.
             unsafe {
-                stream.launch_builder(&f).arg(&build_hashes.slice).arg(&nb64).arg(&probe_hashes.slice).arg(&np64)
-                    .arg(&keys.slice).arg(&reps.slice).arg(&mask).arg(&bo.slice).arg(&build.data.slice)
-                    .arg(&po.slice).arg(&probe.data.slice).arg(&flag.slice).launch(launch_cfg(gpu, n))
+                stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                    .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
             }
         }
-        _ => return Err(DataFusionError::Internal("row_hash: both sides need the same offset width".into())),
+        (
+            DeviceRows::Views { views: bv, batch_rows: br, nbatches: bn, batch_bufs: bb, buf_pos: bp, data: bd, .. },
+            DeviceRows::Views { views: pv, batch_rows: pr, nbatches: pn, batch_bufs: pb, buf_pos: pp, data: pd, .. },
+        ) => {
+            let f = gpu.function(FAMILY, "verify_check_views")?;
+            // SAFETY: as above; each side's views, batch table and padded data as in hash_on_device.
+            unsafe {
+                stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                    .arg(&bv.slice).arg(&br.slice).arg(bn).arg(&bb.slice).arg(&bp.slice).arg(&bd.slice)
+                    .arg(&pv.slice).arg(&pr.slice).arg(pn).arg(&pb.slice).arg(&pp.slice).arg(&pd.slice)
+                    .arg(&flag.slice).launch(cfg)
+            }
+        }
+        _ => return Err(DataFusionError::Internal("row_hash: both sides need the same layout".into())),
     }
     .map_err(|e| cuda_err("row_hash verify check", e))?;
     gpu.synchronize()?;
     stats.kernel += started.elapsed();
     Ok(gpu.read_one(&flag, 0, stats)? == 0)
-}
-
-/// Rows' bytes as slices (the upload gathers them straight into pinned staging).
-fn row_slices(rows: RowSubset<'_>) -> Vec<&[u8]> {
-    rows.iter().collect()
 }
 
 /// The GPU path for hash-encoded keys: hash both sides on the device, verify
@@ -228,11 +500,6 @@ fn row_slices(rows: RowSubset<'_>) -> Vec<&[u8]> {
 /// recomputes exactly). An `Err` that [`crate::gpu::is_out_of_memory`]
 /// recognises means the rows do not fit the memory budget in one pass.
 /// The caller holds the device lock.
-pub fn select_rows_gpu(gpu: &Gpu, op: SetOp, build: &Rows, probe: &Rows, stats: &mut TransferStats) -> Result<Option<BooleanBuffer>> {
-    select_subsets_gpu(gpu, op, RowSubset::all(build), RowSubset::all(probe), stats)
-}
-
-/// [`select_rows_gpu`] over row subsets (e.g. the non-NULL keys), without copying them into new `Rows`.
 pub fn select_subsets_gpu(
     gpu: &Gpu,
     op: SetOp,
@@ -240,7 +507,8 @@ pub fn select_subsets_gpu(
     probe: RowSubset<'_>,
     stats: &mut TransferStats,
 ) -> Result<Option<BooleanBuffer>> {
-    select_slices_gpu(gpu, op, &row_slices(build), &row_slices(probe), None, stats)
+    let (b, p) = host_rows(build, probe);
+    select_host_rows_gpu(gpu, op, &b, &p, None, stats)
 }
 
 /// The GPU path over rows given as byte slices. `hashes` (test hook) replaces
@@ -253,12 +521,24 @@ pub(crate) fn select_slices_gpu(
     hashes: Option<(&[u64], &[u64])>,
     stats: &mut TransferStats,
 ) -> Result<Option<BooleanBuffer>> {
+    let (b, p) = (HostRows::Slices(build.to_vec()), HostRows::Slices(probe.to_vec()));
+    select_host_rows_gpu(gpu, op, &b, &p, hashes, stats)
+}
+
+fn select_host_rows_gpu(
+    gpu: &Gpu,
+    op: SetOp,
+    build: &HostRows<'_>,
+    probe: &HostRows<'_>,
+    hashes: Option<(&[u64], &[u64])>,
+    stats: &mut TransferStats,
+) -> Result<Option<BooleanBuffer>> {
     let (nb, np) = (build.len(), probe.len());
     if np == 0 {
         return Ok(Some(BooleanBuffer::new_unset(0)));
     }
-    let (bb, pb): (usize, usize) = (build.iter().map(|r| r.len()).sum(), probe.iter().map(|r| r.len()).sum());
-    let need = device_bytes(op, nb, np, bb, pb);
+    let wide = build.data_len().max(probe.data_len()) > u32::MAX as usize;
+    let need = device_bytes(op, build, probe, wide);
     let avail = gpu.budget().available();
     if need > avail {
         // Worded so that gpu::is_out_of_memory recognises it: the caller then partitions on host hashes.
@@ -266,9 +546,8 @@ pub(crate) fn select_slices_gpu(
             "setfusion GPU: device memory budget exceeded: device row hashing needs {need} bytes, {avail} available"
         )));
     }
-    let wide = bb.max(pb) > u32::MAX as usize;
-    let rows_b = upload_rows(gpu, build, wide, stats)?;
-    let rows_p = upload_rows(gpu, probe, wide, stats)?;
+    let rows_b = upload_side(gpu, build, wide, stats)?;
+    let rows_p = upload_side(gpu, probe, wide, stats)?;
     let (bh, ph) = match hashes {
         None => (hash_on_device(gpu, &rows_b)?, hash_on_device(gpu, &rows_p)?),
         Some((hb, hp)) => {
@@ -296,6 +575,14 @@ pub fn hash_rows_gpu(gpu: &Gpu, offsets: &[usize], data: &[u8], stats: &mut Tran
     let d = upload_rows(gpu, &rows, wide, stats)?;
     let h = hash_on_device(gpu, &d)?;
     gpu.download(&h, rows.len(), stats)
+}
+
+/// Hash rows on the device in the layout they travel in and read the hashes back (checks and tests).
+fn hash_subset_gpu(gpu: &Gpu, rows: RowSubset<'_>, wide: bool, stats: &mut TransferStats) -> Result<Vec<u64>> {
+    let (host, _) = host_rows(rows, rows);
+    let d = upload_side(gpu, &host, wide, stats)?;
+    let h = hash_on_device(gpu, &d)?;
+    gpu.download(&h, host.len(), stats)
 }
 
 /// Device verification of both sides with given hashes (checks and tests:
@@ -366,6 +653,13 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         return fail(format!("device hash of row {bad} differs from keys::hash_bytes ({} rows)", want.len()));
     }
     let rows = slices_of(&offsets, &data)?;
+    // The same rows as two Arrow view arrays sharing their buffers (inline and buffered values).
+    let views: ArrayRef = Arc::new(BinaryViewArray::from_iter_values(rows.iter()));
+    let half = views.len() / 2;
+    let column = KeyBytes::Values(ByteColumn::new(vec![views.slice(0, half), views.slice(half, views.len() - half)])?);
+    if hash_subset_gpu(gpu, RowSubset::all(&column), false, &mut stats)? != want {
+        return fail("device hashes of Arrow views differ from keys::hash_bytes".into());
+    }
     let (build, probe) = rows.split_at(rows.len() / 2);
     let (bh, ph) = want.split_at(build.len());
     if !verify_slices_gpu(gpu, build, bh, probe, ph, &mut stats)? {
@@ -399,8 +693,18 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     if select_slices_gpu(gpu, SetOp::Semi, build, probe, Some((&fb, &fp)), &mut stats)?.is_some() {
         return fail("forced collision not reported by the selection".into());
     }
+    let (vb, vp) = (ByteColumn::new(vec![views.slice(0, half)])?, ByteColumn::new(vec![views.slice(half, views.len() - half)])?);
+    let (vb, vp) = (KeyBytes::Values(vb), KeyBytes::Values(vp));
+    for op in [SetOp::Semi, SetOp::ExceptAll] {
+        let got = select_subsets_gpu(gpu, op, RowSubset::all(&vb), RowSubset::all(&vp), &mut stats)?;
+        let want = setops::select_cpu(op, &b_ids, &p_ids);
+        match got {
+            Some(got) if setops::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
+            _ => return fail(format!("{} selection over Arrow views differs from the CPU", op.name())),
+        }
+    }
     Ok(format!(
-        "{} row hashes match keys::hash_bytes; forced collisions caught; {checked} ops match the CPU on exact rows",
+        "{} row hashes (bytes and Arrow views) match keys::hash_bytes; forced collisions caught; {checked} ops match the CPU on exact rows",
         want.len()
     ))
 }
@@ -426,9 +730,8 @@ fn exact_ids<'a>(build: &[&'a [u8]], probe: &[&'a [u8]]) -> (Vec<u64>, Vec<u64>)
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use datafusion::arrow::array::{ArrayRef, Int32Array, StringArray};
+    use datafusion::arrow::array::{Int32Array, LargeBinaryArray, StringArray};
+    use datafusion::arrow::compute::cast;
     use datafusion::arrow::datatypes::DataType;
     use datafusion::arrow::row::{RowConverter, SortField};
     use rand::{Rng, SeedableRng};
@@ -472,9 +775,16 @@ mod tests {
         assert!(verify_cpu(&same, &offsets, &data));
     }
 
-    fn string_rows(conv: &RowConverter, vals: &[Option<&str>], ints: &[i32]) -> Rows {
+    fn string_rows(conv: &RowConverter, vals: &[Option<&str>], ints: &[i32]) -> KeyBytes {
         let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vals.to_vec())), Arc::new(Int32Array::from(ints.to_vec()))];
-        conv.convert_columns(&cols).unwrap()
+        KeyBytes::Rows(conv.convert_columns(&cols).unwrap())
+    }
+
+    fn row_format(k: &KeyBytes) -> &datafusion::arrow::row::Rows {
+        match k {
+            KeyBytes::Rows(r) => r,
+            KeyBytes::Values(_) => panic!("row-format keys expected"),
+        }
     }
 
     #[test]
@@ -487,9 +797,9 @@ mod tests {
         let ps = RowSubset::all(&p);
         assert!(RowSubset::new(&b, Some(&[4])).is_err());
         assert_eq!(bs.len(), 3);
-        assert_eq!(bs.data_len(), bi.iter().map(|&i| b.row(i as usize).data().len()).sum::<usize>());
+        assert_eq!(bs.data_len(), bi.iter().map(|&i| row_format(&b).row(i as usize).data().len()).sum::<usize>());
         let (bh, ph) = (keys::hash_rows(bs), keys::hash_rows(ps));
-        assert_eq!(bh[1], keys::hash_bytes(b.row(2).data()));
+        assert_eq!(bh[1], keys::hash_bytes(row_format(&b).row(2).data()));
         assert!(keys::verify_rows_or_exact(bs, &bh, ps, &ph).is_none());
         let (b_ids, p_ids) = keys::exact_ids(bs, ps);
         assert_eq!(b_ids, vec![0, 1, 0]);
@@ -566,7 +876,7 @@ mod tests {
             let (bs, ps) = (RowSubset::all(&b), RowSubset::all(&p));
             let (b_ids, p_ids) = keys::exact_ids(bs, ps);
             for op in OPS {
-                let got = select_rows_gpu(&gpu, op, &b, &p, &mut TransferStats::default()).unwrap().expect("no collision");
+                let got = select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
                 let want = setops::select_cpu(op, &b_ids, &p_ids);
                 assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "{nb}x{np} {op:?}");
             }
@@ -599,5 +909,123 @@ mod tests {
         let r = select_slices_gpu(&gpu, SetOp::Semi, b, p, None, &mut st);
         gpu.budget().set_limit(0); // before asserting, so a failure does not starve other tests
         assert!(r.as_ref().is_err_and(crate::gpu::is_out_of_memory), "{r:?}");
+    }
+
+    const STRING_TYPES: [DataType; 6] =
+        [DataType::Utf8, DataType::LargeUtf8, DataType::Binary, DataType::LargeBinary, DataType::Utf8View, DataType::BinaryView];
+
+    /// A string / binary column of type `t` in batches of `sizes` rows: NULLs,
+    /// lengths around the views' 12-byte inline limit, many repeats. Batches
+    /// are slices (offsets not from 0); odd ones are cut from one shared array
+    /// (view batches then share buffers).
+    fn string_batches(rng: &mut rand::rngs::StdRng, t: &DataType, sizes: &[usize]) -> Vec<ArrayRef> {
+        let pool: Vec<String> = (0..40)
+            .map(|i| {
+                let len = [0, 1, 7, 8, 11, 12, 13, 16, 25, 60][i % 10];
+                (0..len).map(|k| (b'a' + ((i * 7 + k) % 26) as u8) as char).collect()
+            })
+            .collect();
+        let mut column = |n: usize| -> ArrayRef {
+            let vals: Vec<Option<String>> = (0..n).map(|_| rng.random_bool(0.9).then(|| pool[rng.random_range(0..pool.len())].clone())).collect();
+            cast(&(Arc::new(StringArray::from(vals)) as ArrayRef), t).unwrap()
+        };
+        let shared = column(sizes.iter().sum::<usize>() + 3);
+        let mut at = 1;
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(b, &n)| {
+                at += n;
+                if b % 2 == 1 { shared.slice(at - n, n) } else { column(n + 3).slice(2, n) }
+            })
+            .collect()
+    }
+
+    /// Every value's bytes (None for NULL), read through arrow's cast.
+    fn expected_bytes(arrays: &[ArrayRef]) -> Vec<Option<Vec<u8>>> {
+        arrays
+            .iter()
+            .flat_map(|a| {
+                let b = cast(a, &DataType::LargeBinary).unwrap();
+                let b: &LargeBinaryArray = b.as_binary();
+                b.iter().map(|v| v.map(|v| v.to_vec())).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// String columns are read in place, in every type, whole and as subsets,
+    /// and travel as views, whole arrays or gathered rows as intended.
+    #[test]
+    fn byte_columns_read_values_of_every_type() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        for t in STRING_TYPES {
+            let arrays = string_batches(&mut rng, &t, &[0, 5, 100, 37, 64]);
+            let want = expected_bytes(&arrays);
+            let bytes = KeyBytes::Values(ByteColumn::new(arrays).unwrap());
+            let all = RowSubset::all(&bytes);
+            let got: Vec<&[u8]> = all.iter().collect();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                if let Some(w) = w {
+                    assert_eq!(g, w, "{t}");
+                }
+            }
+            assert_eq!(keys::hash_rows(all), got.iter().map(|r| keys::hash_bytes(r)).collect::<Vec<_>>(), "{t}");
+            let idx: Vec<u32> = (0..want.len() as u32).filter(|&i| want[i as usize].is_some()).collect();
+            let valid = RowSubset::new(&bytes, Some(&idx)).unwrap();
+            let got_valid: Vec<&[u8]> = valid.iter().collect();
+            assert_eq!(got_valid, idx.iter().map(|&i| want[i as usize].as_deref().unwrap()).collect::<Vec<_>>(), "{t}");
+            assert_eq!(keys::hash_rows(valid), got_valid.iter().map(|r| keys::hash_bytes(r)).collect::<Vec<_>>());
+            let views = matches!(t, DataType::Utf8View | DataType::BinaryView);
+            match (host_rows(all, all).0, views) {
+                (HostRows::Views(v), true) => {
+                    assert_eq!(v.n, want.len());
+                    assert_eq!(*v.batch_rows.last().unwrap() as usize, want.len());
+                    // The shared array's buffers are uploaded once.
+                    assert!(v.buffers.len() < v.buf_pos.len() || v.buf_pos.is_empty(), "{t}");
+                }
+                (HostRows::Arrays(a), false) => assert_eq!(a.len(), 5),
+                _ => panic!("{t}: unexpected layout"),
+            }
+            match (host_rows(valid, valid).0, views) {
+                (HostRows::Views(v), true) => assert_eq!(v.n, idx.len()),
+                (HostRows::Slices(s), false) => assert_eq!(s.len(), idx.len()),
+                _ => panic!("{t}: unexpected subset layout"),
+            }
+        }
+    }
+
+    /// String columns on the device (views, whole arrays with 32- and 64-bit
+    /// offsets, gathered subsets) hash like the CPU twin and select like the
+    /// CPU on exact values.
+    #[test]
+    fn gpu_string_columns_match_cpu_in_every_layout() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+        let mut st = TransferStats::default();
+        for t in STRING_TYPES {
+            for (bs, ps) in [(vec![], vec![10]), (vec![7], vec![]), (vec![300, 0, 41], vec![500, 7]), (vec![5000, 3000, 1], vec![4000, 3])] {
+                let b = KeyBytes::Values(ByteColumn::new(string_batches(&mut rng, &t, &bs)).unwrap());
+                let p = KeyBytes::Values(ByteColumn::new(string_batches(&mut rng, &t, &ps)).unwrap());
+                for wide in [false, true] {
+                    let got = hash_subset_gpu(&gpu, RowSubset::all(&b), wide, &mut st).unwrap();
+                    assert_eq!(got, keys::hash_rows(RowSubset::all(&b)), "{t} {bs:?} wide={wide}");
+                }
+                let every_other = |k: &KeyBytes, from: u32| -> Vec<u32> { (from..k.len() as u32).step_by(2).collect() };
+                let (bi, pi) = (every_other(&b, 0), every_other(&p, 1));
+                for (bsub, psub) in [
+                    (RowSubset::all(&b), RowSubset::all(&p)),
+                    (RowSubset::new(&b, Some(&bi)).unwrap(), RowSubset::new(&p, Some(&pi)).unwrap()),
+                ] {
+                    let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
+                    for op in OPS {
+                        let got = select_subsets_gpu(&gpu, op, bsub, psub, &mut st).unwrap().expect("no collision");
+                        let want = setops::select_cpu(op, &b_ids, &p_ids);
+                        assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "{t} {bs:?}x{ps:?} {op:?}");
+                    }
+                }
+            }
+        }
     }
 }

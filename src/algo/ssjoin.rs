@@ -1,10 +1,11 @@
 //! Set-similarity join (issue 4): all pairs of sets whose Jaccard, Dice,
 //! cosine similarity or overlap reaches a threshold.
 //!
-//! * **Preprocessing** ([`preprocess`], shared by both backends): elements
-//!   (u64 keys: integers, or dictionary ids of strings) become dense u32 token
-//!   ids ordered by ascending global document frequency over both inputs
-//!   (rare tokens first, so prefixes are selective); every set is sorted and
+//! * **Preprocessing** ([`preprocess`] on the host's cores, or on the device
+//!   for the GPU backend; src/algo/ssjoin_prep.rs): elements (u64 keys:
+//!   integers, or dictionary ids of strings) become dense u32 token ids
+//!   ordered by ascending global document frequency over both inputs (rare
+//!   tokens first, so prefixes are selective); every set is sorted and
 //!   deduplicated; sets are ordered by size (ties by id).
 //! * **CPU backend** ([`ssjoin_cpu`]): a multithreaded PPJoin (AllPairs with
 //!   the positional filter): static inverted index over the *index prefixes*
@@ -36,8 +37,6 @@
 //! Similarity of two empty sets is 0 (see `crate::udf`): with a threshold
 //! > 0 an empty set never joins.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -232,8 +231,10 @@ impl Threshold {
 }
 
 // ---------------------------------------------------------------------------
-// Preprocessing
+// Preprocessing (src/algo/ssjoin_prep.rs: the CPU twin and the device path)
 // ---------------------------------------------------------------------------
+
+pub use super::ssjoin_prep::{dedup_sets, preprocess};
 
 /// Raw sets as CSR: set `i` is `elems[offsets[i]..offsets[i + 1]]` (any order,
 /// duplicates allowed). Set `i` gets id `i`.
@@ -315,84 +316,11 @@ impl SetCollection {
     pub fn vocabulary(&self) -> u32 {
         self.tokens.iter().max().map(|m| m + 1).unwrap_or(0)
     }
-}
-
-/// splitmix64 as a `Hasher` for u64 keys (std's SipHash is several times slower).
-#[derive(Default)]
-struct MixHasher(u64);
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 30;
-        x = x.wrapping_mul(0xbf58476d1ce4e5b9);
-        x ^= x >> 27;
-        x = x.wrapping_mul(0x94d049bb133111eb);
-        x ^ (x >> 31)
+    /// A collection from the preprocessing (`vocab`: the distinct elements of
+    /// this collection and its partner).
+    pub(super) fn from_parts(offsets: Vec<u32>, tokens: Vec<u32>, ids: Vec<u32>, vocab: u32) -> Self {
+        Self { offsets, tokens, ids, vocab }
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8 | *b as u64).wrapping_mul(0x100000001b3);
-        }
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0 = i;
-    }
-}
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
-
-/// Sort and deduplicate each set.
-pub fn dedup_sets(raw: &RawSets) -> RawSets {
-    let mut out = RawSets { offsets: Vec::with_capacity(raw.len() + 1), elems: Vec::with_capacity(raw.elems.len()) };
-    out.offsets.push(0);
-    let mut buf = Vec::new();
-    for i in 0..raw.len() {
-        buf.clear();
-        buf.extend_from_slice(raw.set(i));
-        buf.sort_unstable();
-        buf.dedup();
-        out.elems.extend_from_slice(&buf);
-        out.offsets.push(out.elems.len());
-    }
-    out
-}
-
-/// Preprocess one or two collections with one shared token order (see the
-/// module documentation). `s = None` is a self join of `r`.
-pub fn preprocess(r: &RawSets, s: Option<&RawSets>) -> (SetCollection, Option<SetCollection>) {
-    let rd = dedup_sets(r);
-    let sd = s.map(dedup_sets);
-    let mut freq: FastMap<u64, u32> = FastMap::default();
-    for e in rd.elems.iter().chain(sd.iter().flat_map(|s| s.elems.iter())) {
-        *freq.entry(*e).or_insert(0) += 1;
-    }
-    let mut order: Vec<(u32, u64)> = freq.iter().map(|(e, f)| (*f, *e)).collect();
-    order.sort_unstable();
-    for (rank, (_, e)) in order.iter().enumerate() {
-        *freq.get_mut(e).unwrap() = rank as u32;
-    }
-    let build = |d: &RawSets| -> SetCollection {
-        let n = d.len();
-        let mut perm: Vec<u32> = (0..n as u32).collect();
-        perm.sort_by_key(|&i| (d.offsets[i as usize + 1] - d.offsets[i as usize], i));
-        let mut c = SetCollection {
-            offsets: Vec::with_capacity(n + 1),
-            tokens: Vec::with_capacity(d.elems.len()),
-            ids: perm.clone(),
-            vocab: order.len() as u32,
-        };
-        assert!(d.elems.len() < u32::MAX as usize, "similarity join: more than 2^32 set elements");
-        c.offsets.push(0);
-        for &i in &perm {
-            let start = c.tokens.len();
-            c.tokens.extend(d.set(i as usize).iter().map(|e| freq[e]));
-            c.tokens[start..].sort_unstable();
-            c.offsets.push(c.tokens.len() as u32);
-        }
-        c
-    };
-    let rc = build(&rd);
-    let sc = sd.as_ref().map(build);
-    (rc, sc)
 }
 
 // ---------------------------------------------------------------------------

@@ -11,8 +11,16 @@
 //! [10, 50], average 30; UNIFORM: tokens uniform over 100,000; ZIPF: Zipf
 //! exponent 1.0 over 100,000 tokens; 1% of the sets are near-duplicates of an
 //! earlier set with ~10% of the tokens replaced, so every threshold has
-//! answers). Tokens are renumbered by ascending frequency by the shared
-//! preprocessing, which is timed separately. Jaccard thresholds 0.5..0.9.
+//! answers). Tokens are renumbered by ascending frequency by the
+//! preprocessing, timed separately: on the host's cores (the CPU twin, which
+//! the CPU backend uses) and on the device (the GPU backend's path; "-" where
+//! it declines the collection). Jaccard thresholds 0.5..0.9.
+//! The SQL columns time the same self join end to end from SQL (planning,
+//! set encoding, preprocessing, join, count) over an in-memory table of the
+//! collection, CPU backend (`setfusion.strategy = 'cpu'`) and GPU backend
+//! (`setfusion.min_rows = 0`, the cost model's choice below Jaccard 0.95);
+//! their counts are checked against the join's pairs. The SQL CPU column is
+//! skipped where the CPU join was stopped or not run.
 //! Each backend: median of `--reps` runs (default 3; 1 when a run takes
 //! more than 10 s); results are checked equal. `--quick`: 100k sets only.
 //! `--collections` / `--sets` / `--thresholds` pick what runs (the DBLP
@@ -24,13 +32,18 @@
 //! (DBLP; `SSJOIN_BENCH_NLJ_SETS` changes it) at 0.9.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::SessionContext;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use crate::algo::ssjoin::{
     default_threads, preprocess, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
+use crate::algo::ssjoin_prep::{device_input, preprocess_gpu};
+use crate::gpu::TransferStats;
 use super::median;
 
 struct Args {
@@ -188,6 +201,74 @@ fn sorted(mut v: Vec<Pair>) -> Vec<Pair> {
     v
 }
 
+/// The collection as a table `d(id INT, g LIST<UBIGINT>)`, set `i` in row `i`.
+fn table(raw: &RawSets) -> RecordBatch {
+    use datafusion::arrow::array::{Int32Array, ListBuilder, UInt64Builder};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let mut lb = ListBuilder::new(UInt64Builder::with_capacity(raw.elems.len()));
+    for i in 0..raw.len() {
+        lb.values().append_slice(raw.set(i));
+        lb.append(true);
+    }
+    let ids = Int32Array::from_iter_values(0..raw.len() as i32);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int32, false),
+        Field::new("g", DataType::List(Arc::new(Field::new("item", DataType::UInt64, true))), true),
+    ]));
+    RecordBatch::try_new(schema, vec![Arc::new(ids), Arc::new(lb.finish())]).expect("a valid batch")
+}
+
+/// Register `batch` as table `d` of `ctx`, replacing the previous one.
+fn register(ctx: &SessionContext, batch: &RecordBatch) -> datafusion::error::Result<()> {
+    ctx.deregister_table("d")?;
+    let mem = datafusion::datasource::MemTable::try_new(batch.schema(), vec![vec![batch.clone()]])?;
+    ctx.register_table("d", Arc::new(mem))?;
+    Ok(())
+}
+
+/// The Jaccard self join as SQL, counting each pair once.
+fn self_join_sql(t: f64) -> String {
+    format!("SELECT count(*) FROM d a JOIN d b ON a.id < b.id AND jaccard(a.g, b.g) >= {t}")
+}
+
+/// A setfusion session with `settings` applied.
+fn session(rt: &tokio::runtime::Runtime, settings: &[&str]) -> datafusion::error::Result<SessionContext> {
+    rt.block_on(async {
+        let ctx = crate::context();
+        for s in settings {
+            ctx.sql(s).await?.collect().await?;
+        }
+        Ok(ctx)
+    })
+}
+
+/// Run `q` (a count) `reps` times from SQL to the last batch (once if a run
+/// takes more than 10 s): the median time, the count, and what the
+/// similarity join's last run reported (EXPLAIN ANALYZE's `ran`).
+fn time_sql(rt: &tokio::runtime::Runtime, ctx: &SessionContext, q: &str, reps: usize) -> datafusion::error::Result<(Duration, i64, String)> {
+    rt.block_on(async {
+        let mut times = Vec::new();
+        let (mut count, mut ran) = (0, String::new());
+        for _ in 0..reps {
+            let t = Instant::now();
+            let plan = ctx.sql(q).await?.create_physical_plan().await?;
+            let batches = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await?;
+            let e = t.elapsed();
+            times.push(e);
+            count = batches[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().map_or(-1, |c| c.value(0));
+            let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+            ran = shown
+                .lines()
+                .find_map(|l| l.split_once("SimilarityJoinExec").and_then(|(_, rest)| rest.split_once(", ran=")).map(|(_, r)| r.to_string()))
+                .unwrap_or_else(|| "no SimilarityJoinExec in the plan".into());
+            if e > Duration::from_secs(10) {
+                break;
+            }
+        }
+        Ok((median(times), count, ran))
+    })
+}
+
 /// Run the benchmark with command-line style arguments (see the module docs).
 pub fn run(argv: Vec<String>) {
     let args = args(argv);
@@ -223,28 +304,64 @@ pub fn run(argv: Vec<String>) {
         (true, Some(d)) => format!(" CPU runs are stopped after {} s (\"stopped\": not finished; the GPU pairs are then unchecked).", d.as_secs_f64()),
         (true, None) => String::new(),
     };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
+    let sql_cpu = session(&rt, &["SET setfusion.strategy = 'cpu'"]).expect("a CPU-backend session");
+    let sql_gpu = session(&rt, &["SET setfusion.min_rows = 0"]).expect("a GPU-backend session");
     let mut md = String::new();
     md += &format!(
-        "# Set-similarity join benchmark (Jaccard self join)\n\nGPU: {device}; CPU backend: {threads} threads; median of {} run(s) per cell (1 when a run exceeds 10 s). Times in ms, excluding the shared preprocessing (shown per dataset).{cpu_note}\n\n",
-        args.reps
+        "# Set-similarity join benchmark (Jaccard self join)\n\nGPU: {device}; CPU backend: {threads} threads; median of {} run(s) per cell (1 when a run exceeds 10 s). Times in ms. CPU ms / GPU ms: the join alone, after preprocessing; prep CPU / prep GPU: the preprocessing on the host's cores and on the device (per dataset); SQL CPU / SQL GPU: `{}` end to end (planning, set encoding, preprocessing, join, count) with the CPU backend and the GPU backend.{cpu_note}\n\n",
+        args.reps,
+        self_join_sql(0.5).replace("0.5", "t"),
     );
+    let mut sql_notes = String::from("\n## How the SQL GPU runs ran (the operator's report, last run of each cell)\n\n| dataset | t | ran |\n| --- | ---: | --- |\n");
     let mut breakdown = String::from(
         "\n## GPU time breakdown (last run of each cell)\n\nplan: host length tables + prefix index; upload: one transfer of collection + index; kernel: launches until their results are counted; download: counters + result triples.\n\n| dataset | t | GPU ms | plan ms | upload ms | kernel ms | download ms | index entries visited | launches |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
-    md += "| dataset | sets | avg size | preprocess ms | t | pairs | CPU ms | GPU ms | GPU speedup | CPU candidates | GPU candidates | GPU blocks |\n";
-    md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+    md += "| dataset | sets | avg size | prep CPU ms | prep GPU ms | t | pairs | CPU ms | GPU ms | GPU speedup | SQL CPU ms | SQL GPU ms | SQL speedup | CPU candidates | GPU candidates | GPU blocks |\n";
+    md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
     if let Ok(g) = &gpu {
         // Compile the kernels before timing.
-        let (c, _) = preprocess(&RawSets::from_vecs(&[vec![1, 2], vec![1, 2]]), None);
+        let tiny = RawSets::from_vecs(&[vec![1, 2], vec![1, 2]]);
+        let (c, _) = preprocess(&tiny, None);
         let _l = g.lock_blocking();
         let _ = ssjoin_gpu(g, &c, None, Threshold::new(Metric::Jaccard, 0.5), &mut JoinStats::default());
+        if let Ok(input) = device_input(&tiny, None, 0) {
+            let _ = preprocess_gpu(g, &input, &mut TransferStats::default());
+        }
     }
     let mut smallest: Option<(String, RawSets)> = None;
     for (name, make) in &datasets {
         let Some(raw) = make() else { continue };
-        let t = Instant::now();
-        let (c, _): (SetCollection, _) = preprocess(&raw, None);
-        let prep = t.elapsed();
+        let mut c = SetCollection::default();
+        let mut prep_times = vec![];
+        for _ in 0..args.reps {
+            let t = Instant::now();
+            c = preprocess(&raw, None).0;
+            prep_times.push(t.elapsed());
+        }
+        let prep = median(prep_times);
+        let prep_gpu = match (&gpu, device_input(&raw, None, 0)) {
+            (Ok(g), Ok(input)) => {
+                let _l = g.lock_blocking();
+                let mut times = vec![];
+                let mut cell = None;
+                for _ in 0..args.reps {
+                    let t = Instant::now();
+                    match preprocess_gpu(g, &input, &mut TransferStats::default()) {
+                        Ok((dc, _)) if dc == c => times.push(t.elapsed()),
+                        Ok(_) => cell = Some("MISMATCH".to_string()),
+                        Err(e) => cell = Some(format!("error: {e}")),
+                    }
+                }
+                cell.unwrap_or_else(|| ms(median(times)))
+            }
+            (Ok(_), Err(why)) => format!("- ({why})"),
+            (Err(_), _) => "-".into(),
+        };
+        let batch = table(&raw);
+        for ctx in [&sql_cpu, &sql_gpu] {
+            register(ctx, &batch).expect("registering the table");
+        }
         let avg = c.tokens.len() as f64 / c.len().max(1) as f64;
         for &t in &args.thresholds {
             let thr = Threshold::new(Metric::Jaccard, t);
@@ -315,8 +432,30 @@ pub fn run(argv: Vec<String>) {
                 Err(_) => ("-".into(), "-".into(), "-".into(), "-".into()),
             };
             let cpu_cand = if cpu.is_some() { cst.candidates.to_string() } else { "-".into() };
+            let q = self_join_sql(t);
+            let want = cpu_out.as_ref().map(|o| o.len() as i64);
+            let sql_cell = |r: datafusion::error::Result<(Duration, i64, String)>| match r {
+                Ok((d, n, _)) if want.is_none_or(|w| w == n) => (ms(d), Some(d)),
+                Ok((d, n, _)) => (format!("{} (MISMATCH: count {n})", ms(d)), None),
+                Err(e) => (format!("error: {e}"), None),
+            };
+            let (sql_cpu_cell, sql_cpu_t) =
+                if cpu.is_some() { sql_cell(time_sql(&rt, &sql_cpu, &q, args.reps)) } else { ("not run".into(), None) };
+            let (sql_gpu_cell, sql_gpu_t) = if gpu.is_ok() {
+                let r = time_sql(&rt, &sql_gpu, &q, args.reps);
+                if let Ok((_, _, ran)) = &r {
+                    sql_notes += &format!("| {name} | {t} | {ran} |\n");
+                }
+                sql_cell(r)
+            } else {
+                ("-".into(), None)
+            };
+            let sql_speed = match (sql_cpu_t, sql_gpu_t) {
+                (Some(c), Some(g)) => format!("{:.1}x", c.as_secs_f64() / g.as_secs_f64().max(1e-9)),
+                _ => "-".into(),
+            };
             let row = format!(
-                "| {name} | {} | {avg:.1} | {} | {t} | {pairs} | {cpu_cell} | {gpu_cell} | {speed} | {cpu_cand} | {gcand} | {gblocks} |\n",
+                "| {name} | {} | {avg:.1} | {} | {prep_gpu} | {t} | {pairs} | {cpu_cell} | {gpu_cell} | {speed} | {sql_cpu_cell} | {sql_gpu_cell} | {sql_speed} | {cpu_cand} | {gcand} | {gblocks} |\n",
                 c.len(),
                 ms(prep),
             );
@@ -329,6 +468,7 @@ pub fn run(argv: Vec<String>) {
     }
     if gpu.is_ok() {
         md += &breakdown;
+        md += &sql_notes;
     }
     if args.nlj {
         if let Some((name, raw)) = &smallest {
@@ -351,43 +491,21 @@ pub fn run(argv: Vec<String>) {
 
 /// DataFusion's nested-loop plan vs the SQL similarity join, at 0.9.
 fn nested_loop_section(name: &str, raw: &RawSets) -> String {
-    use datafusion::arrow::array::{Int32Array, ListBuilder, UInt64Builder};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::arrow::record_batch::RecordBatch;
-    use std::sync::Arc;
-    let mut lb = ListBuilder::new(UInt64Builder::new());
-    for i in 0..raw.len() {
-        lb.values().append_slice(raw.set(i));
-        lb.append(true);
-    }
-    let ids = Int32Array::from_iter_values(0..raw.len() as i32);
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int32, false),
-        Field::new("g", DataType::List(Arc::new(Field::new("item", DataType::UInt64, true))), true),
-    ]));
-    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), Arc::new(lb.finish())]).unwrap();
+    let batch = table(raw);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let q = "SELECT count(*) FROM d a JOIN d b ON a.id < b.id AND jaccard(a.g, b.g) >= 0.9";
+    let q = self_join_sql(0.9);
     let mut out = format!("\n## SQL on {name} ({} sets): `{q}`\n\n| plan | ms | count |\n| --- | ---: | ---: |\n", raw.len());
     for (label, settings) in [
         ("DataFusion nested-loop join (setfusion.enabled = false)", vec!["SET setfusion.enabled = false"]),
         ("SimilarityJoinExec, CPU backend", vec!["SET setfusion.strategy = 'cpu'"]),
         ("SimilarityJoinExec, auto (GPU when present)", vec!["SET setfusion.min_rows = 0"]),
     ] {
-        let r = rt.block_on(async {
-            let ctx = crate::context();
-            for s in settings {
-                ctx.sql(s).await?.collect().await?;
-            }
-            let mem = datafusion::datasource::MemTable::try_new(schema.clone(), vec![vec![batch.clone()]])?;
-            ctx.register_table("d", Arc::new(mem))?;
-            let t = Instant::now();
-            let b = ctx.sql(q).await?.collect().await?;
-            let n = b[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().unwrap().value(0);
-            Ok::<_, datafusion::error::DataFusionError>((t.elapsed(), n))
+        let r = session(&rt, &settings).and_then(|ctx| {
+            register(&ctx, &batch)?;
+            time_sql(&rt, &ctx, &q, 1)
         });
         match r {
-            Ok((d, n)) => {
+            Ok((d, n, _)) => {
                 println!("{label}: {} ms, count {n}", ms(d));
                 out += &format!("| {label} | {} | {n} |\n", ms(d));
             }

@@ -80,7 +80,7 @@ impl SetQuery {
 }
 
 /// Set operations over TPC-H tables: integer, date, composite and string keys, distinct and ALL.
-pub const SET_QUERIES: [SetQuery; 6] = [
+pub const SET_QUERIES: [SetQuery; 7] = [
     SetQuery {
         name: "intersect_customers",
         left: "SELECT o_custkey FROM orders WHERE o_orderdate < DATE '1995-01-01'",
@@ -116,6 +116,12 @@ pub const SET_QUERIES: [SetQuery; 6] = [
         left: "SELECT o_clerk FROM orders WHERE o_orderpriority = '1-URGENT'",
         op: "INTERSECT ALL",
         right: "SELECT o_clerk FROM orders WHERE o_orderstatus = 'F'",
+    },
+    SetQuery {
+        name: "intersect_order_comments",
+        left: "SELECT o_comment FROM orders WHERE o_orderdate < DATE '1995-01-01'",
+        op: "INTERSECT",
+        right: "SELECT o_comment FROM orders WHERE o_orderdate >= DATE '1995-01-01'",
     },
 ];
 
@@ -154,6 +160,7 @@ pub const BENCH_DEFAULT: &[&str] = &[
     "intersect_all_part_supp",
     "except_all_dates_modes",
     "intersect_all_clerks",
+    "intersect_order_comments",
     "not_in_lineitem",
     "string_in",
 ];

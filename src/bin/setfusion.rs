@@ -2,5 +2,5 @@
 #[tokio::main]
 async fn main() {
     let code = setfusion::cli::main_with_args(std::env::args().collect()).await;
-    std::process::exit(code);
+    setfusion::gpu::exit_process(code);
 }

@@ -929,7 +929,7 @@ impl Run {
         keep_idx: &Option<Vec<u32>>,
         other_idx: &Option<Vec<u32>>,
     ) -> Result<(BooleanBuffer, String)> {
-        let (Some(keep_rows), Some(other_rows)) = (&keep.rows, &other.rows) else {
+        let (Some(keep_rows), Some(other_rows)) = (&keep.bytes, &other.bytes) else {
             // Exact keys: the key is the value, nothing to verify.
             let (kk, ok) = (core_keys(keep, keep_idx)?, core_keys(other, other_idx)?);
             return Ok(self.select_hashes(cfg, &kk.slices(), &ok.slices(), false));
@@ -1057,7 +1057,7 @@ impl CoreKeys<'_> {
 /// One side's keys at `idx` (None: all rows): exact values, or row hashes
 /// (computed here on the host when encoding deferred them to the device).
 fn core_keys<'a>(k: &'a KeyColumns, idx: &Option<Vec<u32>>) -> Result<CoreKeys<'a>> {
-    if let (Some(rows), true) = (&k.rows, k.hashes_deferred()) {
+    if let (Some(rows), true) = (&k.bytes, k.hashes_deferred()) {
         return Ok(CoreKeys::Owned(keys::hash_rows(RowSubset::new(rows, idx.as_deref())?)));
     }
     Ok(match idx {

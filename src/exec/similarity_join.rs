@@ -35,7 +35,8 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use crate::algo::ssjoin::{self, JoinStats, Pair, Threshold};
+use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
+use crate::algo::ssjoin_prep;
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::Backend;
 use crate::exec::DeviceMetrics;
@@ -259,53 +260,104 @@ struct Run {
     ran: Arc<Mutex<Option<String>>>,
 }
 
-/// Run the join on the chosen backend; device trouble falls back to the CPU.
-pub fn join_sets(
+/// Preprocess the raw sets and run the join on the chosen backend: the GPU
+/// backend preprocesses on the device where that path takes the inputs
+/// ([`ssjoin_prep::preprocess_for_gpu`]); device trouble falls back to the
+/// CPU. Returns the first collection (a self join's caller needs its sizes),
+/// the pairs and where they were computed.
+pub fn join_raw_sets(
     backend: &Backend,
     cfg: &SetfusionConfig,
-    r: &ssjoin::SetCollection,
-    s: Option<&ssjoin::SetCollection>,
+    r: &RawSets,
+    s: Option<&RawSets>,
     thr: Threshold,
     stats: &mut JoinStats,
-) -> (Vec<Pair>, String) {
-    let cpu = |stats: &mut JoinStats| ssjoin::ssjoin_cpu_with(r, s, thr, ssjoin::default_threads(), stats);
+) -> (ssjoin::SetCollection, Vec<Pair>, String) {
+    let cpu_join = |rc: &ssjoin::SetCollection, sc: Option<&ssjoin::SetCollection>, stats: &mut JoinStats| {
+        ssjoin::ssjoin_cpu_with(rc, sc, thr, ssjoin::default_threads(), stats)
+    };
+    let on_cpu = |stats: &mut JoinStats, why: String| {
+        let (rc, sc) = ssjoin::preprocess(r, s);
+        let pairs = cpu_join(&rc, sc.as_ref(), stats);
+        (rc, pairs, why)
+    };
     match backend {
-        Backend::Cpu(_) => (cpu(stats), "cpu".into()),
+        Backend::Cpu(_) => on_cpu(stats, "cpu".into()),
         Backend::Gpu(_) => {
-            let res = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string())).and_then(|g| {
-                let _lock = g.lock_blocking();
-                g.budget().set_limit(cfg.memory_limit.0);
-                let mut st = JoinStats::default();
-                let out = ssjoin::ssjoin_gpu(&g, r, s, thr, &mut st);
-                g.budget().set_limit(0);
-                out.map(|o| (o, st))
-            });
-            match res {
-                Ok((pairs, st)) => {
-                    let blocks = st.blocks;
+            let g = match gpu::gpu(cfg.device) {
+                Ok(g) => g,
+                Err(e) => return on_cpu(stats, format!("cpu (GPU failed: {e})")),
+            };
+            let lock = g.lock_blocking();
+            g.budget().set_limit(cfg.memory_limit.0);
+            let mut st = JoinStats::default();
+            let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&g, r, s, &mut st.transfer);
+            let out = ssjoin::ssjoin_gpu(&g, &rc, sc.as_ref(), thr, &mut st);
+            g.budget().set_limit(0);
+            drop(lock);
+            match out {
+                Ok(pairs) => {
                     stats.candidates += st.candidates;
                     stats.results += st.results;
                     stats.blocks += st.blocks;
                     stats.transfer.add(&st.transfer);
-                    (pairs, format!("gpu in {blocks} probe block(s)"))
+                    let ran = format!("gpu in {} probe block(s), {prep}", st.blocks);
+                    (rc, pairs, ran)
                 }
-                Err(e) => (cpu(stats), format!("cpu (GPU failed: {e})")),
+                Err(e) => {
+                    let pairs = cpu_join(&rc, sc.as_ref(), stats);
+                    (rc, pairs, format!("cpu (GPU failed: {e})"))
+                }
             }
         }
     }
+}
+
+/// The plan below any repartitioning or coalescing (they only reorder rows).
+fn strip_partitioning(p: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    let mut p = p.clone();
+    while ["RepartitionExec", "CoalescePartitionsExec", "CoalesceBatchesExec"].contains(&p.name()) && p.children().len() == 1 {
+        p = p.children()[0].clone();
+    }
+    p
+}
+
+/// Do both inputs produce the same rows (in some order)? True when, below
+/// repartitioning, they are the same plan of scans, projections and filters
+/// (DataFusion plans `FROM r a JOIN r b` with a round-robin repartition on
+/// one side only). Plans with other nodes, or volatile expressions, say no.
+fn same_rows(left: &Arc<dyn ExecutionPlan>, right: &Arc<dyn ExecutionPlan>) -> bool {
+    let (l, r) = (strip_partitioning(left), strip_partitioning(right));
+    fn deterministic(p: &Arc<dyn ExecutionPlan>) -> bool {
+        ["DataSourceExec", "ProjectionExec", "FilterExec", "CoalesceBatchesExec"].contains(&p.name())
+            && p.children().iter().all(|c| deterministic(c))
+    }
+    let text = |p: &Arc<dyn ExecutionPlan>| datafusion::physical_plan::displayable(p.as_ref()).indent(true).to_string();
+    let volatile = ["random(", "uuid(", "now("];
+    left.schema() == right.schema()
+        && deterministic(&l)
+        && text(&l) == text(&r)
+        && !volatile.iter().any(|v| text(&l).contains(v))
 }
 
 impl Run {
     async fn run(self, context: Arc<TaskContext>) -> Result<Vec<RecordBatch>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let batch_size = context.session_config().batch_size().max(1);
-        let (lp, rp) = futures::try_join!(
-            collect_partitioned(self.left.clone(), context.clone()),
-            collect_partitioned(self.right.clone(), context.clone())
-        )?;
         let (ls, rs) = (self.left.schema(), self.right.schema());
-        let left = concat_batches(&ls, lp.iter().flatten())?;
-        let right = concat_batches(&rs, rp.iter().flatten())?;
+        let (left, right) = if same_rows(&self.left, &self.right) {
+            // A self join whose sides differ only in partitioning: read once, so the
+            // sets line up row for row and the join runs as a self join.
+            let lp = collect_partitioned(strip_partitioning(&self.left), context.clone()).await?;
+            let left = concat_batches(&ls, lp.iter().flatten())?;
+            (left.clone(), left)
+        } else {
+            let (lp, rp) = futures::try_join!(
+                collect_partitioned(self.left.clone(), context.clone()),
+                collect_partitioned(self.right.clone(), context.clone())
+            )?;
+            (concat_batches(&ls, lp.iter().flatten())?, concat_batches(&rs, rp.iter().flatten())?)
+        };
         self.metrics.device.input_rows.add(left.num_rows() + right.num_rows());
         if left.num_rows() == 0 || right.num_rows() == 0 {
             return Ok(vec![]);
@@ -323,8 +375,7 @@ impl Run {
             let mut stats = JoinStats::default();
             let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
             let ran = if same {
-                let (c, _) = ssjoin::preprocess(&enc[0].sets, None);
-                let (pairs, ran) = join_sets(&backend, &cfg2, &c, None, thr, &mut stats);
+                let (c, pairs, ran) = join_raw_sets(&backend, &cfg2, &enc[0].sets, None, thr, &mut stats);
                 lidx.reserve(pairs.len() * 2);
                 ridx.reserve(pairs.len() * 2);
                 for (a, b, _) in pairs {
@@ -343,8 +394,7 @@ impl Run {
                 }
                 format!("{ran}, self join")
             } else {
-                let (r, s) = ssjoin::preprocess(&enc[0].sets, Some(&enc[1].sets));
-                let (pairs, ran) = join_sets(&backend, &cfg2, &r, s.as_ref(), thr, &mut stats);
+                let (_, pairs, ran) = join_raw_sets(&backend, &cfg2, &enc[0].sets, Some(&enc[1].sets), thr, &mut stats);
                 lidx.reserve(pairs.len());
                 ridx.reserve(pairs.len());
                 for (a, b, _) in pairs {

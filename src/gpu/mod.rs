@@ -171,6 +171,21 @@ pub fn start_in_background(ordinal: usize) {
     }
 }
 
+/// End the process now, without libc's exit handlers. A one-query process
+/// can finish while the background start is still inside the driver (its
+/// planner kept DataFusion's operators); `exit` would then run libcuda's
+/// teardown and the loader's finalisers beside that thread, which can wait
+/// on each other forever (a fresh `bench tpch --one` process hung once in
+/// this way on the H100). The kernel reclaims the context like any other
+/// process resource. Flushes Rust's stdout and stderr first.
+pub fn exit_process(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: plain syscall wrapper; every Rust-side buffer that holds output was flushed above.
+    unsafe { libc::_exit(code) }
+}
+
 /// How far device `ordinal` is, asked without waiting (the planner's question).
 #[derive(Debug, Clone)]
 pub enum Readiness {

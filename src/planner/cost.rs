@@ -13,10 +13,10 @@
 //! the H100 host (100M x 100M BIGINT: IN 1.39 s, INTERSECT 2.64 s on 16
 //! threads); string and composite keys cost it twice as much. setfusion's GPU
 //! cost is a fixed launch-and-synchronise cost, the keys' PCIe bytes at the
-//! measured packed-upload rate, and for string / composite keys the host's
-//! row hashing, measured at ~40 ns a row (issue 13: 761 ms for 18M VARCHAR
-//! keys) — so such keys stay with DataFusion until they are hashed on the
-//! device.
+//! measured packed-upload rate (one string / binary column: its views or
+//! values, hashed on the device), and for composite keys with a string or
+//! wide decimal the host's row encoding, measured at ~40 ns a row (issue 13:
+//! 761 ms for 18M keys) — so those stay with DataFusion.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -105,8 +105,11 @@ const SF_CPU_WIDE_NS: f64 = 5_700.0;
 const DF_WIDE_FACTOR: f64 = 2.0;
 /// setfusion's GPU path: fixed cost per operator (launches, synchronisation, the output), ms.
 const GPU_FIXED_MS: f64 = 2.0;
-/// Host row hashing of string / composite keys, ns per row (wall, all threads).
+/// Host row encoding of composite keys with a string or wide decimal, ns per row (wall, all threads).
 const GPU_WIDE_HOST_NS: f64 = 40.0;
+/// PCIe bytes per row of one string / binary column: a 16-byte view, or the
+/// value and its offset, plus a share of the value buffers.
+const GPU_STRING_ROW_BYTES: f64 = 24.0;
 /// What is left of a background start, weighed against a query running beside it.
 const STARTING_FACTOR: f64 = 3.0;
 /// The GPU is chosen when its estimate is below DataFusion's by this factor.
@@ -136,11 +139,17 @@ fn wide(types: &[DataType]) -> bool {
     types.len() > 1 || hashed(types)
 }
 
-/// Keys setfusion hashes on the host: any column that is not exact on its own
-/// (strings, binary, wide decimals). Composite keys of exact columns are
-/// packed into one 64-bit key when their ranges allow (`keys::encode_packed`).
+/// Keys setfusion hashes: any column that is not exact on its own (strings,
+/// binary, wide decimals). Composite keys of exact columns are packed into
+/// one 64-bit key when their ranges allow (`keys::encode_packed`).
 fn hashed(types: &[DataType]) -> bool {
     !types.iter().all(|t| crate::keys::is_exact(std::slice::from_ref(t)))
+}
+
+/// Hashed keys whose bytes the host must first row-encode (all but one
+/// string / binary column, whose values the device reads in place).
+fn row_encoded(types: &[DataType]) -> bool {
+    hashed(types) && !crate::keys::is_byte_column(types)
 }
 
 /// Estimate DataFusion's and the GPU's time for `c` and choose.
@@ -182,14 +191,24 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
         }
         Readiness::Unavailable(_) => unreachable!("handled above"),
     };
-    let transfer_ms = n * 8.0 / (cal.upload_gbps * 1e9) * 1e3;
-    let hashed = hashed(c.key_types);
-    let host_ms = if hashed { n * GPU_WIDE_HOST_NS / 1e6 } else { 0.0 };
+    let strings = crate::keys::is_byte_column(c.key_types);
+    let row_bytes = if strings { GPU_STRING_ROW_BYTES } else { 8.0 };
+    let transfer_ms = n * row_bytes / (cal.upload_gbps * 1e9) * 1e3;
+    let row_encoded = row_encoded(c.key_types);
+    let host_ms = if row_encoded { n * GPU_WIDE_HOST_NS / 1e6 } else { 0.0 };
     let gpu_ms = start_left + GPU_FIXED_MS + transfer_ms + host_ms;
     let cal_note = if cal.measured { "" } else { ", uncalibrated (run setfusion doctor)" };
     let what = format!(
         "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}, {rival} ~{cpu_ms:.1} ms on {} threads{cal_note}",
-        if hashed { ", keys hashed on the host" } else if wide { ", composite keys packed" } else { "" },
+        if row_encoded {
+            ", keys row-encoded on the host"
+        } else if strings {
+            ", string keys hashed on the device"
+        } else if wide {
+            ", composite keys packed"
+        } else {
+            ""
+        },
         c.threads
     );
     // The GPU must win by the margin against DataFusion; against setfusion's
@@ -226,9 +245,13 @@ mod tests {
         assert!(!gpu(estimate(&cand(SetOp::IntersectAll, 10_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
         // ... and a 200M-row join is worth waiting for.
         assert!(gpu(estimate(&cand(SetOp::IntersectAll, 200_000_000, &int), &Readiness::Starting(Duration::ZERO), &cal)));
-        // Strings hashed on the host lose to DataFusion at any size.
-        let s = [DataType::Utf8];
-        assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &s), &Readiness::Ready, &cal)));
+        // One string column is hashed on the device: the GPU at scale, not for small inputs.
+        let s = [DataType::Utf8View];
+        assert!(gpu(estimate(&cand(SetOp::Semi, 20_000_000, &s), &Readiness::Ready, &cal)));
+        assert!(!gpu(estimate(&cand(SetOp::Semi, 100_000, &s), &Readiness::Ready, &cal)));
+        // Composite keys with a string are row-encoded on the host: they lose to DataFusion at any size.
+        let sc = [DataType::Utf8, DataType::Int64];
+        assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &sc), &Readiness::Ready, &cal)));
         // Unknown sizes and missing devices: DataFusion.
         let unknown = Candidate { rows: None, ..cand(SetOp::Semi, 0, &int) };
         assert!(!gpu(estimate(&unknown, &Readiness::Ready, &cal)));

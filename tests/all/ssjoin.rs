@@ -218,6 +218,8 @@ fn sql_similarity_join_plan_and_results() {
         for m in ["candidates=", "verified_pairs=", "bytes_to_device=", "kernel_time="] {
             assert!(analyzed.contains(m), "{m} missing in\n{analyzed}");
         }
+        // Both sides read one table (one of them repartitioned): one read, a self join.
+        assert!(analyzed.contains("self join"), "{analyzed}");
         let got = sql_rows(&ctx, q).await;
         ctx.sql("SET setfusion.enabled = false").await.unwrap().collect().await.unwrap();
         let plain_plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
