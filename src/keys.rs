@@ -36,6 +36,9 @@ pub fn unsupported_reason(types: &[DataType]) -> Option<String> {
 
 fn supported(t: &DataType) -> bool {
     use DataType::*;
+    if let Dictionary(_, v) = t {
+        return supported(v);
+    }
     matches!(
         t,
         Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16 | Float32 | Float64
@@ -43,6 +46,22 @@ fn supported(t: &DataType) -> bool {
             | Decimal32(_, _) | Decimal64(_, _) | Decimal128(_, _) | Decimal256(_, _)
             | Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_) | Null
     )
+}
+
+/// The type a key column is encoded as: dictionaries become their values,
+/// string and binary dictionaries the view type, whose views then point into
+/// the dictionary's values (arrow's cast shares that buffer: 16 bytes a row,
+/// no string copied). Other types are their own.
+pub fn key_type(t: &DataType) -> DataType {
+    use DataType::*;
+    match t {
+        Dictionary(_, v) => match v.as_ref() {
+            Utf8 | LargeUtf8 | Utf8View => Utf8View,
+            Binary | LargeBinary | BinaryView => BinaryView,
+            other => key_type(other),
+        },
+        other => other.clone(),
+    }
 }
 
 /// Is a single column of this type encoded exactly (its value is the key)?

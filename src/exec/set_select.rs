@@ -802,8 +802,12 @@ impl Run {
         } else {
             let t = Instant::now();
             let keep_schema = self.keep.schema();
-            let types: Vec<DataType> = self.keep_keys.iter().map(|k| k.data_type(&keep_schema)).collect::<Result<_>>()?;
-            let keep_cols = key_columns(&keep_batches, &self.keep_keys)?;
+            let types: Vec<DataType> =
+                self.keep_keys.iter().map(|k| Ok(keys::key_type(&k.data_type(&keep_schema)?))).collect::<Result<_>>()?;
+            let keep_cols = key_columns(&keep_batches, &self.keep_keys)?
+                .into_iter()
+                .map(|cols| coerce_like(cols, &types))
+                .collect::<Result<Vec<_>>>()?;
             let other_cols = key_columns(&other_batches, &self.other_keys)?
                 .into_iter()
                 .map(|cols| coerce_like(cols, &types))
@@ -1066,8 +1070,9 @@ fn core_keys<'a>(k: &'a KeyColumns, idx: &Option<Vec<u32>>) -> Result<CoreKeys<'
     })
 }
 
-/// Cast the other side's key columns to the kept side's types (the planner
-/// already coerced them; this guards dictionary / view variants).
+/// Cast key columns to the types they are encoded as ([`keys::key_type`]:
+/// dictionaries to their values or views; the other side to the kept side's
+/// types, which the planner already coerced, guarding view variants).
 fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
     cols.into_iter()
         .zip(types)

@@ -144,7 +144,9 @@ pub fn decide(
             return cpu(format!("{n} estimated rows < setfusion.min_rows = {}", cfg.min_rows), true);
         }
     }
-    let candidate = cost::Candidate { op, rows, key_types, threads };
+    // Costed as encoded: a dictionary as its values (string dictionaries as views).
+    let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
+    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads };
     match cost::estimate(&candidate, &readiness, &cost::Calibration::current()) {
         cost::Verdict::Gpu(why) => Decision { backend: Backend::Gpu(Strategy::Auto), note: Some(why), declined: false },
         cost::Verdict::Cpu(why) => cpu(why, true),
