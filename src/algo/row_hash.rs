@@ -161,14 +161,9 @@ fn view_words(a: &ArrayRef) -> Option<&[u64]> {
     }
 }
 
-/// View buffers are uploaded whole; when they hold much more than the rows
-/// use (views of a filtered or sliced array keep every buffer), the rows are
-/// gathered instead. Whole buffers are taken up to this many bytes, or up to
-/// four times the views' own bytes.
-const VIEW_BUFFERS_ALWAYS: usize = 64 << 20;
-
-/// A string column's rows (all, or the ascending subset `idx`) as views, if
-/// their buffers are worth uploading whole.
+/// A string column's rows (all, or the ascending subset `idx`) as views with
+/// their distinct buffers, uploaded whole (key encoding compacted bloated
+/// ones: [`ByteColumn::compact_bloated_views`]).
 fn host_views<'a>(col: &'a ByteColumn, idx: Option<&'a [u32]>) -> Option<HostViews<'a>> {
     let arrays = col.arrays();
     let mut words: Vec<&'a [u64]> = Vec::with_capacity(arrays.len());
@@ -220,9 +215,6 @@ fn host_views<'a>(col: &'a ByteColumn, idx: Option<&'a [u32]>) -> Option<HostVie
             });
             buf_pos.push(pos);
         }
-    }
-    if data_len > VIEW_BUFFERS_ALWAYS.max(4 * 16 * n) {
-        return None;
     }
     Some(HostViews { n, views, batch_rows, batch_bufs, buf_pos, buffers, data_len })
 }

@@ -119,47 +119,61 @@ fn encode_one(array: &ArrayRef, class: ElementClass, dict: &mut HashMap<String, 
         }
         other => return Err(DataFusionError::Plan(format!("expected a list column, got {other}"))),
     };
-    let keys: Vec<Option<u64>> = if values.data_type() == &DataType::Null {
-        vec![None; values.len()]
-    } else {
-        match class {
-            ElementClass::Null => vec![None; values.len()],
-            ElementClass::Signed => {
-                let v = cast(&values, &DataType::Int64)?;
-                v.as_primitive::<Int64Type>().iter().map(|x| x.map(|x| x as u64)).collect()
-            }
-            ElementClass::Unsigned => {
-                let v = cast(&values, &DataType::UInt64)?;
-                v.as_primitive::<UInt64Type>().iter().collect()
-            }
-            ElementClass::String => {
-                let v = cast(&values, &DataType::LargeUtf8)?;
-                v.as_string::<i64>()
-                    .iter()
-                    .map(|s| {
-                        s.map(|s| match dict.get(s) {
-                            Some(k) => *k,
-                            None => {
-                                let k = dict.len() as u64;
-                                dict.insert(s.to_owned(), k);
-                                k
+    // Element keys, and which elements are NULL (None: none is).
+    let (keys, nulls): (Vec<u64>, Option<datafusion::arrow::buffer::NullBuffer>) =
+        if values.data_type() == &DataType::Null || class == ElementClass::Null {
+            (vec![0; values.len()], Some(datafusion::arrow::buffer::NullBuffer::new_null(values.len())))
+        } else {
+            match class {
+                ElementClass::Null => unreachable!("handled above"),
+                ElementClass::Signed => {
+                    let v = cast(&values, &DataType::Int64)?;
+                    let p = v.as_primitive::<Int64Type>();
+                    (p.values().iter().map(|x| *x as u64).collect(), p.nulls().cloned())
+                }
+                ElementClass::Unsigned => {
+                    let v = cast(&values, &DataType::UInt64)?;
+                    let p = v.as_primitive::<UInt64Type>();
+                    (p.values().to_vec(), p.nulls().cloned())
+                }
+                ElementClass::String => {
+                    let v = cast(&values, &DataType::LargeUtf8)?;
+                    let a = v.as_string::<i64>();
+                    let keys = (0..a.len())
+                        .map(|i| {
+                            if a.is_null(i) {
+                                return 0;
+                            }
+                            let s = a.value(i);
+                            match dict.get(s) {
+                                Some(k) => *k,
+                                None => {
+                                    let k = dict.len() as u64;
+                                    dict.insert(s.to_owned(), k);
+                                    k
+                                }
                             }
                         })
-                    })
-                    .collect()
+                        .collect();
+                    (keys, a.nulls().cloned())
+                }
             }
-        }
-    };
-    let mut sets = RawSets::new();
+        };
+    let nulls = nulls.filter(|n| n.null_count() > 0);
+    let mut sets = RawSets { offsets: Vec::with_capacity(n + 1), elems: Vec::with_capacity(keys.len()) };
+    sets.offsets.push(0);
     let mut valid = Vec::with_capacity(n);
     for (i, (s, e)) in ranges.into_iter().enumerate() {
         let ok = array.is_valid(i);
         valid.push(ok);
         if ok {
-            sets.push(keys[s..e].iter().flatten().copied());
-        } else {
-            sets.push(std::iter::empty());
+            match &nulls {
+                // Whole rows at a time: the common case is a plain copy.
+                None => sets.elems.extend_from_slice(&keys[s..e]),
+                Some(nb) => sets.elems.extend((s..e).filter(|&j| nb.is_valid(j)).map(|j| keys[j])),
+            }
         }
+        sets.offsets.push(sets.elems.len());
     }
     Ok(EncodedSets { sets, valid })
 }
