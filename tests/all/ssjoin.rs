@@ -221,11 +221,18 @@ fn sql_similarity_join_plan_and_results() {
         // Both sides read one table (one of them repartitioned): one read, a self join.
         assert!(analyzed.contains("self join"), "{analyzed}");
         let got = sql_rows(&ctx, q).await;
+        // With the diagonal (a row with itself passes `<=`) and without it (`<>` rejects it).
+        let q_le = q.replace("a.id < b.id", "a.id <= b.id");
+        let q_ne = q.replace("a.id < b.id", "a.id <> b.id");
+        let (got_le, got_ne) = (sql_rows(&ctx, &q_le).await, sql_rows(&ctx, &q_ne).await);
         ctx.sql("SET setfusion.enabled = false").await.unwrap().collect().await.unwrap();
         let plain_plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
         assert!(!plain_plan.contains("SimilarityJoinExec"), "{plain_plan}");
         let want = sql_rows(&ctx, q).await;
         assert_eq!(got, want);
+        assert_eq!(got_le, sql_rows(&ctx, &q_le).await);
+        assert_eq!(got_ne, sql_rows(&ctx, &q_ne).await);
+        assert!(got_le.len() > got.len() + 400, "the diagonal must be there for <=");
         assert!(got.len() > 4, "expected some pairs");
         // A bad threshold is a planning error that says so.
         ctx.sql("SET setfusion.enabled = true").await.unwrap().collect().await.unwrap();
