@@ -397,16 +397,35 @@ async fn run_one(dir: &Path, name: &str, setfusion: bool) -> Result<()> {
     Ok(())
 }
 
+/// The longest a fresh one-query process may run (DataFusion's plan for
+/// `except_all_dates_modes` takes ~55 s at SF10).
+const CHILD_LIMIT: Duration = Duration::from_secs(300);
+
 /// Time `name` in `runs` fresh processes of this binary; the median query time.
 fn fresh_process(name: &str, setfusion: bool, sf: f64, runs: usize) -> Result<(Duration, usize)> {
     let exe = std::env::current_exe()?;
     let mut times = Vec::new();
     let mut rows = 0;
     for _ in 0..runs {
-        let out = std::process::Command::new(&exe)
+        let child = std::process::Command::new(&exe)
             .args(["bench", "tpch", "--sf", &sf.to_string(), "--one", name, "--engine"])
             .arg(if setfusion { "setfusion" } else { "datafusion" })
-            .output()?;
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        // A hung child must not stop the whole benchmark: wait for it on a thread, kill it past the limit.
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = match rx.recv_timeout(CHILD_LIMIT) {
+            Ok(out) => out?,
+            Err(_) => {
+                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+                return Err(exec_err(format!("fresh process for {name} did not finish in {} s; killed", CHILD_LIMIT.as_secs())));
+            }
+        };
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().find(|l| l.starts_with("ms=")).ok_or_else(|| {
             exec_err(format!("fresh process for {name} failed: {}", String::from_utf8_lossy(&out.stderr).trim()))

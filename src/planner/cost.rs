@@ -186,7 +186,10 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
             // at low priority beside the query's own scans, so it takes longer than
             // doctor measured it alone: counted 3 times over (TPC-H SF10 one-query
             // processes lost 18-24% when the GPU was chosen on the plain estimate).
-            let left = STARTING_FACTOR * (cal.start_ms - elapsed.as_secs_f64() * 1e3).max(cal.start_ms / 10.0);
+            // A start already past half its calibrated time is assumed to need at least
+            // that half again: beside a query's scans it runs late (TPC-H SF10
+            // intersect_customers lost 0.66x fresh with a floor of a tenth).
+            let left = STARTING_FACTOR * (cal.start_ms - elapsed.as_secs_f64() * 1e3).max(cal.start_ms / 2.0);
             (left, format!(" incl. {left:.0} ms of device start left"))
         }
         Readiness::Unavailable(_) => unreachable!("handled above"),
