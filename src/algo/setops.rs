@@ -1005,10 +1005,9 @@ mod tests {
         // fills of 65,536 keys, so the probe side spans several (and the ranks
         // and counters of the multiset rules carry from fill to fill).
         let Some(gpu) = crate::gpu::test_gpu() else { return };
-        let _lock = gpu.lock_blocking();
+        let gpu = gpu.lease(8 << 20);
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let lo = 1u64 << 40;
-        gpu.budget().set_limit(8 << 20);
         for case in 0..6 {
             // Domains for a bitmap, a u32 hash table, a u64 hash table; build keys
             // repeated (bitmap counts) or distinct (bitmap ranks).
@@ -1051,22 +1050,19 @@ mod tests {
                 }
             }
         }
-        gpu.budget().set_limit(0);
     }
 
     #[test]
     fn gpu_partitions_when_over_budget() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
-        let _lock = gpu.lock_blocking();
+        let gpu = gpu.lease(4 << 20); // 4 MiB: forces several partitions
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let build: Vec<u64> = (0..200_000).map(|_| rng.random_range(0..100_000u64)).collect();
         let probe: Vec<u64> = (0..300_000).map(|_| rng.random_range(0..100_000u64)).collect();
-        gpu.budget().set_limit(4 << 20); // 4 MiB: forces several partitions
         for op in OPS {
             let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &[&build], &[&probe], &mut TransferStats::default()).unwrap();
             assert!(parts > 1, "expected partitioning");
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
         }
-        gpu.budget().set_limit(0);
     }
 }

@@ -1731,7 +1731,7 @@ mod tests {
                 return;
             }
         };
-        let _lock = g.lock_blocking();
+        let g = g.lease(0);
         for limit in [0usize, 1 << 20] {
             g.budget().set_limit(limit);
             for (name, a, b) in collections() {

@@ -830,7 +830,7 @@ mod tests {
     #[test]
     fn gpu_matches_cpu_twin() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
-        let _lock = gpu.lock_blocking();
+        let gpu = gpu.lease(0);
         println!("{}", self_check(&gpu).unwrap());
         let mut shapes = key_shapes(700, 9);
         shapes.push(("bench", crate::bench::ssjoin::generate(100_000, true, 1), crate::bench::ssjoin::generate(50_000, false, 2)));
@@ -854,7 +854,6 @@ mod tests {
         let (_, a, _) = &shapes[shapes.len() - 1];
         let input = device_input(a, None, 0).unwrap();
         assert!(preprocess_gpu(&gpu, &input, &mut TransferStats::default()).is_err());
-        gpu.budget().set_limit(0);
     }
 
     #[test]

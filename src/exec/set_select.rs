@@ -1003,9 +1003,8 @@ impl Run {
 
     /// Hashed keys on the GPU: device row hashes, device verification, device select.
     fn run_gpu_rows(&self, cfg: &SetfusionConfig, build: RowSubset<'_>, probe: RowSubset<'_>) -> Result<Option<BooleanBuffer>> {
-        let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let _lock = g.lock_blocking();
-        g.budget().set_limit(cfg.memory_limit.0);
+        let device = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let g = device.lease(cfg.memory_limit.0);
         let mut stats = TransferStats::default();
         let r = row_hash::select_subsets_gpu(&g, self.op, build, probe, &mut stats);
         self.metrics.device.record(&stats);
@@ -1013,9 +1012,8 @@ impl Run {
     }
 
     fn run_gpu(&self, cfg: &SetfusionConfig, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
-        let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let _lock = g.lock_blocking();
-        g.budget().set_limit(cfg.memory_limit.0);
+        let device = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let g = device.lease(cfg.memory_limit.0);
         // Hashed keys only support the hash table (their "domain" is meaningless).
         let forced = match cfg.strategy {
             Strategy::Sort => Some(GpuStrategy::Sort), // sorts any 64-bit keys, hashes included

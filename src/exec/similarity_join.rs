@@ -288,13 +288,11 @@ pub fn join_raw_sets(
                 Ok(g) => g,
                 Err(e) => return on_cpu(stats, format!("cpu (GPU failed: {e})")),
             };
-            let lock = g.lock_blocking();
-            g.budget().set_limit(cfg.memory_limit.0);
+            let lease = g.lease(cfg.memory_limit.0);
             let mut st = JoinStats::default();
-            let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&g, r, s, &mut st.transfer);
-            let out = ssjoin::ssjoin_gpu(&g, &rc, sc.as_ref(), thr, &mut st);
-            g.budget().set_limit(0);
-            drop(lock);
+            let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&lease, r, s, &mut st.transfer);
+            let out = ssjoin::ssjoin_gpu(&lease, &rc, sc.as_ref(), thr, &mut st);
+            drop(lease);
             match out {
                 Ok(pairs) => {
                     stats.candidates += st.candidates;

@@ -171,6 +171,26 @@ pub fn start_in_background(ordinal: usize) {
     }
 }
 
+/// See [`Gpu::lease`]; dereferences to the [`Gpu`].
+pub struct Lease<'a> {
+    gpu: &'a Gpu,
+    _lock: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl std::ops::Deref for Lease<'_> {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
+        self.gpu
+    }
+}
+
+impl Drop for Lease<'_> {
+    /// The default limit comes back while the lock is still held (fields drop after this).
+    fn drop(&mut self) {
+        self.gpu.budget.set_limit(0);
+    }
+}
+
 /// End the process now, without libc's exit handlers. A one-query process
 /// can finish while the background start is still inside the driver (its
 /// planner kept DataFusion's operators); `exit` would then run libcuda's
@@ -333,6 +353,16 @@ impl Gpu {
     /// Take the device for one operator's run. Held across awaits.
     pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.exclusive.lock().await
+    }
+
+    /// One operator's hold on the device: the device lock, and the memory
+    /// budget's limit set to `memory_limit` (`setfusion.memory_limit`; 0 =
+    /// 90% of the device) until the [`Lease`] drops, which restores the
+    /// default even when the holder panics or returns early.
+    pub fn lease(&self, memory_limit: usize) -> Lease<'_> {
+        let lock = self.lock_blocking();
+        self.budget.set_limit(memory_limit);
+        Lease { gpu: self, _lock: lock }
     }
 
     /// Blocking variant of [`Gpu::lock`] for synchronous algorithm code.
