@@ -160,10 +160,7 @@ pub fn encode(
             column.compact_bloated_views()?;
         }
         let chunks = if host_hashes {
-            crate::gpu::par_map(&column.arrays, 16, |a| {
-                let parts = ByteParts::of(a.as_ref())?;
-                Ok::<_, DataFusionError>(ScalarBuffer::from((0..parts.len()).map(|i| hash_bytes(parts.value(i))).collect::<Vec<_>>()))
-            })?
+            column.hash_arrays().into_iter().map(ScalarBuffer::from).collect()
         } else {
             Vec::new()
         };
@@ -479,6 +476,18 @@ impl ByteColumn {
         Ok(())
     }
 
+    /// [`hash_bytes`] of every value, array by array on the copy threads.
+    fn hash_arrays(&self) -> Vec<Vec<u64>> {
+        let hashed = crate::gpu::par_map(&self.arrays, 16, |a| {
+            let p = parts_of(a);
+            Ok::<_, std::convert::Infallible>((0..p.len()).map(|i| hash_bytes(p.value(i))).collect())
+        });
+        match hashed {
+            Ok(h) => h,
+            Err(never) => match never {},
+        }
+    }
+
     /// Bytes of row `i` (`i < len()`).
     fn value(&self, i: usize) -> &[u8] {
         let b = self.starts.partition_point(|&s| s <= i) - 1;
@@ -606,11 +615,7 @@ impl<'a> RowSubset<'a> {
 /// column is hashed array by array on several threads.
 pub fn hash_rows(rows: RowSubset<'_>) -> Vec<u64> {
     if let (KeyBytes::Values(c), None) = (rows.bytes, rows.idx) {
-        let per_array = crate::gpu::par_map(&c.arrays, 16, |a| {
-            let p = parts_of(a);
-            Ok::<_, DataFusionError>((0..p.len()).map(|i| hash_bytes(p.value(i))).collect::<Vec<u64>>())
-        });
-        return per_array.map(|v| v.concat()).unwrap_or_default();
+        return c.hash_arrays().concat();
     }
     rows.iter().map(hash_bytes).collect()
 }

@@ -243,6 +243,22 @@ fn layouts(sizes: &[Vec<u32>]) -> Vec<Layout> {
         .collect()
 }
 
+/// The output tokens of one or two collections (concatenated, in their
+/// layouts' order) cut into the collections, as both backends return them.
+fn into_collections(layouts: Vec<Layout>, mut tokens: Vec<u32>, vocab: u32) -> (SetCollection, Option<SetCollection>) {
+    let r_len = layouts[0].offsets.last().map_or(0, |&n| n as usize);
+    let s_tokens = tokens.split_off(r_len);
+    let two = layouts.len() > 1;
+    let mut layouts = layouts.into_iter();
+    let mut take = |tokens: Vec<u32>| {
+        let l = layouts.next().expect("one layout per collection");
+        SetCollection::from_parts(l.offsets, tokens, l.perm, vocab)
+    };
+    let rc = take(tokens);
+    let sc = two.then(|| take(s_tokens));
+    (rc, sc)
+}
+
 /// Frequencies of elements listed in element order become, in place, the
 /// elements' ranks in ascending (frequency, element) order (a stable counting
 /// sort by frequency); zeros (no element) stay. Returns the elements' number.
@@ -465,16 +481,7 @@ pub fn preprocess_with(r: &RawSets, s: Option<&RawSets>, threads: usize) -> (Set
         }
     });
     drop(out_sets);
-    let r_len = layouts[0].offsets.last().map_or(0, |&n| n as usize);
-    let s_tokens = tokens.split_off(r_len);
-    let mut layouts = layouts.into_iter();
-    let mut take = |tokens: Vec<u32>| {
-        let l = layouts.next().expect("one layout per collection");
-        SetCollection::from_parts(l.offsets, tokens, l.perm, vocab)
-    };
-    let rc = take(tokens);
-    let sc = s.map(|_| take(s_tokens));
-    (rc, sc)
+    into_collections(layouts, tokens, vocab)
 }
 
 // ---------------------------------------------------------------------------
@@ -625,7 +632,7 @@ pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) ->
     let layouts = layouts(&per_coll);
     let dst: Vec<u32> = layouts.iter().flat_map(|l| l.first.iter().copied()).collect();
     let total: usize = layouts.iter().map(|l| l.offsets.last().map_or(0, |&n| n as usize)).sum();
-    let mut tokens = if total == 0 {
+    let tokens = if total == 0 {
         Vec::new()
     } else {
         let d_ranks = gpu.upload(&ranks, ts)?;
@@ -654,16 +661,7 @@ pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) ->
         ts.kernel += started.elapsed();
         gpu.download(&d_tokens, total, ts)?
     };
-    let r_len = layouts[0].offsets.last().map_or(0, |&n| n as usize);
-    let s_tokens = tokens.split_off(r_len);
-    let mut layouts = layouts.into_iter();
-    let mut take = |tokens: Vec<u32>| {
-        let l = layouts.next().expect("one layout per collection");
-        SetCollection::from_parts(l.offsets, tokens, l.perm, vocab)
-    };
-    let rc = take(tokens);
-    let sc = (colls.len() > 1).then(|| take(s_tokens));
-    Ok((rc, sc))
+    Ok(into_collections(layouts, tokens, vocab))
 }
 
 /// Preprocessing for the GPU backend: on the device when [`device_input`]
