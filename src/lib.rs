@@ -57,6 +57,7 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     builder
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))
+        .with_analyzer_rule(Arc::new(planner::MarkJoinRule))
         .with_physical_optimizer_rules(rules)
         .with_query_planner(Arc::new(planner::SetfusionQueryPlanner))
 }

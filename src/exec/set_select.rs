@@ -275,18 +275,20 @@ impl ExecutionPlan for SetSelectExec {
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let cell = self.result.clone();
         let run = Run {
-            op: self.op,
             keep: self.keep.clone(),
             other: self.other.clone(),
             keep_keys: self.keep_keys.clone(),
             other_keys: self.other_keys.clone(),
-            nulls: self.nulls,
-            backend: self.backend.clone(),
             output: (!self.schema.fields().is_empty()).then(|| self.projection.clone()),
-            key_from_device: self.key_column_in_output(),
-            device_keys: Mutex::new(None),
-            metrics: Metrics::new(&self.metrics),
-            ran: self.ran.clone(),
+            selector: Selector {
+                op: self.op,
+                nulls: self.nulls,
+                backend: self.backend.clone(),
+                key_from_device: self.key_column_in_output(),
+                device_keys: Mutex::new(None),
+                metrics: Metrics::new(&self.metrics),
+                ran: self.ran.clone(),
+            },
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let schema = self.schema.clone();
@@ -388,16 +390,30 @@ impl Metrics {
 
 /// One execution of the operator (all partitions).
 struct Run {
-    op: SetOp,
     keep: Arc<dyn ExecutionPlan>,
     other: Arc<dyn ExecutionPlan>,
     keep_keys: Vec<PhysicalExprRef>,
     other_keys: Vec<PhysicalExprRef>,
-    nulls: NullMode,
-    backend: Backend,
     /// The kept side's columns to output (None inside: all); None: no column
     /// is output, only row counts.
     output: Option<Option<Vec<usize>>>,
+    selector: Selector,
+}
+
+impl std::ops::Deref for Run {
+    type Target = Selector;
+    fn deref(&self) -> &Selector {
+        &self.selector
+    }
+}
+
+/// The selection itself, from key columns to one bit per kept-side row: key
+/// encoding, NULL rules, backend and strategy, device fallbacks. Shared by
+/// `SetSelectExec` and `MarkJoinExec` (whose marks are semi selections).
+pub(crate) struct Selector {
+    op: SetOp,
+    nulls: NullMode,
+    backend: Backend,
     /// The kept side's key column, when it is output and the device can send
     /// its kept values back (see [`SetSelectExec::key_column_in_output`]).
     key_from_device: Option<usize>,
@@ -424,7 +440,7 @@ const GROUP_INPUT_ROWS: usize = 1 << 20;
 const INPUT_BATCH_ROWS: usize = 1 << 16;
 
 /// `context` with a session batch size of at least [`INPUT_BATCH_ROWS`], for executing the inputs.
-fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+pub(crate) fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     let config = context.session_config();
     if config.batch_size() >= INPUT_BATCH_ROWS {
         return context.clone();
@@ -776,7 +792,7 @@ fn kept_values<T: datafusion::arrow::datatypes::ArrowNativeType>(
 }
 
 /// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
-fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
+pub(crate) fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
     crate::gpu::par_map(batches, 128, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
 }
 
@@ -800,7 +816,6 @@ impl Run {
         let selection = if keep_rows == 0 {
             BooleanBuffer::new_unset(0)
         } else {
-            let t = Instant::now();
             let keep_schema = self.keep.schema();
             let types: Vec<DataType> =
                 self.keep_keys.iter().map(|k| Ok(keys::key_type(&k.data_type(&keep_schema)?))).collect::<Result<_>>()?;
@@ -813,29 +828,8 @@ impl Run {
                 .map(|cols| coerce_like(cols, &types))
                 .collect::<Result<Vec<_>>>()?;
             super::trace("key columns evaluated");
-            let (mut keep_k, mut other_k, nulls_in_keys) = match keys::encode_packed(&keep_cols, &other_cols, &types)? {
-                Some((k, o)) => (k, o, true),
-                None => {
-                    let converter = keys::converter_for(&types)?;
-                    // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
-                    let host_hashes = !matches!(self.backend, Backend::Gpu(_));
-                    let k = keys::encode(&keep_cols, &types, converter.as_ref(), host_hashes)?;
-                    let o = keys::encode(&other_cols, &types, converter.as_ref(), host_hashes)?;
-                    (k, o, converter.is_some())
-                }
-            };
-            if self.nulls == NullMode::Equal && nulls_in_keys {
-                // Row-encoded and packed keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
-                keep_k.nulls = None;
-                other_k.nulls = None;
-            }
-            self.metrics.encode_time.add_duration(t.elapsed());
-            super::trace("keys encoded");
-            let t = Instant::now();
-            let (sel, ran) = self.select(&cfg, &keep_k, &other_k)?;
-            self.metrics.select_time.add_duration(t.elapsed());
-            *self.ran.lock().unwrap() = Some(ran);
-            crate::gpu::drop_later((keep_k, other_k, keep_cols, other_cols));
+            let sel = self.select_columns(&cfg, &keep_cols, &other_cols, &types)?;
+            crate::gpu::drop_later((keep_cols, other_cols));
             sel
         };
         super::trace("select done");
@@ -865,6 +859,50 @@ impl Run {
         crate::gpu::drop_later((keep_parts, other_parts, selection));
         super::trace("inputs dropped");
         Ok(Selected { outputs })
+    }
+
+}
+
+impl Selector {
+    /// A selector for `op` under `nulls` on `backend`, reporting into `metrics`.
+    pub(crate) fn new(op: SetOp, nulls: NullMode, backend: Backend, metrics: &ExecutionPlanMetricsSet, ran: Arc<Mutex<Option<String>>>) -> Self {
+        Self { op, nulls, backend, key_from_device: None, device_keys: Mutex::new(None), metrics: Metrics::new(metrics), ran }
+    }
+
+    /// One bit per kept-side row (`keep_cols`: per batch, the key columns cast
+    /// to `types`), encoding the keys first; records what ran.
+    pub(crate) fn select_columns(
+        &self,
+        cfg: &SetfusionConfig,
+        keep_cols: &[Vec<ArrayRef>],
+        other_cols: &[Vec<ArrayRef>],
+        types: &[DataType],
+    ) -> Result<BooleanBuffer> {
+        let t = Instant::now();
+        let (mut keep_k, mut other_k, nulls_in_keys) = match keys::encode_packed(keep_cols, other_cols, types)? {
+            Some((k, o)) => (k, o, true),
+            None => {
+                let converter = keys::converter_for(types)?;
+                // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
+                let host_hashes = !matches!(self.backend, Backend::Gpu(_));
+                let k = keys::encode(keep_cols, types, converter.as_ref(), host_hashes)?;
+                let o = keys::encode(other_cols, types, converter.as_ref(), host_hashes)?;
+                (k, o, converter.is_some())
+            }
+        };
+        if self.nulls == NullMode::Equal && nulls_in_keys {
+            // Row-encoded and packed keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
+            keep_k.nulls = None;
+            other_k.nulls = None;
+        }
+        self.metrics.encode_time.add_duration(t.elapsed());
+        super::trace("keys encoded");
+        let t = Instant::now();
+        let (sel, ran) = self.select(cfg, &keep_k, &other_k)?;
+        self.metrics.select_time.add_duration(t.elapsed());
+        *self.ran.lock().unwrap() = Some(ran);
+        crate::gpu::drop_later((keep_k, other_k));
+        Ok(sel)
     }
 
     /// Compute the selection over all kept rows, applying NULL semantics around the keyed core.
@@ -1071,7 +1109,7 @@ fn core_keys<'a>(k: &'a KeyColumns, idx: &Option<Vec<u32>>) -> Result<CoreKeys<'
 /// Cast key columns to the types they are encoded as ([`keys::key_type`]:
 /// dictionaries to their values or views; the other side to the kept side's
 /// types, which the planner already coerced, guarding view variants).
-fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
+pub(crate) fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
     cols.into_iter()
         .zip(types)
         .map(|(c, t)| if c.data_type() == t { Ok(c) } else { Ok(datafusion::arrow::compute::cast(&c, t)?) })

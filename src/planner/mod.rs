@@ -3,6 +3,7 @@
 //! place of DataFusion's semi/anti joins.
 
 pub mod cost;
+mod mark_join;
 mod set_ops;
 mod semi_join;
 mod similarity;
@@ -16,6 +17,7 @@ use crate::algo::setops::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::set_select::Backend;
 
+pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
 pub use semi_join::SemiJoinRule;
 pub use similarity::SimilarityJoinRule;
 pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};

@@ -215,7 +215,7 @@ fn datafusion_plan(node: &SetOpNode, left: &LogicalPlan, right: &LogicalPlan) ->
     Ok(LogicalPlan::Join(join))
 }
 
-/// DataFusion's planner with [`SetOpPlanner`] added.
+/// DataFusion's planner with [`SetOpPlanner`] and [`super::MarkJoinPlanner`] added.
 #[derive(Debug, Default)]
 pub struct SetfusionQueryPlanner;
 
@@ -226,7 +226,7 @@ impl QueryPlanner for SetfusionQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SetOpPlanner)]);
+        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SetOpPlanner), Arc::new(super::MarkJoinPlanner)]);
         planner.create_physical_plan(logical_plan, session_state).await
     }
 }

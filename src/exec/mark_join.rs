@@ -1,0 +1,609 @@
+//! `MarkJoinExec`: every probe row, with a three-valued mark column saying
+//! whether it is `IN` (or `EXISTS` in) the other input.
+//!
+//! `[NOT] IN (subquery)` and `[NOT] EXISTS` under OR, NOT, CASE, in a SELECT
+//! list or a correlated NOT IN (which DataFusion refuses, or answers with a
+//! two-valued mark) become this operator plus an ordinary expression over the
+//! mark. For a probe row `p`, its *group* is the build rows that satisfy the
+//! subquery's correlation: `on` equalities (NULL equals nothing) and the
+//! residual `filter` (TRUE only). Then, by SQL's rules:
+//! - EXISTS: TRUE when the group is not empty, else FALSE;
+//! - IN: TRUE when a row of the group has `p`'s key; otherwise NULL when the
+//!   group is not empty and `p`'s key is NULL or the group holds a NULL key;
+//!   otherwise FALSE.
+//!
+//! Without a residual filter each of "has `p`'s key", "group not empty" and
+//! "group holds a NULL key" is a semi selection (on `on` + key, on `on`, and
+//! on `on` over the build rows with a NULL key), computed by the same
+//! [`Selector`] as `SemiJoinExec` (GPU or CPU backend). With a filter, the
+//! host enumerates the candidate pairs of equal `on` keys in bounded rounds,
+//! evaluates the filter with DataFusion's `PhysicalExpr` over them, and
+//! reduces per probe row (a decided row takes no more pairs).
+//!
+//! The output keeps the probe side's partitions, order and equivalences: the
+//! mark is appended to each probe batch as it came.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
+use datafusion::arrow::compute::{concat, take};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::projection::ProjectionMapping;
+use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::OnceCell;
+
+use crate::algo::setops::SetOp;
+use crate::config::SetfusionConfig;
+use crate::exec::set_select::{coerce_like, input_context, key_columns, Backend, NullMode, Selector};
+use crate::keys;
+
+/// Which subquery predicate the mark answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
+pub enum MarkKind {
+    /// `expr IN (subquery)`: three-valued.
+    In,
+    /// `EXISTS (subquery)`: never NULL.
+    Exists,
+}
+
+/// A residual join filter over candidate pairs: `expr` reads an intermediate
+/// batch whose columns are `columns` (`(true, i)`: probe column i; `(false,
+/// i)`: build column i), of `schema`.
+#[derive(Debug, Clone)]
+pub struct PairFilter {
+    pub expr: PhysicalExprRef,
+    pub columns: Vec<(bool, usize)>,
+    pub schema: SchemaRef,
+}
+
+/// The operator. See the module documentation.
+#[derive(Debug)]
+pub struct MarkJoinExec {
+    kind: MarkKind,
+    probe: Arc<dyn ExecutionPlan>,
+    build: Arc<dyn ExecutionPlan>,
+    /// Correlation equalities: probe side, build side.
+    on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
+    /// IN only: the probe expression and the subquery's output.
+    in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
+    filter: Option<PairFilter>,
+    backend: Backend,
+    note: Option<String>,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    result: Arc<OnceCell<std::result::Result<Arc<Vec<Vec<RecordBatch>>>, Arc<DataFusionError>>>>,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+impl MarkJoinExec {
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_new(
+        kind: MarkKind,
+        probe: Arc<dyn ExecutionPlan>,
+        build: Arc<dyn ExecutionPlan>,
+        on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
+        in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
+        filter: Option<PairFilter>,
+        mark_name: &str,
+        backend: Backend,
+    ) -> Result<Self> {
+        if (kind == MarkKind::In) != in_keys.is_some() {
+            return Err(DataFusionError::Plan("setfusion: an IN mark join needs exactly one key pair, EXISTS none".into()));
+        }
+        let probe_schema = probe.schema();
+        let mut fields: Vec<Arc<Field>> = probe_schema.fields().iter().cloned().collect();
+        fields.push(Arc::new(Field::new(mark_name, DataType::Boolean, kind == MarkKind::In)));
+        let schema = Arc::new(Schema::new_with_metadata(fields, probe_schema.metadata().clone()));
+        // The probe columns pass through unchanged at their indices: partitioning,
+        // orderings and equivalences carry over (the mark is only appended).
+        let all: Vec<usize> = (0..probe_schema.fields().len()).collect();
+        let mapping = ProjectionMapping::from_indices(&all, &probe_schema)?;
+        let input_eq = probe.equivalence_properties();
+        let eq = input_eq.project(&mapping, schema.clone());
+        let partitioning = probe.output_partitioning().project(&mapping, input_eq);
+        let cache = Arc::new(PlanProperties::new(eq, partitioning, EmissionType::Final, Boundedness::Bounded));
+        Ok(Self {
+            kind,
+            probe,
+            build,
+            on,
+            in_keys,
+            filter,
+            backend,
+            note: None,
+            schema,
+            cache,
+            metrics: ExecutionPlanMetricsSet::new(),
+            result: Arc::new(OnceCell::new()),
+            ran: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// The planner's reason for its backend choice, shown in EXPLAIN.
+    pub fn with_note(mut self, note: Option<String>) -> Self {
+        self.note = note;
+        self
+    }
+
+    pub fn kind(&self) -> MarkKind {
+        self.kind
+    }
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn mark_name(&self) -> String {
+        self.schema.fields().last().map(|f| f.name().clone()).unwrap_or_default()
+    }
+}
+
+impl DisplayAs for MarkJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let kind = match self.kind {
+            MarkKind::In => "in",
+            MarkKind::Exists => "exists",
+        };
+        write!(f, "MarkJoinExec: kind={kind}, mark={}", self.mark_name())?;
+        if let Some((p, b)) = &self.in_keys {
+            write!(f, ", key=({p}, {b})")?;
+        }
+        if !self.on.is_empty() {
+            let on: Vec<String> = self.on.iter().map(|(p, b)| format!("({p}, {b})")).collect();
+            write!(f, ", on=[{}]", on.join(", "))?;
+        }
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={}", filter.expr)?;
+        }
+        match &self.backend {
+            Backend::Gpu(strategy) => write!(f, ", backend=gpu, strategy={strategy}")?,
+            Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
+        }
+        if let Some(note) = &self.note {
+            write!(f, ", choice=\"{note}\"")?;
+        }
+        super::fmt_projection_and_ran(f, t, &None, &self.ran)
+    }
+}
+
+impl ExecutionPlan for MarkJoinExec {
+    fn name(&self) -> &str {
+        "MarkJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.probe, &self.build]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true, false]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let keys = self.on.iter().chain(&self.in_keys).flat_map(|(p, b)| [p, b]);
+        for e in keys.chain(self.filter.as_ref().map(|f| &f.expr)) {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 2 {
+            return Err(DataFusionError::Internal("MarkJoinExec has two children".into()));
+        }
+        let build = children.pop().unwrap();
+        let probe = children.pop().unwrap();
+        Ok(Arc::new(
+            MarkJoinExec::try_new(
+                self.kind,
+                probe,
+                build,
+                self.on.clone(),
+                self.in_keys.clone(),
+                self.filter.clone(),
+                &self.mark_name(),
+                self.backend.clone(),
+            )?
+            .with_note(self.note.clone()),
+        ))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let cell = self.result.clone();
+        let run = Run {
+            kind: self.kind,
+            probe: self.probe.clone(),
+            build: self.build.clone(),
+            on: self.on.clone(),
+            in_keys: self.in_keys.clone(),
+            filter: self.filter.clone(),
+            backend: self.backend.clone(),
+            schema: self.schema.clone(),
+            metrics: self.metrics.clone(),
+            ran: self.ran.clone(),
+        };
+        let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let fut = async move {
+            let parts = cell
+                .get_or_init(|| async move { run.run(context).await.map(Arc::new).map_err(Arc::new) })
+                .await
+                .clone()
+                .map_err(DataFusionError::Shared)?;
+            let batches = parts.get(partition).cloned().unwrap_or_default();
+            out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        };
+        let stream = futures::stream::once(fut).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// One execution (all partitions).
+struct Run {
+    kind: MarkKind,
+    probe: Arc<dyn ExecutionPlan>,
+    build: Arc<dyn ExecutionPlan>,
+    on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
+    in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
+    filter: Option<PairFilter>,
+    backend: Backend,
+    schema: SchemaRef,
+    metrics: ExecutionPlanMetricsSet,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+/// Per probe row: a row of the group has its key / the group is not empty /
+/// the group holds a NULL key (IN only).
+struct GroupFacts {
+    matched: BooleanBuffer,
+    nonempty: BooleanBuffer,
+    has_null: BooleanBuffer,
+}
+
+impl Run {
+    async fn run(self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
+        let cfg = SetfusionConfig::from_options(context.session_config().options());
+        let inputs = input_context(&context);
+        let (probe_parts, build_parts) = futures::try_join!(
+            collect_partitioned(self.probe.clone(), inputs.clone()),
+            collect_partitioned(self.build.clone(), inputs)
+        )?;
+        let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
+        let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
+        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
+        let nb: usize = build.iter().map(|b| b.num_rows()).sum();
+        let facts = if n == 0 {
+            let none = BooleanBuffer::new_unset(0);
+            GroupFacts { matched: none.clone(), nonempty: none.clone(), has_null: none }
+        } else if self.filter.is_some() {
+            self.facts_filtered(&probe, &build)?
+        } else {
+            self.facts_keyed(&cfg, &probe, &build, n, nb)?
+        };
+        let mark = match self.kind {
+            MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
+            MarkKind::In => {
+                let (probe_key, _) = self.in_keys.as_ref().expect("IN has keys");
+                let probe_null = null_bits(&probe, probe_key, n)?;
+                // NULL exactly when not matched, the group is not empty, and the
+                // probe key or a group key is NULL.
+                let unknown = &(&!&facts.matched & &facts.nonempty) & &(&probe_null | &facts.has_null);
+                BooleanArray::new(facts.matched, Some(NullBuffer::new(!&unknown)))
+            }
+        };
+        // The mark, sliced per probe batch, appended to it.
+        let mut at = 0;
+        let mut out = Vec::with_capacity(probe_parts.len());
+        for part in &probe_parts {
+            let mut batches = Vec::with_capacity(part.len());
+            for b in part {
+                let mut columns = b.columns().to_vec();
+                columns.push(Arc::new(mark.slice(at, b.num_rows())));
+                at += b.num_rows();
+                batches.push(RecordBatch::try_new(self.schema.clone(), columns)?);
+            }
+            out.push(batches);
+        }
+        Ok(out)
+    }
+
+    /// One semi selection of the probe rows against the build rows on `keys`
+    /// (per batch, both sides), through the shared [`Selector`].
+    fn semi(&self, cfg: &SetfusionConfig, probe: &[Vec<ArrayRef>], build: &[Vec<ArrayRef>], ran: &mut Vec<String>) -> Result<BooleanBuffer> {
+        let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
+        let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
+        let probe: Vec<Vec<ArrayRef>> = probe.iter().map(|c| coerce_like(c.clone(), &types)).collect::<Result<_>>()?;
+        let build: Vec<Vec<ArrayRef>> = build.iter().map(|c| coerce_like(c.clone(), &types)).collect::<Result<_>>()?;
+        let said = Arc::new(Mutex::new(None));
+        let selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
+        let sel = selector.select_columns(cfg, &probe, &build, &types)?;
+        ran.extend(said.lock().unwrap().take());
+        Ok(sel)
+    }
+
+    /// The group facts from key selections alone (no residual filter).
+    fn facts_keyed(&self, cfg: &SetfusionConfig, probe: &[&RecordBatch], build: &[&RecordBatch], n: usize, nb: usize) -> Result<GroupFacts> {
+        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+        let probe_on = key_columns(probe, &probe_on)?;
+        let build_on = key_columns(build, &build_on)?;
+        let mut ran = Vec::new();
+        let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
+        // The group is not empty: an uncorrelated subquery has one group, the whole build side.
+        let nonempty = if self.on.is_empty() { constant(nb > 0) } else { self.semi(cfg, &probe_on, &build_on, &mut ran)? };
+        let Some((probe_key, build_key)) = &self.in_keys else {
+            *self.ran.lock().unwrap() = Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
+            return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: constant(false) });
+        };
+        let probe_key_cols = key_columns(probe, std::slice::from_ref(probe_key))?;
+        let build_key_cols = key_columns(build, std::slice::from_ref(build_key))?;
+        let with_key = |on: &[Vec<ArrayRef>], key: &[Vec<ArrayRef>]| -> Vec<Vec<ArrayRef>> {
+            on.iter().zip(key).map(|(o, k)| o.iter().chain(k).cloned().collect()).collect()
+        };
+        let matched = if nb == 0 {
+            constant(false)
+        } else {
+            self.semi(cfg, &with_key(&probe_on, &probe_key_cols), &with_key(&build_on, &build_key_cols), &mut ran)?
+        };
+        // The build rows whose key is NULL, by batch.
+        let null_keyed: Vec<Vec<ArrayRef>> = build_on
+            .iter()
+            .zip(&build_key_cols)
+            .map(|(on, key)| {
+                let is_null = datafusion::arrow::compute::is_null(key[0].as_ref())?;
+                on.iter().map(|c| Ok(datafusion::arrow::compute::filter(c.as_ref(), &is_null)?)).collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
+        let build_nulls: usize = build_key_cols.iter().map(|k| k[0].null_count()).sum();
+        let has_null = if build_nulls == 0 {
+            constant(false)
+        } else if self.on.is_empty() {
+            constant(true)
+        } else {
+            self.semi(cfg, &probe_on, &null_keyed, &mut ran)?
+        };
+        *self.ran.lock().unwrap() = Some(ran.join("; "));
+        Ok(GroupFacts { matched, nonempty, has_null })
+    }
+
+    /// The group facts with a residual filter: candidate pairs of equal `on`
+    /// keys (exact, row-encoded), the filter evaluated over them on the host.
+    fn facts_filtered(&self, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<GroupFacts> {
+        let filter = self.filter.as_ref().expect("called with a filter");
+        // One array per column over all batches (an empty array of the type when there are none).
+        let concat_all = |arrays: Vec<ArrayRef>, data_type: DataType| -> Result<ArrayRef> {
+            if arrays.is_empty() {
+                return Ok(datafusion::arrow::array::new_empty_array(&data_type));
+            }
+            let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+            Ok(concat(&refs)?)
+        };
+        let concat_side = |batches: &[&RecordBatch], exprs: &[PhysicalExprRef], schema: &SchemaRef| -> Result<Vec<ArrayRef>> {
+            let per_batch = key_columns(batches, exprs)?;
+            exprs
+                .iter()
+                .enumerate()
+                .map(|(c, e)| concat_all(per_batch.iter().map(|b| b[c].clone()).collect(), e.data_type(schema)?))
+                .collect()
+        };
+        let column = |batches: &[&RecordBatch], i: usize, schema: &SchemaRef| -> Result<ArrayRef> {
+            concat_all(batches.iter().map(|b| b.column(i).clone()).collect(), schema.field(i).data_type().clone())
+        };
+        let (probe_schema, build_schema) = (self.probe.schema(), self.build.schema());
+        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+        let probe_on = concat_side(probe, &probe_on, &probe_schema)?;
+        let build_on = concat_side(build, &build_on, &build_schema)?;
+        let (probe_key, build_key) = match &self.in_keys {
+            Some((p, b)) => (
+                Some(concat_side(probe, std::slice::from_ref(p), &probe_schema)?.remove(0)),
+                Some(concat_side(build, std::slice::from_ref(b), &build_schema)?.remove(0)),
+            ),
+            None => (None, None),
+        };
+        let pair_columns: Vec<ArrayRef> = filter
+            .columns
+            .iter()
+            .map(|&(from_probe, i)| if from_probe { column(probe, i, &probe_schema) } else { column(build, i, &build_schema) })
+            .collect::<Result<_>>()?;
+        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
+        let nb: usize = build.iter().map(|b| b.num_rows()).sum();
+        let groups = CandidateGroups::new(&probe_on, &build_on, nb)?;
+        let ctx = PairContext { filter, pair_columns: &pair_columns, probe_key: probe_key.as_ref(), build_key: build_key.as_ref(), groups: &groups };
+        // Probe rows in chunks on the copy threads; each chunk's pairs are bounded.
+        let chunks: Vec<(usize, usize)> = (0..n).step_by(PROBE_CHUNK).map(|s| (s, (s + PROBE_CHUNK).min(n))).collect();
+        let results = crate::gpu::par_map(&chunks, 1, |&(s, e)| ctx.chunk(s, e))?;
+        let (mut matched, mut nonempty, mut has_null) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for (m, g, h) in results {
+            matched.extend(m);
+            nonempty.extend(g);
+            has_null.extend(h);
+        }
+        *self.ran.lock().unwrap() = Some(format!("cpu (residual filter on the host, {} candidate pairs)", groups.pairs_hint(n)));
+        Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null: BooleanBuffer::from(has_null) })
+    }
+}
+
+/// Probe rows per task of the filtered path.
+const PROBE_CHUNK: usize = 1 << 14;
+/// Candidate pairs evaluated at once (per task): bounds memory when keys have many duplicates.
+const PAIR_BATCH: usize = 1 << 16;
+
+/// The build rows of each probe row's group by `on` keys (all build rows when there are none).
+struct CandidateGroups {
+    /// Build rows sorted by key, and each probe row's range in it.
+    build_rows: Vec<u32>,
+    ranges: Vec<(u32, u32)>,
+    all: bool,
+    nb: usize,
+}
+
+impl CandidateGroups {
+    fn new(probe_on: &[ArrayRef], build_on: &[ArrayRef], nb: usize) -> Result<Self> {
+        if probe_on.is_empty() {
+            return Ok(Self { build_rows: Vec::new(), ranges: Vec::new(), all: true, nb });
+        }
+        let fields: Vec<SortField> = probe_on.iter().map(|a| SortField::new(a.data_type().clone())).collect();
+        let converter = RowConverter::new(fields)?;
+        let probe_rows = converter.convert_columns(probe_on)?;
+        let build_rows = converter.convert_columns(build_on)?;
+        let any_null = |cols: &[ArrayRef], i: usize| cols.iter().any(|c| c.is_null(i));
+        // NULL equals nothing: such rows have no group / join none.
+        let mut by_key: HashMap<&[u8], Vec<u32>> = HashMap::new();
+        for i in 0..build_rows.num_rows() {
+            if !any_null(build_on, i) {
+                by_key.entry(build_rows.row(i).data()).or_default().push(i as u32);
+            }
+        }
+        let mut flat = Vec::with_capacity(build_rows.num_rows());
+        let mut at: HashMap<&[u8], (u32, u32)> = HashMap::with_capacity(by_key.len());
+        for (k, rows) in by_key {
+            let s = flat.len() as u32;
+            flat.extend(rows);
+            at.insert(k, (s, flat.len() as u32));
+        }
+        let ranges = (0..probe_rows.num_rows())
+            .map(|i| if any_null(probe_on, i) { (0, 0) } else { at.get(probe_rows.row(i).data()).copied().unwrap_or((0, 0)) })
+            .collect();
+        Ok(Self { build_rows: flat, ranges, all: false, nb })
+    }
+
+    fn len(&self, p: usize) -> usize {
+        if self.all {
+            self.nb
+        } else {
+            let (s, e) = self.ranges[p];
+            (e - s) as usize
+        }
+    }
+
+    fn get(&self, p: usize, j: usize) -> u32 {
+        if self.all {
+            j as u32
+        } else {
+            self.build_rows[self.ranges[p].0 as usize + j]
+        }
+    }
+
+    /// Candidate pairs before any early exit, for EXPLAIN ANALYZE.
+    fn pairs_hint(&self, n: usize) -> usize {
+        (0..n).map(|p| self.len(p)).sum()
+    }
+}
+
+struct PairContext<'a> {
+    filter: &'a PairFilter,
+    pair_columns: &'a [ArrayRef],
+    probe_key: Option<&'a ArrayRef>,
+    build_key: Option<&'a ArrayRef>,
+    groups: &'a CandidateGroups,
+}
+
+impl PairContext<'_> {
+    /// The facts of probe rows `s..e`: pairs in rounds of at most
+    /// [`PAIR_BATCH`], a row leaving the rounds once matched.
+    fn chunk(&self, s: usize, e: usize) -> Result<(Vec<bool>, Vec<bool>, Vec<bool>)> {
+        let rows = e - s;
+        let (mut matched, mut nonempty, mut has_null) = (vec![false; rows], vec![false; rows], vec![false; rows]);
+        let mut next = vec![0usize; rows];
+        let mut open: Vec<usize> = (0..rows).filter(|&r| self.groups.len(s + r) > 0).collect();
+        while !open.is_empty() {
+            let (mut p_idx, mut b_idx) = (Vec::new(), Vec::new());
+            // Spread the batch over the open rows: a row with a huge group cannot starve the others.
+            let share = (PAIR_BATCH / open.len()).max(1);
+            for &r in &open {
+                let len = self.groups.len(s + r);
+                let end = (next[r] + share).min(len);
+                for j in next[r]..end {
+                    p_idx.push((s + r) as u32);
+                    b_idx.push(self.groups.get(s + r, j));
+                }
+                next[r] = end;
+                if p_idx.len() >= PAIR_BATCH {
+                    break;
+                }
+            }
+            let (passes, key_equal, key_null) = self.evaluate(&p_idx, &b_idx)?;
+            for (t, &p) in p_idx.iter().enumerate() {
+                let r = p as usize - s;
+                if passes.value(t) && passes.is_valid(t) {
+                    nonempty[r] = true;
+                    matched[r] |= key_equal.as_ref().is_none_or(|k| k.is_valid(t) && k.value(t));
+                    has_null[r] |= key_null.as_ref().is_some_and(|k| k.value(t));
+                }
+            }
+            open.retain(|&r| !matched[r] && next[r] < self.groups.len(s + r));
+        }
+        Ok((matched, nonempty, has_null))
+    }
+
+    /// Over pairs (probe row, build row): the filter, and for IN whether the
+    /// keys are equal and whether the build key is NULL.
+    fn evaluate(&self, p_idx: &[u32], b_idx: &[u32]) -> Result<(BooleanArray, Option<BooleanArray>, Option<BooleanArray>)> {
+        let (p, b) = (UInt32Array::from(p_idx.to_vec()), UInt32Array::from(b_idx.to_vec()));
+        let columns: Vec<ArrayRef> = self
+            .filter
+            .columns
+            .iter()
+            .zip(self.pair_columns)
+            .map(|(&(from_probe, _), c)| Ok(take(c.as_ref(), if from_probe { &p } else { &b }, None)?))
+            .collect::<Result<_>>()?;
+        let options = datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(p_idx.len()));
+        let batch = RecordBatch::try_new_with_options(self.filter.schema.clone(), columns, &options)?;
+        let passes = self.filter.expr.evaluate(&batch)?.into_array(p_idx.len())?;
+        let passes = passes
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .cloned()
+            .ok_or_else(|| DataFusionError::Internal("setfusion: join filter is not boolean".into()))?;
+        let (key_equal, key_null) = match (self.probe_key, self.build_key) {
+            (Some(pk), Some(bk)) => {
+                let (pk, bk) = (take(pk.as_ref(), &p, None)?, take(bk.as_ref(), &b, None)?);
+                let equal = datafusion::arrow::compute::kernels::cmp::eq(&pk, &bk)?;
+                (Some(equal), Some(datafusion::arrow::compute::is_null(bk.as_ref())?))
+            }
+            _ => (None, None),
+        };
+        Ok((passes, key_equal, key_null))
+    }
+}
+
+/// One bit per probe row: `expr` is NULL there.
+fn null_bits(batches: &[&RecordBatch], expr: &PhysicalExprRef, n: usize) -> Result<BooleanBuffer> {
+    let mut bits = Vec::with_capacity(n);
+    for b in batches {
+        let v = expr.evaluate(b)?.into_array(b.num_rows())?;
+        bits.extend((0..v.len()).map(|i| v.is_null(i)));
+    }
+    Ok(BooleanBuffer::from(bits))
+}

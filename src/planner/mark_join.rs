@@ -1,0 +1,433 @@
+//! Subquery predicates DataFusion gets wrong or refuses, as mark joins.
+//!
+//! DataFusion 55 turns a top-level `IN` / `EXISTS` / `NOT EXISTS` conjunct
+//! and an uncorrelated top-level `NOT IN` into semi / anti joins, correctly.
+//! Anywhere else it fails: under OR its LeftMark join gives a two-valued mark
+//! (`k NOT IN (..) OR p < 100` keeps rows it must not), in a SELECT list or
+//! CASE it refuses the plan, and a correlated `NOT IN` fails as a null-aware
+//! anti join with more than one key.
+//!
+//! The analyzer rule [`MarkJoinRule`] (after type coercion, before any
+//! DataFusion decorrelation) takes exactly those subquery predicates: each
+//! becomes a [`MarkJoinNode`] whose three-valued mark column replaces the
+//! predicate in its expression. Subquery correlation is pulled up with
+//! DataFusion's own `PullUpCorrelatedExpr`; its equalities become the join's
+//! keys, anything else a residual filter. Conjuncts without a subquery are
+//! applied below the mark joins. [`MarkJoinPlanner`] plans the node as a
+//! `MarkJoinExec`.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::Session;
+use datafusion::common::alias::AliasGenerator;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{Column, DFSchema, DFSchemaRef};
+use datafusion::config::ConfigOptions;
+use datafusion::error::Result;
+use datafusion::logical_expr::expr::{Exists, InSubquery};
+use datafusion::logical_expr::expr_rewriter::{create_col_from_scalar_expr, replace_col, NamePreserver};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
+use datafusion::logical_expr::{
+    Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Projection,
+    Subquery, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::optimizer::decorrelate::PullUpCorrelatedExpr;
+use datafusion::optimizer::AnalyzerRule;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+
+use crate::algo::setops::SetOp;
+use crate::config::SetfusionConfig;
+use crate::exec::mark_join::{MarkJoinExec, MarkKind, PairFilter};
+use crate::exec::set_select::Backend;
+
+/// Every row of `probe` with a mark column (`mark`) answering the subquery
+/// predicate for it. See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MarkJoinNode {
+    pub kind: MarkKind,
+    pub probe: LogicalPlan,
+    pub build: LogicalPlan,
+    /// Correlation equalities: (probe expression, build expression).
+    pub on: Vec<(Expr, Expr)>,
+    /// IN only: (the probe expression, the subquery's output column).
+    pub in_keys: Option<(Expr, Expr)>,
+    /// The other correlated predicates, over both sides' columns.
+    pub filter: Option<Expr>,
+    pub mark: Column,
+    schema: DFSchemaRef,
+}
+
+impl PartialOrd for MarkJoinNode {
+    fn partial_cmp(&self, _other: &Self) -> Option<Ordering> {
+        None
+    }
+}
+
+impl MarkJoinNode {
+    pub fn try_new(
+        kind: MarkKind,
+        probe: LogicalPlan,
+        build: LogicalPlan,
+        on: Vec<(Expr, Expr)>,
+        in_keys: Option<(Expr, Expr)>,
+        filter: Option<Expr>,
+        mark: Column,
+    ) -> Result<Self> {
+        let field = Field::new(&mark.name, DataType::Boolean, kind == MarkKind::In);
+        let qualifier = mark.relation.clone().unwrap_or_else(|| "".into());
+        let mark_schema = DFSchema::try_from_qualified_schema(qualifier, &Schema::new(vec![field]))?;
+        let schema = Arc::new(probe.schema().join(&mark_schema)?);
+        Ok(Self { kind, probe, build, on, in_keys, filter, mark, schema })
+    }
+}
+
+impl UserDefinedLogicalNodeCore for MarkJoinNode {
+    fn name(&self) -> &str {
+        "MarkJoin"
+    }
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.probe, &self.build]
+    }
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+    /// `on` pairs, then the IN key pair, then the filter.
+    fn expressions(&self) -> Vec<Expr> {
+        let pairs = self.on.iter().chain(&self.in_keys).flat_map(|(p, b)| [p.clone(), b.clone()]);
+        pairs.chain(self.filter.clone()).collect()
+    }
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let kind = if self.kind == MarkKind::In { "IN" } else { "EXISTS" };
+        write!(f, "MarkJoin: {kind}, mark={}", self.mark)?;
+        if let Some((p, b)) = &self.in_keys {
+            write!(f, ", key={p} = {b}")?;
+        }
+        for (p, b) in &self.on {
+            write!(f, ", on {p} = {b}")?;
+        }
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={filter}")?;
+        }
+        Ok(())
+    }
+    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
+        let build = inputs.pop().expect("two inputs");
+        let probe = inputs.pop().expect("two inputs");
+        let mut exprs = exprs.into_iter();
+        let mut pair = || (exprs.next().expect("pair"), exprs.next().expect("pair"));
+        let on = (0..self.on.len()).map(|_| pair()).collect();
+        let in_keys = self.in_keys.as_ref().map(|_| pair());
+        let filter = self.filter.as_ref().map(|_| exprs.next().expect("filter"));
+        Self::try_new(self.kind, probe, build, on, in_keys, filter, self.mark.clone())
+    }
+    /// Every probe column the parent reads (the node's own expressions add
+    /// theirs), so projections are pushed into both inputs.
+    fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        let probe_len = self.probe.schema().fields().len();
+        Some(vec![output_columns.iter().copied().filter(|&i| i < probe_len).collect(), Vec::new()])
+    }
+    fn supports_limit_pushdown(&self) -> bool {
+        false
+    }
+}
+
+/// Analyzer rule: subquery predicates DataFusion cannot answer -> [`MarkJoinNode`]s.
+#[derive(Debug, Default)]
+pub struct MarkJoinRule;
+
+impl AnalyzerRule for MarkJoinRule {
+    fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
+        if !SetfusionConfig::from_options(config).enabled {
+            return Ok(plan);
+        }
+        let aliases = AliasGenerator::new();
+        plan.transform_up_with_subqueries(|p| rewrite_node(p, &aliases)).data()
+    }
+    fn name(&self) -> &str {
+        "setfusion_mark_joins"
+    }
+}
+
+fn has_subquery(e: &Expr) -> bool {
+    e.exists(|e| Ok(matches!(e, Expr::InSubquery(_) | Expr::Exists(_)))).unwrap_or(false)
+}
+
+/// A WHERE conjunct DataFusion turns into a semi / anti join, correctly.
+fn datafusion_answers(e: &Expr) -> bool {
+    let uncorrelated = |s: &Subquery| s.outer_ref_columns.is_empty();
+    match e {
+        Expr::Exists(_) => true,
+        Expr::InSubquery(InSubquery { negated, subquery, .. }) => !negated || uncorrelated(subquery),
+        Expr::Not(inner) => match inner.as_ref() {
+            Expr::Exists(_) => true,
+            Expr::InSubquery(InSubquery { negated, subquery, .. }) => *negated || uncorrelated(subquery),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
+    match plan {
+        LogicalPlan::Filter(filter) if has_subquery(&filter.predicate) => rewrite_filter(filter, aliases),
+        LogicalPlan::Projection(p) if p.expr.iter().any(has_subquery) => {
+            let preserver = NamePreserver::new_for_projection();
+            let mut input = p.input.as_ref().clone();
+            let mut changed = false;
+            let mut exprs = Vec::with_capacity(p.expr.len());
+            for e in p.expr {
+                if !has_subquery(&e) {
+                    exprs.push(e);
+                    continue;
+                }
+                let saved = preserver.save(&e);
+                let (next, e, did) = mark_subqueries(input, e, aliases)?;
+                input = next;
+                changed |= did;
+                exprs.push(saved.restore(e));
+            }
+            let plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?);
+            Ok(if changed { Transformed::yes(plan) } else { Transformed::no(plan) })
+        }
+        LogicalPlan::Aggregate(a) if a.group_expr.iter().chain(&a.aggr_expr).any(has_subquery) => {
+            let preserver = NamePreserver::new_for_projection();
+            let mut input = a.input.as_ref().clone();
+            let mut changed = false;
+            let mut rewrite_all = |exprs: Vec<Expr>, input: &mut LogicalPlan| -> Result<Vec<Expr>> {
+                exprs
+                    .into_iter()
+                    .map(|e| {
+                        if !has_subquery(&e) {
+                            return Ok(e);
+                        }
+                        let saved = preserver.save(&e);
+                        let (next, e, did) = mark_subqueries(input.clone(), e, aliases)?;
+                        *input = next;
+                        changed |= did;
+                        Ok(saved.restore(e))
+                    })
+                    .collect()
+            };
+            let group = rewrite_all(a.group_expr, &mut input)?;
+            let aggr = rewrite_all(a.aggr_expr, &mut input)?;
+            let plan = LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(input), group, aggr)?);
+            Ok(if changed { Transformed::yes(plan) } else { Transformed::no(plan) })
+        }
+        LogicalPlan::Join(mut join)
+            if join.join_type == JoinType::Inner && join.filter.as_ref().is_some_and(has_subquery) =>
+        {
+            // In an inner join's ON a predicate may as well filter the joined rows.
+            let (with, without): (Vec<_>, Vec<_>) =
+                split_conjunction_owned(join.filter.take().expect("checked")).into_iter().partition(has_subquery);
+            join.filter = conjunction(without);
+            let joined = LogicalPlan::Join(join);
+            let filter = Filter::try_new(conjunction(with).expect("one at least"), Arc::new(joined))?;
+            let out = rewrite_filter(filter, aliases)?;
+            Ok(Transformed::yes(out.data))
+        }
+        other => Ok(Transformed::no(other)),
+    }
+}
+
+/// A filter whose subquery predicates DataFusion cannot answer: plain
+/// conjuncts first, then the mark joins, then the predicates over the marks;
+/// the marks are projected away.
+fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
+    let conjuncts = split_conjunction_owned(filter.predicate.clone());
+    if conjuncts.iter().all(|c| !has_subquery(c) || datafusion_answers(c)) {
+        return Ok(Transformed::no(LogicalPlan::Filter(filter)));
+    }
+    let columns = filter.input.schema().columns();
+    let (plain, with): (Vec<_>, Vec<_>) = conjuncts.into_iter().partition(|c| !has_subquery(c));
+    let mut input = filter.input.as_ref().clone();
+    if let Some(p) = conjunction(plain) {
+        input = LogicalPlan::Filter(Filter::try_new(p, Arc::new(input))?);
+    }
+    let mut above = Vec::with_capacity(with.len());
+    let mut changed = false;
+    for c in with {
+        if datafusion_answers(&c) {
+            above.push(c);
+            continue;
+        }
+        let (next, c, did) = mark_subqueries(input, c, aliases)?;
+        input = next;
+        changed |= did;
+        above.push(c);
+    }
+    if !changed {
+        return Ok(Transformed::no(LogicalPlan::Filter(filter)));
+    }
+    let filtered = LogicalPlan::Filter(Filter::try_new(conjunction(above).expect("one at least"), Arc::new(input))?);
+    let plan = LogicalPlanBuilder::from(filtered).project(columns.into_iter().map(Expr::Column))?.build()?;
+    Ok(Transformed::yes(plan))
+}
+
+/// Replace every subquery predicate in `e` by a mark over `input`, adding
+/// the mark joins to `input`. A subquery that cannot be decorrelated stays.
+fn mark_subqueries(input: LogicalPlan, e: Expr, aliases: &AliasGenerator) -> Result<(LogicalPlan, Expr, bool)> {
+    let mut input = input;
+    let mut changed = false;
+    let e = e
+        .transform(|e| {
+            let (subquery, in_expr, negated) = match &e {
+                Expr::Exists(Exists { subquery, negated }) => (subquery, None, *negated),
+                Expr::InSubquery(InSubquery { expr, subquery, negated }) => (subquery, Some(expr.as_ref()), *negated),
+                _ => return Ok(Transformed::no(e)),
+            };
+            match mark_join(&input, subquery, in_expr, aliases)? {
+                Some((plan, mark)) => {
+                    input = plan;
+                    changed = true;
+                    let mark = Expr::Column(mark);
+                    Ok(Transformed::yes(if negated { Expr::Not(Box::new(mark)) } else { mark }))
+                }
+                None => Ok(Transformed::no(e)),
+            }
+        })?
+        .data;
+    Ok((input, e, changed))
+}
+
+/// `left` with a mark join against the decorrelated `subquery`; None when
+/// DataFusion's pull-up cannot decorrelate it or a correlation reaches past
+/// `left` (an outer query further out).
+fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Column)>> {
+    let sub = subquery.subquery.as_ref();
+    let output = match (in_expr, sub.head_output_expr()?) {
+        (Some(_), None) => return Ok(None),
+        (_, output) => output,
+    };
+    let in_predicate = in_expr.zip(output.clone()).map(|(e, out)| e.clone().eq(out));
+    let mut pull_up = PullUpCorrelatedExpr::new()
+        .with_in_predicate_opt(in_predicate.clone())
+        .with_exists_sub_query(in_predicate.is_none());
+    let decorrelated = sub.clone().rewrite(&mut pull_up).data()?;
+    if !pull_up.can_pull_up || pull_up.pull_up_having_expr.is_some() {
+        return Ok(None);
+    }
+    let alias = aliases.next("__sf_mark");
+    let build = LogicalPlanBuilder::from(decorrelated).alias(alias.clone())?.build()?;
+    // The subquery's own columns in the correlation predicates, renamed under the alias.
+    let correlated: BTreeSet<Column> = pull_up.correlated_subquery_cols_map.values().flatten().cloned().collect();
+    let renamed: Vec<Column> = correlated.iter().map(|c| Column::new(Some(alias.clone()), &c.name)).collect();
+    let map: HashMap<&Column, &Column> = correlated.iter().zip(&renamed).collect();
+    let correlation = match conjunction(pull_up.join_filters) {
+        Some(f) => split_conjunction_owned(replace_col(f, &map)?),
+        None => Vec::new(),
+    };
+    let (probe_schema, build_schema) = (left.schema(), build.schema());
+    // Which side an expression reads: Some(true) the probe, Some(false) the build.
+    let side = |e: &Expr| -> Option<bool> {
+        let cols = e.column_refs();
+        if cols.is_empty() {
+            None
+        } else if cols.iter().all(|c| probe_schema.has_column(c)) {
+            Some(true)
+        } else if cols.iter().all(|c| build_schema.has_column(c)) {
+            Some(false)
+        } else {
+            None
+        }
+    };
+    let same_type = |p: &Expr, b: &Expr| matches!((p.get_type(probe_schema.as_ref()), b.get_type(build_schema.as_ref())), (Ok(x), Ok(y)) if x == y);
+    let (mut on, mut residual) = (Vec::new(), Vec::new());
+    for c in correlation {
+        if !c.column_refs().iter().all(|col| probe_schema.has_column(col) || build_schema.has_column(col)) {
+            return Ok(None);
+        }
+        if let Expr::BinaryExpr(BinaryExpr { left: l, op: Operator::Eq, right: r }) = &c {
+            match (side(l), side(r)) {
+                (Some(true), Some(false)) if same_type(l, r) => {
+                    on.push((l.as_ref().clone(), r.as_ref().clone()));
+                    continue;
+                }
+                (Some(false), Some(true)) if same_type(r, l) => {
+                    on.push((r.as_ref().clone(), l.as_ref().clone()));
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        residual.push(c);
+    }
+    let in_keys = match (in_expr, &output) {
+        (Some(e), Some(out)) => {
+            let out = Expr::Column(create_col_from_scalar_expr(out, alias.clone())?);
+            if !same_type(e, &out) || side(e) == Some(false) {
+                return Ok(None);
+            }
+            Some((e.clone(), out))
+        }
+        _ => None,
+    };
+    let kind = if in_keys.is_some() { MarkKind::In } else { MarkKind::Exists };
+    let mark = Column::new(Some(alias), "mark");
+    let node = MarkJoinNode::try_new(kind, left.clone(), build, on, in_keys, conjunction(residual), mark.clone())?;
+    Ok(Some((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark)))
+}
+
+/// Physical planning of [`MarkJoinNode`]: always setfusion's operator (DataFusion has
+/// none that is right), on the GPU when the cost model says so and no residual
+/// filter needs the host.
+#[derive(Debug, Default)]
+pub struct MarkJoinPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for MarkJoinPlanner {
+    async fn plan_extension(
+        &self,
+        planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session_state: &dyn Session,
+        planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<MarkJoinNode>() else { return Ok(None) };
+        let (probe, build) = (physical_inputs[0].clone(), physical_inputs[1].clone());
+        let (probe_schema, build_schema) = (logical_inputs[0].schema(), logical_inputs[1].schema());
+        let physical = |e: &Expr, schema: &DFSchema| planner.create_physical_expr(e, schema, session_state, planning_ctx);
+        let pair = |(p, b): &(Expr, Expr)| -> Result<_> { Ok((physical(p, probe_schema)?, physical(b, build_schema)?)) };
+        let on = node.on.iter().map(pair).collect::<Result<Vec<_>>>()?;
+        let in_keys = node.in_keys.as_ref().map(pair).transpose()?;
+        let filter = match &node.filter {
+            None => None,
+            Some(f) => {
+                // The filter reads an intermediate batch of just the columns it names.
+                let mut columns = Vec::new();
+                let mut fields = Vec::new();
+                for c in f.column_refs() {
+                    let (from_probe, schema) = if probe_schema.has_column(c) { (true, probe_schema) } else { (false, build_schema) };
+                    let i = schema.index_of_column(c)?;
+                    let (q, field) = schema.qualified_field(i);
+                    columns.push((from_probe, i));
+                    fields.push((q.cloned(), field.clone()));
+                }
+                let schema = DFSchema::new_with_metadata(fields, Default::default())?;
+                let expr = physical(f, &schema)?;
+                Some(PairFilter { expr, columns, schema: Arc::new(schema.as_arrow().clone()) })
+            }
+        };
+        let cfg = SetfusionConfig::from_options(session_state.config_options());
+        let (backend, note) = if filter.is_some() {
+            (Backend::Cpu("residual join filter evaluated on the host".into()), None)
+        } else {
+            let probe_arrow = probe.schema();
+            let types: Vec<DataType> =
+                on.iter().chain(&in_keys).map(|(p, _)| p.data_type(&probe_arrow)).collect::<Result<_>>()?;
+            let threads = session_state.config_options().execution.target_partitions;
+            let d = super::decide(&cfg, SetOp::Semi, &probe, &build, &types, threads);
+            (d.backend, d.note)
+        };
+        let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?.with_note(note);
+        Ok(Some(Arc::new(exec)))
+    }
+}
