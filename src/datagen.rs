@@ -65,4 +65,6 @@ pub const SET_QUERIES: &[(&str, &str)] = &[
     ("NOT IN", "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b)"),
     ("EXISTS", "SELECT count(*) FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k)"),
     ("IN, rows + payload", "SELECT k, v FROM a WHERE k IN (SELECT k FROM b)"),
+    // A mark join: DataFusion's LeftMark join answers it (rightly, b.k has no NULL).
+    ("IN OR (mark join)", "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b) OR v < 10"),
 ];

@@ -31,7 +31,7 @@ fn ms(d: Duration) -> f64 {
 /// Sum a named metric over every setfusion node of an executed plan.
 fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     let mut total = 0;
-    if plan.name() == "SemiJoinExec" || plan.name() == "SetOpExec" {
+    if matches!(plan.name(), "SemiJoinExec" | "SetOpExec" | "MarkJoinExec") {
         if let Some(m) = plan.metrics() {
             total += m.sum_by_name(name).map_or(0, |v| v.as_usize());
         }

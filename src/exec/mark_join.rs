@@ -61,6 +61,17 @@ pub enum MarkKind {
     Exists,
 }
 
+/// What the operator outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkOutput {
+    /// Every probe row, with the mark appended.
+    Mark,
+    /// The probe rows whose mark is TRUE (a semi join with a residual filter).
+    Semi,
+    /// The probe rows whose mark is FALSE (an anti join with a residual filter; EXISTS only).
+    Anti,
+}
+
 /// A residual join filter over candidate pairs: `expr` reads an intermediate
 /// batch whose columns are `columns` (`(true, i)`: probe column i; `(false,
 /// i)`: build column i), of `schema`.
@@ -82,6 +93,7 @@ pub struct MarkJoinExec {
     /// IN only: the probe expression and the subquery's output.
     in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
     filter: Option<PairFilter>,
+    output: MarkOutput,
     backend: Backend,
     note: Option<String>,
     schema: SchemaRef,
@@ -107,9 +119,13 @@ impl MarkJoinExec {
             return Err(DataFusionError::Plan("setfusion: an IN mark join needs exactly one key pair, EXISTS none".into()));
         }
         let probe_schema = probe.schema();
-        let mut fields: Vec<Arc<Field>> = probe_schema.fields().iter().cloned().collect();
-        fields.push(Arc::new(Field::new(mark_name, DataType::Boolean, kind == MarkKind::In)));
-        let schema = Arc::new(Schema::new_with_metadata(fields, probe_schema.metadata().clone()));
+        let schema = if mark_name.is_empty() {
+            probe_schema.clone()
+        } else {
+            let mut fields: Vec<Arc<Field>> = probe_schema.fields().iter().cloned().collect();
+            fields.push(Arc::new(Field::new(mark_name, DataType::Boolean, kind == MarkKind::In)));
+            Arc::new(Schema::new_with_metadata(fields, probe_schema.metadata().clone()))
+        };
         // The probe columns pass through unchanged at their indices: partitioning,
         // orderings and equivalences carry over (the mark is only appended).
         let all: Vec<usize> = (0..probe_schema.fields().len()).collect();
@@ -125,6 +141,7 @@ impl MarkJoinExec {
             on,
             in_keys,
             filter,
+            output: MarkOutput::Mark,
             backend,
             note: None,
             schema,
@@ -141,6 +158,21 @@ impl MarkJoinExec {
         self
     }
 
+    /// A semi or anti join (EXISTS / NOT EXISTS with a residual filter): the
+    /// probe rows whose mark is TRUE / FALSE, without a mark column.
+    pub fn semi_or_anti(
+        anti: bool,
+        probe: Arc<dyn ExecutionPlan>,
+        build: Arc<dyn ExecutionPlan>,
+        on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
+        filter: PairFilter,
+        backend: Backend,
+    ) -> Result<Self> {
+        let mut exec = Self::try_new(MarkKind::Exists, probe, build, on, None, Some(filter), "", backend)?;
+        exec.output = if anti { MarkOutput::Anti } else { MarkOutput::Semi };
+        Ok(exec)
+    }
+
     pub fn kind(&self) -> MarkKind {
         self.kind
     }
@@ -148,8 +180,12 @@ impl MarkJoinExec {
         &self.backend
     }
 
+    /// The mark column's name ("" for a semi / anti join, which outputs none).
     fn mark_name(&self) -> String {
-        self.schema.fields().last().map(|f| f.name().clone()).unwrap_or_default()
+        match self.output {
+            MarkOutput::Mark => self.schema.fields().last().map(|f| f.name().clone()).unwrap_or_default(),
+            MarkOutput::Semi | MarkOutput::Anti => String::new(),
+        }
     }
 }
 
@@ -159,7 +195,11 @@ impl DisplayAs for MarkJoinExec {
             MarkKind::In => "in",
             MarkKind::Exists => "exists",
         };
-        write!(f, "MarkJoinExec: kind={kind}, mark={}", self.mark_name())?;
+        match self.output {
+            MarkOutput::Mark => write!(f, "MarkJoinExec: kind={kind}, mark={}", self.mark_name())?,
+            MarkOutput::Semi => write!(f, "MarkJoinExec: kind=semi")?,
+            MarkOutput::Anti => write!(f, "MarkJoinExec: kind=anti")?,
+        }
         if let Some((p, b)) = &self.in_keys {
             write!(f, ", key=({p}, {b})")?;
         }
@@ -221,19 +261,19 @@ impl ExecutionPlan for MarkJoinExec {
         }
         let build = children.pop().unwrap();
         let probe = children.pop().unwrap();
-        Ok(Arc::new(
-            MarkJoinExec::try_new(
-                self.kind,
-                probe,
-                build,
-                self.on.clone(),
-                self.in_keys.clone(),
-                self.filter.clone(),
-                &self.mark_name(),
-                self.backend.clone(),
-            )?
-            .with_note(self.note.clone()),
-        ))
+        let mut exec = MarkJoinExec::try_new(
+            self.kind,
+            probe,
+            build,
+            self.on.clone(),
+            self.in_keys.clone(),
+            self.filter.clone(),
+            &self.mark_name(),
+            self.backend.clone(),
+        )?
+        .with_note(self.note.clone());
+        exec.output = self.output;
+        Ok(Arc::new(exec))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -245,6 +285,7 @@ impl ExecutionPlan for MarkJoinExec {
             on: self.on.clone(),
             in_keys: self.in_keys.clone(),
             filter: self.filter.clone(),
+            output: self.output,
             backend: self.backend.clone(),
             schema: self.schema.clone(),
             metrics: self.metrics.clone(),
@@ -278,6 +319,7 @@ struct Run {
     on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
     in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
     filter: Option<PairFilter>,
+    output: MarkOutput,
     backend: Backend,
     schema: SchemaRef,
     metrics: ExecutionPlanMetricsSet,
@@ -323,6 +365,25 @@ impl Run {
                 BooleanArray::new(facts.matched, Some(NullBuffer::new(!&unknown)))
             }
         };
+        if self.output != MarkOutput::Mark {
+            // Semi: rows whose mark is TRUE; anti: FALSE (EXISTS marks are never NULL).
+            let keep = if self.output == MarkOutput::Semi { mark.values().clone() } else { !mark.values() };
+            let mut at = 0;
+            let mut out = Vec::with_capacity(probe_parts.len());
+            for part in &probe_parts {
+                let mut batches = Vec::with_capacity(part.len());
+                for b in part {
+                    let mask = BooleanArray::new(keep.slice(at, b.num_rows()), None);
+                    at += b.num_rows();
+                    let kept = datafusion::arrow::compute::filter_record_batch(b, &mask)?;
+                    if kept.num_rows() > 0 {
+                        batches.push(kept);
+                    }
+                }
+                out.push(batches);
+            }
+            return Ok(out);
+        }
         // The mark, sliced per probe batch, appended to it.
         let mut at = 0;
         let mut out = Vec::with_capacity(probe_parts.len());
@@ -598,12 +659,15 @@ impl PairContext<'_> {
     }
 }
 
-/// One bit per probe row: `expr` is NULL there.
+/// One bit per probe row: `expr` is NULL there (a batch without NULLs costs no per-row work).
 fn null_bits(batches: &[&RecordBatch], expr: &PhysicalExprRef, n: usize) -> Result<BooleanBuffer> {
-    let mut bits = Vec::with_capacity(n);
+    let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(n);
     for b in batches {
         let v = expr.evaluate(b)?.into_array(b.num_rows())?;
-        bits.extend((0..v.len()).map(|i| v.is_null(i)));
+        match v.logical_nulls() {
+            None => bits.append_n(v.len(), false),
+            Some(valid) => bits.append_buffer(&!valid.inner()),
+        }
     }
-    Ok(BooleanBuffer::from(bits))
+    Ok(bits.finish())
 }

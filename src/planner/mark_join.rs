@@ -306,8 +306,14 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
         (_, output) => output,
     };
     let in_predicate = in_expr.zip(output.clone()).map(|(e, out)| e.clone().eq(out));
+    // The pull-up drops a correlation predicate equal to the IN predicate (a
+    // semi join needs it once), but for a mark it is not redundant: in
+    // `y IN (SELECT i.y FROM i WHERE i.y = o.y)` a NULL `o.y` has an empty
+    // group (FALSE), not a NULL answer. The pull-up only tests the predicate
+    // for presence and for that equality, so it gets one that equals nothing.
+    let presence = in_predicate.clone().map(|p| Expr::IsTrue(Box::new(p)));
     let mut pull_up = PullUpCorrelatedExpr::new()
-        .with_in_predicate_opt(in_predicate.clone())
+        .with_in_predicate_opt(presence)
         .with_exists_sub_query(in_predicate.is_none());
     let decorrelated = sub.clone().rewrite(&mut pull_up).data()?;
     if !pull_up.can_pull_up || pull_up.pull_up_having_expr.is_some() {

@@ -3,7 +3,8 @@
 //! IN / EXISTS become semi joins and NOT IN / NOT EXISTS anti joins (NOT IN
 //! null-aware) during DataFusion's own optimisation; this rule runs last and
 //! replaces each `HashJoinExec` / `SortMergeJoinExec` of those types that has
-//! only equality keys. When the GPU backend is not chosen the DataFusion join
+//! only equality keys (one with a residual filter too, under `strategy = cpu`:
+//! see [`SemiJoinRule::rewrite_filtered`]). When the GPU backend is not chosen the DataFusion join
 //! is kept (it is the better CPU implementation), unless `setfusion.strategy =
 //! cpu` asks for setfusion's CPU backend explicitly (tests, benchmarks).
 
@@ -34,13 +35,11 @@ struct JoinParts {
     null_equality: NullEquality,
     null_aware: bool,
     projection: Option<Vec<usize>>,
+    filter: Option<datafusion::physical_plan::joins::utils::JoinFilter>,
 }
 
 fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
     if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
-        if j.filter().is_some() {
-            return None;
-        }
         return Some(JoinParts {
             left: j.left().clone(),
             right: j.right().clone(),
@@ -49,6 +48,7 @@ fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
             null_equality: j.null_equality(),
             null_aware: j.null_aware,
             projection: j.projection.as_ref().map(|p| p.iter().copied().collect()),
+            filter: j.filter().cloned(),
         });
     }
     if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
@@ -63,6 +63,7 @@ fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
             null_equality: j.null_equality(),
             null_aware: false,
             projection: None,
+            filter: j.filter().clone(),
         });
     }
     None
@@ -86,6 +87,9 @@ impl SemiJoinRule {
             JoinType::RightAnti => (SetOp::Anti, false),
             _ => return Ok(Transformed::no(plan)),
         };
+        if let Some(filter) = &j.filter {
+            return Self::rewrite_filtered(plan.clone(), cfg, &j, filter, op == SetOp::Anti, keep_left);
+        }
         let (keep, other) = if keep_left { (j.left, j.right) } else { (j.right, j.left) };
         let (keep_keys, other_keys): (Vec<_>, Vec<_>) =
             j.on.into_iter().map(|(l, r)| if keep_left { (l, r) } else { (r, l) }).unzip();
@@ -112,6 +116,50 @@ impl SemiJoinRule {
         };
         let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, backend, j.projection)?.with_note(note);
         Ok(Transformed::yes(Arc::new(exec)))
+    }
+}
+
+impl SemiJoinRule {
+    /// A semi / anti join with a residual filter: setfusion evaluates the
+    /// filter on the host over candidate pairs, which is not faster than
+    /// DataFusion's hash join, so only `setfusion.strategy = cpu` (tests,
+    /// comparisons) takes it; a null-aware anti join stays DataFusion's.
+    fn rewrite_filtered(
+        plan: Arc<dyn ExecutionPlan>,
+        cfg: &SetfusionConfig,
+        j: &JoinParts,
+        filter: &datafusion::physical_plan::joins::utils::JoinFilter,
+        anti: bool,
+        keep_left: bool,
+    ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if cfg.strategy != Strategy::Cpu || j.null_aware {
+            crate::exec::trace("setfusion keeps DataFusion's join with a residual filter (evaluated on the host either way)");
+            return Ok(Transformed::no(plan));
+        }
+        use datafusion::common::JoinSide;
+        let (keep, other) = if keep_left { (j.left.clone(), j.right.clone()) } else { (j.right.clone(), j.left.clone()) };
+        let on = j.on.iter().map(|(l, r)| if keep_left { (l.clone(), r.clone()) } else { (r.clone(), l.clone()) }).collect();
+        let columns = filter
+            .column_indices()
+            .iter()
+            .map(|c| Ok(((c.side == JoinSide::Left) == keep_left, c.index)))
+            .collect::<Result<Vec<_>>>()?;
+        let pair_filter = crate::exec::mark_join::PairFilter { expr: filter.expression().clone(), columns, schema: filter.schema().clone() };
+        let backend = Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into());
+        let exec: Arc<dyn ExecutionPlan> =
+            Arc::new(crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?);
+        let exec = match &j.projection {
+            None => exec,
+            Some(p) => {
+                let schema = exec.schema();
+                let exprs: Vec<(PhysicalExprRef, String)> = p
+                    .iter()
+                    .map(|&i| (Arc::new(datafusion::physical_expr::expressions::Column::new(schema.field(i).name(), i)) as PhysicalExprRef, schema.field(i).name().clone()))
+                    .collect();
+                Arc::new(datafusion::physical_plan::projection::ProjectionExec::try_new(exprs, exec)?)
+            }
+        };
+        Ok(Transformed::yes(exec))
     }
 }
 

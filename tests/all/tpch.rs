@@ -34,7 +34,7 @@ async fn rows(ctx: &SessionContext, sql: &str, what: &str) -> Vec<String> {
 async fn setfusion_operators(ctx: &SessionContext, sql: &str) -> usize {
     let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
     let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string();
-    text.lines().filter(|l| l.contains("SemiJoinExec") || l.contains("SetOpExec")).count()
+    text.lines().filter(|l| l.contains("SemiJoinExec") || l.contains("SetOpExec") || l.contains("MarkJoinExec")).count()
 }
 
 #[test]
