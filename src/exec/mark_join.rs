@@ -331,7 +331,8 @@ struct Run {
 struct GroupFacts {
     matched: BooleanBuffer,
     nonempty: BooleanBuffer,
-    has_null: BooleanBuffer,
+    /// None: no group holds a NULL key (no per-row work for the common case).
+    has_null: Option<BooleanBuffer>,
 }
 
 impl Run {
@@ -342,27 +343,33 @@ impl Run {
             collect_partitioned(self.probe.clone(), inputs.clone()),
             collect_partitioned(self.build.clone(), inputs)
         )?;
+        super::trace("mark join: inputs collected");
         let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
         let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
         let facts = if n == 0 {
             let none = BooleanBuffer::new_unset(0);
-            GroupFacts { matched: none.clone(), nonempty: none.clone(), has_null: none }
+            GroupFacts { matched: none.clone(), nonempty: none, has_null: None }
         } else if self.filter.is_some() {
             self.facts_filtered(&probe, &build)?
         } else {
             self.facts_keyed(&cfg, &probe, &build, n, nb)?
         };
+        super::trace("mark join: group facts computed");
         let mark = match self.kind {
             MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
             MarkKind::In => {
                 let (probe_key, _) = self.in_keys.as_ref().expect("IN has keys");
-                let probe_null = null_bits(&probe, probe_key, n)?;
                 // NULL exactly when not matched, the group is not empty, and the
                 // probe key or a group key is NULL.
-                let unknown = &(&!&facts.matched & &facts.nonempty) & &(&probe_null | &facts.has_null);
-                BooleanArray::new(facts.matched, Some(NullBuffer::new(!&unknown)))
+                let either = match (null_bits(&probe, probe_key, n)?, facts.has_null) {
+                    (None, None) => None,
+                    (Some(a), None) | (None, Some(a)) => Some(a),
+                    (Some(a), Some(b)) => Some(&a | &b),
+                };
+                let nulls = either.map(|e| NullBuffer::new(!&(&(&!&facts.matched & &facts.nonempty) & &e)));
+                BooleanArray::new(facts.matched, nulls)
             }
         };
         if self.output != MarkOutput::Mark {
@@ -384,6 +391,7 @@ impl Run {
             }
             return Ok(out);
         }
+        super::trace("mark join: mark computed");
         // The mark, sliced per probe batch, appended to it.
         let mut at = 0;
         let mut out = Vec::with_capacity(probe_parts.len());
@@ -397,6 +405,7 @@ impl Run {
             }
             out.push(batches);
         }
+        super::trace("mark join: output formed");
         Ok(out)
     }
 
@@ -425,7 +434,7 @@ impl Run {
         let nonempty = if self.on.is_empty() { constant(nb > 0) } else { self.semi(cfg, &probe_on, &build_on, &mut ran)? };
         let Some((probe_key, build_key)) = &self.in_keys else {
             *self.ran.lock().unwrap() = Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
-            return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: constant(false) });
+            return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: None });
         };
         let probe_key_cols = key_columns(probe, std::slice::from_ref(probe_key))?;
         let build_key_cols = key_columns(build, std::slice::from_ref(build_key))?;
@@ -437,22 +446,22 @@ impl Run {
         } else {
             self.semi(cfg, &with_key(&probe_on, &probe_key_cols), &with_key(&build_on, &build_key_cols), &mut ran)?
         };
-        // The build rows whose key is NULL, by batch.
-        let null_keyed: Vec<Vec<ArrayRef>> = build_on
-            .iter()
-            .zip(&build_key_cols)
-            .map(|(on, key)| {
-                let is_null = datafusion::arrow::compute::is_null(key[0].as_ref())?;
-                on.iter().map(|c| Ok(datafusion::arrow::compute::filter(c.as_ref(), &is_null)?)).collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<_>>()?;
         let build_nulls: usize = build_key_cols.iter().map(|k| k[0].null_count()).sum();
         let has_null = if build_nulls == 0 {
-            constant(false)
+            None
         } else if self.on.is_empty() {
-            constant(true)
+            Some(constant(true))
         } else {
-            self.semi(cfg, &probe_on, &null_keyed, &mut ran)?
+            // The build rows whose key is NULL, by batch: the groups holding one.
+            let null_keyed: Vec<Vec<ArrayRef>> = build_on
+                .iter()
+                .zip(&build_key_cols)
+                .map(|(on, key)| {
+                    let is_null = datafusion::arrow::compute::is_null(key[0].as_ref())?;
+                    on.iter().map(|c| Ok(datafusion::arrow::compute::filter(c.as_ref(), &is_null)?)).collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<_>>()?;
+            Some(self.semi(cfg, &probe_on, &null_keyed, &mut ran)?)
         };
         *self.ran.lock().unwrap() = Some(ran.join("; "));
         Ok(GroupFacts { matched, nonempty, has_null })
@@ -511,7 +520,8 @@ impl Run {
             has_null.extend(h);
         }
         *self.ran.lock().unwrap() = Some(format!("cpu (residual filter on the host, {} candidate pairs)", groups.pairs_hint(n)));
-        Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null: BooleanBuffer::from(has_null) })
+        let has_null = has_null.contains(&true).then(|| BooleanBuffer::from(has_null));
+        Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null })
     }
 }
 
@@ -659,15 +669,18 @@ impl PairContext<'_> {
     }
 }
 
-/// One bit per probe row: `expr` is NULL there (a batch without NULLs costs no per-row work).
-fn null_bits(batches: &[&RecordBatch], expr: &PhysicalExprRef, n: usize) -> Result<BooleanBuffer> {
+/// One bit per probe row: `expr` is NULL there; None when it never is.
+fn null_bits(batches: &[&RecordBatch], expr: &PhysicalExprRef, n: usize) -> Result<Option<BooleanBuffer>> {
+    let values: Vec<ArrayRef> = batches.iter().map(|b| expr.evaluate(b)?.into_array(b.num_rows())).collect::<Result<_>>()?;
+    if values.iter().all(|v| v.logical_null_count() == 0) {
+        return Ok(None);
+    }
     let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(n);
-    for b in batches {
-        let v = expr.evaluate(b)?.into_array(b.num_rows())?;
+    for v in &values {
         match v.logical_nulls() {
             None => bits.append_n(v.len(), false),
             Some(valid) => bits.append_buffer(&!valid.inner()),
         }
     }
-    Ok(bits.finish())
+    Ok(Some(bits.finish()))
 }
