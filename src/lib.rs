@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod datagen;
 pub mod exec;
+pub mod fuzz;
 pub mod gpu;
 pub mod keys;
 pub mod planner;

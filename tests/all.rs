@@ -21,3 +21,5 @@ mod differential;
 mod ssjoin;
 #[path = "all/tpch.rs"]
 mod tpch;
+#[path = "all/concurrency.rs"]
+mod concurrency;

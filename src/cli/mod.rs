@@ -32,6 +32,8 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion demo      run the built-in demonstration (generated data, no download)
        setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
        setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes
+       setfusion fuzz [--queries N] [--seed S] [--max-rows N] [--cpu-only]
+                              random tables and set-operator queries: every backend against a reference evaluator
        setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)
        setfusion bench filter      the host's floor for cutting kept rows out of 100M x 2 BIGINT columns
        setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE] [--collections dblp,uniform,zipf]
@@ -78,6 +80,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                 }
                 return Ok(crate::slt::run_cli(&paths, &[crate::slt::Mode::Cpu, crate::slt::Mode::Gpu]).await);
             }
+            "fuzz" if tables.is_empty() && commands.is_empty() => return crate::fuzz::cli(it.collect()).await,
             "bench" if tables.is_empty() && commands.is_empty() => {
                 return match it.next().as_deref() {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
