@@ -344,6 +344,11 @@ impl Run {
             collect_partitioned(self.build.clone(), inputs)
         )?;
         super::trace("mark join: inputs collected");
+        super::off_runtime(move || self.mark_and_output(&cfg, probe_parts, build_parts)).await
+    }
+
+    /// The marks and the output over the collected inputs (synchronous: see [`super::off_runtime`]).
+    fn mark_and_output(self, cfg: &SetfusionConfig, probe_parts: Vec<Vec<RecordBatch>>, build_parts: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {
         let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
         let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
@@ -354,7 +359,7 @@ impl Run {
         } else if self.filter.is_some() {
             self.facts_filtered(&probe, &build)?
         } else {
-            self.facts_keyed(&cfg, &probe, &build, n, nb)?
+            self.facts_keyed(cfg, &probe, &build, n, nb)?
         };
         super::trace("mark join: group facts computed");
         let mark = match self.kind {

@@ -46,6 +46,24 @@ impl DeviceMetrics {
     }
 }
 
+/// Run an operator's synchronous part (key encoding, device work under the
+/// device lease, host filtering) on tokio's blocking pool, off the async
+/// worker threads: the lease may wait for another query's device work, and
+/// none of it should stall the runtime's other tasks (the inputs' scans of
+/// other queries). Outside a tokio runtime it runs in place.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> datafusion::error::Result<T> + Send + 'static,
+) -> datafusion::error::Result<T> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(datafusion::error::DataFusionError::Execution(format!("setfusion: operator task ended: {e}"))),
+    }
+}
+
 /// With SETFUSION_TRACE set, print one timeline event to stderr (ms since
 /// the first event of the process): where a query's time goes between its
 /// operators and the runtime, which per-operator metrics cannot show.

@@ -808,6 +808,18 @@ impl Run {
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
         super::trace("inputs collected");
+        let batch_size = context.session_config().batch_size();
+        super::off_runtime(move || self.select_and_filter(&cfg, keep_parts, other_parts, batch_size)).await
+    }
+
+    /// The selection and the output filter over the collected inputs (synchronous: see [`super::off_runtime`]).
+    fn select_and_filter(
+        self,
+        cfg: &SetfusionConfig,
+        keep_parts: Vec<Vec<RecordBatch>>,
+        other_parts: Vec<Vec<RecordBatch>>,
+        batch_size: usize,
+    ) -> Result<Selected> {
         let keep_batches: Vec<&RecordBatch> = keep_parts.iter().flatten().collect();
         let other_batches: Vec<&RecordBatch> = other_parts.iter().flatten().collect();
         let keep_rows: usize = keep_batches.iter().map(|b| b.num_rows()).sum();
@@ -828,7 +840,7 @@ impl Run {
                 .map(|cols| coerce_like(cols, &types))
                 .collect::<Result<Vec<_>>>()?;
             super::trace("key columns evaluated");
-            let sel = self.select_columns(&cfg, &keep_cols, &other_cols, &types)?;
+            let sel = self.select_columns(cfg, &keep_cols, &other_cols, &types)?;
             crate::gpu::drop_later((keep_cols, other_cols));
             sel
         };
@@ -837,7 +849,6 @@ impl Run {
         let projection = self.output.as_ref().map(|p| p.as_deref());
         let device_keys = self.device_keys.lock().unwrap_or_else(|e| e.into_inner()).take();
         let key_column = self.key_from_device.zip(device_keys);
-        let batch_size = context.session_config().batch_size();
         let g = match &self.backend {
             Backend::Gpu(_) if cfg.pinned_output => gpu::gpu(cfg.device).ok(),
             _ => None,
