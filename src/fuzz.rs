@@ -10,9 +10,9 @@
 //!   residual `<>` filter, in a boolean context DataFusion cannot answer
 //!   (under OR, under NOT, IS NULL, in the SELECT list, in CASE).
 //!
-//! Every query runs on the CPU backend (`strategy = cpu`) and, where a GPU
-//! is usable, on the GPU backend under each strategy (auto, hash, bitmap,
-//! sort); each answer is compared with a reference evaluator written here
+//! Every query runs on the CPU backend (`strategy = cpu`), with default
+//! settings (the cost model's choices) and, where a GPU is usable, on the GPU
+//! backend under each strategy (auto, hash, bitmap, sort); each answer is compared with a reference evaluator written here
 //! from SQL's rules (hash counting over the rows DataFusion read back from
 //! the tables, three-valued logic). A mismatch is returned as the seed,
 //! round, query, and the statements that build the tables.
@@ -351,7 +351,7 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
 pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let gpu = opts.gpu && crate::slt::gpu_mode_status().is_ok();
-    let mut report = FuzzReport { backends: vec!["cpu".into()], ..Default::default() };
+    let mut report = FuzzReport { backends: vec!["cpu".into(), "default settings".into()], ..Default::default() };
     if gpu {
         report.backends.extend(["gpu/auto", "gpu/hash", "gpu/bitmap", "gpu/sort"].map(String::from));
     }
@@ -371,6 +371,10 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         let cpu = crate::context();
         setup(&cpu, &stmts, &["SET setfusion.strategy = 'cpu'"]).await?;
         contexts.push(("cpu", cpu));
+        // Default settings: the cost model's choices, DataFusion's own operators where they are right.
+        let default = crate::context();
+        setup(&default, &stmts, &[]).await?;
+        contexts.push(("default", default));
         if gpu {
             for strategy in ["auto", "hash", "bitmap", "sort"] {
                 let g = crate::context();

@@ -33,9 +33,10 @@ use datafusion::logical_expr::expr::{Exists, InSubquery};
 use datafusion::logical_expr::expr_rewriter::{create_col_from_scalar_expr, replace_col, NamePreserver};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
+use datafusion::common::NullEquality;
 use datafusion::logical_expr::{
-    Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Projection,
-    Subquery, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+    Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder,
+    Operator, Projection, Subquery, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::decorrelate::PullUpCorrelatedExpr;
 use datafusion::optimizer::AnalyzerRule;
@@ -43,7 +44,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
 use crate::algo::setops::SetOp;
-use crate::config::SetfusionConfig;
+use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::mark_join::{MarkJoinExec, MarkKind, PairFilter};
 use crate::exec::set_select::Backend;
 
@@ -380,9 +382,18 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
     Ok(Some((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark)))
 }
 
-/// Physical planning of [`MarkJoinNode`]: always setfusion's operator (DataFusion has
-/// none that is right), on the GPU when the cost model says so and no residual
-/// filter needs the host.
+/// DataFusion's LeftMark join gives this node's answer: an EXISTS mark is two-valued,
+/// and an IN mark is too when neither key can be NULL.
+fn datafusion_is_right(node: &MarkJoinNode) -> Result<bool> {
+    Ok(match &node.in_keys {
+        None => true,
+        Some((p, b)) => !p.nullable(node.probe.schema().as_ref())? && !b.nullable(node.build.schema().as_ref())?,
+    })
+}
+
+/// Physical planning of [`MarkJoinNode`]: setfusion's operator on the GPU when the cost
+/// model says so; on the CPU, DataFusion's LeftMark join where its answer is right
+/// (EXPLAIN says why), setfusion's CPU backend where it is not.
 #[derive(Debug, Default)]
 pub struct MarkJoinPlanner;
 
@@ -423,16 +434,35 @@ impl ExtensionPlanner for MarkJoinPlanner {
             }
         };
         let cfg = SetfusionConfig::from_options(session_state.config_options());
-        let (backend, note) = if filter.is_some() {
-            (Backend::Cpu("residual join filter evaluated on the host".into()), None)
+        let (backend, note, declined) = if filter.is_some() {
+            (Backend::Cpu("residual join filter: setfusion evaluates it on the host only".into()), None, true)
         } else {
             let probe_arrow = probe.schema();
             let types: Vec<DataType> =
                 on.iter().chain(&in_keys).map(|(p, _)| p.data_type(&probe_arrow)).collect::<Result<_>>()?;
             let threads = session_state.config_options().execution.target_partitions;
             let d = super::decide(&cfg, SetOp::Semi, &probe, &build, &types, threads);
-            (d.backend, d.note)
+            (d.backend, d.note, d.declined)
         };
+        if let Backend::Cpu(reason) = &backend {
+            if cfg.strategy != Strategy::Cpu && datafusion_is_right(node)? {
+                // On the CPU DataFusion's own LeftMark hash join is the faster one, and
+                // here its two-valued mark is right: plan it from the node.
+                crate::exec::trace(&format!("setfusion keeps DataFusion's LeftMark join: {reason}"));
+                let join = Join::try_new(
+                    Arc::new(node.probe.clone()),
+                    Arc::new(node.build.clone()),
+                    node.on.iter().chain(&node.in_keys).cloned().collect(),
+                    node.filter.clone(),
+                    JoinType::LeftMark,
+                    JoinConstraint::On,
+                    NullEquality::NullEqualsNothing,
+                    false,
+                )?;
+                let plan = planner.create_physical_plan(&LogicalPlan::Join(join), session_state).await?;
+                return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
+            }
+        }
         let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?.with_note(note);
         Ok(Some(Arc::new(exec)))
     }
