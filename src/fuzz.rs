@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::display::array_value_to_string;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
 use rand::rngs::StdRng;
@@ -129,15 +128,14 @@ fn random_table(rng: &mut StdRng, name: &str, types: &[&str], max_rows: usize) -
 }
 
 fn rows_of(batches: &[RecordBatch]) -> Result<Vec<Row>> {
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
     let mut rows = Vec::new();
+    let options = FormatOptions::default();
     for b in batches {
+        // One formatter per column and batch (a formatter per value was most of a large round's time).
+        let formatters = b.columns().iter().map(|c| ArrayFormatter::try_new(c.as_ref(), &options)).collect::<std::result::Result<Vec<_>, _>>()?;
         for i in 0..b.num_rows() {
-            let row = b
-                .columns()
-                .iter()
-                .map(|c| if c.is_null(i) { Ok(None) } else { array_value_to_string(c, i).map(Some) })
-                .collect::<std::result::Result<Row, _>>()?;
-            rows.push(row);
+            rows.push(b.columns().iter().zip(&formatters).map(|(c, f)| (!c.is_null(i)).then(|| f.value(i).to_string())).collect());
         }
     }
     rows.sort();
@@ -393,6 +391,9 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
                 }
             }
             report.queries += 1;
+            if report.queries % 1000 == 0 {
+                eprintln!("fuzz: {} queries agree so far (round {})", report.queries, report.rounds);
+            }
         }
     }
     Ok(report)
