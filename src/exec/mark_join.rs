@@ -353,6 +353,7 @@ impl Run {
         let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
+        MetricBuilder::new(&self.metrics).global_counter("input_rows").add(n + nb);
         let facts = if n == 0 {
             let none = BooleanBuffer::new_unset(0);
             GroupFacts { matched: none.clone(), nonempty: none, has_null: None }
@@ -416,7 +417,8 @@ impl Run {
 
     /// One semi selection of the probe rows against the build rows on `keys`
     /// (per batch, both sides), through the shared [`Selector`].
-    fn semi(&self, cfg: &SetfusionConfig, probe: &[Vec<ArrayRef>], build: &[Vec<ArrayRef>], ran: &mut Vec<String>) -> Result<BooleanBuffer> {
+    /// `what` names the selection in EXPLAIN ANALYZE's `ran`.
+    fn semi(&self, cfg: &SetfusionConfig, what: &str, probe: &[Vec<ArrayRef>], build: &[Vec<ArrayRef>], ran: &mut Vec<String>) -> Result<BooleanBuffer> {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
         let probe: Vec<Vec<ArrayRef>> = probe.iter().map(|c| coerce_like(c.clone(), &types)).collect::<Result<_>>()?;
@@ -424,7 +426,7 @@ impl Run {
         let said = Arc::new(Mutex::new(None));
         let selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
         let sel = selector.select_columns(cfg, &probe, &build, &types)?;
-        ran.extend(said.lock().unwrap().take());
+        ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
         Ok(sel)
     }
 
@@ -436,7 +438,7 @@ impl Run {
         let mut ran = Vec::new();
         let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
         // The group is not empty: an uncorrelated subquery has one group, the whole build side.
-        let nonempty = if self.on.is_empty() { constant(nb > 0) } else { self.semi(cfg, &probe_on, &build_on, &mut ran)? };
+        let nonempty = if self.on.is_empty() { constant(nb > 0) } else { self.semi(cfg, "group", &probe_on, &build_on, &mut ran)? };
         let Some((probe_key, build_key)) = &self.in_keys else {
             *self.ran.lock().unwrap() = Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
             return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: None });
@@ -449,7 +451,7 @@ impl Run {
         let matched = if nb == 0 {
             constant(false)
         } else {
-            self.semi(cfg, &with_key(&probe_on, &probe_key_cols), &with_key(&build_on, &build_key_cols), &mut ran)?
+            self.semi(cfg, "key", &with_key(&probe_on, &probe_key_cols), &with_key(&build_on, &build_key_cols), &mut ran)?
         };
         let build_nulls: usize = build_key_cols.iter().map(|k| k[0].null_count()).sum();
         let has_null = if build_nulls == 0 {
@@ -466,7 +468,7 @@ impl Run {
                     on.iter().map(|c| Ok(datafusion::arrow::compute::filter(c.as_ref(), &is_null)?)).collect::<Result<Vec<_>>>()
                 })
                 .collect::<Result<_>>()?;
-            Some(self.semi(cfg, &probe_on, &null_keyed, &mut ran)?)
+            Some(self.semi(cfg, "null key", &probe_on, &null_keyed, &mut ran)?)
         };
         *self.ran.lock().unwrap() = Some(ran.join("; "));
         Ok(GroupFacts { matched, nonempty, has_null })
