@@ -49,7 +49,7 @@ use tokio::sync::OnceCell;
 
 use crate::algo::setops::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::set_select::{coerce_like, input_context, key_columns, Backend, NullMode, Selector};
+use crate::exec::set_select::{input_context, key_columns, Backend, NullMode, Selector};
 use crate::keys;
 
 /// Which subquery predicate the mark answers.
@@ -247,20 +247,11 @@ impl ExecutionPlan for MarkJoinExec {
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         let keys = self.on.iter().chain(&self.in_keys).flat_map(|(p, b)| [p, b]);
-        for e in keys.chain(self.filter.as_ref().map(|f| &f.expr)) {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        super::visit_exprs(keys.chain(self.filter.as_ref().map(|f| &f.expr)), f)
     }
 
-    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 2 {
-            return Err(DataFusionError::Internal("MarkJoinExec has two children".into()));
-        }
-        let build = children.pop().unwrap();
-        let probe = children.pop().unwrap();
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let (probe, build) = super::two_children(children, "MarkJoinExec")?;
         let mut exec = MarkJoinExec::try_new(
             self.kind,
             probe,
@@ -333,6 +324,9 @@ struct GroupFacts {
     nonempty: BooleanBuffer,
     /// None: no group holds a NULL key (no per-row work for the common case).
     has_null: Option<BooleanBuffer>,
+    /// IN: the probe rows whose key is NULL (None: none is), from the key
+    /// columns the selections already evaluated.
+    probe_null: Option<BooleanBuffer>,
 }
 
 impl Run {
@@ -356,7 +350,7 @@ impl Run {
         MetricBuilder::new(&self.metrics).global_counter("input_rows").add(n + nb);
         let facts = if n == 0 {
             let none = BooleanBuffer::new_unset(0);
-            GroupFacts { matched: none.clone(), nonempty: none, has_null: None }
+            GroupFacts { matched: none.clone(), nonempty: none, has_null: None, probe_null: None }
         } else if self.filter.is_some() {
             self.facts_filtered(&probe, &build)?
         } else {
@@ -366,10 +360,9 @@ impl Run {
         let mark = match self.kind {
             MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
             MarkKind::In => {
-                let (probe_key, _) = self.in_keys.as_ref().expect("IN has keys");
                 // NULL exactly when not matched, the group is not empty, and the
                 // probe key or a group key is NULL.
-                let either = match (null_bits(&probe, probe_key, n)?, facts.has_null) {
+                let either = match (facts.probe_null, facts.has_null) {
                     (None, None) => None,
                     (Some(a), None) | (None, Some(a)) => Some(a),
                     (Some(a), Some(b)) => Some(&a | &b),
@@ -421,11 +414,9 @@ impl Run {
     fn semi(&self, cfg: &SetfusionConfig, what: &str, probe: &[Vec<ArrayRef>], build: &[Vec<ArrayRef>], ran: &mut Vec<String>) -> Result<BooleanBuffer> {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
-        let probe: Vec<Vec<ArrayRef>> = probe.iter().map(|c| coerce_like(c.clone(), &types)).collect::<Result<_>>()?;
-        let build: Vec<Vec<ArrayRef>> = build.iter().map(|c| coerce_like(c.clone(), &types)).collect::<Result<_>>()?;
         let said = Arc::new(Mutex::new(None));
         let selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
-        let sel = selector.select_columns(cfg, &probe, &build, &types)?;
+        let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
         Ok(sel)
     }
@@ -441,7 +432,7 @@ impl Run {
         let nonempty = if self.on.is_empty() { constant(nb > 0) } else { self.semi(cfg, "group", &probe_on, &build_on, &mut ran)? };
         let Some((probe_key, build_key)) = &self.in_keys else {
             *self.ran.lock().unwrap() = Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
-            return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: None });
+            return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: None, probe_null: None });
         };
         let probe_key_cols = key_columns(probe, std::slice::from_ref(probe_key))?;
         let build_key_cols = key_columns(build, std::slice::from_ref(build_key))?;
@@ -471,7 +462,8 @@ impl Run {
             Some(self.semi(cfg, "null key", &probe_on, &null_keyed, &mut ran)?)
         };
         *self.ran.lock().unwrap() = Some(ran.join("; "));
-        Ok(GroupFacts { matched, nonempty, has_null })
+        let probe_null = null_bits(probe_key_cols.iter().map(|k| &k[0]), n);
+        Ok(GroupFacts { matched, nonempty, has_null, probe_null })
     }
 
     /// The group facts with a residual filter: candidate pairs of equal `on`
@@ -528,7 +520,8 @@ impl Run {
         }
         *self.ran.lock().unwrap() = Some(format!("cpu (residual filter on the host, {} candidate pairs)", groups.pairs_hint(n)));
         let has_null = has_null.contains(&true).then(|| BooleanBuffer::from(has_null));
-        Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null })
+        let probe_null = probe_key.as_ref().and_then(|k| null_bits(std::iter::once(k), n));
+        Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null, probe_null })
     }
 }
 
@@ -676,18 +669,18 @@ impl PairContext<'_> {
     }
 }
 
-/// One bit per probe row: `expr` is NULL there; None when it never is.
-fn null_bits(batches: &[&RecordBatch], expr: &PhysicalExprRef, n: usize) -> Result<Option<BooleanBuffer>> {
-    let values: Vec<ArrayRef> = batches.iter().map(|b| expr.evaluate(b)?.into_array(b.num_rows())).collect::<Result<_>>()?;
-    if values.iter().all(|v| v.logical_null_count() == 0) {
-        return Ok(None);
+/// One bit per row of `keys` (a probe key column, by batch): the key is NULL
+/// there; None when it never is.
+fn null_bits<'a>(keys: impl Iterator<Item = &'a ArrayRef> + Clone, n: usize) -> Option<BooleanBuffer> {
+    if keys.clone().all(|k| k.logical_null_count() == 0) {
+        return None;
     }
     let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(n);
-    for v in &values {
-        match v.logical_nulls() {
-            None => bits.append_n(v.len(), false),
+    for k in keys {
+        match k.logical_nulls() {
+            None => bits.append_n(k.len(), false),
             Some(valid) => bits.append_buffer(&!valid.inner()),
         }
     }
-    Ok(Some(bits.finish()))
+    Some(bits.finish())
 }

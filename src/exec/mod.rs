@@ -46,6 +46,32 @@ impl DeviceMetrics {
     }
 }
 
+/// `ExecutionPlan::apply_expressions` for an operator whose expressions are `exprs`:
+/// visit each until `f` stops.
+pub(crate) fn visit_exprs<'a>(
+    exprs: impl IntoIterator<Item = &'a std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>>,
+    f: &mut dyn FnMut(&std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion>,
+) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    for e in exprs {
+        if f(e)? == TreeNodeRecursion::Stop {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+    }
+    Ok(TreeNodeRecursion::Continue)
+}
+
+/// The two children `with_new_children` received, in order (an error naming `operator` otherwise).
+pub(crate) fn two_children(
+    children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+    operator: &str,
+) -> datafusion::error::Result<(std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>, std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>)> {
+    match <[_; 2]>::try_from(children) {
+        Ok([first, second]) => Ok((first, second)),
+        Err(_) => Err(datafusion::error::DataFusionError::Internal(format!("{operator} has two children"))),
+    }
+}
+
 /// Run an operator's synchronous part (key encoding, device work under the
 /// device lease, host filtering) on tokio's blocking pool, off the async
 /// worker threads: the lease may wait for another query's device work, and

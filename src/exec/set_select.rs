@@ -245,20 +245,11 @@ impl ExecutionPlan for SetSelectExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in self.keep_keys.iter().chain(&self.other_keys) {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        super::visit_exprs(self.keep_keys.iter().chain(&self.other_keys), f)
     }
 
-    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 2 {
-            return Err(DataFusionError::Internal("SetSelectExec has two children".into()));
-        }
-        let other = children.pop().unwrap();
-        let keep = children.pop().unwrap();
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let (keep, other) = super::two_children(children, "SetSelectExec")?;
         Ok(Arc::new(SetSelectExec::try_new(
             self.op,
             keep,
@@ -831,18 +822,10 @@ impl Run {
             let keep_schema = self.keep.schema();
             let types: Vec<DataType> =
                 self.keep_keys.iter().map(|k| Ok(keys::key_type(&k.data_type(&keep_schema)?))).collect::<Result<_>>()?;
-            let keep_cols = key_columns(&keep_batches, &self.keep_keys)?
-                .into_iter()
-                .map(|cols| coerce_like(cols, &types))
-                .collect::<Result<Vec<_>>>()?;
-            let other_cols = key_columns(&other_batches, &self.other_keys)?
-                .into_iter()
-                .map(|cols| coerce_like(cols, &types))
-                .collect::<Result<Vec<_>>>()?;
+            let keep_cols = key_columns(&keep_batches, &self.keep_keys)?;
+            let other_cols = key_columns(&other_batches, &self.other_keys)?;
             super::trace("key columns evaluated");
-            let sel = self.select_columns(cfg, &keep_cols, &other_cols, &types)?;
-            crate::gpu::drop_later((keep_cols, other_cols));
-            sel
+            self.select_columns(cfg, keep_cols, other_cols, &types)?
         };
         super::trace("select done");
         let t = Instant::now();
@@ -880,24 +863,26 @@ impl Selector {
         Self { op, nulls, backend, key_from_device: None, device_keys: Mutex::new(None), metrics: Metrics::new(metrics), ran }
     }
 
-    /// One bit per kept-side row (`keep_cols`: per batch, the key columns cast
-    /// to `types`), encoding the keys first; records what ran.
+    /// One bit per kept-side row (`keep_cols`: per batch, the key columns),
+    /// casting both sides' keys to `types` and encoding them first; records what ran.
     pub(crate) fn select_columns(
         &self,
         cfg: &SetfusionConfig,
-        keep_cols: &[Vec<ArrayRef>],
-        other_cols: &[Vec<ArrayRef>],
+        keep_cols: Vec<Vec<ArrayRef>>,
+        other_cols: Vec<Vec<ArrayRef>>,
         types: &[DataType],
     ) -> Result<BooleanBuffer> {
         let t = Instant::now();
-        let (mut keep_k, mut other_k, nulls_in_keys) = match keys::encode_packed(keep_cols, other_cols, types)? {
+        let keep_cols = keep_cols.into_iter().map(|cols| coerce_like(cols, types)).collect::<Result<Vec<_>>>()?;
+        let other_cols = other_cols.into_iter().map(|cols| coerce_like(cols, types)).collect::<Result<Vec<_>>>()?;
+        let (mut keep_k, mut other_k, nulls_in_keys) = match keys::encode_packed(&keep_cols, &other_cols, types)? {
             Some((k, o)) => (k, o, true),
             None => {
                 let converter = keys::converter_for(types)?;
                 // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
                 let host_hashes = !matches!(self.backend, Backend::Gpu(_));
-                let k = keys::encode(keep_cols, types, converter.as_ref(), host_hashes)?;
-                let o = keys::encode(other_cols, types, converter.as_ref(), host_hashes)?;
+                let k = keys::encode(&keep_cols, types, converter.as_ref(), host_hashes)?;
+                let o = keys::encode(&other_cols, types, converter.as_ref(), host_hashes)?;
                 (k, o, converter.is_some())
             }
         };
@@ -912,7 +897,7 @@ impl Selector {
         let (sel, ran) = self.select(cfg, &keep_k, &other_k)?;
         self.metrics.select_time.add_duration(t.elapsed());
         *self.ran.lock().unwrap() = Some(ran);
-        crate::gpu::drop_later((keep_k, other_k));
+        crate::gpu::drop_later((keep_k, other_k, keep_cols, other_cols));
         Ok(sel)
     }
 
@@ -1120,7 +1105,7 @@ fn core_keys<'a>(k: &'a KeyColumns, idx: &Option<Vec<u32>>) -> Result<CoreKeys<'
 /// Cast key columns to the types they are encoded as ([`keys::key_type`]:
 /// dictionaries to their values or views; the other side to the kept side's
 /// types, which the planner already coerced, guarding view variants).
-pub(crate) fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
+fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
     cols.into_iter()
         .zip(types)
         .map(|(c, t)| if c.data_type() == t { Ok(c) } else { Ok(datafusion::arrow::compute::cast(&c, t)?) })

@@ -164,24 +164,11 @@ impl ExecutionPlan for SimilarityJoinExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        let mut exprs = vec![&self.left_set, &self.right_set];
-        if let Some(r) = &self.residual {
-            exprs.push(r.expression());
-        }
-        for e in exprs {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        super::visit_exprs([&self.left_set, &self.right_set].into_iter().chain(self.residual.as_ref().map(|r| r.expression())), f)
     }
 
-    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 2 {
-            return Err(DataFusionError::Internal("SimilarityJoinExec has two children".into()));
-        }
-        let right = children.pop().unwrap();
-        let left = children.pop().unwrap();
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let (left, right) = super::two_children(children, "SimilarityJoinExec")?;
         Ok(Arc::new(SimilarityJoinExec::try_new(
             left,
             right,

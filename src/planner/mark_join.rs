@@ -180,47 +180,17 @@ fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transform
     match plan {
         LogicalPlan::Filter(filter) if has_subquery(&filter.predicate) => rewrite_filter(filter, aliases),
         LogicalPlan::Projection(p) if p.expr.iter().any(has_subquery) => {
-            let preserver = NamePreserver::new_for_projection();
             let mut input = p.input.as_ref().clone();
-            let mut changed = false;
-            let mut exprs = Vec::with_capacity(p.expr.len());
-            for e in p.expr {
-                if !has_subquery(&e) {
-                    exprs.push(e);
-                    continue;
-                }
-                let saved = preserver.save(&e);
-                let (next, e, did) = mark_subqueries(input, e, aliases)?;
-                input = next;
-                changed |= did;
-                exprs.push(saved.restore(e));
-            }
+            let (exprs, changed) = mark_output_exprs(p.expr, &mut input, aliases)?;
             let plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?);
             Ok(if changed { Transformed::yes(plan) } else { Transformed::no(plan) })
         }
         LogicalPlan::Aggregate(a) if a.group_expr.iter().chain(&a.aggr_expr).any(has_subquery) => {
-            let preserver = NamePreserver::new_for_projection();
             let mut input = a.input.as_ref().clone();
-            let mut changed = false;
-            let mut rewrite_all = |exprs: Vec<Expr>, input: &mut LogicalPlan| -> Result<Vec<Expr>> {
-                exprs
-                    .into_iter()
-                    .map(|e| {
-                        if !has_subquery(&e) {
-                            return Ok(e);
-                        }
-                        let saved = preserver.save(&e);
-                        let (next, e, did) = mark_subqueries(input.clone(), e, aliases)?;
-                        *input = next;
-                        changed |= did;
-                        Ok(saved.restore(e))
-                    })
-                    .collect()
-            };
-            let group = rewrite_all(a.group_expr, &mut input)?;
-            let aggr = rewrite_all(a.aggr_expr, &mut input)?;
+            let (group, group_changed) = mark_output_exprs(a.group_expr, &mut input, aliases)?;
+            let (aggr, aggr_changed) = mark_output_exprs(a.aggr_expr, &mut input, aliases)?;
             let plan = LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(input), group, aggr)?);
-            Ok(if changed { Transformed::yes(plan) } else { Transformed::no(plan) })
+            Ok(if group_changed || aggr_changed { Transformed::yes(plan) } else { Transformed::no(plan) })
         }
         LogicalPlan::Join(mut join)
             if join.join_type == JoinType::Inner && join.filter.as_ref().is_some_and(has_subquery) =>
@@ -236,6 +206,27 @@ fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transform
         }
         other => Ok(Transformed::no(other)),
     }
+}
+
+/// Output expressions (a projection's, an aggregate's) with their subquery
+/// predicates replaced by marks over `input` (which gains the mark joins),
+/// under their original names; and whether any was replaced.
+fn mark_output_exprs(exprs: Vec<Expr>, input: &mut LogicalPlan, aliases: &AliasGenerator) -> Result<(Vec<Expr>, bool)> {
+    let preserver = NamePreserver::new_for_projection();
+    let mut changed = false;
+    let mut out = Vec::with_capacity(exprs.len());
+    for e in exprs {
+        if !has_subquery(&e) {
+            out.push(e);
+            continue;
+        }
+        let saved = preserver.save(&e);
+        let (next, e, did) = mark_subqueries(input.clone(), e, aliases)?;
+        *input = next;
+        changed |= did;
+        out.push(saved.restore(e));
+    }
+    Ok((out, changed))
 }
 
 /// A filter whose subquery predicates DataFusion cannot answer: plain

@@ -139,11 +139,7 @@ impl SemiJoinRule {
         use datafusion::common::JoinSide;
         let (keep, other) = if keep_left { (j.left.clone(), j.right.clone()) } else { (j.right.clone(), j.left.clone()) };
         let on = j.on.iter().map(|(l, r)| if keep_left { (l.clone(), r.clone()) } else { (r.clone(), l.clone()) }).collect();
-        let columns = filter
-            .column_indices()
-            .iter()
-            .map(|c| Ok(((c.side == JoinSide::Left) == keep_left, c.index)))
-            .collect::<Result<Vec<_>>>()?;
+        let columns = filter.column_indices().iter().map(|c| ((c.side == JoinSide::Left) == keep_left, c.index)).collect();
         let pair_filter = crate::exec::mark_join::PairFilter { expr: filter.expression().clone(), columns, schema: filter.schema().clone() };
         let backend = Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into());
         let exec: Arc<dyn ExecutionPlan> =
