@@ -32,6 +32,7 @@ static SOURCES: &[KernelSource] = &[
     KernelSource { family: "sort_setops", source: include_str!("../../kernels/sort_setops.cu") },
     KernelSource { family: "row_hash", source: include_str!("../../kernels/row_hash.cu") },
     KernelSource { family: "transfer", source: include_str!("../../kernels/transfer.cu") },
+    KernelSource { family: "families", source: include_str!("../../kernels/families.cu") },
 ];
 
 /// Every embedded kernel family.

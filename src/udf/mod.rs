@@ -22,6 +22,7 @@
 //! the very expression both join backends use, so a join's result equals the
 //! nested-loop evaluation of the same predicate bit for bit.
 
+pub mod families;
 pub mod sets;
 
 use std::sync::Arc;
