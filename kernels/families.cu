@@ -16,6 +16,8 @@
 // 64-bit hash of their elements in an open-addressing table (fam_group) and
 // verifies each pair against its group's first pair exactly
 // (fam_group_verify); a mismatch is a hash collision, which the host resolves.
+// fam_group_compact and fam_gather then lay the distinct sets out for the
+// host, which orders them.
 //
 // A warp per left set (rather than the paper's thread per matrix entry of
 // the intersection with a binary search) keeps each row's writes in one warp:
@@ -179,5 +181,35 @@ extern "C" __global__ void fam_group_verify(const u64* offsets, const u32* eleme
         for (u64 x = 0; same && x < len; ++x) same = elements[offsets[p] + x] == elements[offsets[q] + x];
         if (same) atomicAdd(&freq[slot], 1ULL);
         else atomicAdd(&counters[0], 1ULL);
+    }
+}
+
+// One entry per group (a used slot): group_pair[g] = its first pair,
+// group_freq[g] = its frequency; counters[1] counts the groups and
+// counters[2] their elements.
+extern "C" __global__ void fam_group_compact(const u64* offsets, const u32* first, const u64* freq, u64 slots,
+                                             u32* group_pair, u64* group_freq, u64* counters) {
+    SF_FOR(s, slots) {
+        const u64 f = freq[s];
+        if (f == 0) continue;
+        const u32 p = 0xffffffffu - first[s];
+        const u64 g = atomicAdd(&counters[1], 1ULL);
+        group_pair[g] = p;
+        group_freq[g] = f;
+        atomicAdd(&counters[2], offsets[p + 1] - offsets[p]);
+    }
+}
+
+// Copy each group's set to gathered[group_pos[g]...] (space claimed through
+// counters[3]); group_pair[g] becomes the set's size.
+extern "C" __global__ void fam_gather(const u64* offsets, const u32* elements, u64 groups, u32* group_pair,
+                                      u64* group_pos, u32* gathered, u64* counters) {
+    SF_FOR(g, groups) {
+        const u32 p = group_pair[g];
+        const u64 len = offsets[p + 1] - offsets[p];
+        const u64 pos = atomicAdd(&counters[3], len);
+        for (u64 x = 0; x < len; ++x) gathered[pos + x] = elements[offsets[p] + x];
+        group_pos[g] = pos;
+        group_pair[g] = (u32)len;
     }
 }

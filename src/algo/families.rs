@@ -560,10 +560,11 @@ const WARPS_PER_BLOCK: usize = FAM_THREADS as usize / 32;
 
 /// Bytes of device memory one slice needs per pair of its matrix (the count
 /// matrix, u32) and per non-empty pair (right set, element offset, fill
-/// cursor, group slot, and up to four hash-table slots of key, first member
-/// and frequency).
+/// cursor, group slot, up to four hash-table slots of key, first member and
+/// frequency, and a group's pair, frequency and position); per element, its
+/// slot in the slice and in the gathered distinct sets.
 const BYTES_PER_PAIR: usize = 4;
-const BYTES_PER_NONEMPTY: usize = 4 + 8 + 4 + 4 + 4 * (8 + 4 + 8);
+const BYTES_PER_NONEMPTY: usize = 4 + 8 + 4 + 4 + 4 * (8 + 4 + 8) + (4 + 8 + 8);
 
 fn warp_grid(sets: usize) -> LaunchConfig {
     let blocks = sets.div_ceil(WARPS_PER_BLOCK).max(1) as u32;
@@ -674,7 +675,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
             "device memory budget exceeded: intersect_families slice of {nrows} sets has {pairs} non-empty pairs"
         )));
     }
-    let need = pairs * BYTES_PER_NONEMPTY + elems * 4;
+    let need = pairs * BYTES_PER_NONEMPTY + elems * 8;
     if need > gpu.budget().available() {
         return Err(DataFusionError::ResourcesExhausted(format!(
             "device memory budget exceeded: intersect_families slice of {nrows} sets needs {need} bytes"
@@ -726,10 +727,10 @@ impl Slice {
 
     /// Duplicate removal on the device: returns the slice's distinct sets
     /// with frequencies (unordered), or `None` on a hash collision.
-    fn distinct(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<Option<Vec<(Box<[u32]>, u64)>>> {
+    fn distinct(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<Option<FlatDistinct>> {
         let n = self.pairs;
         if n == 0 {
-            return Ok(Some(Vec::new()));
+            return Ok(Some(FlatDistinct::default()));
         }
         let stream = gpu.stream();
         let slots = (2 * n).next_power_of_two();
@@ -738,7 +739,8 @@ impl Slice {
         let keys = gpu.alloc_zeros::<u64>(slots)?;
         let first = gpu.alloc_zeros::<u32>(slots)?;
         let freq = gpu.alloc_zeros::<u64>(slots)?;
-        let counters = gpu.alloc_zeros::<u64>(3)?;
+        // collisions, distinct sets, their elements, gather cursor
+        let counters = gpu.alloc_zeros::<u64>(4)?;
         let started = Instant::now();
         let f = gpu.function(FAMILY, "fam_group")?;
         let mut b = stream.launch_builder(&f);
@@ -753,26 +755,107 @@ impl Slice {
         b.arg(&freq.slice).arg(&counters.slice);
         // SAFETY: matches fam_group_verify; first[slot] encodes a pair number below n for every used slot.
         unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_group_verify", e))?;
+        drop((keys, slot_of));
+        let group_pair = gpu.alloc::<u32>(n)?;
+        let group_freq = gpu.alloc::<u64>(n)?;
+        let f = gpu.function(FAMILY, "fam_group_compact")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&self.pair_offsets.slice).arg(&first.slice).arg(&freq.slice).arg(&slots_u);
+        b.arg(&group_pair.slice).arg(&group_freq.slice).arg(&counters.slice);
+        // SAFETY: matches fam_group_compact; there are at most n groups, the length of group_pair and group_freq.
+        unsafe { b.launch(thread_grid(gpu, slots)) }.map_err(|e| cuda_err("families fam_group_compact", e))?;
         gpu.synchronize()?;
         ts.kernel += started.elapsed();
-        let c = gpu.download(&counters, 3, ts)?;
+        let c = gpu.download(&counters, 4, ts)?;
         if c[0] != 0 {
             return Ok(None);
         }
-        // Distinct sets: the groups' first members.
-        let slot_first = gpu.download(&first, slots, ts)?;
-        let slot_freq = gpu.download(&freq, slots, ts)?;
-        let offsets = gpu.download(&self.pair_offsets, n + 1, ts)?;
-        let elements = gpu.download(&self.elements, self.total_elements, ts)?;
-        let mut out = Vec::new();
-        for s in 0..slots {
-            if slot_freq[s] > 0 {
-                // fam_group stores u32::MAX - (the group's first pair), so that atomicMax keeps the first.
-                let p = (u32::MAX - slot_first[s]) as usize;
-                out.push((elements[offsets[p] as usize..offsets[p + 1] as usize].into(), slot_freq[s]));
+        drop((first, freq));
+        let (groups, total) = (c[1] as usize, c[2] as usize);
+        let group_pos = gpu.alloc::<u64>(groups.max(1))?;
+        let gathered = gpu.alloc::<u32>(total.max(1))?;
+        let started = Instant::now();
+        let groups_u = groups as u64;
+        let f = gpu.function(FAMILY, "fam_gather")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&groups_u).arg(&group_pair.slice);
+        b.arg(&group_pos.slice).arg(&gathered.slice).arg(&counters.slice);
+        // SAFETY: matches fam_gather; the groups' sizes sum to `total` (counted by fam_group_compact), the
+        // length of gathered; group_pos has `groups` entries.
+        unsafe { b.launch(thread_grid(gpu, groups)) }.map_err(|e| cuda_err("families fam_gather", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        Ok(Some(FlatDistinct {
+            pos: gpu.download(&group_pos, groups, ts)?,
+            len: gpu.download(&group_pair, groups, ts)?,
+            freq: gpu.download(&group_freq, groups, ts)?,
+            elements: gpu.download(&gathered, total, ts)?,
+        }))
+    }
+}
+
+/// Distinct sets as the device leaves them: set `d` is
+/// `elements[pos[d]..pos[d] + len[d]]`, in no particular order.
+#[derive(Debug, Default)]
+struct FlatDistinct {
+    pos: Vec<u64>,
+    len: Vec<u32>,
+    freq: Vec<u64>,
+    elements: Vec<u32>,
+}
+
+impl FlatDistinct {
+    fn set(&self, d: usize) -> &[u32] {
+        &self.elements[self.pos[d] as usize..self.pos[d] as usize + self.len[d] as usize]
+    }
+
+    /// Ordered by (size, elements), on all host cores: sorted runs, then a k-way merge.
+    fn into_sorted(self) -> DistinctSets {
+        use std::cmp::{Ordering as O, Reverse};
+        let n = self.freq.len();
+        let cmp = |a: u32, b: u32| -> O {
+            let (x, y) = (self.set(a as usize), self.set(b as usize));
+            x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+        };
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        let per = n.div_ceil(threads().max(1)).max(1 << 14);
+        std::thread::scope(|s| {
+            for run in order.chunks_mut(per) {
+                s.spawn(move || run.sort_unstable_by(|&a, &b| cmp(a, b)));
+            }
+        });
+        let runs: Vec<&[u32]> = order.chunks(per).collect();
+        let mut at = vec![0usize; runs.len()];
+        #[derive(PartialEq, Eq)]
+        struct Head<'a>(&'a [u32], u32, usize);
+        impl Ord for Head<'_> {
+            fn cmp(&self, o: &Self) -> O {
+                self.0.len().cmp(&o.0.len()).then_with(|| self.0.cmp(o.0)).then(self.2.cmp(&o.2))
             }
         }
-        Ok(Some(out))
+        impl PartialOrd for Head<'_> {
+            fn partial_cmp(&self, o: &Self) -> Option<O> {
+                Some(self.cmp(o))
+            }
+        }
+        let mut heap = std::collections::BinaryHeap::new();
+        for (r, run) in runs.iter().enumerate() {
+            if let Some(&d) = run.first() {
+                heap.push(Reverse(Head(self.set(d as usize), d, r)));
+            }
+        }
+        let mut out = DistinctSets { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(self.elements.len()), frequency: Vec::with_capacity(n) };
+        out.offsets.push(0);
+        while let Some(Reverse(Head(set, d, r))) = heap.pop() {
+            out.elements.extend_from_slice(set);
+            out.offsets.push(out.elements.len());
+            out.frequency.push(self.freq[d as usize]);
+            at[r] += 1;
+            if let Some(&d) = runs[r].get(at[r]) {
+                heap.push(Reverse(Head(self.set(d as usize), d, r)));
+            }
+        }
+        out
     }
 }
 
@@ -836,29 +919,35 @@ pub fn pairs_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut Tran
 /// the sets and the number of slices.
 pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
     let inv = InvertedLists::of(space.right, domain_of(space));
-    let mut shards = Shards::new();
     if space.left.is_empty() || space.right.is_empty() {
         return Ok((DistinctSets { offsets: vec![0], ..Default::default() }, 0));
     }
+    let mut parts: Vec<FlatDistinct> = Vec::new();
+    let mut collided = Shards::new();
     let n = for_each_slice(gpu, space, &inv, 0..space.left.len(), ts, &mut |gpu, slice, ts| {
         match slice.distinct(gpu, ts)? {
-            Some(groups) => {
-                // The final duplicate removal across slices.
-                for (set, w) in groups {
-                    shards.add(&set, w);
-                }
-            }
+            Some(flat) => parts.push(flat),
             None => {
                 // A 64-bit hash collision inside the slice: group its pairs exactly on the host.
                 let pairs = slice.download(gpu, ts)?;
                 for p in 0..pairs.len() {
-                    shards.add(pairs.set(p), 1);
+                    collided.add(pairs.set(p), 1);
                 }
             }
         }
         Ok(())
     })?;
-    Ok((Shards::merge(vec![shards]), n))
+    let collisions = collided.shards.iter().any(|m| !m.is_empty());
+    if parts.len() == 1 && !collisions {
+        return Ok((parts.pop().unwrap_or_default().into_sorted(), n));
+    }
+    // The final duplicate removal across slices.
+    for flat in &parts {
+        for d in 0..flat.freq.len() {
+            collided.add(flat.set(d), flat.freq[d]);
+        }
+    }
+    Ok((Shards::merge(vec![collided]), n))
 }
 
 /// `doctor`'s check: the device matches the CPU twin on the paper's figure 1
