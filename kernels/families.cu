@@ -24,6 +24,8 @@
 // an element's right sets are spread over the lanes, distinct within one
 // element, and __syncwarp orders one element's writes before the next's.
 
+#include "common.cuh"
+
 #define FAM_THREADS 256
 
 // The first index in list[0, n) whose value is >= x.

@@ -179,3 +179,15 @@ pub fn compile_ptx(k: &KernelSource, info: &DeviceInfo) -> Result<Ptx, DataFusio
         nvrtc_failed(k, "compile", detail)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    /// NVRTC sees no file system: a family that does not include common.cuh
+    /// (which the runtime inlines) fails only on a GPU machine.
+    #[test]
+    fn every_family_includes_the_common_header() {
+        for k in super::kernel_sources() {
+            assert!(k.source.contains("#include \"common.cuh\""), "kernels/{}.cu does not #include \"common.cuh\"", k.family);
+        }
+    }
+}
