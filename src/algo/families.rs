@@ -254,6 +254,13 @@ fn domain_of(space: &PairSpace) -> usize {
     space.left.domain().max(space.right.domain())
 }
 
+/// With SETFUSION_TRACE set, print how long a step took (stderr).
+fn trace_step(what: &str, since: Instant) {
+    if std::env::var_os("SETFUSION_TRACE").is_some() {
+        eprintln!("families: {what}: {:.1} ms", since.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
 /// Host threads for the CPU backend.
 fn threads() -> usize {
     crate::algo::ssjoin::default_threads()
@@ -658,6 +665,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_row_totals", e))?;
     gpu.synchronize()?;
     ts.kernel += started.elapsed();
+    trace_step("count + row totals", started);
     let totals = gpu.download(&row_totals, 2 * nrows, ts)?;
     // Exclusive scans on the host: one entry per left set of the slice.
     let mut bases = vec![0u64; 2 * nrows];
@@ -708,6 +716,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_fill", e))?;
     gpu.synchronize()?;
     ts.kernel += started.elapsed();
+    trace_step(&format!("compact + fill ({pairs} pairs, {elems} elements)"), started);
     let row_pairs: Vec<u64> = (0..nrows).map(|r| bases[2 * r]).chain(std::iter::once(pairs as u64)).collect();
     Ok(Slice { rows, right, pair_offsets, elements, row_pairs, pairs, total_elements: elems })
 }
@@ -766,6 +775,7 @@ impl Slice {
         unsafe { b.launch(thread_grid(gpu, slots)) }.map_err(|e| cuda_err("families fam_group_compact", e))?;
         gpu.synchronize()?;
         ts.kernel += started.elapsed();
+        trace_step("group + verify + compact", started);
         let c = gpu.download(&counters, 4, ts)?;
         if c[0] != 0 {
             return Ok(None);
@@ -785,12 +795,16 @@ impl Slice {
         unsafe { b.launch(thread_grid(gpu, groups)) }.map_err(|e| cuda_err("families fam_gather", e))?;
         gpu.synchronize()?;
         ts.kernel += started.elapsed();
-        Ok(Some(FlatDistinct {
+        trace_step(&format!("gather ({groups} groups)"), started);
+        let started = Instant::now();
+        let flat = FlatDistinct {
             pos: gpu.download(&group_pos, groups, ts)?,
             len: gpu.download(&group_pair, groups, ts)?,
             freq: gpu.download(&group_freq, groups, ts)?,
             elements: gpu.download(&gathered, total, ts)?,
-        }))
+        };
+        trace_step("download", started);
+        Ok(Some(flat))
     }
 }
 
@@ -880,7 +894,9 @@ fn for_each_slice(
     ts: &mut TransferStats,
     per_slice: &mut dyn FnMut(&Gpu, Slice, &mut TransferStats) -> Result<()>,
 ) -> Result<usize> {
+    let started = Instant::now();
     let dev = DeviceFamilies::upload(gpu, space, inv, ts)?;
+    trace_step("upload", started);
     let mut todo: Vec<Range<usize>> = slices(gpu, space, rows, resident_bytes(space, inv));
     todo.reverse();
     let mut done = 0;
@@ -918,7 +934,9 @@ pub fn pairs_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut Tran
 /// I with frequencies, on the device (GPU twin of [`distinct_cpu`]). Returns
 /// the sets and the number of slices.
 pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
+    let started = Instant::now();
     let inv = InvertedLists::of(space.right, domain_of(space));
+    trace_step("inverted lists", started);
     if space.left.is_empty() || space.right.is_empty() {
         return Ok((DistinctSets { offsets: vec![0], ..Default::default() }, 0));
     }
@@ -939,7 +957,10 @@ pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Res
     })?;
     let collisions = collided.shards.iter().any(|m| !m.is_empty());
     if parts.len() == 1 && !collisions {
-        return Ok((parts.pop().unwrap_or_default().into_sorted(), n));
+        let started = Instant::now();
+        let sorted = parts.pop().unwrap_or_default().into_sorted();
+        trace_step("host order", started);
+        return Ok((sorted, n));
     }
     // The final duplicate removal across slices.
     for flat in &parts {
