@@ -1,4 +1,5 @@
 //! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
+pub mod multiset;
 pub mod row_hash;
 pub mod setops;
 pub mod sort_setops;
