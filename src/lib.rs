@@ -48,6 +48,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     }
     // Similarity and tokenizer functions (issue 4), added to whatever is registered.
     builder.scalar_functions().get_or_insert_with(Vec::new).extend(udf::functions());
+    // Multiset aggregate (issue 15).
+    builder.aggregate_functions().get_or_insert_with(Vec::new).extend(udf::aggregate_functions());
     // The semi/anti join rule runs right after DataFusion's join selection and
     // before distribution enforcement: a replaced join then gets no hash
     // repartitioning of its inputs (the operator reads all of them at once).
