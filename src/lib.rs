@@ -50,6 +50,11 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     builder.scalar_functions().get_or_insert_with(Vec::new).extend(udf::functions());
     // Multiset aggregate (issue 15).
     builder.aggregate_functions().get_or_insert_with(Vec::new).extend(udf::aggregate_functions());
+    // intersect_families (issue 15, seed 000).
+    builder.table_functions().get_or_insert_with(Default::default).insert(
+        udf::families::NAME.to_string(),
+        Arc::new(datafusion::catalog::TableFunction::new(udf::families::NAME.to_string(), Arc::new(udf::families::IntersectFamilies))),
+    );
     // The semi/anti join rule runs right after DataFusion's join selection and
     // before distribution enforcement: a replaced join then gets no hash
     // repartitioning of its inputs (the operator reads all of them at once).

@@ -1,4 +1,5 @@
 //! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
+pub mod families;
 pub mod multiset;
 pub mod row_hash;
 pub mod setops;
@@ -17,6 +18,7 @@ pub type SelfCheck = fn(&Gpu) -> Result<String>;
 /// Every family's self-check, by kernel family name.
 pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
+        ("families", families::self_check as SelfCheck),
         ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
         ("row_hash", row_hash::self_check as SelfCheck),
         ("sort_setops", sort_setops::self_check as SelfCheck),

@@ -1,6 +1,7 @@
 //! Benchmark programs. Each is run by `cargo bench --bench <name>` (thin
 //! wrappers in `benches/`) and by `setfusion bench <name>`, so the release
 //! CLI alone can benchmark on a machine without a Rust toolchain.
+pub mod families;
 pub mod filter;
 pub mod setops;
 pub mod ssjoin;

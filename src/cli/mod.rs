@@ -38,6 +38,8 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion bench filter      the host's floor for cutting kept rows out of 100M x 2 BIGINT columns
        setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE] [--collections dblp,uniform,zipf]
                               [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark
+       setfusion bench families [--sizes K,..] [--kinds uniform,similar] [--cpu-max K] [--runs N]
+                                   intersection of two families of sets, GPU vs CPU backend
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
                               TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
 
@@ -86,6 +88,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
                     Some("filter") => crate::bench::filter::run().map(|_| 0),
                     Some("tpch") => crate::bench::tpch::run(it.collect()).await.map(|_| 0),
+                    Some("families") => crate::bench::families::run(it.collect()).await.map(|_| 0),
                     Some("ssjoin") => {
                         // It drives its own runtime: run it on a plain thread.
                         let rest: Vec<String> = it.collect();
@@ -94,7 +97,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin or tpch"))),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch or families"))),
                 };
             }
             "-h" | "--help" => {

@@ -32,6 +32,7 @@ static SOURCES: &[KernelSource] = &[
     KernelSource { family: "sort_setops", source: include_str!("../../kernels/sort_setops.cu") },
     KernelSource { family: "row_hash", source: include_str!("../../kernels/row_hash.cu") },
     KernelSource { family: "transfer", source: include_str!("../../kernels/transfer.cu") },
+    KernelSource { family: "families", source: include_str!("../../kernels/families.cu") },
 ];
 
 /// Every embedded kernel family.
@@ -177,4 +178,16 @@ pub fn compile_ptx(k: &KernelSource, info: &DeviceInfo) -> Result<Ptx, DataFusio
         };
         nvrtc_failed(k, "compile", detail)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// NVRTC sees no file system: a family that does not include common.cuh
+    /// (which the runtime inlines) fails only on a GPU machine.
+    #[test]
+    fn every_family_includes_the_common_header() {
+        for k in super::kernel_sources() {
+            assert!(k.source.contains("#include \"common.cuh\""), "kernels/{}.cu does not #include \"common.cuh\"", k.family);
+        }
+    }
 }

@@ -33,6 +33,7 @@
 //! the very expression both join backends use, so a join's result equals the
 //! nested-loop evaluation of the same predicate bit for bit.
 
+pub mod families;
 pub mod multiset;
 pub mod sets;
 

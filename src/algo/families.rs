@@ -1,0 +1,1136 @@
+//! Intersection of two families of sets (seed 000, Fort, Sellarès and
+//! Valladares, "Intersecting two families of sets on the GPU").
+//!
+//! A family is a list of sets over one dense element domain (`u32` ids),
+//! each set sorted and without repeats ([`Family`]). The result comes at the
+//! paper's three levels:
+//! * I_c, every pair's intersection, empty ones included (the caller adds the
+//!   empty ones: [`PairIntersections`] holds the non-empty ones in pair order);
+//! * I_r, the non-empty intersections with their pair ([`PairIntersections`]);
+//! * I, the distinct non-empty intersections with their frequency, the number
+//!   of pairs giving each ([`DistinctSets`], ordered by size, then
+//!   lexicographically, as the paper's duplicate removal orders them).
+//!
+//! Both backends follow the paper's structure:
+//! 1. domain reduction: elements absent from the other family cannot be in an
+//!    intersection (done by the caller when it builds the families, see
+//!    [`Family::restrict_to`]);
+//! 2. the right family's inverted lists, element -> sets containing it (the
+//!    paper's "apparitions vectors");
+//! 3. count, then fill: for each left set, walking its elements in order and,
+//!    for each, the sets of the right family holding it, counts every pair's
+//!    intersection size; then the same walk writes the elements. Walking in
+//!    element order leaves every intersection sorted;
+//! 4. removal of empty intersections;
+//! 5. duplicate removal with frequencies.
+//!
+//! [`pairs_cpu`] / [`distinct_cpu`] run on all host cores (the paper found a
+//! CPU port of its own strategy competitive with the C++ library's set
+//! intersections); [`pairs_gpu`] / [`distinct_gpu`] run kernels/families.cu.
+//! On the device, duplicate removal groups intersections by a 64-bit hash of
+//! their elements and verifies every member against its group's first member
+//! exactly (a mismatch, a hash collision, sends the slice to the CPU twin), in
+//! place of the paper's size-then-lexicographic radix sort; the host sorts the
+//! (far fewer) distinct sets at the end.
+//!
+//! Pairs are processed in slices of left sets whose pair matrix fits the
+//! device budget (section 4.6 of the paper slices the second family; slicing
+//! the first is the same with the roles swapped, and keeps the right family's
+//! inverted lists on the device once), with a final duplicate removal across
+//! slices on the host.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::error::{DataFusionError, Result};
+
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
+
+/// Sets over a dense domain of element ids, in CSR form: set `i` is
+/// `elements[offsets[i]..offsets[i + 1]]`, ascending, without repeats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Family {
+    pub offsets: Vec<usize>,
+    pub elements: Vec<u32>,
+}
+
+impl Family {
+    /// A family from sets given as any lists of ids (sorted and deduplicated here).
+    pub fn from_sets<S: AsRef<[u32]>>(sets: &[S]) -> Family {
+        let mut f = Family { offsets: Vec::with_capacity(sets.len() + 1), elements: Vec::new() };
+        f.offsets.push(0);
+        for s in sets {
+            let start = f.elements.len();
+            f.elements.extend_from_slice(s.as_ref());
+            let tail = &mut f.elements[start..];
+            tail.sort_unstable();
+            let mut kept = 0;
+            for j in 0..tail.len() {
+                if kept == 0 || tail[j] != tail[kept - 1] {
+                    tail[kept] = tail[j];
+                    kept += 1;
+                }
+            }
+            f.elements.truncate(start + kept);
+            f.offsets.push(f.elements.len());
+        }
+        f
+    }
+
+    /// The number of sets.
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Set `i`.
+    pub fn set(&self, i: usize) -> &[u32] {
+        &self.elements[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    /// The largest element id plus one (0 for a family without elements).
+    pub fn domain(&self) -> usize {
+        self.elements.iter().max().map_or(0, |&m| m as usize + 1)
+    }
+
+    /// Domain reduction (the paper's phase A): drop the elements for which
+    /// `keep` is false; sets that become empty stay (as empty sets), so set
+    /// numbers do not change.
+    pub fn restrict_to(&self, keep: &[bool]) -> Family {
+        let mut f = Family { offsets: Vec::with_capacity(self.offsets.len()), elements: Vec::with_capacity(self.elements.len()) };
+        f.offsets.push(0);
+        for i in 0..self.len() {
+            f.elements.extend(self.set(i).iter().copied().filter(|&e| keep.get(e as usize).copied().unwrap_or(false)));
+            f.offsets.push(f.elements.len());
+        }
+        f
+    }
+
+    /// Which element ids occur (a vector of `domain` flags).
+    pub fn present(&self, domain: usize) -> Vec<bool> {
+        let mut p = vec![false; domain];
+        for &e in &self.elements {
+            if let Some(x) = p.get_mut(e as usize) {
+                *x = true;
+            }
+        }
+        p
+    }
+}
+
+/// The pairs to intersect: every (left set, right set), or in the self form
+/// (one family with itself) the pairs (i, j) with `j >= right_from[i]`. The
+/// caller orders the family so that this is its pairs with left id < right id.
+#[derive(Debug, Clone, Copy)]
+pub struct PairSpace<'a> {
+    pub left: &'a Family,
+    pub right: &'a Family,
+    /// Self form: the first right set each left set pairs with.
+    pub right_from: Option<&'a [u32]>,
+}
+
+impl PairSpace<'_> {
+    /// The first right set that left set `i` pairs with.
+    pub fn first_right(&self, i: usize) -> usize {
+        self.right_from.map_or(0, |f| f[i] as usize)
+    }
+
+    /// The number of pairs (I_c's size) of the left sets in `rows`.
+    pub fn pair_count(&self, rows: Range<usize>) -> u64 {
+        let k = self.right.len() as u64;
+        rows.map(|i| k - (self.first_right(i) as u64).min(k)).sum()
+    }
+}
+
+/// Non-empty intersections with their pairs (I_r), in (left, right) order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PairIntersections {
+    pub left: Vec<u32>,
+    pub right: Vec<u32>,
+    /// `offsets.len() == left.len() + 1`.
+    pub offsets: Vec<usize>,
+    pub elements: Vec<u32>,
+}
+
+impl PairIntersections {
+    fn new() -> Self {
+        PairIntersections { offsets: vec![0], ..Default::default() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.left.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.left.is_empty()
+    }
+
+    /// Intersection `p`'s elements.
+    pub fn set(&self, p: usize) -> &[u32] {
+        &self.elements[self.offsets[p]..self.offsets[p + 1]]
+    }
+
+    /// Append `other` (whose pairs come after this one's).
+    pub fn append(&mut self, other: &PairIntersections) {
+        let base = self.elements.len();
+        self.left.extend_from_slice(&other.left);
+        self.right.extend_from_slice(&other.right);
+        self.offsets.extend(other.offsets[1..].iter().map(|o| o + base));
+        self.elements.extend_from_slice(&other.elements);
+    }
+}
+
+/// Distinct non-empty intersections (I) with frequencies, ordered by size,
+/// then lexicographically.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DistinctSets {
+    pub offsets: Vec<usize>,
+    pub elements: Vec<u32>,
+    pub frequency: Vec<u64>,
+}
+
+impl DistinctSets {
+    pub fn len(&self) -> usize {
+        self.frequency.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frequency.is_empty()
+    }
+
+    pub fn set(&self, p: usize) -> &[u32] {
+        &self.elements[self.offsets[p]..self.offsets[p + 1]]
+    }
+}
+
+/// The right family's inverted lists: `sets[offsets[e]..offsets[e + 1]]` are
+/// the right sets holding element `e`, ascending.
+#[derive(Debug, Clone)]
+pub struct InvertedLists {
+    pub offsets: Vec<u32>,
+    pub sets: Vec<u32>,
+}
+
+impl InvertedLists {
+    /// Inverted lists of `f` over element ids below `domain` (the paper's
+    /// histogram, scan and fill; set order is kept, so lists ascend).
+    pub fn of(f: &Family, domain: usize) -> InvertedLists {
+        let mut offsets = vec![0u32; domain + 1];
+        for &e in &f.elements {
+            offsets[e as usize + 1] += 1;
+        }
+        for e in 0..domain {
+            offsets[e + 1] += offsets[e];
+        }
+        let mut cursor: Vec<u32> = offsets[..domain].to_vec();
+        let mut sets = vec![0u32; f.elements.len()];
+        for j in 0..f.len() {
+            for &e in f.set(j) {
+                sets[cursor[e as usize] as usize] = j as u32;
+                cursor[e as usize] += 1;
+            }
+        }
+        InvertedLists { offsets, sets }
+    }
+
+    fn list(&self, e: u32) -> &[u32] {
+        let e = e as usize;
+        if e + 1 >= self.offsets.len() {
+            return &[];
+        }
+        &self.sets[self.offsets[e] as usize..self.offsets[e + 1] as usize]
+    }
+}
+
+/// The element domain both families' ids lie in.
+fn domain_of(space: &PairSpace) -> usize {
+    space.left.domain().max(space.right.domain())
+}
+
+/// Host threads for the CPU backend.
+fn threads() -> usize {
+    crate::algo::ssjoin::default_threads()
+}
+
+/// Left sets per task of the CPU backend: small enough to balance skewed
+/// sets over the threads, large enough that claiming a task costs nothing.
+const LEFT_SETS_PER_TASK: usize = 64;
+
+/// Per-thread scratch of the count-then-fill walk: a counter per right set
+/// and the list of right sets the current left set touched.
+struct Walk {
+    count: Vec<u32>,
+    touched: Vec<u32>,
+}
+
+impl Walk {
+    fn new(k_right: usize) -> Walk {
+        Walk { count: vec![0; k_right], touched: Vec::new() }
+    }
+
+    /// The non-empty intersections of left set `i` with the right sets it
+    /// pairs with, in right-set order: calls `emit(j, elements)` for each.
+    fn intersections(&mut self, space: &PairSpace, inv: &InvertedLists, i: usize, buf: &mut Vec<u32>, mut emit: impl FnMut(u32, &[u32])) {
+        let from = space.first_right(i) as u32;
+        let set = space.left.set(i);
+        // Count: the size of every non-empty intersection.
+        for &e in set {
+            let list = inv.list(e);
+            let start = if from == 0 { 0 } else { list.partition_point(|&j| j < from) };
+            for &j in &list[start..] {
+                let c = &mut self.count[j as usize];
+                if *c == 0 {
+                    self.touched.push(j);
+                }
+                *c += 1;
+            }
+        }
+        if self.touched.is_empty() {
+            return;
+        }
+        self.touched.sort_unstable();
+        // Scan: the counters become write positions.
+        let mut total = 0u32;
+        for &j in &self.touched {
+            let c = self.count[j as usize];
+            self.count[j as usize] = total;
+            total += c;
+        }
+        buf.clear();
+        buf.resize(total as usize, 0);
+        // Fill, in element order: every intersection comes out sorted.
+        for &e in set {
+            let list = inv.list(e);
+            let start = if from == 0 { 0 } else { list.partition_point(|&j| j < from) };
+            for &j in &list[start..] {
+                let c = &mut self.count[j as usize];
+                buf[*c as usize] = e;
+                *c += 1;
+            }
+        }
+        let mut at = 0usize;
+        for &j in &self.touched {
+            let end = self.count[j as usize] as usize;
+            emit(j, &buf[at..end]);
+            at = end;
+            self.count[j as usize] = 0;
+        }
+        self.touched.clear();
+    }
+}
+
+/// I_r for the left sets in `rows`, on all host cores (CPU twin of [`pairs_gpu`]).
+pub fn pairs_cpu(space: &PairSpace, rows: Range<usize>) -> PairIntersections {
+    let inv = InvertedLists::of(space.right, domain_of(space));
+    pairs_cpu_with(space, &inv, rows)
+}
+
+/// [`pairs_cpu`] with the right family's inverted lists already built.
+pub fn pairs_cpu_with(space: &PairSpace, inv: &InvertedLists, rows: Range<usize>) -> PairIntersections {
+    let tasks: Vec<Range<usize>> = (rows.start..rows.end)
+        .step_by(LEFT_SETS_PER_TASK)
+        .map(|s| s..(s + LEFT_SETS_PER_TASK).min(rows.end))
+        .collect();
+    let parts: Vec<Mutex<Option<PairIntersections>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let workers = threads().min(tasks.len()).max(1);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let mut walk = Walk::new(space.right.len());
+                let mut buf = Vec::new();
+                loop {
+                    let t = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(range) = tasks.get(t) else { break };
+                    let mut out = PairIntersections::new();
+                    for i in range.clone() {
+                        walk.intersections(space, inv, i, &mut buf, |j, elems| {
+                            out.left.push(i as u32);
+                            out.right.push(j);
+                            out.elements.extend_from_slice(elems);
+                            out.offsets.push(out.elements.len());
+                        });
+                    }
+                    *parts[t].lock().unwrap() = Some(out);
+                }
+            });
+        }
+    });
+    let mut all = PairIntersections::new();
+    for p in parts {
+        if let Some(p) = p.into_inner().unwrap() {
+            all.append(&p);
+        }
+    }
+    all
+}
+
+/// A 64-bit hash of a set's elements (order-sensitive; sets are sorted).
+/// The same function as `fam_set_hash` in kernels/families.cu: the device
+/// groups by it and the host merges the device's groups by it.
+pub fn set_hash(elems: &[u32]) -> u64 {
+    let mut h = 0x9e3779b97f4a7c15u64 ^ (elems.len() as u64).wrapping_mul(0xff51afd7ed558ccd);
+    for &e in elems {
+        h = mix64(h ^ e as u64);
+    }
+    mix64(h)
+}
+
+/// splitmix64's finaliser (`sf_mix64` in kernels/common.cuh).
+fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d049bb133111eb);
+    x ^ (x >> 31)
+}
+
+/// Exact duplicate removal with frequencies, sharded by hash so that shards
+/// merge on separate threads. A bucket holds every distinct set of one hash
+/// (almost always one).
+struct Shards {
+    shards: Vec<HashMap<u64, Vec<(Box<[u32]>, u64)>>>,
+}
+
+/// Shards of the duplicate removal: a power of two.
+const SHARDS: usize = 64;
+
+impl Shards {
+    fn new() -> Shards {
+        Shards { shards: (0..SHARDS).map(|_| HashMap::new()).collect() }
+    }
+
+    fn add(&mut self, elems: &[u32], weight: u64) {
+        self.add_hashed(set_hash(elems), elems, weight)
+    }
+
+    fn add_hashed(&mut self, h: u64, elems: &[u32], weight: u64) {
+        let bucket = self.shards[(h >> 58) as usize & (SHARDS - 1)].entry(h).or_default();
+        match bucket.iter_mut().find(|(s, _)| &s[..] == elems) {
+            Some((_, w)) => *w += weight,
+            None => bucket.push((elems.into(), weight)),
+        }
+    }
+
+    /// Merge the shards of several workers (shard by shard, in parallel) and
+    /// order the distinct sets by (size, elements).
+    fn merge(parts: Vec<Shards>) -> DistinctSets {
+        let mut by_shard: Vec<Vec<HashMap<u64, Vec<(Box<[u32]>, u64)>>>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        for p in parts {
+            for (s, m) in p.shards.into_iter().enumerate() {
+                by_shard[s].push(m);
+            }
+        }
+        let next = AtomicUsize::new(0);
+        let sorted: Vec<Mutex<Vec<(Box<[u32]>, u64)>>> = (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect();
+        let inputs: Vec<Mutex<Vec<HashMap<u64, Vec<(Box<[u32]>, u64)>>>>> = by_shard.into_iter().map(Mutex::new).collect();
+        std::thread::scope(|s| {
+            for _ in 0..threads().min(SHARDS) {
+                s.spawn(|| loop {
+                    let t = next.fetch_add(1, Ordering::Relaxed);
+                    if t >= SHARDS {
+                        break;
+                    }
+                    let mut maps = std::mem::take(&mut *inputs[t].lock().unwrap());
+                    let mut merged = maps.pop().unwrap_or_default();
+                    for m in maps {
+                        for (h, bucket) in m {
+                            let into = merged.entry(h).or_default();
+                            for (set, w) in bucket {
+                                match into.iter_mut().find(|(s, _)| *s == set) {
+                                    Some((_, v)) => *v += w,
+                                    None => into.push((set, w)),
+                                }
+                            }
+                        }
+                    }
+                    let mut v: Vec<(Box<[u32]>, u64)> = merged.into_values().flatten().collect();
+                    v.sort_unstable_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.cmp(&b.0)));
+                    *sorted[t].lock().unwrap() = v;
+                });
+            }
+        });
+        let runs: Vec<Vec<(Box<[u32]>, u64)>> = sorted.into_iter().map(|m| m.into_inner().unwrap()).collect();
+        merge_sorted_runs(runs)
+    }
+}
+
+/// k-way merge of runs sorted by (size, elements) into one [`DistinctSets`].
+fn merge_sorted_runs(runs: Vec<Vec<(Box<[u32]>, u64)>>) -> DistinctSets {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let total: usize = runs.iter().map(|r| r.len()).sum();
+    let elems: usize = runs.iter().flatten().map(|(s, _)| s.len()).sum();
+    let mut out = DistinctSets { offsets: Vec::with_capacity(total + 1), elements: Vec::with_capacity(elems), frequency: Vec::with_capacity(total) };
+    out.offsets.push(0);
+    let mut iters: Vec<std::vec::IntoIter<(Box<[u32]>, u64)>> = runs.into_iter().map(|r| r.into_iter()).collect();
+    let mut heap = BinaryHeap::new();
+    for (r, it) in iters.iter_mut().enumerate() {
+        if let Some((s, w)) = it.next() {
+            heap.push(Reverse((s.len(), s, w, r)));
+        }
+    }
+    while let Some(Reverse((_, s, w, r))) = heap.pop() {
+        out.elements.extend_from_slice(&s);
+        out.offsets.push(out.elements.len());
+        out.frequency.push(w);
+        if let Some((s, w)) = iters[r].next() {
+            heap.push(Reverse((s.len(), s, w, r)));
+        }
+    }
+    out
+}
+
+/// I with frequencies, on all host cores (CPU twin of [`distinct_gpu`]).
+pub fn distinct_cpu(space: &PairSpace) -> DistinctSets {
+    let inv = InvertedLists::of(space.right, domain_of(space));
+    let k = space.left.len();
+    let tasks: Vec<Range<usize>> = (0..k).step_by(LEFT_SETS_PER_TASK).map(|s| s..(s + LEFT_SETS_PER_TASK).min(k)).collect();
+    let next = AtomicUsize::new(0);
+    let workers = threads().min(tasks.len()).max(1);
+    let parts: Vec<Shards> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut walk = Walk::new(space.right.len());
+                    let mut buf = Vec::new();
+                    let mut shards = Shards::new();
+                    loop {
+                        let t = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(range) = tasks.get(t) else { break };
+                        for i in range.clone() {
+                            walk.intersections(space, &inv, i, &mut buf, |_, elems| shards.add(elems, 1));
+                        }
+                    }
+                    shards
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("families worker panicked")).collect()
+    });
+    Shards::merge(parts)
+}
+
+/// Brute force over every pair with sorted-list intersection: the tests' reference.
+pub fn pairs_brute_force(space: &PairSpace) -> PairIntersections {
+    let mut out = PairIntersections::new();
+    for i in 0..space.left.len() {
+        for j in space.first_right(i)..space.right.len() {
+            let (a, b) = (space.left.set(i), space.right.set(j));
+            let common: Vec<u32> = a.iter().copied().filter(|e| b.binary_search(e).is_ok()).collect();
+            if !common.is_empty() {
+                out.left.push(i as u32);
+                out.right.push(j as u32);
+                out.elements.extend_from_slice(&common);
+                out.offsets.push(out.elements.len());
+            }
+        }
+    }
+    out
+}
+
+/// Distinct sets with frequencies of a list of intersections (the tests'
+/// reference, and the host's final duplicate removal across device slices).
+pub fn distinct_of(parts: &[&PairIntersections]) -> DistinctSets {
+    let mut shards = Shards::new();
+    for p in parts {
+        for s in 0..p.len() {
+            shards.add(p.set(s), 1);
+        }
+    }
+    Shards::merge(vec![shards])
+}
+
+// ---------------------------------------------------------------------------
+// GPU backend: kernels/families.cu
+// ---------------------------------------------------------------------------
+
+const FAMILY: &str = "families";
+/// Threads per block of the warp-per-left-set kernels (FAM_THREADS).
+const FAM_THREADS: u32 = 256;
+/// Warps per block of those kernels.
+const WARPS_PER_BLOCK: usize = FAM_THREADS as usize / 32;
+
+/// Bytes of device memory one slice needs per pair of its matrix (the count
+/// matrix, u32) and per non-empty pair (right set, element offset, fill
+/// cursor, group slot, up to four hash-table slots of key, first member and
+/// frequency, and a group's pair, frequency and position); per element, its
+/// slot in the slice and in the gathered distinct sets.
+const BYTES_PER_PAIR: usize = 4;
+const BYTES_PER_NONEMPTY: usize = 4 + 8 + 4 + 4 + 4 * (8 + 4 + 8) + (4 + 8 + 8);
+
+fn warp_grid(sets: usize) -> LaunchConfig {
+    let blocks = sets.div_ceil(WARPS_PER_BLOCK).max(1) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (FAM_THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn thread_grid(gpu: &Gpu, n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(FAM_THREADS as usize).clamp(1, gpu.info().multiprocessors.max(1) as usize * 32) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (FAM_THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Both families and the right family's inverted lists, resident on the
+/// device for every slice.
+struct DeviceFamilies {
+    left_offsets: DeviceBuffer<u64>,
+    left_elements: DeviceBuffer<u32>,
+    right_from: DeviceBuffer<u32>,
+    inv_offsets: DeviceBuffer<u32>,
+    inv_sets: DeviceBuffer<u32>,
+    k_right: usize,
+    self_form: bool,
+}
+
+impl DeviceFamilies {
+    fn upload(gpu: &Gpu, space: &PairSpace, inv: &InvertedLists, ts: &mut TransferStats) -> Result<DeviceFamilies> {
+        let offs: Vec<u64> = space.left.offsets.iter().map(|&o| o as u64).collect();
+        let from: Vec<u32> = space.right_from.map_or_else(|| vec![0], |f| f.to_vec());
+        Ok(DeviceFamilies {
+            left_offsets: gpu.upload(&offs, ts)?,
+            left_elements: gpu.upload(nonempty(&space.left.elements), ts)?,
+            right_from: gpu.upload(&from, ts)?,
+            inv_offsets: gpu.upload(&inv.offsets, ts)?,
+            inv_sets: gpu.upload(nonempty(&inv.sets), ts)?,
+            k_right: space.right.len(),
+            self_form: space.right_from.is_some(),
+        })
+    }
+}
+
+/// A device buffer may not be empty: an empty input travels as one zero.
+fn nonempty(v: &[u32]) -> &[u32] {
+    if v.is_empty() {
+        &[0]
+    } else {
+        v
+    }
+}
+
+/// One slice of left sets after count, compaction and fill, on the device.
+struct Slice {
+    rows: Range<usize>,
+    /// Per non-empty pair: its right set, and where its elements start.
+    right: DeviceBuffer<u32>,
+    pair_offsets: DeviceBuffer<u64>,
+    elements: DeviceBuffer<u32>,
+    /// Host copies of the per-left-set totals (pairs and elements, exclusive scans).
+    row_pairs: Vec<u64>,
+    pairs: usize,
+    total_elements: usize,
+}
+
+/// The largest number of left sets per slice whose pair matrix fits a
+/// quarter of the budget (the rest is for the slice's non-empty pairs).
+fn slice_rows(budget: usize, k_right: usize) -> usize {
+    (budget / 4 / (BYTES_PER_PAIR * k_right.max(1))).max(1)
+}
+
+/// Count, compact and fill the pairs of left sets `rows` on the device.
+fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut TransferStats) -> Result<Slice> {
+    let stream = gpu.stream();
+    let nrows = rows.len();
+    let k = dev.k_right;
+    let (first, nrows_u, k_u, self_u) = (rows.start as u64, nrows as u64, k as u64, dev.self_form as u32);
+    let matrix = gpu.alloc_zeros::<u32>(nrows * k)?;
+    let row_totals = gpu.alloc_zeros::<u64>(2 * nrows)?;
+    let started = Instant::now();
+    // 1. Count every pair's intersection size (a warp per left set).
+    let f = gpu.function(FAMILY, "fam_count")?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&dev.left_offsets.slice).arg(&dev.left_elements.slice).arg(&first).arg(&nrows_u);
+    b.arg(&dev.right_from.slice).arg(&self_u).arg(&dev.inv_offsets.slice).arg(&dev.inv_sets.slice).arg(&k_u);
+    b.arg(&matrix.slice);
+    // SAFETY: matches fam_count in kernels/families.cu; matrix holds nrows * k counters; the left rows, right_from
+    // (one entry per left set in the self form) and the inverted lists are the uploaded families'.
+    unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_count", e))?;
+    // 2. Per left set: its non-empty pairs and their elements.
+    let f = gpu.function(FAMILY, "fam_row_totals")?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&matrix.slice).arg(&nrows_u).arg(&k_u).arg(&row_totals.slice);
+    // SAFETY: matches fam_row_totals; row_totals holds 2 * nrows counters.
+    unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_row_totals", e))?;
+    gpu.synchronize()?;
+    ts.kernel += started.elapsed();
+    let totals = gpu.download(&row_totals, 2 * nrows, ts)?;
+    // Exclusive scans on the host: one entry per left set of the slice.
+    let mut bases = vec![0u64; 2 * nrows];
+    let (mut pairs, mut elems) = (0u64, 0u64);
+    for r in 0..nrows {
+        bases[2 * r] = pairs;
+        bases[2 * r + 1] = elems;
+        pairs += totals[2 * r];
+        elems += totals[2 * r + 1];
+    }
+    let (pairs, elems) = (pairs as usize, elems as usize);
+    if pairs >= (u32::MAX / 2) as usize {
+        // Pair numbers are u32 (the matrix holds them); the caller halves the slice.
+        return Err(DataFusionError::ResourcesExhausted(format!(
+            "device memory budget exceeded: intersect_families slice of {nrows} sets has {pairs} non-empty pairs"
+        )));
+    }
+    let need = pairs * BYTES_PER_NONEMPTY + elems * 8;
+    if need > gpu.budget().available() {
+        return Err(DataFusionError::ResourcesExhausted(format!(
+            "device memory budget exceeded: intersect_families slice of {nrows} sets needs {need} bytes"
+        )));
+    }
+    let d_bases = gpu.upload(&bases, ts)?;
+    let right = gpu.alloc::<u32>(pairs.max(1))?;
+    let pair_offsets = gpu.alloc::<u64>(pairs + 1)?;
+    let elements = gpu.alloc::<u32>(elems.max(1))?;
+    let started = Instant::now();
+    // 3. Compact: each non-empty pair's right set and element offset; the
+    //    matrix entry becomes the pair's number for the fill.
+    let f = gpu.function(FAMILY, "fam_compact")?;
+    let mut b = stream.launch_builder(&f);
+    let (pairs_u, elems_u) = (pairs as u64, elems as u64);
+    b.arg(&matrix.slice).arg(&nrows_u).arg(&k_u).arg(&d_bases.slice).arg(&right.slice).arg(&pair_offsets.slice);
+    b.arg(&pairs_u).arg(&elems_u);
+    // SAFETY: matches fam_compact; the bases are exclusive scans of fam_row_totals' counts, so every write lies
+    // below `pairs` (right, pair_offsets) and pair_offsets has pairs + 1 entries.
+    unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_compact", e))?;
+    // 4. Fill, in element order (intersections come out sorted).
+    let cursor = gpu.alloc_zeros::<u32>(pairs.max(1))?;
+    let f = gpu.function(FAMILY, "fam_fill")?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&dev.left_offsets.slice).arg(&dev.left_elements.slice).arg(&first).arg(&nrows_u);
+    b.arg(&dev.right_from.slice).arg(&self_u).arg(&dev.inv_offsets.slice).arg(&dev.inv_sets.slice).arg(&k_u);
+    b.arg(&matrix.slice).arg(&pair_offsets.slice).arg(&cursor.slice).arg(&elements.slice);
+    // SAFETY: matches fam_fill; it walks the same pairs as fam_count, so each pair receives exactly its counted
+    // number of elements at its offset inside `elements`.
+    unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_fill", e))?;
+    gpu.synchronize()?;
+    ts.kernel += started.elapsed();
+    let row_pairs: Vec<u64> = (0..nrows).map(|r| bases[2 * r]).chain(std::iter::once(pairs as u64)).collect();
+    Ok(Slice { rows, right, pair_offsets, elements, row_pairs, pairs, total_elements: elems })
+}
+
+impl Slice {
+    /// The slice's pairs on the host.
+    fn download(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<PairIntersections> {
+        let right = gpu.download(&self.right, self.pairs, ts)?;
+        let offsets: Vec<usize> = gpu.download(&self.pair_offsets, self.pairs + 1, ts)?.into_iter().map(|o| o as usize).collect();
+        let elements = gpu.download(&self.elements, self.total_elements, ts)?;
+        let mut left = Vec::with_capacity(self.pairs);
+        for (r, w) in self.row_pairs.windows(2).enumerate() {
+            left.extend(std::iter::repeat_n((self.rows.start + r) as u32, (w[1] - w[0]) as usize));
+        }
+        Ok(PairIntersections { left, right, offsets, elements })
+    }
+
+    /// Duplicate removal on the device: returns the slice's distinct sets
+    /// with frequencies (unordered), or `None` on a hash collision.
+    fn distinct(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<Option<FlatDistinct>> {
+        let n = self.pairs;
+        if n == 0 {
+            return Ok(Some(FlatDistinct::default()));
+        }
+        let stream = gpu.stream();
+        let slots = (2 * n).next_power_of_two();
+        let (n_u, slots_u) = (n as u64, slots as u64);
+        let slot_of = gpu.alloc::<u32>(n)?;
+        let keys = gpu.alloc_zeros::<u64>(slots)?;
+        let first = gpu.alloc_zeros::<u32>(slots)?;
+        let freq = gpu.alloc_zeros::<u64>(slots)?;
+        // collisions, distinct sets, their elements, gather cursor
+        let counters = gpu.alloc_zeros::<u64>(4)?;
+        let started = Instant::now();
+        let f = gpu.function(FAMILY, "fam_group")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&n_u).arg(&slot_of.slice);
+        b.arg(&keys.slice).arg(&first.slice).arg(&slots_u);
+        // SAFETY: matches fam_group; slot_of has n entries, keys and first `slots` (a power of two of at least
+        // 2n, so the open-addressing table never fills), both zeroed.
+        unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_group", e))?;
+        let f = gpu.function(FAMILY, "fam_group_verify")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&n_u).arg(&slot_of.slice).arg(&first.slice);
+        b.arg(&freq.slice).arg(&counters.slice);
+        // SAFETY: matches fam_group_verify; first[slot] encodes a pair number below n for every used slot.
+        unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_group_verify", e))?;
+        drop((keys, slot_of));
+        let group_pair = gpu.alloc::<u32>(n)?;
+        let group_freq = gpu.alloc::<u64>(n)?;
+        let f = gpu.function(FAMILY, "fam_group_compact")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&self.pair_offsets.slice).arg(&first.slice).arg(&freq.slice).arg(&slots_u);
+        b.arg(&group_pair.slice).arg(&group_freq.slice).arg(&counters.slice);
+        // SAFETY: matches fam_group_compact; there are at most n groups, the length of group_pair and group_freq.
+        unsafe { b.launch(thread_grid(gpu, slots)) }.map_err(|e| cuda_err("families fam_group_compact", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        let c = gpu.download(&counters, 4, ts)?;
+        if c[0] != 0 {
+            return Ok(None);
+        }
+        drop((first, freq));
+        let (groups, total) = (c[1] as usize, c[2] as usize);
+        let group_pos = gpu.alloc::<u64>(groups.max(1))?;
+        let gathered = gpu.alloc::<u32>(total.max(1))?;
+        let started = Instant::now();
+        let groups_u = groups as u64;
+        let f = gpu.function(FAMILY, "fam_gather")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&groups_u).arg(&group_pair.slice);
+        b.arg(&group_pos.slice).arg(&gathered.slice).arg(&counters.slice);
+        // SAFETY: matches fam_gather; the groups' sizes sum to `total` (counted by fam_group_compact), the
+        // length of gathered; group_pos has `groups` entries.
+        unsafe { b.launch(thread_grid(gpu, groups)) }.map_err(|e| cuda_err("families fam_gather", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        Ok(Some(FlatDistinct {
+            pos: gpu.download(&group_pos, groups, ts)?,
+            len: gpu.download(&group_pair, groups, ts)?,
+            freq: gpu.download(&group_freq, groups, ts)?,
+            elements: gpu.download(&gathered, total, ts)?,
+        }))
+    }
+}
+
+/// Distinct sets as the device leaves them: set `d` is
+/// `elements[pos[d]..pos[d] + len[d]]`, in no particular order.
+#[derive(Debug, Default)]
+struct FlatDistinct {
+    pos: Vec<u64>,
+    len: Vec<u32>,
+    freq: Vec<u64>,
+    elements: Vec<u32>,
+}
+
+impl FlatDistinct {
+    fn set(&self, d: usize) -> &[u32] {
+        &self.elements[self.pos[d] as usize..self.pos[d] as usize + self.len[d] as usize]
+    }
+
+    /// Ordered by (size, elements), on all host cores: sorted runs, then a k-way merge.
+    fn into_sorted(self) -> DistinctSets {
+        use std::cmp::{Ordering as O, Reverse};
+        let n = self.freq.len();
+        let cmp = |a: u32, b: u32| -> O {
+            let (x, y) = (self.set(a as usize), self.set(b as usize));
+            x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+        };
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        let per = n.div_ceil(threads().max(1)).max(1 << 14);
+        std::thread::scope(|s| {
+            for run in order.chunks_mut(per) {
+                s.spawn(move || run.sort_unstable_by(|&a, &b| cmp(a, b)));
+            }
+        });
+        let runs: Vec<&[u32]> = order.chunks(per).collect();
+        let mut at = vec![0usize; runs.len()];
+        #[derive(PartialEq, Eq)]
+        struct Head<'a>(&'a [u32], u32, usize);
+        impl Ord for Head<'_> {
+            fn cmp(&self, o: &Self) -> O {
+                self.0.len().cmp(&o.0.len()).then_with(|| self.0.cmp(o.0)).then(self.2.cmp(&o.2))
+            }
+        }
+        impl PartialOrd for Head<'_> {
+            fn partial_cmp(&self, o: &Self) -> Option<O> {
+                Some(self.cmp(o))
+            }
+        }
+        let mut heap = std::collections::BinaryHeap::new();
+        for (r, run) in runs.iter().enumerate() {
+            if let Some(&d) = run.first() {
+                heap.push(Reverse(Head(self.set(d as usize), d, r)));
+            }
+        }
+        let mut out = DistinctSets { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(self.elements.len()), frequency: Vec::with_capacity(n) };
+        out.offsets.push(0);
+        while let Some(Reverse(Head(set, d, r))) = heap.pop() {
+            out.elements.extend_from_slice(set);
+            out.offsets.push(out.elements.len());
+            out.frequency.push(self.freq[d as usize]);
+            at[r] += 1;
+            if let Some(&d) = runs[r].get(at[r]) {
+                heap.push(Reverse(Head(self.set(d as usize), d, r)));
+            }
+        }
+        out
+    }
+}
+
+/// Left-set slices whose pair matrices fit the device budget.
+fn slices(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, resident: usize) -> Vec<Range<usize>> {
+    let budget = gpu.budget().available().saturating_sub(resident);
+    let per = slice_rows(budget, space.right.len());
+    (rows.start..rows.end).step_by(per).map(|s| s..(s + per).min(rows.end)).collect()
+}
+
+fn resident_bytes(space: &PairSpace, inv: &InvertedLists) -> usize {
+    space.left.offsets.len() * 8 + space.left.elements.len() * 4 + space.left.len() * 4 + inv.offsets.len() * 4 + inv.sets.len() * 4
+}
+
+/// Run `per_slice` over slices of `rows`, halving a slice whose non-empty
+/// pairs do not fit the budget.
+fn for_each_slice(
+    gpu: &Gpu,
+    space: &PairSpace,
+    inv: &InvertedLists,
+    rows: Range<usize>,
+    ts: &mut TransferStats,
+    per_slice: &mut dyn FnMut(&Gpu, Slice, &mut TransferStats) -> Result<()>,
+) -> Result<usize> {
+    let dev = DeviceFamilies::upload(gpu, space, inv, ts)?;
+    let mut todo: Vec<Range<usize>> = slices(gpu, space, rows, resident_bytes(space, inv));
+    todo.reverse();
+    let mut done = 0;
+    while let Some(r) = todo.pop() {
+        match run_slice(gpu, &dev, r.clone(), ts) {
+            Ok(slice) => {
+                per_slice(gpu, slice, ts)?;
+                done += 1;
+            }
+            Err(e) if crate::gpu::is_out_of_memory(&e) && r.len() > 1 => {
+                let mid = r.start + r.len() / 2;
+                todo.push(mid..r.end);
+                todo.push(r.start..mid);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// I_r for the left sets in `rows`, on the device (GPU twin of [`pairs_cpu`]).
+pub fn pairs_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
+    let inv = InvertedLists::of(space.right, domain_of(space));
+    let mut all = PairIntersections::new();
+    if rows.is_empty() || space.right.is_empty() {
+        return Ok(all);
+    }
+    for_each_slice(gpu, space, &inv, rows, ts, &mut |gpu, slice, ts| {
+        all.append(&slice.download(gpu, ts)?);
+        Ok(())
+    })?;
+    Ok(all)
+}
+
+/// I with frequencies, on the device (GPU twin of [`distinct_cpu`]). Returns
+/// the sets and the number of slices.
+pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
+    let inv = InvertedLists::of(space.right, domain_of(space));
+    if space.left.is_empty() || space.right.is_empty() {
+        return Ok((DistinctSets { offsets: vec![0], ..Default::default() }, 0));
+    }
+    let mut parts: Vec<FlatDistinct> = Vec::new();
+    let mut collided = Shards::new();
+    let n = for_each_slice(gpu, space, &inv, 0..space.left.len(), ts, &mut |gpu, slice, ts| {
+        match slice.distinct(gpu, ts)? {
+            Some(flat) => parts.push(flat),
+            None => {
+                // A 64-bit hash collision inside the slice: group its pairs exactly on the host.
+                let pairs = slice.download(gpu, ts)?;
+                for p in 0..pairs.len() {
+                    collided.add(pairs.set(p), 1);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let collisions = collided.shards.iter().any(|m| !m.is_empty());
+    if parts.len() == 1 && !collisions {
+        return Ok((parts.pop().unwrap_or_default().into_sorted(), n));
+    }
+    // The final duplicate removal across slices.
+    for flat in &parts {
+        for d in 0..flat.freq.len() {
+            collided.add(flat.set(d), flat.freq[d]);
+        }
+    }
+    Ok((Shards::merge(vec![collided]), n))
+}
+
+/// `doctor`'s check: the device matches the CPU twin on the paper's figure 1
+/// and on random families, at every level, with forced slicing.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    let (f, g) = tests_data::figure1();
+    let space = PairSpace { left: &f, right: &g, right_from: None };
+    let mut ts = TransferStats::default();
+    let (d, _) = distinct_gpu(gpu, &space, &mut ts)?;
+    if d != distinct_cpu(&space) || pairs_gpu(gpu, &space, 0..f.len(), &mut ts)? != pairs_cpu(&space, 0..f.len()) {
+        return Err(DataFusionError::Execution("families self-check: figure 1 differs from the CPU twin".into()));
+    }
+    let (f, g) = tests_data::random(300, 200, 40, 500, 7);
+    let space = PairSpace { left: &f, right: &g, right_from: None };
+    let (d, _) = distinct_gpu(gpu, &space, &mut ts)?;
+    if d != distinct_cpu(&space) || pairs_gpu(gpu, &space, 0..f.len(), &mut ts)? != pairs_cpu(&space, 0..f.len()) {
+        return Err(DataFusionError::Execution("families self-check: random families differ from the CPU twin".into()));
+    }
+    Ok("figure 1 and 300 x 200 random sets match the CPU twin".into())
+}
+
+/// Families for tests, the doctor and the benchmark.
+pub mod tests_data {
+    use super::Family;
+
+    /// The paper's figure 1: F and F' (k = 6, k' = 4).
+    pub fn figure1() -> (Family, Family) {
+        let f = Family::from_sets(&[vec![3, 0, 1, 2], vec![5, 1], vec![2, 0, 3], vec![3, 4], vec![1, 3, 2, 5], vec![1]]);
+        let g = Family::from_sets(&[vec![1, 4], vec![1, 5, 4], vec![4, 0, 2, 3], vec![5, 3, 4]]);
+        (f, g)
+    }
+
+    /// Two random families: `k` and `k2` sets of 0 to `max_len` elements over
+    /// `domain` ids, with repeated sets.
+    pub fn random(k: usize, k2: usize, max_len: usize, domain: u32, seed: u64) -> (Family, Family) {
+        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut fam = |k: usize| {
+            let mut sets: Vec<Vec<u32>> = Vec::with_capacity(k);
+            for i in 0..k {
+                if i > 0 && next() % 8 == 0 {
+                    let again = sets[(next() % i as u64) as usize].clone();
+                    sets.push(again);
+                    continue;
+                }
+                let len = (next() % (max_len as u64 + 1)) as usize;
+                sets.push((0..len).map(|_| (next() % domain as u64) as u32).collect());
+            }
+            Family::from_sets(&sets)
+        };
+        let f = fam(k);
+        let g = fam(k2);
+        (f, g)
+    }
+
+    /// The paper's "uniform" families: `k` sets of 100 to 150 elements over a domain of 100,000.
+    pub fn uniform(k: usize, seed: u64) -> (Family, Family) {
+        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut fam = |k: usize| {
+            let sets: Vec<Vec<u32>> =
+                (0..k).map(|_| (0..100 + next() % 51).map(|_| (next() % 100_000) as u32).collect()).collect();
+            Family::from_sets(&sets)
+        };
+        let f = fam(k);
+        let g = fam(k);
+        (f, g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_data::{figure1, random};
+    use super::*;
+
+    fn distinct_as_vec(d: &DistinctSets) -> Vec<(Vec<u32>, u64)> {
+        (0..d.len()).map(|p| (d.set(p).to_vec(), d.frequency[p])).collect()
+    }
+
+    #[test]
+    fn figure_1_gives_the_papers_nine_sets() {
+        let (f, g) = figure1();
+        let space = PairSpace { left: &f, right: &g, right_from: None };
+        let d = distinct_cpu(&space);
+        // Brute-force frequencies of the nine sets of the paper's I (24 pairs, 5 empty).
+        let expected: Vec<(Vec<u32>, u64)> = vec![
+            (vec![1], 6),
+            (vec![3], 2),
+            (vec![4], 2),
+            (vec![5], 1),
+            (vec![1, 5], 2),
+            (vec![2, 3], 1),
+            (vec![3, 4], 2),
+            (vec![3, 5], 1),
+            (vec![0, 2, 3], 2),
+        ];
+        assert_eq!(distinct_as_vec(&d), expected);
+        let pairs = pairs_cpu(&space, 0..f.len());
+        assert_eq!(pairs, pairs_brute_force(&space));
+        assert_eq!(pairs.len(), 24 - 5);
+        assert_eq!(distinct_of(&[&pairs]), d);
+    }
+
+    #[test]
+    fn random_families_match_brute_force() {
+        for seed in 0..12u64 {
+            let (f, g) = random(40 + seed as usize * 7, 30 + seed as usize * 5, (seed % 4) as usize * 6, 10 + seed as u32 * 9, seed);
+            let space = PairSpace { left: &f, right: &g, right_from: None };
+            let brute = pairs_brute_force(&space);
+            assert_eq!(pairs_cpu(&space, 0..f.len()), brute, "seed {seed}");
+            assert_eq!(distinct_cpu(&space), distinct_of(&[&brute]), "seed {seed}");
+            // A sub-range of left sets.
+            let mid = f.len() / 3;
+            let part = pairs_cpu(&space, mid..f.len());
+            assert!(part.left.iter().all(|&i| i as usize >= mid));
+            assert_eq!(part.len(), brute.left.iter().filter(|&&i| i as usize >= mid).count());
+        }
+    }
+
+    #[test]
+    fn self_form_takes_pairs_after_each_set() {
+        let (f, _) = random(60, 1, 8, 20, 3);
+        // Sets 2k and 2k + 1 share an id: right_from skips the partner too.
+        let from: Vec<u32> = (0..f.len() as u32).map(|i| (i / 2 + 1) * 2).collect();
+        let space = PairSpace { left: &f, right: &f, right_from: Some(&from) };
+        let brute = pairs_brute_force(&space);
+        assert!(brute.left.iter().zip(&brute.right).all(|(&i, &j)| j >= from[i as usize]));
+        assert_eq!(pairs_cpu(&space, 0..f.len()), brute);
+        assert_eq!(distinct_cpu(&space), distinct_of(&[&brute]));
+        assert_eq!(space.pair_count(0..f.len()), (0..60u64).map(|i| 60 - (i / 2 + 1) * 2).sum::<u64>());
+    }
+
+    #[test]
+    fn empty_families_and_sets() {
+        let empty = Family::from_sets::<Vec<u32>>(&[]);
+        let (f, _) = figure1();
+        let with_empty = Family::from_sets(&[vec![], vec![1, 2], vec![]]);
+        for (l, r) in [(&empty, &f), (&f, &empty), (&with_empty, &f), (&f, &with_empty), (&empty, &empty)] {
+            let space = PairSpace { left: l, right: r, right_from: None };
+            assert_eq!(pairs_cpu(&space, 0..l.len()), pairs_brute_force(&space));
+            assert_eq!(distinct_cpu(&space), distinct_of(&[&pairs_brute_force(&space)]));
+        }
+    }
+
+    #[test]
+    fn gpu_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let lease = gpu.lease(0);
+        let mut ts = TransferStats::default();
+        for seed in 0..6u64 {
+            let (f, g) = random(500 + seed as usize * 100, 300, 30, 50 + seed as u32 * 400, seed);
+            for self_form in [false, true] {
+                let from: Vec<u32> = (0..f.len() as u32).map(|i| i + 1).collect();
+                let space = if self_form {
+                    PairSpace { left: &f, right: &f, right_from: Some(&from) }
+                } else {
+                    PairSpace { left: &f, right: &g, right_from: None }
+                };
+                let cpu = pairs_cpu(&space, 0..f.len());
+                assert_eq!(pairs_gpu(&lease, &space, 0..f.len(), &mut ts).unwrap(), cpu, "seed {seed}");
+                assert_eq!(pairs_gpu(&lease, &space, 7..f.len() / 2, &mut ts).unwrap(), pairs_cpu(&space, 7..f.len() / 2));
+                let (d, _) = distinct_gpu(&lease, &space, &mut ts).unwrap();
+                assert_eq!(d, distinct_cpu(&space), "seed {seed}");
+            }
+        }
+        // Forced slicing: a budget that holds a few left sets' pair matrix at a time.
+        drop(lease);
+        let (f, g) = random(2000, 3000, 20, 300, 11);
+        let space = PairSpace { left: &f, right: &g, right_from: None };
+        let lease = gpu.lease(4 << 20);
+        let (d, n) = distinct_gpu(&lease, &space, &mut ts).unwrap();
+        assert!(n > 1, "expected several slices, got {n}");
+        assert_eq!(d, distinct_cpu(&space));
+        assert_eq!(pairs_gpu(&lease, &space, 0..f.len(), &mut ts).unwrap(), pairs_cpu(&space, 0..f.len()));
+    }
+}

@@ -1,0 +1,696 @@
+//! `FamiliesExec`: the intersection of two families of sets
+//! ([`crate::algo::families`]), the plan of the `intersect_families` table
+//! function.
+//!
+//! Each input is a table of sets in one of two layouts:
+//! * wide: one row per set, an `id` column and an `elements` list of integers
+//!   (a repeated row is a repeated set; a NULL list is an empty set);
+//! * long: one row per (`id`, `element`); the rows of one id form its set.
+//!
+//! NULL elements are ignored. The output, by level:
+//! * `distinct` (the paper's I): `elements` (sorted list), `frequency`
+//!   (BIGINT, the number of pairs of input rows giving that set), ordered by
+//!   size, then elements;
+//! * `pairs` (I_r): `left_id`, `right_id`, `elements` for every non-empty
+//!   intersection, in input order of the left then right sets;
+//! * `all` (I_c): the same with the empty intersections.
+//!
+//! With one input (the self form) the pairs are those with left id < right
+//! id (rows with a NULL id pair with nothing), in id order.
+//!
+//! One output partition. Pairs stream out in slices of left sets; the
+//! distinct level is complete only at the end.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, ListArray, RecordBatch, UInt32Array, UInt64Array};
+use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
+use datafusion::arrow::compute::{cast, concat_batches, sort_to_indices, take};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::algo::families::{self, DistinctSets, Family, PairIntersections, PairSpace};
+use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::DeviceMetrics;
+use crate::gpu::{self, TransferStats};
+
+/// The paper's three result levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// I: distinct non-empty intersections with frequencies.
+    Distinct,
+    /// I_r: non-empty intersections with their pair.
+    Pairs,
+    /// I_c: every pair's intersection, empty ones included.
+    All,
+}
+
+impl Level {
+    pub fn parse(s: &str) -> Result<Level> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "distinct" => Ok(Level::Distinct),
+            "pairs" => Ok(Level::Pairs),
+            "all" => Ok(Level::All),
+            other => Err(DataFusionError::Plan(format!(
+                "intersect_families: unknown level '{other}': expected 'distinct' (the default), 'pairs' or 'all'"
+            ))),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Level::Distinct => "distinct",
+            Level::Pairs => "pairs",
+            Level::All => "all",
+        }
+    }
+}
+
+/// Where a family's sets are in its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One row per set: `id`, `elements` (a list).
+    Wide { id: usize, elements: usize },
+    /// One row per element: `id`, `element`.
+    Long { id: usize, element: usize },
+}
+
+impl Layout {
+    /// The layout of a table of sets, from its column names, with a plan
+    /// error naming `table` when it has neither.
+    pub fn of(table: &str, schema: &Schema) -> Result<Layout> {
+        let find = |name: &str| schema.index_of(name).ok();
+        let integer = |dt: &DataType| dt.is_integer() || matches!(dt, DataType::Null);
+        let problem = |what: String| {
+            DataFusionError::Plan(format!("intersect_families: table '{table}' {what} (columns: {})", column_list(schema)))
+        };
+        let id = find("id").ok_or_else(|| problem("has no `id` column".into()))?;
+        if let Some(e) = find("elements") {
+            let dt = schema.field(e).data_type();
+            return match dt {
+                DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) if integer(f.data_type()) => {
+                    Ok(Layout::Wide { id, elements: e })
+                }
+                other => Err(problem(format!("has `elements` of type {other}; expected a list of integers"))),
+            };
+        }
+        if let Some(e) = find("element") {
+            let dt = schema.field(e).data_type();
+            return if integer(dt) {
+                Ok(Layout::Long { id, element: e })
+            } else {
+                Err(problem(format!("has `element` of type {dt}; expected an integer")))
+            };
+        }
+        Err(problem("has neither an `elements` list column (one row per set) nor an `element` column (one row per element)".into()))
+    }
+
+    fn id(&self) -> usize {
+        match self {
+            Layout::Wide { id, .. } | Layout::Long { id, .. } => *id,
+        }
+    }
+
+    /// The element type as stored.
+    fn element_type(&self, schema: &Schema) -> DataType {
+        match self {
+            Layout::Wide { elements, .. } => match schema.field(*elements).data_type() {
+                DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => f.data_type().clone(),
+                other => other.clone(),
+            },
+            Layout::Long { element, .. } => schema.field(*element).data_type().clone(),
+        }
+    }
+}
+
+fn column_list(schema: &Schema) -> String {
+    schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
+}
+
+/// Elements are compared as Int64, or as UInt64 when both families' element
+/// types are unsigned.
+pub fn element_type(types: &[DataType]) -> DataType {
+    if types.iter().all(|t| t.is_unsigned_integer() || matches!(t, DataType::Null)) && !types.iter().all(|t| matches!(t, DataType::Null)) {
+        DataType::UInt64
+    } else {
+        DataType::Int64
+    }
+}
+
+/// The output schema of a level.
+pub fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, element: &DataType) -> SchemaRef {
+    let list = DataType::List(Arc::new(Field::new("item", element.clone(), false)));
+    Arc::new(match level {
+        Level::Distinct => Schema::new(vec![Field::new("elements", list, false), Field::new("frequency", DataType::Int64, false)]),
+        Level::Pairs | Level::All => Schema::new(vec![
+            Field::new("left_id", left_id.clone(), true),
+            Field::new("right_id", right_id.clone(), true),
+            Field::new("elements", list, false),
+        ]),
+    })
+}
+
+/// The operator. See the module documentation.
+#[derive(Debug)]
+pub struct FamiliesExec {
+    left: Arc<dyn ExecutionPlan>,
+    /// None: the self form.
+    right: Option<Arc<dyn ExecutionPlan>>,
+    left_layout: Layout,
+    right_layout: Layout,
+    level: Level,
+    element: DataType,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+impl FamiliesExec {
+    pub fn try_new(
+        left: Arc<dyn ExecutionPlan>,
+        right: Option<Arc<dyn ExecutionPlan>>,
+        left_layout: Layout,
+        right_layout: Layout,
+        level: Level,
+    ) -> Result<Self> {
+        let (ls, rs) = (left.schema(), right.as_ref().map_or_else(|| left.schema(), |r| r.schema()));
+        let element = element_type(&[left_layout.element_type(&ls), right_layout.element_type(&rs)]);
+        let schema = output_schema(level, ls.field(left_layout.id()).data_type(), rs.field(right_layout.id()).data_type(), &element);
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(1),
+            if level == Level::Distinct { EmissionType::Final } else { EmissionType::Incremental },
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            left,
+            right,
+            left_layout,
+            right_layout,
+            level,
+            element,
+            schema,
+            cache,
+            metrics: ExecutionPlanMetricsSet::new(),
+            ran: Arc::new(Mutex::new(None)),
+        })
+    }
+}
+
+impl DisplayAs for FamiliesExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "FamiliesExec: level={}, form={}", self.level.name(), if self.right.is_some() { "two families" } else { "self (left id < right id)" })?;
+        write!(f, ", backend=gpu when one is usable and there are at least setfusion.min_rows pairs, else cpu")?;
+        super::fmt_projection_and_ran(f, t, &None, &self.ran)
+    }
+}
+
+impl ExecutionPlan for FamiliesExec {
+    fn name(&self) -> &str {
+        "FamiliesExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        std::iter::once(&self.left).chain(self.right.as_ref()).collect()
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut it = children.into_iter();
+        let left = it.next().ok_or_else(|| DataFusionError::Internal("FamiliesExec needs its inputs".into()))?;
+        let right = if self.right.is_some() { it.next() } else { None };
+        Ok(Arc::new(FamiliesExec::try_new(left, right, self.left_layout, self.right_layout, self.level)?))
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!("FamiliesExec has one partition, got {partition}")));
+        }
+        let run = Run {
+            left: self.left.clone(),
+            right: self.right.clone(),
+            left_layout: self.left_layout,
+            right_layout: self.right_layout,
+            level: self.level,
+            element: self.element.clone(),
+            schema: self.schema.clone(),
+            device: DeviceMetrics::new(&self.metrics),
+            out_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
+            ran: self.ran.clone(),
+        };
+        let schema = self.schema.clone();
+        let fut = async move {
+            let rx = run.start(context).await?;
+            let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+            Ok::<_, DataFusionError>(stream)
+        };
+        let stream = futures::stream::once(fut).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream.boxed())))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// One input family, read from its table.
+struct Sets {
+    /// The id of each set, in set order.
+    ids: ArrayRef,
+    /// Each set's elements as order-preserving u64 keys (CSR).
+    offsets: Vec<usize>,
+    keys: Vec<u64>,
+}
+
+/// Order-preserving u64 key of an Int64 (the sign bit flipped, so that
+/// unsigned order is signed order).
+fn signed_key(x: i64) -> u64 {
+    (x as u64) ^ (1 << 63)
+}
+
+impl Sets {
+    fn read(batch: &RecordBatch, layout: Layout, element: &DataType) -> Result<Sets> {
+        let ids = batch.column(layout.id()).clone();
+        match layout {
+            Layout::Wide { elements, .. } => {
+                let list = batch.column(elements);
+                let (values, bounds): (ArrayRef, Vec<(usize, usize)>) = match list.data_type() {
+                    DataType::List(_) => {
+                        let l = list.as_list::<i32>();
+                        let o = l.value_offsets();
+                        (l.values().clone(), (0..l.len()).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
+                    }
+                    DataType::LargeList(_) => {
+                        let l = list.as_list::<i64>();
+                        let o = l.value_offsets();
+                        (l.values().clone(), (0..l.len()).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
+                    }
+                    DataType::FixedSizeList(_, w) => {
+                        let l = list.as_fixed_size_list();
+                        let w = *w as usize;
+                        (l.values().clone(), (0..l.len()).map(|i| (l.value_offset(i) as usize, l.value_offset(i) as usize + w)).collect())
+                    }
+                    other => return Err(DataFusionError::Internal(format!("intersect_families: elements of type {other}"))),
+                };
+                let (keys, valid) = element_keys(&values, element)?;
+                let mut out = Sets { ids, offsets: Vec::with_capacity(bounds.len() + 1), keys: Vec::with_capacity(keys.len()) };
+                out.offsets.push(0);
+                for (row, (s, e)) in bounds.into_iter().enumerate() {
+                    // A NULL list is an empty set.
+                    if list.is_valid(row) {
+                        out.keys.extend((s..e).filter(|&x| valid.as_ref().is_none_or(|v| v[x])).map(|x| keys[x]));
+                    }
+                    out.offsets.push(out.keys.len());
+                }
+                Ok(out)
+            }
+            Layout::Long { element: col, .. } => {
+                let (keys, valid) = element_keys(batch.column(col), element)?;
+                // Group rows by id (NULL ids group together), sets in order of first appearance.
+                let conv = RowConverter::new(vec![SortField::new(ids.data_type().clone())])?;
+                let rows = conv.convert_columns(&[ids.clone()])?;
+                let mut set_of: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+                let mut first_row: Vec<u32> = Vec::new();
+                let mut members: Vec<Vec<u64>> = Vec::new();
+                for r in 0..batch.num_rows() {
+                    let s = *set_of.entry(rows.row(r).data()).or_insert_with(|| {
+                        first_row.push(r as u32);
+                        members.push(Vec::new());
+                        members.len() - 1
+                    });
+                    if valid.as_ref().is_none_or(|v| v[r]) {
+                        members[s].push(keys[r]);
+                    }
+                }
+                let ids = take(ids.as_ref(), &UInt32Array::from(first_row), None)?;
+                let mut out = Sets { ids, offsets: Vec::with_capacity(members.len() + 1), keys: Vec::new() };
+                out.offsets.push(0);
+                for m in members {
+                    out.keys.extend(m);
+                    out.offsets.push(out.keys.len());
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The sets reordered by ascending id (NULL ids dropped), and for each the
+    /// first set with a larger id: the self form's pairs.
+    fn in_id_order(&self) -> Result<(Sets, Vec<u32>)> {
+        let order = sort_to_indices(self.ids.as_ref(), None, None)?;
+        let order: Vec<u32> = order.values().iter().copied().filter(|&i| self.ids.is_valid(i as usize)).collect();
+        let ids = take(self.ids.as_ref(), &UInt32Array::from(order.clone()), None)?;
+        let mut out = Sets { ids, offsets: Vec::with_capacity(order.len() + 1), keys: Vec::with_capacity(self.keys.len()) };
+        out.offsets.push(0);
+        for &i in &order {
+            out.keys.extend_from_slice(&self.keys[self.offsets[i as usize]..self.offsets[i as usize + 1]]);
+            out.offsets.push(out.keys.len());
+        }
+        let mut from = vec![0u32; order.len()];
+        if !order.is_empty() {
+            let ranges = datafusion::arrow::compute::kernels::partition::partition(&[out.ids.clone()])?;
+            for r in ranges.ranges() {
+                from[r.clone()].fill(r.end as u32);
+            }
+        }
+        Ok((out, from))
+    }
+}
+
+/// An integer column as order-preserving u64 keys, and which are valid
+/// (None: all are).
+fn element_keys(values: &ArrayRef, element: &DataType) -> Result<(Vec<u64>, Option<Vec<bool>>)> {
+    if values.data_type() == &DataType::Null {
+        return Ok((vec![0; values.len()], Some(vec![false; values.len()])));
+    }
+    let valid = values.logical_nulls().filter(|n| n.null_count() > 0).map(|n| n.iter().collect());
+    let keys = match element {
+        DataType::UInt64 => cast(values, &DataType::UInt64)?.as_primitive::<UInt64Type>().values().to_vec(),
+        _ => {
+            let v = cast(values, &DataType::Int64).map_err(|e| DataFusionError::Execution(format!("intersect_families: element {e}")))?;
+            v.as_primitive::<Int64Type>().values().iter().map(|&x| signed_key(x)).collect()
+        }
+    };
+    Ok((keys, valid))
+}
+
+/// The element domain: the keys present in both families, ascending; dense
+/// ids are positions in it.
+struct Domain {
+    keys: Vec<u64>,
+}
+
+impl Domain {
+    /// Domain reduction (the paper's phase A): the keys in both `a` and `b`.
+    fn shared(a: &[u64], b: &[u64]) -> Domain {
+        let distinct = |v: &[u64]| {
+            let mut v = v.to_vec();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let (a, b) = (distinct(a), distinct(b));
+        let mut keys = Vec::with_capacity(a.len().min(b.len()));
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() && j < b.len() {
+            match a[i].cmp(&b[j]) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    keys.push(a[i]);
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        Domain { keys }
+    }
+
+    /// A family of the sets' elements that lie in the domain, as dense ids.
+    fn family(&self, sets: &Sets) -> Family {
+        let mut f = Family { offsets: Vec::with_capacity(sets.offsets.len()), elements: Vec::with_capacity(sets.keys.len()) };
+        f.offsets.push(0);
+        for s in 0..sets.len() {
+            let mut ids: Vec<u32> =
+                sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|k| self.keys.binary_search(k).ok().map(|x| x as u32)).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            f.elements.extend(ids);
+            f.offsets.push(f.elements.len());
+        }
+        f
+    }
+
+    /// The output list array of sets given as dense ids.
+    fn list(&self, element: &DataType, offsets: &[usize], ids: &[u32]) -> Result<ArrayRef> {
+        let values: ArrayRef = match element {
+            DataType::UInt64 => Arc::new(UInt64Array::from_iter_values(ids.iter().map(|&i| self.keys[i as usize]))),
+            _ => Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| (self.keys[i as usize] ^ (1 << 63)) as i64))),
+        };
+        let base = offsets[0];
+        let offs: Vec<i32> = offsets
+            .iter()
+            .map(|&o| i32::try_from(o - base).map_err(|_| DataFusionError::Execution("intersect_families: batch of over 2^31 elements".into())))
+            .collect::<Result<_>>()?;
+        let field = Arc::new(Field::new("item", element.clone(), false));
+        Ok(Arc::new(ListArray::try_new(field, OffsetBuffer::new(ScalarBuffer::from(offs)), values, None)?))
+    }
+}
+
+/// Pairs of one slice of left sets per output round: bounds the memory a
+/// stream holds at once (the pair matrix on the device, output on the host).
+const PAIRS_PER_ROUND: u64 = 1 << 26;
+
+struct Run {
+    left: Arc<dyn ExecutionPlan>,
+    right: Option<Arc<dyn ExecutionPlan>>,
+    left_layout: Layout,
+    right_layout: Layout,
+    level: Level,
+    element: DataType,
+    schema: SchemaRef,
+    device: DeviceMetrics,
+    out_rows: datafusion::physical_plan::metrics::Count,
+    ran: Arc<Mutex<Option<String>>>,
+}
+
+type Sender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
+
+impl Run {
+    /// Collect the inputs and start the producer; returns its batches.
+    async fn start(self, context: Arc<TaskContext>) -> Result<tokio::sync::mpsc::Receiver<Result<RecordBatch>>> {
+        let cfg = SetfusionConfig::from_options(context.session_config().options());
+        let batch_size = context.session_config().batch_size().max(1);
+        let collect = |p: Arc<dyn ExecutionPlan>| {
+            let ctx = context.clone();
+            async move {
+                let schema = p.schema();
+                let parts = collect_partitioned(p, ctx).await?;
+                Ok::<_, DataFusionError>(concat_batches(&schema, parts.iter().flatten())?)
+            }
+        };
+        let left = collect(self.left.clone()).await?;
+        let right = match &self.right {
+            Some(r) => Some(collect(r.clone()).await?),
+            None => None,
+        };
+        self.device.input_rows.add(left.num_rows() + right.as_ref().map_or(0, |r| r.num_rows()));
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::task::spawn_blocking(move || {
+            let failed = tx.clone();
+            if let Err(e) = self.produce(&cfg, batch_size, &left, right.as_ref(), &tx) {
+                let _ = failed.blocking_send(Err(e));
+            }
+        });
+        Ok(rx)
+    }
+
+    fn produce(&self, cfg: &SetfusionConfig, batch_size: usize, left: &RecordBatch, right: Option<&RecordBatch>, tx: &Sender) -> Result<()> {
+        let started = Instant::now();
+        let l = Sets::read(left, self.left_layout, &self.element)?;
+        let (l, r, from) = match right {
+            Some(rb) => (l, Some(Sets::read(rb, self.right_layout, &self.element)?), None),
+            None => {
+                let (sorted, from) = l.in_id_order()?;
+                (sorted, None, Some(from))
+            }
+        };
+        let domain = Domain::shared(&l.keys, r.as_ref().map_or(&l.keys, |r| &r.keys));
+        let lf = domain.family(&l);
+        let rf = match &r {
+            Some(r) => domain.family(r),
+            None => lf.clone(),
+        };
+        let right_ids = r.as_ref().map_or(&l.ids, |r| &r.ids);
+        let space = PairSpace { left: &lf, right: &rf, right_from: from.as_deref() };
+        let pairs = space.pair_count(0..lf.len());
+        let backend = choose_backend(cfg, pairs);
+        let send = |b: RecordBatch| -> Result<bool> {
+            self.out_rows.add(b.num_rows());
+            Ok(tx.blocking_send(Ok(b)).is_ok())
+        };
+        let mut ts = TransferStats::default();
+        let mut notes: Vec<String> = Vec::new();
+        match self.level {
+            Level::Distinct => {
+                let d = match &backend {
+                    Ok(()) => match distinct_on_gpu(cfg, &space, &mut ts) {
+                        Ok((d, slices)) => {
+                            notes.push(format!("gpu in {slices} slice(s)"));
+                            d
+                        }
+                        Err(e) => {
+                            notes.push(format!("cpu (GPU failed: {e})"));
+                            families::distinct_cpu(&space)
+                        }
+                    },
+                    Err(why) => {
+                        notes.push(format!("cpu ({why})"));
+                        families::distinct_cpu(&space)
+                    }
+                };
+                *self.ran.lock().unwrap() = Some(format!("{}, {} sets x {} sets, {} distinct", notes.join("; "), lf.len(), rf.len(), d.len()));
+                for b in self.distinct_batches(&domain, &d, batch_size)? {
+                    if !send(b)? {
+                        break;
+                    }
+                }
+            }
+            Level::Pairs | Level::All => {
+                let mut at = 0;
+                let mut gpu_failed: Option<String> = None;
+                while at < lf.len() {
+                    // A round: left sets until PAIRS_PER_ROUND pairs.
+                    let mut end = at + 1;
+                    let mut n = space.pair_count(at..end);
+                    while end < lf.len() && n + space.pair_count(end..end + 1) <= PAIRS_PER_ROUND {
+                        n += space.pair_count(end..end + 1);
+                        end += 1;
+                    }
+                    let part = match (&backend, &gpu_failed) {
+                        (Ok(()), None) => match pairs_on_gpu(cfg, &space, at..end, &mut ts) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                gpu_failed = Some(e.to_string());
+                                families::pairs_cpu(&space, at..end)
+                            }
+                        },
+                        _ => families::pairs_cpu(&space, at..end),
+                    };
+                    let ran = match (&backend, &gpu_failed) {
+                        (Ok(()), None) => "gpu".to_string(),
+                        (Ok(()), Some(e)) => format!("cpu (GPU failed: {e})"),
+                        (Err(why), _) => format!("cpu ({why})"),
+                    };
+                    *self.ran.lock().unwrap() = Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
+                    for b in self.pair_batches(&space, &domain, &part, at..end, &l.ids, right_ids, batch_size)? {
+                        if !send(b)? {
+                            return Ok(());
+                        }
+                    }
+                    at = end;
+                }
+            }
+        }
+        self.device.record(&ts);
+        super::trace(&format!("intersect_families: done in {:.1} ms", started.elapsed().as_secs_f64() * 1e3));
+        Ok(())
+    }
+
+    fn distinct_batches(&self, domain: &Domain, d: &DistinctSets, batch_size: usize) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for start in (0..d.len()).step_by(batch_size) {
+            let end = (start + batch_size).min(d.len());
+            let offs = &d.offsets[start..=end];
+            let list = domain.list(&self.element, offs, &d.elements[offs[0]..offs[end - start]])?;
+            let freq = Int64Array::from_iter_values(d.frequency[start..end].iter().map(|&f| f as i64));
+            out.push(RecordBatch::try_new(self.schema.clone(), vec![list, Arc::new(freq)])?);
+        }
+        Ok(out)
+    }
+
+    /// Output batches of one round's pairs (with the empty ones for `all`).
+    #[allow(clippy::too_many_arguments)]
+    fn pair_batches(
+        &self,
+        space: &PairSpace,
+        domain: &Domain,
+        part: &PairIntersections,
+        rows: Range<usize>,
+        left_ids: &ArrayRef,
+        right_ids: &ArrayRef,
+        batch_size: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        // Rows of the output: (left set, right set, the pair's number in `part` or none).
+        let mut li: Vec<u32> = Vec::new();
+        let mut ri: Vec<u32> = Vec::new();
+        let mut which: Vec<Option<usize>> = Vec::new();
+        if self.level == Level::All {
+            let mut p = 0;
+            for i in rows {
+                for j in space.first_right(i)..space.right.len() {
+                    let hit = p < part.len() && part.left[p] as usize == i && part.right[p] as usize == j;
+                    li.push(i as u32);
+                    ri.push(j as u32);
+                    which.push(hit.then_some(p));
+                    p += hit as usize;
+                }
+            }
+        } else {
+            li.extend_from_slice(&part.left);
+            ri.extend_from_slice(&part.right);
+            which.extend((0..part.len()).map(Some));
+        }
+        let mut out = Vec::new();
+        for start in (0..li.len()).step_by(batch_size) {
+            let end = (start + batch_size).min(li.len());
+            let mut offsets = vec![0usize];
+            let mut elems: Vec<u32> = Vec::new();
+            for w in &which[start..end] {
+                if let Some(p) = w {
+                    elems.extend_from_slice(part.set(*p));
+                }
+                offsets.push(elems.len());
+            }
+            let list = domain.list(&self.element, &offsets, &elems)?;
+            let lid = take(left_ids.as_ref(), &UInt32Array::from(li[start..end].to_vec()), None)?;
+            let rid = take(right_ids.as_ref(), &UInt32Array::from(ri[start..end].to_vec()), None)?;
+            out.push(RecordBatch::try_new(self.schema.clone(), vec![lid, rid, list])?);
+        }
+        Ok(out)
+    }
+}
+
+/// GPU unless `setfusion.strategy = cpu`, there are fewer pairs than
+/// `setfusion.min_rows`, or no device is usable (the reason, then).
+fn choose_backend(cfg: &SetfusionConfig, pairs: u64) -> std::result::Result<(), String> {
+    if cfg.strategy == Strategy::Cpu {
+        return Err("setfusion.strategy = cpu".into());
+    }
+    if pairs < cfg.min_rows as u64 && cfg.strategy == Strategy::Auto {
+        return Err(format!("{pairs} pair(s) < setfusion.min_rows = {}", cfg.min_rows));
+    }
+    gpu::wait_started(cfg.device);
+    gpu::gpu(cfg.device).map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn distinct_on_gpu(cfg: &SetfusionConfig, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
+    let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+    let lease = g.lease(cfg.memory_limit.0);
+    families::distinct_gpu(&lease, space, ts)
+}
+
+fn pairs_on_gpu(cfg: &SetfusionConfig, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
+    let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+    let lease = g.lease(cfg.memory_limit.0);
+    families::pairs_gpu(&lease, space, rows, ts)
+}
