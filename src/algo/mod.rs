@@ -1,4 +1,5 @@
 //! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
+pub mod radix_sort;
 pub mod row_hash;
 pub mod setops;
 pub mod sort_setops;
@@ -17,6 +18,7 @@ pub type SelfCheck = fn(&Gpu) -> Result<String>;
 pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
+        ("radix_sort", radix_sort::self_check as SelfCheck),
         ("row_hash", row_hash::self_check as SelfCheck),
         ("sort_setops", sort_setops::self_check as SelfCheck),
         ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
