@@ -1,12 +1,11 @@
 // Sort-based multiset operators (seed 002, moderngpu "Multisets"): semi/anti
 // join and INTERSECT / EXCEPT [ALL] on 64-bit keys, by
-//   1. an LSD radix sort of the probe side A (keys with their original row
-//      index) and of the build side B (keys only): 8-bit digits, only as many
-//      passes as the key domain needs (keys are sorted as key - lo, so a 4e8
-//      wide domain takes 4 passes, not 8). Each pass is histogram (per tile
-//      and digit) -> exclusive scan (digit-major, so the scatter is stable) ->
-//      scatter. The sort is stable and A starts in row order, so among equal
-//      probe keys the sorted order is row order: rank = occurrence number.
+//   1. (not here: kernels/radix_sort.cu, src/algo/radix_sort.rs) a stable
+//      Onesweep LSD radix sort of the probe side A (keys with their original
+//      row index) and of the build side B (keys only), over only the bits the
+//      key domain needs (keys are sorted as key - lo, so a 4e8 wide domain
+//      takes 4 passes, not 8). A starts in row order, so among equal probe
+//      keys the sorted order is row order: rank = occurrence number.
 //   2. Balanced Path partitioning of the merge of sorted A and sorted B into
 //      tiles of BP_NV inputs (+-1: a "starred" diagonal moves one B element to
 //      the left tile so that the r-th copy of a key in A and the r-th copy in
@@ -25,134 +24,6 @@
 
 enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
 
-#define FULL_MASK 0xffffffffu
-
-// ---------------------------------------------------------------- radix sort
-// One block of RS_THREADS per tile of RS_TILE keys; each warp owns a
-// contiguous RS_WARP_ITEMS slice of the tile (so the scatter is stable within
-// the tile without block-wide barriers in its loop).
-#define RS_RADIX 256
-#define RS_WARPS 8
-#define RS_THREADS (RS_WARPS * 32)
-#define RS_WARP_ITEMS 512
-#define RS_TILE (RS_WARPS * RS_WARP_ITEMS)
-static_assert(RS_THREADS == RS_RADIX, "one thread per digit in the per-tile digit loops");
-
-__device__ __forceinline__ u32 rs_digit(u64 k, u64 sub, u32 shift) { return (u32)(((k - sub) >> shift) & (RS_RADIX - 1)); }
-
-// counts[d * ntiles + tile] = number of keys of `tile` whose digit is d.
-extern "C" __global__ void rs_histogram(const u64* keys, u64 n, u64 sub, u32 shift, u32* counts, u64 ntiles) {
-    __shared__ u32 hist[RS_RADIX];
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    hist[threadIdx.x] = 0;
-    __syncthreads();
-    const u64 base = (u64)blockIdx.x * RS_TILE + (u64)warp * RS_WARP_ITEMS;
-    // The loop bound is warp-uniform, so every lane takes part in the match.
-    for (u32 c = 0; c < RS_WARP_ITEMS && base + c < n; c += 32) {
-        const u64 i = base + c + lane;
-        const bool valid = i < n;
-        const u32 d = valid ? rs_digit(keys[i], sub, shift) : RS_RADIX; // padding lanes group apart
-        const u32 peers = __match_any_sync(FULL_MASK, d);
-        // One shared atomic per distinct digit in the warp: skewed keys (all
-        // equal digits) would otherwise serialise 32 atomics on one bin.
-        if (valid && lane == (u32)(__ffs(peers) - 1)) atomicAdd(&hist[d], (u32)__popc(peers));
-    }
-    __syncthreads();
-    counts[(u64)threadIdx.x * ntiles + blockIdx.x] = hist[threadIdx.x];
-}
-
-// Stable scatter of one digit pass. `offsets` is the exclusive scan of the
-// histogram's counts. kout receives key - sub (the first pass subtracts lo;
-// later passes pass sub = 0). Values: vin == nullptr means "the row index
-// itself" (first pass of A); vout == nullptr means keys only (B).
-extern "C" __global__ void rs_scatter(const u64* kin, const u32* vin, u64* kout, u32* vout, u64 n, u64 sub, u32 shift,
-                                      const u32* offsets, u64 ntiles) {
-    // Per warp and digit: first the warp's count, then its running output position.
-    __shared__ u32 woff[RS_WARPS][RS_RADIX];
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (u32 j = threadIdx.x; j < RS_WARPS * RS_RADIX; j += RS_THREADS) woff[j / RS_RADIX][j % RS_RADIX] = 0;
-    __syncthreads();
-    const u64 base = (u64)blockIdx.x * RS_TILE + (u64)warp * RS_WARP_ITEMS;
-    for (u32 c = 0; c < RS_WARP_ITEMS && base + c < n; c += 32) {
-        const u64 i = base + c + lane;
-        const bool valid = i < n;
-        const u32 d = valid ? rs_digit(kin[i], sub, shift) : RS_RADIX;
-        const u32 peers = __match_any_sync(FULL_MASK, d);
-        // Each warp writes only its own row, and distinct digits have distinct leaders.
-        if (valid && lane == (u32)(__ffs(peers) - 1)) woff[warp][d] += (u32)__popc(peers);
-        __syncwarp(); // the next chunk's leader for d may be another lane
-    }
-    __syncthreads();
-    {
-        // Thread d: the tile's global start for digit d, split over the warps in order.
-        const u32 d = threadIdx.x;
-        u32 run = offsets[(u64)d * ntiles + blockIdx.x];
-        for (u32 w = 0; w < RS_WARPS; ++w) {
-            const u32 cnt = woff[w][d];
-            woff[w][d] = run;
-            run += cnt;
-        }
-    }
-    __syncthreads();
-    const u32 lanes_below = (1u << lane) - 1u;
-    for (u32 c = 0; c < RS_WARP_ITEMS && base + c < n; c += 32) {
-        const u64 i = base + c + lane;
-        const bool valid = i < n;
-        const u64 k = valid ? kin[i] - sub : 0;
-        const u32 d = valid ? (u32)((k >> shift) & (RS_RADIX - 1)) : RS_RADIX;
-        const u32 peers = __match_any_sync(FULL_MASK, d);
-        const bool leader = lane == (u32)(__ffs(peers) - 1);
-        u32 pos = 0;
-        if (valid) pos = woff[warp][d] + (u32)__popc(peers & lanes_below);
-        __syncwarp(); // every peer has read the running position before the leader moves it
-        if (valid && leader) woff[warp][d] += (u32)__popc(peers);
-        __syncwarp();
-        if (valid) {
-            kout[pos] = k;
-            if (vout) vout[pos] = vin ? vin[i] : (u32)i;
-        }
-    }
-}
-
-// ---------------------------------------------------------------- exclusive scan (u32, in place)
-#define SCAN_THREADS 256
-#define SCAN_ITEMS 8
-#define SCAN_TILE (SCAN_THREADS * SCAN_ITEMS)
-
-// Exclusive scan of each SCAN_TILE slice of data; sums[block] = the slice's total.
-extern "C" __global__ void scan_tiles(u32* data, u64 n, u32* sums) {
-    __shared__ u32 s[SCAN_THREADS];
-    const u32 tid = threadIdx.x;
-    const u64 base = (u64)blockIdx.x * SCAN_TILE + (u64)tid * SCAN_ITEMS;
-    u32 v[SCAN_ITEMS];
-    u32 total = 0;
-#pragma unroll
-    for (int j = 0; j < SCAN_ITEMS; ++j) {
-        v[j] = base + j < n ? data[base + j] : 0u;
-        total += v[j];
-    }
-    s[tid] = total;
-    __syncthreads();
-    // Hillis-Steele inclusive scan of the thread totals.
-    for (u32 off = 1; off < SCAN_THREADS; off <<= 1) {
-        const u32 add = tid >= off ? s[tid - off] : 0u;
-        __syncthreads();
-        s[tid] += add;
-        __syncthreads();
-    }
-    u32 run = s[tid] - total;
-#pragma unroll
-    for (int j = 0; j < SCAN_ITEMS; ++j) {
-        if (base + j < n) data[base + j] = run;
-        run += v[j];
-    }
-    if (tid == SCAN_THREADS - 1) sums[blockIdx.x] = s[tid];
-}
-
-// Add each slice's scanned offset (sums, already exclusive-scanned).
-extern "C" __global__ void scan_add(u32* data, u64 n, const u32* sums) {
-    SF_FOR(i, n) data[i] += sums[i / SCAN_TILE];
-}
 
 // ---------------------------------------------------------------- Balanced Path
 #define BP_NT 128

@@ -48,6 +48,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     }
     // Similarity and tokenizer functions (issue 4), added to whatever is registered.
     builder.scalar_functions().get_or_insert_with(Vec::new).extend(udf::functions());
+    // Multiset aggregate (issue 15).
+    builder.aggregate_functions().get_or_insert_with(Vec::new).extend(udf::aggregate_functions());
     // intersect_families (issue 15, seed 000).
     builder.table_functions().get_or_insert_with(Default::default).insert(
         udf::families::NAME.to_string(),

@@ -2,9 +2,10 @@
 //! GPU strategy for semi/anti joins and INTERSECT / EXCEPT [ALL], beside the
 //! hash table and the bitmap of [`crate::algo::setops`].
 //!
-//! kernels/sort_setops.cu radix-sorts both sides (the probe side carrying its
-//! original row index), partitions the merge of the two sorted sides with
-//! Balanced Path, and runs a serial std::set_* style merge per thread that
+//! Both sides are radix-sorted by [`crate::algo::radix_sort`] (the Onesweep
+//! sort of kernels/radix_sort.cu; the probe side carries its original row
+//! index), then kernels/sort_setops.cu partitions the merge of the two sorted
+//! sides with Balanced Path and runs a serial std::set_* style merge per thread that
 //! decides every probe row. [`select_sorted_cpu`] is the CPU twin: the same
 //! merge, serially. Both give exactly the same bits as
 //! [`crate::algo::setops::select_cpu`]: among equal probe keys, rank is the
@@ -12,23 +13,15 @@
 
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::error::{DataFusionError, Result};
 
+use crate::algo::radix_sort;
 use crate::algo::setops::{key_range, words_to_bool, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 const FAMILY: &str = "sort_setops";
-/// Digit width and count of the radix sort (RS_RADIX in the kernel).
-const RADIX_BITS: u32 = 8;
-const RS_RADIX: usize = 256;
-/// Keys per radix-sort tile (RS_TILE) and threads per block (RS_THREADS).
-const RS_TILE: usize = 8 * 512;
-const RS_THREADS: u32 = 256;
-/// Elements per block of the exclusive scan (SCAN_TILE) and its threads.
-const SCAN_TILE: usize = 256 * 8;
-const SCAN_THREADS: u32 = 256;
 /// Balanced Path tile: BP_NT threads, BP_NV = BP_NT * BP_VT merge inputs.
 const BP_NT: u32 = 128;
 const BP_NV: usize = 128 * 16;
@@ -82,45 +75,27 @@ pub fn select_sorted_cpu(op: SetOp, build: &[u64], probe: &[u64]) -> BooleanBuff
     words_to_bool(words, np)
 }
 
-/// Subtrahend and number of 8-bit digit passes for a key domain: keys are
-/// sorted as `key - lo`, so only the domain's width costs passes (at least
-/// one: the first pass also applies the offset and records the row indices).
+/// Subtrahend and number of significant bits for a key domain: keys are
+/// sorted as `key - lo` over bits [0, bits), so only the domain's width costs
+/// passes (one 8-bit pass per started byte; none for a single key).
 fn radix_plan(range: Option<(u64, u64)>) -> (u64, u32) {
     match range {
-        Some((lo, hi)) if lo <= hi => {
-            let bits = u64::BITS - (hi - lo).leading_zeros();
-            (lo, bits.div_ceil(RADIX_BITS).max(1))
-        }
-        _ => (0, u64::BITS / RADIX_BITS),
-    }
-}
-
-/// Lengths of the scan's per-level block-sum buffers for `n` elements.
-fn scan_levels(mut n: usize) -> Vec<usize> {
-    let mut levels = Vec::new();
-    loop {
-        let blocks = n.div_ceil(SCAN_TILE).max(1);
-        levels.push(blocks);
-        if blocks == 1 {
-            return levels;
-        }
-        n = blocks;
+        Some((lo, hi)) if lo <= hi => (lo, u64::BITS - (hi - lo).leading_zeros()),
+        _ => (0, u64::BITS),
     }
 }
 
 /// Device bytes needed (for the planner / partitioning), excluding the input keys themselves.
 ///
-/// The probe side is sorted first (two key and two row buffers while it
-/// runs), then the build side (two key buffers) while the sorted probe side
-/// is held; the merge holds both sorted sides, the tile partitions and the
-/// output bits. Digit counts and scan sums are counted throughout.
+/// The probe side is sorted first (its offset keys and rows, plus the sort's
+/// alternate buffers and look-back words), then the build side (two key
+/// buffers and look-back words) while the sorted probe side is held; the
+/// merge holds both sorted sides, the tile partitions and the output bits.
 pub fn device_bytes_sorted(nb: usize, np: usize) -> usize {
-    let counts_len = RS_RADIX * np.max(nb).div_ceil(RS_TILE).max(1);
-    let counts = (counts_len + scan_levels(counts_len).iter().sum::<usize>()) * 4;
-    let sort_a = np * (8 + 4) * 2;
-    let sort_b = np * (8 + 4) + nb * 8 * 2;
+    let sort_a = np * (8 + 4) + radix_sort::device_bytes(np, 8, true);
+    let sort_b = np * (8 + 4) + nb * 8 + radix_sort::device_bytes(nb, 8, false);
     let merge = np * (8 + 4) + nb * 8 + ((np + nb).div_ceil(BP_NV) + 1) * 8;
-    counts + sort_a.max(sort_b).max(merge) + np.div_ceil(32) * 4
+    sort_a.max(sort_b).max(merge) + np.div_ceil(32) * 4
 }
 
 fn blocks(n: usize, threads: u32) -> LaunchConfig {
@@ -131,117 +106,20 @@ fn grid_stride(n: usize) -> LaunchConfig {
     blocks(n.div_ceil(256).clamp(1, 132 * 32), 256)
 }
 
-/// Block sums of every level of the recursive exclusive scan, allocated once
-/// for the largest digit-count array and reused by every pass.
-struct ScanScratch {
-    levels: Vec<DeviceBuffer<u32>>,
-}
-
-impl ScanScratch {
-    fn new(gpu: &Gpu, n: usize) -> Result<Self> {
-        let levels = scan_levels(n).into_iter().map(|len| gpu.alloc::<u32>(len)).collect::<Result<Vec<_>>>()?;
-        Ok(Self { levels })
-    }
-
-    /// In-place exclusive scan of `data[0, n)`; `level` indexes the scratch.
-    fn scan(&self, gpu: &Gpu, data: &CudaSlice<u32>, n: usize, level: usize) -> Result<()> {
-        let nblocks = n.div_ceil(SCAN_TILE).max(1);
-        let sums = self
-            .levels
-            .get(level)
-            .ok_or_else(|| DataFusionError::Internal(format!("sort_setops: scan scratch has no level {level} for {n} elements")))?;
-        let stream = gpu.stream();
-        let n64 = n as u64;
-        let f = gpu.function(FAMILY, "scan_tiles")?;
-        // SAFETY: signature matches kernels/sort_setops.cu; data holds n elements and sums one per block.
-        unsafe { stream.launch_builder(&f).arg(data).arg(&n64).arg(&sums.slice).launch(blocks(nblocks, SCAN_THREADS)) }
-            .map_err(|e| cuda_err("scan_tiles", e))?;
-        if nblocks > 1 {
-            self.scan(gpu, &sums.slice, nblocks, level + 1)?;
-            let f = gpu.function(FAMILY, "scan_add")?;
-            // SAFETY: as above; sums holds one (now exclusive) offset per SCAN_TILE slice of data.
-            unsafe { stream.launch_builder(&f).arg(data).arg(&n64).arg(&sums.slice).launch(grid_stride(n)) }
-                .map_err(|e| cuda_err("scan_add", e))?;
-        }
-        Ok(())
-    }
-}
-
 /// A sorted side: keys (as key - lo) and, for the probe side, original rows.
 struct Sorted {
     keys: DeviceBuffer<u64>,
     rows: Option<DeviceBuffer<u32>>,
 }
 
-/// Stable LSD radix sort of `input[0, n)` (n > 0) by `key - lo`, `passes`
-/// 8-bit digits from the least significant. `counts` holds at least
-/// RS_RADIX * ceil(n / RS_TILE) elements.
-fn radix_sort(
-    gpu: &Gpu,
-    input: &DeviceBuffer<u64>,
-    n: usize,
-    lo: u64,
-    passes: u32,
-    with_rows: bool,
-    counts: &DeviceBuffer<u32>,
-    scratch: &ScanScratch,
-) -> Result<Sorted> {
-    let ntiles = n.div_ceil(RS_TILE);
-    let counts_len = RS_RADIX * ntiles;
-    if counts.len() < counts_len {
-        return Err(DataFusionError::Internal("sort_setops: digit-count buffer too small".into()));
+/// Stable sort of `input[0, n)` by `key - lo` over bits [0, bits), with the
+/// row indices when `with_rows` (among equal keys they stay in row order).
+fn sort_side(gpu: &Gpu, input: &DeviceBuffer<u64>, n: usize, lo: u64, bits: u32, with_rows: bool) -> Result<Sorted> {
+    let (mut keys, mut rows) = radix_sort::offset_keys_u64(gpu, input, n, lo, with_rows)?;
+    match rows.as_mut() {
+        Some(r) => radix_sort::sort_pairs_u64(gpu, &mut keys, r, n, 0, bits)?,
+        None => radix_sort::sort_keys_u64(gpu, &mut keys, n, 0, bits)?,
     }
-    // Ping-pong buffers; the second is only needed with more than one pass.
-    let bufs = if passes > 1 { 2 } else { 1 };
-    let keys: Vec<DeviceBuffer<u64>> = (0..bufs).map(|_| gpu.alloc::<u64>(n)).collect::<Result<_>>()?;
-    let mut rows: Vec<DeviceBuffer<u32>> = Vec::new();
-    if with_rows {
-        rows = (0..bufs).map(|_| gpu.alloc::<u32>(n)).collect::<Result<_>>()?;
-    }
-    let stream = gpu.stream();
-    let hist = gpu.function(FAMILY, "rs_histogram")?;
-    let scatter = gpu.function(FAMILY, "rs_scatter")?;
-    let (n64, ntiles64) = (n as u64, ntiles as u64);
-    // Passed for a null pointer: no input rows (first pass) or no rows at all (build side).
-    let null: u64 = 0;
-    for p in 0..passes as usize {
-        let (src, dst) = ((p + 1) % bufs, p % bufs);
-        let kin = if p == 0 { &input.slice } else { &keys[src].slice };
-        let sub = if p == 0 { lo } else { 0 };
-        let shift = p as u32 * RADIX_BITS;
-        // SAFETY: signature matches kernels/sort_setops.cu; kin holds n keys and counts RS_RADIX per tile.
-        unsafe {
-            stream.launch_builder(&hist).arg(kin).arg(&n64).arg(&sub).arg(&shift).arg(&counts.slice).arg(&ntiles64)
-                .launch(blocks(ntiles, RS_THREADS))
-        }
-        .map_err(|e| cuda_err("rs_histogram", e))?;
-        scratch.scan(gpu, &counts.slice, counts_len, 0)?;
-        // SAFETY: as above; the key and row buffers hold n elements, and the
-        // scanned counts place every key at a distinct position below n.
-        unsafe {
-            let mut l = stream.launch_builder(&scatter);
-            l.arg(kin);
-            match (p, rows.get(src)) {
-                (0, _) | (_, None) => l.arg(&null),
-                (_, Some(r)) => l.arg(&r.slice),
-            };
-            l.arg(&keys[dst].slice);
-            match rows.get(dst) {
-                Some(r) => l.arg(&r.slice),
-                None => l.arg(&null),
-            };
-            l.arg(&n64).arg(&sub).arg(&shift).arg(&counts.slice).arg(&ntiles64).launch(blocks(ntiles, RS_THREADS))
-        }
-        .map_err(|e| cuda_err("rs_scatter", e))?;
-    }
-    // The last pass wrote buffer (passes - 1) % bufs; the other one is freed here.
-    let last = (passes as usize + bufs - 1) % bufs;
-    let pick = |v: Vec<DeviceBuffer<u32>>| v.into_iter().nth(last);
-    let rows = pick(rows);
-    let keys = keys
-        .into_iter()
-        .nth(last)
-        .ok_or_else(|| DataFusionError::Internal("sort_setops: no sorted key buffer".into()))?;
     Ok(Sorted { keys, rows })
 }
 
@@ -279,15 +157,9 @@ pub fn run_sorted(
     }
     let stream = gpu.stream();
     let started = Instant::now();
-    let (lo, passes) = radix_plan(range);
-    let (a, b) = {
-        let counts_len = RS_RADIX * np.max(nb).div_ceil(RS_TILE);
-        let counts = gpu.alloc::<u32>(counts_len)?;
-        let scratch = ScanScratch::new(gpu, counts_len)?;
-        let a = radix_sort(gpu, probe, np, lo, passes, true, &counts, &scratch)?;
-        let b = if nb > 0 { Some(radix_sort(gpu, build, nb, lo, passes, false, &counts, &scratch)?) } else { None };
-        (a, b)
-    };
+    let (lo, bits) = radix_plan(range);
+    let a = sort_side(gpu, probe, np, lo, bits, true)?;
+    let b = if nb > 0 { Some(sort_side(gpu, build, nb, lo, bits, false)?) } else { None };
     let a_rows = a.rows.as_ref().ok_or_else(|| DataFusionError::Internal("sort_setops: probe rows missing".into()))?;
     // With no build keys the kernels never read B; any valid pointer will do.
     let b_keys = b.as_ref().map_or(&build.slice, |s| &s.keys.slice);
@@ -344,7 +216,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         (1000, 0, 0, 10, true),
         (5000, 7000, 0, 3000, true),
         (5000, 7000, 0, 3000, false),
-        (20_000, 20_000, 42, 1, true),                 // one key: a single pass, every diagonal inside the run
+        (20_000, 20_000, 42, 1, true),                 // one key: no sort pass, every diagonal inside the run
         (3000, 50_000, 0, 20, true),                   // long duplicate runs over many tiles
         (40_000, 40_001, 0, 9, true),                  // equal multiplicities: every split pair must be starred
         (40_000, 30_000, 1 << 62, 400_000_000, true),  // offset domain: 29 bits, 4 passes
@@ -426,16 +298,15 @@ mod tests {
     }
 
     #[test]
-    fn radix_passes_follow_the_domain() {
-        assert_eq!(radix_plan(None), (0, 8));
-        assert_eq!(radix_plan(Some((7, 7))), (7, 1));
-        assert_eq!(radix_plan(Some((0, 255))), (0, 1));
-        assert_eq!(radix_plan(Some((0, 256))), (0, 2));
-        assert_eq!(radix_plan(Some((1 << 62, (1 << 62) + 400_000_000))), (1 << 62, 4)); // 29 bits
-        assert_eq!(radix_plan(Some((0, u64::MAX))), (0, 8));
-        assert_eq!(radix_plan(Some((5, 3))), (0, 8)); // an inverted range is ignored
-        assert_eq!(scan_levels(100), vec![1]);
-        assert_eq!(scan_levels(SCAN_TILE * SCAN_TILE + 1), vec![SCAN_TILE + 1, 2, 1]);
+    fn radix_bits_follow_the_domain() {
+        assert_eq!(radix_plan(None), (0, 64));
+        assert_eq!(radix_plan(Some((7, 7))), (7, 0)); // one key: no pass at all
+        assert_eq!(radix_plan(Some((0, 255))), (0, 8));
+        assert_eq!(radix_plan(Some((0, 256))), (0, 9));
+        assert_eq!(radix_plan(Some((1 << 62, (1 << 62) + 400_000_000))), (1 << 62, 29)); // 4 passes
+        assert_eq!(radix_plan(Some((0, u64::MAX))), (0, 64));
+        assert_eq!(radix_plan(Some((5, 3))), (0, 64)); // an inverted range is ignored
+        assert_eq!(radix_sort::passes(0, 29), 4);
         assert!(device_bytes_sorted(0, 0) > 0);
         assert!(device_bytes_sorted(1000, 1000) >= 1000 * 24);
     }
@@ -483,5 +354,34 @@ mod tests {
         }
         let msg = self_check(&gpu).unwrap();
         assert!(msg.contains("match"), "{msg}");
+    }
+
+    /// Issue 15's measurement of the sort strategy: a 10M x 10M semi join,
+    /// device-resident keys, median of 5 after a warm-up. Prints; run with
+    /// `cargo test --release --lib sort_strategy_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn sort_strategy_timing() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let n = 10_000_000;
+        for (name, domain) in [("keys in [0, 2^24)", 1u64 << 24), ("keys in [0, 2^34)", 1 << 34), ("full 64-bit keys", u64::MAX)] {
+            let build: Vec<u64> = (0..n).map(|_| rng.random_range(0..domain)).collect();
+            let probe: Vec<u64> = (0..n).map(|_| rng.random_range(0..domain)).collect();
+            let range = key_range(&build, &probe);
+            let stats = &mut TransferStats::default();
+            let (db, dp) = (gpu.upload(&build, stats).unwrap(), gpu.upload(&probe, stats).unwrap());
+            let mut times = Vec::new();
+            for _ in 0..6 {
+                let t = Instant::now();
+                let out = run_sorted(&gpu, SetOp::Semi, &db, n, &dp, n, range, stats).unwrap();
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                drop(out);
+            }
+            times.remove(0);
+            times.sort_by(f64::total_cmp);
+            println!("sort strategy, semi join 10M x 10M, {name}: {:.3} ms (median of 5)", times[2]);
+        }
     }
 }

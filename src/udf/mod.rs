@@ -8,8 +8,19 @@
 //! | `overlap(a, b)` | Int64, \|a ∩ b\| |
 //! | `tokenize(text)` | List<Utf8>, lower-cased word tokens (runs of alphanumeric characters), in order |
 //! | `qgrams(text, q)` | List<Utf8>, the character q-grams of `text` in order (no padding; a non-empty text shorter than q gives itself) |
+//! | `set_intersect_all(a, b)` | List, multiset a ∩ b: min(m, n) copies of a value with m copies in a, n in b, sorted |
+//! | `set_except_all(a, b)` | List, multiset a − b: max(m − n, 0) copies, sorted |
+//! | `set_union_all(a, b)` | List, multiset a ∪ b: max(m, n) copies, sorted |
+//! | `set_symmetric_difference(a, b)` | List, \|m − n\| copies, sorted |
+//! | `sorted_intersect(a, b)` | List, like `set_intersect_all` for ascending lists (an unsorted list is an error) |
+//! | `set_intersect_agg(list)` (aggregate) | List, min-count intersection of a group's non-NULL lists, sorted (NULL if none) |
 //!
-//! Arguments of the set functions are List, LargeList or FixedSizeList columns
+//! The multiset functions (`set_*_all`, `set_symmetric_difference`,
+//! `sorted_intersect`, `set_intersect_agg`) keep duplicates; their rules
+//! (NULL elements ignored, NULL list gives NULL, result element type) are in
+//! [`multiset`].
+//!
+//! Arguments of the similarity functions are List, LargeList or FixedSizeList columns
 //! of integers or strings, both sides of the same kind. Semantics:
 //! * lists are sets: duplicates inside a list are removed;
 //! * NULL elements are ignored; a NULL list gives NULL;
@@ -23,6 +34,7 @@
 //! nested-loop evaluation of the same predicate bit for bit.
 
 pub mod families;
+pub mod multiset;
 pub mod sets;
 
 use std::sync::Arc;
@@ -47,6 +59,14 @@ pub fn functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(TokenizeUdf::new())),
         Arc::new(ScalarUDF::from(QgramsUdf::new())),
     ]
+    .into_iter()
+    .chain(multiset::scalar_functions())
+    .collect()
+}
+
+/// Every setfusion aggregate function (registered by [`crate::install`]).
+pub fn aggregate_functions() -> Vec<Arc<datafusion::logical_expr::AggregateUDF>> {
+    multiset::aggregate_functions()
 }
 
 /// `jaccard`, `dice`, `set_cosine`, `overlap`.

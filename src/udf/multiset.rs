@@ -1,0 +1,451 @@
+//! Multiset list functions (issue 15): `set_intersect_all`, `set_except_all`,
+//! `set_union_all`, `set_symmetric_difference`, `sorted_intersect` and the
+//! aggregate `set_intersect_agg`. The algorithms are in
+//! [`crate::algo::multiset`].
+//!
+//! Rules shared by all of them:
+//! * arguments are List, LargeList or FixedSizeList of integers or strings,
+//!   both sides of the same class ([`sets::common_class`]); a NULL literal
+//!   counts as a NULL list;
+//! * lists are **multisets**: a value with m copies in `a` and n in `b`
+//!   appears min(m, n) / max(m − n, 0) / max(m, n) / |m − n| times; this is
+//!   unlike DataFusion's `array_intersect` / `array_union` / `array_except`,
+//!   which return distinct values;
+//! * NULL elements are ignored (as by `jaccard` and friends); a NULL list on
+//!   either side gives NULL;
+//! * the result is a List of Int64 (signed or mixed integers, or lists of
+//!   NULLs only), UInt64 (unsigned integers) or Utf8 (strings), sorted
+//!   ascending (strings by UTF-8 bytes), without NULL elements.
+//!
+//! The scalar functions sort a copy of each row's lists, except
+//! `sorted_intersect`, which requires ascending lists and raises an execution
+//! error naming the row otherwise (checking is linear; sorting is not).
+//! `set_intersect_agg(list)` intersects every non-NULL list of a group by the
+//! same min(m, n) rule (SvS, [`intersect_k`]); NULL lists are skipped and a
+//! group without any non-NULL list gives NULL. Its partial state is the
+//! running intersection, so it aggregates in partial and final stages.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Builder, ListBuilder, StringBuilder, UInt64Builder,
+};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::{cast_with_options, CastOptions};
+use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
+use datafusion::common::ScalarValue;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::function::AccumulatorArgs;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, Volatility,
+};
+
+use super::sets::{self, ElementClass};
+use crate::algo::multiset::{first_descent, intersect_k, multiset_op, sorted_intersect, MultisetOp};
+
+/// The scalar functions of this module (added to [`super::functions`]).
+pub fn scalar_functions() -> Vec<Arc<ScalarUDF>> {
+    let mut v: Vec<Arc<ScalarUDF>> =
+        MultisetOp::ALL.iter().map(|op| Arc::new(ScalarUDF::from(ListPairUdf::new(PairOp::Multiset(*op))))).collect();
+    v.push(Arc::new(ScalarUDF::from(ListPairUdf::new(PairOp::SortedIntersect))));
+    v
+}
+
+/// The aggregate functions of this module (registered by [`crate::install`]).
+pub fn aggregate_functions() -> Vec<Arc<AggregateUDF>> {
+    vec![Arc::new(AggregateUDF::from(IntersectAggUdf::new()))]
+}
+
+/// An element type the list functions compute on: i64, u64 or String.
+pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
+    /// The Arrow type list values are cast to before [`ListElem::gather`].
+    fn read_type() -> DataType;
+    /// The element type of result lists.
+    fn result_type() -> DataType;
+    /// Append the non-NULL elements of `values[start..end]` (already cast to
+    /// [`ListElem::read_type`]) to `out`.
+    fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>);
+    /// A List array of the rows (None: a NULL list).
+    fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef;
+}
+
+impl ListElem for i64 {
+    fn read_type() -> DataType {
+        DataType::Int64
+    }
+    fn result_type() -> DataType {
+        DataType::Int64
+    }
+    fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>) {
+        let p = values.as_primitive::<Int64Type>();
+        match p.nulls().filter(|n| n.null_count() > 0) {
+            None => out.extend_from_slice(&p.values()[start..end]),
+            Some(nb) => out.extend((start..end).filter(|&j| nb.is_valid(j)).map(|j| p.value(j))),
+        }
+    }
+    fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef {
+        let mut b = ListBuilder::with_capacity(Int64Builder::new(), rows.len());
+        for r in rows {
+            match r {
+                None => b.append_null(),
+                Some(v) => {
+                    b.values().append_slice(v);
+                    b.append(true);
+                }
+            }
+        }
+        Arc::new(b.finish())
+    }
+}
+
+impl ListElem for u64 {
+    fn read_type() -> DataType {
+        DataType::UInt64
+    }
+    fn result_type() -> DataType {
+        DataType::UInt64
+    }
+    fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>) {
+        let p = values.as_primitive::<UInt64Type>();
+        match p.nulls().filter(|n| n.null_count() > 0) {
+            None => out.extend_from_slice(&p.values()[start..end]),
+            Some(nb) => out.extend((start..end).filter(|&j| nb.is_valid(j)).map(|j| p.value(j))),
+        }
+    }
+    fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef {
+        let mut b = ListBuilder::with_capacity(UInt64Builder::new(), rows.len());
+        for r in rows {
+            match r {
+                None => b.append_null(),
+                Some(v) => {
+                    b.values().append_slice(v);
+                    b.append(true);
+                }
+            }
+        }
+        Arc::new(b.finish())
+    }
+}
+
+impl ListElem for String {
+    fn read_type() -> DataType {
+        DataType::LargeUtf8
+    }
+    fn result_type() -> DataType {
+        DataType::Utf8
+    }
+    fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>) {
+        let s = values.as_string::<i64>();
+        out.extend((start..end).filter(|&j| s.is_valid(j)).map(|j| s.value(j).to_owned()));
+    }
+    fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef {
+        let mut b = ListBuilder::with_capacity(StringBuilder::new(), rows.len());
+        for r in rows {
+            match r {
+                None => b.append_null(),
+                Some(v) => {
+                    for x in v {
+                        b.values().append_value(x);
+                    }
+                    b.append(true);
+                }
+            }
+        }
+        Arc::new(b.finish())
+    }
+}
+
+/// The result type of a list function whose arguments have element class `class`.
+pub fn result_list_type(class: ElementClass) -> DataType {
+    let elem = match class {
+        ElementClass::Null | ElementClass::Signed => i64::result_type(),
+        ElementClass::Unsigned => u64::result_type(),
+        ElementClass::String => String::result_type(),
+    };
+    DataType::new_list(elem, true)
+}
+
+/// A list column with its values cast to one element type.
+struct ListColumn {
+    /// None: a `DataType::Null` column.
+    values: Option<ArrayRef>,
+    ranges: Vec<(usize, usize)>,
+    nulls: Option<NullBuffer>,
+}
+
+impl ListColumn {
+    fn new(array: &ArrayRef, read_type: &DataType) -> Result<Self> {
+        let nulls = array.logical_nulls();
+        Ok(match sets::list_parts(array)? {
+            None => Self { values: None, ranges: vec![(0, 0); array.len()], nulls },
+            Some((values, ranges)) => {
+                // Not `safe`: an unsigned value beyond i64 (mixed signed and
+                // unsigned lists) must fail, not silently become a NULL element.
+                let opts = CastOptions { safe: false, ..Default::default() };
+                Self { values: Some(cast_with_options(&values, read_type, &opts)?), ranges, nulls }
+            }
+        })
+    }
+
+    /// Row `i`'s non-NULL elements into `out` (cleared first); false for a NULL list.
+    fn row<T: ListElem>(&self, i: usize, out: &mut Vec<T>) -> bool {
+        out.clear();
+        let Some(values) = &self.values else { return false };
+        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+            return false;
+        }
+        let (start, end) = self.ranges[i];
+        T::gather(values, start, end, out);
+        true
+    }
+}
+
+/// What a two-list function computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PairOp {
+    /// `set_intersect_all` and friends: any order, sorted per row.
+    Multiset(MultisetOp),
+    /// `sorted_intersect`: ascending lists, verified.
+    SortedIntersect,
+}
+
+impl PairOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            PairOp::Multiset(op) => op.sql_name(),
+            PairOp::SortedIntersect => "sorted_intersect",
+        }
+    }
+}
+
+/// `set_intersect_all`, `set_except_all`, `set_union_all`,
+/// `set_symmetric_difference`, `sorted_intersect`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ListPairUdf {
+    op: PairOp,
+    signature: Signature,
+}
+
+impl ListPairUdf {
+    pub fn new(op: PairOp) -> Self {
+        Self { op, signature: Signature::any(2, Volatility::Immutable) }
+    }
+}
+
+impl ScalarUDFImpl for ListPairUdf {
+    fn name(&self) -> &str {
+        self.op.name()
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(result_list_type(sets::common_class(self.name(), arg_types)?))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let arrays: Vec<ArrayRef> = args.args.iter().map(|a| a.to_array(n)).collect::<Result<_>>()?;
+        let types: Vec<DataType> = arrays.iter().map(|a| a.data_type().clone()).collect();
+        let (a, b) = (&arrays[0], &arrays[1]);
+        let out = match sets::common_class(self.name(), &types)? {
+            ElementClass::Null | ElementClass::Signed => evaluate_pair::<i64>(self.op, a, b),
+            ElementClass::Unsigned => evaluate_pair::<u64>(self.op, a, b),
+            ElementClass::String => evaluate_pair::<String>(self.op, a, b),
+        }?;
+        Ok(ColumnarValue::Array(out))
+    }
+}
+
+/// The per-row CPU path of the two-list functions.
+fn evaluate_pair<T: ListElem>(op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
+    let (ca, cb) = (ListColumn::new(a, &T::read_type())?, ListColumn::new(b, &T::read_type())?);
+    let mut rows: Vec<Option<Vec<T>>> = Vec::with_capacity(a.len());
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for i in 0..a.len() {
+        let (valid_a, valid_b) = (ca.row(i, &mut x), cb.row(i, &mut y));
+        if !(valid_a && valid_b) {
+            rows.push(None);
+            continue;
+        }
+        rows.push(Some(match op {
+            PairOp::Multiset(m) => {
+                x.sort_unstable();
+                y.sort_unstable();
+                multiset_op(m, &x, &y)
+            }
+            PairOp::SortedIntersect => {
+                check_ascending(op.name(), "first", i, &x)?;
+                check_ascending(op.name(), "second", i, &y)?;
+                sorted_intersect(&x, &y)
+            }
+        }));
+    }
+    Ok(T::build(&rows))
+}
+
+fn check_ascending<T: ListElem>(func: &str, which: &str, row: usize, v: &[T]) -> Result<()> {
+    match first_descent(v) {
+        None => Ok(()),
+        Some(k) => Err(DataFusionError::Execution(format!(
+            "{func}: the {which} argument's list in row {row} of the batch is not sorted ascending \
+             ({:?} comes before {:?}); sort it with array_sort or use set_intersect_all",
+            v[k],
+            v[k + 1]
+        ))),
+    }
+}
+
+/// `set_intersect_agg(list)`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct IntersectAggUdf {
+    signature: Signature,
+}
+
+impl IntersectAggUdf {
+    pub fn new() -> Self {
+        Self { signature: Signature::any(1, Volatility::Immutable) }
+    }
+}
+
+impl Default for IntersectAggUdf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AggregateUDFImpl for IntersectAggUdf {
+    fn name(&self) -> &str {
+        "set_intersect_agg"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(result_list_type(sets::common_class(self.name(), arg_types)?))
+    }
+
+    // The default state field (the return type, renamed) is the running
+    // intersection: a NULL state means the partition saw no non-NULL list.
+
+    fn accumulator(&self, acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let types: Vec<DataType> = acc_args.expr_fields.iter().map(|f| f.data_type().clone()).collect();
+        Ok(match sets::common_class(self.name(), &types)? {
+            ElementClass::Null | ElementClass::Signed => Box::new(IntersectAccumulator::<i64>::default()),
+            ElementClass::Unsigned => Box::new(IntersectAccumulator::<u64>::default()),
+            ElementClass::String => Box::new(IntersectAccumulator::<String>::default()),
+        })
+    }
+}
+
+/// The running min(m, n) intersection of a group's non-NULL lists, sorted.
+#[derive(Debug)]
+struct IntersectAccumulator<T> {
+    /// None until the first non-NULL list.
+    running: Option<Vec<T>>,
+}
+
+impl<T> Default for IntersectAccumulator<T> {
+    fn default() -> Self {
+        Self { running: None }
+    }
+}
+
+impl<T: ListElem> IntersectAccumulator<T> {
+    /// Intersect every non-NULL list of `array` (input rows or partial
+    /// states alike) into the running intersection, by SvS over the batch.
+    fn absorb(&mut self, array: &ArrayRef) -> Result<()> {
+        if self.running.as_ref().is_some_and(|r| r.is_empty()) {
+            return Ok(()); // Nothing can come back into an empty intersection.
+        }
+        let column = ListColumn::new(array, &T::read_type())?;
+        let mut lists: Vec<Vec<T>> = self.running.take().into_iter().collect();
+        for i in 0..array.len() {
+            let mut list = Vec::new();
+            if column.row(i, &mut list) {
+                list.sort_unstable();
+                lists.push(list);
+            }
+        }
+        if !lists.is_empty() {
+            self.running = Some(intersect_k(&lists));
+        }
+        Ok(())
+    }
+}
+
+impl<T: ListElem> Accumulator for IntersectAccumulator<T> {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.absorb(&values[0])
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.absorb(&states[0])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let list = T::build(std::slice::from_ref(&self.running));
+        ScalarValue::try_from_array(&list, 0)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![self.evaluate()?])
+    }
+
+    fn size(&self) -> usize {
+        // Approximate for strings (their heap bytes are not counted).
+        std::mem::size_of_val(self) + self.running.as_ref().map_or(0, |r| r.capacity() * std::mem::size_of::<T>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::ListArray;
+
+    use super::*;
+
+    fn int_lists(rows: &[Option<Vec<Option<i64>>>]) -> ArrayRef {
+        Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().cloned()))
+    }
+
+    #[test]
+    fn pair_rows_and_nulls() {
+        let a = int_lists(&[Some(vec![Some(3), Some(1), Some(1), None]), None, Some(vec![])]);
+        let b = int_lists(&[Some(vec![Some(1), Some(3), Some(3)]), Some(vec![Some(1)]), Some(vec![Some(2)])]);
+        let out = evaluate_pair::<i64>(PairOp::Multiset(MultisetOp::UnionAll), &a, &b).unwrap();
+        let want = int_lists(&[Some(vec![Some(1), Some(1), Some(3), Some(3)]), None, Some(vec![Some(2)])]);
+        assert_eq!(&out, &want);
+    }
+
+    #[test]
+    fn sorted_intersect_rejects_unsorted_rows() {
+        let a = int_lists(&[Some(vec![Some(1), Some(2)]), Some(vec![Some(5), Some(4)])]);
+        let b = int_lists(&[Some(vec![Some(2)]), Some(vec![Some(4)])]);
+        let err = evaluate_pair::<i64>(PairOp::SortedIntersect, &a, &b).unwrap_err().to_string();
+        assert!(err.contains("first argument's list in row 1") && err.contains("5 comes before 4"), "{err}");
+    }
+
+    #[test]
+    fn accumulator_merges_partial_states() {
+        let mut p1 = IntersectAccumulator::<i64>::default();
+        p1.update_batch(&[int_lists(&[Some(vec![Some(1), Some(1), Some(2), Some(3)]), None])]).unwrap();
+        let mut p2 = IntersectAccumulator::<i64>::default();
+        p2.update_batch(&[int_lists(&[None])]).unwrap();
+        let mut p3 = IntersectAccumulator::<i64>::default();
+        p3.update_batch(&[int_lists(&[Some(vec![Some(3), Some(1), Some(1)])])]).unwrap();
+        let states: Vec<ScalarValue> = [&mut p1, &mut p2, &mut p3].into_iter().map(|p| p.state().unwrap().remove(0)).collect();
+        assert!(states[1].is_null(), "no non-NULL list: NULL state");
+        let mut fin = IntersectAccumulator::<i64>::default();
+        fin.merge_batch(&[ScalarValue::iter_to_array(states).unwrap()]).unwrap();
+        let got = fin.evaluate().unwrap();
+        let want = ScalarValue::try_from_array(&int_lists(&[Some(vec![Some(1), Some(1), Some(3)])]), 0).unwrap();
+        assert_eq!(got, want);
+        assert!(IntersectAccumulator::<i64>::default().evaluate().unwrap().is_null());
+    }
+}
