@@ -215,3 +215,21 @@ extern "C" __global__ void fam_gather(const u64* offsets, const u32* elements, u
         group_pair[g] = (u32)len;
     }
 }
+
+// Ordering keys of the gathered groups, for a radix sort by (size, then
+// elements): bits 48..63 hold the size (capped at 0xffff), bits 0..47 the
+// first min(size, 48 / bits) elements, each `bits` wide, most significant
+// first. Sets whose key holds all of them are ordered by it completely;
+// the host orders ties among the rest. order[g] = g.
+extern "C" __global__ void fam_order_keys(u64 groups, const u64* group_pos, const u32* group_len, const u32* gathered,
+                                          u32 bits, u64* keys, u32* order) {
+    const u32 cap = 48 / bits;
+    SF_FOR(g, groups) {
+        const u32 len = group_len[g];
+        u64 key = (u64)(len < 0xffffu ? len : 0xffffu) << 48;
+        const u32* set = gathered + group_pos[g];
+        for (u32 x = 0; x < cap && x < len; ++x) key |= (u64)set[x] << (48 - (x + 1) * bits);
+        keys[g] = key;
+        order[g] = (u32)g;
+    }
+}

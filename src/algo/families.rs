@@ -568,10 +568,11 @@ const WARPS_PER_BLOCK: usize = FAM_THREADS as usize / 32;
 /// Bytes of device memory one slice needs per pair of its matrix (the count
 /// matrix, u32) and per non-empty pair (right set, element offset, fill
 /// cursor, group slot, up to four hash-table slots of key, first member and
-/// frequency, and a group's pair, frequency and position); per element, its
+/// frequency, a group's pair, frequency and position, and its ordering key
+/// and rank with the radix sort's second buffers); per element, its
 /// slot in the slice and in the gathered distinct sets.
 const BYTES_PER_PAIR: usize = 4;
-const BYTES_PER_NONEMPTY: usize = 4 + 8 + 4 + 4 + 4 * (8 + 4 + 8) + (4 + 8 + 8);
+const BYTES_PER_NONEMPTY: usize = 4 + 8 + 4 + 4 + 4 * (8 + 4 + 8) + (4 + 8 + 8) + 2 * (8 + 4);
 
 fn warp_grid(sets: usize) -> LaunchConfig {
     let blocks = sets.div_ceil(WARPS_PER_BLOCK).max(1) as u32;
@@ -593,6 +594,7 @@ struct DeviceFamilies {
     inv_sets: DeviceBuffer<u32>,
     k_right: usize,
     self_form: bool,
+    domain: usize,
 }
 
 impl DeviceFamilies {
@@ -607,6 +609,7 @@ impl DeviceFamilies {
             inv_sets: gpu.upload(nonempty(&inv.sets), ts)?,
             k_right: space.right.len(),
             self_form: space.right_from.is_some(),
+            domain: inv.offsets.len().saturating_sub(1),
         })
     }
 }
@@ -631,6 +634,8 @@ struct Slice {
     row_pairs: Vec<u64>,
     pairs: usize,
     total_elements: usize,
+    /// The element domain's size (element ids lie below it).
+    domain: usize,
 }
 
 /// The largest number of left sets per slice whose pair matrix fits a
@@ -718,7 +723,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     ts.kernel += started.elapsed();
     trace_step(&format!("compact + fill ({pairs} pairs, {elems} elements)"), started);
     let row_pairs: Vec<u64> = (0..nrows).map(|r| bases[2 * r]).chain(std::iter::once(pairs as u64)).collect();
-    Ok(Slice { rows, right, pair_offsets, elements, row_pairs, pairs, total_elements: elems })
+    Ok(Slice { rows, right, pair_offsets, elements, row_pairs, pairs, total_elements: elems, domain: dev.domain })
 }
 
 impl Slice {
@@ -796,12 +801,30 @@ impl Slice {
         gpu.synchronize()?;
         ts.kernel += started.elapsed();
         trace_step(&format!("gather ({groups} groups)"), started);
+        // Order the groups by (size, elements) on the device: a radix sort of packed keys.
+        let started = Instant::now();
+        let bits = (32 - (self.domain.max(2) as u32 - 1).leading_zeros()).max(1);
+        let mut keys = gpu.alloc::<u64>(groups.max(1))?;
+        let mut order = gpu.alloc::<u32>(groups.max(1))?;
+        let f = gpu.function(FAMILY, "fam_order_keys")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&groups_u).arg(&group_pos.slice).arg(&group_pair.slice).arg(&gathered.slice).arg(&bits).arg(&keys.slice).arg(&order.slice);
+        // SAFETY: matches fam_order_keys; group_pos / group_pair (now the sizes) and keys / order have `groups`
+        // entries, and every group's elements lie inside gathered.
+        unsafe { b.launch(thread_grid(gpu, groups)) }.map_err(|e| cuda_err("families fam_order_keys", e))?;
+        if groups > 1 {
+            super::radix_sort::sort_pairs_u64(gpu, &mut keys, &mut order, groups, 0, 64)?;
+        }
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        trace_step("device order", started);
         let started = Instant::now();
         let flat = FlatDistinct {
             pos: gpu.download(&group_pos, groups, ts)?,
             len: gpu.download(&group_pair, groups, ts)?,
             freq: gpu.download(&group_freq, groups, ts)?,
             elements: gpu.download(&gathered, total, ts)?,
+            order: Some((gpu.download(&keys, groups, ts)?, gpu.download(&order, groups, ts)?, 48 / bits)),
         };
         trace_step("download", started);
         Ok(Some(flat))
@@ -809,13 +832,16 @@ impl Slice {
 }
 
 /// Distinct sets as the device leaves them: set `d` is
-/// `elements[pos[d]..pos[d] + len[d]]`, in no particular order.
+/// `elements[pos[d]..pos[d] + len[d]]`, in no particular order, and with
+/// `order` the device's sort: the ordering keys ascending, the sets in that
+/// order, and how many leading elements a key holds.
 #[derive(Debug, Default)]
 struct FlatDistinct {
     pos: Vec<u64>,
     len: Vec<u32>,
     freq: Vec<u64>,
     elements: Vec<u32>,
+    order: Option<(Vec<u64>, Vec<u32>, u32)>,
 }
 
 impl FlatDistinct {
@@ -823,8 +849,37 @@ impl FlatDistinct {
         &self.elements[self.pos[d] as usize..self.pos[d] as usize + self.len[d] as usize]
     }
 
+    /// Ordered by (size, elements): the device's order, with ties among sets
+    /// longer than their keys ordered here.
+    fn into_sorted(mut self) -> DistinctSets {
+        let Some((keys, mut order, cap)) = self.order.take() else { return self.into_sorted_on_host() };
+        let mut start = 0;
+        while start < keys.len() {
+            let mut end = start + 1;
+            while end < keys.len() && keys[end] == keys[start] {
+                end += 1;
+            }
+            if end - start > 1 && self.len[order[start] as usize] > cap {
+                order[start..end].sort_unstable_by(|&a, &b| {
+                    let (x, y) = (self.set(a as usize), self.set(b as usize));
+                    x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+                });
+            }
+            start = end;
+        }
+        let n = order.len();
+        let mut out = DistinctSets { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(self.elements.len()), frequency: Vec::with_capacity(n) };
+        out.offsets.push(0);
+        for &d in &order {
+            out.elements.extend_from_slice(self.set(d as usize));
+            out.offsets.push(out.elements.len());
+            out.frequency.push(self.freq[d as usize]);
+        }
+        out
+    }
+
     /// Ordered by (size, elements), on all host cores: sorted runs, then a k-way merge.
-    fn into_sorted(self) -> DistinctSets {
+    fn into_sorted_on_host(self) -> DistinctSets {
         use std::cmp::{Ordering as O, Reverse};
         let n = self.freq.len();
         let cmp = |a: u32, b: u32| -> O {
