@@ -66,15 +66,7 @@ impl Family {
         for s in sets {
             let start = f.elements.len();
             f.elements.extend_from_slice(s.as_ref());
-            let tail = &mut f.elements[start..];
-            tail.sort_unstable();
-            let mut kept = 0;
-            for j in 0..tail.len() {
-                if kept == 0 || tail[j] != tail[kept - 1] {
-                    tail[kept] = tail[j];
-                    kept += 1;
-                }
-            }
+            let kept = super::ssjoin_prep::sort_dedup(&mut f.elements[start..]);
             f.elements.truncate(start + kept);
             f.offsets.push(f.elements.len());
         }
@@ -1049,6 +1041,17 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 pub mod tests_data {
     use super::Family;
 
+    /// A xorshift64 generator: reproducible families without a random crate's versioned streams.
+    pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
     /// The paper's figure 1: F and F' (k = 6, k' = 4).
     pub fn figure1() -> (Family, Family) {
         let f = Family::from_sets(&[vec![3, 0, 1, 2], vec![5, 1], vec![2, 0, 3], vec![3, 4], vec![1, 3, 2, 5], vec![1]]);
@@ -1059,13 +1062,7 @@ pub mod tests_data {
     /// Two random families: `k` and `k2` sets of 0 to `max_len` elements over
     /// `domain` ids, with repeated sets.
     pub fn random(k: usize, k2: usize, max_len: usize, domain: u32, seed: u64) -> (Family, Family) {
-        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(seed);
         let mut fam = |k: usize| {
             let mut sets: Vec<Vec<u32>> = Vec::with_capacity(k);
             for i in 0..k {
@@ -1086,13 +1083,7 @@ pub mod tests_data {
 
     /// The paper's "uniform" families: `k` sets of 100 to 150 elements over a domain of 100,000.
     pub fn uniform(k: usize, seed: u64) -> (Family, Family) {
-        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(seed);
         let mut fam = |k: usize| {
             let sets: Vec<Vec<u32>> =
                 (0..k).map(|_| (0..100 + next() % 51).map(|_| (next() % 100_000) as u32).collect()).collect();

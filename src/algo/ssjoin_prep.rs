@@ -39,7 +39,7 @@ pub fn dedup_sets(raw: &RawSets) -> RawSets {
 }
 
 /// Sort `v` and move its distinct values to the front; returns their number.
-fn sort_dedup<T: Ord + Copy>(v: &mut [T]) -> usize {
+pub(crate) fn sort_dedup<T: Ord + Copy>(v: &mut [T]) -> usize {
     v.sort_unstable();
     let mut kept = 0;
     for j in 0..v.len() {

@@ -53,13 +53,7 @@ fn parse(args: Vec<String>) -> Result<Args> {
 
 /// The "similar" families: see the module documentation.
 fn similar(k: usize, seed: u64) -> (Family, Family) {
-    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut next = families::tests_data::xorshift(seed);
     let mut fam = |k: usize| {
         // Each family has its own 50 base sets.
         let bases: Vec<Vec<u32>> = (0..50).map(|_| (0..100 + next() % 51).map(|_| (next() % 100_000) as u32).collect()).collect();

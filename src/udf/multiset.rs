@@ -71,63 +71,42 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
     fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef;
 }
 
-impl ListElem for i64 {
-    fn read_type() -> DataType {
-        DataType::Int64
-    }
-    fn result_type() -> DataType {
-        DataType::Int64
-    }
-    fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>) {
-        let p = values.as_primitive::<Int64Type>();
-        match p.nulls().filter(|n| n.null_count() > 0) {
-            None => out.extend_from_slice(&p.values()[start..end]),
-            Some(nb) => out.extend((start..end).filter(|&j| nb.is_valid(j)).map(|j| p.value(j))),
-        }
-    }
-    fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef {
-        let mut b = ListBuilder::with_capacity(Int64Builder::new(), rows.len());
-        for r in rows {
-            match r {
-                None => b.append_null(),
-                Some(v) => {
-                    b.values().append_slice(v);
-                    b.append(true);
+/// `ListElem` for a primitive element type: read as `$arrow`, built with `$builder`.
+macro_rules! primitive_list_elem {
+    ($t:ty, $arrow:ty, $dt:ident, $builder:ty) => {
+        impl ListElem for $t {
+            fn read_type() -> DataType {
+                DataType::$dt
+            }
+            fn result_type() -> DataType {
+                DataType::$dt
+            }
+            fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>) {
+                let p = values.as_primitive::<$arrow>();
+                match p.nulls().filter(|n| n.null_count() > 0) {
+                    None => out.extend_from_slice(&p.values()[start..end]),
+                    Some(nb) => out.extend((start..end).filter(|&j| nb.is_valid(j)).map(|j| p.value(j))),
                 }
             }
+            fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef {
+                let mut b = ListBuilder::with_capacity(<$builder>::new(), rows.len());
+                for r in rows {
+                    match r {
+                        None => b.append_null(),
+                        Some(v) => {
+                            b.values().append_slice(v);
+                            b.append(true);
+                        }
+                    }
+                }
+                Arc::new(b.finish())
+            }
         }
-        Arc::new(b.finish())
-    }
+    };
 }
 
-impl ListElem for u64 {
-    fn read_type() -> DataType {
-        DataType::UInt64
-    }
-    fn result_type() -> DataType {
-        DataType::UInt64
-    }
-    fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>) {
-        let p = values.as_primitive::<UInt64Type>();
-        match p.nulls().filter(|n| n.null_count() > 0) {
-            None => out.extend_from_slice(&p.values()[start..end]),
-            Some(nb) => out.extend((start..end).filter(|&j| nb.is_valid(j)).map(|j| p.value(j))),
-        }
-    }
-    fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef {
-        let mut b = ListBuilder::with_capacity(UInt64Builder::new(), rows.len());
-        for r in rows {
-            match r {
-                None => b.append_null(),
-                Some(v) => {
-                    b.values().append_slice(v);
-                    b.append(true);
-                }
-            }
-        }
-        Arc::new(b.finish())
-    }
-}
+primitive_list_elem!(i64, Int64Type, Int64, Int64Builder);
+primitive_list_elem!(u64, UInt64Type, UInt64, UInt64Builder);
 
 impl ListElem for String {
     fn read_type() -> DataType {
