@@ -859,13 +859,39 @@ impl FlatDistinct {
             }
             start = end;
         }
+        // Gathering the sets in order reads them at random: chunks of the order on all cores,
+        // then one sequential concatenation (26M sets: 3.0-3.5 s on one H100 host core).
+        let per = order.len().div_ceil(threads().max(1)).max(1 << 16);
+        let parts: Vec<(Vec<u32>, Vec<u32>, Vec<u64>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = order
+                .chunks(per)
+                .map(|chunk| {
+                    let this = &self;
+                    s.spawn(move || {
+                        let (mut elems, mut lens, mut freqs) = (Vec::new(), Vec::with_capacity(chunk.len()), Vec::with_capacity(chunk.len()));
+                        for &d in chunk {
+                            let set = this.set(d as usize);
+                            elems.extend_from_slice(set);
+                            lens.push(set.len() as u32);
+                            freqs.push(this.freq[d as usize]);
+                        }
+                        (elems, lens, freqs)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("families output worker panicked")).collect()
+        });
         let n = order.len();
         let mut out = DistinctSets { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(self.elements.len()), frequency: Vec::with_capacity(n) };
         out.offsets.push(0);
-        for &d in &order {
-            out.elements.extend_from_slice(self.set(d as usize));
-            out.offsets.push(out.elements.len());
-            out.frequency.push(self.freq[d as usize]);
+        for (elems, lens, freqs) in parts {
+            let mut at = out.elements.len();
+            out.offsets.extend(lens.iter().map(|&l| {
+                at += l as usize;
+                at
+            }));
+            out.elements.extend_from_slice(&elems);
+            out.frequency.extend_from_slice(&freqs);
         }
         out
     }

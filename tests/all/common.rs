@@ -58,3 +58,17 @@ where
         .join()
         .unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
+
+/// The device as the tests of this binary share it: every test holds the
+/// shared side while it runs, the concurrency test the exclusive side, so
+/// that its before/after reading of the device budget sees no other test's
+/// buffers (the harness runs tests on several threads).
+static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
+    DEVICE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn exclusive_device() -> std::sync::RwLockWriteGuard<'static, ()> {
+    DEVICE.write().unwrap_or_else(|e| e.into_inner())
+}

@@ -34,6 +34,7 @@ async fn answers(ctx: &datafusion::prelude::SessionContext) -> Vec<String> {
 
 #[test]
 fn eight_sessions_share_one_device() {
+    let _device = crate::common::exclusive_device();
     let gpu = gpu_or_skip().is_ok();
     block_on(move || async move {
         let n = 1_000_000;

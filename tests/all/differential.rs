@@ -10,6 +10,7 @@ use crate::common::{block_on, gpu_or_skip};
 /// number (default 600); `setfusion fuzz --queries 10000` is the long run.
 #[test]
 fn fuzz_small_run_agrees() {
+    let _device = crate::common::shared_device();
     let queries: usize = std::env::var("SETFUSION_FUZZ_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
     let gpu = gpu_or_skip().is_ok();
     block_on(move || async move {

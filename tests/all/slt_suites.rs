@@ -50,11 +50,13 @@ fn run_sql_tests(mode: Mode) {
 
 #[test]
 fn sql_tests_cpu() {
+    let _device = crate::common::shared_device();
     run_sql_tests(Mode::Cpu);
 }
 
 #[test]
 fn sql_tests_gpu() {
+    let _device = crate::common::shared_device();
     if gpu_or_skip().is_err() {
         return;
     }
@@ -106,11 +108,13 @@ fn run_peer_suites(mode: Mode) {
 
 #[test]
 fn peer_suites_cpu() {
+    let _device = crate::common::shared_device();
     run_peer_suites(Mode::Cpu);
 }
 
 #[test]
 fn peer_suites_gpu() {
+    let _device = crate::common::shared_device();
     if gpu_or_skip().is_err() {
         return;
     }

@@ -68,6 +68,7 @@ fn check(name: &str, r: &SetCollection, s: Option<&SetCollection>, thr: Threshol
 
 #[test]
 fn differential_random_collections() {
+    let _device = crate::common::shared_device();
     let g = gpu();
     let mut rng = StdRng::seed_from_u64(42);
     let cases = [
@@ -115,6 +116,7 @@ fn differential_random_collections() {
 /// DBLP titles (with typos), 3-gram sets, self join at 0.5 / 0.7 / 0.9.
 #[test]
 fn dblp_3gram_self_join() {
+    let _device = crate::common::shared_device();
     let path = crate_root().join("../shared/data/dblp_t_18k.txt");
     let Ok(text) = std::fs::read_to_string(&path) else {
         println!("skipping dblp test: {} not found", path.display());
@@ -196,6 +198,7 @@ async fn similarity_session(use_gpu: bool) -> datafusion::prelude::SessionContex
 /// nested-loop plan with setfusion disabled.
 #[test]
 fn sql_similarity_join_plan_and_results() {
+    let _device = crate::common::shared_device();
     let use_gpu = gpu().is_some();
     block_on(move || async move {
         let ctx = similarity_session(use_gpu).await;
@@ -249,6 +252,7 @@ fn sql_similarity_join_plan_and_results() {
 /// the keys; the answer is DataFusion's own (setfusion disabled).
 #[test]
 fn sql_similarity_join_with_equality_keys() {
+    let _device = crate::common::shared_device();
     let use_gpu = gpu().is_some();
     block_on(move || async move {
         let ctx = similarity_session(use_gpu).await;

@@ -39,6 +39,7 @@ async fn setfusion_operators(ctx: &SessionContext, sql: &str) -> usize {
 
 #[test]
 fn tpch_answers_with_setfusion_forced() {
+    let _device = crate::common::shared_device();
     let gpu = gpu_or_skip().is_ok();
     let dir = data();
     block_on(move || async move {
