@@ -407,11 +407,44 @@ fn element_keys(values: &ArrayRef, element: &DataType) -> Result<(Vec<u64>, Opti
 /// ids are positions in it.
 struct Domain {
     keys: Vec<u64>,
+    /// For keys within a span not much larger than the input: (lowest key,
+    /// id of each key - lowest, u32::MAX where absent), an O(1) lookup.
+    table: Option<(u64, Vec<u32>)>,
 }
 
 impl Domain {
     /// Domain reduction (the paper's phase A): the keys in both `a` and `b`.
     fn shared(a: &[u64], b: &[u64]) -> Domain {
+        let (lo, hi) = a.iter().chain(b).fold((u64::MAX, 0u64), |(lo, hi), &k| (lo.min(k), hi.max(k)));
+        let inputs = (a.len() + b.len()) as u64;
+        if lo <= hi && hi - lo < 4 * inputs + (1 << 20) {
+            // Dense keys (the usual case: ids of a vocabulary): flags over the span.
+            let span = (hi - lo + 1) as usize;
+            let mut flags = vec![0u8; span];
+            for &k in a {
+                flags[(k - lo) as usize] = 1;
+            }
+            for &k in b {
+                let f = &mut flags[(k - lo) as usize];
+                if *f == 1 {
+                    *f = 2;
+                }
+            }
+            let mut keys = Vec::new();
+            let table: Vec<u32> = flags
+                .iter()
+                .enumerate()
+                .map(|(i, &f)| {
+                    if f == 2 {
+                        keys.push(lo + i as u64);
+                        keys.len() as u32 - 1
+                    } else {
+                        u32::MAX
+                    }
+                })
+                .collect();
+            return Domain { keys, table: Some((lo, table)) };
+        }
         let distinct = |v: &[u64]| {
             let mut v = v.to_vec();
             v.sort_unstable();
@@ -432,7 +465,15 @@ impl Domain {
                 }
             }
         }
-        Domain { keys }
+        Domain { keys, table: None }
+    }
+
+    /// The dense id of a key, if it is in the domain.
+    fn id(&self, k: u64) -> Option<u32> {
+        match &self.table {
+            Some((lo, t)) => k.checked_sub(*lo).and_then(|i| t.get(i as usize)).copied().filter(|&x| x != u32::MAX),
+            None => self.keys.binary_search(&k).ok().map(|x| x as u32),
+        }
     }
 
     /// A family of the sets' elements that lie in the domain, as dense ids.
@@ -441,7 +482,7 @@ impl Domain {
         f.offsets.push(0);
         for s in 0..sets.len() {
             let mut ids: Vec<u32> =
-                sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|k| self.keys.binary_search(k).ok().map(|x| x as u32)).collect();
+                sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|&k| self.id(k)).collect();
             ids.sort_unstable();
             ids.dedup();
             f.elements.extend(ids);
