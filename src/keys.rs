@@ -666,6 +666,31 @@ pub fn exact_ids<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> (Vec<u64>, V
     (b, p)
 }
 
+/// A list column's element values and each row's [start, end) range into
+/// them; None for a `DataType::Null` column (every row a NULL list).
+pub fn list_parts(array: &ArrayRef) -> Result<Option<(ArrayRef, Vec<(usize, usize)>)>> {
+    let n = array.len();
+    Ok(Some(match array.data_type() {
+        DataType::Null => return Ok(None),
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let o = l.value_offsets();
+            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let o = l.value_offsets();
+            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
+        }
+        DataType::FixedSizeList(_, _) => {
+            let l = array.as_fixed_size_list();
+            let w = l.value_length() as usize;
+            (l.values().clone(), (0..n).map(|i| (l.value_offset(i) as usize, l.value_offset(i) as usize + w)).collect())
+        }
+        other => return Err(DataFusionError::Plan(format!("expected a list column, got {other}"))),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

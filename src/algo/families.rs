@@ -13,8 +13,8 @@
 //!
 //! Both backends follow the paper's structure:
 //! 1. domain reduction: elements absent from the other family cannot be in an
-//!    intersection (done by the caller when it builds the families, see
-//!    [`Family::restrict_to`]);
+//!    intersection (done by the caller when it maps elements to ids, see
+//!    `Domain` in [`crate::exec::families`]);
 //! 2. the right family's inverted lists, element -> sets containing it (the
 //!    paper's "apparitions vectors");
 //! 3. count, then fill: for each left set, walking its elements in order and,
@@ -90,30 +90,6 @@ impl Family {
     /// The largest element id plus one (0 for a family without elements).
     pub fn domain(&self) -> usize {
         self.elements.iter().max().map_or(0, |&m| m as usize + 1)
-    }
-
-    /// Domain reduction (the paper's phase A): drop the elements for which
-    /// `keep` is false; sets that become empty stay (as empty sets), so set
-    /// numbers do not change.
-    pub fn restrict_to(&self, keep: &[bool]) -> Family {
-        let mut f = Family { offsets: Vec::with_capacity(self.offsets.len()), elements: Vec::with_capacity(self.elements.len()) };
-        f.offsets.push(0);
-        for i in 0..self.len() {
-            f.elements.extend(self.set(i).iter().copied().filter(|&e| keep.get(e as usize).copied().unwrap_or(false)));
-            f.offsets.push(f.elements.len());
-        }
-        f
-    }
-
-    /// Which element ids occur (a vector of `domain` flags).
-    pub fn present(&self, domain: usize) -> Vec<bool> {
-        let mut p = vec![false; domain];
-        for &e in &self.elements {
-            if let Some(x) = p.get_mut(e as usize) {
-                *x = true;
-            }
-        }
-        p
     }
 }
 
@@ -232,6 +208,11 @@ impl InvertedLists {
         InvertedLists { offsets, sets }
     }
 
+    /// The inverted lists of a pair space's right family (over both families' element ids).
+    pub fn of_space(space: &PairSpace) -> InvertedLists {
+        InvertedLists::of(space.right, domain_of(space))
+    }
+
     fn list(&self, e: u32) -> &[u32] {
         let e = e as usize;
         if e + 1 >= self.offsets.len() {
@@ -327,8 +308,7 @@ impl Walk {
 
 /// I_r for the left sets in `rows`, on all host cores (CPU twin of [`pairs_gpu`]).
 pub fn pairs_cpu(space: &PairSpace, rows: Range<usize>) -> PairIntersections {
-    let inv = InvertedLists::of(space.right, domain_of(space));
-    pairs_cpu_with(space, &inv, rows)
+    pairs_cpu_with(space, &InvertedLists::of_space(space), rows)
 }
 
 /// [`pairs_cpu`] with the right family's inverted lists already built.
@@ -489,7 +469,7 @@ fn merge_sorted_runs(runs: Vec<Vec<(Box<[u32]>, u64)>>) -> DistinctSets {
 
 /// I with frequencies, on all host cores (CPU twin of [`distinct_gpu`]).
 pub fn distinct_cpu(space: &PairSpace) -> DistinctSets {
-    let inv = InvertedLists::of(space.right, domain_of(space));
+    let inv = InvertedLists::of_space(space);
     let k = space.left.len();
     let tasks: Vec<Range<usize>> = (0..k).step_by(LEFT_SETS_PER_TASK).map(|s| s..(s + LEFT_SETS_PER_TASK).min(k)).collect();
     let next = AtomicUsize::new(0);
@@ -816,7 +796,9 @@ impl Slice {
             len: gpu.download(&group_pair, groups, ts)?,
             freq: gpu.download(&group_freq, groups, ts)?,
             elements: gpu.download(&gathered, total, ts)?,
-            order: Some((gpu.download(&keys, groups, ts)?, gpu.download(&order, groups, ts)?, 48 / bits)),
+            keys: gpu.download(&keys, groups, ts)?,
+            order: gpu.download(&order, groups, ts)?,
+            key_elements: 48 / bits,
         };
         trace_step("download", started);
         Ok(Some(flat))
@@ -824,16 +806,18 @@ impl Slice {
 }
 
 /// Distinct sets as the device leaves them: set `d` is
-/// `elements[pos[d]..pos[d] + len[d]]`, in no particular order, and with
-/// `order` the device's sort: the ordering keys ascending, the sets in that
-/// order, and how many leading elements a key holds.
+/// `elements[pos[d]..pos[d] + len[d]]`, and the device's sort of them:
+/// `keys` (the ordering keys, ascending), `order` (the sets in that order)
+/// and `key_elements` (how many leading elements a key holds).
 #[derive(Debug, Default)]
 struct FlatDistinct {
     pos: Vec<u64>,
     len: Vec<u32>,
     freq: Vec<u64>,
     elements: Vec<u32>,
-    order: Option<(Vec<u64>, Vec<u32>, u32)>,
+    keys: Vec<u64>,
+    order: Vec<u32>,
+    key_elements: u32,
 }
 
 impl FlatDistinct {
@@ -844,7 +828,7 @@ impl FlatDistinct {
     /// Ordered by (size, elements): the device's order, with ties among sets
     /// longer than their keys ordered here.
     fn into_sorted(mut self) -> DistinctSets {
-        let Some((keys, mut order, cap)) = self.order.take() else { return self.into_sorted_on_host() };
+        let (keys, mut order, cap) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.order), self.key_elements);
         let mut start = 0;
         while start < keys.len() {
             let mut end = start + 1;
@@ -892,55 +876,6 @@ impl FlatDistinct {
             }));
             out.elements.extend_from_slice(&elems);
             out.frequency.extend_from_slice(&freqs);
-        }
-        out
-    }
-
-    /// Ordered by (size, elements), on all host cores: sorted runs, then a k-way merge.
-    fn into_sorted_on_host(self) -> DistinctSets {
-        use std::cmp::{Ordering as O, Reverse};
-        let n = self.freq.len();
-        let cmp = |a: u32, b: u32| -> O {
-            let (x, y) = (self.set(a as usize), self.set(b as usize));
-            x.len().cmp(&y.len()).then_with(|| x.cmp(y))
-        };
-        let mut order: Vec<u32> = (0..n as u32).collect();
-        let per = n.div_ceil(threads().max(1)).max(1 << 14);
-        std::thread::scope(|s| {
-            for run in order.chunks_mut(per) {
-                s.spawn(move || run.sort_unstable_by(|&a, &b| cmp(a, b)));
-            }
-        });
-        let runs: Vec<&[u32]> = order.chunks(per).collect();
-        let mut at = vec![0usize; runs.len()];
-        #[derive(PartialEq, Eq)]
-        struct Head<'a>(&'a [u32], u32, usize);
-        impl Ord for Head<'_> {
-            fn cmp(&self, o: &Self) -> O {
-                self.0.len().cmp(&o.0.len()).then_with(|| self.0.cmp(o.0)).then(self.2.cmp(&o.2))
-            }
-        }
-        impl PartialOrd for Head<'_> {
-            fn partial_cmp(&self, o: &Self) -> Option<O> {
-                Some(self.cmp(o))
-            }
-        }
-        let mut heap = std::collections::BinaryHeap::new();
-        for (r, run) in runs.iter().enumerate() {
-            if let Some(&d) = run.first() {
-                heap.push(Reverse(Head(self.set(d as usize), d, r)));
-            }
-        }
-        let mut out = DistinctSets { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(self.elements.len()), frequency: Vec::with_capacity(n) };
-        out.offsets.push(0);
-        while let Some(Reverse(Head(set, d, r))) = heap.pop() {
-            out.elements.extend_from_slice(set);
-            out.offsets.push(out.elements.len());
-            out.frequency.push(self.freq[d as usize]);
-            at[r] += 1;
-            if let Some(&d) = runs[r].get(at[r]) {
-                heap.push(Reverse(Head(self.set(d as usize), d, r)));
-            }
         }
         out
     }
@@ -992,12 +927,16 @@ fn for_each_slice(
 
 /// I_r for the left sets in `rows`, on the device (GPU twin of [`pairs_cpu`]).
 pub fn pairs_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
-    let inv = InvertedLists::of(space.right, domain_of(space));
+    pairs_gpu_with(gpu, space, &InvertedLists::of_space(space), rows, ts)
+}
+
+/// [`pairs_gpu`] with the right family's inverted lists already built.
+pub fn pairs_gpu_with(gpu: &Gpu, space: &PairSpace, inv: &InvertedLists, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
     let mut all = PairIntersections::new();
     if rows.is_empty() || space.right.is_empty() {
         return Ok(all);
     }
-    for_each_slice(gpu, space, &inv, rows, ts, &mut |gpu, slice, ts| {
+    for_each_slice(gpu, space, inv, rows, ts, &mut |gpu, slice, ts| {
         all.append(&slice.download(gpu, ts)?);
         Ok(())
     })?;
@@ -1008,7 +947,7 @@ pub fn pairs_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut Tran
 /// the sets and the number of slices.
 pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
     let started = Instant::now();
-    let inv = InvertedLists::of(space.right, domain_of(space));
+    let inv = InvertedLists::of_space(space);
     trace_step("inverted lists", started);
     if space.left.is_empty() || space.right.is_empty() {
         return Ok((DistinctSets { offsets: vec![0], ..Default::default() }, 0));

@@ -143,7 +143,7 @@ fn column_list(schema: &Schema) -> String {
 
 /// Elements are compared as Int64, or as UInt64 when both families' element
 /// types are unsigned.
-pub fn element_type(types: &[DataType]) -> DataType {
+fn element_type(types: &[DataType]) -> DataType {
     if types.iter().all(|t| t.is_unsigned_integer() || matches!(t, DataType::Null)) && !types.iter().all(|t| matches!(t, DataType::Null)) {
         DataType::UInt64
     } else {
@@ -152,7 +152,7 @@ pub fn element_type(types: &[DataType]) -> DataType {
 }
 
 /// The output schema of a level.
-pub fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, element: &DataType) -> SchemaRef {
+fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, element: &DataType) -> SchemaRef {
     let list = DataType::List(Arc::new(Field::new("item", element.clone(), false)));
     Arc::new(match level {
         Level::Distinct => Schema::new(vec![Field::new("elements", list, false), Field::new("frequency", DataType::Int64, false)]),
@@ -162,6 +162,14 @@ pub fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, elem
             Field::new("elements", list, false),
         ]),
     })
+}
+
+/// The element type the families are compared as, and the output schema of
+/// `level` over tables of these schemas and layouts.
+pub fn families_schema(level: Level, left: &Schema, left_layout: Layout, right: &Schema, right_layout: Layout) -> (DataType, SchemaRef) {
+    let element = element_type(&[left_layout.element_type(left), right_layout.element_type(right)]);
+    let schema = output_schema(level, left.field(left_layout.id()).data_type(), right.field(right_layout.id()).data_type(), &element);
+    (element, schema)
 }
 
 /// The operator. See the module documentation.
@@ -189,8 +197,7 @@ impl FamiliesExec {
         level: Level,
     ) -> Result<Self> {
         let (ls, rs) = (left.schema(), right.as_ref().map_or_else(|| left.schema(), |r| r.schema()));
-        let element = element_type(&[left_layout.element_type(&ls), right_layout.element_type(&rs)]);
-        let schema = output_schema(level, ls.field(left_layout.id()).data_type(), rs.field(right_layout.id()).data_type(), &element);
+        let (element, schema) = families_schema(level, &ls, left_layout, &rs, right_layout);
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             Partitioning::UnknownPartitioning(1),
@@ -299,24 +306,8 @@ impl Sets {
         match layout {
             Layout::Wide { elements, .. } => {
                 let list = batch.column(elements);
-                let (values, bounds): (ArrayRef, Vec<(usize, usize)>) = match list.data_type() {
-                    DataType::List(_) => {
-                        let l = list.as_list::<i32>();
-                        let o = l.value_offsets();
-                        (l.values().clone(), (0..l.len()).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
-                    }
-                    DataType::LargeList(_) => {
-                        let l = list.as_list::<i64>();
-                        let o = l.value_offsets();
-                        (l.values().clone(), (0..l.len()).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
-                    }
-                    DataType::FixedSizeList(_, w) => {
-                        let l = list.as_fixed_size_list();
-                        let w = *w as usize;
-                        (l.values().clone(), (0..l.len()).map(|i| (l.value_offset(i) as usize, l.value_offset(i) as usize + w)).collect())
-                    }
-                    other => return Err(DataFusionError::Internal(format!("intersect_families: elements of type {other}"))),
-                };
+                // A Null-typed column is a column of NULL lists: empty sets.
+                let (values, bounds) = crate::keys::list_parts(list)?.unwrap_or_else(|| (list.clone(), vec![(0, 0); list.len()]));
                 let (keys, valid) = element_keys(&values, element)?;
                 let mut out = Sets { ids, offsets: Vec::with_capacity(bounds.len() + 1), keys: Vec::with_capacity(keys.len()) };
                 out.offsets.push(0);
@@ -607,25 +598,31 @@ impl Run {
                 }
             }
             Level::Pairs | Level::All => {
+                // The right family's inverted lists, built once for every round.
+                let inv = families::InvertedLists::of_space(&space);
                 let mut at = 0;
                 let mut gpu_failed: Option<String> = None;
-                while at < lf.len() {
+                'rounds: while at < lf.len() {
                     // A round: left sets until PAIRS_PER_ROUND pairs.
                     let mut end = at + 1;
                     let mut n = space.pair_count(at..end);
-                    while end < lf.len() && n + space.pair_count(end..end + 1) <= PAIRS_PER_ROUND {
-                        n += space.pair_count(end..end + 1);
+                    while end < lf.len() {
+                        let next = space.pair_count(end..end + 1);
+                        if n + next > PAIRS_PER_ROUND {
+                            break;
+                        }
+                        n += next;
                         end += 1;
                     }
                     let part = match (&backend, &gpu_failed) {
-                        (Ok(()), None) => match pairs_on_gpu(cfg, &space, at..end, &mut ts) {
+                        (Ok(()), None) => match pairs_on_gpu(cfg, &space, &inv, at..end, &mut ts) {
                             Ok(p) => p,
                             Err(e) => {
                                 gpu_failed = Some(e.to_string());
-                                families::pairs_cpu(&space, at..end)
+                                families::pairs_cpu_with(&space, &inv, at..end)
                             }
                         },
-                        _ => families::pairs_cpu(&space, at..end),
+                        _ => families::pairs_cpu_with(&space, &inv, at..end),
                     };
                     let ran = match (&backend, &gpu_failed) {
                         (Ok(()), None) => "gpu".to_string(),
@@ -635,7 +632,8 @@ impl Run {
                     *self.ran.lock().unwrap() = Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
                     for b in self.pair_batches(&space, &domain, &part, at..end, &l.ids, right_ids, batch_size)? {
                         if !send(b)? {
-                            return Ok(());
+                            // The consumer stopped reading (a LIMIT above).
+                            break 'rounds;
                         }
                     }
                     at = end;
@@ -730,8 +728,14 @@ fn distinct_on_gpu(cfg: &SetfusionConfig, space: &PairSpace, ts: &mut TransferSt
     families::distinct_gpu(&lease, space, ts)
 }
 
-fn pairs_on_gpu(cfg: &SetfusionConfig, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
+fn pairs_on_gpu(
+    cfg: &SetfusionConfig,
+    space: &PairSpace,
+    inv: &families::InvertedLists,
+    rows: Range<usize>,
+    ts: &mut TransferStats,
+) -> Result<PairIntersections> {
     let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
     let lease = g.lease(cfg.memory_limit.0);
-    families::pairs_gpu(&lease, space, rows, ts)
+    families::pairs_gpu_with(&lease, space, inv, rows, ts)
 }

@@ -24,7 +24,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::exec::families::{element_type, output_schema, FamiliesExec, Layout, Level};
+use crate::exec::families::{families_schema, FamiliesExec, Layout, Level};
 
 /// The table function (registered by [`crate::install`]).
 #[derive(Debug, Default)]
@@ -90,23 +90,7 @@ impl FamiliesTable {
     fn new(names: Vec<String>, tables: Vec<(Arc<dyn TableProvider>, Layout)>, level: Level) -> Self {
         let (l, r) = (&tables[0], tables.get(1).unwrap_or(&tables[0]));
         let (ls, rs) = (l.0.schema(), r.0.schema());
-        let id = |s: &SchemaRef, lay: &Layout| {
-            let i = match lay {
-                Layout::Wide { id, .. } | Layout::Long { id, .. } => *id,
-            };
-            s.field(i).data_type().clone()
-        };
-        let el = |s: &SchemaRef, lay: &Layout| match lay {
-            Layout::Wide { elements, .. } => match s.field(*elements).data_type() {
-                datafusion::arrow::datatypes::DataType::List(f)
-                | datafusion::arrow::datatypes::DataType::LargeList(f)
-                | datafusion::arrow::datatypes::DataType::FixedSizeList(f, _) => f.data_type().clone(),
-                other => other.clone(),
-            },
-            Layout::Long { element, .. } => s.field(*element).data_type().clone(),
-        };
-        let element = element_type(&[el(&ls, &l.1), el(&rs, &r.1)]);
-        let schema = output_schema(level, &id(&ls, &l.1), &id(&rs, &r.1), &element);
+        let (_, schema) = families_schema(level, &ls, l.1, &rs, r.1);
         FamiliesTable { names, tables, level, schema }
     }
 }

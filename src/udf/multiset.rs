@@ -157,7 +157,7 @@ struct ListColumn {
 impl ListColumn {
     fn new(array: &ArrayRef, read_type: &DataType) -> Result<Self> {
         let nulls = array.logical_nulls();
-        Ok(match sets::list_parts(array)? {
+        Ok(match crate::keys::list_parts(array)? {
             None => Self { values: None, ranges: vec![(0, 0); array.len()], nulls },
             Some((values, ranges)) => {
                 // Not `safe`: an unsigned value beyond i64 (mixed signed and

@@ -97,7 +97,7 @@ pub fn encode(func: &str, arrays: &[ArrayRef]) -> Result<Vec<EncodedSets>> {
 
 fn encode_one(array: &ArrayRef, class: ElementClass, dict: &mut HashMap<String, u64>) -> Result<EncodedSets> {
     let n = array.len();
-    let Some((values, ranges)) = list_parts(array)? else {
+    let Some((values, ranges)) = crate::keys::list_parts(array)? else {
         return Ok(EncodedSets { sets: RawSets { offsets: vec![0; n + 1], elems: vec![] }, valid: vec![false; n] });
     };
     // Element keys, and which elements are NULL (None: none is).
@@ -157,31 +157,6 @@ fn encode_one(array: &ArrayRef, class: ElementClass, dict: &mut HashMap<String, 
         sets.offsets.push(sets.elems.len());
     }
     Ok(EncodedSets { sets, valid })
-}
-
-/// A list column's element values and each row's [start, end) range into
-/// them; None for a `DataType::Null` column (every row a NULL list).
-pub fn list_parts(array: &ArrayRef) -> Result<Option<(ArrayRef, Vec<(usize, usize)>)>> {
-    let n = array.len();
-    Ok(Some(match array.data_type() {
-        DataType::Null => return Ok(None),
-        DataType::List(_) => {
-            let l = array.as_list::<i32>();
-            let o = l.value_offsets();
-            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
-        }
-        DataType::LargeList(_) => {
-            let l = array.as_list::<i64>();
-            let o = l.value_offsets();
-            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
-        }
-        DataType::FixedSizeList(_, _) => {
-            let l = array.as_fixed_size_list();
-            let w = l.value_length() as usize;
-            (l.values().clone(), (0..n).map(|i| (l.value_offset(i) as usize, l.value_offset(i) as usize + w)).collect())
-        }
-        other => return Err(DataFusionError::Plan(format!("expected a list column, got {other}"))),
-    }))
 }
 
 /// A shared empty list type for tokenizers: `List<Utf8>` with a nullable "item" field.

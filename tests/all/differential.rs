@@ -34,13 +34,7 @@ fn families_match_array_intersect() {
     let _device = crate::common::shared_device();
     let gpu = gpu_or_skip().is_ok();
     block_on(move || async move {
-        let mut seed = 0x5eed_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = setfusion::algo::families::tests_data::xorshift(0x5eed);
         for round in 0..6 {
             let spread = round % 2 == 1;
             let mut table = |name: &str, rows: usize| {
