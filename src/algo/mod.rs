@@ -1,5 +1,6 @@
 //! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
 pub mod families;
+pub mod join_filter;
 pub mod multiset;
 pub mod radix_sort;
 pub mod row_hash;
@@ -21,6 +22,7 @@ pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("families", families::self_check as SelfCheck),
         ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
+        ("join_filter", join_filter::self_check as SelfCheck),
         ("radix_sort", radix_sort::self_check as SelfCheck),
         ("row_hash", row_hash::self_check as SelfCheck),
         ("sort_setops", sort_setops::self_check as SelfCheck),

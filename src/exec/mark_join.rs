@@ -47,6 +47,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
+use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::setops::SetOp;
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::{input_context, key_columns, Backend, NullMode, Selector};
@@ -82,6 +83,9 @@ pub struct PairFilter {
     pub schema: SchemaRef,
 }
 
+/// A residual filter's device programs, or why the device cannot evaluate it.
+pub type DeviceFilter = std::result::Result<Arc<Programs>, String>;
+
 /// The operator. See the module documentation.
 #[derive(Debug)]
 pub struct MarkJoinExec {
@@ -93,6 +97,8 @@ pub struct MarkJoinExec {
     /// IN only: the probe expression and the subquery's output.
     in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
     filter: Option<PairFilter>,
+    /// The filter compiled for the device, or why it does not compile.
+    device_filter: Option<DeviceFilter>,
     output: MarkOutput,
     backend: Backend,
     note: Option<String>,
@@ -134,6 +140,16 @@ impl MarkJoinExec {
         let eq = input_eq.project(&mapping, schema.clone());
         let partitioning = probe.output_partitioning().project(&mapping, input_eq);
         let cache = Arc::new(PlanProperties::new(eq, partitioning, EmissionType::Final, Boundedness::Bounded));
+        let device_filter = match &filter {
+            None => None,
+            Some(f) => {
+                let in_types = match &in_keys {
+                    Some((p, b)) => Some((p.data_type(&probe_schema)?, b.data_type(&build.schema())?)),
+                    None => None,
+                };
+                Some(super::pair_filter::compile(f, in_types.as_ref().map(|(p, b)| (p, b))).map(Arc::new))
+            }
+        };
         Ok(Self {
             kind,
             probe,
@@ -141,6 +157,7 @@ impl MarkJoinExec {
             on,
             in_keys,
             filter,
+            device_filter,
             output: MarkOutput::Mark,
             backend,
             note: None,
@@ -209,6 +226,12 @@ impl DisplayAs for MarkJoinExec {
         }
         if let Some(filter) = &self.filter {
             write!(f, ", filter={}", filter.expr)?;
+            if let (Backend::Gpu(_), Some(d)) = (&self.backend, &self.device_filter) {
+                match d {
+                    Ok(_) => write!(f, ", filter_on=device")?,
+                    Err(why) => write!(f, ", filter_on=host (\"{why}\")")?,
+                }
+            }
         }
         match &self.backend {
             Backend::Gpu(strategy) => write!(f, ", backend=gpu, strategy={strategy}")?,
@@ -276,6 +299,7 @@ impl ExecutionPlan for MarkJoinExec {
             on: self.on.clone(),
             in_keys: self.in_keys.clone(),
             filter: self.filter.clone(),
+            device_filter: self.device_filter.clone(),
             output: self.output,
             backend: self.backend.clone(),
             schema: self.schema.clone(),
@@ -310,6 +334,7 @@ struct Run {
     on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
     in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
     filter: Option<PairFilter>,
+    device_filter: Option<DeviceFilter>,
     output: MarkOutput,
     backend: Backend,
     schema: SchemaRef,
@@ -352,7 +377,7 @@ impl Run {
             let none = BooleanBuffer::new_unset(0);
             GroupFacts { matched: none.clone(), nonempty: none, has_null: None, probe_null: None }
         } else if self.filter.is_some() {
-            self.facts_filtered(&probe, &build)?
+            self.facts_filtered(cfg, &probe, &build)?
         } else {
             self.facts_keyed(cfg, &probe, &build, n, nb)?
         };
@@ -466,9 +491,110 @@ impl Run {
         Ok(GroupFacts { matched, nonempty, has_null, probe_null })
     }
 
-    /// The group facts with a residual filter: candidate pairs of equal `on`
-    /// keys (exact, row-encoded), the filter evaluated over them on the host.
-    fn facts_filtered(&self, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<GroupFacts> {
+    /// The group facts with a residual filter. On the GPU backend the device
+    /// sorts the build keys and finds each probe row's group, and evaluates
+    /// the filter when it compiles ([`super::pair_filter`]); otherwise (and
+    /// whenever the device cannot: keys that are not fixed-width, overflow,
+    /// device trouble) the host evaluates DataFusion's expression over the
+    /// candidate pairs, with the device's groups when it has them.
+    fn facts_filtered(&self, cfg: &SetfusionConfig, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<GroupFacts> {
+        let mut groups = None;
+        let mut why = None;
+        if let Backend::Gpu(_) = &self.backend {
+            match self.facts_filtered_gpu(cfg, probe, build) {
+                Ok(DeviceOutcome::Facts(facts, ran)) => {
+                    *self.ran.lock().unwrap() = Some(ran);
+                    return Ok(facts);
+                }
+                Ok(DeviceOutcome::Groups(g, reason)) => {
+                    groups = Some(CandidateGroups::from_device(g));
+                    why = Some(format!("gpu groups, filter on the host: {reason}"));
+                }
+                Ok(DeviceOutcome::Host(reason)) => why = Some(format!("host: {reason}")),
+                Err(e) => why = Some(format!("GPU failed: {}", crate::cli::one_line(&e))),
+            }
+        }
+        self.facts_filtered_host(probe, build, groups, why)
+    }
+
+    /// The keys of the `on` equalities as exact 64-bit keys of both sides
+    /// (None: no keys; Err(reason): not fixed-width, or too wide to pack).
+    fn exact_on_keys(&self, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<std::result::Result<Option<(keys::KeyColumns, keys::KeyColumns)>, String>> {
+        if self.on.is_empty() {
+            return Ok(Ok(None));
+        }
+        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+        let (ps, bs) = (self.probe.schema(), self.build.schema());
+        let types: Vec<DataType> = probe_on.iter().map(|e| e.data_type(&ps)).collect::<Result<_>>()?;
+        let build_types: Vec<DataType> = build_on.iter().map(|e| e.data_type(&bs)).collect::<Result<_>>()?;
+        if types != build_types || !types.iter().all(|t| keys::is_exact(std::slice::from_ref(t))) {
+            return Ok(Err(format!("correlation keys of types {types:?} and {build_types:?} are not fixed-width equal types")));
+        }
+        let (pk, bk) = (key_columns(probe, &probe_on)?, key_columns(build, &build_on)?);
+        if types.len() == 1 {
+            return Ok(Ok(Some((keys::encode(&pk, &types, None, true)?, keys::encode(&bk, &types, None, true)?))));
+        }
+        Ok(match keys::encode_packed(&pk, &bk, &types)? {
+            Some(k) => Ok(Some(k)),
+            None => Err("composite correlation keys too wide to pack into 64 bits".into()),
+        })
+    }
+
+    /// The device part of [`Self::facts_filtered`].
+    fn facts_filtered_gpu(&self, cfg: &SetfusionConfig, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<DeviceOutcome> {
+        let keys = match self.exact_on_keys(probe, build)? {
+            Ok(k) => k,
+            Err(reason) => return Ok(DeviceOutcome::Host(reason)),
+        };
+        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
+        let nb: usize = build.iter().map(|b| b.num_rows()).sum();
+        let device = crate::gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let g = device.lease(cfg.memory_limit.0);
+        let mut stats = crate::gpu::TransferStats::default();
+        let metrics = super::DeviceMetrics::new(&self.metrics);
+        let programs = match self.device_filter.as_ref().expect("a filter") {
+            Ok(p) => p.clone(),
+            Err(reason) => {
+                let Some((pk, bk)) = &keys else { return Ok(DeviceOutcome::Host(format!("no correlation keys, and {reason}"))) };
+                let groups = join_filter::groups_gpu(&g, pk, bk, &mut stats);
+                metrics.record(&stats);
+                return Ok(DeviceOutcome::Groups(groups?, reason.clone()));
+            }
+        };
+        let filter = self.filter.as_ref().expect("a filter");
+        let mut columns = filter
+            .columns
+            .iter()
+            .map(|&(from_probe, i)| {
+                let side = if from_probe { probe } else { build };
+                let arrays: Vec<ArrayRef> = side.iter().map(|b| b.column(i).clone()).collect();
+                PairColumn::new(from_probe, &arrays)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut probe_null = None;
+        if let Some((p, b)) = &self.in_keys {
+            let pk = key_columns(probe, std::slice::from_ref(p))?;
+            let bk = key_columns(build, std::slice::from_ref(b))?;
+            probe_null = null_bits(pk.iter().map(|k| &k[0]), n);
+            columns.push(PairColumn::new(true, &pk.into_iter().map(|mut k| k.remove(0)).collect::<Vec<_>>())?);
+            columns.push(PairColumn::new(false, &bk.into_iter().map(|mut k| k.remove(0)).collect::<Vec<_>>())?);
+        }
+        let join = PairJoin { keys: keys.as_ref().map(|(p, b)| (p, b)), n, nb, columns: &columns, programs: &programs };
+        let facts = join_filter::facts_gpu(&g, &join, &mut stats);
+        metrics.record(&stats);
+        let Some(facts) = facts? else {
+            return Ok(DeviceOutcome::Host("the filter's checked arithmetic overflowed on the device".into()));
+        };
+        let bits = |mask: u8| BooleanBuffer::from_iter(facts.iter().map(|f| f & mask != 0));
+        let has_null = facts.iter().any(|f| f & join_filter::HAS_NULL != 0).then(|| bits(join_filter::HAS_NULL));
+        let group_facts = GroupFacts { matched: bits(join_filter::MATCHED), nonempty: bits(join_filter::NONEMPTY), has_null, probe_null };
+        Ok(DeviceOutcome::Facts(group_facts, "gpu (groups and residual filter on the device)".into()))
+    }
+
+    /// The group facts with a residual filter on the host: candidate pairs of
+    /// equal `on` keys (the device's groups, or exact row-encoded ones found
+    /// here), the filter evaluated with DataFusion's expression over them.
+    fn facts_filtered_host(&self, probe: &[&RecordBatch], build: &[&RecordBatch], groups: Option<CandidateGroups>, why: Option<String>) -> Result<GroupFacts> {
         let filter = self.filter.as_ref().expect("called with a filter");
         // One array per column over all batches (an empty array of the type when there are none).
         let concat_all = |arrays: Vec<ArrayRef>, data_type: DataType| -> Result<ArrayRef> {
@@ -490,9 +616,15 @@ impl Run {
             concat_all(batches.iter().map(|b| b.column(i).clone()).collect(), schema.field(i).data_type().clone())
         };
         let (probe_schema, build_schema) = (self.probe.schema(), self.build.schema());
-        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
-        let probe_on = concat_side(probe, &probe_on, &probe_schema)?;
-        let build_on = concat_side(build, &build_on, &build_schema)?;
+        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
+        let nb: usize = build.iter().map(|b| b.num_rows()).sum();
+        let groups = match groups {
+            Some(g) => g,
+            None => {
+                let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+                CandidateGroups::new(&concat_side(probe, &probe_on, &probe_schema)?, &concat_side(build, &build_on, &build_schema)?, nb)?
+            }
+        };
         let (probe_key, build_key) = match &self.in_keys {
             Some((p, b)) => (
                 Some(concat_side(probe, std::slice::from_ref(p), &probe_schema)?.remove(0)),
@@ -505,9 +637,6 @@ impl Run {
             .iter()
             .map(|&(from_probe, i)| if from_probe { column(probe, i, &probe_schema) } else { column(build, i, &build_schema) })
             .collect::<Result<_>>()?;
-        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
-        let nb: usize = build.iter().map(|b| b.num_rows()).sum();
-        let groups = CandidateGroups::new(&probe_on, &build_on, nb)?;
         let ctx = PairContext { filter, pair_columns: &pair_columns, probe_key: probe_key.as_ref(), build_key: build_key.as_ref(), groups: &groups };
         // Probe rows in chunks on the copy threads; each chunk's pairs are bounded.
         let chunks: Vec<(usize, usize)> = (0..n).step_by(PROBE_CHUNK).map(|s| (s, (s + PROBE_CHUNK).min(n))).collect();
@@ -518,11 +647,25 @@ impl Run {
             nonempty.extend(g);
             has_null.extend(h);
         }
-        *self.ran.lock().unwrap() = Some(format!("cpu (residual filter on the host, {} candidate pairs)", groups.pairs_hint(n)));
+        let pairs = groups.pairs_hint(n);
+        *self.ran.lock().unwrap() = Some(match why {
+            Some(why) => format!("{why} ({pairs} candidate pairs)"),
+            None => format!("cpu (residual filter on the host, {pairs} candidate pairs)"),
+        });
         let has_null = has_null.contains(&true).then(|| BooleanBuffer::from(has_null));
         let probe_null = probe_key.as_ref().and_then(|k| null_bits(std::iter::once(k), n));
         Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null, probe_null })
     }
+}
+
+/// What the device made of a filtered join.
+enum DeviceOutcome {
+    /// The facts, and how they were computed (EXPLAIN ANALYZE's `ran`).
+    Facts(GroupFacts, String),
+    /// Each probe row's group; the filter, for the reason given, is the host's.
+    Groups(join_filter::Groups, String),
+    /// Nothing: the host does it all, for the reason given.
+    Host(String),
 }
 
 /// Probe rows per task of the filtered path.
@@ -567,6 +710,12 @@ impl CandidateGroups {
             .map(|i| if any_null(probe_on, i) { (0, 0) } else { at.get(probe_rows.row(i).data()).copied().unwrap_or((0, 0)) })
             .collect();
         Ok(Self { build_rows: flat, ranges, all: false, nb })
+    }
+
+    /// The device's groups ([`join_filter::groups_gpu`]).
+    fn from_device(g: join_filter::Groups) -> Self {
+        let nb = g.rows.len();
+        Self { build_rows: g.rows, ranges: g.ranges, all: false, nb }
     }
 
     fn len(&self, p: usize) -> usize {

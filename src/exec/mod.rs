@@ -2,6 +2,7 @@
 pub mod declined;
 pub mod families;
 pub mod mark_join;
+pub mod pair_filter;
 pub mod set_select;
 pub mod similarity_join;
 

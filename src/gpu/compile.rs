@@ -34,6 +34,7 @@ static SOURCES: &[KernelSource] = &[
     KernelSource { family: "row_hash", source: include_str!("../../kernels/row_hash.cu") },
     KernelSource { family: "transfer", source: include_str!("../../kernels/transfer.cu") },
     KernelSource { family: "families", source: include_str!("../../kernels/families.cu") },
+    KernelSource { family: "join_filter", source: include_str!("../../kernels/join_filter.cu") },
 ];
 
 /// Every embedded kernel family.

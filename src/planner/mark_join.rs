@@ -425,13 +425,19 @@ impl ExtensionPlanner for MarkJoinPlanner {
             }
         };
         let cfg = SetfusionConfig::from_options(session_state.config_options());
-        let (backend, note, declined) = if filter.is_some() {
-            (Backend::Cpu("residual join filter: setfusion evaluates it on the host only".into()), None, true)
+        let threads = session_state.config_options().execution.target_partitions;
+        let probe_arrow = probe.schema();
+        let (backend, note, declined) = if let Some(f) = &filter {
+            let on_types: Vec<DataType> = on.iter().map(|(p, _)| p.data_type(&probe_arrow)).collect::<Result<_>>()?;
+            let in_types = match &in_keys {
+                Some((p, b)) => Some((p.data_type(&probe_arrow)?, b.data_type(&build.schema())?)),
+                None => None,
+            };
+            let d = super::decide_filtered(&cfg, &probe, &build, &on_types, f, in_types.as_ref().map(|(p, b)| (p, b)), threads);
+            (d.backend, d.note, d.declined)
         } else {
-            let probe_arrow = probe.schema();
             let types: Vec<DataType> =
                 on.iter().chain(&in_keys).map(|(p, _)| p.data_type(&probe_arrow)).collect::<Result<_>>()?;
-            let threads = session_state.config_options().execution.target_partitions;
             let d = super::decide(&cfg, SetOp::Semi, &probe, &build, &types, threads);
             (d.backend, d.note, d.declined)
         };

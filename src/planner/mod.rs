@@ -86,6 +86,41 @@ pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[D
     Backend::Gpu(cfg.strategy)
 }
 
+/// [`decide`] for a semi / anti / mark join with a residual filter. The GPU
+/// finds each probe row's group (fixed-width correlation keys) and evaluates
+/// the filter when it compiles to a device program
+/// ([`crate::exec::pair_filter`]). Without that, only a forced GPU strategy
+/// or `min_rows = 0` takes the device (it then finds the groups, and the host
+/// evaluates the filter); otherwise the CPU, with the reason. The cost model
+/// weighs the correlation keys and the filter's columns, all of which travel.
+#[allow(clippy::too_many_arguments)]
+pub fn decide_filtered(
+    cfg: &SetfusionConfig,
+    a: &Arc<dyn ExecutionPlan>,
+    b: &Arc<dyn ExecutionPlan>,
+    on_types: &[DataType],
+    filter: &crate::exec::mark_join::PairFilter,
+    in_types: Option<(&DataType, &DataType)>,
+    threads: usize,
+) -> Decision {
+    let forced = cfg.strategy != Strategy::Auto || cfg.min_rows == 0;
+    let device = if on_types.iter().all(|t| crate::keys::is_exact(std::slice::from_ref(t))) {
+        crate::exec::pair_filter::compile(filter, in_types).map(|_| ())
+    } else {
+        Err(format!("correlation keys {on_types:?} are not fixed-width"))
+    };
+    let mut types = on_types.to_vec();
+    types.extend(in_types.map(|(p, _)| p.clone()));
+    types.extend(filter.schema.fields().iter().map(|f| f.data_type().clone()));
+    let d = decide(cfg, SetOp::Semi, a, b, &types, threads);
+    match (&d.backend, device) {
+        (Backend::Gpu(_), Err(why)) if !forced => {
+            Decision { backend: Backend::Cpu(format!("residual filter on the host: {why}")), note: None, declined: true }
+        }
+        _ => d,
+    }
+}
+
 /// The reasons for the CPU that need no estimate: settings and key types.
 fn forced_cpu(cfg: &SetfusionConfig, key_types: &[DataType]) -> Option<String> {
     if !cfg.enabled {

@@ -3,7 +3,7 @@
 //! IN / EXISTS become semi joins and NOT IN / NOT EXISTS anti joins (NOT IN
 //! null-aware) during DataFusion's own optimisation; this rule runs last and
 //! replaces each `HashJoinExec` / `SortMergeJoinExec` of those types that has
-//! only equality keys (one with a residual filter too, under `strategy = cpu`:
+//! only equality keys (one with a residual filter too, as a `MarkJoinExec`:
 //! see [`SemiJoinRule::rewrite_filtered`]). When the GPU backend is not chosen the DataFusion join
 //! is kept (it is the better CPU implementation), unless `setfusion.strategy =
 //! cpu` asks for setfusion's CPU backend explicitly (tests, benchmarks).
@@ -88,7 +88,7 @@ impl SemiJoinRule {
             _ => return Ok(Transformed::no(plan)),
         };
         if let Some(filter) = &j.filter {
-            return Self::rewrite_filtered(plan.clone(), cfg, &j, filter, op == SetOp::Anti, keep_left);
+            return Self::rewrite_filtered(plan.clone(), cfg, &j, filter, op == SetOp::Anti, keep_left, threads);
         }
         let (keep, other) = if keep_left { (j.left, j.right) } else { (j.right, j.left) };
         let (keep_keys, other_keys): (Vec<_>, Vec<_>) =
@@ -120,10 +120,12 @@ impl SemiJoinRule {
 }
 
 impl SemiJoinRule {
-    /// A semi / anti join with a residual filter: setfusion evaluates the
-    /// filter on the host over candidate pairs, which is not faster than
-    /// DataFusion's hash join, so only `setfusion.strategy = cpu` (tests,
-    /// comparisons) takes it; a null-aware anti join stays DataFusion's.
+    /// A semi / anti join with a residual filter: `MarkJoinExec` on the GPU
+    /// when [`super::decide_filtered`] says so (the device finds the groups
+    /// and evaluates the filter), on setfusion's CPU backend under
+    /// `strategy = cpu` (tests, comparisons); otherwise DataFusion's join
+    /// stays. A null-aware anti join stays DataFusion's.
+    #[allow(clippy::too_many_arguments)]
     fn rewrite_filtered(
         plan: Arc<dyn ExecutionPlan>,
         cfg: &SetfusionConfig,
@@ -131,19 +133,36 @@ impl SemiJoinRule {
         filter: &datafusion::physical_plan::joins::utils::JoinFilter,
         anti: bool,
         keep_left: bool,
+        threads: usize,
     ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
-        if cfg.strategy != Strategy::Cpu || j.null_aware {
-            crate::exec::trace("setfusion keeps DataFusion's join with a residual filter (evaluated on the host either way)");
+        if j.null_aware {
+            crate::exec::trace("setfusion keeps DataFusion's null-aware anti join with a residual filter");
             return Ok(Transformed::no(plan));
         }
         use datafusion::common::JoinSide;
         let (keep, other) = if keep_left { (j.left.clone(), j.right.clone()) } else { (j.right.clone(), j.left.clone()) };
-        let on = j.on.iter().map(|(l, r)| if keep_left { (l.clone(), r.clone()) } else { (r.clone(), l.clone()) }).collect();
+        let on: Vec<(PhysicalExprRef, PhysicalExprRef)> =
+            j.on.iter().map(|(l, r)| if keep_left { (l.clone(), r.clone()) } else { (r.clone(), l.clone()) }).collect();
         let columns = filter.column_indices().iter().map(|c| ((c.side == JoinSide::Left) == keep_left, c.index)).collect();
         let pair_filter = crate::exec::mark_join::PairFilter { expr: filter.expression().clone(), columns, schema: filter.schema().clone() };
-        let backend = Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into());
+        let (backend, note) = if cfg.strategy == Strategy::Cpu {
+            (Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into()), None)
+        } else {
+            let schema = keep.schema();
+            let on_types: Vec<_> = on.iter().map(|(k, _)| k.data_type(&schema)).collect::<Result<_>>()?;
+            let d = super::decide_filtered(cfg, &keep, &other, &on_types, &pair_filter, None, threads);
+            if let Backend::Cpu(reason) = &d.backend {
+                crate::exec::trace(&format!("setfusion keeps DataFusion's {:?} join with a filter: {reason}", j.join_type));
+                return Ok(if d.declined {
+                    Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
+                } else {
+                    Transformed::no(plan)
+                });
+            }
+            (d.backend, d.note)
+        };
         let exec: Arc<dyn ExecutionPlan> =
-            Arc::new(crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?);
+            Arc::new(crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?.with_note(note));
         let exec = match &j.projection {
             None => exec,
             Some(p) => {

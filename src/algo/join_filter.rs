@@ -1,0 +1,1023 @@
+//! Semi / anti / mark joins with a residual filter (issue 14, item 3): the
+//! launcher of `kernels/join_filter.cu` and its CPU twin.
+//!
+//! A probe row's *group* is the build rows with an equal key (NULL keys have
+//! none; without keys every build row is in every group). The build keys are
+//! radix-sorted with their row ids on the device, so each group is one run of
+//! the sorted rows, found by binary search ([`groups_gpu`] / [`groups_cpu`]).
+//! A residual filter that [`Programs`] can express (comparisons, arithmetic,
+//! casts, AND / OR / NOT, IS [NOT] NULL over fixed-width columns of both sides:
+//! `src/exec/pair_filter.rs` compiles DataFusion's expression) is then
+//! evaluated on the device over each probe row's run, and reduced to per-row
+//! facts ([`facts_gpu`] / [`facts_cpu`]); no candidate pair is ever
+//! materialised, so keys with many duplicates cost time, not memory. A
+//! filter the program cannot express is evaluated on the host over the
+//! device's groups (the caller's part).
+//!
+//! Exactness: checked integer and decimal arithmetic. A result outside its
+//! type's range makes the whole evaluation return `None`, and the caller
+//! evaluates with DataFusion's expression instead (which raises or wraps as it
+//! does). Floats compare in IEEE total order, like Arrow's kernels; Float32
+//! arithmetic rounds every result to f32, as f32 arithmetic does.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::{DataFusionError, Result};
+
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
+use crate::keys::KeyColumns;
+
+const FAMILY: &str = "join_filter";
+
+/// Program ops: the `JF_*` defines of `kernels/join_filter.cu` (a unit test
+/// checks that both agree).
+pub mod op {
+    pub const COL: u32 = 1;
+    pub const LIT: u32 = 2;
+    pub const NULL: u32 = 3;
+    pub const ADD_I: u32 = 10;
+    pub const SUB_I: u32 = 11;
+    pub const MUL_I: u32 = 12;
+    pub const NEG_I: u32 = 13;
+    pub const ADD_F: u32 = 20;
+    pub const SUB_F: u32 = 21;
+    pub const MUL_F: u32 = 22;
+    pub const DIV_F: u32 = 23;
+    pub const NEG_F: u32 = 24;
+    pub const EQ_I: u32 = 30;
+    pub const NE_I: u32 = 31;
+    pub const LT_I: u32 = 32;
+    pub const LE_I: u32 = 33;
+    pub const GT_I: u32 = 34;
+    pub const GE_I: u32 = 35;
+    pub const EQ_F: u32 = 40;
+    pub const NE_F: u32 = 41;
+    pub const LT_F: u32 = 42;
+    pub const LE_F: u32 = 43;
+    pub const GT_F: u32 = 44;
+    pub const GE_F: u32 = 45;
+    pub const AND: u32 = 50;
+    pub const OR: u32 = 51;
+    pub const NOT: u32 = 52;
+    pub const IS_NULL: u32 = 53;
+    pub const IS_NOT_NULL: u32 = 54;
+    pub const I2F: u32 = 60;
+    pub const SCALE_I: u32 = 61;
+    pub const DEC2F: u32 = 62;
+    pub const F2F32: u32 = 63;
+    pub const CHECK_I: u32 = 64;
+    /// Every op with its kernel name, for the agreement test.
+    pub const ALL: &[(&str, u32)] = &[
+        ("COL", COL), ("LIT", LIT), ("NULL", NULL), ("ADD_I", ADD_I), ("SUB_I", SUB_I), ("MUL_I", MUL_I), ("NEG_I", NEG_I),
+        ("ADD_F", ADD_F), ("SUB_F", SUB_F), ("MUL_F", MUL_F), ("DIV_F", DIV_F), ("NEG_F", NEG_F), ("EQ_I", EQ_I),
+        ("NE_I", NE_I), ("LT_I", LT_I), ("LE_I", LE_I), ("GT_I", GT_I), ("GE_I", GE_I), ("EQ_F", EQ_F), ("NE_F", NE_F),
+        ("LT_F", LT_F), ("LE_F", LE_F), ("GT_F", GT_F), ("GE_F", GE_F), ("AND", AND), ("OR", OR), ("NOT", NOT),
+        ("IS_NULL", IS_NULL), ("IS_NOT_NULL", IS_NOT_NULL), ("I2F", I2F), ("SCALE_I", SCALE_I), ("DEC2F", DEC2F),
+        ("F2F32", F2F32), ("CHECK_I", CHECK_I),
+    ];
+}
+
+/// Ranges of checked integer results (an op's `arg`): all of i64, i8 / i16
+/// / i32, u8 / u16 / u32, and from [`RANGE_DEC`]`+ p` a decimal of precision p.
+pub const RANGE_I64: u32 = 0;
+pub const RANGE_DEC: u32 = 7;
+/// The kernel's stack depth (JF_STACK).
+pub const STACK: usize = 16;
+
+/// How a column's values are stored (the kernel's `JF_K_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    I8 = 0,
+    I16 = 1,
+    I32 = 2,
+    I64 = 3,
+    U8 = 4,
+    U16 = 5,
+    U32 = 6,
+    F32 = 7,
+    F64 = 8,
+    Bool = 9,
+    /// Decimal128 of at most 18 digits: the low 8 bytes of each 16.
+    Dec128 = 10,
+}
+
+impl ValueKind {
+    /// The kind of a column type the programs read (None: not readable).
+    pub fn of(t: &DataType) -> Option<ValueKind> {
+        use DataType::*;
+        Some(match t {
+            Int8 => ValueKind::I8,
+            Int16 => ValueKind::I16,
+            Int32 | Date32 | Time32(_) => ValueKind::I32,
+            Int64 | Date64 | Timestamp(_, _) | Time64(_) | Duration(_) => ValueKind::I64,
+            UInt8 => ValueKind::U8,
+            UInt16 => ValueKind::U16,
+            UInt32 => ValueKind::U32,
+            Float32 => ValueKind::F32,
+            Float64 => ValueKind::F64,
+            Boolean => ValueKind::Bool,
+            Decimal128(p, _) if *p <= 18 => ValueKind::Dec128,
+            _ => return None,
+        })
+    }
+    /// Bytes per value (0: bit-packed).
+    fn width(self) -> usize {
+        match self {
+            ValueKind::I8 | ValueKind::U8 => 1,
+            ValueKind::I16 | ValueKind::U16 => 2,
+            ValueKind::I32 | ValueKind::U32 | ValueKind::F32 => 4,
+            ValueKind::I64 | ValueKind::F64 => 8,
+            ValueKind::Bool => 0,
+            ValueKind::Dec128 => 16,
+        }
+    }
+}
+
+/// One instruction of a postfix program (the kernel's `JfInstr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instr {
+    pub op: u32,
+    pub arg: u32,
+    pub imm: u64,
+}
+
+impl Instr {
+    pub fn new(op: u32, arg: u32, imm: u64) -> Self {
+        Self { op, arg, imm }
+    }
+}
+
+/// The programs of one join: the filter, and for IN the key equality and the
+/// build key's NULL test (each over the same columns).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Programs {
+    pub filter: Vec<Instr>,
+    pub in_keys: Option<(Vec<Instr>, Vec<Instr>)>,
+}
+
+/// Per probe row: some pair passes the filter (the group is not empty).
+pub const NONEMPTY: u8 = 1;
+/// Some passing pair has equal IN keys (EXISTS: the same as [`NONEMPTY`]).
+pub const MATCHED: u8 = 2;
+/// Some passing pair has a NULL build IN key.
+pub const HAS_NULL: u8 = 4;
+
+/// One column the programs read: `from_probe` says whose row indexes it.
+/// The values stay in their Arrow buffers (booleans are re-packed).
+pub struct PairColumn {
+    pub from_probe: bool,
+    kind: ValueKind,
+    /// Value bytes per batch, back to back in row order.
+    values: Vec<Buffer>,
+    /// Validity over all rows (None: no NULLs).
+    validity: Option<BooleanBuffer>,
+}
+
+impl PairColumn {
+    /// A column given per batch; every array of one type that [`ValueKind::of`] accepts.
+    pub fn new(from_probe: bool, arrays: &[ArrayRef]) -> Result<Self> {
+        let t = arrays.first().map(|a| a.data_type().clone()).unwrap_or(DataType::Int64);
+        let kind = ValueKind::of(&t).ok_or_else(|| DataFusionError::Internal(format!("join filter: a column of {t}")))?;
+        let len = arrays.iter().map(|a| a.len()).sum();
+        let values = if kind == ValueKind::Bool {
+            let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(len);
+            for a in arrays {
+                bits.append_buffer(a.as_boolean().values());
+            }
+            vec![bits.finish().into_inner()]
+        } else {
+            let w = kind.width();
+            arrays
+                .iter()
+                .map(|a| {
+                    let d = a.to_data();
+                    d.buffers()[0].slice_with_length(d.offset() * w, d.len() * w)
+                })
+                .collect()
+        };
+        let validity = if arrays.iter().any(|a| a.null_count() > 0) {
+            let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(len);
+            for a in arrays {
+                match a.nulls() {
+                    Some(n) => bits.append_buffer(n.inner()),
+                    None => bits.append_n(a.len(), true),
+                }
+            }
+            Some(bits.finish())
+        } else {
+            None
+        };
+        Ok(Self { from_probe, kind, values, validity })
+    }
+}
+
+/// The inputs of one filtered join.
+pub struct PairJoin<'a> {
+    /// Equality keys of each side (exact 64-bit keys, `keys::encode` /
+    /// `encode_packed`); None: no keys, every build row is in every group.
+    pub keys: Option<(&'a KeyColumns, &'a KeyColumns)>,
+    pub n: usize,
+    pub nb: usize,
+    pub columns: &'a [PairColumn],
+    pub programs: &'a Programs,
+}
+
+/// Each probe row's group: `rows[ranges[p].0 .. ranges[p].1]` are its build
+/// rows (ascending within a group).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Groups {
+    pub rows: Vec<u32>,
+    pub ranges: Vec<(u32, u32)>,
+}
+
+fn check_sizes(n: usize, nb: usize) -> Result<()> {
+    if nb >= u32::MAX as usize || n >= u32::MAX as usize {
+        return Err(DataFusionError::Execution(format!("join filter: {n} x {nb} rows exceed 32-bit row ids")));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ CPU twin
+
+/// The groups on the host: valid build keys sorted with their rows (stable),
+/// each probe key's run found by binary search.
+pub fn groups_cpu(probe: &KeyColumns, build: &KeyColumns) -> Result<Groups> {
+    check_sizes(probe.len(), build.len())?;
+    let mut pairs: Vec<(u64, u32)> = build.iter().enumerate().filter(|&(i, _)| !build.is_null(i)).map(|(i, k)| (k, i as u32)).collect();
+    pairs.sort_unstable();
+    let sorted: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+    let ranges = probe
+        .iter()
+        .enumerate()
+        .map(|(p, k)| {
+            if probe.is_null(p) {
+                return (0, 0);
+            }
+            let lo = sorted.partition_point(|&x| x < k);
+            let hi = lo + sorted[lo..].partition_point(|&x| x == k);
+            (lo as u32, hi as u32)
+        })
+        .collect();
+    Ok(Groups { rows: pairs.into_iter().map(|p| p.1).collect(), ranges })
+}
+
+/// A column's values in one slice, for the twin's random access.
+struct HostColumn {
+    from_probe: bool,
+    kind: ValueKind,
+    bytes: Vec<u8>,
+    validity: Option<BooleanBuffer>,
+}
+
+impl HostColumn {
+    fn of(c: &PairColumn) -> Self {
+        let bytes = c.values.iter().flat_map(|b| b.as_slice().iter().copied()).collect();
+        Self { from_probe: c.from_probe, kind: c.kind, bytes, validity: c.validity.clone() }
+    }
+
+    /// The value of `row` in its lane (the kernel's `jf_load`) and whether it is NULL.
+    fn load(&self, row: usize) -> (u64, bool) {
+        let null = self.validity.as_ref().is_some_and(|v| !v.value(row));
+        let b = &self.bytes;
+        let le = |w: usize| {
+            let mut x = [0u8; 8];
+            x[..w].copy_from_slice(&b[row * w..row * w + w]);
+            u64::from_le_bytes(x)
+        };
+        let v = match self.kind {
+            ValueKind::I8 => le(1) as u8 as i8 as i64 as u64,
+            ValueKind::I16 => le(2) as u16 as i16 as i64 as u64,
+            ValueKind::I32 => le(4) as u32 as i32 as i64 as u64,
+            ValueKind::I64 | ValueKind::F64 => le(8),
+            ValueKind::U8 => le(1),
+            ValueKind::U16 => le(2),
+            ValueKind::U32 => le(4),
+            ValueKind::F32 => (f32::from_bits(le(4) as u32) as f64).to_bits(),
+            ValueKind::Bool => ((b[row >> 3] >> (row & 7)) & 1) as u64,
+            ValueKind::Dec128 => u64::from_le_bytes(b[row * 16..row * 16 + 8].try_into().unwrap()),
+        };
+        (v, null)
+    }
+}
+
+fn in_range(v: i64, range: u32) -> bool {
+    match range {
+        0 => true,
+        1 => i8::try_from(v).is_ok(),
+        2 => i16::try_from(v).is_ok(),
+        3 => i32::try_from(v).is_ok(),
+        4 => u8::try_from(v).is_ok(),
+        5 => u16::try_from(v).is_ok(),
+        6 => u32::try_from(v).is_ok(),
+        r => {
+            let p = r - RANGE_DEC;
+            p >= 19 || v.unsigned_abs() < 10u64.pow(p)
+        }
+    }
+}
+
+/// IEEE total order as a signed integer (`f64::total_cmp`).
+fn total(bits: u64) -> i64 {
+    let x = bits as i64;
+    x ^ (((x >> 63) as u64) >> 1) as i64
+}
+
+fn round(d: f64, to_f32: u32) -> f64 {
+    if to_f32 != 0 {
+        d as f32 as f64
+    } else {
+        d
+    }
+}
+
+/// The kernel's `jf_eval`: TRUE only passes. Sets `error` on a checked overflow.
+fn eval(prog: &[Instr], cols: &[HostColumn], p: usize, b: usize, error: &mut bool) -> bool {
+    let mut v = [0u64; STACK];
+    let mut nl = [false; STACK];
+    let mut sp = 0usize;
+    let f = f64::from_bits;
+    for ins in prog {
+        let o = ins.op;
+        match o {
+            op::COL => {
+                let c = &cols[ins.arg as usize];
+                (v[sp], nl[sp]) = c.load(if c.from_probe { p } else { b });
+                sp += 1;
+            }
+            op::LIT => {
+                (v[sp], nl[sp]) = (ins.imm, false);
+                sp += 1;
+            }
+            op::NULL => {
+                (v[sp], nl[sp]) = (0, true);
+                sp += 1;
+            }
+            op::NOT | op::NEG_I | op::NEG_F | op::IS_NULL | op::IS_NOT_NULL | op::I2F | op::SCALE_I | op::DEC2F | op::F2F32 | op::CHECK_I => {
+                let (a, an) = (v[sp - 1], nl[sp - 1]);
+                let (mut r, mut rn) = (a, an);
+                match o {
+                    op::NOT => r = a ^ 1,
+                    op::NEG_I => {
+                        let out = 0i64.checked_sub(a as i64);
+                        if !an && !out.is_some_and(|x| in_range(x, ins.arg)) {
+                            *error = true;
+                        }
+                        r = (a as i64).wrapping_neg() as u64;
+                    }
+                    op::NEG_F => r = round(-f(a), ins.arg).to_bits(),
+                    op::IS_NULL => (r, rn) = (an as u64, false),
+                    op::IS_NOT_NULL => (r, rn) = (!an as u64, false),
+                    op::I2F => r = if ins.arg != 0 { (a as i64 as f32 as f64).to_bits() } else { (a as i64 as f64).to_bits() },
+                    op::SCALE_I => {
+                        let out = (a as i64).checked_mul(ins.imm as i64);
+                        if !an && !out.is_some_and(|x| in_range(x, ins.arg)) {
+                            *error = true;
+                        }
+                        r = (a as i64).wrapping_mul(ins.imm as i64) as u64;
+                    }
+                    op::DEC2F => r = round(a as i64 as f64 / ins.imm as i64 as f64, ins.arg).to_bits(),
+                    op::F2F32 => r = (f(a) as f32 as f64).to_bits(),
+                    _ => {
+                        if !an && !in_range(a as i64, ins.arg) {
+                            *error = true;
+                        }
+                    }
+                }
+                (v[sp - 1], nl[sp - 1]) = (r, rn);
+            }
+            _ => {
+                let (a, an, c, cn) = (v[sp - 2], nl[sp - 2], v[sp - 1], nl[sp - 1]);
+                sp -= 1;
+                let mut rn = an || cn;
+                let r: u64 = match o {
+                    op::AND => {
+                        if (!an && a == 0) || (!cn && c == 0) {
+                            rn = false;
+                            0
+                        } else {
+                            1
+                        }
+                    }
+                    op::OR => {
+                        if (!an && a != 0) || (!cn && c != 0) {
+                            rn = false;
+                            1
+                        } else {
+                            0
+                        }
+                    }
+                    op::ADD_I | op::SUB_I | op::MUL_I => {
+                        let (x, y) = (a as i64, c as i64);
+                        let out = match o {
+                            op::ADD_I => x.checked_add(y),
+                            op::SUB_I => x.checked_sub(y),
+                            _ => x.checked_mul(y),
+                        };
+                        if !rn && !out.is_some_and(|z| in_range(z, ins.arg)) {
+                            *error = true;
+                        }
+                        match o {
+                            op::ADD_I => x.wrapping_add(y) as u64,
+                            op::SUB_I => x.wrapping_sub(y) as u64,
+                            _ => x.wrapping_mul(y) as u64,
+                        }
+                    }
+                    op::ADD_F | op::SUB_F | op::MUL_F | op::DIV_F => {
+                        let (x, y) = (f(a), f(c));
+                        let out = match o {
+                            op::ADD_F => x + y,
+                            op::SUB_F => x - y,
+                            op::MUL_F => x * y,
+                            _ => x / y,
+                        };
+                        round(out, ins.arg).to_bits()
+                    }
+                    _ => {
+                        let (x, y, cmp) = if o >= op::EQ_F { (total(a), total(c), o - op::EQ_F) } else { (a as i64, c as i64, o - op::EQ_I) };
+                        (match cmp {
+                            0 => x == y,
+                            1 => x != y,
+                            2 => x < y,
+                            3 => x <= y,
+                            4 => x > y,
+                            _ => x >= y,
+                        }) as u64
+                    }
+                };
+                (v[sp - 1], nl[sp - 1]) = (r, rn);
+            }
+        }
+    }
+    sp > 0 && !nl[sp - 1] && v[sp - 1] != 0
+}
+
+/// One pair's facts (the kernel's `jf_pair`).
+fn pair_facts(programs: &Programs, cols: &[HostColumn], p: usize, b: usize, error: &mut bool) -> u8 {
+    if !eval(&programs.filter, cols, p, b, error) {
+        return 0;
+    }
+    let Some((equal, null)) = &programs.in_keys else { return NONEMPTY | MATCHED };
+    if eval(equal, cols, p, b, error) {
+        NONEMPTY | MATCHED
+    } else if eval(null, cols, p, b, error) {
+        NONEMPTY | HAS_NULL
+    } else {
+        NONEMPTY
+    }
+}
+
+/// Per probe row its facts ([`NONEMPTY`] | [`MATCHED`] | [`HAS_NULL`]), on
+/// all cores; None when checked arithmetic overflowed somewhere.
+pub fn facts_cpu(j: &PairJoin<'_>) -> Result<Option<Vec<u8>>> {
+    check_sizes(j.n, j.nb)?;
+    let groups = match j.keys {
+        Some((probe, build)) => Some(groups_cpu(probe, build)?),
+        None => None,
+    };
+    let cols: Vec<HostColumn> = j.columns.iter().map(HostColumn::of).collect();
+    let chunks: Vec<(usize, usize)> = (0..j.n).step_by(1 << 14).map(|s| (s, (s + (1 << 14)).min(j.n))).collect();
+    let parts = crate::gpu::par_map(&chunks, 1, |&(s, e)| {
+        let mut error = false;
+        let facts: Vec<u8> = (s..e)
+            .map(|p| {
+                let (lo, hi) = groups.as_ref().map_or((0, j.nb), |g| (g.ranges[p].0 as usize, g.ranges[p].1 as usize));
+                let mut f = 0u8;
+                for k in lo..hi {
+                    let b = groups.as_ref().map_or(k, |g| g.rows[k] as usize);
+                    f |= pair_facts(j.programs, &cols, p, b, &mut error);
+                    if f & MATCHED != 0 {
+                        break;
+                    }
+                }
+                f
+            })
+            .collect();
+        Ok::<_, DataFusionError>((facts, error))
+    })?;
+    if parts.iter().any(|(_, e)| *e) {
+        return Ok(None);
+    }
+    Ok(Some(parts.into_iter().flat_map(|(f, _)| f).collect()))
+}
+
+// -------------------------------------------------------------------- device
+
+fn grid(gpu: &Gpu, threads: usize) -> LaunchConfig {
+    let sms = gpu.info().multiprocessors.max(1) as usize;
+    LaunchConfig { grid_dim: (threads.div_ceil(256).clamp(1, sms * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Validity bits with offset 0, as bytes (None: no NULLs).
+fn validity_bytes(v: Option<&BooleanBuffer>) -> Option<Buffer> {
+    v.filter(|b| b.count_set_bits() < b.len()).map(|b| b.sliced())
+}
+
+/// The sorted build keys (`key - min`) and their rows on the device, each
+/// probe row's run [lo, hi) in them, and the total of the runs' lengths.
+struct DeviceGroups {
+    rows: Option<DeviceBuffer<u32>>,
+    lo: DeviceBuffer<u32>,
+    hi: DeviceBuffer<u32>,
+    pairs: u64,
+    valid_build: usize,
+}
+
+fn device_groups(gpu: &Gpu, keys: Option<(&KeyColumns, &KeyColumns)>, n: usize, nb: usize, stats: &mut TransferStats) -> Result<DeviceGroups> {
+    check_sizes(n, nb)?;
+    let stream = gpu.stream();
+    let lo = gpu.alloc::<u32>(n)?;
+    let hi = gpu.alloc::<u32>(n)?;
+    let total = gpu.alloc_zeros::<u64>(1)?;
+    let n64 = n as u64;
+    let Some((probe, build)) = keys else {
+        // No keys: one group, all build rows (the kernel writes [0, nb) for every row).
+        let f = gpu.function(FAMILY, "jf_ranges")?;
+        let (zero, nb64) = (0u64, nb as u64);
+        // SAFETY: signature matches kernels/join_filter.cu; null key pointers mean "no keys"; lo / hi hold n, total 1.
+        unsafe {
+            stream.launch_builder(&f).arg(&zero).arg(&zero).arg(&n64).arg(&zero).arg(&nb64).arg(&zero).arg(&zero)
+                .arg(&lo.slice).arg(&hi.slice).arg(&total.slice).launch(grid(gpu, n))
+        }
+        .map_err(|e| cuda_err("jf_ranges", e))?;
+        return Ok(DeviceGroups { rows: None, lo, hi, pairs: n as u64 * nb as u64, valid_build: nb });
+    };
+    // Valid build keys with their rows (compacted on the host only when some are NULL).
+    let (mut sorted, mut rows, range, valid_build) = if build.null_count() == 0 {
+        let (keys, range) = gpu.upload_keys(&build.slices(), stats)?;
+        let Some((min, max)) = range else {
+            return empty_groups(gpu, lo, hi);
+        };
+        let (off, rows) = crate::algo::radix_sort::offset_keys_u64(gpu, &keys, nb, min, true)?;
+        (off, rows.expect("asked for rows"), (min, max), nb)
+    } else {
+        let (mut keys, mut ids) = (Vec::with_capacity(nb), Vec::with_capacity(nb));
+        for (i, k) in build.iter().enumerate() {
+            if !build.is_null(i) {
+                keys.push(k);
+                ids.push(i as u32);
+            }
+        }
+        let (Some(&min), Some(&max)) = (keys.iter().min(), keys.iter().max()) else {
+            return empty_groups(gpu, lo, hi);
+        };
+        let dev = gpu.upload(&keys, stats)?;
+        let (off, _) = crate::algo::radix_sort::offset_keys_u64(gpu, &dev, keys.len(), min, false)?;
+        (off, gpu.upload(&ids, stats)?, (min, max), keys.len())
+    };
+    let span = range.1 - range.0;
+    let bits = 64 - span.leading_zeros();
+    crate::algo::radix_sort::sort_pairs_u64(gpu, &mut sorted, &mut rows, valid_build, 0, bits)?;
+    let (probe_keys, _) = gpu.upload_keys_each(&probe.slices(), stats, false, &mut |_, _| Ok(()))?;
+    let probe_valid = match validity_bytes(probe.nulls.as_ref().map(|n| n.inner())) {
+        Some(bits) => Some(gpu.upload(bits.as_slice(), stats)?),
+        None => None,
+    };
+    let f = gpu.function(FAMILY, "jf_ranges")?;
+    let (nbv, min) = (valid_build as u64, range.0);
+    let null: u64 = 0;
+    // SAFETY: signature matches kernels/join_filter.cu; probe_keys hold n keys (probe_valid n bits when
+    // present, else a null pointer), sorted holds nbv keys; lo / hi hold n, total 1.
+    unsafe {
+        let mut l = stream.launch_builder(&f);
+        l.arg(&probe_keys.slice);
+        match &probe_valid {
+            Some(v) => l.arg(&v.slice),
+            None => l.arg(&null),
+        };
+        l.arg(&n64).arg(&sorted.slice).arg(&nbv).arg(&min).arg(&span).arg(&lo.slice).arg(&hi.slice).arg(&total.slice);
+        l.launch(grid(gpu, n))
+    }
+    .map_err(|e| cuda_err("jf_ranges", e))?;
+    let pairs = gpu.read_one(&total, 0, stats)?;
+    Ok(DeviceGroups { rows: Some(rows), lo, hi, pairs, valid_build })
+}
+
+/// Groups when no build key is valid: every run empty.
+fn empty_groups(gpu: &Gpu, mut lo: DeviceBuffer<u32>, mut hi: DeviceBuffer<u32>) -> Result<DeviceGroups> {
+    gpu.stream().memset_zeros(&mut lo.slice).map_err(|e| cuda_err("memset", e))?;
+    gpu.stream().memset_zeros(&mut hi.slice).map_err(|e| cuda_err("memset", e))?;
+    Ok(DeviceGroups { rows: Some(gpu.alloc::<u32>(1)?), lo, hi, pairs: 0, valid_build: 0 })
+}
+
+/// [`groups_cpu`] on the device: the sort and the searches there, the rows
+/// and runs downloaded (for a filter the host evaluates).
+pub fn groups_gpu(gpu: &Gpu, probe: &KeyColumns, build: &KeyColumns, stats: &mut TransferStats) -> Result<Groups> {
+    let (n, nb) = (probe.len(), build.len());
+    let g = device_groups(gpu, Some((probe, build)), n, nb, stats)?;
+    let rows = match &g.rows {
+        Some(r) if g.valid_build > 0 => gpu.download(r, g.valid_build, stats)?,
+        _ => Vec::new(),
+    };
+    let lo = gpu.download(&g.lo, n, stats)?;
+    let hi = gpu.download(&g.hi, n, stats)?;
+    Ok(Groups { rows, ranges: lo.into_iter().zip(hi).collect() })
+}
+
+/// Byte slices uploaded back to back as one buffer.
+#[derive(Default)]
+struct Packed<'a> {
+    parts: Vec<&'a [u8]>,
+    len: usize,
+}
+
+impl<'a> Packed<'a> {
+    fn push(&mut self, bytes: &'a [u8]) {
+        self.parts.push(bytes);
+        self.len += bytes.len();
+    }
+    /// Pad to a multiple of 16 bytes (the next column's alignment).
+    fn align16(&mut self, zeros: &'a [u8; 16]) {
+        self.push(&zeros[..self.len.next_multiple_of(16) - self.len]);
+    }
+}
+
+/// Average run length from which a warp, not a thread, takes a probe row.
+const WARP_RUN: u64 = 16;
+
+/// [`facts_cpu`] on the device.
+pub fn facts_gpu(gpu: &Gpu, j: &PairJoin<'_>, stats: &mut TransferStats) -> Result<Option<Vec<u8>>> {
+    let (n, nb) = (j.n, j.nb);
+    if n == 0 {
+        return Ok(Some(Vec::new()));
+    }
+    let groups = device_groups(gpu, j.keys, n, nb, stats)?;
+    // The columns: values and validity each in one buffer, every column 16-byte aligned.
+    let zeros = [0u8; 16];
+    let validity: Vec<Option<Buffer>> = j.columns.iter().map(|c| validity_bytes(c.validity.as_ref())).collect();
+    let (mut values, mut valids) = (Packed::default(), Packed::default());
+    let mut descs: Vec<u64> = Vec::with_capacity(j.columns.len() * 3);
+    for (c, valid) in j.columns.iter().zip(&validity) {
+        descs.push(values.len as u64);
+        for b in &c.values {
+            values.push(b.as_slice());
+        }
+        values.align16(&zeros);
+        match valid {
+            Some(bits) => {
+                descs.push(valids.len as u64);
+                valids.push(bits.as_slice());
+                valids.align16(&zeros);
+            }
+            None => descs.push(u64::MAX),
+        }
+        descs.push(c.kind as u64 | (c.from_probe as u64) << 32);
+    }
+    // Never empty buffers (a column-less filter, no NULLs anywhere).
+    values.push(&zeros);
+    valids.push(&zeros);
+    let values = gpu.upload_chunks(&values.parts, stats)?;
+    let valids = gpu.upload_chunks(&valids.parts, stats)?;
+    let cols = gpu.upload(&descs, stats)?;
+    let mut words: Vec<u64> = Vec::new();
+    let mut push = |p: &[Instr]| {
+        let start = words.len() / 2;
+        for i in p {
+            words.push(i.op as u64 | (i.arg as u64) << 32);
+            words.push(i.imm);
+        }
+        (start as u32, p.len() as u32)
+    };
+    let (_, filter_len) = push(&j.programs.filter);
+    let ((eq_start, eq_len), (null_start, null_len)) = match &j.programs.in_keys {
+        Some((equal, null)) => (push(equal), push(null)),
+        None => ((0, 0), (0, 0)),
+    };
+    words.push(0);
+    let prog = gpu.upload(&words, stats)?;
+    let facts = gpu.alloc::<u8>(n)?;
+    let error = gpu.alloc_zeros::<u32>(1)?;
+    let warp = groups.pairs > WARP_RUN * n as u64;
+    let f = gpu.function(FAMILY, if warp { "jf_facts_warp" } else { "jf_facts_thread" })?;
+    let (n64, null) = (n as u64, 0u64);
+    let started = std::time::Instant::now();
+    // SAFETY: signature matches kernels/join_filter.cu; lo / hi hold n runs into rows (a null pointer when
+    // there are no keys: row j is j); the descriptors address the values / validity buffers uploaded above;
+    // the programs read only columns below descs.len() / 3 (checked by the compiler); facts holds n.
+    unsafe {
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(&groups.lo.slice).arg(&groups.hi.slice).arg(&n64);
+        match &groups.rows {
+            Some(r) => l.arg(&r.slice),
+            None => l.arg(&null),
+        };
+        l.arg(&cols.slice).arg(&values.slice).arg(&valids.slice).arg(&prog.slice);
+        l.arg(&filter_len).arg(&eq_start).arg(&eq_len).arg(&null_start).arg(&null_len).arg(&facts.slice).arg(&error.slice);
+        l.launch(grid(gpu, if warp { n * 32 } else { n }))
+    }
+    .map_err(|e| cuda_err("jf_facts", e))?;
+    let out = gpu.download(&facts, n, stats)?;
+    stats.kernel += started.elapsed();
+    if gpu.read_one(&error, 0, stats)? != 0 {
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+// ------------------------------------------------------------ checks, tests
+
+/// Random joins for the self-check and the tests: keys with duplicates and
+/// NULLs on both sides, and columns of every kind, some with NULLs.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod tests_data {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{
+        ArrayRef, BooleanArray, Decimal128Array, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
+        UInt32Array,
+    };
+    use datafusion::arrow::datatypes::DataType;
+
+    use super::{op, Instr, PairColumn, Programs, RANGE_DEC, RANGE_I64};
+    use crate::keys::KeyColumns;
+
+    pub struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    /// Exact keys of one side from Int64 values (None: NULL), split in batches of `batch` rows.
+    pub fn keys(vals: &[Option<i64>], batch: usize) -> KeyColumns {
+        let batches: Vec<Vec<ArrayRef>> =
+            vals.chunks(batch.max(1)).map(|c| vec![Arc::new(Int64Array::from(c.to_vec())) as ArrayRef]).collect();
+        crate::keys::encode(&batches, &[DataType::Int64], None, true).expect("exact keys")
+    }
+
+    /// The column names the programs below read, by index: per side i64, i32,
+    /// f64, f32, bool, decimal(12, 2), i8, i16, u32.
+    pub const KINDS: usize = 9;
+
+    /// One side's columns of `n` rows (NULLs in about a tenth when `nulls`), split in batches.
+    pub fn columns(rng: &mut Rng, n: usize, from_probe: bool, nulls: bool, batch: usize) -> Vec<PairColumn> {
+        let null = |rng: &mut Rng| nulls && rng.below(10) == 0;
+        let mut make = |f: &mut dyn FnMut(&mut Rng) -> ArrayRef| -> PairColumn {
+            let arrays: Vec<ArrayRef> = (0..n.div_ceil(batch.max(1)).max(1)).map(|_| f(rng)).collect();
+            // Trim to n rows over the batches.
+            let mut left = n;
+            let arrays: Vec<ArrayRef> = arrays
+                .into_iter()
+                .map(|a| {
+                    let take = left.min(batch.max(1)).min(a.len());
+                    left -= take;
+                    a.slice(0, take)
+                })
+                .collect();
+            PairColumn::new(from_probe, &arrays).expect("column")
+        };
+        let b = batch.max(1);
+        vec![
+            make(&mut |r| Arc::new(Int64Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(7) as i64 - 3))))),
+            make(&mut |r| Arc::new(Int32Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(100) as i32 - 50))))),
+            make(&mut |r| {
+                let special = [f64::NAN, -0.0, 0.0, f64::INFINITY, -f64::INFINITY, 1.5, -2.25];
+                Arc::new(Float64Array::from_iter((0..b).map(|_| {
+                    (!null(r)).then(|| if r.below(4) == 0 { special[r.below(7) as usize] } else { (r.below(1000) as f64 - 500.0) / 8.0 })
+                })))
+            }),
+            make(&mut |r| Arc::new(Float32Array::from_iter((0..b).map(|_| (!null(r)).then(|| (r.below(1000) as f32 - 500.0) / 3.0))))),
+            make(&mut |r| Arc::new(BooleanArray::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(2) == 0))))),
+            make(&mut |r| {
+                Arc::new(
+                    Decimal128Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(20000) as i128 - 10000)))
+                        .with_precision_and_scale(12, 2)
+                        .unwrap(),
+                )
+            }),
+            make(&mut |r| Arc::new(Int8Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(256) as i8))))),
+            make(&mut |r| Arc::new(Int16Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(65536) as i16))))),
+            make(&mut |r| Arc::new(UInt32Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.next() as u32))))),
+        ]
+    }
+
+    fn col(i: usize, probe: bool) -> Instr {
+        Instr::new(op::COL, (i + if probe { 0 } else { KINDS }) as u32, 0)
+    }
+    fn ins(o: u32, arg: u32) -> Instr {
+        Instr::new(o, arg, 0)
+    }
+    fn lit(v: u64) -> Instr {
+        Instr::new(op::LIT, 0, v)
+    }
+
+    /// Filters over probe columns 0..KINDS then build columns KINDS..2 KINDS.
+    pub fn programs() -> Vec<(&'static str, Programs)> {
+        let filter = |f: Vec<Instr>| Programs { filter: f, in_keys: None };
+        vec![
+            ("probe.i64 <> build.i64", filter(vec![col(0, true), col(0, false), ins(op::NE_I, 0)])),
+            ("build.f64 < probe.f64 * 2.0", filter(vec![col(2, false), col(2, true), lit(2.0f64.to_bits()), ins(op::MUL_F, 0), ins(op::LT_F, 0)])),
+            (
+                "(probe.i32 + build.i32 > 10) OR build.bool IS NULL",
+                filter(vec![col(1, true), col(1, false), ins(op::ADD_I, 3), lit(10), ins(op::GT_I, 0), col(4, false), ins(op::IS_NULL, 0), ins(op::OR, 0)]),
+            ),
+            (
+                "NOT (probe.bool AND build.bool) AND CAST(probe.f32 + build.f32 AS f32) >= CAST(build.i32 AS f32)",
+                filter(vec![
+                    col(4, true), col(4, false), ins(op::AND, 0), ins(op::NOT, 0),
+                    col(3, true), col(3, false), ins(op::ADD_F, 1), col(1, false), ins(op::I2F, 1), ins(op::GE_F, 0),
+                    ins(op::AND, 0),
+                ]),
+            ),
+            (
+                "probe.dec - build.dec > CAST(probe.i8 AS decimal(12, 2)) AND CAST(build.dec AS double) <> -0.5",
+                filter(vec![
+                    col(5, true), col(5, false), ins(op::SUB_I, RANGE_DEC + 13), col(6, true), Instr::new(op::SCALE_I, RANGE_DEC + 12, 100),
+                    ins(op::GT_I, 0), col(5, false), Instr::new(op::DEC2F, 0, 100), lit((-0.5f64).to_bits()), ins(op::NE_F, 0),
+                    ins(op::AND, 0),
+                ]),
+            ),
+            (
+                "-build.i16 <= probe.i16 OR probe.u32 = build.u32",
+                filter(vec![col(7, false), ins(op::NEG_I, RANGE_I64), col(7, true), ins(op::LE_I, 0), col(8, true), col(8, false), ins(op::EQ_I, 0), ins(op::OR, 0)]),
+            ),
+            (
+                "IN probe.i32 = build.i32, filter build.i64 >= probe.i64",
+                Programs {
+                    filter: vec![col(0, false), col(0, true), ins(op::GE_I, 0)],
+                    in_keys: Some((vec![col(1, true), col(1, false), ins(op::EQ_I, 0)], vec![col(1, false), ins(op::IS_NULL, 0)])),
+                },
+            ),
+            ("TRUE (no column)", filter(vec![lit(1)])),
+            ("NULL", filter(vec![ins(op::NULL, 0)])),
+        ]
+    }
+
+    /// A program whose i32-checked sum overflows on large enough values.
+    pub fn overflowing() -> Programs {
+        Programs { filter: vec![col(8, true), col(8, false), ins(op::MUL_I, 3), lit(0), ins(op::GT_I, 0)], in_keys: None }
+    }
+}
+
+/// `setfusion doctor`: random joins, every test program, on the device and the twin.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    use tests_data::*;
+    let mut rng = Rng(0x5EED_F117);
+    let mut checked = 0;
+    for (n, nb, key_span) in [(3000usize, 5000usize, 400u64), (200, 20000, 3), (1000, 0, 10)] {
+        let pk: Vec<Option<i64>> = (0..n).map(|_| (rng.below(20) != 0).then(|| rng.below(key_span) as i64)).collect();
+        let bk: Vec<Option<i64>> = (0..nb).map(|_| (rng.below(20) != 0).then(|| rng.below(key_span) as i64)).collect();
+        let (probe, build) = (keys(&pk, 1000), keys(&bk, 1500));
+        let mut cols = columns(&mut rng, n, true, true, 1000);
+        cols.extend(columns(&mut rng, nb, false, true, 1500));
+        for (name, programs) in programs() {
+            for keyed in [true, false] {
+                let j = PairJoin { keys: keyed.then_some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+                let mut stats = TransferStats::default();
+                let (cpu, gpu_facts) = (facts_cpu(&j)?, facts_gpu(gpu, &j, &mut stats)?);
+                if cpu != gpu_facts {
+                    return Err(DataFusionError::Execution(format!("join_filter: `{name}` ({n} x {nb}, keys {keyed}) differs from the CPU twin")));
+                }
+                checked += 1;
+            }
+        }
+        let mut stats = TransferStats::default();
+        if groups_gpu(gpu, &probe, &build, &mut stats)? != groups_cpu(&probe, &build)? {
+            return Err(DataFusionError::Execution(format!("join_filter: groups of {n} x {nb} differ from the CPU twin")));
+        }
+    }
+    Ok(format!("{checked} filtered joins and 3 groupings match the CPU twin"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_data::*;
+    use super::*;
+
+    #[test]
+    fn ops_match_the_kernel_defines() {
+        let src = include_str!("../../kernels/join_filter.cu");
+        for (name, code) in op::ALL {
+            let line = format!("#define JF_{name} {code}");
+            assert!(src.lines().any(|l| l.starts_with(&line) && l[line.len()..].chars().next().is_none_or(|c| c == ' ')), "missing `{line}`");
+        }
+        for (kind, code) in [("I8", 0), ("I16", 1), ("I32", 2), ("I64", 3), ("U8", 4), ("U16", 5), ("U32", 6), ("F32", 7), ("F64", 8), ("BOOL", 9), ("DEC128", 10)] {
+            assert!(src.contains(&format!("#define JF_K_{kind} {code}\n")), "kind {kind}");
+        }
+        assert!(src.contains(&format!("#define JF_STACK {STACK}\n")) && src.contains(&format!("#define JF_RANGE_DEC {RANGE_DEC}\n")));
+    }
+
+    /// Brute force: every (probe, build) pair with equal non-NULL keys.
+    fn brute(j: &PairJoin<'_>, pk: &[Option<i64>], bk: &[Option<i64>]) -> Vec<u8> {
+        let cols: Vec<HostColumn> = j.columns.iter().map(HostColumn::of).collect();
+        let mut error = false;
+        (0..j.n)
+            .map(|p| {
+                let mut f = 0;
+                for b in 0..j.nb {
+                    let same = j.keys.is_none() || (pk[p].is_some() && pk[p] == bk[b]);
+                    if same {
+                        f |= pair_facts(j.programs, &cols, p, b, &mut error);
+                    }
+                }
+                // A matched row stops early: it may not have seen a later NULL.
+                if f & MATCHED != 0 { f & (NONEMPTY | MATCHED) } else { f }
+            })
+            .collect()
+    }
+
+    fn strip_null_after_match(f: Vec<u8>) -> Vec<u8> {
+        f.into_iter().map(|x| if x & MATCHED != 0 { x & (NONEMPTY | MATCHED) } else { x }).collect()
+    }
+
+    #[test]
+    fn groups_and_facts_match_brute_force() {
+        let mut rng = Rng(42);
+        for (n, nb, span, batch) in [(0, 10, 5, 3), (10, 0, 5, 3), (300, 400, 50, 64), (200, 300, 3, 7), (50, 2000, 1, 1000)] {
+            let pk: Vec<Option<i64>> = (0..n).map(|_| (rng.below(8) != 0).then(|| rng.below(span) as i64 - 1)).collect();
+            let bk: Vec<Option<i64>> = (0..nb).map(|_| (rng.below(8) != 0).then(|| rng.below(span) as i64 - 1)).collect();
+            let (probe, build) = (keys(&pk, batch), keys(&bk, batch + 1));
+            let g = groups_cpu(&probe, &build).unwrap();
+            for p in 0..n {
+                let (lo, hi) = g.ranges[p];
+                let mut got: Vec<u32> = g.rows[lo as usize..hi as usize].to_vec();
+                got.sort();
+                let want: Vec<u32> = (0..nb as u32).filter(|&b| pk[p].is_some() && pk[p] == bk[b as usize]).collect();
+                assert_eq!(got, want, "group of probe row {p}");
+            }
+            let mut cols = columns(&mut rng, n, true, true, batch);
+            cols.extend(columns(&mut rng, nb, false, true, batch + 1));
+            for (name, programs) in programs() {
+                for keyed in [true, false] {
+                    let j = PairJoin { keys: keyed.then_some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+                    let got = facts_cpu(&j).unwrap().expect("no overflow");
+                    assert_eq!(strip_null_after_match(got), brute(&j, &pk, &bk), "{name}, keys {keyed}, {n} x {nb}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn three_valued_logic_and_float_order() {
+        // One probe row, one build row, literal-only programs.
+        let lit = |v: u64| Instr::new(op::LIT, 0, v);
+        let null = Instr::new(op::NULL, 0, 0);
+        let bin = |o: u32| Instr::new(o, 0, 0);
+        let cases: Vec<(Vec<Instr>, bool)> = vec![
+            (vec![null, lit(0), bin(op::AND)], false),      // NULL AND FALSE = FALSE
+            (vec![null, lit(0), bin(op::AND), bin(op::NOT)], true),
+            (vec![null, lit(1), bin(op::AND), bin(op::IS_NULL)], true), // NULL AND TRUE = NULL
+            (vec![null, lit(1), bin(op::OR)], true),        // NULL OR TRUE = TRUE
+            (vec![null, lit(0), bin(op::OR), bin(op::IS_NULL)], true),
+            (vec![null, bin(op::NOT), bin(op::IS_NULL)], true),
+            (vec![lit(f64::NAN.to_bits()), lit(f64::NAN.to_bits()), bin(op::EQ_F)], true), // Arrow: NaN = NaN
+            (vec![lit(f64::NAN.to_bits()), lit(f64::INFINITY.to_bits()), bin(op::GT_F)], true),
+            (vec![lit((-0.0f64).to_bits()), lit(0.0f64.to_bits()), bin(op::LT_F)], true), // total order
+            (vec![lit(5), null, bin(op::LT_I), bin(op::IS_NOT_NULL)], false),
+            (vec![lit((-3i64) as u64), lit(2), bin(op::LT_I)], true),
+        ];
+        let j_cols: Vec<HostColumn> = Vec::new();
+        for (i, (prog, want)) in cases.into_iter().enumerate() {
+            let mut error = false;
+            assert_eq!(eval(&prog, &j_cols, 0, 0, &mut error), want, "case {i}");
+            assert!(!error);
+        }
+        // Checked ranges: i32 overflow, decimal precision.
+        let mut error = false;
+        eval(&[lit(i32::MAX as u64), lit(1), Instr::new(op::ADD_I, 3, 0)], &j_cols, 0, 0, &mut error);
+        assert!(error);
+        let mut error = false;
+        eval(&[lit(99_999), Instr::new(op::SCALE_I, RANGE_DEC + 6, 10)], &j_cols, 0, 0, &mut error);
+        assert!(!error, "999990 fits 6 digits");
+        eval(&[lit(99_999), Instr::new(op::SCALE_I, RANGE_DEC + 5, 10)], &j_cols, 0, 0, &mut error);
+        assert!(error, "999990 does not fit 5 digits");
+    }
+
+    #[test]
+    fn overflow_gives_none() {
+        let mut rng = Rng(7);
+        let (n, nb) = (100, 100);
+        let pk: Vec<Option<i64>> = (0..n).map(|i| Some(i as i64 % 5)).collect();
+        let (probe, build) = (keys(&pk, 30), keys(&pk, 40));
+        let mut cols = columns(&mut rng, n, true, false, 30);
+        cols.extend(columns(&mut rng, nb, false, false, 40));
+        let programs = overflowing();
+        let j = PairJoin { keys: Some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+        assert_eq!(facts_cpu(&j).unwrap(), None);
+    }
+
+    #[test]
+    fn gpu_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lease = gpu.lease(0);
+        let msg = self_check(&gpu).unwrap();
+        eprintln!("join_filter: {msg}");
+        let mut rng = Rng(99);
+        let (n, nb) = (100, 100);
+        let pk: Vec<Option<i64>> = (0..n).map(|i| Some(i as i64 % 5)).collect();
+        let (probe, build) = (keys(&pk, 30), keys(&pk, 40));
+        let mut cols = columns(&mut rng, n, true, false, 30);
+        cols.extend(columns(&mut rng, nb, false, false, 40));
+        let programs = overflowing();
+        let j = PairJoin { keys: Some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+        let mut stats = TransferStats::default();
+        assert_eq!(facts_gpu(&gpu, &j, &mut stats).unwrap(), None, "device overflow flag");
+    }
+}
