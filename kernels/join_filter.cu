@@ -103,6 +103,21 @@ struct JfData {
     const unsigned char* validity;
 };
 
+// Checked i64 arithmetic (the device's NVRTC 13.0 lacks the overflow builtins):
+// the wrapped result, and whether it overflowed.
+__device__ __forceinline__ bool jf_add(i64 a, i64 b, i64* r) {
+    *r = (i64)((u64)a + (u64)b);
+    return ((a ^ *r) & (b ^ *r)) < 0;
+}
+__device__ __forceinline__ bool jf_sub(i64 a, i64 b, i64* r) {
+    *r = (i64)((u64)a - (u64)b);
+    return ((a ^ b) & (a ^ *r)) < 0;
+}
+__device__ __forceinline__ bool jf_mul(i64 a, i64 b, i64* r) {
+    *r = (i64)((u64)a * (u64)b);
+    return __mul64hi(a, b) != (*r >> 63);
+}
+
 __device__ __forceinline__ bool jf_in_range(i64 v, u32 range) {
     switch (range) {
         case 0: return true;
@@ -177,9 +192,9 @@ __device__ bool jf_eval(const JfInstr* prog, u32 len, const JfData& d, u64 p, u6
             switch (o) {
                 case JF_NOT: r = a ^ 1; break;
                 case JF_NEG_I: {
-                    long long out;
-                    if (!an && (__builtin_sub_overflow(0LL, (long long)a, &out) || !jf_in_range(out, in.arg))) atomicOr(error, 1u);
-                    r = (u64)(-(i64)a);
+                    i64 out;
+                    if (!an && (jf_sub(0, (i64)a, &out) || !jf_in_range(out, in.arg))) atomicOr(error, 1u);
+                    r = (u64)out;
                     break;
                 }
                 case JF_NEG_F: r = jf_b(jf_round(-jf_f(a), in.arg)); break;
@@ -187,9 +202,9 @@ __device__ bool jf_eval(const JfInstr* prog, u32 len, const JfData& d, u64 p, u6
                 case JF_IS_NOT_NULL: r = !an; rn = false; break;
                 case JF_I2F: r = in.arg ? jf_b((double)__ll2float_rn((long long)a)) : jf_b(__ll2double_rn((long long)a)); break;
                 case JF_SCALE_I: {
-                    long long out;
-                    if (!an && (__builtin_mul_overflow((long long)a, (long long)in.imm, &out) || !jf_in_range(out, in.arg))) atomicOr(error, 1u);
-                    r = (u64)((i64)a * (i64)in.imm);
+                    i64 out;
+                    if (!an && (jf_mul((i64)a, (i64)in.imm, &out) || !jf_in_range(out, in.arg))) atomicOr(error, 1u);
+                    r = (u64)out;
                     break;
                 }
                 case JF_DEC2F: r = jf_b(jf_round(__ddiv_rn((double)(i64)a, (double)(i64)in.imm), in.arg)); break;
@@ -215,10 +230,10 @@ __device__ bool jf_eval(const JfInstr* prog, u32 len, const JfData& d, u64 p, u6
                 bool at = !an && a != 0, ct = !cn && c != 0;
                 if (at || ct) { r = 1; rn = false; } else { r = 0; }
             } else if (o >= JF_ADD_I && o <= JF_MUL_I) {
-                long long out = 0;
-                bool over = o == JF_ADD_I ? __builtin_add_overflow((long long)a, (long long)c, &out)
-                          : o == JF_SUB_I ? __builtin_sub_overflow((long long)a, (long long)c, &out)
-                                          : __builtin_mul_overflow((long long)a, (long long)c, &out);
+                i64 out = 0;
+                bool over = o == JF_ADD_I ? jf_add((i64)a, (i64)c, &out)
+                          : o == JF_SUB_I ? jf_sub((i64)a, (i64)c, &out)
+                                          : jf_mul((i64)a, (i64)c, &out);
                 if (!rn && (over || !jf_in_range(out, in.arg))) atomicOr(error, 1u);
                 r = (u64)out;
             } else if (o >= JF_ADD_F && o <= JF_DIV_F) {
