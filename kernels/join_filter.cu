@@ -329,7 +329,9 @@ extern "C" __global__ void jf_facts_warp(const u32* lo, const u32* hi, u64 n, co
             f |= mine;
             if (f & 2) break;
         }
-        if (lane == 0) facts[p] = (unsigned char)f;
+        // A matched row's other bits are those of the pairs before its match in
+        // the thread kernel and the twin: lanes past it may have set bit 2.
+        if (lane == 0) facts[p] = (unsigned char)((f & 2) ? (f & 3) : f);
     }
 }
 

@@ -157,7 +157,9 @@ pub struct Programs {
     pub in_keys: Option<(Vec<Instr>, Vec<Instr>)>,
 }
 
-/// Per probe row: some pair passes the filter (the group is not empty).
+/// Per probe row: some pair passes the filter (the group is not empty). A
+/// matched row carries only [`NONEMPTY`] | [`MATCHED`] (a search stops at its
+/// match, so whether a NULL key came before it is not defined).
 pub const NONEMPTY: u8 = 1;
 /// Some passing pair has equal IN keys (EXISTS: the same as [`NONEMPTY`]).
 pub const MATCHED: u8 = 2;
@@ -488,7 +490,7 @@ pub fn facts_cpu(j: &PairJoin<'_>) -> Result<Option<Vec<u8>>> {
                     let b = groups.as_ref().map_or(k, |g| g.rows[k] as usize);
                     f |= pair_facts(j.programs, &cols, p, b, &mut error);
                     if f & MATCHED != 0 {
-                        break;
+                        return NONEMPTY | MATCHED;
                     }
                 }
                 f

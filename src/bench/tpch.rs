@@ -456,7 +456,7 @@ async fn offload_summary(ctx: &SessionContext, sql: &str) -> Result<String> {
     let ops: Vec<String> = text
         .lines()
         .map(str::trim)
-        .filter(|l| ["SemiJoinExec", "SetOpExec", "SimilarityJoinExec", "SetfusionDeclinedExec"].iter().any(|op| l.starts_with(op)))
+        .filter(|l| ["SemiJoinExec", "SetOpExec", "SimilarityJoinExec", "MarkJoinExec", "SetfusionDeclinedExec"].iter().any(|op| l.starts_with(op)))
         .map(|l| {
             let name = l.split(':').next().unwrap_or(l);
             if name == "SetfusionDeclinedExec" {

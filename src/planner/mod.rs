@@ -37,6 +37,11 @@ fn rows_or_bound(plan: &Arc<dyn ExecutionPlan>, ctx: &datafusion::physical_plan:
     if let Some(n) = stats.and_then(|s| s.num_rows.get_value().copied()) {
         return Some(n);
     }
+    // A semi / anti join, setfusion's selections and mark joins keep at most the
+    // rows of their probe side; a declined note passes its child through.
+    if let Some(side) = kept_side(plan) {
+        return rows_or_bound(plan.children()[side], ctx);
+    }
     let bounded = plan.name().starts_with("Aggregate")
         || plan.name().starts_with("Projection")
         || plan.name().starts_with("Filter")
@@ -46,6 +51,26 @@ fn rows_or_bound(plan: &Arc<dyn ExecutionPlan>, ctx: &datafusion::physical_plan:
     match plan.children().as_slice() {
         [child] if bounded => rows_or_bound(child, ctx),
         _ => None,
+    }
+}
+
+/// The child whose rows bound a node's output, for joins that only keep rows.
+fn kept_side(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    use datafusion::common::JoinType::*;
+    use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
+    let join_type = if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+        Some(*j.join_type())
+    } else {
+        plan.downcast_ref::<SortMergeJoinExec>().map(|j| j.join_type())
+    };
+    match join_type {
+        Some(LeftSemi | LeftAnti | LeftMark) => Some(0),
+        Some(RightSemi | RightAnti | RightMark) => Some(1),
+        Some(_) => None,
+        None => match plan.name() {
+            "SetfusionDeclinedExec" | "MarkJoinExec" | "SemiJoinExec" => Some(0),
+            _ => None,
+        },
     }
 }
 
