@@ -1157,4 +1157,206 @@ mod tests {
             vec![vec![Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX])), Arc::new(Int64Array::from(vec![0, 1]))]];
         assert!(encode_packed(&wide, &wide, &[DataType::Int64, DataType::Int64]).unwrap().is_none());
     }
+    /// A composite key's rows as strings ("NULL" for NULL; floats through
+    /// their canonical bits), in row order over the batches: equal strings
+    /// iff equal tuples under the NULL-equal rules.
+    fn show_rows(side: &[Vec<ArrayRef>]) -> Vec<String> {
+        side.iter()
+            .flat_map(|cols| {
+                (0..cols.first().map_or(0, |c| c.len()))
+                    .map(|i| {
+                        cols.iter()
+                            .map(|c| {
+                                if c.is_null(i) {
+                                    return "NULL".to_string();
+                                }
+                                match c.data_type() {
+                                    DataType::Float64 => format!("f{:x}", canon_f64(c.as_primitive::<Float64Type>().value(i))),
+                                    _ => format!("<{}>", datafusion::arrow::util::display::array_value_to_string(c, i).unwrap()),
+                                }
+                            })
+                            .collect::<Vec<String>>()
+                            .join("|")
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn column_keys(side: &[Vec<ArrayRef>], types: &[DataType]) -> (KeyColumns, Vec<u64>) {
+        let k = encode(side, types, None, true).unwrap();
+        assert!(matches!(k.bytes, Some(KeyBytes::Columns(_))));
+        let hashes: Vec<u64> = k.iter().collect();
+        (k, hashes)
+    }
+
+    fn columns_of(k: &KeyColumns) -> &ColumnKeys {
+        match &k.bytes {
+            Some(KeyBytes::Columns(c)) => c,
+            _ => panic!("column-hashed keys expected"),
+        }
+    }
+
+    /// Pins the composite hash the device reproduces (values from an
+    /// independent port of hash_bytes and hash_columns), through encoding:
+    /// NULL slots hash as 0 / '' plus the NULL mask, floats canonically.
+    #[test]
+    fn column_hash_golden_values() {
+        use datafusion::arrow::array::{Float64Array, StringViewArray};
+        assert_eq!(hash_exact(1), 0x11ca40ce59ce8990);
+        assert_eq!(hash_columns([hash_bytes(b"a"), hash_exact(1)], 0), 0x5640cbca1445d4c3);
+        let s: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some(""), Some("a"), Some("a"), Some("a")]));
+        let i: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(1), Some(1), None, Some(0), Some(-1)]));
+        let (k, h) = column_keys(&[vec![s, i]], &[DataType::Utf8, DataType::Int64]);
+        let want = [0x5640cbca1445d4c3u64, 0x1b0a4baa8e2a0477, 0x5c61c1f57f6541c9, 0xc6034eaafb3d0e8e, 0xbb1bb84713c8635f, 0x44ea6b500f42b0ae];
+        assert_eq!(h, want);
+        assert_eq!(hash_rows(RowSubset::all(k.bytes.as_ref().unwrap())), want);
+        let d: ArrayRef = Arc::new(Date32Array::from(vec![Some(19000), Some(19000), None]));
+        let v: ArrayRef = Arc::new(StringViewArray::from(vec![Some("setfusion row hash!"), Some("setfusion row hash!"), None]));
+        let f: ArrayRef = Arc::new(Float64Array::from(vec![Some(-0.0), Some(-f64::NAN), None]));
+        let (_, h) = column_keys(&[vec![d, v, f]], &[DataType::Date32, DataType::Utf8View, DataType::Float64]);
+        assert_eq!(h, [0x6f44c8487907018d, 0x8284b2c2dba74c1b, 0xeaddebfa10d06d10]);
+    }
+
+    #[test]
+    fn column_hashed_key_types() {
+        use DataType::*;
+        let dict = Dictionary(Box::new(Int32), Box::new(Utf8));
+        for t in [vec![Utf8, Int64], vec![Int32, LargeUtf8, Date32], vec![Utf8View, dict.clone()], vec![LargeUtf8, Float64], vec![Int64, Int64]] {
+            assert!(is_column_hashed(&t), "{t:?}");
+            assert!(key_bytes_carry_nulls(&t));
+            assert!(converter_for(&t).unwrap().is_none(), "{t:?}");
+        }
+        for t in [vec![Utf8], vec![Int64], vec![Utf8, Decimal128(38, 2)], vec![FixedSizeBinary(4), Int32], vec![Utf8, Null]] {
+            assert!(!is_column_hashed(&t), "{t:?}");
+        }
+        assert!(converter_for(&[Utf8, Decimal128(38, 2)]).unwrap().is_some());
+        assert!(!is_column_hashed(&vec![Int8; MAX_HASHED_COLUMNS + 1]));
+        // The GPU backend defers the hashing to the device.
+        let b = vec![vec![Arc::new(StringArray::from(vec!["a"])) as ArrayRef, Arc::new(Int32Array::from(vec![1])) as ArrayRef]];
+        let k = encode(&b, &[Utf8, Int32], None, false).unwrap();
+        assert!(k.hashes_deferred() && k.len() == 1);
+    }
+
+    /// Random composites of strings (every string type, dictionaries), ints,
+    /// dates and floats (-0.0, NaNs), with NULLs in every column, garbage
+    /// under some NULLs and sliced batches: equal hashes iff equal tuples
+    /// (NULL equal to NULL only), column-wise verification passes, forced
+    /// collisions are caught and resolved by exact ids.
+    #[test]
+    fn column_hashed_keys_are_exact() {
+        use datafusion::arrow::array::{Float64Array, StringViewArray};
+        use DataType::*;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let words = ["", "a", "b", "twelve bytes", "thirteen byte", "a much longer string of bytes"];
+        let floats = [0.0, -0.0, f64::NAN, -f64::NAN, 1.5];
+        let dict = Dictionary(Box::new(Int32), Box::new(Utf8));
+        let column = |rng: &mut rand::rngs::StdRng, t: &DataType, n: usize| -> ArrayRef {
+            let a: ArrayRef = match t {
+                Float64 => Arc::new((0..n + 2).map(|_| rng.random_bool(0.85).then(|| floats[rng.random_range(0..floats.len())])).collect::<Float64Array>()),
+                Int32 | Int64 | Date32 => {
+                    // Garbage under the NULLs: the values buffer keeps numbers there.
+                    let v: Vec<i64> = (0..n + 2).map(|_| rng.random_range(-2..3)).collect();
+                    let nulls = NullBuffer::from((0..n + 2).map(|_| rng.random_bool(0.85)).collect::<Vec<bool>>());
+                    cast(&(Arc::new(Int64Array::new(v.into(), Some(nulls))) as ArrayRef), t).unwrap()
+                }
+                _ => {
+                    // Garbage under the NULLs of offset arrays: non-empty values there.
+                    let v: Vec<&str> = (0..n + 2).map(|_| words[rng.random_range(0..words.len())]).collect();
+                    let nulls = NullBuffer::from((0..n + 2).map(|_| rng.random_bool(0.85)).collect::<Vec<bool>>());
+                    let full = StringArray::from(v);
+                    let s = StringArray::new(full.offsets().clone(), full.values().clone(), Some(nulls));
+                    match t {
+                        Utf8View => Arc::new(StringViewArray::from_iter(s.iter())),
+                        _ => cast(&(Arc::new(s) as ArrayRef), t).unwrap(),
+                    }
+                }
+            };
+            a.slice(1, n)
+        };
+        for types in [vec![Utf8, Int32], vec![Int64, Utf8, Date32], vec![Utf8View, dict], vec![LargeUtf8, Float64]] {
+            let key_types: Vec<DataType> = types.iter().map(key_type).collect();
+            let mut side = |sizes: &[usize]| -> Vec<Vec<ArrayRef>> {
+                sizes.iter().map(|&n| types.iter().map(|t| column(&mut rng, t, n)).collect()).collect()
+            };
+            let (left, right) = (side(&[40, 0, 90]), side(&[70, 13]));
+            let (lk, lh) = column_keys(&left, &key_types);
+            let (rk, rh) = column_keys(&right, &key_types);
+            let rows: Vec<String> = show_rows(&left).into_iter().chain(show_rows(&right)).collect();
+            let hashes: Vec<u64> = lh.iter().chain(&rh).copied().collect();
+            let (lc, rc) = (columns_of(&lk), columns_of(&rk));
+            let at = |g: usize| if g < lc.len() { (lc, g) } else { (rc, g - lc.len()) };
+            let mut pairs = 0;
+            for i in 0..rows.len() {
+                for j in 0..rows.len() {
+                    let same = rows[i] == rows[j];
+                    assert_eq!(same, hashes[i] == hashes[j], "{types:?}: {} vs {}", rows[i], rows[j]);
+                    let ((a, x), (b, y)) = (at(i), at(j));
+                    assert_eq!(same, a.rows_equal(x, b, y), "{types:?}: {} vs {}", rows[i], rows[j]);
+                    pairs += same as usize;
+                }
+            }
+            assert!(pairs > rows.len() && lk.null_count() > 0, "{types:?}: the data must repeat rows and hold NULLs");
+            let (lb, rb) = (lk.bytes.as_ref().unwrap(), rk.bytes.as_ref().unwrap());
+            let (ls, rs) = (RowSubset::all(lb), RowSubset::all(rb));
+            assert!(verify_columns(ls, &lh, rs, &rh));
+            assert!(verify_rows_or_exact(ls, &lh, rs, &rh).is_none());
+            // Exact ids (from lazily built Arrow rows) group like the tuples.
+            let (li, ri) = exact_ids(ls, rs);
+            let ids: Vec<u64> = li.iter().chain(&ri).copied().collect();
+            for i in 0..rows.len() {
+                for j in 0..rows.len() {
+                    assert_eq!(rows[i] == rows[j], ids[i] == ids[j], "{types:?}: exact ids of {} and {}", rows[i], rows[j]);
+                }
+            }
+            // Two different tuples forced onto one hash (one on each side): caught, resolved exactly.
+            let j = (0..rh.len()).find(|&j| rows[lh.len() + j] != rows[0]).unwrap();
+            let mut forced = rh.clone();
+            forced[j] = lh[0];
+            assert!(!verify_columns(ls, &lh, rs, &forced));
+            assert_eq!(verify_rows_or_exact(ls, &lh, rs, &forced), Some((li.clone(), ri.clone())));
+            // Subsets (the rows without NULLs) hash and verify the same way.
+            let valid = |k: &KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
+            let (lv, rv) = (valid(&lk), valid(&rk));
+            let (lsub, rsub) = (RowSubset::new(lb, Some(&lv)).unwrap(), RowSubset::new(rb, Some(&rv)).unwrap());
+            let (lsh, rsh) = (hash_rows(lsub), hash_rows(rsub));
+            assert_eq!(lsh, lv.iter().map(|&i| lh[i as usize]).collect::<Vec<_>>());
+            assert!(verify_columns(lsub, &lsh, rsub, &rsh));
+            let (lsi, rsi) = exact_ids(lsub, rsub);
+            assert_eq!(lsi.len(), lv.len());
+            assert_eq!(rsi.len(), rv.len());
+            // The wrong number of hashes is never taken as collision-free.
+            assert!(!verify_columns(ls, &lh[1..], rs, &rh));
+        }
+    }
+
+    /// In the NULL-equal mode (NULL, 'a') equals (NULL, 'a') only: never
+    /// ('', 'a'), (0, 'a'), ('a', NULL) or (NULL, NULL), whatever the NULL slots hold.
+    #[test]
+    fn null_masks_tell_null_from_values() {
+        let strings = |v: Vec<Option<&str>>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+        // Column 0 a string: rows (NULL, a) twice (garbage "x" under the second NULL), ('', a), (a, NULL), (NULL, NULL).
+        let full = StringArray::from(vec!["", "x", "", "a", ""]);
+        let first = StringArray::new(full.offsets().clone(), full.values().clone(), Some(NullBuffer::from(vec![false, false, true, true, false])));
+        let b = vec![vec![Arc::new(first) as ArrayRef, strings(vec![Some("a"), Some("a"), Some("a"), None, None])]];
+        let (k, h) = column_keys(&b, &[DataType::Utf8, DataType::Utf8]);
+        let c = columns_of(&k);
+        assert_eq!(h[0], h[1]);
+        assert!(c.rows_equal(0, c, 1));
+        for j in 2..5 {
+            assert_ne!(h[0], h[j], "row {j}");
+            assert!(!c.rows_equal(0, c, j));
+        }
+        assert_eq!((c.null_mask(0), c.null_mask(2), c.null_mask(3), c.null_mask(4)), (1, 0, 2, 3));
+        // Column 0 an integer: (NULL, a) with 7 under the NULL, (NULL, a), (0, a).
+        let ints = Int64Array::new(vec![7i64, 0, 0].into(), Some(NullBuffer::from(vec![false, false, true])));
+        let b = vec![vec![Arc::new(ints) as ArrayRef, strings(vec![Some("a"), Some("a"), Some("a")])]];
+        let (k, h) = column_keys(&b, &[DataType::Int64, DataType::Utf8]);
+        assert_eq!(h[0], h[1]);
+        assert_ne!(h[0], h[2]);
+        assert!(!columns_of(&k).rows_equal(0, columns_of(&k), 2));
+        // A side without NULLs hashes its rows as a side with NULLs does.
+        let (_, plain) = column_keys(&[vec![Arc::new(Int64Array::from(vec![0])) as ArrayRef, strings(vec![Some("a")])]], &[DataType::Int64, DataType::Utf8]);
+        assert_eq!(plain[0], h[2]);
+    }
 }

@@ -28,13 +28,13 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BinaryViewArray};
-use datafusion::arrow::buffer::BooleanBuffer;
+use datafusion::arrow::buffer::{BooleanBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::algo::setops::{self, GpuStrategy, ResidentSelect, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
-use crate::keys::{self, ByteColumn, ByteParts, KeyBytes, RowSubset};
+use crate::keys::{self, ByteColumn, ByteParts, ColumnKeys, KeyBytes, KeyPart, RowSubset};
 
 const FAMILY: &str = "row_hash";
 /// The verification table's empty key and "no representative yet" markers (as in the kernel).
@@ -71,6 +71,8 @@ enum DeviceOffsets {
 enum DeviceRows {
     /// `n + 1` offsets and the bytes.
     Offsets { n: usize, offsets: DeviceOffsets, data: DeviceBuffer<u8> },
+    /// One 64-bit word per row (an exact column's images, or the NULL masks), then a zeroed word.
+    Fixed { n: usize, vals: DeviceBuffer<u64> },
     /// Arrow views (two words per row, then two zeroed words), the batch table and the value buffers.
     Views {
         n: usize,
@@ -86,7 +88,7 @@ enum DeviceRows {
 impl DeviceRows {
     fn len(&self) -> usize {
         match self {
-            DeviceRows::Offsets { n, .. } | DeviceRows::Views { n, .. } => *n,
+            DeviceRows::Offsets { n, .. } | DeviceRows::Fixed { n, .. } | DeviceRows::Views { n, .. } => *n,
         }
     }
 }
@@ -99,6 +101,9 @@ enum HostRows<'a> {
     Arrays(Vec<ByteParts<'a>>),
     /// Utf8View / BinaryView arrays.
     Views(HostViews<'a>),
+    /// One 64-bit word per row, in pieces (an exact key column's images per
+    /// batch, or gathered for a subset); no pieces: `n` zero words.
+    Fixed { n: usize, pieces: Vec<std::borrow::Cow<'a, [u64]>> },
 }
 
 /// View arrays ready to upload: the views (whole arrays' views as pieces, or
@@ -123,6 +128,7 @@ impl HostRows<'_> {
             HostRows::Slices(r) => r.len(),
             HostRows::Arrays(a) => a.iter().map(|p| p.len()).sum(),
             HostRows::Views(v) => v.n,
+            HostRows::Fixed { n, .. } => *n,
         }
     }
     /// Bytes of row data on the device (before padding).
@@ -131,6 +137,7 @@ impl HostRows<'_> {
             HostRows::Slices(r) => r.iter().map(|r| r.len()).sum(),
             HostRows::Arrays(a) => a.iter().map(array_data).map(|d| d.len()).sum(),
             HostRows::Views(v) => v.data_len,
+            HostRows::Fixed { n, .. } => 8 * n,
         }
     }
     /// Device bytes of these rows and their hashes.
@@ -138,6 +145,7 @@ impl HostRows<'_> {
         let n = self.len();
         match self {
             HostRows::Views(v) => (2 * n + 2) * 8 + v.batch_rows.len() * 8 + v.buf_pos.len() * 8 + padded_len(v.data_len) + n * 8,
+            HostRows::Fixed { .. } => (n + 1) * 8 + n * 8,
             _ => (n + 1) * if wide { 8 } else { 4 } + padded_len(self.data_len()) + n * 8,
         }
     }
@@ -274,6 +282,14 @@ fn upload_side(gpu: &Gpu, rows: &HostRows<'_>, wide: bool, stats: &mut TransferS
         HostRows::Slices(r) => upload_rows(gpu, r, wide, stats),
         HostRows::Arrays(arrays) => upload_arrays(gpu, arrays, wide, stats),
         HostRows::Views(v) => upload_views(gpu, v, stats),
+        HostRows::Fixed { n, pieces } => {
+            // One zeroed word past the rows, as the other layouts' padding.
+            let mut vals = gpu.alloc_zeros::<u64>(n + 1)?;
+            if !pieces.is_empty() {
+                gpu.upload_chunks_into(&pieces.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &mut vals, 0, stats)?;
+            }
+            Ok(DeviceRows::Fixed { n: *n, vals })
+        }
     }
 }
 
@@ -365,28 +381,41 @@ fn upload_rows(gpu: &Gpu, rows: &[&[u8]], wide: bool, stats: &mut TransferStats)
     Ok(DeviceRows::Offsets { n, offsets, data })
 }
 
-/// Hash every row on the device; the hashes stay there.
-fn hash_on_device(gpu: &Gpu, rows: &DeviceRows) -> Result<DeviceBuffer<u64>> {
-    let out = gpu.alloc::<u64>(rows.len())?;
+/// Kernels of one per-row operation, by layout: 32- and 64-bit offsets, views, fixed.
+struct PerRow {
+    offsets_u32: &'static str,
+    offsets_u64: &'static str,
+    views: &'static str,
+    fixed: &'static str,
+}
+
+/// Each row's hash written to `out`.
+const HASH: PerRow = PerRow { offsets_u32: "hash_rows_u32", offsets_u64: "hash_rows_u64", views: "hash_views", fixed: "hash_fixed" };
+/// Each row's hash folded into `out` (a composite key's running hash, keys::hash_columns_step).
+const COMBINE: PerRow =
+    PerRow { offsets_u32: "combine_rows_u32", offsets_u64: "combine_rows_u64", views: "combine_views", fixed: "combine_fixed" };
+
+/// Run one per-row kernel over `rows`, writing or folding into `out` (at least `rows.len()` words).
+fn launch_per_row(gpu: &Gpu, kernels: &PerRow, rows: &DeviceRows, out: &DeviceBuffer<u64>) -> Result<()> {
     if rows.len() == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let n = rows.len() as u64;
     let stream = gpu.stream();
     let cfg = launch_cfg(gpu, rows.len());
     match rows {
         DeviceRows::Offsets { offsets: DeviceOffsets::U32(o), data, .. } => {
-            let f = gpu.function(FAMILY, "hash_rows_u32")?;
+            let f = gpu.function(FAMILY, kernels.offsets_u32)?;
             // SAFETY: signature matches kernels/row_hash.cu; offsets hold n + 1 entries within the padded data; out holds n.
             unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg) }
         }
         DeviceRows::Offsets { offsets: DeviceOffsets::U64(o), data, .. } => {
-            let f = gpu.function(FAMILY, "hash_rows_u64")?;
+            let f = gpu.function(FAMILY, kernels.offsets_u64)?;
             // SAFETY: as above.
             unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg) }
         }
         DeviceRows::Views { views, batch_rows, nbatches, batch_bufs, buf_pos, data, .. } => {
-            let f = gpu.function(FAMILY, "hash_views")?;
+            let f = gpu.function(FAMILY, kernels.views)?;
             // SAFETY: signature matches kernels/row_hash.cu; views hold 2n + 2 words whose buffer
             // references (valid Arrow views) lie within the batch table and the padded data; out holds n.
             unsafe {
@@ -394,8 +423,20 @@ fn hash_on_device(gpu: &Gpu, rows: &DeviceRows) -> Result<DeviceBuffer<u64>> {
                     .arg(&buf_pos.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg)
             }
         }
+        DeviceRows::Fixed { vals, .. } => {
+            let f = gpu.function(FAMILY, kernels.fixed)?;
+            // SAFETY: signature matches kernels/row_hash.cu; vals holds n + 1 words; out holds n.
+            unsafe { stream.launch_builder(&f).arg(&vals.slice).arg(&n).arg(&out.slice).launch(cfg) }
+        }
     }
     .map_err(|e| cuda_err("row hash", e))?;
+    Ok(())
+}
+
+/// Hash every row on the device; the hashes stay there.
+fn hash_on_device(gpu: &Gpu, rows: &DeviceRows) -> Result<DeviceBuffer<u64>> {
+    let out = gpu.alloc::<u64>(rows.len())?;
+    launch_per_row(gpu, &HASH, rows, &out)?;
     Ok(out)
 }
 
@@ -409,7 +450,28 @@ fn verify_on_device(
     probe_hashes: &DeviceBuffer<u64>,
     stats: &mut TransferStats,
 ) -> Result<bool> {
+    verify_parts_on_device(gpu, &[(build, probe)], build_hashes, probe_hashes, stats)
+}
+
+/// Device verification of keys held in parts (a composite key's columns and
+/// NULL masks, each as one build and one probe [`DeviceRows`] of the same
+/// layout): `true` when, in every part, every row equals its hash's
+/// representative row, so equal hashes mean equal keys over both sides.
+/// One table of representatives serves every part. Waits for the device.
+fn verify_parts_on_device(
+    gpu: &Gpu,
+    parts: &[(&DeviceRows, &DeviceRows)],
+    build_hashes: &DeviceBuffer<u64>,
+    probe_hashes: &DeviceBuffer<u64>,
+    stats: &mut TransferStats,
+) -> Result<bool> {
+    let Some((build, probe)) = parts.first() else {
+        return Err(DataFusionError::Internal("row_hash: nothing to verify".into()));
+    };
     let (nb, np) = (build.len(), probe.len());
+    if parts.iter().any(|(b, p)| b.len() != nb || p.len() != np) {
+        return Err(DataFusionError::Internal("row_hash: key parts of different lengths".into()));
+    }
     let n = nb + np;
     if n == 0 {
         return Ok(true);
@@ -442,45 +504,55 @@ fn verify_on_device(
     .map_err(|e| cuda_err("row_hash verify insert", e))?;
     let (b, p) = (&build_hashes.slice, &probe_hashes.slice);
     let cfg = launch_cfg(gpu, n);
-    match (build, probe) {
-        (
-            DeviceRows::Offsets { offsets: DeviceOffsets::U32(bo), data: bd, .. },
-            DeviceRows::Offsets { offsets: DeviceOffsets::U32(po), data: pd, .. },
-        ) => {
-            let f = gpu.function(FAMILY, "verify_check_u32")?;
-            // SAFETY: as above; each side's offsets hold n + 1 entries within its padded data.
-            unsafe {
-                stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                    .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
+    for &(build, probe) in parts {
+        match (build, probe) {
+            (
+                DeviceRows::Offsets { offsets: DeviceOffsets::U32(bo), data: bd, .. },
+                DeviceRows::Offsets { offsets: DeviceOffsets::U32(po), data: pd, .. },
+            ) => {
+                let f = gpu.function(FAMILY, "verify_check_u32")?;
+                // SAFETY: as above; each side's offsets hold n + 1 entries within its padded data.
+                unsafe {
+                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                        .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
+                }
             }
-        }
-        (
-            DeviceRows::Offsets { offsets: DeviceOffsets::U64(bo), data: bd, .. },
-            DeviceRows::Offsets { offsets: DeviceOffsets::U64(po), data: pd, .. },
-        ) => {
-            let f = gpu.function(FAMILY, "verify_check_u64")?;
-            // SAFETY: as above.
-            unsafe {
-                stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                    .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
+            (
+                DeviceRows::Offsets { offsets: DeviceOffsets::U64(bo), data: bd, .. },
+                DeviceRows::Offsets { offsets: DeviceOffsets::U64(po), data: pd, .. },
+            ) => {
+                let f = gpu.function(FAMILY, "verify_check_u64")?;
+                // SAFETY: as above.
+                unsafe {
+                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                        .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
+                }
             }
-        }
-        (
-            DeviceRows::Views { views: bv, batch_rows: br, nbatches: bn, batch_bufs: bb, buf_pos: bp, data: bd, .. },
-            DeviceRows::Views { views: pv, batch_rows: pr, nbatches: pn, batch_bufs: pb, buf_pos: pp, data: pd, .. },
-        ) => {
-            let f = gpu.function(FAMILY, "verify_check_views")?;
-            // SAFETY: as above; each side's views, batch table and padded data as in hash_on_device.
-            unsafe {
-                stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                    .arg(&bv.slice).arg(&br.slice).arg(bn).arg(&bb.slice).arg(&bp.slice).arg(&bd.slice)
-                    .arg(&pv.slice).arg(&pr.slice).arg(pn).arg(&pb.slice).arg(&pp.slice).arg(&pd.slice)
-                    .arg(&flag.slice).launch(cfg)
+            (
+                DeviceRows::Views { views: bv, batch_rows: br, nbatches: bn, batch_bufs: bb, buf_pos: bp, data: bd, .. },
+                DeviceRows::Views { views: pv, batch_rows: pr, nbatches: pn, batch_bufs: pb, buf_pos: pp, data: pd, .. },
+            ) => {
+                let f = gpu.function(FAMILY, "verify_check_views")?;
+                // SAFETY: as above; each side's views, batch table and padded data as in hash_on_device.
+                unsafe {
+                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                        .arg(&bv.slice).arg(&br.slice).arg(bn).arg(&bb.slice).arg(&bp.slice).arg(&bd.slice)
+                        .arg(&pv.slice).arg(&pr.slice).arg(pn).arg(&pb.slice).arg(&pp.slice).arg(&pd.slice)
+                        .arg(&flag.slice).launch(cfg)
+                }
             }
+            (DeviceRows::Fixed { vals: bv, .. }, DeviceRows::Fixed { vals: pv, .. }) => {
+                let f = gpu.function(FAMILY, "verify_check_fixed")?;
+                // SAFETY: as above; each side's vals hold its rows' words (plus one zeroed word).
+                unsafe {
+                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
+                        .arg(&bv.slice).arg(&pv.slice).arg(&flag.slice).launch(cfg)
+                }
+            }
+            _ => return Err(DataFusionError::Internal("row_hash: both sides need the same layout".into())),
         }
-        _ => return Err(DataFusionError::Internal("row_hash: both sides need the same layout".into())),
+        .map_err(|e| cuda_err("row_hash verify check", e))?;
     }
-    .map_err(|e| cuda_err("row_hash verify check", e))?;
     gpu.synchronize()?;
     stats.kernel += started.elapsed();
     Ok(gpu.read_one(&flag, 0, stats)? == 0)
@@ -499,6 +571,9 @@ pub fn select_subsets_gpu(
     probe: RowSubset<'_>,
     stats: &mut TransferStats,
 ) -> Result<Option<BooleanBuffer>> {
+    if let KeyBytes::Columns(_) = build.bytes() {
+        return select_columns_gpu(gpu, op, build, probe, None, stats);
+    }
     let (b, p) = host_rows(build, probe);
     select_host_rows_gpu(gpu, op, &b, &p, None, stats)
 }
@@ -558,6 +633,216 @@ fn select_host_rows_gpu(
     let out = ResidentSelect::from_device(bh, nb, ph, np, None).run(gpu, GpuStrategy::Hash, op, stats)?;
     let words = gpu.download(&out, np.div_ceil(32), stats)?;
     Ok(Some(setops::words_to_bool(words, np)))
+}
+
+/// One part of a column-hashed composite key (a key column, or the NULL
+/// masks) on both sides, as it travels; `wide`: 64-bit offsets.
+struct HostPart<'a> {
+    build: HostRows<'a>,
+    probe: HostRows<'a>,
+    wide: bool,
+}
+
+/// An exact column's images (per batch) for the rows of a subset: the
+/// batches' buffers themselves, or the subset's words gathered.
+fn fixed_rows<'a>(images: &'a [ScalarBuffer<u64>], keys: &ColumnKeys, idx: Option<&[u32]>) -> HostRows<'a> {
+    match idx {
+        None => HostRows::Fixed { n: keys.len(), pieces: images.iter().map(|b| std::borrow::Cow::Borrowed(b.as_ref())).collect() },
+        Some(ix) => {
+            let words = ix
+                .iter()
+                .map(|&i| {
+                    let (b, j) = keys.locate(i as usize);
+                    images[b][j]
+                })
+                .collect();
+            HostRows::Fixed { n: ix.len(), pieces: vec![std::borrow::Cow::Owned(words)] }
+        }
+    }
+}
+
+/// How column-hashed keys travel: every key column in its layout (exact
+/// columns fixed, string columns as [`host_rows`] lays out a one-column key),
+/// and the NULL masks where a row of either subset has a NULL column (a side
+/// without one gets zero words: its masks are all 0).
+fn host_parts<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> Result<(Vec<HostPart<'a>>, Option<HostPart<'a>>)> {
+    let (KeyBytes::Columns(bc), KeyBytes::Columns(pc)) = (build.bytes(), probe.bytes()) else {
+        return Err(DataFusionError::Internal("row_hash: column-hashed keys expected on both sides".into()));
+    };
+    if bc.parts().len() != pc.parts().len() {
+        return Err(DataFusionError::Internal("row_hash: composite keys of different widths".into()));
+    }
+    let mut parts = Vec::with_capacity(bc.parts().len());
+    for (x, y) in bc.parts().iter().zip(pc.parts()) {
+        let (b, p) = match (x, y) {
+            (KeyPart::Exact(xb), KeyPart::Exact(yb)) => (fixed_rows(xb, bc, build.idx()), fixed_rows(yb, pc, probe.idx())),
+            (KeyPart::Bytes(xb), KeyPart::Bytes(yb)) => host_rows(RowSubset::new(xb, build.idx())?, RowSubset::new(yb, probe.idx())?),
+            _ => return Err(DataFusionError::Internal("row_hash: composite key columns of different kinds".into())),
+        };
+        let wide = b.data_len().max(p.data_len()) > u32::MAX as usize;
+        parts.push(HostPart { build: b, probe: p, wide });
+    }
+    // A subset's masks, if any is not 0 (the SQL-NULL modes leave rows with NULLs out).
+    let masks = |k: &'a ColumnKeys, rows: RowSubset<'a>| -> Option<HostRows<'a>> {
+        let m = k.null_masks()?;
+        let words: Vec<u64> = match rows.idx() {
+            None => m.iter().flat_map(|b| b.iter().copied()).collect(),
+            Some(ix) => ix.iter().map(|&i| k.null_mask(i as usize)).collect(),
+        };
+        words.iter().any(|&w| w != 0).then(|| HostRows::Fixed { n: words.len(), pieces: vec![std::borrow::Cow::Owned(words)] })
+    };
+    let zeros = |n: usize| HostRows::Fixed { n, pieces: Vec::new() };
+    let masks = match (masks(bc, build), masks(pc, probe)) {
+        (None, None) => None,
+        (b, p) => Some(HostPart { build: b.unwrap_or_else(|| zeros(build.len())), probe: p.unwrap_or_else(|| zeros(probe.len())), wide: false }),
+    };
+    Ok((parts, masks))
+}
+
+/// Upload every part of column-hashed keys and hash both sides on the device,
+/// column by column (`keys::hash_columns`). Returns the hashes and the parts
+/// on the device (key columns, then the masks if any), for verification.
+#[allow(clippy::type_complexity)]
+fn hash_parts_on_device(
+    gpu: &Gpu,
+    parts: &[HostPart<'_>],
+    masks: Option<&HostPart<'_>>,
+    nb: usize,
+    np: usize,
+    stats: &mut TransferStats,
+) -> Result<(DeviceBuffer<u64>, DeviceBuffer<u64>, Vec<(DeviceRows, DeviceRows)>)> {
+    let seeded = |n: usize| -> Result<DeviceBuffer<u64>> {
+        let h = gpu.alloc::<u64>(n)?;
+        if n > 0 {
+            let f = gpu.function(FAMILY, "fill_u64")?;
+            // SAFETY: signature matches kernels/row_hash.cu; h holds n words.
+            unsafe { gpu.stream().launch_builder(&f).arg(&h.slice).arg(&(n as u64)).arg(&keys::COLUMNS_SEED).launch(launch_cfg(gpu, n)) }
+                .map_err(|e| cuda_err("row_hash fill", e))?;
+        }
+        Ok(h)
+    };
+    let (bh, ph) = (seeded(nb)?, seeded(np)?);
+    let mut on_device = Vec::with_capacity(parts.len() + 1);
+    for part in parts {
+        let (b, p) = (upload_side(gpu, &part.build, part.wide, stats)?, upload_side(gpu, &part.probe, part.wide, stats)?);
+        if b.len() != nb || p.len() != np {
+            return Err(DataFusionError::Internal("row_hash: key columns of different lengths".into()));
+        }
+        launch_per_row(gpu, &COMBINE, &b, &bh)?;
+        launch_per_row(gpu, &COMBINE, &p, &ph)?;
+        on_device.push((b, p));
+    }
+    let masks = masks.map(|m| Ok::<_, DataFusionError>((upload_side(gpu, &m.build, false, stats)?, upload_side(gpu, &m.probe, false, stats)?))).transpose()?;
+    let f = gpu.function(FAMILY, "combine_finish")?;
+    for (h, n, m) in [(&bh, nb, masks.as_ref().map(|m| &m.0)), (&ph, np, masks.as_ref().map(|m| &m.1))] {
+        if n == 0 {
+            continue;
+        }
+        // Without masks the kernel reads none: the hashes stand in for the unused pointer.
+        let (mask_words, has_masks) = match m {
+            Some(DeviceRows::Fixed { vals, .. }) => (&vals.slice, 1u32),
+            _ => (&h.slice, 0u32),
+        };
+        // SAFETY: signature matches kernels/row_hash.cu; h holds n words, the masks (when read) n + 1.
+        unsafe { gpu.stream().launch_builder(&f).arg(&h.slice).arg(&(n as u64)).arg(mask_words).arg(&has_masks).launch(launch_cfg(gpu, n)) }
+            .map_err(|e| cuda_err("row_hash combine finish", e))?;
+    }
+    on_device.extend(masks);
+    Ok((bh, ph, on_device))
+}
+
+/// The GPU path for column-hashed composite keys ([`KeyBytes::Columns`]):
+/// each key column travels in its own layout (no row encoding), both sides
+/// are hashed column by column on the device, every hash match is verified
+/// column by column and on the NULL masks, then the selection runs on the
+/// device-resident hashes. `hashes` (test hook) replaces the device hashes,
+/// so tests can force collisions. `Ok(None)`: a collision (the caller
+/// recomputes exactly); out-of-budget errors as [`select_subsets_gpu`].
+fn select_columns_gpu(
+    gpu: &Gpu,
+    op: SetOp,
+    build: RowSubset<'_>,
+    probe: RowSubset<'_>,
+    hashes: Option<(&[u64], &[u64])>,
+    stats: &mut TransferStats,
+) -> Result<Option<BooleanBuffer>> {
+    let (nb, np) = (build.len(), probe.len());
+    if np == 0 {
+        return Ok(Some(BooleanBuffer::new_unset(0)));
+    }
+    let (parts, masks) = host_parts(build, probe)?;
+    let held: usize = parts.iter().chain(&masks).map(|p| p.build.device_bytes(p.wide) + p.probe.device_bytes(p.wide)).sum();
+    let need = (held + (verify_capacity(nb + np) + 1) * 12 + 4).max(setops::device_bytes(GpuStrategy::Hash, op, nb, np, 0));
+    let avail = gpu.budget().available();
+    if need > avail {
+        // Worded so that gpu::is_out_of_memory recognises it: the caller then partitions on host hashes.
+        return Err(DataFusionError::ResourcesExhausted(format!(
+            "setfusion GPU: device memory budget exceeded: device composite key hashing needs {need} bytes, {avail} available"
+        )));
+    }
+    let (mut bh, mut ph, on_device) = hash_parts_on_device(gpu, &parts, masks.as_ref(), nb, np, stats)?;
+    if let Some((hb, hp)) = hashes {
+        if hb.len() != nb || hp.len() != np {
+            return Err(DataFusionError::Internal("row_hash: one hash per row expected".into()));
+        }
+        (bh, ph) = (gpu.upload(hb, stats)?, gpu.upload(hp, stats)?);
+    }
+    let pairs: Vec<(&DeviceRows, &DeviceRows)> = on_device.iter().map(|(b, p)| (b, p)).collect();
+    let collision_free = verify_parts_on_device(gpu, &pairs, &bh, &ph, stats)?;
+    // The columns are no longer needed: free them before the select allocates its table.
+    drop(pairs);
+    drop(on_device);
+    if !collision_free {
+        return Ok(None);
+    }
+    let out = ResidentSelect::from_device(bh, nb, ph, np, None).run(gpu, GpuStrategy::Hash, op, stats)?;
+    let words = gpu.download(&out, np.div_ceil(32), stats)?;
+    Ok(Some(setops::words_to_bool(words, np)))
+}
+
+/// Column-hashed keys hashed on the device, column by column, and read back
+/// (checks and tests). CPU twin: [`hash_columns_cpu`].
+pub fn hash_columns_gpu(gpu: &Gpu, rows: RowSubset<'_>, stats: &mut TransferStats) -> Result<Vec<u64>> {
+    let (parts, masks) = host_parts(rows, rows)?;
+    let (h, _, _) = hash_parts_on_device(gpu, &parts, masks.as_ref(), rows.len(), rows.len(), stats)?;
+    gpu.download(&h, rows.len(), stats)
+}
+
+/// CPU twin of [`hash_columns_gpu`]: `keys::hash_columns` of every row, column by column on all cores.
+pub fn hash_columns_cpu(rows: RowSubset<'_>) -> Vec<u64> {
+    keys::hash_rows(rows)
+}
+
+/// Device verification of column-hashed keys with given hashes (checks and
+/// tests: equal hashes on different tuples force a collision). `true` =
+/// collision-free. CPU twin: [`verify_columns_cpu`].
+pub fn verify_columns_gpu(
+    gpu: &Gpu,
+    build: RowSubset<'_>,
+    build_hashes: &[u64],
+    probe: RowSubset<'_>,
+    probe_hashes: &[u64],
+    stats: &mut TransferStats,
+) -> Result<bool> {
+    if build_hashes.len() != build.len() || probe_hashes.len() != probe.len() {
+        return Err(DataFusionError::Internal("row_hash: one hash per row expected".into()));
+    }
+    if build.is_empty() && probe.is_empty() {
+        return Ok(true);
+    }
+    let (parts, masks) = host_parts(build, probe)?;
+    let mut on_device = Vec::with_capacity(parts.len() + 1);
+    for part in parts.iter().chain(&masks) {
+        on_device.push((upload_side(gpu, &part.build, part.wide, stats)?, upload_side(gpu, &part.probe, part.wide, stats)?));
+    }
+    let (bh, ph) = (gpu.upload(build_hashes, stats)?, gpu.upload(probe_hashes, stats)?);
+    let pairs: Vec<(&DeviceRows, &DeviceRows)> = on_device.iter().map(|(b, p)| (b, p)).collect();
+    verify_parts_on_device(gpu, &pairs, &bh, &ph, stats)
+}
+
+/// CPU twin of [`verify_columns_gpu`]: `keys::verify_columns`.
+pub fn verify_columns_cpu(build: RowSubset<'_>, build_hashes: &[u64], probe: RowSubset<'_>, probe_hashes: &[u64]) -> bool {
+    keys::verify_columns(build, build_hashes, probe, probe_hashes)
 }
 
 /// Hash rows given as offsets/data on the device and read the hashes back (checks and tests).
@@ -775,7 +1060,7 @@ mod tests {
     fn row_format(k: &KeyBytes) -> &datafusion::arrow::row::Rows {
         match k {
             KeyBytes::Rows(r) => r,
-            KeyBytes::Values(_) => panic!("row-format keys expected"),
+            _ => panic!("row-format keys expected"),
         }
     }
 
