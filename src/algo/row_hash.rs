@@ -918,7 +918,8 @@ fn random_rows(seed: u64, n: usize) -> (Vec<usize>, Vec<u8>) {
 
 /// Doctor self-check: device hashes equal the CPU twin's, the verifier finds
 /// forced collisions (including on the table's empty-marker hash) and passes
-/// collision-free input, and the selection matches the CPU on exact row ids.
+/// collision-free input, and the selection matches the CPU on exact row ids;
+/// the same for composite keys hashed column by column ([`self_check_composite`]).
 pub fn self_check(gpu: &Gpu) -> Result<String> {
     let fail = |what: String| Err(DataFusionError::Execution(format!("row_hash self-check failed: {what}")));
     let mut stats = TransferStats::default();
@@ -980,10 +981,91 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             _ => return fail(format!("{} selection over Arrow views differs from the CPU", op.name())),
         }
     }
+    let composite = self_check_composite(gpu, &mut stats)?;
     Ok(format!(
-        "{} row hashes (bytes and Arrow views) match keys::hash_bytes; forced collisions caught; {checked} ops match the CPU on exact rows",
+        "{} row hashes (bytes and Arrow views) match keys::hash_bytes; forced collisions caught; {checked} ops match the CPU on exact rows; \
+         composite keys hashed column by column: hashes match keys::hash_columns, forced collisions caught, {composite} ops match the CPU",
         want.len()
     ))
+}
+
+/// Random composite key batches for the checks: batches of `sizes` rows
+/// (each sliced out of a larger array), one column per type: strings (of any
+/// string type, dictionaries too) of lengths around the views' inline limit,
+/// small integers or dates, floats with -0.0 and NaNs; every column has
+/// NULLs (about 1 in 8) and the tuples repeat.
+fn composite_batches(rng: &mut rand::rngs::StdRng, types: &[DataType], sizes: &[usize]) -> Result<Vec<Vec<ArrayRef>>> {
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    use rand::Rng;
+    let words = ["", "a", "b", "exactly12byt", "thirteen byte", "a much longer string key that spans several words"];
+    let floats = [0.0, -0.0, f64::NAN, -f64::NAN, 2.5, -7.0];
+    let mut column = |t: &DataType, n: usize| -> Result<ArrayRef> {
+        let nulls: Vec<bool> = (0..n + 3).map(|_| rng.random_range(0..8) > 0).collect();
+        let a: ArrayRef = if keys::is_byte_column(&[keys::key_type(t)]) {
+            let v: StringArray = nulls.iter().map(|&ok| ok.then(|| words[rng.random_range(0..words.len())])).collect();
+            datafusion::arrow::compute::cast(&v, t)?
+        } else if *t == DataType::Float64 {
+            Arc::new(nulls.iter().map(|&ok| ok.then(|| floats[rng.random_range(0..floats.len())])).collect::<Float64Array>())
+        } else {
+            let v: Int64Array = nulls.iter().map(|&ok| ok.then(|| rng.random_range(-2..4i64))).collect();
+            datafusion::arrow::compute::cast(&v, t)?
+        };
+        Ok(a.slice(2, n))
+    };
+    sizes.iter().map(|&n| types.iter().map(|t| column(t, n)).collect()).collect()
+}
+
+/// Doctor self-check of column-hashed composite keys ((string, int, date)
+/// and (view, float), NULLs in every column): device hashes equal the CPU
+/// twin's, verification passes true hashes and catches forced collisions,
+/// and every operation selects as the CPU does on exact tuples (all rows, as
+/// INTERSECT / EXCEPT compare them with NULLs, and the rows without NULLs).
+/// Returns the number of checked selections.
+fn self_check_composite(gpu: &Gpu, stats: &mut TransferStats) -> Result<usize> {
+    use rand::SeedableRng;
+    let fail = |what: String| Err(DataFusionError::Execution(format!("row_hash self-check failed: composite keys: {what}")));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let mut checked = 0;
+    for types in [vec![DataType::Utf8, DataType::Int64, DataType::Date32], vec![DataType::Utf8View, DataType::Float64]] {
+        let build = keys::encode(&composite_batches(&mut rng, &types, &[3000, 0, 1500])?, &types, None, true)?;
+        let probe = keys::encode(&composite_batches(&mut rng, &types, &[2500, 700])?, &types, None, true)?;
+        let (Some(bb), Some(pb)) = (&build.bytes, &probe.bytes) else { return fail(format!("{types:?} not hash-encoded")) };
+        let (bs, ps) = (RowSubset::all(bb), RowSubset::all(pb));
+        let (bh, ph) = (hash_columns_cpu(bs), hash_columns_cpu(ps));
+        if hash_columns_gpu(gpu, bs, stats)? != bh || hash_columns_gpu(gpu, ps, stats)? != ph {
+            return fail(format!("{types:?}: device hashes differ from keys::hash_columns"));
+        }
+        if !verify_columns_gpu(gpu, bs, &bh, ps, &ph, stats)? {
+            return fail(format!("{types:?}: collision reported on true hashes"));
+        }
+        let (b_ids, p_ids) = keys::exact_ids(bs, ps);
+        let Some(j) = p_ids.iter().position(|&p| p != b_ids[0]) else { return fail("no distinct tuples".into()) };
+        for forced in [bh[0], EMPTY_KEY] {
+            let (mut fb, mut fp) = (bh.clone(), ph.clone());
+            fb[0] = forced;
+            fp[j] = forced;
+            if verify_columns_gpu(gpu, bs, &fb, ps, &fp, stats)? || verify_columns_cpu(bs, &fb, ps, &fp) {
+                return fail(format!("{types:?}: forced collision on hash {forced:#x} not detected"));
+            }
+            if select_columns_gpu(gpu, SetOp::Semi, bs, ps, Some((&fb, &fp)), stats)?.is_some() {
+                return fail(format!("{types:?}: forced collision not reported by the selection"));
+            }
+        }
+        let valid = |k: &keys::KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
+        let (bv, pv) = (valid(&build), valid(&probe));
+        for (bsub, psub) in [(bs, ps), (RowSubset::new(bb, Some(&bv))?, RowSubset::new(pb, Some(&pv))?)] {
+            let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
+            for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
+                let want = setops::select_cpu(op, &b_ids, &p_ids);
+                match select_subsets_gpu(gpu, op, bsub, psub, stats)? {
+                    Some(got) if setops::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
+                    Some(_) => return fail(format!("{types:?}: {} selection differs from the CPU", op.name())),
+                    None => return fail(format!("{types:?}: {}: collision reported on true hashes", op.name())),
+                }
+            }
+        }
+    }
+    Ok(checked)
 }
 
 /// A build row and a probe row with different bytes.
@@ -1303,5 +1385,154 @@ mod tests {
                 }
             }
         }
+    }
+    /// The composite key types the device tests cover.
+    fn composites() -> [Vec<DataType>; 4] {
+        [
+            vec![DataType::Utf8, DataType::Int32],
+            vec![DataType::Int64, DataType::Utf8, DataType::Date32],
+            vec![DataType::Utf8View, DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))],
+            vec![DataType::LargeUtf8, DataType::Float64],
+        ]
+    }
+
+    fn composite_keys(rng: &mut rand::rngs::StdRng, types: &[DataType], sizes: &[usize]) -> keys::KeyColumns {
+        let key_types: Vec<DataType> = types.iter().map(keys::key_type).collect();
+        keys::encode(&composite_batches(rng, types, sizes).unwrap(), &key_types, None, true).unwrap()
+    }
+
+    /// The rows of a side without a NULL key column.
+    fn non_null_rows(k: &keys::KeyColumns) -> Vec<u32> {
+        (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect()
+    }
+
+    /// How composite keys travel (checked without a GPU): exact columns as
+    /// fixed words (whole batches borrowed, subsets gathered), strings in
+    /// their one-column layouts, NULL masks only where a row of the subsets
+    /// has a NULL column, zero words for a side without.
+    #[test]
+    fn composite_keys_travel_column_by_column() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(30);
+        let b = composite_keys(&mut rng, &composites()[1], &[50, 0, 20]);
+        let p = composite_keys(&mut rng, &composites()[1], &[30]);
+        let (bb, pb) = (b.bytes.as_ref().unwrap(), p.bytes.as_ref().unwrap());
+        let (parts, masks) = host_parts(RowSubset::all(bb), RowSubset::all(pb)).unwrap();
+        assert_eq!(parts.len(), 3);
+        assert!(matches!(&parts[0].build, HostRows::Fixed { n: 70, pieces } if pieces.len() == 3));
+        assert!(matches!(&parts[1].build, HostRows::Arrays(a) if a.len() == 3));
+        assert!(matches!(&parts[2].probe, HostRows::Fixed { n: 30, .. }));
+        let masks = masks.expect("NULLs in the keys");
+        assert!(matches!(&masks.build, HostRows::Fixed { n: 70, pieces } if pieces.len() == 1));
+        // The rows without NULLs: gathered, and no masks at all.
+        let (bv, pv) = (non_null_rows(&b), non_null_rows(&p));
+        let (parts, masks) = host_parts(RowSubset::new(bb, Some(&bv)).unwrap(), RowSubset::new(pb, Some(&pv)).unwrap()).unwrap();
+        assert!(masks.is_none());
+        assert!(matches!(&parts[0].build, HostRows::Fixed { n, pieces } if *n == bv.len() && pieces.len() == 1));
+        assert!(matches!(&parts[1].build, HostRows::Slices(r) if r.len() == bv.len()));
+        // One side with NULLs, the other without: zero masks for the latter.
+        let plain = keys::encode(
+            &[vec![
+                Arc::new(datafusion::arrow::array::Int64Array::from(vec![1])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["a"])),
+                Arc::new(datafusion::arrow::array::Date32Array::from(vec![3])),
+            ]],
+            &composites()[1],
+            None,
+            true,
+        )
+        .unwrap();
+        let (_, masks) = host_parts(RowSubset::all(bb), RowSubset::all(plain.bytes.as_ref().unwrap())).unwrap();
+        assert!(matches!(masks.unwrap().probe, HostRows::Fixed { n: 1, pieces } if pieces.is_empty()));
+        // Views stay views.
+        let v = composite_keys(&mut rng, &composites()[2], &[40, 9]);
+        let vb = v.bytes.as_ref().unwrap();
+        let (parts, _) = host_parts(RowSubset::all(vb), RowSubset::all(vb)).unwrap();
+        assert!(parts.iter().all(|p| matches!(p.build, HostRows::Views(_))));
+        // Keys of another form are refused.
+        let conv = RowConverter::new(vec![SortField::new(DataType::Utf8), SortField::new(DataType::Int32)]).unwrap();
+        let rows = string_rows(&conv, &[Some("a")], &[1]);
+        assert!(host_parts(RowSubset::all(&rows), RowSubset::all(&rows)).is_err());
+    }
+
+    /// Composite keys on the device: (string, int), (int, string, date),
+    /// (Utf8View, dictionary of strings), (LargeUtf8, float with -0.0 and
+    /// NaN), NULLs in every column, sliced batches, empty sides. Hashes,
+    /// verification (true and squeezed hashes) and every operation's
+    /// selection (all rows as INTERSECT / EXCEPT compare them, and the rows
+    /// without NULLs) equal the CPU twins; forced collisions are reported.
+    #[test]
+    fn gpu_composite_keys_match_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let mut st = TransferStats::default();
+        for types in composites() {
+            let types = types.as_slice();
+            for (bs, ps) in [(vec![], vec![10]), (vec![7], vec![]), (vec![300, 0, 41], vec![500, 7]), (vec![5000, 3000, 1], vec![4000, 3])] {
+                let (b, p) = (composite_keys(&mut rng, types, &bs), composite_keys(&mut rng, types, &ps));
+                let (bb, pb) = (b.bytes.as_ref().unwrap(), p.bytes.as_ref().unwrap());
+                let (bv, pv) = (non_null_rows(&b), non_null_rows(&p));
+                for (bsub, psub) in [
+                    (RowSubset::all(bb), RowSubset::all(pb)),
+                    (RowSubset::new(bb, Some(&bv)).unwrap(), RowSubset::new(pb, Some(&pv)).unwrap()),
+                ] {
+                    let what = format!("{types:?} {bs:?}x{ps:?} subset={}", bsub.idx().is_some());
+                    let (bh, ph) = (hash_columns_cpu(bsub), hash_columns_cpu(psub));
+                    assert_eq!(hash_columns_gpu(&gpu, bsub, &mut st).unwrap(), bh, "{what}");
+                    assert_eq!(hash_columns_gpu(&gpu, psub, &mut st).unwrap(), ph, "{what}");
+                    assert!(verify_columns_gpu(&gpu, bsub, &bh, psub, &ph, &mut st).unwrap(), "{what}");
+                    for m in [1u64, 3, 40] {
+                        let squeeze = |h: &[u64]| -> Vec<u64> { h.iter().map(|&x| if x % 5 == 0 { u64::MAX } else { x % m }).collect() };
+                        let (sb, sp) = (squeeze(&bh), squeeze(&ph));
+                        assert_eq!(
+                            verify_columns_gpu(&gpu, bsub, &sb, psub, &sp, &mut st).unwrap(),
+                            verify_columns_cpu(bsub, &sb, psub, &sp),
+                            "{what} squeezed to {m}"
+                        );
+                    }
+                    let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
+                    for op in OPS {
+                        let got = select_subsets_gpu(&gpu, op, bsub, psub, &mut st).unwrap().expect("no collision");
+                        let want = setops::select_cpu(op, &b_ids, &p_ids);
+                        assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "{what} {op:?}");
+                    }
+                    // A build tuple and a different probe tuple forced onto one hash.
+                    if let Some(j) = (!b_ids.is_empty()).then(|| p_ids.iter().position(|&x| x != b_ids[0])).flatten() {
+                        let (mut fb, mut fp) = (bh.clone(), ph.clone());
+                        fp[j] = fb[0];
+                        assert!(!verify_columns_gpu(&gpu, bsub, &fb, psub, &fp, &mut st).unwrap(), "{what}");
+                        assert!(select_columns_gpu(&gpu, SetOp::Semi, bsub, psub, Some((&fb, &fp)), &mut st).unwrap().is_none(), "{what}");
+                        fb[0] = EMPTY_KEY;
+                        fp[j] = EMPTY_KEY;
+                        assert!(!verify_columns_gpu(&gpu, bsub, &fb, psub, &fp, &mut st).unwrap(), "{what} on the empty marker");
+                    }
+                }
+            }
+        }
+    }
+
+    /// NULL-equal distinctions on the device: (NULL, 'a') matches (NULL, 'a')
+    /// only, never ('', 'a'), (0, 'a') or (NULL, NULL).
+    #[test]
+    fn gpu_composite_null_masks() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        use datafusion::arrow::array::Int64Array;
+        let types = [DataType::Utf8, DataType::Int64, DataType::Utf8];
+        let side = |s: Vec<Option<&str>>, i: Vec<Option<i64>>, t: Vec<Option<&str>>| {
+            let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(s)), Arc::new(Int64Array::from(i)), Arc::new(StringArray::from(t))];
+            keys::encode(&[cols], &types, None, true).unwrap()
+        };
+        let b = side(vec![None, Some(""), Some("x"), None], vec![Some(1), Some(1), None, Some(0)], vec![Some("a"), Some("a"), Some("a"), None]);
+        let p = side(
+            vec![None, Some(""), Some("x"), Some("x"), None, None],
+            vec![Some(1), Some(1), Some(0), None, Some(0), Some(0)],
+            vec![Some("a"), Some("a"), Some("a"), Some("a"), Some("a"), None],
+        );
+        let (bs, ps) = (RowSubset::all(b.bytes.as_ref().unwrap()), RowSubset::all(p.bytes.as_ref().unwrap()));
+        let mut st = TransferStats::default();
+        assert_eq!(hash_columns_gpu(&gpu, ps, &mut st).unwrap(), hash_columns_cpu(ps));
+        let got = select_subsets_gpu(&gpu, SetOp::Semi, bs, ps, &mut st).unwrap().unwrap();
+        assert_eq!(got.iter().collect::<Vec<_>>(), vec![true, true, false, true, false, true]);
     }
 }
