@@ -19,7 +19,14 @@
 //! `Ok(None)` and the caller recomputes exactly on the host, so no collision
 //! can change a result.
 //!
-//! CPU twins: [`hash_rows_cpu`] and [`verify_cpu`].
+//! Composite keys of exact and string / binary columns ([`KeyBytes::Columns`])
+//! travel column by column: exact columns as their 64-bit images (a fixed
+//! layout, no offsets), string columns in the layouts above, plus the rows'
+//! NULL masks where a row has a NULL column. The device folds each column's
+//! hashes into one hash per row (`keys::hash_columns`), and verification
+//! compares every column and the masks with the hash's representative row.
+//!
+//! CPU twins: [`hash_rows_cpu`], [`verify_cpu`], [`hash_columns_cpu`] and [`verify_columns_cpu`].
 
 use std::collections::HashMap;
 use std::time::Instant;
