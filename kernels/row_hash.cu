@@ -10,12 +10,26 @@
 //   b (rows batch_rows[b] .. batch_rows[b + 1]) finds its buffer k at byte
 //   buf_pos[batch_bufs[b] + k]. The view words are padded with two zeroed
 //   words, so inline bytes are read like any others.
+// - fixed: row i is the 8-byte little-endian word vals[i] (an exact key
+//   column's 64-bit image, or the NULL masks below); no offsets array.
 // Each row becomes one
 // 64-bit hash, bit-identical to `keys::hash_bytes` (src/keys.rs, its CPU twin),
 // so the hash-table kernels can select on it. A hash is only a candidate
 // match: `verify_insert` + `verify_check` then prove that equal hashes always
 // mean equal bytes, over both sides together, and raise a flag otherwise (the
 // host then recomputes that operator exactly, so no collision changes a result).
+//
+// Composite keys of exact and string / binary columns (keys::ColumnKeys) are
+// hashed column by column: each side's hashes start at RH_SEED (fill_u64),
+// each key column, in its own layout (fixed for exact columns, offsets or
+// views for strings), folds its rows' hash_bytes in (`combine_*`:
+// h = rotl((h ^ column_hash) * K, 29)), and `combine_finish` folds in the
+// hash of the row's NULL mask (bit c: column c is NULL; 0 without a mask
+// buffer) and mixes: `keys::hash_columns`, bit for bit. NULL slots hold 0 /
+// empty values (the host makes them so). Verification then runs
+// `verify_check_*` once per key column and once on the masks against one
+// table of representatives: if every column and the mask of every row equal
+// those of its hash's representative, equal hashes mean equal tuples.
 //
 // One thread per row: rows are short (typically 8-100 bytes) and the hash is
 // a sequential chain over 8-byte chunks, so a warp per row would idle most
@@ -112,6 +126,26 @@ struct RhViews {
     }
 };
 
+// Fixed layout: an exact column's 64-bit images (or the NULL masks).
+struct RhFixed {
+    const u64* vals;
+    __device__ __forceinline__ RhRow row(u64 i) const { return RhRow{vals, 8 * i, 8}; }
+};
+
+// keys::hash_exact: keys::hash_bytes of v's 8 little-endian bytes.
+__device__ __forceinline__ u64 rh_hash_u64(u64 v) {
+    u64 h = (8 * RH_K) ^ 0x243F6A8885A308D3ULL;
+    h = rh_rotl((h ^ v) * RH_K, 29);
+    h = h * RH_K;  // the empty tail
+    h ^= h >> 32;
+    h *= 0xD6E8FEB86659FD93ULL;
+    return h ^ (h >> 32);
+}
+
+// keys::COLUMNS_SEED and keys::hash_columns_step.
+#define RH_SEED 0x452821E638D01377ULL
+__device__ __forceinline__ u64 rh_step(u64 h, u64 column_hash) { return rh_rotl((h ^ column_hash) * RH_K, 29); }
+
 template <typename S>
 __device__ __forceinline__ void rh_hash_rows(S side, u64 n, u64* __restrict__ out) {
     SF_FOR(i, n) {
@@ -131,6 +165,43 @@ extern "C" __global__ void hash_rows_u64(const u64* offsets, const u64* words, u
 extern "C" __global__ void hash_views(const u64* views, const u32* batch_rows, u32 nbatches, const u32* batch_bufs,
                                       const u64* buf_pos, const u64* data, u64 n, u64* out) {
     rh_hash_rows(RhViews{views, batch_rows, nbatches, batch_bufs, buf_pos, data}, n, out);
+}
+
+extern "C" __global__ void hash_fixed(const u64* vals, u64 n, u64* out) {
+    SF_FOR(i, n) out[i] = rh_hash_u64(vals[i]);
+}
+
+// ---- Composite keys, column by column --------------------------------------
+// acc[i] = rh_step(acc[i], hash of row i of this column); same arguments as the hash kernels.
+template <typename S>
+__device__ __forceinline__ void rh_combine_rows(S side, u64 n, u64* __restrict__ acc) {
+    SF_FOR(i, n) {
+        RhRow r = side.row(i);
+        acc[i] = rh_step(acc[i], rh_hash_row(r.words, r.start, r.len));
+    }
+}
+extern "C" __global__ void combine_rows_u32(const u32* offsets, const u64* words, u64 n, u64* acc) {
+    rh_combine_rows(RhOffsets<u32>{offsets, words}, n, acc);
+}
+extern "C" __global__ void combine_rows_u64(const u64* offsets, const u64* words, u64 n, u64* acc) {
+    rh_combine_rows(RhOffsets<u64>{offsets, words}, n, acc);
+}
+extern "C" __global__ void combine_views(const u64* views, const u32* batch_rows, u32 nbatches, const u32* batch_bufs,
+                                         const u64* buf_pos, const u64* data, u64 n, u64* acc) {
+    rh_combine_rows(RhViews{views, batch_rows, nbatches, batch_bufs, buf_pos, data}, n, acc);
+}
+extern "C" __global__ void combine_fixed(const u64* vals, u64 n, u64* acc) {
+    SF_FOR(i, n) acc[i] = rh_step(acc[i], rh_hash_u64(vals[i]));
+}
+// keys::hash_columns_finish: the NULL mask's hash (masks[i], or 0 when
+// has_masks == 0: masks is then not read), then the final mix.
+extern "C" __global__ void combine_finish(u64* acc, u64 n, const u64* masks, u32 has_masks) {
+    SF_FOR(i, n) {
+        u64 h = rh_step(acc[i], rh_hash_u64(has_masks ? masks[i] : 0));
+        h ^= h >> 32;
+        h *= 0xD6E8FEB86659FD93ULL;
+        acc[i] = h ^ (h >> 32);
+    }
 }
 
 // ---- Verification ---------------------------------------------------------
@@ -226,6 +297,11 @@ extern "C" __global__ void verify_check_views(const u64* bh, u64 nb, const u64* 
     rh_verify_check(bh, nb, ph, np, keys, reps, mask,
                     RhViews{b_views, b_batch_rows, b_nbatches, b_batch_bufs, b_buf_pos, b_data},
                     RhViews{p_views, p_batch_rows, p_nbatches, p_batch_bufs, p_buf_pos, p_data}, flag);
+}
+
+extern "C" __global__ void verify_check_fixed(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
+                                              const u32* reps, u64 mask, const u64* b_vals, const u64* p_vals, u32* flag) {
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask, RhFixed{b_vals}, RhFixed{p_vals}, flag);
 }
 
 // Fill n words of a buffer with a value (the table's empty markers).

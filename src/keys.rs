@@ -2,14 +2,30 @@
 //!
 //! One fixed-width column of at most 64 bits becomes its own value (exact: two
 //! keys are equal iff the SQL values are equal). Everything else becomes a
-//! 64-bit hash of exact key bytes ([`KeyBytes`]): one string or binary column
-//! is hashed over its values' bytes as Arrow holds them (no copy, no row
-//! encoding; on the GPU backend the device reads the offsets or views and the
-//! value buffers itself), other keys (composite keys with strings, decimals
-//! wider than 18 digits) over Arrow's row encoding. Hashed keys are
-//! *candidates*: every match is verified on the exact bytes (see
-//! [`verify_or_exact`], and its device counterpart in
+//! 64-bit hash of exact key bytes ([`KeyBytes`]):
+//! - one string or binary column is hashed over its values' bytes as Arrow
+//!   holds them (no copy, no row encoding; on the GPU backend the device reads
+//!   the offsets or views and the value buffers itself): [`KeyBytes::Values`];
+//! - composite keys whose every column is exact on its own or a string /
+//!   binary column (e.g. (VARCHAR, INT, DATE)) are hashed column by column
+//!   ([`KeyBytes::Columns`], [`ColumnKeys`]): each exact column as its 64-bit
+//!   image (floats canonical, NULL slots 0), each string column as its values
+//!   (NULL slots empty), plus, where a key column holds NULLs, one 64-bit NULL
+//!   mask per row (bit c: column c is NULL). The key's hash is
+//!   [`hash_columns`] of the per-column [`hash_bytes`] (of the value bytes, or
+//!   of the image's 8 little-endian bytes) and the mask's; the device computes
+//!   the same value column by column from the columns' own buffers. No row is
+//!   encoded on these paths; only the rare exact fallback after a hash
+//!   collision builds Arrow rows ([`RowSubset::iter`]);
+//! - other keys (decimals wider than 18 digits, fixed-size binary, intervals
+//!   in a composite key) are hashed over Arrow's row encoding ([`KeyBytes::Rows`]).
+//!
+//! Hashed keys are *candidates*: every match is verified on the exact bytes
+//! (see [`verify_or_exact`], and its device counterpart in
 //! [`crate::algo::row_hash`]), so a hash collision can never change a result.
+//! Column-hashed keys are verified column by column: when, for every column
+//! (and the NULL mask), all rows sharing a hash hold equal values, equal
+//! hashes mean equal tuples.
 //!
 //! SQL equality on floats: -0.0 = 0.0, and every NaN equals every NaN
 //! (DataFusion's grouping semantics); values are normalised before encoding.
@@ -138,9 +154,17 @@ fn key_nulls(batches: &[Vec<ArrayRef>]) -> Option<NullBuffer> {
     Some(NullBuffer::new(b.finish())).filter(|n| n.null_count() > 0)
 }
 
+/// Do these keys' bytes (row-encoded or column-hashed) tell a NULL column
+/// from every value, so that the NULL-equal mode (INTERSECT / EXCEPT) may
+/// compare rows with NULL key columns inside the keyed core? (Composite keys
+/// that are neither exact nor one string / binary column.)
+pub fn key_bytes_carry_nulls(types: &[DataType]) -> bool {
+    !is_exact(types) && !is_byte_column(types)
+}
+
 /// Encode key columns given per batch (`batches[b][c]`: key column c of batch b;
 /// all batches have the same types). `converter` must be shared by both sides of
-/// an operator so their row bytes are comparable. With `host_hashes == false`,
+/// an operator so their row bytes are comparable (row-encoded keys only). With `host_hashes == false`,
 /// hash-encoded keys keep only their row bytes (the GPU backend hashes them on
 /// the device; see [`KeyColumns::hashes_deferred`]).
 pub fn encode(
@@ -165,6 +189,14 @@ pub fn encode(
             Vec::new()
         };
         return Ok(KeyColumns { chunks, nulls, bytes: Some(KeyBytes::Values(column)) });
+    }
+    if is_column_hashed(types) {
+        let mut columns = ColumnKeys::new(batches, types)?;
+        if !host_hashes {
+            columns.compact_bloated_views()?;
+        }
+        let chunks = if host_hashes { columns.hash_chunks().into_iter().map(ScalarBuffer::from).collect() } else { Vec::new() };
+        return Ok(KeyColumns { chunks, nulls, bytes: Some(KeyBytes::Columns(columns)) });
     }
     let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;
     let columns: Vec<ArrayRef> = (0..types.len())
@@ -256,10 +288,11 @@ pub fn encode_packed(a: &[Vec<ArrayRef>], b: &[Vec<ArrayRef>], types: &[DataType
     Ok(Some((pack(a, &ai)?, pack(b, &bi)?)))
 }
 
-/// A row converter for these key types (None when the keys are exact or one
-/// string / binary column, whose values are their own key bytes).
+/// A row converter for these key types (None when the keys are exact, one
+/// string / binary column, whose values are their own key bytes, or hashed
+/// column by column: [`is_column_hashed`]).
 pub fn converter_for(types: &[DataType]) -> Result<Option<RowConverter>> {
-    if is_exact(types) || is_byte_column(types) {
+    if is_exact(types) || is_byte_column(types) || is_column_hashed(types) {
         return Ok(None);
     }
     let fields = types.iter().map(|t| SortField::new(normalized_type(t))).collect();
@@ -375,6 +408,57 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// Start of [`hash_columns`]' chain (digits of pi, after `hash_bytes`' own).
+pub const COLUMNS_SEED: u64 = 0x4528_21E6_38D0_1377;
+
+/// One column's hash folded into a composite key's running hash (order
+/// matters: (a, b) and (b, a) hash differently).
+#[inline]
+pub fn hash_columns_step(h: u64, column_hash: u64) -> u64 {
+    (h ^ column_hash).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
+}
+
+/// The last step of [`hash_columns`]: the NULL mask's hash, then a final mix.
+#[inline]
+pub fn hash_columns_finish(h: u64, null_mask: u64) -> u64 {
+    let mut h = hash_columns_step(h, hash_exact(null_mask));
+    h ^= h >> 32;
+    h = h.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    h ^ (h >> 32)
+}
+
+/// [`hash_bytes`] of an exact column's 64-bit image (its 8 little-endian bytes).
+#[inline]
+pub fn hash_exact(image: u64) -> u64 {
+    hash_bytes(&image.to_le_bytes())
+}
+
+/// Hash of a column-hashed composite key ([`KeyBytes::Columns`]) from its
+/// columns' hashes ([`hash_bytes`] of a string column's value, [`hash_exact`]
+/// of an exact column's image) and its NULL mask (bit c: column c is NULL; 0
+/// when no column is NULL, so a side without NULLs needs no mask):
+/// `finish(step(... step(step(SEED, h0), h1) ..., hash_exact(mask)))`. The
+/// device (kernels/row_hash.cu) computes the same, column by column.
+pub fn hash_columns(column_hashes: impl IntoIterator<Item = u64>, null_mask: u64) -> u64 {
+    hash_columns_finish(column_hashes.into_iter().fold(COLUMNS_SEED, hash_columns_step), null_mask)
+}
+
+/// The most key columns [`KeyBytes::Columns`] takes (one NULL-mask bit each).
+pub const MAX_HASHED_COLUMNS: usize = 64;
+
+/// Are these composite keys hashed column by column ([`KeyBytes::Columns`])?
+/// Two or more columns (at most [`MAX_HASHED_COLUMNS`]), each exact on its
+/// own ([`is_exact`]) or one string / binary column ([`is_byte_column`],
+/// dictionaries of strings included: they are encoded as views, [`key_type`]).
+pub fn is_column_hashed(types: &[DataType]) -> bool {
+    (2..=MAX_HASHED_COLUMNS).contains(&types.len())
+        && types.iter().all(|t| {
+            let t = std::slice::from_ref(t);
+            let k = [key_type(&t[0])];
+            is_exact(t) || is_exact(&k) || is_byte_column(&k)
+        })
+}
+
 /// Is this one string or binary column, whose values' bytes are its keys?
 /// (Byte equality is SQL equality for these types.)
 pub fn is_byte_column(types: &[DataType]) -> bool {
@@ -388,6 +472,10 @@ pub enum KeyBytes {
     Rows(Rows),
     /// One string / binary column as Arrow holds it (see [`is_byte_column`]).
     Values(ByteColumn),
+    /// Composite keys of exact and string / binary columns, column by column
+    /// (see [`is_column_hashed`]). A row's "bytes" ([`RowSubset::iter`]) are
+    /// its Arrow row encoding, built only when asked for.
+    Columns(ColumnKeys),
 }
 
 impl KeyBytes {
@@ -395,6 +483,7 @@ impl KeyBytes {
         match self {
             KeyBytes::Rows(r) => r.num_rows(),
             KeyBytes::Values(c) => c.len(),
+            KeyBytes::Columns(c) => c.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -495,6 +584,251 @@ impl ByteColumn {
     }
 }
 
+/// One key column of [`ColumnKeys`], as the hashing reads it.
+pub enum KeyPart {
+    /// An exact column: per batch, its 64-bit images (floats canonical, NULL slots 0).
+    Exact(Vec<ScalarBuffer<u64>>),
+    /// A string / binary column's values (NULL slots empty); always [`KeyBytes::Values`],
+    /// so a [`RowSubset`] can read it like a one-column key.
+    Bytes(KeyBytes),
+}
+
+/// The byte column inside [`KeyPart::Bytes`].
+fn part_column(k: &KeyBytes) -> &ByteColumn {
+    match k {
+        KeyBytes::Values(c) => c,
+        _ => unreachable!("KeyPart::Bytes holds KeyBytes::Values (ColumnKeys::new)"),
+    }
+}
+
+/// Column-hashed composite keys over several batches ([`KeyBytes::Columns`]):
+/// each key column in the form its hash and the device read (no row
+/// encoding), plus each row's NULL mask where some key column holds a NULL.
+/// NULL slots are canonical (0 / empty), so a NULL column's value never
+/// decides a hash or a comparison; the mask tells NULL from 0 or ''.
+pub struct ColumnKeys {
+    parts: Vec<KeyPart>,
+    /// Per batch, each row's NULL mask (bit c: key column c is NULL); None: no NULL anywhere.
+    null_masks: Option<Vec<ScalarBuffer<u64>>>,
+    /// The first row of each batch, then the total.
+    starts: Vec<usize>,
+    /// The key columns per batch as given, for the exact fallback's row encoding.
+    arrays: Vec<Vec<ArrayRef>>,
+    types: Vec<DataType>,
+    /// Arrow's row encoding of every row, built on first use ([`ColumnKeys::rows`]).
+    rows: std::sync::OnceLock<Rows>,
+}
+
+impl ColumnKeys {
+    /// Key columns per batch (`batches[b][c]`) of the column-hashed `types`
+    /// ([`is_column_hashed`]); columns not yet of their [`key_type`] are cast.
+    pub fn new(batches: &[Vec<ArrayRef>], types: &[DataType]) -> Result<Self> {
+        if !is_column_hashed(types) {
+            return Err(DataFusionError::Internal(format!("keys of {types:?} are not hashed column by column")));
+        }
+        let types: Vec<DataType> = types.iter().map(key_type).collect();
+        let arrays: Vec<Vec<ArrayRef>> = batches
+            .iter()
+            .map(|cols| {
+                if cols.len() != types.len() || cols.iter().any(|c| c.len() != cols[0].len()) {
+                    return Err(DataFusionError::Internal("composite key batch of the wrong shape".into()));
+                }
+                cols.iter().zip(&types).map(|(c, t)| if c.data_type() == t { Ok(c.clone()) } else { Ok(cast(c, t)?) }).collect()
+            })
+            .collect::<Result<_>>()?;
+        let mut starts = Vec::with_capacity(arrays.len() + 1);
+        starts.push(0);
+        for cols in &arrays {
+            starts.push(starts[starts.len() - 1] + cols[0].len());
+        }
+        let parts = (0..types.len())
+            .map(|c| {
+                let column: Vec<ArrayRef> = arrays.iter().map(|cols| cols[c].clone()).collect();
+                if is_exact(std::slice::from_ref(&types[c])) {
+                    Ok(KeyPart::Exact(crate::gpu::par_map(&column, 16, exact_image)?))
+                } else {
+                    let column = crate::gpu::par_map(&column, 16, empty_null_slots)?;
+                    Ok(KeyPart::Bytes(KeyBytes::Values(ByteColumn::new(column)?)))
+                }
+            })
+            .collect::<Result<_>>()?;
+        let null_masks = if arrays.iter().flatten().any(|a| a.logical_null_count() > 0) {
+            Some(crate::gpu::par_map(&arrays, 16, |cols| Ok::<_, DataFusionError>(ScalarBuffer::from(null_masks_of(cols))))?)
+        } else {
+            None
+        };
+        Ok(Self { parts, null_masks, starts, arrays, types, rows: std::sync::OnceLock::new() })
+    }
+    pub fn len(&self) -> usize {
+        self.starts[self.starts.len() - 1]
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn parts(&self) -> &[KeyPart] {
+        &self.parts
+    }
+    /// Per batch, each row's NULL mask; None when no key column holds a NULL.
+    pub fn null_masks(&self) -> Option<&[ScalarBuffer<u64>]> {
+        self.null_masks.as_deref()
+    }
+    /// The first row of each batch, then the total.
+    pub fn starts(&self) -> &[usize] {
+        &self.starts
+    }
+    /// The batch of row `i` and the row within it (`i < len()`).
+    pub fn locate(&self, i: usize) -> (usize, usize) {
+        let b = self.starts.partition_point(|&s| s <= i) - 1;
+        (b, i - self.starts[b])
+    }
+    /// Row `i`'s NULL mask (0: no NULL column).
+    pub fn null_mask(&self, i: usize) -> u64 {
+        let (b, j) = self.locate(i);
+        self.null_masks.as_ref().map_or(0, |m| m[b][j])
+    }
+    /// [`ByteColumn::compact_bloated_views`] on every string column.
+    pub fn compact_bloated_views(&mut self) -> Result<()> {
+        for p in &mut self.parts {
+            if let KeyPart::Bytes(KeyBytes::Values(c)) = p {
+                c.compact_bloated_views()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`hash_columns`] of every row, in row order, in pieces of at most 64K
+    /// rows hashed column by column on the copy threads.
+    pub fn hash_chunks(&self) -> Vec<Vec<u64>> {
+        const PIECE: usize = 1 << 16;
+        let pieces: Vec<(usize, usize, usize)> = (0..self.arrays.len())
+            .flat_map(|b| {
+                let n = self.starts[b + 1] - self.starts[b];
+                (0..n).step_by(PIECE).map(move |lo| (b, lo, (lo + PIECE).min(n)))
+            })
+            .collect();
+        let hashed = crate::gpu::par_map(&pieces, 2, |&(b, lo, hi)| Ok::<_, std::convert::Infallible>(self.hash_range(b, lo, hi)));
+        match hashed {
+            Ok(h) => h,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`hash_columns`] of rows `lo..hi` of batch `b`: one pass per column over them.
+    fn hash_range(&self, b: usize, lo: usize, hi: usize) -> Vec<u64> {
+        let mut acc = vec![COLUMNS_SEED; hi - lo];
+        for part in &self.parts {
+            match part {
+                KeyPart::Exact(images) => {
+                    for (a, &v) in acc.iter_mut().zip(&images[b][lo..hi]) {
+                        *a = hash_columns_step(*a, hash_exact(v));
+                    }
+                }
+                KeyPart::Bytes(k) => {
+                    let p = parts_of(&part_column(k).arrays[b]);
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        *a = hash_columns_step(*a, hash_bytes(p.value(lo + j)));
+                    }
+                }
+            }
+        }
+        let masks = self.null_masks.as_ref().map(|m| &m[b][lo..hi]);
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = hash_columns_finish(*a, masks.map_or(0, |m| m[j]));
+        }
+        acc
+    }
+
+    /// Do row `i` here and row `j` of `other` (keys of the same types) hold
+    /// the same tuple (NULL equal to NULL, never to a value)?
+    pub fn rows_equal(&self, i: usize, other: &ColumnKeys, j: usize) -> bool {
+        let ((bi, ri), (bj, rj)) = (self.locate(i), other.locate(j));
+        let mask = |k: &ColumnKeys, b: usize, r: usize| k.null_masks.as_ref().map_or(0, |m| m[b][r]);
+        self.parts.len() == other.parts.len()
+            && mask(self, bi, ri) == mask(other, bj, rj)
+            && self.parts.iter().zip(&other.parts).all(|(x, y)| match (x, y) {
+                (KeyPart::Exact(x), KeyPart::Exact(y)) => x[bi][ri] == y[bj][rj],
+                (KeyPart::Bytes(x), KeyPart::Bytes(y)) => {
+                    parts_of(&part_column(x).arrays[bi]).value(ri) == parts_of(&part_column(y).arrays[bj]).value(rj)
+                }
+                _ => false,
+            })
+    }
+
+    /// Arrow's row encoding of every row (floats normalised), built once on
+    /// first use: only the exact fallback after a hash collision reads rows
+    /// as byte strings. The types are those the row format encodes (checked
+    /// by [`is_column_hashed`]), so encoding cannot fail.
+    pub fn rows(&self) -> &Rows {
+        self.rows.get_or_init(|| self.encode_rows().expect("arrow's row format encodes every column-hashed key type"))
+    }
+
+    fn encode_rows(&self) -> Result<Rows> {
+        let columns: Vec<ArrayRef> = (0..self.types.len())
+            .map(|c| {
+                let parts: Vec<&dyn Array> = self.arrays.iter().map(|b| b[c].as_ref()).collect();
+                if parts.is_empty() {
+                    Ok(datafusion::arrow::array::new_empty_array(&self.types[c]))
+                } else {
+                    datafusion::arrow::compute::concat(&parts).map_err(DataFusionError::from)
+                }
+            })
+            .collect::<Result<_>>()?;
+        let normalized: Vec<ArrayRef> = columns.iter().map(normalize_floats).collect::<Result<_>>()?;
+        let converter = RowConverter::new(self.types.iter().map(|t| SortField::new(t.clone())).collect())?;
+        Ok(converter.convert_columns(&normalized)?)
+    }
+}
+
+/// An exact column's 64-bit images with its NULL slots set to 0.
+fn exact_image(a: &ArrayRef) -> Result<ScalarBuffer<u64>> {
+    let values = exact_values(a)?;
+    match a.logical_nulls() {
+        Some(n) if n.null_count() > 0 => {
+            let mut v = values.to_vec();
+            for (x, valid) in v.iter_mut().zip(n.iter()) {
+                if !valid {
+                    *x = 0;
+                }
+            }
+            Ok(ScalarBuffer::from(v))
+        }
+        _ => Ok(values),
+    }
+}
+
+/// A string / binary array whose NULL slots are all empty (Arrow's builders
+/// and kernels leave them so; other arrays are rebuilt).
+fn empty_null_slots(a: &ArrayRef) -> Result<ArrayRef> {
+    use datafusion::arrow::array::{BinaryArray, BinaryViewArray, LargeBinaryArray, LargeStringArray, StringArray, StringViewArray};
+    let Some(nulls) = a.logical_nulls().filter(|n| n.null_count() > 0) else { return Ok(a.clone()) };
+    let p = ByteParts::of(a.as_ref())?;
+    if (0..a.len()).all(|i| nulls.is_valid(i) || p.value_len(i) == 0) {
+        return Ok(a.clone());
+    }
+    Ok(match a.data_type() {
+        DataType::Utf8 => Arc::new(a.as_string::<i32>().iter().collect::<StringArray>()),
+        DataType::LargeUtf8 => Arc::new(a.as_string::<i64>().iter().collect::<LargeStringArray>()),
+        DataType::Utf8View => Arc::new(a.as_string_view().iter().collect::<StringViewArray>()),
+        DataType::Binary => Arc::new(a.as_binary::<i32>().iter().collect::<BinaryArray>()),
+        DataType::LargeBinary => Arc::new(a.as_binary::<i64>().iter().collect::<LargeBinaryArray>()),
+        DataType::BinaryView => Arc::new(a.as_binary_view().iter().collect::<BinaryViewArray>()),
+        t => return Err(DataFusionError::Internal(format!("{t} is not a string or binary column"))),
+    })
+}
+
+/// Each row's NULL mask over one batch's key columns (bit c: column c is NULL).
+fn null_masks_of(cols: &[ArrayRef]) -> Vec<u64> {
+    let mut masks = vec![0u64; cols.first().map_or(0, |c| c.len())];
+    for (c, col) in cols.iter().enumerate() {
+        if let Some(n) = col.logical_nulls() {
+            for (m, valid) in masks.iter_mut().zip(n.iter()) {
+                *m |= (!valid as u64) << c;
+            }
+        }
+    }
+    masks
+}
+
 /// A string / binary array's buffers, read without a type dispatch per row.
 #[derive(Clone, Copy)]
 pub enum ByteParts<'a> {
@@ -529,6 +863,15 @@ impl<'a> ByteParts<'a> {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// Length of value `i` (`i < len()`), without reading its bytes.
+    #[inline]
+    pub fn value_len(&self, i: usize) -> usize {
+        match *self {
+            ByteParts::Offsets32(o, _) => (o[i + 1] - o[i]) as usize,
+            ByteParts::Offsets64(o, _) => (o[i + 1] - o[i]) as usize,
+            ByteParts::Views(v, _) => u32::from_le_bytes(v[16 * i..16 * i + 4].try_into().unwrap()) as usize,
+        }
     }
     /// Bytes of value `i` (`i < len()`; NULL slots give whatever they hold).
     #[inline]
@@ -599,7 +942,18 @@ impl<'a> RowSubset<'a> {
                 (0..p.len()).map(move |i| p.value(i))
             })),
             (KeyBytes::Values(c), Some(ix)) => Box::new(ix.iter().map(move |&i| c.value(i as usize))),
+            // Row-encoded on first use (the rare exact fallback); hashing and verification read the columns.
+            (KeyBytes::Columns(c), None) => Box::new(c.rows().iter().map(|r| r.data())),
+            (KeyBytes::Columns(c), Some(ix)) => {
+                let rows = c.rows();
+                Box::new(ix.iter().map(move |&i| rows.row(i as usize).data()))
+            }
         }
+    }
+    /// The row of the underlying keys that is the subset's `j`-th.
+    #[inline]
+    pub fn row_index(&self, j: usize) -> usize {
+        self.idx.map_or(j, |ix| ix[j] as usize)
     }
     /// Total bytes of the subset's rows.
     pub fn data_len(&self) -> usize {
@@ -617,7 +971,38 @@ pub fn hash_rows(rows: RowSubset<'_>) -> Vec<u64> {
     if let (KeyBytes::Values(c), None) = (rows.bytes, rows.idx) {
         return c.hash_arrays().concat();
     }
+    if let KeyBytes::Columns(c) = rows.bytes {
+        // Column by column on all cores; a subset (the non-NULL rows) reads from all rows' hashes.
+        let all = c.hash_chunks().concat();
+        return match rows.idx {
+            None => all,
+            Some(ix) => ix.iter().map(|&i| all[i as usize]).collect(),
+        };
+    }
     rows.iter().map(hash_bytes).collect()
+}
+
+/// Column-hashed keys ([`KeyBytes::Columns`]) on both sides: do equal hashes
+/// always mean equal tuples? Each row is compared, column by column and on
+/// its NULL mask, with the first row (build rows first) that has its hash;
+/// no row is encoded. `false` (a collision) also when the subsets are not
+/// column-hashed keys of the same shape, or the hashes do not fit them.
+pub fn verify_columns(build: RowSubset<'_>, build_hashes: &[u64], probe: RowSubset<'_>, probe_hashes: &[u64]) -> bool {
+    let (KeyBytes::Columns(bc), KeyBytes::Columns(pc)) = (build.bytes, probe.bytes) else { return false };
+    if build_hashes.len() != build.len() || probe_hashes.len() != probe.len() {
+        return false;
+    }
+    let mut rep: HashMap<u64, (bool, usize)> = HashMap::with_capacity(build.len() + probe.len());
+    for (is_probe, rows, hashes, keys) in [(false, build, build_hashes, bc), (true, probe, probe_hashes, pc)] {
+        for (j, &h) in hashes.iter().enumerate() {
+            let i = rows.row_index(j);
+            let (rep_probe, r) = *rep.entry(h).or_insert((is_probe, i));
+            if (rep_probe, r) != (is_probe, i) && !keys.rows_equal(i, if rep_probe { pc } else { bc }, r) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// For hash-encoded keys: check that equal hashes always mean equal rows
@@ -638,6 +1023,9 @@ pub fn verify_rows_or_exact<'a>(
     probe: RowSubset<'a>,
     probe_hashes: &[u64],
 ) -> Option<(Vec<u64>, Vec<u64>)> {
+    if let (KeyBytes::Columns(_), KeyBytes::Columns(_)) = (build.bytes, probe.bytes) {
+        return (!verify_columns(build, build_hashes, probe, probe_hashes)).then(|| exact_ids(build, probe));
+    }
     let mut rep: HashMap<u64, &'a [u8]> = HashMap::with_capacity(build.len() + probe.len());
     let mut collision = build_hashes.len() != build.len() || probe_hashes.len() != probe.len();
     'outer: for (rows, hashes) in [(build, build_hashes), (probe, probe_hashes)] {
@@ -768,5 +1156,207 @@ mod tests {
         let wide: Vec<Vec<ArrayRef>> =
             vec![vec![Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX])), Arc::new(Int64Array::from(vec![0, 1]))]];
         assert!(encode_packed(&wide, &wide, &[DataType::Int64, DataType::Int64]).unwrap().is_none());
+    }
+    /// A composite key's rows as strings ("NULL" for NULL; floats through
+    /// their canonical bits), in row order over the batches: equal strings
+    /// iff equal tuples under the NULL-equal rules.
+    fn show_rows(side: &[Vec<ArrayRef>]) -> Vec<String> {
+        side.iter()
+            .flat_map(|cols| {
+                (0..cols.first().map_or(0, |c| c.len()))
+                    .map(|i| {
+                        cols.iter()
+                            .map(|c| {
+                                if c.is_null(i) {
+                                    return "NULL".to_string();
+                                }
+                                match c.data_type() {
+                                    DataType::Float64 => format!("f{:x}", canon_f64(c.as_primitive::<Float64Type>().value(i))),
+                                    _ => format!("<{}>", datafusion::arrow::util::display::array_value_to_string(c, i).unwrap()),
+                                }
+                            })
+                            .collect::<Vec<String>>()
+                            .join("|")
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn column_keys(side: &[Vec<ArrayRef>], types: &[DataType]) -> (KeyColumns, Vec<u64>) {
+        let k = encode(side, types, None, true).unwrap();
+        assert!(matches!(k.bytes, Some(KeyBytes::Columns(_))));
+        let hashes: Vec<u64> = k.iter().collect();
+        (k, hashes)
+    }
+
+    fn columns_of(k: &KeyColumns) -> &ColumnKeys {
+        match &k.bytes {
+            Some(KeyBytes::Columns(c)) => c,
+            _ => panic!("column-hashed keys expected"),
+        }
+    }
+
+    /// Pins the composite hash the device reproduces (values from an
+    /// independent port of hash_bytes and hash_columns), through encoding:
+    /// NULL slots hash as 0 / '' plus the NULL mask, floats canonically.
+    #[test]
+    fn column_hash_golden_values() {
+        use datafusion::arrow::array::{Float64Array, StringViewArray};
+        assert_eq!(hash_exact(1), 0x11ca40ce59ce8990);
+        assert_eq!(hash_columns([hash_bytes(b"a"), hash_exact(1)], 0), 0x5640cbca1445d4c3);
+        let s: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some(""), Some("a"), Some("a"), Some("a")]));
+        let i: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(1), Some(1), None, Some(0), Some(-1)]));
+        let (k, h) = column_keys(&[vec![s, i]], &[DataType::Utf8, DataType::Int64]);
+        let want = [0x5640cbca1445d4c3u64, 0x1b0a4baa8e2a0477, 0x5c61c1f57f6541c9, 0xc6034eaafb3d0e8e, 0xbb1bb84713c8635f, 0x44ea6b500f42b0ae];
+        assert_eq!(h, want);
+        assert_eq!(hash_rows(RowSubset::all(k.bytes.as_ref().unwrap())), want);
+        let d: ArrayRef = Arc::new(Date32Array::from(vec![Some(19000), Some(19000), None]));
+        let v: ArrayRef = Arc::new(StringViewArray::from(vec![Some("setfusion row hash!"), Some("setfusion row hash!"), None]));
+        let f: ArrayRef = Arc::new(Float64Array::from(vec![Some(-0.0), Some(-f64::NAN), None]));
+        let (_, h) = column_keys(&[vec![d, v, f]], &[DataType::Date32, DataType::Utf8View, DataType::Float64]);
+        assert_eq!(h, [0x6f44c8487907018d, 0x8284b2c2dba74c1b, 0xeaddebfa10d06d10]);
+    }
+
+    #[test]
+    fn column_hashed_key_types() {
+        use DataType::*;
+        let dict = Dictionary(Box::new(Int32), Box::new(Utf8));
+        for t in [vec![Utf8, Int64], vec![Int32, LargeUtf8, Date32], vec![Utf8View, dict.clone()], vec![LargeUtf8, Float64], vec![Int64, Int64]] {
+            assert!(is_column_hashed(&t), "{t:?}");
+            assert!(key_bytes_carry_nulls(&t));
+            assert!(converter_for(&t).unwrap().is_none(), "{t:?}");
+        }
+        for t in [vec![Utf8], vec![Int64], vec![Utf8, Decimal128(38, 2)], vec![FixedSizeBinary(4), Int32], vec![Utf8, Null]] {
+            assert!(!is_column_hashed(&t), "{t:?}");
+        }
+        assert!(converter_for(&[Utf8, Decimal128(38, 2)]).unwrap().is_some());
+        assert!(!is_column_hashed(&vec![Int8; MAX_HASHED_COLUMNS + 1]));
+        // The GPU backend defers the hashing to the device.
+        let b = vec![vec![Arc::new(StringArray::from(vec!["a"])) as ArrayRef, Arc::new(Int32Array::from(vec![1])) as ArrayRef]];
+        let k = encode(&b, &[Utf8, Int32], None, false).unwrap();
+        assert!(k.hashes_deferred() && k.len() == 1);
+    }
+
+    /// Random composites of strings (every string type, dictionaries), ints,
+    /// dates and floats (-0.0, NaNs), with NULLs in every column, garbage
+    /// under some NULLs and sliced batches: equal hashes iff equal tuples
+    /// (NULL equal to NULL only), column-wise verification passes, forced
+    /// collisions are caught and resolved by exact ids.
+    #[test]
+    fn column_hashed_keys_are_exact() {
+        use datafusion::arrow::array::{Float64Array, StringViewArray};
+        use DataType::*;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let words = ["", "a", "b", "twelve bytes", "thirteen byte", "a much longer string of bytes"];
+        let floats = [0.0, -0.0, f64::NAN, -f64::NAN, 1.5];
+        let dict = Dictionary(Box::new(Int32), Box::new(Utf8));
+        let column = |rng: &mut rand::rngs::StdRng, t: &DataType, n: usize| -> ArrayRef {
+            let a: ArrayRef = match t {
+                Float64 => Arc::new((0..n + 2).map(|_| rng.random_bool(0.85).then(|| floats[rng.random_range(0..floats.len())])).collect::<Float64Array>()),
+                Int32 | Int64 | Date32 => {
+                    // Garbage under the NULLs: the values buffer keeps numbers there.
+                    let v: Vec<i64> = (0..n + 2).map(|_| rng.random_range(-2..3)).collect();
+                    let nulls = NullBuffer::from((0..n + 2).map(|_| rng.random_bool(0.85)).collect::<Vec<bool>>());
+                    cast(&(Arc::new(Int64Array::new(v.into(), Some(nulls))) as ArrayRef), t).unwrap()
+                }
+                _ => {
+                    // Garbage under the NULLs of offset arrays: non-empty values there.
+                    let v: Vec<&str> = (0..n + 2).map(|_| words[rng.random_range(0..words.len())]).collect();
+                    let nulls = NullBuffer::from((0..n + 2).map(|_| rng.random_bool(0.85)).collect::<Vec<bool>>());
+                    let full = StringArray::from(v);
+                    let s = StringArray::new(full.offsets().clone(), full.values().clone(), Some(nulls));
+                    match t {
+                        Utf8View => Arc::new(StringViewArray::from_iter(s.iter())),
+                        _ => cast(&(Arc::new(s) as ArrayRef), t).unwrap(),
+                    }
+                }
+            };
+            a.slice(1, n)
+        };
+        for types in [vec![Utf8, Int32], vec![Int64, Utf8, Date32], vec![Utf8View, dict], vec![LargeUtf8, Float64]] {
+            let key_types: Vec<DataType> = types.iter().map(key_type).collect();
+            let mut side = |sizes: &[usize]| -> Vec<Vec<ArrayRef>> {
+                sizes.iter().map(|&n| types.iter().map(|t| column(&mut rng, t, n)).collect()).collect()
+            };
+            let (left, right) = (side(&[40, 0, 90]), side(&[70, 13]));
+            let (lk, lh) = column_keys(&left, &key_types);
+            let (rk, rh) = column_keys(&right, &key_types);
+            let rows: Vec<String> = show_rows(&left).into_iter().chain(show_rows(&right)).collect();
+            let hashes: Vec<u64> = lh.iter().chain(&rh).copied().collect();
+            let (lc, rc) = (columns_of(&lk), columns_of(&rk));
+            let at = |g: usize| if g < lc.len() { (lc, g) } else { (rc, g - lc.len()) };
+            let mut pairs = 0;
+            for i in 0..rows.len() {
+                for j in 0..rows.len() {
+                    let same = rows[i] == rows[j];
+                    assert_eq!(same, hashes[i] == hashes[j], "{types:?}: {} vs {}", rows[i], rows[j]);
+                    let ((a, x), (b, y)) = (at(i), at(j));
+                    assert_eq!(same, a.rows_equal(x, b, y), "{types:?}: {} vs {}", rows[i], rows[j]);
+                    pairs += same as usize;
+                }
+            }
+            assert!(pairs > rows.len() && lk.null_count() > 0, "{types:?}: the data must repeat rows and hold NULLs");
+            let (lb, rb) = (lk.bytes.as_ref().unwrap(), rk.bytes.as_ref().unwrap());
+            let (ls, rs) = (RowSubset::all(lb), RowSubset::all(rb));
+            assert!(verify_columns(ls, &lh, rs, &rh));
+            assert!(verify_rows_or_exact(ls, &lh, rs, &rh).is_none());
+            // Exact ids (from lazily built Arrow rows) group like the tuples.
+            let (li, ri) = exact_ids(ls, rs);
+            let ids: Vec<u64> = li.iter().chain(&ri).copied().collect();
+            for i in 0..rows.len() {
+                for j in 0..rows.len() {
+                    assert_eq!(rows[i] == rows[j], ids[i] == ids[j], "{types:?}: exact ids of {} and {}", rows[i], rows[j]);
+                }
+            }
+            // Two different tuples forced onto one hash (one on each side): caught, resolved exactly.
+            let j = (0..rh.len()).find(|&j| rows[lh.len() + j] != rows[0]).unwrap();
+            let mut forced = rh.clone();
+            forced[j] = lh[0];
+            assert!(!verify_columns(ls, &lh, rs, &forced));
+            assert_eq!(verify_rows_or_exact(ls, &lh, rs, &forced), Some((li.clone(), ri.clone())));
+            // Subsets (the rows without NULLs) hash and verify the same way.
+            let valid = |k: &KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
+            let (lv, rv) = (valid(&lk), valid(&rk));
+            let (lsub, rsub) = (RowSubset::new(lb, Some(&lv)).unwrap(), RowSubset::new(rb, Some(&rv)).unwrap());
+            let (lsh, rsh) = (hash_rows(lsub), hash_rows(rsub));
+            assert_eq!(lsh, lv.iter().map(|&i| lh[i as usize]).collect::<Vec<_>>());
+            assert!(verify_columns(lsub, &lsh, rsub, &rsh));
+            let (lsi, rsi) = exact_ids(lsub, rsub);
+            assert_eq!(lsi.len(), lv.len());
+            assert_eq!(rsi.len(), rv.len());
+            // The wrong number of hashes is never taken as collision-free.
+            assert!(!verify_columns(ls, &lh[1..], rs, &rh));
+        }
+    }
+
+    /// In the NULL-equal mode (NULL, 'a') equals (NULL, 'a') only: never
+    /// ('', 'a'), (0, 'a'), ('a', NULL) or (NULL, NULL), whatever the NULL slots hold.
+    #[test]
+    fn null_masks_tell_null_from_values() {
+        let strings = |v: Vec<Option<&str>>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+        // Column 0 a string: rows (NULL, a) twice (garbage "x" under the second NULL), ('', a), (a, NULL), (NULL, NULL).
+        let full = StringArray::from(vec!["", "x", "", "a", ""]);
+        let first = StringArray::new(full.offsets().clone(), full.values().clone(), Some(NullBuffer::from(vec![false, false, true, true, false])));
+        let b = vec![vec![Arc::new(first) as ArrayRef, strings(vec![Some("a"), Some("a"), Some("a"), None, None])]];
+        let (k, h) = column_keys(&b, &[DataType::Utf8, DataType::Utf8]);
+        let c = columns_of(&k);
+        assert_eq!(h[0], h[1]);
+        assert!(c.rows_equal(0, c, 1));
+        for j in 2..5 {
+            assert_ne!(h[0], h[j], "row {j}");
+            assert!(!c.rows_equal(0, c, j));
+        }
+        assert_eq!((c.null_mask(0), c.null_mask(2), c.null_mask(3), c.null_mask(4)), (1, 0, 2, 3));
+        // Column 0 an integer: (NULL, a) with 7 under the NULL, (NULL, a), (0, a).
+        let ints = Int64Array::new(vec![7i64, 0, 0].into(), Some(NullBuffer::from(vec![false, false, true])));
+        let b = vec![vec![Arc::new(ints) as ArrayRef, strings(vec![Some("a"), Some("a"), Some("a")])]];
+        let (k, h) = column_keys(&b, &[DataType::Int64, DataType::Utf8]);
+        assert_eq!(h[0], h[1]);
+        assert_ne!(h[0], h[2]);
+        assert!(!columns_of(&k).rows_equal(0, columns_of(&k), 2));
+        // A side without NULLs hashes its rows as a side with NULLs does.
+        let (_, plain) = column_keys(&[vec![Arc::new(Int64Array::from(vec![0])) as ArrayRef, strings(vec![Some("a")])]], &[DataType::Int64, DataType::Utf8]);
+        assert_eq!(plain[0], h[2]);
     }
 }

@@ -879,15 +879,16 @@ impl Selector {
             Some((k, o)) => (k, o, true),
             None => {
                 let converter = keys::converter_for(types)?;
-                // The GPU backend hashes row-encoded keys on the device; only the CPU backend needs host hashes up front.
+                // The GPU backend hashes hash-encoded keys on the device; only the CPU backend needs host hashes up front.
                 let host_hashes = !matches!(self.backend, Backend::Gpu(_));
                 let k = keys::encode(&keep_cols, types, converter.as_ref(), host_hashes)?;
                 let o = keys::encode(&other_cols, types, converter.as_ref(), host_hashes)?;
-                (k, o, converter.is_some())
+                (k, o, keys::key_bytes_carry_nulls(types))
             }
         };
         if self.nulls == NullMode::Equal && nulls_in_keys {
-            // Row-encoded and packed keys carry their NULLs: (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1).
+            // Row-encoded, column-hashed (NULL masks) and packed keys carry their NULLs:
+            // (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1) only.
             keep_k.nulls = None;
             other_k.nulls = None;
         }

@@ -14,8 +14,10 @@
 //! threads); string and composite keys cost it twice as much. setfusion's GPU
 //! cost is a fixed launch-and-synchronise cost, the keys' PCIe bytes at the
 //! measured packed-upload rate (one string / binary column: its views or
-//! values, hashed on the device), and for composite keys with a string or
-//! wide decimal the host's row encoding, measured at ~40 ns a row (issue 13:
+//! values, hashed on the device; composite keys of exact and string columns:
+//! each column's buffers, hashed column by column on the device, plus a NULL
+//! mask), and for the remaining composite keys (a wide decimal, fixed-size
+//! binary, ...) the host's row encoding, measured at ~40 ns a row (issue 13:
 //! 761 ms for 18M keys) — so those stay with DataFusion.
 
 use std::path::PathBuf;
@@ -153,9 +155,25 @@ fn hashed(types: &[DataType]) -> bool {
 }
 
 /// Hashed keys whose bytes the host must first row-encode (all but one
-/// string / binary column, whose values the device reads in place).
+/// string / binary column, whose values the device reads in place, and
+/// composite keys the device hashes column by column).
 fn row_encoded(types: &[DataType]) -> bool {
-    hashed(types) && !crate::keys::is_byte_column(types)
+    hashed(types) && !crate::keys::is_byte_column(types) && !column_hashed(types)
+}
+
+/// Composite keys with a string / binary column, hashed column by column on
+/// the device from the columns' own buffers (`keys::is_column_hashed`).
+/// Composites of exact columns alone are counted as packed.
+fn column_hashed(types: &[DataType]) -> bool {
+    hashed(types) && crate::keys::is_column_hashed(types)
+}
+
+/// PCIe bytes per row of column-hashed keys: each exact column's 8-byte
+/// image, each string column as one string key, and the NULL masks' word
+/// (charged whether or not a column holds a NULL).
+fn column_hashed_row_bytes(types: &[DataType]) -> f64 {
+    let string = |t: &DataType| crate::keys::is_byte_column(std::slice::from_ref(&crate::keys::key_type(t)));
+    types.iter().map(|t| if string(t) { GPU_STRING_ROW_BYTES } else { 8.0 }).sum::<f64>() + 8.0
 }
 
 /// Estimate DataFusion's and the GPU's time for `c` and choose.
@@ -201,11 +219,19 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
         Readiness::Unavailable(_) => unreachable!("handled above"),
     };
     let strings = crate::keys::is_byte_column(c.key_types);
-    let row_bytes = if strings { GPU_STRING_ROW_BYTES } else { 8.0 };
+    let columns = column_hashed(c.key_types);
+    let row_bytes = if strings {
+        GPU_STRING_ROW_BYTES
+    } else if columns {
+        column_hashed_row_bytes(c.key_types)
+    } else {
+        8.0
+    };
     let transfer_ms = n * row_bytes / (cal.upload_gbps * 1e9) * 1e3;
     let row_encoded = row_encoded(c.key_types);
     let host_ms = if row_encoded { n * GPU_WIDE_HOST_NS / 1e6 } else { 0.0 };
-    let fixed_ms = if strings { GPU_STRING_FIXED_MS } else { GPU_FIXED_MS };
+    // Column-hashed keys: the string path's launches and synchronisations, and more (one pass a column).
+    let fixed_ms = if strings || columns { GPU_STRING_FIXED_MS } else { GPU_FIXED_MS };
     let gpu_ms = start_left + fixed_ms + transfer_ms + host_ms;
     let cal_note = if cal.measured { "" } else { ", uncalibrated (run setfusion doctor)" };
     let what = format!(
@@ -214,6 +240,8 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
             ", keys row-encoded on the host"
         } else if strings {
             ", string keys hashed on the device"
+        } else if columns {
+            ", composite keys hashed column by column on the device"
         } else if wide {
             ", composite keys packed"
         } else {
@@ -262,9 +290,9 @@ mod tests {
         // TPC-H string_in: GPU at SF10 (18M rows), DataFusion at SF1 (1.8M rows), as measured.
         assert!(gpu(estimate(&cand(SetOp::Semi, 18_000_000, &s), &Readiness::Ready, &cal)));
         assert!(!gpu(estimate(&cand(SetOp::Semi, 1_800_000, &s), &Readiness::Ready, &cal)));
-        // Composite keys with a string are row-encoded on the host: they lose to DataFusion at any size.
-        let sc = [DataType::Utf8, DataType::Int64];
-        assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &sc), &Readiness::Ready, &cal)));
+        // Composite keys with a wide decimal are row-encoded on the host: they lose to DataFusion at any size.
+        let rc = [DataType::Utf8, DataType::Decimal128(38, 2)];
+        assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &rc), &Readiness::Ready, &cal)));
         // Unknown sizes and missing devices: DataFusion.
         let unknown = Candidate { rows: None, ..cand(SetOp::Semi, 0, &int) };
         assert!(!gpu(estimate(&unknown, &Readiness::Ready, &cal)));
@@ -272,6 +300,28 @@ mod tests {
         assert!(gpu(estimate(&unknown_all, &Readiness::Ready, &cal)));
         let none = Readiness::Unavailable(crate::gpu::Unavailable::NoDriver);
         assert_eq!(estimate(&cand(SetOp::Semi, 1 << 30, &int), &none, &cal), Verdict::Cpu("no NVIDIA driver (libcuda.so not found)".into()));
+    }
+
+    /// Composite keys of strings and exact columns are hashed column by column
+    /// on the device: no host encoding is charged, only their columns' bytes,
+    /// so they go to the GPU at scale and stay with DataFusion when small.
+    #[test]
+    fn composite_string_keys_are_charged_their_columns() {
+        let cal = Calibration { upload_gbps: 40.0, start_ms: 300.0, measured: true };
+        let gpu = |v: &Verdict| matches!(v, Verdict::Gpu(_));
+        let sc = [DataType::Utf8, DataType::Int64];
+        let big = estimate(&cand(SetOp::Semi, 200_000_000, &sc), &Readiness::Ready, &cal);
+        assert!(gpu(&big), "{big:?}");
+        let Verdict::Gpu(why) = &big else { unreachable!() };
+        assert!(why.contains("hashed column by column") && !why.contains("row-encoded"), "{why}");
+        assert!(gpu(&estimate(&cand(SetOp::IntersectDistinct, 18_000_000, &sc), &Readiness::Ready, &cal)));
+        assert!(!gpu(&estimate(&cand(SetOp::Semi, 1_000_000, &sc), &Readiness::Ready, &cal)));
+        // (date, string) as in TPC-H's set operations; dictionaries of strings count as strings.
+        let ds = [DataType::Date32, DataType::Utf8View, DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))];
+        assert!(gpu(&estimate(&cand(SetOp::ExceptDistinct, 50_000_000, &ds), &Readiness::Ready, &cal)));
+        // Each string column costs more bytes than an exact one.
+        assert!(column_hashed_row_bytes(&ds) > column_hashed_row_bytes(&sc));
+        assert_eq!(column_hashed_row_bytes(&sc), GPU_STRING_ROW_BYTES + 16.0);
     }
 
     #[test]
