@@ -310,7 +310,7 @@ extern "C" __global__ void jf_facts_thread(const u32* lo, const u32* hi, u64 n, 
             f |= jf_pair(prog, pr, d, p, rows ? rows[j] : j, error);
             if (f & 2) break;  // matched (EXISTS: any pass sets bit 1 too)
         }
-        facts[p] = (unsigned char)f;
+        facts[p] = (unsigned char)((f & 2) ? (f & 3) : f);  // as jf_facts_warp: a match carries bits 0-1 only
     }
 }
 

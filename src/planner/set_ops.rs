@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchemaRef, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -133,7 +133,22 @@ fn is_column_named(e: &Expr, name: &str) -> bool {
 
 impl AnalyzerRule for SetOpRule {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up(Self::rewrite).map(|t| t.data)
+        // Into subqueries too: an INTERSECT ALL inside a scalar or IN subquery is
+        // just as wrong. A subquery whose root becomes the extension node gets an
+        // identity projection above it: DataFusion's decorrelation reads the
+        // subquery's first output column through `head_output_expr`, which an
+        // extension node does not answer.
+        let plan = plan.transform_up_with_subqueries(Self::rewrite)?.data;
+        plan.transform_up_with_subqueries(|p| match p {
+            LogicalPlan::Subquery(mut sub) if matches!(sub.subquery.as_ref(), LogicalPlan::Extension(e) if e.node.as_any().is::<SetOpNode>()) => {
+                let root = sub.subquery.as_ref().clone();
+                let columns = root.schema().columns().into_iter().map(Expr::Column).collect::<Vec<_>>();
+                sub.subquery = Arc::new(LogicalPlan::Projection(datafusion::logical_expr::Projection::try_new(columns, Arc::new(root))?));
+                Ok(Transformed::yes(LogicalPlan::Subquery(sub)))
+            }
+            other => Ok(Transformed::no(other)),
+        })
+        .map(|t| t.data)
     }
     fn name(&self) -> &str {
         "setfusion_exact_set_ops"
