@@ -992,16 +992,19 @@ mod tests {
         assert!(error, "999990 does not fit 5 digits");
     }
 
+    /// 100 x 100 rows in groups of 20 whose u32 products overflow i32.
+    fn overflowing_join(seed: u64) -> (KeyColumns, KeyColumns, Vec<PairColumn>, Programs) {
+        let mut rng = Rng(seed);
+        let pk: Vec<Option<i64>> = (0..100).map(|i| Some(i as i64 % 5)).collect();
+        let mut cols = columns(&mut rng, 100, true, false, 30);
+        cols.extend(columns(&mut rng, 100, false, false, 40));
+        (keys(&pk, 30), keys(&pk, 40), cols, overflowing())
+    }
+
     #[test]
     fn overflow_gives_none() {
-        let mut rng = Rng(7);
-        let (n, nb) = (100, 100);
-        let pk: Vec<Option<i64>> = (0..n).map(|i| Some(i as i64 % 5)).collect();
-        let (probe, build) = (keys(&pk, 30), keys(&pk, 40));
-        let mut cols = columns(&mut rng, n, true, false, 30);
-        cols.extend(columns(&mut rng, nb, false, false, 40));
-        let programs = overflowing();
-        let j = PairJoin { keys: Some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+        let (probe, build, cols, programs) = overflowing_join(7);
+        let j = PairJoin { keys: Some((&probe, &build)), n: 100, nb: 100, columns: &cols, programs: &programs };
         assert_eq!(facts_cpu(&j).unwrap(), None);
     }
 
@@ -1011,14 +1014,8 @@ mod tests {
         let _lease = gpu.lease(0);
         let msg = self_check(&gpu).unwrap();
         eprintln!("join_filter: {msg}");
-        let mut rng = Rng(99);
-        let (n, nb) = (100, 100);
-        let pk: Vec<Option<i64>> = (0..n).map(|i| Some(i as i64 % 5)).collect();
-        let (probe, build) = (keys(&pk, 30), keys(&pk, 40));
-        let mut cols = columns(&mut rng, n, true, false, 30);
-        cols.extend(columns(&mut rng, nb, false, false, 40));
-        let programs = overflowing();
-        let j = PairJoin { keys: Some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+        let (probe, build, cols, programs) = overflowing_join(99);
+        let j = PairJoin { keys: Some((&probe, &build)), n: 100, nb: 100, columns: &cols, programs: &programs };
         let mut stats = TransferStats::default();
         assert_eq!(facts_gpu(&gpu, &j, &mut stats).unwrap(), None, "device overflow flag");
     }
