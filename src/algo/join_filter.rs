@@ -507,8 +507,7 @@ pub fn facts_cpu(j: &PairJoin<'_>) -> Result<Option<Vec<u8>>> {
 // -------------------------------------------------------------------- device
 
 fn grid(gpu: &Gpu, threads: usize) -> LaunchConfig {
-    let sms = gpu.info().multiprocessors.max(1) as usize;
-    LaunchConfig { grid_dim: (threads.div_ceil(256).clamp(1, sms * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    gpu.grid_stride(threads, 16)
 }
 
 /// Validity bits with offset 0, as bytes (None: no NULLs).

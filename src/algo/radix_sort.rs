@@ -245,14 +245,10 @@ pub fn offset_keys_u64(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, sub: u64, 
             Some(r) => l.arg(&r.slice),
             None => l.arg(&null),
         };
-        l.launch(grid_stride(n))
+        l.launch(gpu.grid_stride(n, 32))
     }
     .map_err(|e| cuda_err("rs_offset_keys_u64", e))?;
     Ok((out, rows))
-}
-
-fn grid_stride(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.div_ceil(256).clamp(1, 132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// Bits needed for segment ids 0..nseg.
@@ -283,13 +279,13 @@ pub fn sort_segments_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, offsets: &Devi
     let f = gpu.function(FAMILY, "rs_seg_compose_u32")?;
     // SAFETY: signature matches kernels/radix_sort.cu; keys and composite hold n elements, offsets nseg + 1.
     unsafe {
-        stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&offsets.slice).arg(&nseg32).arg(&key_bits).arg(&composite.slice).launch(grid_stride(n))
+        stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&offsets.slice).arg(&nseg32).arg(&key_bits).arg(&composite.slice).launch(gpu.grid_stride(n, 32))
     }
     .map_err(|e| cuda_err("rs_seg_compose_u32", e))?;
     sort_keys_u64(gpu, &mut composite, n, 0, key_bits + sbits)?;
     let f = gpu.function(FAMILY, "rs_seg_split_u32")?;
     // SAFETY: as above; every key is rewritten from its sorted composite.
-    unsafe { stream.launch_builder(&f).arg(&composite.slice).arg(&n64).arg(&key_bits).arg(&keys.slice).launch(grid_stride(n)) }
+    unsafe { stream.launch_builder(&f).arg(&composite.slice).arg(&n64).arg(&key_bits).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
         .map_err(|e| cuda_err("rs_seg_split_u32", e))?;
     Ok(())
 }

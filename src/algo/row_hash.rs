@@ -269,10 +269,7 @@ fn verify_capacity(rows: usize) -> usize {
 }
 
 fn launch_cfg(gpu: &Gpu, n: usize) -> LaunchConfig {
-    let threads = 256u32;
-    let max_blocks = (gpu.info().multiprocessors.max(1) as usize) * 32;
-    let blocks = n.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    gpu.grid_stride(n, 32)
 }
 
 /// Device bytes that hashing, verifying and selecting these rows need at the

@@ -291,12 +291,6 @@ pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
     })
 }
 
-fn launch_cfg(n: usize) -> LaunchConfig {
-    let threads = 256u32;
-    let blocks = (n.div_ceil(threads as usize)).clamp(1, 132 * 32) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
-}
-
 /// GPU implementation: upload keys, build, probe, download one bit per probe row.
 /// The caller holds the device lock. Errors (including the memory budget) are
 /// returned, never panicked, so the caller can partition or fall back.
@@ -431,7 +425,7 @@ impl HashTable {
         let build = gpu.function("hash_setops", &format!("build{suffix}"))?;
         let words64 = words as u64;
         // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
-        unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&words64).launch(launch_cfg(words)) }
+        unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&words64).launch(gpu.grid_stride(words, 32)) }
             .map_err(|e| cuda_err("fill_empty", e))?;
         let passes = build_passes(cap * width);
         for pass in 0..if nb > 0 { passes } else { 0 } {
@@ -506,7 +500,7 @@ impl ProbeTable {
             if nb > 0 {
                 let f = gpu.function("bitmap_setops", "build_bits")?;
                 // SAFETY: signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range), which holds every build key.
-                unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(launch_cfg(nb)) }
+                unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(gpu.grid_stride(nb, 32)) }
                     .map_err(|e| cuda_err("bitmap build", e))?;
             }
             return Ok(ProbeTable::Bits { bits, lo, range });
@@ -516,7 +510,7 @@ impl ProbeTable {
         if nb > 0 {
             let f = gpu.function("bitmap_setops", "build_bits_dup")?;
             // SAFETY: as above; `dup` holds one flag.
-            unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).arg(&dup.slice).launch(launch_cfg(nb)) }
+            unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(nb, 32)) }
                 .map_err(|e| cuda_err("bitmap build", e))?;
         }
         let all = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
@@ -528,7 +522,7 @@ impl ProbeTable {
         let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
         let f = gpu.function("bitmap_setops", "build_counts")?;
         // SAFETY: as above; the count arrays cover [lo, lo + range).
-        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(launch_cfg(nb)) }
+        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(gpu.grid_stride(nb, 32)) }
             .map_err(|e| cuda_err("bitmap build", e))?;
         Ok(ProbeTable::Counts { count_b, ctr_a, lo, range })
     }
@@ -538,7 +532,7 @@ impl ProbeTable {
     /// ranks and counters, so together they make one selection.
     fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
         let (stream, n64, opi) = (gpu.stream(), keys.len() as u64, op as i32);
-        let cfg = launch_cfg(keys.len());
+        let cfg = gpu.grid_stride(keys.len(), 32);
         // SAFETY (each launch): signatures match kernels/bitmap_setops.cu; keys outside
         // [lo, lo + range) read nothing of the tables; `out` holds one bit per key.
         let launched = match self {

@@ -102,9 +102,6 @@ fn blocks(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
-fn grid_stride(n: usize) -> LaunchConfig {
-    blocks(n.div_ceil(256).clamp(1, 132 * 32), 256)
-}
 
 /// A sorted side: keys (as key - lo) and, for the probe side, original rows.
 struct Sorted {
@@ -171,7 +168,7 @@ pub fn run_sorted(
     // SAFETY: signature matches kernels/sort_setops.cu; parts holds ntiles + 1 entries, a np keys, b nb keys.
     unsafe {
         stream.launch_builder(&f).arg(&a.keys.slice).arg(&np64).arg(b_keys).arg(&nb64).arg(&ntiles64).arg(&parts.slice)
-            .launch(grid_stride(ntiles + 1))
+            .launch(gpu.grid_stride(ntiles + 1, 32))
     }
     .map_err(|e| cuda_err("bp_partition", e))?;
     let opi = op as i32;

@@ -438,8 +438,7 @@ impl Gpu {
             }
             let (n64, high64) = (n as u64, high_off as u64);
             let mut out = dst.slice.slice_mut(done..done + n);
-            let blocks = n.div_ceil(256).min(132 * 16) as u32;
-            let cfg = cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = self.grid_stride(n, 16);
             // SAFETY: signature matches kernels/transfer.cu; the scratch holds this fill's
             // descriptors, low and (if read) high words for n keys; `out` has n elements.
             unsafe { self.stream.launch_builder(&decode).arg(&scratch[b].slice).arg(&n64).arg(&high64).arg(&mut out).launch(cfg) }
@@ -761,8 +760,7 @@ fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut Transf
     let init = [u64::MAX, 0u64];
     gpu.stream.memcpy_htod(&init, &mut out.slice).map_err(|e| cuda_err("cuMemcpyHtoD", e))?;
     let n64 = n as u64;
-    let blocks = n.div_ceil(256).min(132 * 8) as u32;
-    let cfg = cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = gpu.grid_stride(n, 8);
     // SAFETY: signature matches kernels/transfer.cu; `keys` has n elements, `out` two.
     unsafe { gpu.stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&mut out.slice).launch(cfg) }
         .map_err(|e| cuda_err("min_max", e))?;

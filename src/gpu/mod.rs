@@ -365,6 +365,15 @@ impl Gpu {
         Lease { gpu: self, _lock: lock }
     }
 
+    /// A grid-stride launch over `n` items in blocks of 256 threads: enough
+    /// blocks to cover them, at most `blocks_per_sm` on each of this device's
+    /// multiprocessors (read from the device, not assumed to be an H100's 132).
+    pub fn grid_stride(&self, n: usize, blocks_per_sm: usize) -> cudarc::driver::LaunchConfig {
+        let max_blocks = self.info.multiprocessors.max(1) as usize * blocks_per_sm.max(1);
+        let blocks = n.div_ceil(256).clamp(1, max_blocks) as u32;
+        cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    }
+
     /// Blocking variant of [`Gpu::lock`] for synchronous algorithm code.
     pub fn lock_blocking(&self) -> tokio::sync::MutexGuard<'_, ()> {
         loop {
