@@ -546,16 +546,21 @@ impl Run {
             Ok(k) => k,
             Err(reason) => return Ok(DeviceOutcome::Host(reason)),
         };
+        let device_filter = self.device_filter.as_ref().expect("a filter");
+        if let (Err(reason), None) = (device_filter, &keys) {
+            // Nothing for the device to do: no groups to find, no filter it can evaluate.
+            return Ok(DeviceOutcome::Host(format!("no correlation keys, and {reason}")));
+        }
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
         let device = crate::gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let g = device.lease(cfg.memory_limit.0);
         let mut stats = crate::gpu::TransferStats::default();
         let metrics = super::DeviceMetrics::new(&self.metrics);
-        let programs = match self.device_filter.as_ref().expect("a filter") {
+        let programs = match device_filter {
             Ok(p) => p.clone(),
             Err(reason) => {
-                let Some((pk, bk)) = &keys else { return Ok(DeviceOutcome::Host(format!("no correlation keys, and {reason}"))) };
+                let (pk, bk) = keys.as_ref().expect("checked above: keys when the filter does not compile");
                 let groups = join_filter::groups_gpu(&g, pk, bk, &mut stats);
                 metrics.record(&stats);
                 return Ok(DeviceOutcome::Groups(groups?, reason.clone()));
