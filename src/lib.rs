@@ -12,6 +12,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod datagen;
+pub mod env;
 pub mod exec;
 pub mod fuzz;
 pub mod gpu;
@@ -19,6 +20,7 @@ pub mod keys;
 pub mod planner;
 pub mod slt;
 pub mod udf;
+pub mod util;
 
 use std::sync::Arc;
 

@@ -229,7 +229,7 @@ fn domain_of(space: &PairSpace) -> usize {
 
 /// With SETFUSION_TRACE set, print how long a step took (stderr).
 fn trace_step(what: &str, since: Instant) {
-    if std::env::var_os("SETFUSION_TRACE").is_some() {
+    if crate::env::trace() {
         eprintln!("families: {what}: {:.1} ms", since.elapsed().as_secs_f64() * 1e3);
     }
 }

@@ -1,11 +1,14 @@
-//! Algorithms: each family has a CPU twin and a GPU implementation behind one signature.
+//! Algorithms: each family has a CPU twin and a GPU implementation behind one
+//! signature. Each `kernels/X.cu` has one launcher module: `select::hash`
+//! (hash_setops), `select::bitmap` (bitmap_setops), `select::sort`
+//! (sort_setops), and the module of the family's own name for the rest
+//! (`transfer.cu`'s is `crate::gpu::transfer`).
 pub mod families;
 pub mod join_filter;
 pub mod multiset;
 pub mod radix_sort;
 pub mod row_hash;
-pub mod setops;
-pub mod sort_setops;
+pub mod select;
 pub mod sorted_intersect;
 pub mod ssjoin;
 pub mod ssjoin_prep;
@@ -21,11 +24,11 @@ pub type SelfCheck = fn(&Gpu) -> Result<String>;
 pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("families", families::self_check as SelfCheck),
-        ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
+        ("hash_setops + bitmap_setops", select::self_check as SelfCheck),
         ("join_filter", join_filter::self_check as SelfCheck),
         ("radix_sort", radix_sort::self_check as SelfCheck),
         ("row_hash", row_hash::self_check as SelfCheck),
-        ("sort_setops", sort_setops::self_check as SelfCheck),
+        ("sort_setops", select::sort::self_check as SelfCheck),
         ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
         ("ssjoin", ssjoin::self_check as SelfCheck),
         ("ssjoin_prep", ssjoin_prep::self_check as SelfCheck),

@@ -5,7 +5,7 @@
 //! wide decimals) are byte strings ([`KeyBytes`]). On the GPU backend their
 //! bytes go to the device, each row is hashed there to the same 64-bit
 //! value as [`keys::hash_bytes`] (the CPU twin), and the hashes stay on the
-//! device for the hash-table selection ([`setops::ResidentSelect`]).
+//! device for the hash-table selection ([`select::ResidentSelect`]).
 //!
 //! The bytes travel as Arrow holds them where it can: a string / binary
 //! column's value buffers go as whole pieces (offset arrays with their
@@ -39,7 +39,7 @@ use datafusion::arrow::buffer::{BooleanBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::algo::setops::{self, GpuStrategy, ResidentSelect, SetOp};
+use crate::algo::select::{self, GpuStrategy, ResidentSelect, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 use crate::keys::{self, ByteColumn, ByteParts, ColumnKeys, KeyBytes, KeyPart, RowSubset};
 
@@ -277,7 +277,7 @@ fn launch_cfg(gpu: &Gpu, n: usize) -> LaunchConfig {
 fn device_bytes(op: SetOp, build: &HostRows<'_>, probe: &HostRows<'_>, wide: bool) -> usize {
     let (nb, np) = (build.len(), probe.len());
     let verify = build.device_bytes(wide) + probe.device_bytes(wide) + (verify_capacity(nb + np) + 1) * 12 + 4;
-    verify.max(setops::device_bytes(GpuStrategy::Hash, op, nb, np, 0))
+    verify.max(select::device_bytes(GpuStrategy::Hash, op, nb, np, 0))
 }
 
 /// Upload one side in its layout.
@@ -636,7 +636,7 @@ fn select_host_rows_gpu(
     }
     let out = ResidentSelect::from_device(bh, nb, ph, np, None).run(gpu, GpuStrategy::Hash, op, stats)?;
     let words = gpu.download(&out, np.div_ceil(32), stats)?;
-    Ok(Some(setops::words_to_bool(words, np)))
+    Ok(Some(select::words_to_bool(words, np)))
 }
 
 /// One part of a column-hashed composite key (a key column, or the NULL
@@ -776,7 +776,7 @@ fn select_columns_gpu(
     }
     let (parts, masks) = host_parts(build, probe)?;
     let held: usize = parts.iter().chain(&masks).map(|p| p.build.device_bytes(p.wide) + p.probe.device_bytes(p.wide)).sum();
-    let need = (held + (verify_capacity(nb + np) + 1) * 12 + 4).max(setops::device_bytes(GpuStrategy::Hash, op, nb, np, 0));
+    let need = (held + (verify_capacity(nb + np) + 1) * 12 + 4).max(select::device_bytes(GpuStrategy::Hash, op, nb, np, 0));
     let avail = gpu.budget().available();
     if need > avail {
         // Worded so that gpu::is_out_of_memory recognises it: the caller then partitions on host hashes.
@@ -801,7 +801,7 @@ fn select_columns_gpu(
     }
     let out = ResidentSelect::from_device(bh, nb, ph, np, None).run(gpu, GpuStrategy::Hash, op, stats)?;
     let words = gpu.download(&out, np.div_ceil(32), stats)?;
-    Ok(Some(setops::words_to_bool(words, np)))
+    Ok(Some(select::words_to_bool(words, np)))
 }
 
 /// Column-hashed keys hashed on the device, column by column, and read back
@@ -962,9 +962,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let (b_ids, p_ids) = exact_ids(build, probe);
     for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
         let got = select_slices_gpu(gpu, op, build, probe, None, &mut stats)?;
-        let want = setops::select_cpu(op, &b_ids, &p_ids);
+        let want = select::select_cpu(op, &b_ids, &p_ids);
         match got {
-            Some(got) if setops::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
+            Some(got) if select::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
             Some(_) => return fail(format!("{} selection differs from the CPU", op.name())),
             None => return fail(format!("{}: collision reported on true hashes", op.name())),
         }
@@ -979,9 +979,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let (vb, vp) = (KeyBytes::Values(vb), KeyBytes::Values(vp));
     for op in [SetOp::Semi, SetOp::ExceptAll] {
         let got = select_subsets_gpu(gpu, op, RowSubset::all(&vb), RowSubset::all(&vp), &mut stats)?;
-        let want = setops::select_cpu(op, &b_ids, &p_ids);
+        let want = select::select_cpu(op, &b_ids, &p_ids);
         match got {
-            Some(got) if setops::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
+            Some(got) if select::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
             _ => return fail(format!("{} selection over Arrow views differs from the CPU", op.name())),
         }
     }
@@ -1060,9 +1060,9 @@ fn self_check_composite(gpu: &Gpu, stats: &mut TransferStats) -> Result<usize> {
         for (bsub, psub) in [(bs, ps), (RowSubset::new(bb, Some(&bv))?, RowSubset::new(pb, Some(&pv))?)] {
             let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
             for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
-                let want = setops::select_cpu(op, &b_ids, &p_ids);
+                let want = select::select_cpu(op, &b_ids, &p_ids);
                 match select_subsets_gpu(gpu, op, bsub, psub, stats)? {
-                    Some(got) if setops::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
+                    Some(got) if select::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
                     Some(_) => return fail(format!("{types:?}: {} selection differs from the CPU", op.name())),
                     None => return fail(format!("{types:?}: {}: collision reported on true hashes", op.name())),
                 }
@@ -1240,8 +1240,8 @@ mod tests {
             let (b_ids, p_ids) = keys::exact_ids(bs, ps);
             for op in OPS {
                 let got = select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
-                let want = setops::select_cpu(op, &b_ids, &p_ids);
-                assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "{nb}x{np} {op:?}");
+                let want = select::select_cpu(op, &b_ids, &p_ids);
+                assert!(select::same_multiset_selection(op, &p_ids, &want, &got), "{nb}x{np} {op:?}");
             }
             // Subsets (every other row) go through the same path without copying rows.
             let (bi, pi): (Vec<u32>, Vec<u32>) = ((0..nb as u32).step_by(2).collect(), (1..np as u32).step_by(2).collect());
@@ -1249,8 +1249,8 @@ mod tests {
             let (b_ids, p_ids) = keys::exact_ids(bs, ps);
             for op in OPS {
                 let got = select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
-                let want = setops::select_cpu(op, &b_ids, &p_ids);
-                assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "subset {nb}x{np} {op:?}");
+                let want = select::select_cpu(op, &b_ids, &p_ids);
+                assert!(select::same_multiset_selection(op, &p_ids, &want, &got), "subset {nb}x{np} {op:?}");
             }
         }
     }
@@ -1383,8 +1383,8 @@ mod tests {
                     let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
                     for op in OPS {
                         let got = select_subsets_gpu(&gpu, op, bsub, psub, &mut st).unwrap().expect("no collision");
-                        let want = setops::select_cpu(op, &b_ids, &p_ids);
-                        assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "{t} {bs:?}x{ps:?} {op:?}");
+                        let want = select::select_cpu(op, &b_ids, &p_ids);
+                        assert!(select::same_multiset_selection(op, &p_ids, &want, &got), "{t} {bs:?}x{ps:?} {op:?}");
                     }
                 }
             }
@@ -1497,8 +1497,8 @@ mod tests {
                     let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
                     for op in OPS {
                         let got = select_subsets_gpu(&gpu, op, bsub, psub, &mut st).unwrap().expect("no collision");
-                        let want = setops::select_cpu(op, &b_ids, &p_ids);
-                        assert!(setops::same_multiset_selection(op, &p_ids, &want, &got), "{what} {op:?}");
+                        let want = select::select_cpu(op, &b_ids, &p_ids);
+                        assert!(select::same_multiset_selection(op, &p_ids, &want, &got), "{what} {op:?}");
                     }
                     // A build tuple and a different probe tuple forced onto one hash.
                     if let Some(j) = (!b_ids.is_empty()).then(|| p_ids.iter().position(|&x| x != b_ids[0])).flatten() {

@@ -1636,9 +1636,7 @@ mod tests {
         }
         let (uniform_c, _) = preprocess(&raw, None);
         let (zipf_c, _) = preprocess(&crate::bench::ssjoin::generate(100_000, true, 13 + 100_000), None);
-        let threads: Vec<usize> = std::env::var("SSJOIN_PLAN_THREADS")
-            .ok()
-            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        let threads: Vec<usize> = crate::env::ssjoin_plan_threads()
             .unwrap_or_else(|| vec![1, default_threads()]);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         for (name, c) in [("uniform", &uniform_c), ("zipf", &zipf_c)] {
@@ -1723,7 +1721,7 @@ mod tests {
         let g = match crate::gpu::gpu(0) {
             Ok(g) => g,
             Err(e) => {
-                if std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                if crate::env::require_gpu() {
                     panic!("SETFUSION_REQUIRE_GPU=1 but no GPU: {e}");
                 }
                 use std::io::Write;

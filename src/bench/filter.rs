@@ -20,8 +20,8 @@ use crate::datagen;
 use super::median;
 
 pub fn run() -> Result<()> {
-    let n: u64 = std::env::var("SETFUSION_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000_000);
-    let runs: usize = std::env::var("SETFUSION_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let n: u64 = crate::env::bench_rows().unwrap_or(100_000_000);
+    let runs: usize = crate::env::bench_runs().unwrap_or(5);
     let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
     let table = datagen::key_table(n, datagen::key_a, true, threads)?;
     let parts: Vec<Vec<RecordBatch>> = futures::executor::block_on(async {

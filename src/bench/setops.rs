@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use datafusion::error::Result;
 use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use crate::algo::setops::{self, GpuStrategy, SetOp};
+use crate::algo::select::{self, GpuStrategy, SetOp};
 use crate::algo::sorted_intersect::SortedIntersect;
 use crate::datagen;
 use crate::gpu::{self, TransferStats};
@@ -57,14 +57,14 @@ struct Run {
 
 async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
     let t = Instant::now();
-    crate::exec::trace("query start");
+    crate::util::trace("query start");
     let df = ctx.sql(sql).await?;
-    crate::exec::trace("logical plan optimized");
+    crate::util::trace("logical plan optimized");
     let plan = df.create_physical_plan().await?;
     let planned = t.elapsed();
     let batches = collect(plan.clone(), ctx.task_ctx()).await?;
     let time = t.elapsed();
-    crate::exec::trace(&format!("query collected (planned after {:.2} ms)", planned.as_secs_f64() * 1e3));
+    crate::util::trace(&format!("query collected (planned after {:.2} ms)", planned.as_secs_f64() * 1e3));
     let rows = if batches.len() == 1 && batches[0].num_rows() == 1 && batches[0].num_columns() == 1 {
         datafusion::arrow::util::display::array_value_to_string(batches[0].column(0), 0).unwrap().parse().unwrap_or(1)
     } else {
@@ -86,8 +86,8 @@ async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
 
 /// Run the benchmark and print (and optionally write) the report.
 pub async fn run() -> Result<()> {
-    let n: u64 = std::env::var("SETFUSION_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000_000);
-    let runs: usize = std::env::var("SETFUSION_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let n: u64 = crate::env::bench_rows().unwrap_or(100_000_000);
+    let runs: usize = crate::env::bench_runs().unwrap_or(3);
     let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
     let mut report = String::new();
     let gpu_line = match gpu::gpu(0) {
@@ -111,7 +111,7 @@ pub async fn run() -> Result<()> {
     }
     let mut phases = Vec::new();
     // SETFUSION_BENCH_ONLY=IN,payload runs the queries whose names contain one of the words.
-    let only: Vec<String> = std::env::var("SETFUSION_BENCH_ONLY").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
+    let only: Vec<String> = crate::env::bench_only();
     for (name, sql) in datagen::SET_QUERIES.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|w| n.contains(w.as_str()))) {
         let mut df_runs = Vec::new();
         let mut sf_runs = Vec::new();
@@ -173,7 +173,7 @@ pub async fn run() -> Result<()> {
         writeln!(report, "|---|---|---|---|").unwrap();
         let _lock = g.lock_blocking();
         // Sorted u32 intersection, a = 2i, b = 3i, 2^28 keys each.
-        let m: u32 = std::env::var("SETFUSION_BENCH_SORTED_LOG2").ok().and_then(|v| v.parse().ok()).unwrap_or(28);
+        let m: u32 = crate::env::bench_sorted_log2().unwrap_or(28);
         let len = 1usize << m;
         let av: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(2)).collect();
         let bv: Vec<u32> = (0..len as u32).map(|i| i.wrapping_mul(3)).collect();
@@ -210,7 +210,7 @@ pub async fn run() -> Result<()> {
         let build: Vec<u64> = (0..nk as u64).map(|i| (i * 2654435761) % 20_000_000).collect();
         let probe: Vec<u64> = (0..nk as u64).map(|i| (i * 40503 + 7) % 20_000_000).collect();
         let mut times = Vec::new();
-        let resident = setops::ResidentSelect::upload(&g, &build, &probe, &mut TransferStats::default())?;
+        let resident = select::ResidentSelect::upload(&g, &build, &probe, &mut TransferStats::default())?;
         for s in [GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] {
             times.clear();
             for _ in 0..10 {
@@ -224,7 +224,7 @@ pub async fn run() -> Result<()> {
         writeln!(report, "\n{tile_note}").unwrap();
     }
     println!("{report}");
-    if let Ok(path) = std::env::var("SETFUSION_BENCH_OUT") {
+    if let Some(path) = crate::env::bench_out() {
         std::fs::write(&path, &report).ok();
     }
     Ok(())

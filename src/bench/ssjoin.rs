@@ -76,7 +76,7 @@ fn list<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Vec<T> {
 
 fn args(v: Vec<String>) -> Args {
     let mut a = Args {
-        out: std::env::var("SSJOIN_BENCH_OUT").ok(),
+        out: crate::env::ssjoin_bench_out(),
         reps: 3,
         nlj: true,
         collections: vec!["dblp".into(), "uniform".into(), "zipf".into()],
@@ -111,9 +111,7 @@ fn args(v: Vec<String>) -> Args {
 }
 
 fn dblp() -> Option<RawSets> {
-    let dir = std::env::var_os("SETFUSION_DATA_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"));
+    let dir = crate::env::data_dir();
     let path = dir.join("dblp_t_18k.txt");
     let text = std::fs::read_to_string(path).ok()?;
     let mut dict: HashMap<String, u64> = HashMap::new();
@@ -474,7 +472,7 @@ pub fn run(argv: Vec<String>) {
         if let Some((name, raw)) = &smallest {
             // The nested loop is quadratic (18k DBLP sets took 517 s on 2 cores):
             // run it on the first NLJ_SETS sets of the smallest collection.
-            let n = std::env::var("SSJOIN_BENCH_NLJ_SETS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000usize).min(raw.len());
+            let n = crate::env::ssjoin_nlj_sets().unwrap_or(4000usize).min(raw.len());
             let mut sub = RawSets::new();
             for i in 0..n {
                 sub.push(raw.set(i).iter().copied());

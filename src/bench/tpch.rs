@@ -247,9 +247,7 @@ pub fn generate(sf: f64, dir: &Path) -> Result<()> {
 
 /// The cached data set for scale factor `sf`, generated on first use.
 pub fn data_dir(sf: f64) -> Result<PathBuf> {
-    let base = std::env::var_os("SETFUSION_TPCH_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir).join(".cache/setfusion/tpch")
-    });
+    let base = crate::env::tpch_dir();
     let dir = base.join(format!("sf{sf}"));
     if !TABLES.iter().all(|t| dir.join(t).is_dir()) {
         let t = Instant::now();

@@ -39,7 +39,7 @@ async fn explain_lines(ctx: &SessionContext, sql: &str) -> Result<Vec<String>> {
 }
 
 pub async fn run() -> Result<()> {
-    let n: u64 = std::env::var("SETFUSION_DEMO_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ROWS);
+    let n: u64 = crate::env::demo_rows().unwrap_or(DEFAULT_ROWS);
     println!("setfusion demo — {}", super::doctor::gpu_line());
 
     // 1. Exactness: SQL multiset semantics that DataFusion 55 gets wrong.
@@ -71,7 +71,7 @@ pub async fn run() -> Result<()> {
         };
         let df_ans = match async { plain.sql(sql).await?.collect().await }.await {
             Ok(b) => show(b)?,
-            Err(e) => format!("error: {}", crate::cli::one_line(&e).chars().take(40).collect::<String>()),
+            Err(e) => format!("error: {}", crate::util::one_line(&e).chars().take(40).collect::<String>()),
         };
         let sf_ans = show(sf.sql(sql).await?.collect().await?)?;
         println!("{name:14} DataFusion: {df_ans:22} setfusion: {sf_ans}");

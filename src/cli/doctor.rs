@@ -65,7 +65,7 @@ pub async fn run() -> Result<i32> {
         Ok(g) => g,
         Err(e) => {
             println!("no GPU: {e}; setfusion runs on the CPU");
-            let require = std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            let require = crate::env::require_gpu();
             return Ok(if require { 2 } else { 0 });
         }
     };

@@ -43,10 +43,7 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
                               TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
 
-/// One line, for stderr: DataFusion errors can span lines.
-pub fn one_line(e: &DataFusionError) -> String {
-    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
-}
+pub use crate::util::one_line;
 
 /// Entry point; returns the process exit code.
 pub async fn main_with_args(args: Vec<String>) -> i32 {

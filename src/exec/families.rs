@@ -641,7 +641,7 @@ impl Run {
             }
         }
         self.device.record(&ts);
-        super::trace(&format!("intersect_families: done in {:.1} ms", started.elapsed().as_secs_f64() * 1e3));
+        crate::util::trace(&format!("intersect_families: done in {:.1} ms", started.elapsed().as_secs_f64() * 1e3));
         Ok(())
     }
 

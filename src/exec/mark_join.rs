@@ -48,7 +48,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
-use crate::algo::setops::SetOp;
+use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::{input_context, key_columns, Backend, NullMode, Selector};
 use crate::keys;
@@ -362,7 +362,7 @@ impl Run {
             collect_partitioned(self.probe.clone(), inputs.clone()),
             collect_partitioned(self.build.clone(), inputs)
         )?;
-        super::trace("mark join: inputs collected");
+        crate::util::trace("mark join: inputs collected");
         super::off_runtime(move || self.mark_and_output(&cfg, probe_parts, build_parts)).await
     }
 
@@ -381,7 +381,7 @@ impl Run {
         } else {
             self.facts_keyed(cfg, &probe, &build, n, nb)?
         };
-        super::trace("mark join: group facts computed");
+        crate::util::trace("mark join: group facts computed");
         let mark = match self.kind {
             MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
             MarkKind::In => {
@@ -415,7 +415,7 @@ impl Run {
             }
             return Ok(out);
         }
-        super::trace("mark join: mark computed");
+        crate::util::trace("mark join: mark computed");
         // The mark, sliced per probe batch, appended to it.
         let mut at = 0;
         let mut out = Vec::with_capacity(probe_parts.len());
@@ -429,7 +429,7 @@ impl Run {
             }
             out.push(batches);
         }
-        super::trace("mark join: output formed");
+        crate::util::trace("mark join: output formed");
         Ok(out)
     }
 
@@ -511,7 +511,7 @@ impl Run {
                     why = Some(format!("gpu groups, filter on the host: {reason}"));
                 }
                 Ok(DeviceOutcome::Host(reason)) => why = Some(format!("host: {reason}")),
-                Err(e) => why = Some(format!("GPU failed: {}", crate::cli::one_line(&e))),
+                Err(e) => why = Some(format!("GPU failed: {}", crate::util::one_line(&e))),
             }
         }
         self.facts_filtered_host(probe, build, groups, why)

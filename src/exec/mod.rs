@@ -92,15 +92,6 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     }
 }
 
-/// With SETFUSION_TRACE set, print one timeline event to stderr (ms since
-/// the first event of the process): where a query's time goes between its
-/// operators and the runtime, which per-operator metrics cannot show.
-pub fn trace(what: &str) {
-    static EPOCH: std::sync::OnceLock<Option<std::time::Instant>> = std::sync::OnceLock::new();
-    if let Some(epoch) = EPOCH.get_or_init(|| std::env::var_os("SETFUSION_TRACE").map(|_| std::time::Instant::now())) {
-        eprintln!("trace {:10.2} ms {what}", epoch.elapsed().as_secs_f64() * 1e3);
-    }
-}
 
 /// The tail every setfusion operator's EXPLAIN line ends with: the embedded
 /// projection, and (after a run, except in the tree view) what actually ran.

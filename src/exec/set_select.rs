@@ -4,7 +4,7 @@
 //! Semi and anti joins (IN, EXISTS, NOT IN, NOT EXISTS) and INTERSECT / EXCEPT
 //! [ALL] are the same operator: both sides' key columns are encoded into
 //! 64-bit keys, one selection bit per kept-side row is computed by
-//! [`crate::algo::setops`] (GPU or CPU backend), and the kept side's batches
+//! [`crate::algo::select`] (GPU or CPU backend), and the kept side's batches
 //! are filtered on the host. Only key columns ever reach the device; when the
 //! output holds the (single, 64-bit) key column, the GPU backend sends its
 //! kept values back and the host filters only the other columns.
@@ -39,7 +39,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use crate::algo::row_hash;
-use crate::algo::setops::{self, GpuStrategy, SetOp};
+use crate::algo::select::{self, GpuStrategy, SetOp};
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
@@ -288,13 +288,13 @@ impl ExecutionPlan for SetSelectExec {
             let sel = cell
                 .get_or_init(|| async move {
                     let r = run.run(context).await.map(Arc::new).map_err(Arc::new);
-                    super::trace("run returned");
+                    crate::util::trace("run returned");
                     r
                 })
                 .await
                 .clone()
                 .map_err(DataFusionError::Shared)?;
-            super::trace(&format!("partition {partition} ready"));
+            crate::util::trace(&format!("partition {partition} ready"));
             let out = match sel.outputs.get(partition) {
                 Some(Output::Batches(batches)) => {
                     out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
@@ -483,7 +483,7 @@ fn filter_partitions(
     let (bits, bits_at) = (selection.inner(), selection.offset());
     let kept: Vec<usize> =
         crate::gpu::par_map(&flat, 256, |(_, b, at)| Ok::<_, DataFusionError>(bits.count_set_bits_offset(bits_at + *at, b.num_rows())))?;
-    super::trace("filter: kept rows counted");
+    crate::util::trace("filter: kept rows counted");
     let Some(projection) = projection else {
         let mut rows = vec![0; parts.len()];
         flat.iter().zip(&kept).for_each(|((p, ..), k)| rows[*p] += k);
@@ -518,12 +518,12 @@ fn filter_partitions(
     // Fixed-width host columns without NULLs land in one pinned buffer from the
     // device's pool (resident pages, reused across queries) when there is a device.
     let widths = fixed_widths(&flat, &kept, &host_columns);
-    super::trace("filter: groups formed, widths checked");
+    crate::util::trace("filter: groups formed, widths checked");
     let pinned_hosts = match (out_mem, &widths) {
         (Some(g), Some(widths)) => Some(filter_fixed_width_pinned(g, &flat, &kept, selection, &groups, &host_columns, widths, before)?),
         _ => None,
     };
-    super::trace("filter: pinned columns written");
+    crate::util::trace("filter: pinned columns written");
     // The host's columns of each group's output batch, filtered in parallel
     // while the device's keys are still on their way.
     type Filtered = Result<Option<(SchemaRef, Option<RecordBatch>)>>;
@@ -569,7 +569,7 @@ fn filter_partitions(
         };
         *slot = Some(run());
     });
-    super::trace("filter: group batches formed");
+    crate::util::trace("filter: group batches formed");
     let key_column = match key_column {
         Some((c, pending)) => Some((c, pending.wait()?)),
         None => None,
@@ -675,7 +675,7 @@ fn filter_fixed_width_pinned(
     let region: Vec<usize> = widths.iter().map(|w| (total * w).next_multiple_of(64)).collect();
     let bytes: usize = region.iter().sum();
     let mut out = g.host_output(bytes)?;
-    super::trace("filter: pinned output buffer ready");
+    crate::util::trace("filter: pinned output buffer ready");
     let mut rest = &mut out.as_mut_slice()?[..bytes];
     // slices[g][j]: group g's part of column j's region.
     let mut slices: Vec<Vec<&mut [u8]>> = groups.iter().map(|_| Vec::new()).collect();
@@ -790,7 +790,7 @@ pub(crate) fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -
 impl Run {
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
-        super::trace("run start");
+        crate::util::trace("run start");
         let waiting = Instant::now();
         let inputs = input_context(&context);
         let (keep_parts, other_parts) = futures::try_join!(
@@ -798,7 +798,7 @@ impl Run {
             collect_partitioned(self.other.clone(), inputs)
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
-        super::trace("inputs collected");
+        crate::util::trace("inputs collected");
         let batch_size = context.session_config().batch_size();
         super::off_runtime(move || self.select_and_filter(&cfg, keep_parts, other_parts, batch_size)).await
     }
@@ -824,10 +824,10 @@ impl Run {
                 self.keep_keys.iter().map(|k| Ok(keys::key_type(&k.data_type(&keep_schema)?))).collect::<Result<_>>()?;
             let keep_cols = key_columns(&keep_batches, &self.keep_keys)?;
             let other_cols = key_columns(&other_batches, &self.other_keys)?;
-            super::trace("key columns evaluated");
+            crate::util::trace("key columns evaluated");
             self.select_columns(cfg, keep_cols, other_cols, &types)?
         };
-        super::trace("select done");
+        crate::util::trace("select done");
         let t = Instant::now();
         let projection = self.output.as_ref().map(|p| p.as_deref());
         let device_keys = self.device_keys.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -848,10 +848,10 @@ impl Run {
             ran.push_str(", key column from device");
         }
         self.metrics.output_filter_time.add_duration(t.elapsed());
-        super::trace("output filtered");
+        crate::util::trace("output filtered");
         drop((keep_batches, other_batches));
         crate::gpu::drop_later((keep_parts, other_parts, selection));
-        super::trace("inputs dropped");
+        crate::util::trace("inputs dropped");
         Ok(Selected { outputs })
     }
 
@@ -893,7 +893,7 @@ impl Selector {
             other_k.nulls = None;
         }
         self.metrics.encode_time.add_duration(t.elapsed());
-        super::trace("keys encoded");
+        crate::util::trace("keys encoded");
         let t = Instant::now();
         let (sel, ran) = self.select(cfg, &keep_k, &other_k)?;
         self.metrics.select_time.add_duration(t.elapsed());
@@ -954,7 +954,7 @@ impl Selector {
                 left -= 1;
             }
         }
-        core = setops::words_to_bool(words, n);
+        core = select::words_to_bool(words, n);
         Ok((core, ran))
     }
 
@@ -983,15 +983,15 @@ impl Selector {
                 Ok(None) => {
                     let (b_ids, p_ids) = keys::exact_ids(other_rows, keep_rows);
                     let ran = "gpu/hash (device row hashes), hash collision resolved on cpu".to_string();
-                    return Ok((setops::select_cpu(self.op, &b_ids, &p_ids), ran));
+                    return Ok((select::select_cpu(self.op, &b_ids, &p_ids), ran));
                 }
                 // Too large for one device pass: hash on the host, where the GPU select partitions.
                 Err(e) if gpu::is_out_of_memory(&e) => gpu_note = Some(" (rows over the device budget: host row hashes)"),
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.
-                    let reason = format!("cpu (GPU failed: {})", crate::cli::one_line(&e));
+                    let reason = format!("cpu (GPU failed: {})", crate::util::one_line(&e));
                     let (kk, ok) = (core_keys(keep, keep_idx)?, core_keys(other, other_idx)?);
-                    let sel = setops::select_cpu_chunks(self.op, &ok.slices(), &kk.slices());
+                    let sel = select::select_cpu_chunks(self.op, &ok.slices(), &kk.slices());
                     return self.verify_host_hashed(sel, reason, (keep_rows, &kk), (other_rows, &ok));
                 }
             }
@@ -1017,7 +1017,7 @@ impl Selector {
             None => Ok((sel, ran)),
             Some((b_ids, p_ids)) => {
                 ran.push_str(", hash collision resolved on cpu");
-                Ok((setops::select_cpu(self.op, &b_ids, &p_ids), ran))
+                Ok((select::select_cpu(self.op, &b_ids, &p_ids), ran))
             }
         }
     }
@@ -1025,12 +1025,12 @@ impl Selector {
     /// Select on 64-bit keys with the configured backend (hash-encoded keys: `hashed`).
     fn select_hashes(&self, cfg: &SetfusionConfig, kk: &[&[u64]], ok: &[&[u64]], hashed: bool) -> (BooleanBuffer, String) {
         match &self.backend {
-            Backend::Cpu(_) => (setops::select_cpu_chunks(self.op, ok, kk), "cpu".to_string()),
+            Backend::Cpu(_) => (select::select_cpu_chunks(self.op, ok, kk), "cpu".to_string()),
             Backend::Gpu(_) => match self.run_gpu(cfg, kk, ok, hashed) {
                 Ok(r) => r,
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.
-                    (setops::select_cpu_chunks(self.op, ok, kk), format!("cpu (GPU failed: {})", crate::cli::one_line(&e)))
+                    (select::select_cpu_chunks(self.op, ok, kk), format!("cpu (GPU failed: {})", crate::util::one_line(&e)))
                 }
             },
         }
@@ -1061,7 +1061,7 @@ impl Selector {
         // Exact keys only (they come back into pinned memory the output owns);
         // the output filter checks that they cover every kept row.
         let want_keys = self.key_from_device.is_some() && !hashed && cfg.pinned_output;
-        let (sel, ran, keys) = setops::select_gpu_auto(&g, forced, self.op, ok, kk, want_keys, &mut stats)?;
+        let (sel, ran, keys) = select::select_gpu_auto(&g, forced, self.op, ok, kk, want_keys, &mut stats)?;
         *self.device_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
         self.metrics.device.record(&stats);
         Ok((sel, ran))
@@ -1163,7 +1163,7 @@ mod tests {
         let g = crate::gpu::test_gpu();
         for density in [0.0, 0.3, 1.0] {
             let selection = BooleanBuffer::from_iter((0..all_keys.len()).map(|_| rng.random_bool(density)));
-            let keys = datafusion::arrow::buffer::Buffer::from_vec(setops::compact_kept_keys_cpu(&all_keys, &selection));
+            let keys = datafusion::arrow::buffer::Buffer::from_vec(select::compact_kept_keys_cpu(&all_keys, &selection));
             let projections: [Option<Vec<usize>>; 6] = [None, Some(vec![0, 2]), Some(vec![2, 0]), Some(vec![0]), Some(vec![1, 0, 0]), Some(vec![1])];
             for p in projections {
                 let (host, _) = filter_partitions(&parts, &selection, Some(p.as_deref()), None, 8192, None).unwrap();

@@ -373,7 +373,7 @@ impl Run {
         if left.num_rows() == 0 || right.num_rows() == 0 {
             return Ok(vec![]);
         }
-        super::trace("similarity join: inputs collected");
+        crate::util::trace("similarity join: inputs collected");
         let la = self.left_set.evaluate(&left)?.into_array(left.num_rows())?;
         let ra = self.right_set.evaluate(&right)?.into_array(right.num_rows())?;
 
@@ -383,12 +383,12 @@ impl Run {
         let backend = self.backend.clone();
         let cfg2 = cfg.clone();
         let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
-            super::trace("similarity join: set columns evaluated");
+            crate::util::trace("similarity join: set columns evaluated");
             // One array on both sides (a self join read once): encode it once.
             let shared = Arc::ptr_eq(&la, &ra);
             let both = [la, ra];
             let enc = crate::udf::sets::encode("similarity join", &both[..if shared { 1 } else { 2 }])?;
-            super::trace("similarity join: sets encoded");
+            crate::util::trace("similarity join: sets encoded");
             let same = shared || (enc[0].sets == enc[1].sets && enc[0].valid == enc[1].valid);
             let mut stats = JoinStats::default();
             let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
@@ -421,7 +421,7 @@ impl Run {
                 }
                 ran
             };
-            super::trace("similarity join: joined");
+            crate::util::trace("similarity join: joined");
             Ok((lidx, ridx, ran, stats))
         })
         .await
@@ -477,7 +477,7 @@ impl Run {
                 &RecordBatchOptions::new().with_row_count(Some(li.len())),
             )?);
         }
-        super::trace("similarity join: output built");
+        crate::util::trace("similarity join: output built");
         Ok(out)
     }
 }

@@ -59,15 +59,13 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// setfusion's folder in the user's cache (`$XDG_CACHE_HOME/setfusion`, else
 /// `~/.cache/setfusion`): kernels, the doctor's calibration.
 pub fn setfusion_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let base = crate::env::user_cache_dir()?;
     Some(base.join("setfusion"))
 }
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Ok(d) = std::env::var("SETFUSION_CACHE_DIR") {
-        return Some(PathBuf::from(d));
+    if let Some(d) = crate::env::kernel_cache_dir() {
+        return Some(d);
     }
     Some(setfusion_cache_dir()?.join("kernels"))
 }

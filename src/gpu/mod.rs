@@ -5,9 +5,12 @@
 //! [`Unavailable`] reason that the planner shows in EXPLAIN and the CLI prints
 //! as a one-line notice. Nothing here knows about SQL.
 
+mod budget;
 mod compile;
-mod memory;
+mod packing;
 mod pool;
+mod staging;
+pub mod transfer;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,8 +20,10 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use datafusion::error::DataFusionError;
 
 pub use compile::{kernel_sources, setfusion_cache_dir, KernelSource};
-pub use memory::{DeviceBuffer, HostOut, MemoryBudget, PendingBuffer, Pod, TransferStats};
-pub(crate) use memory::copy_threads;
+pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
+pub use staging::{HostOut, PendingBuffer};
+pub use transfer::{compact_kept_keys, compact_kept_keys_cpu, DeviceArray, TransferStats};
+pub(crate) use transfer::copy_threads;
 pub(crate) use pool::{drop_later, for_each_mut, par_map};
 
 /// Why the GPU backend cannot be used.
@@ -74,9 +79,9 @@ pub struct Gpu {
     /// (and the pinned staging buffers) at a time, which keeps memory
     /// accounting simple and transfers in large contiguous batches.
     exclusive: tokio::sync::Mutex<()>,
-    staging: Mutex<Option<memory::Staging>>,
+    staging: Mutex<Option<staging::Staging>>,
     /// Pinned buffers returned by the Arrow arrays that owned them, for reuse.
-    pinned_free: memory::PinnedFree,
+    pinned_free: staging::PinnedFree,
 }
 
 impl fmt::Debug for Gpu {
@@ -106,7 +111,7 @@ pub fn available(ordinal: usize) -> Result<(), Unavailable> {
 }
 
 fn disabled() -> bool {
-    std::env::var("SETFUSION_DISABLE_GPU").is_ok_and(|v| v == "1")
+    crate::env::disable_gpu()
 }
 
 /// How long each step of a device's background start took (for `doctor` and
@@ -452,7 +457,7 @@ pub fn test_gpu() -> Option<Arc<Gpu>> {
     match gpu(0) {
         Ok(g) => Some(g),
         Err(e) => {
-            if std::env::var("SETFUSION_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            if crate::env::require_gpu() {
                 panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {e}");
             }
             // Written past the test harness's capture, so CI logs say why the GPU part did not run.

@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 
 use datafusion::arrow::datatypes::DataType;
 
-use crate::algo::setops::SetOp;
+use crate::algo::select::SetOp;
 use crate::gpu::Readiness;
 
 /// The host's and device's measured rates, as `setfusion doctor` stores them.
@@ -49,8 +49,8 @@ impl Default for Calibration {
 
 impl Calibration {
     fn path() -> Option<PathBuf> {
-        if let Some(p) = std::env::var_os("SETFUSION_CALIBRATION") {
-            return Some(PathBuf::from(p));
+        if let Some(p) = crate::env::calibration_file() {
+            return Some(p);
         }
         Some(crate::gpu::setfusion_cache_dir()?.join("calibration.txt"))
     }

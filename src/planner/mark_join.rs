@@ -43,7 +43,7 @@ use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
-use crate::algo::setops::SetOp;
+use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::mark_join::{MarkJoinExec, MarkKind, PairFilter};
@@ -445,7 +445,7 @@ impl ExtensionPlanner for MarkJoinPlanner {
             if cfg.strategy != Strategy::Cpu && datafusion_is_right(node)? {
                 // On the CPU DataFusion's own LeftMark hash join is the faster one, and
                 // here its two-valued mark is right: plan it from the node.
-                crate::exec::trace(&format!("setfusion keeps DataFusion's LeftMark join: {reason}"));
+                crate::util::trace(&format!("setfusion keeps DataFusion's LeftMark join: {reason}"));
                 let join = Join::try_new(
                     Arc::new(node.probe.clone()),
                     Arc::new(node.build.clone()),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::algo::setops::SetOp;
+use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::set_select::Backend;
 

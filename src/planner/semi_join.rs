@@ -19,7 +19,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::algo::setops::SetOp;
+use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
@@ -99,7 +99,7 @@ impl SemiJoinRule {
         if let Backend::Cpu(reason) = &backend {
             if cfg.strategy != Strategy::Cpu {
                 // DataFusion's join is right and, by the estimate, not slower: keep it.
-                crate::exec::trace(&format!("setfusion keeps DataFusion's {:?} join: {reason}", j.join_type));
+                crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join: {reason}", j.join_type));
                 return Ok(if declined {
                     Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
                 } else {
@@ -136,7 +136,7 @@ impl SemiJoinRule {
         threads: usize,
     ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         if j.null_aware {
-            crate::exec::trace("setfusion keeps DataFusion's null-aware anti join with a residual filter");
+            crate::util::trace("setfusion keeps DataFusion's null-aware anti join with a residual filter");
             return Ok(Transformed::no(plan));
         }
         use datafusion::common::JoinSide;
@@ -152,7 +152,7 @@ impl SemiJoinRule {
             let on_types: Vec<_> = on.iter().map(|(k, _)| k.data_type(&schema)).collect::<Result<_>>()?;
             let d = super::decide_filtered(cfg, &keep, &other, &on_types, &pair_filter, None, threads);
             if let Backend::Cpu(reason) = &d.backend {
-                crate::exec::trace(&format!("setfusion keeps DataFusion's {:?} join with a filter: {reason}", j.join_type));
+                crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join with a filter: {reason}", j.join_type));
                 return Ok(if d.declined {
                     Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
                 } else {
@@ -180,7 +180,7 @@ impl SemiJoinRule {
 
 impl PhysicalOptimizerRule for SemiJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        crate::exec::trace("physical rule setfusion_semi_join");
+        crate::util::trace("physical rule setfusion_semi_join");
         let threads = config.execution.target_partitions;
         super::rewrite_when_enabled(plan, config, |p, cfg| Self::rewrite(p, cfg, threads))
     }

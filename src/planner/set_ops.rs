@@ -29,7 +29,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
-use crate::algo::setops::SetOp;
+use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
@@ -187,7 +187,7 @@ impl ExtensionPlanner for SetOpPlanner {
             if !exact_either_way && cfg.strategy != Strategy::Cpu {
                 // DataFusion's plan of INTERSECT / EXCEPT (distinct) is right and, by the
                 // estimate, not slower than the GPU: rebuild it from the node and plan it.
-                crate::exec::trace(&format!("setfusion keeps DataFusion's {}: {reason}", node.op.name()));
+                crate::util::trace(&format!("setfusion keeps DataFusion's {}: {reason}", node.op.name()));
                 let plan = datafusion_plan(node, logical_inputs[0], logical_inputs[1])?;
                 let plan = planner.create_physical_plan(&plan, session_state).await?;
                 return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));

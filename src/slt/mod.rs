@@ -248,7 +248,7 @@ pub async fn run_file_counted(path: &Path, mode: Mode) -> Result<usize> {
 /// when no GPU is usable, unless `SETFUSION_REQUIRE_GPU=1`. Returns the exit
 /// code: 0 when everything passed, 1 otherwise.
 pub async fn run_cli(paths: &[PathBuf], modes: &[Mode]) -> i32 {
-    let require_gpu = std::env::var("SETFUSION_REQUIRE_GPU").map(|v| v == "1").unwrap_or(false);
+    let require_gpu = crate::env::require_gpu();
     let gpu = gpu_mode_status();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for mode in modes {

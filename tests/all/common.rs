@@ -8,13 +8,13 @@ use std::path::PathBuf;
 /// overrides it where the test binary runs away from its source tree (the GPU
 /// machine, see scripts/gpu-run.sh).
 pub fn crate_root() -> PathBuf {
-    std::env::var_os("SETFUSION_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+    setfusion::env::repo_root()
 }
 
 /// `SETFUSION_REQUIRE_GPU=1`: GPU-mode tests fail instead of skipping when no
 /// GPU is usable.
 pub fn require_gpu() -> bool {
-    std::env::var("SETFUSION_REQUIRE_GPU").map(|v| v == "1").unwrap_or(false)
+    setfusion::env::require_gpu()
 }
 
 /// `Ok(())` when GPU-mode tests should run; `Err(reason)` after printing

@@ -11,7 +11,7 @@ use crate::common::{block_on, gpu_or_skip};
 #[test]
 fn fuzz_small_run_agrees() {
     let _device = crate::common::shared_device();
-    let queries: usize = std::env::var("SETFUSION_FUZZ_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
+    let queries: usize = setfusion::env::fuzz_queries().unwrap_or(600);
     let gpu = gpu_or_skip().is_ok();
     block_on(move || async move {
         let opts = setfusion::fuzz::FuzzOptions { queries, seed: 20261124, max_rows: 50_000, gpu };

@@ -17,7 +17,7 @@ use setfusion::slt::{self, Mode};
 use crate::common::{block_on, crate_root, gpu_or_skip};
 
 fn slt_files(dir: PathBuf) -> Vec<PathBuf> {
-    let filter = std::env::var("SETFUSION_SLT").unwrap_or_default();
+    let filter = setfusion::env::slt_filter().unwrap_or_default();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -30,7 +30,7 @@ fn slt_files(dir: PathBuf) -> Vec<PathBuf> {
 
 fn run_sql_tests(mode: Mode) {
     let files = slt_files(crate_root().join("sql-tests"));
-    assert!(!files.is_empty() || std::env::var("SETFUSION_SLT").is_ok(), "no sql-tests/*.slt files");
+    assert!(!files.is_empty() || setfusion::env::slt_filter().is_some(), "no sql-tests/*.slt files");
     let failures = block_on(move || async move {
         let mut failures = vec![];
         for f in &files {

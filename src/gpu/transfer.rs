@@ -1,112 +1,19 @@
-//! Device memory budget, pinned staging and host<->device transfers.
-//!
-//! Every device allocation is charged against a [`MemoryBudget`] first, so an
-//! operator learns "this does not fit" as an ordinary error it can react to
-//! (partition or fall back) instead of a CUDA out-of-memory deep in a kernel.
-//! Uploads go through two pinned staging buffers used alternately, so copying
-//! the next chunk out of pageable Arrow memory overlaps the DMA of the last.
+//! Host <-> device transfers, and the one Rust home of `kernels/transfer.cu`:
+//! uploads through pinned staging (keys frame-of-reference packed, decoded on
+//! the device), downloads into pinned memory Arrow owns, the keys' min / max,
+//! and the compaction of kept keys.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
-use datafusion::arrow::buffer::Buffer;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::error::{DataFusionError, Result};
 
-use super::{cuda_err, Gpu};
-
-/// Bytes of each pinned staging buffer: 64 MiB of data plus room for one
-/// packed fill's segment descriptors (see [`Gpu::upload_keys`]).
-const STAGING_BYTES: usize = (64 << 20) + PACK_DESC;
-
-// Frame-of-reference packing of u64 keys in transit (kernels/transfer.cu has the
-// same constants): a fill of PACK_FILL keys in PACK_SEGS segments of PACK_SEG.
-const PACK_SEG: usize = 1 << 16;
-const PACK_SEGS: usize = 128;
-const PACK_FILL: usize = PACK_SEG * PACK_SEGS;
-const PACK_DESC: usize = 4096;
-
-/// Budget for device memory, in bytes. The limit is set per operator run from
-/// `setfusion.memory_limit` (0 = 90% of the device's memory).
-#[derive(Debug)]
-pub struct MemoryBudget {
-    total: usize,
-    limit: AtomicUsize,
-    used: Arc<AtomicUsize>,
-}
-
-impl MemoryBudget {
-    pub(super) fn new(total: usize) -> Self {
-        Self { total, limit: AtomicUsize::new(total / 10 * 9), used: Arc::new(AtomicUsize::new(0)) }
-    }
-
-    /// Set the limit; 0 means 90% of device memory.
-    pub fn set_limit(&self, bytes: usize) {
-        let l = if bytes == 0 { self.total / 10 * 9 } else { bytes.min(self.total) };
-        self.limit.store(l, Ordering::Relaxed);
-    }
-
-    pub fn limit(&self) -> usize {
-        self.limit.load(Ordering::Relaxed)
-    }
-
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// Bytes still available under the limit.
-    pub fn available(&self) -> usize {
-        self.limit().saturating_sub(self.used())
-    }
-
-    /// Charge `bytes`; the charge is returned when the [`Reservation`] drops.
-    pub fn reserve(&self, bytes: usize) -> Result<Reservation> {
-        let limit = self.limit();
-        let mut cur = self.used.load(Ordering::Relaxed);
-        loop {
-            if cur + bytes > limit {
-                return Err(DataFusionError::ResourcesExhausted(format!(
-                    "setfusion GPU: device memory budget exceeded: need {bytes} bytes, {} of {limit} in use",
-                    cur
-                )));
-            }
-            match self.used.compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Ok(Reservation { bytes, used: self.used.clone() }),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-}
-
-/// A charge against the budget, released on drop.
-#[derive(Debug)]
-pub struct Reservation {
-    bytes: usize,
-    used: Arc<AtomicUsize>,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
-
-/// A typed device allocation that holds its budget charge.
-#[derive(Debug)]
-pub struct DeviceBuffer<T> {
-    pub slice: CudaSlice<T>,
-    _charge: Reservation,
-}
-
-impl<T> DeviceBuffer<T> {
-    pub fn len(&self) -> usize {
-        self.slice.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
-    }
-}
+#[cfg(test)]
+use super::packing::decode_fill_cpu;
+use super::packing::{pack_fill, parallel_gather, Cursor, PACK_DESC, PACK_FILL, PACK_SEG};
+use super::staging::{Staging, STAGING_BYTES};
+use super::{cuda_err, DeviceBuffer, Gpu, HostOut, PendingBuffer, Pod};
 
 /// Bytes moved and time spent, for EXPLAIN ANALYZE.
 #[derive(Debug, Default, Clone)]
@@ -133,128 +40,7 @@ impl TransferStats {
     }
 }
 
-/// Two pinned buffers, each with the event of the last copy out of it.
-pub(super) struct Staging {
-    bufs: [PinnedHostSlice<u8>; 2],
-    pending: [Option<CudaEvent>; 2],
-}
-
-impl Staging {
-    /// Wait until the DMA out of buffer `b` (if any is in flight) is done.
-    fn wait(&mut self, b: usize, stats: &mut TransferStats) -> Result<()> {
-        if let Some(ev) = self.pending[b].take() {
-            let w = Instant::now();
-            ev.synchronize().map_err(|e| cuda_err("staging event", e))?;
-            stats.dma_wait += w.elapsed();
-        }
-        Ok(())
-    }
-}
-
-/// Pinned host buffers given back by the Arrow arrays that owned them.
-pub(super) type PinnedFree = Arc<Mutex<Vec<PinnedHostSlice<u8>>>>;
-
-/// At most this many pinned buffers wait for reuse (freeing one costs no more than the pinning saved).
-const PINNED_KEEP: usize = 4;
-
-/// Owner of a pinned buffer inside an Arrow [`Buffer`]: gives it back to the
-/// device's pool when the last array using it is dropped.
-struct PinnedOwner {
-    buf: Option<PinnedHostSlice<u8>>,
-    free: PinnedFree,
-}
-
-impl Drop for PinnedOwner {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() < PINNED_KEEP {
-                free.push(buf);
-            }
-        }
-    }
-}
-
-/// A pinned buffer being filled by the host, then owned by an Arrow [`Buffer`].
-pub struct HostOut {
-    buf: PinnedHostSlice<u8>,
-    free: PinnedFree,
-}
-
-impl HostOut {
-    /// The bytes to fill.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
-        self.buf.as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))
-    }
-    /// Its first `len` bytes (all written by now) as an Arrow buffer; the memory
-    /// returns to the pool when the last array using it is dropped.
-    pub fn into_buffer(self, len: usize) -> Result<Buffer> {
-        let HostOut { mut buf, free } = self;
-        if len > buf.len() {
-            return Err(DataFusionError::Internal("pinned output overrun".into()));
-        }
-        let ptr = std::ptr::NonNull::new(buf.as_mut_ptr().map_err(|e| cuda_err("pinned buffer", e))?)
-            .ok_or_else(|| DataFusionError::Internal("null pinned buffer".into()))?;
-        let owner = Arc::new(PinnedOwner { buf: Some(buf), free });
-        // SAFETY: `ptr` addresses at least `len` bytes of pinned memory that `owner` keeps
-        // allocated (and out of the pool) for as long as the Buffer lives; the bytes are
-        // written before they are read (by the host, or by a DMA PendingBuffer::wait waits for).
-        Ok(unsafe { Buffer::from_custom_allocation(ptr, len, owner) })
-    }
-}
-
-/// A host buffer that a device-to-host copy is still filling.
-pub struct PendingBuffer {
-    buffer: Buffer,
-    /// The copy's event (None: the bytes are there already).
-    done: Option<CudaEvent>,
-}
-
-impl PendingBuffer {
-    /// A buffer whose bytes are already there (the CPU twins' results).
-    pub fn ready(buffer: Buffer) -> Self {
-        Self { buffer, done: None }
-    }
-    /// The number of bytes it will hold.
-    pub fn len(&self) -> usize {
-        self.buffer.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.buffer.is_empty()
-    }
-    /// Wait for the copy; then the bytes are there.
-    pub fn wait(self) -> Result<Buffer> {
-        if let Some(done) = &self.done {
-            done.synchronize().map_err(|e| cuda_err("download event", e))?;
-        }
-        Ok(self.buffer)
-    }
-}
-
-/// Plain numeric element types that may be reinterpreted from bytes.
-pub trait Pod: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {}
-impl Pod for u8 {}
-impl Pod for u32 {}
-impl Pod for i32 {}
-impl Pod for u64 {}
-impl Pod for i64 {}
-
 impl Gpu {
-    /// Allocate `len` zeroed elements, charged to the budget.
-    pub fn alloc_zeros<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
-        let slice = self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| cuda_err("cuMemAlloc", e))?;
-        Ok(DeviceBuffer { slice, _charge: charge })
-    }
-
-    /// Allocate `len` elements whose contents the caller will overwrite.
-    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
-        // SAFETY: the memory is uninitialised; every caller writes it (kernel or copy) before reading.
-        let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
-        Ok(DeviceBuffer { slice, _charge: charge })
-    }
-
     /// Copy host data to a new device buffer through the pinned staging buffers.
     pub fn upload<T: Pod>(&self, host: &[T], stats: &mut TransferStats) -> Result<DeviceBuffer<T>> {
         let mut dst = self.alloc::<T>(host.len())?;
@@ -306,7 +92,7 @@ impl Gpu {
         self.upload_chunks_into_observed(chunks, dst, offset, stats, &|_| {})
     }
 
-    fn upload_chunks_into_observed<T: Pod>(
+    pub(super) fn upload_chunks_into_observed<T: Pod>(
         &self,
         chunks: &[&[T]],
         dst: &mut DeviceBuffer<T>,
@@ -524,30 +310,6 @@ impl Gpu {
         Ok(PendingBuffer { buffer, done: Some(done) })
     }
 
-    /// A pinned buffer of at least `bytes` bytes: the smallest one in the pool
-    /// that holds them, else a new one (16 MiB multiples, so sizes recur).
-    fn pinned_from_pool(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
-        let reused = {
-            let mut free = self.pinned_free.lock().unwrap_or_else(|e| e.into_inner());
-            let best = free.iter().enumerate().filter(|(_, b)| b.len() >= bytes).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
-        };
-        match reused {
-            Some(b) => Ok(b),
-            // SAFETY: the caller writes the bytes it hands out before anything reads them.
-            None => unsafe { self.ctx.alloc_pinned::<u8>(bytes.max(1).next_multiple_of(16 << 20)) }.map_err(|e| cuda_err("cuMemHostAlloc", e)),
-        }
-    }
-
-    /// Host memory for query output that the host fills: pinned buffers from
-    /// the same pool, so their pages are resident and reused. Fresh output
-    /// allocations fault in every page (zeroed by the kernel): cutting 25M kept
-    /// BIGINTs out of 100M measured 17.2 ms into fresh buffers, 11.6 ms into
-    /// reused ones (`setfusion bench filter`).
-    pub fn host_output(&self, bytes: usize) -> Result<HostOut> {
-        Ok(HostOut { buf: self.pinned_from_pool(bytes)?, free: self.pinned_free.clone() })
-    }
-
     /// Read one element (a count the host needs to size the next step).
     pub fn read_one<T: Pod>(&self, src: &DeviceBuffer<T>, index: usize, stats: &mut TransferStats) -> Result<T> {
         let start = Instant::now();
@@ -568,193 +330,8 @@ pub(crate) fn copy_threads() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get()).min(16)
 }
 
-/// Reads several slices back to back, `n` elements at a time.
-struct Cursor<'a, T> {
-    chunks: &'a [&'a [T]],
-    ci: usize,
-    pos: usize,
-}
-
-impl<'a, T> Cursor<'a, T> {
-    fn new(chunks: &'a [&'a [T]]) -> Self {
-        Self { chunks, ci: 0, pos: 0 }
-    }
-
-    /// The next `n` elements as pieces of the source slices (fewer at the end).
-    fn take(&mut self, n: usize) -> Vec<&'a [T]> {
-        let mut pieces = Vec::new();
-        let mut need = n;
-        while need > 0 && self.ci < self.chunks.len() {
-            let c = self.chunks[self.ci];
-            let take = (c.len() - self.pos).min(need);
-            if take > 0 {
-                pieces.push(&c[self.pos..self.pos + take]);
-            }
-            self.pos += take;
-            need -= take;
-            if self.pos == c.len() {
-                self.ci += 1;
-                self.pos = 0;
-            }
-        }
-        pieces
-    }
-}
-
-/// Call `f` on the parts of the concatenation of `pieces` in [lo, hi).
-fn for_range<T>(pieces: &[&[T]], lo: usize, hi: usize, mut f: impl FnMut(&[T])) {
-    let mut pos = 0;
-    for p in pieces {
-        let (p_lo, p_hi) = (pos, pos + p.len());
-        pos = p_hi;
-        let (a, b) = (p_lo.max(lo), p_hi.min(hi));
-        if a < b {
-            f(&p[a - p_lo..b - p_lo]);
-        }
-        if pos >= hi {
-            break;
-        }
-    }
-}
-
-/// Frame-of-reference code one fill of `n` keys (at most `cap`) into a staging
-/// buffer laid out for `cap` keys (layout in kernels/transfer.cu). Threads
-/// take whole segments. A segment's base is its first key minus 2^31, so one
-/// sweep can write every offset's low word and OR together the high words:
-/// the segment is narrow iff that OR is zero (no compares, so it vectorises);
-/// only wide segments are swept again for their high words.
-/// Returns whether any segment needed high words.
-fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize, threads: usize) -> bool {
-    let segs = n.div_ceil(PACK_SEG);
-    let (desc, rest) = buf.split_at_mut(PACK_DESC);
-    let (low_bytes, high_bytes) = rest.split_at_mut(cap * 4);
-    assert!(high_bytes.len() >= n * 4 && low_bytes.len() >= n * 4 && segs <= PACK_SEGS, "staging layout too small");
-    // SAFETY: cuMemHostAlloc memory is page aligned and every region starts at a
-    // multiple of 4 (desc at 0, low at 4096, high at 4096 + 4 cap) or 8 (bases);
-    // u64/u32 have no invalid bit patterns; lengths were checked above.
-    let (bases, flags, low, high) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(desc.as_mut_ptr() as *mut u64, PACK_SEGS),
-            std::slice::from_raw_parts_mut(desc.as_mut_ptr().add(PACK_SEGS * 8) as *mut u32, PACK_SEGS),
-            std::slice::from_raw_parts_mut(low_bytes.as_mut_ptr() as *mut u32, n),
-            std::slice::from_raw_parts_mut(high_bytes.as_mut_ptr() as *mut u32, n),
-        )
-    };
-    struct Seg<'s> {
-        at: usize,
-        base: &'s mut u64,
-        wide: &'s mut u32,
-        low: &'s mut [u32],
-        high: &'s mut [u32],
-    }
-    let mut work: Vec<Seg> = bases
-        .iter_mut()
-        .zip(flags.iter_mut())
-        .zip(low.chunks_mut(PACK_SEG).zip(high.chunks_mut(PACK_SEG)))
-        .take(segs)
-        .enumerate()
-        .map(|(i, ((base, wide), (low, high)))| Seg { at: i * PACK_SEG, base, wide, low, high })
-        .collect();
-    let pack = |segs: &mut [Seg]| -> bool {
-        let mut any_wide = false;
-        for s in segs {
-            let len = s.low.len();
-            let mut first = None;
-            for_range(pieces, s.at, s.at + 1, |p| first = p.first().copied());
-            let base = first.unwrap_or(0).wrapping_sub(1 << 31);
-            let (mut at, mut over) = (0usize, 0u64);
-            for_range(pieces, s.at, s.at + len, |p| {
-                over |= pack_low(&mut s.low[at..at + p.len()], p, base);
-                at += p.len();
-            });
-            let wide = over != 0;
-            if wide {
-                let mut at = 0;
-                for_range(pieces, s.at, s.at + len, |p| {
-                    s.high[at..at + p.len()].iter_mut().zip(p).for_each(|(o, &k)| *o = (k.wrapping_sub(base) >> 32) as u32);
-                    at += p.len();
-                });
-            }
-            *s.base = base;
-            *s.wide = wide as u32;
-            any_wide |= wide;
-        }
-        any_wide
-    };
-    if threads <= 1 || n < (1 << 20) {
-        return pack(&mut work);
-    }
-    // The pool's persistent threads: a fresh thread scope per fill cost ~0.5 ms.
-    // Four parts per thread, claimed as threads come free: with one part each,
-    // a fill waits for its slowest thread, and on a busy host one thread that
-    // loses its core for a while (the reaper freeing the last query's inputs,
-    // another tenant) stretches every fill.
-    let per = work.len().div_ceil(threads * 4).max(1);
-    let mut parts: Vec<&mut [Seg]> = work.chunks_mut(per).collect();
-    let any_wide = std::sync::atomic::AtomicBool::new(false);
-    super::pool::for_each_mut(&mut parts, &|_, segs| {
-        if pack(segs) {
-            any_wide.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    any_wide.into_inner()
-}
-
-/// Write the low words of `k - base` for every key of `src` into `dst` (same
-/// length) and return the OR of their high words (zero: all offsets fit 32 bits).
-/// On x86_64 the bulk goes through SSE2 non-temporal stores: the pinned staging
-/// memory is only read again by the DMA engine, so filling cache lines for it
-/// (a read-for-ownership per line) would cost a third of the memory traffic.
-fn pack_low(dst: &mut [u32], src: &[u64], base: u64) -> u64 {
-    debug_assert_eq!(dst.len(), src.len());
-    let n = dst.len().min(src.len());
-    let mut over = 0u64;
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::*;
-        // Scalar head up to a 16-byte aligned destination.
-        while i < n && (dst.as_ptr() as usize + i * 4) % 16 != 0 {
-            let v = src[i].wrapping_sub(base);
-            dst[i] = v as u32;
-            over |= v >> 32;
-            i += 1;
-        }
-        if i + 4 <= n {
-            // SAFETY: SSE2 is part of the x86_64 baseline; every access is within
-            // i + 4 <= n elements of both slices, and dst + i is 16-byte aligned
-            // (checked above) as the streaming store requires; the sfence orders
-            // the non-temporal stores before this thread's later (joined) writes.
-            unsafe {
-                let vb = _mm_set1_epi64x(base as i64);
-                let mut vo = _mm_setzero_si128();
-                while i + 4 <= n {
-                    let a = _mm_sub_epi64(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i), vb);
-                    let b = _mm_sub_epi64(_mm_loadu_si128(src.as_ptr().add(i + 2) as *const __m128i), vb);
-                    vo = _mm_or_si128(vo, _mm_or_si128(_mm_srli_epi64(a, 32), _mm_srli_epi64(b, 32)));
-                    // dwords 0 and 2 of a, then of b: the four low words in key order
-                    let lo = _mm_castps_si128(_mm_shuffle_ps(_mm_castsi128_ps(a), _mm_castsi128_ps(b), 0b10_00_10_00));
-                    _mm_stream_si128(dst.as_mut_ptr().add(i) as *mut __m128i, lo);
-                    i += 4;
-                }
-                _mm_sfence();
-                let mut lanes = [0u64; 2];
-                _mm_storeu_si128(lanes.as_mut_ptr() as *mut __m128i, vo);
-                over |= lanes[0] | lanes[1];
-            }
-        }
-    }
-    while i < n {
-        let v = src[i].wrapping_sub(base);
-        dst[i] = v as u32;
-        over |= v >> 32;
-        i += 1;
-    }
-    over
-}
-
 /// [min, max] of `n` device keys (n > 0), by a reduction kernel.
-fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
+pub(super) fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
     let f = gpu.function("transfer", "min_max")?;
     let mut out = gpu.alloc::<u64>(2)?;
     let init = [u64::MAX, 0u64];
@@ -766,68 +343,6 @@ fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut Transf
         .map_err(|e| cuda_err("min_max", e))?;
     let v = gpu.download(&out, 2, stats)?;
     Ok((v[0], v[1]))
-}
-
-/// CPU twin of `decode_for` in kernels/transfer.cu: the keys of one packed fill.
-#[cfg(test)]
-fn decode_fill_cpu(buf: &[u8], n: usize, cap: usize) -> Vec<u64> {
-    let word = |off: usize| u32::from_le_bytes(buf[off..off + 4].try_into().unwrap()) as u64;
-    (0..n)
-        .map(|i| {
-            let s = i / PACK_SEG;
-            let base = u64::from_le_bytes(buf[s * 8..s * 8 + 8].try_into().unwrap());
-            let wide = word(PACK_SEGS * 8 + s * 4) != 0;
-            let mut v = word(PACK_DESC + i * 4);
-            if wide {
-                v |= word(PACK_DESC + cap * 4 + i * 4) << 32;
-            }
-            base.wrapping_add(v)
-        })
-        .collect()
-}
-
-/// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
-fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], threads: usize, observe: &(dyn Fn(&[T]) + Sync)) {
-    let total = dst.len();
-    // At least 2 MiB per thread: small uploads (a similarity join's 11 MB
-    // collection) pay more for spawning 16 threads than they save, and compete
-    // with the host work they overlap.
-    let threads = threads.min((total * std::mem::size_of::<T>()) >> 21);
-    if threads <= 1 || total < (1 << 20) {
-        let mut at = 0;
-        for p in pieces {
-            dst[at..at + p.len()].copy_from_slice(p);
-            observe(p);
-            at += p.len();
-        }
-        return;
-    }
-    let per = total.div_ceil(threads);
-    let mut parts = Vec::with_capacity(threads);
-    let (mut rest, mut base) = (dst, 0usize);
-    while !rest.is_empty() {
-        let n = per.min(rest.len());
-        let (mine, tail) = rest.split_at_mut(n);
-        rest = tail;
-        parts.push((base, mine));
-        base += n;
-    }
-    super::pool::for_each_mut(&mut parts, &|_, (lo, mine)| {
-        let (lo, n) = (*lo, mine.len());
-        // Copy the part of the concatenation [lo, lo + n) into `mine`.
-        let (mut at, mut pos) = (0usize, 0usize);
-        for p in pieces {
-            let (p_lo, p_hi) = (pos, pos + p.len());
-            pos = p_hi;
-            let (a, b) = (p_lo.max(lo), p_hi.min(lo + n));
-            if a < b {
-                let src = &p[a - p_lo..b - p_lo];
-                mine[at..at + (b - a)].copy_from_slice(src);
-                observe(src);
-                at += b - a;
-            }
-        }
-    });
 }
 
 /// An Arrow array's buffers on the device: the values (or, for strings and
@@ -862,6 +377,52 @@ impl Gpu {
         };
         Ok(DeviceArray { len: array.len(), offset: array.offset(), values, offsets, validity })
     }
+}
+
+/// The keys of the selected rows, in row order, compacted on the device
+/// (`kernels/transfer.cu`: count_kept, compact_kept) and on their way into
+/// pinned memory that an Arrow buffer owns, with their number. `sel` holds
+/// one bit per key of `keys` (n keys). CPU twin: [`compact_kept_keys_cpu`].
+pub fn compact_kept_keys(
+    gpu: &Gpu,
+    keys: &DeviceBuffer<u64>,
+    sel: &DeviceBuffer<u32>,
+    n: usize,
+    stats: &mut TransferStats,
+) -> Result<(PendingBuffer, usize)> {
+    const WORDS_PER_BLOCK: usize = 256; // SF_KEPT_WORDS
+    let blocks = n.div_ceil(32).div_ceil(WORDS_PER_BLOCK).max(1);
+    let n64 = n as u64;
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (WORDS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    let t = Instant::now();
+    let mut counts = gpu.alloc::<u32>(blocks)?;
+    let count = gpu.function("transfer", "count_kept")?;
+    // SAFETY: signature matches kernels/transfer.cu; `sel` holds ceil(n / 32) words, `counts` one per block.
+    unsafe { gpu.stream().launch_builder(&count).arg(&sel.slice).arg(&n64).arg(&mut counts.slice).launch(cfg) }
+        .map_err(|e| cuda_err("count_kept", e))?;
+    let counts = gpu.download(&counts, blocks, stats)?;
+    let mut offsets = Vec::with_capacity(blocks);
+    let mut total = 0u64;
+    for c in counts {
+        offsets.push(total);
+        total += c as u64;
+    }
+    let offsets = gpu.upload(&offsets, stats)?;
+    let mut out = gpu.alloc::<u64>((total as usize).max(1))?;
+    let compact = gpu.function("transfer", "compact_kept")?;
+    // SAFETY: signature matches kernels/transfer.cu; `keys` holds n keys, `offsets` one per
+    // block, and `out` the `total` kept keys the counts add up to.
+    unsafe {
+        gpu.stream().launch_builder(&compact).arg(&sel.slice).arg(&n64).arg(&keys.slice).arg(&offsets.slice).arg(&mut out.slice).launch(cfg)
+    }
+    .map_err(|e| cuda_err("compact_kept", e))?;
+    stats.kernel += t.elapsed();
+    Ok((gpu.download_to_arrow(&out, total as usize, stats)?, total as usize))
+}
+
+/// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.
+pub fn compact_kept_keys_cpu(keys: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
+    sel.set_indices().map(|i| keys[i]).collect()
 }
 
 #[cfg(test)]
@@ -964,3 +525,4 @@ mod tests {
         assert!(back == big);
     }
 }
+

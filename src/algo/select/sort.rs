@@ -1,6 +1,6 @@
 //! Sort-based multiset selection (seed 002, moderngpu "Multisets"): the third
 //! GPU strategy for semi/anti joins and INTERSECT / EXCEPT [ALL], beside the
-//! hash table and the bitmap of [`crate::algo::setops`].
+//! hash table and the bitmap of [`crate::algo::select`].
 //!
 //! Both sides are radix-sorted by [`crate::algo::radix_sort`] (the Onesweep
 //! sort of kernels/radix_sort.cu; the probe side carries its original row
@@ -8,7 +8,7 @@
 //! sides with Balanced Path and runs a serial std::set_* style merge per thread that
 //! decides every probe row. [`select_sorted_cpu`] is the CPU twin: the same
 //! merge, serially. Both give exactly the same bits as
-//! [`crate::algo::setops::select_cpu`]: among equal probe keys, rank is the
+//! [`crate::algo::select::select_cpu`]: among equal probe keys, rank is the
 //! occurrence number in row order (the radix sort is stable).
 
 use std::time::Instant;
@@ -18,7 +18,7 @@ use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::algo::radix_sort;
-use crate::algo::setops::{key_range, words_to_bool, SetOp};
+use super::{key_range, words_to_bool, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 const FAMILY: &str = "sort_setops";
@@ -251,11 +251,11 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::algo::setops::select_cpu;
+    use crate::algo::select::select_cpu;
 
     /// The SQL multiset rules computed by counting (independent of the merge).
     fn reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec<u64> {
-        crate::algo::setops::multiset_reference(op, build, probe)
+        crate::algo::select::multiset_reference(op, build, probe)
     }
 
     fn kept(probe: &[u64], sel: &BooleanBuffer) -> Vec<u64> {

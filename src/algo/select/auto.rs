@@ -1,0 +1,550 @@
+//! The selection the operators call: upload once, choose the strategy from
+//! the keys' domain and the device budget, stream the probe side through it
+//! where the rule allows, and partition by key hash when the inputs do not
+//! fit the budget.
+
+use std::time::Instant;
+
+use datafusion::arrow::buffer::BooleanBuffer;
+use datafusion::error::{DataFusionError, Result};
+
+use cudarc::driver::CudaView;
+
+use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
+use super::hash::{hash_capacity, HashTable};
+use super::{bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool, GpuStrategy, SetOp};
+use crate::gpu::{compact_kept_keys, compact_kept_keys_cpu, DeviceBuffer, Gpu, PendingBuffer, TransferStats};
+use crate::util::trace;
+
+/// Device bytes a strategy needs for these inputs (used to plan partitions).
+pub fn device_bytes(strategy: GpuStrategy, op: SetOp, nb: usize, np: usize, range: u64) -> usize {
+    let keys = (nb + np) * 8 + np.div_ceil(32) * 4;
+    match strategy {
+        GpuStrategy::Hash => keys + hash_capacity(op, nb, np) * 16,
+        // ALL forms may need counts (a repeated build key); DISTINCT forms two bitmaps.
+        GpuStrategy::Bitmap if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) => keys + range as usize * 8,
+        GpuStrategy::Bitmap if op.needs_counts() => keys + (range as usize).div_ceil(32) * 8,
+        GpuStrategy::Bitmap => keys + (range as usize).div_ceil(32) * 4,
+        GpuStrategy::Sort => keys + super::sort::device_bytes_sorted(nb, np),
+    }
+}
+
+/// GPU implementation: upload keys, build, probe, download one bit per probe row.
+/// The caller holds the device lock. Errors (including the memory budget) are
+/// returned, never panicked, so the caller can partition or fall back.
+pub fn select_gpu(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[u64],
+    probe: &[u64],
+    stats: &mut TransferStats,
+) -> Result<BooleanBuffer> {
+    select_gpu_chunks(gpu, strategy, op, &[build], &[probe], stats)
+}
+
+/// [`select_gpu`] over keys held in several slices (one per batch): they are
+/// gathered straight into the pinned staging buffers, never concatenated.
+pub fn select_gpu_chunks(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<BooleanBuffer> {
+    let np: usize = probe.iter().map(|c| c.len()).sum();
+    if np == 0 {
+        return Ok(BooleanBuffer::new_unset(0));
+    }
+    let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
+    let out = resident.run(gpu, strategy, op, stats)?;
+    let words = gpu.download(&out, np.div_ceil(32), stats)?;
+    Ok(words_to_bool(words, np))
+}
+
+/// Build and probe keys already on the device (benchmarks time `run` alone).
+pub struct ResidentSelect {
+    build: DeviceBuffer<u64>,
+    probe: DeviceBuffer<u64>,
+    nb: usize,
+    np: usize,
+    /// The key domain [lo, hi] of both inputs, if any keys.
+    range: Option<(u64, u64)>,
+}
+
+impl ResidentSelect {
+    pub fn upload(gpu: &Gpu, build: &[u64], probe: &[u64], stats: &mut TransferStats) -> Result<Self> {
+        Self::upload_chunks(gpu, &[build], &[probe], stats)
+    }
+
+    /// Upload both sides, frame-of-reference packed in transit ([`Gpu::upload_keys`]);
+    /// the key domain falls out of the packing.
+    pub fn upload_chunks(gpu: &Gpu, build: &[&[u64]], probe: &[&[u64]], stats: &mut TransferStats) -> Result<Self> {
+        let (d_build, rb) = gpu.upload_keys(build, stats)?;
+        trace("gpu: build keys uploaded");
+        let (d_probe, rp) = gpu.upload_keys(probe, stats)?;
+        let (nb, np): (usize, usize) = (build.iter().map(|c| c.len()).sum(), probe.iter().map(|c| c.len()).sum());
+        Ok(Self { build: d_build, probe: d_probe, nb, np, range: merge_ranges(rb, rp) })
+    }
+
+    /// Keys that are already on the device (e.g. row hashes computed there).
+    /// `range` is their domain when known; hashed keys pass None (hash strategy only).
+    pub fn from_device(build: DeviceBuffer<u64>, nb: usize, probe: DeviceBuffer<u64>, np: usize, range: Option<(u64, u64)>) -> Self {
+        Self { build, probe, nb, np, range }
+    }
+
+    /// The key domain [lo, hi] of both inputs (None when both are empty).
+    pub fn range(&self) -> Option<(u64, u64)> {
+        self.range
+    }
+
+    /// Run the kernels; returns one bit per probe row on the device.
+    pub fn run(&self, gpu: &Gpu, strategy: GpuStrategy, op: SetOp, stats: &mut TransferStats) -> Result<DeviceBuffer<u32>> {
+        let (nb, np) = (self.nb, self.np);
+        let (d_build, d_probe) = (&self.build, &self.probe);
+        if strategy == GpuStrategy::Sort {
+            // Allocates its own output, synchronises and adds its kernel time.
+            return super::sort::run_sorted(gpu, op, d_build, nb, d_probe, np, self.range, stats);
+        }
+        let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
+        let started = Instant::now();
+        let table = ProbeTable::build(gpu, strategy, op, d_build, nb, np, self.range)?;
+        table.probe(gpu, op, &d_probe.slice.slice(..), &out.slice.slice(..))?;
+        gpu.synchronize()?;
+        stats.kernel += started.elapsed();
+        Ok(out)
+    }
+}
+
+/// A build side on the device, ready to probe any run of probe keys (which
+/// may lie outside its domain): bitmaps over a dense domain, or the hash table.
+enum ProbeTable {
+    Bitmap(BitmapTable),
+    Hash(HashTable),
+}
+
+impl ProbeTable {
+    /// Build the table for `strategy` (Bitmap or Hash; see [`BitmapTable::build`]).
+    fn build(gpu: &Gpu, strategy: GpuStrategy, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, np: usize, range: Option<(u64, u64)>) -> Result<Self> {
+        Ok(match strategy {
+            GpuStrategy::Bitmap => ProbeTable::Bitmap(BitmapTable::build(gpu, op, d_build, nb, range)?),
+            _ => ProbeTable::Hash(HashTable::build(gpu, op, d_build, nb, np, range)?),
+        })
+    }
+
+    /// Queue the probe of `keys`: one bit per key into `out`, which starts at
+    /// the word of the keys' first row. Probing runs in turn share the table's
+    /// ranks and counters, so together they make one selection.
+    fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
+        match self {
+            ProbeTable::Bitmap(t) => t.probe(gpu, op, keys, out),
+            ProbeTable::Hash(t) => t.probe(gpu, op, keys, out),
+        }
+    }
+}
+
+/// Every rule but EXCEPT DISTINCT with the probe side streamed: the build
+/// keys upload first, and their table (chosen from the build side alone: a
+/// probe key outside its domain has no match) is built while the first probe
+/// fill is packed; each probe fill is probed as soon as its decode is queued,
+/// so the kernels run behind the host's packing of the next fill instead of
+/// after the last one. (EXCEPT DISTINCT elects one copy of every probe key
+/// outside the build side, which needs the probe side's domain first.)
+/// Returns the probe keys, the selection words on the device (synchronised)
+/// and the strategy.
+pub(super) fn select_streamed(
+    gpu: &Gpu,
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<(DeviceBuffer<u64>, DeviceBuffer<u32>, GpuStrategy)> {
+    let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
+    let (d_build, range) = gpu.upload_keys(build, stats)?;
+    trace("gpu: build keys uploaded");
+    let strategy = pick_strategy(gpu, forced, op, nb, np, range);
+    let t = Instant::now();
+    let table = ProbeTable::build(gpu, strategy, op, &d_build, nb, np, range)?;
+    let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
+    stats.kernel += t.elapsed();
+    let (d_probe, _) = gpu.upload_keys_each(probe, stats, false, &mut |keys, first| {
+        // Each fill's bits start a word of their own (fills are whole 65,536-key segments).
+        if first % 32 != 0 {
+            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+        }
+        table.probe(gpu, op, keys, &out.slice.slice(first / 32..))
+    })?;
+    // Kernel time shown: what the last fill's probe adds after the uploads.
+    let t = Instant::now();
+    gpu.synchronize()?;
+    stats.kernel += t.elapsed();
+    drop((table, d_build));
+    Ok((d_probe, out, strategy))
+}
+
+/// `auto` for `nb` build and `np` probe keys over the domain `range`: a bitmap
+/// / direct-address table when the domain is dense enough that it is no
+/// larger than a hash table and fits the budget.
+pub(super) fn choose_table(gpu: &Gpu, op: SetOp, nb: usize, np: usize, range: Option<(u64, u64)>) -> GpuStrategy {
+    let Some((lo, hi)) = range else { return GpuStrategy::Hash };
+    let range = hi.wrapping_sub(lo).saturating_add(1);
+    if range > BITMAP_MAX_RANGE {
+        return GpuStrategy::Hash;
+    }
+    let bitmap = device_bytes(GpuStrategy::Bitmap, op, nb, np, range);
+    let hash = device_bytes(GpuStrategy::Hash, op, nb, np, range);
+    let keys = (nb + np) * 8;
+    if bitmap <= hash && bitmap - keys <= gpu.budget().available() {
+        GpuStrategy::Bitmap
+    } else {
+        GpuStrategy::Hash
+    }
+}
+
+/// The strategy `forced`, or chosen by [`choose_table`]; a forced bitmap on a
+/// domain too wide for one falls back to the hash table.
+pub(super) fn pick_strategy(gpu: &Gpu, forced: Option<GpuStrategy>, op: SetOp, nb: usize, np: usize, range: Option<(u64, u64)>) -> GpuStrategy {
+    match forced {
+        Some(GpuStrategy::Bitmap) if range.is_none_or(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) => GpuStrategy::Hash,
+        Some(s) => s,
+        None => choose_table(gpu, op, nb, np, range),
+    }
+}
+
+/// The GPU path used by the operators: upload once, pick the strategy
+/// ([`pick_strategy`]), run (probing each upload fill as it lands where the
+/// rule allows: [`select_streamed`]), download one bit per probe row. Inputs that do not fit the memory budget are hash-partitioned.
+/// Returns the selection and a description of what ran (for EXPLAIN ANALYZE).
+///
+/// With `kept_keys`, the probe keys of the selected rows also come back (in
+/// row order, in pinned memory an Arrow buffer owns: see [`compact_kept_keys`])
+/// when the keys stayed on the device in one piece; None otherwise.
+pub fn select_gpu_auto(
+    gpu: &Gpu,
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    kept_keys: bool,
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, String, Option<PendingBuffer>)> {
+    let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
+    if np == 0 {
+        return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into(), None));
+    }
+    if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > gpu.budget().available() {
+        let (sel, parts) = select_gpu_partitioned(gpu, GpuStrategy::Hash, op, build, probe, stats)?;
+        return Ok((sel, format!("gpu/hash in {parts} partitions"), None));
+    }
+    // Probe each fill as it lands, except where every probe key must be on the
+    // device first (EXCEPT DISTINCT, the sort strategy).
+    let streamed = op != SetOp::ExceptDistinct && nb > 0 && forced != Some(GpuStrategy::Sort);
+    let (probe_keys, out, strategy) = if streamed {
+        select_streamed(gpu, forced, op, build, probe, stats)?
+    } else {
+        let resident = ResidentSelect::upload_chunks(gpu, build, probe, stats)?;
+        trace("gpu: keys uploaded");
+        let strategy = pick_strategy(gpu, forced, op, nb, np, resident.range);
+        let out = resident.run(gpu, strategy, op, stats)?;
+        (resident.probe, out, strategy)
+    };
+    trace("gpu: kernels done");
+    // A large selection stays in the pinned memory its DMA lands in (little-endian
+    // u32 words are Arrow's bitmap bytes): no host copy, no fresh pages to fault in.
+    let words = np.div_ceil(32);
+    let sel = if words >= (1 << 18) {
+        BooleanBuffer::new(gpu.download_to_arrow(&out, words, stats)?.wait()?, 0, np)
+    } else {
+        words_to_bool(gpu.download(&out, words, stats)?, np)
+    };
+    trace("gpu: selection downloaded");
+    // Kept keys only while the device can hold them a moment longer; else the host filters.
+    let keys = if kept_keys { compact_kept_keys(gpu, &probe_keys, &out, np, stats).ok() } else { None };
+    trace("gpu: kept keys downloaded");
+    drop((out, probe_keys));
+    let how = if streamed { ", probed per upload fill" } else { "" };
+    Ok((sel, format!("gpu/{}{how}", strategy.name()), keys.map(|(b, _)| b)))
+}
+
+/// Run [`select_gpu`] in key-hash partitions small enough for the budget.
+/// Equal keys always land in the same partition, so every rule stays exact.
+pub fn select_gpu_partitioned(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, usize)> {
+    let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
+    let range = key_range_chunks(&all).map(|(lo, hi)| hi - lo + 1).unwrap_or(1);
+    let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
+    let need = device_bytes(strategy, op, nb, np, range);
+    let avail = gpu.budget().available().max(1);
+    if need <= avail {
+        return Ok((select_gpu_chunks(gpu, strategy, op, build, probe, stats)?, 1));
+    }
+    let build = build.iter().flat_map(|c| c.iter());
+    let probe = probe.iter().flat_map(|c| c.iter());
+    // Partitions use the hash strategy (a bitmap's size is set by the range, not
+    // the rows); twice the naive count leaves room for skew between partitions.
+    let hash_need = device_bytes(GpuStrategy::Hash, op, nb, np, 0);
+    let parts = (hash_need.div_ceil(avail) * 2).next_power_of_two().max(2);
+    let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as usize & (parts - 1);
+    let mut b_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
+    for &k in build {
+        b_parts[part_of(k)].push(k);
+    }
+    let mut p_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
+    let mut p_rows: Vec<Vec<u32>> = vec![Vec::new(); parts];
+    for (i, &k) in probe.enumerate() {
+        let p = part_of(k);
+        p_parts[p].push(k);
+        p_rows[p].push(i as u32);
+    }
+    let mut words = vec![0u32; np.div_ceil(32)];
+    for p in 0..parts {
+        let sel = select_gpu(gpu, GpuStrategy::Hash, op, &b_parts[p], &p_parts[p], stats)?;
+        for j in sel.set_indices() {
+            let i = p_rows[p][j] as usize;
+            words[i >> 5] |= 1 << (i & 31);
+        }
+    }
+    Ok((words_to_bool(words, np), parts))
+}
+
+/// Doctor self-check: every op and strategy against the CPU twin on random keys with duplicates.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut checked = 0;
+    // (build rows, probe rows, key domain, with the all-ones key): narrow domains
+    // use the u32 table, wide ones (or the all-ones key) the u64 table.
+    let cases = [(0usize, 100usize, 10u64, true), (1000, 0, 10, true), (5000, 7000, 3000, true), (5000, 7000, 3000, false), (4000, 7000, 9000, false),
+        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true), (50_000, 50_000, 2, false),
+        // Heavily repeated keys (30,000 copies of one) in a u64 table; and a u32 table of
+        // 64 MiB, which the hash build fills in two passes.
+        (600_000, 200_000, 1 << 40, true), (6_000_000, 1_000_000, 1 << 30, false)];
+    for &(nb, np, domain, marker) in &cases {
+        let mut build: Vec<u64> = (0..nb).map(|_| 1000 + rng.random_range(0..domain)).collect();
+        if nb == 4000 {
+            // Distinct build keys: the bitmap ALL forms run on two bitmaps instead of counts.
+            build.sort_unstable();
+            build.dedup();
+        }
+        if nb == 600_000 {
+            build[..30_000].fill(1234);
+        }
+        let mut probe: Vec<u64> = (0..np).map(|_| 1000 + rng.random_range(0..domain)).collect();
+        if np > 3 && marker {
+            probe[0] = u64::MAX; // the hash table's empty marker must still work as a key
+            if nb > 3 {
+                build[1] = u64::MAX;
+            }
+        }
+        for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
+            let want = select_cpu(op, &build, &probe);
+            let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
+            let strategies: &[GpuStrategy] =
+                if range < (1 << 24) { &[GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] } else { &[GpuStrategy::Hash, GpuStrategy::Sort] };
+            for &s in strategies {
+                let got = select_gpu(gpu, s, op, &build, &probe, &mut TransferStats::default())?;
+                if !same_multiset_selection(op, &probe, &want, &got) {
+                    return Err(DataFusionError::Execution(format!(
+                        "setops self-check failed: {} / {} on {nb} x {np} keys",
+                        op.name(),
+                        s.name()
+                    )));
+                }
+                checked += 1;
+            }
+        }
+    }
+    // The kept keys' return trip: row counts around word and block edges, densities 0 to 1.
+    let mut compacted = 0;
+    for n in [1usize, 31, 32, 33, 8191, 8192, 8193, 100_003, 3_000_001] {
+        for density in [0.0, 0.01, 0.5, 1.0] {
+            let keys: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+            let sel = BooleanBuffer::from_iter((0..n).map(|_| rng.random_bool(density)));
+            let words = bool_to_words(&sel);
+            let mut stats = TransferStats::default();
+            let (d_keys, d_sel) = (gpu.upload(&keys, &mut stats)?, gpu.upload(&words, &mut stats)?);
+            let (got, count) = compact_kept_keys(gpu, &d_keys, &d_sel, n, &mut stats)?;
+            let got = got.wait()?;
+            let want = compact_kept_keys_cpu(&keys, &sel);
+            if count != want.len() || got.typed_data::<u64>()[..count] != want[..] {
+                return Err(DataFusionError::Execution(format!("kept keys self-check failed: {n} rows, density {density}")));
+            }
+            compacted += 1;
+        }
+    }
+    Ok(format!("{checked} op/strategy/input combinations and {compacted} kept-key compactions match the CPU twin"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec<u64> {
+        multiset_reference(op, build, probe)
+    }
+
+    const OPS: [SetOp; 6] =
+        [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
+
+    fn kept(probe: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
+        let mut v: Vec<u64> = sel.set_indices().map(|i| probe[i]).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn cpu_twin_matches_multiset_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for case in 0..300 {
+            let (nb, np) = (rng.random_range(0..200), rng.random_range(0..200));
+            let domain = rng.random_range(1..50u64);
+            let build: Vec<u64> = (0..nb).map(|_| rng.random_range(0..domain)).collect();
+            let probe: Vec<u64> = (0..np).map(|_| rng.random_range(0..domain)).collect();
+            for op in OPS {
+                assert_eq!(kept(&probe, &select_cpu(op, &build, &probe)), reference(op, &build, &probe), "case {case} {op:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_twin_partitioned_path_matches_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let build: Vec<u64> = (0..70_000).map(|_| rng.random_range(0..30_000u64)).collect();
+        let probe: Vec<u64> = (0..90_000).map(|_| rng.random_range(0..30_000u64)).collect();
+        for op in OPS {
+            // Several chunks, as the operators pass them (one per batch).
+            let sel = select_cpu_chunks(op, &[&build[..5000], &build[5000..]], &[&probe[..123], &probe[123..]]);
+            assert_eq!(kept(&probe, &sel), reference(op, &build, &probe), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn gpu_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        for case in 0..60 {
+            let (nb, np) = (rng.random_range(0..3000), rng.random_range(0..3000));
+            let domain = if case % 3 == 0 { u64::MAX } else { rng.random_range(1..500u64) };
+            let mut build: Vec<u64> = (0..nb).map(|_| rng.random_range(0..domain)).collect();
+            let probe: Vec<u64> = (0..np).map(|_| rng.random_range(0..domain)).collect();
+            if case % 5 == 0 && np > 0 {
+                build.push(u64::MAX);
+                build.push(probe[0]);
+            }
+            let mut probe = probe;
+            if case % 7 == 0 {
+                probe.push(u64::MAX); // the table's empty marker as a probe key, present in build or not
+            }
+            for op in OPS {
+                let want = reference(op, &build, &probe);
+                for s in [GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] {
+                    let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
+                    if s == GpuStrategy::Bitmap && range >= BITMAP_MAX_RANGE {
+                        continue;
+                    }
+                    let got = select_gpu(&gpu, s, op, &build, &probe, &mut TransferStats::default()).unwrap();
+                    assert_eq!(kept(&probe, &got), want, "case {case} {op:?} {s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_u32_table_domain_edges() {
+        // Domains of exactly 2^32 - 1 values (widest u32 table: offset 0xfffffffe)
+        // and 2^32 values (first u64 one), with keys at both ends.
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        for span in [u32::MAX as u64 - 1, u32::MAX as u64] {
+            let lo = 1u64 << 40;
+            let build = vec![lo, lo + span, lo + 5, lo + span, lo + 77];
+            let probe = vec![lo + span, lo, lo + 6, lo + span, lo + span, lo + 77, lo + span - 1];
+            for op in OPS {
+                let want = reference(op, &build, &probe);
+                let got = select_gpu(&gpu, GpuStrategy::Hash, op, &build, &probe, &mut TransferStats::default()).unwrap();
+                assert_eq!(kept(&probe, &got), want, "span {span} {op:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_streamed_probe_matches_cpu_twin() {
+        // Every rule but EXCEPT DISTINCT probes each upload fill as it lands, on
+        // a table built from the build side's domain alone: probe keys below it,
+        // far above it, and exactly 2^32 above its minimum (the same u32 offset
+        // as the minimum in a narrow table) lie outside it. A small budget makes
+        // fills of 65,536 keys, so the probe side spans several (and the ranks
+        // and counters of the multiset rules carry from fill to fill).
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(8 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let lo = 1u64 << 40;
+        for case in 0..6 {
+            // Domains for a bitmap, a u32 hash table, a u64 hash table; build keys
+            // repeated (bitmap counts) or distinct (bitmap ranks).
+            let width = [50_000, 3_000_000_000u64, 6_000_000_000][case % 3];
+            let nb = rng.random_range(1..20_000);
+            let build: Vec<u64> = if case < 3 {
+                (0..nb).map(|_| lo + rng.random_range(0..width)).collect()
+            } else {
+                (0..nb as u64).map(|i| lo + i * (width / nb as u64)).collect()
+            };
+            let np = 400_000 + rng.random_range(0..1000);
+            let probe: Vec<u64> = (0..np)
+                .map(|i| match i % 9 {
+                    0 => lo + (1 << 32) + rng.random_range(0..width),
+                    1 => lo - 1 - rng.random_range(0..width),
+                    2 | 5 => build[rng.random_range(0..nb)],
+                    3 => u64::MAX - rng.random_range(0..3),
+                    _ => lo + rng.random_range(0..width),
+                })
+                .collect();
+            // Several slices, as the operators pass them (one per batch).
+            let chunks: Vec<&[u64]> = probe.chunks(70_001).collect();
+            for op in OPS {
+                let want = reference(op, &build, &probe);
+                // (A forced bitmap of the wider domains would not fit the budget.)
+                let forced_bitmap = (case % 3 == 0).then_some(Some(GpuStrategy::Bitmap));
+                for forced in [None, Some(GpuStrategy::Hash)].into_iter().chain(forced_bitmap) {
+                    let mut stats = TransferStats::default();
+                    let (got, ran, keys) = select_gpu_auto(&gpu, forced, op, &[&build], &chunks, true, &mut stats).unwrap();
+                    let streamed = ran.ends_with("probed per upload fill");
+                    assert_eq!(streamed, op != SetOp::ExceptDistinct, "case {case} {op:?} {forced:?}: {ran}");
+                    assert_eq!(kept(&probe, &got), want, "case {case} {op:?} {forced:?} ({ran})");
+                    // (EXCEPT DISTINCT may take the partitioned path here, which sends no keys back.)
+                    assert!(keys.is_some() || !streamed, "case {case} {op:?} {forced:?}: no kept keys");
+                    if let Some(keys) = keys {
+                        let keys = keys.wait().unwrap();
+                        let keys: &[u64] = keys.typed_data();
+                        assert_eq!(keys, compact_kept_keys_cpu(&probe, &got).as_slice(), "case {case} {op:?} {forced:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_partitions_when_over_budget() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(4 << 20); // 4 MiB: forces several partitions
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let build: Vec<u64> = (0..200_000).map(|_| rng.random_range(0..100_000u64)).collect();
+        let probe: Vec<u64> = (0..300_000).map(|_| rng.random_range(0..100_000u64)).collect();
+        for op in OPS {
+            let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &[&build], &[&probe], &mut TransferStats::default()).unwrap();
+            assert!(parts > 1, "expected partitioning");
+            assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
+        }
+    }
+}
+

@@ -1,0 +1,102 @@
+//! The bitmap strategy's launcher (`kernels/bitmap_setops.cu`): presence
+//! bits, rank bits or counts over the keys' dense domain. CPU twin:
+//! [`super::cpu::select_cpu`].
+
+use cudarc::driver::{CudaView, PushKernelArg};
+use datafusion::error::{DataFusionError, Result};
+
+use super::SetOp;
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
+
+/// Largest key domain (max - min + 1) the bitmap strategy accepts.
+pub const BITMAP_MAX_RANGE: u64 = 1 << 32;
+
+/// A build side on the device over its dense domain, ready to probe any run
+/// of probe keys (which may lie outside the domain).
+pub(super) enum BitmapTable {
+    /// Semi / anti joins: one presence bit per value of [lo, lo + range).
+    Bits { bits: DeviceBuffer<u32>, lo: u64, range: u64 },
+    /// INTERSECT [ALL] / EXCEPT [ALL] with build multiplicities 0 or 1 (the
+    /// DISTINCT forms need no more): presence bits and, per value, a "seen"
+    /// bit that gives each probe row its rank 0 or >= 1.
+    Ranks { bits: DeviceBuffer<u32>, seen: DeviceBuffer<u32>, lo: u64, range: u64 },
+    /// The ALL forms when a build key repeats: build counts and probe counters.
+    Counts { count_b: DeviceBuffer<u32>, ctr_a: DeviceBuffer<u32>, lo: u64, range: u64 },
+}
+
+impl BitmapTable {
+    /// Build the table over `range`, the build keys' domain (a domain wider
+    /// than [`BITMAP_MAX_RANGE`] is an error: the dispatch never picks one);
+    /// EXCEPT DISTINCT needs one holding every probe key too. The kernels are
+    /// queued, not awaited, except that the ALL forms read whether a build key
+    /// repeats.
+    pub(super) fn build(gpu: &Gpu, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, range: Option<(u64, u64)>) -> Result<Self> {
+        let (lo, range) = match range {
+            Some((lo, hi)) if hi - lo < BITMAP_MAX_RANGE => (lo, hi - lo + 1),
+            Some((lo, hi)) => return Err(DataFusionError::Plan(format!("bitmap strategy: key range {} too wide", (hi - lo).saturating_add(1)))),
+            None => (0, 1),
+        };
+        let (stream, nb64, words) = (gpu.stream(), nb as u64, (range as usize).div_ceil(32));
+        let bits = gpu.alloc_zeros::<u32>(words)?;
+        if !op.needs_counts() {
+            if nb > 0 {
+                let f = gpu.function("bitmap_setops", "build_bits")?;
+                // SAFETY: signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range), which holds every build key.
+                unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(gpu.grid_stride(nb, 32)) }
+                    .map_err(|e| cuda_err("bitmap build", e))?;
+            }
+            return Ok(BitmapTable::Bits { bits, lo, range });
+        }
+        // Multiset rules first try two bitmaps; counts only when a build key repeats.
+        let dup = gpu.alloc_zeros::<u32>(1)?;
+        if nb > 0 {
+            let f = gpu.function("bitmap_setops", "build_bits_dup")?;
+            // SAFETY: as above; `dup` holds one flag.
+            unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(nb, 32)) }
+                .map_err(|e| cuda_err("bitmap build", e))?;
+        }
+        let all = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
+        if !all || gpu.read_one(&dup, 0, &mut TransferStats::default())? == 0 {
+            return Ok(BitmapTable::Ranks { bits, seen: gpu.alloc_zeros::<u32>(words)?, lo, range });
+        }
+        drop(bits);
+        let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
+        let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
+        let f = gpu.function("bitmap_setops", "build_counts")?;
+        // SAFETY: as above; the count arrays cover [lo, lo + range).
+        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(gpu.grid_stride(nb, 32)) }
+            .map_err(|e| cuda_err("bitmap build", e))?;
+        Ok(BitmapTable::Counts { count_b, ctr_a, lo, range })
+    }
+
+    /// Queue the probe of `keys`: one bit per key into `out`, which starts at
+    /// the word of the keys' first row. Probing runs in turn share the table's
+    /// ranks and counters, so together they make one selection.
+    pub(super) fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
+        let (stream, n64, opi) = (gpu.stream(), keys.len() as u64, op as i32);
+        let cfg = gpu.grid_stride(keys.len(), 32);
+        // SAFETY (each launch): signatures match kernels/bitmap_setops.cu; keys outside
+        // [lo, lo + range) read nothing of the tables; `out` holds one bit per key.
+        let launched = match self {
+            BitmapTable::Bits { bits, lo, range } => {
+                let anti = (op == SetOp::Anti) as i32;
+                let f = gpu.function("bitmap_setops", "probe_bits")?;
+                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&anti).arg(out).launch(cfg) }
+            }
+            BitmapTable::Ranks { bits, seen, lo, range } => {
+                let f = gpu.function("bitmap_setops", "probe_ranks")?;
+                unsafe {
+                    stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&seen.slice).arg(&opi).arg(out).launch(cfg)
+                }
+            }
+            BitmapTable::Counts { count_b, ctr_a, lo, range } => {
+                let f = gpu.function("bitmap_setops", "probe_counts")?;
+                unsafe {
+                    stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&count_b.slice).arg(&ctr_a.slice).arg(&opi).arg(out).launch(cfg)
+                }
+            }
+        };
+        launched.map(|_| ()).map_err(|e| cuda_err("bitmap probe", e))
+    }
+}
+

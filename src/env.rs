@@ -1,0 +1,119 @@
+//! Every environment variable setfusion reads, in one place. Session settings
+//! (`SET setfusion.*`) live in [`crate::config`]; these are process-wide
+//! switches for operators, tests and benchmarks. Each is read when asked (no
+//! caching), so a test harness that sets one before the call sees it.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+fn parsed<T: FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name).map(PathBuf::from)
+}
+
+/// `SETFUSION_REQUIRE_GPU=1`: a missing GPU fails GPU tests, `doctor` and the slt gpu mode instead of skipping.
+pub fn require_gpu() -> bool {
+    flag("SETFUSION_REQUIRE_GPU")
+}
+
+/// `SETFUSION_DISABLE_GPU=1`: act as if no device were present.
+pub fn disable_gpu() -> bool {
+    flag("SETFUSION_DISABLE_GPU")
+}
+
+/// `SETFUSION_TRACE` (any value): print per-query timelines to stderr.
+pub fn trace() -> bool {
+    std::env::var_os("SETFUSION_TRACE").is_some()
+}
+
+/// `SETFUSION_CALIBRATION`: the cost model's calibration file, instead of the cache's.
+pub fn calibration_file() -> Option<PathBuf> {
+    path("SETFUSION_CALIBRATION")
+}
+
+/// `SETFUSION_CACHE_DIR`: the compiled-kernel cache, instead of the user cache's `setfusion/kernels`.
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    path("SETFUSION_CACHE_DIR")
+}
+
+/// The user's cache folder: `$XDG_CACHE_HOME`, else `$HOME/.cache`.
+pub fn user_cache_dir() -> Option<PathBuf> {
+    path("XDG_CACHE_HOME").or_else(|| path("HOME").map(|h| h.join(".cache")))
+}
+
+/// `SETFUSION_TPCH_DIR`: where `bench tpch` caches its Parquet files (else `~/.cache/setfusion/tpch`).
+pub fn tpch_dir() -> PathBuf {
+    path("SETFUSION_TPCH_DIR").unwrap_or_else(|| path("HOME").unwrap_or_else(std::env::temp_dir).join(".cache/setfusion/tpch"))
+}
+
+/// `SETFUSION_DATA_DIR`: the shared test data (else `../shared/data` beside the crate).
+pub fn data_dir() -> PathBuf {
+    path("SETFUSION_DATA_DIR").unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"))
+}
+
+/// `SETFUSION_DEMO_ROWS`: rows per table in `setfusion demo`.
+pub fn demo_rows() -> Option<u64> {
+    parsed("SETFUSION_DEMO_ROWS")
+}
+
+/// `SETFUSION_BENCH_ROWS`: rows per table in `bench setops` / `bench filter`.
+pub fn bench_rows() -> Option<u64> {
+    parsed("SETFUSION_BENCH_ROWS")
+}
+
+/// `SETFUSION_BENCH_RUNS`: timed runs per query.
+pub fn bench_runs() -> Option<usize> {
+    parsed("SETFUSION_BENCH_RUNS")
+}
+
+/// `SETFUSION_BENCH_ONLY=a,b`: run only the benchmark queries whose names contain one of these.
+pub fn bench_only() -> Vec<String> {
+    std::env::var("SETFUSION_BENCH_ONLY").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default()
+}
+
+/// `SETFUSION_BENCH_SORTED_LOG2`: log2 of the sorted-intersection microbenchmark's size.
+pub fn bench_sorted_log2() -> Option<u32> {
+    parsed("SETFUSION_BENCH_SORTED_LOG2")
+}
+
+/// `SETFUSION_BENCH_OUT`: file the benchmark's markdown table is written to.
+pub fn bench_out() -> Option<String> {
+    std::env::var("SETFUSION_BENCH_OUT").ok()
+}
+
+/// `SSJOIN_BENCH_OUT`: file the similarity-join benchmark's table is written to.
+pub fn ssjoin_bench_out() -> Option<String> {
+    std::env::var("SSJOIN_BENCH_OUT").ok()
+}
+
+/// `SSJOIN_BENCH_NLJ_SETS`: sets in the nested-loop reference of the similarity benchmark.
+pub fn ssjoin_nlj_sets() -> Option<usize> {
+    parsed("SSJOIN_BENCH_NLJ_SETS")
+}
+
+/// `SSJOIN_PLAN_THREADS=1,16`: thread counts of the ssjoin planning experiment (an ignored test).
+pub fn ssjoin_plan_threads() -> Option<Vec<usize>> {
+    std::env::var("SSJOIN_PLAN_THREADS").ok().map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+}
+
+/// `SETFUSION_SLT=name`: run only the slt files whose names contain it (tests).
+pub fn slt_filter() -> Option<String> {
+    std::env::var("SETFUSION_SLT").ok()
+}
+
+/// `SETFUSION_FUZZ_QUERIES`: queries of the CI fuzz test.
+pub fn fuzz_queries() -> Option<usize> {
+    parsed("SETFUSION_FUZZ_QUERIES")
+}
+
+/// `SETFUSION_ROOT`: the repository root the tests read `sql-tests/` from (else the crate's own).
+pub fn repo_root() -> PathBuf {
+    path("SETFUSION_ROOT").unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}

@@ -1,0 +1,118 @@
+//! The device memory budget: every device allocation is charged against a
+//! [`MemoryBudget`] first, so an operator learns "this does not fit" as an
+//! ordinary error it can react to (partition or fall back) instead of a CUDA
+//! out-of-memory deep in a kernel.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use datafusion::error::{DataFusionError, Result};
+
+use super::{cuda_err, Gpu};
+
+/// Budget for device memory, in bytes. The limit is set per operator run from
+/// `setfusion.memory_limit` (0 = 90% of the device's memory).
+#[derive(Debug)]
+pub struct MemoryBudget {
+    pub(super) total: usize,
+    pub(super) limit: AtomicUsize,
+    pub(super) used: Arc<AtomicUsize>,
+}
+
+impl MemoryBudget {
+    pub(super) fn new(total: usize) -> Self {
+        Self { total, limit: AtomicUsize::new(total / 10 * 9), used: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// Set the limit; 0 means 90% of device memory.
+    pub fn set_limit(&self, bytes: usize) {
+        let l = if bytes == 0 { self.total / 10 * 9 } else { bytes.min(self.total) };
+        self.limit.store(l, Ordering::Relaxed);
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes still available under the limit.
+    pub fn available(&self) -> usize {
+        self.limit().saturating_sub(self.used())
+    }
+
+    /// Charge `bytes`; the charge is returned when the [`Reservation`] drops.
+    pub fn reserve(&self, bytes: usize) -> Result<Reservation> {
+        let limit = self.limit();
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            if cur + bytes > limit {
+                return Err(DataFusionError::ResourcesExhausted(format!(
+                    "setfusion GPU: device memory budget exceeded: need {bytes} bytes, {} of {limit} in use",
+                    cur
+                )));
+            }
+            match self.used.compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(Reservation { bytes, used: self.used.clone() }),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// A charge against the budget, released on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    pub(super) bytes: usize,
+    pub(super) used: Arc<AtomicUsize>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A typed device allocation that holds its budget charge.
+#[derive(Debug)]
+pub struct DeviceBuffer<T> {
+    pub slice: CudaSlice<T>,
+    pub(super) _charge: Reservation,
+}
+
+impl<T> DeviceBuffer<T> {
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+}
+
+/// Plain numeric element types that may be reinterpreted from bytes.
+pub trait Pod: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {}
+impl Pod for u8 {}
+impl Pod for u32 {}
+impl Pod for i32 {}
+impl Pod for u64 {}
+impl Pod for i64 {}
+
+impl Gpu {
+    /// Allocate `len` zeroed elements, charged to the budget.
+    pub fn alloc_zeros<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
+        let slice = self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| cuda_err("cuMemAlloc", e))?;
+        Ok(DeviceBuffer { slice, _charge: charge })
+    }
+
+    /// Allocate `len` elements whose contents the caller will overwrite.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
+        // SAFETY: the memory is uninitialised; every caller writes it (kernel or copy) before reading.
+        let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+        Ok(DeviceBuffer { slice, _charge: charge })
+    }
+}
