@@ -22,7 +22,7 @@
 //!
 //! Hashed keys are *candidates*: every match is verified on the exact bytes
 //! (see [`verify_or_exact`], and its device counterpart in
-//! [`crate::algo::row_hash`]), so a hash collision can never change a result.
+//! `algo::row_hash`), so a hash collision can never change a result.
 //! Column-hashed keys are verified column by column: when, for every column
 //! (and the NULL mask), all rows sharing a hash hold equal values, equal
 //! hashes mean equal tuples.

@@ -82,3 +82,57 @@ pub fn context_with_config(config: SessionConfig) -> SessionContext {
     let state = install(SessionStateBuilder::new().with_config(config).with_default_features()).build();
     SessionContext::new_with_state(state)
 }
+
+/// The crate's layering (issue 16): every module only uses modules of its own
+/// layer or below, `gpu` < `keys` < `algo` < `exec` < `planner` / `udf` <
+/// `cli` / `bench` / `slt` / `fuzz`; `env`, `util` and `config` are usable by
+/// every layer. Checked on the source text: each `crate::<module>` path.
+#[cfg(test)]
+mod layering {
+    fn rank(module: &str) -> Option<u32> {
+        Some(match module {
+            "env" | "util" | "config" | "datagen" => 0,
+            "gpu" => 1,
+            "keys" => 2,
+            "algo" => 3,
+            "exec" => 4,
+            "planner" | "udf" => 5,
+            "cli" | "bench" | "slt" | "fuzz" => 6,
+            _ => return None,
+        })
+    }
+
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    #[test]
+    fn no_module_uses_a_higher_layer() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut upward = Vec::new();
+        for f in &files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+            let own = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+            let Some(own_rank) = rank(&own) else { continue };
+            for (n, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for (at, _) in code.match_indices("crate::") {
+                    let name: String = code[at + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    if rank(&name).is_some_and(|r| r > own_rank) {
+                        upward.push(format!("{rel}:{}: {own} uses crate::{name}", n + 1));
+                    }
+                }
+            }
+        }
+        assert!(upward.is_empty(), "imports from a lower layer to a higher one:\n{}", upward.join("\n"));
+    }
+}

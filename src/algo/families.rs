@@ -14,7 +14,7 @@
 //! Both backends follow the paper's structure:
 //! 1. domain reduction: elements absent from the other family cannot be in an
 //!    intersection (done by the caller when it maps elements to ids, see
-//!    `Domain` in [`crate::exec::families`]);
+//!    `Domain` in `exec::families`);
 //! 2. the right family's inverted lists, element -> sets containing it (the
 //!    paper's "apparitions vectors");
 //! 3. count, then fill: for each left set, walking its elements in order and,

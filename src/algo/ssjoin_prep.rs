@@ -813,8 +813,8 @@ mod tests {
     /// Many tasks and partitions: inputs past one task's worth of elements.
     #[test]
     fn matches_reference_on_large_collections() {
-        let a = crate::bench::ssjoin::generate(20_000, true, 5);
-        let b = crate::bench::ssjoin::generate(15_000, false, 6);
+        let a = crate::algo::ssjoin::reference::generate(20_000, true, 5);
+        let b = crate::algo::ssjoin::reference::generate(15_000, false, 6);
         for threads in [3, 16] {
             assert_eq!(preprocess_with(&a, Some(&b), threads), preprocess_reference(&a, Some(&b)), "{threads} threads");
             assert_eq!(preprocess_with(&b, None, threads), preprocess_reference(&b, None), "{threads} threads");
@@ -831,7 +831,7 @@ mod tests {
         let gpu = gpu.lease(0);
         println!("{}", self_check(&gpu).unwrap());
         let mut shapes = key_shapes(700, 9);
-        shapes.push(("bench", crate::bench::ssjoin::generate(100_000, true, 1), crate::bench::ssjoin::generate(50_000, false, 2)));
+        shapes.push(("bench", crate::algo::ssjoin::reference::generate(100_000, true, 1), crate::algo::ssjoin::reference::generate(50_000, false, 2)));
         let mut on_device = 0;
         for (name, a, b) in &shapes {
             for s in [None, Some(b)] {
@@ -888,7 +888,7 @@ mod tests {
                 .unwrap()
         };
         for (name, zipf, seed) in [("UNIFORM-100k", false, 11 + 100_000), ("ZIPF-100k", true, 13 + 100_000)] {
-            let raw = crate::bench::ssjoin::generate(100_000, zipf, seed);
+            let raw = crate::algo::ssjoin::reference::generate(100_000, zipf, seed);
             let reference = best(&mut || drop(std::hint::black_box(preprocess_reference(&raw, None))));
             let twin = best(&mut || drop(std::hint::black_box(preprocess(&raw, None))));
             let device = match crate::gpu::gpu(0) {

@@ -37,8 +37,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use crate::algo::ssjoin::reference::generate;
 use crate::algo::ssjoin::{
     default_threads, preprocess, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
@@ -128,49 +127,6 @@ fn dblp() -> Option<RawSets> {
         raw.push(keys);
     }
     Some(raw)
-}
-
-/// UNIFORM / ZIPF collections (also timed by ssjoin's `plan_timing` test).
-pub(crate) fn generate(n: usize, zipf: bool, seed: u64) -> RawSets {
-    const UNIVERSE: usize = 100_000;
-    let mut rng = StdRng::seed_from_u64(seed);
-    let cdf: Vec<f64> = if zipf {
-        (1..=UNIVERSE)
-            .scan(0.0, |a, i| {
-                *a += 1.0 / i as f64;
-                Some(*a)
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let total = cdf.last().copied().unwrap_or(1.0);
-    let draw = |rng: &mut StdRng| -> u64 {
-        if zipf {
-            let u = rng.random::<f64>() * total;
-            cdf.partition_point(|&c| c < u) as u64
-        } else {
-            rng.random_range(0..UNIVERSE as u64)
-        }
-    };
-    let mut raw = RawSets::new();
-    for i in 0..n {
-        if i > 0 && rng.random_range(0..100) == 0 {
-            let src = rng.random_range(0..i);
-            let mut s: Vec<u64> = raw.set(src).to_vec();
-            for x in s.iter_mut() {
-                if rng.random_range(0..10) == 0 {
-                    *x = draw(&mut rng);
-                }
-            }
-            raw.push(s);
-        } else {
-            let k = rng.random_range(10..=50);
-            let s: Vec<u64> = (0..k).map(|_| draw(&mut rng)).collect();
-            raw.push(s);
-        }
-    }
-    raw
 }
 
 fn ms(d: Duration) -> String {

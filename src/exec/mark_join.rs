@@ -50,7 +50,8 @@ use tokio::sync::OnceCell;
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::set_select::{input_context, key_columns, Backend, NullMode, Selector};
+use crate::exec::selection::{key_columns, Selector};
+use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
 
 /// Which subquery predicate the mark answers.

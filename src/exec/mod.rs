@@ -3,6 +3,8 @@ pub mod declined;
 pub mod families;
 pub mod mark_join;
 pub mod pair_filter;
+pub mod output_filter;
+pub mod selection;
 pub mod set_select;
 pub mod similarity_join;
 

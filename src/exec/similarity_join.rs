@@ -4,7 +4,7 @@
 //!
 //! Both inputs are collected; the two set expressions are evaluated and
 //! encoded with one key space (strings dictionary-encoded, see
-//! [`crate::udf::sets`]); the join yields (left row, right row) pairs, the
+//! [`crate::algo::ssjoin::encode`]); the join yields (left row, right row) pairs, the
 //! remaining conjuncts of the join filter are evaluated on those pairs and the
 //! join's output columns are gathered with `take`. When both sides produce the
 //! very same sets (a self join such as `FROM r a JOIN r b ON a.id < b.id AND
@@ -387,7 +387,7 @@ impl Run {
             // One array on both sides (a self join read once): encode it once.
             let shared = Arc::ptr_eq(&la, &ra);
             let both = [la, ra];
-            let enc = crate::udf::sets::encode("similarity join", &both[..if shared { 1 } else { 2 }])?;
+            let enc = crate::algo::ssjoin::encode::encode("similarity join", &both[..if shared { 1 } else { 2 }])?;
             crate::util::trace("similarity join: sets encoded");
             let same = shared || (enc[0].sets == enc[1].sets && enc[0].valid == enc[1].valid);
             let mut stats = JoinStats::default();

@@ -10,7 +10,7 @@ use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::error::{DataFusionError, Result};
 
 #[cfg(test)]
-use super::packing::decode_fill_cpu;
+use super::packing::{decode_fill_cpu, pack_low};
 use super::packing::{pack_fill, parallel_gather, Cursor, PACK_DESC, PACK_FILL, PACK_SEG};
 use super::staging::{Staging, STAGING_BYTES};
 use super::{cuda_err, DeviceBuffer, Gpu, HostOut, PendingBuffer, Pod};

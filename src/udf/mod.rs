@@ -35,7 +35,8 @@
 
 pub mod families;
 pub mod multiset;
-pub mod sets;
+/// The list encoding moved to `algo::ssjoin::encode` (below the operators that use it).
+pub use crate::algo::ssjoin::encode as sets;
 
 use std::sync::Arc;
 

@@ -386,6 +386,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::select::{multiset_reference, select_cpu_chunks};
     use rand::{Rng, SeedableRng};
 
     fn reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec<u64> {

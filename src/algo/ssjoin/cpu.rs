@@ -1,0 +1,176 @@
+//! The CPU backend: a multithreaded PPJoin over the prefix index.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+
+
+use super::plan::*;
+use super::*;
+
+/// Run `work(chunk_start, chunk_end, state)` over `[0, n)` in chunks on
+/// `threads` threads; returns the per-thread outputs.
+pub(super) fn parallel_chunks<S: Send, F>(n: usize, threads: usize, chunk: usize, init: impl Fn() -> S + Sync, work: F) -> Vec<S>
+where
+    F: Fn(usize, usize, &mut S) + Sync,
+{
+    let next = AtomicUsize::new(0);
+    let threads = threads.clamp(1, n.div_ceil(chunk).max(1));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut st = init();
+                    loop {
+                        let start = next.fetch_add(chunk, Ordering::Relaxed);
+                        if start >= n {
+                            break;
+                        }
+                        work(start, (start + chunk).min(n), &mut st);
+                    }
+                    st
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("ssjoin worker panicked")).collect()
+    })
+}
+
+/// Default thread count: the machine's available parallelism.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+
+/// CPU backend (PPJoin, all cores). `s = None`: self join, pairs `id_a < id_b`.
+pub fn ssjoin_cpu(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Vec<Pair> {
+    ssjoin_cpu_with(r, s, thr, default_threads(), &mut JoinStats::default())
+}
+
+/// [`ssjoin_cpu`] with an explicit thread count and statistics.
+pub fn ssjoin_cpu_with(
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    threads: usize,
+    stats: &mut JoinStats,
+) -> Vec<Pair> {
+    ssjoin_cpu_until(r, s, thr, threads, stats, None).unwrap_or_default()
+}
+
+/// [`ssjoin_cpu_with`] that gives up (None) once `deadline` has passed; the
+/// workers check it between chunks of 64 probes (the benchmark's CPU cap).
+pub fn ssjoin_cpu_until(
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    threads: usize,
+    stats: &mut JoinStats,
+    deadline: Option<Instant>,
+) -> Option<Vec<Pair>> {
+    let expired = std::sync::atomic::AtomicBool::new(false);
+    let started = Instant::now();
+    let plan = Plan::new(r, s, thr, true, threads);
+    stats.plan += started.elapsed();
+    let n_s = plan.s.len();
+    struct State {
+        counts: Vec<u32>,
+        touched: Vec<u32>,
+        out: Vec<Pair>,
+        candidates: u64,
+        alpha_size: u32,
+        alpha_lo: u32,
+        alpha: Vec<u32>,
+    }
+    const PRUNED: u32 = u32::MAX;
+    let chunk = 64;
+    let states = parallel_chunks(
+        r.len(),
+        threads,
+        chunk,
+        || State {
+            counts: vec![0; n_s],
+            touched: Vec::new(),
+            out: Vec::new(),
+            candidates: 0,
+            alpha_size: 0,
+            alpha_lo: 0,
+            alpha: Vec::new(),
+        },
+        |start, end, st| {
+            if let Some(d) = deadline {
+                if expired.load(Ordering::Relaxed) || Instant::now() >= d {
+                    expired.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+            for x in start..end {
+                let a = r.size(x);
+                let p = plan.tables.probe_prefix[a as usize] as usize;
+                let (lo, hi) = plan.window(x);
+                if p == 0 || lo >= hi {
+                    continue;
+                }
+                if st.alpha_size != a {
+                    // Minimum overlaps for this probe size over its partner sizes.
+                    let (ls, hs) = (plan.tables.lo_size[a as usize], plan.tables.hi_size[a as usize]);
+                    st.alpha_size = a;
+                    st.alpha_lo = ls;
+                    st.alpha.clear();
+                    st.alpha.extend((ls..=hs).map(|b| thr.min_overlap(a, b).unwrap_or(u32::MAX)));
+                }
+                let xs = r.set(x);
+                for (i, &w) in xs[..p].iter().enumerate() {
+                    let (ls, le) = (plan.index.offsets[w as usize] as usize, plan.index.offsets[w as usize + 1] as usize);
+                    let list = &plan.index.sets[ls..le];
+                    let from = list.partition_point(|&y| y < lo);
+                    let to = from + list[from..].partition_point(|&y| y < hi);
+                    for k in from..to {
+                        let y = list[k] as usize;
+                        let c = st.counts[y];
+                        if c == PRUNED {
+                            continue;
+                        }
+                        if c == 0 {
+                            st.touched.push(y as u32);
+                        }
+                        let b = plan.s_sizes[y];
+                        let j = plan.index.positions[ls + k];
+                        let alpha = st.alpha[(b - st.alpha_lo) as usize];
+                        let ub = c + 1 + (a - i as u32 - 1).min(b - j - 1);
+                        st.counts[y] = if ub >= alpha { c + 1 } else { PRUNED };
+                    }
+                }
+                for t in 0..st.touched.len() {
+                    let y = st.touched[t] as usize;
+                    let c = std::mem::take(&mut st.counts[y]);
+                    if c == PRUNED {
+                        continue;
+                    }
+                    st.candidates += 1;
+                    let b = plan.s_sizes[y];
+                    let alpha = st.alpha[(b - st.alpha_lo) as usize];
+                    if let Some(o) = overlap_at_least(xs, plan.s.set(y), alpha) {
+                        if thr.passes(o, a, b) {
+                            st.out.push(plan.pair(x as u32, y as u32, o));
+                        }
+                    }
+                }
+                st.touched.clear();
+            }
+        },
+    );
+    if expired.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(states.iter().map(|s| s.out.len()).sum());
+    for st in states {
+        stats.candidates += st.candidates;
+        out.extend(st.out);
+    }
+    stats.results += out.len() as u64;
+    stats.blocks += r.len().div_ceil(chunk) as u64;
+    Some(out)
+}
+
+

@@ -1,0 +1,325 @@
+//! The selection pipeline shared by `SetSelectExec` and `MarkJoinExec`: from
+//! both sides' key columns to one bit per probe-side row. Key encoding, SQL's
+//! NULL rules around the keyed core, the backend and strategy, verification of
+//! hashed keys, and the fallback to the CPU twin when the device fails.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::buffer::BooleanBuffer;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
+
+use crate::algo::row_hash;
+use crate::algo::select::{self, GpuStrategy, SetOp};
+use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::DeviceMetrics;
+use crate::gpu::{self, TransferStats};
+use crate::keys::{self, KeyColumns, RowSubset};
+
+use super::set_select::{Backend, NullMode};
+
+/// The selection itself, from key columns to one bit per kept-side row: key
+/// encoding, NULL rules, backend and strategy, device fallbacks. Shared by
+/// `SetSelectExec` and `MarkJoinExec` (whose marks are semi selections).
+pub(crate) struct Selector {
+    pub(crate) op: SetOp,
+    pub(crate) nulls: NullMode,
+    pub(crate) backend: Backend,
+    /// The kept side's key column, when it is output and the device can send
+    /// its kept values back (see [`SetSelectExec::key_column_in_output`]).
+    pub(crate) key_from_device: Option<usize>,
+    /// The kept keys the GPU backend sent back, when asked for and possible.
+    pub(crate) device_keys: Mutex<Option<gpu::PendingBuffer>>,
+    pub(crate) metrics: Metrics,
+    pub(crate) ran: Arc<Mutex<Option<String>>>,
+}
+
+impl Selector {
+    /// A selector for `op` under `nulls` on `backend`, reporting into `metrics`.
+    pub(crate) fn new(op: SetOp, nulls: NullMode, backend: Backend, metrics: &ExecutionPlanMetricsSet, ran: Arc<Mutex<Option<String>>>) -> Self {
+        Self { op, nulls, backend, key_from_device: None, device_keys: Mutex::new(None), metrics: Metrics::new(metrics), ran }
+    }
+
+    /// One bit per kept-side row (`keep_cols`: per batch, the key columns),
+    /// casting both sides' keys to `types` and encoding them first; records what ran.
+    pub(crate) fn select_columns(
+        &self,
+        cfg: &SetfusionConfig,
+        probe_cols: Vec<Vec<ArrayRef>>,
+        build_cols: Vec<Vec<ArrayRef>>,
+        types: &[DataType],
+    ) -> Result<BooleanBuffer> {
+        let t = Instant::now();
+        let probe_cols = probe_cols.into_iter().map(|cols| coerce_like(cols, types)).collect::<Result<Vec<_>>>()?;
+        let build_cols = build_cols.into_iter().map(|cols| coerce_like(cols, types)).collect::<Result<Vec<_>>>()?;
+        let (mut probe_enc, mut build_enc, nulls_in_keys) = match keys::encode_packed(&probe_cols, &build_cols, types)? {
+            Some((k, o)) => (k, o, true),
+            None => {
+                let converter = keys::converter_for(types)?;
+                // The GPU backend hashes hash-encoded keys on the device; only the CPU backend needs host hashes up front.
+                let host_hashes = !matches!(self.backend, Backend::Gpu(_));
+                let k = keys::encode(&probe_cols, types, converter.as_ref(), host_hashes)?;
+                let o = keys::encode(&build_cols, types, converter.as_ref(), host_hashes)?;
+                (k, o, keys::key_bytes_carry_nulls(types))
+            }
+        };
+        if self.nulls == NullMode::Equal && nulls_in_keys {
+            // Row-encoded, column-hashed (NULL masks) and packed keys carry their NULLs:
+            // (NULL, 1) and (NULL, 2) differ, (NULL, 1) equals (NULL, 1) only.
+            probe_enc.nulls = None;
+            build_enc.nulls = None;
+        }
+        self.metrics.encode_time.add_duration(t.elapsed());
+        crate::util::trace("keys encoded");
+        let t = Instant::now();
+        let (sel, ran) = self.select(cfg, &probe_enc, &build_enc)?;
+        self.metrics.select_time.add_duration(t.elapsed());
+        *self.ran.lock().unwrap() = Some(ran);
+        crate::gpu::drop_later((probe_enc, build_enc, probe_cols, build_cols));
+        Ok(sel)
+    }
+
+    /// Compute the selection over all kept rows, applying NULL semantics around the keyed core.
+    fn select(&self, cfg: &SetfusionConfig, probe: &KeyColumns, build: &KeyColumns) -> Result<(BooleanBuffer, String)> {
+        let n = probe.len();
+        // NOT IN with an empty subquery keeps everything, NULL keys included.
+        if self.nulls == NullMode::NullAware && build.is_empty() {
+            return Ok((BooleanBuffer::new_set(n), "no-op (empty subquery)".into()));
+        }
+        // NOT IN with a NULL in the subquery keeps nothing.
+        if self.nulls == NullMode::NullAware && build.null_count() > 0 {
+            return Ok((BooleanBuffer::new_unset(n), "no-op (NULL in subquery)".into()));
+        }
+        let null_is_value = self.nulls == NullMode::Equal;
+        // Rows with NULL keys leave the keyed core; their fate is decided here.
+        let probe_idx: Option<Vec<u32>> =
+            (probe.null_count() > 0).then(|| (0..n as u32).filter(|i| !probe.is_null(*i as usize)).collect());
+        let build_idx: Option<Vec<u32>> =
+            (build.null_count() > 0).then(|| (0..build.len() as u32).filter(|i| !build.is_null(*i as usize)).collect());
+        let (mut core, ran) = self.select_keys(cfg, probe, build, &probe_idx, &build_idx)?;
+        let Some(probe_idx) = probe_idx else {
+            return Ok((core, ran));
+        };
+        // Scatter back and decide NULL-key rows.
+        let mut words = vec![0u32; n.div_ceil(32)];
+        for j in core.set_indices() {
+            let i = probe_idx[j] as usize;
+            words[i >> 5] |= 1 << (i & 31);
+        }
+        let null_keep_count = {
+            let m = probe.null_count();
+            let nb = build.null_count();
+            match (self.op, null_is_value, self.nulls) {
+                (_, _, NullMode::NullAware) => 0,
+                (SetOp::Semi, true, _) => if nb > 0 { m } else { 0 },
+                (SetOp::Semi, false, _) => 0,
+                (SetOp::Anti, true, _) => if nb > 0 { 0 } else { m },
+                (SetOp::Anti, false, _) => m,
+                (SetOp::IntersectAll, ..) => m.min(nb),
+                (SetOp::IntersectDistinct, ..) => (m > 0 && nb > 0) as usize,
+                (SetOp::ExceptAll, ..) => m.saturating_sub(nb),
+                (SetOp::ExceptDistinct, ..) => (m > 0 && nb == 0) as usize,
+            }
+        };
+        let mut left = null_keep_count;
+        for i in 0..n {
+            if left == 0 {
+                break;
+            }
+            if probe.is_null(i) {
+                words[i >> 5] |= 1 << (i & 31);
+                left -= 1;
+            }
+        }
+        core = select::words_to_bool(words, n);
+        Ok((core, ran))
+    }
+
+    /// The keyed core over the non-NULL keys (`*_idx`: their rows, None = all):
+    /// choose backend and strategy, run, verify hashed keys.
+    fn select_keys(
+        &self,
+        cfg: &SetfusionConfig,
+        probe: &KeyColumns,
+        build: &KeyColumns,
+        probe_idx: &Option<Vec<u32>>,
+        build_idx: &Option<Vec<u32>>,
+    ) -> Result<(BooleanBuffer, String)> {
+        let (Some(probe_rows), Some(build_rows)) = (&probe.bytes, &build.bytes) else {
+            // Exact keys: the key is the value, nothing to verify.
+            let (probe_core, build_core) = (core_keys(probe, probe_idx)?, core_keys(build, build_idx)?);
+            return Ok(self.select_hashes(cfg, &probe_core.slices(), &build_core.slices(), false));
+        };
+        let probe_rows = RowSubset::new(probe_rows, probe_idx.as_deref())?;
+        let build_rows = RowSubset::new(build_rows, build_idx.as_deref())?;
+        let mut gpu_note = None;
+        if let Backend::Gpu(_) = &self.backend {
+            // Hash and verify on the device; the host never hashes these rows.
+            match self.run_gpu_rows(cfg, build_rows, probe_rows) {
+                Ok(Some(sel)) => return Ok((sel, "gpu/hash (device row hashes)".into())),
+                Ok(None) => {
+                    let (b_ids, p_ids) = keys::exact_ids(build_rows, probe_rows);
+                    let ran = "gpu/hash (device row hashes), hash collision resolved on cpu".to_string();
+                    return Ok((select::select_cpu(self.op, &b_ids, &p_ids), ran));
+                }
+                // Too large for one device pass: hash on the host, where the GPU select partitions.
+                Err(e) if gpu::is_out_of_memory(&e) => gpu_note = Some(" (rows over the device budget: host row hashes)"),
+                Err(e) => {
+                    // Device trouble never fails the query: the CPU twin gives the same answer.
+                    let reason = format!("cpu (GPU failed: {})", crate::util::one_line(&e));
+                    let (probe_core, build_core) = (core_keys(probe, probe_idx)?, core_keys(build, build_idx)?);
+                    let sel = select::select_cpu_chunks(self.op, &build_core.slices(), &probe_core.slices());
+                    return self.verify_host_hashed(sel, reason, (probe_rows, &probe_core), (build_rows, &build_core));
+                }
+            }
+        }
+        // Host hashes (the CPU backend computed them while encoding).
+        let (probe_core, build_core) = (core_keys(probe, probe_idx)?, core_keys(build, build_idx)?);
+        let (sel, mut ran) = self.select_hashes(cfg, &probe_core.slices(), &build_core.slices(), true);
+        ran.push_str(gpu_note.unwrap_or(""));
+        self.verify_host_hashed(sel, ran, (probe_rows, &probe_core), (build_rows, &build_core))
+    }
+
+    /// Hashed keys selected on host hashes: make sure equal hashes meant equal
+    /// rows; on a collision recompute exactly.
+    fn verify_host_hashed(
+        &self,
+        sel: BooleanBuffer,
+        mut ran: String,
+        probe: (RowSubset<'_>, &CoreKeys<'_>),
+        build: (RowSubset<'_>, &CoreKeys<'_>),
+    ) -> Result<(BooleanBuffer, String)> {
+        let (kh, oh) = (probe.1.contiguous(), build.1.contiguous());
+        match keys::verify_rows_or_exact(build.0, &oh, probe.0, &kh) {
+            None => Ok((sel, ran)),
+            Some((b_ids, p_ids)) => {
+                ran.push_str(", hash collision resolved on cpu");
+                Ok((select::select_cpu(self.op, &b_ids, &p_ids), ran))
+            }
+        }
+    }
+
+    /// Select on 64-bit keys with the configured backend (hash-encoded keys: `hashed`).
+    fn select_hashes(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> (BooleanBuffer, String) {
+        match &self.backend {
+            Backend::Cpu(_) => (select::select_cpu_chunks(self.op, build_core, probe_core), "cpu".to_string()),
+            Backend::Gpu(_) => match self.run_gpu(cfg, probe_core, build_core, hashed) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Device trouble never fails the query: the CPU twin gives the same answer.
+                    (select::select_cpu_chunks(self.op, build_core, probe_core), format!("cpu (GPU failed: {})", crate::util::one_line(&e)))
+                }
+            },
+        }
+    }
+
+    /// Hashed keys on the GPU: device row hashes, device verification, device select.
+    fn run_gpu_rows(&self, cfg: &SetfusionConfig, build: RowSubset<'_>, probe: RowSubset<'_>) -> Result<Option<BooleanBuffer>> {
+        let device = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let g = device.lease(cfg.memory_limit.0);
+        let mut stats = TransferStats::default();
+        let r = row_hash::select_subsets_gpu(&g, self.op, build, probe, &mut stats);
+        self.metrics.device.record(&stats);
+        r
+    }
+
+    fn run_gpu(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
+        let device = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let g = device.lease(cfg.memory_limit.0);
+        // Hashed keys only support the hash table (their "domain" is meaningless).
+        let forced = match cfg.strategy {
+            Strategy::Sort => Some(GpuStrategy::Sort), // sorts any 64-bit keys, hashes included
+            _ if hashed => Some(GpuStrategy::Hash),
+            Strategy::Hash => Some(GpuStrategy::Hash),
+            Strategy::Bitmap => Some(GpuStrategy::Bitmap),
+            Strategy::Auto | Strategy::Cpu => None,
+        };
+        let mut stats = TransferStats::default();
+        // Exact keys only (they come back into pinned memory the output owns);
+        // the output filter checks that they cover every kept row.
+        let want_keys = self.key_from_device.is_some() && !hashed && cfg.pinned_output;
+        let (sel, ran, keys) = select::select_gpu_auto(&g, forced, self.op, build_core, probe_core, want_keys, &mut stats)?;
+        *self.device_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
+        self.metrics.device.record(&stats);
+        Ok((sel, ran))
+    }
+}
+
+/// One side's non-NULL keys as slices: the chunks themselves when no row is dropped.
+pub(crate) enum CoreKeys<'a> {
+    Borrowed(Vec<&'a [u64]>),
+    Owned(Vec<u64>),
+}
+
+impl CoreKeys<'_> {
+    fn slices(&self) -> Vec<&[u64]> {
+        match self {
+            CoreKeys::Borrowed(v) => v.clone(),
+            CoreKeys::Owned(v) => vec![v.as_slice()],
+        }
+    }
+    /// The keys in one slice (borrowed when they already are).
+    fn contiguous(&self) -> std::borrow::Cow<'_, [u64]> {
+        match self {
+            CoreKeys::Borrowed(v) if v.len() == 1 => std::borrow::Cow::Borrowed(v[0]),
+            CoreKeys::Borrowed(v) => std::borrow::Cow::Owned(v.concat()),
+            CoreKeys::Owned(v) => std::borrow::Cow::Borrowed(v.as_slice()),
+        }
+    }
+}
+
+/// One side's keys at `idx` (None: all rows): exact values, or row hashes
+/// (computed here on the host when encoding deferred them to the device).
+pub(crate) fn core_keys<'a>(k: &'a KeyColumns, idx: &Option<Vec<u32>>) -> Result<CoreKeys<'a>> {
+    if let (Some(rows), true) = (&k.bytes, k.hashes_deferred()) {
+        return Ok(CoreKeys::Owned(keys::hash_rows(RowSubset::new(rows, idx.as_deref())?)));
+    }
+    Ok(match idx {
+        None => CoreKeys::Borrowed(k.slices()),
+        Some(_) => CoreKeys::Owned(k.iter().enumerate().filter(|(i, _)| !k.is_null(*i)).map(|(_, v)| v).collect()),
+    })
+}
+
+/// Cast key columns to the types they are encoded as ([`keys::key_type`]:
+/// dictionaries to their values or views; the other side to the kept side's
+/// types, which the planner already coerced, guarding view variants).
+pub(crate) fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
+    cols.into_iter()
+        .zip(types)
+        .map(|(c, t)| if c.data_type() == t { Ok(c) } else { Ok(datafusion::arrow::compute::cast(&c, t)?) })
+        .collect()
+}
+
+/// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
+pub(crate) fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
+    crate::gpu::par_map(batches, 128, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
+}
+
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    pub(crate) device: DeviceMetrics,
+    pub(crate) encode_time: Time,
+    /// Waiting for both inputs to be collected.
+    pub(crate) input_time: Time,
+    /// Cutting the kept rows out of the kept side's batches (host, copy threads).
+    pub(crate) output_filter_time: Time,
+    /// The whole selection (both backends, NULL handling, transfers, kernels).
+    pub(crate) select_time: Time,
+}
+
+impl Metrics {
+    pub(crate) fn new(m: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            device: DeviceMetrics::new(m),
+            encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0),
+            input_time: MetricBuilder::new(m).subset_time("input_time", 0),
+            output_filter_time: MetricBuilder::new(m).subset_time("output_filter_time", 0),
+            select_time: MetricBuilder::new(m).subset_time("select_time", 0),
+        }
+    }
+}
+
