@@ -656,15 +656,11 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     let (pairs, elems) = (pairs as usize, elems as usize);
     if pairs >= (u32::MAX / 2) as usize {
         // Pair numbers are u32 (the matrix holds them); the caller halves the slice.
-        return Err(DataFusionError::ResourcesExhausted(format!(
-            "device memory budget exceeded: intersect_families slice of {nrows} sets has {pairs} non-empty pairs"
-        )));
+        return Err(crate::gpu::GpuError::over_budget(format!("intersect_families slice of {nrows} sets ({pairs} non-empty pairs, over u32 pair numbers)"), usize::MAX, 0).into());
     }
     let need = pairs * BYTES_PER_NONEMPTY + elems * 8;
     if need > gpu.budget().available() {
-        return Err(DataFusionError::ResourcesExhausted(format!(
-            "device memory budget exceeded: intersect_families slice of {nrows} sets needs {need} bytes"
-        )));
+        return Err(crate::gpu::GpuError::over_budget(format!("intersect_families slice of {nrows} sets"), need, gpu.budget().available()).into());
     }
     let d_bases = gpu.upload(&bases, ts)?;
     let right = gpu.alloc::<u32>(pairs.max(1))?;

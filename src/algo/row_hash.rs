@@ -612,10 +612,8 @@ fn select_host_rows_gpu(
     let need = device_bytes(op, build, probe, wide);
     let avail = gpu.budget().available();
     if need > avail {
-        // Worded so that gpu::is_out_of_memory recognises it: the caller then partitions on host hashes.
-        return Err(DataFusionError::ResourcesExhausted(format!(
-            "setfusion GPU: device memory budget exceeded: device row hashing needs {need} bytes, {avail} available"
-        )));
+        // The caller then partitions on host hashes.
+        return Err(crate::gpu::GpuError::over_budget("device row hashing", need, avail).into());
     }
     let rows_b = upload_side(gpu, build, wide, stats)?;
     let rows_p = upload_side(gpu, probe, wide, stats)?;
@@ -779,10 +777,8 @@ fn select_columns_gpu(
     let need = (held + (verify_capacity(nb + np) + 1) * 12 + 4).max(select::device_bytes(GpuStrategy::Hash, op, nb, np, 0));
     let avail = gpu.budget().available();
     if need > avail {
-        // Worded so that gpu::is_out_of_memory recognises it: the caller then partitions on host hashes.
-        return Err(DataFusionError::ResourcesExhausted(format!(
-            "setfusion GPU: device memory budget exceeded: device composite key hashing needs {need} bytes, {avail} available"
-        )));
+        // The caller then partitions on host hashes.
+        return Err(crate::gpu::GpuError::over_budget("device composite key hashing", need, avail).into());
     }
     let (mut bh, mut ph, on_device) = hash_parts_on_device(gpu, &parts, masks.as_ref(), nb, np, stats)?;
     if let Some((hb, hp)) = hashes {

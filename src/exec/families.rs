@@ -723,7 +723,7 @@ fn choose_backend(cfg: &SetfusionConfig, pairs: u64) -> std::result::Result<(), 
 }
 
 fn distinct_on_gpu(cfg: &SetfusionConfig, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
-    let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+    let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
     let lease = g.lease(cfg.memory_limit.0);
     families::distinct_gpu(&lease, space, ts)
 }
@@ -735,7 +735,7 @@ fn pairs_on_gpu(
     rows: Range<usize>,
     ts: &mut TransferStats,
 ) -> Result<PairIntersections> {
-    let g = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+    let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
     let lease = g.lease(cfg.memory_limit.0);
     families::pairs_gpu_with(&lease, space, inv, rows, ts)
 }

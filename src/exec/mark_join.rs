@@ -554,7 +554,7 @@ impl Run {
         }
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
-        let device = crate::gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let device = crate::gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = device.lease(cfg.memory_limit.0);
         let mut stats = crate::gpu::TransferStats::default();
         let metrics = super::DeviceMetrics::new(&self.metrics);

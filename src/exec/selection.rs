@@ -9,7 +9,7 @@ use std::time::Instant;
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
 
@@ -219,7 +219,7 @@ impl Selector {
 
     /// Hashed keys on the GPU: device row hashes, device verification, device select.
     fn run_gpu_rows(&self, cfg: &SetfusionConfig, build: RowSubset<'_>, probe: RowSubset<'_>) -> Result<Option<BooleanBuffer>> {
-        let device = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = device.lease(cfg.memory_limit.0);
         let mut stats = TransferStats::default();
         let r = row_hash::select_subsets_gpu(&g, self.op, build, probe, &mut stats);
@@ -228,7 +228,7 @@ impl Selector {
     }
 
     fn run_gpu(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
-        let device = gpu::gpu(cfg.device).map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = device.lease(cfg.memory_limit.0);
         // Hashed keys only support the hash table (their "domain" is meaningless).
         let forced = match cfg.strategy {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 
 use super::{cuda_err, Gpu};
 
@@ -50,10 +50,7 @@ impl MemoryBudget {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             if cur + bytes > limit {
-                return Err(DataFusionError::ResourcesExhausted(format!(
-                    "setfusion GPU: device memory budget exceeded: need {bytes} bytes, {} of {limit} in use",
-                    cur
-                )));
+                return Err(super::GpuError::over_budget(format!("an allocation ({cur} of {limit} bytes in use)"), bytes, limit.saturating_sub(cur)).into());
             }
             match self.used.compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Ok(Reservation { bytes, used: self.used.clone() }),

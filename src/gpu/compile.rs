@@ -91,7 +91,7 @@ fn cache_key(src: &str, info: &DeviceInfo) -> u64 {
 }
 
 fn nvrtc_failed(k: &KernelSource, what: &str, detail: impl fmt::Display) -> DataFusionError {
-    DataFusionError::Execution(format!("setfusion GPU: NVRTC {what} failed on kernels/{}.cu: {detail}", k.family))
+    super::GpuError::Kernel { family: k.family.to_string(), detail: format!("NVRTC {what} failed: {detail}") }.into()
 }
 
 const OPTIONS: [&str; 2] = ["-std=c++17", "--extra-device-vectorization"];

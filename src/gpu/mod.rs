@@ -7,6 +7,7 @@
 
 mod budget;
 mod compile;
+mod error;
 mod packing;
 mod pool;
 mod staging;
@@ -19,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use datafusion::error::DataFusionError;
 
+pub use error::{is_out_of_memory, GpuError};
 pub use compile::{kernel_sources, setfusion_cache_dir, KernelSource};
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
 pub use staging::{HostOut, PendingBuffer};
@@ -403,7 +405,7 @@ impl Gpu {
         let src = kernel_sources()
             .iter()
             .find(|k| k.family == family)
-            .ok_or_else(|| DataFusionError::Internal(format!("unknown kernel family {family}")))?;
+            .ok_or_else(|| GpuError::Kernel { family: family.to_string(), detail: "unknown kernel family".into() })?;
         let cubin = compile::compile_cached(src, &self.info)?;
         let module = match self.ctx.load_module(cubin) {
             Ok(m) => m,
@@ -440,15 +442,9 @@ impl Gpu {
     }
 }
 
-/// Map a CUDA driver error to a DataFusion error with context.
+/// A failed CUDA driver call as a typed [`GpuError`] (out of memory, or a driver error), with context.
 pub fn cuda_err(what: &str, e: DriverError) -> DataFusionError {
-    DataFusionError::Execution(format!("setfusion GPU: {what} failed: {e}"))
-}
-
-/// Is this error a device out-of-memory (so the caller may partition or fall back)?
-pub fn is_out_of_memory(e: &DataFusionError) -> bool {
-    let s = e.to_string();
-    s.contains("CUDA_ERROR_OUT_OF_MEMORY") || s.contains("device memory budget exceeded")
+    GpuError::driver(what, e).into()
 }
 
 /// For tests: the device, or `None` after printing why the GPU part is skipped.

@@ -171,7 +171,7 @@ pub(super) fn ssjoin_gpu_tuned(
         return Ok(Vec::new());
     }
     if r.tokens.len() >= u32::MAX as usize || s_c.tokens.len() >= u32::MAX as usize {
-        return Err(DataFusionError::ResourcesExhausted("similarity join: more than 2^32 set elements".into()));
+        return Err(crate::gpu::GpuError::Kernel { family: "ssjoin".into(), detail: "more than 2^32 set elements".into() }.into());
     }
 
     // The collection goes up on a second thread while this one builds the
@@ -309,11 +309,7 @@ pub(super) fn ssjoin_gpu_tuned(
         }
         let scratch_words = total_words.min(avail(gpu).saturating_sub(deferred.len() * 8) / 4);
         if largest > scratch_words {
-            return Err(DataFusionError::ResourcesExhausted(format!(
-                "setfusion GPU: device memory budget exceeded: similarity join probe needs a {} byte candidate table, {} bytes available",
-                largest * 4,
-                scratch_words * 4
-            )));
+            return Err(crate::gpu::GpuError::over_budget("similarity join probe's candidate table", largest * 4, scratch_words * 4).into());
         }
         let mut groups: Vec<(usize, usize, u64)> = Vec::new(); // (first, end, distinct bound)
         let mut offsets = Vec::with_capacity(deferred.len());
