@@ -9,7 +9,7 @@
 // 32-bit counters, 1/32 of the memory traffic.
 #include "common.cuh"
 
-enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
+// SEMI .. EXCEPT_ALL (the SetOp codes) come from the host: -D options from src/algo/select/mod.rs.
 
 extern "C" __global__ void build_bits(const u64* bkeys, u64 nb, u64 lo, u32* bits) {
     SF_FOR(i, nb) {

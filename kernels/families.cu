@@ -26,7 +26,7 @@
 
 #include "common.cuh"
 
-#define FAM_THREADS 256
+// FAM_THREADS comes from the host: a -D option from src/algo/families.rs.
 
 // The first index in list[0, n) whose value is >= x.
 __device__ __forceinline__ u32 fam_lower_bound(const u32* list, u32 n, u32 x) {

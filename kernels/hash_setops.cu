@@ -28,7 +28,7 @@
 // worst over the variants tried.)
 #include "common.cuh"
 
-enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
+// SEMI .. EXCEPT_ALL (the SetOp codes) come from the host: -D options from src/algo/select/mod.rs.
 
 // Two table widths: u64 keys as they are, and u32 offsets (key - lo) when the
 // key domain spans less than 2^32 - 1 values (half the table bytes, so twice

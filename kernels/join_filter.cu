@@ -25,59 +25,14 @@
 #include "common.cuh"
 
 // Program ops (src/algo/join_filter.rs `op`, checked equal by a unit test).
-#define JF_COL 1       // push column `arg` (probe or build row by the column's side)
-#define JF_LIT 2       // push `imm` (its lane's bits)
-#define JF_NULL 3      // push NULL
-#define JF_ADD_I 10    // i64 lane, result checked against range `arg`
-#define JF_SUB_I 11
-#define JF_MUL_I 12
-#define JF_NEG_I 13
-#define JF_ADD_F 20    // f64 lane; arg 1: round the result to f32
-#define JF_SUB_F 21
-#define JF_MUL_F 22
-#define JF_DIV_F 23
-#define JF_NEG_F 24
-#define JF_EQ_I 30
-#define JF_NE_I 31
-#define JF_LT_I 32
-#define JF_LE_I 33
-#define JF_GT_I 34
-#define JF_GE_I 35
-#define JF_EQ_F 40     // floats compare in IEEE total order (Arrow's order)
-#define JF_NE_F 41
-#define JF_LT_F 42
-#define JF_LE_F 43
-#define JF_GT_F 44
-#define JF_GE_F 45
-#define JF_AND 50
-#define JF_OR 51
-#define JF_NOT 52
-#define JF_IS_NULL 53
-#define JF_IS_NOT_NULL 54
-#define JF_I2F 60      // i64 -> f64 (arg 1: -> f32)
-#define JF_SCALE_I 61  // i64 * imm, checked against range `arg`
-#define JF_DEC2F 62    // i64 / (double)imm (decimal -> float; arg 1: then to f32)
-#define JF_F2F32 63    // round an f64 to f32
-#define JF_CHECK_I 64  // error unless the value lies in range `arg`
+// The program op codes (JF_COL .. JF_CHECK_I), value kinds (JF_K_*), JF_RANGE_DEC and JF_STACK
+// come from the host: -D options from src/algo/join_filter.rs.
 
 // Column value kinds.
-#define JF_K_I8 0
-#define JF_K_I16 1
-#define JF_K_I32 2
-#define JF_K_I64 3
-#define JF_K_U8 4
-#define JF_K_U16 5
-#define JF_K_U32 6
-#define JF_K_F32 7
-#define JF_K_F64 8
-#define JF_K_BOOL 9
-#define JF_K_DEC128 10
 
 // Ranges of checked integer results: 0 all of i64; 1-3 i8 / i16 / i32; 4-6
 // u8 / u16 / u32; 7 + p: a decimal of precision p (|v| < 10^p).
-#define JF_RANGE_DEC 7
 
-#define JF_STACK 16
 
 struct JfInstr {
     u32 op;

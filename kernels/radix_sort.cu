@@ -38,25 +38,12 @@
 
 // Tuning constants. The Rust twins are in src/algo/radix_sort.rs (same names);
 // #ifndef only so that the nvcc harness can try other values with -D.
-#define RS_BITS 8          // digit width
-#define RS_RADIX 256       // 1 << RS_BITS
-#ifndef RS_WARPS
-#define RS_WARPS 16        // warps per onesweep block
-#endif
+// RS_BITS, RS_RADIX, RS_WARPS, RS_ITEMS_U32, RS_ITEMS_U64, RS_MIN_BLOCKS and RS_HIST_THREADS come from the host:
+// -D options from src/algo/radix_sort.rs (the nvcc harness passes its own).
 #define RS_THREADS (RS_WARPS * 32)
-#ifndef RS_ITEMS_U32
-#define RS_ITEMS_U32 15    // keys per thread, 4-byte keys: tile 7680
-#endif
-#ifndef RS_ITEMS_U64
-#define RS_ITEMS_U64 8     // keys per thread, 8-byte keys: tile 4096
-#endif
-#ifndef RS_MIN_BLOCKS
-#define RS_MIN_BLOCKS 2    // resident onesweep blocks per SM (register cap 65536 / (RS_THREADS * RS_MIN_BLOCKS))
-#endif
 #ifndef RS_MATCH_ANY
 #define RS_MATCH_ANY 0     // 1: peers by __match_any_sync instead of one ballot per digit bit
 #endif
-#define RS_HIST_THREADS 256
 #define RS_FULL 0xffffffffu
 
 static_assert(RS_THREADS == RS_WARPS * 32, "RS_THREADS is RS_WARPS warps");

@@ -40,8 +40,7 @@
 // last data byte may always be read.
 #include "common.cuh"
 
-#define RH_EMPTY 0xffffffffffffffffULL
-#define RH_NO_ROW 0xffffffffu
+// RH_EMPTY and RH_NO_ROW come from the host: -D options from src/algo/row_hash.rs.
 #define RH_K 0x9E3779B97F4A7C15ULL
 
 __device__ __forceinline__ u64 rh_rotl(u64 x, int r) { return (x << r) | (x >> (64 - r)); }

@@ -22,12 +22,11 @@
 // Output: one bit per probe row, LSB first in u32 words (pre-zeroed).
 #include "common.cuh"
 
-enum Op { SEMI = 0, ANTI = 1, INTERSECT_DISTINCT = 2, INTERSECT_ALL = 3, EXCEPT_DISTINCT = 4, EXCEPT_ALL = 5 };
+// SEMI .. EXCEPT_ALL (the SetOp codes) come from the host: -D options from src/algo/select/mod.rs.
 
 
 // ---------------------------------------------------------------- Balanced Path
-#define BP_NT 128
-#define BP_VT 16
+// BP_NT (threads per tile) and BP_VT (inputs per thread) come from the host: -D options from src/algo/select/sort.rs.
 #define BP_NV (BP_NT * BP_VT)
 #define STAR_BIT 0x8000000000000000ULL
 

@@ -34,7 +34,7 @@
 // 4 * slots words per probe at `tab_off`).
 #include "common.cuh"
 
-#define SF_BLOCK 128  // threads per CUDA block; the kernel assumes blockDim.x == SF_BLOCK
+// SF_BLOCK (threads per block) comes from the host: a -D option from src/algo/ssjoin/gpu.rs.
 #define SF_CHUNK 128  // probe-prefix tokens per segment pass (== SF_BLOCK: one per thread)
 #define SF_EMPTY 0xffffffffu
 

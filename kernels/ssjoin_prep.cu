@@ -17,9 +17,7 @@
 // bitonic sort in shared memory), listed by the host.
 #include "common.cuh"
 
-#define PREP_SMALL 64     // keep in step with SMALL_SET in src/algo/ssjoin_prep.rs
-#define PREP_LARGE 4096   // keep in step with LARGE_SET
-#define PREP_BLOCK 256    // threads of the large-set kernels (LARGE_BLOCK)
+// PREP_SMALL, PREP_LARGE and PREP_BLOCK come from the host: -D options from src/algo/ssjoin_prep.rs.
 
 template <typename T>
 __device__ __forceinline__ void insertion_sort(T* a, u32 n) {

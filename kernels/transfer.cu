@@ -10,9 +10,7 @@
 //   [high_off, high_off + 4n)      high 32 bits (read only for wide segments); high_off = SF_DESC + 4 cap
 #include "common.cuh"
 
-#define SF_SEG_LOG2 16
-#define SF_SEGS 128
-#define SF_DESC 4096
+// SF_SEG_LOG2, SF_SEGS, SF_DESC and SF_KEPT_WORDS come from the host: -D options from src/gpu/transfer.rs.
 
 extern "C" __global__ void decode_for(const unsigned char* fill, u64 n, u64 high_off, u64* dst) {
     const u64* base = (const u64*)fill;
@@ -45,7 +43,6 @@ extern "C" __global__ void min_max(const u64* keys, u64 n, u64* out) {
 // the decoded keys). Blocks of SF_KEPT_WORDS selection words (32 rows each):
 // count_kept writes each block's kept count, the host turns the counts into
 // offsets, compact_kept writes each block's kept keys from its offset on.
-#define SF_KEPT_WORDS 256
 
 // Selection word w with the bits past row n cleared.
 __device__ __forceinline__ u32 kept_word(const u32* sel, u64 w, u64 n) {

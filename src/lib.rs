@@ -45,7 +45,7 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     // tables, plans and scans (issue 13); planning never waits for it.
     if let Some(cfg) = config.options().extensions.get::<SetfusionConfig>() {
         if cfg.enabled {
-            gpu::start_in_background(cfg.device);
+            gpu::start_in_background(cfg.device, &algo::SET_SELECTION_KERNELS);
         }
     }
     // Similarity and tokenizer functions (issue 4), added to whatever is registered.

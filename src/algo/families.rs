@@ -531,7 +531,13 @@ pub fn distinct_of(parts: &[&PairIntersections]) -> DistinctSets {
 // GPU backend: kernels/families.cu
 // ---------------------------------------------------------------------------
 
-const FAMILY: &str = "families";
+/// kernels/families.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "families", source: include_str!("../../kernels/families.cu"), defines: families_defines };
+
+fn families_defines() -> Vec<(String, u64)> {
+    vec![("FAM_THREADS".into(), FAM_THREADS as u64)]
+}
+
 /// Threads per block of the warp-per-left-set kernels (FAM_THREADS).
 const FAM_THREADS: u32 = 256;
 /// Warps per block of those kernels.
@@ -626,7 +632,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     let row_totals = gpu.alloc_zeros::<u64>(2 * nrows)?;
     let started = Instant::now();
     // 1. Count every pair's intersection size (a warp per left set).
-    let f = gpu.function(FAMILY, "fam_count")?;
+    let f = gpu.function(&KERNEL, "fam_count")?;
     let mut b = stream.launch_builder(&f);
     b.arg(&dev.left_offsets.slice).arg(&dev.left_elements.slice).arg(&first).arg(&nrows_u);
     b.arg(&dev.right_from.slice).arg(&self_u).arg(&dev.inv_offsets.slice).arg(&dev.inv_sets.slice).arg(&k_u);
@@ -635,7 +641,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     // (one entry per left set in the self form) and the inverted lists are the uploaded families'.
     unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_count", e))?;
     // 2. Per left set: its non-empty pairs and their elements.
-    let f = gpu.function(FAMILY, "fam_row_totals")?;
+    let f = gpu.function(&KERNEL, "fam_row_totals")?;
     let mut b = stream.launch_builder(&f);
     b.arg(&matrix.slice).arg(&nrows_u).arg(&k_u).arg(&row_totals.slice);
     // SAFETY: matches fam_row_totals; row_totals holds 2 * nrows counters.
@@ -669,7 +675,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     let started = Instant::now();
     // 3. Compact: each non-empty pair's right set and element offset; the
     //    matrix entry becomes the pair's number for the fill.
-    let f = gpu.function(FAMILY, "fam_compact")?;
+    let f = gpu.function(&KERNEL, "fam_compact")?;
     let mut b = stream.launch_builder(&f);
     let (pairs_u, elems_u) = (pairs as u64, elems as u64);
     b.arg(&matrix.slice).arg(&nrows_u).arg(&k_u).arg(&d_bases.slice).arg(&right.slice).arg(&pair_offsets.slice);
@@ -679,7 +685,7 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     unsafe { b.launch(warp_grid(nrows)) }.map_err(|e| cuda_err("families fam_compact", e))?;
     // 4. Fill, in element order (intersections come out sorted).
     let cursor = gpu.alloc_zeros::<u32>(pairs.max(1))?;
-    let f = gpu.function(FAMILY, "fam_fill")?;
+    let f = gpu.function(&KERNEL, "fam_fill")?;
     let mut b = stream.launch_builder(&f);
     b.arg(&dev.left_offsets.slice).arg(&dev.left_elements.slice).arg(&first).arg(&nrows_u);
     b.arg(&dev.right_from.slice).arg(&self_u).arg(&dev.inv_offsets.slice).arg(&dev.inv_sets.slice).arg(&k_u);
@@ -724,14 +730,14 @@ impl Slice {
         // collisions, distinct sets, their elements, gather cursor
         let counters = gpu.alloc_zeros::<u64>(4)?;
         let started = Instant::now();
-        let f = gpu.function(FAMILY, "fam_group")?;
+        let f = gpu.function(&KERNEL, "fam_group")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&n_u).arg(&slot_of.slice);
         b.arg(&keys.slice).arg(&first.slice).arg(&slots_u);
         // SAFETY: matches fam_group; slot_of has n entries, keys and first `slots` (a power of two of at least
         // 2n, so the open-addressing table never fills), both zeroed.
         unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_group", e))?;
-        let f = gpu.function(FAMILY, "fam_group_verify")?;
+        let f = gpu.function(&KERNEL, "fam_group_verify")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&n_u).arg(&slot_of.slice).arg(&first.slice);
         b.arg(&freq.slice).arg(&counters.slice);
@@ -740,7 +746,7 @@ impl Slice {
         drop((keys, slot_of));
         let group_pair = gpu.alloc::<u32>(n)?;
         let group_freq = gpu.alloc::<u64>(n)?;
-        let f = gpu.function(FAMILY, "fam_group_compact")?;
+        let f = gpu.function(&KERNEL, "fam_group_compact")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&self.pair_offsets.slice).arg(&first.slice).arg(&freq.slice).arg(&slots_u);
         b.arg(&group_pair.slice).arg(&group_freq.slice).arg(&counters.slice);
@@ -759,7 +765,7 @@ impl Slice {
         let gathered = gpu.alloc::<u32>(total.max(1))?;
         let started = Instant::now();
         let groups_u = groups as u64;
-        let f = gpu.function(FAMILY, "fam_gather")?;
+        let f = gpu.function(&KERNEL, "fam_gather")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&self.pair_offsets.slice).arg(&self.elements.slice).arg(&groups_u).arg(&group_pair.slice);
         b.arg(&group_pos.slice).arg(&gathered.slice).arg(&counters.slice);
@@ -774,7 +780,7 @@ impl Slice {
         let bits = (32 - (self.domain.max(2) as u32 - 1).leading_zeros()).max(1);
         let mut keys = gpu.alloc::<u64>(groups.max(1))?;
         let mut order = gpu.alloc::<u32>(groups.max(1))?;
-        let f = gpu.function(FAMILY, "fam_order_keys")?;
+        let f = gpu.function(&KERNEL, "fam_order_keys")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&groups_u).arg(&group_pos.slice).arg(&group_pair.slice).arg(&gathered.slice).arg(&bits).arg(&keys.slice).arg(&order.slice);
         // SAFETY: matches fam_order_keys; group_pos / group_pair (now the sizes) and keys / order have `groups`

@@ -15,7 +15,27 @@ pub mod ssjoin_prep;
 
 use datafusion::error::Result;
 
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, KernelSource};
+
+/// Every kernel family, by its launcher's `KERNEL` (NVRTC compiles each with its `-D` contract).
+pub fn kernel_sources() -> Vec<&'static KernelSource> {
+    vec![
+        &crate::gpu::transfer::KERNEL,
+        &select::hash::KERNEL,
+        &select::bitmap::KERNEL,
+        &select::sort::KERNEL,
+        &radix_sort::KERNEL,
+        &row_hash::KERNEL,
+        &join_filter::KERNEL,
+        &families::KERNEL,
+        &sorted_intersect::KERNEL,
+        &ssjoin::gpu::KERNEL,
+        &ssjoin_prep::KERNEL,
+    ]
+}
+
+/// The families a device's background start loads: the set selection's.
+pub static SET_SELECTION_KERNELS: [&KernelSource; 3] = [&crate::gpu::transfer::KERNEL, &select::bitmap::KERNEL, &select::hash::KERNEL];
 
 /// A kernel family's self-check against its CPU twin (run by `setfusion doctor`).
 pub type SelfCheck = fn(&Gpu) -> Result<String>;
@@ -33,4 +53,50 @@ pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
         ("ssjoin", ssjoin::self_check as SelfCheck),
         ("ssjoin_prep", ssjoin_prep::self_check as SelfCheck),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    /// Every `kernels/*.cu` file has one launcher, and each family's contract
+    /// comes from the host alone: NVRTC sees no file system (so a family must
+    /// include common.cuh, which the runtime inlines), and no `-D` name is
+    /// also defined in the source (a second copy of a number).
+    #[test]
+    fn kernel_families_and_their_contracts() {
+        let sources = super::kernel_sources();
+        let families: HashSet<&str> = sources.iter().map(|k| k.family).collect();
+        assert_eq!(families.len(), sources.len(), "a family is listed twice");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(family) = name.strip_suffix(".cu") {
+                assert!(families.contains(family), "kernels/{name} has no launcher in algo::kernel_sources()");
+            }
+        }
+        for k in sources {
+            assert!(k.source.contains("#include \"common.cuh\""), "kernels/{}.cu does not #include \"common.cuh\"", k.family);
+            for (name, _) in (k.defines)() {
+                assert!(!k.source.contains(&format!("#define {name} ")), "kernels/{}.cu defines {name}, which the host passes", k.family);
+            }
+        }
+    }
+
+    /// Every family compiles with NVRTC for sm_90 (the H100) with its `-D`
+    /// contract, here too when NVRTC alone is installed (no GPU needed); the
+    /// device's `doctor` compiles them again for its own architecture.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        for k in super::kernel_sources() {
+            match crate::gpu::check_compiles(k, "compute_90") {
+                None => {
+                    use std::io::Write;
+                    let _ = writeln!(std::io::stderr(), "skipping the NVRTC compile check: libnvrtc not found");
+                    return;
+                }
+                Some(r) => r.unwrap_or_else(|e| panic!("{e}")),
+            }
+        }
+    }
 }

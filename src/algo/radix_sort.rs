@@ -24,9 +24,17 @@ use datafusion::error::{DataFusionError, Result};
 
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod};
 
-const FAMILY: &str = "radix_sort";
+/// kernels/radix_sort.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "radix_sort", source: include_str!("../../kernels/radix_sort.cu"), defines: radix_defines };
 
-// Twins of the #defines at the top of kernels/radix_sort.cu (same names): change both together.
+fn radix_defines() -> Vec<(String, u64)> {
+    let pairs = [("BITS", RS_BITS as u64), ("RADIX", RS_RADIX as u64), ("WARPS", (RS_THREADS / 32) as u64), ("ITEMS_U32", RS_ITEMS_U32 as u64),
+        ("ITEMS_U64", RS_ITEMS_U64 as u64), ("MIN_BLOCKS", RS_MIN_BLOCKS as u64), ("HIST_THREADS", RS_HIST_THREADS as u64)];
+    crate::gpu::prefixed("RS_", &pairs)
+}
+
+
+// The kernel's tuning constants: passed to NVRTC as -D options (radix_defines).
 /// Digit width (RS_BITS) and digit count (RS_RADIX).
 pub const RS_BITS: u32 = 8;
 const RS_RADIX: usize = 256;
@@ -37,6 +45,9 @@ const RS_ITEMS_U32: usize = 15;
 const RS_ITEMS_U64: usize = 8;
 /// Threads per block of the histogram kernel (RS_HIST_THREADS).
 const RS_HIST_THREADS: u32 = 256;
+/// Resident onesweep blocks per SM the kernel is compiled for (RS_MIN_BLOCKS):
+/// register cap 65536 / (RS_THREADS * RS_MIN_BLOCKS).
+const RS_MIN_BLOCKS: u32 = 2;
 /// Digit counts of up to 8 passes, then one tile counter per pass (the launch
 /// sequence in the kernel's header comment).
 const HIST_WORDS: usize = 8 * RS_RADIX + 8;
@@ -126,7 +137,7 @@ fn run_sort<K: RadixKey>(
 
     let sms = gpu.info().multiprocessors.max(1) as usize;
     let hist_blocks = n.div_ceil(RS_HIST_THREADS as usize).clamp(1, sms * 8);
-    let f = gpu.function(FAMILY, &format!("rs_histogram_{}", K::NAME))?;
+    let f = gpu.function(&KERNEL, &format!("rs_histogram_{}", K::NAME))?;
     // SAFETY: signature matches kernels/radix_sort.cu; keys hold n elements, hist HIST_WORDS zeroed counts.
     unsafe {
         stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&begin_bit).arg(&end_bit).arg(&hist.slice).launch(LaunchConfig {
@@ -136,7 +147,7 @@ fn run_sort<K: RadixKey>(
         })
     }
     .map_err(|e| cuda_err("rs_histogram", e))?;
-    let f = gpu.function(FAMILY, "rs_scan_digits")?;
+    let f = gpu.function(&KERNEL, "rs_scan_digits")?;
     // SAFETY: one block per pass scans that pass's RS_RADIX counts in place.
     unsafe {
         stream.launch_builder(&f).arg(&hist.slice).launch(LaunchConfig {
@@ -148,7 +159,7 @@ fn run_sort<K: RadixKey>(
     .map_err(|e| cuda_err("rs_scan_digits", e))?;
 
     let name = format!("rs_onesweep_{}_{}", K::NAME, if values.is_some() { "pairs" } else { "keys" });
-    let f = gpu.function(FAMILY, &name)?;
+    let f = gpu.function(&KERNEL, &name)?;
     let cfg = LaunchConfig { grid_dim: (ntiles as u32, 1, 1), block_dim: (RS_THREADS, 1, 1), shared_mem_bytes: 0 };
     for p in 0..passes {
         let shift = begin_bit + p * RS_BITS;
@@ -235,7 +246,7 @@ pub fn offset_keys_u64(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, sub: u64, 
         return Ok((out, rows));
     }
     let null: u64 = 0;
-    let f = gpu.function(FAMILY, "rs_offset_keys_u64")?;
+    let f = gpu.function(&KERNEL, "rs_offset_keys_u64")?;
     let n64 = n as u64;
     // SAFETY: signature matches kernels/radix_sort.cu; out (and rows) hold n elements; a 0 rows pointer means none.
     unsafe {
@@ -276,14 +287,14 @@ pub fn sort_segments_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, offsets: &Devi
     let stream = gpu.stream();
     let mut composite = gpu.alloc::<u64>(n)?;
     let (n64, nseg32) = (n as u64, nseg as u32);
-    let f = gpu.function(FAMILY, "rs_seg_compose_u32")?;
+    let f = gpu.function(&KERNEL, "rs_seg_compose_u32")?;
     // SAFETY: signature matches kernels/radix_sort.cu; keys and composite hold n elements, offsets nseg + 1.
     unsafe {
         stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&offsets.slice).arg(&nseg32).arg(&key_bits).arg(&composite.slice).launch(gpu.grid_stride(n, 32))
     }
     .map_err(|e| cuda_err("rs_seg_compose_u32", e))?;
     sort_keys_u64(gpu, &mut composite, n, 0, key_bits + sbits)?;
-    let f = gpu.function(FAMILY, "rs_seg_split_u32")?;
+    let f = gpu.function(&KERNEL, "rs_seg_split_u32")?;
     // SAFETY: as above; every key is rewritten from its sorted composite.
     unsafe { stream.launch_builder(&f).arg(&composite.slice).arg(&n64).arg(&key_bits).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
         .map_err(|e| cuda_err("rs_seg_split_u32", e))?;

@@ -43,7 +43,13 @@ use crate::algo::select::{self, GpuStrategy, ResidentSelect, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 use crate::keys::{self, ByteColumn, ByteParts, ColumnKeys, KeyBytes, KeyPart, RowSubset};
 
-const FAMILY: &str = "row_hash";
+/// kernels/row_hash.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "row_hash", source: include_str!("../../kernels/row_hash.cu"), defines: row_hash_defines };
+
+fn row_hash_defines() -> Vec<(String, u64)> {
+    vec![("RH_EMPTY".into(), EMPTY_KEY), ("RH_NO_ROW".into(), NO_ROW as u64)]
+}
+
 /// The verification table's empty key and "no representative yet" markers (as in the kernel).
 const EMPTY_KEY: u64 = u64::MAX;
 const NO_ROW: u32 = u32::MAX;
@@ -409,17 +415,17 @@ fn launch_per_row(gpu: &Gpu, kernels: &PerRow, rows: &DeviceRows, out: &DeviceBu
     let cfg = launch_cfg(gpu, rows.len());
     match rows {
         DeviceRows::Offsets { offsets: DeviceOffsets::U32(o), data, .. } => {
-            let f = gpu.function(FAMILY, kernels.offsets_u32)?;
+            let f = gpu.function(&KERNEL, kernels.offsets_u32)?;
             // SAFETY: signature matches kernels/row_hash.cu; offsets hold n + 1 entries within the padded data; out holds n.
             unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg) }
         }
         DeviceRows::Offsets { offsets: DeviceOffsets::U64(o), data, .. } => {
-            let f = gpu.function(FAMILY, kernels.offsets_u64)?;
+            let f = gpu.function(&KERNEL, kernels.offsets_u64)?;
             // SAFETY: as above.
             unsafe { stream.launch_builder(&f).arg(&o.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg) }
         }
         DeviceRows::Views { views, batch_rows, nbatches, batch_bufs, buf_pos, data, .. } => {
-            let f = gpu.function(FAMILY, kernels.views)?;
+            let f = gpu.function(&KERNEL, kernels.views)?;
             // SAFETY: signature matches kernels/row_hash.cu; views hold 2n + 2 words whose buffer
             // references (valid Arrow views) lie within the batch table and the padded data; out holds n.
             unsafe {
@@ -428,7 +434,7 @@ fn launch_per_row(gpu: &Gpu, kernels: &PerRow, rows: &DeviceRows, out: &DeviceBu
             }
         }
         DeviceRows::Fixed { vals, .. } => {
-            let f = gpu.function(FAMILY, kernels.fixed)?;
+            let f = gpu.function(&KERNEL, kernels.fixed)?;
             // SAFETY: signature matches kernels/row_hash.cu; vals holds n + 1 words; out holds n.
             unsafe { stream.launch_builder(&f).arg(&vals.slice).arg(&n).arg(&out.slice).launch(cfg) }
         }
@@ -491,15 +497,15 @@ fn verify_parts_on_device(
     let (nb64, np64) = (nb as u64, np as u64);
     let stream = gpu.stream();
     let started = Instant::now();
-    let f = gpu.function(FAMILY, "fill_u64")?;
+    let f = gpu.function(&KERNEL, "fill_u64")?;
     // SAFETY: signature matches kernels/row_hash.cu; keys holds cap + 1 entries.
     unsafe { stream.launch_builder(&f).arg(&keys.slice).arg(&slots).arg(&EMPTY_KEY).launch(launch_cfg(gpu, cap + 1)) }
         .map_err(|e| cuda_err("row_hash fill", e))?;
-    let f = gpu.function(FAMILY, "fill_u32")?;
+    let f = gpu.function(&KERNEL, "fill_u32")?;
     // SAFETY: as above, for reps.
     unsafe { stream.launch_builder(&f).arg(&reps.slice).arg(&slots).arg(&NO_ROW).launch(launch_cfg(gpu, cap + 1)) }
         .map_err(|e| cuda_err("row_hash fill", e))?;
-    let f = gpu.function(FAMILY, "verify_insert")?;
+    let f = gpu.function(&KERNEL, "verify_insert")?;
     // SAFETY: hashes hold nb and np entries; the table holds cap + 1 slots with mask = cap - 1.
     unsafe {
         stream.launch_builder(&f).arg(&build_hashes.slice).arg(&nb64).arg(&probe_hashes.slice).arg(&np64)
@@ -514,7 +520,7 @@ fn verify_parts_on_device(
                 DeviceRows::Offsets { offsets: DeviceOffsets::U32(bo), data: bd, .. },
                 DeviceRows::Offsets { offsets: DeviceOffsets::U32(po), data: pd, .. },
             ) => {
-                let f = gpu.function(FAMILY, "verify_check_u32")?;
+                let f = gpu.function(&KERNEL, "verify_check_u32")?;
                 // SAFETY: as above; each side's offsets hold n + 1 entries within its padded data.
                 unsafe {
                     stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
@@ -525,7 +531,7 @@ fn verify_parts_on_device(
                 DeviceRows::Offsets { offsets: DeviceOffsets::U64(bo), data: bd, .. },
                 DeviceRows::Offsets { offsets: DeviceOffsets::U64(po), data: pd, .. },
             ) => {
-                let f = gpu.function(FAMILY, "verify_check_u64")?;
+                let f = gpu.function(&KERNEL, "verify_check_u64")?;
                 // SAFETY: as above.
                 unsafe {
                     stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
@@ -536,7 +542,7 @@ fn verify_parts_on_device(
                 DeviceRows::Views { views: bv, batch_rows: br, nbatches: bn, batch_bufs: bb, buf_pos: bp, data: bd, .. },
                 DeviceRows::Views { views: pv, batch_rows: pr, nbatches: pn, batch_bufs: pb, buf_pos: pp, data: pd, .. },
             ) => {
-                let f = gpu.function(FAMILY, "verify_check_views")?;
+                let f = gpu.function(&KERNEL, "verify_check_views")?;
                 // SAFETY: as above; each side's views, batch table and padded data as in hash_on_device.
                 unsafe {
                     stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
@@ -546,7 +552,7 @@ fn verify_parts_on_device(
                 }
             }
             (DeviceRows::Fixed { vals: bv, .. }, DeviceRows::Fixed { vals: pv, .. }) => {
-                let f = gpu.function(FAMILY, "verify_check_fixed")?;
+                let f = gpu.function(&KERNEL, "verify_check_fixed")?;
                 // SAFETY: as above; each side's vals hold its rows' words (plus one zeroed word).
                 unsafe {
                     stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
@@ -716,7 +722,7 @@ fn hash_parts_on_device(
     let seeded = |n: usize| -> Result<DeviceBuffer<u64>> {
         let h = gpu.alloc::<u64>(n)?;
         if n > 0 {
-            let f = gpu.function(FAMILY, "fill_u64")?;
+            let f = gpu.function(&KERNEL, "fill_u64")?;
             // SAFETY: signature matches kernels/row_hash.cu; h holds n words.
             unsafe { gpu.stream().launch_builder(&f).arg(&h.slice).arg(&(n as u64)).arg(&keys::COLUMNS_SEED).launch(launch_cfg(gpu, n)) }
                 .map_err(|e| cuda_err("row_hash fill", e))?;
@@ -735,7 +741,7 @@ fn hash_parts_on_device(
         on_device.push((b, p));
     }
     let masks = masks.map(|m| Ok::<_, DataFusionError>((upload_side(gpu, &m.build, false, stats)?, upload_side(gpu, &m.probe, false, stats)?))).transpose()?;
-    let f = gpu.function(FAMILY, "combine_finish")?;
+    let f = gpu.function(&KERNEL, "combine_finish")?;
     for (h, n, m) in [(&bh, nb, masks.as_ref().map(|m| &m.0)), (&ph, np, masks.as_ref().map(|m| &m.1))] {
         if n == 0 {
             continue;

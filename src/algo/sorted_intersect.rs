@@ -12,6 +12,10 @@ use datafusion::error::Result;
 
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
+/// kernels/sorted_intersect.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sorted_intersect", source: include_str!("../../kernels/sorted_intersect.cu"), defines: crate::gpu::no_defines };
+
+
 /// Tile shapes (threads per block, merge steps per thread) instantiated in
 /// kernels/sorted_intersect.cu; `setfusion bench setops` measures each.
 pub const TILE_SHAPES: &[(usize, usize)] = &[(128, 11), (128, 15), (256, 7), (256, 11), (256, 15), (256, 19), (512, 9)];
@@ -110,12 +114,12 @@ impl<T: SortedKey> SortedIntersect<T> {
         let (na, nb) = (self.na as i64, self.nb as i64);
         let started = Instant::now();
         stream.memset_zeros(&mut self.count.slice).map_err(|e| cuda_err("memset", e))?;
-        let part = gpu.function("sorted_intersect", &format!("partitions_{}", T::SUFFIX))?;
+        let part = gpu.function(&KERNEL, &format!("partitions_{}", T::SUFFIX))?;
         let cfg = LaunchConfig { grid_dim: ((tiles + 1).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: signature matches kernels/sorted_intersect.cu; parts holds tiles + 1 entries.
         unsafe { stream.launch_builder(&part).arg(&self.a.slice).arg(&na).arg(&self.b.slice).arg(&nb).arg(&self.parts.slice).arg(&nparts).arg(&nv).launch(cfg) }
             .map_err(|e| cuda_err("partitions", e))?;
-        let kern = gpu.function("sorted_intersect", &format!("intersect_{}_{nt}x{vt}", T::SUFFIX))?;
+        let kern = gpu.function(&KERNEL, &format!("intersect_{}_{nt}x{vt}", T::SUFFIX))?;
         let cfg = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (nt as u32, 1, 1), shared_mem_bytes: 0 };
         let null_flags: u64 = 0;
         let mut launch = stream.launch_builder(&kern);

@@ -24,6 +24,14 @@ use datafusion::error::{DataFusionError, Result};
 use super::ssjoin::{default_threads, RawSets, SetCollection};
 use crate::gpu::{cuda_err, for_each_mut, Gpu, TransferStats};
 
+/// kernels/ssjoin_prep.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "ssjoin_prep", source: include_str!("../../kernels/ssjoin_prep.cu"), defines: prep_defines };
+
+fn prep_defines() -> Vec<(String, u64)> {
+    crate::gpu::prefixed("PREP_", &[("SMALL", SMALL_SET as u64), ("LARGE", LARGE_SET as u64), ("BLOCK", LARGE_BLOCK as u64)])
+}
+
+
 /// Sort and deduplicate each set.
 pub fn dedup_sets(raw: &RawSets) -> RawSets {
     let mut out = RawSets { offsets: Vec::with_capacity(raw.len() + 1), elems: Vec::with_capacity(raw.elems.len()) };
@@ -602,14 +610,14 @@ pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) ->
 
     // 1. Sort, deduplicate, count document frequencies.
     let started = Instant::now();
-    let f = gpu.function("ssjoin_prep", "dedup_count_small")?;
+    let f = gpu.function(&KERNEL, "dedup_count_small")?;
     let mut b = stream.launch_builder(&f);
     b.arg(&elems.slice).arg(&d_offs.slice).arg(&n).arg(&lo).arg(&df.slice).arg(&sizes.slice);
     // SAFETY: the arguments match kernels/ssjoin_prep.cu dedup_count_small; offs has n + 1 entries into elems; every
     // element lies in [lo, lo + span), the length of df; sizes has n entries.
     unsafe { b.launch(grid(gpu, n_sets, SMALL_BLOCK, 16)) }.map_err(|e| cuda_err("ssjoin_prep dedup_count_small", e))?;
     if !large.is_empty() {
-        let f = gpu.function("ssjoin_prep", "dedup_count_large")?;
+        let f = gpu.function(&KERNEL, "dedup_count_large")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&elems.slice).arg(&d_offs.slice).arg(&d_large.slice).arg(&n_large).arg(&lo).arg(&df.slice).arg(&sizes.slice);
         // SAFETY: as above; `large` lists sets of at most LARGE_SET (= PREP_LARGE) elements (checked by device_input).
@@ -641,7 +649,7 @@ pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) ->
 
         // 3. Tokens: ranks, sorted per set, at their output positions.
         let started = Instant::now();
-        let f = gpu.function("ssjoin_prep", "map_small")?;
+        let f = gpu.function(&KERNEL, "map_small")?;
         let mut b = stream.launch_builder(&f);
         b.arg(&elems.slice).arg(&d_offs.slice).arg(&n).arg(&sizes.slice).arg(&lo).arg(&d_ranks.slice).arg(&d_dst.slice);
         b.arg(&d_tokens.slice);
@@ -649,7 +657,7 @@ pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) ->
         // lie inside tokens (dst and the sizes come from the same layout, whose total is its length).
         unsafe { b.launch(grid(gpu, n_sets, SMALL_BLOCK, 16)) }.map_err(|e| cuda_err("ssjoin_prep map_small", e))?;
         if !large.is_empty() {
-            let f = gpu.function("ssjoin_prep", "map_large")?;
+            let f = gpu.function(&KERNEL, "map_large")?;
             let mut b = stream.launch_builder(&f);
             b.arg(&elems.slice).arg(&d_offs.slice).arg(&d_large.slice).arg(&n_large).arg(&sizes.slice).arg(&lo);
             b.arg(&d_ranks.slice).arg(&d_dst.slice).arg(&d_tokens.slice);

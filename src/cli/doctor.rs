@@ -19,7 +19,7 @@ pub fn gpu_line() -> String {
 /// (kernels from the disk cache) and print the times of its steps.
 pub fn start_probe() -> i32 {
     let t = std::time::Instant::now();
-    gpu::start_in_background(0);
+    gpu::start_in_background(0, &crate::algo::SET_SELECTION_KERNELS);
     gpu::wait_started(0);
     let started = t.elapsed();
     match (gpu::start_times(0), gpu::gpu(0)) {
@@ -81,7 +81,7 @@ pub async fn run() -> Result<i32> {
         g.budget().limit() as f64 / (1u64 << 30) as f64
     );
     let mut ok = true;
-    match g.compile_all() {
+    match g.compile_all(&crate::algo::kernel_sources()) {
         Ok(list) => {
             for (family, t) in list {
                 println!("kernel {family}: compiled/loaded in {:.1} ms", t.as_secs_f64() * 1e3);

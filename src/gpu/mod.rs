@@ -21,7 +21,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverEr
 use datafusion::error::DataFusionError;
 
 pub use error::{is_out_of_memory, GpuError};
-pub use compile::{kernel_sources, setfusion_cache_dir, KernelSource};
+pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
 pub use staging::{HostOut, PendingBuffer};
 pub use transfer::{compact_kept_keys, compact_kept_keys_cpu, DeviceArray, TransferStats};
@@ -139,11 +139,16 @@ fn start_of(ordinal: usize) -> Option<Arc<Start>> {
     STARTS.get().and_then(|m| m.lock().unwrap().get(&ordinal).cloned())
 }
 
-/// Start device `ordinal` on a background thread (context and the
-/// set-selection kernels; see [`Gpu::warm_up`] for the rest) unless it is started already, and
+/// The kernel families the background start loads (the set selection's),
+/// named by the caller of [`start_in_background`] (the layer that owns them).
+static PRELOAD: OnceLock<&'static [&'static KernelSource]> = OnceLock::new();
+
+/// Start device `ordinal` on a background thread (context and the `preload`
+/// kernel families; see [`Gpu::warm_up`] for the rest) unless it is started already, and
 /// return at once: planning and the scans overlap the start instead of the
 /// first query waiting for it (issue 13). Without a driver nothing starts.
-pub fn start_in_background(ordinal: usize) {
+pub fn start_in_background(ordinal: usize, preload: &'static [&'static KernelSource]) {
+    let _ = PRELOAD.set(preload);
     // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
     if disabled() || !unsafe { cudarc::driver::sys::is_culib_present() } {
         return;
@@ -335,7 +340,7 @@ impl Gpu {
     /// kernel work, which a query that ends up on the GPU pays at its first upload).
     pub fn load_set_selection_kernels(&self) -> std::time::Duration {
         let t = std::time::Instant::now();
-        for family in ["transfer", "bitmap_setops", "hash_setops"] {
+        for family in PRELOAD.get().copied().unwrap_or_default() {
             let _ = self.module(family);
         }
         t.elapsed()
@@ -397,15 +402,12 @@ impl Gpu {
     }
 
     /// Compile (or fetch from the disk cache) and load one kernel family.
-    pub fn module(&self, family: &'static str) -> Result<Arc<CudaModule>, DataFusionError> {
+    pub fn module(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>, DataFusionError> {
+        let family = src.family;
         let mut modules = self.modules.lock().unwrap();
         if let Some(m) = modules.get(family) {
             return Ok(m.clone());
         }
-        let src = kernel_sources()
-            .iter()
-            .find(|k| k.family == family)
-            .ok_or_else(|| GpuError::Kernel { family: family.to_string(), detail: "unknown kernel family".into() })?;
         let cubin = compile::compile_cached(src, &self.info)?;
         let module = match self.ctx.load_module(cubin) {
             Ok(m) => m,
@@ -420,19 +422,19 @@ impl Gpu {
     }
 
     /// A kernel function from a family.
-    pub fn function(&self, family: &'static str, name: &str) -> Result<CudaFunction, DataFusionError> {
+    pub fn function(&self, family: &'static KernelSource, name: &str) -> Result<CudaFunction, DataFusionError> {
         self.module(family)?
             .load_function(name)
-            .map_err(|e| cuda_err(&format!("loading kernel {family}::{name}"), e))
+            .map_err(|e| cuda_err(&format!("loading kernel {}::{name}", family.family), e))
     }
 
-    /// Compile every kernel family (used by `doctor`).
-    pub fn compile_all(&self) -> Result<Vec<(&'static str, std::time::Duration)>, DataFusionError> {
-        kernel_sources()
+    /// Compile every kernel family of `sources` (used by `doctor`).
+    pub fn compile_all(&self, sources: &[&'static KernelSource]) -> Result<Vec<(&'static str, std::time::Duration)>, DataFusionError> {
+        sources
             .iter()
             .map(|k| {
                 let t = std::time::Instant::now();
-                self.module(k.family).map(|_| (k.family, t.elapsed()))
+                self.module(k).map(|_| (k.family, t.elapsed()))
             })
             .collect()
     }

@@ -11,9 +11,20 @@ use datafusion::error::{DataFusionError, Result};
 
 #[cfg(test)]
 use super::packing::{decode_fill_cpu, pack_low};
-use super::packing::{pack_fill, parallel_gather, Cursor, PACK_DESC, PACK_FILL, PACK_SEG};
+use super::packing::{pack_fill, parallel_gather, Cursor, PACK_DESC, PACK_FILL, PACK_SEG, PACK_SEGS};
 use super::staging::{Staging, STAGING_BYTES};
 use super::{cuda_err, DeviceBuffer, Gpu, HostOut, PendingBuffer, Pod};
+
+/// kernels/transfer.cu, with its contract constants as `-D` options.
+pub static KERNEL: super::KernelSource = super::KernelSource { family: "transfer", source: include_str!("../../kernels/transfer.cu"), defines: transfer_defines };
+
+/// Selection words per block of `count_kept` / `compact_kept` (SF_KEPT_WORDS).
+const KEPT_WORDS: usize = 256;
+
+fn transfer_defines() -> Vec<(String, u64)> {
+    super::prefixed("SF_", &[("SEG_LOG2", PACK_SEG.trailing_zeros() as u64), ("SEGS", PACK_SEGS as u64), ("DESC", PACK_DESC as u64), ("KEPT_WORDS", KEPT_WORDS as u64)])
+}
+
 
 /// Bytes moved and time spent, for EXPLAIN ANALYZE.
 #[derive(Debug, Default, Clone)]
@@ -184,7 +195,7 @@ impl Gpu {
         if total == 0 {
             return Ok((dst, None));
         }
-        let decode = self.function("transfer", "decode_for")?;
+        let decode = self.function(&KERNEL, "decode_for")?;
         // Keys per fill: a whole staging buffer, or less for small uploads and
         // small budgets (two device scratch buffers hold the fills in flight).
         let affordable = (self.budget.available() / 8).saturating_sub(PACK_DESC) / 8 / PACK_SEG * PACK_SEG;
@@ -332,7 +343,7 @@ pub(crate) fn copy_threads() -> usize {
 
 /// [min, max] of `n` device keys (n > 0), by a reduction kernel.
 pub(super) fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
-    let f = gpu.function("transfer", "min_max")?;
+    let f = gpu.function(&KERNEL, "min_max")?;
     let mut out = gpu.alloc::<u64>(2)?;
     let init = [u64::MAX, 0u64];
     gpu.stream.memcpy_htod(&init, &mut out.slice).map_err(|e| cuda_err("cuMemcpyHtoD", e))?;
@@ -396,7 +407,7 @@ pub fn compact_kept_keys(
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (WORDS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
     let t = Instant::now();
     let mut counts = gpu.alloc::<u32>(blocks)?;
-    let count = gpu.function("transfer", "count_kept")?;
+    let count = gpu.function(&KERNEL, "count_kept")?;
     // SAFETY: signature matches kernels/transfer.cu; `sel` holds ceil(n / 32) words, `counts` one per block.
     unsafe { gpu.stream().launch_builder(&count).arg(&sel.slice).arg(&n64).arg(&mut counts.slice).launch(cfg) }
         .map_err(|e| cuda_err("count_kept", e))?;
@@ -409,7 +420,7 @@ pub fn compact_kept_keys(
     }
     let offsets = gpu.upload(&offsets, stats)?;
     let mut out = gpu.alloc::<u64>((total as usize).max(1))?;
-    let compact = gpu.function("transfer", "compact_kept")?;
+    let compact = gpu.function(&KERNEL, "compact_kept")?;
     // SAFETY: signature matches kernels/transfer.cu; `keys` holds n keys, `offsets` one per
     // block, and `out` the `total` kept keys the counts add up to.
     unsafe {

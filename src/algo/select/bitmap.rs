@@ -8,6 +8,10 @@ use datafusion::error::{DataFusionError, Result};
 use super::SetOp;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
+/// kernels/bitmap_setops.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "bitmap_setops", source: include_str!("../../../kernels/bitmap_setops.cu"), defines: super::op_defines };
+
+
 /// Largest key domain (max - min + 1) the bitmap strategy accepts.
 pub const BITMAP_MAX_RANGE: u64 = 1 << 32;
 
@@ -40,7 +44,7 @@ impl BitmapTable {
         let bits = gpu.alloc_zeros::<u32>(words)?;
         if !op.needs_counts() {
             if nb > 0 {
-                let f = gpu.function("bitmap_setops", "build_bits")?;
+                let f = gpu.function(&KERNEL, "build_bits")?;
                 // SAFETY: signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range), which holds every build key.
                 unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(gpu.grid_stride(nb, 32)) }
                     .map_err(|e| cuda_err("bitmap build", e))?;
@@ -50,7 +54,7 @@ impl BitmapTable {
         // Multiset rules first try two bitmaps; counts only when a build key repeats.
         let dup = gpu.alloc_zeros::<u32>(1)?;
         if nb > 0 {
-            let f = gpu.function("bitmap_setops", "build_bits_dup")?;
+            let f = gpu.function(&KERNEL, "build_bits_dup")?;
             // SAFETY: as above; `dup` holds one flag.
             unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(nb, 32)) }
                 .map_err(|e| cuda_err("bitmap build", e))?;
@@ -62,7 +66,7 @@ impl BitmapTable {
         drop(bits);
         let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
         let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
-        let f = gpu.function("bitmap_setops", "build_counts")?;
+        let f = gpu.function(&KERNEL, "build_counts")?;
         // SAFETY: as above; the count arrays cover [lo, lo + range).
         unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(gpu.grid_stride(nb, 32)) }
             .map_err(|e| cuda_err("bitmap build", e))?;
@@ -80,17 +84,17 @@ impl BitmapTable {
         let launched = match self {
             BitmapTable::Bits { bits, lo, range } => {
                 let anti = (op == SetOp::Anti) as i32;
-                let f = gpu.function("bitmap_setops", "probe_bits")?;
+                let f = gpu.function(&KERNEL, "probe_bits")?;
                 unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&anti).arg(out).launch(cfg) }
             }
             BitmapTable::Ranks { bits, seen, lo, range } => {
-                let f = gpu.function("bitmap_setops", "probe_ranks")?;
+                let f = gpu.function(&KERNEL, "probe_ranks")?;
                 unsafe {
                     stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&seen.slice).arg(&opi).arg(out).launch(cfg)
                 }
             }
             BitmapTable::Counts { count_b, ctr_a, lo, range } => {
-                let f = gpu.function("bitmap_setops", "probe_counts")?;
+                let f = gpu.function(&KERNEL, "probe_counts")?;
                 unsafe {
                     stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&count_b.slice).arg(&ctr_a.slice).arg(&opi).arg(out).launch(cfg)
                 }

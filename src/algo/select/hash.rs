@@ -8,6 +8,10 @@ use datafusion::error::Result;
 use super::SetOp;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu};
 
+/// kernels/hash_setops.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "hash_setops", source: include_str!("../../../kernels/hash_setops.cu"), defines: super::op_defines };
+
+
 pub(super) fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
     hash_slots(distinct_bound(op, nb, np), false)
 }
@@ -77,8 +81,8 @@ impl HashTable {
         // u64 slots (cuMemAlloc aligns to 256).
         let words = ((cap + 1) * width).div_ceil(16);
         let table = gpu.alloc::<u8>(words * 16)?;
-        let fill = gpu.function("hash_setops", "fill_empty")?;
-        let build = gpu.function("hash_setops", &format!("build{suffix}"))?;
+        let fill = gpu.function(&KERNEL, "fill_empty")?;
+        let build = gpu.function(&KERNEL, &format!("build{suffix}"))?;
         let words64 = words as u64;
         // SAFETY: kernel signatures match kernels/hash_setops.cu; all buffers are sized as the kernels index them.
         unsafe { stream.launch_builder(&fill).arg(&table.slice).arg(&words64).launch(gpu.grid_stride(words, 32)) }
@@ -107,7 +111,7 @@ impl HashTable {
     /// the word of the keys' first row (no synchronisation).
     pub(super) fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
         let (n, n64, opi) = (keys.len(), keys.len() as u64, op as i32);
-        let probe = gpu.function("hash_setops", if self.narrow.is_some() { "probe_32" } else { "probe" })?;
+        let probe = gpu.function(&KERNEL, if self.narrow.is_some() { "probe_32" } else { "probe" })?;
         let mut l = gpu.stream().launch_builder(&probe);
         l.arg(keys).arg(&n64);
         if let Some((lo, span)) = &self.narrow {

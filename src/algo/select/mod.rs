@@ -41,6 +41,21 @@ pub enum SetOp {
     ExceptAll = 5,
 }
 
+/// The op codes as `-D` options for the kernels that take an op (`SEMI` .. `EXCEPT_ALL`).
+pub(crate) fn op_defines() -> Vec<(String, u64)> {
+    [
+        ("SEMI", SetOp::Semi),
+        ("ANTI", SetOp::Anti),
+        ("INTERSECT_DISTINCT", SetOp::IntersectDistinct),
+        ("INTERSECT_ALL", SetOp::IntersectAll),
+        ("EXCEPT_DISTINCT", SetOp::ExceptDistinct),
+        ("EXCEPT_ALL", SetOp::ExceptAll),
+    ]
+    .into_iter()
+    .map(|(n, op)| (n.to_string(), op as u64))
+    .collect()
+}
+
 impl SetOp {
     pub fn name(&self) -> &'static str {
         match self {

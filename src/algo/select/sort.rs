@@ -21,10 +21,19 @@ use crate::algo::radix_sort;
 use super::{key_range, words_to_bool, SetOp};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
-const FAMILY: &str = "sort_setops";
+/// kernels/sort_setops.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sort_setops", source: include_str!("../../../kernels/sort_setops.cu"), defines: sort_defines };
+
+fn sort_defines() -> Vec<(String, u64)> {
+    let mut d = super::op_defines();
+    d.extend(crate::gpu::prefixed("BP_", &[("NT", BP_NT as u64), ("VT", BP_VT as u64)]));
+    d
+}
+
 /// Balanced Path tile: BP_NT threads, BP_NV = BP_NT * BP_VT merge inputs.
 const BP_NT: u32 = 128;
-const BP_NV: usize = 128 * 16;
+const BP_VT: u32 = 16;
+const BP_NV: usize = (BP_NT * BP_VT) as usize;
 
 /// The keep rule for one sorted probe element: `matched` = paired with a build
 /// copy of the same rank (rank < n_b), `first` = rank == 0, `present` = n_b > 0.
@@ -164,7 +173,7 @@ pub fn run_sorted(
     let ntiles = (np + nb).div_ceil(BP_NV);
     let ntiles64 = ntiles as u64;
     let parts = gpu.alloc::<u64>(ntiles + 1)?;
-    let f = gpu.function(FAMILY, "bp_partition")?;
+    let f = gpu.function(&KERNEL, "bp_partition")?;
     // SAFETY: signature matches kernels/sort_setops.cu; parts holds ntiles + 1 entries, a np keys, b nb keys.
     unsafe {
         stream.launch_builder(&f).arg(&a.keys.slice).arg(&np64).arg(b_keys).arg(&nb64).arg(&ntiles64).arg(&parts.slice)
@@ -172,7 +181,7 @@ pub fn run_sorted(
     }
     .map_err(|e| cuda_err("bp_partition", e))?;
     let opi = op as i32;
-    let f = gpu.function(FAMILY, "bp_select")?;
+    let f = gpu.function(&KERNEL, "bp_select")?;
     // SAFETY: as above; one block per tile reads parts[t] and parts[t + 1], and out holds a bit per probe row.
     unsafe {
         stream.launch_builder(&f).arg(&a.keys.slice).arg(&a_rows.slice).arg(&np64).arg(b_keys).arg(&nb64).arg(&parts.slice)

@@ -11,6 +11,14 @@ use super::cpu::*;
 use super::plan::*;
 use super::*;
 
+/// kernels/ssjoin.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "ssjoin", source: include_str!("../../../kernels/ssjoin.cu"), defines: ssjoin_defines };
+
+fn ssjoin_defines() -> Vec<(String, u64)> {
+    vec![("SF_BLOCK".into(), JOIN_BLOCK as u64)]
+}
+
+
 /// Threads per CUDA block of `join_probes` (the kernel's SF_BLOCK).
 pub(super) const JOIN_BLOCK: u32 = 128;
 /// Slots of the shared-memory candidate table of the first pass: 16 bytes
@@ -234,7 +242,7 @@ pub(super) fn ssjoin_gpu_tuned(
     let inputs = DeviceInputs { bufs: [collection_buf, plan_buf], ranges };
     let kernel = JoinKernel {
         gpu,
-        f: gpu.function("ssjoin", "join_probes")?,
+        f: gpu.function(&KERNEL, "join_probes")?,
         inputs: &inputs,
         self_join: plan.self_join as i32,
         metric: thr.metric as i32,
