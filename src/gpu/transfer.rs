@@ -191,17 +191,59 @@ impl Gpu {
         on_fill: &mut dyn FnMut(&cudarc::driver::CudaView<'_, u64>, usize) -> Result<()>,
     ) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
-        let mut dst = self.alloc::<u64>(total)?;
-        if total == 0 {
+        let dst = self.alloc::<u64>(total)?;
+        let dst = self.upload_keys_into(chunks, stats, Some(dst), on_fill)?.expect("a resident upload returns its keys");
+        if !want_range || total == 0 {
             return Ok((dst, None));
+        }
+        // The domain, reduced on the device (3 TB/s) rather than on the host
+        // threads, whose packing pass is kept to one compare-free sweep.
+        let t = Instant::now();
+        let range = gpu_min_max(self, &dst, total, stats)?;
+        stats.kernel += t.elapsed();
+        Ok((dst, Some(range)))
+    }
+
+    /// Stream keys through the device without keeping them: each fill is
+    /// decoded into one of two fill-sized device buffers and handed to
+    /// `on_fill(keys, first)` as in [`Gpu::upload_keys_each`]; work it queues on
+    /// the stream finishes before that buffer is reused (one stream, in order).
+    /// Device memory: two fills, whatever the number of keys.
+    pub fn stream_keys(
+        &self,
+        chunks: &[&[u64]],
+        stats: &mut TransferStats,
+        on_fill: &mut dyn FnMut(&cudarc::driver::CudaView<'_, u64>, usize) -> Result<()>,
+    ) -> Result<()> {
+        self.upload_keys_into(chunks, stats, None, on_fill).map(|_| ())
+    }
+
+    /// The upload behind [`Gpu::upload_keys_each`] (into `resident`, which holds
+    /// every key) and [`Gpu::stream_keys`] (into two fill buffers, when None).
+    fn upload_keys_into(
+        &self,
+        chunks: &[&[u64]],
+        stats: &mut TransferStats,
+        mut resident: Option<DeviceBuffer<u64>>,
+        on_fill: &mut dyn FnMut(&cudarc::driver::CudaView<'_, u64>, usize) -> Result<()>,
+    ) -> Result<Option<DeviceBuffer<u64>>> {
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        if total == 0 {
+            return Ok(resident);
         }
         let decode = self.function(&KERNEL, "decode_for")?;
         // Keys per fill: a whole staging buffer, or less for small uploads and
-        // small budgets (two device scratch buffers hold the fills in flight).
-        let affordable = (self.budget.available() / 8).saturating_sub(PACK_DESC) / 8 / PACK_SEG * PACK_SEG;
+        // small budgets (two device scratch buffers hold the fills in flight,
+        // and two decoded fills when streaming).
+        let share = if resident.is_some() { 8 } else { 16 };
+        let affordable = (self.budget.available() / share).saturating_sub(PACK_DESC) / 8 / PACK_SEG * PACK_SEG;
         let cap = if total <= PACK_FILL.min(affordable.max(PACK_SEG)) { total } else { PACK_FILL.min(affordable).max(PACK_SEG) };
         let high_off = PACK_DESC + cap * 4;
         let mut scratch = [self.alloc::<u8>(high_off + cap * 4)?, self.alloc::<u8>(high_off + cap * 4)?];
+        let mut ring = match resident {
+            Some(_) => Vec::new(),
+            None => vec![self.alloc::<u64>(cap)?, self.alloc::<u64>(cap)?],
+        };
         let start = Instant::now();
         let mut guard = self.staging()?;
         let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
@@ -234,7 +276,10 @@ impl Gpu {
                 stats.bytes_to_device += n * 4;
             }
             let (n64, high64) = (n as u64, high_off as u64);
-            let mut out = dst.slice.slice_mut(done..done + n);
+            let mut out = match resident.as_mut() {
+                Some(dst) => dst.slice.slice_mut(done..done + n),
+                None => ring[b].slice.slice_mut(0..n),
+            };
             let cfg = self.grid_stride(n, 16);
             // SAFETY: signature matches kernels/transfer.cu; the scratch holds this fill's
             // descriptors, low and (if read) high words for n keys; `out` has n elements.
@@ -243,21 +288,17 @@ impl Gpu {
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             // After the staging event: the next fill's packing waits for this
             // fill's copy only, not for the work queued here.
-            on_fill(&dst.slice.slice(done..done + n), done)?;
+            drop(out);
+            match resident.as_ref() {
+                Some(dst) => on_fill(&dst.slice.slice(done..done + n), done)?,
+                None => on_fill(&ring[b].slice.slice(0..n), done)?,
+            }
             done += n;
         }
         staging.wait(0, stats)?;
         staging.wait(1, stats)?;
         stats.to_device += start.elapsed();
-        if !want_range {
-            return Ok((dst, None));
-        }
-        // The domain, reduced on the device (3 TB/s) rather than on the host
-        // threads, whose packing pass is kept to one compare-free sweep.
-        let t = Instant::now();
-        let range = gpu_min_max(self, &dst, total, stats)?;
-        stats.kernel += t.elapsed();
-        Ok((dst, Some(range)))
+        Ok(resident)
     }
 
     /// Copy the first `len` elements of a device buffer back to the host.

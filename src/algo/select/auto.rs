@@ -3,6 +3,8 @@
 //! where the rule allows, and partition by key hash when the inputs do not
 //! fit the budget.
 
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use datafusion::arrow::buffer::BooleanBuffer;
@@ -11,6 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use cudarc::driver::CudaView;
 
 use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
+use super::cpu::pieces;
 use super::hash::{hash_capacity, HashTable};
 use super::{bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool, GpuStrategy, SetOp};
 use crate::gpu::{compact_kept_keys, compact_kept_keys_cpu, DeviceBuffer, Gpu, PendingBuffer, TransferStats};
@@ -184,6 +187,54 @@ pub(super) fn select_streamed(
     Ok((d_probe, out, strategy))
 }
 
+/// Both sides streamed through a bitmap table over `range` (the domain of
+/// both), when their keys do not fit the device budget but the table does: no
+/// key stays on the device, and nothing is partitioned. Build runs fill the
+/// table, then each probe fill is probed as it lands. None when an ALL rule
+/// meets a repeated build key (those need counts per value: the caller
+/// partitions instead).
+fn select_streamed_bitmap(
+    gpu: &Gpu,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    (lo, hi): (u64, u64),
+    stats: &mut TransferStats,
+) -> Result<Option<BooleanBuffer>> {
+    let np: usize = probe.iter().map(|c| c.len()).sum();
+    let t = Instant::now();
+    let table = BitmapTable::empty(gpu, op, lo, hi - lo + 1)?;
+    let dup = gpu.alloc_zeros::<u32>(1)?;
+    stats.kernel += t.elapsed();
+    gpu.stream_keys(build, stats, &mut |keys, _| table.add_build(gpu, keys, &dup))?;
+    trace("gpu: build keys streamed into the bitmap");
+    if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) && gpu.read_one(&dup, 0, stats)? != 0 {
+        return Ok(None);
+    }
+    let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
+    gpu.stream_keys(probe, stats, &mut |keys, first| {
+        if first % 32 != 0 {
+            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+        }
+        table.probe(gpu, op, keys, &out.slice.slice(first / 32..))
+    })?;
+    let t = Instant::now();
+    gpu.synchronize()?;
+    stats.kernel += t.elapsed();
+    drop(table);
+    let words = np.div_ceil(32);
+    Ok(Some(if words >= (1 << 18) {
+        BooleanBuffer::new(gpu.download_to_arrow(&out, words, stats)?.wait()?, 0, np)
+    } else {
+        words_to_bool(gpu.download(&out, words, stats)?, np)
+    }))
+}
+
+/// Device bytes [`select_streamed_bitmap`] needs beyond its fills: the table and the selection.
+fn streamed_bitmap_bytes(op: SetOp, np: usize, range: u64) -> usize {
+    BitmapTable::streamed_bytes(op, range) + np.div_ceil(32) * 4
+}
+
 /// `auto` for `nb` build and `np` probe keys over the domain `range`: a bitmap
 /// / direct-address table when the domain is dense enough that it is no
 /// larger than a hash table and fits the budget.
@@ -234,7 +285,21 @@ pub fn select_gpu_auto(
     if np == 0 {
         return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into(), None));
     }
-    if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > gpu.budget().available() {
+    let avail = gpu.budget().available();
+    if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > avail {
+        // Over the budget: a dense domain streams both sides through one bitmap
+        // (the keys never stay on the device); otherwise hash partitions.
+        let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
+        let range = key_range_chunks(&all);
+        let bitmap_ok = matches!(forced, None | Some(GpuStrategy::Bitmap));
+        if let Some((lo, hi)) = range.filter(|(lo, hi)| bitmap_ok && hi - lo < BITMAP_MAX_RANGE) {
+            // Two fills of the smallest size stay free for the streaming.
+            if streamed_bitmap_bytes(op, np, hi - lo + 1) + (8 << 20) <= avail {
+                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), stats)? {
+                    return Ok((sel, "gpu/bitmap, both sides streamed (keys over the device budget)".into(), None));
+                }
+            }
+        }
         let (sel, parts) = select_gpu_partitioned(gpu, GpuStrategy::Hash, op, build, probe, stats)?;
         return Ok((sel, format!("gpu/hash in {parts} partitions"), None));
     }
@@ -286,33 +351,61 @@ pub fn select_gpu_partitioned(
     if need <= avail {
         return Ok((select_gpu_chunks(gpu, strategy, op, build, probe, stats)?, 1));
     }
-    let build = build.iter().flat_map(|c| c.iter());
-    let probe = probe.iter().flat_map(|c| c.iter());
     // Partitions use the hash strategy (a bitmap's size is set by the range, not
     // the rows); twice the naive count leaves room for skew between partitions.
     let hash_need = device_bytes(GpuStrategy::Hash, op, nb, np, 0);
     let parts = (hash_need.div_ceil(avail) * 2).next_power_of_two().max(2);
     let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as usize & (parts - 1);
-    let mut b_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
-    for &k in build {
-        b_parts[part_of(k)].push(k);
-    }
-    let mut p_parts: Vec<Vec<u64>> = vec![Vec::new(); parts];
-    let mut p_rows: Vec<Vec<u32>> = vec![Vec::new(); parts];
-    for (i, &k) in probe.enumerate() {
-        let p = part_of(k);
-        p_parts[p].push(k);
-        p_rows[p].push(i as u32);
-    }
-    let mut words = vec![0u32; np.div_ceil(32)];
-    for p in 0..parts {
-        let sel = select_gpu(gpu, GpuStrategy::Hash, op, &b_parts[p], &p_parts[p], stats)?;
-        for j in sel.set_indices() {
-            let i = p_rows[p][j] as usize;
-            words[i >> 5] |= 1 << (i & 31);
+    // One pass over each side on the host threads: every piece of keys splits
+    // into its partitions (probe rows as 32-bit offsets into their piece). A
+    // partition's keys are then its buckets of every piece, in order, uploaded
+    // as they are (never concatenated).
+    let build_pieces = pieces(build);
+    let Ok(build_buckets): Result<Vec<Vec<Vec<u64>>>, Infallible> = crate::gpu::par_map(&build_pieces, 1, |(_, keys)| {
+        let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+        for &k in *keys {
+            b[part_of(k)].push(k);
         }
+        Ok(b)
+    });
+    let probe_pieces = pieces(probe);
+    type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
+    let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> = crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
+        let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+        let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+        for (j, &key) in keys.iter().enumerate() {
+            let p = part_of(key);
+            k[p].push(key);
+            r[p].push(j as u32);
+        }
+        Ok((k, r))
+    });
+    trace("gpu: keys partitioned on the host");
+    let words: Vec<AtomicU32> = (0..np.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
+    let ids: Vec<usize> = (0..probe_pieces.len()).collect();
+    for p in 0..parts {
+        let b_chunks: Vec<&[u64]> = build_buckets.iter().map(|b| b[p].as_slice()).collect();
+        let p_chunks: Vec<&[u64]> = probe_buckets.iter().map(|(k, _)| k[p].as_slice()).collect();
+        let sel = select_gpu_chunks(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, stats)?;
+        // Back to rows, piece by piece on the host threads.
+        let starts: Vec<usize> = p_chunks.iter().scan(0, |at, c| {
+            let s = *at;
+            *at += c.len();
+            Some(s)
+        }).collect();
+        let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&i| {
+            let first_row = probe_pieces[i].0;
+            for (j, &off) in probe_buckets[i].1[p].iter().enumerate() {
+                if sel.value(starts[i] + j) {
+                    let row = first_row + off as usize;
+                    words[row >> 5].fetch_or(1 << (row & 31), Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        });
     }
-    Ok((words_to_bool(words, np), parts))
+    crate::gpu::drop_later((build_buckets, probe_buckets));
+    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), parts))
 }
 
 /// Doctor self-check: every op and strategy against the CPU twin on random keys with duplicates.
@@ -547,5 +640,38 @@ mod tests {
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
         }
     }
-}
 
+    /// Over the budget on a dense domain, `auto` streams both sides through a
+    /// bitmap (no key stays on the device) and is exact; an ALL rule with a
+    /// repeated build key, a sparse domain or a forced hash table partition
+    /// instead. Sides come in several chunks; fills are small (16 MiB budget).
+    #[test]
+    fn gpu_over_budget_streams_or_partitions() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(16 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let n = 1_500_000usize;
+        let distinct_build: Vec<u64> = (0..(n - 1000) as u64).map(|i| 7 + i * 3).collect();
+        let repeated_build: Vec<u64> = (0..n).map(|_| 7 + rng.random_range(0..3 * n as u64)).collect();
+        let probe: Vec<u64> = (0..n + 12_345).map(|_| 7 + rng.random_range(0..3 * n as u64)).collect();
+        let sparse_probe: Vec<u64> = probe.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let sparse_build: Vec<u64> = distinct_build.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let cases: [(&str, &[u64], &[u64], Option<GpuStrategy>); 4] = [
+            ("dense, distinct build", &distinct_build, &probe, None),
+            ("dense, repeated build", &repeated_build, &probe, None),
+            ("sparse", &sparse_build, &sparse_probe, None),
+            ("forced hash", &distinct_build, &probe, Some(GpuStrategy::Hash)),
+        ];
+        for (what, build, probe, forced) in cases {
+            let (b1, b2) = build.split_at(build.len() / 3);
+            let (p1, p2) = probe.split_at(probe.len() / 2 + 5);
+            for op in OPS {
+                let (got, ran, _) = select_gpu_auto(&gpu, forced, op, &[b1, b2], &[p1, p2], false, &mut TransferStats::default()).unwrap();
+                let repeated_all = what.contains("repeated") && matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
+                let want_streamed = forced.is_none() && what.starts_with("dense") && !repeated_all;
+                assert_eq!(ran.contains("streamed"), want_streamed, "{what} {op:?}: ran {ran}");
+                assert_eq!(kept(probe, &got), reference(op, build, probe), "{what} {op:?}: ran {ran}");
+            }
+        }
+    }
+}

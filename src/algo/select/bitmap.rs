@@ -73,6 +73,48 @@ impl BitmapTable {
         Ok(BitmapTable::Counts { count_b, ctr_a, lo, range })
     }
 
+    /// Device bytes of the two-bitmap tables over `range` values ([`BitmapTable::empty`]).
+    pub(super) fn streamed_bytes(op: SetOp, range: u64) -> usize {
+        let words = (range as usize).div_ceil(32) * 4;
+        if op.needs_counts() { 2 * words } else { words }
+    }
+
+    /// An empty table over [lo, lo + range) whose build keys arrive in runs
+    /// ([`BitmapTable::add_build`]): presence bits (semi / anti joins), or
+    /// presence and rank bits (the multiset rules; the ALL forms are exact
+    /// only when no build key repeats, which `dup` reports after the runs).
+    pub(super) fn empty(gpu: &Gpu, op: SetOp, lo: u64, range: u64) -> Result<Self> {
+        let words = (range as usize).div_ceil(32);
+        let bits = gpu.alloc_zeros::<u32>(words)?;
+        if !op.needs_counts() {
+            return Ok(BitmapTable::Bits { bits, lo, range });
+        }
+        Ok(BitmapTable::Ranks { bits, seen: gpu.alloc_zeros::<u32>(words)?, lo, range })
+    }
+
+    /// Queue the insertion of a run of build keys (all within the table's
+    /// domain) into a table made by [`BitmapTable::empty`]; `dup` is set when a
+    /// key was present already.
+    pub(super) fn add_build(&self, gpu: &Gpu, keys: &CudaView<'_, u64>, dup: &DeviceBuffer<u32>) -> Result<()> {
+        let (n, n64) = (keys.len(), keys.len() as u64);
+        let stream = gpu.stream();
+        // SAFETY (each launch): signatures match kernels/bitmap_setops.cu; the bitmap covers
+        // [lo, lo + range), which holds every key of the run; `dup` holds one flag.
+        match self {
+            BitmapTable::Bits { bits, lo, .. } => {
+                let f = gpu.function(&KERNEL, "build_bits")?;
+                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(&bits.slice).launch(gpu.grid_stride(n, 32)) }
+            }
+            BitmapTable::Ranks { bits, lo, .. } => {
+                let f = gpu.function(&KERNEL, "build_bits_dup")?;
+                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(n, 32)) }
+            }
+            BitmapTable::Counts { .. } => return Err(DataFusionError::Internal("setfusion: counts are built in one run".into())),
+        }
+        .map(|_| ())
+        .map_err(|e| cuda_err("bitmap build", e))
+    }
+
     /// Queue the probe of `keys`: one bit per key into `out`, which starts at
     /// the word of the keys' first row. Probing runs in turn share the table's
     /// ranks and counters, so together they make one selection.
