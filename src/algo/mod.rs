@@ -21,6 +21,7 @@ pub type SelfCheck = fn(&Gpu) -> Result<String>;
 pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("families", families::self_check as SelfCheck),
+        ("multiset", multiset::self_check as SelfCheck),
         ("hash_setops + bitmap_setops", setops::self_check as SelfCheck),
         ("join_filter", join_filter::self_check as SelfCheck),
         ("radix_sort", radix_sort::self_check as SelfCheck),

@@ -31,6 +31,7 @@ static SOURCES: &[KernelSource] = &[
     KernelSource { family: "ssjoin_prep", source: include_str!("../../kernels/ssjoin_prep.cu") },
     KernelSource { family: "sort_setops", source: include_str!("../../kernels/sort_setops.cu") },
     KernelSource { family: "radix_sort", source: include_str!("../../kernels/radix_sort.cu") },
+    KernelSource { family: "multiset", source: include_str!("../../kernels/multiset.cu") },
     KernelSource { family: "row_hash", source: include_str!("../../kernels/row_hash.cu") },
     KernelSource { family: "transfer", source: include_str!("../../kernels/transfer.cu") },
     KernelSource { family: "families", source: include_str!("../../kernels/families.cu") },
