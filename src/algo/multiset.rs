@@ -761,10 +761,36 @@ fn scatter<T: ListKey>(gpu: &Gpu, x: &DeviceSide, kx: &Kept, y: &DeviceSide, ey:
 /// rule of kernels/multiset.cu, scans, and one scatter per side into the
 /// result, which is downloaded with its offsets.
 pub fn list_op_gpu<T: ListKey>(gpu: &Gpu, op: ListOp, a: &ArrayRef, b: &ArrayRef, stats: &mut TransferStats) -> Result<ArrayRef> {
-    check_lengths(a, b)?;
-    let rows = a.len();
-    let (sa, sb) = (ListSide::new::<T>(a)?, ListSide::new::<T>(b)?);
-    let nulls = both_valid(&sa, &sb, rows);
+    PreparedLists::new::<T>(a, b)?.run::<T>(gpu, op, stats)
+}
+
+/// The host's part of [`list_op_gpu`] (casting the values to the key type,
+/// the rows' validity), done before the device is taken so that partitions
+/// prepare their batches in parallel while one of them holds the device.
+pub struct PreparedLists {
+    sa: ListSide,
+    sb: ListSide,
+    nulls: Option<NullBuffer>,
+    rows: usize,
+}
+
+impl PreparedLists {
+    pub fn new<T: ListKey>(a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
+        check_lengths(a, b)?;
+        let rows = a.len();
+        let (sa, sb) = (ListSide::new::<T>(a)?, ListSide::new::<T>(b)?);
+        let nulls = both_valid(&sa, &sb, rows);
+        Ok(Self { sa, sb, nulls, rows })
+    }
+
+    /// The device's part of [`list_op_gpu`] (`T` as given to [`PreparedLists::new`]).
+    pub fn run<T: ListKey>(self, gpu: &Gpu, op: ListOp, stats: &mut TransferStats) -> Result<ArrayRef> {
+        let Self { sa, sb, nulls, rows } = self;
+        list_op_device::<T>(gpu, op, &sa, &sb, nulls, rows, stats)
+    }
+}
+
+fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSide, nulls: Option<NullBuffer>, rows: usize, stats: &mut TransferStats) -> Result<ArrayRef> {
     if rows == 0 || nulls.as_ref().is_some_and(|n| n.null_count() == rows) {
         return T::list(vec![0; rows + 1], Vec::new(), nulls);
     }

@@ -68,7 +68,7 @@ use datafusion::logical_expr::{
 
 use super::sets::{self, ElementClass};
 use crate::algo::multiset::{
-    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, list_op_gpu, multiset_op, sorted_intersect,
+    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, PreparedLists, sorted_intersect,
     unsorted_error, ListKey, MultisetOp,
 };
 use crate::config::{SetfusionConfig, Strategy};
@@ -295,8 +295,10 @@ impl ScalarUDFImpl for ListPairUdf {
 /// that runs out of memory hands the batch back to the CPU.
 fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
     if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?) {
+        // The host's share before the device is taken (partitions prepare in parallel).
+        let prepared = PreparedLists::new::<T>(a, b)?;
         let lease = g.lease(cfg.memory_limit.0);
-        match list_op_gpu::<T>(&lease, op, a, b, &mut TransferStats::default()) {
+        match prepared.run::<T>(&lease, op, &mut TransferStats::default()) {
             Err(e) if gpu::is_out_of_memory(&e) => {}
             other => return other,
         }
