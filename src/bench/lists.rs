@@ -1,10 +1,11 @@
-//! `setfusion bench lists [--rows N] [--max-len N] [--domain N] [--partitions N]
+//! `setfusion bench lists [--rows N] [--max-len N] [--domain N] [--partitions N] [--batch-rows N]
 //! [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]`: the
 //! list functions and the k-way intersection (issue 15).
 //!
 //! (a) `--rows` rows (default 10M) of two INT lists of 10 to `--max-len`
 //! (1000) random values in [0, `--domain`) (10,000), in a memory table of
-//! `--partitions` partitions (16). `SELECT sum(cardinality(f(a, b))) FROM t`
+//! `--partitions` partitions (16) of `--batch-rows`-row batches (8192, DataFusion's
+//! default batch size; the list functions see one batch per call). `SELECT sum(cardinality(f(a, b))) FROM t`
 //! for f = `set_intersect_all` on the GPU (`setfusion.strategy = 'sort'`,
 //! which forces the device), `set_intersect_all` on setfusion's per-row CPU
 //! path (`strategy = 'cpu'`), and DataFusion's own `array_intersect` (a plain
@@ -41,6 +42,7 @@ struct Args {
     max_len: usize,
     domain: i32,
     partitions: usize,
+    batch_rows: usize,
     queries: usize,
     terms: usize,
     max_list: usize,
@@ -54,6 +56,7 @@ fn parse(args: Vec<String>) -> Result<Args> {
         max_len: 1000,
         domain: 10_000,
         partitions: 16,
+        batch_rows: 8192,
         queries: 1000,
         terms: 64,
         max_list: 10_000_000,
@@ -77,6 +80,7 @@ fn parse(args: Vec<String>) -> Result<Args> {
             "--max-len" => a.max_len = v.max(10),
             "--domain" => a.domain = v.clamp(1, i32::MAX as usize) as i32,
             "--partitions" => a.partitions = v.max(1),
+            "--batch-rows" => a.batch_rows = v.max(1),
             "--queries" => a.queries = v,
             "--terms" => a.terms = v.max(2),
             "--max-list" => a.max_list = v.max(1000),
@@ -90,14 +94,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The table of list pairs, `partitions` partitions of 8192-row batches.
+/// The table of list pairs, `partitions` partitions of `--batch-rows`-row batches (round robin).
 fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
     let field = Arc::new(Field::new_list_field(DataType::Int32, true));
     let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::List(field.clone()), true), Field::new("b", DataType::List(field.clone()), true)]));
     let mut rng = rand::rngs::StdRng::seed_from_u64(15);
     let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); a.partitions];
     let mut elements = 0;
-    let batch_rows = 8192;
+    let batch_rows = a.batch_rows;
     for (bi, start) in (0..a.rows).step_by(batch_rows).enumerate() {
         let n = batch_rows.min(a.rows - start);
         let mut column = || {
@@ -142,9 +146,9 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
     let t = Instant::now();
     let (table, elements) = list_table(a)?;
     eprintln!("bench lists: {} rows, {elements} list elements generated in {:.1} s", a.rows, t.elapsed().as_secs_f64());
-    let config = || SessionConfig::new().with_target_partitions(a.partitions);
+    let config = || SessionConfig::new().with_target_partitions(a.partitions).with_batch_size(a.batch_rows);
     let gpu_ok = crate::gpu::gpu(0).is_ok();
-    writeln!(report, "### List functions: {} rows of two INT lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions).unwrap();
+    writeln!(report, "### List functions: {} rows of two INT lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows).unwrap();
     writeln!(report, "| engine | query | time | sum of result lengths | vs array_intersect |").unwrap();
     writeln!(report, "|---|---|---|---|---|").unwrap();
     let df = SessionContext::new_with_config(config());

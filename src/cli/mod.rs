@@ -40,7 +40,7 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
                               [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark
        setfusion bench families [--sizes K,..] [--kinds uniform,similar] [--cpu-max K] [--runs N]
                                    intersection of two families of sets, GPU vs CPU backend
-       setfusion bench lists [--rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
+       setfusion bench lists [--rows N] [--batch-rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
                                    list functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
                               TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
