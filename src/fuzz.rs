@@ -10,6 +10,16 @@
 //!   residual `<>` filter, in a boolean context DataFusion cannot answer
 //!   (under OR, under NOT, IS NULL, in the SELECT list, in CASE).
 //!
+//! One round in four draws instead a table of list pairs for 20 random
+//! list-function queries (`set_intersect_all`, `set_except_all`,
+//! `set_union_all`, `set_symmetric_difference`, `sorted_intersect` over
+//! `array_sort`, `set_intersect_agg` by group; sometimes on UInt32 lists),
+//! checked against a count-based reference, or two random families of sets
+//! for 10 `intersect_families` queries (every level, and the self form),
+//! checked against a pairwise loop. Those tables are built in Rust and
+//! registered as batches; they run on the CPU backend, default settings and,
+//! with a GPU, `min_rows = 0` under auto and hash.
+//!
 //! Every query runs on the CPU backend (`strategy = cpu`), with default
 //! settings (the cost model's choices) and, where a GPU is usable, on the GPU
 //! backend under each strategy (auto, hash, bitmap, sort); each answer is compared with a reference evaluator written here
@@ -355,6 +365,18 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
     }
     while report.queries < opts.queries {
         report.rounds += 1;
+        // One round in four: list functions or families instead of set operators.
+        match rng.random_range(0..8) {
+            0 => {
+                report.queries += list_round(&mut rng, opts, gpu, report.rounds).await?;
+                continue;
+            }
+            1 => {
+                report.queries += families_round(&mut rng, opts, gpu, report.rounds).await?;
+                continue;
+            }
+            _ => {}
+        }
         let ncols = rng.random_range(1..=3);
         let types: Vec<&str> = (0..ncols).map(|_| TYPES[rng.random_range(0..TYPES.len())]).collect();
         let stmts = vec![random_table(&mut rng, "a", &types, opts.max_rows), random_table(&mut rng, "b", &types, opts.max_rows)];
@@ -446,4 +468,222 @@ pub async fn cli(args: Vec<String>) -> Result<i32> {
             Ok(1)
         }
     }
+}
+
+// ---------------------------------------------------------------- list functions and families
+
+/// A random list column: `rows` rows of up to `max_len` values in [0, domain),
+/// `null_pct` percent NULL lists, a few NULL elements; `sets`: no value twice in a row.
+fn random_lists(rng: &mut StdRng, rows: usize, max_len: usize, domain: i64, null_pct: u32, sets: bool) -> Vec<Option<Vec<Option<i64>>>> {
+    (0..rows)
+        .map(|_| {
+            if rng.random_range(0..100) < null_pct {
+                return None;
+            }
+            let len = rng.random_range(0..=max_len);
+            let mut v: Vec<Option<i64>> =
+                (0..len).map(|_| if rng.random_range(0..40) == 0 { None } else { Some(rng.random_range(0..domain)) }).collect();
+            if sets {
+                let mut seen = std::collections::HashSet::new();
+                v.retain(|x| x.is_none_or(|x| seen.insert(x)));
+            }
+            Some(v)
+        })
+        .collect()
+}
+
+fn list_array(rows: &[Option<Vec<Option<i64>>>]) -> datafusion::arrow::array::ArrayRef {
+    use datafusion::arrow::array::ListArray;
+    use datafusion::arrow::datatypes::Int64Type;
+    std::sync::Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().cloned()))
+}
+
+/// A list as the engine prints it.
+fn fmt_list(v: &[i64]) -> String {
+    format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+/// Value counts of a list's non-NULL elements.
+fn counts(v: &[Option<i64>]) -> std::collections::BTreeMap<i64, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    v.iter().flatten().for_each(|x| *m.entry(*x).or_default() += 1);
+    m
+}
+
+/// The count-based reference of a multiset rule.
+fn multiset_reference(op: &str, a: &[Option<i64>], b: &[Option<i64>]) -> Vec<i64> {
+    let (ca, cb) = (counts(a), counts(b));
+    let mut keys: Vec<i64> = ca.keys().chain(cb.keys()).copied().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut out = Vec::new();
+    for x in keys {
+        let (m, n) = (ca.get(&x).copied().unwrap_or(0), cb.get(&x).copied().unwrap_or(0));
+        let copies = match op {
+            "set_intersect_all" | "sorted_intersect" => m.min(n),
+            "set_except_all" => m.saturating_sub(n),
+            "set_union_all" => m.max(n),
+            _ => m.abs_diff(n),
+        };
+        out.extend(std::iter::repeat_n(x, copies));
+    }
+    out
+}
+
+/// The contexts a list / families round runs on: CPU, default settings, and
+/// where a GPU is usable the device with `min_rows = 0` (auto and forced).
+async fn list_contexts(gpu: bool, register: &dyn Fn(&SessionContext) -> Result<()>) -> Result<Vec<(&'static str, SessionContext)>> {
+    let mut settings: Vec<(&'static str, Vec<&str>)> = vec![("cpu", vec!["SET setfusion.strategy = 'cpu'"]), ("default", vec![])];
+    if gpu {
+        settings.push(("gpu/auto", vec!["SET setfusion.min_rows = 0"]));
+        settings.push(("gpu/hash", vec!["SET setfusion.min_rows = 0", "SET setfusion.strategy = 'hash'"]));
+    }
+    let mut out = Vec::new();
+    for (name, s) in settings {
+        let ctx = crate::context();
+        setup(&ctx, &[], &s).await?;
+        register(&ctx)?;
+        out.push((name, ctx));
+    }
+    Ok(out)
+}
+
+/// One round of 20 random list-function queries (the four rules,
+/// `sorted_intersect`, `set_intersect_agg`) over a random table
+/// `l(id, g, a, b)`, against the count-based reference.
+async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usize) -> Result<usize> {
+    use datafusion::arrow::array::Int64Array;
+    let rows = if rng.random_range(0..5) == 0 { rng.random_range(100..=opts.max_rows.clamp(100, 20_000)) } else { rng.random_range(0..40) };
+    let max_len = [0, 3, 10, 60][rng.random_range(0..4)];
+    let domain = [1, 3, 10, 1000][rng.random_range(0..4)];
+    let groups = rng.random_range(1..6);
+    let (na, nb) = (rng.random_range(0..20), rng.random_range(0..20));
+    let a = random_lists(rng, rows, max_len, domain, na, false);
+    let b = random_lists(rng, rows, max_len, domain, nb, false);
+    let g: Vec<i64> = (0..rows).map(|_| rng.random_range(0..groups)).collect();
+    let batch = RecordBatch::try_from_iter(vec![
+        ("id", std::sync::Arc::new(Int64Array::from_iter_values(0..rows as i64)) as _),
+        ("g", std::sync::Arc::new(Int64Array::from(g.clone())) as _),
+        ("a", list_array(&a)),
+        ("b", list_array(&b)),
+    ])?;
+    let contexts = list_contexts(gpu, &|ctx| ctx.register_batch("l", batch.clone()).map(|_| ())).await?;
+    let what = format!("table l: {rows} rows of up to {max_len} values in [0, {domain}), {groups} groups");
+    for _ in 0..20 {
+        let kind = rng.random_range(0..7);
+        let swap = rng.random_bool(0.5);
+        let (x, y, cx, cy) = if swap { ("b", "a", &b, &a) } else { ("a", "b", &a, &b) };
+        // Unsigned lists now and then (values are never negative here).
+        let arg = |c: &str, rng: &mut StdRng| if rng.random_range(0..4) == 0 { format!("arrow_cast({c}, 'List(UInt32)')") } else { c.to_string() };
+        let (sql, mut want) = if kind < 6 {
+            let f = ["set_intersect_all", "set_except_all", "set_union_all", "set_symmetric_difference", "sorted_intersect", "set_intersect_all"][kind];
+            let (ax, ay) = (arg(x, rng), arg(y, rng));
+            let (ax, ay) = if f == "sorted_intersect" { (format!("array_sort({ax})"), format!("array_sort({ay})")) } else { (ax, ay) };
+            let want: Vec<Row> = (0..rows)
+                .map(|i| {
+                    let v = match (&cx[i], &cy[i]) {
+                        (Some(p), Some(q)) => Some(fmt_list(&multiset_reference(f, p, q))),
+                        _ => None,
+                    };
+                    vec![Some(i.to_string()), v]
+                })
+                .collect();
+            (format!("SELECT id, {f}({ax}, {ay}) FROM l"), want)
+        } else {
+            let mut per_group: std::collections::BTreeMap<i64, Option<Vec<Option<i64>>>> = std::collections::BTreeMap::new();
+            for i in 0..rows {
+                let entry = per_group.entry(g[i]).or_insert(None);
+                if let Some(list) = &cx[i] {
+                    *entry = Some(match entry.take() {
+                        None => multiset_reference("set_intersect_all", list, list).into_iter().map(Some).collect(),
+                        Some(acc) => multiset_reference("set_intersect_all", &acc, list).into_iter().map(Some).collect(),
+                    });
+                }
+            }
+            let want = per_group
+                .into_iter()
+                .map(|(k, v)| vec![Some(k.to_string()), v.map(|v| fmt_list(&v.into_iter().flatten().collect::<Vec<_>>()))])
+                .collect();
+            (format!("SELECT g, set_intersect_agg({}) FROM l GROUP BY g", arg(x, rng)), want)
+        };
+        want.sort();
+        for (backend, ctx) in &contexts {
+            let got = collect(ctx, &sql).await.map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
+            if got != want {
+                let first = got.iter().zip(&want).find(|(p, q)| p != q).map(|(p, q)| format!(": got {p:?}, expected {q:?}")).unwrap_or_default();
+                return Err(list_mismatch(opts, round, backend, &sql, &what, &format!("{} rows, expected {}{first}", got.len(), want.len())));
+            }
+        }
+    }
+    Ok(20)
+}
+
+/// One round of random `intersect_families` queries over random families
+/// `f` and `g` (wide layout, unique ids), against a pairwise loop.
+async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usize) -> Result<usize> {
+    use datafusion::arrow::array::Int64Array;
+    let sizes = [rng.random_range(0..40), rng.random_range(0..40)];
+    let max_len = [1, 4, 12][rng.random_range(0..3)];
+    let domain = [3, 10, 40][rng.random_range(0..3)];
+    let fams: Vec<Vec<Option<Vec<Option<i64>>>>> = sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, true)).collect();
+    let batches: Vec<RecordBatch> = fams
+        .iter()
+        .map(|f| {
+            RecordBatch::try_from_iter(vec![
+                ("id", std::sync::Arc::new(Int64Array::from_iter_values(0..f.len() as i64)) as _),
+                ("elements", list_array(f)),
+            ])
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let contexts = list_contexts(gpu, &|ctx| {
+        ctx.register_batch("f", batches[0].clone())?;
+        ctx.register_batch("g", batches[1].clone()).map(|_| ())
+    })
+    .await?;
+    let set = |v: &Option<Vec<Option<i64>>>| -> std::collections::BTreeSet<i64> { v.iter().flatten().flatten().copied().collect() };
+    let what = format!("families f, g: {sizes:?} sets of up to {max_len} elements in [0, {domain})");
+    for _ in 0..10 {
+        let level = ["distinct", "pairs", "all"][rng.random_range(0..3)];
+        let self_form = rng.random_range(0..4) == 0;
+        let (left, right) = if self_form { (&fams[0], &fams[0]) } else { (&fams[0], &fams[1]) };
+        let mut pairs = Vec::new();
+        for (i, s) in left.iter().enumerate() {
+            for (j, t) in right.iter().enumerate() {
+                if self_form && i >= j {
+                    continue;
+                }
+                let both: Vec<i64> = set(s).intersection(&set(t)).copied().collect();
+                if level == "all" || !both.is_empty() {
+                    pairs.push((i, j, both));
+                }
+            }
+        }
+        let call = if self_form { format!("intersect_families('f', '{level}')") } else { format!("intersect_families('f', 'g', '{level}')") };
+        let (sql, mut want): (String, Vec<Row>) = if level == "distinct" {
+            let mut freq: std::collections::BTreeMap<Vec<i64>, usize> = std::collections::BTreeMap::new();
+            pairs.iter().for_each(|(_, _, e)| *freq.entry(e.clone()).or_default() += 1);
+            (format!("SELECT elements, frequency FROM {call}"), freq.into_iter().map(|(e, n)| vec![Some(fmt_list(&e)), Some(n.to_string())]).collect())
+        } else {
+            let rows = pairs.into_iter().map(|(i, j, e)| vec![Some(i.to_string()), Some(j.to_string()), Some(fmt_list(&e))]).collect();
+            (format!("SELECT left_id, right_id, elements FROM {call}"), rows)
+        };
+        want.sort();
+        for (backend, ctx) in &contexts {
+            let got = collect(ctx, &sql).await.map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
+            if got != want {
+                return Err(list_mismatch(opts, round, backend, &sql, &what, &format!("{} rows, expected {}", got.len(), want.len())));
+            }
+        }
+    }
+    Ok(10)
+}
+
+fn list_mismatch(opts: &FuzzOptions, round: usize, backend: &str, sql: &str, what: &str, how: &str) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "fuzz mismatch (seed {}, round {round}, backend {backend}): {how}\nquery: {sql}\n{what} (drawn in Rust, not SQL)\nreproduce: setfusion fuzz --seed {} --queries {} --max-rows {}",
+        opts.seed,
+        opts.seed,
+        round * 20,
+        opts.max_rows
+    ))
 }

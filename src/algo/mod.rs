@@ -29,6 +29,7 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
         &join_filter::KERNEL,
         &families::KERNEL,
         &sorted_intersect::KERNEL,
+        &multiset::KERNEL,
         &ssjoin::gpu::KERNEL,
         &ssjoin_prep::KERNEL,
     ]
@@ -44,6 +45,7 @@ pub type SelfCheck = fn(&Gpu) -> Result<String>;
 pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("families", families::self_check as SelfCheck),
+        ("multiset", multiset::self_check as SelfCheck),
         ("hash_setops + bitmap_setops", select::self_check as SelfCheck),
         ("join_filter", join_filter::self_check as SelfCheck),
         ("radix_sort", radix_sort::self_check as SelfCheck),

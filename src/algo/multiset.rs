@@ -21,7 +21,21 @@
 //! i64 / u64 for integers and `String` for strings (compared as strings, i.e.
 //! by UTF-8 bytes), so results are sorted in the element type's own order.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray, PrimitiveArray};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
+use datafusion::arrow::compute::{cast_with_options, CastOptions};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, UInt64Type};
+use datafusion::error::{DataFusionError, Result};
+
+use crate::algo::radix_sort;
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod, TransferStats};
 
 /// A multiset operation on two sorted lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -294,6 +308,781 @@ pub fn first_descent<T: Ord>(v: &[T]) -> Option<usize> {
     v.windows(2).position(|w| w[0] > w[1])
 }
 
+// ------------------------------------------------------------------------
+// List columns: the per-row CPU twin and the segmented GPU kernels
+// (kernels/multiset.cu), both from Arrow list arrays to an Arrow list array.
+
+/// What a two-list function computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListOp {
+    /// `set_intersect_all` and friends: any order, sorted per row.
+    Multiset(MultisetOp),
+    /// `sorted_intersect`: ascending lists, verified (an unsorted row is an error).
+    SortedIntersect,
+}
+
+impl ListOp {
+    /// The SQL function computing this operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            ListOp::Multiset(op) => op.sql_name(),
+            ListOp::SortedIntersect => "sorted_intersect",
+        }
+    }
+
+    /// Every operation, in a fixed order (tests, self-check, fuzz).
+    pub const ALL: [ListOp; 5] = [
+        ListOp::Multiset(MultisetOp::IntersectAll),
+        ListOp::Multiset(MultisetOp::ExceptAll),
+        ListOp::Multiset(MultisetOp::UnionAll),
+        ListOp::Multiset(MultisetOp::SymmetricDifference),
+        ListOp::SortedIntersect,
+    ];
+
+    /// The multiset rule applied after sorting / checking.
+    fn rule(self) -> MultisetOp {
+        match self {
+            ListOp::Multiset(op) => op,
+            ListOp::SortedIntersect => MultisetOp::IntersectAll,
+        }
+    }
+
+    /// The rule's number in kernels/multiset.cu (`op` of `ms_flags`).
+    fn code(self) -> i32 {
+        kernel_code(self.rule())
+    }
+}
+
+/// The error of `sorted_intersect` for an unsorted row (the CPU and GPU paths
+/// give the same text): `v[k] > v[k + 1]`.
+pub fn unsorted_error<T: Debug>(func: &str, which: &str, row: usize, v: &[T], k: usize) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "{func}: the {which} argument's list in row {row} of the batch is not sorted ascending \
+         ({:?} comes before {:?}); sort it with array_sort or use set_intersect_all",
+        v[k],
+        v[k + 1]
+    ))
+}
+
+/// An integer element type of the list functions: i64 (signed and mixed
+/// integer lists) or u64 (unsigned). Device keys are its order-preserving
+/// u64 image `bits ^ FLIP`.
+pub trait ListKey: Pod + Ord + Debug {
+    /// XOR with the bits that maps the type's order onto u64's.
+    const FLIP: u64;
+    /// The Arrow type list values are cast to, and the result's element type.
+    fn data_type() -> DataType;
+    /// The values of an array of [`ListKey::data_type`].
+    fn values(array: &ArrayRef) -> &[Self];
+    /// A List array from its parts.
+    fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef>;
+}
+
+macro_rules! list_key {
+    ($t:ty, $arrow:ty, $dt:ident, $flip:expr) => {
+        impl ListKey for $t {
+            const FLIP: u64 = $flip;
+            fn data_type() -> DataType {
+                DataType::$dt
+            }
+            fn values(array: &ArrayRef) -> &[Self] {
+                array.as_primitive::<$arrow>().values()
+            }
+            fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef> {
+                let field = Arc::new(Field::new_list_field(DataType::$dt, true));
+                let values = Arc::new(PrimitiveArray::<$arrow>::new(ScalarBuffer::from(values), None));
+                let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+                Ok(Arc::new(ListArray::try_new(field, offsets, values, nulls)?))
+            }
+        }
+    };
+}
+
+list_key!(i64, Int64Type, Int64, 1u64 << 63);
+list_key!(u64, UInt64Type, UInt64, 0);
+
+/// One list argument: values cast to the key type, row ranges, list validity.
+struct ListSide {
+    /// None: a `DataType::Null` column (every row NULL).
+    values: Option<ArrayRef>,
+    ranges: Vec<(usize, usize)>,
+    nulls: Option<NullBuffer>,
+}
+
+impl ListSide {
+    fn new<T: ListKey>(array: &ArrayRef) -> Result<Self> {
+        let nulls = array.logical_nulls();
+        Ok(match crate::keys::list_parts(array)? {
+            None => Self { values: None, ranges: vec![(0, 0); array.len()], nulls },
+            Some((values, ranges)) => {
+                // Not `safe`: an unsigned value beyond i64 must fail, not become a NULL element.
+                let opts = CastOptions { safe: false, ..Default::default() };
+                Self { values: Some(cast_with_options(&values, &T::data_type(), &opts)?), ranges, nulls }
+            }
+        })
+    }
+
+    fn valid(&self, i: usize) -> bool {
+        self.values.is_some() && self.nulls.as_ref().is_none_or(|n| n.is_valid(i))
+    }
+
+    /// Row `i`'s non-NULL elements into `out` (cleared first).
+    fn row<T: ListKey>(&self, i: usize, out: &mut Vec<T>) {
+        out.clear();
+        let Some(values) = &self.values else { return };
+        let (s, e) = self.ranges[i];
+        let v = T::values(values);
+        match values.nulls().filter(|n| n.null_count() > 0) {
+            None => out.extend_from_slice(&v[s..e]),
+            Some(nb) => out.extend((s..e).filter(|&j| nb.is_valid(j)).map(|j| v[j])),
+        }
+    }
+
+    /// Every row's non-NULL elements, back to back, and u32 offsets (rows + 1):
+    /// the values buffer itself when it holds no NULL and the rows are
+    /// contiguous (a plain or sliced List), else a gathered copy.
+    fn packed<T: ListKey>(&self, rows: usize) -> Result<(Cow<'_, [T]>, Vec<u32>)> {
+        let Some(values) = &self.values else { return Ok((Cow::Owned(Vec::new()), vec![0; rows + 1])) };
+        let v = T::values(values);
+        let contiguous = self.ranges.windows(2).all(|w| w[0].1 == w[1].0);
+        let total: usize = self.ranges.iter().map(|(s, e)| e - s).sum();
+        if total >= u32::MAX as usize {
+            return Err(DataFusionError::Plan(format!("list functions on the GPU: {total} elements in one batch exceed 2^32 - 1")));
+        }
+        if contiguous && values.null_count() == 0 {
+            let base = self.ranges.first().map_or(0, |r| r.0);
+            let end = self.ranges.last().map_or(0, |r| r.1);
+            let mut offsets: Vec<u32> = self.ranges.iter().map(|r| (r.0 - base) as u32).collect();
+            offsets.push((end - base) as u32);
+            return Ok((Cow::Borrowed(&v[base..end]), offsets));
+        }
+        let (mut out, mut offsets, mut row) = (Vec::with_capacity(total), Vec::with_capacity(rows + 1), Vec::new());
+        offsets.push(0u32);
+        for i in 0..rows {
+            self.row(i, &mut row);
+            out.extend_from_slice(&row);
+            offsets.push(out.len() as u32);
+        }
+        Ok((Cow::Owned(out), offsets))
+    }
+}
+
+/// Rows whose lists are both non-NULL (the result's validity).
+fn both_valid(a: &ListSide, b: &ListSide, rows: usize) -> Option<NullBuffer> {
+    if a.values.is_none() || b.values.is_none() {
+        return Some(NullBuffer::new_null(rows));
+    }
+    NullBuffer::union(a.nulls.as_ref(), b.nulls.as_ref())
+}
+
+fn check_lengths(a: &ArrayRef, b: &ArrayRef) -> Result<()> {
+    if a.len() != b.len() {
+        return Err(DataFusionError::Internal(format!("list function: argument lengths differ ({} and {})", a.len(), b.len())));
+    }
+    Ok(())
+}
+
+fn offsets_i32(offsets: Vec<usize>) -> Result<Vec<i32>> {
+    if offsets.last().is_some_and(|&t| t > i32::MAX as usize) {
+        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
+    }
+    Ok(offsets.into_iter().map(|o| o as i32).collect())
+}
+
+/// CPU twin of [`list_op_gpu`]: `op` row by row on two list columns of
+/// integers (List / LargeList / FixedSizeList of any integer type, or
+/// `DataType::Null`), values read as `T`. NULL elements are ignored, a NULL
+/// list gives a NULL row; `set_*` sort each row's lists first,
+/// `sorted_intersect` fails on the first row (in row order, first argument
+/// before second) with a list that is not ascending. Result: List of `T`.
+pub fn list_op_cpu<T: ListKey>(op: ListOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
+    check_lengths(a, b)?;
+    let rows = a.len();
+    let (sa, sb) = (ListSide::new::<T>(a)?, ListSide::new::<T>(b)?);
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0usize);
+    let mut values: Vec<T> = Vec::new();
+    let (mut x, mut y) = (Vec::<T>::new(), Vec::<T>::new());
+    for i in 0..rows {
+        if sa.valid(i) && sb.valid(i) {
+            sa.row(i, &mut x);
+            sb.row(i, &mut y);
+            match op {
+                ListOp::Multiset(m) => {
+                    x.sort_unstable();
+                    y.sort_unstable();
+                    values.extend(multiset_op(m, &x, &y));
+                }
+                ListOp::SortedIntersect => {
+                    if let Some(k) = first_descent(&x) {
+                        return Err(unsorted_error(op.name(), "first", i, &x, k));
+                    }
+                    if let Some(k) = first_descent(&y) {
+                        return Err(unsorted_error(op.name(), "second", i, &y, k));
+                    }
+                    values.extend(sorted_intersect(&x, &y));
+                }
+            }
+        }
+        offsets.push(values.len());
+    }
+    T::list(offsets_i32(offsets)?, values, both_valid(&sa, &sb, rows))
+}
+
+/// Element count of a list column's rows (NULL lists count their ranges
+/// too): what the UDF's cost rule weighs.
+pub fn list_elements(array: &ArrayRef) -> Result<usize> {
+    Ok(match crate::keys::list_parts(array)? {
+        None => 0,
+        Some((_, ranges)) => ranges.iter().map(|(s, e)| e - s).sum(),
+    })
+}
+
+/// kernels/multiset.cu, with the rules' op codes as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource =
+    crate::gpu::KernelSource { family: "multiset", source: include_str!("../../kernels/multiset.cu"), defines: multiset_defines };
+
+fn multiset_defines() -> Vec<(String, u64)> {
+    [("INTERSECT_ALL", MultisetOp::IntersectAll), ("EXCEPT_ALL", MultisetOp::ExceptAll), ("UNION_ALL", MultisetOp::UnionAll), ("SYMMETRIC_DIFFERENCE", MultisetOp::SymmetricDifference)]
+        .into_iter()
+        .map(|(name, op)| (format!("MS_{name}"), kernel_code(op) as u64))
+        .collect()
+}
+
+/// The rule's number in kernels/multiset.cu (`op` of `ms_flags`, passed as `MS_*`).
+fn kernel_code(op: MultisetOp) -> i32 {
+    match op {
+        MultisetOp::IntersectAll => 0,
+        MultisetOp::ExceptAll => 1,
+        MultisetOp::UnionAll => 2,
+        MultisetOp::SymmetricDifference => 3,
+    }
+}
+
+fn launch_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> DataFusionError + '_ {
+    move |e| cuda_err(what, e)
+}
+
+/// Exclusive scan of `input[0, n)` into a new buffer of n + 1 entries (the last one the total).
+fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> Result<DeviceBuffer<u32>> {
+    const TILE: usize = 256 * 8; // MS_SCAN_TILE
+    let ntiles = n.div_ceil(TILE).max(1);
+    let out = gpu.alloc::<u32>(n + 1)?;
+    let sums = gpu.alloc::<u32>(ntiles + 1)?;
+    let (n64, nt32) = (n as u64, ntiles as u32);
+    let stream = gpu.stream();
+    let tiles = LaunchConfig { grid_dim: (nt32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let f = gpu.function(&KERNEL, "ms_scan_reduce")?;
+    // SAFETY: signature matches kernels/multiset.cu; input holds n entries, sums ntiles + 1.
+    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).launch(tiles) }.map_err(launch_err("ms_scan_reduce"))?;
+    let f = gpu.function(&KERNEL, "ms_scan_sums")?;
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: one block scans sums[0, ntiles) in place and writes sums[ntiles].
+    unsafe { stream.launch_builder(&f).arg(&sums.slice).arg(&nt32).launch(one) }.map_err(launch_err("ms_scan_sums"))?;
+    let f = gpu.function(&KERNEL, "ms_scan_tiles")?;
+    // SAFETY: input holds n entries, out n + 1, sums ntiles + 1.
+    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).arg(&nt32).arg(&out.slice).launch(tiles) }
+        .map_err(launch_err("ms_scan_tiles"))?;
+    Ok(out)
+}
+
+/// Bits needed for ids 0..count.
+fn id_bits(count: usize) -> u32 {
+    if count <= 1 {
+        0
+    } else {
+        usize::BITS - (count - 1).leading_zeros()
+    }
+}
+
+/// One side on the device: u64 keys, offsets (rows + 1), segment id per element.
+struct DeviceSide {
+    keys: DeviceBuffer<u64>,
+    offsets: DeviceBuffer<u32>,
+    seg: DeviceBuffer<u32>,
+    n: usize,
+}
+
+impl DeviceSide {
+    fn upload<T: ListKey>(gpu: &Gpu, values: &[T], offsets: &[u32], stats: &mut TransferStats) -> Result<Self> {
+        let n = values.len();
+        let rows = offsets.len() - 1;
+        let raw = gpu.upload(values, stats)?;
+        let offsets = gpu.upload(offsets, stats)?;
+        let keys = gpu.alloc::<u64>(n)?;
+        let seg = gpu.alloc::<u32>(n)?;
+        let stream = gpu.stream();
+        let (n64, flip, rows32) = (n as u64, T::FLIP, rows as u32);
+        if n > 0 {
+            let f = gpu.function(&KERNEL, "ms_xor")?;
+            // SAFETY: raw (T, 8 bytes) and keys hold n 8-byte elements; the kernel reads raw as u64 bits.
+            unsafe { stream.launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_xor"))?;
+            let f = gpu.function(&KERNEL, "ms_seg_ids")?;
+            // SAFETY: offsets hold rows + 1 entries ending at n; seg holds n entries.
+            unsafe { stream.launch_builder(&f).arg(&offsets.slice).arg(&rows32).arg(&seg.slice).launch(gpu.grid_stride(rows * 32, 32)) }
+                .map_err(launch_err("ms_seg_ids"))?;
+        }
+        Ok(Self { keys, offsets, seg, n })
+    }
+
+    /// The first element index i with keys[i] > keys[i + 1] in one valid row.
+    fn first_descent(&self, gpu: &Gpu, valid: &DeviceBuffer<u8>, stats: &mut TransferStats) -> Result<Option<usize>> {
+        if self.n < 2 {
+            return Ok(None);
+        }
+        let first = gpu.upload(&[u64::MAX], stats)?;
+        let f = gpu.function(&KERNEL, "ms_first_descent")?;
+        let n64 = self.n as u64;
+        // SAFETY: keys and seg hold n entries, valid one byte per row, first one word.
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&self.keys.slice)
+                .arg(&self.seg.slice)
+                .arg(&valid.slice)
+                .arg(&n64)
+                .arg(&first.slice)
+                .launch(gpu.grid_stride(self.n, 32))
+        }
+        .map_err(launch_err("ms_first_descent"))?;
+        let i = gpu.read_one(&first, 0, stats)?;
+        Ok((i != u64::MAX).then_some(i as usize))
+    }
+
+    /// Sort every segment on the device (radix sort of composite keys).
+    fn sort_segments(&mut self, gpu: &Gpu, rows: usize, stats: &mut TransferStats) -> Result<()> {
+        let n = self.n;
+        let stream = gpu.stream();
+        let n64 = n as u64;
+        let mm = gpu.upload(&[u64::MAX, 0u64], stats)?;
+        let f = gpu.function(&KERNEL, "ms_min_max")?;
+        // SAFETY: keys hold n entries, mm two words preset to (max, 0).
+        unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&n64).arg(&mm.slice).launch(gpu.grid_stride(n, 8)) }
+            .map_err(launch_err("ms_min_max"))?;
+        let mm = gpu.download(&mm, 2, stats)?;
+        let (min, range) = (mm[0], mm[1].wrapping_sub(mm[0]));
+        let kbits = 64 - range.leading_zeros();
+        let sbits = id_bits(rows);
+        let compose = gpu.function(&KERNEL, "ms_compose")?;
+        let null: u64 = 0;
+        if kbits + sbits <= 64 {
+            // One sort of (segment << kbits | key - min).
+            let mut comp = gpu.alloc::<u64>(n)?;
+            // SAFETY: keys, seg and comp hold n entries.
+            unsafe {
+                stream.launch_builder(&compose).arg(&self.keys.slice).arg(&self.seg.slice).arg(&n64).arg(&min).arg(&kbits).arg(&comp.slice).launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_compose"))?;
+            radix_sort::sort_keys_u64(gpu, &mut comp, n, 0, kbits + sbits)?;
+            let f = gpu.function(&KERNEL, "ms_split")?;
+            // SAFETY: comp and keys hold n entries.
+            unsafe { stream.launch_builder(&f).arg(&comp.slice).arg(&n64).arg(&min).arg(&kbits).arg(&self.keys.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_split"))?;
+        } else {
+            // Wide keys: a stable sort by key, then a stable sort by segment, of the positions.
+            let mut k = gpu.alloc::<u64>(n)?;
+            let mut idx = gpu.alloc::<u32>(n)?;
+            // SAFETY: keys and k hold n entries; a null seg pointer composes the key alone.
+            unsafe { stream.launch_builder(&compose).arg(&self.keys.slice).arg(&null).arg(&n64).arg(&min).arg(&kbits).arg(&k.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_compose"))?;
+            let f = gpu.function(&KERNEL, "ms_iota")?;
+            // SAFETY: idx holds n entries.
+            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&n64).launch(gpu.grid_stride(n, 32)) }.map_err(launch_err("ms_iota"))?;
+            radix_sort::sort_pairs_u64(gpu, &mut k, &mut idx, n, 0, kbits)?;
+            drop(k);
+            let mut segk = gpu.alloc::<u32>(n)?;
+            let f = gpu.function(&KERNEL, "ms_gather_seg")?;
+            // SAFETY: idx, seg and segk hold n entries; idx is a permutation of 0..n.
+            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&self.seg.slice).arg(&n64).arg(&segk.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_gather_seg"))?;
+            radix_sort::sort_pairs_u32(gpu, &mut segk, &mut idx, n, 0, sbits)?;
+            let sorted = gpu.alloc::<u64>(n)?;
+            let f = gpu.function(&KERNEL, "ms_gather_keys")?;
+            // SAFETY: keys, idx and sorted hold n entries.
+            unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&idx.slice).arg(&n64).arg(&sorted.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_gather_keys"))?;
+            self.keys = sorted;
+        }
+        Ok(())
+    }
+
+    /// Keep flags and cross indices of this side's elements against `other`.
+    fn flags(&self, gpu: &Gpu, other: &DeviceSide, valid: &DeviceBuffer<u8>, op: ListOp, side: i32) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>)> {
+        let flag = gpu.alloc::<u32>(self.n)?;
+        let cross = gpu.alloc::<u32>(self.n)?;
+        if self.n > 0 {
+            let f = gpu.function(&KERNEL, "ms_flags")?;
+            let (n64, code) = (self.n as u64, op.code());
+            // SAFETY: signature matches kernels/multiset.cu; every buffer is sized as its side says.
+            unsafe {
+                gpu.stream()
+                    .launch_builder(&f)
+                    .arg(&self.keys.slice)
+                    .arg(&self.offsets.slice)
+                    .arg(&self.seg.slice)
+                    .arg(&n64)
+                    .arg(&other.keys.slice)
+                    .arg(&other.offsets.slice)
+                    .arg(&valid.slice)
+                    .arg(&code)
+                    .arg(&side)
+                    .arg(&flag.slice)
+                    .arg(&cross.slice)
+                    .launch(gpu.grid_stride(self.n, 32))
+            }
+            .map_err(launch_err("ms_flags"))?;
+        }
+        Ok((flag, cross))
+    }
+}
+
+/// One side's kept elements: flags, their exclusive scan, cross indices.
+struct Kept {
+    flag: DeviceBuffer<u32>,
+    excl: DeviceBuffer<u32>,
+    cross: DeviceBuffer<u32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scatter<T: ListKey>(gpu: &Gpu, x: &DeviceSide, kx: &Kept, y: &DeviceSide, ey: Option<&DeviceBuffer<u32>>, outoff: &DeviceBuffer<u32>, out: &DeviceBuffer<T>) -> Result<()> {
+    if x.n == 0 {
+        return Ok(());
+    }
+    let f = gpu.function(&KERNEL, "ms_scatter")?;
+    let (n64, flip, null) = (x.n as u64, T::FLIP, 0u64);
+    // SAFETY: signature matches kernels/multiset.cu; out (T, 8 bytes) holds every kept element's
+    // position (the row counts' scan); a null ey means the other side keeps nothing.
+    unsafe {
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(&x.keys.slice).arg(&x.offsets.slice).arg(&x.seg.slice).arg(&n64).arg(&kx.flag.slice).arg(&kx.excl.slice).arg(&kx.cross.slice);
+        match ey {
+            Some(e) => l.arg(&e.slice),
+            None => l.arg(&null),
+        };
+        l.arg(&y.offsets.slice).arg(&outoff.slice).arg(&flip).arg(&out.slice).launch(gpu.grid_stride(x.n, 32))
+    }
+    .map_err(launch_err("ms_scatter"))?;
+    Ok(())
+}
+
+/// `op` on two list columns of integers as segmented kernels: the same
+/// inputs and result as [`list_op_cpu`] (including `sorted_intersect`'s
+/// error for the first unsorted row). Per side: upload the values (the Arrow
+/// buffer itself when it has no NULL element) and offsets; keys to their u64
+/// image; a segment id per element; for `set_*`, a device radix sort of
+/// (segment, key) unless every row is already ascending; then the counting
+/// rule of kernels/multiset.cu, scans, and one scatter per side into the
+/// result, which is downloaded with its offsets.
+pub fn list_op_gpu<T: ListKey>(gpu: &Gpu, op: ListOp, a: &ArrayRef, b: &ArrayRef, stats: &mut TransferStats) -> Result<ArrayRef> {
+    PreparedLists::new::<T>(a, b)?.run::<T>(gpu, op, stats)
+}
+
+/// The host's part of [`list_op_gpu`] (casting the values to the key type,
+/// the rows' validity), done before the device is taken so that partitions
+/// prepare their batches in parallel while one of them holds the device.
+pub struct PreparedLists {
+    sa: ListSide,
+    sb: ListSide,
+    nulls: Option<NullBuffer>,
+    rows: usize,
+}
+
+impl PreparedLists {
+    pub fn new<T: ListKey>(a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
+        check_lengths(a, b)?;
+        let rows = a.len();
+        let (sa, sb) = (ListSide::new::<T>(a)?, ListSide::new::<T>(b)?);
+        let nulls = both_valid(&sa, &sb, rows);
+        Ok(Self { sa, sb, nulls, rows })
+    }
+
+    /// The device's part of [`list_op_gpu`] (`T` as given to [`PreparedLists::new`]).
+    pub fn run<T: ListKey>(self, gpu: &Gpu, op: ListOp, stats: &mut TransferStats) -> Result<ArrayRef> {
+        let Self { sa, sb, nulls, rows } = self;
+        list_op_device::<T>(gpu, op, &sa, &sb, nulls, rows, stats)
+    }
+}
+
+fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSide, nulls: Option<NullBuffer>, rows: usize, stats: &mut TransferStats) -> Result<ArrayRef> {
+    if rows == 0 || nulls.as_ref().is_some_and(|n| n.null_count() == rows) {
+        return T::list(vec![0; rows + 1], Vec::new(), nulls);
+    }
+    if rows >= u32::MAX as usize {
+        return Err(DataFusionError::Plan(format!("list functions on the GPU: {rows} rows exceed 2^32 - 1")));
+    }
+    let (va, oa) = sa.packed::<T>(rows)?;
+    let (vb, ob) = sb.packed::<T>(rows)?;
+    let valid_host: Vec<u8> = (0..rows).map(|i| nulls.as_ref().is_none_or(|n| n.is_valid(i)) as u8).collect();
+    let valid = gpu.upload(&valid_host, stats)?;
+    let mut da = DeviceSide::upload(gpu, &va, &oa, stats)?;
+    let mut db = DeviceSide::upload(gpu, &vb, &ob, stats)?;
+    let started = Instant::now();
+    match op {
+        ListOp::SortedIntersect => {
+            let fa = da.first_descent(gpu, &valid, stats)?;
+            let fb = db.first_descent(gpu, &valid, stats)?;
+            let row_of = |offsets: &[u32], i: usize| offsets.partition_point(|&o| o as usize <= i) - 1;
+            let ra = fa.map(|i| row_of(&oa, i));
+            let rb = fb.map(|i| row_of(&ob, i));
+            // The CPU's order: the first bad row, its first argument before its second.
+            let first_bad = match (ra, rb) {
+                (Some(x), Some(y)) if y < x => Some(("second", y, &vb, &ob, fb)),
+                (Some(x), _) => Some(("first", x, &va, &oa, fa)),
+                (None, Some(y)) => Some(("second", y, &vb, &ob, fb)),
+                (None, None) => None,
+            };
+            if let Some((which, r, v, o, Some(i))) = first_bad {
+                let row = &v[o[r] as usize..o[r + 1] as usize];
+                return Err(unsorted_error(op.name(), which, r, row, i - o[r] as usize));
+            }
+        }
+        ListOp::Multiset(_) => {
+            if da.first_descent(gpu, &valid, stats)?.is_some() {
+                da.sort_segments(gpu, rows, stats)?;
+            }
+            if db.first_descent(gpu, &valid, stats)?.is_some() {
+                db.sort_segments(gpu, rows, stats)?;
+            }
+        }
+    }
+    let keeps_b = op.rule().keeps_b_only();
+    let (flag, cross) = da.flags(gpu, &db, &valid, op, 0)?;
+    let ka = Kept { excl: exclusive_scan(gpu, &flag, da.n)?, flag, cross };
+    let kb = if keeps_b {
+        let (flag, cross) = db.flags(gpu, &da, &valid, op, 1)?;
+        Some(Kept { excl: exclusive_scan(gpu, &flag, db.n)?, flag, cross })
+    } else {
+        None
+    };
+    let counts = gpu.alloc::<u32>(rows)?;
+    let f = gpu.function(&KERNEL, "ms_row_counts")?;
+    let (rows32, null) = (rows as u32, 0u64);
+    // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
+    unsafe {
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(&da.offsets.slice).arg(&ka.excl.slice).arg(&db.offsets.slice);
+        match &kb {
+            Some(k) => l.arg(&k.excl.slice),
+            None => l.arg(&null),
+        };
+        l.arg(&rows32).arg(&counts.slice).launch(gpu.grid_stride(rows, 32))
+    }
+    .map_err(launch_err("ms_row_counts"))?;
+    let outoff = exclusive_scan(gpu, &counts, rows)?;
+    let total = gpu.read_one(&outoff, rows, stats)? as usize;
+    if total > i32::MAX as usize {
+        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
+    }
+    let out = gpu.alloc::<T>(total)?;
+    scatter(gpu, &da, &ka, &db, kb.as_ref().map(|k| &k.excl), &outoff, &out)?;
+    if let Some(kb) = &kb {
+        scatter(gpu, &db, kb, &da, Some(&ka.excl), &outoff, &out)?;
+    }
+    gpu.synchronize()?;
+    stats.kernel += started.elapsed();
+    let values = gpu.download(&out, total, stats)?;
+    let offsets = gpu.download(&outoff, rows + 1, stats)?;
+    T::list(offsets.into_iter().map(|o| o as i32).collect(), values, nulls)
+}
+
+/// Sorted lists resident on the device, for repeated k-way intersections
+/// (a posting-list index; the `set_intersect_agg` path uploads one per call).
+pub struct DeviceLists<T> {
+    lists: Vec<DeviceBuffer<u64>>,
+    lens: Vec<usize>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: ListKey> DeviceLists<T> {
+    /// Upload ascending lists (not checked) as their u64 key images.
+    pub fn upload<L: AsRef<[T]>>(gpu: &Gpu, lists: &[L], stats: &mut TransferStats) -> Result<Self> {
+        let mut out = Vec::with_capacity(lists.len());
+        for l in lists {
+            let l = l.as_ref();
+            let raw = gpu.upload(l, stats)?;
+            let keys = gpu.alloc::<u64>(l.len())?;
+            if !l.is_empty() {
+                let f = gpu.function(&KERNEL, "ms_xor")?;
+                let (n64, flip) = (l.len() as u64, T::FLIP);
+                // SAFETY: raw (8-byte T) and keys hold len entries.
+                unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(l.len(), 32)) }
+                    .map_err(launch_err("ms_xor"))?;
+            }
+            out.push(keys);
+        }
+        Ok(Self { lens: lists.iter().map(|l| l.as_ref().len()).collect(), lists: out, _t: std::marker::PhantomData })
+    }
+
+    pub fn len(&self) -> usize {
+        self.lists.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lists.is_empty()
+    }
+
+    /// The min(m, n) intersection of the lists `terms` (indices), by SvS on
+    /// the device: the shortest list is the candidate set; for each next
+    /// longer list one thread per candidate binary-searches it (its rank in
+    /// its run of equal candidates against the copies found), and the
+    /// survivors are compacted by a scan. Equals [`intersect_k`].
+    pub fn intersect(&self, gpu: &Gpu, terms: &[usize], stats: &mut TransferStats) -> Result<Vec<T>> {
+        let mut order: Vec<usize> = terms.to_vec();
+        if let Some(&bad) = order.iter().find(|&&t| t >= self.lists.len()) {
+            return Err(DataFusionError::Internal(format!("k-way intersection: list {bad} of {}", self.lists.len())));
+        }
+        order.sort_by_key(|&t| self.lens[t]);
+        let Some((&first, rest)) = order.split_first() else { return Ok(Vec::new()) };
+        let started = Instant::now();
+        let stream = gpu.stream();
+        let mut n = self.lens[first];
+        let mut owned: Option<DeviceBuffer<u64>> = None;
+        for &t in rest {
+            if n == 0 {
+                break;
+            }
+            let cand = owned.as_ref().unwrap_or(&self.lists[first]);
+            let flag = gpu.alloc::<u32>(n)?;
+            let f = gpu.function(&KERNEL, "ms_kway_flags")?;
+            let (nc, nl) = (n as u64, self.lens[t] as u64);
+            // SAFETY: cand holds n keys, the list nl, flag n entries.
+            unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&nc).arg(&self.lists[t].slice).arg(&nl).arg(&flag.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_kway_flags"))?;
+            let excl = exclusive_scan(gpu, &flag, n)?;
+            let kept = gpu.read_one(&excl, n, stats)? as usize;
+            let next = gpu.alloc::<u64>(kept)?;
+            let f = gpu.function(&KERNEL, "ms_compact")?;
+            // SAFETY: cand, flag and excl cover n entries; next holds the kept count.
+            unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&nc).arg(&flag.slice).arg(&excl.slice).arg(&next.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_compact"))?;
+            owned = Some(next);
+            n = kept;
+        }
+        if n == 0 {
+            stats.kernel += started.elapsed();
+            return Ok(Vec::new());
+        }
+        let cand = owned.as_ref().unwrap_or(&self.lists[first]);
+        let out = gpu.alloc::<T>(n)?;
+        let f = gpu.function(&KERNEL, "ms_xor")?;
+        let (n64, flip) = (n as u64, T::FLIP);
+        // SAFETY: cand and out (8-byte T) hold n entries.
+        unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&n64).arg(&flip).arg(&out.slice).launch(gpu.grid_stride(n, 32)) }
+            .map_err(launch_err("ms_xor"))?;
+        gpu.synchronize()?;
+        stats.kernel += started.elapsed();
+        gpu.download(&out, n, stats)
+    }
+}
+
+/// GPU twin of [`intersect_k`] for integer lists (ascending, duplicates
+/// allowed): uploads the lists and runs [`DeviceLists::intersect`].
+pub fn intersect_k_gpu<T: ListKey, L: AsRef<[T]>>(gpu: &Gpu, lists: &[L], stats: &mut TransferStats) -> Result<Vec<T>> {
+    let dl = DeviceLists::upload(gpu, lists, stats)?;
+    dl.intersect(gpu, &(0..lists.len()).collect::<Vec<_>>(), stats)
+}
+
+/// Random list columns for the self-check and tests: `rows` rows of up to
+/// `max_len` values in [-domain, domain) (every 11th row NULL on a side,
+/// every 7th empty, some NULL elements when `null_elements`).
+pub fn random_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize, domain: i64, null_elements: bool) -> ArrayRef {
+    let lists: Vec<Option<Vec<Option<i64>>>> = (0..rows)
+        .map(|i| {
+            if rng.random_range(0..11) == 0 {
+                return None;
+            }
+            let len = if i % 7 == 3 { 0 } else { rng.random_range(0..=max_len) };
+            Some(
+                (0..len)
+                    .map(|_| if null_elements && rng.random_range(0..20) == 0 { None } else { Some(rng.random_range(-domain..domain)) })
+                    .collect(),
+            )
+        })
+        .collect();
+    Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(lists))
+}
+
+/// The moderngpu worked example (seed 002, "Multisets"): one row each.
+pub fn moderngpu_example() -> (ArrayRef, ArrayRef) {
+    let a: Vec<i64> = vec![1, 1, 2, 3, 3, 3, 5, 6, 6, 6, 6, 7, 7, 8, 8, 9];
+    let b: Vec<i64> = vec![1, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 8];
+    let col = |v: Vec<i64>| -> ArrayRef { Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>([Some(v.into_iter().map(Some))])) };
+    (col(a), col(b))
+}
+
+/// Doctor self-check: every list operation on random columns (duplicates,
+/// NULL lists and elements, empty lists, a slice, unsigned keys, wide and
+/// narrow domains) and the k-way intersection, against the CPU twins.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+    let stats = &mut TransferStats::default();
+    let mut checked = 0;
+    let mut columns = vec![moderngpu_example()];
+    for &(rows, max_len, domain, nulls) in &[(1usize, 0usize, 1i64, false), (300, 40, 5, true), (2000, 200, 1000, false), (500, 30, i64::MAX / 2, false)] {
+        let a = random_list_column(&mut rng, rows + 3, max_len, domain, nulls);
+        let b = random_list_column(&mut rng, rows + 3, max_len, domain, nulls);
+        columns.push((a.slice(2, rows), b.slice(1, rows)));
+    }
+    for (a, b) in &columns {
+        for op in ListOp::ALL {
+            let (a, b) = if op == ListOp::SortedIntersect { (sort_rows(a)?, sort_rows(b)?) } else { (a.clone(), b.clone()) };
+            let want = list_op_cpu::<i64>(op, &a, &b)?;
+            let got = list_op_gpu::<i64>(gpu, op, &a, &b, stats)?;
+            if &got != &want {
+                return Err(DataFusionError::Execution(format!("multiset self-check failed: {} on {} rows (i64)", op.name(), a.len())));
+            }
+            // Unsigned keys: the same rows shifted into u64.
+            let (ua, ub) = (to_unsigned(&a)?, to_unsigned(&b)?);
+            if list_op_gpu::<u64>(gpu, op, &ua, &ub, stats)? != list_op_cpu::<u64>(op, &ua, &ub)? {
+                return Err(DataFusionError::Execution(format!("multiset self-check failed: {} on {} rows (u64)", op.name(), a.len())));
+            }
+            checked += 2;
+        }
+    }
+    for case in 0..20 {
+        let k = 1 + case % 6;
+        let lists: Vec<Vec<i64>> = (0..k)
+            .map(|_| {
+                let n = rng.random_range(0..5000);
+                let mut v: Vec<i64> = (0..n).map(|_| rng.random_range(-300..300)).collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
+        if intersect_k_gpu(gpu, &lists, stats)? != intersect_k(&lists) {
+            return Err(DataFusionError::Execution(format!("multiset self-check failed: k-way intersection of {k} lists")));
+        }
+        checked += 1;
+    }
+    Ok(format!("{checked} list operations and k-way intersections match the CPU twins"))
+}
+
+/// Each row of an Int64 list column sorted ascending (NULL elements first).
+pub fn sort_rows(a: &ArrayRef) -> Result<ArrayRef> {
+    let l = a.as_list::<i32>();
+    let rows: Vec<Option<Vec<Option<i64>>>> = (0..l.len())
+        .map(|i| {
+            l.is_valid(i).then(|| {
+                let mut v: Vec<Option<i64>> = l.value(i).as_primitive::<Int64Type>().iter().collect();
+                v.sort_unstable();
+                v
+            })
+        })
+        .collect();
+    Ok(Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows)))
+}
+
+/// An Int64 list column mapped to UInt64 by adding 2^63 (order kept).
+fn to_unsigned(a: &ArrayRef) -> Result<ArrayRef> {
+    let l = a.as_list::<i32>();
+    let rows: Vec<Option<Vec<Option<u64>>>> = (0..l.len())
+        .map(|i| l.is_valid(i).then(|| l.value(i).as_primitive::<Int64Type>().iter().map(|x| x.map(|x| (x as u64) ^ (1 << 63))).collect()))
+        .collect();
+    Ok(Arc::new(ListArray::from_iter_primitive::<UInt64Type, _, _>(rows)))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -419,4 +1208,157 @@ mod tests {
         assert_eq!(first_descent(&[1, 3, 2]), Some(1));
         assert_eq!(first_descent::<i64>(&[]), None);
     }
+
+    /// A column of one row per (a, b) list pair, built from plain vectors.
+    fn column(rows: &[Option<Vec<i64>>]) -> ArrayRef {
+        Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().map(|r| r.as_ref().map(|v| v.iter().map(|x| Some(*x))))))
+    }
+
+    /// The rows of a result column (None: NULL list).
+    fn rows_of(a: &ArrayRef) -> Vec<Option<Vec<i64>>> {
+        let l = a.as_list::<i32>();
+        (0..l.len()).map(|i| l.is_valid(i).then(|| l.value(i).as_primitive::<Int64Type>().values().to_vec())).collect()
+    }
+
+    /// The list twin row by row against the counting reference (NULL
+    /// elements dropped, NULL lists NULL), on sliced random columns.
+    #[test]
+    fn list_op_cpu_matches_counting_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let a = random_list_column(&mut rng, 503, 30, 6, true).slice(3, 500);
+        let b = random_list_column(&mut rng, 500, 30, 6, true);
+        let (la, lb) = (a.as_list::<i32>(), b.as_list::<i32>());
+        let row = |l: &ListArray, i: usize| -> Option<Vec<i64>> {
+            l.is_valid(i).then(|| l.value(i).as_primitive::<Int64Type>().iter().flatten().collect())
+        };
+        for op in MultisetOp::ALL {
+            let got = rows_of(&list_op_cpu::<i64>(ListOp::Multiset(op), &a, &b).unwrap());
+            for i in 0..500 {
+                let want = match (row(la, i), row(lb, i)) {
+                    (Some(x), Some(y)) => Some(reference(op, &x, &y)),
+                    _ => None,
+                };
+                assert_eq!(got[i], want, "{op:?} row {i}");
+            }
+        }
+        let (a, b) = moderngpu_example();
+        let got = rows_of(&list_op_cpu::<i64>(ListOp::SortedIntersect, &a, &b).unwrap());
+        assert_eq!(got, vec![Some(vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8])]);
+        let bad = column(&[Some(vec![1, 2]), Some(vec![5, 4])]);
+        let err = list_op_cpu::<i64>(ListOp::SortedIntersect, &bad, &bad).unwrap_err().to_string();
+        assert!(err.contains("first argument's list in row 1") && err.contains("5 comes before 4"), "{err}");
+    }
+
+    /// The moderngpu worked example on the device, per rule, against the
+    /// counts by hand (see `moderngpu_worked_example`).
+    #[test]
+    fn gpu_moderngpu_example() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let (a, b) = moderngpu_example();
+        let expected: [(ListOp, Vec<i64>); 5] = [
+            (ListOp::Multiset(MultisetOp::IntersectAll), vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8]),
+            (ListOp::Multiset(MultisetOp::ExceptAll), vec![1, 5, 7, 7, 8, 9]),
+            (ListOp::Multiset(MultisetOp::UnionAll), vec![1, 1, 2, 2, 3, 3, 3, 3, 5, 6, 6, 6, 6, 7, 7, 8, 8, 9]),
+            (ListOp::Multiset(MultisetOp::SymmetricDifference), vec![1, 2, 3, 5, 7, 7, 8, 9]),
+            (ListOp::SortedIntersect, vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8]),
+        ];
+        for (op, want) in expected {
+            let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
+            assert_eq!(rows_of(&got), vec![Some(want)], "{op:?}");
+        }
+    }
+
+    /// GPU vs CPU twin on random columns: duplicates (small domains), NULL
+    /// lists, NULL elements, empty lists, slices, already-sorted input, wide
+    /// keys (the two-sort path), other list and integer types, unsigned keys.
+    #[test]
+    fn gpu_list_ops_match_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+        let cases = [(0usize, 5usize, 3i64, false), (1, 1, 1, false), (1000, 50, 4, true), (5000, 300, 100, false), (3000, 20, i64::MAX / 2, true), (200_000, 12, 1 << 20, false)];
+        for &(rows, max_len, domain, nulls) in &cases {
+            let a = random_list_column(&mut rng, rows + 5, max_len, domain, nulls).slice(5, rows);
+            let b = random_list_column(&mut rng, rows, max_len, domain, nulls);
+            for op in ListOp::ALL {
+                let (a, b) = if op == ListOp::SortedIntersect { (sort_rows(&a).unwrap(), sort_rows(&b).unwrap()) } else { (a.clone(), b.clone()) };
+                let want = list_op_cpu::<i64>(op, &a, &b).unwrap();
+                let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
+                assert!(got == want, "{op:?}: {rows} rows of up to {max_len} in domain {domain}");
+                let (ua, ub) = (to_unsigned(&a).unwrap(), to_unsigned(&b).unwrap());
+                assert!(list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap() == list_op_cpu::<u64>(op, &ua, &ub).unwrap(), "{op:?} u64");
+            }
+            // Already sorted rows skip the device sort: same results.
+            let (sa, sb) = (sort_rows(&a).unwrap(), sort_rows(&b).unwrap());
+            let op = ListOp::Multiset(MultisetOp::SymmetricDifference);
+            assert!(list_op_gpu::<i64>(&gpu, op, &sa, &sb, stats).unwrap() == list_op_cpu::<i64>(op, &a, &b).unwrap());
+        }
+        // Int32 LargeList against FixedSizeList(Int16), read as i64.
+        use datafusion::arrow::array::{FixedSizeListArray, Int16Array, Int32Array, LargeListArray};
+        use datafusion::arrow::datatypes::Int32Type;
+        let a: ArrayRef = Arc::new(LargeListArray::from_iter_primitive::<Int32Type, _, _>([Some(vec![Some(3), Some(1), Some(3)]), None, Some(vec![Some(-2)])]));
+        let _ = Int32Array::from(vec![1]);
+        let field = Arc::new(Field::new_list_field(DataType::Int16, true));
+        let b: ArrayRef = Arc::new(FixedSizeListArray::new(field, 2, Arc::new(Int16Array::from(vec![3, 3, 1, 1, -2, 7])), None));
+        for op in ListOp::ALL.into_iter().take(4) {
+            assert!(list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap() == list_op_cpu::<i64>(op, &a, &b).unwrap(), "{op:?} mixed types");
+        }
+        // All-NULL (DataType::Null) side.
+        let nulls: ArrayRef = Arc::new(datafusion::arrow::array::NullArray::new(3));
+        assert_eq!(list_op_gpu::<i64>(&gpu, ListOp::ALL[2], &a, &nulls, stats).unwrap().null_count(), 3);
+    }
+
+    /// sorted_intersect's error names the same row and argument on both paths.
+    #[test]
+    fn gpu_sorted_intersect_rejects_unsorted_like_cpu() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let op = ListOp::SortedIntersect;
+        let a = column(&[Some(vec![1, 2]), Some(vec![1, 2, 2]), None, Some(vec![9, 8]), Some(vec![1])]);
+        let b = column(&[Some(vec![2]), Some(vec![5, 4]), Some(vec![3, 1]), Some(vec![1, 0]), Some(vec![1])]);
+        for (a, b) in [(&a, &b), (&b, &a), (&a, &a)] {
+            let cpu = list_op_cpu::<i64>(op, a, b).unwrap_err().to_string();
+            let gpu_err = list_op_gpu::<i64>(&gpu, op, a, b, stats).unwrap_err().to_string();
+            assert_eq!(cpu, gpu_err);
+        }
+        // Row 2 is NULL on one side: its unsorted list is not checked.
+        let ok = list_op_gpu::<i64>(&gpu, op, &a.slice(0, 1), &b.slice(0, 1), stats).unwrap();
+        assert_eq!(rows_of(&ok), vec![Some(vec![2])]);
+    }
+
+    /// k-way intersection on the device against `intersect_k` and against
+    /// repeated `sorted_intersect`, including empty lists and no lists.
+    #[test]
+    fn gpu_intersect_k_matches_repeated_sorted_intersect() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        for case in 0..60 {
+            let k = case % 8;
+            let domain = [3, 50, 10_000, 1 << 40][case % 4];
+            let lists: Vec<Vec<i64>> = (0..k)
+                .map(|_| {
+                    let n = if rng.random_range(0..10) == 0 { 0 } else { rng.random_range(1..[100, 5000, 200_000][case % 3]) };
+                    random_sorted(&mut rng, n, domain)
+                })
+                .collect();
+            let repeated = match lists.split_first() {
+                None => vec![],
+                Some((first, rest)) => rest.iter().fold(first.clone(), |acc, l| sorted_intersect(&acc, l)),
+            };
+            assert_eq!(intersect_k_gpu(&gpu, &lists, stats).unwrap(), repeated, "case {case}");
+            assert_eq!(intersect_k(&lists), repeated);
+            let ul: Vec<Vec<u64>> = lists.iter().map(|l| l.iter().map(|x| (*x as u64) ^ (1 << 63)).collect()).collect();
+            let uw: Vec<u64> = repeated.iter().map(|x| (*x as u64) ^ (1 << 63)).collect();
+            assert_eq!(intersect_k_gpu(&gpu, &ul, stats).unwrap(), uw);
+        }
+        let msg = self_check(&gpu).unwrap();
+        assert!(msg.contains("match"), "{msg}");
+    }
+
 }

@@ -3,6 +3,7 @@
 //! CLI alone can benchmark on a machine without a Rust toolchain.
 pub mod families;
 pub mod filter;
+pub mod lists;
 pub mod setops;
 pub mod ssjoin;
 pub mod tpch;

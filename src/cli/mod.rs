@@ -40,6 +40,8 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
                               [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark
        setfusion bench families [--sizes K,..] [--kinds uniform,similar] [--cpu-max K] [--runs N]
                                    intersection of two families of sets, GPU vs CPU backend
+       setfusion bench lists [--rows N] [--batch-rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
+                                   list functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
                               TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
 
@@ -86,6 +88,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                     Some("filter") => crate::bench::filter::run().map(|_| 0),
                     Some("tpch") => crate::bench::tpch::run(it.collect()).await.map(|_| 0),
                     Some("families") => crate::bench::families::run(it.collect()).await.map(|_| 0),
+                    Some("lists") => crate::bench::lists::run(it.collect()).await.map(|_| 0),
                     Some("ssjoin") => {
                         // It drives its own runtime: run it on a plain thread.
                         let rest: Vec<String> = it.collect();
@@ -94,7 +97,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch or families"))),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, families or lists"))),
                 };
             }
             "-h" | "--help" => {

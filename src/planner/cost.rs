@@ -258,6 +258,38 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
     }
 }
 
+/// setfusion's per-row CPU list functions (`set_intersect_all` and friends),
+/// ns per list element on the one thread that evaluates a batch: a copy,
+/// an unstable sort and a merge (~15-40 ns measured on lists of 10-1000
+/// random ints; the conservative end is taken so the GPU must win clearly).
+const SF_LIST_CPU_NS: f64 = 15.0;
+/// The GPU list path's fixed cost per batch, ms: ~15 launches, three
+/// synchronisations (the row counts' total, the descent checks).
+const GPU_LIST_FIXED_MS: f64 = 1.5;
+
+/// The rule of the list functions (`set_intersect_all`, `set_except_all`,
+/// `set_union_all`, `set_symmetric_difference`, `sorted_intersect`) for one
+/// batch of `elements` list elements (both arguments): the per-row CPU path
+/// against the segmented GPU kernels, which move each element up once (8
+/// bytes) and each result element down once (counted as 8 more bytes per
+/// input element). A device still starting is not waited for.
+pub fn list_function_estimate(elements: usize, readiness: &Readiness, cal: &Calibration) -> Verdict {
+    match readiness {
+        Readiness::Unavailable(e) => return Verdict::Cpu(e.to_string()),
+        Readiness::Starting(_) => return Verdict::Cpu("the device is still starting".into()),
+        Readiness::Ready => {}
+    }
+    let n = elements as f64;
+    let cpu_ms = n * SF_LIST_CPU_NS / 1e6;
+    let gpu_ms = GPU_LIST_FIXED_MS + n * 16.0 / (cal.upload_gbps * 1e9) * 1e3;
+    let what = format!("cost model: {elements} list elements: GPU ~{gpu_ms:.1} ms, per-row CPU ~{cpu_ms:.1} ms");
+    if gpu_ms * MARGIN < cpu_ms {
+        Verdict::Gpu(what)
+    } else {
+        Verdict::Cpu(what)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,4 +362,17 @@ mod tests {
         assert_eq!(c, Calibration { upload_gbps: 41.5, start_ms: 180.0, measured: true });
         assert!(!Calibration::parse("nothing here").measured);
     }
+
+    #[test]
+    fn list_functions_go_to_the_gpu_for_large_batches() {
+        let cal = Calibration { upload_gbps: 40.0, start_ms: 300.0, measured: true };
+        let gpu = |v: Verdict| matches!(v, Verdict::Gpu(_));
+        // A default 8192-row batch of lists of ~500 elements: the GPU; a few small rows: the CPU.
+        assert!(gpu(list_function_estimate(8_000_000, &Readiness::Ready, &cal)));
+        assert!(!gpu(list_function_estimate(20_000, &Readiness::Ready, &cal)));
+        assert!(!gpu(list_function_estimate(8_000_000, &Readiness::Starting(Duration::ZERO), &cal)));
+        let none = Readiness::Unavailable(crate::gpu::Unavailable::NoDriver);
+        assert!(!gpu(list_function_estimate(1 << 30, &none, &cal)));
+    }
+
 }

@@ -24,6 +24,30 @@
 //! same min(m, n) rule (SvS, [`intersect_k`]); NULL lists are skipped and a
 //! group without any non-NULL list gives NULL. Its partial state is the
 //! running intersection, so it aggregates in partial and final stages.
+//!
+//! ## CPU or GPU (EXPLAIN cannot show a scalar function's choice)
+//! Integer lists of a batch run as segmented kernels on the device
+//! ([`crate::algo::multiset::list_op_gpu`]: a segmented radix sort of the
+//! rows that are not ascending, the counting rule of kernels/multiset.cu,
+//! scans for the output positions), else row by row on the CPU
+//! ([`crate::algo::multiset::list_op_cpu`]); both give the same array and
+//! the same errors. The choice is made per batch by [`choose_gpu`]:
+//! * `setfusion.strategy = 'cpu'`: the CPU;
+//! * `auto` (the default): the CPU when the batch's lists (both arguments)
+//!   hold fewer than `setfusion.min_rows` elements, or when the cost rule
+//!   [`crate::planner::cost::list_function_estimate`] prefers it (no usable
+//!   device, a device still starting, a small batch: per-row CPU ~15 ns an
+//!   element against the device's ~1.5 ms fixed cost plus 16 PCIe bytes an
+//!   element, with the operators' 1.25 margin); `min_rows = 0` (the slt gpu
+//!   mode) takes the device whenever it is usable;
+//! * `hash`, `bitmap` or `sort`: the device whenever one is usable;
+//! * a device out of memory hands the batch back to the CPU.
+//!
+//! Strings always stay on the CPU (the device path compares fixed-width
+//! keys). `set_intersect_agg` over integers intersects on the device when a
+//! batch's lists hold at least [`KWAY_GPU_MIN_ELEMENTS`] elements and device
+//! 0 is ready ([`intersect_integer_lists`]); aggregates do not see the
+//! session's settings in DataFusion 55.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -35,7 +59,7 @@ use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
@@ -43,7 +67,13 @@ use datafusion::logical_expr::{
 };
 
 use super::sets::{self, ElementClass};
-use crate::algo::multiset::{first_descent, intersect_k, multiset_op, sorted_intersect, MultisetOp};
+use crate::algo::multiset::{
+    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, PreparedLists, sorted_intersect,
+    unsorted_error, ListKey, MultisetOp,
+};
+use crate::config::{SetfusionConfig, Strategy};
+use crate::gpu::{self, Gpu, TransferStats};
+use crate::planner::cost::{list_function_estimate, Calibration, Verdict};
 
 /// The scalar functions of this module (added to [`super::functions`]).
 pub fn scalar_functions() -> Vec<Arc<ScalarUDF>> {
@@ -69,6 +99,34 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
     fn gather(values: &ArrayRef, start: usize, end: usize, out: &mut Vec<Self>);
     /// A List array of the rows (None: a NULL list).
     fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef;
+    /// The min(m, n) intersection of ascending lists ([`intersect_k`]; integer
+    /// types move large inputs to the device, see [`intersect_integer_lists`]).
+    fn intersect_lists(lists: &[Vec<Self>]) -> Vec<Self> {
+        intersect_k(lists)
+    }
+}
+
+/// `set_intersect_agg`'s inputs (all lists of a batch and the running
+/// intersection) from this many elements in total go to the device.
+pub const KWAY_GPU_MIN_ELEMENTS: usize = 1 << 22;
+
+/// [`intersect_k`] for integer lists: on the device ([`intersect_k_gpu`],
+/// SvS with one thread per candidate) when the lists hold at least
+/// [`KWAY_GPU_MIN_ELEMENTS`] elements and device 0 is ready, else (or when
+/// the device fails) on the CPU. An aggregate's accumulator sees no session
+/// settings in DataFusion 55, so `setfusion.strategy` / `min_rows` /
+/// `device` do not reach it; `SETFUSION_DISABLE_GPU=1` does.
+pub fn intersect_integer_lists<T: ListKey>(lists: &[Vec<T>]) -> Vec<T> {
+    let total: usize = lists.iter().map(|l| l.len()).sum();
+    if total >= KWAY_GPU_MIN_ELEMENTS && matches!(gpu::readiness(0), gpu::Readiness::Ready) {
+        if let Ok(g) = gpu::gpu(0) {
+            let lease = g.lease(0);
+            if let Ok(v) = intersect_k_gpu(&lease, lists, &mut TransferStats::default()) {
+                return v;
+            }
+        }
+    }
+    intersect_k(lists)
 }
 
 /// `ListElem` for a primitive element type: read as `$arrow`, built with `$builder`.
@@ -100,6 +158,9 @@ macro_rules! primitive_list_elem {
                     }
                 }
                 Arc::new(b.finish())
+            }
+            fn intersect_lists(lists: &[Vec<Self>]) -> Vec<Self> {
+                intersect_integer_lists(lists)
             }
         }
     };
@@ -181,23 +242,8 @@ impl ListColumn {
     }
 }
 
-/// What a two-list function computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PairOp {
-    /// `set_intersect_all` and friends: any order, sorted per row.
-    Multiset(MultisetOp),
-    /// `sorted_intersect`: ascending lists, verified.
-    SortedIntersect,
-}
-
-impl PairOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            PairOp::Multiset(op) => op.sql_name(),
-            PairOp::SortedIntersect => "sorted_intersect",
-        }
-    }
-}
+/// What a two-list function computes (the algorithm layer's [`ListOp`]).
+pub use crate::algo::multiset::ListOp as PairOp;
 
 /// `set_intersect_all`, `set_except_all`, `set_union_all`,
 /// `set_symmetric_difference`, `sorted_intersect`.
@@ -231,13 +277,57 @@ impl ScalarUDFImpl for ListPairUdf {
         let arrays: Vec<ArrayRef> = args.args.iter().map(|a| a.to_array(n)).collect::<Result<_>>()?;
         let types: Vec<DataType> = arrays.iter().map(|a| a.data_type().clone()).collect();
         let (a, b) = (&arrays[0], &arrays[1]);
+        let cfg = SetfusionConfig::from_options(&args.config_options);
         let out = match sets::common_class(self.name(), &types)? {
-            ElementClass::Null | ElementClass::Signed => evaluate_pair::<i64>(self.op, a, b),
-            ElementClass::Unsigned => evaluate_pair::<u64>(self.op, a, b),
+            ElementClass::Null => evaluate_pair::<i64>(self.op, a, b),
+            ElementClass::Signed => evaluate_integers::<i64>(&cfg, self.op, a, b),
+            ElementClass::Unsigned => evaluate_integers::<u64>(&cfg, self.op, a, b),
+            // Strings stay on the CPU: the device path sorts and compares fixed-width keys
+            // (variable-length strings would need the row_hash family's byte handling).
             ElementClass::String => evaluate_pair::<String>(self.op, a, b),
         }?;
         Ok(ColumnarValue::Array(out))
     }
+}
+
+/// Integer lists: the segmented GPU kernels when [`choose_gpu`] says so,
+/// else the per-row CPU twin (the same results, errors included). A device
+/// that runs out of memory hands the batch back to the CPU.
+fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
+    if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?) {
+        // The host's share before the device is taken (partitions prepare in parallel).
+        let prepared = PreparedLists::new::<T>(a, b)?;
+        let lease = g.lease(cfg.memory_limit.0);
+        match prepared.run::<T>(&lease, op, &mut TransferStats::default()) {
+            Err(e) if gpu::is_out_of_memory(&e) => {}
+            other => return other,
+        }
+    }
+    list_op_cpu::<T>(op, a, b)
+}
+
+/// The device for a batch of `elements` list elements, or why not: CPU when
+/// `setfusion.strategy = cpu`; under `auto`, CPU below `setfusion.min_rows`
+/// elements and wherever [`list_function_estimate`] prefers it (no device,
+/// a device still starting, small batches); any other strategy forces the
+/// GPU when one is usable.
+pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize) -> std::result::Result<std::sync::Arc<Gpu>, String> {
+    match cfg.strategy {
+        Strategy::Cpu => return Err("setfusion.strategy = cpu".into()),
+        Strategy::Auto => {
+            if elements < cfg.min_rows {
+                return Err(format!("{elements} list element(s) < setfusion.min_rows = {}", cfg.min_rows));
+            }
+            // min_rows = 0 (the slt gpu mode) asks for the device whenever it is usable.
+            if cfg.min_rows > 0 {
+                if let Verdict::Cpu(why) = list_function_estimate(elements, &gpu::readiness(cfg.device), &Calibration::current()) {
+                    return Err(why);
+                }
+            }
+        }
+        _ => gpu::wait_started(cfg.device),
+    }
+    gpu::gpu(cfg.device).map_err(|e| e.to_string())
 }
 
 /// The per-row CPU path of the two-list functions.
@@ -270,12 +360,7 @@ fn evaluate_pair<T: ListElem>(op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<
 fn check_ascending<T: ListElem>(func: &str, which: &str, row: usize, v: &[T]) -> Result<()> {
     match first_descent(v) {
         None => Ok(()),
-        Some(k) => Err(DataFusionError::Execution(format!(
-            "{func}: the {which} argument's list in row {row} of the batch is not sorted ascending \
-             ({:?} comes before {:?}); sort it with array_sort or use set_intersect_all",
-            v[k],
-            v[k + 1]
-        ))),
+        Some(k) => Err(unsorted_error(func, which, row, v, k)),
     }
 }
 
@@ -353,7 +438,7 @@ impl<T: ListElem> IntersectAccumulator<T> {
             }
         }
         if !lists.is_empty() {
-            self.running = Some(intersect_k(&lists));
+            self.running = Some(T::intersect_lists(&lists));
         }
         Ok(())
     }

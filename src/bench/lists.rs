@@ -1,0 +1,259 @@
+//! `setfusion bench lists [--rows N] [--max-len N] [--domain N] [--partitions N] [--batch-rows N]
+//! [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]`: the
+//! list functions and the k-way intersection (issue 15).
+//!
+//! (a) `--rows` rows (default 10M) of two INT lists of 10 to `--max-len`
+//! (1000) random values in [0, `--domain`) (10,000), in a memory table of
+//! `--partitions` partitions (16) of `--batch-rows`-row batches (8192, DataFusion's
+//! default batch size; the list functions see one batch per call). `SELECT sum(cardinality(f(a, b))) FROM t`
+//! for f = `set_intersect_all` on the GPU (`setfusion.strategy = 'sort'`,
+//! which forces the device), `set_intersect_all` on setfusion's per-row CPU
+//! path (`strategy = 'cpu'`), and DataFusion's own `array_intersect` (a plain
+//! SessionContext). Warm: one unmeasured run, then the median of 3. The GPU
+//! and CPU sums must agree (array_intersect's is smaller: it keeps distinct
+//! values only).
+//!
+//! (b) `--terms` (64) posting lists of 1K to `--max-list` (10M) sorted
+//! distinct ids (sizes log-uniform, ids in [0, 20M)); `--queries` (1,000)
+//! queries of 2 to 8 random terms. GPU: the lists resident on the device
+//! ([`DeviceLists`], uploaded once, not timed per query), SvS with one
+//! thread per candidate; CPU: [`intersect_k`] (SvS with galloping), one
+//! thread. Every query's results must agree.
+//!
+//! The markdown table is printed and written to `$SETFUSION_BENCH_OUT`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{Array as _, Int32Array, Int64Array, ListArray, RecordBatch};
+use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use rand::{Rng, SeedableRng};
+
+use crate::algo::multiset::{intersect_k, DeviceLists};
+use crate::gpu::TransferStats;
+
+struct Args {
+    rows: usize,
+    max_len: usize,
+    domain: i32,
+    partitions: usize,
+    batch_rows: usize,
+    queries: usize,
+    terms: usize,
+    max_list: usize,
+    skip_rows: bool,
+    skip_kway: bool,
+}
+
+fn parse(args: Vec<String>) -> Result<Args> {
+    let mut a = Args {
+        rows: 10_000_000,
+        max_len: 1000,
+        domain: 10_000,
+        partitions: 16,
+        batch_rows: 8192,
+        queries: 1000,
+        terms: 64,
+        max_list: 10_000_000,
+        skip_rows: false,
+        skip_kway: false,
+    };
+    let mut it = args.into_iter();
+    let bad = |m: String| DataFusionError::Plan(format!("bench lists: {m}"));
+    while let Some(x) = it.next() {
+        if x == "--skip-rows" {
+            a.skip_rows = true;
+            continue;
+        }
+        if x == "--skip-kway" {
+            a.skip_kway = true;
+            continue;
+        }
+        let v: usize = it.next().and_then(|v| v.parse().ok()).ok_or_else(|| bad(format!("{x} needs a number")))?;
+        match x.as_str() {
+            "--rows" => a.rows = v,
+            "--max-len" => a.max_len = v.max(10),
+            "--domain" => a.domain = v.clamp(1, i32::MAX as usize) as i32,
+            "--partitions" => a.partitions = v.max(1),
+            "--batch-rows" => a.batch_rows = v.max(1),
+            "--queries" => a.queries = v,
+            "--terms" => a.terms = v.max(2),
+            "--max-list" => a.max_list = v.max(1000),
+            other => return Err(bad(format!("unknown argument {other}"))),
+        }
+    }
+    Ok(a)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The table of list pairs, `partitions` partitions of `--batch-rows`-row batches (round robin).
+fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
+    let field = Arc::new(Field::new_list_field(DataType::Int32, true));
+    let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::List(field.clone()), true), Field::new("b", DataType::List(field.clone()), true)]));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); a.partitions];
+    let mut elements = 0;
+    let batch_rows = a.batch_rows;
+    for (bi, start) in (0..a.rows).step_by(batch_rows).enumerate() {
+        let n = batch_rows.min(a.rows - start);
+        let mut column = || {
+            let mut offsets = Vec::with_capacity(n + 1);
+            offsets.push(0i32);
+            let mut values = Vec::new();
+            for _ in 0..n {
+                let len = rng.random_range(10..=a.max_len);
+                values.extend((0..len).map(|_| rng.random_range(0..a.domain)));
+                offsets.push(values.len() as i32);
+            }
+            let values = Arc::new(Int32Array::new(ScalarBuffer::from(values), None));
+            ListArray::new(field.clone(), OffsetBuffer::new(ScalarBuffer::from(offsets)), values, None)
+        };
+        let (ca, cb) = (column(), column());
+        elements += ca.values().len() + cb.values().len();
+        parts[bi % a.partitions].push(RecordBatch::try_new(schema.clone(), vec![Arc::new(ca), Arc::new(cb)])?);
+    }
+    Ok((Arc::new(MemTable::try_new(schema, parts)?), elements))
+}
+
+/// One unmeasured run, then the median of 3; the query's single BIGINT.
+async fn timed(ctx: &SessionContext, sql: &str) -> Result<(Duration, i64)> {
+    let run = || async {
+        let t = Instant::now();
+        let b = ctx.sql(sql).await?.collect().await?;
+        let v = b[0].column(0).as_any().downcast_ref::<Int64Array>().map_or(-1, |c| if c.is_null(0) { -1 } else { c.value(0) });
+        Ok::<_, DataFusionError>((t.elapsed(), v))
+    };
+    run().await?;
+    let mut times = Vec::new();
+    let mut value = 0;
+    for _ in 0..3 {
+        let (t, v) = run().await?;
+        times.push(t);
+        value = v;
+    }
+    Ok((super::median(times), value))
+}
+
+async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
+    let t = Instant::now();
+    let (table, elements) = list_table(a)?;
+    eprintln!("bench lists: {} rows, {elements} list elements generated in {:.1} s", a.rows, t.elapsed().as_secs_f64());
+    let config = || SessionConfig::new().with_target_partitions(a.partitions).with_batch_size(a.batch_rows);
+    let gpu_ok = crate::gpu::gpu(0).is_ok();
+    writeln!(report, "### List functions: {} rows of two INT lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows).unwrap();
+    writeln!(report, "| engine | query | time | sum of result lengths | vs array_intersect |").unwrap();
+    writeln!(report, "|---|---|---|---|---|").unwrap();
+    let df = SessionContext::new_with_config(config());
+    df.register_table("t", table.clone())?;
+    let (t_df, n_df) = timed(&df, "SELECT CAST(sum(cardinality(array_intersect(a, b))) AS BIGINT) FROM t").await?;
+    let mut rows = vec![("DataFusion", "array_intersect(a, b) (distinct)", t_df, n_df)];
+    let cpu = crate::context_with_config(config());
+    cpu.register_table("t", table.clone())?;
+    cpu.sql("SET setfusion.strategy = 'cpu'").await?.collect().await?;
+    let (t_cpu, n_cpu) = timed(&cpu, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
+    rows.push(("setfusion CPU (per row)", "set_intersect_all(a, b)", t_cpu, n_cpu));
+    if gpu_ok {
+        let gpu = crate::context_with_config(config());
+        gpu.register_table("t", table.clone())?;
+        gpu.sql("SET setfusion.strategy = 'sort'").await?.collect().await?;
+        let (t_gpu, n_gpu) = timed(&gpu, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
+        if n_gpu != n_cpu {
+            return Err(DataFusionError::Execution(format!("bench lists: GPU sum {n_gpu} differs from CPU sum {n_cpu}")));
+        }
+        rows.push(("setfusion GPU (segmented kernels)", "set_intersect_all(a, b)", t_gpu, n_gpu));
+    } else {
+        eprintln!("bench lists: no GPU, CPU rows only");
+    }
+    for (engine, q, t, n) in rows {
+        writeln!(report, "| {engine} | `{q}` | {:.1} ms | {n} | {:.2}x |", ms(t), ms(t_df) / ms(t)).unwrap();
+    }
+    Ok(())
+}
+
+fn bench_kway(a: &Args, report: &mut String) -> Result<()> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    const DOCS: i64 = 20_000_000;
+    let t = Instant::now();
+    let lists: Vec<Vec<i64>> = (0..a.terms)
+        .map(|_| {
+            let (lo, hi) = (1000f64.ln(), (a.max_list as f64).ln());
+            let n = rng.random_range(lo..=hi).exp() as usize;
+            let mut v: Vec<i64> = (0..n).map(|_| rng.random_range(0..DOCS)).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        })
+        .collect();
+    let total: usize = lists.iter().map(|l| l.len()).sum();
+    eprintln!("bench lists: {} posting lists, {total} ids generated in {:.1} s", a.terms, t.elapsed().as_secs_f64());
+    let queries: Vec<Vec<usize>> = (0..a.queries).map(|_| (0..rng.random_range(2..=8)).map(|_| rng.random_range(0..a.terms)).collect()).collect();
+    let t = Instant::now();
+    let want: Vec<Vec<i64>> = queries.iter().map(|q| intersect_k(&q.iter().map(|&i| &lists[i][..]).collect::<Vec<_>>())).collect();
+    let t_cpu = t.elapsed();
+    let results: usize = want.iter().map(|w| w.len()).sum();
+    writeln!(
+        report,
+        "\n### k-way intersection: {} queries of 2-8 terms over {} posting lists of 1K-{} ids ({total} ids, ids < 20M); {results} result ids in all\n",
+        a.queries, a.terms, a.max_list
+    )
+    .unwrap();
+    writeln!(report, "| backend | all queries | per query | speedup |").unwrap();
+    writeln!(report, "|---|---|---|---|").unwrap();
+    writeln!(report, "| CPU (SvS, galloping, one thread) | {:.1} ms | {:.3} ms | 1.00x |", ms(t_cpu), ms(t_cpu) / a.queries.max(1) as f64).unwrap();
+    if let Ok(g) = crate::gpu::gpu(0) {
+        let lease = g.lease(0);
+        let stats = &mut TransferStats::default();
+        let t = Instant::now();
+        let dl = DeviceLists::<i64>::upload(&lease, &lists, stats)?;
+        lease.synchronize()?;
+        let t_up = t.elapsed();
+        // One unmeasured pass (kernel loading), then the timed one.
+        for q in queries.iter().take(10) {
+            dl.intersect(&lease, q, stats)?;
+        }
+        let t = Instant::now();
+        for (q, w) in queries.iter().zip(&want) {
+            let got = dl.intersect(&lease, q, stats)?;
+            if &got != w {
+                return Err(DataFusionError::Execution(format!("bench lists: GPU k-way result differs on terms {q:?}")));
+            }
+        }
+        let t_gpu = t.elapsed();
+        writeln!(
+            report,
+            "| GPU (resident lists, SvS, a thread per candidate; upload once {:.1} ms) | {:.1} ms | {:.3} ms | {:.2}x |",
+            ms(t_up),
+            ms(t_gpu),
+            ms(t_gpu) / a.queries.max(1) as f64,
+            ms(t_cpu) / ms(t_gpu)
+        )
+        .unwrap();
+    } else {
+        eprintln!("bench lists: no GPU, CPU k-way only");
+    }
+    Ok(())
+}
+
+pub async fn run(args: Vec<String>) -> Result<()> {
+    let a = parse(args)?;
+    let mut report = String::from("## setfusion bench lists\n\n");
+    if !a.skip_rows {
+        bench_rows(&a, &mut report).await?;
+    }
+    if !a.skip_kway {
+        bench_kway(&a, &mut report)?;
+    }
+    println!("{report}");
+    if let Some(path) = crate::env::bench_out() {
+        std::fs::write(&path, &report).ok();
+    }
+    Ok(())
+}
