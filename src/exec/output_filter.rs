@@ -653,3 +653,67 @@ struct Group {
     kept_before: usize,
 }
 
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
+
+    use super::*;
+
+    /// The output streams: when the first batch is returned, the later
+    /// chunks' input batches are still held (reserved) and their output is
+    /// not built; at no point are all outputs held beside all inputs; every
+    /// byte goes back to the pool at the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn output_streams_chunk_by_chunk() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch_rows = 1 << 16;
+        // Two batches per output group, four chunks or more.
+        let batches = 2 * chunk_groups() * 4;
+        let part: Vec<RecordBatch> = (0..batches)
+            .map(|b| {
+                let k = Int64Array::from_iter_values((0..batch_rows as i64).map(|i| i + (b * batch_rows) as i64));
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(k)]).unwrap()
+            })
+            .collect();
+        let rows = batches * batch_rows;
+        let selection = BooleanBuffer::new_set(rows);
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 40));
+        let inputs = MemoryConsumer::new("test").register(&pool);
+        let input_bytes: usize = part.iter().map(batch_bytes).sum();
+        inputs.grow(input_bytes);
+        let spec = OutputSpec {
+            columns: OutputColumns::All,
+            key_column: None,
+            batch_size: 8192,
+            out_mem: None,
+            ran: Arc::new(Mutex::new(None)),
+            filter_time: Time::new(),
+        };
+        let mut outputs = plan_partitions(vec![part], &selection, spec, &inputs, inputs.new_empty()).unwrap();
+        inputs.free();
+        assert_eq!(pool.reserved(), input_bytes);
+        let Some(PartitionOutput::Chunks { chunks, reservation }) = outputs.pop() else { panic!("chunks expected") };
+        let n_chunks = chunks.len();
+        assert!(n_chunks >= 4, "{n_chunks} chunks");
+        let mut stream = stream_chunks(chunks, reservation, Count::new());
+        let first = stream.next().await.unwrap().unwrap();
+        let output_bytes = input_bytes; // every row is kept
+        let after_first = pool.reserved();
+        // At most two chunks are filtered (one ahead): the rest of the input is still reserved, its output not built.
+        let chunk_bytes = input_bytes / n_chunks;
+        assert!(after_first >= input_bytes - 2 * chunk_bytes, "{after_first} of {input_bytes}");
+        assert!(after_first <= input_bytes + 2 * chunk_bytes, "{after_first}: more than two chunks' output held");
+        let (mut out_rows, mut peak) = (first.num_rows(), after_first);
+        while let Some(b) = stream.next().await {
+            out_rows += b.unwrap().num_rows();
+            peak = peak.max(pool.reserved());
+        }
+        assert_eq!(out_rows, rows);
+        assert!(peak < input_bytes + output_bytes / 2 + chunk_bytes, "peak {peak}: outputs held beside inputs");
+        drop(stream);
+        assert_eq!(pool.reserved(), 0);
+    }
+}
