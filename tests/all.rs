@@ -23,3 +23,5 @@ mod ssjoin;
 mod tpch;
 #[path = "all/concurrency.rs"]
 mod concurrency;
+#[path = "all/memory.rs"]
+mod memory;

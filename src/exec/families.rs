@@ -20,6 +20,12 @@
 //!
 //! One output partition. Pairs stream out in slices of left sets; the
 //! distinct level is complete only at the end.
+//!
+//! Memory: one `MemoryConsumer` per execution reserves the collected inputs
+//! (then their concatenation) until the producer ends (the stream is consumed
+//! or dropped). The set families, the distinct sets and the backends' working
+//! memory are not reserved. Nothing spills: over the pool's limit the query
+//! fails with `ResourcesExhausted`.
 
 use std::fmt;
 use std::ops::Range;
@@ -38,13 +44,14 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 
 use crate::algo::families::{self, DistinctSets, Family, PairIntersections, PairSpace};
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::memory::{batch_bytes, collect_reserved, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
 
@@ -522,12 +529,18 @@ impl Run {
     async fn start(self, context: Arc<TaskContext>) -> Result<tokio::sync::mpsc::Receiver<Result<RecordBatch>>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let batch_size = context.session_config().batch_size().max(1);
+        let memory = reservation(&context, "FamiliesExec");
         let collect = |p: Arc<dyn ExecutionPlan>| {
-            let ctx = context.clone();
+            let (ctx, memory) = (context.clone(), memory.clone());
             async move {
                 let schema = p.schema();
-                let parts = collect_partitioned(p, ctx).await?;
-                Ok::<_, DataFusionError>(concat_batches(&schema, parts.iter().flatten())?)
+                let parts = collect_reserved(p, ctx, &memory).await?;
+                let parts_bytes: usize = parts.iter().flatten().map(batch_bytes).sum();
+                let b = concat_batches(&schema, parts.iter().flatten())?;
+                memory.try_grow(batch_bytes(&b))?;
+                drop(parts);
+                let _ = memory.try_shrink(parts_bytes);
+                Ok::<_, DataFusionError>(b)
             }
         };
         let left = collect(self.left.clone()).await?;
@@ -538,6 +551,8 @@ impl Run {
         self.device.input_rows.add(left.num_rows() + right.as_ref().map_or(0, |r| r.num_rows()));
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::task::spawn_blocking(move || {
+            // The inputs' reservation ends with the producer.
+            let _memory = memory;
             let failed = tx.clone();
             if let Err(e) = self.produce(&cfg, batch_size, &left, right.as_ref(), &tx) {
                 let _ = failed.blocking_send(Err(e));

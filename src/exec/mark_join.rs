@@ -22,6 +22,12 @@
 //!
 //! The output keeps the probe side's partitions, order and equivalences: the
 //! mark is appended to each probe batch as it came.
+//!
+//! Memory: one `MemoryConsumer` per execution reserves both collected inputs
+//! and the encoded keys; once the marks are computed, each partition's output
+//! batches (their slices of the probe's buffers, the mark) are reserved until
+//! its stream returns them, and the inputs' reservation is released. Nothing
+//! spills: over the pool's limit the query fails with `ResourcesExhausted`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -41,15 +47,16 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
-use tokio::sync::OnceCell;
+use datafusion::execution::memory_pool::MemoryReservation;
 
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
+use crate::exec::memory::{collect_reserved, reservation, slice_bytes, Parts, SharedRun};
 use crate::exec::selection::{key_columns, Selector};
 use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
@@ -106,7 +113,7 @@ pub struct MarkJoinExec {
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
-    result: Arc<OnceCell<std::result::Result<Arc<Vec<Vec<RecordBatch>>>, Arc<DataFusionError>>>>,
+    result: Arc<SharedRun<Parts<(Vec<(RecordBatch, usize)>, MemoryReservation)>>>,
     ran: Arc<Mutex<Option<String>>>,
 }
 
@@ -165,7 +172,7 @@ impl MarkJoinExec {
             schema,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
-            result: Arc::new(OnceCell::new()),
+            result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
         })
     }
@@ -292,8 +299,9 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let cell = self.result.clone();
+        let execution = self.result.join(partition);
         let run = Run {
+            memory: None,
             kind: self.kind,
             probe: self.probe.clone(),
             build: self.build.clone(),
@@ -309,14 +317,19 @@ impl ExecutionPlan for MarkJoinExec {
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let fut = async move {
-            let parts = cell
-                .get_or_init(|| async move { run.run(context).await.map(Arc::new).map_err(Arc::new) })
-                .await
-                .clone()
-                .map_err(DataFusionError::Shared)?;
-            let batches = parts.get(partition).cloned().unwrap_or_default();
-            out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
-            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+            let parts = execution.get(|| run.run(context)).await?;
+            let (batches, memory) = match parts.take(partition) {
+                Some(part) => (part.0, Some(part.1)),
+                None => (Vec::new(), None),
+            };
+            // Each batch's bytes are reserved until it is returned.
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(move |(b, bytes)| {
+                if let Some(m) = &memory {
+                    let _ = m.try_shrink(bytes);
+                }
+                out_rows.add(b.num_rows());
+                Ok(b)
+            })))
         };
         let stream = futures::stream::once(fut).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
@@ -329,6 +342,8 @@ impl ExecutionPlan for MarkJoinExec {
 
 /// One execution (all partitions).
 struct Run {
+    /// The execution's memory reservation (set when it starts).
+    memory: Option<Arc<MemoryReservation>>,
     kind: MarkKind,
     probe: Arc<dyn ExecutionPlan>,
     build: Arc<dyn ExecutionPlan>,
@@ -356,15 +371,32 @@ struct GroupFacts {
 }
 
 impl Run {
-    async fn run(self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
+    async fn run(mut self, context: Arc<TaskContext>) -> Result<Parts<(Vec<(RecordBatch, usize)>, MemoryReservation)>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
+        let memory = reservation(&context, "MarkJoinExec");
         let (probe_parts, build_parts) = futures::try_join!(
-            collect_partitioned(self.probe.clone(), inputs.clone()),
-            collect_partitioned(self.build.clone(), inputs)
+            collect_reserved(self.probe.clone(), inputs.clone(), &memory),
+            collect_reserved(self.build.clone(), inputs, &memory)
         )?;
         crate::util::trace("mark join: inputs collected");
-        super::off_runtime(move || self.mark_and_output(&cfg, probe_parts, build_parts)).await
+        self.memory = Some(memory.clone());
+        super::off_runtime(move || {
+            let out = self.mark_and_output(&cfg, probe_parts, build_parts)?;
+            // Each partition's output is reserved on its own; then the inputs' reservation is released.
+            let parts = out
+                .into_iter()
+                .map(|batches| {
+                    let sized: Vec<(RecordBatch, usize)> = batches.into_iter().map(|b| { let n = slice_bytes(&b); (b, n) }).collect();
+                    let r = memory.new_empty();
+                    r.try_grow(sized.iter().map(|(_, n)| n).sum())?;
+                    Ok((sized, r))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            memory.free();
+            Ok(Parts::new(parts))
+        })
+        .await
     }
 
     /// The marks and the output over the collected inputs (synchronous: see [`super::off_runtime`]).
@@ -441,7 +473,8 @@ impl Run {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
         let said = Arc::new(Mutex::new(None));
-        let selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
+        let mut selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
+        selector.reservation = self.memory.clone();
         let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
         Ok(sel)

@@ -2,6 +2,7 @@
 pub mod declined;
 pub mod families;
 pub mod mark_join;
+pub mod memory;
 pub mod pair_filter;
 pub mod output_filter;
 pub mod selection;

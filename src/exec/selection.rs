@@ -10,6 +10,7 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
 
@@ -36,12 +37,14 @@ pub(crate) struct Selector {
     pub(crate) device_keys: Mutex<Option<gpu::PendingBuffer>>,
     pub(crate) metrics: Metrics,
     pub(crate) ran: Arc<Mutex<Option<String>>>,
+    /// The operator's memory reservation: grown by the encoded keys while they are held.
+    pub(crate) reservation: Option<Arc<MemoryReservation>>,
 }
 
 impl Selector {
     /// A selector for `op` under `nulls` on `backend`, reporting into `metrics`.
     pub(crate) fn new(op: SetOp, nulls: NullMode, backend: Backend, metrics: &ExecutionPlanMetricsSet, ran: Arc<Mutex<Option<String>>>) -> Self {
-        Self { op, nulls, backend, key_from_device: None, device_keys: Mutex::new(None), metrics: Metrics::new(metrics), ran }
+        Self { op, nulls, backend, key_from_device: None, device_keys: Mutex::new(None), metrics: Metrics::new(metrics), ran, reservation: None }
     }
 
     /// One bit per kept-side row (`keep_cols`: per batch, the key columns),
@@ -75,11 +78,19 @@ impl Selector {
         }
         self.metrics.encode_time.add_duration(t.elapsed());
         crate::util::trace("keys encoded");
+        // The encoded keys' bytes, reserved while they are held.
+        let encoded = encoded_bytes(&probe_enc) + encoded_bytes(&build_enc);
+        if let Some(r) = &self.reservation {
+            r.try_grow(encoded)?;
+        }
         let t = Instant::now();
         let (sel, ran) = self.select(cfg, &probe_enc, &build_enc)?;
         self.metrics.select_time.add_duration(t.elapsed());
         *self.ran.lock().unwrap() = Some(ran);
         crate::gpu::drop_later((probe_enc, build_enc, probe_cols, build_cols));
+        if let Some(r) = &self.reservation {
+            let _ = r.try_shrink(encoded);
+        }
         Ok(sel)
     }
 
@@ -247,6 +258,16 @@ impl Selector {
         self.metrics.device.record(&stats);
         Ok((sel, ran))
     }
+}
+
+/// An estimate of the bytes of encoded keys: 8 per key (borrowed 64-bit
+/// columns included, an over-estimate there) and the row encoding's bytes.
+fn encoded_bytes(k: &KeyColumns) -> usize {
+    let rows = match &k.bytes {
+        Some(keys::KeyBytes::Rows(r)) => r.size(),
+        _ => 0,
+    };
+    k.chunks.iter().map(|c| c.len() * 8).sum::<usize>() + rows
 }
 
 /// One side's non-NULL keys as slices: the chunks themselves when no row is dropped.

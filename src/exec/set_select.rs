@@ -10,9 +10,16 @@
 //! kept values back and the host filters only the other columns.
 //!
 //! The output keeps the kept side's partitioning and order: the selection is
-//! computed once for all partitions (ranks in INTERSECT ALL are global), all
-//! partitions are filtered at once on the copy threads (into batches of about
-//! 128K rows), and `execute(p)` streams partition `p` of the result.
+//! computed once for all partitions (ranks in INTERSECT ALL are global), and
+//! `execute(p)` streams partition `p`'s output batches (about 128K rows each),
+//! filtered from its input batches chunk by chunk as the stream is read (see
+//! [`super::output_filter`]).
+//!
+//! Memory: one `MemoryConsumer` per execution (named after the operator)
+//! reserves both collected inputs, the encoded keys and the selection; the
+//! build side's bytes are released after the selection, each partition's
+//! input bytes as its stream outputs them. Nothing spills: a query over
+//! `datafusion.runtime.memory_limit` fails with `ResourcesExhausted`.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -31,18 +38,20 @@ use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder,
 use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
-use tokio::sync::OnceCell;
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::gpu::{self};
 use crate::keys::{self};
 
-use super::output_filter::{filter_partitions, Output, OutputColumns};
+use super::memory::{batch_bytes, collect_reserved, reservation, Parts, SharedRun};
+use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
+#[cfg(test)]
+use super::output_filter::filter_all;
 use super::selection::{key_columns, Metrics, Selector};
 
 /// Where the selection runs, decided at planning time.
@@ -66,12 +75,11 @@ pub enum NullMode {
     NullAware,
 }
 
-/// The computed result, per partition of the kept side: its output batches
-/// (kept rows, projected), or for an output without columns only the number
-/// of kept rows.
-#[derive(Debug)]
+/// The computed result, per partition of the kept side: its output to
+/// filter (kept rows, projected), or for an output without columns only the
+/// number of kept rows; each partition's stream takes its own.
 struct Selected {
-    outputs: Vec<Output>,
+    outputs: Parts<PartitionOutput>,
 }
 
 /// The operator. See the module documentation.
@@ -91,7 +99,7 @@ pub struct SetSelectExec {
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
-    result: Arc<OnceCell<std::result::Result<Arc<Selected>, Arc<DataFusionError>>>>,
+    result: Arc<SharedRun<Selected>>,
     /// What ran (strategy, partitions), for EXPLAIN ANALYZE.
     ran: Arc<Mutex<Option<String>>>,
     /// The planner's reason for a GPU choice (the cost model's estimate), for EXPLAIN.
@@ -144,7 +152,7 @@ impl SetSelectExec {
             schema,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
-            result: Arc::new(OnceCell::new()),
+            result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
             choice_note: None,
         })
@@ -258,8 +266,9 @@ impl ExecutionPlan for SetSelectExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let cell = self.result.clone();
+        let execution = self.result.join(partition);
         let run = Run {
+            name: self.name().to_string(),
             probe: self.probe.clone(),
             build: self.build.clone(),
             probe_keys: self.probe_keys.clone(),
@@ -277,33 +286,27 @@ impl ExecutionPlan for SetSelectExec {
                 device_keys: Mutex::new(None),
                 metrics: Metrics::new(&self.metrics),
                 ran: self.ran.clone(),
+                reservation: None,
             },
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let schema = self.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
         let fut = async move {
-            let sel = cell
-                .get_or_init(|| async move {
-                    let r = run.run(context).await.map(Arc::new).map_err(Arc::new);
-                    crate::util::trace("run returned");
-                    r
-                })
-                .await
-                .clone()
-                .map_err(DataFusionError::Shared)?;
+            let sel = execution.get(|| run.run(context)).await?;
             crate::util::trace(&format!("partition {partition} ready"));
-            let out = match sel.outputs.get(partition) {
-                Some(Output::Batches(batches)) => {
-                    out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
-                    batches.iter().cloned().map(Ok).collect()
+            let part = sel.outputs.take(partition);
+            drop(sel);
+            let out: Vec<Result<RecordBatch>> = match part {
+                Some(PartitionOutput::Chunks { chunks, reservation }) => {
+                    return Ok::<_, DataFusionError>(stream_chunks(chunks, reservation, out_rows));
                 }
-                Some(Output::Rows(rows)) => {
+                Some(PartitionOutput::Rows(rows)) => {
                     // No column is read above (count(*)): row counts only, nothing filtered. Batches
                     // stay at batch_size rows: the aggregate above materialises a literal per row,
                     // and small arrays are reused by the allocator where huge ones page-fault.
-                    out_rows.add(*rows);
-                    (0..*rows)
+                    out_rows.add(rows);
+                    (0..rows)
                         .step_by(batch_size)
                         .map(|at| {
                             let options = RecordBatchOptions::new().with_row_count(Some(batch_size.min(rows - at)));
@@ -313,7 +316,7 @@ impl ExecutionPlan for SetSelectExec {
                 }
                 None => Vec::new(),
             };
-            Ok::<_, DataFusionError>(futures::stream::iter(out))
+            Ok(futures::stream::iter(out).boxed())
         };
         let stream = futures::stream::once(fut).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
@@ -355,6 +358,8 @@ impl EmbeddedProjection for SetSelectExec {
 
 /// One execution of the operator (all partitions).
 struct Run {
+    /// The operator's name, for its memory consumer.
+    name: String,
     probe: Arc<dyn ExecutionPlan>,
     build: Arc<dyn ExecutionPlan>,
     probe_keys: Vec<PhysicalExprRef>,
@@ -403,14 +408,17 @@ impl Run {
         crate::util::trace("run start");
         let waiting = Instant::now();
         let inputs = input_context(&context);
+        let memory = reservation(&context, &self.name);
         let (probe_parts, build_parts) = futures::try_join!(
-            collect_partitioned(self.probe.clone(), inputs.clone()),
-            collect_partitioned(self.build.clone(), inputs)
+            collect_reserved(self.probe.clone(), inputs.clone(), &memory),
+            collect_reserved(self.build.clone(), inputs, &memory)
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
         crate::util::trace("inputs collected");
         let batch_size = context.session_config().batch_size();
-        super::off_runtime(move || self.select_and_filter(&cfg, probe_parts, build_parts, batch_size)).await
+        let mut run = self;
+        run.selector.reservation = Some(memory.clone());
+        super::off_runtime(move || run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory)).await
     }
 
     /// The selection and the output filter over the collected inputs (synchronous: see [`super::off_runtime`]).
@@ -420,6 +428,7 @@ impl Run {
         probe_parts: Vec<Vec<RecordBatch>>,
         build_parts: Vec<Vec<RecordBatch>>,
         batch_size: usize,
+        memory: &datafusion::execution::memory_pool::MemoryReservation,
     ) -> Result<Selected> {
         let probe_batches: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
         let build_batches: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
@@ -438,30 +447,33 @@ impl Run {
             self.select_columns(cfg, probe_cols, build_cols, &types)?
         };
         crate::util::trace("select done");
-        let t = Instant::now();
+        drop((probe_batches, build_batches));
+        // The build side is done with: its bytes go back to the pool.
+        let build_bytes: usize = build_parts.iter().flatten().map(batch_bytes).sum();
+        crate::gpu::drop_later(build_parts);
+        let _ = memory.try_shrink(build_bytes.min(memory.size()));
         let device_keys = self.device_keys.lock().unwrap_or_else(|e| e.into_inner()).take();
         let key_column = self.key_from_device.zip(device_keys);
-        let g = match &self.backend {
+        // The selection and the device's kept keys, read by every partition's stream.
+        let shared = memory.new_empty();
+        shared.try_grow(selection.len().div_ceil(8) + key_column.as_ref().map_or(0, |(_, k)| k.len()))?;
+        let out_mem = match &self.backend {
             Backend::Gpu(_) if cfg.pinned_output => gpu::gpu(cfg.device).ok(),
             _ => None,
         };
-        let used_device = key_column.is_some() || g.is_some();
-        let (outputs, keys_from_device) = match filter_partitions(&probe_parts, &selection, &self.output, key_column, batch_size, g.as_deref()) {
-            // Device trouble (the kept keys' way back, pinned output memory) never fails
-            // the query: the host alone filters every column again. A host-side error
-            // recurs there and is returned.
-            Err(_) if used_device => filter_partitions(&probe_parts, &selection, &self.output, None, batch_size, None)?,
-            r => r?,
+        let spec = OutputSpec {
+            columns: self.output.clone(),
+            key_column,
+            batch_size,
+            out_mem,
+            ran: self.ran.clone(),
+            filter_time: self.metrics.output_filter_time.clone(),
         };
-        if let Some(ran) = self.ran.lock().unwrap().as_mut().filter(|_| keys_from_device) {
-            ran.push_str(", key column from device");
-        }
-        self.metrics.output_filter_time.add_duration(t.elapsed());
-        crate::util::trace("output filtered");
-        drop((probe_batches, build_batches));
-        crate::gpu::drop_later((probe_parts, build_parts, selection));
-        crate::util::trace("inputs dropped");
-        Ok(Selected { outputs })
+        let outputs = plan_partitions(probe_parts, &selection, spec, memory, shared)?;
+        // What is left (the encoded keys' estimate is already returned) goes back to the pool.
+        memory.free();
+        crate::util::trace("output planned");
+        Ok(Selected { outputs: Parts::new(outputs) })
     }
 
 }
@@ -520,17 +532,16 @@ mod tests {
             let projections: [Option<Vec<usize>>; 6] = [None, Some(vec![0, 2]), Some(vec![2, 0]), Some(vec![0]), Some(vec![1, 0, 0]), Some(vec![1])];
             for p in projections {
                 let columns = p.clone().map_or(OutputColumns::All, OutputColumns::Columns);
-                let (host, _) = filter_partitions(&parts, &selection, &columns, None, 8192, None).unwrap();
+                let (host, _) = filter_all(&parts, &selection, &columns, None, 8192, None).unwrap();
                 // With a device, its pinned pool holds the host's fixed-width output.
-                let (device, used) = filter_partitions(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(keys.clone()))), 8192, g.as_deref()).unwrap();
+                let (device, used) = filter_all(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(keys.clone()))), 8192, g.clone()).unwrap();
                 assert_eq!(used, p.as_ref().is_none_or(|p| p.contains(&0)), "projection {p:?}");
                 // Kept keys that do not cover every kept row are not used.
                 let short = datafusion::arrow::buffer::Buffer::from_vec(vec![0u64; selection.count_set_bits() + 1]);
-                let (_, used) = filter_partitions(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(short))), 8192, None).unwrap();
+                let (_, used) = filter_all(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(short))), 8192, None).unwrap();
                 assert!(!used, "projection {p:?}");
                 let mut at = 0;
                 for ((h, d), part) in host.iter().zip(&device).zip(&parts) {
-                    let (Output::Batches(h), Output::Batches(d)) = (h, d) else { panic!("batches expected") };
                     let cols = p.clone().unwrap_or_else(|| vec![0, 1, 2]);
                     let out_schema = Arc::new(schema.project(&cols).unwrap());
                     // Arrow's own filter, batch by batch, is the reference.

@@ -11,7 +11,14 @@
 //! jaccard(a.s, b.s) >= t`), the algorithm runs as a self join (each unordered
 //! pair once) and the pairs are mirrored, with the diagonal added.
 //!
-//! One output partition.
+//! One output partition, streamed: each output batch is gathered from the
+//! pairs when the stream is read.
+//!
+//! Memory: one `MemoryConsumer` per execution reserves the collected inputs
+//! (then their concatenation) and the pairs' row indices until the stream is
+//! consumed or dropped, and each output batch while it is built. The encoded
+//! sets and the backends' own working memory are not reserved. Nothing
+//! spills: over the pool's limit the query fails with `ResourcesExhausted`.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -30,7 +37,7 @@ use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -39,6 +46,7 @@ use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::Backend;
+use crate::exec::memory::{batch_bytes, collect_reserved, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu;
 
@@ -202,8 +210,7 @@ impl ExecutionPlan for SimilarityJoinExec {
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let fut = async move {
             let batches = run.run(context).await?;
-            out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
-            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+            Ok::<_, DataFusionError>(batches.inspect_ok(move |b| out_rows.add(b.num_rows())))
         };
         let stream = futures::stream::once(fut).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
@@ -352,26 +359,36 @@ fn same_rows(left: &Arc<dyn ExecutionPlan>, right: &Arc<dyn ExecutionPlan>) -> b
 }
 
 impl Run {
-    async fn run(self, context: Arc<TaskContext>) -> Result<Vec<RecordBatch>> {
+    async fn run(self, context: Arc<TaskContext>) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let batch_size = context.session_config().batch_size().max(1);
         let (ls, rs) = (self.left.schema(), self.right.schema());
+        let memory = reservation(&context, "SimilarityJoinExec");
+        // The collected parts' bytes, then their concatenation's.
+        let concat = |schema: &SchemaRef, parts: Vec<Vec<RecordBatch>>| -> Result<RecordBatch> {
+            let parts_bytes: usize = parts.iter().flatten().map(batch_bytes).sum();
+            let b = concat_batches(schema, parts.iter().flatten())?;
+            memory.try_grow(batch_bytes(&b))?;
+            drop(parts);
+            let _ = memory.try_shrink(parts_bytes);
+            Ok(b)
+        };
         let (left, right) = if same_rows(&self.left, &self.right) {
             // A self join whose sides differ only in partitioning: read once, so the
             // sets line up row for row and the join runs as a self join.
-            let lp = collect_partitioned(strip_partitioning(&self.left), context.clone()).await?;
-            let left = concat_batches(&ls, lp.iter().flatten())?;
+            let lp = collect_reserved(strip_partitioning(&self.left), context.clone(), &memory).await?;
+            let left = concat(&ls, lp)?;
             (left.clone(), left)
         } else {
             let (lp, rp) = futures::try_join!(
-                collect_partitioned(self.left.clone(), context.clone()),
-                collect_partitioned(self.right.clone(), context.clone())
+                collect_reserved(self.left.clone(), context.clone(), &memory),
+                collect_reserved(self.right.clone(), context.clone(), &memory)
             )?;
-            (concat_batches(&ls, lp.iter().flatten())?, concat_batches(&rs, rp.iter().flatten())?)
+            (concat(&ls, lp)?, concat(&rs, rp)?)
         };
         self.metrics.device.input_rows.add(left.num_rows() + right.num_rows());
         if left.num_rows() == 0 || right.num_rows() == 0 {
-            return Ok(vec![]);
+            return Ok(futures::stream::empty().boxed());
         }
         crate::util::trace("similarity join: inputs collected");
         let la = self.left_set.evaluate(&left)?.into_array(left.num_rows())?;
@@ -437,47 +454,58 @@ impl Run {
             Some(p) => p.clone(),
             None => (0..nl + rs.fields().len()).collect(),
         };
-        let mut out = Vec::new();
-        for start in (0..lidx.len()).step_by(batch_size) {
-            let end = (start + batch_size).min(lidx.len());
-            let mut li = UInt32Array::from(lidx[start..end].to_vec());
-            let mut ri = UInt32Array::from(ridx[start..end].to_vec());
-            if let Some(f) = &self.residual {
-                let columns: Vec<ArrayRef> = f
-                    .column_indices()
+        // The pairs' row indices, held until the stream is done.
+        memory.try_grow((lidx.capacity() + ridx.capacity()) * std::mem::size_of::<u32>())?;
+        let (lidx, ridx) = (Arc::new(lidx), Arc::new(ridx));
+        let residual = self.residual.clone();
+        let schema = self.schema.clone();
+        let starts = (0..lidx.len()).step_by(batch_size);
+        let out = futures::stream::iter(starts).filter_map(move |start| {
+            // `memory` lives as long as the stream: released when it is consumed or dropped.
+            let memory = &memory;
+            let batch = (|| -> Result<Option<RecordBatch>> {
+                let end = (start + batch_size).min(lidx.len());
+                let mut li = UInt32Array::from(lidx[start..end].to_vec());
+                let mut ri = UInt32Array::from(ridx[start..end].to_vec());
+                if let Some(f) = &residual {
+                    let columns: Vec<ArrayRef> = f
+                        .column_indices()
+                        .iter()
+                        .map(|c| match c.side {
+                            JoinSide::Left => take(left.column(c.index).as_ref(), &li, None),
+                            _ => take(right.column(c.index).as_ref(), &ri, None),
+                        })
+                        .collect::<std::result::Result<_, _>>()?;
+                    let batch = RecordBatch::try_new_with_options(
+                        f.schema().clone(),
+                        columns,
+                        &RecordBatchOptions::new().with_row_count(Some(li.len())),
+                    )?;
+                    let mask = f.expression().evaluate(&batch)?.into_array(li.len())?;
+                    let mask = mask
+                        .as_any()
+                        .downcast_ref::<BooleanArray>()
+                        .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?;
+                    li = filter(&li, mask)?.as_any().downcast_ref::<UInt32Array>().unwrap().clone();
+                    ri = filter(&ri, mask)?.as_any().downcast_ref::<UInt32Array>().unwrap().clone();
+                }
+                if li.is_empty() {
+                    return Ok(None);
+                }
+                let columns: Vec<ArrayRef> = cols
                     .iter()
-                    .map(|c| match c.side {
-                        JoinSide::Left => take(left.column(c.index).as_ref(), &li, None),
-                        _ => take(right.column(c.index).as_ref(), &ri, None),
-                    })
+                    .map(|&c| if c < nl { take(left.column(c).as_ref(), &li, None) } else { take(right.column(c - nl).as_ref(), &ri, None) })
                     .collect::<std::result::Result<_, _>>()?;
-                let batch = RecordBatch::try_new_with_options(
-                    f.schema().clone(),
-                    columns,
-                    &RecordBatchOptions::new().with_row_count(Some(li.len())),
-                )?;
-                let mask = f.expression().evaluate(&batch)?.into_array(li.len())?;
-                let mask = mask
-                    .as_any()
-                    .downcast_ref::<BooleanArray>()
-                    .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?;
-                li = filter(&li, mask)?.as_any().downcast_ref::<UInt32Array>().unwrap().clone();
-                ri = filter(&ri, mask)?.as_any().downcast_ref::<UInt32Array>().unwrap().clone();
-            }
-            if li.is_empty() {
-                continue;
-            }
-            let columns: Vec<ArrayRef> = cols
-                .iter()
-                .map(|&c| if c < nl { take(left.column(c).as_ref(), &li, None) } else { take(right.column(c - nl).as_ref(), &ri, None) })
-                .collect::<std::result::Result<_, _>>()?;
-            out.push(RecordBatch::try_new_with_options(
-                self.schema.clone(),
-                columns,
-                &RecordBatchOptions::new().with_row_count(Some(li.len())),
-            )?);
-        }
-        crate::util::trace("similarity join: output built");
-        Ok(out)
+                let batch = RecordBatch::try_new_with_options(schema.clone(), columns, &RecordBatchOptions::new().with_row_count(Some(li.len())))?;
+                // Reserved while it is built; the caller's once returned.
+                let bytes = batch_bytes(&batch);
+                memory.try_grow(bytes)?;
+                memory.shrink(bytes);
+                Ok(Some(batch))
+            })();
+            std::future::ready(batch.transpose())
+        });
+        crate::util::trace("similarity join: pairs ready");
+        Ok(out.boxed())
     }
 }
