@@ -78,6 +78,11 @@ pub fn bench_only() -> Vec<String> {
     std::env::var("SETFUSION_BENCH_ONLY").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default()
 }
 
+/// `SETFUSION_BENCH_MEMORY_LIMIT=160M`: the device budget (`setfusion.memory_limit`) of `bench setops`' setfusion session.
+pub fn bench_memory_limit() -> Option<String> {
+    std::env::var("SETFUSION_BENCH_MEMORY_LIMIT").ok()
+}
+
 /// `SETFUSION_BENCH_SORTED_LOG2`: log2 of the sorted-intersection microbenchmark's size.
 pub fn bench_sorted_log2() -> Option<u32> {
     parsed("SETFUSION_BENCH_SORTED_LOG2")

@@ -109,6 +109,10 @@ pub async fn run() -> Result<()> {
         ctx.register_table("a", a.clone())?;
         ctx.register_table("b", b.clone())?;
     }
+    if let Some(limit) = crate::env::bench_memory_limit() {
+        sf.sql(&format!("SET setfusion.memory_limit = '{limit}'")).await?.collect().await?;
+        writeln!(report, "setfusion's device budget: `SET setfusion.memory_limit = '{limit}'`.\n").unwrap();
+    }
     let mut phases = Vec::new();
     // SETFUSION_BENCH_ONLY=IN,payload runs the queries whose names contain one of the words.
     let only: Vec<String> = crate::env::bench_only();
