@@ -13,7 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use cudarc::driver::CudaView;
 
 use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
-use super::cpu::pieces;
+use super::cpu::{bucket_keys, pieces};
 use super::hash::{hash_capacity, HashTable};
 use super::{bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool, GpuStrategy, SetOp};
 use crate::gpu::{compact_kept_keys, compact_kept_keys_cpu, DeviceBuffer, Gpu, PendingBuffer, TransferStats};
@@ -145,6 +145,16 @@ impl ProbeTable {
             ProbeTable::Hash(t) => t.probe(gpu, op, keys, out),
         }
     }
+
+    /// Queue the probe of one upload fill, rows `first..` (see
+    /// [`Gpu::upload_keys_each`]), into the selection words `out` of all rows.
+    fn probe_fill(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, first: usize, out: &DeviceBuffer<u32>) -> Result<()> {
+        // Each fill's bits start a word of their own (fills are whole 65,536-key segments).
+        if first % 32 != 0 {
+            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+        }
+        self.probe(gpu, op, keys, &out.slice.slice(first / 32..))
+    }
 }
 
 /// Every rule but EXCEPT DISTINCT with the probe side streamed: the build
@@ -173,11 +183,7 @@ pub(super) fn select_streamed(
     let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
     stats.kernel += t.elapsed();
     let (d_probe, _) = gpu.upload_keys_each(probe, stats, false, &mut |keys, first| {
-        // Each fill's bits start a word of their own (fills are whole 65,536-key segments).
-        if first % 32 != 0 {
-            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
-        }
-        table.probe(gpu, op, keys, &out.slice.slice(first / 32..))
+        table.probe_fill(gpu, op, keys, first, &out)
     })?;
     // Kernel time shown: what the last fill's probe adds after the uploads.
     let t = Instant::now();
@@ -203,31 +209,36 @@ fn select_streamed_bitmap(
 ) -> Result<Option<BooleanBuffer>> {
     let np: usize = probe.iter().map(|c| c.len()).sum();
     let t = Instant::now();
-    let table = BitmapTable::empty(gpu, op, lo, hi - lo + 1)?;
+    let bitmap = BitmapTable::empty(gpu, op, lo, hi - lo + 1)?;
     let dup = gpu.alloc_zeros::<u32>(1)?;
     stats.kernel += t.elapsed();
-    gpu.stream_keys(build, stats, &mut |keys, _| table.add_build(gpu, keys, &dup))?;
+    gpu.stream_keys(build, stats, &mut |keys, _| bitmap.add_build(gpu, keys, &dup))?;
     trace("gpu: build keys streamed into the bitmap");
     if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) && gpu.read_one(&dup, 0, stats)? != 0 {
         return Ok(None);
     }
+    let table = ProbeTable::Bitmap(bitmap);
     let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
     gpu.stream_keys(probe, stats, &mut |keys, first| {
-        if first % 32 != 0 {
-            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
-        }
-        table.probe(gpu, op, keys, &out.slice.slice(first / 32..))
+        table.probe_fill(gpu, op, keys, first, &out)
     })?;
     let t = Instant::now();
     gpu.synchronize()?;
     stats.kernel += t.elapsed();
     drop(table);
+    download_selection(gpu, &out, np, stats).map(Some)
+}
+
+/// One bit per probe row back from the device. A large selection stays in the
+/// pinned memory its DMA lands in (little-endian u32 words are Arrow's bitmap
+/// bytes): no host copy, no fresh pages to fault in.
+fn download_selection(gpu: &Gpu, out: &DeviceBuffer<u32>, np: usize, stats: &mut TransferStats) -> Result<BooleanBuffer> {
     let words = np.div_ceil(32);
-    Ok(Some(if words >= (1 << 18) {
-        BooleanBuffer::new(gpu.download_to_arrow(&out, words, stats)?.wait()?, 0, np)
+    Ok(if words >= (1 << 18) {
+        BooleanBuffer::new(gpu.download_to_arrow(out, words, stats)?.wait()?, 0, np)
     } else {
-        words_to_bool(gpu.download(&out, words, stats)?, np)
-    }))
+        words_to_bool(gpu.download(out, words, stats)?, np)
+    })
 }
 
 /// Device bytes [`select_streamed_bitmap`] needs beyond its fills: the table and the selection.
@@ -316,14 +327,7 @@ pub fn select_gpu_auto(
         (resident.probe, out, strategy)
     };
     trace("gpu: kernels done");
-    // A large selection stays in the pinned memory its DMA lands in (little-endian
-    // u32 words are Arrow's bitmap bytes): no host copy, no fresh pages to fault in.
-    let words = np.div_ceil(32);
-    let sel = if words >= (1 << 18) {
-        BooleanBuffer::new(gpu.download_to_arrow(&out, words, stats)?.wait()?, 0, np)
-    } else {
-        words_to_bool(gpu.download(&out, words, stats)?, np)
-    };
+    let sel = download_selection(gpu, &out, np, stats)?;
     trace("gpu: selection downloaded");
     // Kept keys only while the device can hold them a moment longer; else the host filters.
     let keys = if kept_keys { compact_kept_keys(gpu, &probe_keys, &out, np, stats).ok() } else { None };
@@ -361,13 +365,7 @@ pub fn select_gpu_partitioned(
     // partition's keys are then its buckets of every piece, in order, uploaded
     // as they are (never concatenated).
     let build_pieces = pieces(build);
-    let Ok(build_buckets): Result<Vec<Vec<Vec<u64>>>, Infallible> = crate::gpu::par_map(&build_pieces, 1, |(_, keys)| {
-        let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-        for &k in *keys {
-            b[part_of(k)].push(k);
-        }
-        Ok(b)
-    });
+    let build_buckets = bucket_keys(&build_pieces, parts, part_of);
     let probe_pieces = pieces(probe);
     type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
     let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> = crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {

@@ -97,6 +97,19 @@ pub(super) fn pieces<'a>(chunks: &[&'a [u64]]) -> Vec<(usize, &'a [u64])> {
     out
 }
 
+/// Every piece's keys split into `parts` buckets by `part`, on the host
+/// threads: `out[piece][partition]`, each in the piece's order.
+pub(super) fn bucket_keys(pieces: &[(usize, &[u64])], parts: usize, part: impl Fn(u64) -> usize + Sync) -> Vec<Vec<Vec<u64>>> {
+    let Ok(buckets): Result<Vec<Vec<Vec<u64>>>, std::convert::Infallible> = crate::gpu::par_map(pieces, 1, |(_, keys)| {
+        let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+        for &k in *keys {
+            b[part(k)].push(k);
+        }
+        Ok(b)
+    });
+    buckets
+}
+
 /// [`select_cpu`] over keys given in chunks (read back to back), on the host
 /// copy threads: every piece of keys is radix-partitioned by hash in parallel,
 /// then each partition applies the rule on its own, reading its probe keys in
@@ -115,13 +128,7 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
     }
     let parts = 1usize << CPU_PART_BITS;
     let part = |k: u64| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CPU_PART_BITS)) as usize;
-    let Ok(build_buckets): Result<Vec<Vec<Vec<u64>>>, Infallible> = crate::gpu::par_map(&pieces(build_chunks), 1, |(_, keys)| {
-        let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-        for &k in *keys {
-            b[part(k)].push(k);
-        }
-        Ok(b)
-    });
+    let build_buckets = bucket_keys(&pieces(build_chunks), parts, part);
     // Probe rows are bucketed as 32-bit offsets into their piece (a piece holds
     // at most CPU_PIECE keys), not (row, key) pairs: 4 bytes a row instead of 16.
     // In a fresh process every scratch byte is a page fault first: on TPC-H SF10
