@@ -17,6 +17,23 @@ pub fn key_b(i: u64) -> i64 {
     ((i as u128 * 40_503 + 7) % 400_000_000) as i64
 }
 
+/// `k` spread over all 64 bits by a bijection (multiplication by an odd
+/// constant mod 2^64): equal keys stay equal and distinct ones distinct, so
+/// every query's answer keeps its size, but the keys have no dense domain.
+fn spread(k: i64) -> i64 {
+    (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64
+}
+
+/// [`key_a`] spread over 64 bits (`SETFUSION_BENCH_SPARSE`).
+pub fn key_a_sparse(i: u64) -> i64 {
+    spread(key_a(i))
+}
+
+/// [`key_b`] spread over 64 bits (`SETFUSION_BENCH_SPARSE`).
+pub fn key_b_sparse(i: u64) -> i64 {
+    spread(key_b(i))
+}
+
 /// An in-memory table of `n` rows with column `k` = key(i) for i in 1..=n and,
 /// if `payload`, a column `v` = i. Split into `partitions` partitions of
 /// 65536-row batches, generated in parallel.

@@ -83,6 +83,12 @@ pub fn bench_memory_limit() -> Option<String> {
     std::env::var("SETFUSION_BENCH_MEMORY_LIMIT").ok()
 }
 
+/// `SETFUSION_BENCH_SPARSE=1`: `bench setops` spreads its keys over all 64 bits
+/// (the same matches; no dense domain, so over the device budget the work hash-partitions).
+pub fn bench_sparse() -> bool {
+    flag("SETFUSION_BENCH_SPARSE")
+}
+
 /// `SETFUSION_BENCH_SORTED_LOG2`: log2 of the sorted-intersection microbenchmark's size.
 pub fn bench_sorted_log2() -> Option<u32> {
     parsed("SETFUSION_BENCH_SORTED_LOG2")

@@ -37,6 +37,7 @@ use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::{cast, concat_batches, sort_to_indices, take};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
@@ -51,7 +52,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::algo::families::{self, DistinctSets, Family, PairIntersections, PairSpace};
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::memory::{batch_bytes, collect_reserved, reservation};
+use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
 
@@ -552,16 +553,15 @@ impl Run {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::task::spawn_blocking(move || {
             // The inputs' reservation ends with the producer.
-            let _memory = memory;
             let failed = tx.clone();
-            if let Err(e) = self.produce(&cfg, batch_size, &left, right.as_ref(), &tx) {
+            if let Err(e) = self.produce(&cfg, &memory, batch_size, &left, right.as_ref(), &tx) {
                 let _ = failed.blocking_send(Err(e));
             }
         });
         Ok(rx)
     }
 
-    fn produce(&self, cfg: &SetfusionConfig, batch_size: usize, left: &RecordBatch, right: Option<&RecordBatch>, tx: &Sender) -> Result<()> {
+    fn produce(&self, cfg: &SetfusionConfig, memory: &MemoryReservation, batch_size: usize, left: &RecordBatch, right: Option<&RecordBatch>, tx: &Sender) -> Result<()> {
         let started = Instant::now();
         let l = Sets::read(left, self.left_layout, &self.element)?;
         let (l, r, from) = match right {
@@ -590,7 +590,7 @@ impl Run {
         match self.level {
             Level::Distinct => {
                 let d = match &backend {
-                    Ok(()) => match distinct_on_gpu(cfg, &space, &mut ts) {
+                    Ok(()) => match distinct_on_gpu(cfg, memory, &space, &mut ts) {
                         Ok((d, slices)) => {
                             notes.push(format!("gpu in {slices} slice(s)"));
                             d
@@ -630,7 +630,7 @@ impl Run {
                         end += 1;
                     }
                     let part = match (&backend, &gpu_failed) {
-                        (Ok(()), None) => match pairs_on_gpu(cfg, &space, &inv, at..end, &mut ts) {
+                        (Ok(()), None) => match pairs_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts) {
                             Ok(p) => p,
                             Err(e) => {
                                 gpu_failed = Some(e.to_string());
@@ -737,20 +737,21 @@ fn choose_backend(cfg: &SetfusionConfig, pairs: u64) -> std::result::Result<(), 
     gpu::gpu(cfg.device).map(|_| ()).map_err(|e| e.to_string())
 }
 
-fn distinct_on_gpu(cfg: &SetfusionConfig, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
+fn distinct_on_gpu(cfg: &SetfusionConfig, memory: &MemoryReservation, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
     let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
-    let lease = g.lease(cfg.memory_limit.0);
+    let lease = hold_device(&g, cfg, Some(memory))?;
     families::distinct_gpu(&lease, space, ts)
 }
 
 fn pairs_on_gpu(
     cfg: &SetfusionConfig,
+    memory: &MemoryReservation,
     space: &PairSpace,
     inv: &families::InvertedLists,
     rows: Range<usize>,
     ts: &mut TransferStats,
 ) -> Result<PairIntersections> {
     let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
-    let lease = g.lease(cfg.memory_limit.0);
+    let lease = hold_device(&g, cfg, Some(memory))?;
     families::pairs_gpu_with(&lease, space, inv, rows, ts)
 }

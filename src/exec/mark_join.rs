@@ -24,9 +24,9 @@
 //! mark is appended to each probe batch as it came.
 //!
 //! Memory: one `MemoryConsumer` per execution reserves both collected inputs
-//! and the encoded keys; once the marks are computed, each partition's output
-//! batches (their slices of the probe's buffers, the mark) are reserved until
-//! its stream returns them, and the inputs' reservation is released. Nothing
+//! and the encoded keys; once the marks are computed, each partition's probe
+//! batches and their marks are reserved until its stream forms their output
+//! (one batch at a time) and returns it, and the inputs' reservation is released. Nothing
 //! spills: over the pool's limit the query fails with `ResourcesExhausted`.
 
 use std::collections::HashMap;
@@ -56,7 +56,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::memory::{collect_reserved, reservation, slice_bytes, Parts, SharedRun};
+use crate::exec::memory::{collect_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
 use crate::exec::selection::{key_columns, Selector};
 use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
@@ -113,7 +113,7 @@ pub struct MarkJoinExec {
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
-    result: Arc<SharedRun<Parts<(Vec<(RecordBatch, usize)>, MemoryReservation)>>>,
+    result: Arc<SharedRun<Parts<(Vec<(Marked, usize)>, MemoryReservation)>>>,
     ran: Arc<Mutex<Option<String>>>,
 }
 
@@ -309,27 +309,32 @@ impl ExecutionPlan for MarkJoinExec {
             in_keys: self.in_keys.clone(),
             filter: self.filter.clone(),
             device_filter: self.device_filter.clone(),
-            output: self.output,
             backend: self.backend.clone(),
-            schema: self.schema.clone(),
             metrics: self.metrics.clone(),
             ran: self.ran.clone(),
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let (output, schema) = (self.output, self.schema.clone());
         let fut = async move {
             let parts = execution.get(|| run.run(context)).await?;
             let (batches, memory) = match parts.take(partition) {
                 Some(part) => (part.0, Some(part.1)),
                 None => (Vec::new(), None),
             };
-            // Each batch's bytes are reserved until it is returned.
-            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(move |(b, bytes)| {
+            // Each probe batch's bytes are reserved until its output is formed and returned.
+            let formed = batches.into_iter().map(move |((b, mark), bytes)| {
+                let out = form_output(output, &schema, b, mark);
                 if let Some(m) = &memory {
                     let _ = m.try_shrink(bytes);
                 }
-                out_rows.add(b.num_rows());
-                Ok(b)
-            })))
+                out
+            });
+            let kept = formed.filter_map(|r| r.transpose()).inspect(move |r| {
+                if let Ok(b) = r {
+                    out_rows.add(b.num_rows());
+                }
+            });
+            Ok::<_, DataFusionError>(futures::stream::iter(kept))
         };
         let stream = futures::stream::once(fut).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
@@ -338,6 +343,28 @@ impl ExecutionPlan for MarkJoinExec {
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
+}
+
+/// A probe batch with its slice of the mark column.
+type Marked = (RecordBatch, BooleanArray);
+
+/// The bytes a [`Marked`] holds: its slices of the probe's buffers and the mark.
+fn marked_bytes((b, mark): &Marked) -> usize {
+    slice_bytes(b) + mark.to_data().get_slice_memory_size().unwrap_or_else(|_| mark.get_array_memory_size())
+}
+
+/// One output batch from a probe batch and its marks: the batch with the mark
+/// appended; for semi (anti) output, its rows whose mark is TRUE (FALSE; an
+/// EXISTS mark is never NULL). None when no row is kept.
+fn form_output(output: MarkOutput, schema: &SchemaRef, b: RecordBatch, mark: BooleanArray) -> Result<Option<RecordBatch>> {
+    if output == MarkOutput::Mark {
+        let mut columns = b.columns().to_vec();
+        columns.push(Arc::new(mark));
+        return Ok(Some(RecordBatch::try_new(schema.clone(), columns)?));
+    }
+    let keep = if output == MarkOutput::Semi { mark.values().clone() } else { !mark.values() };
+    let kept = datafusion::arrow::compute::filter_record_batch(&b, &BooleanArray::new(keep, None))?;
+    Ok((kept.num_rows() > 0).then_some(kept))
 }
 
 /// One execution (all partitions).
@@ -351,9 +378,7 @@ struct Run {
     in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
     filter: Option<PairFilter>,
     device_filter: Option<DeviceFilter>,
-    output: MarkOutput,
     backend: Backend,
-    schema: SchemaRef,
     metrics: ExecutionPlanMetricsSet,
     ran: Arc<Mutex<Option<String>>>,
 }
@@ -371,7 +396,7 @@ struct GroupFacts {
 }
 
 impl Run {
-    async fn run(mut self, context: Arc<TaskContext>) -> Result<Parts<(Vec<(RecordBatch, usize)>, MemoryReservation)>> {
+    async fn run(mut self, context: Arc<TaskContext>) -> Result<Parts<(Vec<(Marked, usize)>, MemoryReservation)>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
         let memory = reservation(&context, "MarkJoinExec");
@@ -383,11 +408,12 @@ impl Run {
         self.memory = Some(memory.clone());
         super::off_runtime(move || {
             let out = self.mark_and_output(&cfg, probe_parts, build_parts)?;
-            // Each partition's output is reserved on its own; then the inputs' reservation is released.
+            // Each partition's probe batches and marks are reserved on their own until
+            // the stream returns them; then the inputs' reservation is released.
             let parts = out
                 .into_iter()
-                .map(|batches| {
-                    let sized: Vec<(RecordBatch, usize)> = batches.into_iter().map(|b| { let n = slice_bytes(&b); (b, n) }).collect();
+                .map(|marked| {
+                    let sized: Vec<(Marked, usize)> = marked.into_iter().map(|m| { let n = marked_bytes(&m); (m, n) }).collect();
                     let r = memory.new_empty();
                     r.try_grow(sized.iter().map(|(_, n)| n).sum())?;
                     Ok((sized, r))
@@ -399,8 +425,8 @@ impl Run {
         .await
     }
 
-    /// The marks and the output over the collected inputs (synchronous: see [`super::off_runtime`]).
-    fn mark_and_output(self, cfg: &SetfusionConfig, probe_parts: Vec<Vec<RecordBatch>>, build_parts: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<RecordBatch>>> {
+    /// Each probe batch with its marks, over the collected inputs (synchronous: see [`super::off_runtime`]).
+    fn mark_and_output(self, cfg: &SetfusionConfig, probe_parts: Vec<Vec<RecordBatch>>, build_parts: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<Marked>>> {
         let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
         let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
@@ -429,40 +455,21 @@ impl Run {
                 BooleanArray::new(facts.matched, nulls)
             }
         };
-        if self.output != MarkOutput::Mark {
-            // Semi: rows whose mark is TRUE; anti: FALSE (EXISTS marks are never NULL).
-            let keep = if self.output == MarkOutput::Semi { mark.values().clone() } else { !mark.values() };
-            let mut at = 0;
-            let mut out = Vec::with_capacity(probe_parts.len());
-            for part in &probe_parts {
-                let mut batches = Vec::with_capacity(part.len());
-                for b in part {
-                    let mask = BooleanArray::new(keep.slice(at, b.num_rows()), None);
-                    at += b.num_rows();
-                    let kept = datafusion::arrow::compute::filter_record_batch(b, &mask)?;
-                    if kept.num_rows() > 0 {
-                        batches.push(kept);
-                    }
-                }
-                out.push(batches);
-            }
-            return Ok(out);
-        }
         crate::util::trace("mark join: mark computed");
-        // The mark, sliced per probe batch, appended to it.
+        // Each probe batch with its slice of the mark; the output is formed as the stream returns it.
         let mut at = 0;
-        let mut out = Vec::with_capacity(probe_parts.len());
-        for part in &probe_parts {
-            let mut batches = Vec::with_capacity(part.len());
-            for b in part {
-                let mut columns = b.columns().to_vec();
-                columns.push(Arc::new(mark.slice(at, b.num_rows())));
-                at += b.num_rows();
-                batches.push(RecordBatch::try_new(self.schema.clone(), columns)?);
-            }
-            out.push(batches);
-        }
-        crate::util::trace("mark join: output formed");
+        let out = probe_parts
+            .into_iter()
+            .map(|part| {
+                part.into_iter()
+                    .map(|b| {
+                        let m = mark.slice(at, b.num_rows());
+                        at += b.num_rows();
+                        (b, m)
+                    })
+                    .collect()
+            })
+            .collect();
         Ok(out)
     }
 
@@ -588,7 +595,7 @@ impl Run {
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
         let device = crate::gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
-        let g = device.lease(cfg.memory_limit.0);
+        let g = hold_device(&device, cfg, self.memory.as_deref())?;
         let mut stats = crate::gpu::TransferStats::default();
         let metrics = super::DeviceMetrics::new(&self.metrics);
         let programs = match device_filter {

@@ -9,6 +9,11 @@
 //! DataFusion's own `ResourcesExhausted` error ([`unshare`] keeps that kind
 //! through a result shared by partitions). Nothing spills to disk.
 //!
+//! While an operator holds the device ([`hold_device`]) its reservation also
+//! counts the device's pinned staging buffers, the host memory its uploads
+//! pass through; a pool that cannot hold them sends the work to the CPU
+//! backend (which needs none) with the pool's reason.
+//!
 //! [`SharedRun`] is the one execution that an operator's partitions share (the
 //! first partition polled runs it): a partition executed again starts a new
 //! execution, so a finished execution's memory is not kept for a later one.
@@ -25,6 +30,42 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::StreamExt;
 use tokio::sync::OnceCell;
+
+use crate::config::SetfusionConfig;
+use crate::gpu::{Gpu, Lease, STAGING_HOST_BYTES};
+
+/// One operator's hold on the device: the [`Lease`] (device lock and budget)
+/// and, for as long as it is held, the pinned staging's bytes in the
+/// operator's memory reservation. Derefs to the [`Gpu`].
+pub(crate) struct DeviceHold<'a> {
+    lease: Lease<'a>,
+    /// Dropped with the hold: the staging's bytes go back to the pool.
+    _staging: Option<MemoryReservation>,
+}
+
+impl std::ops::Deref for DeviceHold<'_> {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
+        &self.lease
+    }
+}
+
+/// Take `device` for one operator's run under `cfg`'s device budget, first
+/// counting [`STAGING_HOST_BYTES`] in `memory` (the operator's reservation;
+/// None where the caller has no pool, as the benchmarks). The pool's refusal
+/// is DataFusion's `ResourcesExhausted`, which callers treat like any other
+/// device trouble: the CPU backend answers instead.
+pub(crate) fn hold_device<'a>(device: &'a Gpu, cfg: &SetfusionConfig, memory: Option<&MemoryReservation>) -> Result<DeviceHold<'a>> {
+    let staging = match memory {
+        Some(m) => {
+            let r = m.new_empty();
+            r.try_grow(STAGING_HOST_BYTES)?;
+            Some(r)
+        }
+        None => None,
+    };
+    Ok(DeviceHold { lease: device.lease(cfg.memory_limit.0), _staging: staging })
+}
 
 /// A reservation of a new consumer called `name` in the session's memory pool.
 pub(crate) fn reservation(context: &TaskContext, name: &str) -> Arc<MemoryReservation> {

@@ -17,6 +17,7 @@ use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder,
 use crate::algo::row_hash;
 use crate::algo::select::{self, GpuStrategy, SetOp};
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::memory::hold_device;
 use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
 use crate::keys::{self, KeyColumns, RowSubset};
@@ -231,7 +232,7 @@ impl Selector {
     /// Hashed keys on the GPU: device row hashes, device verification, device select.
     fn run_gpu_rows(&self, cfg: &SetfusionConfig, build: RowSubset<'_>, probe: RowSubset<'_>) -> Result<Option<BooleanBuffer>> {
         let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
-        let g = device.lease(cfg.memory_limit.0);
+        let g = hold_device(&device, cfg, self.reservation.as_deref())?;
         let mut stats = TransferStats::default();
         let r = row_hash::select_subsets_gpu(&g, self.op, build, probe, &mut stats);
         self.metrics.device.record(&stats);
@@ -240,7 +241,7 @@ impl Selector {
 
     fn run_gpu(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
         let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
-        let g = device.lease(cfg.memory_limit.0);
+        let g = hold_device(&device, cfg, self.reservation.as_deref())?;
         // Hashed keys only support the hash table (their "domain" is meaningless).
         let forced = match cfg.strategy {
             Strategy::Sort => Some(GpuStrategy::Sort), // sorts any 64-bit keys, hashes included

@@ -29,6 +29,7 @@ use datafusion::arrow::compute::{concat_batches, filter, take};
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::JoinSide;
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
@@ -46,7 +47,7 @@ use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
 use crate::config::SetfusionConfig;
 use crate::exec::set_select::Backend;
-use crate::exec::memory::{batch_bytes, collect_reserved, reservation};
+use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu;
 
@@ -262,6 +263,7 @@ struct Run {
 pub fn join_raw_sets(
     backend: &Backend,
     cfg: &SetfusionConfig,
+    memory: Option<&MemoryReservation>,
     r: &RawSets,
     s: Option<&RawSets>,
     thr: Threshold,
@@ -282,7 +284,10 @@ pub fn join_raw_sets(
                 Ok(g) => g,
                 Err(e) => return on_cpu(stats, format!("cpu (GPU failed: {e})")),
             };
-            let lease = g.lease(cfg.memory_limit.0);
+            let lease = match hold_device(&g, cfg, memory) {
+                Ok(l) => l,
+                Err(e) => return on_cpu(stats, format!("cpu (GPU failed: {})", crate::util::one_line(&e))),
+            };
             let mut st = JoinStats::default();
             let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&lease, r, s, &mut st.transfer);
             let out = ssjoin::ssjoin_gpu(&lease, &rc, sc.as_ref(), thr, &mut st);
@@ -399,6 +404,7 @@ impl Run {
         let skip_diagonal = self.residual.as_ref().is_some_and(|f| rejects_diagonal(f, &left, &right));
         let backend = self.backend.clone();
         let cfg2 = cfg.clone();
+        let held = memory.clone();
         let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
             crate::util::trace("similarity join: set columns evaluated");
             // One array on both sides (a self join read once): encode it once.
@@ -410,7 +416,7 @@ impl Run {
             let mut stats = JoinStats::default();
             let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
             let ran = if same {
-                let (c, pairs, ran) = join_raw_sets(&backend, &cfg2, &enc[0].sets, None, thr, &mut stats);
+                let (c, pairs, ran) = join_raw_sets(&backend, &cfg2, Some(held.as_ref()), &enc[0].sets, None, thr, &mut stats);
                 lidx.reserve(pairs.len() * 2);
                 ridx.reserve(pairs.len() * 2);
                 for (a, b, _) in pairs {
@@ -429,7 +435,7 @@ impl Run {
                 }
                 format!("{ran}, self join")
             } else {
-                let (_, pairs, ran) = join_raw_sets(&backend, &cfg2, &enc[0].sets, Some(&enc[1].sets), thr, &mut stats);
+                let (_, pairs, ran) = join_raw_sets(&backend, &cfg2, Some(held.as_ref()), &enc[0].sets, Some(&enc[1].sets), thr, &mut stats);
                 lidx.reserve(pairs.len());
                 ridx.reserve(pairs.len());
                 for (a, b, _) in pairs {

@@ -23,7 +23,7 @@ use datafusion::error::DataFusionError;
 pub use error::{is_out_of_memory, GpuError};
 pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
-pub use staging::{HostOut, PendingBuffer};
+pub use staging::{HostOut, PendingBuffer, STAGING_HOST_BYTES};
 pub use transfer::{compact_kept_keys, compact_kept_keys_cpu, DeviceArray, TransferStats};
 pub(crate) use transfer::copy_threads;
 pub(crate) use pool::{drop_later, for_each_mut, par_map};

@@ -16,6 +16,11 @@ use super::{cuda_err, Gpu, TransferStats};
 /// packed fill's segment descriptors (see [`Gpu::upload_keys`]).
 pub(super) const STAGING_BYTES: usize = (64 << 20) + PACK_DESC;
 
+/// The pinned host bytes an operator's uploads stage through while it holds
+/// the device (both staging buffers): what the operators count against
+/// DataFusion's memory pool for the time they hold it.
+pub const STAGING_HOST_BYTES: usize = 2 * STAGING_BYTES;
+
 /// Two pinned buffers, each with the event of the last copy out of it.
 pub(super) struct Staging {
     pub(super) bufs: [PinnedHostSlice<u8>; 2],

@@ -96,3 +96,61 @@ fn a_tiny_limit_fails_with_resources_exhausted() {
         }
     });
 }
+
+/// The device's pinned staging counts against the pool while an operator
+/// holds the device: a limit that holds the inputs but not the staging sends
+/// the work to the CPU backend, with the pool's reason in EXPLAIN ANALYZE; a
+/// limit that holds both runs on the GPU. Both answer as without a limit and
+/// leave nothing reserved.
+#[test]
+fn device_staging_counts_against_the_pool() {
+    if setfusion::gpu::test_gpu().is_none() {
+        return;
+    }
+    block_on(|| async {
+        let free = session(None, 4, None).await;
+        let q = "SELECT count(*), sum(v) FROM a WHERE k IN (SELECT k FROM b)";
+        let want = answer(&free, q).await.unwrap();
+        let staging = setfusion::gpu::STAGING_HOST_BYTES;
+        for (limit, ran) in [(staging / 4, "ran=cpu (GPU failed: Resources exhausted"), (staging + (64 << 20), "ran=gpu")] {
+            let ctx = session(Some(limit), 4, Some(&free)).await;
+            for s in ["SET setfusion.strategy = 'hash'", "SET setfusion.min_rows = 0"] {
+                ctx.sql(s).await.unwrap().collect().await.unwrap();
+            }
+            assert_eq!(answer(&ctx, q).await.unwrap(), want, "limit {limit}");
+            let analyzed = answer(&ctx, &format!("EXPLAIN ANALYZE {q}")).await.unwrap();
+            assert!(analyzed.contains(ran), "limit {limit}: {ran} expected in\n{analyzed}");
+            assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0, "limit {limit}: memory left reserved");
+        }
+    });
+}
+
+/// `MarkJoinExec` forms its output one probe batch at a time as its stream is
+/// read: when the first batch comes out, the rest are still reserved (not yet
+/// formed), and the reservation shrinks to 0 as they are returned.
+#[test]
+fn mark_join_output_streams_batch_by_batch() {
+    use futures::StreamExt;
+    block_on(|| async {
+        let free = session(None, 1, None).await;
+        let ctx = session(Some(1 << 30), 1, Some(&free)).await;
+        let q = "SELECT k, v FROM a WHERE k IN (SELECT k FROM b) OR v < 10";
+        let plan = answer(&ctx, &format!("EXPLAIN {q}")).await.unwrap();
+        assert!(plan.contains("MarkJoinExec"), "{plan}");
+        let mut stream = ctx.sql(q).await.unwrap().execute_stream().await.unwrap();
+        let pool = ctx.runtime_env().memory_pool.clone();
+        let (mut held, mut batches, mut rows) = (Vec::new(), 0, 0);
+        while let Some(b) = stream.next().await {
+            rows += b.unwrap().num_rows();
+            batches += 1;
+            held.push(pool.reserved());
+        }
+        let want = answer(&free, &format!("SELECT count(*) FROM ({q})")).await.unwrap();
+        assert!(want.contains(&format!("| {rows} ")), "{rows} rows against\n{want}");
+        assert!(batches > 2, "{batches} batch(es)");
+        assert!(held[0] > 0, "nothing reserved after the first batch: the output was formed at once");
+        assert!(held.windows(2).all(|w| w[1] <= w[0]), "the reservation grew while streaming: {held:?}");
+        drop(stream);
+        assert_eq!(pool.reserved(), 0);
+    });
+}
