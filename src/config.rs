@@ -88,6 +88,48 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// `setfusion.devices`: which GPUs a large set selection is split across.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Devices {
+    /// '' (the default): the one device `setfusion.device`.
+    #[default]
+    One,
+    /// 'all': every device the driver sees.
+    All,
+    /// '0,1': these ordinals, one key partition each. A repeated ordinal runs
+    /// its partitions in turn ('0,0' splits the work on one GPU, which tests
+    /// the split where only one GPU is present).
+    List(Vec<usize>),
+}
+
+impl FromStr for Devices {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim().trim_matches('\'').trim();
+        if t.is_empty() {
+            return Ok(Devices::One);
+        }
+        if t.eq_ignore_ascii_case("all") {
+            return Ok(Devices::All);
+        }
+        t.split(',')
+            .map(|o| o.trim().parse::<usize>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map(Devices::List)
+            .map_err(|_| DataFusionError::Configuration(format!("invalid setfusion.devices '{s}': expected '', 'all' or device ordinals such as '0,1'")))
+    }
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::One => Ok(()),
+            Devices::All => write!(f, "all"),
+            Devices::List(l) => write!(f, "{}", l.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
 macro_rules! parsed_field {
     ($t:ty) => {
         impl ConfigField for $t {
@@ -107,6 +149,7 @@ macro_rules! parsed_field {
 }
 parsed_field!(Strategy);
 parsed_field!(ByteSize);
+parsed_field!(Devices);
 
 extensions_options! {
     /// setfusion settings (`SET setfusion.<name> = <value>`).
@@ -121,6 +164,9 @@ extensions_options! {
         pub memory_limit: ByteSize, default = ByteSize(0)
         /// CUDA device ordinal.
         pub device: usize, default = 0
+        /// Several GPUs: '' (only `device`), 'all', or ordinals '0,1'. A large set operation or
+        /// semi / anti join is hash-partitioned by key, one partition per listed device.
+        pub devices: Devices, default = Devices::One
         /// Output arrays may live in pinned host memory from the device's pool (the kept key
         /// column the device sends back; fixed-width output columns without NULLs): no page
         /// faults, no copy. false: every output array is in ordinary memory (pinned memory
@@ -137,5 +183,16 @@ impl SetfusionConfig {
     /// The settings in force for a session (defaults if none were registered).
     pub fn from_options(options: &datafusion::config::ConfigOptions) -> Self {
         options.extensions.get::<SetfusionConfig>().cloned().unwrap_or_default()
+    }
+
+    /// The device of each key partition under `setfusion.devices`, with
+    /// `count` the devices the driver sees ('all'); one entry means no split.
+    pub fn device_ordinals(&self, count: impl FnOnce() -> usize) -> Vec<usize> {
+        match &self.devices {
+            Devices::One => vec![self.device],
+            Devices::All => (0..count().max(1)).collect(),
+            Devices::List(l) if l.is_empty() => vec![self.device],
+            Devices::List(l) => l.clone(),
+        }
     }
 }

@@ -25,3 +25,5 @@ mod tpch;
 mod concurrency;
 #[path = "all/memory.rs"]
 mod memory;
+#[path = "all/devices.rs"]
+mod devices;

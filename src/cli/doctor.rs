@@ -70,6 +70,15 @@ pub async fn run() -> Result<i32> {
         }
     };
     let i = g.info();
+    // Every device the driver sees (`SET setfusion.devices = 'all'` splits large set selections across them).
+    let count = gpu::device_count();
+    println!("devices: {count}");
+    for o in (0..count).filter(|&o| o != i.ordinal) {
+        match gpu::gpu(o) {
+            Ok(d) => println!("device {o}: {} ({:.1} GiB)", d.info().name, d.info().total_memory as f64 / (1u64 << 30) as f64),
+            Err(e) => println!("device {o}: not usable: {e}"),
+        }
+    }
     println!("device {}: {}", i.ordinal, i.name);
     println!("compute capability: {}.{}", i.compute_capability.0, i.compute_capability.1);
     println!("driver version: {}.{}", i.driver_version / 1000, (i.driver_version % 1000) / 10);

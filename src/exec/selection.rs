@@ -240,8 +240,6 @@ impl Selector {
     }
 
     fn run_gpu(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
-        let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
-        let g = hold_device(&device, cfg, self.reservation.as_deref())?;
         // Hashed keys only support the hash table (their "domain" is meaningless).
         let forced = match cfg.strategy {
             Strategy::Sort => Some(GpuStrategy::Sort), // sorts any 64-bit keys, hashes included
@@ -250,6 +248,13 @@ impl Selector {
             Strategy::Bitmap => Some(GpuStrategy::Bitmap),
             Strategy::Auto | Strategy::Cpu => None,
         };
+        let keys: usize = probe_core.iter().chain(build_core).map(|c| c.len()).sum();
+        let ordinals = cfg.device_ordinals(gpu::device_count);
+        if ordinals.len() > 1 && keys >= cfg.min_rows {
+            return self.run_gpus(cfg, &ordinals, forced, probe_core, build_core);
+        }
+        let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
+        let g = hold_device(&device, cfg, self.reservation.as_deref())?;
         let mut stats = TransferStats::default();
         // Exact keys only (they come back into pinned memory the output owns);
         // the output filter checks that they cover every kept row.
@@ -258,6 +263,24 @@ impl Selector {
         *self.device_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
         self.metrics.device.record(&stats);
         Ok((sel, ran))
+    }
+}
+
+impl Selector {
+    /// [`select::select_gpus`]: one key partition per entry of `ordinals`.
+    /// Every device is held for the run, taken in ascending order so that two
+    /// queries over the same devices cannot each hold one the other waits for.
+    fn run_gpus(&self, cfg: &SetfusionConfig, ordinals: &[usize], forced: Option<GpuStrategy>, probe_core: &[&[u64]], build_core: &[&[u64]]) -> Result<(BooleanBuffer, String)> {
+        let mut distinct = ordinals.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let devices = distinct.iter().map(|&o| gpu::gpu(o).map_err(crate::gpu::GpuError::from)).collect::<std::result::Result<Vec<_>, _>>()?;
+        let held = devices.iter().map(|d| hold_device(d, cfg, self.reservation.as_deref())).collect::<Result<Vec<_>>>()?;
+        let parts: Vec<&gpu::Gpu> = ordinals.iter().map(|o| &*held[distinct.binary_search(o).expect("every ordinal is held")]).collect();
+        let mut stats = TransferStats::default();
+        let r = select::select_gpus(&parts, forced, self.op, build_core, probe_core, &mut stats)?;
+        self.metrics.device.record(&stats);
+        Ok(r)
     }
 }
 

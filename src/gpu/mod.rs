@@ -107,6 +107,15 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Unavailable> {
     slot.get_or_init(|| Gpu::open(ordinal).map(Arc::new)).clone()
 }
 
+/// How many CUDA devices the driver sees (0 without a driver).
+pub fn device_count() -> usize {
+    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
+    if disabled() || !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
 /// Is a device usable? Cheap after the first call.
 pub fn available(ordinal: usize) -> Result<(), Unavailable> {
     gpu(ordinal).map(|_| ())

@@ -360,40 +360,68 @@ pub fn select_gpu_partitioned(
     let hash_need = device_bytes(GpuStrategy::Hash, op, nb, np, 0);
     let parts = (hash_need.div_ceil(avail) * 2).next_power_of_two().max(2);
     let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as usize & (parts - 1);
-    // One pass over each side on the host threads: every piece of keys splits
-    // into its partitions (probe rows as 32-bit offsets into their piece). A
-    // partition's keys are then its buckets of every piece, in order, uploaded
-    // as they are (never concatenated).
-    let build_pieces = pieces(build);
-    let build_buckets = bucket_keys(&build_pieces, parts, part_of);
-    let probe_pieces = pieces(probe);
-    type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
-    let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> = crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
-        let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-        let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-        for (j, &key) in keys.iter().enumerate() {
-            let p = part_of(key);
-            k[p].push(key);
-            r[p].push(j as u32);
-        }
-        Ok((k, r))
-    });
+    let split = KeySplit::new(build, probe, parts, part_of);
     trace("gpu: keys partitioned on the host");
     let words: Vec<AtomicU32> = (0..np.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
-    let ids: Vec<usize> = (0..probe_pieces.len()).collect();
     for p in 0..parts {
-        let b_chunks: Vec<&[u64]> = build_buckets.iter().map(|b| b[p].as_slice()).collect();
-        let p_chunks: Vec<&[u64]> = probe_buckets.iter().map(|(k, _)| k[p].as_slice()).collect();
+        let (b_chunks, p_chunks) = split.part(p);
         let sel = select_gpu_chunks(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, stats)?;
-        // Back to rows, piece by piece on the host threads.
-        let starts: Vec<usize> = p_chunks.iter().scan(0, |at, c| {
+        split.mark_selected(p, &sel, &words);
+    }
+    crate::gpu::drop_later(split.into_buckets());
+    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), parts))
+}
+
+/// Both sides' keys split into partitions by a function of the key, in one
+/// pass over each side on the host threads: every piece of keys splits into
+/// its partitions (probe rows as 32-bit offsets into their piece). A
+/// partition's keys are then its buckets of every piece, in order, uploaded
+/// as they are (never concatenated). Equal keys share a partition, so every
+/// rule, the ALL rules' ranks included, stays exact within it.
+struct KeySplit<'a> {
+    build_buckets: Vec<Vec<Vec<u64>>>,
+    probe_pieces: Vec<(usize, &'a [u64])>,
+    /// Per probe piece: each partition's keys and their offsets in the piece.
+    probe_buckets: Vec<(Vec<Vec<u64>>, Vec<Vec<u32>>)>,
+}
+
+impl<'a> KeySplit<'a> {
+    fn new(build: &[&[u64]], probe: &[&'a [u64]], parts: usize, part_of: impl Fn(u64) -> usize + Sync) -> Self {
+        let build_buckets = bucket_keys(&pieces(build), parts, &part_of);
+        let probe_pieces = pieces(probe);
+        type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
+        let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> = crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
+            let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+            let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+            for (j, &key) in keys.iter().enumerate() {
+                let p = part_of(key);
+                k[p].push(key);
+                r[p].push(j as u32);
+            }
+            Ok((k, r))
+        });
+        Self { build_buckets, probe_pieces, probe_buckets }
+    }
+
+    /// Partition `p`'s build and probe keys, as chunks.
+    fn part(&self, p: usize) -> (Vec<&[u64]>, Vec<&[u64]>) {
+        let b = self.build_buckets.iter().map(|b| b[p].as_slice()).collect();
+        let k = self.probe_buckets.iter().map(|(k, _)| k[p].as_slice()).collect();
+        (b, k)
+    }
+
+    /// Set in `words` the probe rows that partition `p`'s selection `sel`
+    /// keeps, piece by piece on the host threads.
+    fn mark_selected(&self, p: usize, sel: &BooleanBuffer, words: &[AtomicU32]) {
+        let starts: Vec<usize> = self.probe_buckets.iter().scan(0, |at, (k, _)| {
             let s = *at;
-            *at += c.len();
+            *at += k[p].len();
             Some(s)
         }).collect();
+        let ids: Vec<usize> = (0..self.probe_pieces.len()).collect();
         let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&i| {
-            let first_row = probe_pieces[i].0;
-            for (j, &off) in probe_buckets[i].1[p].iter().enumerate() {
+            let first_row = self.probe_pieces[i].0;
+            for (j, &off) in self.probe_buckets[i].1[p].iter().enumerate() {
                 if sel.value(starts[i] + j) {
                     let row = first_row + off as usize;
                     words[row >> 5].fetch_or(1 << (row & 31), Ordering::Relaxed);
@@ -402,8 +430,70 @@ pub fn select_gpu_partitioned(
             Ok(())
         });
     }
-    crate::gpu::drop_later((build_buckets, probe_buckets));
-    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), parts))
+
+    /// The buckets, for dropping off the query's path.
+    fn into_buckets(self) -> (Vec<Vec<Vec<u64>>>, Vec<(Vec<Vec<u64>>, Vec<Vec<u32>>)>) {
+        (self.build_buckets, self.probe_buckets)
+    }
+}
+
+/// Several devices (`setfusion.devices`): the keys split by hash into one
+/// partition per entry of `gpus`, and each device selects its partitions
+/// with [`select_gpu_auto`] (which streams or partitions again within its own
+/// budget) on its own thread, all devices at once; the rows map back through
+/// the same split. Equal keys meet on one device, so every rule stays exact.
+/// An entry repeated in `gpus` (the same device twice) runs its partitions
+/// one after the other. The caller holds every device. Returns the selection
+/// and what ran on each partition.
+pub fn select_gpus(
+    gpus: &[&Gpu],
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, String)> {
+    let np = probe.iter().map(|c| c.len()).sum::<usize>();
+    let parts = gpus.len().max(1);
+    // The high 32 bits of a multiplicative hash, scaled to the partition count.
+    let part_of = |k: u64| (((k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) * parts as u64) >> 32) as usize;
+    let split = KeySplit::new(build, probe, parts, part_of);
+    trace("gpu: keys split across the devices");
+    let words: Vec<AtomicU32> = (0..np.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
+    // One thread per distinct device, running that device's partitions in turn.
+    let mut devices: Vec<usize> = gpus.iter().map(|g| g.info().ordinal).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    let results: Vec<Result<(Vec<String>, TransferStats)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = devices
+            .iter()
+            .map(|&d| {
+                let (split, words) = (&split, &words);
+                s.spawn(move || {
+                    let mut st = TransferStats::default();
+                    let mut ran = Vec::new();
+                    for (p, g) in gpus.iter().enumerate().filter(|(_, g)| g.info().ordinal == d) {
+                        let (b_chunks, p_chunks) = split.part(p);
+                        let (sel, how, _) = select_gpu_auto(g, forced, op, &b_chunks, &p_chunks, false, &mut st)?;
+                        split.mark_selected(p, &sel, words);
+                        let n = p_chunks.iter().map(|c| c.len()).sum::<usize>() + b_chunks.iter().map(|c| c.len()).sum::<usize>();
+                        ran.push(format!("device {d} partition {p} ({n} keys): {how}"));
+                    }
+                    Ok((ran, st))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    let mut ran = Vec::new();
+    for r in results {
+        let (r, st) = r?;
+        ran.extend(r);
+        stats.add(&st);
+    }
+    crate::gpu::drop_later(split.into_buckets());
+    ran.sort();
+    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), format!("gpu on {} device(s), {parts} key partitions [{}]", devices.len(), ran.join("; "))))
 }
 
 /// Doctor self-check: every op and strategy against the CPU twin on random keys with duplicates.
@@ -643,6 +733,34 @@ mod tests {
     /// bitmap (no key stays on the device) and is exact; an ALL rule with a
     /// repeated build key, a sparse domain or a forced hash table partition
     /// instead. Sides come in several chunks; fills are small (16 MiB budget).
+    #[test]
+    fn key_split_across_devices_keeps_every_rule() {
+        // setfusion.devices = '0,0' / '0,0,0': the split runs on one GPU, each
+        // partition in turn (the stand-in where only one GPU is present).
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let g = gpu.lease(0);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        let n = 300_000usize;
+        let build: Vec<u64> = (0..n).map(|_| 7 + rng.random_range(0..n as u64)).collect();
+        let probe: Vec<u64> = (0..n + 999).map(|_| 7 + rng.random_range(0..n as u64 * 2)).collect();
+        let sparse: (Vec<u64>, Vec<u64>) = (build.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect(), probe.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect());
+        let empty: Vec<u64> = Vec::new();
+        let cases: [(&str, &[u64], &[u64]); 4] = [("dense", &build, &probe), ("sparse", &sparse.0, &sparse.1), ("empty build", &empty, &probe), ("empty probe", &build, &empty)];
+        for (what, build, probe) in cases {
+            let (b1, b2) = build.split_at(build.len() / 3);
+            let (p1, p2) = probe.split_at(probe.len() / 2);
+            for devices in [2, 3] {
+                let gpus: Vec<&Gpu> = (0..devices).map(|_| &*g).collect();
+                for op in OPS {
+                    let (got, ran) = select_gpus(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default()).unwrap();
+                    assert_eq!(got.len(), probe.len(), "{what} {op:?}");
+                    assert!(ran.contains(&format!("{devices} key partitions")), "{what} {op:?}: ran {ran}");
+                    assert_eq!(kept(probe, &got), reference(op, build, probe), "{what} {op:?} on {devices} partitions: ran {ran}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn gpu_over_budget_streams_or_partitions() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
