@@ -83,6 +83,11 @@ pub fn bench_memory_limit() -> Option<String> {
     std::env::var("SETFUSION_BENCH_MEMORY_LIMIT").ok()
 }
 
+/// `SETFUSION_BENCH_DEVICES='0,1'`: `bench setops`' setfusion session splits its work across these devices (`setfusion.devices`).
+pub fn bench_devices() -> Option<String> {
+    std::env::var("SETFUSION_BENCH_DEVICES").ok()
+}
+
 /// `SETFUSION_BENCH_SPARSE=1`: `bench setops` spreads its keys over all 64 bits
 /// (the same matches; no dense domain, so over the device budget the work hash-partitions).
 pub fn bench_sparse() -> bool {

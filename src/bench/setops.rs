@@ -119,6 +119,10 @@ pub async fn run() -> Result<()> {
         sf.sql(&format!("SET setfusion.memory_limit = '{limit}'")).await?.collect().await?;
         writeln!(report, "setfusion's device budget: `SET setfusion.memory_limit = '{limit}'`.\n").unwrap();
     }
+    if let Some(devices) = crate::env::bench_devices() {
+        sf.sql(&format!("SET setfusion.devices = '{devices}'")).await?.collect().await?;
+        writeln!(report, "setfusion's devices: `SET setfusion.devices = '{devices}'`.\n").unwrap();
+    }
     let mut phases = Vec::new();
     // SETFUSION_BENCH_ONLY=IN,payload runs the queries whose names contain one of the words.
     let only: Vec<String> = crate::env::bench_only();

@@ -347,6 +347,21 @@ pub fn select_gpu_partitioned(
     probe: &[&[u64]],
     stats: &mut TransferStats,
 ) -> Result<(BooleanBuffer, usize)> {
+    partitioned_by(gpu, strategy, op, build, probe, 0, stats)
+}
+
+/// [`select_gpu_partitioned`] at recursion `level`: each level partitions on
+/// other bits of the key's hash, so a partition that skew left over the
+/// budget splits again instead of landing whole in one sub-partition.
+fn partitioned_by(
+    gpu: &Gpu,
+    strategy: GpuStrategy,
+    op: SetOp,
+    build: &[&[u64]],
+    probe: &[&[u64]],
+    level: u32,
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, usize)> {
     let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
     let range = key_range_chunks(&all).map(|(lo, hi)| hi - lo + 1).unwrap_or(1);
     let (nb, np) = (build.iter().map(|c| c.len()).sum::<usize>(), probe.iter().map(|c| c.len()).sum::<usize>());
@@ -355,21 +370,36 @@ pub fn select_gpu_partitioned(
     if need <= avail {
         return Ok((select_gpu_chunks(gpu, strategy, op, build, probe, stats)?, 1));
     }
-    // Partitions use the hash strategy (a bitmap's size is set by the range, not
-    // the rows); twice the naive count leaves room for skew between partitions.
-    let hash_need = device_bytes(GpuStrategy::Hash, op, nb, np, 0);
-    let parts = (hash_need.div_ceil(avail) * 2).next_power_of_two().max(2);
-    let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> 40) as usize & (parts - 1);
+    // Partitions use the hash strategy (a bitmap's size is set by the range,
+    // not the rows). The fewest partitions (a power of two) whose share, with
+    // 1/8 more for skew, fits: computed rather than divided, since each
+    // partition's table rounds its slots up to a power of two. Every partition
+    // has a fixed cost (its uploads, launches and the mapping back): 100M x
+    // 100M sparse keys under a 160 MB budget took ~9 ms a partition in 128
+    // partitions when the count was twice the bytes' quotient.
+    let share = |n: usize, parts: usize| n.div_ceil(parts) + n.div_ceil(parts) / 8;
+    let mut parts = 2usize;
+    while parts < (1 << 16) && device_bytes(GpuStrategy::Hash, op, share(nb, parts), share(np, parts), 0) > avail {
+        parts *= 2;
+    }
+    let shift = 40 - 16 * level.min(2);
+    let part_of = |k: u64| (k.wrapping_mul(0x9E3779B97F4A7C15) >> shift) as usize & (parts - 1);
     let split = KeySplit::new(build, probe, parts, part_of);
     trace("gpu: keys partitioned on the host");
     let words: Vec<AtomicU32> = (0..np.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
+    let mut total = 0;
     for p in 0..parts {
         let (b_chunks, p_chunks) = split.part(p);
-        let sel = select_gpu_chunks(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, stats)?;
+        let (sel, n) = match select_gpu_chunks(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, stats) {
+            // Skew: this partition alone is over the budget; split it on other hash bits.
+            Err(e) if level < 2 && crate::gpu::is_out_of_memory(&e) => partitioned_by(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, level + 1, stats)?,
+            other => (other?, 1),
+        };
+        total += n;
         split.mark_selected(p, &sel, &words);
     }
     crate::gpu::drop_later(split.into_buckets());
-    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), parts))
+    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), total))
 }
 
 /// Both sides' keys split into partitions by a function of the key, in one
@@ -729,10 +759,32 @@ mod tests {
         }
     }
 
-    /// Over the budget on a dense domain, `auto` streams both sides through a
-    /// bitmap (no key stays on the device) and is exact; an ALL rule with a
-    /// repeated build key, a sparse domain or a forced hash table partition
-    /// instead. Sides come in several chunks; fills are small (16 MiB budget).
+    /// Keys that all hash to the first partition at the first level: that
+    /// partition is over the budget, splits again on other hash bits, and
+    /// every rule stays exact.
+    #[test]
+    fn gpu_skewed_partition_splits_again() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(4 << 20);
+        // The inverse of the partitioning multiplier mod 2^64 (Newton's iteration).
+        const C: u64 = 0x9E3779B97F4A7C15;
+        let mut inv: u64 = C;
+        for _ in 0..6 {
+            inv = inv.wrapping_mul(2u64.wrapping_sub(C.wrapping_mul(inv)));
+        }
+        assert_eq!(C.wrapping_mul(inv), 1);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        // Hashes with bits 40..56 clear: partition 0 at level 0 for any count up to 2^16.
+        let pool: Vec<u64> = (0..150_000).map(|_| (rng.random::<u64>() & !(0xFFFFu64 << 40)).wrapping_mul(inv)).collect();
+        let build: Vec<u64> = (0..200_000).map(|_| pool[rng.random_range(0..pool.len())]).collect();
+        let probe: Vec<u64> = (0..300_000).map(|_| pool[rng.random_range(0..pool.len())]).collect();
+        for op in OPS {
+            let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &[&build], &[&probe], &mut TransferStats::default()).unwrap();
+            assert!(parts > 2, "{op:?}: the skewed partition was not split again ({parts} partitions)");
+            assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
+        }
+    }
+
     #[test]
     fn key_split_across_devices_keeps_every_rule() {
         // setfusion.devices = '0,0' / '0,0,0': the split runs on one GPU, each
@@ -761,6 +813,10 @@ mod tests {
         }
     }
 
+    /// Over the budget on a dense domain, `auto` streams both sides through a
+    /// bitmap (no key stays on the device) and is exact; an ALL rule with a
+    /// repeated build key, a sparse domain or a forced hash table partition
+    /// instead. Sides come in several chunks; fills are small (16 MiB budget).
     #[test]
     fn gpu_over_budget_streams_or_partitions() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
