@@ -24,7 +24,8 @@
 //   union all: every slot (A on a pair)  -> max(m, n)
 //   symmetric difference: A or B alone   -> |m - n|
 // Count-then-fill: one pass counts each tile's outputs, a scan gives each
-// tile's (and so each row's) output start, a second pass writes them. The
+// tile's (and so each row's) output start, a second pass writes them (one
+// kernel, ms_bp_walk, run twice). The
 // walk is mirrored on the host by `balanced_path` / `serial_set_op` in the
 // launcher's tests, against the counting reference.
 //
@@ -201,23 +202,18 @@ __device__ __forceinline__ MsTile ms_tile(const u32* aoff, const u32* boff, cons
     return s;
 }
 
-// cnt[t] = number of outputs of tile t under rule `op` (the MS_* codes).
-extern "C" __global__ void ms_bp_count(int op, const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* tileoff,
-                                       const u32* tilerow, const u64* parts, u32 ntiles, u32* cnt) {
+// One count-then-fill pass over the tiles under rule `op` (the MS_* codes):
+// with out null, cnt[t] = tile t's number of outputs; else tile t writes its
+// outputs (^ flip) at out[excl[t]...], excl being the exclusive scan of the
+// counting pass's cnt (then cnt is null).
+extern "C" __global__ void ms_bp_walk(int op, const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* tileoff,
+                                      const u32* tilerow, const u64* parts, u32 ntiles, u32* cnt, const u32* excl, u64 flip, u64* out) {
     SF_FOR(t, ntiles) {
         MsTile s = ms_tile(aoff, boff, tileoff, tilerow, parts, (u32)t);
         u32 na = aoff[s.row + 1] - aoff[s.row], nb = boff[s.row + 1] - boff[s.row];
-        cnt[t] = ms_serial_set_op(op, a + aoff[s.row], na, b + boff[s.row], nb, s.a0, s.b0, s.a1 + s.b1, 0, nullptr);
-    }
-}
-
-// Tile t's outputs (^ flip) at out[excl[t]...], excl being the exclusive scan of ms_bp_count's counts.
-extern "C" __global__ void ms_bp_fill(int op, const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* tileoff,
-                                      const u32* tilerow, const u64* parts, u32 ntiles, const u32* excl, u64 flip, u64* out) {
-    SF_FOR(t, ntiles) {
-        MsTile s = ms_tile(aoff, boff, tileoff, tilerow, parts, (u32)t);
-        u32 na = aoff[s.row + 1] - aoff[s.row], nb = boff[s.row + 1] - boff[s.row];
-        ms_serial_set_op(op, a + aoff[s.row], na, b + boff[s.row], nb, s.a0, s.b0, s.a1 + s.b1, flip, out + excl[t]);
+        u64* tile_out = out ? out + excl[t] : nullptr;
+        u32 n = ms_serial_set_op(op, a + aoff[s.row], na, b + boff[s.row], nb, s.a0, s.b0, s.a1 + s.b1, flip, tile_out);
+        if (!out) cnt[t] = n;
     }
 }
 

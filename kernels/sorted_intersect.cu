@@ -242,15 +242,16 @@ __device__ u32 si_gtwj_sequence(const u64* a, const u32* aoff, const u64* b, con
     return n;
 }
 
-// cnt[k] = number of common elements of sequence k and its partner.
-extern "C" __global__ void si_gtwj_count(const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* plan,
-                                         const u32* seqoff, const u32* seqrow, const u32* seqstart, u32 nseq, u32* cnt) {
-    SF_FOR(k, nseq) cnt[k] = si_gtwj_sequence(a, aoff, b, boff, plan, seqoff, seqrow, seqstart, (u32)k, 0, nullptr);
-}
-
-// Sequence k's common elements (^ flip) at out[excl[k]...], excl being the exclusive scan of si_gtwj_count's counts.
-extern "C" __global__ void si_gtwj_fill(const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* plan,
-                                        const u32* seqoff, const u32* seqrow, const u32* seqstart, u32 nseq, const u32* excl,
-                                        u64 flip, u64* out) {
-    SF_FOR(k, nseq) si_gtwj_sequence(a, aoff, b, boff, plan, seqoff, seqrow, seqstart, (u32)k, flip, out + excl[k]);
+// One count-then-fill pass over the sequences: with out null, cnt[k] = the
+// number of common elements of sequence k and its partner; else sequence k
+// writes them (^ flip) at out[excl[k]...], excl being the exclusive scan of
+// the counting pass's cnt (then cnt is null).
+extern "C" __global__ void si_gtwj_walk(const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* plan,
+                                        const u32* seqoff, const u32* seqrow, const u32* seqstart, u32 nseq, u32* cnt,
+                                        const u32* excl, u64 flip, u64* out) {
+    SF_FOR(k, nseq) {
+        u64* seq_out = out ? out + excl[k] : nullptr;
+        u32 n = si_gtwj_sequence(a, aoff, b, boff, plan, seqoff, seqrow, seqstart, (u32)k, flip, seq_out);
+        if (!out) cnt[k] = n;
+    }
 }

@@ -27,7 +27,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray, PrimitiveArray};
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
@@ -551,7 +551,7 @@ fn multiset_defines() -> Vec<(String, u64)> {
     defines
 }
 
-/// The rule's number in kernels/multiset.cu (`op` of `ms_bp_count` / `ms_bp_fill`, passed as `MS_*`).
+/// The rule's number in kernels/multiset.cu (`op` of `ms_bp_walk`, passed as `MS_*`).
 fn kernel_code(op: MultisetOp) -> i32 {
     match op {
         MultisetOp::IntersectAll => 0,
@@ -590,7 +590,7 @@ pub(crate) fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> 
 
 /// The id of the segment of each of the `n` items that `offsets` (rows + 1
 /// entries, ending at n) cuts into rows: item j of [offsets[r], offsets[r + 1]) gets r.
-pub(crate) fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) -> Result<DeviceBuffer<u32>> {
+fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) -> Result<DeviceBuffer<u32>> {
     let seg = gpu.alloc::<u32>(n)?;
     if n > 0 {
         let f = gpu.function(&KERNEL, "ms_seg_ids")?;
@@ -627,7 +627,7 @@ pub(crate) fn row_counts(gpu: &Gpu, a: &DeviceSide, ea: &DeviceBuffer<u32>, b: &
 /// The result's row offsets (rows + 1 entries): row r starts at
 /// `scanned[first[r]]`, where `scanned` is the exclusive scan of per-item
 /// output counts and `first` (rows + 1 entries) the rows' first items.
-pub(crate) fn row_starts(gpu: &Gpu, scanned: &DeviceBuffer<u32>, first: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
+fn row_starts(gpu: &Gpu, scanned: &DeviceBuffer<u32>, first: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
     let out = gpu.alloc::<u32>(rows + 1)?;
     let f = gpu.function(&KERNEL, "ms_gather_u32")?;
     let n32 = (rows + 1) as u32;
@@ -644,12 +644,72 @@ pub(crate) struct SegmentedResult<T> {
     pub(crate) total: usize,
 }
 
-/// The result's element count, which Arrow's i32 offsets must hold.
-pub(crate) fn check_result_total(total: usize) -> Result<()> {
+/// Work items (Balanced Path tiles, GTWJ sequences) numbered row after row:
+/// row r's are [offsets[r], offsets[r + 1]); `rows_of` gives each item's row.
+pub(crate) struct RowItems {
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) rows_of: DeviceBuffer<u32>,
+    pub(crate) n: usize,
+}
+
+impl RowItems {
+    /// `counts[r]` items for each of the `rows` rows.
+    pub(crate) fn from_counts(gpu: &Gpu, counts: &DeviceBuffer<u32>, rows: usize, stats: &mut TransferStats) -> Result<Self> {
+        let offsets = exclusive_scan(gpu, counts, rows)?;
+        let n = gpu.read_one(&offsets, rows, stats)? as usize;
+        let rows_of = segment_ids(gpu, &offsets, rows, n)?;
+        Ok(Self { offsets, rows_of, n })
+    }
+}
+
+/// One pass of a count-then-fill kernel, as its last four arguments
+/// (`u32* cnt, const u32* excl, u64 flip, u64* out`): count each item's
+/// outputs into `Count`, or write them at `Fill`'s scanned starts.
+pub(crate) enum Pass<'a, T> {
+    Count(&'a DeviceBuffer<u32>),
+    Fill(&'a DeviceBuffer<u32>, &'a DeviceBuffer<T>),
+}
+
+impl<'a, T> Pass<'a, T> {
+    /// Push the four arguments (`null` stands for a null pointer).
+    pub(crate) fn push<'l>(&self, l: &mut LaunchArgs<'l>, null: &'l u64, flip: &'l u64)
+    where
+        'a: 'l,
+    {
+        match *self {
+            Pass::Count(counts) => l.arg(&counts.slice).arg(null).arg(flip).arg(null),
+            Pass::Fill(starts, values) => l.arg(null).arg(&starts.slice).arg(flip).arg(&values.slice),
+        };
+    }
+}
+
+/// Count-then-fill over `items`: `walk(Pass::Count)` counts each item's
+/// outputs, a scan gives each item's (and so each row's) first output, and
+/// `walk(Pass::Fill)` writes them into the result.
+pub(crate) fn count_then_fill<T: ListKey>(
+    gpu: &Gpu,
+    items: &RowItems,
+    rows: usize,
+    stats: &mut TransferStats,
+    walk: impl Fn(Pass<'_, T>) -> Result<()>,
+) -> Result<SegmentedResult<T>> {
+    let counts = gpu.alloc::<u32>(items.n)?;
+    walk(Pass::Count(&counts))?;
+    let starts = exclusive_scan(gpu, &counts, items.n)?;
+    let total = gpu.read_one(&starts, items.n, stats)? as usize;
     if total > i32::MAX as usize {
         return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
     }
-    Ok(())
+    let offsets = row_starts(gpu, &starts, &items.offsets, rows)?;
+    let values = gpu.alloc::<T>(total)?;
+    walk(Pass::Fill(&starts, &values))?;
+    Ok(SegmentedResult { offsets, values, total })
+}
+
+/// Push both sides' keys and row offsets (`a, aoff, b, boff`), the first
+/// arguments of the segmented kernels.
+pub(crate) fn push_sides<'l>(l: &mut LaunchArgs<'l>, a: &'l DeviceSide, b: &'l DeviceSide) {
+    l.arg(&a.keys.slice).arg(&a.offsets.slice).arg(&b.keys.slice).arg(&b.offsets.slice);
 }
 
 /// Bits needed for ids 0..count.
@@ -885,79 +945,35 @@ fn balanced_path_segmented<T: ListKey>(
 ) -> Result<SegmentedResult<T>> {
     let stream = gpu.stream();
     let rows32 = rows as u32;
-    let tiles = gpu.alloc::<u32>(rows)?;
+    let row_tiles = gpu.alloc::<u32>(rows)?;
     let f = gpu.function(&KERNEL, "ms_bp_row_tiles")?;
-    // SAFETY: signature matches kernels/multiset.cu; offsets hold rows + 1 entries, valid and tiles rows.
-    unsafe { stream.launch_builder(&f).arg(&a.offsets.slice).arg(&b.offsets.slice).arg(&valid.slice).arg(&rows32).arg(&tiles.slice).launch(gpu.grid_stride(rows, 32)) }
-        .map_err(launch_err("ms_bp_row_tiles"))?;
-    // The tiles, numbered row after row: tile_offsets[r] is row r's first.
-    let tile_offsets = exclusive_scan(gpu, &tiles, rows)?;
-    let ntiles = gpu.read_one(&tile_offsets, rows, stats)? as usize;
-    let tile_rows = segment_ids(gpu, &tile_offsets, rows, ntiles)?;
-    let (nt32, code) = (ntiles as u32, kernel_code(rule));
-    let parts = gpu.alloc::<u64>(ntiles)?;
+    // SAFETY: signature matches kernels/multiset.cu; offsets hold rows + 1 entries, valid and row_tiles rows.
+    unsafe {
+        stream.launch_builder(&f).arg(&a.offsets.slice).arg(&b.offsets.slice).arg(&valid.slice).arg(&rows32).arg(&row_tiles.slice).launch(gpu.grid_stride(rows, 32))
+    }
+    .map_err(launch_err("ms_bp_row_tiles"))?;
+    let tiles = RowItems::from_counts(gpu, &row_tiles, rows, stats)?;
+    let nt32 = tiles.n as u32;
+    let parts = gpu.alloc::<u64>(tiles.n)?;
     let f = gpu.function(&KERNEL, "ms_bp_partition")?;
-    // SAFETY: keys hold their side's n entries and offsets rows + 1; tile_offsets rows + 1, tile_rows and parts ntiles.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&a.keys.slice)
-            .arg(&a.offsets.slice)
-            .arg(&b.keys.slice)
-            .arg(&b.offsets.slice)
-            .arg(&tile_offsets.slice)
-            .arg(&tile_rows.slice)
-            .arg(&nt32)
-            .arg(&parts.slice)
-            .launch(gpu.grid_stride(ntiles, 32))
-    }
-    .map_err(launch_err("ms_bp_partition"))?;
-    let counts = gpu.alloc::<u32>(ntiles)?;
-    let f = gpu.function(&KERNEL, "ms_bp_count")?;
-    // SAFETY: as for ms_bp_partition; counts holds ntiles entries.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&code)
-            .arg(&a.keys.slice)
-            .arg(&a.offsets.slice)
-            .arg(&b.keys.slice)
-            .arg(&b.offsets.slice)
-            .arg(&tile_offsets.slice)
-            .arg(&tile_rows.slice)
-            .arg(&parts.slice)
-            .arg(&nt32)
-            .arg(&counts.slice)
-            .launch(gpu.grid_stride(ntiles, 32))
-    }
-    .map_err(launch_err("ms_bp_count"))?;
-    let starts = exclusive_scan(gpu, &counts, ntiles)?;
-    let total = gpu.read_one(&starts, ntiles, stats)? as usize;
-    check_result_total(total)?;
-    let offsets = row_starts(gpu, &starts, &tile_offsets, rows)?;
-    let values = gpu.alloc::<T>(total)?;
-    let flip = T::FLIP;
-    let f = gpu.function(&KERNEL, "ms_bp_fill")?;
-    // SAFETY: as for ms_bp_count; starts holds ntiles + 1 entries and values (T, 8 bytes) every tile's outputs.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&code)
-            .arg(&a.keys.slice)
-            .arg(&a.offsets.slice)
-            .arg(&b.keys.slice)
-            .arg(&b.offsets.slice)
-            .arg(&tile_offsets.slice)
-            .arg(&tile_rows.slice)
-            .arg(&parts.slice)
-            .arg(&nt32)
-            .arg(&starts.slice)
-            .arg(&flip)
-            .arg(&values.slice)
-            .launch(gpu.grid_stride(ntiles, 32))
-    }
-    .map_err(launch_err("ms_bp_fill"))?;
-    Ok(SegmentedResult { offsets, values, total })
+    let mut l = stream.launch_builder(&f);
+    push_sides(&mut l, a, b);
+    l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&nt32).arg(&parts.slice);
+    // SAFETY: keys hold their side's n entries and offsets rows + 1; tiles.offsets rows + 1, tiles.rows_of and parts tiles.n.
+    unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_partition"))?;
+    let code = kernel_code(rule);
+    let f = gpu.function(&KERNEL, "ms_bp_walk")?;
+    count_then_fill(gpu, &tiles, rows, stats, |pass| {
+        let (null, flip) = (0u64, T::FLIP);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&code);
+        push_sides(&mut l, a, b);
+        l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&parts.slice).arg(&nt32);
+        pass.push(&mut l, &null, &flip);
+        // SAFETY: as for ms_bp_partition; counts hold tiles.n entries, starts tiles.n + 1 and values (T, 8 bytes) every tile's outputs.
+        unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_walk"))?;
+        Ok(())
+    })
 }
 
 /// Sorted lists resident on the device, for repeated k-way intersections
@@ -1355,7 +1371,7 @@ mod tests {
     }
 
     /// One row as the device runs it (`ms_bp_partition`, `ms_tile`,
-    /// `ms_bp_count` / `ms_bp_fill`): tiles of `vt` inputs from their
+    /// `ms_bp_walk`): tiles of `vt` inputs from their
     /// Balanced Path starts, each walked serially, outputs concatenated.
     /// Asserts the partition's promises: every walk ends exactly at the next
     /// tile's start, and every tile but the last holds vt - 1 to vt + 1 inputs.

@@ -15,7 +15,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::Result;
 
-use crate::algo::multiset::{check_result_total, exclusive_scan, row_counts, row_starts, segment_ids, DeviceSide, ListKey, SegmentedResult};
+use crate::algo::multiset::{count_then_fill, exclusive_scan, push_sides, row_counts, DeviceSide, ListKey, RowItems, SegmentedResult};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// kernels/sorted_intersect.cu, with its contract constants as `-D` options.
@@ -207,20 +207,11 @@ pub(crate) fn gtwj_segmented<T: ListKey>(
     let rows32 = rows as u32;
     let plan = gpu.alloc::<u32>(rows)?;
     let f = gpu.function(&KERNEL, "si_gtwj_plan")?;
+    let mut l = stream.launch_builder(&f);
+    push_sides(&mut l, a, b);
+    l.arg(&valid.slice).arg(&rows32).arg(&plan.slice);
     // SAFETY: signature matches kernels/sorted_intersect.cu; keys hold their side's n entries, offsets rows + 1, valid and plan rows.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&a.keys.slice)
-            .arg(&a.offsets.slice)
-            .arg(&b.keys.slice)
-            .arg(&b.offsets.slice)
-            .arg(&valid.slice)
-            .arg(&rows32)
-            .arg(&plan.slice)
-            .launch(gpu.grid_stride(rows, 32))
-    }
-    .map_err(|e| cuda_err("si_gtwj_plan", e))?;
+    unsafe { l.launch(gpu.grid_stride(rows, 32)) }.map_err(|e| cuda_err("si_gtwj_plan", e))?;
     // Sequence heads of each side (only in the rows it drives), and their scans.
     let mut heads = Vec::with_capacity(2);
     for (side, x) in [a, b].into_iter().enumerate() {
@@ -244,15 +235,12 @@ pub(crate) fn gtwj_segmented<T: ListKey>(
         let scanned = exclusive_scan(gpu, &head, x.n)?;
         heads.push((head, scanned));
     }
-    let seq_counts = row_counts(gpu, a, &heads[0].1, b, &heads[1].1, rows)?;
-    // The sequences, numbered row after row: seq_offsets[r] is row r's first.
-    let seq_offsets = exclusive_scan(gpu, &seq_counts, rows)?;
-    let nseq = gpu.read_one(&seq_offsets, rows, stats)? as usize;
-    let seq_starts = gpu.alloc::<u32>(nseq)?;
+    let seqs = RowItems::from_counts(gpu, &row_counts(gpu, a, &heads[0].1, b, &heads[1].1, rows)?, rows, stats)?;
+    let seq_starts = gpu.alloc::<u32>(seqs.n)?;
     for (x, (head, scanned)) in [a, b].into_iter().zip(&heads) {
         let n64 = x.n as u64;
         let f = gpu.function(&KERNEL, "si_gtwj_seq_starts")?;
-        // SAFETY: seg, head hold the side's n entries and scanned n + 1; seq_offsets rows + 1 and seq_starts nseq.
+        // SAFETY: seg and head hold the side's n entries, scanned n + 1; seqs.offsets rows + 1 and seq_starts seqs.n.
         unsafe {
             stream
                 .launch_builder(&f)
@@ -261,60 +249,25 @@ pub(crate) fn gtwj_segmented<T: ListKey>(
                 .arg(&n64)
                 .arg(&head.slice)
                 .arg(&scanned.slice)
-                .arg(&seq_offsets.slice)
+                .arg(&seqs.offsets.slice)
                 .arg(&seq_starts.slice)
                 .launch(gpu.grid_stride(x.n, 32))
         }
         .map_err(|e| cuda_err("si_gtwj_seq_starts", e))?;
     }
-    let seq_rows = segment_ids(gpu, &seq_offsets, rows, nseq)?;
-    let nseq32 = nseq as u32;
-    let counts = gpu.alloc::<u32>(nseq)?;
-    let f = gpu.function(&KERNEL, "si_gtwj_count")?;
-    // SAFETY: plan holds rows entries, seq_offsets rows + 1, seq_rows, seq_starts and counts nseq.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&a.keys.slice)
-            .arg(&a.offsets.slice)
-            .arg(&b.keys.slice)
-            .arg(&b.offsets.slice)
-            .arg(&plan.slice)
-            .arg(&seq_offsets.slice)
-            .arg(&seq_rows.slice)
-            .arg(&seq_starts.slice)
-            .arg(&nseq32)
-            .arg(&counts.slice)
-            .launch(gpu.grid_stride(nseq, 32))
-    }
-    .map_err(|e| cuda_err("si_gtwj_count", e))?;
-    let starts = exclusive_scan(gpu, &counts, nseq)?;
-    let total = gpu.read_one(&starts, nseq, stats)? as usize;
-    check_result_total(total)?;
-    let offsets = row_starts(gpu, &starts, &seq_offsets, rows)?;
-    let values = gpu.alloc::<T>(total)?;
-    let flip = T::FLIP;
-    let f = gpu.function(&KERNEL, "si_gtwj_fill")?;
-    // SAFETY: as for si_gtwj_count; starts holds nseq + 1 entries and values (T, 8 bytes) every sequence's outputs.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&a.keys.slice)
-            .arg(&a.offsets.slice)
-            .arg(&b.keys.slice)
-            .arg(&b.offsets.slice)
-            .arg(&plan.slice)
-            .arg(&seq_offsets.slice)
-            .arg(&seq_rows.slice)
-            .arg(&seq_starts.slice)
-            .arg(&nseq32)
-            .arg(&starts.slice)
-            .arg(&flip)
-            .arg(&values.slice)
-            .launch(gpu.grid_stride(nseq, 32))
-    }
-    .map_err(|e| cuda_err("si_gtwj_fill", e))?;
-    Ok(SegmentedResult { offsets, values, total })
+    let nseq32 = seqs.n as u32;
+    let f = gpu.function(&KERNEL, "si_gtwj_walk")?;
+    count_then_fill(gpu, &seqs, rows, stats, |pass| {
+        let (null, flip) = (0u64, T::FLIP);
+        let mut l = stream.launch_builder(&f);
+        push_sides(&mut l, a, b);
+        l.arg(&plan.slice).arg(&seqs.offsets.slice).arg(&seqs.rows_of.slice).arg(&seq_starts.slice).arg(&nseq32);
+        pass.push(&mut l, &null, &flip);
+        // SAFETY: plan holds rows entries, seqs.offsets rows + 1, seqs.rows_of and seq_starts seqs.n; counts seqs.n,
+        // starts seqs.n + 1 and values (T, 8 bytes) every sequence's outputs.
+        unsafe { l.launch(gpu.grid_stride(seqs.n, 32)) }.map_err(|e| cuda_err("si_gtwj_walk", e))?;
+        Ok(())
+    })
 }
 
 /// Doctor self-check: u32 and u64 sorted sets against the CPU twin.
