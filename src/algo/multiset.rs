@@ -602,28 +602,6 @@ fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) ->
     Ok(seg)
 }
 
-/// Per row, the marked elements of both sides: `ea` and `eb` are the
-/// exclusive scans (n + 1 entries) of per-element marks of sides `a` and `b`.
-pub(crate) fn row_counts(gpu: &Gpu, a: &DeviceSide, ea: &DeviceBuffer<u32>, b: &DeviceSide, eb: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
-    let counts = gpu.alloc::<u32>(rows)?;
-    let f = gpu.function(&KERNEL, "ms_row_counts")?;
-    let rows32 = rows as u32;
-    // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
-    unsafe {
-        gpu.stream()
-            .launch_builder(&f)
-            .arg(&a.offsets.slice)
-            .arg(&ea.slice)
-            .arg(&b.offsets.slice)
-            .arg(&eb.slice)
-            .arg(&rows32)
-            .arg(&counts.slice)
-            .launch(gpu.grid_stride(rows, 32))
-    }
-    .map_err(launch_err("ms_row_counts"))?;
-    Ok(counts)
-}
-
 /// The result's row offsets (rows + 1 entries): row r starts at
 /// `scanned[first[r]]`, where `scanned` is the exclusive scan of per-item
 /// output counts and `first` (rows + 1 entries) the rows' first items.
@@ -706,10 +684,43 @@ pub(crate) fn count_then_fill<T: ListKey>(
     Ok(SegmentedResult { offsets, values, total })
 }
 
-/// Push both sides' keys and row offsets (`a, aoff, b, boff`), the first
-/// arguments of the segmented kernels.
-pub(crate) fn push_sides<'l>(l: &mut LaunchArgs<'l>, a: &'l DeviceSide, b: &'l DeviceSide) {
-    l.arg(&a.keys.slice).arg(&a.offsets.slice).arg(&b.keys.slice).arg(&b.offsets.slice);
+/// Both list arguments of a batch on the device, with the rows' validity.
+pub(crate) struct DeviceListPair {
+    pub(crate) a: DeviceSide,
+    pub(crate) b: DeviceSide,
+    /// One byte per row: 0 when the row's result is NULL (its elements are ignored).
+    pub(crate) valid: DeviceBuffer<u8>,
+    pub(crate) rows: usize,
+}
+
+impl DeviceListPair {
+    /// Push both sides' keys and row offsets (`a, aoff, b, boff`), the first
+    /// arguments of the segmented kernels.
+    pub(crate) fn push_sides<'l>(&'l self, l: &mut LaunchArgs<'l>) {
+        l.arg(&self.a.keys.slice).arg(&self.a.offsets.slice).arg(&self.b.keys.slice).arg(&self.b.offsets.slice);
+    }
+
+    /// Per row, the marked elements of both sides: `ea` and `eb` are the
+    /// exclusive scans (n + 1 entries) of per-element marks of sides a and b.
+    pub(crate) fn row_counts(&self, gpu: &Gpu, ea: &DeviceBuffer<u32>, eb: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
+        let counts = gpu.alloc::<u32>(self.rows)?;
+        let f = gpu.function(&KERNEL, "ms_row_counts")?;
+        let rows32 = self.rows as u32;
+        // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&self.a.offsets.slice)
+                .arg(&ea.slice)
+                .arg(&self.b.offsets.slice)
+                .arg(&eb.slice)
+                .arg(&rows32)
+                .arg(&counts.slice)
+                .launch(gpu.grid_stride(self.rows, 32))
+        }
+        .map_err(launch_err("ms_row_counts"))?;
+        Ok(counts)
+    }
 }
 
 /// Bits needed for ids 0..count.
@@ -916,9 +927,10 @@ fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSid
             }
         }
     }
+    let pair = DeviceListPair { a: da, b: db, valid, rows };
     let result = match op {
-        ListOp::SortedIntersect => crate::algo::sorted_intersect::gtwj_segmented::<T>(gpu, &da, &db, &valid, rows, stats)?,
-        ListOp::Multiset(rule) => balanced_path_segmented::<T>(gpu, rule, &da, &db, &valid, rows, stats)?,
+        ListOp::SortedIntersect => crate::algo::sorted_intersect::gtwj_segmented::<T>(gpu, &pair, stats)?,
+        ListOp::Multiset(rule) => balanced_path_segmented::<T>(gpu, rule, &pair, stats)?,
     };
     gpu.synchronize()?;
     stats.kernel += started.elapsed();
@@ -934,22 +946,21 @@ fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSid
 /// cross-diagonal meets the row's Balanced Path, so every key-rank pair lies
 /// in one tile; each thread runs the serial set op over its tile, first to
 /// count, then (after a scan) to write.
-fn balanced_path_segmented<T: ListKey>(
-    gpu: &Gpu,
-    rule: MultisetOp,
-    a: &DeviceSide,
-    b: &DeviceSide,
-    valid: &DeviceBuffer<u8>,
-    rows: usize,
-    stats: &mut TransferStats,
-) -> Result<SegmentedResult<T>> {
-    let stream = gpu.stream();
+fn balanced_path_segmented<T: ListKey>(gpu: &Gpu, rule: MultisetOp, pair: &DeviceListPair, stats: &mut TransferStats) -> Result<SegmentedResult<T>> {
+    let (stream, rows) = (gpu.stream(), pair.rows);
     let rows32 = rows as u32;
     let row_tiles = gpu.alloc::<u32>(rows)?;
     let f = gpu.function(&KERNEL, "ms_bp_row_tiles")?;
     // SAFETY: signature matches kernels/multiset.cu; offsets hold rows + 1 entries, valid and row_tiles rows.
     unsafe {
-        stream.launch_builder(&f).arg(&a.offsets.slice).arg(&b.offsets.slice).arg(&valid.slice).arg(&rows32).arg(&row_tiles.slice).launch(gpu.grid_stride(rows, 32))
+        stream
+            .launch_builder(&f)
+            .arg(&pair.a.offsets.slice)
+            .arg(&pair.b.offsets.slice)
+            .arg(&pair.valid.slice)
+            .arg(&rows32)
+            .arg(&row_tiles.slice)
+            .launch(gpu.grid_stride(rows, 32))
     }
     .map_err(launch_err("ms_bp_row_tiles"))?;
     let tiles = RowItems::from_counts(gpu, &row_tiles, rows, stats)?;
@@ -957,7 +968,7 @@ fn balanced_path_segmented<T: ListKey>(
     let parts = gpu.alloc::<u64>(tiles.n)?;
     let f = gpu.function(&KERNEL, "ms_bp_partition")?;
     let mut l = stream.launch_builder(&f);
-    push_sides(&mut l, a, b);
+    pair.push_sides(&mut l);
     l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&nt32).arg(&parts.slice);
     // SAFETY: keys hold their side's n entries and offsets rows + 1; tiles.offsets rows + 1, tiles.rows_of and parts tiles.n.
     unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_partition"))?;
@@ -967,7 +978,7 @@ fn balanced_path_segmented<T: ListKey>(
         let (null, flip) = (0u64, T::FLIP);
         let mut l = stream.launch_builder(&f);
         l.arg(&code);
-        push_sides(&mut l, a, b);
+        pair.push_sides(&mut l);
         l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&parts.slice).arg(&nt32);
         pass.push(&mut l, &null, &flip);
         // SAFETY: as for ms_bp_partition; counts hold tiles.n entries, starts tiles.n + 1 and values (T, 8 bytes) every tile's outputs.

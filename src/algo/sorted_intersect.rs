@@ -15,7 +15,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::Result;
 
-use crate::algo::multiset::{count_then_fill, exclusive_scan, push_sides, row_counts, DeviceSide, ListKey, RowItems, SegmentedResult};
+use crate::algo::multiset::{count_then_fill, exclusive_scan, DeviceListPair, ListKey, RowItems, SegmentedResult};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// kernels/sorted_intersect.cu, with its contract constants as `-D` options.
@@ -195,26 +195,19 @@ pub fn intersect_count_gpu_shaped<T: SortedKey>(
 /// with the other list's sequence of the same SeqID, found by binary search,
 /// first to count, then (after a scan) to write. Values come back as `T`
 /// (the keys' u64 image XOR `T::FLIP`).
-pub(crate) fn gtwj_segmented<T: ListKey>(
-    gpu: &Gpu,
-    a: &DeviceSide,
-    b: &DeviceSide,
-    valid: &DeviceBuffer<u8>,
-    rows: usize,
-    stats: &mut TransferStats,
-) -> Result<SegmentedResult<T>> {
-    let stream = gpu.stream();
+pub(crate) fn gtwj_segmented<T: ListKey>(gpu: &Gpu, pair: &DeviceListPair, stats: &mut TransferStats) -> Result<SegmentedResult<T>> {
+    let (stream, rows) = (gpu.stream(), pair.rows);
     let rows32 = rows as u32;
     let plan = gpu.alloc::<u32>(rows)?;
     let f = gpu.function(&KERNEL, "si_gtwj_plan")?;
     let mut l = stream.launch_builder(&f);
-    push_sides(&mut l, a, b);
-    l.arg(&valid.slice).arg(&rows32).arg(&plan.slice);
+    pair.push_sides(&mut l);
+    l.arg(&pair.valid.slice).arg(&rows32).arg(&plan.slice);
     // SAFETY: signature matches kernels/sorted_intersect.cu; keys hold their side's n entries, offsets rows + 1, valid and plan rows.
     unsafe { l.launch(gpu.grid_stride(rows, 32)) }.map_err(|e| cuda_err("si_gtwj_plan", e))?;
     // Sequence heads of each side (only in the rows it drives), and their scans.
     let mut heads = Vec::with_capacity(2);
-    for (side, x) in [a, b].into_iter().enumerate() {
+    for (side, x) in [&pair.a, &pair.b].into_iter().enumerate() {
         let head = gpu.alloc::<u32>(x.n)?;
         let (n64, side32) = (x.n as u64, side as u32);
         let f = gpu.function(&KERNEL, "si_gtwj_heads")?;
@@ -235,9 +228,9 @@ pub(crate) fn gtwj_segmented<T: ListKey>(
         let scanned = exclusive_scan(gpu, &head, x.n)?;
         heads.push((head, scanned));
     }
-    let seqs = RowItems::from_counts(gpu, &row_counts(gpu, a, &heads[0].1, b, &heads[1].1, rows)?, rows, stats)?;
+    let seqs = RowItems::from_counts(gpu, &pair.row_counts(gpu, &heads[0].1, &heads[1].1)?, rows, stats)?;
     let seq_starts = gpu.alloc::<u32>(seqs.n)?;
-    for (x, (head, scanned)) in [a, b].into_iter().zip(&heads) {
+    for (x, (head, scanned)) in [&pair.a, &pair.b].into_iter().zip(&heads) {
         let n64 = x.n as u64;
         let f = gpu.function(&KERNEL, "si_gtwj_seq_starts")?;
         // SAFETY: seg and head hold the side's n entries, scanned n + 1; seqs.offsets rows + 1 and seq_starts seqs.n.
@@ -260,7 +253,7 @@ pub(crate) fn gtwj_segmented<T: ListKey>(
     count_then_fill(gpu, &seqs, rows, stats, |pass| {
         let (null, flip) = (0u64, T::FLIP);
         let mut l = stream.launch_builder(&f);
-        push_sides(&mut l, a, b);
+        pair.push_sides(&mut l);
         l.arg(&plan.slice).arg(&seqs.offsets.slice).arg(&seqs.rows_of.slice).arg(&seq_starts.slice).arg(&nseq32);
         pass.push(&mut l, &null, &flip);
         // SAFETY: plan holds rows entries, seqs.offsets rows + 1, seqs.rows_of and seq_starts seqs.n; counts seqs.n,
