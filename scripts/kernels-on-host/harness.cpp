@@ -1,5 +1,6 @@
 // Runs the real kernels of kernels/multiset.cu and kernels/sorted_intersect.cu
 // serially on the host, in the launchers' order, against a counting reference
+// (and the k-way step ms_kway_flags, whose searches moved to common.cuh)
 // (scripts/kernels-on-host/run.sh builds it; the -D values below are defaults).
 #define MS_INTERSECT_ALL 0
 #define MS_EXCEPT_ALL 1
@@ -146,6 +147,22 @@ int main() {
                 nonempty += !want.empty();
             }
             if (r.off[rows] != r.vals.size()) { printf("total mismatch\n"); return 1; }
+        }
+    }
+    // ms_kway_flags (SvS step, min(m, n) rule): candidate i survives while its rank among equal candidates < copies in list.
+    for (int round = 0; round < 2000; ++round) {
+        u64 domain = 1 + rng() % (round % 2 ? 8 : 100000);
+        vector<u64> cand(rng() % 200), list(rng() % 300);
+        for (auto& x : cand) x = rng() % domain;
+        for (auto& x : list) x = rng() % domain;
+        std::sort(cand.begin(), cand.end());
+        std::sort(list.begin(), list.end());
+        vector<u32> flag(cand.size() + 1, 9);
+        ms_kway_flags(cand.data(), cand.size(), list.data(), list.size(), flag.data());
+        for (size_t i = 0; i < cand.size(); ++i) {
+            size_t rank = i - (std::lower_bound(cand.begin(), cand.end(), cand[i]) - cand.begin());
+            size_t copies = std::upper_bound(list.begin(), list.end(), cand[i]) - std::lower_bound(list.begin(), list.end(), cand[i]);
+            if (flag[i] != (rank < copies)) { printf("ms_kway_flags MISMATCH round %d at %zu\n", round, i); return 1; }
         }
     }
     printf("ok: %ld rows checked (%ld non-empty results), MS_BP_VT %d\n", checked, nonempty, MS_BP_VT);

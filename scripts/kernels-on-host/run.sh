@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The segmented list kernels' real CUDA source (kernels/multiset.cu's Balanced
-# Path walk, kernels/sorted_intersect.cu's GTWJ), compiled as C++ with shims
+# Path walk and k-way step, kernels/sorted_intersect.cu's GTWJ), compiled as C++ with shims
 # (shim.h: one block of one thread, so every SF_FOR loop runs serially) and run
 # in the launchers' order against a counting reference, for machines without a
 # GPU: rows of uneven lengths, NULL rows, dense and whole-u64 key domains, both
