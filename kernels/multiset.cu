@@ -25,9 +25,14 @@
 //   symmetric difference: A or B alone   -> |m - n|
 // Count-then-fill: one pass counts each tile's outputs, a scan gives each
 // tile's (and so each row's) output start, a second pass writes them (one
-// kernel, ms_bp_walk, run twice). The
-// walk is mirrored on the host by `balanced_path` / `serial_set_op` in the
-// launcher's tests, against the counting reference.
+// kernel, ms_bp_walk, run twice). The walk is mirrored on the host by
+// `balanced_path` / `serial_set_op` in the launcher's tests, and this source
+// itself runs serially on the host in scripts/kernels-on-host, both against
+// the counting reference.
+//
+// MS_BP_VT (inputs per tile) and the rule codes MS_INTERSECT_ALL,
+// MS_EXCEPT_ALL, MS_UNION_ALL and MS_SYMMETRIC_DIFFERENCE come from the host:
+// -D options from src/algo/multiset.rs.
 //
 // Scans are three kernels (tile sums, one-block scan of the sums, tile scan
 // with the tile's base); n < 2^32 and totals < 2^32 (the launcher checks).

@@ -149,6 +149,8 @@ SF_INTERSECT_U32(256, 27)
 // the row's longer list to 2^SI_GTWJ_SEQ_LOG2 elements (within a factor 2
 // each way): s = bitlen(span) - bitlen(n) + SI_GTWJ_SEQ_LOG2, clamped to
 // [0, 63], with span = last - first of that list. See the launcher for why.
+// Mirrored on the host by `gtwj_row` in the launcher's tests; this source
+// itself runs serially on the host in scripts/kernels-on-host.
 
 // plan[r] when row r has no result to compute (NULL, or an empty list).
 #define SI_GTWJ_NO_PLAN 0xffffffffu

@@ -338,7 +338,6 @@ impl ListOp {
         ListOp::Multiset(MultisetOp::SymmetricDifference),
         ListOp::SortedIntersect,
     ];
-
 }
 
 /// The error of `sorted_intersect` for an unsorted row (the CPU and GPU paths
