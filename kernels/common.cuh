@@ -26,3 +26,68 @@ __device__ __forceinline__ void sf_store_bit(u32* words, u64 i, u64 n, bool bit)
     unsigned mask = __ballot_sync(0xffffffffu, bit && i < n);
     if ((threadIdx.x & 31) == 0) words[i >> 5] = mask;
 }
+
+// ---- sorted-array searches, shared by the merge-like families (sort_setops,
+// multiset, sorted_intersect); I is the index type (int in shared memory,
+// i64 or u32 in global memory).
+
+template <typename I> __device__ __forceinline__ I sf_min(I a, I b) { return a < b ? a : b; }
+template <typename I> __device__ __forceinline__ I sf_max(I a, I b) { return a > b ? a : b; }
+
+// First i in [0, n) with a[i] >= x (n if none).
+template <typename I> __device__ I sf_lower_bound_u64(const u64* a, I n, u64 x) {
+    I lo = 0, hi = n;
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (a[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// First i in [0, n) with a[i] > x (n if none).
+template <typename I> __device__ I sf_upper_bound_u64(const u64* a, I n, u64 x) {
+    I lo = 0, hi = n;
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (!(x < a[mid])) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// moderngpu BalancedPath<Duplicates = true>: where cross-diagonal `diag` of
+// the merge of a[0, na) and b[0, nb) meets the Balanced Path, which pairs the
+// r-th copy of a key in A with the r-th copy in B. Returns the A index; the B
+// index is diag - result + *star (a starred diagonal gives the B element at
+// diag - result to the left side, so a key-rank pair is never split).
+// Plain binary searches (moderngpu biases them towards short duplicate runs;
+// correctness is the same).
+template <typename I> __device__ I sf_balanced_path(const u64* a, I na, const u64* b, I nb, I diag, int* star) {
+    // Merge Path, lower-bound flavour: on ties A's elements come first.
+    I lo = diag > nb ? diag - nb : 0, hi = sf_min(diag, na);
+    while (lo < hi) {
+        const I mid = lo + ((hi - lo) >> 1);
+        if (!(b[diag - 1 - mid] < a[mid])) lo = mid + 1; else hi = mid;
+    }
+    I ai = lo;
+    const I bi = diag - lo;
+    *star = 0;
+    if (bi < nb) {
+        const u64 x = b[bi];
+        // Where the Merge Path entered x's run in both inputs (where Balanced Path diverged).
+        const I a_start = sf_lower_bound_u64<I>(a, ai, x);
+        const I b_start = sf_lower_bound_u64<I>(b, bi, x);
+        const I a_run = ai - a_start;
+        I b_run = bi - b_start;
+        const I x_count = a_run + b_run;
+        // Spread the run evenly over A and B, bounded by B's run of x.
+        I b_adv = sf_max(x_count >> 1, x_count - a_run);
+        const I b_end = sf_min(nb, b_start + b_adv + 1);
+        const I b_run_end = bi + sf_upper_bound_u64<I>(b + bi, b_end - bi, x);
+        b_run = b_run_end - b_start;
+        b_adv = sf_min(b_adv, b_run);
+        const I a_adv = x_count - b_adv;
+        *star = (a_adv == b_adv + 1) && (b_adv < b_run);
+        ai = a_start + a_adv;
+    }
+    return ai;
+}

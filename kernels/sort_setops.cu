@@ -30,74 +30,15 @@
 #define BP_NV (BP_NT * BP_VT)
 #define STAR_BIT 0x8000000000000000ULL
 
-template <typename I> __device__ __forceinline__ I sp_min(I a, I b) { return a < b ? a : b; }
-template <typename I> __device__ __forceinline__ I sp_max(I a, I b) { return a > b ? a : b; }
-
-// First i in [0, n) with a[i] >= x (n if none).
-template <typename I> __device__ I sp_lower_bound(const u64* a, I n, u64 x) {
-    I lo = 0, hi = n;
-    while (lo < hi) {
-        const I mid = lo + ((hi - lo) >> 1);
-        if (a[mid] < x) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
-// First i in [0, n) with a[i] > x (n if none).
-template <typename I> __device__ I sp_upper_bound(const u64* a, I n, u64 x) {
-    I lo = 0, hi = n;
-    while (lo < hi) {
-        const I mid = lo + ((hi - lo) >> 1);
-        if (!(x < a[mid])) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
-// moderngpu BalancedPath<Duplicates = true>: where cross-diagonal `diag` of
-// the merge of a[0, na) and b[0, nb) meets the Balanced Path, which pairs the
-// r-th copy of a key in A with the r-th copy in B. Returns the A index; the B
-// index is diag - result + *star (a starred diagonal gives the B element at
-// diag - result to the left side, so a key-rank pair is never split).
-// Plain binary searches (moderngpu biases them towards short duplicate runs;
-// correctness is the same).
-template <typename I> __device__ I sp_balanced_path(const u64* a, I na, const u64* b, I nb, I diag, int* star) {
-    // Merge Path, lower-bound flavour: on ties A's elements come first.
-    I lo = diag > nb ? diag - nb : 0, hi = sp_min(diag, na);
-    while (lo < hi) {
-        const I mid = lo + ((hi - lo) >> 1);
-        if (!(b[diag - 1 - mid] < a[mid])) lo = mid + 1; else hi = mid;
-    }
-    I ai = lo;
-    const I bi = diag - lo;
-    *star = 0;
-    if (bi < nb) {
-        const u64 x = b[bi];
-        // Where the Merge Path entered x's run in both inputs (where Balanced Path diverged).
-        const I a_start = sp_lower_bound<I>(a, ai, x);
-        const I b_start = sp_lower_bound<I>(b, bi, x);
-        const I a_run = ai - a_start;
-        I b_run = bi - b_start;
-        const I x_count = a_run + b_run;
-        // Spread the run evenly over A and B, bounded by B's run of x.
-        I b_adv = sp_max(x_count >> 1, x_count - a_run);
-        const I b_end = sp_min(nb, b_start + b_adv + 1);
-        const I b_run_end = bi + sp_upper_bound<I>(b + bi, b_end - bi, x);
-        b_run = b_run_end - b_start;
-        b_adv = sp_min(b_adv, b_run);
-        const I a_adv = x_count - b_adv;
-        *star = (a_adv == b_adv + 1) && (b_adv < b_run);
-        ai = a_start + a_adv;
-    }
-    return ai;
-}
+// sf_balanced_path (common.cuh) finds each tile's and each thread's start.
 
 // parts[t] = A index where diagonal min(t * BP_NV, na + nb) meets the
 // Balanced Path, with the star flag in bit 63; t in [0, ntiles].
 extern "C" __global__ void bp_partition(const u64* a, u64 na, const u64* b, u64 nb, u64 ntiles, u64* parts) {
     SF_FOR(t, ntiles + 1) {
-        const i64 diag = sp_min((i64)(t * BP_NV), (i64)(na + nb));
+        const i64 diag = sf_min((i64)(t * BP_NV), (i64)(na + nb));
         int star = 0;
-        const i64 ai = sp_balanced_path<i64>(a, (i64)na, b, (i64)nb, diag, &star);
+        const i64 ai = sf_balanced_path<i64>(a, (i64)na, b, (i64)nb, diag, &star);
         parts[t] = (u64)ai | (star ? STAR_BIT : 0ULL);
     }
 }
@@ -129,7 +70,7 @@ extern "C" __global__ void bp_select(const u64* a, const u32* a_rows, u64 na, co
     const int s0 = (p0 & STAR_BIT) ? 1 : 0, s1 = (p1 & STAR_BIT) ? 1 : 0;
     const i64 total = (i64)(na + nb);
     const i64 b0 = t * BP_NV - a0 + s0;
-    const i64 b1 = sp_min(total, (t + 1) * BP_NV) - a1 + s1;
+    const i64 b1 = sf_min(total, (t + 1) * BP_NV) - a1 + s1;
     const int ac = (int)(a1 - a0), bc = (int)(b1 - b0);
     for (int i = tid; i < ac; i += BP_NT) keys[i] = a[a0 + i];
     for (int i = tid; i < bc; i += BP_NT) keys[ac + i] = b[b0 + i];
@@ -144,9 +85,9 @@ extern "C" __global__ void bp_select(const u64* a, const u32* a_rows, u64 na, co
     int ia = 0, ib = 0;
     const int d = tid * BP_VT - s0;
     if (d > 0) {
-        const int dd = sp_min(d, ac + bc);
+        const int dd = sf_min(d, ac + bc);
         int star = 0;
-        ia = sp_balanced_path<int>(sa, ac, sb, bc, dd, &star);
+        ia = sf_balanced_path<int>(sa, ac, sb, bc, dd, &star);
         ib = dd - ia + star;
     }
     start_a[tid] = ia;

@@ -1,3 +1,7 @@
+// The sorted-list intersection family: Merge Path intersection of two sorted
+// sets (below, a microbenchmark), and the segmented GTWJ intersection of the
+// rows of `sorted_intersect(a, b)` (further down).
+//
 // Sorted-set intersection by Merge Path (seed 003 fast sorted-list intersection;
 // seed 002's partitioning without duplicates). Inputs are strictly increasing
 // (sets). One tile of NV = NT*VT merge steps per block: a global partition
@@ -118,3 +122,138 @@ SF_INTERSECT(256, 19)
 SF_INTERSECT(512, 9)
 SF_INTERSECT_U32(256, 23)
 SF_INTERSECT_U32(256, 27)
+
+// ---------------------------------------------------------------------------
+// Segmented GTWJ intersection of ascending lists with duplicates (seed 003,
+// "GPU Test With Jumps", Algorithm 4; issue 15 deliverable 3): the device
+// path of `sorted_intersect(a, b)` on a batch of rows. Launcher:
+// `gtwj_segmented` in src/algo/sorted_intersect.rs, on the multiset family's
+// device lists (u64 order-preserving keys, u32 row offsets, a segment id per
+// element, a validity byte per row) and its scans.
+//
+// Per row, values are grouped into sequences of width Val = 2^s (SeqID =
+// x >> s: a power of two, so no division). All copies of a value share a
+// sequence, so the min(m, n) rule per pair of equal-SeqID sequences is the
+// rule for the lists. One thread per sequence of the row's driving list (the
+// shorter, SvS's order) finds the other list's sequence with the same SeqID
+// by two binary searches over the other list's elements (its sequence index,
+// never built: the bounds SeqID << s and SeqID << s | (Val - 1) locate it)
+// and merges the two; a sequence without partner stops at once (the skip),
+// and the other list's sequences without partner are never read. These are
+// the implementer's choices the paper's incomplete pseudo-code leaves open:
+// (i) an array of sequence starts, (ii) binary search, not a linear walk over
+// the other list's headers, (iii) count, scan, then write, (iv) one partner
+// sequence per thread.
+//
+// Val per row: SI_GTWJ_SEQ_LOG2 (from the launcher) sets the mean sequence of
+// the row's longer list to 2^SI_GTWJ_SEQ_LOG2 elements (within a factor 2
+// each way): s = bitlen(span) - bitlen(n) + SI_GTWJ_SEQ_LOG2, clamped to
+// [0, 63], with span = last - first of that list. See the launcher for why.
+// Mirrored on the host by `gtwj_row` in the launcher's tests; this source
+// itself runs serially on the host in scripts/kernels-on-host.
+
+// plan[r] when row r has no result to compute (NULL, or an empty list).
+#define SI_GTWJ_NO_PLAN 0xffffffffu
+// plan[r] bit set when B drives row r (else A); the low byte is s.
+#define SI_GTWJ_DRIVE_B 0x100u
+
+// Bits needed to write x (0 for 0).
+__device__ __forceinline__ u32 si_bit_length(u64 x) { return 64 - __clzll((long long)x); }
+
+// plan[r] = which list drives row r and its sequence shift s (see above).
+extern "C" __global__ void si_gtwj_plan(const u64* a, const u32* aoff, const u64* b, const u32* boff, const unsigned char* valid,
+                                        u32 rows, u32* plan) {
+    SF_FOR(r, rows) {
+        u32 na = aoff[r + 1] - aoff[r], nb = boff[r + 1] - boff[r];
+        if (!valid[r] || na == 0 || nb == 0) {
+            plan[r] = SI_GTWJ_NO_PLAN;
+            continue;
+        }
+        bool drive_b = nb < na;
+        // The longer list sets the density: its sequences hold about 2^SI_GTWJ_SEQ_LOG2 elements.
+        const u64* longer = drive_b ? a + aoff[r] : b + boff[r];
+        u32 n = drive_b ? na : nb;
+        int s = (int)si_bit_length(longer[n - 1] - longer[0]) - (int)si_bit_length(n) + SI_GTWJ_SEQ_LOG2;
+        s = s < 0 ? 0 : s > 63 ? 63 : s;
+        plan[r] = (drive_b ? SI_GTWJ_DRIVE_B : 0u) | (u32)s;
+    }
+}
+
+// head[i] = 1 when element i of side x (0: A, 1: B) starts a sequence of a
+// row that x drives: the row's first element, or one whose SeqID differs
+// from its predecessor's.
+extern "C" __global__ void si_gtwj_heads(const u64* x, const u32* xoff, const u32* xseg, u64 nx, const u32* plan, u32 side,
+                                         u32* head) {
+    SF_FOR(i, nx) {
+        u32 r = xseg[i];
+        u32 p = plan[r];
+        u32 h = 0;
+        if (p != SI_GTWJ_NO_PLAN && ((p & SI_GTWJ_DRIVE_B) ? 1u : 0u) == side) {
+            u32 s = p & 0xff;
+            h = i == xoff[r] || (x[i] >> s) != (x[i - 1] >> s);
+        }
+        head[i] = h;
+    }
+}
+
+// seqstart[k] = element index (in x) of sequence k: row r's sequences are
+// numbered from seqoff[r], in order; hscan is the exclusive scan of head.
+extern "C" __global__ void si_gtwj_seq_starts(const u32* xoff, const u32* xseg, u64 nx, const u32* head, const u32* hscan,
+                                              const u32* seqoff, u32* seqstart) {
+    SF_FOR(i, nx) {
+        if (head[i]) {
+            u32 r = xseg[i];
+            seqstart[seqoff[r] + (hscan[i] - hscan[xoff[r]])] = (u32)i;
+        }
+    }
+}
+
+// Sequence k: merge it with the other list's sequence of the same SeqID
+// (min(m, n) rule). Returns the number of common elements; writes them
+// (^ flip) to out unless out is null. Mirrored by `gtwj_sequence` in
+// src/algo/sorted_intersect.rs's tests.
+__device__ u32 si_gtwj_sequence(const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* plan, const u32* seqoff,
+                                const u32* seqrow, const u32* seqstart, u32 k, u64 flip, u64* out) {
+    u32 r = seqrow[k];
+    u32 p = plan[r], s = p & 0xff;
+    bool drive_b = (p & SI_GTWJ_DRIVE_B) != 0;
+    const u64* x = drive_b ? b : a;
+    const u32* xoff = drive_b ? boff : aoff;
+    const u64* y = drive_b ? a + aoff[r] : b + boff[r];
+    u32 ny = drive_b ? aoff[r + 1] - aoff[r] : boff[r + 1] - boff[r];
+    u32 i = seqstart[k];
+    u32 i_end = k + 1 < seqoff[r + 1] ? seqstart[k + 1] : xoff[r + 1];
+    // The partner sequence: y's elements in [SeqID << s, SeqID << s | (2^s - 1)].
+    u64 lo = (x[i] >> s) << s, hi = lo | ((1ULL << s) - 1);
+    u32 j = sf_lower_bound_u64<u32>(y, ny, lo);
+    u32 j_end = j + sf_upper_bound_u64<u32>(y + j, ny - j, hi);
+    u32 n = 0;
+    while (i < i_end && j < j_end) {
+        u64 u = x[i], v = y[j];
+        if (u < v) {
+            ++i;
+        } else if (v < u) {
+            ++j;
+        } else {
+            if (out) out[n] = u ^ flip;
+            ++n;
+            ++i;
+            ++j;
+        }
+    }
+    return n;
+}
+
+// One count-then-fill pass over the sequences: with out null, cnt[k] = the
+// number of common elements of sequence k and its partner; else sequence k
+// writes them (^ flip) at out[excl[k]...], excl being the exclusive scan of
+// the counting pass's cnt (then cnt is null).
+extern "C" __global__ void si_gtwj_walk(const u64* a, const u32* aoff, const u64* b, const u32* boff, const u32* plan,
+                                        const u32* seqoff, const u32* seqrow, const u32* seqstart, u32 nseq, u32* cnt,
+                                        const u32* excl, u64 flip, u64* out) {
+    SF_FOR(k, nseq) {
+        u64* seq_out = out ? out + excl[k] : nullptr;
+        u32 n = si_gtwj_sequence(a, aoff, b, boff, plan, seqoff, seqrow, seqstart, (u32)k, flip, seq_out);
+        if (!out) cnt[k] = n;
+    }
+}

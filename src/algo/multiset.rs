@@ -27,7 +27,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray, PrimitiveArray};
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
@@ -338,19 +338,6 @@ impl ListOp {
         ListOp::Multiset(MultisetOp::SymmetricDifference),
         ListOp::SortedIntersect,
     ];
-
-    /// The multiset rule applied after sorting / checking.
-    fn rule(self) -> MultisetOp {
-        match self {
-            ListOp::Multiset(op) => op,
-            ListOp::SortedIntersect => MultisetOp::IntersectAll,
-        }
-    }
-
-    /// The rule's number in kernels/multiset.cu (`op` of `ms_flags`).
-    fn code(self) -> i32 {
-        kernel_code(self.rule())
-    }
 }
 
 /// The error of `sorted_intersect` for an unsorted row (the CPU and GPU paths
@@ -538,18 +525,32 @@ pub fn list_elements(array: &ArrayRef) -> Result<usize> {
     })
 }
 
-/// kernels/multiset.cu, with the rules' op codes as `-D` options.
+/// kernels/multiset.cu, with the rules' op codes and the Balanced Path tile
+/// as `-D` options.
 pub static KERNEL: crate::gpu::KernelSource =
     crate::gpu::KernelSource { family: "multiset", source: include_str!("../../kernels/multiset.cu"), defines: multiset_defines };
 
+/// Inputs (A and B elements of one row's merge) per Balanced Path tile; one
+/// thread walks one tile (`MS_BP_VT`). Each tile costs one Balanced Path
+/// search (a Merge Path search and three binary searches over its row, about
+/// 4 log2(row) probes: ~40 for rows of 1,000), so a tile walks about as many
+/// slots as its search probes at the typical row lengths; longer
+/// tiles would leave rows of 10-100 elements to one or two threads.
+/// moderngpu's keys tuning is VT = 11 per thread, but its threads search in
+/// shared memory after a per-CTA search; ours search the row in global memory.
+pub const BALANCED_PATH_VT: u32 = 16;
+
 fn multiset_defines() -> Vec<(String, u64)> {
-    [("INTERSECT_ALL", MultisetOp::IntersectAll), ("EXCEPT_ALL", MultisetOp::ExceptAll), ("UNION_ALL", MultisetOp::UnionAll), ("SYMMETRIC_DIFFERENCE", MultisetOp::SymmetricDifference)]
-        .into_iter()
-        .map(|(name, op)| (format!("MS_{name}"), kernel_code(op) as u64))
-        .collect()
+    let mut defines: Vec<(String, u64)> =
+        [("INTERSECT_ALL", MultisetOp::IntersectAll), ("EXCEPT_ALL", MultisetOp::ExceptAll), ("UNION_ALL", MultisetOp::UnionAll), ("SYMMETRIC_DIFFERENCE", MultisetOp::SymmetricDifference)]
+            .into_iter()
+            .map(|(name, op)| (format!("MS_{name}"), kernel_code(op) as u64))
+            .collect();
+    defines.push(("MS_BP_VT".into(), BALANCED_PATH_VT as u64));
+    defines
 }
 
-/// The rule's number in kernels/multiset.cu (`op` of `ms_flags`, passed as `MS_*`).
+/// The rule's number in kernels/multiset.cu (`op` of `ms_bp_walk`, passed as `MS_*`).
 fn kernel_code(op: MultisetOp) -> i32 {
     match op {
         MultisetOp::IntersectAll => 0,
@@ -564,7 +565,7 @@ fn launch_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> DataFusionE
 }
 
 /// Exclusive scan of `input[0, n)` into a new buffer of n + 1 entries (the last one the total).
-fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> Result<DeviceBuffer<u32>> {
+pub(crate) fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> Result<DeviceBuffer<u32>> {
     const TILE: usize = 256 * 8; // MS_SCAN_TILE
     let ntiles = n.div_ceil(TILE).max(1);
     let out = gpu.alloc::<u32>(n + 1)?;
@@ -586,6 +587,141 @@ fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> Result<Devi
     Ok(out)
 }
 
+/// The id of the segment of each of the `n` items that `offsets` (rows + 1
+/// entries, ending at n) cuts into rows: item j of [offsets[r], offsets[r + 1]) gets r.
+fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) -> Result<DeviceBuffer<u32>> {
+    let seg = gpu.alloc::<u32>(n)?;
+    if n > 0 {
+        let f = gpu.function(&KERNEL, "ms_seg_ids")?;
+        let rows32 = rows as u32;
+        // SAFETY: offsets hold rows + 1 entries ending at n; seg holds n entries.
+        unsafe { gpu.stream().launch_builder(&f).arg(&offsets.slice).arg(&rows32).arg(&seg.slice).launch(gpu.grid_stride(rows * 32, 32)) }
+            .map_err(launch_err("ms_seg_ids"))?;
+    }
+    Ok(seg)
+}
+
+/// The result's row offsets (rows + 1 entries): row r starts at
+/// `scanned[first[r]]`, where `scanned` is the exclusive scan of per-item
+/// output counts and `first` (rows + 1 entries) the rows' first items.
+fn row_starts(gpu: &Gpu, scanned: &DeviceBuffer<u32>, first: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
+    let out = gpu.alloc::<u32>(rows + 1)?;
+    let f = gpu.function(&KERNEL, "ms_gather_u32")?;
+    let n32 = (rows + 1) as u32;
+    // SAFETY: first holds rows + 1 indices into scanned (each <= its item count); out rows + 1 entries.
+    unsafe { gpu.stream().launch_builder(&f).arg(&scanned.slice).arg(&first.slice).arg(&n32).arg(&out.slice).launch(gpu.grid_stride(rows + 1, 32)) }
+        .map_err(launch_err("ms_gather_u32"))?;
+    Ok(out)
+}
+
+/// A segmented result on the device: row offsets (rows + 1) and values.
+pub(crate) struct SegmentedResult<T> {
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) values: DeviceBuffer<T>,
+    pub(crate) total: usize,
+}
+
+/// Work items (Balanced Path tiles, GTWJ sequences) numbered row after row:
+/// row r's are [offsets[r], offsets[r + 1]); `rows_of` gives each item's row.
+pub(crate) struct RowItems {
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) rows_of: DeviceBuffer<u32>,
+    pub(crate) n: usize,
+}
+
+impl RowItems {
+    /// `counts[r]` items for each of the `rows` rows.
+    pub(crate) fn from_counts(gpu: &Gpu, counts: &DeviceBuffer<u32>, rows: usize, stats: &mut TransferStats) -> Result<Self> {
+        let offsets = exclusive_scan(gpu, counts, rows)?;
+        let n = gpu.read_one(&offsets, rows, stats)? as usize;
+        let rows_of = segment_ids(gpu, &offsets, rows, n)?;
+        Ok(Self { offsets, rows_of, n })
+    }
+}
+
+/// One pass of a count-then-fill kernel, as its last four arguments
+/// (`u32* cnt, const u32* excl, u64 flip, u64* out`): count each item's
+/// outputs into `Count`, or write them at `Fill`'s scanned starts.
+pub(crate) enum Pass<'a, T> {
+    Count(&'a DeviceBuffer<u32>),
+    Fill(&'a DeviceBuffer<u32>, &'a DeviceBuffer<T>),
+}
+
+impl<'a, T> Pass<'a, T> {
+    /// Push the four arguments (`null` stands for a null pointer).
+    pub(crate) fn push<'l>(&self, l: &mut LaunchArgs<'l>, null: &'l u64, flip: &'l u64)
+    where
+        'a: 'l,
+    {
+        match *self {
+            Pass::Count(counts) => l.arg(&counts.slice).arg(null).arg(flip).arg(null),
+            Pass::Fill(starts, values) => l.arg(null).arg(&starts.slice).arg(flip).arg(&values.slice),
+        };
+    }
+}
+
+/// Count-then-fill over `items`: `walk(Pass::Count)` counts each item's
+/// outputs, a scan gives each item's (and so each row's) first output, and
+/// `walk(Pass::Fill)` writes them into the result.
+pub(crate) fn count_then_fill<T: ListKey>(
+    gpu: &Gpu,
+    items: &RowItems,
+    rows: usize,
+    stats: &mut TransferStats,
+    walk: impl Fn(Pass<'_, T>) -> Result<()>,
+) -> Result<SegmentedResult<T>> {
+    let counts = gpu.alloc::<u32>(items.n)?;
+    walk(Pass::Count(&counts))?;
+    let starts = exclusive_scan(gpu, &counts, items.n)?;
+    let total = gpu.read_one(&starts, items.n, stats)? as usize;
+    if total > i32::MAX as usize {
+        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
+    }
+    let offsets = row_starts(gpu, &starts, &items.offsets, rows)?;
+    let values = gpu.alloc::<T>(total)?;
+    walk(Pass::Fill(&starts, &values))?;
+    Ok(SegmentedResult { offsets, values, total })
+}
+
+/// Both list arguments of a batch on the device, with the rows' validity.
+pub(crate) struct DeviceListPair {
+    pub(crate) a: DeviceSide,
+    pub(crate) b: DeviceSide,
+    /// One byte per row: 0 when the row's result is NULL (its elements are ignored).
+    pub(crate) valid: DeviceBuffer<u8>,
+    pub(crate) rows: usize,
+}
+
+impl DeviceListPair {
+    /// Push both sides' keys and row offsets (`a, aoff, b, boff`), the first
+    /// arguments of the segmented kernels.
+    pub(crate) fn push_sides<'l>(&'l self, l: &mut LaunchArgs<'l>) {
+        l.arg(&self.a.keys.slice).arg(&self.a.offsets.slice).arg(&self.b.keys.slice).arg(&self.b.offsets.slice);
+    }
+
+    /// Per row, the marked elements of both sides: `ea` and `eb` are the
+    /// exclusive scans (n + 1 entries) of per-element marks of sides a and b.
+    pub(crate) fn row_counts(&self, gpu: &Gpu, ea: &DeviceBuffer<u32>, eb: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
+        let counts = gpu.alloc::<u32>(self.rows)?;
+        let f = gpu.function(&KERNEL, "ms_row_counts")?;
+        let rows32 = self.rows as u32;
+        // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&self.a.offsets.slice)
+                .arg(&ea.slice)
+                .arg(&self.b.offsets.slice)
+                .arg(&eb.slice)
+                .arg(&rows32)
+                .arg(&counts.slice)
+                .launch(gpu.grid_stride(self.rows, 32))
+        }
+        .map_err(launch_err("ms_row_counts"))?;
+        Ok(counts)
+    }
+}
+
 /// Bits needed for ids 0..count.
 fn id_bits(count: usize) -> u32 {
     if count <= 1 {
@@ -596,11 +732,11 @@ fn id_bits(count: usize) -> u32 {
 }
 
 /// One side on the device: u64 keys, offsets (rows + 1), segment id per element.
-struct DeviceSide {
-    keys: DeviceBuffer<u64>,
-    offsets: DeviceBuffer<u32>,
-    seg: DeviceBuffer<u32>,
-    n: usize,
+pub(crate) struct DeviceSide {
+    pub(crate) keys: DeviceBuffer<u64>,
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) seg: DeviceBuffer<u32>,
+    pub(crate) n: usize,
 }
 
 impl DeviceSide {
@@ -610,19 +746,14 @@ impl DeviceSide {
         let raw = gpu.upload(values, stats)?;
         let offsets = gpu.upload(offsets, stats)?;
         let keys = gpu.alloc::<u64>(n)?;
-        let seg = gpu.alloc::<u32>(n)?;
-        let stream = gpu.stream();
-        let (n64, flip, rows32) = (n as u64, T::FLIP, rows as u32);
+        let (n64, flip) = (n as u64, T::FLIP);
         if n > 0 {
             let f = gpu.function(&KERNEL, "ms_xor")?;
             // SAFETY: raw (T, 8 bytes) and keys hold n 8-byte elements; the kernel reads raw as u64 bits.
-            unsafe { stream.launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
+            unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
                 .map_err(launch_err("ms_xor"))?;
-            let f = gpu.function(&KERNEL, "ms_seg_ids")?;
-            // SAFETY: offsets hold rows + 1 entries ending at n; seg holds n entries.
-            unsafe { stream.launch_builder(&f).arg(&offsets.slice).arg(&rows32).arg(&seg.slice).launch(gpu.grid_stride(rows * 32, 32)) }
-                .map_err(launch_err("ms_seg_ids"))?;
         }
+        let seg = segment_ids(gpu, &offsets, rows, n)?;
         Ok(Self { keys, offsets, seg, n })
     }
 
@@ -706,74 +837,19 @@ impl DeviceSide {
         }
         Ok(())
     }
-
-    /// Keep flags and cross indices of this side's elements against `other`.
-    fn flags(&self, gpu: &Gpu, other: &DeviceSide, valid: &DeviceBuffer<u8>, op: ListOp, side: i32) -> Result<(DeviceBuffer<u32>, DeviceBuffer<u32>)> {
-        let flag = gpu.alloc::<u32>(self.n)?;
-        let cross = gpu.alloc::<u32>(self.n)?;
-        if self.n > 0 {
-            let f = gpu.function(&KERNEL, "ms_flags")?;
-            let (n64, code) = (self.n as u64, op.code());
-            // SAFETY: signature matches kernels/multiset.cu; every buffer is sized as its side says.
-            unsafe {
-                gpu.stream()
-                    .launch_builder(&f)
-                    .arg(&self.keys.slice)
-                    .arg(&self.offsets.slice)
-                    .arg(&self.seg.slice)
-                    .arg(&n64)
-                    .arg(&other.keys.slice)
-                    .arg(&other.offsets.slice)
-                    .arg(&valid.slice)
-                    .arg(&code)
-                    .arg(&side)
-                    .arg(&flag.slice)
-                    .arg(&cross.slice)
-                    .launch(gpu.grid_stride(self.n, 32))
-            }
-            .map_err(launch_err("ms_flags"))?;
-        }
-        Ok((flag, cross))
-    }
-}
-
-/// One side's kept elements: flags, their exclusive scan, cross indices.
-struct Kept {
-    flag: DeviceBuffer<u32>,
-    excl: DeviceBuffer<u32>,
-    cross: DeviceBuffer<u32>,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn scatter<T: ListKey>(gpu: &Gpu, x: &DeviceSide, kx: &Kept, y: &DeviceSide, ey: Option<&DeviceBuffer<u32>>, outoff: &DeviceBuffer<u32>, out: &DeviceBuffer<T>) -> Result<()> {
-    if x.n == 0 {
-        return Ok(());
-    }
-    let f = gpu.function(&KERNEL, "ms_scatter")?;
-    let (n64, flip, null) = (x.n as u64, T::FLIP, 0u64);
-    // SAFETY: signature matches kernels/multiset.cu; out (T, 8 bytes) holds every kept element's
-    // position (the row counts' scan); a null ey means the other side keeps nothing.
-    unsafe {
-        let mut l = gpu.stream().launch_builder(&f);
-        l.arg(&x.keys.slice).arg(&x.offsets.slice).arg(&x.seg.slice).arg(&n64).arg(&kx.flag.slice).arg(&kx.excl.slice).arg(&kx.cross.slice);
-        match ey {
-            Some(e) => l.arg(&e.slice),
-            None => l.arg(&null),
-        };
-        l.arg(&y.offsets.slice).arg(&outoff.slice).arg(&flip).arg(&out.slice).launch(gpu.grid_stride(x.n, 32))
-    }
-    .map_err(launch_err("ms_scatter"))?;
-    Ok(())
 }
 
 /// `op` on two list columns of integers as segmented kernels: the same
 /// inputs and result as [`list_op_cpu`] (including `sorted_intersect`'s
 /// error for the first unsorted row). Per side: upload the values (the Arrow
 /// buffer itself when it has no NULL element) and offsets; keys to their u64
-/// image; a segment id per element; for `set_*`, a device radix sort of
-/// (segment, key) unless every row is already ascending; then the counting
-/// rule of kernels/multiset.cu, scans, and one scatter per side into the
-/// result, which is downloaded with its offsets.
+/// image; a segment id per element. For `set_*`: a device radix sort of
+/// (segment, key) unless every row is already ascending, then each row's
+/// merge by Balanced Path tiles ([`balanced_path_segmented`],
+/// kernels/multiset.cu). For `sorted_intersect`: the order check, then GTWJ
+/// sequence skipping per row ([`crate::algo::sorted_intersect::gtwj_segmented`],
+/// kernels/sorted_intersect.cu). Both count, scan, then write the result,
+/// which is downloaded with its offsets.
 pub fn list_op_gpu<T: ListKey>(gpu: &Gpu, op: ListOp, a: &ArrayRef, b: &ArrayRef, stats: &mut TransferStats) -> Result<ArrayRef> {
     PreparedLists::new::<T>(a, b)?.run::<T>(gpu, op, stats)
 }
@@ -813,6 +889,10 @@ fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSid
     }
     let (va, oa) = sa.packed::<T>(rows)?;
     let (vb, ob) = sb.packed::<T>(rows)?;
+    if va.len() + vb.len() >= u32::MAX as usize {
+        // Positions in a row's merge (and its output) are u32 on the device.
+        return Err(DataFusionError::Plan(format!("list functions on the GPU: {} elements in one batch exceed 2^32 - 1", va.len() + vb.len())));
+    }
     let valid_host: Vec<u8> = (0..rows).map(|i| nulls.as_ref().is_none_or(|n| n.is_valid(i)) as u8).collect();
     let valid = gpu.upload(&valid_host, stats)?;
     let mut da = DeviceSide::upload(gpu, &va, &oa, stats)?;
@@ -846,44 +926,64 @@ fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSid
             }
         }
     }
-    let keeps_b = op.rule().keeps_b_only();
-    let (flag, cross) = da.flags(gpu, &db, &valid, op, 0)?;
-    let ka = Kept { excl: exclusive_scan(gpu, &flag, da.n)?, flag, cross };
-    let kb = if keeps_b {
-        let (flag, cross) = db.flags(gpu, &da, &valid, op, 1)?;
-        Some(Kept { excl: exclusive_scan(gpu, &flag, db.n)?, flag, cross })
-    } else {
-        None
+    let pair = DeviceListPair { a: da, b: db, valid, rows };
+    let result = match op {
+        ListOp::SortedIntersect => crate::algo::sorted_intersect::gtwj_segmented::<T>(gpu, &pair, stats)?,
+        ListOp::Multiset(rule) => balanced_path_segmented::<T>(gpu, rule, &pair, stats)?,
     };
-    let counts = gpu.alloc::<u32>(rows)?;
-    let f = gpu.function(&KERNEL, "ms_row_counts")?;
-    let (rows32, null) = (rows as u32, 0u64);
-    // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
-    unsafe {
-        let mut l = gpu.stream().launch_builder(&f);
-        l.arg(&da.offsets.slice).arg(&ka.excl.slice).arg(&db.offsets.slice);
-        match &kb {
-            Some(k) => l.arg(&k.excl.slice),
-            None => l.arg(&null),
-        };
-        l.arg(&rows32).arg(&counts.slice).launch(gpu.grid_stride(rows, 32))
-    }
-    .map_err(launch_err("ms_row_counts"))?;
-    let outoff = exclusive_scan(gpu, &counts, rows)?;
-    let total = gpu.read_one(&outoff, rows, stats)? as usize;
-    if total > i32::MAX as usize {
-        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
-    }
-    let out = gpu.alloc::<T>(total)?;
-    scatter(gpu, &da, &ka, &db, kb.as_ref().map(|k| &k.excl), &outoff, &out)?;
-    if let Some(kb) = &kb {
-        scatter(gpu, &db, kb, &da, Some(&ka.excl), &outoff, &out)?;
-    }
     gpu.synchronize()?;
     stats.kernel += started.elapsed();
-    let values = gpu.download(&out, total, stats)?;
-    let offsets = gpu.download(&outoff, rows + 1, stats)?;
+    let values = gpu.download(&result.values, result.total, stats)?;
+    let offsets = gpu.download(&result.offsets, rows + 1, stats)?;
     T::list(offsets.into_iter().map(|o| o as i32).collect(), values, nulls)
+}
+
+/// The multiset rule `rule` on every valid row of two device sides whose
+/// rows are sorted, by segmented Balanced Path (kernels/multiset.cu): each
+/// row's merge is cut into tiles of [`BALANCED_PATH_VT`] inputs (+-1) that
+/// never cross a row, one thread per tile; a tile's start is where its
+/// cross-diagonal meets the row's Balanced Path, so every key-rank pair lies
+/// in one tile; each thread runs the serial set op over its tile, first to
+/// count, then (after a scan) to write.
+fn balanced_path_segmented<T: ListKey>(gpu: &Gpu, rule: MultisetOp, pair: &DeviceListPair, stats: &mut TransferStats) -> Result<SegmentedResult<T>> {
+    let (stream, rows) = (gpu.stream(), pair.rows);
+    let rows32 = rows as u32;
+    let row_tiles = gpu.alloc::<u32>(rows)?;
+    let f = gpu.function(&KERNEL, "ms_bp_row_tiles")?;
+    // SAFETY: signature matches kernels/multiset.cu; offsets hold rows + 1 entries, valid and row_tiles rows.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&pair.a.offsets.slice)
+            .arg(&pair.b.offsets.slice)
+            .arg(&pair.valid.slice)
+            .arg(&rows32)
+            .arg(&row_tiles.slice)
+            .launch(gpu.grid_stride(rows, 32))
+    }
+    .map_err(launch_err("ms_bp_row_tiles"))?;
+    let tiles = RowItems::from_counts(gpu, &row_tiles, rows, stats)?;
+    let nt32 = tiles.n as u32;
+    let parts = gpu.alloc::<u64>(tiles.n)?;
+    let f = gpu.function(&KERNEL, "ms_bp_partition")?;
+    let mut l = stream.launch_builder(&f);
+    pair.push_sides(&mut l);
+    l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&nt32).arg(&parts.slice);
+    // SAFETY: keys hold their side's n entries and offsets rows + 1; tiles.offsets rows + 1, tiles.rows_of and parts tiles.n.
+    unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_partition"))?;
+    let code = kernel_code(rule);
+    let f = gpu.function(&KERNEL, "ms_bp_walk")?;
+    count_then_fill(gpu, &tiles, rows, stats, |pass| {
+        let (null, flip) = (0u64, T::FLIP);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&code);
+        pair.push_sides(&mut l);
+        l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&parts.slice).arg(&nt32);
+        pass.push(&mut l, &null, &flip);
+        // SAFETY: as for ms_bp_partition; counts hold tiles.n entries, starts tiles.n + 1 and values (T, 8 bytes) every tile's outputs.
+        unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_walk"))?;
+        Ok(())
+    })
 }
 
 /// Sorted lists resident on the device, for repeated k-way intersections
@@ -1020,7 +1120,8 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let stats = &mut TransferStats::default();
     let mut checked = 0;
     let mut columns = vec![moderngpu_example()];
-    for &(rows, max_len, domain, nulls) in &[(1usize, 0usize, 1i64, false), (300, 40, 5, true), (2000, 200, 1000, false), (500, 30, i64::MAX / 2, false)] {
+    // Rows of up to 3,000 elements span many Balanced Path tiles and GTWJ sequences.
+    for &(rows, max_len, domain, nulls) in &[(1usize, 0usize, 1i64, false), (300, 40, 5, true), (2000, 200, 1000, false), (500, 30, i64::MAX / 2, false), (40, 3000, 2000, true)] {
         let a = random_list_column(&mut rng, rows + 3, max_len, domain, nulls);
         let b = random_list_column(&mut rng, rows + 3, max_len, domain, nulls);
         columns.push((a.slice(2, rows), b.slice(1, rows)));
@@ -1075,7 +1176,7 @@ pub fn sort_rows(a: &ArrayRef) -> Result<ArrayRef> {
 }
 
 /// An Int64 list column mapped to UInt64 by adding 2^63 (order kept).
-fn to_unsigned(a: &ArrayRef) -> Result<ArrayRef> {
+pub(crate) fn to_unsigned(a: &ArrayRef) -> Result<ArrayRef> {
     let l = a.as_list::<i32>();
     let rows: Vec<Option<Vec<Option<u64>>>> = (0..l.len())
         .map(|i| l.is_valid(i).then(|| l.value(i).as_primitive::<Int64Type>().iter().map(|x| x.map(|x| (x as u64) ^ (1 << 63))).collect()))
@@ -1220,6 +1321,129 @@ mod tests {
         (0..l.len()).map(|i| l.is_valid(i).then(|| l.value(i).as_primitive::<Int64Type>().values().to_vec())).collect()
     }
 
+    /// Host mirror of `sf_balanced_path` (kernels/common.cuh): the A index
+    /// where cross-diagonal `diag` meets the Balanced Path of a and b, and
+    /// whether the diagonal is starred (its B coordinate is diag - A index + star).
+    fn balanced_path<T: Ord + Copy>(a: &[T], b: &[T], diag: usize) -> (usize, bool) {
+        let (na, nb) = (a.len(), b.len());
+        // Merge Path, lower-bound flavour: on ties A's elements come first.
+        let (mut lo, mut hi) = (diag.saturating_sub(nb), diag.min(na));
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if b[diag - 1 - mid] >= a[mid] {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let (mut ai, bi) = (lo, diag - lo);
+        let mut star = false;
+        if bi < nb {
+            let x = b[bi];
+            let a_start = a[..ai].partition_point(|v| *v < x);
+            let b_start = b[..bi].partition_point(|v| *v < x);
+            let a_run = ai - a_start;
+            let x_count = a_run + (bi - b_start);
+            let mut b_adv = (x_count >> 1).max(x_count - a_run);
+            let b_end = nb.min(b_start + b_adv + 1);
+            let b_run = bi + b[bi..b_end].partition_point(|v| *v <= x) - b_start;
+            b_adv = b_adv.min(b_run);
+            let a_adv = x_count - b_adv;
+            star = a_adv == b_adv + 1 && b_adv < b_run;
+            ai = a_start + a_adv;
+        }
+        (ai, star)
+    }
+
+    /// Host mirror of `ms_serial_set_op` (kernels/multiset.cu): the slots
+    /// from (i, j) until i + j reaches `end`, outputs appended to `out`;
+    /// returns where the walk stopped.
+    fn serial_set_op<T: Ord + Copy>(op: MultisetOp, a: &[T], b: &[T], mut i: usize, mut j: usize, end: usize, out: &mut Vec<T>) -> (usize, usize) {
+        while i + j < end {
+            let (a_in, b_in) = (i < a.len(), j < b.len());
+            let a_first = a_in && (!b_in || a[i] < b[j]);
+            let b_first = b_in && (!a_in || b[j] < a[i]);
+            let kept = match op {
+                MultisetOp::IntersectAll => (!a_first && !b_first).then(|| a[i]),
+                MultisetOp::ExceptAll => a_first.then(|| a[i]),
+                MultisetOp::UnionAll => Some(if b_first { b[j] } else { a[i] }),
+                MultisetOp::SymmetricDifference => (a_first || b_first).then(|| if a_first { a[i] } else { b[j] }),
+            };
+            out.extend(kept);
+            if !b_first {
+                i += 1;
+            }
+            if !a_first {
+                j += 1;
+            }
+        }
+        (i, j)
+    }
+
+    /// One row as the device runs it (`ms_bp_partition`, `ms_tile`,
+    /// `ms_bp_walk`): tiles of `vt` inputs from their
+    /// Balanced Path starts, each walked serially, outputs concatenated.
+    /// Asserts the partition's promises: every walk ends exactly at the next
+    /// tile's start, and every tile but the last holds vt - 1 to vt + 1 inputs.
+    fn balanced_path_row<T: Ord + Copy + Debug>(op: MultisetOp, a: &[T], b: &[T], vt: usize) -> Vec<T> {
+        let tiles = (a.len() + b.len()).div_ceil(vt);
+        let start = |k: usize| {
+            let (ai, star) = balanced_path(a, b, k * vt);
+            (ai, k * vt - ai + star as usize)
+        };
+        let mut out = Vec::new();
+        for k in 0..tiles {
+            let (a0, b0) = start(k);
+            let (a1, b1) = if k + 1 < tiles { start(k + 1) } else { (a.len(), b.len()) };
+            if k + 1 < tiles {
+                let inputs = a1 + b1 - a0 - b0;
+                assert!(inputs + 1 >= vt && inputs <= vt + 1, "tile {k} of {a:?} / {b:?} (vt {vt}) holds {inputs} inputs");
+            }
+            let stop = serial_set_op(op, a, b, a0, b0, a1 + b1, &mut out);
+            assert_eq!(stop, (a1, b1), "tile {k} of {a:?} / {b:?} (vt {vt}) overran its end");
+        }
+        out
+    }
+
+    /// The device's Balanced Path algorithm, mirrored on the host, against
+    /// the counting reference: every rule, tile sizes 1 to 20 and the
+    /// device's, duplicates (small domains), empty lists, long rows.
+    #[test]
+    fn balanced_path_tiles_match_counting_reference() {
+        let a = [1i64, 1, 2, 3, 3, 3, 5, 6, 6, 6, 6, 7, 7, 8, 8, 9];
+        let b = [1i64, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 8];
+        let vts: Vec<usize> = (1..=20).chain([BALANCED_PATH_VT as usize]).collect();
+        for op in MultisetOp::ALL {
+            for &vt in &vts {
+                assert_eq!(balanced_path_row(op, &a, &b, vt), reference(op, &a, &b), "{op:?} worked example, vt {vt}");
+                assert_eq!(balanced_path_row(op, &b, &a, vt), reference(op, &b, &a), "{op:?} swapped, vt {vt}");
+            }
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1415);
+        for case in 0..3000 {
+            let domain = [1, 2, 3, 8, 50, 1 << 40][case % 6];
+            let long = case % 10 == 0;
+            let (na, nb) = if long { (rng.random_range(0..400), rng.random_range(0..400)) } else { (rng.random_range(0..30), rng.random_range(0..30)) };
+            let (a, b) = (random_sorted(&mut rng, na, domain), random_sorted(&mut rng, nb, domain));
+            let vt = vts[case % vts.len()];
+            for op in MultisetOp::ALL {
+                assert_eq!(balanced_path_row(op, &a, &b, vt), reference(op, &a, &b), "{op:?} {a:?} / {b:?}, vt {vt}");
+            }
+        }
+    }
+
+    /// The moderngpu page's starred diagonal: cutting A = B = 6 6 6 6 after
+    /// seven inputs must keep the fourth pair together (the left tile takes 6b3).
+    #[test]
+    fn balanced_path_stars_a_split_pair() {
+        let six = [6i64; 4];
+        // Balanced Path order: 6a0 6b0 6a1 6b1 6a2 6b2 6a3 | 6b3: diag 7 is starred.
+        assert_eq!(balanced_path(&six, &six, 7), (4, true));
+        assert_eq!(balanced_path(&six, &six, 6), (3, false));
+        assert_eq!(balanced_path(&six, &six, 8), (4, false));
+        assert_eq!(balanced_path(&six, &six, 0), (0, false));
+    }
+
     /// The list twin row by row against the counting reference (NULL
     /// elements dropped, NULL lists NULL), on sliced random columns.
     #[test]
@@ -1309,6 +1533,54 @@ mod tests {
         // All-NULL (DataType::Null) side.
         let nulls: ArrayRef = Arc::new(datafusion::arrow::array::NullArray::new(3));
         assert_eq!(list_op_gpu::<i64>(&gpu, ListOp::ALL[2], &a, &nulls, stats).unwrap().null_count(), 3);
+    }
+
+    /// A column whose rows have very different lengths (0 to 5,000: one or
+    /// many Balanced Path tiles and GTWJ sequences per row, rows of exactly
+    /// one tile and one past it), duplicates from a small domain, every
+    /// 13th row NULL, some NULL elements; `sorted` gives ascending rows.
+    fn uneven_column(rng: &mut rand::rngs::StdRng, rows: usize, domain: i64, sorted: bool) -> ArrayRef {
+        let vt = BALANCED_PATH_VT as usize;
+        let lengths = [0, 1, 2, vt - 1, vt, vt + 1, 2 * vt + 1, 100, 1000, 5000];
+        let lists: Vec<Option<Vec<Option<i64>>>> = (0..rows)
+            .map(|i| {
+                if i % 13 == 5 {
+                    return None;
+                }
+                let len = lengths[rng.random_range(0..lengths.len())];
+                let mut v: Vec<Option<i64>> =
+                    (0..len).map(|_| if rng.random_range(0..50) == 0 { None } else { Some(rng.random_range(-domain..domain)) }).collect();
+                if sorted {
+                    v.sort_unstable();
+                }
+                Some(v)
+            })
+            .collect();
+        Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(lists))
+    }
+
+    /// GPU vs CPU twin, every rule and sorted_intersect, on rows of very
+    /// different lengths (many tiles per row next to empty rows), in dense
+    /// domains (long runs of duplicates that tiles must not split) and wide
+    /// ones, signed and unsigned keys.
+    #[test]
+    fn gpu_list_ops_match_cpu_twin_on_uneven_rows() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1515);
+        for domain in [1i64, 3, 40, 5000, i64::MAX / 2] {
+            for op in ListOp::ALL {
+                let sorted = op == ListOp::SortedIntersect;
+                let a = uneven_column(&mut rng, 300, domain, sorted);
+                let b = uneven_column(&mut rng, 300, domain, sorted);
+                let want = list_op_cpu::<i64>(op, &a, &b).unwrap();
+                let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
+                assert!(got == want, "{op:?} on uneven rows in domain {domain}");
+                let (ua, ub) = (to_unsigned(&a).unwrap(), to_unsigned(&b).unwrap());
+                assert!(list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap() == list_op_cpu::<u64>(op, &ua, &ub).unwrap(), "{op:?} u64, domain {domain}");
+            }
+        }
     }
 
     /// sorted_intersect's error names the same row and argument on both paths.

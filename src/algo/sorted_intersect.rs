@@ -1,19 +1,47 @@
-//! Intersection of two sorted sets (strictly increasing keys), seed 003 /
-//! seed 002 Merge Path without duplicates.
+//! Sorted-list intersection on the device (kernels/sorted_intersect.cu).
 //!
-//! [`intersect_count_cpu`] is the CPU twin (galloping two-pointer merge);
-//! [`intersect_count_gpu`] runs kernels/sorted_intersect.cu on device-resident
-//! inputs, so it can be benchmarked without PCIe in the way.
+//! * Two sorted sets (strictly increasing keys), seed 003 / seed 002 Merge
+//!   Path without duplicates: [`intersect_count_cpu`] is the CPU twin
+//!   (two-pointer merge); [`intersect_count_gpu`] runs the kernels on
+//!   device-resident inputs, so it can be benchmarked without PCIe in the way.
+//! * The rows of `sorted_intersect(a, b)` (ascending lists with duplicates,
+//!   min(m, n) copies): [`gtwj_segmented`], seed 003's GTWJ sequence
+//!   skipping per row, called by [`crate::algo::multiset::list_op_gpu`]; its
+//!   CPU twin is [`crate::algo::multiset::sorted_intersect`] row by row
+//!   ([`crate::algo::multiset::list_op_cpu`]).
 
 use std::time::Instant;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::Result;
 
+use crate::algo::multiset::{count_then_fill, exclusive_scan, DeviceListPair, ListKey, RowItems, SegmentedResult};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// kernels/sorted_intersect.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sorted_intersect", source: include_str!("../../kernels/sorted_intersect.cu"), defines: crate::gpu::no_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sorted_intersect", source: include_str!("../../kernels/sorted_intersect.cu"), defines: sorted_intersect_defines };
+
+fn sorted_intersect_defines() -> Vec<(String, u64)> {
+    vec![("SI_GTWJ_SEQ_LOG2".into(), GTWJ_SEQ_LOG2 as u64)]
+}
+
+/// GTWJ's sequencing value, as log2 of the mean number of elements per
+/// sequence of a row's longer list (`SI_GTWJ_SEQ_LOG2`): 3, sequences of
+/// about 8 (4 to 16) elements.
+///
+/// Why: seed 003 fixes Val in key units (Val = 100, "GTWJ100") for uniform
+/// lists over a universe it does not state, so its number cannot be carried
+/// over; its lesson can. Its sweeps (E1, E2) find time and comparisons
+/// growing with Val from the smallest tested value up, and skipped cells
+/// falling: short sequences skip more. E5 finds Val = 50 faster than 100
+/// below 5,000 elements per list and slower above, i.e. the per-sequence
+/// overhead sets a floor. Here a sequence's overhead is one thread and two
+/// binary searches into the other list (about log2 n probes: 4 to 10 for the
+/// issue's rows of 10 to 1,000), so sequences of about 8 elements amortise
+/// it while staying short enough to skip. Val is a power of two per row
+/// (SeqID = key >> s), sized from the longer list's span and length so that
+/// the density, not the key domain, sets it; the shorter list drives.
+pub const GTWJ_SEQ_LOG2: u32 = 3;
 
 
 /// Tile shapes (threads per block, merge steps per thread) instantiated in
@@ -157,6 +185,84 @@ pub fn intersect_count_gpu_shaped<T: SortedKey>(
     Ok((n, bits))
 }
 
+/// `sorted_intersect` (min(m, n) copies) on every valid row of two device
+/// sides whose rows are ascending (checked by the caller), by seed 003's
+/// GTWJ (kernels/sorted_intersect.cu): per row a plan (the driving list,
+/// the shorter, and the sequence width 2^s); a sequence starts at each
+/// element of the driving list whose SeqID (key >> s) differs from its
+/// predecessor's; sequences are numbered row after row (scans of the heads,
+/// then of the rows' sequence counts); one thread per sequence merges it
+/// with the other list's sequence of the same SeqID, found by binary search,
+/// first to count, then (after a scan) to write. Values come back as `T`
+/// (the keys' u64 image XOR `T::FLIP`).
+pub(crate) fn gtwj_segmented<T: ListKey>(gpu: &Gpu, pair: &DeviceListPair, stats: &mut TransferStats) -> Result<SegmentedResult<T>> {
+    let (stream, rows) = (gpu.stream(), pair.rows);
+    let rows32 = rows as u32;
+    let plan = gpu.alloc::<u32>(rows)?;
+    let f = gpu.function(&KERNEL, "si_gtwj_plan")?;
+    let mut l = stream.launch_builder(&f);
+    pair.push_sides(&mut l);
+    l.arg(&pair.valid.slice).arg(&rows32).arg(&plan.slice);
+    // SAFETY: signature matches kernels/sorted_intersect.cu; keys hold their side's n entries, offsets rows + 1, valid and plan rows.
+    unsafe { l.launch(gpu.grid_stride(rows, 32)) }.map_err(|e| cuda_err("si_gtwj_plan", e))?;
+    // Sequence heads of each side (only in the rows it drives), and their scans.
+    let mut heads = Vec::with_capacity(2);
+    for (side, x) in [&pair.a, &pair.b].into_iter().enumerate() {
+        let head = gpu.alloc::<u32>(x.n)?;
+        let (n64, side32) = (x.n as u64, side as u32);
+        let f = gpu.function(&KERNEL, "si_gtwj_heads")?;
+        // SAFETY: keys, seg and head hold the side's n entries, offsets rows + 1, plan rows.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&x.keys.slice)
+                .arg(&x.offsets.slice)
+                .arg(&x.seg.slice)
+                .arg(&n64)
+                .arg(&plan.slice)
+                .arg(&side32)
+                .arg(&head.slice)
+                .launch(gpu.grid_stride(x.n, 32))
+        }
+        .map_err(|e| cuda_err("si_gtwj_heads", e))?;
+        let scanned = exclusive_scan(gpu, &head, x.n)?;
+        heads.push((head, scanned));
+    }
+    let seqs = RowItems::from_counts(gpu, &pair.row_counts(gpu, &heads[0].1, &heads[1].1)?, rows, stats)?;
+    let seq_starts = gpu.alloc::<u32>(seqs.n)?;
+    for (x, (head, scanned)) in [&pair.a, &pair.b].into_iter().zip(&heads) {
+        let n64 = x.n as u64;
+        let f = gpu.function(&KERNEL, "si_gtwj_seq_starts")?;
+        // SAFETY: seg and head hold the side's n entries, scanned n + 1; seqs.offsets rows + 1 and seq_starts seqs.n.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&x.offsets.slice)
+                .arg(&x.seg.slice)
+                .arg(&n64)
+                .arg(&head.slice)
+                .arg(&scanned.slice)
+                .arg(&seqs.offsets.slice)
+                .arg(&seq_starts.slice)
+                .launch(gpu.grid_stride(x.n, 32))
+        }
+        .map_err(|e| cuda_err("si_gtwj_seq_starts", e))?;
+    }
+    let nseq32 = seqs.n as u32;
+    let f = gpu.function(&KERNEL, "si_gtwj_walk")?;
+    count_then_fill(gpu, &seqs, rows, stats, |pass| {
+        let (null, flip) = (0u64, T::FLIP);
+        let mut l = stream.launch_builder(&f);
+        pair.push_sides(&mut l);
+        l.arg(&plan.slice).arg(&seqs.offsets.slice).arg(&seqs.rows_of.slice).arg(&seq_starts.slice).arg(&nseq32);
+        pass.push(&mut l, &null, &flip);
+        // SAFETY: plan holds rows entries, seqs.offsets rows + 1, seqs.rows_of and seq_starts seqs.n; counts seqs.n,
+        // starts seqs.n + 1 and values (T, 8 bytes) every sequence's outputs.
+        unsafe { l.launch(gpu.grid_stride(seqs.n, 32)) }.map_err(|e| cuda_err("si_gtwj_walk", e))?;
+        Ok(())
+    })
+}
+
 /// Doctor self-check: u32 and u64 sorted sets against the CPU twin.
 pub fn self_check(gpu: &Gpu) -> Result<String> {
     use rand::{Rng, SeedableRng};
@@ -199,6 +305,143 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::GTWJ_SEQ_LOG2;
+    use crate::algo::multiset::{list_op_cpu, list_op_gpu, moderngpu_example, random_list_column, sort_rows, sorted_intersect, to_unsigned, ListOp};
+    use crate::gpu::TransferStats;
+
+    /// Host mirror of `si_gtwj_plan` (kernels/sorted_intersect.cu) for a row
+    /// with both lists non-empty: (B drives, sequence shift s).
+    fn gtwj_plan(a: &[u64], b: &[u64]) -> (bool, u32) {
+        let drive_b = b.len() < a.len();
+        let longer = if drive_b { a } else { b };
+        let bit_length = |x: u64| 64 - x.leading_zeros() as i32;
+        let s = bit_length(longer[longer.len() - 1] - longer[0]) - bit_length(longer.len() as u64) + GTWJ_SEQ_LOG2 as i32;
+        (drive_b, s.clamp(0, 63) as u32)
+    }
+
+    /// Host mirror of `si_gtwj_heads` + `si_gtwj_seq_starts`: the sequence
+    /// starts of a driving list (a new SeqID, x >> s, begins a sequence).
+    fn gtwj_sequence_starts(x: &[u64], s: u32) -> Vec<usize> {
+        (0..x.len()).filter(|&i| i == 0 || x[i] >> s != x[i - 1] >> s).collect()
+    }
+
+    /// Host mirror of `si_gtwj_sequence`: sequence x[i..i_end) merged with
+    /// y's elements of the same SeqID (found by binary search), min(m, n) rule.
+    fn gtwj_sequence(x: &[u64], mut i: usize, i_end: usize, y: &[u64], s: u32, out: &mut Vec<u64>) {
+        let lo = (x[i] >> s) << s;
+        let hi = lo | ((1u64 << s) - 1);
+        let mut j = y.partition_point(|v| *v < lo);
+        let j_end = j + y[j..].partition_point(|v| *v <= hi);
+        while i < i_end && j < j_end {
+            match x[i].cmp(&y[j]) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    out.push(x[i]);
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+    }
+
+    /// One row as the device runs it: plan, sequence starts, one
+    /// `gtwj_sequence` per sequence of the driving list, concatenated.
+    fn gtwj_row(a: &[u64], b: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        if a.is_empty() || b.is_empty() {
+            return out;
+        }
+        let (drive_b, s) = gtwj_plan(a, b);
+        let (x, y) = if drive_b { (b, a) } else { (a, b) };
+        let starts = gtwj_sequence_starts(x, s);
+        for (k, &i) in starts.iter().enumerate() {
+            let i_end = starts.get(k + 1).copied().unwrap_or(x.len());
+            gtwj_sequence(x, i, i_end, y, s, &mut out);
+        }
+        out
+    }
+
+    fn random_sorted(rng: &mut rand::rngs::StdRng, len: usize, lo: u64, hi: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = (0..len).map(|_| rng.random_range(lo..=hi)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The device's GTWJ, mirrored on the host, against `sorted_intersect`
+    /// (the CPU twin, min(m, n) copies): dense domains (long duplicate runs,
+    /// s = 0), sparse ones up to the whole u64 range (s near 63, keys at
+    /// both ends), lists of very different lengths (either side driving),
+    /// empty lists, and the moderngpu worked example.
+    #[test]
+    fn gtwj_rows_match_sorted_intersect() {
+        let a: Vec<u64> = [1, 1, 2, 3, 3, 3, 5, 6, 6, 6, 6, 7, 7, 8, 8, 9].into();
+        let b: Vec<u64> = [1, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 8].into();
+        assert_eq!(gtwj_row(&a, &b), vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8]);
+        assert_eq!(gtwj_row(&b, &a), vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2003);
+        let ranges = [(0u64, 0u64), (0, 3), (100, 140), (0, 5000), (1 << 40, (1 << 40) + 1_000_000), (0, u64::MAX), (u64::MAX - 50, u64::MAX)];
+        for case in 0..4000 {
+            let (lo, hi) = ranges[case % ranges.len()];
+            let long = [0, 1, 5, 40, 300, 3000][rng.random_range(0..6)];
+            let short = [0, 1, 3, 20, 300][rng.random_range(0..5)];
+            let (na, nb) = if case % 2 == 0 { (long, short) } else { (short, long) };
+            let (a, b) = (random_sorted(&mut rng, na, lo, hi), random_sorted(&mut rng, nb, lo, hi));
+            assert_eq!(gtwj_row(&a, &b), sorted_intersect(&a, &b), "{na} x {nb} in [{lo}, {hi}]");
+        }
+    }
+
+    /// The plan keeps the longer list's sequences near 2^GTWJ_SEQ_LOG2
+    /// elements when its keys are spread out (dense lists get s = 0).
+    #[test]
+    fn gtwj_sequences_hold_about_the_target() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for &(n, hi) in &[(100usize, 1u64 << 20), (1000, 1 << 40), (5000, u64::MAX), (64, 1 << 12)] {
+            let long = random_sorted(&mut rng, n, 0, hi);
+            let short = random_sorted(&mut rng, n / 10, 0, hi);
+            let (drive_b, s) = gtwj_plan(&short, &long);
+            assert!(!drive_b, "the shorter list drives");
+            let sequences = gtwj_sequence_starts(&long, s).len();
+            let mean = n as f64 / sequences as f64;
+            let target = (1u32 << GTWJ_SEQ_LOG2) as f64;
+            // Uniform keys: within the shift's factor 2 each way, plus sampling slack.
+            assert!(mean > target / 3.0 && mean < target * 3.0, "{n} keys to {hi}: s {s}, {mean:.1} per sequence");
+        }
+        let dense = vec![5u64; 100];
+        assert_eq!(gtwj_plan(&dense, &dense), (false, 0));
+    }
+
+    /// sorted_intersect on the device (GTWJ) against the CPU twin: random
+    /// ascending rows with duplicates, NULL lists, NULL elements, empty
+    /// lists, slices, rows of very different lengths, long rows, wide keys,
+    /// signed and unsigned; and the moderngpu worked example.
+    #[test]
+    fn gpu_gtwj_sorted_intersect_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let op = ListOp::SortedIntersect;
+        let (a, b) = moderngpu_example();
+        let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
+        assert!(got == list_op_cpu::<i64>(op, &a, &b).unwrap(), "worked example");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1503);
+        let cases = [(1usize, 1usize, 1i64, false), (2000, 40, 3, true), (2000, 300, 1000, true), (500, 30, i64::MAX / 2, false), (30, 6000, 20_000, true), (100_000, 12, 1 << 20, false)];
+        for (case, &(rows, max_len, domain, nulls)) in cases.iter().enumerate() {
+            let a = sort_rows(&random_list_column(&mut rng, rows + 4, max_len, domain, nulls).slice(4, rows)).unwrap();
+            // The other side's rows: as long, or much shorter (then they drive).
+            let b_len = if case % 2 == 0 { max_len } else { max_len / 20 + 1 };
+            let b = sort_rows(&random_list_column(&mut rng, rows, b_len, domain, nulls)).unwrap();
+            for (x, y) in [(&a, &b), (&b, &a)] {
+                let want = list_op_cpu::<i64>(op, x, y).unwrap();
+                assert!(list_op_gpu::<i64>(&gpu, op, x, y, stats).unwrap() == want, "{rows} rows of up to {max_len} in domain {domain}");
+                let (ux, uy) = (to_unsigned(x).unwrap(), to_unsigned(y).unwrap());
+                assert!(list_op_gpu::<u64>(&gpu, op, &ux, &uy, stats).unwrap() == list_op_cpu::<u64>(op, &ux, &uy).unwrap(), "u64, domain {domain}");
+            }
+        }
+    }
+
     #[test]
     fn gpu_matches_cpu_twin() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };

@@ -28,8 +28,10 @@
 //! ## CPU or GPU (EXPLAIN cannot show a scalar function's choice)
 //! Integer lists of a batch run as segmented kernels on the device
 //! ([`crate::algo::multiset::list_op_gpu`]: a segmented radix sort of the
-//! rows that are not ascending, the counting rule of kernels/multiset.cu,
-//! scans for the output positions), else row by row on the CPU
+//! rows that are not ascending, then per row Balanced Path tiles for the
+//! `set_*` rules (kernels/multiset.cu) or GTWJ sequence skipping for
+//! `sorted_intersect` (kernels/sorted_intersect.cu), scans for the output
+//! positions), else row by row on the CPU
 //! ([`crate::algo::multiset::list_op_cpu`]); both give the same array and
 //! the same errors. The choice is made per batch by [`choose_gpu`]:
 //! * `setfusion.strategy = 'cpu'`: the CPU;
