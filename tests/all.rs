@@ -25,3 +25,6 @@ mod tpch;
 mod concurrency;
 #[path = "all/memory.rs"]
 mod memory;
+#[cfg(feature = "ballista")]
+#[path = "all/ballista.rs"]
+mod ballista;
