@@ -146,11 +146,12 @@ pub async fn start_loopback_cluster(executors: usize, concurrent_tasks: usize) -
     let state = install_ballista(SessionStateBuilder::new().with_default_features()).build();
     for _ in 0..executors {
         let runtime = state.runtime_env().clone();
+        let runtime_producer: ballista_core::RuntimeProducer = Arc::new(move |_: &SessionConfig| Ok(runtime.clone()));
         ballista_executor::new_standalone_executor_from_builder(
             scheduler.clone(),
             concurrent_tasks,
             config_producer.clone(),
-            Arc::new(move |_| Ok(runtime.clone())),
+            runtime_producer,
             codec(),
             (&state).into(),
         )

@@ -315,8 +315,8 @@ impl ExecutionPlan for SetSelectExec {
             (false, _) => vec![Distribution::UnspecifiedDistribution; 2],
             (true, NullMode::NullAware) => vec![Distribution::UnspecifiedDistribution, Distribution::SinglePartition],
             (true, _) => vec![
-                Distribution::HashPartitioned(self.probe_keys.clone()),
-                Distribution::HashPartitioned(self.build_keys.clone()),
+                Distribution::KeyPartitioned(self.probe_keys.clone()),
+                Distribution::KeyPartitioned(self.build_keys.clone()),
             ],
         }
     }
