@@ -166,7 +166,21 @@ pub async fn start_loopback_cluster(executors: usize, concurrent_tasks: usize) -
 pub async fn remote_context(url: &str, config: SessionConfig) -> Result<datafusion::prelude::SessionContext> {
     use ballista::prelude::SessionContextExt;
     let state = install_ballista(SessionStateBuilder::new().with_config(config).with_default_features()).build();
-    datafusion::prelude::SessionContext::remote_with_state(url, state).await
+    let ctx = datafusion::prelude::SessionContext::remote_with_state(url, state).await?;
+    register_functions(&ctx);
+    Ok(ctx)
+}
+
+/// Register setfusion's functions in `ctx` again: `remote_with_state` gives
+/// the client Ballista's function lists in place of the session's own.
+pub fn register_functions(ctx: &datafusion::prelude::SessionContext) {
+    for f in crate::udf::functions() {
+        ctx.register_udf(f.as_ref().clone());
+    }
+    for f in crate::udf::aggregate_functions() {
+        ctx.register_udaf(f.as_ref().clone());
+    }
+    ctx.register_udtf(crate::udf::families::NAME, Arc::new(crate::udf::families::IntersectFamilies));
 }
 
 #[cfg(test)]

@@ -165,7 +165,8 @@ async fn hash_partitioned_inputs_stay_exact() {
     for (name, sql) in demo::QUERIES {
         let plan = partitioned.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         let text = plan_text(&plan);
-        if *name != "similarity join" {
+        // NOT IN reads the whole subquery everywhere; the similarity join has one partition.
+        if *name != "similarity join" && *name != "not in" {
             assert!(text.contains(", partitioned"), "{name}: not partitioned:\n{text}");
         }
         if *name != "not in" && *name != "similarity join" {

@@ -20,8 +20,9 @@
 //! asks for both inputs hash-partitioned on the keys, and `execute(p)` decides
 //! partition `p` from the inputs' partitions `p` alone: equal keys meet in one
 //! partition, so multiplicities (INTERSECT ALL's min(m, n)) stay exact. NOT IN
-//! (null-aware) needs the whole subquery (one NULL anywhere removes every
-//! row), so its build side is one partition that every task reads.
+//! (null-aware) needs the whole subquery in every partition (one NULL anywhere
+//! removes every row, an empty one keeps them all), so it keeps reading all
+//! partitions at once.
 //!
 //! Memory: one `MemoryConsumer` per execution (named after the operator)
 //! reserves both collected inputs, the encoded keys and the selection; the
@@ -172,15 +173,16 @@ impl SetSelectExec {
 
     /// Ask for both inputs hash-partitioned on the keys and decide each
     /// partition on its own (`true`), or read all partitions at once. Keys
-    /// of different types on the two sides may hash differently, so such a
-    /// node keeps reading all partitions at once.
+    /// of different types on the two sides may hash differently, and NOT IN
+    /// needs the whole subquery everywhere: such a node keeps reading all
+    /// partitions at once.
     pub fn with_partitioned_inputs(mut self, partitioned: bool) -> Result<Self> {
         let (probe_schema, build_schema) = (self.probe.schema(), self.build.schema());
         let mut same_types = true;
         for (p, b) in self.probe_keys.iter().zip(&self.build_keys) {
             same_types &= p.data_type(&probe_schema)? == b.data_type(&build_schema)?;
         }
-        self.partitioned = partitioned && same_types;
+        self.partitioned = partitioned && same_types && self.nulls != NullMode::NullAware;
         Ok(self)
     }
 
@@ -211,17 +213,13 @@ impl SetSelectExec {
         if !self.partitioned {
             return Ok((0..probe_n, 0..build_n));
         }
-        let build = if self.nulls == NullMode::NullAware {
-            0..build_n
-        } else if build_n == probe_n {
-            partition..partition + 1
-        } else {
+        if build_n != probe_n {
             return Err(DataFusionError::Plan(format!(
                 "{}: hash-partitioned inputs need as many partitions on both sides, got {probe_n} and {build_n}",
                 self.name()
             )));
-        };
-        Ok((partition..partition + 1, build))
+        }
+        Ok((partition..partition + 1, partition..partition + 1))
     }
 
     /// The planner's reason for a GPU choice, shown in EXPLAIN.
@@ -307,14 +305,12 @@ impl ExecutionPlan for SetSelectExec {
         vec![true, false]
     }
 
-    /// Partitioned: both sides hashed on the keys (NOT IN: the whole subquery
-    /// in one partition). Otherwise all input partitions are read at once, in
-    /// whatever partitioning they come.
+    /// Partitioned: both sides partitioned on the keys. Otherwise all input
+    /// partitions are read at once, in whatever partitioning they come.
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        match (self.partitioned, self.nulls) {
-            (false, _) => vec![Distribution::UnspecifiedDistribution; 2],
-            (true, NullMode::NullAware) => vec![Distribution::UnspecifiedDistribution, Distribution::SinglePartition],
-            (true, _) => vec![
+        match self.partitioned {
+            false => vec![Distribution::UnspecifiedDistribution; 2],
+            true => vec![
                 Distribution::KeyPartitioned(self.probe_keys.clone()),
                 Distribution::KeyPartitioned(self.build_keys.clone()),
             ],
