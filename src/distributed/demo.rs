@@ -26,6 +26,7 @@ pub const QUERIES: &[(&str, &str)] = &[
     ("intersect", "SELECT k, v % 3 AS g FROM r INTERSECT SELECT k, v % 3 FROM t"),
     ("in", "SELECT k, v FROM r WHERE k IN (SELECT k FROM t)"),
     ("not in", "SELECT k, v FROM r WHERE k NOT IN (SELECT k FROM t WHERE k < 500)"),
+    ("in under or", "SELECT k, v, k IN (SELECT k FROM t) OR v > 990 AS m FROM r"),
     ("similarity join", "SELECT a.id, b.id FROM docs_a a JOIN docs_b b ON jaccard(a.elements, b.elements) >= 0.8"),
 ];
 

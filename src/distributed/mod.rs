@@ -70,12 +70,18 @@ pub fn codec() -> BallistaCodec {
 /// `config` made ready for Ballista and setfusion: Ballista's settings,
 /// setfusion's codecs, and the `setfusion.*` settings (inputs hash-partitioned
 /// by default; settings already present are kept, so a client's `SET`
-/// reaches the scheduler and the executors unchanged).
+/// reaches the scheduler and the executors unchanged). Ballista's adaptive
+/// planner is turned off (`ballista.planner.adaptive.enabled = false`): it
+/// does not run the session's physical rules.
 pub fn ballista_config(config: SessionConfig) -> SessionConfig {
     let mut config = config.upgrade_for_ballista();
     if config.options().extensions.get::<SetfusionConfig>().is_none() {
         let settings = SetfusionConfig { hash_partition_inputs: true, ..SetfusionConfig::default() };
-        config = config.with_option_extension(settings);
+        // Ballista's adaptive planner (on by default) optimizes with its own fixed list of
+        // physical rules instead of the session's, so setfusion's semi / anti join and
+        // similarity join rules would never run on the cluster; its static planner uses the
+        // session's rules.
+        config = config.with_option_extension(settings).set_bool(ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED, false);
     }
     config.with_ballista_logical_extension_codec(logical_codec()).with_ballista_physical_extension_codec(physical_codec())
 }

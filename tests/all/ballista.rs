@@ -1,7 +1,9 @@
 //! setfusion on a Ballista cluster (issue 17): a scheduler and two executors
 //! in this process on loopback ports run the demo queries (INTERSECT ALL,
-//! EXCEPT ALL, INTERSECT, IN, NOT IN, a similarity join) over Parquet files
-//! split into several partitions, and every answer equals one process's.
+//! EXCEPT ALL, INTERSECT, IN, NOT IN, IN under OR (a mark join), a similarity
+//! join) over Parquet files
+//! split into several partitions, and every answer equals one process's; the
+//! scheduler's plan holds setfusion's operators with both inputs shuffled by key.
 //! Each query runs with setfusion's automatic choice and with
 //! `setfusion.strategy = 'cpu'`, which puts setfusion's operators in place of
 //! DataFusion's semi / anti joins on a machine without a GPU too.
@@ -24,6 +26,22 @@ async fn loopback_cluster_answers_like_one_process() {
                 ctx.sql(s).await.unwrap().collect().await.unwrap();
             }
             demo::register_tables(ctx, &dir).await.unwrap();
+        }
+        if !settings.is_empty() {
+            // The scheduler's plan (Ballista's EXPLAIN shows the stages): setfusion's operators,
+            // the set operation and the semi join with both inputs shuffled by key.
+            for (sql, wants) in [
+                ("SELECT k FROM r INTERSECT ALL SELECT k FROM t", &["SetOpExec: op=intersect all", ", partitioned", "partitioning=Hash([k@0], 4)"][..]),
+                ("SELECT k, v FROM r WHERE k IN (SELECT k FROM t)", &["SemiJoinExec: op=semi", ", partitioned"][..]),
+                ("SELECT a.id, b.id FROM docs_a a JOIN docs_b b ON jaccard(a.elements, b.elements) >= 0.8", &["SimilarityJoinExec"][..]),
+            ] {
+                let batches = cluster.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
+                let explain = datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+                let stages = explain.split("distributed_plan").nth(1).unwrap_or_else(|| panic!("{sql}: no distributed plan in\n{explain}"));
+                for want in wants {
+                    assert!(stages.contains(want), "{sql}: no {want} in the cluster's plan\n{stages}");
+                }
+            }
         }
         for (name, sql) in demo::QUERIES {
             let want = demo::sorted_rows(&local, sql).await.unwrap();
