@@ -156,6 +156,11 @@ extensions_options! {
     pub struct SetfusionConfig {
         /// Replace DataFusion's set operations and semi/anti joins with setfusion operators.
         pub enabled: bool, default = true
+        /// Set operations and semi / anti joins ask for both inputs hash-partitioned on their
+        /// keys and decide each partition on its own (a Ballista cluster, where each task sees
+        /// one partition: `setfusion::distributed` turns it on). false: one selection over
+        /// all input partitions at once (one process, one device sees every row).
+        pub hash_partition_inputs: bool, default = false
         /// Inputs with fewer estimated rows than this run on the CPU backend.
         pub min_rows: usize, default = 100_000
         /// auto, cpu, hash or bitmap.

@@ -12,6 +12,8 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod datagen;
+#[cfg(feature = "ballista")]
+pub mod distributed;
 pub mod env;
 pub mod exec;
 pub mod fuzz;
@@ -85,7 +87,7 @@ pub fn context_with_config(config: SessionConfig) -> SessionContext {
 
 /// The crate's layering (issue 16): every module only uses modules of its own
 /// layer or below, `gpu` < `keys` < `algo` < `exec` < `planner` / `udf` <
-/// `cli` / `bench` / `slt` / `fuzz`; `env`, `util` and `config` are usable by
+/// `cli` / `bench` / `slt` / `fuzz` / `distributed`; `env`, `util` and `config` are usable by
 /// every layer. Checked on the source text: each `crate::<module>` path.
 #[cfg(test)]
 mod layering {
@@ -97,7 +99,7 @@ mod layering {
             "algo" => 3,
             "exec" => 4,
             "planner" | "udf" => 5,
-            "cli" | "bench" | "slt" | "fuzz" => 6,
+            "cli" | "bench" | "slt" | "fuzz" | "distributed" => 6,
             _ => return None,
         })
     }

@@ -27,3 +27,6 @@ mod concurrency;
 mod memory;
 #[path = "all/devices.rs"]
 mod devices;
+#[cfg(feature = "ballista")]
+#[path = "all/ballista.rs"]
+mod ballista;

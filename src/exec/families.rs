@@ -227,6 +227,20 @@ impl FamiliesExec {
     }
 }
 
+impl FamiliesExec {
+    /// The layouts of the left and right families (the right one is the left's in the self form).
+    pub fn layouts(&self) -> (Layout, Layout) {
+        (self.left_layout, self.right_layout)
+    }
+    pub fn level(&self) -> Level {
+        self.level
+    }
+    /// The self form (one family joined with itself, left id < right id)?
+    pub fn is_self_join(&self) -> bool {
+        self.right.is_none()
+    }
+}
+
 impl DisplayAs for FamiliesExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "FamiliesExec: level={}, form={}", self.level.name(), if self.right.is_some() { "two families" } else { "self (left id < right id)" })?;

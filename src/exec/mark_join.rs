@@ -205,8 +205,35 @@ impl MarkJoinExec {
         &self.backend
     }
 
+    pub fn on(&self) -> &[(PhysicalExprRef, PhysicalExprRef)] {
+        &self.on
+    }
+    pub fn in_keys(&self) -> Option<&(PhysicalExprRef, PhysicalExprRef)> {
+        self.in_keys.as_ref()
+    }
+    pub fn filter(&self) -> Option<&PairFilter> {
+        self.filter.as_ref()
+    }
+    pub fn output(&self) -> MarkOutput {
+        self.output
+    }
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// Output the probe rows whose mark is TRUE (`Semi`) or FALSE (`Anti`)
+    /// instead of every row with its mark; an error unless the node was made
+    /// without a mark column (`mark_name` "").
+    pub fn with_output(mut self, output: MarkOutput) -> Result<Self> {
+        if output != MarkOutput::Mark && self.schema.fields().len() != self.probe.schema().fields().len() {
+            return Err(DataFusionError::Plan("setfusion: a semi / anti mark join has no mark column".into()));
+        }
+        self.output = output;
+        Ok(self)
+    }
+
     /// The mark column's name ("" for a semi / anti join, which outputs none).
-    fn mark_name(&self) -> String {
+    pub fn mark_name(&self) -> String {
         match self.output {
             MarkOutput::Mark => self.schema.fields().last().map(|f| f.name().clone()).unwrap_or_default(),
             MarkOutput::Semi | MarkOutput::Anti => String::new(),

@@ -94,9 +94,22 @@ pub(crate) async fn collect_reserved(
     reservation: &Arc<MemoryReservation>,
 ) -> Result<Vec<Vec<RecordBatch>>> {
     let n = plan.output_partitioning().partition_count();
+    collect_partitions_reserved(plan, 0..n, context, reservation).await
+}
+
+/// [`collect_reserved`] for some of `plan`'s partitions only: element `i` of
+/// the result holds the batches of the `i`-th partition of `partitions`.
+pub(crate) async fn collect_partitions_reserved(
+    plan: Arc<dyn ExecutionPlan>,
+    partitions: std::ops::Range<usize>,
+    context: Arc<TaskContext>,
+    reservation: &Arc<MemoryReservation>,
+) -> Result<Vec<Vec<RecordBatch>>> {
+    let first = partitions.start;
+    let n = partitions.len();
     // A JoinSet aborts the other partitions' tasks when it is dropped (on the first error).
     let mut tasks = tokio::task::JoinSet::new();
-    for p in 0..n {
+    for p in partitions {
         let mut stream = plan.execute(p, context.clone())?;
         let r = reservation.clone();
         tasks.spawn(async move {
@@ -106,7 +119,7 @@ pub(crate) async fn collect_reserved(
                 r.try_grow(batch_bytes(&b))?;
                 out.push(b);
             }
-            Ok::<_, DataFusionError>((p, out))
+            Ok::<_, DataFusionError>((p - first, out))
         });
     }
     let mut parts: Vec<Vec<RecordBatch>> = (0..n).map(|_| Vec::new()).collect();

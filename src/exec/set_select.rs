@@ -15,6 +15,15 @@
 //! filtered from its input batches chunk by chunk as the stream is read (see
 //! [`super::output_filter`]).
 //!
+//! With hash-partitioned inputs ([`SetSelectExec::with_partitioned_inputs`],
+//! for a Ballista cluster, where each task executes one partition) the node
+//! asks for both inputs hash-partitioned on the keys, and `execute(p)` decides
+//! partition `p` from the inputs' partitions `p` alone: equal keys meet in one
+//! partition, so multiplicities (INTERSECT ALL's min(m, n)) stay exact. NOT IN
+//! (null-aware) needs the whole subquery in every partition (one NULL anywhere
+//! removes every row, an empty one keeps them all), so it keeps reading all
+//! partitions at once.
+//!
 //! Memory: one `MemoryConsumer` per execution (named after the operator)
 //! reserves both collected inputs, the encoded keys and the selection; the
 //! build side's bytes are released after the selection, each partition's
@@ -38,7 +47,7 @@ use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder,
 use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -48,7 +57,7 @@ use crate::config::{SetfusionConfig, Strategy};
 use crate::gpu::{self};
 use crate::keys::{self};
 
-use super::memory::{batch_bytes, collect_reserved, reservation, Parts, SharedRun};
+use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts, SharedRun};
 use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
 #[cfg(test)]
 use super::output_filter::filter_all;
@@ -104,6 +113,9 @@ pub struct SetSelectExec {
     ran: Arc<Mutex<Option<String>>>,
     /// The planner's reason for a GPU choice (the cost model's estimate), for EXPLAIN.
     choice_note: Option<String>,
+    /// Both inputs hash-partitioned on the keys, each partition decided on
+    /// its own (see the module documentation); false: all partitions at once.
+    partitioned: bool,
 }
 
 impl SetSelectExec {
@@ -155,7 +167,59 @@ impl SetSelectExec {
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
             choice_note: None,
+            partitioned: false,
         })
+    }
+
+    /// Ask for both inputs hash-partitioned on the keys and decide each
+    /// partition on its own (`true`), or read all partitions at once. Keys
+    /// of different types on the two sides may hash differently, and NOT IN
+    /// needs the whole subquery everywhere: such a node keeps reading all
+    /// partitions at once.
+    pub fn with_partitioned_inputs(mut self, partitioned: bool) -> Result<Self> {
+        let (probe_schema, build_schema) = (self.probe.schema(), self.build.schema());
+        let mut same_types = true;
+        for (p, b) in self.probe_keys.iter().zip(&self.build_keys) {
+            same_types &= p.data_type(&probe_schema)? == b.data_type(&build_schema)?;
+        }
+        self.partitioned = partitioned && same_types && self.nulls != NullMode::NullAware;
+        Ok(self)
+    }
+
+    /// Does each partition decide on its own (hash-partitioned inputs)?
+    pub fn partitioned(&self) -> bool {
+        self.partitioned
+    }
+    pub fn probe_keys(&self) -> &[PhysicalExprRef] {
+        &self.probe_keys
+    }
+    pub fn build_keys(&self) -> &[PhysicalExprRef] {
+        &self.build_keys
+    }
+    pub fn nulls(&self) -> NullMode {
+        self.nulls
+    }
+    pub fn projection(&self) -> Option<&[usize]> {
+        self.projection.as_deref()
+    }
+    pub fn note(&self) -> Option<&str> {
+        self.choice_note.as_deref()
+    }
+
+    /// The input partitions `execute(partition)` reads: (probe, build).
+    fn input_partitions(&self, partition: usize) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+        let probe_n = self.probe.output_partitioning().partition_count();
+        let build_n = self.build.output_partitioning().partition_count();
+        if !self.partitioned {
+            return Ok((0..probe_n, 0..build_n));
+        }
+        if build_n != probe_n {
+            return Err(DataFusionError::Plan(format!(
+                "{}: hash-partitioned inputs need as many partitions on both sides, got {probe_n} and {build_n}",
+                self.name()
+            )));
+        }
+        Ok((partition..partition + 1, partition..partition + 1))
     }
 
     /// The planner's reason for a GPU choice, shown in EXPLAIN.
@@ -212,6 +276,9 @@ impl DisplayAs for SetSelectExec {
             NullMode::NullAware => write!(f, ", null_aware")?,
         }
         write!(f, ", backend={backend}")?;
+        if self.partitioned {
+            write!(f, ", partitioned")?;
+        }
         super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
     }
 }
@@ -238,7 +305,20 @@ impl ExecutionPlan for SetSelectExec {
         vec![true, false]
     }
 
-    /// All input partitions are read at once: repartitioning them first only costs.
+    /// Partitioned: both sides partitioned on the keys. Otherwise all input
+    /// partitions are read at once, in whatever partitioning they come.
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        match self.partitioned {
+            false => vec![Distribution::UnspecifiedDistribution; 2],
+            true => vec![
+                Distribution::KeyPartitioned(self.probe_keys.clone()),
+                Distribution::KeyPartitioned(self.build_keys.clone()),
+            ],
+        }
+    }
+
+    /// Read all at once, repartitioning the inputs first only costs; partitioned,
+    /// the hash partitioning is required anyway.
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false, false]
     }
@@ -262,12 +342,21 @@ impl ExecutionPlan for SetSelectExec {
             self.backend.clone(),
             self.projection.clone(),
         )?
-        .with_note(self.choice_note.clone())))
+        .with_note(self.choice_note.clone())
+        .with_partitioned_inputs(self.partitioned)?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let execution = self.result.join(partition);
+        let (probe_partitions, build_partitions) = self.input_partitions(partition)?;
+        // Partitioned, each partition is an execution of its own, output as its part 0.
+        let (execution, part) = if self.partitioned {
+            (Arc::new(SharedRun::new()).join(partition), 0)
+        } else {
+            (self.result.join(partition), partition)
+        };
         let run = Run {
+            probe_partitions,
+            build_partitions,
             name: self.name().to_string(),
             probe: self.probe.clone(),
             build: self.build.clone(),
@@ -295,7 +384,7 @@ impl ExecutionPlan for SetSelectExec {
         let fut = async move {
             let sel = execution.get(|| run.run(context)).await?;
             crate::util::trace(&format!("partition {partition} ready"));
-            let part = sel.outputs.take(partition);
+            let part = sel.outputs.take(part);
             drop(sel);
             let out: Vec<Result<RecordBatch>> = match part {
                 Some(PartitionOutput::Chunks { chunks, reservation }) => {
@@ -352,7 +441,7 @@ impl EmbeddedProjection for SetSelectExec {
             self.backend.clone(),
             composed,
         )
-        .map(|e| e.with_note(self.choice_note.clone()))
+        .and_then(|e| e.with_note(self.choice_note.clone()).with_partitioned_inputs(self.partitioned))
     }
 }
 
@@ -360,6 +449,9 @@ impl EmbeddedProjection for SetSelectExec {
 struct Run {
     /// The operator's name, for its memory consumer.
     name: String,
+    /// The input partitions read (all of them unless partitioned).
+    probe_partitions: std::ops::Range<usize>,
+    build_partitions: std::ops::Range<usize>,
     probe: Arc<dyn ExecutionPlan>,
     build: Arc<dyn ExecutionPlan>,
     probe_keys: Vec<PhysicalExprRef>,
@@ -410,8 +502,8 @@ impl Run {
         let inputs = input_context(&context);
         let memory = reservation(&context, &self.name);
         let (probe_parts, build_parts) = futures::try_join!(
-            collect_reserved(self.probe.clone(), inputs.clone(), &memory),
-            collect_reserved(self.build.clone(), inputs, &memory)
+            collect_partitions_reserved(self.probe.clone(), self.probe_partitions.clone(), inputs.clone(), &memory),
+            collect_partitions_reserved(self.build.clone(), self.build_partitions.clone(), inputs, &memory)
         )?;
         self.metrics.input_time.add_duration(waiting.elapsed());
         crate::util::trace("inputs collected");

@@ -129,6 +129,18 @@ impl SimilarityJoinExec {
     pub fn backend(&self) -> &Backend {
         &self.backend
     }
+    pub fn set_exprs(&self) -> (&PhysicalExprRef, &PhysicalExprRef) {
+        (&self.left_set, &self.right_set)
+    }
+    pub fn residual(&self) -> Option<&JoinFilter> {
+        self.residual.as_ref()
+    }
+    pub fn projection(&self) -> Option<&[usize]> {
+        self.projection.as_deref()
+    }
+    pub fn choice_note(&self) -> Option<&str> {
+        self.choice_note.as_deref()
+    }
 }
 
 impl DisplayAs for SimilarityJoinExec {

@@ -114,7 +114,9 @@ impl SemiJoinRule {
         } else {
             NullMode::NeverEqual
         };
-        let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, backend, j.projection)?.with_note(note);
+        let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, backend, j.projection)?
+            .with_note(note)
+            .with_partitioned_inputs(cfg.hash_partition_inputs)?;
         Ok(Transformed::yes(Arc::new(exec)))
     }
 }

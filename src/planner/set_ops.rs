@@ -203,7 +203,8 @@ impl ExtensionPlanner for SetOpPlanner {
             backend,
             None,
         )?
-        .with_note(note);
+        .with_note(note)
+        .with_partitioned_inputs(cfg.hash_partition_inputs)?;
         Ok(Some(Arc::new(exec)))
     }
 }

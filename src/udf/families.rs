@@ -95,6 +95,30 @@ impl FamiliesTable {
     }
 }
 
+impl FamiliesTable {
+    /// The call's result over these tables (one: the self form), checking each table's layout.
+    pub fn try_from_tables(names: Vec<String>, tables: Vec<Arc<dyn TableProvider>>, level: Level) -> Result<Self> {
+        if tables.is_empty() || tables.len() > 2 || tables.len() != names.len() {
+            return Err(DataFusionError::Plan(format!("{NAME}: expected one or two named tables, got {}", tables.len())));
+        }
+        let tables = names
+            .iter()
+            .zip(tables)
+            .map(|(n, t)| Ok((t.clone(), Layout::of(n, &t.schema())?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::new(names, tables, level))
+    }
+
+    /// The tables' names as the call gave them, and their providers.
+    pub fn tables(&self) -> impl Iterator<Item = (&str, &Arc<dyn TableProvider>)> {
+        self.names.iter().map(String::as_str).zip(self.tables.iter().map(|(t, _)| t))
+    }
+
+    pub fn level(&self) -> Level {
+        self.level
+    }
+}
+
 #[async_trait]
 impl TableProvider for FamiliesTable {
     fn schema(&self) -> SchemaRef {
