@@ -403,7 +403,8 @@ impl SetfusionPhysicalCodec {
                 backend: Some(encode_backend(e.backend())),
                 projection: encode_columns(e.projection()),
                 note: e.note().map(str::to_string),
-                partitioned: e.partitioned(),
+                // What was asked for: decoding decides again from the same keys.
+                partitioned: e.partitioned_inputs_requested(),
             })));
         }
         if let Some(e) = node.downcast_ref::<MarkJoinExec>() {
