@@ -21,8 +21,8 @@
 //! partition `p` from the inputs' partitions `p` alone: equal keys meet in one
 //! partition, so multiplicities (INTERSECT ALL's min(m, n)) stay exact. NOT IN
 //! (null-aware) needs the whole subquery in every partition (one NULL anywhere
-//! removes every row, an empty one keeps them all), so it keeps reading all
-//! partitions at once.
+//! removes every row, an empty one keeps them all), so it takes each input in
+//! one partition instead, as do keys of different types on the two sides.
 //!
 //! Memory: one `MemoryConsumer` per execution (named after the operator)
 //! reserves both collected inputs, the encoded keys and the selection; the
