@@ -135,6 +135,8 @@ struct MarkJoinNode {
     backend: Option<BackendNode>,
     #[prost(string, optional, tag = "10")]
     note: Option<String>,
+    #[prost(bool, tag = "11")]
+    single_partition_inputs: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -401,7 +403,8 @@ impl SetfusionPhysicalCodec {
                 backend: Some(encode_backend(e.backend())),
                 projection: encode_columns(e.projection()),
                 note: e.note().map(str::to_string),
-                partitioned: e.partitioned(),
+                // What was asked for: decoding decides again from the same keys.
+                partitioned: e.partitioned_inputs_requested(),
             })));
         }
         if let Some(e) = node.downcast_ref::<MarkJoinExec>() {
@@ -420,6 +423,7 @@ impl SetfusionPhysicalCodec {
                 output: output_name(e.output()).into(),
                 backend: Some(encode_backend(e.backend())),
                 note: e.note().map(str::to_string),
+                single_partition_inputs: e.single_partition_inputs(),
             })));
         }
         if let Some(e) = node.downcast_ref::<SimilarityJoinExec>() {
@@ -509,7 +513,8 @@ impl SetfusionPhysicalCodec {
                     decode_backend(n.backend, ctx)?,
                 )?
                 .with_note(n.note)
-                .with_output(parse_output(&n.output)?)?;
+                .with_output(parse_output(&n.output)?)?
+                .with_single_partition_inputs(n.single_partition_inputs);
                 Arc::new(exec)
             }
             ExecNode::SimilarityJoin(n) => {

@@ -262,6 +262,12 @@ impl ExecutionPlan for FamiliesExec {
         std::iter::once(&self.left).chain(self.right.as_ref()).collect()
     }
 
+    /// The families are read whole: each input in one partition (a Ballista
+    /// task otherwise sees only its own partition slice of each input).
+    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
+        vec![datafusion::physical_plan::Distribution::SinglePartition; self.children().len()]
+    }
+
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let mut it = children.into_iter();
         let left = it.next().ok_or_else(|| DataFusionError::Internal("FamiliesExec needs its inputs".into()))?;

@@ -47,7 +47,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -115,6 +115,10 @@ pub struct MarkJoinExec {
     metrics: ExecutionPlanMetricsSet,
     result: Arc<SharedRun<Parts<(Vec<(Marked, usize)>, MemoryReservation)>>>,
     ran: Arc<Mutex<Option<String>>>,
+    /// Ask for each input in one partition: a Ballista task executes one
+    /// partition of the operator, and may see only its own partition of an
+    /// input that is a shuffle, where every partition of both is needed.
+    single_partition_inputs: bool,
 }
 
 impl MarkJoinExec {
@@ -174,7 +178,17 @@ impl MarkJoinExec {
             metrics: ExecutionPlanMetricsSet::new(),
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
+            single_partition_inputs: false,
         })
+    }
+
+    /// Ask for both inputs in one partition each (on a Ballista cluster; see the field).
+    pub fn with_single_partition_inputs(mut self, single: bool) -> Self {
+        self.single_partition_inputs = single;
+        self
+    }
+    pub fn single_partition_inputs(&self) -> bool {
+        self.single_partition_inputs
     }
 
     /// The planner's reason for its backend choice, shown in EXPLAIN.
@@ -300,6 +314,11 @@ impl ExecutionPlan for MarkJoinExec {
         vec![false, false]
     }
 
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        let each = if self.single_partition_inputs { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
+        vec![each.clone(), each]
+    }
+
     fn apply_expressions(
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
@@ -322,7 +341,7 @@ impl ExecutionPlan for MarkJoinExec {
         )?
         .with_note(self.note.clone());
         exec.output = self.output;
-        Ok(Arc::new(exec))
+        Ok(Arc::new(exec.with_single_partition_inputs(self.single_partition_inputs)))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {

@@ -21,8 +21,8 @@
 //! partition `p` from the inputs' partitions `p` alone: equal keys meet in one
 //! partition, so multiplicities (INTERSECT ALL's min(m, n)) stay exact. NOT IN
 //! (null-aware) needs the whole subquery in every partition (one NULL anywhere
-//! removes every row, an empty one keeps them all), so it keeps reading all
-//! partitions at once.
+//! removes every row, an empty one keeps them all), so it takes each input in
+//! one partition instead, as do keys of different types on the two sides.
 //!
 //! Memory: one `MemoryConsumer` per execution (named after the operator)
 //! reserves both collected inputs, the encoded keys and the selection; the
@@ -116,6 +116,10 @@ pub struct SetSelectExec {
     /// Both inputs hash-partitioned on the keys, each partition decided on
     /// its own (see the module documentation); false: all partitions at once.
     partitioned: bool,
+    /// Partitioning was asked for but cannot be used: each input in one
+    /// partition instead (a Ballista task may see only its own partition of
+    /// an input, where this node needs every partition of both).
+    single_partition_inputs: bool,
 }
 
 impl SetSelectExec {
@@ -168,6 +172,7 @@ impl SetSelectExec {
             ran: Arc::new(Mutex::new(None)),
             choice_note: None,
             partitioned: false,
+            single_partition_inputs: false,
         })
     }
 
@@ -183,12 +188,17 @@ impl SetSelectExec {
             same_types &= p.data_type(&probe_schema)? == b.data_type(&build_schema)?;
         }
         self.partitioned = partitioned && same_types && self.nulls != NullMode::NullAware;
+        self.single_partition_inputs = partitioned && !self.partitioned;
         Ok(self)
     }
 
     /// Does each partition decide on its own (hash-partitioned inputs)?
     pub fn partitioned(&self) -> bool {
         self.partitioned
+    }
+    /// Were partitioned inputs asked for (whether or not they could be used)?
+    pub fn partitioned_inputs_requested(&self) -> bool {
+        self.partitioned || self.single_partition_inputs
     }
     pub fn probe_keys(&self) -> &[PhysicalExprRef] {
         &self.probe_keys
@@ -309,6 +319,7 @@ impl ExecutionPlan for SetSelectExec {
     /// partitions are read at once, in whatever partitioning they come.
     fn required_input_distribution(&self) -> Vec<Distribution> {
         match self.partitioned {
+            false if self.single_partition_inputs => vec![Distribution::SinglePartition; 2],
             false => vec![Distribution::UnspecifiedDistribution; 2],
             true => vec![
                 Distribution::KeyPartitioned(self.probe_keys.clone()),
@@ -343,7 +354,7 @@ impl ExecutionPlan for SetSelectExec {
             self.projection.clone(),
         )?
         .with_note(self.choice_note.clone())
-        .with_partitioned_inputs(self.partitioned)?))
+        .with_partitioned_inputs(self.partitioned_inputs_requested())?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -441,7 +452,7 @@ impl EmbeddedProjection for SetSelectExec {
             self.backend.clone(),
             composed,
         )
-        .and_then(|e| e.with_note(self.choice_note.clone()).with_partitioned_inputs(self.partitioned))
+        .and_then(|e| e.with_note(self.choice_note.clone()).with_partitioned_inputs(self.partitioned_inputs_requested()))
     }
 }
 

@@ -181,6 +181,14 @@ impl ExecutionPlan for SimilarityJoinExec {
         vec![&self.left, &self.right]
     }
 
+    /// Both inputs are read whole. Said so that a Ballista task, which
+    /// otherwise sees only its own partition slice of each input, reads
+    /// every partition. (In one process the rule that puts this node in
+    /// runs after distribution enforcement, which adds nothing.)
+    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
+        vec![datafusion::physical_plan::Distribution::SinglePartition; 2]
+    }
+
     fn apply_expressions(
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,

@@ -460,7 +460,9 @@ impl ExtensionPlanner for MarkJoinPlanner {
                 return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
             }
         }
-        let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?.with_note(note);
+        let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?
+            .with_note(note)
+            .with_single_partition_inputs(cfg.hash_partition_inputs);
         Ok(Some(Arc::new(exec)))
     }
 }

@@ -164,7 +164,11 @@ impl SemiJoinRule {
             (d.backend, d.note)
         };
         let exec: Arc<dyn ExecutionPlan> =
-            Arc::new(crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?.with_note(note));
+            Arc::new(
+                crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?
+                    .with_note(note)
+                    .with_single_partition_inputs(cfg.hash_partition_inputs),
+            );
         let exec = match &j.projection {
             None => exec,
             Some(p) => {
