@@ -56,7 +56,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::memory::{collect_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
+use crate::exec::memory::{array_slice_bytes, collect_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
 use crate::exec::selection::{key_columns, Selector};
 use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
@@ -396,7 +396,7 @@ type Marked = (RecordBatch, BooleanArray);
 
 /// The bytes a [`Marked`] holds: its slices of the probe's buffers and the mark.
 fn marked_bytes((b, mark): &Marked) -> usize {
-    slice_bytes(b) + mark.to_data().get_slice_memory_size().unwrap_or_else(|_| mark.get_array_memory_size())
+    slice_bytes(b) + array_slice_bytes(mark)
 }
 
 /// One output batch from a probe batch and its marks: the batch with the mark

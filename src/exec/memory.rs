@@ -81,7 +81,12 @@ pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
 /// slices of one larger buffer (a pinned output region, the device's kept
 /// keys), where [`batch_bytes`] would count the whole buffer once per slice.
 pub(crate) fn slice_bytes(batch: &RecordBatch) -> usize {
-    batch.columns().iter().map(|c| c.to_data().get_slice_memory_size().unwrap_or_else(|_| c.get_array_memory_size())).sum()
+    batch.columns().iter().map(|c| array_slice_bytes(c.as_ref())).sum()
+}
+
+/// The bytes of one array's slice of its buffers (see [`slice_bytes`]).
+pub(crate) fn array_slice_bytes(array: &dyn Array) -> usize {
+    array.to_data().get_slice_memory_size().unwrap_or_else(|_| array.get_array_memory_size())
 }
 
 /// Collect every partition of `plan`, each on its own task (as
