@@ -4,7 +4,7 @@
 //! cluster, each answer checked against one process and timed.
 //!
 //! ```text
-//! cargo run --release --features ballista --example ballista_cluster [-- ROWS [RUNS]]
+//! cargo run --release --example ballista_cluster [-- ROWS [RUNS]]
 //! ```
 //!
 //! ROWS (default 20000) rows per key table; RUNS (default 1) runs of each

@@ -6,11 +6,10 @@ use std::fmt;
 use std::str::FromStr;
 
 use datafusion::common::config::{ConfigExtension, ConfigField, Visit};
-use datafusion::common::extensions_options;
 use datafusion::error::{DataFusionError, Result};
 
 /// Which algorithm the operators use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Choose from sizes, key width and value range (GPU when usable).
     #[default]
@@ -151,7 +150,94 @@ parsed_field!(Strategy);
 parsed_field!(ByteSize);
 parsed_field!(Devices);
 
-extensions_options! {
+/// DataFusion's `extensions_options!`, except that [`ExtensionOptions::entries`]
+/// names each setting with its prefix (`setfusion.strategy`, not
+/// `strategy`). A Ballista client sends a session's settings to the scheduler
+/// as `entries()`, and the scheduler `SET`s each key: an unprefixed key
+/// names no namespace and was dropped, so no `SET setfusion.*` reached the
+/// cluster. `SHOW setfusion.strategy` finds the setting for the same reason.
+macro_rules! setfusion_settings {
+    (
+     $(#[doc = $struct_d:tt])*
+     $vis:vis struct $struct_name:ident {
+        $(
+        $(#[doc = $d:tt])*
+        $field_vis:vis $field_name:ident : $field_type:ty, default = $default:expr
+        )*
+    }
+    ) => {
+        $(#[doc = $struct_d])*
+        #[derive(Debug, Clone)]
+        $vis struct $struct_name {
+            $(
+            $(#[doc = $d])*
+            $field_vis $field_name: $field_type,
+            )*
+        }
+
+        impl Default for $struct_name {
+            fn default() -> Self {
+                Self { $($field_name: $default),* }
+            }
+        }
+
+        impl datafusion::common::config::ExtensionOptions for $struct_name {
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+
+            fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+                self
+            }
+
+            fn cloned(&self) -> Box<dyn datafusion::common::config::ExtensionOptions> {
+                Box::new(self.clone())
+            }
+
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                ConfigField::set(self, key, value)
+            }
+
+            fn entries(&self) -> Vec<datafusion::common::config::ConfigEntry> {
+                struct Entries(Vec<datafusion::common::config::ConfigEntry>);
+                impl Visit for Entries {
+                    fn some<V: fmt::Display>(&mut self, key: &str, value: V, description: &'static str) {
+                        self.0.push(datafusion::common::config::ConfigEntry { key: key.to_string(), value: Some(value.to_string()), description });
+                    }
+                    fn none(&mut self, key: &str, description: &'static str) {
+                        self.0.push(datafusion::common::config::ConfigEntry { key: key.to_string(), value: None, description });
+                    }
+                }
+                let mut v = Entries(Vec::new());
+                ConfigField::visit(self, &mut v, <Self as ConfigExtension>::PREFIX, "");
+                v.0
+            }
+        }
+
+        impl ConfigField for $struct_name {
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                let (key, rem) = key.split_once('.').unwrap_or((key, ""));
+                match key {
+                    $(stringify!($field_name) => self.$field_name.set(rem, value),)*
+                    _ => Err(DataFusionError::Configuration(format!("Config value \"{key}\" not found on {}", stringify!($struct_name)))),
+                }
+            }
+
+            fn visit<V: Visit>(&self, v: &mut V, key_prefix: &str, _description: &'static str) {
+                $(
+                    let key = if key_prefix.is_empty() {
+                        stringify!($field_name).to_string()
+                    } else {
+                        format!("{key_prefix}.{}", stringify!($field_name))
+                    };
+                    self.$field_name.visit(v, &key, concat!($($d),*).trim());
+                )*
+            }
+        }
+    };
+}
+
+setfusion_settings! {
     /// setfusion settings (`SET setfusion.<name> = <value>`).
     pub struct SetfusionConfig {
         /// Replace DataFusion's set operations and semi/anti joins with setfusion operators.
@@ -199,5 +285,36 @@ impl SetfusionConfig {
             Devices::List(l) if l.is_empty() => vec![self.device],
             Devices::List(l) => l.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::common::config::ExtensionOptions;
+    use datafusion::config::{ConfigOptions, Extensions};
+
+    /// Every setting is listed under its full name, and a session built from
+    /// those entries alone (what a Ballista scheduler does with a client's
+    /// settings) ends up with the same values.
+    #[test]
+    fn entries_carry_the_prefix_and_set_back() {
+        let mut c = SetfusionConfig::default();
+        c.strategy = Strategy::Cpu;
+        c.min_rows = 7;
+        c.memory_limit = ByteSize(1 << 20);
+        c.devices = "0,0".parse().unwrap();
+        let entries = c.entries();
+        assert!(entries.iter().all(|e| e.key.starts_with("setfusion.")), "{entries:?}");
+        assert!(entries.iter().any(|e| e.key == "setfusion.strategy" && e.value.as_deref() == Some("cpu")), "{entries:?}");
+        let mut extensions = Extensions::new();
+        extensions.insert(SetfusionConfig::default());
+        let mut options = ConfigOptions::new().with_extensions(extensions);
+        for e in &entries {
+            options.set(&e.key, e.value.as_deref().unwrap_or_default()).unwrap_or_else(|err| panic!("{}: {err}", e.key));
+        }
+        let back = SetfusionConfig::from_options(&options);
+        assert_eq!((back.strategy, back.min_rows, back.memory_limit, back.devices.clone()), (c.strategy, c.min_rows, c.memory_limit, c.devices.clone()));
+        assert!(options.entries().iter().any(|e| e.key == "setfusion.min_rows" && e.value.as_deref() == Some("7")));
     }
 }

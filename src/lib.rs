@@ -70,6 +70,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))
         .with_analyzer_rule(Arc::new(planner::MarkJoinRule))
+        // set_intersect_agg's accumulators see no session settings: the rule writes them in.
+        .with_analyzer_rule(Arc::new(udf::multiset::IntersectAggSettingsRule))
         .with_physical_optimizer_rules(rules)
         .with_query_planner(Arc::new(planner::SetfusionQueryPlanner))
 }

@@ -16,6 +16,27 @@
 #include <thrust/execution_policy.h>
 #include <thrust/device_ptr.h>
 #endif
+// The kernel takes its constants from the host (src/algo/radix_sort.rs passes
+// them to NVRTC as -D options); these are the same values, and -D overrides them.
+#ifndef RS_BITS
+#define RS_BITS 8
+#define RS_RADIX 256
+#endif
+#ifndef RS_WARPS
+#define RS_WARPS 16
+#endif
+#ifndef RS_ITEMS_U32
+#define RS_ITEMS_U32 16
+#endif
+#ifndef RS_ITEMS_U64
+#define RS_ITEMS_U64 8
+#endif
+#ifndef RS_MIN_BLOCKS
+#define RS_MIN_BLOCKS 2
+#endif
+#ifndef RS_HIST_THREADS
+#define RS_HIST_THREADS 512
+#endif
 #include "radix_sort.cu"
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(1); } } while (0)

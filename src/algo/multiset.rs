@@ -516,6 +516,69 @@ pub fn list_op_cpu<T: ListKey>(op: ListOp, a: &ArrayRef, b: &ArrayRef) -> Result
     T::list(offsets_i32(offsets)?, values, both_valid(&sa, &sb, rows))
 }
 
+/// String list arguments as lists of ranks, for the device path, which
+/// compares fixed-width keys: every distinct string of both arguments gets
+/// its position in UTF-8 byte order (Arrow's dictionary cast interns them,
+/// one sort orders the distinct ones), so rank order is string order and
+/// the integer rules on ranks give the string rules' answer;
+/// [`StringRanks::strings`] maps a result back. NULL elements are dropped
+/// (every rule ignores them); NULL lists stay NULL. The CPU twin is the
+/// per-row string path of the list functions (`udf::multiset`).
+pub struct StringRanks {
+    /// List<UInt64> of ranks, the first argument's rows.
+    pub a: ArrayRef,
+    /// The second argument's rows.
+    pub b: ArrayRef,
+    /// The distinct strings, ascending (LargeUtf8): rank r is `sorted[r]`.
+    sorted: ArrayRef,
+}
+
+impl StringRanks {
+    /// Rank two list columns of strings (List / LargeList / FixedSizeList of
+    /// Utf8, LargeUtf8 or Utf8View; not `DataType::Null`).
+    pub fn new(a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
+        use datafusion::arrow::compute::{cast, concat, sort_to_indices, take};
+        use datafusion::arrow::datatypes::UInt32Type;
+        check_lengths(a, b)?;
+        let parts = |x: &ArrayRef| -> Result<(ArrayRef, Vec<(usize, usize)>)> {
+            let (values, ranges) = crate::keys::list_parts(x)?
+                .ok_or_else(|| DataFusionError::Internal("string ranks: a NULL-typed argument has no strings".into()))?;
+            Ok((cast(&values, &DataType::LargeUtf8)?, ranges))
+        };
+        let ((va, ra), (vb, rb)) = (parts(a)?, parts(b)?);
+        let joint = concat(&[va.as_ref(), vb.as_ref()])?;
+        let dict = cast(&joint, &DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::LargeUtf8)))?;
+        let dict = dict.as_dictionary::<UInt32Type>();
+        let (ids, distinct) = (dict.keys(), dict.values());
+        let order = sort_to_indices(distinct, None, None)?;
+        let mut rank = vec![0u64; distinct.len()];
+        for (r, &id) in order.values().iter().enumerate() {
+            rank[id as usize] = r as u64;
+        }
+        let side = |ranges: &[(usize, usize)], base: usize, nulls: Option<NullBuffer>| -> Result<ArrayRef> {
+            let mut offsets = Vec::with_capacity(ranges.len() + 1);
+            offsets.push(0usize);
+            let mut values = Vec::new();
+            for &(start, end) in ranges {
+                values.extend((base + start..base + end).filter(|&j| ids.is_valid(j)).map(|j| rank[ids.value(j) as usize]));
+                offsets.push(values.len());
+            }
+            u64::list(offsets_i32(offsets)?, values, nulls)
+        };
+        Ok(Self { a: side(&ra, 0, a.logical_nulls())?, b: side(&rb, va.len(), b.logical_nulls())?, sorted: take(distinct, &order, None)? })
+    }
+
+    /// A List<UInt64> of ranks (the integer rules' answer on `a` and `b`) as
+    /// the List<Utf8> of the strings they stand for.
+    pub fn strings(&self, ranks: &ArrayRef) -> Result<ArrayRef> {
+        use datafusion::arrow::compute::{cast, take};
+        let l = ranks.as_list::<i32>();
+        let values = cast(&take(&self.sorted, l.values(), None)?, &DataType::Utf8)?;
+        let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
+        Ok(Arc::new(ListArray::try_new(field, l.offsets().clone(), values, l.nulls().cloned())?))
+    }
+}
+
 /// Element count of a list column's rows (NULL lists count their ranges
 /// too): what the UDF's cost rule weighs.
 pub fn list_elements(array: &ArrayRef) -> Result<usize> {
@@ -1101,6 +1164,29 @@ pub fn random_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize,
         })
         .collect();
     Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(lists))
+}
+
+/// [`random_list_column`] with each integer written as a string
+/// (`domain` values, so rows share strings; byte order differs from
+/// numeric order: "-1" < "10" < "9").
+pub fn random_string_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize, domain: i64, null_elements: bool) -> ArrayRef {
+    use datafusion::arrow::array::{ListBuilder, StringBuilder};
+    let ints = random_list_column(rng, rows, max_len, domain, null_elements);
+    let ints = ints.as_list::<i32>();
+    let mut b = ListBuilder::new(StringBuilder::new());
+    for i in 0..ints.len() {
+        if ints.is_null(i) {
+            b.append_null();
+            continue;
+        }
+        let row = ints.value(i);
+        let row = row.as_primitive::<Int64Type>();
+        for j in 0..row.len() {
+            b.values().append_option(row.is_valid(j).then(|| row.value(j).to_string()));
+        }
+        b.append(true);
+    }
+    Arc::new(b.finish())
 }
 
 /// The moderngpu worked example (seed 002, "Multisets"): one row each.

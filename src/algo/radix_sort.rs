@@ -41,10 +41,10 @@ const RS_RADIX: usize = 256;
 /// Onesweep block: RS_WARPS warps (RS_THREADS threads).
 const RS_THREADS: u32 = 16 * 32;
 /// Keys per thread for 4- and 8-byte keys (RS_ITEMS_U32, RS_ITEMS_U64).
-const RS_ITEMS_U32: usize = 15;
+const RS_ITEMS_U32: usize = 16;
 const RS_ITEMS_U64: usize = 8;
 /// Threads per block of the histogram kernel (RS_HIST_THREADS).
-const RS_HIST_THREADS: u32 = 256;
+const RS_HIST_THREADS: u32 = 512;
 /// Resident onesweep blocks per SM the kernel is compiled for (RS_MIN_BLOCKS):
 /// register cap 65536 / (RS_THREADS * RS_MIN_BLOCKS).
 const RS_MIN_BLOCKS: u32 = 2;

@@ -1,5 +1,5 @@
 //! `setfusion bench lists [--rows N] [--max-len N] [--domain N] [--partitions N] [--batch-rows N]
-//! [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]`: the
+//! [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway] [--strings]`: the
 //! list functions and the k-way intersection (issue 15).
 //!
 //! (a) `--rows` rows (default 10M) of two INT lists of 10 to `--max-len`
@@ -11,7 +11,8 @@
 //! path (`strategy = 'cpu'`), and DataFusion's own `array_intersect` (a plain
 //! SessionContext). Warm: one unmeasured run, then the median of 3. The GPU
 //! and CPU sums must agree (array_intersect's is smaller: it keeps distinct
-//! values only).
+//! values only). `--strings`: the same values written as strings (Utf8 lists;
+//! the GPU path ranks each batch's strings on the host first).
 //!
 //! (b) `--terms` (64) posting lists of 1K to `--max-list` (10M) sorted
 //! distinct ids (sizes log-uniform, ids in [0, 20M)); `--queries` (1,000)
@@ -26,7 +27,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Array as _, Int32Array, Int64Array, ListArray, RecordBatch};
+use datafusion::arrow::array::{Array as _, ArrayRef, Int32Array, Int64Array, ListArray, RecordBatch, StringArray};
 use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
@@ -48,6 +49,7 @@ struct Args {
     max_list: usize,
     skip_rows: bool,
     skip_kway: bool,
+    strings: bool,
 }
 
 fn parse(args: Vec<String>) -> Result<Args> {
@@ -62,6 +64,7 @@ fn parse(args: Vec<String>) -> Result<Args> {
         max_list: 10_000_000,
         skip_rows: false,
         skip_kway: false,
+        strings: false,
     };
     let mut it = args.into_iter();
     let bad = |m: String| DataFusionError::Plan(format!("bench lists: {m}"));
@@ -72,6 +75,10 @@ fn parse(args: Vec<String>) -> Result<Args> {
         }
         if x == "--skip-kway" {
             a.skip_kway = true;
+            continue;
+        }
+        if x == "--strings" {
+            a.strings = true;
             continue;
         }
         let v: usize = it.next().and_then(|v| v.parse().ok()).ok_or_else(|| bad(format!("{x} needs a number")))?;
@@ -94,31 +101,52 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The table of list pairs, `partitions` partitions of `--batch-rows`-row batches (round robin).
+/// The table of list pairs, `partitions` partitions of `--batch-rows`-row
+/// batches (round robin). Batches are generated in parallel, each from its
+/// own seed, so the data does not depend on the thread count (10M rows are
+/// ~10G elements).
 fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
-    let field = Arc::new(Field::new_list_field(DataType::Int32, true));
+    let elem = if a.strings { DataType::Utf8 } else { DataType::Int32 };
+    let field = Arc::new(Field::new_list_field(elem, true));
     let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::List(field.clone()), true), Field::new("b", DataType::List(field.clone()), true)]));
-    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
-    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); a.partitions];
-    let mut elements = 0;
     let batch_rows = a.batch_rows;
-    for (bi, start) in (0..a.rows).step_by(batch_rows).enumerate() {
-        let n = batch_rows.min(a.rows - start);
-        let mut column = || {
-            let mut offsets = Vec::with_capacity(n + 1);
-            offsets.push(0i32);
-            let mut values = Vec::new();
-            for _ in 0..n {
-                let len = rng.random_range(10..=a.max_len);
-                values.extend((0..len).map(|_| rng.random_range(0..a.domain)));
-                offsets.push(values.len() as i32);
-            }
-            let values = Arc::new(Int32Array::new(ScalarBuffer::from(values), None));
-            ListArray::new(field.clone(), OffsetBuffer::new(ScalarBuffer::from(offsets)), values, None)
+    let batches = a.rows.div_ceil(batch_rows);
+    let column = |rng: &mut rand::rngs::StdRng, n: usize| {
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0i32);
+        let mut values = Vec::new();
+        for _ in 0..n {
+            let len = rng.random_range(10..=a.max_len);
+            values.extend((0..len).map(|_| rng.random_range(0..a.domain)));
+            offsets.push(values.len() as i32);
+        }
+        let values: ArrayRef = if a.strings {
+            Arc::new(StringArray::from_iter_values(values.iter().map(|v| v.to_string())))
+        } else {
+            Arc::new(Int32Array::new(ScalarBuffer::from(values), None))
         };
-        let (ca, cb) = (column(), column());
-        elements += ca.values().len() + cb.values().len();
-        parts[bi % a.partitions].push(RecordBatch::try_new(schema.clone(), vec![Arc::new(ca), Arc::new(cb)])?);
+        ListArray::new(field.clone(), OffsetBuffer::new(ScalarBuffer::from(offsets)), values, None)
+    };
+    let make = |bi: usize| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15 + bi as u64);
+        let n = batch_rows.min(a.rows - bi * batch_rows);
+        let (ca, cb) = (column(&mut rng, n), column(&mut rng, n));
+        RecordBatch::try_new(schema.clone(), vec![Arc::new(ca), Arc::new(cb)])
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(batches.max(1));
+    let made: Vec<Vec<(usize, RecordBatch)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || (t..batches).step_by(threads).map(|bi| make(bi).map(|b| (bi, b))).collect::<Result<Vec<_>, _>>()))
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("list generator thread")).collect::<Result<_, _>>()
+    })?;
+    let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); a.partitions];
+    let mut all: Vec<(usize, RecordBatch)> = made.into_iter().flatten().collect();
+    all.sort_by_key(|(bi, _)| *bi);
+    let mut elements = 0;
+    for (bi, b) in all {
+        elements += b.columns().iter().map(|c| c.as_any().downcast_ref::<ListArray>().map_or(0, |l| l.values().len())).sum::<usize>();
+        parts[bi % a.partitions].push(b);
     }
     Ok((Arc::new(MemTable::try_new(schema, parts)?), elements))
 }
@@ -148,7 +176,8 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
     eprintln!("bench lists: {} rows, {elements} list elements generated in {:.1} s", a.rows, t.elapsed().as_secs_f64());
     let config = || SessionConfig::new().with_target_partitions(a.partitions).with_batch_size(a.batch_rows);
     let gpu_ok = crate::gpu::gpu(0).is_ok();
-    writeln!(report, "### List functions: {} rows of two INT lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows).unwrap();
+    let kind = if a.strings { "Utf8 (the integers written as strings)" } else { "INT" };
+    writeln!(report, "### List functions: {} rows of two {kind} lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows).unwrap();
     writeln!(report, "| engine | query | time | sum of result lengths | vs array_intersect |").unwrap();
     writeln!(report, "|---|---|---|---|---|").unwrap();
     let df = SessionContext::new_with_config(config());

@@ -244,30 +244,18 @@ impl LogicalExtensionCodec for SetfusionLogicalCodec {
 
     /// setfusion's functions travel by name (the scheduler's registry has them too).
     fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
-        match super::scalar_function(name) {
-            Some(f) => Ok(f),
-            None => self.inner.try_decode_udf(name, buf),
-        }
+        super::decode_udf(name, || self.inner.try_decode_udf(name, buf))
     }
 
     fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
-        if super::scalar_function(node.name()).is_some() {
-            return Ok(());
-        }
-        self.inner.try_encode_udf(node, buf)
+        super::encode_udf(node.name(), || self.inner.try_encode_udf(node, buf))
     }
 
     fn try_decode_udaf(&self, name: &str, buf: &[u8]) -> Result<Arc<AggregateUDF>> {
-        match super::aggregate_function(name) {
-            Some(f) => Ok(f),
-            None => self.inner.try_decode_udaf(name, buf),
-        }
+        super::decode_udaf(name, || self.inner.try_decode_udaf(name, buf))
     }
 
     fn try_encode_udaf(&self, node: &AggregateUDF, buf: &mut Vec<u8>) -> Result<()> {
-        if super::aggregate_function(node.name()).is_some() {
-            return Ok(());
-        }
-        self.inner.try_encode_udaf(node, buf)
+        super::encode_udaf(node.name(), || self.inner.try_encode_udaf(node, buf))
     }
 }

@@ -52,6 +52,29 @@ pub fn aggregate_function(name: &str) -> Option<Arc<AggregateUDF>> {
     crate::udf::aggregate_functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
 }
 
+/// Both codecs' function decoding: setfusion's scalar function called `name`
+/// (its functions carry no state, so the name is all that travels), else `other`'s.
+fn decode_udf(name: &str, other: impl FnOnce() -> Result<Arc<ScalarUDF>>) -> Result<Arc<ScalarUDF>> {
+    scalar_function(name).map_or_else(other, Ok)
+}
+
+/// Both codecs' function encoding: nothing for setfusion's scalar functions, else `other`.
+fn encode_udf(name: &str, other: impl FnOnce() -> Result<()>) -> Result<()> {
+    scalar_function(name).map_or_else(other, |_| Ok(()))
+}
+
+/// [`decode_udf`] for aggregate functions. The session's settings that
+/// `set_intersect_agg` carries after analysis do not travel: an executor
+/// decodes the function with the default settings.
+fn decode_udaf(name: &str, other: impl FnOnce() -> Result<Arc<AggregateUDF>>) -> Result<Arc<AggregateUDF>> {
+    aggregate_function(name).map_or_else(other, Ok)
+}
+
+/// [`encode_udf`] for aggregate functions.
+fn encode_udaf(name: &str, other: impl FnOnce() -> Result<()>) -> Result<()> {
+    aggregate_function(name).map_or_else(other, |_| Ok(()))
+}
+
 /// setfusion's logical codec around Ballista's.
 pub fn logical_codec() -> Arc<dyn LogicalExtensionCodec> {
     Arc::new(SetfusionLogicalCodec::new(Arc::new(BallistaLogicalExtensionCodec::default())))

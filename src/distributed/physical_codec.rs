@@ -609,30 +609,47 @@ impl PhysicalExtensionCodec for SetfusionPhysicalCodec {
     /// setfusion's functions travel by name; an executor without them in its
     /// registry still finds them here.
     fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
-        match super::scalar_function(name) {
-            Some(f) => Ok(f),
-            None => self.inner.try_decode_udf(name, buf),
-        }
+        super::decode_udf(name, || self.inner.try_decode_udf(name, buf))
     }
 
     fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
-        if super::scalar_function(node.name()).is_some() {
-            return Ok(());
-        }
-        self.inner.try_encode_udf(node, buf)
+        super::encode_udf(node.name(), || self.inner.try_encode_udf(node, buf))
     }
 
     fn try_decode_udaf(&self, name: &str, buf: &[u8]) -> Result<Arc<AggregateUDF>> {
-        match super::aggregate_function(name) {
-            Some(f) => Ok(f),
-            None => self.inner.try_decode_udaf(name, buf),
-        }
+        super::decode_udaf(name, || self.inner.try_decode_udaf(name, buf))
     }
 
     fn try_encode_udaf(&self, node: &AggregateUDF, buf: &mut Vec<u8>) -> Result<()> {
-        if super::aggregate_function(node.name()).is_some() {
-            return Ok(());
+        super::encode_udaf(node.name(), || self.inner.try_encode_udaf(node, buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU choice the scheduler made for want of a device becomes the GPU
+    /// on an executor that has one (run for real on the GPU machine, where the
+    /// test process is that executor); any other CPU choice stays.
+    #[test]
+    fn a_plan_made_without_a_device_takes_the_executors() {
+        let gpu = crate::gpu::test_gpu();
+        let task = crate::context().task_ctx();
+        let node = |planned_without_device| BackendNode {
+            gpu: false,
+            strategy: String::new(),
+            cpu_reason: "no CUDA driver".into(),
+            planned_without_device,
+        };
+        let decoded = decode_backend(Some(node(true)), &task).unwrap();
+        match (&gpu, &decoded) {
+            (Some(_), Backend::Gpu(Strategy::Auto)) | (None, Backend::Cpu(_)) => {}
+            _ => panic!("planned without a device, device here: {}; decoded {decoded:?}", gpu.is_some()),
         }
-        self.inner.try_encode_udaf(node, buf)
+        assert!(matches!(decode_backend(Some(node(false)), &task).unwrap(), Backend::Cpu(r) if r == "no CUDA driver"));
+        let strategy_cpu = crate::context();
+        strategy_cpu.state_ref().write().config_mut().options_mut().extensions.get_mut::<crate::config::SetfusionConfig>().unwrap().strategy = Strategy::Cpu;
+        assert!(matches!(decode_backend(Some(node(true)), &strategy_cpu.task_ctx()).unwrap(), Backend::Cpu(_)), "strategy cpu keeps the CPU");
     }
 }

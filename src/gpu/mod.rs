@@ -84,6 +84,8 @@ pub struct Gpu {
     staging: Mutex<Option<staging::Staging>>,
     /// Pinned buffers returned by the Arrow arrays that owned them, for reuse.
     pinned_free: staging::PinnedFree,
+    /// Leases taken since the device started ([`Gpu::leases`]).
+    leases: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for Gpu {
@@ -327,6 +329,7 @@ impl Gpu {
             exclusive: tokio::sync::Mutex::new(()),
             staging: Mutex::new(None),
             pinned_free: Default::default(),
+            leases: Default::default(),
         };
         Ok(gpu)
     }
@@ -382,8 +385,16 @@ impl Gpu {
     /// default even when the holder panics or returns early.
     pub fn lease(&self, memory_limit: usize) -> Lease<'_> {
         let lock = self.lock_blocking();
+        self.leases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.budget.set_limit(memory_limit);
         Lease { gpu: self, _lock: lock }
+    }
+
+    /// How many leases this device has given since it started: a test's
+    /// evidence that work reached the device (a Ballista executor in the same
+    /// process, say) and did not fall back to the CPU before asking.
+    pub fn leases(&self) -> u64 {
+        self.leases.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A grid-stride launch over `n` items in blocks of 256 threads: enough

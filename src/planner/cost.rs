@@ -263,6 +263,13 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
 /// an unstable sort and a merge (~15-40 ns measured on lists of 10-1000
 /// random ints; the conservative end is taken so the GPU must win clearly).
 const SF_LIST_CPU_NS: f64 = 15.0;
+/// The same for string lists: each element is copied into its own String,
+/// sorted by byte comparison and merged (measured: see BENCHMARKS section 7).
+const SF_STRING_LIST_CPU_NS: f64 = 60.0;
+/// The host's share of the GPU path for string lists, ns per element: the
+/// dictionary interning of the batch's strings, the ranks and, for the
+/// result, taking the strings back (`algo::multiset::StringRanks`).
+const STRING_RANK_NS: f64 = 25.0;
 /// The GPU list path's fixed cost per batch, ms: ~15 launches, three
 /// synchronisations (the row counts' total, the descent checks).
 const GPU_LIST_FIXED_MS: f64 = 1.5;
@@ -272,16 +279,19 @@ const GPU_LIST_FIXED_MS: f64 = 1.5;
 /// batch of `elements` list elements (both arguments): the per-row CPU path
 /// against the segmented GPU kernels, which move each element up once (8
 /// bytes) and each result element down once (counted as 8 more bytes per
-/// input element). A device still starting is not waited for.
-pub fn list_function_estimate(elements: usize, readiness: &Readiness, cal: &Calibration) -> Verdict {
+/// input element). String lists (`strings`) cost more per row on the CPU,
+/// and the GPU path first ranks them on the host. A device still starting
+/// is not waited for.
+pub fn list_function_estimate(elements: usize, strings: bool, readiness: &Readiness, cal: &Calibration) -> Verdict {
     match readiness {
         Readiness::Unavailable(e) => return Verdict::Cpu(e.to_string()),
         Readiness::Starting(_) => return Verdict::Cpu("the device is still starting".into()),
         Readiness::Ready => {}
     }
     let n = elements as f64;
-    let cpu_ms = n * SF_LIST_CPU_NS / 1e6;
-    let gpu_ms = GPU_LIST_FIXED_MS + n * 16.0 / (cal.upload_gbps * 1e9) * 1e3;
+    let (cpu_ns, host_ns) = if strings { (SF_STRING_LIST_CPU_NS, STRING_RANK_NS) } else { (SF_LIST_CPU_NS, 0.0) };
+    let cpu_ms = n * cpu_ns / 1e6;
+    let gpu_ms = GPU_LIST_FIXED_MS + n * host_ns / 1e6 + n * 16.0 / (cal.upload_gbps * 1e9) * 1e3;
     let what = format!("cost model: {elements} list elements: GPU ~{gpu_ms:.1} ms, per-row CPU ~{cpu_ms:.1} ms");
     if gpu_ms * MARGIN < cpu_ms {
         Verdict::Gpu(what)
@@ -368,11 +378,14 @@ mod tests {
         let cal = Calibration { upload_gbps: 40.0, start_ms: 300.0, measured: true };
         let gpu = |v: Verdict| matches!(v, Verdict::Gpu(_));
         // A default 8192-row batch of lists of ~500 elements: the GPU; a few small rows: the CPU.
-        assert!(gpu(list_function_estimate(8_000_000, &Readiness::Ready, &cal)));
-        assert!(!gpu(list_function_estimate(20_000, &Readiness::Ready, &cal)));
-        assert!(!gpu(list_function_estimate(8_000_000, &Readiness::Starting(Duration::ZERO), &cal)));
+        assert!(gpu(list_function_estimate(8_000_000, false, &Readiness::Ready, &cal)));
+        assert!(!gpu(list_function_estimate(20_000, false, &Readiness::Ready, &cal)));
+        assert!(!gpu(list_function_estimate(8_000_000, false, &Readiness::Starting(Duration::ZERO), &cal)));
         let none = Readiness::Unavailable(crate::gpu::Unavailable::NoDriver);
-        assert!(!gpu(list_function_estimate(1 << 30, &none, &cal)));
+        assert!(!gpu(list_function_estimate(1 << 30, false, &none, &cal)));
+        // String lists: the host's ranking is paid, but the per-row string path is slower still.
+        assert!(gpu(list_function_estimate(8_000_000, true, &Readiness::Ready, &cal)));
+        assert!(!gpu(list_function_estimate(20_000, true, &Readiness::Ready, &cal)));
     }
 
 }

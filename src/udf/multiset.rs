@@ -45,11 +45,16 @@
 //! * `hash`, `bitmap` or `sort`: the device whenever one is usable;
 //! * a device out of memory hands the batch back to the CPU.
 //!
-//! Strings always stay on the CPU (the device path compares fixed-width
-//! keys). `set_intersect_agg` over integers intersects on the device when a
-//! batch's lists hold at least [`KWAY_GPU_MIN_ELEMENTS`] elements and device
-//! 0 is ready ([`intersect_integer_lists`]); aggregates do not see the
-//! session's settings in DataFusion 55.
+//! String lists take the device path as ranks: the batch's distinct strings
+//! are numbered in byte order ([`StringRanks`], on the host), the integer
+//! kernels run on the numbers and the result maps back; the cost rule
+//! weighs the host's ranking against the slower per-row string path.
+//! `set_intersect_agg` over integers intersects on the device by the
+//! session's settings ([`intersect_integer_lists`]: under `auto` from
+//! [`KWAY_GPU_MIN_ELEMENTS`] elements a batch). An aggregate's accumulator
+//! sees no session settings in DataFusion 55, so [`IntersectAggSettingsRule`]
+//! (an analyzer rule, which does see them) writes them into the function when
+//! a query is planned.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -60,18 +65,22 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::ScalarValue;
+use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
+use datafusion::logical_expr::expr::WindowFunctionDefinition;
 use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
-    Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility,
 };
+use datafusion::optimizer::AnalyzerRule;
 
 use super::sets::{self, ElementClass};
 use crate::algo::multiset::{
     first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, PreparedLists, sorted_intersect,
-    unsorted_error, ListKey, MultisetOp,
+    unsorted_error, ListKey, MultisetOp, StringRanks,
 };
 use crate::config::{SetfusionConfig, Strategy};
 use crate::gpu::{self, Gpu, TransferStats};
@@ -103,7 +112,7 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
     fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef;
     /// The min(m, n) intersection of ascending lists ([`intersect_k`]; integer
     /// types move large inputs to the device, see [`intersect_integer_lists`]).
-    fn intersect_lists(lists: &[Vec<Self>]) -> Vec<Self> {
+    fn intersect_lists(lists: &[Vec<Self>], _settings: Option<&AggSettings>) -> Vec<Self> {
         intersect_k(lists)
     }
 }
@@ -112,20 +121,63 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
 /// intersection) from this many elements in total go to the device.
 pub const KWAY_GPU_MIN_ELEMENTS: usize = 1 << 22;
 
-/// [`intersect_k`] for integer lists: on the device ([`intersect_k_gpu`],
-/// SvS with one thread per candidate) when the lists hold at least
-/// [`KWAY_GPU_MIN_ELEMENTS`] elements and device 0 is ready, else (or when
-/// the device fails) on the CPU. An aggregate's accumulator sees no session
-/// settings in DataFusion 55, so `setfusion.strategy` / `min_rows` /
-/// `device` do not reach it; `SETFUSION_DISABLE_GPU=1` does.
-pub fn intersect_integer_lists<T: ListKey>(lists: &[Vec<T>]) -> Vec<T> {
-    let total: usize = lists.iter().map(|l| l.len()).sum();
-    if total >= KWAY_GPU_MIN_ELEMENTS && matches!(gpu::readiness(0), gpu::Readiness::Ready) {
-        if let Ok(g) = gpu::gpu(0) {
-            let lease = g.lease(0);
-            if let Ok(v) = intersect_k_gpu(&lease, lists, &mut TransferStats::default()) {
-                return v;
+/// The settings `set_intersect_agg` decides with. An aggregate's
+/// accumulator sees no session settings in DataFusion 55, so
+/// [`IntersectAggSettingsRule`] writes these into the function when a query
+/// is analyzed. A function that was not analyzed (a plan built by hand, or
+/// decoded on a Ballista executor, where only the name travels) has none and
+/// uses the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AggSettings {
+    pub strategy: Strategy,
+    pub min_rows: usize,
+    pub device: usize,
+    pub memory_limit: usize,
+}
+
+impl AggSettings {
+    pub fn from_config(cfg: &SetfusionConfig) -> Self {
+        Self { strategy: cfg.strategy, min_rows: cfg.min_rows, device: cfg.device, memory_limit: cfg.memory_limit.0 }
+    }
+
+    /// The device for a k-way intersection of `elements` elements, or None
+    /// for the CPU: `cpu` never; `auto` from `max(KWAY_GPU_MIN_ELEMENTS,
+    /// min_rows)` elements on a device that has started (`min_rows = 0`, the
+    /// slt gpu mode: whenever one is usable); `hash` / `bitmap` / `sort`
+    /// whenever one is usable.
+    fn kway_device(&self, elements: usize) -> Option<Arc<Gpu>> {
+        match self.strategy {
+            Strategy::Cpu => return None,
+            Strategy::Auto if self.min_rows > 0 => {
+                if elements < KWAY_GPU_MIN_ELEMENTS.max(self.min_rows)
+                    || !matches!(gpu::readiness(self.device), gpu::Readiness::Ready)
+                {
+                    return None;
+                }
             }
+            _ => gpu::wait_started(self.device),
+        }
+        gpu::gpu(self.device).ok()
+    }
+}
+
+impl Default for AggSettings {
+    fn default() -> Self {
+        Self::from_config(&SetfusionConfig::default())
+    }
+}
+
+/// [`intersect_k`] for integer lists: on the device ([`intersect_k_gpu`],
+/// SvS with one thread per candidate) when [`AggSettings::kway_device`] gives
+/// one (`settings` None: the defaults), else, or when the device fails (out
+/// of memory included), on the CPU. `SETFUSION_DISABLE_GPU=1` keeps it on the CPU.
+pub fn intersect_integer_lists<T: ListKey>(lists: &[Vec<T>], settings: Option<&AggSettings>) -> Vec<T> {
+    let settings = settings.copied().unwrap_or_default();
+    let total: usize = lists.iter().map(|l| l.len()).sum();
+    if let Some(g) = settings.kway_device(total) {
+        let lease = g.lease(settings.memory_limit);
+        if let Ok(v) = intersect_k_gpu(&lease, lists, &mut TransferStats::default()) {
+            return v;
         }
     }
     intersect_k(lists)
@@ -161,8 +213,8 @@ macro_rules! primitive_list_elem {
                 }
                 Arc::new(b.finish())
             }
-            fn intersect_lists(lists: &[Vec<Self>]) -> Vec<Self> {
-                intersect_integer_lists(lists)
+            fn intersect_lists(lists: &[Vec<Self>], settings: Option<&AggSettings>) -> Vec<Self> {
+                intersect_integer_lists(lists, settings)
             }
         }
     };
@@ -284,9 +336,7 @@ impl ScalarUDFImpl for ListPairUdf {
             ElementClass::Null => evaluate_pair::<i64>(self.op, a, b),
             ElementClass::Signed => evaluate_integers::<i64>(&cfg, self.op, a, b),
             ElementClass::Unsigned => evaluate_integers::<u64>(&cfg, self.op, a, b),
-            // Strings stay on the CPU: the device path sorts and compares fixed-width keys
-            // (variable-length strings would need the row_hash family's byte handling).
-            ElementClass::String => evaluate_pair::<String>(self.op, a, b),
+            ElementClass::String => evaluate_strings(&cfg, self.op, a, b),
         }?;
         Ok(ColumnarValue::Array(out))
     }
@@ -296,7 +346,7 @@ impl ScalarUDFImpl for ListPairUdf {
 /// else the per-row CPU twin (the same results, errors included). A device
 /// that runs out of memory hands the batch back to the CPU.
 fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
-    if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?) {
+    if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?, false) {
         // The host's share before the device is taken (partitions prepare in parallel).
         let prepared = PreparedLists::new::<T>(a, b)?;
         let lease = g.lease(cfg.memory_limit.0);
@@ -308,12 +358,35 @@ fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef
     list_op_cpu::<T>(op, a, b)
 }
 
-/// The device for a batch of `elements` list elements, or why not: CPU when
-/// `setfusion.strategy = cpu`; under `auto`, CPU below `setfusion.min_rows`
-/// elements and wherever [`list_function_estimate`] prefers it (no device,
-/// a device still starting, small batches); any other strategy forces the
-/// GPU when one is usable.
-pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize) -> std::result::Result<std::sync::Arc<Gpu>, String> {
+/// String lists: ranked ([`StringRanks`]: the distinct strings of the batch
+/// in byte order) and run by the integer device path when [`choose_gpu`]
+/// says so, the ranks mapped back to strings; else the per-row CPU path. A
+/// device error hands the batch to the CPU path, which also words an
+/// unsorted `sorted_intersect` row's error with its strings (the device
+/// finds the same row, but sees ranks).
+fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
+    let null_typed = [a, b].iter().any(|x| x.data_type() == &DataType::Null);
+    if null_typed {
+        return evaluate_pair::<String>(op, a, b); // every row NULL
+    }
+    if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?, true) {
+        let ranked = StringRanks::new(a, b)?;
+        let prepared = PreparedLists::new::<u64>(&ranked.a, &ranked.b)?;
+        let lease = g.lease(cfg.memory_limit.0);
+        if let Ok(out) = prepared.run::<u64>(&lease, op, &mut TransferStats::default()) {
+            return ranked.strings(&out);
+        }
+    }
+    evaluate_pair::<String>(op, a, b)
+}
+
+/// The device for a batch of `elements` list elements (of strings when
+/// `strings`), or why not: CPU when `setfusion.strategy = cpu`; under
+/// `auto`, CPU below `setfusion.min_rows` elements and wherever
+/// [`list_function_estimate`] prefers it (no device, a device still
+/// starting, small batches); any other strategy forces the GPU when one is
+/// usable.
+pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize, strings: bool) -> std::result::Result<std::sync::Arc<Gpu>, String> {
     match cfg.strategy {
         Strategy::Cpu => return Err("setfusion.strategy = cpu".into()),
         Strategy::Auto => {
@@ -322,7 +395,7 @@ pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize) -> std::result::Result
             }
             // min_rows = 0 (the slt gpu mode) asks for the device whenever it is usable.
             if cfg.min_rows > 0 {
-                if let Verdict::Cpu(why) = list_function_estimate(elements, &gpu::readiness(cfg.device), &Calibration::current()) {
+                if let Verdict::Cpu(why) = list_function_estimate(elements, strings, &gpu::readiness(cfg.device), &Calibration::current()) {
                     return Err(why);
                 }
             }
@@ -370,11 +443,58 @@ fn check_ascending<T: ListElem>(func: &str, which: &str, row: usize, v: &[T]) ->
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct IntersectAggUdf {
     signature: Signature,
+    /// Written by [`IntersectAggSettingsRule`]; None: the defaults.
+    settings: Option<AggSettings>,
 }
 
 impl IntersectAggUdf {
     pub fn new() -> Self {
-        Self { signature: Signature::any(1, Volatility::Immutable) }
+        Self { signature: Signature::any(1, Volatility::Immutable), settings: None }
+    }
+
+    /// The function deciding with `settings`.
+    pub fn with_settings(settings: AggSettings) -> Self {
+        Self { settings: Some(settings), ..Self::new() }
+    }
+
+    pub fn settings(&self) -> Option<&AggSettings> {
+        self.settings.as_ref()
+    }
+}
+
+/// Writes the session's settings into every `set_intersect_agg` of a plan
+/// (aggregates and window aggregates, subqueries included), where its
+/// accumulators find them ([`AggSettings`]).
+#[derive(Debug, Default)]
+pub struct IntersectAggSettingsRule;
+
+impl AnalyzerRule for IntersectAggSettingsRule {
+    fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
+        let settings = AggSettings::from_config(&SetfusionConfig::from_options(config));
+        let func = Arc::new(AggregateUDF::from(IntersectAggUdf::with_settings(settings)));
+        let ours = |f: &AggregateUDF| (f.inner().as_ref() as &dyn std::any::Any).is::<IntersectAggUdf>();
+        plan.transform_up_with_subqueries(|node| {
+            node.map_expressions(|e| {
+                e.transform_up(|e| {
+                    Ok(match e {
+                        Expr::AggregateFunction(mut f) if ours(&f.func) => {
+                            f.func = func.clone();
+                            Transformed::yes(Expr::AggregateFunction(f))
+                        }
+                        Expr::WindowFunction(mut w) if matches!(&w.fun, WindowFunctionDefinition::AggregateUDF(f) if ours(f)) => {
+                            w.fun = WindowFunctionDefinition::AggregateUDF(func.clone());
+                            Transformed::yes(Expr::WindowFunction(w))
+                        }
+                        e => Transformed::no(e),
+                    })
+                })
+            })
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "setfusion_intersect_agg_settings"
     }
 }
 
@@ -402,10 +522,11 @@ impl AggregateUDFImpl for IntersectAggUdf {
 
     fn accumulator(&self, acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         let types: Vec<DataType> = acc_args.expr_fields.iter().map(|f| f.data_type().clone()).collect();
+        let settings = self.settings;
         Ok(match sets::common_class(self.name(), &types)? {
-            ElementClass::Null | ElementClass::Signed => Box::new(IntersectAccumulator::<i64>::default()),
-            ElementClass::Unsigned => Box::new(IntersectAccumulator::<u64>::default()),
-            ElementClass::String => Box::new(IntersectAccumulator::<String>::default()),
+            ElementClass::Null | ElementClass::Signed => Box::new(IntersectAccumulator::<i64>::new(settings)),
+            ElementClass::Unsigned => Box::new(IntersectAccumulator::<u64>::new(settings)),
+            ElementClass::String => Box::new(IntersectAccumulator::<String>::new(settings)),
         })
     }
 }
@@ -415,11 +536,18 @@ impl AggregateUDFImpl for IntersectAggUdf {
 struct IntersectAccumulator<T> {
     /// None until the first non-NULL list.
     running: Option<Vec<T>>,
+    settings: Option<AggSettings>,
+}
+
+impl<T> IntersectAccumulator<T> {
+    fn new(settings: Option<AggSettings>) -> Self {
+        Self { running: None, settings }
+    }
 }
 
 impl<T> Default for IntersectAccumulator<T> {
     fn default() -> Self {
-        Self { running: None }
+        Self::new(None)
     }
 }
 
@@ -440,7 +568,7 @@ impl<T: ListElem> IntersectAccumulator<T> {
             }
         }
         if !lists.is_empty() {
-            self.running = Some(T::intersect_lists(&lists));
+            self.running = Some(T::intersect_lists(&lists, self.settings.as_ref()));
         }
         Ok(())
     }
@@ -495,6 +623,80 @@ mod tests {
         let b = int_lists(&[Some(vec![Some(2)]), Some(vec![Some(4)])]);
         let err = evaluate_pair::<i64>(PairOp::SortedIntersect, &a, &b).unwrap_err().to_string();
         assert!(err.contains("first argument's list in row 1") && err.contains("5 comes before 4"), "{err}");
+    }
+
+    /// String lists through ranks: the integer rules on ranks (CPU twin, and
+    /// the device when there is one) give the per-row string path's answer,
+    /// with NULL lists, NULL elements, empty rows and shared strings; forced
+    /// to the device, an unsorted `sorted_intersect` row fails with the
+    /// string path's words.
+    #[test]
+    fn string_lists_by_rank_match_the_string_path() {
+        use crate::algo::multiset::{list_op_gpu, random_string_list_column, ListOp};
+        use rand::SeedableRng;
+        let gpu = crate::gpu::test_gpu();
+        let stats = &mut TransferStats::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1717);
+        let union = PairOp::Multiset(MultisetOp::UnionAll);
+        for domain in [1i64, 7, 300, 100_000] {
+            for op in ListOp::ALL {
+                let mut a = random_string_list_column(&mut rng, 200, 40, domain, true);
+                let mut b = random_string_list_column(&mut rng, 200, 40, domain, true);
+                if op == PairOp::SortedIntersect {
+                    // a ∪ a is a sorted (NULL elements dropped).
+                    a = evaluate_pair::<String>(union, &a, &a).unwrap();
+                    b = evaluate_pair::<String>(union, &b, &b).unwrap();
+                }
+                let want = evaluate_pair::<String>(op, &a, &b).unwrap();
+                let ranked = StringRanks::new(&a, &b).unwrap();
+                let cpu = ranked.strings(&list_op_cpu::<u64>(op, &ranked.a, &ranked.b).unwrap()).unwrap();
+                assert_eq!(cpu.to_data(), want.to_data(), "{op:?}, domain {domain}: ranks on the CPU twin");
+                if let Some(g) = &gpu {
+                    let _lock = g.lock_blocking();
+                    let got = ranked.strings(&list_op_gpu::<u64>(g, op, &ranked.a, &ranked.b, stats).unwrap()).unwrap();
+                    assert_eq!(got.to_data(), want.to_data(), "{op:?}, domain {domain}: ranks on the GPU");
+                }
+            }
+        }
+        let forced = SetfusionConfig { strategy: Strategy::Sort, ..SetfusionConfig::default() };
+        let a = random_string_list_column(&mut rng, 50, 20, 30, false);
+        let b = random_string_list_column(&mut rng, 50, 20, 30, false);
+        for op in ListOp::ALL {
+            match (evaluate_strings(&forced, op, &a, &b), evaluate_pair::<String>(op, &a, &b)) {
+                (Ok(got), Ok(want)) => assert_eq!(got.to_data(), want.to_data(), "{op:?} forced"),
+                (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string(), "{op:?} forced"),
+                (got, want) => panic!("{op:?} forced: {got:?} against {want:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_session_settings_reach_set_intersect_agg() {
+        use datafusion::common::tree_node::TreeNodeRecursion;
+        let ctx = crate::context();
+        ctx.sql("SET setfusion.strategy = 'cpu'").await.unwrap();
+        ctx.sql("SET setfusion.min_rows = 7").await.unwrap();
+        let q = "SELECT set_intersect_agg(l) AS i FROM (VALUES ([3, 1, 2, 2]), ([2, 3, 2])) t(l)";
+        let plan = ctx.sql(q).await.unwrap().into_optimized_plan().unwrap();
+        let mut found = Vec::new();
+        plan.apply_with_subqueries(|p| {
+            for e in p.expressions() {
+                e.apply(|e| {
+                    if let Expr::AggregateFunction(f) = e {
+                        let udf = (f.func.inner().as_ref() as &dyn std::any::Any).downcast_ref::<IntersectAggUdf>();
+                        found.push(udf.and_then(|u| u.settings().copied()));
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                })?;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        let want = AggSettings { strategy: Strategy::Cpu, min_rows: 7, ..AggSettings::default() };
+        assert_eq!(found, vec![Some(want)], "{plan}");
+        let batches = ctx.sql(q).await.unwrap().collect().await.unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+        assert!(text.contains("[2, 2, 3]"), "{text}");
     }
 
     #[test]
