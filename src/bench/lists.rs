@@ -9,7 +9,8 @@
 //! for f = `set_intersect_all` on the GPU (`setfusion.strategy = 'sort'`,
 //! which forces the device), `set_intersect_all` on setfusion's per-row CPU
 //! path (`strategy = 'cpu'`), and DataFusion's own `array_intersect` (a plain
-//! SessionContext). Warm: one unmeasured run, then the median of 3. The GPU
+//! SessionContext), and setfusion's default (`auto`: the cost model decides
+//! per batch). Warm: one unmeasured run, then the median of 3. The GPU
 //! and CPU sums must agree (array_intersect's is smaller: it keeps distinct
 //! values only). `--strings`: the same values written as strings (Utf8 lists;
 //! the GPU path ranks each batch's strings on the host first).
@@ -184,22 +185,23 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
     df.register_table("t", table.clone())?;
     let (t_df, n_df) = timed(&df, "SELECT CAST(sum(cardinality(array_intersect(a, b))) AS BIGINT) FROM t").await?;
     let mut rows = vec![("DataFusion", "array_intersect(a, b) (distinct)", t_df, n_df)];
-    let cpu = crate::context_with_config(config());
-    cpu.register_table("t", table.clone())?;
-    cpu.sql("SET setfusion.strategy = 'cpu'").await?.collect().await?;
-    let (t_cpu, n_cpu) = timed(&cpu, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
-    rows.push(("setfusion CPU (per row)", "set_intersect_all(a, b)", t_cpu, n_cpu));
-    if gpu_ok {
-        let gpu = crate::context_with_config(config());
-        gpu.register_table("t", table.clone())?;
-        gpu.sql("SET setfusion.strategy = 'sort'").await?.collect().await?;
-        let (t_gpu, n_gpu) = timed(&gpu, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
-        if n_gpu != n_cpu {
-            return Err(DataFusionError::Execution(format!("bench lists: GPU sum {n_gpu} differs from CPU sum {n_cpu}")));
+    // setfusion's per-row CPU path, its default (the cost model decides per batch; the device
+    // warm), and the device forced; every sum must equal the CPU's.
+    let runs = [("setfusion CPU (per row)", "cpu"), ("setfusion default (auto)", "auto"), ("setfusion GPU (forced)", "sort")];
+    let mut n_cpu = None;
+    for (engine, strategy) in runs {
+        if strategy != "cpu" && !gpu_ok {
+            eprintln!("bench lists: no GPU, CPU rows only");
+            break;
         }
-        rows.push(("setfusion GPU (segmented kernels)", "set_intersect_all(a, b)", t_gpu, n_gpu));
-    } else {
-        eprintln!("bench lists: no GPU, CPU rows only");
+        let ctx = crate::context_with_config(config());
+        ctx.register_table("t", table.clone())?;
+        ctx.sql(&format!("SET setfusion.strategy = '{strategy}'")).await?.collect().await?;
+        let (t, n) = timed(&ctx, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
+        if *n_cpu.get_or_insert(n) != n {
+            return Err(DataFusionError::Execution(format!("bench lists: {engine} sum {n} differs from the CPU's {n_cpu:?}")));
+        }
+        rows.push((engine, "set_intersect_all(a, b)", t, n));
     }
     for (engine, q, t, n) in rows {
         writeln!(report, "| {engine} | `{q}` | {:.1} ms | {n} | {:.2}x |", ms(t), ms(t_df) / ms(t)).unwrap();

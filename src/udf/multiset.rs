@@ -283,6 +283,20 @@ impl ListColumn {
         })
     }
 
+    /// Row `i`'s non-NULL strings, borrowed from the column (read as
+    /// LargeUtf8), into `out` (cleared first); false for a NULL list.
+    fn str_row<'a>(&'a self, i: usize, out: &mut Vec<&'a str>) -> bool {
+        out.clear();
+        let Some(values) = &self.values else { return false };
+        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+            return false;
+        }
+        let (start, end) = self.ranges[i];
+        let s = values.as_string::<i64>();
+        out.extend((start..end).filter(|&j| s.is_valid(j)).map(|j| s.value(j)));
+        true
+    }
+
     /// Row `i`'s non-NULL elements into `out` (cleared first); false for a NULL list.
     fn row<T: ListElem>(&self, i: usize, out: &mut Vec<T>) -> bool {
         out.clear();
@@ -367,7 +381,7 @@ fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef
 fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
     let null_typed = [a, b].iter().any(|x| x.data_type() == &DataType::Null);
     if null_typed {
-        return evaluate_pair::<String>(op, a, b); // every row NULL
+        return evaluate_string_pair(op, a, b); // every row NULL
     }
     if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?, true) {
         let ranked = StringRanks::new(a, b)?;
@@ -377,7 +391,43 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
             return ranked.strings(&out);
         }
     }
-    evaluate_pair::<String>(op, a, b)
+    evaluate_string_pair(op, a, b)
+}
+
+/// The per-row CPU path for string lists: [`evaluate_pair`]'s rules on
+/// strings borrowed from the arrays (no allocation per element; the same
+/// byte order, results and errors as `evaluate_pair::<String>`).
+fn evaluate_string_pair(op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
+    let (ca, cb) = (ListColumn::new(a, &DataType::LargeUtf8)?, ListColumn::new(b, &DataType::LargeUtf8)?);
+    let mut out = ListBuilder::with_capacity(StringBuilder::new(), a.len());
+    let (mut x, mut y): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+    for i in 0..a.len() {
+        let (valid_a, valid_b) = (ca.str_row(i, &mut x), cb.str_row(i, &mut y));
+        if !(valid_a && valid_b) {
+            out.append_null();
+            continue;
+        }
+        let row = match op {
+            PairOp::Multiset(m) => {
+                x.sort_unstable();
+                y.sort_unstable();
+                multiset_op(m, &x, &y)
+            }
+            PairOp::SortedIntersect => {
+                for (which, v) in [("first", &x), ("second", &y)] {
+                    if let Some(k) = first_descent(v) {
+                        return Err(unsorted_error(op.name(), which, i, v, k));
+                    }
+                }
+                sorted_intersect(&x, &y)
+            }
+        };
+        for v in row {
+            out.values().append_value(v);
+        }
+        out.append(true);
+    }
+    Ok(Arc::new(out.finish()))
 }
 
 /// The device for a batch of `elements` list elements (of strings when
@@ -648,6 +698,7 @@ mod tests {
                     b = evaluate_pair::<String>(union, &b, &b).unwrap();
                 }
                 let want = evaluate_pair::<String>(op, &a, &b).unwrap();
+                assert_eq!(evaluate_string_pair(op, &a, &b).unwrap().to_data(), want.to_data(), "{op:?}, domain {domain}: borrowed strings");
                 let ranked = StringRanks::new(&a, &b).unwrap();
                 let cpu = ranked.strings(&list_op_cpu::<u64>(op, &ranked.a, &ranked.b).unwrap()).unwrap();
                 assert_eq!(cpu.to_data(), want.to_data(), "{op:?}, domain {domain}: ranks on the CPU twin");
