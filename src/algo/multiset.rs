@@ -518,8 +518,8 @@ pub fn list_op_cpu<T: ListKey>(op: ListOp, a: &ArrayRef, b: &ArrayRef) -> Result
 
 /// String list arguments as lists of ranks, for the device path, which
 /// compares fixed-width keys: every distinct string of both arguments gets
-/// its position in UTF-8 byte order (Arrow's dictionary cast interns them,
-/// one sort orders the distinct ones), so rank order is string order and
+/// its position in UTF-8 byte order (a hash map numbers them, one sort
+/// orders the distinct ones), so rank order is string order and
 /// the integer rules on ranks give the string rules' answer;
 /// [`StringRanks::strings`] maps a result back. NULL elements are dropped
 /// (every rule ignores them); NULL lists stay NULL. The CPU twin is the
@@ -533,39 +533,85 @@ pub struct StringRanks {
     sorted: ArrayRef,
 }
 
+/// A string array of any of Arrow's three layouts, read without a downcast per element.
+enum Strings<'a> {
+    Utf8(&'a datafusion::arrow::array::StringArray),
+    Large(&'a datafusion::arrow::array::LargeStringArray),
+    View(&'a datafusion::arrow::array::StringViewArray),
+}
+
+impl<'a> Strings<'a> {
+    /// `values` is Utf8, LargeUtf8 or Utf8View.
+    fn of(values: &'a ArrayRef) -> Self {
+        match values.data_type() {
+            DataType::Utf8 => Self::Utf8(values.as_string::<i32>()),
+            DataType::LargeUtf8 => Self::Large(values.as_string::<i64>()),
+            _ => Self::View(values.as_string_view()),
+        }
+    }
+
+    fn get(&self, j: usize) -> Option<&'a str> {
+        match self {
+            Self::Utf8(s) => s.is_valid(j).then(|| s.value(j)),
+            Self::Large(s) => s.is_valid(j).then(|| s.value(j)),
+            Self::View(s) => s.is_valid(j).then(|| s.value(j)),
+        }
+    }
+}
+
 impl StringRanks {
     /// Rank two list columns of strings (List / LargeList / FixedSizeList of
-    /// Utf8, LargeUtf8 or Utf8View; not `DataType::Null`).
+    /// Utf8, LargeUtf8, Utf8View or a dictionary of them; not
+    /// `DataType::Null`). One hash lookup per element (DataFusion's hash map)
+    /// numbers the distinct strings in order of appearance; one sort of the
+    /// distinct strings turns the numbers into ranks.
     pub fn new(a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
-        use datafusion::arrow::compute::{cast, concat, sort_to_indices, take};
-        use datafusion::arrow::datatypes::UInt32Type;
+        use datafusion::arrow::array::LargeStringArray;
         check_lengths(a, b)?;
         let parts = |x: &ArrayRef| -> Result<(ArrayRef, Vec<(usize, usize)>)> {
             let (values, ranges) = crate::keys::list_parts(x)?
                 .ok_or_else(|| DataFusionError::Internal("string ranks: a NULL-typed argument has no strings".into()))?;
-            Ok((cast(&values, &DataType::LargeUtf8)?, ranges))
+            let values = match values.data_type() {
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => values,
+                _ => cast_with_options(&values, &DataType::LargeUtf8, &CastOptions::default())?,
+            };
+            Ok((values, ranges))
         };
         let ((va, ra), (vb, rb)) = (parts(a)?, parts(b)?);
-        let joint = concat(&[va.as_ref(), vb.as_ref()])?;
-        let dict = cast(&joint, &DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::LargeUtf8)))?;
-        let dict = dict.as_dictionary::<UInt32Type>();
-        let (ids, distinct) = (dict.keys(), dict.values());
-        let order = sort_to_indices(distinct, None, None)?;
+        let mut ids: datafusion::common::HashMap<&str, u32> = Default::default();
+        let mut distinct: Vec<&str> = Vec::new();
+        let mut sides = Vec::with_capacity(2);
+        for (values, ranges) in [(&va, &ra), (&vb, &rb)] {
+            let strings = Strings::of(values);
+            let (mut numbers, mut offsets) = (Vec::new(), Vec::with_capacity(ranges.len() + 1));
+            offsets.push(0usize);
+            for &(start, end) in ranges.iter() {
+                for j in start..end {
+                    if let Some(v) = strings.get(j) {
+                        let next = distinct.len() as u32;
+                        let id = *ids.entry(v).or_insert(next);
+                        if id == next {
+                            distinct.push(v);
+                        }
+                        numbers.push(id);
+                    }
+                }
+                offsets.push(numbers.len());
+            }
+            sides.push((numbers, offsets));
+        }
+        let mut order: Vec<u32> = (0..distinct.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| distinct[i as usize]);
         let mut rank = vec![0u64; distinct.len()];
-        for (r, &id) in order.values().iter().enumerate() {
+        for (r, &id) in order.iter().enumerate() {
             rank[id as usize] = r as u64;
         }
-        let side = |ranges: &[(usize, usize)], base: usize, nulls: Option<NullBuffer>| -> Result<ArrayRef> {
-            let mut offsets = Vec::with_capacity(ranges.len() + 1);
-            offsets.push(0usize);
-            let mut values = Vec::new();
-            for &(start, end) in ranges {
-                values.extend((base + start..base + end).filter(|&j| ids.is_valid(j)).map(|j| rank[ids.value(j) as usize]));
-                offsets.push(values.len());
-            }
-            u64::list(offsets_i32(offsets)?, values, nulls)
-        };
-        Ok(Self { a: side(&ra, 0, a.logical_nulls())?, b: side(&rb, va.len(), b.logical_nulls())?, sorted: take(distinct, &order, None)? })
+        let sorted: ArrayRef = Arc::new(LargeStringArray::from_iter_values(order.iter().map(|&i| distinct[i as usize])));
+        let mut lists = sides.into_iter().zip([a.logical_nulls(), b.logical_nulls()]).map(|((numbers, offsets), nulls)| {
+            u64::list(offsets_i32(offsets)?, numbers.into_iter().map(|id| rank[id as usize]).collect(), nulls)
+        });
+        let (la, lb) = (lists.next().expect("two sides")?, lists.next().expect("two sides")?);
+        Ok(Self { a: la, b: lb, sorted })
     }
 
     /// A List<UInt64> of ranks (the integer rules' answer on `a` and `b`) as

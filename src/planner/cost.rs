@@ -263,13 +263,13 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
 /// an unstable sort and a merge (~15-40 ns measured on lists of 10-1000
 /// random ints; the conservative end is taken so the GPU must win clearly).
 const SF_LIST_CPU_NS: f64 = 15.0;
-/// The same for string lists: each element is copied into its own String,
-/// sorted by byte comparison and merged (measured: see BENCHMARKS section 7).
-const SF_STRING_LIST_CPU_NS: f64 = 60.0;
-/// The host's share of the GPU path for string lists, ns per element: the
-/// dictionary interning of the batch's strings, the ranks and, for the
-/// result, taking the strings back (`algo::multiset::StringRanks`).
-const STRING_RANK_NS: f64 = 25.0;
+/// The host's ranking of string lists, ns per element, paid by both paths
+/// (`algo::multiset::StringRanks`: one hash lookup per element, the
+/// distinct strings sorted, the result's strings taken back; ~15-20 ns
+/// measured on lists of 10-1000 short strings).
+const STRING_RANK_NS: f64 = 20.0;
+/// String lists on the CPU: ranked, then the integer rules per row.
+const SF_STRING_LIST_CPU_NS: f64 = SF_LIST_CPU_NS + STRING_RANK_NS;
 /// The GPU list path's fixed cost per batch, ms: ~15 launches, three
 /// synchronisations (the row counts' total, the descent checks).
 const GPU_LIST_FIXED_MS: f64 = 1.5;
@@ -279,9 +279,8 @@ const GPU_LIST_FIXED_MS: f64 = 1.5;
 /// batch of `elements` list elements (both arguments): the per-row CPU path
 /// against the segmented GPU kernels, which move each element up once (8
 /// bytes) and each result element down once (counted as 8 more bytes per
-/// input element). String lists (`strings`) cost more per row on the CPU,
-/// and the GPU path first ranks them on the host. A device still starting
-/// is not waited for.
+/// input element). String lists (`strings`) are ranked on the host first,
+/// on either path. A device still starting is not waited for.
 pub fn list_function_estimate(elements: usize, strings: bool, readiness: &Readiness, cal: &Calibration) -> Verdict {
     match readiness {
         Readiness::Unavailable(e) => return Verdict::Cpu(e.to_string()),
