@@ -53,7 +53,7 @@ impl fmt::Display for Strategy {
 }
 
 /// A byte count written as `0`, `512M`, `4G`, `1073741824`; 0 means "90% of the device".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ByteSize(pub usize);
 
 impl FromStr for ByteSize {
@@ -88,7 +88,7 @@ impl fmt::Display for ByteSize {
 }
 
 /// `setfusion.devices`: which GPUs a large set selection is split across.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum Devices {
     /// '' (the default): the one device `setfusion.device`.
     #[default]
@@ -167,7 +167,7 @@ macro_rules! setfusion_settings {
     }
     ) => {
         $(#[doc = $struct_d])*
-        #[derive(Debug, Clone)]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
         $vis struct $struct_name {
             $(
             $(#[doc = $d])*

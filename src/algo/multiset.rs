@@ -580,26 +580,24 @@ impl StringRanks {
         let ((va, ra), (vb, rb)) = (parts(a)?, parts(b)?);
         let mut ids: datafusion::common::HashMap<&str, u32> = Default::default();
         let mut distinct: Vec<&str> = Vec::new();
-        let mut sides = Vec::with_capacity(2);
-        for (values, ranges) in [(&va, &ra), (&vb, &rb)] {
+        // Each side's numbers (one per non-NULL element) and row offsets.
+        let [side_a, side_b] = [(&va, &ra), (&vb, &rb)].map(|(values, ranges)| {
             let strings = Strings::of(values);
             let (mut numbers, mut offsets) = (Vec::new(), Vec::with_capacity(ranges.len() + 1));
             offsets.push(0usize);
             for &(start, end) in ranges.iter() {
-                for j in start..end {
-                    if let Some(v) = strings.get(j) {
-                        let next = distinct.len() as u32;
-                        let id = *ids.entry(v).or_insert(next);
-                        if id == next {
-                            distinct.push(v);
-                        }
-                        numbers.push(id);
+                for v in (start..end).filter_map(|j| strings.get(j)) {
+                    let next = distinct.len() as u32;
+                    let id = *ids.entry(v).or_insert(next);
+                    if id == next {
+                        distinct.push(v);
                     }
+                    numbers.push(id);
                 }
                 offsets.push(numbers.len());
             }
-            sides.push((numbers, offsets));
-        }
+            (numbers, offsets)
+        });
         let mut order: Vec<u32> = (0..distinct.len() as u32).collect();
         order.sort_unstable_by_key(|&i| distinct[i as usize]);
         let mut rank = vec![0u64; distinct.len()];
@@ -607,11 +605,10 @@ impl StringRanks {
             rank[id as usize] = r as u64;
         }
         let sorted: ArrayRef = Arc::new(LargeStringArray::from_iter_values(order.iter().map(|&i| distinct[i as usize])));
-        let mut lists = sides.into_iter().zip([a.logical_nulls(), b.logical_nulls()]).map(|((numbers, offsets), nulls)| {
+        let list = |(numbers, offsets): (Vec<u32>, Vec<usize>), nulls| {
             u64::list(offsets_i32(offsets)?, numbers.into_iter().map(|id| rank[id as usize]).collect(), nulls)
-        });
-        let (la, lb) = (lists.next().expect("two sides")?, lists.next().expect("two sides")?);
-        Ok(Self { a: la, b: lb, sorted })
+        };
+        Ok(Self { a: list(side_a, a.logical_nulls())?, b: list(side_b, b.logical_nulls())?, sorted })
     }
 
     /// A List<UInt64> of ranks (the integer rules' answer on `a` and `b`) as

@@ -16,7 +16,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
 use datafusion::common::{Column, TableReference};
 use datafusion::datasource::{provider_as_source, source_as_provider};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{AggregateUDF, Expr, Extension, LogicalPlan, LogicalPlanBuilder, ScalarUDF};
 use datafusion_proto::logical_plan::from_proto::{parse_expr, parse_exprs};
@@ -29,6 +29,7 @@ use crate::exec::families::Level;
 use crate::planner::{MarkJoinNode, SetOpNode};
 use crate::udf::families::FamiliesTable;
 
+use super::bad;
 use super::physical_codec::{encode_op, kind_name, parse_kind, parse_op};
 
 /// Marks setfusion's bytes (nodes and tables), as in the physical codec.
@@ -104,10 +105,6 @@ impl fmt::Debug for SetfusionLogicalCodec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SetfusionLogicalCodec").field("inner", &self.inner).finish()
     }
-}
-
-fn bad(what: impl fmt::Display) -> DataFusionError {
-    DataFusionError::Internal(format!("setfusion codec: {what}"))
 }
 
 fn two_inputs(inputs: &[LogicalPlan], node: &str) -> Result<(LogicalPlan, LogicalPlan)> {

@@ -52,6 +52,11 @@ pub fn aggregate_function(name: &str) -> Option<Arc<AggregateUDF>> {
     crate::udf::aggregate_functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
 }
 
+/// Both codecs' error for bytes they cannot decode or a node they cannot encode.
+fn bad(what: impl std::fmt::Display) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Internal(format!("setfusion codec: {what}"))
+}
+
 /// Both codecs' function decoding: setfusion's scalar function called `name`
 /// (its functions carry no state, so the name is all that travels), else `other`'s.
 fn decode_udf(name: &str, other: impl FnOnce() -> Result<Arc<ScalarUDF>>) -> Result<Arc<ScalarUDF>> {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::JoinSide;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::physical_expr::PhysicalExprRef;
@@ -23,6 +23,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalPlanDecode
 use datafusion_proto::protobuf::{self as proto, PhysicalExprNode};
 use prost::Message;
 
+use super::bad;
 use crate::algo::select::SetOp;
 use crate::algo::ssjoin::{Metric, Threshold};
 use crate::config::Strategy;
@@ -206,10 +207,6 @@ impl fmt::Debug for SetfusionPhysicalCodec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SetfusionPhysicalCodec").field("inner", &self.inner).finish()
     }
-}
-
-fn bad(what: impl fmt::Display) -> DataFusionError {
-    DataFusionError::Internal(format!("setfusion codec: {what}"))
 }
 
 fn required<T>(v: Option<T>, what: &str) -> Result<T> {

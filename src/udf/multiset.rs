@@ -112,7 +112,7 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
     fn build(rows: &[Option<Vec<Self>>]) -> ArrayRef;
     /// The min(m, n) intersection of ascending lists ([`intersect_k`]; integer
     /// types move large inputs to the device, see [`intersect_integer_lists`]).
-    fn intersect_lists(lists: &[Vec<Self>], _settings: Option<&AggSettings>) -> Vec<Self> {
+    fn intersect_lists(lists: &[Vec<Self>], _settings: Option<&SetfusionConfig>) -> Vec<Self> {
         intersect_k(lists)
     }
 }
@@ -121,61 +121,27 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
 /// intersection) from this many elements in total go to the device.
 pub const KWAY_GPU_MIN_ELEMENTS: usize = 1 << 22;
 
-/// The settings `set_intersect_agg` decides with. An aggregate's
-/// accumulator sees no session settings in DataFusion 55, so
-/// [`IntersectAggSettingsRule`] writes these into the function when a query
-/// is analyzed. A function that was not analyzed (a plan built by hand, or
-/// decoded on a Ballista executor, where only the name travels) has none and
-/// uses the defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AggSettings {
-    pub strategy: Strategy,
-    pub min_rows: usize,
-    pub device: usize,
-    pub memory_limit: usize,
-}
-
-impl AggSettings {
-    pub fn from_config(cfg: &SetfusionConfig) -> Self {
-        Self { strategy: cfg.strategy, min_rows: cfg.min_rows, device: cfg.device, memory_limit: cfg.memory_limit.0 }
-    }
-
-    /// The device for a k-way intersection of `elements` elements, or None
-    /// for the CPU: `cpu` never; `auto` from `max(KWAY_GPU_MIN_ELEMENTS,
-    /// min_rows)` elements on a device that has started (`min_rows = 0`, the
-    /// slt gpu mode: whenever one is usable); `hash` / `bitmap` / `sort`
-    /// whenever one is usable.
-    fn kway_device(&self, elements: usize) -> Option<Arc<Gpu>> {
-        match self.strategy {
-            Strategy::Cpu => return None,
-            Strategy::Auto if self.min_rows > 0 => {
-                if elements < KWAY_GPU_MIN_ELEMENTS.max(self.min_rows)
-                    || !matches!(gpu::readiness(self.device), gpu::Readiness::Ready)
-                {
-                    return None;
-                }
-            }
-            _ => gpu::wait_started(self.device),
-        }
-        gpu::gpu(self.device).ok()
-    }
-}
-
-impl Default for AggSettings {
-    fn default() -> Self {
-        Self::from_config(&SetfusionConfig::default())
-    }
-}
-
 /// [`intersect_k`] for integer lists: on the device ([`intersect_k_gpu`],
-/// SvS with one thread per candidate) when [`AggSettings::kway_device`] gives
-/// one (`settings` None: the defaults), else, or when the device fails (out
-/// of memory included), on the CPU. `SETFUSION_DISABLE_GPU=1` keeps it on the CPU.
-pub fn intersect_integer_lists<T: ListKey>(lists: &[Vec<T>], settings: Option<&AggSettings>) -> Vec<T> {
-    let settings = settings.copied().unwrap_or_default();
+/// SvS with one thread per candidate) when [`device_for`] gives one under
+/// the session's settings (`settings` None, a function that was not
+/// analyzed: the defaults), `auto` weighing [`KWAY_GPU_MIN_ELEMENTS`] and
+/// the device's start; else, or when the device fails (out of memory
+/// included), on the CPU. `SETFUSION_DISABLE_GPU=1` keeps it on the CPU.
+pub fn intersect_integer_lists<T: ListKey>(lists: &[Vec<T>], settings: Option<&SetfusionConfig>) -> Vec<T> {
+    let defaults = SetfusionConfig::default();
+    let cfg = settings.unwrap_or(&defaults);
     let total: usize = lists.iter().map(|l| l.len()).sum();
-    if let Some(g) = settings.kway_device(total) {
-        let lease = g.lease(settings.memory_limit);
+    let kway_rule = || {
+        if total < KWAY_GPU_MIN_ELEMENTS {
+            Verdict::Cpu(format!("{total} list elements < {KWAY_GPU_MIN_ELEMENTS}"))
+        } else if !matches!(gpu::readiness(cfg.device), gpu::Readiness::Ready) {
+            Verdict::Cpu("the device is not ready".into())
+        } else {
+            Verdict::Gpu(String::new())
+        }
+    };
+    if let Ok(g) = device_for(cfg, total, kway_rule) {
+        let lease = g.lease(cfg.memory_limit.0);
         if let Ok(v) = intersect_k_gpu(&lease, lists, &mut TransferStats::default()) {
             return v;
         }
@@ -213,7 +179,7 @@ macro_rules! primitive_list_elem {
                 }
                 Arc::new(b.finish())
             }
-            fn intersect_lists(lists: &[Vec<Self>], settings: Option<&AggSettings>) -> Vec<Self> {
+            fn intersect_lists(lists: &[Vec<Self>], settings: Option<&SetfusionConfig>) -> Vec<Self> {
                 intersect_integer_lists(lists, settings)
             }
         }
@@ -281,20 +247,6 @@ impl ListColumn {
                 Self { values: Some(cast_with_options(&values, read_type, &opts)?), ranges, nulls }
             }
         })
-    }
-
-    /// Row `i`'s non-NULL strings, borrowed from the column (read as
-    /// LargeUtf8), into `out` (cleared first); false for a NULL list.
-    fn str_row<'a>(&'a self, i: usize, out: &mut Vec<&'a str>) -> bool {
-        out.clear();
-        let Some(values) = &self.values else { return false };
-        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
-            return false;
-        }
-        let (start, end) = self.ranges[i];
-        let s = values.as_string::<i64>();
-        out.extend((start..end).filter(|&j| s.is_valid(j)).map(|j| s.value(j)));
-        true
     }
 
     /// Row `i`'s non-NULL elements into `out` (cleared first); false for a NULL list.
@@ -378,12 +330,13 @@ fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef
 /// error hands the batch to the CPU) or per row on the CPU, and the ranks
 /// mapped back to strings. Sorting and merging numbers is ~2x faster than
 /// sorting and merging strings, so the CPU path ranks too. An unsorted
-/// `sorted_intersect` row fails through [`evaluate_borrowed_strings`], which
-/// words the error with its strings (the rules on ranks find the same row).
+/// `sorted_intersect` row fails through the per-row path on the strings
+/// themselves, which words the error with them (the rules on ranks find the
+/// same row).
 fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
     let null_typed = [a, b].iter().any(|x| x.data_type() == &DataType::Null);
     if null_typed {
-        return evaluate_borrowed_strings(op, a, b); // every row NULL
+        return evaluate_pair::<String>(op, a, b); // every row NULL
     }
     let ranked = StringRanks::new(a, b)?;
     let device = choose_gpu(cfg, list_elements(a)? + list_elements(b)?, true).ok().and_then(|g| {
@@ -397,46 +350,9 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
     };
     match out {
         Ok(out) => ranked.strings(&out),
-        Err(_) if op == PairOp::SortedIntersect => evaluate_borrowed_strings(op, a, b),
+        Err(_) if op == PairOp::SortedIntersect => evaluate_pair::<String>(op, a, b),
         Err(e) => Err(e),
     }
-}
-
-/// The per-row CPU path on the strings themselves: [`evaluate_pair`]'s rules
-/// on strings borrowed from the arrays (no allocation per element; the same
-/// byte order, results and errors as `evaluate_pair::<String>`). It words
-/// `sorted_intersect`'s error for [`evaluate_strings`].
-fn evaluate_borrowed_strings(op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
-    let (ca, cb) = (ListColumn::new(a, &DataType::LargeUtf8)?, ListColumn::new(b, &DataType::LargeUtf8)?);
-    let mut out = ListBuilder::with_capacity(StringBuilder::new(), a.len());
-    let (mut x, mut y): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
-    for i in 0..a.len() {
-        let (valid_a, valid_b) = (ca.str_row(i, &mut x), cb.str_row(i, &mut y));
-        if !(valid_a && valid_b) {
-            out.append_null();
-            continue;
-        }
-        let row = match op {
-            PairOp::Multiset(m) => {
-                x.sort_unstable();
-                y.sort_unstable();
-                multiset_op(m, &x, &y)
-            }
-            PairOp::SortedIntersect => {
-                for (which, v) in [("first", &x), ("second", &y)] {
-                    if let Some(k) = first_descent(v) {
-                        return Err(unsorted_error(op.name(), which, i, v, k));
-                    }
-                }
-                sorted_intersect(&x, &y)
-            }
-        };
-        for v in row {
-            out.values().append_value(v);
-        }
-        out.append(true);
-    }
-    Ok(Arc::new(out.finish()))
 }
 
 /// The device for a batch of `elements` list elements (of strings when
@@ -446,15 +362,23 @@ fn evaluate_borrowed_strings(op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<A
 /// starting, small batches); any other strategy forces the GPU when one is
 /// usable.
 pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize, strings: bool) -> std::result::Result<std::sync::Arc<Gpu>, String> {
+    device_for(cfg, elements, || list_function_estimate(elements, strings, &gpu::readiness(cfg.device), &Calibration::current()))
+}
+
+/// The strategy rule every list function shares, for a batch of `elements`
+/// elements: `cpu` never takes the device; `auto` takes it from
+/// `setfusion.min_rows` elements where `auto_rule` says so (`min_rows = 0`,
+/// the slt gpu mode: whenever one is usable); `hash` / `bitmap` / `sort`
+/// force it when one is usable. Err: why not.
+fn device_for(cfg: &SetfusionConfig, elements: usize, auto_rule: impl FnOnce() -> Verdict) -> std::result::Result<std::sync::Arc<Gpu>, String> {
     match cfg.strategy {
         Strategy::Cpu => return Err("setfusion.strategy = cpu".into()),
         Strategy::Auto => {
             if elements < cfg.min_rows {
                 return Err(format!("{elements} list element(s) < setfusion.min_rows = {}", cfg.min_rows));
             }
-            // min_rows = 0 (the slt gpu mode) asks for the device whenever it is usable.
             if cfg.min_rows > 0 {
-                if let Verdict::Cpu(why) = list_function_estimate(elements, strings, &gpu::readiness(cfg.device), &Calibration::current()) {
+                if let Verdict::Cpu(why) = auto_rule() {
                     return Err(why);
                 }
             }
@@ -502,8 +426,11 @@ fn check_ascending<T: ListElem>(func: &str, which: &str, row: usize, v: &[T]) ->
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct IntersectAggUdf {
     signature: Signature,
-    /// Written by [`IntersectAggSettingsRule`]; None: the defaults.
-    settings: Option<AggSettings>,
+    /// The session's settings, written by [`IntersectAggSettingsRule`] (an
+    /// accumulator sees none in DataFusion 55). None, a function that was not
+    /// analyzed (a plan built by hand, or decoded on a Ballista executor,
+    /// where only the name travels): the defaults.
+    settings: Option<SetfusionConfig>,
 }
 
 impl IntersectAggUdf {
@@ -512,24 +439,24 @@ impl IntersectAggUdf {
     }
 
     /// The function deciding with `settings`.
-    pub fn with_settings(settings: AggSettings) -> Self {
+    pub fn with_settings(settings: SetfusionConfig) -> Self {
         Self { settings: Some(settings), ..Self::new() }
     }
 
-    pub fn settings(&self) -> Option<&AggSettings> {
+    pub fn settings(&self) -> Option<&SetfusionConfig> {
         self.settings.as_ref()
     }
 }
 
 /// Writes the session's settings into every `set_intersect_agg` of a plan
 /// (aggregates and window aggregates, subqueries included), where its
-/// accumulators find them ([`AggSettings`]).
+/// accumulators find them.
 #[derive(Debug, Default)]
 pub struct IntersectAggSettingsRule;
 
 impl AnalyzerRule for IntersectAggSettingsRule {
     fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
-        let settings = AggSettings::from_config(&SetfusionConfig::from_options(config));
+        let settings = SetfusionConfig::from_options(config);
         let func = Arc::new(AggregateUDF::from(IntersectAggUdf::with_settings(settings)));
         let ours = |f: &AggregateUDF| (f.inner().as_ref() as &dyn std::any::Any).is::<IntersectAggUdf>();
         plan.transform_up_with_subqueries(|node| {
@@ -581,10 +508,10 @@ impl AggregateUDFImpl for IntersectAggUdf {
 
     fn accumulator(&self, acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         let types: Vec<DataType> = acc_args.expr_fields.iter().map(|f| f.data_type().clone()).collect();
-        let settings = self.settings;
+        let settings = self.settings.clone();
         Ok(match sets::common_class(self.name(), &types)? {
-            ElementClass::Null | ElementClass::Signed => Box::new(IntersectAccumulator::<i64>::new(settings)),
-            ElementClass::Unsigned => Box::new(IntersectAccumulator::<u64>::new(settings)),
+            ElementClass::Null | ElementClass::Signed => Box::new(IntersectAccumulator::<i64>::new(settings.clone())),
+            ElementClass::Unsigned => Box::new(IntersectAccumulator::<u64>::new(settings.clone())),
             ElementClass::String => Box::new(IntersectAccumulator::<String>::new(settings)),
         })
     }
@@ -595,11 +522,11 @@ impl AggregateUDFImpl for IntersectAggUdf {
 struct IntersectAccumulator<T> {
     /// None until the first non-NULL list.
     running: Option<Vec<T>>,
-    settings: Option<AggSettings>,
+    settings: Option<SetfusionConfig>,
 }
 
 impl<T> IntersectAccumulator<T> {
-    fn new(settings: Option<AggSettings>) -> Self {
+    fn new(settings: Option<SetfusionConfig>) -> Self {
         Self { running: None, settings }
     }
 }
@@ -707,7 +634,6 @@ mod tests {
                     b = evaluate_pair::<String>(union, &b, &b).unwrap();
                 }
                 let want = evaluate_pair::<String>(op, &a, &b).unwrap();
-                assert_eq!(evaluate_borrowed_strings(op, &a, &b).unwrap().to_data(), want.to_data(), "{op:?}, domain {domain}: borrowed strings");
                 let ranked = StringRanks::new(&a, &b).unwrap();
                 let cpu = ranked.strings(&list_op_cpu::<u64>(op, &ranked.a, &ranked.b).unwrap()).unwrap();
                 assert_eq!(cpu.to_data(), want.to_data(), "{op:?}, domain {domain}: ranks on the CPU twin");
@@ -744,7 +670,7 @@ mod tests {
                 e.apply(|e| {
                     if let Expr::AggregateFunction(f) = e {
                         let udf = (f.func.inner().as_ref() as &dyn std::any::Any).downcast_ref::<IntersectAggUdf>();
-                        found.push(udf.and_then(|u| u.settings().copied()));
+                        found.push(udf.and_then(|u| u.settings().cloned()));
                     }
                     Ok(TreeNodeRecursion::Continue)
                 })?;
@@ -752,7 +678,7 @@ mod tests {
             Ok(TreeNodeRecursion::Continue)
         })
         .unwrap();
-        let want = AggSettings { strategy: Strategy::Cpu, min_rows: 7, ..AggSettings::default() };
+        let want = SetfusionConfig { strategy: Strategy::Cpu, min_rows: 7, ..SetfusionConfig::default() };
         assert_eq!(found, vec![Some(want)], "{plan}");
         let batches = ctx.sql(q).await.unwrap().collect().await.unwrap();
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
