@@ -4,11 +4,14 @@
 //! cluster, each answer checked against one process and timed.
 //!
 //! ```text
-//! cargo run --release --example ballista_cluster [-- ROWS [RUNS]]
+//! cargo run --release --example ballista_cluster [-- ROWS [RUNS [processes [EXECUTORS]]]]
 //! ```
 //!
 //! ROWS (default 20000) rows per key table; RUNS (default 1) runs of each
-//! query on each side, of which the median time is printed.
+//! query on each side, of which the median time is printed. With `processes`
+//! the scheduler and EXECUTORS (default 2) executors are separate processes
+//! started from the `setfusion` binary beside this example's
+//! (`target/release/setfusion`, or `SETFUSION_BIN`), as a user starts them.
 
 use std::time::{Duration, Instant};
 
@@ -27,13 +30,24 @@ async fn main() -> Result<()> {
     };
     let rows = number("ROWS", 20_000)?;
     let runs = number("RUNS", 1)?.max(1);
+    let processes = args.next().is_some_and(|a| a == "processes");
+    let executors = match args.next() {
+        None => 2,
+        Some(a) => a.parse().map_err(|_| DataFusionError::Configuration(format!("EXECUTORS: expected a number, got '{a}'")))?,
+    };
 
     let dir = std::env::temp_dir().join(format!("setfusion-ballista-cluster-{}", std::process::id()));
     demo::write_tables(&dir, rows).await?;
 
-    // Two executors with two task slots each, and the scheduler, on loopback ports.
-    let url = start_loopback_cluster(2, 2).await?;
-    println!("scheduler at {url}, two executors; tables of {rows} rows under {}", dir.display());
+    // The scheduler and the executors (two task slots each) on loopback ports.
+    let mut children = Children(Vec::new());
+    let url = if processes {
+        start_processes(&dir, executors, &mut children)?
+    } else {
+        start_loopback_cluster(executors, 2).await?
+    };
+    let how = if processes { "separate processes" } else { "in this process" };
+    println!("scheduler at {url}, {executors} executors ({how}); tables of {rows} rows under {}", dir.display());
     let config = || SessionConfig::new().with_target_partitions(4);
     let cluster = remote_context(&url, config()).await?;
     demo::register_tables(&cluster, &dir).await?;
@@ -76,4 +90,55 @@ async fn timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<(Vec<Stri
     }
     times.sort();
     Ok((rows, times[times.len() / 2]))
+}
+
+/// Child processes, killed on drop.
+struct Children(Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `setfusion scheduler` and `executors` `setfusion executor` processes on
+/// free loopback ports, reading files under `data`; returns the cluster's URL.
+fn start_processes(data: &std::path::Path, executors: usize, children: &mut Children) -> Result<String> {
+    let bin = match std::env::var_os("SETFUSION_BIN") {
+        Some(b) => std::path::PathBuf::from(b),
+        None => std::env::current_exe()?.parent().and_then(|d| d.parent()).map(|d| d.join("setfusion")).unwrap_or_default(),
+    };
+    let start = |args: Vec<String>| {
+        std::process::Command::new(&bin)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| DataFusionError::Execution(format!("starting {} {args:?}: {e}", bin.display())))
+    };
+    let ports = setfusion::distributed::process::free_ports(1 + 2 * executors)?;
+    let wait = |port: u16| {
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err(DataFusionError::Execution(format!("nothing listens on port {port} after 60 s")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    };
+    children.0.push(start(vec!["scheduler".into(), "--port".into(), ports[0].to_string()])?);
+    wait(ports[0])?;
+    let scheduler = format!("127.0.0.1:{}", ports[0]);
+    for e in 0..executors {
+        let (flight, grpc) = (ports[1 + 2 * e], ports[2 + 2 * e]);
+        let args = ["executor", "--scheduler", &scheduler, "--port", &flight.to_string(), "--grpc-port", &grpc.to_string(), "--tasks", "2"];
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.extend(["--data-dir".to_string(), data.display().to_string()]);
+        children.0.push(start(args)?);
+        wait(flight)?;
+    }
+    Ok(format!("df://{scheduler}"))
 }

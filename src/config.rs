@@ -270,6 +270,17 @@ impl ConfigExtension for SetfusionConfig {
     const PREFIX: &'static str = "setfusion";
 }
 
+/// The devices of a process whose sessions name none (`setfusion executor --devices`).
+static PROCESS_DEVICES: std::sync::OnceLock<Devices> = std::sync::OnceLock::new();
+
+/// Make `devices` this process's GPUs for every session whose
+/// `setfusion.devices` is `''` (a Ballista executor started with
+/// `--devices 0,1`: the client's sessions carry the default, and the
+/// executor knows its own GPUs). The first call wins.
+pub fn set_process_devices(devices: Devices) {
+    let _ = PROCESS_DEVICES.set(devices);
+}
+
 impl SetfusionConfig {
     /// The settings in force for a session (defaults if none were registered).
     pub fn from_options(options: &datafusion::config::ConfigOptions) -> Self {
@@ -279,7 +290,11 @@ impl SetfusionConfig {
     /// The device of each key partition under `setfusion.devices`, with
     /// `count` the devices the driver sees ('all'); one entry means no split.
     pub fn device_ordinals(&self, count: impl FnOnce() -> usize) -> Vec<usize> {
-        match &self.devices {
+        let devices = match (&self.devices, PROCESS_DEVICES.get()) {
+            (Devices::One, Some(process)) => process,
+            (session, _) => session,
+        };
+        match devices {
             Devices::One => vec![self.device],
             Devices::All => (0..count().max(1)).collect(),
             Devices::List(l) if l.is_empty() => vec![self.device],

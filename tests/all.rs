@@ -30,3 +30,6 @@ mod devices;
 #[cfg(feature = "ballista")]
 #[path = "all/ballista.rs"]
 mod ballista;
+#[cfg(feature = "ballista")]
+#[path = "all/cluster_processes.rs"]
+mod cluster_processes;

@@ -43,7 +43,13 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
        setfusion bench lists [--rows N] [--batch-rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
                                    list functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
-                              TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
+                              TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm
+       setfusion scheduler [--port P] [--bind ADDR]   a Ballista scheduler with setfusion (default 127.0.0.1:50050)
+       setfusion executor [--scheduler HOST:P] [--port Q] [--grpc-port R] [--bind ADDR] [--tasks N]
+                          [--data-dir DIR]... [--work-dir DIR] [--devices 0,1]
+                              a Ballista executor with setfusion; plans may read files only under its --data-dir folders
+                              (default: the current folder); --devices: its GPUs for sessions that name none
+       setfusion --cluster df://HOST:P [--table NAME=PATH]... [-c SQL]...   run the queries on that cluster";
 
 pub use crate::util::one_line;
 
@@ -63,6 +69,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
     let mut commands: Vec<String> = Vec::new();
     let mut files: Vec<PathBuf> = Vec::new();
     let mut format = Format::Table;
+    let mut cluster: Option<String> = None;
     let mut it = args.into_iter().skip(1).peekable();
     let usage_err = |m: &str| DataFusionError::Configuration(format!("{m} (see setfusion --help)"));
     while let Some(a) = it.next() {
@@ -100,6 +107,9 @@ async fn run(args: Vec<String>) -> Result<i32> {
                     other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, families or lists"))),
                 };
             }
+            "scheduler" if tables.is_empty() && commands.is_empty() => return cluster_process(Process::Scheduler, it.collect()).await,
+            "executor" if tables.is_empty() && commands.is_empty() => return cluster_process(Process::Executor, it.collect()).await,
+            "--cluster" => cluster = Some(it.next().ok_or_else(|| usage_err("--cluster needs df://HOST:PORT"))?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(0);
@@ -123,9 +133,14 @@ async fn run(args: Vec<String>) -> Result<i32> {
             other => return Err(usage_err(&format!("unknown argument '{other}'"))),
         }
     }
-    let ctx = crate::context();
+    let ctx = match &cluster {
+        None => crate::context(),
+        Some(url) => cluster_context(url).await?,
+    };
     for (name, path) in &tables {
-        register_table(&ctx, name, path).await?;
+        // A cluster's executors read the files: they need the whole path.
+        let path = if cluster.is_some() { absolute(path)? } else { path.clone() };
+        register_table(&ctx, name, &path).await?;
     }
     if commands.is_empty() && files.is_empty() {
         return repl(&ctx, format).await;
@@ -247,4 +262,96 @@ async fn repl(ctx: &SessionContext, format: Format) -> Result<i32> {
         }
     }
     Ok(if failed && !interactive { 1 } else { 0 })
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::fs::canonicalize(path).map_err(|e| DataFusionError::Execution(format!("cannot open {}: {e}", path.display())))
+}
+
+/// A client session on the Ballista cluster at `url` (`df://HOST:PORT`).
+#[cfg(feature = "ballista")]
+async fn cluster_context(url: &str) -> Result<SessionContext> {
+    let url = crate::distributed::process::cluster_url(url)?;
+    crate::distributed::remote_context(&url, datafusion::prelude::SessionConfig::new()).await
+}
+
+#[cfg(not(feature = "ballista"))]
+async fn cluster_context(_url: &str) -> Result<SessionContext> {
+    Err(DataFusionError::Configuration("--cluster: this setfusion was built without the `ballista` feature".into()))
+}
+
+/// Which cluster process `setfusion scheduler` / `setfusion executor` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Process {
+    Scheduler,
+    Executor,
+}
+
+/// Parse a cluster process's options and run it until the process ends.
+#[cfg(feature = "ballista")]
+async fn cluster_process(process: Process, args: Vec<String>) -> Result<i32> {
+    use crate::distributed::process::{run_executor, run_scheduler, ExecutorOptions};
+    let usage_err = |m: String| DataFusionError::Configuration(format!("{m} (see setfusion --help)"));
+    let mut bind = "127.0.0.1".to_string();
+    let mut port: Option<u16> = None;
+    let mut grpc_port: Option<u16> = None;
+    let mut scheduler = "127.0.0.1:50050".to_string();
+    let mut tasks = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut data_dirs: Vec<PathBuf> = Vec::new();
+    let mut work_dir: Option<PathBuf> = None;
+    let mut devices = None;
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or_else(|| usage_err(format!("{a} needs a value")));
+        let port_of = |v: String| v.parse::<u16>().map_err(|_| usage_err(format!("{a} '{v}': not a port")));
+        match (process, a.as_str()) {
+            (_, "-h" | "--help") => {
+                println!("{USAGE}");
+                return Ok(0);
+            }
+            (_, "--bind") => bind = value()?,
+            (_, "--port") => port = Some(port_of(value()?)?),
+            (Process::Executor, "--grpc-port") => grpc_port = Some(port_of(value()?)?),
+            (Process::Executor, "--scheduler") => scheduler = value()?,
+            (Process::Executor, "--tasks") => {
+                let v = value()?;
+                tasks = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| usage_err(format!("--tasks '{v}': expected a positive number")))?;
+            }
+            (Process::Executor, "--data-dir") => data_dirs.push(PathBuf::from(value()?)),
+            (Process::Executor, "--work-dir") => work_dir = Some(PathBuf::from(value()?)),
+            (Process::Executor, "--devices") => devices = Some(value()?.parse::<crate::config::Devices>()?),
+            _ => return Err(usage_err(format!("unknown argument '{a}'"))),
+        }
+    }
+    match process {
+        Process::Scheduler => run_scheduler(&bind, port.unwrap_or(50050)).await?,
+        Process::Executor => {
+            let (host, sport) = scheduler
+                .rsplit_once(':')
+                .ok_or_else(|| usage_err(format!("--scheduler '{scheduler}': expected HOST:PORT")))?;
+            let scheduler_port = sport.parse().map_err(|_| usage_err(format!("--scheduler '{scheduler}': '{sport}' is not a port")))?;
+            let port = port.unwrap_or(50051);
+            if data_dirs.is_empty() {
+                data_dirs.push(std::env::current_dir()?);
+            }
+            run_executor(ExecutorOptions {
+                bind,
+                port,
+                grpc_port: grpc_port.unwrap_or(port.wrapping_add(1)),
+                scheduler_host: host.to_string(),
+                scheduler_port,
+                concurrent_tasks: tasks,
+                data_dirs,
+                work_dir,
+                devices,
+            })
+            .await?
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(not(feature = "ballista"))]
+async fn cluster_process(process: Process, _args: Vec<String>) -> Result<i32> {
+    Err(DataFusionError::Configuration(format!("{process:?}: this setfusion was built without the `ballista` feature")))
 }

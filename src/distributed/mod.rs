@@ -23,6 +23,7 @@
 //! see `physical_codec::decode_backend`).
 
 pub mod demo;
+pub mod process;
 mod logical_codec;
 mod physical_codec;
 

@@ -137,7 +137,7 @@ struct MarkJoinNode {
     #[prost(string, optional, tag = "10")]
     note: Option<String>,
     #[prost(bool, tag = "11")]
-    single_partition_inputs: bool,
+    broadcast_build: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -420,7 +420,7 @@ impl SetfusionPhysicalCodec {
                 output: output_name(e.output()).into(),
                 backend: Some(encode_backend(e.backend())),
                 note: e.note().map(str::to_string),
-                single_partition_inputs: e.single_partition_inputs(),
+                broadcast_build: e.broadcast_build(),
             })));
         }
         if let Some(e) = node.downcast_ref::<SimilarityJoinExec>() {
@@ -511,7 +511,7 @@ impl SetfusionPhysicalCodec {
                 )?
                 .with_note(n.note)
                 .with_output(parse_output(&n.output)?)?
-                .with_single_partition_inputs(n.single_partition_inputs);
+                .with_broadcast_build(n.broadcast_build);
                 Arc::new(exec)
             }
             ExecNode::SimilarityJoin(n) => {

@@ -56,7 +56,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::memory::{array_slice_bytes, collect_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
+use crate::exec::memory::{array_slice_bytes, collect_partitions_reserved, collect_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
 use crate::exec::selection::{key_columns, Selector};
 use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
@@ -115,10 +115,14 @@ pub struct MarkJoinExec {
     metrics: ExecutionPlanMetricsSet,
     result: Arc<SharedRun<Parts<(Vec<(Marked, usize)>, MemoryReservation)>>>,
     ran: Arc<Mutex<Option<String>>>,
-    /// Ask for each input in one partition: a Ballista task executes one
-    /// partition of the operator, and may see only its own partition of an
-    /// input that is a shuffle, where every partition of both is needed.
-    single_partition_inputs: bool,
+    /// Broadcast the subquery side: ask for it in one partition, which every
+    /// partition of the operator reads whole, and mark each probe partition
+    /// on its own. On a Ballista cluster a task executes one partition of the
+    /// operator and sees only its own partition of a shuffled input; each
+    /// probe row's mark needs the whole subquery (its NULLs, its groups) but
+    /// no other probe row, so the probe side stays partitioned and every
+    /// answer stays exact.
+    broadcast_build: bool,
 }
 
 impl MarkJoinExec {
@@ -178,17 +182,17 @@ impl MarkJoinExec {
             metrics: ExecutionPlanMetricsSet::new(),
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
-            single_partition_inputs: false,
+            broadcast_build: false,
         })
     }
 
-    /// Ask for both inputs in one partition each (on a Ballista cluster; see the field).
-    pub fn with_single_partition_inputs(mut self, single: bool) -> Self {
-        self.single_partition_inputs = single;
+    /// Broadcast the subquery side to every probe partition (on a Ballista cluster; see the field).
+    pub fn with_broadcast_build(mut self, broadcast: bool) -> Self {
+        self.broadcast_build = broadcast;
         self
     }
-    pub fn single_partition_inputs(&self) -> bool {
-        self.single_partition_inputs
+    pub fn broadcast_build(&self) -> bool {
+        self.broadcast_build
     }
 
     /// The planner's reason for its backend choice, shown in EXPLAIN.
@@ -286,6 +290,9 @@ impl DisplayAs for MarkJoinExec {
             Backend::Gpu(strategy) => write!(f, ", backend=gpu, strategy={strategy}")?,
             Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
         }
+        if self.broadcast_build {
+            write!(f, ", build=broadcast")?;
+        }
         if let Some(note) = &self.note {
             write!(f, ", choice=\"{note}\"")?;
         }
@@ -315,8 +322,8 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        let each = if self.single_partition_inputs { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
-        vec![each.clone(), each]
+        let build = if self.broadcast_build { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
+        vec![Distribution::UnspecifiedDistribution, build]
     }
 
     fn apply_expressions(
@@ -341,7 +348,7 @@ impl ExecutionPlan for MarkJoinExec {
         )?
         .with_note(self.note.clone());
         exec.output = self.output;
-        Ok(Arc::new(exec.with_single_partition_inputs(self.single_partition_inputs)))
+        Ok(Arc::new(exec.with_broadcast_build(self.broadcast_build)))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -361,9 +368,15 @@ impl ExecutionPlan for MarkJoinExec {
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let (output, schema) = (self.output, self.schema.clone());
+        let broadcast = self.broadcast_build;
         let fut = async move {
-            let parts = execution.get(|| run.run(context)).await?;
-            let (batches, memory) = match parts.take(partition) {
+            // Broadcast: this partition's own run over its probe partition; else one run for all.
+            let (parts, index) = if broadcast {
+                (Arc::new(run.run(context, Some(partition)).await?), 0)
+            } else {
+                (execution.get(|| run.run(context, None)).await?, partition)
+            };
+            let (batches, memory) = match parts.take(index) {
                 Some(part) => (part.0, Some(part.1)),
                 None => (Vec::new(), None),
             };
@@ -442,12 +455,17 @@ struct GroupFacts {
 }
 
 impl Run {
-    async fn run(mut self, context: Arc<TaskContext>) -> Result<Parts<(Vec<(Marked, usize)>, MemoryReservation)>> {
+    /// Mark every probe partition, or only `probe_partition` (broadcast).
+    async fn run(mut self, context: Arc<TaskContext>, probe_partition: Option<usize>) -> Result<Parts<(Vec<(Marked, usize)>, MemoryReservation)>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
         let memory = reservation(&context, "MarkJoinExec");
+        let probes = match probe_partition {
+            Some(p) => p..p + 1,
+            None => 0..self.probe.output_partitioning().partition_count(),
+        };
         let (probe_parts, build_parts) = futures::try_join!(
-            collect_reserved(self.probe.clone(), inputs.clone(), &memory),
+            collect_partitions_reserved(self.probe.clone(), probes, inputs.clone(), &memory),
             collect_reserved(self.build.clone(), inputs, &memory)
         )?;
         crate::util::trace("mark join: inputs collected");

@@ -462,7 +462,7 @@ impl ExtensionPlanner for MarkJoinPlanner {
         }
         let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?
             .with_note(note)
-            .with_single_partition_inputs(cfg.hash_partition_inputs);
+            .with_broadcast_build(cfg.hash_partition_inputs);
         Ok(Some(Arc::new(exec)))
     }
 }

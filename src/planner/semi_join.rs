@@ -167,7 +167,7 @@ impl SemiJoinRule {
             Arc::new(
                 crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?
                     .with_note(note)
-                    .with_single_partition_inputs(cfg.hash_partition_inputs),
+                    .with_broadcast_build(cfg.hash_partition_inputs),
             );
         let exec = match &j.projection {
             None => exec,
