@@ -280,7 +280,7 @@ mod tests {
         #[cfg(unix)]
         std::os::unix::fs::symlink(outside.join("b.txt"), inside.join("link.txt")).unwrap();
         let store = ConfinedFileStore::new(std::slice::from_ref(&inside)).unwrap();
-        let path = |p: &FsPath| Path::from_filesystem_path(p).unwrap();
+        let path = |p: &FsPath| Path::from_absolute_path(p).unwrap();
         let got = store.get_opts(&path(&inside.join("a.txt")), GetOptions::default()).await.unwrap().bytes().await.unwrap();
         assert_eq!(&got[..], b"ok");
         for denied in [outside.join("b.txt"), inside.join("link.txt"), PathBuf::from("/etc/passwd")] {
