@@ -30,3 +30,5 @@ mod devices;
 #[cfg(feature = "ballista")]
 #[path = "all/ballista.rs"]
 mod ballista;
+#[path = "all/plan_citizenship.rs"]
+mod plan_citizenship;
