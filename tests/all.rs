@@ -33,3 +33,5 @@ mod ballista;
 #[cfg(feature = "ballista")]
 #[path = "all/cluster_processes.rs"]
 mod cluster_processes;
+#[path = "all/plan_citizenship.rs"]
+mod plan_citizenship;

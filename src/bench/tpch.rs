@@ -126,7 +126,7 @@ pub const SET_QUERIES: [SetQuery; 7] = [
 ];
 
 /// Semi / anti joins over TPC-H tables outside the 22 queries (DataFusion answers them correctly).
-pub const JOIN_QUERIES: [(&str, &str); 2] = [
+pub const JOIN_QUERIES: [(&str, &str); 3] = [
     (
         "not_in_lineitem",
         "SELECT o_orderkey, o_totalprice FROM orders WHERE o_orderkey NOT IN \
@@ -135,6 +135,13 @@ pub const JOIN_QUERIES: [(&str, &str); 2] = [
     (
         "string_in",
         "SELECT o_orderkey FROM orders WHERE o_clerk IN (SELECT o_clerk FROM orders WHERE o_totalprice > 500000)",
+    ),
+    // One customer's line items: the subquery's few order keys, published as the
+    // join's dynamic filter (an IN list), prune lineitem's Parquet row groups and
+    // pages (lineitem is written in order key order).
+    (
+        "customer_lineitems",
+        "SELECT count(*), sum(l_extendedprice) FROM lineitem WHERE l_orderkey IN (SELECT o_orderkey FROM orders WHERE o_custkey = 1000)",
     ),
 ];
 

@@ -44,6 +44,8 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::config::ConfigOptions;
+use datafusion::physical_plan::filter_pushdown::{ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -56,7 +58,8 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::memory::{array_slice_bytes, collect_partitions_reserved, collect_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
+use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
+use crate::exec::memory::{array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
 use crate::exec::selection::{key_columns, Selector};
 use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
@@ -123,6 +126,10 @@ pub struct MarkJoinExec {
     /// no other probe row, so the probe side stays partitioned and every
     /// answer stays exact.
     broadcast_build: bool,
+    /// The dynamic filter this node publishes into its build input, once a scan below accepted it.
+    dynamic_filter: Option<DynamicKeyFilter>,
+    /// Output at most this many rows per partition (a LIMIT absorbed by the node).
+    fetch: Option<usize>,
 }
 
 impl MarkJoinExec {
@@ -183,7 +190,45 @@ impl MarkJoinExec {
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
             broadcast_build: false,
+            dynamic_filter: None,
+            fetch: None,
         })
+    }
+
+    /// The dynamic filter this node can publish: the build (subquery) side
+    /// pruned by the probe side's correlation (`on`) keys. A build row whose
+    /// `on` key equals no probe row's is in no probe row's group, so it
+    /// changes no mark, whatever the output; the probe side is never
+    /// pruned (every probe row is output with its mark, or decided by its
+    /// group). None without `on` keys.
+    pub fn key_filter_plan(&self) -> Option<KeyFilterPlan> {
+        // Broadcast: each probe partition runs on its own and would publish its own keys into
+        // the one build side every partition reads.
+        if self.broadcast_build {
+            return None;
+        }
+        let (probe_keys, build_keys): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+        KeyFilterPlan::new(FilteredInput::Build, &self.probe, &self.build, &probe_keys, &build_keys, KeepNulls::Never)
+    }
+
+    /// This node over other inputs, keeping its settings, dynamic filter and fetch.
+    fn rebuilt(&self, probe: Arc<dyn ExecutionPlan>, build: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let mut exec = MarkJoinExec::try_new(
+            self.kind,
+            probe,
+            build,
+            self.on.clone(),
+            self.in_keys.clone(),
+            self.filter.clone(),
+            &self.mark_name(),
+            self.backend.clone(),
+        )?
+        .with_note(self.note.clone())
+        .with_broadcast_build(self.broadcast_build);
+        exec.output = self.output;
+        exec.dynamic_filter = self.dynamic_filter.clone();
+        exec.fetch = self.fetch;
+        Ok(exec)
     }
 
     /// Broadcast the subquery side to every probe partition (on a Ballista cluster; see the field).
@@ -296,6 +341,12 @@ impl DisplayAs for MarkJoinExec {
         if let Some(note) = &self.note {
             write!(f, ", choice=\"{note}\"")?;
         }
+        if let Some(d) = &self.dynamic_filter {
+            write!(f, ", dynamic_filter={}", d.plan.input.name())?;
+        }
+        if let Some(fetch) = self.fetch {
+            write!(f, ", fetch={fetch}")?;
+        }
         super::fmt_projection_and_ran(f, t, &None, &self.ran)
     }
 }
@@ -336,19 +387,49 @@ impl ExecutionPlan for MarkJoinExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let (probe, build) = super::two_children(children, "MarkJoinExec")?;
-        let mut exec = MarkJoinExec::try_new(
-            self.kind,
-            probe,
-            build,
-            self.on.clone(),
-            self.in_keys.clone(),
-            self.filter.clone(),
-            &self.mark_name(),
-            self.backend.clone(),
-        )?
-        .with_note(self.note.clone());
-        exec.output = self.output;
-        Ok(Arc::new(exec.with_broadcast_build(self.broadcast_build)))
+        Ok(Arc::new(self.rebuilt(probe, build)?))
+    }
+
+    fn gather_filters_for_pushdown(
+        &self,
+        phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        dynamic_filter::gather(phase, parent_filters, config, self.key_filter_plan().as_ref(), self.dynamic_filter.as_ref())
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let updated = match dynamic_filter::accepted(&result, self.key_filter_plan().as_ref()) {
+            Some(filter) => {
+                let mut exec = self.rebuilt(self.probe.clone(), self.build.clone())?;
+                exec.dynamic_filter = Some(filter);
+                Some(Arc::new(exec) as Arc<dyn ExecutionPlan>)
+            }
+            None => None,
+        };
+        Ok(dynamic_filter::propagate(result, updated))
+    }
+
+    /// The inputs are not limited (every mark depends on all of the build
+    /// side); the node itself stops after `fetch` rows per partition.
+    fn supports_limit_pushdown(&self) -> bool {
+        false
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+
+    fn with_fetch(&self, fetch: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        let mut exec = self.rebuilt(self.probe.clone(), self.build.clone()).ok()?;
+        exec.fetch = fetch;
+        Some(Arc::new(exec))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -365,8 +446,12 @@ impl ExecutionPlan for MarkJoinExec {
             backend: self.backend.clone(),
             metrics: self.metrics.clone(),
             ran: self.ran.clone(),
+            dynamic_filter: self.dynamic_filter.clone(),
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        // With a fetch, rows are counted as the limit lets them out.
+        let (fetch, limited_rows) = (self.fetch, self.fetch.map(|_| out_rows.clone()));
+        let out_rows = if fetch.is_some() { datafusion::physical_plan::metrics::Count::new() } else { out_rows };
         let (output, schema) = (self.output, self.schema.clone());
         let broadcast = self.broadcast_build;
         let fut = async move {
@@ -396,7 +481,8 @@ impl ExecutionPlan for MarkJoinExec {
             Ok::<_, DataFusionError>(futures::stream::iter(kept))
         };
         let stream = futures::stream::once(fut).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
+        let stream = dynamic_filter::limit_stream(stream.boxed(), fetch, limited_rows);
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -440,6 +526,8 @@ struct Run {
     backend: Backend,
     metrics: ExecutionPlanMetricsSet,
     ran: Arc<Mutex<Option<String>>>,
+    /// The dynamic filter published into the build input before it is read.
+    dynamic_filter: Option<DynamicKeyFilter>,
 }
 
 /// Per probe row: a row of the group has its key / the group is not empty /
@@ -460,14 +548,16 @@ impl Run {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
         let memory = reservation(&context, "MarkJoinExec");
-        let probes = match probe_partition {
-            Some(p) => p..p + 1,
-            None => 0..self.probe.output_partitioning().partition_count(),
-        };
-        let (probe_parts, build_parts) = futures::try_join!(
-            collect_partitions_reserved(self.probe.clone(), probes, inputs.clone(), &memory),
-            collect_reserved(self.build.clone(), inputs, &memory)
-        )?;
+        let sides = [&self.probe, &self.build];
+        let ranges = [
+            probe_partition.map_or(0..self.probe.output_partitioning().partition_count(), |p| p..p + 1),
+            0..self.build.output_partitioning().partition_count(),
+        ];
+        let [probe_parts, build_parts] =
+            dynamic_filter::collect_both(self.dynamic_filter.as_ref(), sides, context.session_config().options(), |i| {
+                collect_partitions_reserved(sides[i].clone(), ranges[i].clone(), inputs.clone(), &memory)
+            })
+            .await?;
         crate::util::trace("mark join: inputs collected");
         self.memory = Some(memory.clone());
         super::off_runtime(move || {

@@ -1,5 +1,6 @@
 //! DataFusion `ExecutionPlan`s: one operator per file, the plan node separate from its stream.
 pub mod declined;
+pub mod dynamic_filter;
 pub mod families;
 pub mod mark_join;
 pub mod memory;

@@ -43,7 +43,9 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::config::ConfigOptions;
+use datafusion::physical_plan::filter_pushdown::{ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -57,6 +59,7 @@ use crate::config::{SetfusionConfig, Strategy};
 use crate::gpu::{self};
 use crate::keys::{self};
 
+use super::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
 use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts, SharedRun};
 use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
 #[cfg(test)]
@@ -120,6 +123,10 @@ pub struct SetSelectExec {
     /// partition instead (a Ballista task may see only its own partition of
     /// an input, where this node needs every partition of both).
     single_partition_inputs: bool,
+    /// The dynamic filter this node publishes into one input, once a scan below accepted it.
+    dynamic_filter: Option<DynamicKeyFilter>,
+    /// Output at most this many rows per partition (a LIMIT absorbed by the node).
+    fetch: Option<usize>,
 }
 
 impl SetSelectExec {
@@ -173,7 +180,65 @@ impl SetSelectExec {
             choice_note: None,
             partitioned: false,
             single_partition_inputs: false,
+            dynamic_filter: None,
+            fetch: None,
         })
+    }
+
+    /// This node over other inputs and with another projection of the kept
+    /// side, keeping its settings, dynamic filter and fetch.
+    fn rebuilt(&self, probe: Arc<dyn ExecutionPlan>, build: Arc<dyn ExecutionPlan>, projection: Option<Vec<usize>>) -> Result<Self> {
+        let mut exec = SetSelectExec::try_new(
+            self.op,
+            probe,
+            build,
+            self.probe_keys.clone(),
+            self.build_keys.clone(),
+            self.nulls,
+            self.backend.clone(),
+            projection,
+        )?
+        .with_note(self.choice_note.clone())
+        .with_partitioned_inputs(self.partitioned_inputs_requested())?;
+        exec.dynamic_filter = self.dynamic_filter.clone();
+        exec.fetch = self.fetch;
+        Ok(exec)
+    }
+
+    /// The dynamic filter this node can publish, as DataFusion's hash join
+    /// would for the same join, restricted to what is exact for the
+    /// operator: IN / EXISTS and INTERSECT prune the kept (probe) side with
+    /// the other side's keys; NOT EXISTS and EXCEPT prune only the other side,
+    /// with the kept side's keys (its rows that match no kept row change
+    /// nothing); NOT IN too, keeping the subquery's NULLs, and only when no
+    /// kept key can be NULL (an emptied subquery would keep a NULL row). None
+    /// when each partition decides on its own (a filter from one partition
+    /// would prune the others').
+    pub fn key_filter_plan(&self) -> Option<KeyFilterPlan> {
+        if self.partitioned {
+            return None;
+        }
+        let equal_nulls = if self.nulls == NullMode::Equal { KeepNulls::WhenSourceHasNull } else { KeepNulls::Never };
+        let (input, nulls) = match (self.op, self.nulls) {
+            (SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll, _) => (FilteredInput::Probe, equal_nulls),
+            (SetOp::Anti, NullMode::NullAware) => {
+                let schema = self.probe.schema();
+                if self.probe_keys.iter().any(|k| k.nullable(&schema).unwrap_or(true)) {
+                    return None;
+                }
+                (FilteredInput::Build, KeepNulls::Always)
+            }
+            (SetOp::Anti | SetOp::ExceptDistinct | SetOp::ExceptAll, _) => (FilteredInput::Build, equal_nulls),
+        };
+        match input {
+            FilteredInput::Probe => KeyFilterPlan::new(input, &self.build, &self.probe, &self.build_keys, &self.probe_keys, nulls),
+            FilteredInput::Build => KeyFilterPlan::new(input, &self.probe, &self.build, &self.probe_keys, &self.build_keys, nulls),
+        }
+    }
+
+    /// The dynamic filter a scan below accepted, if any.
+    pub fn dynamic_filter(&self) -> Option<&DynamicKeyFilter> {
+        self.dynamic_filter.as_ref()
     }
 
     /// Ask for both inputs hash-partitioned on the keys and decide each
@@ -289,6 +354,12 @@ impl DisplayAs for SetSelectExec {
         if self.partitioned {
             write!(f, ", partitioned")?;
         }
+        if let Some(d) = &self.dynamic_filter {
+            write!(f, ", dynamic_filter={}", d.plan.input.name())?;
+        }
+        if let Some(fetch) = self.fetch {
+            write!(f, ", fetch={fetch}")?;
+        }
         super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
     }
 }
@@ -343,18 +414,49 @@ impl ExecutionPlan for SetSelectExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let (probe, build) = super::two_children(children, "SetSelectExec")?;
-        Ok(Arc::new(SetSelectExec::try_new(
-            self.op,
-            probe,
-            build,
-            self.probe_keys.clone(),
-            self.build_keys.clone(),
-            self.nulls,
-            self.backend.clone(),
-            self.projection.clone(),
-        )?
-        .with_note(self.choice_note.clone())
-        .with_partitioned_inputs(self.partitioned_inputs_requested())?))
+        Ok(Arc::new(self.rebuilt(probe, build, self.projection.clone())?))
+    }
+
+    fn gather_filters_for_pushdown(
+        &self,
+        phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        dynamic_filter::gather(phase, parent_filters, config, self.key_filter_plan().as_ref(), self.dynamic_filter.as_ref())
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let updated = match dynamic_filter::accepted(&result, self.key_filter_plan().as_ref()) {
+            Some(filter) => {
+                let mut exec = self.rebuilt(self.probe.clone(), self.build.clone(), self.projection.clone())?;
+                exec.dynamic_filter = Some(filter);
+                Some(Arc::new(exec) as Arc<dyn ExecutionPlan>)
+            }
+            None => None,
+        };
+        Ok(dynamic_filter::propagate(result, updated))
+    }
+
+    /// The inputs are not limited (which rows are kept depends on all of
+    /// both); the node itself stops after `fetch` rows per partition.
+    fn supports_limit_pushdown(&self) -> bool {
+        false
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+
+    fn with_fetch(&self, fetch: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        let mut exec = self.rebuilt(self.probe.clone(), self.build.clone(), self.projection.clone()).ok()?;
+        exec.fetch = fetch;
+        Some(Arc::new(exec))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -373,6 +475,7 @@ impl ExecutionPlan for SetSelectExec {
             build: self.build.clone(),
             probe_keys: self.probe_keys.clone(),
             build_keys: self.build_keys.clone(),
+            dynamic_filter: self.dynamic_filter.clone(),
             output: match &self.projection {
                 _ if self.schema.fields().is_empty() => OutputColumns::RowCount,
                 None => OutputColumns::All,
@@ -390,6 +493,9 @@ impl ExecutionPlan for SetSelectExec {
             },
         };
         let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        // With a fetch, rows are counted as the limit lets them out.
+        let (fetch, limited_rows) = (self.fetch, self.fetch.map(|_| out_rows.clone()));
+        let out_rows = if fetch.is_some() { Count::new() } else { out_rows };
         let schema = self.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
         let fut = async move {
@@ -419,7 +525,8 @@ impl ExecutionPlan for SetSelectExec {
             Ok(futures::stream::iter(out).boxed())
         };
         let stream = futures::stream::once(fut).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
+        let stream = dynamic_filter::limit_stream(stream.boxed(), fetch, limited_rows);
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -442,17 +549,7 @@ impl EmbeddedProjection for SetSelectExec {
             (None, p) => p,
             (own, None) => own.clone(),
         };
-        SetSelectExec::try_new(
-            self.op,
-            self.probe.clone(),
-            self.build.clone(),
-            self.probe_keys.clone(),
-            self.build_keys.clone(),
-            self.nulls,
-            self.backend.clone(),
-            composed,
-        )
-        .and_then(|e| e.with_note(self.choice_note.clone()).with_partitioned_inputs(self.partitioned_inputs_requested()))
+        self.rebuilt(self.probe.clone(), self.build.clone(), composed)
     }
 }
 
@@ -467,6 +564,8 @@ struct Run {
     build: Arc<dyn ExecutionPlan>,
     probe_keys: Vec<PhysicalExprRef>,
     build_keys: Vec<PhysicalExprRef>,
+    /// The dynamic filter published into one input before that input is read.
+    dynamic_filter: Option<DynamicKeyFilter>,
     /// The probe side's columns to output.
     output: OutputColumns,
     selector: Selector,
@@ -512,10 +611,14 @@ impl Run {
         let waiting = Instant::now();
         let inputs = input_context(&context);
         let memory = reservation(&context, &self.name);
-        let (probe_parts, build_parts) = futures::try_join!(
-            collect_partitions_reserved(self.probe.clone(), self.probe_partitions.clone(), inputs.clone(), &memory),
-            collect_partitions_reserved(self.build.clone(), self.build_partitions.clone(), inputs, &memory)
-        )?;
+        let sides = [(&self.probe, &self.probe_partitions), (&self.build, &self.build_partitions)];
+        let [probe_parts, build_parts] = dynamic_filter::collect_both(
+            self.dynamic_filter.as_ref(),
+            [&self.probe, &self.build],
+            context.session_config().options(),
+            |i| collect_partitions_reserved(sides[i].0.clone(), sides[i].1.clone(), inputs.clone(), &memory),
+        )
+        .await?;
         self.metrics.input_time.add_duration(waiting.elapsed());
         crate::util::trace("inputs collected");
         let batch_size = context.session_config().batch_size();

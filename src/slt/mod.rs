@@ -14,7 +14,12 @@
 //! Paths `'test_files/scratch/...'` in SQL (DataFusion's scratch directory) are
 //! redirected to a per-run temporary directory, and that directory is printed
 //! back as `WORKSPACE_ROOT/datafusion/sqllogictest` in results, as DataFusion's
-//! runner does for its checkout.
+//! runner does for its checkout. A file inside a copy of DataFusion's tree
+//! (`<root>/datafusion/sqllogictest/test_files/...`, as the vendored peer
+//! suites are) reads its data as DataFusion's runner does from
+//! `datafusion/sqllogictest`: `'../core/tests/data/...'`, `'data/...'`,
+//! `'test_files/...'` and `'../../testing/...'` resolve under `<root>`, which
+//! results print as `WORKSPACE_ROOT`.
 //!
 //! Labels for `onlyif` / `skipif`: every mode has `Datafusion`; the setfusion
 //! modes also have `setfusion` and `setfusion-cpu` or `setfusion-gpu`; the plain
@@ -117,6 +122,31 @@ pub async fn session(mode: Mode) -> Result<SessionContext> {
 /// removed on drop.
 struct Scratch {
     root: PathBuf,
+    /// The root of the DataFusion tree the file lies in, if it does.
+    workspace: Option<PathBuf>,
+}
+
+/// `<root>` when `file` is `<root>/datafusion/sqllogictest/test_files/...`.
+fn datafusion_workspace(file: &Path) -> Option<PathBuf> {
+    let file = std::fs::canonicalize(file).ok()?;
+    let mut dir = file.parent();
+    while let Some(d) = dir {
+        if d.ends_with("datafusion/sqllogictest/test_files") {
+            return d.parent()?.parent()?.parent().map(Path::to_path_buf);
+        }
+        dir = d.parent();
+    }
+    None
+}
+
+/// The position of `file` among DataFusion's test files (`test_files/` stripped:
+/// `joins.slt`, `string/string.slt`), or its file name outside such a tree.
+pub fn test_file_key(file: &Path) -> String {
+    let s = file.to_string_lossy();
+    match s.rfind("sqllogictest/test_files/") {
+        Some(at) => s[at + "sqllogictest/test_files/".len()..].to_string(),
+        None => file_name(&s),
+    }
 }
 
 impl Scratch {
@@ -129,15 +159,30 @@ impl Scratch {
         ));
         let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         std::fs::create_dir_all(root.join("test_files").join("scratch").join(stem))?;
-        Ok(Self { root })
+        Ok(Self { root, workspace: datafusion_workspace(file) })
     }
 
     fn sql_replacements(&self) -> Vec<(String, String)> {
         let root = self.root.to_string_lossy();
-        vec![
+        let mut r = vec![
             ("'test_files/scratch/".to_string(), format!("'{root}/test_files/scratch/")),
             ("'./test_files/scratch/".to_string(), format!("'{root}/test_files/scratch/")),
-        ]
+        ];
+        if let Some(ws) = &self.workspace {
+            // Relative to datafusion/sqllogictest, where DataFusion's runner works; the
+            // scratch paths above are replaced first (they no longer start with `'test_files/`).
+            let ws = ws.to_string_lossy();
+            for (from, to) in [
+                ("'../../", ""),
+                ("'../", "datafusion/"),
+                ("'test_files/", "datafusion/sqllogictest/test_files/"),
+                ("'./test_files/", "datafusion/sqllogictest/test_files/"),
+                ("'data/", "datafusion/sqllogictest/data/"),
+            ] {
+                r.push((from.to_string(), format!("'{ws}/{to}")));
+            }
+        }
+        r
     }
 
     fn path_replacements(&self) -> Vec<(String, String)> {
@@ -147,6 +192,13 @@ impl Scratch {
         // object_store paths are printed without the leading '/'.
         if let Some(rel) = root.strip_prefix('/') {
             r.push((rel.to_string(), to));
+        }
+        if let Some(ws) = &self.workspace {
+            let ws = ws.to_string_lossy().into_owned();
+            if let Some(rel) = ws.strip_prefix('/') {
+                r.push((format!("{rel}/"), "WORKSPACE_ROOT/".to_string()));
+            }
+            r.insert(0, (format!("{ws}/"), "WORKSPACE_ROOT/".to_string()));
         }
         r
     }
@@ -379,7 +431,7 @@ pub async fn compare_with_plain(path: &Path, mode: Mode) -> Result<PeerReport> {
         let p = plain.run_async(record.clone()).await;
         let s = sf.run_async(record).await;
         let (Some(sql), Some((file, line))) = (sql, loc) else { continue };
-        let diff = |error: String| PeerDiff { file: file_name(&file), line, sql: sql.clone(), error };
+        let diff = |error: String| PeerDiff { file: test_file_key(Path::new(&file)), line, sql: sql.clone(), error };
         match (p, s) {
             (Ok(RecordOutput::Nothing), _) => report.skipped_by_condition += 1,
             (Ok(_), Ok(_)) => report.passed += 1,
