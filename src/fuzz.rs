@@ -229,6 +229,8 @@ struct OuterJoin {
     corr_left: bool,
     on: usize,
     value_from_corr: bool,
+    /// Columns of `b`.
+    ncols: usize,
 }
 
 impl OuterJoin {
@@ -276,8 +278,12 @@ impl Predicate {
         let (from, value_of) = match (self.outer, self.corr) {
             (Some(oj), Some(k)) => {
                 let x = format!("(SELECT * FROM b WHERE b.c{k} = a.c{k}) x");
-                let (l, r) = if oj.corr_left { (x, "b y".to_string()) } else { ("b y".to_string(), x) };
-                (format!("FROM {l} {} JOIN {r} ON x.c{on} = y.c{on}", oj.join, on = oj.on), if oj.value_from_corr { "x" } else { "y" })
+                // y's columns renamed: a subquery value and a correlated column of one name
+                // from two relations are a known gap of the decorrelation (refused, not wrong).
+                let renamed = (0..oj.ncols).map(|c| format!("c{c} AS d{c}")).collect::<Vec<_>>().join(", ");
+                let y = format!("(SELECT {renamed} FROM b) y");
+                let (l, r) = if oj.corr_left { (x, y) } else { (y, x) };
+                (format!("FROM {l} {} JOIN {r} ON x.c{on} = y.d{on}", oj.join, on = oj.on), if oj.value_from_corr { "x.c" } else { "y.d" })
             }
             _ => {
                 let mut conds = Vec::new();
@@ -288,15 +294,15 @@ impl Predicate {
                     conds.push(format!("b.c{j} <> a.c{j}"));
                 }
                 let where_sql = if conds.is_empty() { String::new() } else { format!(" WHERE {}", conds.join(" AND ")) };
-                (format!("FROM b{where_sql}"), "b")
+                (format!("FROM b{where_sql}"), "b.c")
             }
         };
         match (self.key, self.quant) {
             (Some((i, j)), Some(q)) => {
                 let word = if !q.any { "ALL" } else if q.some { "SOME" } else { "ANY" };
-                format!("{not}(a.c{i} {} {word} (SELECT {value_of}.c{j} {from}))", q.op)
+                format!("{not}(a.c{i} {} {word} (SELECT {value_of}{j} {from}))", q.op)
             }
-            (Some((i, j)), None) => format!("a.c{i} {not}IN (SELECT {value_of}.c{j} {from})"),
+            (Some((i, j)), None) => format!("a.c{i} {not}IN (SELECT {value_of}{j} {from})"),
             (None, _) => format!("{not}EXISTS (SELECT 1 {from})"),
         }
     }
@@ -503,6 +509,7 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
         corr_left: rng.random_bool(0.5),
         on: rng.random_range(0..ncols),
         value_from_corr: rng.random_bool(0.5),
+        ncols,
     });
     let residual = if outer.is_some() { None } else { residual };
     let pred = Predicate { key, corr, residual, negated: rng.random_bool(0.5), quant, outer };

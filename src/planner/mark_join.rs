@@ -348,8 +348,25 @@ fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorre
         return Ok(None);
     }
     let alias = aliases.next(prefix);
+    // Under one alias two columns of one name (`x.c0`, `y.c0` of a join) would be one:
+    // then every column is projected under a name of its position first.
+    let fields = decorrelated.schema().columns();
+    let mut names = std::collections::HashSet::new();
+    let positional = !fields.iter().all(|c| names.insert(c.name.clone()));
+    let name_of = |c: &Column| -> String {
+        match fields.iter().position(|f| f == c) {
+            Some(i) if positional => format!("__sf_c{i}"),
+            _ => c.name.clone(),
+        }
+    };
+    let decorrelated = if positional {
+        let exprs = fields.iter().enumerate().map(|(i, c)| Expr::Column(c.clone()).alias(format!("__sf_c{i}")));
+        LogicalPlanBuilder::from(decorrelated).project(exprs)?.build()?
+    } else {
+        decorrelated
+    };
     let build = LogicalPlanBuilder::from(decorrelated).alias(alias.clone())?.build()?;
-    let renamed: Vec<Column> = correlated.iter().map(|c| Column::new(Some(alias.clone()), &c.name)).collect();
+    let renamed: Vec<Column> = correlated.iter().map(|c| Column::new(Some(alias.clone()), name_of(c))).collect();
     let map: HashMap<&Column, &Column> = correlated.iter().zip(&renamed).collect();
     let correlation = match conjunction(pull_up.join_filters) {
         Some(f) => split_conjunction_owned(replace_col(f, &map)?),
@@ -376,7 +393,11 @@ fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorre
         }
         residual.push(c);
     }
-    let output = head.map(|out| create_col_from_scalar_expr(&out, alias.clone()).map(Expr::Column)).transpose()?;
+    // The pull-up keeps the subquery's own outputs first: its head is the first column.
+    let output = match head {
+        Some(_) if positional => Some(Expr::Column(Column::new(Some(alias.clone()), "__sf_c0"))),
+        head => head.map(|out| create_col_from_scalar_expr(&out, alias.clone()).map(Expr::Column)).transpose()?,
+    };
     Ok(Some(Decorrelated { build, alias, on, residual, output }))
 }
 
