@@ -27,6 +27,8 @@ mod concurrency;
 mod memory;
 #[path = "all/devices.rs"]
 mod devices;
+#[path = "all/cli.rs"]
+mod cli;
 #[cfg(feature = "ballista")]
 #[path = "all/ballista.rs"]
 mod ballista;

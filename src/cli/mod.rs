@@ -57,6 +57,8 @@ pub use crate::util::one_line;
 pub async fn main_with_args(args: Vec<String>) -> i32 {
     match run(args).await {
         Ok(code) => code,
+        // The reader went away (`setfusion -c ... | head`): stop quietly, as `cat` does.
+        Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
             eprintln!("Error: {}", one_line(&e));
             1
@@ -180,6 +182,27 @@ pub async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Re
     }
 }
 
+/// Whether an error is a write to a closed pipe (EPIPE), however it was wrapped.
+pub fn is_broken_pipe(e: &DataFusionError) -> bool {
+    use datafusion::arrow::error::ArrowError;
+    let io = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
+    let boxed = |e: &(dyn std::error::Error + Send + Sync + 'static)| e.downcast_ref::<std::io::Error>().is_some_and(io);
+    match e {
+        DataFusionError::IoError(e) => io(e),
+        DataFusionError::ArrowError(a, _) => match a.as_ref() {
+            ArrowError::IoError(_, e) => io(e),
+            ArrowError::ExternalError(x) => boxed(x.as_ref()),
+            // The CSV writer keeps only the message of its io::Error.
+            ArrowError::CsvError(m) => m.contains(&std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string()) || m.contains("os error 32"),
+            _ => false,
+        },
+        DataFusionError::External(x) => boxed(x.as_ref()),
+        DataFusionError::Context(_, inner) => is_broken_pipe(inner),
+        DataFusionError::Shared(inner) => is_broken_pipe(inner),
+        _ => false,
+    }
+}
+
 /// Run every statement of `sql` in order, printing each result.
 pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<()> {
     let state = ctx.state();
@@ -195,13 +218,12 @@ pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<
         if batches.is_empty() && !schema.fields().is_empty() {
             batches.push(RecordBatch::new_empty(schema));
         }
-        print_batches(&batches, format)?;
+        print_batches(&mut std::io::stdout().lock(), &batches, format)?;
     }
     Ok(())
 }
 
-fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+fn print_batches(out: &mut dyn Write, batches: &[RecordBatch], format: Format) -> Result<()> {
     match format {
         Format::Table => {
             if batches.iter().any(|b| b.num_columns() > 0) {
@@ -209,13 +231,13 @@ fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
             }
         }
         Format::Csv => {
-            let mut w = datafusion::arrow::csv::Writer::new(&mut out);
+            let mut w = datafusion::arrow::csv::Writer::new(out);
             for b in batches {
                 w.write(b)?;
             }
         }
         Format::Json => {
-            let mut w = datafusion::arrow::json::LineDelimitedWriter::new(&mut out);
+            let mut w = datafusion::arrow::json::LineDelimitedWriter::new(out);
             for b in batches {
                 w.write(b)?;
             }
@@ -248,17 +270,25 @@ async fn repl(ctx: &SessionContext, format: Format) -> Result<i32> {
         }
         buf.push_str(&line);
         if buf.trim_end().ends_with(';') {
-            if let Err(e) = run_sql(ctx, &buf, format).await {
-                eprintln!("Error: {}", one_line(&e));
-                failed = true;
+            match run_sql(ctx, &buf, format).await {
+                Err(e) if is_broken_pipe(&e) => return Ok(0),
+                Err(e) => {
+                    eprintln!("Error: {}", one_line(&e));
+                    failed = true;
+                }
+                Ok(()) => {}
             }
             buf.clear();
         }
     }
     if !buf.trim().is_empty() {
-        if let Err(e) = run_sql(ctx, &buf, format).await {
-            eprintln!("Error: {}", one_line(&e));
-            failed = true;
+        match run_sql(ctx, &buf, format).await {
+            Err(e) if is_broken_pipe(&e) => return Ok(0),
+            Err(e) => {
+                eprintln!("Error: {}", one_line(&e));
+                failed = true;
+            }
+            Ok(()) => {}
         }
     }
     Ok(if failed && !interactive { 1 } else { 0 })
@@ -354,4 +384,31 @@ async fn cluster_process(process: Process, args: Vec<String>) -> Result<i32> {
 #[cfg(not(feature = "ballista"))]
 async fn cluster_process(process: Process, _args: Vec<String>) -> Result<i32> {
     Err(DataFusionError::Configuration(format!("{process:?}: this setfusion was built without the `ballista` feature")))
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+
+    /// A reader that went away: every write fails with EPIPE.
+    struct ClosedPipe;
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_is_recognised_in_every_format() {
+        let batch = RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
+        for format in [Format::Table, Format::Csv, Format::Json] {
+            let e = print_batches(&mut ClosedPipe, std::slice::from_ref(&batch), format).expect_err("writes fail");
+            assert!(is_broken_pipe(&e), "{format:?}: {e}");
+        }
+        assert!(!is_broken_pipe(&DataFusionError::Plan("x".into())));
+        assert!(!is_broken_pipe(&DataFusionError::IoError(std::io::ErrorKind::NotFound.into())));
+    }
 }

@@ -25,14 +25,14 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::Session;
 use datafusion::common::alias::AliasGenerator;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{Column, DFSchema, DFSchemaRef};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::{plan_err, Column, DFSchema, DFSchemaRef};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
-use datafusion::logical_expr::expr::{Exists, InSubquery};
+use datafusion::logical_expr::expr::{Exists, InSubquery, SetComparison, SetQuantifier};
 use datafusion::logical_expr::expr_rewriter::{create_col_from_scalar_expr, replace_col, NamePreserver};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
-use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
+use datafusion::logical_expr::utils::{conjunction, split_conjunction, split_conjunction_owned};
 use datafusion::common::NullEquality;
 use datafusion::logical_expr::{
     Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder,
@@ -48,6 +48,8 @@ use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::mark_join::{MarkJoinExec, MarkKind, PairFilter};
 use crate::exec::set_select::Backend;
+
+use super::quantified;
 
 /// Every row of `probe` with a mark column (`mark`) answering the subquery
 /// predicate for it. See the module documentation.
@@ -158,7 +160,7 @@ impl AnalyzerRule for MarkJoinRule {
 }
 
 fn has_subquery(e: &Expr) -> bool {
-    e.exists(|e| Ok(matches!(e, Expr::InSubquery(_) | Expr::Exists(_)))).unwrap_or(false)
+    e.exists(|e| Ok(matches!(e, Expr::InSubquery(_) | Expr::Exists(_) | Expr::SetComparison(_)))).unwrap_or(false)
 }
 
 /// A WHERE conjunct DataFusion turns into a semi / anti join, correctly.
@@ -177,6 +179,7 @@ fn datafusion_answers(e: &Expr) -> bool {
 }
 
 fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
+    refuse_null_supplying_correlation(&plan)?;
     match plan {
         LogicalPlan::Filter(filter) if has_subquery(&filter.predicate) => rewrite_filter(filter, aliases),
         LogicalPlan::Projection(p) if p.expr.iter().any(has_subquery) => {
@@ -233,8 +236,21 @@ fn mark_output_exprs(exprs: Vec<Expr>, input: &mut LogicalPlan, aliases: &AliasG
 /// conjuncts first, then the mark joins, then the predicates over the marks;
 /// the marks are projected away.
 fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
-    let conjuncts = split_conjunction_owned(filter.predicate.clone());
+    // `= ANY` / `<> ALL` first become IN / NOT IN, which DataFusion may answer.
+    let mut normalized = false;
+    let conjuncts = split_conjunction_owned(filter.predicate.clone())
+        .into_iter()
+        .map(|c| {
+            let t = c.transform(|e| Ok(quantified::as_in_subquery(e)))?;
+            normalized |= t.transformed;
+            Ok(t.data)
+        })
+        .collect::<Result<Vec<_>>>()?;
     if conjuncts.iter().all(|c| !has_subquery(c) || datafusion_answers(c)) {
+        if normalized {
+            let predicate = conjunction(conjuncts).expect("one at least");
+            return Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(predicate, filter.input)?)));
+        }
         return Ok(Transformed::no(LogicalPlan::Filter(filter)));
     }
     let columns = filter.input.schema().columns();
@@ -244,7 +260,7 @@ fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transforme
         input = LogicalPlan::Filter(Filter::try_new(p, Arc::new(input))?);
     }
     let mut above = Vec::with_capacity(with.len());
-    let mut changed = false;
+    let mut changed = normalized;
     for c in with {
         if datafusion_answers(&c) {
             above.push(c);
@@ -270,6 +286,17 @@ fn mark_subqueries(input: LogicalPlan, e: Expr, aliases: &AliasGenerator) -> Res
     let mut changed = false;
     let e = e
         .transform(|e| {
+            let Transformed { data: e, transformed: normalized, .. } = quantified::as_in_subquery(e);
+            if let Expr::SetComparison(sc) = &e {
+                return match quantified_mark(&input, sc, aliases)? {
+                    Some((plan, answer)) => {
+                        input = plan;
+                        changed = true;
+                        Ok(Transformed::yes(answer))
+                    }
+                    None => Ok(Transformed::no(e)),
+                };
+            }
             let (subquery, in_expr, negated) = match &e {
                 Expr::Exists(Exists { subquery, negated }) => (subquery, None, *negated),
                 Expr::InSubquery(InSubquery { expr, subquery, negated }) => (subquery, Some(expr.as_ref()), *negated),
@@ -282,73 +309,82 @@ fn mark_subqueries(input: LogicalPlan, e: Expr, aliases: &AliasGenerator) -> Res
                     let mark = Expr::Column(mark);
                     Ok(Transformed::yes(if negated { Expr::Not(Box::new(mark)) } else { mark }))
                 }
-                None => Ok(Transformed::no(e)),
+                None => Ok(Transformed::new_transformed(e, normalized)),
             }
         })?
         .data;
     Ok((input, e, changed))
 }
 
-/// `left` with a mark join against the decorrelated `subquery`; None when
-/// DataFusion's pull-up cannot decorrelate it or a correlation reaches past
-/// `left` (an outer query further out).
-fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Column)>> {
+/// A subquery decorrelated by DataFusion's pull-up, as the build side of a join with `left`.
+struct Decorrelated {
+    /// The decorrelated subquery under `alias`.
+    build: LogicalPlan,
+    alias: String,
+    /// Correlation equalities: (probe expression, build expression).
+    on: Vec<(Expr, Expr)>,
+    /// The other correlation predicates, over both sides.
+    residual: Vec<Expr>,
+    /// The subquery's first output column, under `alias` (None when it has no projection).
+    output: Option<Expr>,
+}
+
+/// `subquery` decorrelated with `pull_up` against `left`; None when the
+/// pull-up cannot decorrelate it, a correlation reaches past `left` (an
+/// outer query further out), or an outer column shares its name with a
+/// correlated column of the subquery (the pull-up strips outer references,
+/// and the two would become one column).
+fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorrelatedExpr, prefix: &str, aliases: &AliasGenerator) -> Result<Option<Decorrelated>> {
     let sub = subquery.subquery.as_ref();
-    let output = match (in_expr, sub.head_output_expr()?) {
-        (Some(_), None) => return Ok(None),
-        (_, output) => output,
-    };
-    let in_predicate = in_expr.zip(output.clone()).map(|(e, out)| e.clone().eq(out));
-    // The pull-up drops a correlation predicate equal to the IN predicate (a
-    // semi join needs it once), but for a mark it is not redundant: in
-    // `y IN (SELECT i.y FROM i WHERE i.y = o.y)` a NULL `o.y` has an empty
-    // group (FALSE), not a NULL answer. The pull-up only tests the predicate
-    // for presence and for that equality, so it gets one that equals nothing.
-    let presence = in_predicate.clone().map(|p| Expr::IsTrue(Box::new(p)));
-    let mut pull_up = PullUpCorrelatedExpr::new()
-        .with_in_predicate_opt(presence)
-        .with_exists_sub_query(in_predicate.is_none());
+    let head = sub.head_output_expr()?;
     let decorrelated = sub.clone().rewrite(&mut pull_up).data()?;
     if !pull_up.can_pull_up || pull_up.pull_up_having_expr.is_some() {
         return Ok(None);
     }
-    let alias = aliases.next("__sf_mark");
-    let build = LogicalPlanBuilder::from(decorrelated).alias(alias.clone())?.build()?;
     // The subquery's own columns in the correlation predicates, renamed under the alias.
     let correlated: BTreeSet<Column> = pull_up.correlated_subquery_cols_map.values().flatten().cloned().collect();
-    let renamed: Vec<Column> = correlated.iter().map(|c| Column::new(Some(alias.clone()), &c.name)).collect();
+    let outer_named_alike = subquery.outer_ref_columns.iter().any(|e| matches!(e, Expr::OuterReferenceColumn(_, c) if correlated.contains(c)));
+    if outer_named_alike {
+        return Ok(None);
+    }
+    let alias = aliases.next(prefix);
+    // Under one alias two columns of one name (`x.c0`, `y.c0` of a join) would be one:
+    // then every column is projected under a name of its position first.
+    let fields = decorrelated.schema().columns();
+    let mut names = std::collections::HashSet::new();
+    let positional = !fields.iter().all(|c| names.insert(c.name.clone()));
+    let name_of = |c: &Column| -> String {
+        match fields.iter().position(|f| f == c) {
+            Some(i) if positional => format!("__sf_c{i}"),
+            _ => c.name.clone(),
+        }
+    };
+    let decorrelated = if positional {
+        let exprs = fields.iter().enumerate().map(|(i, c)| Expr::Column(c.clone()).alias(format!("__sf_c{i}")));
+        LogicalPlanBuilder::from(decorrelated).project(exprs)?.build()?
+    } else {
+        decorrelated
+    };
+    let build = LogicalPlanBuilder::from(decorrelated).alias(alias.clone())?.build()?;
+    let renamed: Vec<Column> = correlated.iter().map(|c| Column::new(Some(alias.clone()), name_of(c))).collect();
     let map: HashMap<&Column, &Column> = correlated.iter().zip(&renamed).collect();
     let correlation = match conjunction(pull_up.join_filters) {
         Some(f) => split_conjunction_owned(replace_col(f, &map)?),
         None => Vec::new(),
     };
     let (probe_schema, build_schema) = (left.schema(), build.schema());
-    // Which side an expression reads: Some(true) the probe, Some(false) the build.
-    let side = |e: &Expr| -> Option<bool> {
-        let cols = e.column_refs();
-        if cols.is_empty() {
-            None
-        } else if cols.iter().all(|c| probe_schema.has_column(c)) {
-            Some(true)
-        } else if cols.iter().all(|c| build_schema.has_column(c)) {
-            Some(false)
-        } else {
-            None
-        }
-    };
-    let same_type = |p: &Expr, b: &Expr| matches!((p.get_type(probe_schema.as_ref()), b.get_type(build_schema.as_ref())), (Ok(x), Ok(y)) if x == y);
     let (mut on, mut residual) = (Vec::new(), Vec::new());
     for c in correlation {
         if !c.column_refs().iter().all(|col| probe_schema.has_column(col) || build_schema.has_column(col)) {
             return Ok(None);
         }
         if let Expr::BinaryExpr(BinaryExpr { left: l, op: Operator::Eq, right: r }) = &c {
-            match (side(l), side(r)) {
-                (Some(true), Some(false)) if same_type(l, r) => {
+            match (side(l, probe_schema, build_schema), side(r, probe_schema, build_schema)) {
+                (Some(true), Some(false)) if same_type(l, r, probe_schema, build_schema) => {
                     on.push((l.as_ref().clone(), r.as_ref().clone()));
                     continue;
                 }
-                (Some(false), Some(true)) if same_type(r, l) => {
+                (Some(false), Some(true)) if same_type(r, l, probe_schema, build_schema) => {
                     on.push((r.as_ref().clone(), l.as_ref().clone()));
                     continue;
                 }
@@ -357,10 +393,59 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
         }
         residual.push(c);
     }
-    let in_keys = match (in_expr, &output) {
+    // The pull-up keeps the subquery's own outputs first: its head is the first column.
+    let output = match head {
+        Some(_) if positional => Some(Expr::Column(Column::new(Some(alias.clone()), "__sf_c0"))),
+        head => head.map(|out| create_col_from_scalar_expr(&out, alias.clone()).map(Expr::Column)).transpose()?,
+    };
+    Ok(Some(Decorrelated { build, alias, on, residual, output }))
+}
+
+/// Which side an expression reads: Some(true) the probe, Some(false) the build, None both or neither.
+fn side(e: &Expr, probe: &DFSchema, build: &DFSchema) -> Option<bool> {
+    let cols = e.column_refs();
+    if cols.is_empty() {
+        None
+    } else if cols.iter().all(|c| probe.has_column(c)) {
+        Some(true)
+    } else if cols.iter().all(|c| build.has_column(c)) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// A probe expression and a build expression of one type.
+fn same_type(p: &Expr, b: &Expr, probe: &DFSchema, build: &DFSchema) -> bool {
+    matches!((p.get_type(probe), b.get_type(build)), (Ok(x), Ok(y)) if x == y)
+}
+
+/// `left` with a mark join against the decorrelated `subquery`; None when
+/// it cannot be decorrelated exactly (see [`decorrelate`], [`hazards`]).
+fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Column)>> {
+    let sub = subquery.subquery.as_ref();
+    let output = match (in_expr, sub.head_output_expr()?) {
+        (Some(_), None) => return Ok(None),
+        (_, output) => output,
+    };
+    // DataFusion drops a correlated LIMIT of an EXISTS subquery (right for EXISTS), and refuses one of IN.
+    if let Some(h) = hazards(sub, in_expr.is_none()).first() {
+        crate::util::trace(&format!("setfusion leaves a subquery predicate to DataFusion: {h}"));
+        return Ok(None);
+    }
+    let in_predicate = in_expr.zip(output).map(|(e, out)| e.clone().eq(out));
+    // The pull-up drops a correlation predicate equal to the IN predicate (a
+    // semi join needs it once), but for a mark it is not redundant: in
+    // `y IN (SELECT i.y FROM i WHERE i.y = o.y)` a NULL `o.y` has an empty
+    // group (FALSE), not a NULL answer. The pull-up only tests the predicate
+    // for presence and for that equality, so it gets one that equals nothing.
+    let presence = in_predicate.clone().map(|p| Expr::IsTrue(Box::new(p)));
+    let pull_up = PullUpCorrelatedExpr::new().with_in_predicate_opt(presence).with_exists_sub_query(in_predicate.is_none());
+    let Some(d) = decorrelate(left, subquery, pull_up, "__sf_mark", aliases)? else { return Ok(None) };
+    let in_keys = match (in_expr, d.output) {
         (Some(e), Some(out)) => {
-            let out = Expr::Column(create_col_from_scalar_expr(out, alias.clone())?);
-            if !same_type(e, &out) || side(e) == Some(false) {
+            let (probe_schema, build_schema) = (left.schema(), d.build.schema());
+            if !same_type(e, &out, probe_schema, build_schema) || side(e, probe_schema, build_schema) == Some(false) {
                 return Ok(None);
             }
             Some((e.clone(), out))
@@ -368,9 +453,178 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
         _ => None,
     };
     let kind = if in_keys.is_some() { MarkKind::In } else { MarkKind::Exists };
-    let mark = Column::new(Some(alias), "mark");
-    let node = MarkJoinNode::try_new(kind, left.clone(), build, on, in_keys, conjunction(residual), mark.clone())?;
+    let mark = Column::new(Some(d.alias), "mark");
+    let node = MarkJoinNode::try_new(kind, left.clone(), d.build, d.on, in_keys, conjunction(d.residual), mark.clone())?;
     Ok(Some((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark)))
+}
+
+/// `x op ANY / ALL (subquery)` (op not `=` ANY / `<>` ALL, which are IN)
+/// over `left`: the plan with what the answer reads, and the answer; None
+/// when it cannot be decorrelated exactly. See [`super::quantified`].
+fn quantified_mark(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Expr)>> {
+    let x = sc.expr.as_ref();
+    let sub = sc.subquery.subquery.as_ref();
+    if x.contains_outer() || !x.column_refs().iter().all(|c| left.schema().has_column(c)) || !hazards(sub, false).is_empty() {
+        return Ok(None);
+    }
+    let Some(d) = decorrelate(left, &sc.subquery, PullUpCorrelatedExpr::new(), "__sf_quantified", aliases)? else { return Ok(None) };
+    if d.residual.is_empty() {
+        let Some(value) = d.output else { return Ok(None) };
+        let (plan, summary) = quantified::summary_join(left.clone(), d.build, d.on, value, &format!("{}_summary", d.alias))?;
+        return Ok(Some((plan, quantified::decide(x.clone(), sc.op, sc.quantifier, &summary)?)));
+    }
+    // A residual correlation: a summary per group cannot answer; SQL's EXISTS form, as mark joins.
+    let case = quantified::as_exists(x, &sc.subquery, sc.op, sc.quantifier, left.schema(), &aliases.next("__sf_value"))?;
+    let (plan, e, _) = mark_subqueries(left.clone(), case, aliases)?;
+    Ok((!has_subquery(&e)).then_some((plan, e)))
+}
+
+/// Why DataFusion's pull-up of a subquery's correlated predicates would
+/// change the rows the subquery gives an outer row.
+#[derive(Debug, Clone, PartialEq)]
+enum Hazard {
+    /// Under the NULL-supplying side of an outer join: the pull-up lifts the
+    /// predicate above the join, which then drops the NULL-extended rows the
+    /// join adds per outer row.
+    NullSupplying(JoinType),
+    /// Anything else the pull-up does not keep exact.
+    Other(&'static str),
+}
+
+impl fmt::Display for Hazard {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            Hazard::NullSupplying(j) => write!(f, "a correlated predicate under the NULL-supplying side of a {} JOIN", j.to_string().to_uppercase()),
+            Hazard::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+fn holds_outer(plan: &LogicalPlan) -> bool {
+    !plan.all_out_ref_exprs().is_empty()
+}
+
+/// Every [`Hazard`] of a subquery plan; `limit_ok`: a LIMIT above a
+/// correlated predicate may go (an EXISTS subquery's).
+fn hazards(plan: &LogicalPlan, limit_ok: bool) -> Vec<Hazard> {
+    let mut out = Vec::new();
+    collect_hazards(plan, limit_ok, &mut out);
+    out
+}
+
+fn collect_hazards(plan: &LogicalPlan, limit_ok: bool, out: &mut Vec<Hazard>) {
+    if !holds_outer(plan) {
+        return;
+    }
+    match plan {
+        LogicalPlan::Join(j) => {
+            let (left_kept, right_kept) = match j.join_type {
+                JoinType::Inner => (true, true),
+                JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => (true, false),
+                JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => (false, true),
+                JoinType::Full => (false, false),
+            };
+            for (child, kept) in [(j.left.as_ref(), left_kept), (j.right.as_ref(), right_kept)] {
+                if !kept && holds_outer(child) {
+                    out.push(match j.join_type {
+                        JoinType::Left | JoinType::Right | JoinType::Full => Hazard::NullSupplying(j.join_type),
+                        _ => Hazard::Other("a correlated predicate in the filtering side of a semi / anti join"),
+                    });
+                }
+            }
+        }
+        LogicalPlan::Aggregate(a) if a.group_expr.is_empty() && holds_outer(&a.input) => {
+            // Decorrelated it groups by the correlation: an empty group loses the one row it has.
+            out.push(Hazard::Other("a correlated predicate under an aggregate without GROUP BY"));
+        }
+        LogicalPlan::Limit(l) if !limit_ok && holds_outer(&l.input) => out.push(Hazard::Other("a correlated predicate under a LIMIT")),
+        LogicalPlan::Window(w) if holds_outer(&w.input) => out.push(Hazard::Other("a correlated predicate under a window function")),
+        _ => {}
+    }
+    plan.inputs().into_iter().for_each(|c| collect_hazards(c, limit_ok, out));
+}
+
+/// Whether DataFusion's decorrelation of `plan` (with NULL-supplying
+/// hazards) only drops rows whose output column `index` is NULL: then a
+/// positive `IN` in a WHERE clause, where NULL and FALSE both drop the
+/// row, keeps its answer. Traced through projections of plain columns down
+/// to the one outer join whose NULL-supplying side holds the correlation
+/// (anything else: false).
+fn dropped_rows_null(plan: &LogicalPlan, index: usize) -> bool {
+    match plan {
+        LogicalPlan::Projection(p) => match p.expr.get(index).map(|e| e.clone().unalias()) {
+            Some(Expr::Column(c)) => p.input.schema().index_of_column(&c).is_ok_and(|i| dropped_rows_null(&p.input, i)),
+            _ => false,
+        },
+        LogicalPlan::SubqueryAlias(a) => dropped_rows_null(&a.input, index),
+        LogicalPlan::Filter(f) => dropped_rows_null(&f.input, index),
+        LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(input)) => dropped_rows_null(input, index),
+        LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full) => {
+            let left_len = j.left.schema().fields().len();
+            let (from_left, i) = if index < left_len { (true, index) } else { (false, index - left_len) };
+            let (child, other) = if from_left { (j.left.as_ref(), j.right.as_ref()) } else { (j.right.as_ref(), j.left.as_ref()) };
+            if !holds_outer(child) || holds_outer(other) {
+                return false;
+            }
+            let null_supplying = matches!((j.join_type, from_left), (JoinType::Left, false) | (JoinType::Right, true) | (JoinType::Full, _));
+            if null_supplying {
+                // The dropped rows are this join's NULL-extended ones, if nothing below drops rows too.
+                hazards(child, true).is_empty()
+            } else {
+                dropped_rows_null(child, i)
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Refuse, with a clear error, a subquery predicate of `plan` whose
+/// correlation sits under the NULL-supplying side of an outer join inside
+/// the subquery: DataFusion's decorrelation (setfusion's mark joins reuse
+/// it) would drop the NULL-extended rows and answer wrongly. A positive IN
+/// conjunct of a WHERE clause stays with DataFusion where only rows with a
+/// NULL value are dropped ([`dropped_rows_null`]): its answer is right.
+fn refuse_null_supplying_correlation(plan: &LogicalPlan) -> Result<()> {
+    let kept: Vec<&Expr> = match plan {
+        LogicalPlan::Filter(f) => split_conjunction(&f.predicate)
+            .into_iter()
+            .filter(|c| matches!(c, Expr::InSubquery(InSubquery { negated: false, subquery, .. }) if dropped_rows_null(&subquery.subquery, 0)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut refused = None;
+    plan.apply_expressions(|e| {
+        e.apply(|e| {
+            if kept.iter().any(|k| std::ptr::eq(*k, e)) {
+                return Ok(TreeNodeRecursion::Jump);
+            }
+            let (what, subquery) = match e {
+                Expr::InSubquery(InSubquery { subquery, negated, .. }) => (if *negated { "NOT IN" } else { "IN" }, subquery),
+                Expr::Exists(Exists { subquery, negated }) => (if *negated { "NOT EXISTS" } else { "EXISTS" }, subquery),
+                Expr::SetComparison(SetComparison { subquery, quantifier, .. }) => {
+                    (if *quantifier == SetQuantifier::Any { "ANY" } else { "ALL" }, subquery)
+                }
+                _ => return Ok(TreeNodeRecursion::Continue),
+            };
+            let join = hazards(&subquery.subquery, true).into_iter().find_map(|h| match h {
+                Hazard::NullSupplying(j) => Some(j),
+                Hazard::Other(_) => None,
+            });
+            if let Some(join) = join {
+                refused = Some(format!(
+                    "setfusion: not supported: {what} (subquery) with a correlated predicate under the NULL-supplying side of a {} JOIN \
+                     inside the subquery: decorrelating it would drop the join's NULL-extended rows and answer wrongly",
+                    join.to_string().to_uppercase()
+                ));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+    })?;
+    match refused {
+        Some(msg) => plan_err!("{msg}"),
+        None => Ok(()),
+    }
 }
 
 /// DataFusion's LeftMark join gives this node's answer: an EXISTS mark is two-valued,

@@ -4,6 +4,7 @@
 
 pub mod cost;
 mod mark_join;
+mod quantified;
 mod set_ops;
 mod semi_join;
 mod similarity;
