@@ -466,7 +466,7 @@ mod tests {
         let layouts: Vec<Vec<usize>> = if gpu1.is_some() { vec![vec![0, 0], vec![0, 0, 0], vec![0, 1], vec![0, 1, 0]] } else { vec![vec![0, 0], vec![0, 0, 0]] };
         for (what, build, probe, limit) in cases {
             let (b1, b2) = build.split_at(build.len() / 3);
-            let (p1, p2) = probe.split_at(probe.len() / 2 + 5);
+            let (p1, p2) = probe.split_at((probe.len() / 2 + 5).min(probe.len()));
             let l0 = gpu0.lease(limit);
             let l1 = gpu1.as_ref().map(|g| g.lease(limit));
             for layout in &layouts {
