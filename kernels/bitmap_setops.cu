@@ -11,10 +11,13 @@
 
 // SEMI .. EXCEPT_ALL (the SetOp codes) come from the host: -D options from src/algo/select/mod.rs.
 
-extern "C" __global__ void build_bits(const u64* bkeys, u64 nb, u64 lo, u32* bits) {
+// Build keys outside [lo, lo + range) are skipped: a table over one slice of
+// the domain (the streamed path's passes under a small device budget) takes
+// the keys of that slice only.
+extern "C" __global__ void build_bits(const u64* bkeys, u64 nb, u64 lo, u64 range, u32* bits) {
     SF_FOR(i, nb) {
         u64 v = bkeys[i] - lo;
-        atomicOr(&bits[v >> 5], 1u << (v & 31));
+        if (v < range) atomicOr(&bits[v >> 5], 1u << (v & 31));
     }
 }
 
@@ -52,11 +55,11 @@ extern "C" __global__ void probe_counts(const u64* pkeys, u64 np, u64 lo, u64 ra
 
 // Build bits and report whether some key occurred twice (`*dup` = 1): then the
 // ALL forms need real counts (build_counts / probe_counts).
-extern "C" __global__ void build_bits_dup(const u64* bkeys, u64 nb, u64 lo, u32* bits, u32* dup) {
+extern "C" __global__ void build_bits_dup(const u64* bkeys, u64 nb, u64 lo, u64 range, u32* bits, u32* dup) {
     SF_FOR(i, nb) {
         u64 v = bkeys[i] - lo;
         u32 bit = 1u << (v & 31);
-        if (atomicOr(&bits[v >> 5], bit) & bit) *dup = 1u;
+        if (v < range && (atomicOr(&bits[v >> 5], bit) & bit)) *dup = 1u;
     }
 }
 

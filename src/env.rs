@@ -88,6 +88,19 @@ pub fn bench_devices() -> Option<String> {
     std::env::var("SETFUSION_BENCH_DEVICES").ok()
 }
 
+/// `SETFUSION_BENCH_SKIP_DATAFUSION=1`: `bench setops` times setfusion alone
+/// (DataFusion's columns read 0; for comparing setfusion's own settings).
+pub fn bench_skip_datafusion() -> bool {
+    flag("SETFUSION_BENCH_SKIP_DATAFUSION")
+}
+
+/// `SETFUSION_DEVICES_KEY_SPLIT=1`: several devices always split the keys by
+/// hash on the host (the general way), for comparing it with the row-range
+/// split in benchmarks.
+pub fn devices_key_split() -> bool {
+    flag("SETFUSION_DEVICES_KEY_SPLIT")
+}
+
 /// `SETFUSION_BENCH_SPARSE=1`: `bench setops` spreads its keys over all 64 bits
 /// (the same matches; no dense domain, so over the device budget the work hash-partitions).
 pub fn bench_sparse() -> bool {

@@ -56,8 +56,11 @@ fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| {
         let mut senders = Vec::new();
-        // The caller works too, so one thread fewer than the copy threads.
-        for i in 0..super::copy_threads().saturating_sub(1) {
+        // The caller works too, so one thread fewer than the cores (at most
+        // 32): each loop takes at most the copy threads (16), and two devices
+        // packing at once (`setfusion.devices`) take different workers.
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get()).min(32);
+        for i in 0..cores.max(super::copy_threads()).saturating_sub(1) {
             let (tx, rx) = channel::<Arc<Job>>();
             let spawned = std::thread::Builder::new().name(format!("setfusion-copy-{i}")).spawn(move || {
                 // Ends when the pool is gone.
@@ -96,10 +99,15 @@ pub(crate) fn for_each_index(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let f: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), _>(f) };
     let job = Arc::new(Job { f, n, next: AtomicUsize::new(0), state: Mutex::new((0, None)), all_done: Condvar::new() });
     {
+        // Loops take the workers in turn from where the last one stopped, so
+        // loops running at once (one per device) land on different workers.
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let workers = pool().workers.lock().unwrap_or_else(|e| e.into_inner());
-        for tx in workers.iter().take(n - 1) {
+        let take = (n - 1).min(workers.len());
+        let first = NEXT.fetch_add(take, Ordering::Relaxed);
+        for j in 0..take {
             // A send only fails if that worker is gone: the others and the caller run its share.
-            let _ = tx.send(job.clone());
+            let _ = workers[(first + j) % workers.len()].send(job.clone());
         }
     }
     job.work();

@@ -193,40 +193,115 @@ pub(super) fn select_streamed(
     Ok((d_probe, out, strategy))
 }
 
-/// Both sides streamed through a bitmap table over `range` (the domain of
-/// both), when their keys do not fit the device budget but the table does: no
-/// key stays on the device, and nothing is partitioned. Build runs fill the
-/// table, then each probe fill is probed as it lands. None when an ALL rule
-/// meets a repeated build key (those need counts per value: the caller
-/// partitions instead).
+/// Both sides streamed through bitmap tables over `range` (the domain of
+/// both), when their keys do not fit the device budget: no key stays on the
+/// device, and nothing is partitioned on the host. Each fill's selection words
+/// go back to pinned host memory as soon as the fill is probed, so the device
+/// holds the tables and the fills alone. When the table of the whole domain
+/// does not fit either, the domain is cut into `slices` (see
+/// [`bitmap_slices`]) and each pass streams both sides again over one slice
+/// (the build kernels skip keys outside it): a row's key lies in exactly one
+/// slice, and in every other pass it counts as absent from the build side, so
+/// the rules that keep absent keys (anti join, EXCEPT ALL) AND the passes'
+/// selections and the others OR them. None when an ALL rule meets a repeated
+/// build key (those need counts per value: the caller partitions instead).
 fn select_streamed_bitmap(
     gpu: &Gpu,
     op: SetOp,
     build: &[&[u64]],
     probe: &[&[u64]],
     (lo, hi): (u64, u64),
+    slices: u64,
     stats: &mut TransferStats,
 ) -> Result<Option<BooleanBuffer>> {
     let np: usize = probe.iter().map(|c| c.len()).sum();
-    let t = Instant::now();
-    let bitmap = BitmapTable::empty(gpu, op, lo, hi - lo + 1)?;
-    let dup = gpu.alloc_zeros::<u32>(1)?;
-    stats.kernel += t.elapsed();
-    gpu.stream_keys(build, stats, &mut |keys, _| bitmap.add_build(gpu, keys, &dup))?;
-    trace("gpu: build keys streamed into the bitmap");
-    if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) && gpu.read_one(&dup, 0, stats)? != 0 {
-        return Ok(None);
+    let words = np.div_ceil(32);
+    let width = hi - lo + 1;
+    let per = width.div_ceil(slices);
+    let keeps_absent = matches!(op, SetOp::Anti | SetOp::ExceptAll);
+    let mut acc: Option<crate::gpu::HostOut> = None;
+    for s in 0..slices {
+        let (s_lo, s_width) = (lo + s * per, per.min(width - s * per));
+        let t = Instant::now();
+        let bitmap = BitmapTable::empty(gpu, op, s_lo, s_width)?;
+        let dup = gpu.alloc_zeros::<u32>(1)?;
+        stats.kernel += t.elapsed();
+        gpu.stream_keys(build, stats, &mut |keys, _| bitmap.add_build(gpu, keys, &dup))?;
+        trace("gpu: build keys streamed into the bitmap");
+        if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) && gpu.read_one(&dup, 0, stats)? != 0 {
+            return Ok(None);
+        }
+        let mut host = gpu.host_output(words * 4)?;
+        {
+            let dst = host.as_mut_slice()?;
+            // Two fills' selection words on the device, in turn: the probe of a fill
+            // is queued after the download of the fill two before (one stream).
+            let mut ring: Vec<DeviceBuffer<u32>> = Vec::new();
+            let mut fill = 0usize;
+            gpu.stream_keys(probe, stats, &mut |keys, first| {
+                if first % 32 != 0 {
+                    return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+                }
+                let n = keys.len().div_ceil(32);
+                if ring.len() < 2 {
+                    ring.push(gpu.alloc::<u32>(n)?);
+                }
+                let out = &ring[fill % 2];
+                fill += 1;
+                if out.len() < n {
+                    return Err(DataFusionError::Internal("setfusion: a fill larger than the first".into()));
+                }
+                bitmap.probe(gpu, op, keys, &out.slice.slice(..n))?;
+                let at = first / 32 * 4;
+                // SAFETY: `dst` is pinned (host_output) and read only after the synchronisation below.
+                unsafe { gpu.download_async_into(out, n, &mut dst[at..at + n * 4]) }
+            })?;
+            let t = Instant::now();
+            gpu.synchronize()?;
+            stats.kernel += t.elapsed();
+            stats.bytes_to_host += words * 4;
+        }
+        drop(bitmap);
+        acc = Some(match acc {
+            None => host,
+            Some(mut a) => {
+                combine_words(a.as_mut_slice()?, host.as_mut_slice()?, keeps_absent);
+                a
+            }
+        });
     }
-    let table = ProbeTable::Bitmap(bitmap);
-    let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
-    gpu.stream_keys(probe, stats, &mut |keys, first| {
-        table.probe_fill(gpu, op, keys, first, &out)
-    })?;
-    let t = Instant::now();
-    gpu.synchronize()?;
-    stats.kernel += t.elapsed();
-    drop(table);
-    download_selection(gpu, &out, np, stats).map(Some)
+    let Some(acc) = acc else { return Ok(Some(BooleanBuffer::new_unset(np))) };
+    Ok(Some(BooleanBuffer::new(acc.into_buffer(words * 4)?, 0, np)))
+}
+
+/// `acc` AND `next` (`and`) or `acc` OR `next`, bytewise on the copy threads.
+fn combine_words(acc: &mut [u8], next: &[u8], and: bool) {
+    let per = acc.len().div_ceil(crate::gpu::copy_threads()).max(1 << 20);
+    let mut pieces: Vec<&mut [u8]> = acc.chunks_mut(per).collect();
+    crate::gpu::for_each_mut(&mut pieces, &|i, piece| {
+        let from = &next[i * per..i * per + piece.len()];
+        for (a, b) in piece.iter_mut().zip(from) {
+            *a = if and { *a & *b } else { *a | *b };
+        }
+    });
+}
+
+/// Most passes [`select_streamed_bitmap`] makes over the inputs: each streams
+/// both sides again, so beyond this the hash partitions cost less.
+const MAX_BITMAP_SLICES: u64 = 8;
+
+/// The fewest slices of a domain of `width` values whose streamed tables fit
+/// `avail` bytes with two fills of the smallest size beside them; None beyond
+/// [`MAX_BITMAP_SLICES`].
+fn bitmap_slices(op: SetOp, width: u64, avail: usize) -> Option<u64> {
+    let mut slices = 1u64;
+    while BitmapTable::streamed_bytes(op, width.div_ceil(slices)) + (8 << 20) > avail {
+        slices *= 2;
+        if slices > MAX_BITMAP_SLICES {
+            return None;
+        }
+    }
+    Some(slices)
 }
 
 /// One bit per probe row back from the device. A large selection stays in the
@@ -239,11 +314,6 @@ fn download_selection(gpu: &Gpu, out: &DeviceBuffer<u32>, np: usize, stats: &mut
     } else {
         words_to_bool(gpu.download(out, words, stats)?, np)
     })
-}
-
-/// Device bytes [`select_streamed_bitmap`] needs beyond its fills: the table and the selection.
-fn streamed_bitmap_bytes(op: SetOp, np: usize, range: u64) -> usize {
-    BitmapTable::streamed_bytes(op, range) + np.div_ceil(32) * 4
 }
 
 /// `auto` for `nb` build and `np` probe keys over the domain `range`: a bitmap
@@ -304,10 +374,10 @@ pub fn select_gpu_auto(
         let range = key_range_chunks(&all);
         let bitmap_ok = matches!(forced, None | Some(GpuStrategy::Bitmap));
         if let Some((lo, hi)) = range.filter(|(lo, hi)| bitmap_ok && hi - lo < BITMAP_MAX_RANGE) {
-            // Two fills of the smallest size stay free for the streaming.
-            if streamed_bitmap_bytes(op, np, hi - lo + 1) + (8 << 20) <= avail {
-                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), stats)? {
-                    return Ok((sel, "gpu/bitmap, both sides streamed (keys over the device budget)".into(), None));
+            if let Some(slices) = bitmap_slices(op, hi - lo + 1, avail) {
+                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), slices, stats)? {
+                    let passes = if slices > 1 { format!(", in {slices} passes over slices of the domain") } else { String::new() };
+                    return Ok((sel, format!("gpu/bitmap, both sides streamed (keys over the device budget){passes}"), None));
                 }
             }
         }
@@ -467,7 +537,8 @@ impl<'a> KeySplit<'a> {
     }
 }
 
-/// Several devices (`setfusion.devices`): the keys split by hash into one
+/// Several devices, the general way (see [`super::devices`] for the others):
+/// the keys split by hash into one
 /// partition per entry of `gpus`, and each device selects its partitions
 /// with [`select_gpu_auto`] (which streams or partitions again within its own
 /// budget) on its own thread, all devices at once; the rows map back through
@@ -475,7 +546,7 @@ impl<'a> KeySplit<'a> {
 /// An entry repeated in `gpus` (the same device twice) runs its partitions
 /// one after the other. The caller holds every device. Returns the selection
 /// and what ran on each partition.
-pub fn select_gpus(
+pub(super) fn select_gpus_by_key(
     gpus: &[&Gpu],
     forced: Option<GpuStrategy>,
     op: SetOp,
@@ -505,7 +576,9 @@ pub fn select_gpus(
                     for (p, g) in gpus.iter().enumerate().filter(|(_, g)| g.info().ordinal == d) {
                         let (b_chunks, p_chunks) = split.part(p);
                         let (sel, how, _) = select_gpu_auto(g, forced, op, &b_chunks, &p_chunks, false, &mut st)?;
+                        trace(&format!("gpu {d}: partition {p} selected"));
                         split.mark_selected(p, &sel, words);
+                        trace(&format!("gpu {d}: partition {p} rows marked"));
                         let n = p_chunks.iter().map(|c| c.len()).sum::<usize>() + b_chunks.iter().map(|c| c.len()).sum::<usize>();
                         ran.push(format!("device {d} partition {p} ({n} keys): {how}"));
                     }
@@ -804,12 +877,38 @@ mod tests {
             for devices in [2, 3] {
                 let gpus: Vec<&Gpu> = (0..devices).map(|_| &*g).collect();
                 for op in OPS {
-                    let (got, ran) = select_gpus(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default()).unwrap();
+                    let (got, ran) = select_gpus_by_key(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default()).unwrap();
                     assert_eq!(got.len(), probe.len(), "{what} {op:?}");
                     assert!(ran.contains(&format!("{devices} key partitions")), "{what} {op:?}: ran {ran}");
                     assert_eq!(kept(probe, &got), reference(op, build, probe), "{what} {op:?} on {devices} partitions: ran {ran}");
                 }
             }
+        }
+    }
+
+    /// Over the budget with a table of the whole domain too large as well:
+    /// both sides stream once per slice of the domain, the selections of the
+    /// passes combined (AND for the rules that keep absent keys, else OR);
+    /// probe keys repeat and fall outside the build side's domain.
+    #[test]
+    fn gpu_streamed_bitmap_slices_the_domain() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(10 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let lo = 5_000u64;
+        let build: Vec<u64> = (0..200_000u64).map(|i| lo + i * 300).collect();
+        let probe: Vec<u64> = (0..300_000)
+            .map(|i| match i % 4 {
+                0 => build[rng.random_range(0..build.len())],
+                1 => lo - rng.random_range(0..lo),
+                _ => lo + rng.random_range(0..60_000_000),
+            })
+            .collect();
+        let (p1, p2) = probe.split_at(123_457);
+        for op in OPS {
+            let (got, ran, _) = select_gpu_auto(&gpu, None, op, &[&build], &[p1, p2], false, &mut TransferStats::default()).unwrap();
+            assert!(ran.contains("passes over slices"), "{op:?}: ran {ran}");
+            assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}: ran {ran}");
         }
     }
 

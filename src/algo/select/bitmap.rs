@@ -46,7 +46,7 @@ impl BitmapTable {
             if nb > 0 {
                 let f = gpu.function(&KERNEL, "build_bits")?;
                 // SAFETY: signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range), which holds every build key.
-                unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).launch(gpu.grid_stride(nb, 32)) }
+                unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&range).arg(&bits.slice).launch(gpu.grid_stride(nb, 32)) }
                     .map_err(|e| cuda_err("bitmap build", e))?;
             }
             return Ok(BitmapTable::Bits { bits, lo, range });
@@ -56,7 +56,7 @@ impl BitmapTable {
         if nb > 0 {
             let f = gpu.function(&KERNEL, "build_bits_dup")?;
             // SAFETY: as above; `dup` holds one flag.
-            unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(nb, 32)) }
+            unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&range).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(nb, 32)) }
                 .map_err(|e| cuda_err("bitmap build", e))?;
         }
         let all = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
@@ -92,22 +92,48 @@ impl BitmapTable {
         Ok(BitmapTable::Ranks { bits, seen: gpu.alloc_zeros::<u32>(words)?, lo, range })
     }
 
-    /// Queue the insertion of a run of build keys (all within the table's
-    /// domain) into a table made by [`BitmapTable::empty`]; `dup` is set when a
-    /// key was present already.
+    /// The presence bits (and, for the multiset rules, the rank bits) of a
+    /// table from [`BitmapTable::empty`]: what several devices, each holding
+    /// a share of the rows, exchange. None for counts.
+    pub(super) fn words(&self) -> Option<(&DeviceBuffer<u32>, Option<&DeviceBuffer<u32>>)> {
+        match self {
+            BitmapTable::Bits { bits, .. } => Some((bits, None)),
+            BitmapTable::Ranks { bits, seen, .. } => Some((bits, Some(seen))),
+            BitmapTable::Counts { .. } => None,
+        }
+    }
+
+    /// Overwrite the presence bits (`seen` false) or the rank bits (`seen`
+    /// true) with `words` from the host (one word per 32 domain values).
+    pub(super) fn load_words(&mut self, gpu: &Gpu, seen: bool, words: &[u32], stats: &mut TransferStats) -> Result<()> {
+        let dst = match (self, seen) {
+            (BitmapTable::Bits { bits, .. } | BitmapTable::Ranks { bits, .. }, false) => bits,
+            (BitmapTable::Ranks { seen, .. }, true) => seen,
+            _ => return Err(DataFusionError::Internal("setfusion: this bitmap table has no such words".into())),
+        };
+        if words.len() > dst.len() {
+            return Err(DataFusionError::Internal("setfusion: bitmap words exceed the table".into()));
+        }
+        gpu.upload_into(words, dst, 0, stats)
+    }
+
+    /// Queue the insertion of a run of build keys into a table made by
+    /// [`BitmapTable::empty`] (keys outside its domain are skipped: a table may
+    /// cover one slice of the keys' domain); `dup` is set when a key was
+    /// present already.
     pub(super) fn add_build(&self, gpu: &Gpu, keys: &CudaView<'_, u64>, dup: &DeviceBuffer<u32>) -> Result<()> {
         let (n, n64) = (keys.len(), keys.len() as u64);
         let stream = gpu.stream();
         // SAFETY (each launch): signatures match kernels/bitmap_setops.cu; the bitmap covers
-        // [lo, lo + range), which holds every key of the run; `dup` holds one flag.
+        // [lo, lo + range) and the kernels skip keys outside it; `dup` holds one flag.
         match self {
-            BitmapTable::Bits { bits, lo, .. } => {
+            BitmapTable::Bits { bits, lo, range } => {
                 let f = gpu.function(&KERNEL, "build_bits")?;
-                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(&bits.slice).launch(gpu.grid_stride(n, 32)) }
+                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).launch(gpu.grid_stride(n, 32)) }
             }
-            BitmapTable::Ranks { bits, lo, .. } => {
+            BitmapTable::Ranks { bits, lo, range, .. } => {
                 let f = gpu.function(&KERNEL, "build_bits_dup")?;
-                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(n, 32)) }
+                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(n, 32)) }
             }
             BitmapTable::Counts { .. } => return Err(DataFusionError::Internal("setfusion: counts are built in one run".into())),
         }

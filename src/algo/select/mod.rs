@@ -6,7 +6,8 @@
 //! - [`hash`]: the open-addressing table of `kernels/hash_setops.cu`;
 //! - [`bitmap`]: the direct-address bitmaps and counts of `kernels/bitmap_setops.cu`;
 //! - [`sort`]: radix sort + Balanced Path, `kernels/sort_setops.cu`;
-//! - [`auto`]: the dispatch the operators call (strategy choice, streaming, partitioning under the device budget).
+//! - [`auto`]: the dispatch the operators call (strategy choice, streaming, partitioning under the device budget);
+//! - [`devices`]: the split across several devices (`setfusion.devices`).
 //!
 //! The result is one bit per probe row, LSB-first in 32-bit words, which is
 //! exactly Arrow's boolean buffer layout.
@@ -23,10 +24,12 @@ use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
 pub mod auto;
 pub mod bitmap;
 pub mod cpu;
+pub mod devices;
 pub mod hash;
 pub mod sort;
 
-pub use auto::{device_bytes, select_gpu, select_gpu_auto, select_gpu_chunks, select_gpu_partitioned, select_gpus, self_check, ResidentSelect};
+pub use auto::{device_bytes, select_gpu, select_gpu_auto, select_gpu_chunks, select_gpu_partitioned, self_check, ResidentSelect};
+pub use devices::select_gpus;
 pub use bitmap::BITMAP_MAX_RANGE;
 pub use cpu::{select_cpu, select_cpu_chunks, KeyHasher};
 
