@@ -142,6 +142,13 @@ pub fn fuzz_queries() -> Option<usize> {
     parsed("SETFUSION_FUZZ_QUERIES")
 }
 
+/// `SETFUSION_FUZZ_OUTER=1`: the fuzzer also puts outer joins inside correlated
+/// subqueries. Off by default: one such shape (a correlated column whose name a
+/// joined relation of the subquery repeats) still ends in a planning error.
+pub fn fuzz_outer_joins() -> bool {
+    std::env::var_os("SETFUSION_FUZZ_OUTER").is_some_and(|v| v == "1")
+}
+
 /// `SETFUSION_ROOT`: the repository root the tests read `sql-tests/` from (else the crate's own).
 pub fn repo_root() -> PathBuf {
     path("SETFUSION_ROOT").unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))

@@ -504,7 +504,7 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
         key = Some((i, j));
     }
     // An outer join inside a correlated subquery (small tables: the reference joins per group).
-    let outer = (corr.is_some() && a.len() <= 100 && b.len() <= 100 && rng.random_bool(0.25)).then(|| OuterJoin {
+    let outer = (crate::env::fuzz_outer_joins() && corr.is_some() && a.len() <= 100 && b.len() <= 100 && rng.random_bool(0.25)).then(|| OuterJoin {
         join: ["LEFT", "RIGHT", "FULL"][rng.random_range(0..3)],
         corr_left: rng.random_bool(0.5),
         on: rng.random_range(0..ncols),
