@@ -384,6 +384,7 @@ async fn cluster_process(process: Process, args: Vec<String>) -> Result<i32> {
 #[cfg(not(feature = "ballista"))]
 async fn cluster_process(process: Process, _args: Vec<String>) -> Result<i32> {
     Err(DataFusionError::Configuration(format!("{process:?}: this setfusion was built without the `ballista` feature")))
+}
 
 #[cfg(test)]
 mod tests {
