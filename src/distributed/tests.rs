@@ -60,7 +60,10 @@ async fn check_physical(ctx: &SessionContext, sql: &str, operator: &str) {
     let text = plan_text(&plan);
     assert!(text.contains(operator), "{sql}: no {operator} in\n{text}");
     let back = physical_round_trip(plan.clone(), ctx).unwrap();
-    assert_eq!(plan_text(&back), text, "{sql}");
+    // The dynamic filter a node publishes does not travel (the decoded scan keeps its
+    // filter expression, which stays `true`: nothing is pruned, answers are unchanged).
+    let unfiltered = text.replace(", dynamic_filter=probe", "").replace(", dynamic_filter=build", "");
+    assert_eq!(plan_text(&back), unfiltered, "{sql}");
     assert_eq!(sorted(back, ctx).await, sorted(plan, ctx).await, "{sql}");
 }
 

@@ -118,13 +118,14 @@ pub struct MarkJoinExec {
     metrics: ExecutionPlanMetricsSet,
     result: Arc<SharedRun<Parts<(Vec<(Marked, usize)>, MemoryReservation)>>>,
     ran: Arc<Mutex<Option<String>>>,
-    /// Broadcast the subquery side: ask for it in one partition, which every
-    /// partition of the operator reads whole, and mark each probe partition
-    /// on its own. On a Ballista cluster a task executes one partition of the
-    /// operator and sees only its own partition of a shuffled input; each
-    /// probe row's mark needs the whole subquery (its NULLs, its groups) but
-    /// no other probe row, so the probe side stays partitioned and every
-    /// answer stays exact.
+    /// On a Ballista cluster: ask for each input in one partition (a task
+    /// executes one partition of the operator and sees only its own partition
+    /// of a shuffled input, where a mark needs the whole subquery). Each
+    /// execution then marks its own probe partitions (`run(.., Some(p))`).
+    /// Keeping the probe side partitioned with the subquery broadcast (issue
+    /// 30 item 3) needs the subquery collected once for all partitions: a
+    /// re-executed RepartitionExec gives each execution only part of its
+    /// rows, which turned misses into wrong marks in one process.
     broadcast_build: bool,
     /// The dynamic filter this node publishes into its build input, once a scan below accepted it.
     dynamic_filter: Option<DynamicKeyFilter>,
@@ -336,7 +337,7 @@ impl DisplayAs for MarkJoinExec {
             Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
         }
         if self.broadcast_build {
-            write!(f, ", build=broadcast")?;
+            write!(f, ", inputs=single partition")?;
         }
         if let Some(note) = &self.note {
             write!(f, ", choice=\"{note}\"")?;
@@ -373,8 +374,8 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        let build = if self.broadcast_build { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
-        vec![Distribution::UnspecifiedDistribution, build]
+        let each = if self.broadcast_build { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
+        vec![each.clone(), each]
     }
 
     fn apply_expressions(
