@@ -263,6 +263,11 @@ setfusion_settings! {
         /// faults, no copy. false: every output array is in ordinary memory (pinned memory
         /// cannot be swapped out, and a caller holding results holds it).
         pub pinned_output: bool, default = true
+        /// Parquet inputs of set operations and semi / anti joins whose keys alone are read
+        /// (the build side; the probe side under a row count) are read by the device itself:
+        /// column chunks uploaded, SNAPPY pages decompressed and pages decoded on the GPU.
+        /// EXPLAIN names the reason wherever a Parquet input stays with DataFusion's scan.
+        pub device_scan: bool, default = true
     }
 }
 

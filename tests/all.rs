@@ -30,3 +30,5 @@ mod devices;
 #[cfg(feature = "ballista")]
 #[path = "all/ballista.rs"]
 mod ballista;
+#[path = "all/device_scan.rs"]
+mod device_scan;

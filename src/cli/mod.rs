@@ -42,6 +42,7 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
                                    intersection of two families of sets, GPU vs CPU backend
        setfusion bench lists [--rows N] [--batch-rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
                                    list functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
+       setfusion bench parquet [--runs N] [--codecs snappy,zstd] [--no-fresh]   issue 27's queries over Parquet (SETFUSION_BENCH_ROWS rows)
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
                               TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm";
 
@@ -87,6 +88,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
                     Some("filter") => crate::bench::filter::run().map(|_| 0),
                     Some("tpch") => crate::bench::tpch::run(it.collect()).await.map(|_| 0),
+                    Some("parquet") => crate::bench::parquet::run(it.collect()).await.map(|_| 0),
                     Some("families") => crate::bench::families::run(it.collect()).await.map(|_| 0),
                     Some("lists") => crate::bench::lists::run(it.collect()).await.map(|_| 0),
                     Some("ssjoin") => {
@@ -97,7 +99,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, families or lists"))),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, parquet, families or lists"))),
                 };
             }
             "-h" | "--help" => {

@@ -389,7 +389,7 @@ pub(crate) fn copy_threads() -> usize {
 }
 
 /// [min, max] of `n` device keys (n > 0), by a reduction kernel.
-pub(super) fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
+pub fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
     let f = gpu.function(&KERNEL, "min_max")?;
     let mut out = gpu.alloc::<u64>(2)?;
     let init = [u64::MAX, 0u64];
@@ -448,6 +448,19 @@ pub fn compact_kept_keys(
     n: usize,
     stats: &mut TransferStats,
 ) -> Result<(PendingBuffer, usize)> {
+    let (out, total) = compact_kept_keys_on_device(gpu, keys, sel, n, stats)?;
+    Ok((gpu.download_to_arrow(&out, total, stats)?, total))
+}
+
+/// [`compact_kept_keys`], the kept keys left on the device (e.g. a column's
+/// non-NULL keys, `sel` its validity words). CPU twin: [`compact_kept_keys_cpu`].
+pub fn compact_kept_keys_on_device(
+    gpu: &Gpu,
+    keys: &DeviceBuffer<u64>,
+    sel: &DeviceBuffer<u32>,
+    n: usize,
+    stats: &mut TransferStats,
+) -> Result<(DeviceBuffer<u64>, usize)> {
     const WORDS_PER_BLOCK: usize = 256; // SF_KEPT_WORDS
     let blocks = n.div_ceil(32).div_ceil(WORDS_PER_BLOCK).max(1);
     let n64 = n as u64;
@@ -475,7 +488,7 @@ pub fn compact_kept_keys(
     }
     .map_err(|e| cuda_err("compact_kept", e))?;
     stats.kernel += t.elapsed();
-    Ok((gpu.download_to_arrow(&out, total as usize, stats)?, total as usize))
+    Ok((out, total as usize))
 }
 
 /// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.
