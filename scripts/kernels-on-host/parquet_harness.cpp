@@ -22,7 +22,7 @@ template <class T> static vector<T> load(const string& path) {
     ss << f.rdbuf();
     string s = ss.str();
     vector<T> v(s.size() / sizeof(T));
-    memcpy(v.data(), s.data(), v.size() * sizeof(T));
+    if (!v.empty()) memcpy(v.data(), s.data(), v.size() * sizeof(T));
     return v;
 }
 
