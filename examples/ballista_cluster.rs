@@ -119,18 +119,8 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
             .map_err(|e| DataFusionError::Execution(format!("starting {} {args:?}: {e}", bin.display())))
     };
     let ports = setfusion::distributed::process::free_ports(1 + 2 * executors)?;
-    let wait = |port: u16| {
-        let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if t.elapsed() > Duration::from_secs(60) {
-                return Err(DataFusionError::Execution(format!("nothing listens on port {port} after 60 s")));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
-    };
     children.0.push(start(vec!["scheduler".into(), "--port".into(), ports[0].to_string()])?);
-    wait(ports[0])?;
+    setfusion::distributed::process::wait_for_port(ports[0], "the scheduler", Duration::from_secs(60), &mut children.0)?;
     let scheduler = format!("127.0.0.1:{}", ports[0]);
     for e in 0..executors {
         let (flight, grpc) = (ports[1 + 2 * e], ports[2 + 2 * e]);
@@ -138,7 +128,7 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.extend(["--data-dir".to_string(), data.display().to_string()]);
         children.0.push(start(args)?);
-        wait(flight)?;
+        setfusion::distributed::process::wait_for_port(flight, "an executor", Duration::from_secs(60), &mut children.0)?;
     }
     Ok(format!("df://{scheduler}"))
 }

@@ -75,7 +75,7 @@ impl FromStr for ByteSize {
             .map(|v| ByteSize((v * mul as f64) as usize))
             .ok_or_else(|| {
                 DataFusionError::Configuration(format!(
-                    "invalid setfusion.memory_limit '{s}': expected a size such as 0, 512M or 4G"
+                    "invalid size '{s}' for setfusion.memory_limit or setfusion.cache_limit: expected a size such as 0, 512M or 4G"
                 ))
             })
     }
@@ -263,6 +263,17 @@ setfusion_settings! {
         /// faults, no copy. false: every output array is in ordinary memory (pinned memory
         /// cannot be swapped out, and a caller holding results holds it).
         pub pinned_output: bool, default = true
+        /// Parquet inputs of set operations and semi / anti joins whose keys alone are read
+        /// (the build side; the probe side under a row count) are read by the device itself:
+        /// column chunks uploaded, SNAPPY pages decompressed and pages decoded on the GPU.
+        /// EXPLAIN names the reason wherever a Parquet input stays with DataFusion's scan.
+        pub device_scan: bool, default = true
+        /// The device column cache: key columns decoded by the device scan stay on the device
+        /// between queries of this process (keyed by file path, size, modification time, byte
+        /// ranges and column), least recently used first out, up to this many bytes (0 turns
+        /// it off). It yields to any operator that needs the memory, and a changed file is
+        /// read again.
+        pub cache_limit: ByteSize, default = ByteSize(8 << 30)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod fuzz;
 pub mod gpu;
 pub mod keys;
 pub mod planner;
+pub mod scan;
 pub mod slt;
 pub mod udf;
 pub mod util;
@@ -66,6 +67,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     let at = rules.iter().position(|r| r.name() == "join_selection").map_or(rules.len(), |i| i + 1);
     rules.insert(at, Arc::new(planner::SemiJoinRule));
     rules.push(Arc::new(planner::SimilarityJoinRule));
+    // Last: Parquet inputs of the set selections read by the device (the plan's shape is final).
+    rules.push(Arc::new(planner::DeviceScanRule));
     builder
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))
@@ -97,7 +100,7 @@ mod layering {
         Some(match module {
             "env" | "util" | "config" | "datagen" => 0,
             "gpu" => 1,
-            "keys" => 2,
+            "keys" | "scan" => 2,
             "algo" => 3,
             "exec" => 4,
             "planner" | "udf" => 5,

@@ -37,3 +37,5 @@ mod ballista;
 mod cluster_processes;
 #[path = "all/plan_citizenship.rs"]
 mod plan_citizenship;
+#[path = "all/device_scan.rs"]
+mod device_scan;

@@ -32,6 +32,7 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
         &multiset::KERNEL,
         &ssjoin::gpu::KERNEL,
         &ssjoin_prep::KERNEL,
+        &crate::scan::decode::KERNEL,
     ]
 }
 
@@ -54,6 +55,7 @@ pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
         ("sorted_intersect", sorted_intersect::self_check as SelfCheck),
         ("ssjoin", ssjoin::self_check as SelfCheck),
         ("ssjoin_prep", ssjoin_prep::self_check as SelfCheck),
+        ("parquet_decode", crate::scan::decode::self_check as SelfCheck),
     ]
 }
 

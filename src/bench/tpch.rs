@@ -408,39 +408,11 @@ const CHILD_LIMIT: Duration = Duration::from_secs(300);
 
 /// Time `name` in `runs` fresh processes of this binary; the median query time.
 fn fresh_process(name: &str, setfusion: bool, sf: f64, runs: usize) -> Result<(Duration, usize)> {
-    let exe = std::env::current_exe()?;
-    let mut times = Vec::new();
-    let mut rows = 0;
-    for _ in 0..runs {
-        let child = std::process::Command::new(&exe)
-            .args(["bench", "tpch", "--sf", &sf.to_string(), "--one", name, "--engine"])
-            .arg(if setfusion { "setfusion" } else { "datafusion" })
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        // A hung child must not stop the whole benchmark: wait for it on a thread, kill it past the limit.
-        let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let out = match rx.recv_timeout(CHILD_LIMIT) {
-            Ok(out) => out?,
-            Err(_) => {
-                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-                return Err(exec_err(format!("fresh process for {name} did not finish in {} s; killed", CHILD_LIMIT.as_secs())));
-            }
-        };
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().find(|l| l.starts_with("ms=")).ok_or_else(|| {
-            exec_err(format!("fresh process for {name} failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
-        })?;
-        let mut parts = line.split_whitespace();
-        let t: f64 = parts.next().and_then(|p| p[3..].parse().ok()).unwrap_or(f64::NAN);
-        rows = parts.next().and_then(|p| p[5..].parse().ok()).unwrap_or(0);
-        times.push(Duration::from_secs_f64(t / 1e3));
-    }
-    Ok((median(times), rows))
+    let args: Vec<String> = ["bench", "tpch", "--sf", &sf.to_string(), "--one", name, "--engine", if setfusion { "setfusion" } else { "datafusion" }]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    super::fresh_runs(&args, name, runs, CHILD_LIMIT)
 }
 
 /// One measured line of the report.

@@ -42,6 +42,7 @@ const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FIL
                                    intersection of two families of sets, GPU vs CPU backend
        setfusion bench lists [--rows N] [--batch-rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
                                    list functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
+       setfusion bench parquet [--runs N] [--codecs snappy,zstd] [--no-fresh]   issue 27's queries over Parquet (SETFUSION_BENCH_ROWS rows)
        setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
                               TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm
        setfusion scheduler [--port P] [--bind ADDR]   a Ballista scheduler with setfusion (default 127.0.0.1:50050)
@@ -96,6 +97,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                     Some("setops") => crate::bench::setops::run().await.map(|_| 0),
                     Some("filter") => crate::bench::filter::run().map(|_| 0),
                     Some("tpch") => crate::bench::tpch::run(it.collect()).await.map(|_| 0),
+                    Some("parquet") => crate::bench::parquet::run(it.collect()).await.map(|_| 0),
                     Some("families") => crate::bench::families::run(it.collect()).await.map(|_| 0),
                     Some("lists") => crate::bench::lists::run(it.collect()).await.map(|_| 0),
                     Some("ssjoin") => {
@@ -106,7 +108,7 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, families or lists"))),
+                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, parquet, families or lists"))),
                 };
             }
             "scheduler" if tables.is_empty() && commands.is_empty() => return cluster_process(Process::Scheduler, it.collect()).await,
@@ -270,28 +272,30 @@ async fn repl(ctx: &SessionContext, format: Format) -> Result<i32> {
         }
         buf.push_str(&line);
         if buf.trim_end().ends_with(';') {
-            match run_sql(ctx, &buf, format).await {
-                Err(e) if is_broken_pipe(&e) => return Ok(0),
-                Err(e) => {
-                    eprintln!("Error: {}", one_line(&e));
-                    failed = true;
-                }
-                Ok(()) => {}
+            if !run_statement(ctx, &buf, format, &mut failed).await {
+                return Ok(0);
             }
             buf.clear();
         }
     }
-    if !buf.trim().is_empty() {
-        match run_sql(ctx, &buf, format).await {
-            Err(e) if is_broken_pipe(&e) => return Ok(0),
-            Err(e) => {
-                eprintln!("Error: {}", one_line(&e));
-                failed = true;
-            }
-            Ok(()) => {}
-        }
+    if !buf.trim().is_empty() && !run_statement(ctx, &buf, format, &mut failed).await {
+        return Ok(0);
     }
     Ok(if failed && !interactive { 1 } else { 0 })
+}
+
+/// One statement of the REPL or a piped script: an error is printed and
+/// remembered in `failed`; false when the output pipe closed (stop quietly).
+async fn run_statement(ctx: &SessionContext, sql: &str, format: Format, failed: &mut bool) -> bool {
+    match run_sql(ctx, sql, format).await {
+        Err(e) if is_broken_pipe(&e) => false,
+        Err(e) => {
+            eprintln!("Error: {}", one_line(&e));
+            *failed = true;
+            true
+        }
+        Ok(()) => true,
+    }
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

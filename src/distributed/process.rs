@@ -254,6 +254,25 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(|e| DataFusionError::Execution(e.to_string()))).collect()
 }
 
+/// Wait until something listens on loopback `port` (a scheduler or executor
+/// just started), at most `timeout`; an error names `what` when one of
+/// `children` exits first or the time runs out.
+pub fn wait_for_port(port: u16, what: &str, timeout: std::time::Duration, children: &mut [std::process::Child]) -> Result<()> {
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        for c in children.iter_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Err(DataFusionError::Execution(format!("{what}: a cluster process exited early ({status})")));
+            }
+        }
+        if start.elapsed() > timeout {
+            return Err(DataFusionError::Execution(format!("{what}: nothing listens on port {port} after {} s", timeout.as_secs())));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// The cluster URL `--cluster` takes (`df://HOST:PORT`) as Ballista's client wants it.
 pub fn cluster_url(url: &str) -> Result<String> {
     let rest = url.strip_prefix("df://").unwrap_or(url);

@@ -1,5 +1,7 @@
 //! DataFusion `ExecutionPlan`s: one operator per file, the plan node separate from its stream.
 pub mod declined;
+pub mod device_scan;
+mod device_select;
 pub mod dynamic_filter;
 pub mod families;
 pub mod mark_join;

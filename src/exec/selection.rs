@@ -98,24 +98,41 @@ impl Selector {
     /// Compute the selection over all kept rows, applying NULL semantics around the keyed core.
     fn select(&self, cfg: &SetfusionConfig, probe: &KeyColumns, build: &KeyColumns) -> Result<(BooleanBuffer, String)> {
         let n = probe.len();
-        // NOT IN with an empty subquery keeps everything, NULL keys included.
-        if self.nulls == NullMode::NullAware && build.is_empty() {
-            return Ok((BooleanBuffer::new_set(n), "no-op (empty subquery)".into()));
+        // NOT IN with an empty subquery keeps everything, NULL keys included;
+        // with a NULL in the subquery it keeps nothing.
+        if let Some(decided) = self.decided_by_nulls(n, build.len(), build.null_count()) {
+            return Ok(decided);
         }
-        // NOT IN with a NULL in the subquery keeps nothing.
-        if self.nulls == NullMode::NullAware && build.null_count() > 0 {
-            return Ok((BooleanBuffer::new_unset(n), "no-op (NULL in subquery)".into()));
-        }
-        let null_is_value = self.nulls == NullMode::Equal;
         // Rows with NULL keys leave the keyed core; their fate is decided here.
         let probe_idx: Option<Vec<u32>> =
             (probe.null_count() > 0).then(|| (0..n as u32).filter(|i| !probe.is_null(*i as usize)).collect());
         let build_idx: Option<Vec<u32>> =
             (build.null_count() > 0).then(|| (0..build.len() as u32).filter(|i| !build.is_null(*i as usize)).collect());
-        let (mut core, ran) = self.select_keys(cfg, probe, build, &probe_idx, &build_idx)?;
+        let (core, ran) = self.select_keys(cfg, probe, build, &probe_idx, &build_idx)?;
         let Some(probe_idx) = probe_idx else {
             return Ok((core, ran));
         };
+        Ok((self.with_null_rows(&core, n, &probe_idx, &|i| probe.is_null(i), (probe.null_count(), build.null_count())), ran))
+    }
+
+    /// Shortcuts of SQL's NULL rules that decide every row before any key is
+    /// compared (NOT IN against an empty subquery or one holding a NULL).
+    pub(crate) fn decided_by_nulls(&self, n: usize, build_rows: usize, build_nulls: usize) -> Option<(BooleanBuffer, String)> {
+        if self.nulls == NullMode::NullAware && build_rows == 0 {
+            return Some((BooleanBuffer::new_set(n), "no-op (empty subquery)".into()));
+        }
+        if self.nulls == NullMode::NullAware && build_nulls > 0 {
+            return Some((BooleanBuffer::new_unset(n), "no-op (NULL in subquery)".into()));
+        }
+        None
+    }
+
+    /// The selection of all `n` probe rows from `core`, the selection of the
+    /// non-NULL ones (`probe_idx`: their rows): scattered back, and the rows
+    /// with NULL keys (`is_null`) decided by the rule; `(m, nb)`: the NULL
+    /// keys of each side.
+    pub(crate) fn with_null_rows(&self, core: &BooleanBuffer, n: usize, probe_idx: &[u32], is_null: &dyn Fn(usize) -> bool, (m, nb): (usize, usize)) -> BooleanBuffer {
+        let null_is_value = self.nulls == NullMode::Equal;
         // Scatter back and decide NULL-key rows.
         let mut words = vec![0u32; n.div_ceil(32)];
         for j in core.set_indices() {
@@ -123,8 +140,6 @@ impl Selector {
             words[i >> 5] |= 1 << (i & 31);
         }
         let null_keep_count = {
-            let m = probe.null_count();
-            let nb = build.null_count();
             match (self.op, null_is_value, self.nulls) {
                 (_, _, NullMode::NullAware) => 0,
                 (SetOp::Semi, true, _) => if nb > 0 { m } else { 0 },
@@ -142,13 +157,12 @@ impl Selector {
             if left == 0 {
                 break;
             }
-            if probe.is_null(i) {
+            if is_null(i) {
                 words[i >> 5] |= 1 << (i & 31);
                 left -= 1;
             }
         }
-        core = select::words_to_bool(words, n);
-        Ok((core, ran))
+        select::words_to_bool(words, n)
     }
 
     /// The keyed core over the non-NULL keys (`*_idx`: their rows, None = all):
@@ -240,14 +254,7 @@ impl Selector {
     }
 
     fn run_gpu(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
-        // Hashed keys only support the hash table (their "domain" is meaningless).
-        let forced = match cfg.strategy {
-            Strategy::Sort => Some(GpuStrategy::Sort), // sorts any 64-bit keys, hashes included
-            _ if hashed => Some(GpuStrategy::Hash),
-            Strategy::Hash => Some(GpuStrategy::Hash),
-            Strategy::Bitmap => Some(GpuStrategy::Bitmap),
-            Strategy::Auto | Strategy::Cpu => None,
-        };
+        let forced = forced_strategy(cfg, hashed);
         let keys: usize = probe_core.iter().chain(build_core).map(|c| c.len()).sum();
         let ordinals = cfg.device_ordinals(gpu::device_count);
         if ordinals.len() > 1 && keys >= cfg.min_rows {
@@ -281,6 +288,18 @@ impl Selector {
         let r = select::select_gpus(&parts, forced, self.op, build_core, probe_core, &mut stats)?;
         self.metrics.device.record(&stats);
         Ok(r)
+    }
+}
+
+/// The GPU strategy the settings force, if any. Hashed keys only support the
+/// hash table (their "domain" is meaningless); sort takes any 64-bit keys.
+pub(crate) fn forced_strategy(cfg: &SetfusionConfig, hashed: bool) -> Option<GpuStrategy> {
+    match cfg.strategy {
+        Strategy::Sort => Some(GpuStrategy::Sort),
+        _ if hashed => Some(GpuStrategy::Hash),
+        Strategy::Hash => Some(GpuStrategy::Hash),
+        Strategy::Bitmap => Some(GpuStrategy::Bitmap),
+        Strategy::Auto | Strategy::Cpu => None,
     }
 }
 

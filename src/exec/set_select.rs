@@ -64,6 +64,8 @@ use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts
 use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
 #[cfg(test)]
 use super::output_filter::filter_all;
+use super::device_scan::DeviceScanExec;
+use super::device_select::Side;
 use super::selection::{key_columns, Metrics, Selector};
 
 /// Where the selection runs, decided at planning time.
@@ -116,6 +118,8 @@ pub struct SetSelectExec {
     ran: Arc<Mutex<Option<String>>>,
     /// The planner's reason for a GPU choice (the cost model's estimate), for EXPLAIN.
     choice_note: Option<String>,
+    /// Why a Parquet input is not read by the device (the device scan rule), for EXPLAIN.
+    scan_note: Option<String>,
     /// Both inputs hash-partitioned on the keys, each partition decided on
     /// its own (see the module documentation); false: all partitions at once.
     partitioned: bool,
@@ -178,6 +182,7 @@ impl SetSelectExec {
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
             choice_note: None,
+            scan_note: None,
             partitioned: false,
             single_partition_inputs: false,
             dynamic_filter: None,
@@ -199,6 +204,7 @@ impl SetSelectExec {
             projection,
         )?
         .with_note(self.choice_note.clone())
+        .with_scan_note(self.scan_note.clone())
         .with_partitioned_inputs(self.partitioned_inputs_requested())?;
         exec.dynamic_filter = self.dynamic_filter.clone();
         exec.fetch = self.fetch;
@@ -303,6 +309,21 @@ impl SetSelectExec {
         self
     }
 
+    /// Why Parquet inputs stay with DataFusion's scan, shown in EXPLAIN.
+    pub fn with_scan_note(mut self, note: Option<String>) -> Self {
+        self.scan_note = note;
+        self
+    }
+    pub fn scan_note(&self) -> Option<&str> {
+        self.scan_note.as_deref()
+    }
+
+    /// Could a device scan read this input's keys (the build side; the probe
+    /// side when only the count of kept rows is output)?
+    pub fn keys_only(&self, probe: bool) -> bool {
+        !probe || self.schema.fields().is_empty()
+    }
+
     pub fn op(&self) -> SetOp {
         self.op
     }
@@ -359,6 +380,9 @@ impl DisplayAs for SetSelectExec {
         }
         if let Some(fetch) = self.fetch {
             write!(f, ", fetch={fetch}")?;
+        }
+        if let Some(note) = &self.scan_note {
+            write!(f, ", device_scan=\"{note}\"")?;
         }
         super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
     }
@@ -604,27 +628,153 @@ pub(crate) fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     ))
 }
 
+/// The device-scan attempt's outcome: the result, or the inputs collected so
+/// far and why the host must read the device-scanned ones after all.
+enum DeviceOutcome {
+    Done(Selected),
+    Fallback { reason: String, probe_parts: Option<Vec<Vec<RecordBatch>>>, build_parts: Option<Vec<Vec<RecordBatch>>> },
+}
+
 impl Run {
+    /// Is this input a device scan whose keys the device reads itself? Only a
+    /// side whose batches are not output (the build side; the probe side
+    /// under a row count), with one key, on the GPU backend.
+    fn device_scanned(&self, probe: bool) -> Option<&DeviceScanExec> {
+        let keys_only = !probe || self.output == OutputColumns::RowCount;
+        let plan = if probe { &self.probe } else { &self.build };
+        (keys_only && matches!(self.backend, Backend::Gpu(_)) && self.probe_keys.len() == 1).then(|| plan.downcast_ref::<DeviceScanExec>()).flatten()
+    }
+
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         crate::util::trace("run start");
         let waiting = Instant::now();
         let inputs = input_context(&context);
         let memory = reservation(&context, &self.name);
-        let sides = [(&self.probe, &self.probe_partitions), (&self.build, &self.build_partitions)];
-        let [probe_parts, build_parts] = dynamic_filter::collect_both(
-            self.dynamic_filter.as_ref(),
-            [&self.probe, &self.build],
-            context.session_config().options(),
-            |i| collect_partitions_reserved(sides[i].0.clone(), sides[i].1.clone(), inputs.clone(), &memory),
-        )
-        .await?;
-        self.metrics.input_time.add_duration(waiting.elapsed());
-        crate::util::trace("inputs collected");
         let batch_size = context.session_config().batch_size();
+        let (device_probe, device_build) = (self.device_scanned(true).is_some(), self.device_scanned(false).is_some());
+        let collect = |plan: &Arc<dyn ExecutionPlan>, parts: std::ops::Range<usize>, skip: bool| {
+            let (plan, inputs, memory) = (plan.clone(), inputs.clone(), memory.clone());
+            async move {
+                match skip {
+                    true => Ok(None),
+                    false => collect_partitions_reserved(plan, parts, inputs, &memory).await.map(Some),
+                }
+            }
+        };
         let mut run = self;
+        let mut fell_back = None;
+        let (mut probe_parts, mut build_parts) = (None, None);
+        if device_probe || device_build {
+            // The device reads a scanned side itself, so no host scan waits on
+            // this node's dynamic filter: it is left complete and unnarrowed.
+            if let Some(filter) = &run.dynamic_filter {
+                filter.give_up();
+            }
+            let (p, b) = futures::try_join!(
+                collect(&run.probe, run.probe_partitions.clone(), device_probe),
+                collect(&run.build, run.build_partitions.clone(), device_build)
+            )?;
+            run.selector.reservation = Some(memory.clone());
+            let (c, m) = (cfg.clone(), memory.clone());
+            let (back, outcome) = super::off_runtime(move || {
+                let outcome = run.select_device_scanned(&c, p, b, batch_size, &m);
+                Ok((run, outcome))
+            })
+            .await?;
+            run = back;
+            match outcome? {
+                DeviceOutcome::Done(selected) => {
+                    run.metrics.input_time.add_duration(waiting.elapsed());
+                    return Ok(selected);
+                }
+                DeviceOutcome::Fallback { reason, probe_parts: p, build_parts: b } => {
+                    fell_back = Some(reason);
+                    (probe_parts, build_parts) = (p, b);
+                }
+            }
+        }
+        let (probe_parts, build_parts) = if device_probe || device_build {
+            futures::try_join!(
+                collect(&run.probe, run.probe_partitions.clone(), probe_parts.is_some()),
+                collect(&run.build, run.build_partitions.clone(), build_parts.is_some())
+            )
+            .map(|(p, b)| (probe_parts.or(p).unwrap_or_default(), build_parts.or(b).unwrap_or_default()))?
+        } else {
+            let sides = [(&run.probe, &run.probe_partitions), (&run.build, &run.build_partitions)];
+            let [p, b] = dynamic_filter::collect_both(
+                run.dynamic_filter.as_ref(),
+                [&run.probe, &run.build],
+                context.session_config().options(),
+                |i| collect_partitions_reserved(sides[i].0.clone(), sides[i].1.clone(), inputs.clone(), &memory),
+            )
+            .await?;
+            (p, b)
+        };
+        run.metrics.input_time.add_duration(waiting.elapsed());
+        crate::util::trace("inputs collected");
         run.selector.reservation = Some(memory.clone());
-        super::off_runtime(move || run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory)).await
+        let ran = run.ran.clone();
+        let selected = super::off_runtime(move || run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory)).await?;
+        if let Some(reason) = fell_back {
+            if let Some(r) = ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                r.push_str(&format!(", device scan fell back to the host: {reason}"));
+            }
+        }
+        Ok(selected)
+    }
+
+    /// One input for the device selection: its collected batches, or its device scan.
+    fn side<'a>(&'a self, parts: &'a Option<Vec<Vec<RecordBatch>>>, probe: bool) -> Option<Side<'a>> {
+        let expr = if probe { &self.probe_keys[0] } else { &self.build_keys[0] };
+        match parts {
+            Some(parts) => Some(Side::Host(parts.iter().flatten().collect(), expr.clone())),
+            None => self.device_scanned(probe).map(Side::Device),
+        }
+    }
+
+    /// The selection with the device-scanned sides read by the device (`None`
+    /// parts), then the output: a row count, or the host probe side filtered.
+    fn select_device_scanned(
+        &self,
+        cfg: &SetfusionConfig,
+        probe_parts: Option<Vec<Vec<RecordBatch>>>,
+        build_parts: Option<Vec<Vec<RecordBatch>>>,
+        batch_size: usize,
+        memory: &Arc<datafusion::execution::memory_pool::MemoryReservation>,
+    ) -> Result<DeviceOutcome> {
+        let key_type = keys::key_type(&self.probe_keys[0].data_type(&self.probe.schema())?);
+        if (probe_parts.is_none() && self.device_scanned(true).is_none()) || (build_parts.is_none() && self.device_scanned(false).is_none()) {
+            return Ok(DeviceOutcome::Fallback { reason: "no device scan".into(), probe_parts, build_parts });
+        }
+        let (Some(probe), Some(build)) = (self.side(&probe_parts, true), self.side(&build_parts, false)) else {
+            return Err(DataFusionError::Internal("setfusion: a device-scanned input without its scan".into()));
+        };
+        let t = Instant::now();
+        let outcome = super::device_select::select_device_scanned(&self.selector, cfg, probe, build, &key_type);
+        let (selection, ran, reports) = match outcome {
+            Ok(Ok(r)) => r,
+            // Device trouble or files the device does not decode: the host reads those inputs.
+            Ok(Err(reason)) => return Ok(DeviceOutcome::Fallback { reason, probe_parts, build_parts }),
+            Err(e) => return Ok(DeviceOutcome::Fallback { reason: crate::util::one_line(&e), probe_parts, build_parts }),
+        };
+        self.metrics.select_time.add_duration(t.elapsed());
+        for (which, report) in &reports {
+            let plan = if which == "probe" { &self.probe } else { &self.build };
+            if let Some(scan) = plan.downcast_ref::<DeviceScanExec>() {
+                let cache = report.cache.map(|c| format!(", {c}")).unwrap_or_default();
+                scan.set_ran(format!("{} rows, {:.1} MB of pages{cache}", report.rows, report.bytes_read as f64 / 1e6));
+            }
+        }
+        *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
+        let Some(probe_parts) = probe_parts else {
+            // The probe side was never on the host: its output is a row count (see device_scanned).
+            let kept = selection.count_set_bits();
+            let outputs = (0..self.probe_partitions.len()).map(|p| PartitionOutput::Rows(if p == 0 { kept } else { 0 })).collect();
+            memory.free();
+            return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(outputs) }));
+        };
+        self.finish(cfg, probe_parts, build_parts.unwrap_or_default(), selection, batch_size, memory).map(DeviceOutcome::Done)
     }
 
     /// The selection and the output filter over the collected inputs (synchronous: see [`super::off_runtime`]).
@@ -654,6 +804,20 @@ impl Run {
         };
         crate::util::trace("select done");
         drop((probe_batches, build_batches));
+        self.finish(cfg, probe_parts, build_parts, selection, batch_size, memory)
+    }
+
+    /// The output over the selection: the build side's bytes released, the
+    /// probe side's partitions planned for filtering.
+    fn finish(
+        &self,
+        cfg: &SetfusionConfig,
+        probe_parts: Vec<Vec<RecordBatch>>,
+        build_parts: Vec<Vec<RecordBatch>>,
+        selection: BooleanBuffer,
+        batch_size: usize,
+        memory: &datafusion::execution::memory_pool::MemoryReservation,
+    ) -> Result<Selected> {
         // The build side is done with: its bytes go back to the pool.
         let build_bytes: usize = build_parts.iter().flatten().map(batch_bytes).sum();
         crate::gpu::drop_later(build_parts);

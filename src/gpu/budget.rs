@@ -11,18 +11,31 @@ use datafusion::error::Result;
 
 use super::{cuda_err, Gpu};
 
+/// Frees up to the given number of bytes of memory held for later (a cache),
+/// returning how many it freed; it must never block on a lock its caller
+/// may hold.
+pub type Evictor = Box<dyn Fn(usize) -> usize + Send + Sync>;
+
 /// Budget for device memory, in bytes. The limit is set per operator run from
 /// `setfusion.memory_limit` (0 = 90% of the device's memory).
-#[derive(Debug)]
 pub struct MemoryBudget {
     pub(super) total: usize,
     pub(super) limit: AtomicUsize,
     pub(super) used: Arc<AtomicUsize>,
+    /// Memory kept only for later (the device column cache), given back
+    /// when a charge would not fit otherwise: the cache yields to operators.
+    evictor: std::sync::OnceLock<Evictor>,
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget").field("total", &self.total).field("limit", &self.limit).field("used", &self.used).finish()
+    }
 }
 
 impl MemoryBudget {
     pub(super) fn new(total: usize) -> Self {
-        Self { total, limit: AtomicUsize::new(total / 10 * 9), used: Arc::new(AtomicUsize::new(0)) }
+        Self { total, limit: AtomicUsize::new(total / 10 * 9), used: Arc::new(AtomicUsize::new(0)), evictor: std::sync::OnceLock::new() }
     }
 
     /// Set the limit; 0 means 90% of device memory.
@@ -44,8 +57,26 @@ impl MemoryBudget {
         self.limit().saturating_sub(self.used())
     }
 
+    /// Install the one evictor of this budget (the device's column cache);
+    /// false when one is installed already.
+    pub fn set_evictor(&self, evictor: Evictor) -> bool {
+        self.evictor.set(evictor).is_ok()
+    }
+
     /// Charge `bytes`; the charge is returned when the [`Reservation`] drops.
+    /// When it does not fit, memory kept for later (see [`Self::set_evictor`])
+    /// is given back first, and the charge tried once more.
     pub fn reserve(&self, bytes: usize) -> Result<Reservation> {
+        match self.try_reserve(bytes) {
+            Err(e) => match self.evictor.get() {
+                Some(evict) if evict(bytes.saturating_sub(self.available())) > 0 => self.try_reserve(bytes),
+                _ => Err(e),
+            },
+            ok => ok,
+        }
+    }
+
+    fn try_reserve(&self, bytes: usize) -> Result<Reservation> {
         let limit = self.limit();
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {

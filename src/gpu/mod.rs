@@ -24,7 +24,7 @@ pub use error::{is_out_of_memory, GpuError};
 pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
 pub use staging::{HostOut, PendingBuffer, STAGING_HOST_BYTES};
-pub use transfer::{compact_kept_keys, compact_kept_keys_cpu, DeviceArray, TransferStats};
+pub use transfer::{compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, gpu_min_max, DeviceArray, TransferStats};
 pub(crate) use transfer::copy_threads;
 pub(crate) use pool::{drop_later, for_each_mut, par_map};
 

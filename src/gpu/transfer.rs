@@ -70,6 +70,16 @@ impl Gpu {
         self.upload_chunks_into(&[host], dst, offset, stats)
     }
 
+    /// The first `len` elements of `src` in a new device buffer (a copy on
+    /// the device, ordered on this device's stream like everything else).
+    pub fn copy_on_device<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize) -> Result<DeviceBuffer<T>> {
+        let mut dst = self.alloc::<T>(len)?;
+        if len > 0 {
+            self.stream.memcpy_dtod(&src.slice.slice(..len), &mut dst.slice).map_err(|e| super::cuda_err("cuMemcpyDtoD", e))?;
+        }
+        Ok(dst)
+    }
+
     /// Copy several host slices, back to back, to a new device buffer.
     pub fn upload_chunks<T: Pod>(&self, chunks: &[&[T]], stats: &mut TransferStats) -> Result<DeviceBuffer<T>> {
         self.upload_chunks_observed(chunks, stats, &|_| {})
@@ -418,7 +428,7 @@ pub(crate) fn copy_threads() -> usize {
 }
 
 /// [min, max] of `n` device keys (n > 0), by a reduction kernel.
-pub(super) fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
+pub fn gpu_min_max(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats) -> Result<(u64, u64)> {
     let f = gpu.function(&KERNEL, "min_max")?;
     let mut out = gpu.alloc::<u64>(2)?;
     let init = [u64::MAX, 0u64];
@@ -477,6 +487,19 @@ pub fn compact_kept_keys(
     n: usize,
     stats: &mut TransferStats,
 ) -> Result<(PendingBuffer, usize)> {
+    let (out, total) = compact_kept_keys_on_device(gpu, keys, sel, n, stats)?;
+    Ok((gpu.download_to_arrow(&out, total, stats)?, total))
+}
+
+/// [`compact_kept_keys`], the kept keys left on the device (e.g. a column's
+/// non-NULL keys, `sel` its validity words). CPU twin: [`compact_kept_keys_cpu`].
+pub fn compact_kept_keys_on_device(
+    gpu: &Gpu,
+    keys: &DeviceBuffer<u64>,
+    sel: &DeviceBuffer<u32>,
+    n: usize,
+    stats: &mut TransferStats,
+) -> Result<(DeviceBuffer<u64>, usize)> {
     const WORDS_PER_BLOCK: usize = 256; // SF_KEPT_WORDS
     let blocks = n.div_ceil(32).div_ceil(WORDS_PER_BLOCK).max(1);
     let n64 = n as u64;
@@ -504,7 +527,7 @@ pub fn compact_kept_keys(
     }
     .map_err(|e| cuda_err("compact_kept", e))?;
     stats.kernel += t.elapsed();
-    Ok((gpu.download_to_arrow(&out, total as usize, stats)?, total as usize))
+    Ok((out, total as usize))
 }
 
 /// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.

@@ -3,6 +3,7 @@
 //! place of DataFusion's semi/anti joins.
 
 pub mod cost;
+mod device_scan;
 mod mark_join;
 mod quantified;
 mod set_ops;
@@ -18,6 +19,7 @@ use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::set_select::Backend;
 
+pub use device_scan::DeviceScanRule;
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
 pub use semi_join::SemiJoinRule;
 pub use similarity::SimilarityJoinRule;

@@ -5,7 +5,6 @@
 //! files answer as one process does, and an executor refuses a table outside
 //! its data folder. The children are stopped when the test ends, passed or not.
 
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,16 +33,7 @@ fn setfusion(args: &[&str]) -> Child {
 }
 
 fn wait_for_port(port: u16, what: &str, children: &mut Children) {
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        for c in &mut children.0 {
-            if let Ok(Some(status)) = c.try_wait() {
-                panic!("{what}: a cluster process exited early ({status})");
-            }
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "{what} never listened on port {port}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    setfusion::distributed::process::wait_for_port(port, what, Duration::from_secs(120), &mut children.0).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -407,6 +407,44 @@ pub fn select_gpu_auto(
     Ok((sel, format!("gpu/{}{how}", strategy.name()), keys.map(|(b, _)| b)))
 }
 
+/// The selection over keys already on the device (the device Parquet scan's
+/// decoded keys, or uploaded ones): their domain reduced on the device, the
+/// strategy picked as [`select_gpu_auto`] picks it, one bit per probe row
+/// downloaded. Keys over the device budget are an error (out of memory): the
+/// caller takes the host path, which partitions.
+pub fn select_resident(
+    gpu: &Gpu,
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    build: DeviceBuffer<u64>,
+    nb: usize,
+    probe: DeviceBuffer<u64>,
+    np: usize,
+    stats: &mut TransferStats,
+) -> Result<(BooleanBuffer, String)> {
+    if np == 0 {
+        return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into()));
+    }
+    let range = |keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats| -> Result<Option<(u64, u64)>> {
+        if n == 0 {
+            return Ok(None);
+        }
+        crate::gpu::gpu_min_max(gpu, keys, n, stats).map(Some)
+    };
+    let range = merge_ranges(range(&build, nb, stats)?, range(&probe, np, stats)?);
+    let strategy = pick_strategy(gpu, forced, op, nb, np, range);
+    let needed = device_bytes(strategy, op, nb, np, range.map_or(0, |(lo, hi)| hi.wrapping_sub(lo).saturating_add(1)));
+    // The keys are already charged to the budget; the rest must fit.
+    let available = gpu.budget().available() + (nb + np) * 8;
+    if needed > available {
+        return Err(crate::gpu::GpuError::OverBudget { what: format!("device-resident keys, gpu/{}", strategy.name()), need: needed, available }.into());
+    }
+    let resident = ResidentSelect::from_device(build, nb, probe, np, range);
+    let out = resident.run(gpu, strategy, op, stats)?;
+    let sel = download_selection(gpu, &out, np, stats)?;
+    Ok((sel, format!("gpu/{}", strategy.name())))
+}
+
 /// Run [`select_gpu`] in key-hash partitions small enough for the budget.
 /// Equal keys always land in the same partition, so every rule stays exact.
 pub fn select_gpu_partitioned(

@@ -28,7 +28,7 @@ pub mod devices;
 pub mod hash;
 pub mod sort;
 
-pub use auto::{device_bytes, select_gpu, select_gpu_auto, select_gpu_chunks, select_gpu_partitioned, self_check, ResidentSelect};
+pub use auto::{device_bytes, select_gpu, select_gpu_auto, select_gpu_chunks, select_gpu_partitioned, select_resident, self_check, ResidentSelect};
 pub use devices::select_gpus;
 pub use bitmap::BITMAP_MAX_RANGE;
 pub use cpu::{select_cpu, select_cpu_chunks, KeyHasher};

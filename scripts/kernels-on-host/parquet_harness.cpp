@@ -1,0 +1,82 @@
+// Runs kernels/parquet_decode.cu's real kernels serially on the host (one
+// block of one thread: shim.h) over page tables written by the Rust tests
+// (files written by arrow-rs, decoded by arrow-rs's reader for the expected
+// keys; see parquet.sh), in the launcher's order: pq_copy_pages, pq_snappy,
+// pq_decode. Then flips bytes of every case's pages and checks that the
+// kernels end with an error code or the same keys as the CPU twin's rules
+// allow, without reading or writing out of bounds (run under ASan + UBSan).
+#define PQ_RUNS 512
+#define PQ_SNAPPY_CMDS 64
+#include "kernels_host.h"
+#include <cstring>
+#include <string>
+#include <vector>
+#include <fstream>
+#include <sstream>
+using std::string;
+using std::vector;
+
+template <class T> static vector<T> load(const string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) { printf("cannot read %s\n", path.c_str()); exit(2); }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    string s = ss.str();
+    vector<T> v(s.size() / sizeof(T));
+    if (!v.empty()) memcpy(v.data(), s.data(), v.size() * sizeof(T));
+    return v;
+}
+
+struct Out { vector<u64> keys; vector<u32> valid; u32 err; };
+
+static Out run(const vector<unsigned char>& raw, const vector<u64>& table, u64 rows, u64 body_len, u64 lvl_words, u64 idx_len, u64 def_max) {
+    u64 npages = table.size() / 16;
+    vector<unsigned char> body(body_len + 1, 0xcd);
+    vector<u32> levels(lvl_words + 1, 0), idx(idx_len + 1, 0xdeadbeef), valid(rows / 32 + 2, 0);
+    Out o;
+    o.keys.assign(rows + 1, 0x5a5a5a5a5a5a5a5aULL);
+    o.err = 0;
+    const PqPage* pages = (const PqPage*)table.data();
+    pq_copy_pages(raw.data(), body.data(), pages, npages);
+    pq_snappy(raw.data(), body.data(), pages, npages, &o.err);
+    pq_decode(body.data(), pages, npages, levels.data(), idx.data(), o.keys.data(), valid.data(), &o.err);
+    if (o.keys[rows] != 0x5a5a5a5a5a5a5a5aULL) { printf("keys overrun\n"); exit(1); }
+    o.keys.resize(rows);
+    valid.resize(def_max ? (rows + 31) / 32 : 0);
+    o.valid = valid;
+    return o;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2) { printf("usage: harness FIXTURE_DIR\n"); return 2; }
+    string dir = argv[1];
+    vector<u64> list = load<u64>(dir + "/cases.bin");
+    long pages_checked = 0, rows_checked = 0, corrupt_errors = 0;
+    for (u64 c = 0; c < list[0]; ++c) {
+        string p = dir + "/case" + std::to_string(c);
+        vector<u64> meta = load<u64>(p + "/meta.bin");  // rows, body_len, lvl_words, idx_len, def_max
+        vector<unsigned char> raw = load<unsigned char>(p + "/raw.bin");
+        vector<u64> table = load<u64>(p + "/pages.bin");
+        vector<u64> want = load<u64>(p + "/keys.bin");
+        vector<u32> want_valid = load<u32>(p + "/valid.bin");
+        Out o = run(raw, table, meta[0], meta[1], meta[2], meta[3], meta[4]);
+        if (o.err) { printf("case %llu: error code %u\n", c, o.err); return 1; }
+        if (o.keys != want) {
+            for (size_t i = 0; i < want.size(); ++i) if (o.keys[i] != want[i]) { printf("case %llu: key %zu: got %llu want %llu\n", c, i, o.keys[i], want[i]); break; }
+            return 1;
+        }
+        if (o.valid != want_valid) { printf("case %llu: validity differs\n", c); return 1; }
+        pages_checked += table.size() / 16;
+        rows_checked += meta[0];
+        // Corrupt pages: never out of bounds (ASan), an error code or keys.
+        for (size_t flip : {size_t(0), size_t(1), size_t(5), raw.size() / 3, raw.size() / 2, raw.size() - 1}) {
+            if (flip >= raw.size()) continue;
+            vector<unsigned char> bad = raw;
+            bad[flip] ^= 0xA5;
+            Out b = run(bad, table, meta[0], meta[1], meta[2], meta[3], meta[4]);
+            corrupt_errors += b.err != 0;
+        }
+    }
+    printf("ok: %llu cases, %ld pages, %ld rows equal to arrow-rs's reader; %ld of the corrupted runs ended with an error code\n", list[0], pages_checked, rows_checked, corrupt_errors);
+    return 0;
+}

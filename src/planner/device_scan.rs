@@ -1,0 +1,106 @@
+//! Physical rule: Parquet inputs of set selections read by the device.
+//!
+//! Runs after every other rule (the plan's shape is final). For each
+//! `SemiJoinExec` / `SetOpExec` on the GPU backend that reads all its input
+//! partitions at once, each input whose keys alone are needed (the build
+//! side; the probe side under a row count) and that is a Parquet scan the
+//! device can read becomes a [`DeviceScanExec`]. A Parquet input that stays
+//! with DataFusion's scan gets its reason in the operator's EXPLAIN line
+//! (`device_scan="..."`); inputs that are not Parquet scans, operators on the
+//! CPU backend and `setfusion.device_scan = false` leave the plan as it was.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::datasource::physical_plan::ParquetSource;
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::Result;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::config::SetfusionConfig;
+use crate::exec::device_scan::DeviceScanExec;
+use crate::exec::set_select::{Backend, SetSelectExec};
+
+#[derive(Debug, Default)]
+pub struct DeviceScanRule;
+
+/// Does the subtree read Parquet files?
+fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|p| {
+        if p.downcast_ref::<DataSourceExec>().and_then(|d| d.downcast_to_file_source::<ParquetSource>()).is_some() {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+impl DeviceScanRule {
+    fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = plan.downcast_ref::<SetSelectExec>() else { return Ok(Transformed::no(plan)) };
+        // Only the GPU backend reads keys on the device; a disabled scan leaves the plan (and EXPLAIN) as it was.
+        if !cfg.device_scan || !matches!(node.backend(), Backend::Gpu(_)) {
+            return Ok(Transformed::no(plan));
+        }
+        let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+        let mut reasons = Vec::new();
+        let mut new_children = children.clone();
+        for (i, (side, keys)) in [("probe", node.probe_keys()), ("build", node.build_keys())].into_iter().enumerate() {
+            if !reads_parquet(&children[i]) || children[i].downcast_ref::<DeviceScanExec>().is_some() {
+                continue;
+            }
+            let why = if node.partitioned_inputs_requested() {
+                Err("hash-partitioned inputs".to_string())
+            } else if keys.len() != 1 {
+                Err(format!("{} key columns", keys.len()))
+            } else if !node.keys_only(i == 0) {
+                Err("its rows are output".to_string())
+            } else {
+                // Both sides' keys are encoded as the probe side's type.
+                let key_type = crate::keys::key_type(&node.probe_keys()[0].data_type(&children[0].schema())?);
+                DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type)
+            };
+            match why {
+                Ok(scan) => new_children[i] = Arc::new(scan),
+                Err(why) => reasons.push(format!("{side}: {why}")),
+            }
+        }
+        let note = (!reasons.is_empty()).then(|| reasons.join("; "));
+        let changed = new_children.iter().zip(&children).any(|(a, b)| !Arc::ptr_eq(a, b));
+        if !changed && note.is_none() {
+            return Ok(Transformed::no(plan));
+        }
+        let mut new_children = new_children.into_iter();
+        let (Some(probe), Some(build)) = (new_children.next(), new_children.next()) else { return Ok(Transformed::no(plan)) };
+        let with_note = SetSelectExec::try_new(
+            node.op(),
+            probe,
+            build,
+            node.probe_keys().to_vec(),
+            node.build_keys().to_vec(),
+            node.nulls(),
+            node.backend().clone(),
+            node.projection().map(|p| p.to_vec()),
+        )?
+        .with_note(node.note().map(str::to_string))
+        .with_scan_note(note)
+        .with_partitioned_inputs(node.partitioned_inputs_requested())?;
+        Ok(Transformed::yes(Arc::new(with_note)))
+    }
+}
+
+impl PhysicalOptimizerRule for DeviceScanRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        super::rewrite_when_enabled(plan, config, Self::rewrite)
+    }
+    fn name(&self) -> &str {
+        "setfusion_device_scan"
+    }
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

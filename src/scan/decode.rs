@@ -1,0 +1,327 @@
+//! Page decoding into 64-bit keys: the launcher of `kernels/parquet_decode.cu`
+//! ([`decode_gpu`]) and its CPU twin ([`decode_cpu`]), one signature over the
+//! raw chunk bytes and the [`PageTable`].
+//!
+//! Keys are the host's exact encoding of the column's Arrow type (see
+//! `keys::is_exact`): the value sign-extended to 64 bits (INT32, DATE32,
+//! INT64, decimals of at most 18 digits stored as INT32 / INT64). NULL rows
+//! hold key 0 and a cleared validity bit (LSB-first 32-bit words, Arrow's layout).
+
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::error::{DataFusionError, Result};
+
+use super::pages::{PageTable, PqPage, CODEC_SNAPPY, ENC_DICT, KIND_DICT, KIND_V2, NO_DICT};
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
+
+/// Hybrid-stream runs per batch in the decode kernel's shared memory.
+const RUNS: usize = 512;
+/// Threads per block of the per-page kernels.
+const BLOCK: u32 = 256;
+/// pq_snappy: elements parsed ahead per batch, and threads per page (one
+/// warp: the batch's bytes are few, a wider block would mostly wait).
+const SNAPPY_CMDS: usize = 64;
+const SNAPPY_BLOCK: u32 = 32;
+
+fn defines() -> Vec<(String, u64)> {
+    vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_CMDS".to_string(), SNAPPY_CMDS as u64)]
+}
+
+/// kernels/parquet_decode.cu, with its contract constants as `-D` options.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "parquet_decode", source: include_str!("../../kernels/parquet_decode.cu"), defines };
+
+/// The kernel's error codes (`PQ_ERR_*`), as messages.
+fn error_message(code: u32) -> String {
+    let what = match code {
+        1 => "corrupt snappy stream",
+        2 => "snappy stream of the wrong decompressed size",
+        3 => "corrupt definition levels",
+        4 => "page values shorter than its non-NULL rows",
+        5 => "dictionary index out of range",
+        6 => "bad dictionary index bit width",
+        7 => "dictionary page missing",
+        _ => "unknown decode error",
+    };
+    format!("setfusion device scan: {what} (code {code})")
+}
+
+fn decode_error(code: u32) -> DataFusionError {
+    DataFusionError::External(error_message(code).into())
+}
+
+/// Decoded keys on the host: one per row, and validity words for optional columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub keys: Vec<u64>,
+    pub valid: Option<Vec<u32>>,
+}
+
+/// Decoded keys on the device.
+pub struct DeviceDecoded {
+    pub keys: DeviceBuffer<u64>,
+    pub valid: Option<DeviceBuffer<u32>>,
+    pub rows: usize,
+}
+
+/// Decode `t`'s pages of `raw` on the device (`raw`: the same bytes, uploaded).
+pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut TransferStats) -> Result<DeviceDecoded> {
+    let rows = t.rows as usize;
+    let npages = t.pages.len() as u64;
+    let mut keys = gpu.alloc::<u64>(rows)?;
+    let mut valid = if t.def_max > 0 { Some(gpu.alloc_zeros::<u32>(rows.div_ceil(32))?) } else { None };
+    if npages == 0 || rows == 0 {
+        return Ok(DeviceDecoded { keys, valid, rows });
+    }
+    let pages = gpu.upload(&t.flat(), stats)?;
+    let mut body = gpu.alloc::<u8>(t.body_len as usize)?;
+    let mut levels = gpu.alloc_zeros::<u32>(t.lvl_words as usize)?;
+    let mut idx = gpu.alloc::<u32>(t.idx_len as usize)?;
+    let mut err = gpu.alloc_zeros::<u32>(1)?;
+    let mut dummy_valid = gpu.alloc_zeros::<u32>(1)?;
+    let started = Instant::now();
+    let per_page = LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let copy = gpu.function(&KERNEL, "pq_copy_pages")?;
+    // SAFETY: signature matches kernels/parquet_decode.cu; every page's src / dst range lies in `raw` / `body` (page_table built them).
+    unsafe { gpu.stream().launch_builder(&copy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).launch(per_page) }
+        .map_err(|e| cuda_err("pq_copy_pages", e))?;
+    if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
+        let snappy = gpu.function(&KERNEL, "pq_snappy")?;
+        let cfg = LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (SNAPPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: as above; `err` holds one word.
+        unsafe { gpu.stream().launch_builder(&snappy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).arg(&mut err.slice).launch(cfg) }
+            .map_err(|e| cuda_err("pq_snappy", e))?;
+    }
+    let decode = gpu.function(&KERNEL, "pq_decode")?;
+    let valid_arg = match valid.as_mut() {
+        Some(v) => &mut v.slice,
+        None => &mut dummy_valid.slice,
+    };
+    // SAFETY: as above; `levels` / `idx` hold the scratch page_table counted, `keys` one
+    // key per row, `valid` one bit per row (or one unused word for required columns).
+    unsafe {
+        gpu.stream()
+            .launch_builder(&decode)
+            .arg(&body.slice)
+            .arg(&pages.slice)
+            .arg(&npages)
+            .arg(&mut levels.slice)
+            .arg(&mut idx.slice)
+            .arg(&mut keys.slice)
+            .arg(valid_arg)
+            .arg(&mut err.slice)
+            .launch(per_page)
+    }
+    .map_err(|e| cuda_err("pq_decode", e))?;
+    let code = gpu.read_one(&err, 0, stats)?;
+    stats.kernel += started.elapsed();
+    if code != 0 {
+        return Err(decode_error(code));
+    }
+    Ok(DeviceDecoded { keys, valid, rows })
+}
+
+/// The hybrid RLE / bit-packed stream's runs, as the kernel reads them.
+struct Hybrid<'a> {
+    s: &'a [u8],
+    pos: usize,
+    bw: u32,
+}
+
+impl Hybrid<'_> {
+    fn varint(&mut self) -> Option<u64> {
+        let mut x = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *self.s.get(self.pos)?;
+            self.pos += 1;
+            x |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                return Some(x);
+            }
+        }
+        None
+    }
+    /// Append up to `want` values to `out`; None when the stream is corrupt or ends early.
+    fn read(&mut self, want: usize, out: &mut Vec<u32>) -> Option<()> {
+        let bw = self.bw as usize;
+        while out.len() < want {
+            let h = self.varint()?;
+            let left = want - out.len();
+            if h & 1 == 1 {
+                let n = ((h >> 1) * 8) as usize;
+                let bytes = (h >> 1) as usize * bw;
+                let take = n.min(left);
+                if self.pos + (take * bw).div_ceil(8) > self.s.len() || take == 0 {
+                    return None;
+                }
+                let start = self.pos * 8;
+                for j in 0..take {
+                    let bit = start + j * bw;
+                    let mut word = 0u64;
+                    for k in 0..5 {
+                        word |= (*self.s.get(bit / 8 + k).unwrap_or(&0) as u64) << (8 * k);
+                    }
+                    let mask = if bw == 32 { u32::MAX as u64 } else { (1u64 << bw) - 1 };
+                    out.push(((word >> (bit % 8)) & mask) as u32);
+                }
+                self.pos = (self.pos + bytes).min(self.s.len());
+            } else {
+                let vb = bw.div_ceil(8);
+                if self.pos + vb > self.s.len() {
+                    return None;
+                }
+                let mut v = 0u64;
+                for k in 0..vb {
+                    v |= (self.s[self.pos + k] as u64) << (8 * k);
+                }
+                self.pos += vb;
+                let n = ((h >> 1) as usize).min(left);
+                if n == 0 {
+                    return None;
+                }
+                out.extend(std::iter::repeat_n(v as u32, n));
+            }
+        }
+        Some(())
+    }
+}
+
+fn value(s: &[u8], width: u64) -> u64 {
+    if width == 4 {
+        i32::from_le_bytes([s[0], s[1], s[2], s[3]]) as i64 as u64
+    } else {
+        u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]])
+    }
+}
+
+/// One page's uncompressed body (levels and values), as the first two kernels leave it.
+fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
+    let src = &raw[p.src as usize..(p.src + p.src_len) as usize];
+    if p.codec != CODEC_SNAPPY {
+        return Ok(src[..(p.src_len.min(p.dst_len)) as usize].to_vec());
+    }
+    let levels = p.levels_len as usize;
+    if src.len() < levels || (p.dst_len as usize) < levels {
+        return Err(decode_error(1));
+    }
+    let mut out = vec![0u8; p.dst_len as usize];
+    out[..levels].copy_from_slice(&src[..levels]);
+    let stream = &src[levels..];
+    match snap::raw::decompress_len(stream) {
+        Ok(n) if n == out.len() - levels => {}
+        Ok(_) => return Err(decode_error(2)),
+        Err(_) => return Err(decode_error(1)),
+    }
+    snap::raw::Decoder::new().decompress(stream, &mut out[levels..]).map_err(|_| decode_error(1))?;
+    Ok(out)
+}
+
+/// CPU twin of [`decode_gpu`]: the same keys and validity, the same errors.
+pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
+    let rows = t.rows as usize;
+    let mut keys = vec![0u64; rows];
+    let mut valid = (t.def_max > 0).then(|| vec![0u32; rows.div_ceil(32)]);
+    let bodies: Vec<Vec<u8>> = t.pages.iter().map(|p| page_body(raw, p)).collect::<Result<_>>()?;
+    for (pi, p) in t.pages.iter().enumerate() {
+        if p.kind == KIND_DICT {
+            continue;
+        }
+        let b = &bodies[pi];
+        let n = p.num_values as usize;
+        let (def, vals) = if p.kind == KIND_V2 {
+            ((p.levels_len - p.def_len) as usize..p.levels_len as usize, p.levels_len as usize)
+        } else if p.def_max > 0 {
+            if b.len() < 4 {
+                return Err(decode_error(3));
+            }
+            let l = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+            (4..4 + l, 4 + l)
+        } else {
+            (0..0, 0)
+        };
+        if def.end > b.len() {
+            return Err(decode_error(3));
+        }
+        let present: Vec<bool> = if p.def_max > 0 {
+            let mut levels = Vec::with_capacity(n);
+            Hybrid { s: &b[def.clone()], pos: 0, bw: 1 }.read(n, &mut levels).ok_or_else(|| decode_error(3))?;
+            if levels.iter().any(|&l| l > 1) {
+                return Err(decode_error(3));
+            }
+            levels.iter().map(|&l| l == 1).collect()
+        } else {
+            vec![true; n]
+        };
+        let nonnull = present.iter().filter(|&&x| x).count();
+        let mut values: Vec<u64> = Vec::with_capacity(nonnull);
+        if p.encoding == ENC_DICT {
+            if p.dict == NO_DICT || p.dict as usize >= t.pages.len() {
+                return Err(decode_error(7));
+            }
+            let d = &t.pages[p.dict as usize];
+            let dict = &bodies[p.dict as usize];
+            if (d.dst_len as usize) < d.num_values as usize * p.width as usize || dict.len() < d.num_values as usize * p.width as usize {
+                return Err(decode_error(4));
+            }
+            if nonnull > 0 {
+                let bw = *b.get(vals).ok_or_else(|| decode_error(6))? as u32;
+                if bw > 32 {
+                    return Err(decode_error(6));
+                }
+                let mut idx = Vec::with_capacity(nonnull);
+                Hybrid { s: &b[vals + 1..], pos: 0, bw }.read(nonnull, &mut idx).ok_or_else(|| decode_error(4))?;
+                for i in idx {
+                    if i as u64 >= d.num_values {
+                        return Err(decode_error(5));
+                    }
+                    let at = i as usize * p.width as usize;
+                    values.push(value(&dict[at..], p.width));
+                }
+            }
+        } else {
+            if b.len() < vals || (b.len() - vals) / (p.width as usize) < nonnull {
+                return Err(decode_error(4));
+            }
+            values.extend((0..nonnull).map(|i| value(&b[vals + i * p.width as usize..], p.width)));
+        }
+        let mut next = values.into_iter();
+        for (i, &ok) in present.iter().enumerate() {
+            let row = p.first_row as usize + i;
+            if ok {
+                keys[row] = next.next().unwrap_or(0);
+                if let Some(v) = valid.as_mut() {
+                    v[row >> 5] |= 1 << (row & 31);
+                }
+            } else {
+                keys[row] = 0;
+            }
+        }
+    }
+    Ok(Decoded { keys, valid })
+}
+
+/// `doctor`'s check: pages written by arrow-rs (dictionary and PLAIN, v1 and
+/// v2, snappy and uncompressed, with NULLs) decoded on the device equal the CPU twin.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    let mut pages = 0;
+    let mut rows = 0;
+    for case in super::fixtures::cases() {
+        let (raw, table) = super::fixtures::table_of(&case)?;
+        let want = decode_cpu(&raw, &table)?;
+        let mut stats = TransferStats::default();
+        let d_raw = gpu.upload(&raw, &mut stats)?;
+        let got = decode_gpu(gpu, &d_raw, &table, &mut stats)?;
+        let keys = gpu.download(&got.keys, got.rows, &mut stats)?;
+        let valid = match &got.valid {
+            Some(v) => Some(gpu.download(v, got.rows.div_ceil(32), &mut stats)?),
+            None => None,
+        };
+        let got = Decoded { keys, valid };
+        if got != want {
+            return Err(DataFusionError::Internal(format!("parquet_decode: device and CPU twin differ on {}", case.name)));
+        }
+        pages += table.pages.len();
+        rows += table.rows;
+    }
+    Ok(format!("{pages} pages, {rows} rows decoded, equal to the CPU twin"))
+}

@@ -1,0 +1,146 @@
+//! Parquet files written by arrow-rs with the writer options the device scan
+//! meets (dictionary on, off and falling back to PLAIN mid-chunk; data pages
+//! v1 and v2; snappy and uncompressed; small and large pages; no, some and
+//! only NULLs; several row groups; INT32 / INT64 / DATE32 / DECIMAL(12, 2)),
+//! for the decoder's tests and `doctor`'s self-check.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::error::{DataFusionError, Result};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding};
+use parquet::file::properties::{WriterProperties, WriterVersion};
+
+use super::pages::{page_table, plan_scan, read_chunks, PageTable, ScanFile};
+
+/// One file's recipe.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: String,
+    pub data_type: DataType,
+    pub rows: usize,
+    /// Percent of NULL rows (100: all NULL); 0 writes a required column.
+    pub nulls: u32,
+    /// Distinct values (small: dictionary-friendly).
+    pub distinct: u64,
+    pub dictionary: bool,
+    /// A dictionary page limit small enough to fall back to PLAIN mid-chunk.
+    pub dict_fallback: bool,
+    pub v2: bool,
+    pub snappy: bool,
+    /// Rows per data page (the writer's row count limit).
+    pub page_rows: usize,
+    pub row_group_rows: usize,
+}
+
+/// The cases: every writer option against each other on rotating types.
+pub fn cases() -> Vec<Case> {
+    let types = [DataType::Int64, DataType::Int32, DataType::Date32, DataType::Decimal128(12, 2)];
+    let mut out = Vec::new();
+    let mut i = 0;
+    for (dictionary, dict_fallback) in [(true, false), (false, false), (true, true)] {
+        for v2 in [false, true] {
+            for snappy in [true, false] {
+                for nulls in [0u32, 30, 100] {
+                    let data_type = types[i % types.len()].clone();
+                    let page_rows = [64, 1000, 20_000][i % 3];
+                    let distinct = if dict_fallback { 1 << 40 } else { [7, 1000, 1 << 40][i % 3] };
+                    out.push(Case {
+                        name: format!("{data_type} dict={dictionary} fallback={dict_fallback} v2={v2} snappy={snappy} nulls={nulls}% page_rows={page_rows}"),
+                        data_type,
+                        rows: 3000 + 917 * (i % 5),
+                        nulls,
+                        distinct,
+                        dictionary,
+                        dict_fallback,
+                        v2,
+                        snappy,
+                        page_rows,
+                        row_group_rows: [1 << 20, 1500, 4096][i % 3],
+                    });
+                    i += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The case's column (named `k`), deterministic.
+pub fn column(c: &Case) -> ArrayRef {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ c.rows as u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let vals: Vec<Option<i64>> = (0..c.rows)
+        .map(|_| {
+            let r = next();
+            let v = (r % c.distinct) as i64 - (c.distinct / 2) as i64;
+            ((r >> 40) % 100 >= c.nulls as u64).then_some(v)
+        })
+        .collect();
+    match &c.data_type {
+        DataType::Int64 => Arc::new(Int64Array::from(vals)),
+        DataType::Int32 => Arc::new(Int32Array::from(vals.iter().map(|v| v.map(|v| v as i32)).collect::<Vec<_>>())),
+        DataType::Date32 => Arc::new(Date32Array::from(vals.iter().map(|v| v.map(|v| (v % 100_000) as i32)).collect::<Vec<_>>())),
+        DataType::Decimal128(p, s) => Arc::new(
+            Decimal128Array::from(vals.iter().map(|v| v.map(|v| (v % 10i64.pow(*p as u32 - 1)) as i128)).collect::<Vec<_>>())
+                .with_precision_and_scale(*p, *s)
+                .expect("valid decimal"),
+        ),
+        other => unreachable!("fixture type {other}"),
+    }
+}
+
+/// The case written by arrow-rs, as file bytes.
+pub fn write(c: &Case) -> Result<Vec<u8>> {
+    let col = column(c);
+    let schema = Arc::new(Schema::new(vec![Field::new("k", c.data_type.clone(), c.nulls > 0), Field::new("other", DataType::Int32, true)]));
+    let other: ArrayRef = Arc::new(Int32Array::from((0..c.rows as i32).map(|i| (i % 3 > 0).then_some(i)).collect::<Vec<_>>()));
+    let batch = RecordBatch::try_new(schema.clone(), vec![col, other])?;
+    let mut props = WriterProperties::builder()
+        .set_dictionary_enabled(c.dictionary)
+        .set_writer_version(if c.v2 { WriterVersion::PARQUET_2_0 } else { WriterVersion::PARQUET_1_0 })
+        .set_compression(if c.snappy { Compression::SNAPPY } else { Compression::UNCOMPRESSED })
+        .set_data_page_row_count_limit(c.page_rows)
+        .set_write_batch_size(c.page_rows.min(1024))
+        .set_max_row_group_row_count(Some(c.row_group_rows))
+        // v2 files otherwise take DELTA_BINARY_PACKED for integers (a fallback the device does not decode yet).
+        .set_encoding(Encoding::PLAIN);
+    if c.dict_fallback {
+        props = props.set_dictionary_page_size_limit(512);
+    }
+    let mut buf = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props.build()))?;
+    w.write(&batch)?;
+    w.close()?;
+    Ok(buf)
+}
+
+/// A file path for this process's fixture of `name`.
+fn temp_path(tag: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("setfusion-pq-{tag}-{}-{n}.parquet", std::process::id()))
+}
+
+/// The case's raw chunk bytes and page table (the file is written to a temporary path and removed).
+pub fn table_of(c: &Case) -> Result<(Vec<u8>, PageTable)> {
+    let path = temp_path("fixture");
+    std::fs::write(&path, write(c)?)?;
+    let r = (|| {
+        let plan = plan_scan(&[ScanFile { path: path.clone(), ranges: vec![] }], "k", &c.data_type)?
+            .map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
+        let raw = read_chunks(&plan)?;
+        let table = page_table(&plan, &raw)?.map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
+        Ok((raw, table))
+    })();
+    let _ = std::fs::remove_file(&path);
+    r
+}

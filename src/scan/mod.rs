@@ -1,0 +1,294 @@
+//! The device Parquet scan (issue 27, first slice): one key column of
+//! Parquet files read on the host as raw column chunks, uploaded, and
+//! decompressed (SNAPPY) and decoded (PLAIN and dictionary pages, v1 and v2,
+//! NULLs) on the device straight into the selection's 64-bit keys.
+//!
+//! - [`pages`]: footers, column chunks, parallel reads, the page table (host);
+//! - [`thrift`]: page headers (thrift compact protocol);
+//! - [`decode`]: `kernels/parquet_decode.cu`'s launcher and its CPU twin;
+//! - [`fixtures`]: files written by arrow-rs with every writer option the scan meets.
+//!
+//! Layering: below `algo` and `exec` (which call it), above `gpu`.
+
+pub mod cache;
+pub mod decode;
+pub mod fixtures;
+pub mod pages;
+mod thrift;
+
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::Result;
+
+pub use cache::{CacheKey, CacheUse, ColumnCache};
+pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded};
+pub use pages::{supported_type, Fallback, ScanFile};
+
+use crate::gpu::{Gpu, TransferStats};
+
+/// What one device scan did, for EXPLAIN ANALYZE and the benchmark.
+#[derive(Debug, Clone, Default)]
+pub struct ScanReport {
+    pub rows: u64,
+    /// Column chunk bytes read from the files.
+    pub bytes_read: u64,
+    /// Decoded key bytes (8 a row).
+    pub bytes_decoded: u64,
+    pub pages: usize,
+    pub read: Duration,
+    pub upload: Duration,
+    pub decode: Duration,
+    /// What the device column cache did ([`cache`]).
+    pub cache: Option<CacheUse>,
+}
+
+/// Read `column` of `files` (read by DataFusion as `arrow`) onto `gpu` as
+/// keys; `Err(Fallback)` when the files hold something the device does not
+/// decode (the caller reads them on the host instead). With `cache_limit`
+/// above 0, the device column cache ([`cache`]) answers a repeated scan of
+/// unchanged files, and keeps what this one decodes.
+pub fn scan_to_device(
+    gpu: &Gpu,
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
+    let key = (cache_limit > 0).then(|| CacheKey::of(files, column, arrow)).flatten();
+    let Some(key) = key else {
+        return Ok(read_to_device(gpu, files, column, arrow, stats)?.map(|(d, mut r)| {
+            r.cache = Some(CacheUse::Off);
+            (d, r)
+        }));
+    };
+    let cache = ColumnCache::of(gpu);
+    let t = Instant::now();
+    if let Some(hit) = cache.get(gpu, &key)? {
+        let rows = hit.rows as u64;
+        let bytes = hit.rows * 8 + hit.valid.as_ref().map_or(0, |_| hit.rows.div_ceil(32) * 4);
+        let report = ScanReport { rows, bytes_decoded: rows * 8, upload: t.elapsed(), cache: Some(CacheUse::Hit { bytes }), ..Default::default() };
+        return Ok(Ok((hit, report)));
+    }
+    Ok(read_to_device(gpu, files, column, arrow, stats)?.map(|(d, mut r)| {
+        r.cache = Some(cache.put(gpu, key, &d, cache_limit));
+        (d, r)
+    }))
+}
+
+/// [`scan_to_device`] without the cache: the files read, uploaded and decoded.
+fn read_to_device(
+    gpu: &Gpu,
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
+    let t = Instant::now();
+    let plan = match pages::plan_scan(files, column, arrow)? {
+        Ok(p) => p,
+        Err(f) => return Ok(Err(f)),
+    };
+    let raw = pages::read_chunks(&plan)?;
+    let table = match pages::page_table(&plan, &raw)? {
+        Ok(t) => t,
+        Err(f) => return Ok(Err(f)),
+    };
+    let read = t.elapsed();
+    let t = Instant::now();
+    let d_raw = gpu.upload(&raw, stats)?;
+    crate::gpu::drop_later(raw);
+    let upload = t.elapsed();
+    let t = Instant::now();
+    let decoded = decode_gpu(gpu, &d_raw, &table, stats)?;
+    let report = ScanReport {
+        rows: plan.rows,
+        bytes_read: plan.bytes,
+        bytes_decoded: plan.rows * 8,
+        pages: table.pages.len(),
+        read,
+        upload,
+        decode: t.elapsed(),
+        cache: None,
+    };
+    Ok(Ok((decoded, report)))
+}
+
+/// [`scan_to_device`]'s CPU twin: the same keys, decoded on the host.
+pub fn scan_to_host(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<std::result::Result<Decoded, Fallback>> {
+    let plan = match pages::plan_scan(files, column, arrow)? {
+        Ok(p) => p,
+        Err(f) => return Ok(Err(f)),
+    };
+    let raw = pages::read_chunks(&plan)?;
+    match pages::page_table(&plan, &raw)? {
+        Ok(t) => Ok(Ok(decode_cpu(&raw, &t)?)),
+        Err(f) => Ok(Err(f)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Date32Type, Decimal128Type, Int32Type, Int64Type};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    use super::fixtures::{cases, table_of, write};
+    use super::*;
+
+    /// What arrow-rs's reader gives for the case, as keys and validity.
+    fn arrow_keys(bytes: Vec<u8>) -> Decoded {
+        let path = std::env::temp_dir().join(format!("setfusion-pq-arrow-{}-{:?}.parquet", std::process::id(), std::thread::current().id()));
+        std::fs::write(&path, bytes).unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap().build().unwrap();
+        let _ = std::fs::remove_file(&path);
+        let (mut keys, mut valid) = (Vec::new(), Vec::new());
+        for b in reader {
+            let b = b.unwrap();
+            let a = b.column(0);
+            for i in 0..a.len() {
+                let v = match a.data_type() {
+                    DataType::Int64 => a.as_primitive::<Int64Type>().value(i) as u64,
+                    DataType::Int32 => a.as_primitive::<Int32Type>().value(i) as i64 as u64,
+                    DataType::Date32 => a.as_primitive::<Date32Type>().value(i) as i64 as u64,
+                    DataType::Decimal128(..) => a.as_primitive::<Decimal128Type>().value(i) as i64 as u64,
+                    t => panic!("{t}"),
+                };
+                keys.push(if a.is_valid(i) { v } else { 0 });
+                valid.push(a.is_valid(i));
+            }
+        }
+        let nullable = valid.iter().any(|v| !v);
+        let words = (0..keys.len().div_ceil(32))
+            .map(|w| (0..32).filter(|j| valid.get(w * 32 + j).copied().unwrap_or(false)).fold(0u32, |acc, j| acc | 1 << j))
+            .collect();
+        Decoded { keys, valid: nullable.then_some(words) }
+    }
+
+    /// The CPU twin equals arrow-rs's reader on every writer option, and the
+    /// pages really cover what the cases claim (dictionary, PLAIN, v2, snappy).
+    #[test]
+    fn cpu_twin_matches_arrow_reader() {
+        let (mut dict_pages, mut plain_pages, mut v2_pages, mut snappy_pages, mut mixed_chunks) = (0, 0, 0, 0, 0);
+        for case in cases() {
+            let (raw, table) = table_of(&case).unwrap();
+            let mut got = decode_cpu(&raw, &table).unwrap();
+            let want = arrow_keys(write(&case).unwrap());
+            // A required column has no validity; an optional one without NULLs has all bits set.
+            if case.nulls == 0 {
+                assert!(got.valid.is_none(), "{}", case.name);
+            } else if want.valid.is_none() {
+                assert!(got.valid.as_ref().unwrap().iter().enumerate().all(|(w, &x)| {
+                    let live = (case.rows - w * 32).min(32);
+                    x == if live == 32 { u32::MAX } else { (1 << live) - 1 }
+                }));
+                got.valid = None;
+            }
+            assert_eq!(got, want, "{}", case.name);
+            for p in &table.pages {
+                dict_pages += (p.encoding == pages::ENC_DICT) as usize;
+                plain_pages += (p.kind != pages::KIND_DICT && p.encoding == pages::ENC_PLAIN) as usize;
+                v2_pages += (p.kind == pages::KIND_V2) as usize;
+                snappy_pages += (p.codec == pages::CODEC_SNAPPY) as usize;
+            }
+            if case.dict_fallback {
+                mixed_chunks += table.pages.windows(2).any(|w| w[0].encoding == pages::ENC_DICT && w[1].encoding == pages::ENC_PLAIN && w[1].kind != pages::KIND_DICT) as usize;
+            }
+        }
+        assert!(dict_pages > 0 && plain_pages > 0 && v2_pages > 0 && snappy_pages > 0, "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}");
+        assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
+    }
+
+    /// With `SETFUSION_WRITE_PQ_FIXTURES=DIR`: every case's raw bytes, page
+    /// table and arrow-rs's keys as files, for scripts/kernels-on-host/parquet.sh.
+    #[test]
+    fn write_kernel_fixtures() {
+        let Some(dir) = std::env::var_os("SETFUSION_WRITE_PQ_FIXTURES") else { return };
+        let dir = std::path::PathBuf::from(dir);
+        let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let all = cases();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cases.bin"), u64s(&[all.len() as u64])).unwrap();
+        for (i, case) in all.iter().enumerate() {
+            let (raw, table) = table_of(case).unwrap();
+            let want = decode_cpu(&raw, &table).unwrap();
+            assert_eq!(want.keys, arrow_keys(write(case).unwrap()).keys, "{}", case.name);
+            let d = dir.join(format!("case{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("meta.bin"), u64s(&[table.rows, table.body_len, table.lvl_words, table.idx_len, table.def_max])).unwrap();
+            std::fs::write(d.join("raw.bin"), &raw).unwrap();
+            std::fs::write(d.join("pages.bin"), u64s(&table.flat())).unwrap();
+            std::fs::write(d.join("keys.bin"), u64s(&want.keys)).unwrap();
+            let valid: Vec<u8> = want.valid.unwrap_or_default().iter().flat_map(|w| w.to_le_bytes()).collect();
+            std::fs::write(d.join("valid.bin"), valid).unwrap();
+        }
+    }
+
+    /// The device decodes every case to the CPU twin's keys and validity.
+    #[test]
+    fn gpu_decode_matches_cpu_twin() {
+        let Some(g) = crate::gpu::test_gpu() else { return };
+        println!("{}", decode::self_check(&g).unwrap());
+    }
+
+    /// Corrupt bytes give an error, never a panic, on both backends.
+    #[test]
+    fn corrupt_pages_fail_cleanly() {
+        let g = crate::gpu::test_gpu();
+        for case in cases().into_iter().step_by(5) {
+            let (raw, table) = table_of(&case).unwrap();
+            for flip in [0usize, 1, 7, raw.len() / 2, raw.len().saturating_sub(3)] {
+                let mut bad = raw.clone();
+                if let Some(b) = bad.get_mut(flip) {
+                    *b ^= 0xA5;
+                }
+                let cpu = decode_cpu(&bad, &table);
+                if let Some(g) = &g {
+                    let mut stats = TransferStats::default();
+                    let d = g.upload(&bad, &mut stats).unwrap();
+                    let gpu = decode_gpu(g, &d, &table, &mut stats).and_then(|d| {
+                        let keys = g.download(&d.keys, d.rows, &mut stats)?;
+                        let valid = match &d.valid {
+                            Some(v) => Some(g.download(v, d.rows.div_ceil(32), &mut stats)?),
+                            None => None,
+                        };
+                        Ok(Decoded { keys, valid })
+                    });
+                    match (&cpu, &gpu) {
+                        (Ok(a), Ok(b)) => assert_eq!(a, b, "{} flip {flip}", case.name),
+                        (Err(_), Err(_)) => {}
+                        _ => panic!("{} flip {flip}: cpu {:?} gpu {:?}", case.name, cpu.is_ok(), gpu.is_ok()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Codecs, types and nested columns the device does not take fall back with a reason.
+    #[test]
+    fn unsupported_inputs_fall_back_with_reasons() {
+        use parquet::basic::{Compression, ZstdLevel};
+        use parquet::file::properties::WriterProperties;
+        use std::sync::Arc;
+        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![datafusion::arrow::datatypes::Field::new("k", DataType::Int64, false)]));
+        let batch = datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![1i64, 2, 3]))]).unwrap();
+        let path = std::env::temp_dir().join(format!("setfusion-pq-zstd-{}.parquet", std::process::id()));
+        let mut buf = Vec::new();
+        let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())).build();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        std::fs::write(&path, buf).unwrap();
+        let files = [ScanFile { path: path.clone(), ranges: vec![] }];
+        let why = pages::plan_scan(&files, "k", &DataType::Int64).unwrap().unwrap_err();
+        assert!(why.0.contains("codec ZSTD"), "{why}");
+        let why = pages::plan_scan(&files, "k", &DataType::Int32).unwrap().unwrap_err();
+        assert!(why.0.contains("schema adaptation"), "{why}");
+        let why = pages::plan_scan(&files, "k", &DataType::Utf8).unwrap().unwrap_err();
+        assert!(why.0.contains("type Utf8"), "{why}");
+        let why = pages::plan_scan(&files, "nope", &DataType::Int64).unwrap().unwrap_err();
+        assert!(why.0.contains("nested or missing"), "{why}");
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,0 +1,396 @@
+//! The host side of the device scan: from Parquet files and one key column
+//! to the raw bytes of its column chunks and one page table entry per page
+//! ([`PqPage`], the contract of `kernels/parquet_decode.cu`).
+//!
+//! Footers are read with the parquet crate; every row group of the files is
+//! read (the scan is only chosen without a predicate, so nothing is pruned:
+//! see [`crate::exec::device_scan`]). What the device cannot decode is
+//! reported as a [`Fallback`] reason, never decoded wrongly.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::{DataFusionError, Result};
+use parquet::basic::{Compression, LogicalType, Type as PhysicalType};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+
+use super::thrift::{self, read_page_header};
+
+/// A reason the device cannot scan this input; the host scan takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fallback(pub String);
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn fallback<T>(why: impl Into<String>) -> Result<std::result::Result<T, Fallback>> {
+    Ok(Err(Fallback(why.into())))
+}
+
+/// One page for the device: 16 u64 fields, in the order of the kernel's `PqPage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PqPage {
+    pub src: u64,
+    pub src_len: u64,
+    pub dst: u64,
+    pub dst_len: u64,
+    pub levels_len: u64,
+    pub def_len: u64,
+    pub codec: u64,
+    pub kind: u64,
+    pub encoding: u64,
+    pub num_values: u64,
+    pub first_row: u64,
+    pub dict: u64,
+    pub def_max: u64,
+    pub width: u64,
+    pub lvl_word: u64,
+    pub idx_off: u64,
+}
+
+/// `PqPage::kind` values.
+pub const KIND_DICT: u64 = 0;
+pub const KIND_V1: u64 = 1;
+pub const KIND_V2: u64 = 2;
+/// `PqPage::codec` values.
+pub const CODEC_NONE: u64 = 0;
+pub const CODEC_SNAPPY: u64 = 1;
+/// `PqPage::encoding` values.
+pub const ENC_PLAIN: u64 = 0;
+pub const ENC_DICT: u64 = 1;
+/// No dictionary page.
+pub const NO_DICT: u64 = u64::MAX;
+
+impl PqPage {
+    pub fn fields(&self) -> [u64; 16] {
+        [
+            self.src, self.src_len, self.dst, self.dst_len, self.levels_len, self.def_len, self.codec, self.kind, self.encoding,
+            self.num_values, self.first_row, self.dict, self.def_max, self.width, self.lvl_word, self.idx_off,
+        ]
+    }
+    pub fn from_fields(f: &[u64]) -> Self {
+        PqPage {
+            src: f[0], src_len: f[1], dst: f[2], dst_len: f[3], levels_len: f[4], def_len: f[5], codec: f[6], kind: f[7], encoding: f[8],
+            num_values: f[9], first_row: f[10], dict: f[11], def_max: f[12], width: f[13], lvl_word: f[14], idx_off: f[15],
+        }
+    }
+}
+
+/// One file of the scan: its path and the byte ranges DataFusion assigned
+/// (empty: the whole file). The ranges of one file must cover it.
+#[derive(Debug, Clone)]
+pub struct ScanFile {
+    pub path: PathBuf,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// One column chunk to read.
+#[derive(Debug, Clone)]
+struct Chunk {
+    file: usize,
+    offset: u64,
+    len: u64,
+    codec: u64,
+    first_row: u64,
+    rows: u64,
+}
+
+/// The scan of one key column over files: what to read and how to decode it.
+#[derive(Debug, Clone)]
+pub struct ScanPlan {
+    pub files: Vec<PathBuf>,
+    chunks: Vec<Chunk>,
+    pub rows: u64,
+    /// Physical value bytes (4 or 8).
+    pub width: u64,
+    /// 1 when the column is optional (may hold NULLs).
+    pub def_max: u64,
+    /// Compressed bytes to read.
+    pub bytes: u64,
+}
+
+/// The page table over the raw chunk bytes, and the device scratch it needs.
+#[derive(Debug, Clone, Default)]
+pub struct PageTable {
+    pub pages: Vec<PqPage>,
+    /// Bytes of all uncompressed page bodies (each 8-aligned).
+    pub body_len: u64,
+    /// Validity scratch words (pages of optional columns).
+    pub lvl_words: u64,
+    /// Dictionary index scratch entries (dictionary-encoded data pages).
+    pub idx_len: u64,
+    pub rows: u64,
+    pub def_max: u64,
+}
+
+impl PageTable {
+    /// The table as the kernels read it.
+    pub fn flat(&self) -> Vec<u64> {
+        self.pages.iter().flat_map(|p| p.fields()).collect()
+    }
+}
+
+/// Is the Parquet column (physical type, logical type) read by DataFusion as
+/// `arrow` with the same 64-bit key the host would encode? None: yes; else why not.
+fn type_mismatch(physical: PhysicalType, logical: Option<&LogicalType>, arrow: &DataType) -> Option<String> {
+    let ok = match (arrow, physical, logical) {
+        (DataType::Int64, PhysicalType::INT64, None) => true,
+        (DataType::Int64, PhysicalType::INT64, Some(LogicalType::Integer(t))) => t.bit_width == 64 && t.is_signed,
+        (DataType::Int32, PhysicalType::INT32, None) => true,
+        (DataType::Int32, PhysicalType::INT32, Some(LogicalType::Integer(t))) => t.bit_width == 32 && t.is_signed,
+        (DataType::Date32, PhysicalType::INT32, Some(LogicalType::Date)) => true,
+        (DataType::Decimal128(p, s), PhysicalType::INT32 | PhysicalType::INT64, Some(LogicalType::Decimal(d))) => {
+            *p <= 18 && d.precision == *p as i32 && d.scale == *s as i32
+        }
+        _ => false,
+    };
+    (!ok).then(|| format!("schema adaptation: {arrow} from Parquet {physical}{}", logical.map_or(String::new(), |l| format!(" ({l:?})"))))
+}
+
+/// Can the device scan take a column of this Arrow type at all?
+pub fn supported_type(t: &DataType) -> bool {
+    matches!(t, DataType::Int32 | DataType::Int64 | DataType::Date32) || matches!(t, DataType::Decimal128(p, _) if *p <= 18)
+}
+
+fn read_footer(path: &PathBuf) -> Result<ParquetMetaData> {
+    let f = File::open(path).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))?;
+    ParquetMetaDataReader::new().parse_and_finish(&f).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))
+}
+
+/// Plan the scan of `column` (a top-level column read as `arrow`) over `files`.
+pub fn plan_scan(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<std::result::Result<ScanPlan, Fallback>> {
+    if !supported_type(arrow) {
+        return fallback(format!("type {arrow}"));
+    }
+    let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
+    let mut chunks = Vec::new();
+    let (mut rows, mut width, mut def_max, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+    for (fi, (file, meta)) in files.iter().zip(&footers).enumerate() {
+        if !file.ranges.is_empty() {
+            let size = std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
+            let mut r = file.ranges.clone();
+            r.sort_unstable();
+            let covered = r.first().is_some_and(|f| f.0 == 0) && r.windows(2).all(|w| w[0].1 == w[1].0) && r.last().is_some_and(|l| l.1 >= size);
+            if !covered {
+                return fallback("file ranges that do not cover the file");
+            }
+        }
+        let schema = meta.file_metadata().schema_descr();
+        let Some(ci) = (0..schema.num_columns()).find(|&i| {
+            let parts = schema.column(i).path().parts().to_vec();
+            parts.len() == 1 && parts[0] == column
+        }) else {
+            return fallback(format!("column {column} is nested or missing in {}", file.path.display()));
+        };
+        let descr = schema.column(ci);
+        if descr.max_rep_level() > 0 || descr.max_def_level() > 1 {
+            return fallback(format!("nested column {column}"));
+        }
+        if let Some(why) = type_mismatch(descr.physical_type(), descr.logical_type_ref(), arrow) {
+            return fallback(why);
+        }
+        width = if descr.physical_type() == PhysicalType::INT32 { 4 } else { 8 };
+        def_max = def_max.max(descr.max_def_level() as u64);
+        for rg in meta.row_groups() {
+            let cc = rg.column(ci);
+            let codec = match cc.compression() {
+                Compression::UNCOMPRESSED => CODEC_NONE,
+                Compression::SNAPPY => CODEC_SNAPPY,
+                other => return fallback(format!("codec {other}")),
+            };
+            let (offset, len) = cc.byte_range();
+            chunks.push(Chunk { file: fi, offset, len, codec, first_row: rows, rows: rg.num_rows() as u64 });
+            rows += rg.num_rows() as u64;
+            bytes += len;
+        }
+    }
+    Ok(Ok(ScanPlan { files: files.iter().map(|f| f.path.clone()).collect(), chunks, rows, width, def_max, bytes }))
+}
+
+/// Read every chunk's bytes, back to back, with parallel positioned reads.
+pub fn read_chunks(plan: &ScanPlan) -> Result<Vec<u8>> {
+    let files: Vec<File> = plan
+        .files
+        .iter()
+        .map(|p| File::open(p).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", p.display()).into())))
+        .collect::<Result<_>>()?;
+    let mut raw = vec![0u8; plan.bytes as usize];
+    // Pieces of at most 8 MiB, so that few large chunks still spread over the threads.
+    const PIECE: usize = 8 << 20;
+    let mut jobs: Vec<(usize, u64, &mut [u8])> = Vec::new();
+    let mut rest: &mut [u8] = &mut raw;
+    for c in &plan.chunks {
+        let (mut chunk, tail) = std::mem::take(&mut rest).split_at_mut(c.len as usize);
+        rest = tail;
+        let mut at = c.offset;
+        while !chunk.is_empty() {
+            let n = chunk.len().min(PIECE);
+            let (piece, tail) = std::mem::take(&mut chunk).split_at_mut(n);
+            jobs.push((c.file, at, piece));
+            at += n as u64;
+            chunk = tail;
+        }
+    }
+    let failed = std::sync::Mutex::new(None);
+    crate::gpu::for_each_mut(&mut jobs, &|_, (f, at, piece)| {
+        if let Err(e) = files[*f].read_exact_at(piece, *at) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{}: {e}", plan.files[*f].display()));
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(DataFusionError::External(format!("setfusion device scan: {e}").into()));
+    }
+    Ok(raw)
+}
+
+fn corrupt(what: String) -> DataFusionError {
+    DataFusionError::External(format!("setfusion device scan: {what}").into())
+}
+
+/// Walk one chunk's page headers (`raw`: the chunk's bytes, at `base` in the
+/// buffer the device gets). Dictionary references are chunk-local here.
+fn walk_chunk(raw: &[u8], base: u64, c: &Chunk, width: u64, def_max: u64) -> Result<std::result::Result<Vec<PqPage>, Fallback>> {
+    let mut pages = Vec::new();
+    let (mut pos, mut values) = (0usize, 0u64);
+    let mut dict = NO_DICT;
+    while pos < raw.len() && values < c.rows {
+        let (h, hlen) = read_page_header(&raw[pos..])?;
+        let body = pos + hlen;
+        let size = h.compressed_size as usize;
+        if body + size > raw.len() {
+            return Err(corrupt(format!("page at byte {} of a column chunk runs past it", c.offset + pos as u64)));
+        }
+        let mut p = PqPage {
+            src: base + body as u64,
+            src_len: size as u64,
+            dst_len: h.uncompressed_size as u64,
+            codec: c.codec,
+            num_values: h.num_values as u64,
+            dict,
+            def_max,
+            width,
+            ..Default::default()
+        };
+        match h.page_type {
+            thrift::DICTIONARY_PAGE => {
+                if h.encoding != thrift::PLAIN && h.encoding != thrift::PLAIN_DICTIONARY {
+                    return fallback(format!("dictionary page encoding {}", h.encoding));
+                }
+                if !pages.is_empty() {
+                    return fallback("dictionary page after data pages");
+                }
+                p.kind = KIND_DICT;
+                p.dict = NO_DICT;
+                dict = pages.len() as u64;
+            }
+            thrift::DATA_PAGE | thrift::DATA_PAGE_V2 => {
+                p.encoding = match h.encoding {
+                    thrift::PLAIN => ENC_PLAIN,
+                    thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY if dict != NO_DICT => ENC_DICT,
+                    thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY => return Err(corrupt("dictionary-encoded page without a dictionary".into())),
+                    e => return fallback(format!("encoding {}", encoding_name(e))),
+                };
+                if h.page_type == thrift::DATA_PAGE {
+                    p.kind = KIND_V1;
+                    if def_max > 0 && h.def_encoding != thrift::RLE {
+                        return fallback(format!("definition level encoding {}", encoding_name(h.def_encoding)));
+                    }
+                } else {
+                    p.kind = KIND_V2;
+                    if h.rep_len != 0 {
+                        return fallback("repetition levels");
+                    }
+                    if (h.num_rows as u64) != p.num_values {
+                        return Err(corrupt("v2 page rows and values differ in a flat column".into()));
+                    }
+                    p.levels_len = (h.rep_len + h.def_len) as u64;
+                    p.def_len = h.def_len as u64;
+                    if p.levels_len > p.src_len || p.levels_len > p.dst_len {
+                        return Err(corrupt("v2 page levels longer than the page".into()));
+                    }
+                    if !h.is_compressed {
+                        p.codec = CODEC_NONE;
+                    }
+                }
+                p.first_row = c.first_row + values;
+                values += p.num_values;
+            }
+            thrift::INDEX_PAGE => {
+                pos = body + size;
+                continue;
+            }
+            other => return Err(corrupt(format!("page type {other}"))),
+        }
+        if p.codec == CODEC_NONE && p.src_len != p.dst_len {
+            return Err(corrupt("uncompressed page whose sizes differ".into()));
+        }
+        pages.push(p);
+        pos = body + size;
+    }
+    if values != c.rows {
+        return Err(corrupt(format!("column chunk holds {values} values for {} rows", c.rows)));
+    }
+    Ok(Ok(pages))
+}
+
+fn encoding_name(e: i32) -> &'static str {
+    match e {
+        0 => "PLAIN",
+        2 => "PLAIN_DICTIONARY",
+        3 => "RLE",
+        4 => "BIT_PACKED",
+        5 => "DELTA_BINARY_PACKED",
+        6 => "DELTA_LENGTH_BYTE_ARRAY",
+        7 => "DELTA_BYTE_ARRAY",
+        8 => "RLE_DICTIONARY",
+        9 => "BYTE_STREAM_SPLIT",
+        _ => "unknown",
+    }
+}
+
+/// The page table of `plan` over `raw` (its chunks back to back, from [`read_chunks`]).
+pub fn page_table(plan: &ScanPlan, raw: &[u8]) -> Result<std::result::Result<PageTable, Fallback>> {
+    let mut bases = Vec::with_capacity(plan.chunks.len());
+    let mut at = 0u64;
+    for c in &plan.chunks {
+        bases.push(at);
+        at += c.len;
+    }
+    let idx: Vec<usize> = (0..plan.chunks.len()).collect();
+    let walked = crate::gpu::par_map(&idx, 4, |&i| {
+        let (c, b) = (&plan.chunks[i], bases[i]);
+        walk_chunk(&raw[b as usize..(b + c.len) as usize], b, c, plan.width, plan.def_max)
+    })?;
+    let mut t = PageTable { rows: plan.rows, def_max: plan.def_max, ..Default::default() };
+    for chunk in walked {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(f) => return Ok(Err(f)),
+        };
+        let first = t.pages.len() as u64;
+        for mut p in chunk {
+            if p.dict != NO_DICT {
+                p.dict += first;
+            }
+            p.dst = t.body_len;
+            t.body_len += p.dst_len.div_ceil(8) * 8;
+            if p.kind != KIND_DICT {
+                if p.def_max > 0 {
+                    p.lvl_word = t.lvl_words;
+                    t.lvl_words += p.num_values.div_ceil(32);
+                }
+                if p.encoding == ENC_DICT {
+                    p.idx_off = t.idx_len;
+                    t.idx_len += p.num_values;
+                }
+            }
+            t.pages.push(p);
+        }
+    }
+    Ok(Ok(t))
+}

@@ -1,0 +1,206 @@
+//! The device Parquet scan (issue 27) through SQL: semi / anti joins and set
+//! operations over Parquet tables of several files and row groups, with
+//! NULLs, dictionary and PLAIN pages, v1 and v2 pages, snappy and
+//! uncompressed, give DataFusion's answers (the ALL forms: the exact multiset
+//! answers of setfusion's host path) with the device scan and without it;
+//! where a GPU is usable the plans hold `DeviceScanExec`s and EXPLAIN
+//! ANALYZE shows the device read them; an input the device cannot read (zstd)
+//! falls back to the host scan with the reason, and a filtered input says why
+//! in EXPLAIN.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int32Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::{WriterProperties, WriterVersion};
+use setfusion::bench::tpch::canonical_rows;
+
+use crate::common::{block_on, gpu_or_skip};
+
+/// Write `files` Parquet files of `rows` rows each under `dir` (k BIGINT with
+/// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT), file i with its own writer options.
+fn write_table(dir: &Path, files: usize, rows: usize, seed: u64, domain: i64, null_every: usize, zstd: bool) {
+    std::fs::create_dir_all(dir).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, null_every > 0),
+        Field::new("k32", DataType::Int32, true),
+        Field::new("p", DataType::Int64, false),
+    ]));
+    let mut x = seed;
+    for f in 0..files {
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as i64
+        };
+        let k: Vec<Option<i64>> = (0..rows).map(|i| (null_every == 0 || i % null_every != 3).then(|| next() % domain - domain / 4)).collect();
+        let k32: Vec<Option<i32>> = k.iter().map(|v| v.map(|v| (v % 5000) as i32)).collect();
+        let p: Vec<i64> = (0..rows as i64).map(|i| i * 3 + f as i64).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(k)), Arc::new(Int32Array::from(k32)), Arc::new(Int64Array::from(p))],
+        )
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_dictionary_enabled(f % 2 == 0)
+            .set_dictionary_page_size_limit(if f % 3 == 2 { 256 } else { 1 << 20 })
+            .set_writer_version(if f % 2 == 1 { WriterVersion::PARQUET_2_0 } else { WriterVersion::PARQUET_1_0 })
+            .set_compression(if zstd { Compression::ZSTD(ZstdLevel::default()) } else if f % 3 == 1 { Compression::UNCOMPRESSED } else { Compression::SNAPPY })
+            .set_data_page_row_count_limit(700)
+            .set_max_row_group_row_count(Some(2500))
+            .set_encoding(Encoding::PLAIN)
+            .build();
+        let file = std::fs::File::create(dir.join(format!("part-{f}.parquet"))).unwrap();
+        let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+}
+
+fn data() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("setfusion-device-scan-test-{}", std::process::id()));
+        write_table(&dir.join("a"), 3, 6000, 1, 20_000, 97, false);
+        write_table(&dir.join("b"), 4, 4000, 2, 20_000, 131, false);
+        write_table(&dir.join("b_no_nulls"), 2, 5000, 3, 20_000, 0, false);
+        write_table(&dir.join("b_zstd"), 2, 3000, 4, 20_000, 0, true);
+        dir
+    })
+    .clone()
+}
+
+async fn session(dir: &Path, settings: &[&str], setfusion: bool) -> SessionContext {
+    let config = SessionConfig::new().with_target_partitions(4);
+    let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
+    for s in settings {
+        ctx.sql(s).await.unwrap().collect().await.unwrap();
+    }
+    for t in ["a", "b", "b_no_nulls", "b_zstd"] {
+        ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+    }
+    ctx
+}
+
+async fn rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
+    let batches = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    canonical_rows(&batches).unwrap()
+}
+
+async fn explain(ctx: &SessionContext, sql: &str, analyze: bool) -> String {
+    let q = format!("EXPLAIN {}{sql}", if analyze { "ANALYZE " } else { "" });
+    let batches = ctx.sql(&q).await.unwrap().collect().await.unwrap();
+    canonical_rows(&batches).unwrap().join("\n")
+}
+
+/// Queries whose answers DataFusion gets right (the ALL forms are compared with setfusion's host path).
+const QUERIES: &[&str] = &[
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b)",
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b)",
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b_no_nulls)",
+    "SELECT count(*) FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+    "SELECT count(*) FROM a WHERE NOT EXISTS (SELECT 1 FROM b_no_nulls WHERE b_no_nulls.k = a.k)",
+    "SELECT sum(p) FROM a WHERE k NOT IN (SELECT k FROM b_no_nulls)",
+    "SELECT sum(p), count(*) FROM a WHERE k IN (SELECT k FROM b)",
+    "SELECT count(*) FROM a WHERE k32 IN (SELECT k32 FROM b)",
+    "SELECT count(*) FROM (SELECT k FROM a INTERSECT SELECT k FROM b)",
+    "SELECT count(*) FROM (SELECT k FROM a EXCEPT SELECT k FROM b)",
+    "SELECT count(*) FROM (SELECT k32 FROM a INTERSECT SELECT k32 FROM b_no_nulls)",
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd)",
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)",
+];
+
+const ALL_QUERIES: &[&str] = &[
+    "SELECT count(*) FROM (SELECT k FROM a INTERSECT ALL SELECT k FROM b)",
+    "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b)",
+    "SELECT count(*) FROM (SELECT k32 FROM a EXCEPT ALL SELECT k32 FROM b)",
+];
+
+#[test]
+fn device_scan_answers_equal_host_scan() {
+    let _device = crate::common::shared_device();
+    let gpu = gpu_or_skip().is_ok();
+    let dir = data();
+    block_on(move || async move {
+        let plain = session(&dir, &[], false).await;
+        let forced = ["SET setfusion.min_rows = 0"];
+        let device = session(&dir, &forced, true).await;
+        let host = session(&dir, &["SET setfusion.min_rows = 0", "SET setfusion.device_scan = false"], true).await;
+        for sql in QUERIES {
+            let want = rows(&plain, sql).await;
+            assert_eq!(rows(&host, sql).await, want, "host scan: {sql}");
+            assert_eq!(rows(&device, sql).await, want, "device scan: {sql}");
+        }
+        for sql in ALL_QUERIES {
+            let want = rows(&host, sql).await;
+            assert_eq!(rows(&device, sql).await, want, "device scan: {sql}");
+        }
+        // Filters stay with DataFusion's scan, and EXPLAIN says why.
+        let plan = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)", false).await;
+        if gpu {
+            assert!(plan.contains("device_scan=\"build: a filter"), "{plan}");
+            // The build side (and the probe side under count(*)) is read by the device.
+            let plan = explain(&device, QUERIES[0], false).await;
+            assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
+            let analyzed = explain(&device, QUERIES[0], true).await;
+            assert!(analyzed.contains("device scan probe:") && analyzed.contains("build:"), "{analyzed}");
+            // A zstd input is planned for the device and read by the host.
+            let analyzed = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd)", true).await;
+            assert!(analyzed.contains("device scan fell back to the host: build side: codec ZSTD"), "{analyzed}");
+            // The probe side's rows are output: it stays with DataFusion's scan.
+            let plan = explain(&device, QUERIES[5], false).await;
+            assert!(plan.contains("device_scan=\"probe: its rows are output\""), "{plan}");
+            assert_eq!(plan.matches("DeviceScanExec").count(), 1, "{plan}");
+        }
+    });
+}
+
+/// The device column cache: a repeated query is answered from the device
+/// (EXPLAIN ANALYZE says "cache hit"), a rewritten file is read again (the
+/// answer follows the new file), and `cache_limit = 0` turns it off.
+#[test]
+fn device_cache_serves_unchanged_files_only() {
+    let _device = crate::common::shared_device();
+    let gpu = gpu_or_skip().is_ok();
+    let dir = std::env::temp_dir().join(format!("setfusion-device-cache-test-{}", std::process::id()));
+    write_table(&dir.join("a"), 2, 5000, 11, 8000, 0, false);
+    write_table(&dir.join("b"), 2, 5000, 12, 8000, 0, false);
+    let sql = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b)";
+    block_on(move || async move {
+        let open = |settings: &'static [&'static str], setfusion: bool| {
+            let dir = dir.clone();
+            async move {
+                let config = SessionConfig::new().with_target_partitions(4);
+                let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
+                for s in settings {
+                    ctx.sql(s).await.unwrap().collect().await.unwrap();
+                }
+                for t in ["a", "b"] {
+                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+                }
+                ctx
+            }
+        };
+        let device = open(&["SET setfusion.min_rows = 0"], true).await;
+        let want = rows(&open(&[], false).await, sql).await;
+        assert_eq!(rows(&device, sql).await, want);
+        let again = explain(&device, sql, true).await;
+        assert_eq!(rows(&device, sql).await, want);
+        // Rewrite b with other keys: the cache must not answer for the old file.
+        write_table(&dir.join("b"), 2, 5200, 13, 8000, 0, false);
+        let want_new = rows(&open(&[], false).await, sql).await;
+        assert_ne!(want, want_new, "the rewrite changes the answer");
+        assert_eq!(rows(&device, sql).await, want_new, "a rewritten file was served from the cache");
+        let off = open(&["SET setfusion.min_rows = 0", "SET setfusion.cache_limit = 0"], true).await;
+        let analyzed_off = explain(&off, sql, true).await;
+        assert_eq!(rows(&off, sql).await, want_new);
+        if gpu {
+            assert!(again.contains("cache hit"), "{again}");
+            assert!(analyzed_off.contains("cache off") && !analyzed_off.contains("cache hit"), "{analyzed_off}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
