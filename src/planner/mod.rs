@@ -4,6 +4,7 @@
 
 pub mod cost;
 mod mark_join;
+mod outer_decorrelate;
 mod quantified;
 mod set_ops;
 mod semi_join;
