@@ -12,7 +12,12 @@
 //! becomes a [`MarkJoinNode`] whose three-valued mark column replaces the
 //! predicate in its expression. Subquery correlation is pulled up with
 //! DataFusion's own `PullUpCorrelatedExpr`; its equalities become the join's
-//! keys, anything else a residual filter. Conjuncts without a subquery are
+//! keys, anything else a residual filter. A subquery whose correlation sits
+//! under the NULL-supplying side of an outer join (where the pull-up drops
+//! the NULL-extended rows), or one the pull-up cannot take, is made
+//! uncorrelated by the domain rewrite instead ([`super::outer_decorrelate`]);
+//! the first kind is refused with a planning error where that rewrite does
+//! not apply. Conjuncts without a subquery are
 //! applied below the mark joins. [`MarkJoinPlanner`] plans the node as a
 //! `MarkJoinExec`.
 
@@ -26,7 +31,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::Session;
 use datafusion::common::alias::AliasGenerator;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema, DFSchemaRef};
+use datafusion::common::{plan_err, Column, DFSchema, DFSchemaRef};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::expr::{Exists, InSubquery, SetComparison, SetQuantifier};
@@ -345,8 +350,18 @@ struct Decorrelated {
 fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorrelatedExpr, prefix: &str, aliases: &AliasGenerator) -> Result<Option<Decorrelated>> {
     let sub = subquery.subquery.as_ref();
     let head = sub.head_output_expr()?;
-    let decorrelated = sub.clone().rewrite(&mut pull_up).data()?;
+    // The pull-up fails on some shapes (a derived table renaming a correlated
+    // column): the domain rewrite may still take them.
+    let Ok(decorrelated) = sub.clone().rewrite(&mut pull_up).data() else { return Ok(None) };
     if !pull_up.can_pull_up || pull_up.pull_up_having_expr.is_some() {
+        return Ok(None);
+    }
+    // The pull-up renames the correlated columns it passes through a derived
+    // table's alias by name, but not the lifted predicates, which may read
+    // `b.c0` where the decorrelated plan has `x.c0`: matching by name would
+    // work only by chance (or pick another column of that name).
+    let outputs = decorrelated.schema().columns();
+    if pull_up.join_filters.iter().flat_map(|f| f.column_refs()).any(|c| !outputs.contains(c)) {
         return Ok(None);
     }
     // The subquery's own columns in the correlation predicates, renamed under the alias.
@@ -452,7 +467,10 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
     // for presence and for that equality, so it gets one that equals nothing.
     let presence = in_predicate.clone().map(|p| Expr::IsTrue(Box::new(p)));
     let pull_up = PullUpCorrelatedExpr::new().with_in_predicate_opt(presence).with_exists_sub_query(in_predicate.is_none());
-    let Some(d) = decorrelate(left, subquery, pull_up, "__sf_mark", aliases)? else { return Ok(None) };
+    let Some(d) = decorrelate(left, subquery, pull_up, "__sf_mark", aliases)? else {
+        // Exact where it applies; else DataFusion's own decorrelation, as before.
+        return Ok(domain_mark_join(left, subquery, in_expr, aliases).ok());
+    };
     let in_keys = match (in_expr, d.output) {
         (Some(e), Some(out)) => {
             let (probe_schema, build_schema) = (left.schema(), d.build.schema());
@@ -487,33 +505,31 @@ fn null_supplying_error(what: &str, join: JoinType, why: &str) -> DataFusionErro
     ))
 }
 
-/// [`outer_decorrelate::unnest`], its refusal as a planning error naming the predicate.
-fn unnest_outer(left: &LogicalPlan, subquery: &Subquery, what: &str, join: JoinType, value: bool, alias: &str, aliases: &AliasGenerator) -> Result<outer_decorrelate::Unnested> {
-    outer_decorrelate::unnest(left, subquery, value, alias, aliases).map_err(|e| {
-        let why = match e {
-            DataFusionError::Plan(why) => why,
-            e => e.strip_backtrace(),
-        };
-        null_supplying_error(what, join, &format!("its exact rewrite does not take {why}"))
-    })
+/// The reason in a planning error (its text without DataFusion's prefix).
+fn reason(e: DataFusionError) -> String {
+    match e {
+        DataFusionError::Plan(why) => why,
+        e => e.strip_backtrace(),
+    }
 }
 
-/// A mark join for a subquery whose correlation sits under `join`'s
-/// NULL-supplying side: the subquery made uncorrelated by the domain
-/// rewrite ([`outer_decorrelate`]), joined on its domain keys.
-fn outer_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, join: JoinType, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
-    let what = if in_expr.is_some() { "IN" } else { "EXISTS" };
+/// A mark join over the subquery made uncorrelated by the domain rewrite
+/// ([`outer_decorrelate`]), joined on its domain keys: for a correlation
+/// under an outer join's NULL-supplying side, and for correlated shapes
+/// DataFusion's pull-up does not take. A planning error with the reason
+/// when the rewrite does not apply.
+fn domain_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
     if let Some(e) = in_expr {
         if e.contains_outer() || !e.column_refs().iter().all(|c| left.schema().has_column(c)) {
-            return Err(null_supplying_error(what, join, "the IN value reads a query further out"));
+            return plan_err!("an IN value that reads a query further out");
         }
     }
     let alias = aliases.next("__sf_outer");
-    let u = unnest_outer(left, subquery, what, join, in_expr.is_some(), &alias, aliases)?;
+    let u = outer_decorrelate::unnest(left, subquery, in_expr.is_some(), &alias, aliases)?;
     let in_keys = match (in_expr, u.output) {
         (Some(e), Some(out)) => {
             if !same_type(e, &out, left.schema(), u.build.schema()) {
-                return Err(null_supplying_error(what, join, "the IN value and the subquery's column differ in type"));
+                return plan_err!("an IN value of another type than the subquery's column");
             }
             Some((e.clone(), out))
         }
@@ -523,6 +539,24 @@ fn outer_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Exp
     let mark = Column::new(Some(alias), "mark");
     let node = MarkJoinNode::try_new(kind, left.clone(), u.build, u.on, in_keys, None, mark.clone())?;
     Ok((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark))
+}
+
+/// [`domain_mark_join`] for a correlation under `join`'s NULL-supplying side:
+/// its failure is a planning error naming the predicate.
+fn outer_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, join: JoinType, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
+    let what = if in_expr.is_some() { "IN" } else { "EXISTS" };
+    domain_mark_join(left, subquery, in_expr, aliases)
+        .map_err(|e| null_supplying_error(what, join, &format!("its exact rewrite does not take {}", reason(e))))
+}
+
+/// `x op ANY / ALL (subquery)` over the subquery made uncorrelated by the
+/// domain rewrite: the summary per domain value, as [`quantified_mark`].
+fn domain_quantified(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenerator) -> Result<(LogicalPlan, Expr)> {
+    let alias = aliases.next("__sf_quantified");
+    let u = outer_decorrelate::unnest(left, &sc.subquery, true, &alias, aliases)?;
+    let value = u.output.expect("the value was asked for");
+    let (plan, summary) = quantified::summary_join(left.clone(), u.build, u.on, value, &format!("{alias}_summary"))?;
+    Ok((plan, quantified::decide(sc.expr.as_ref().clone(), sc.op, sc.quantifier, &summary)?))
 }
 
 /// `x op ANY / ALL (subquery)` (op not `=` ANY / `<>` ALL, which are IN)
@@ -536,16 +570,16 @@ fn quantified_mark(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenera
     }
     if let Some(join) = null_supplying_join(sub) {
         let what = if sc.quantifier == SetQuantifier::Any { "ANY" } else { "ALL" };
-        let alias = aliases.next("__sf_quantified");
-        let u = unnest_outer(left, &sc.subquery, what, join, true, &alias, aliases)?;
-        let value = u.output.expect("the value was asked for");
-        let (plan, summary) = quantified::summary_join(left.clone(), u.build, u.on, value, &format!("{alias}_summary"))?;
-        return Ok(Some((plan, quantified::decide(x.clone(), sc.op, sc.quantifier, &summary)?)));
+        return domain_quantified(left, sc, aliases)
+            .map(Some)
+            .map_err(|e| null_supplying_error(what, join, &format!("its exact rewrite does not take {}", reason(e))));
     }
     if !hazards(sub, false).is_empty() {
         return Ok(None);
     }
-    let Some(d) = decorrelate(left, &sc.subquery, PullUpCorrelatedExpr::new(), "__sf_quantified", aliases)? else { return Ok(None) };
+    let Some(d) = decorrelate(left, &sc.subquery, PullUpCorrelatedExpr::new(), "__sf_quantified", aliases)? else {
+        return Ok(domain_quantified(left, sc, aliases).ok());
+    };
     if d.residual.is_empty() {
         let Some(value) = d.output else { return Ok(None) };
         let (plan, summary) = quantified::summary_join(left.clone(), d.build, d.on, value, &format!("{}_summary", d.alias))?;

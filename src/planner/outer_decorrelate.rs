@@ -24,6 +24,9 @@
 //! (injective, and plain equalities, so hash joins and setfusion's mark
 //! join, where NULL equals nothing, take them as keys).
 //!
+//! The mark-join rule also uses it for correlated subqueries DataFusion's
+//! pull-up does not take (a derived table that renames a correlated column).
+//!
 //! Shapes the rewrite does not keep exact are refused with a planning error:
 //! an aggregate without GROUP BY, LIMIT, window functions, set operations,
 //! DISTINCT ON, a nested correlated subquery, or a correlation that reaches
