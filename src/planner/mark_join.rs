@@ -179,7 +179,7 @@ fn has_subquery(e: &Expr) -> bool {
 /// (its pull-up drops the NULL-extended rows; see [`outer_decorrelate`]).
 fn datafusion_answers(e: &Expr) -> bool {
     let uncorrelated = |s: &Subquery| s.outer_ref_columns.is_empty();
-    let pulls_up = |s: &Subquery| null_supplying_join(&s.subquery).is_none() && pull_up_reads_its_columns(s);
+    let pulls_up = |s: &Subquery| null_supplying_join(&s.subquery).is_none();
     match e {
         Expr::Exists(Exists { subquery, .. }) => pulls_up(subquery),
         Expr::InSubquery(InSubquery { negated, subquery, .. }) => (!negated || uncorrelated(subquery)) && pulls_up(subquery),
@@ -190,22 +190,6 @@ fn datafusion_answers(e: &Expr) -> bool {
         },
         _ => false,
     }
-}
-
-/// Whether DataFusion's pull-up takes a subquery with its lifted predicates
-/// reading columns of the decorrelated plan. It renames the correlated
-/// columns it passes through a derived table's alias, not the predicates:
-/// `(SELECT * FROM b WHERE b.c0 = a.c0) x JOIN b y ...` then fails in
-/// DataFusion's decorrelation (`No field named y.c0`), and goes to the mark
-/// joins' domain rewrite instead.
-fn pull_up_reads_its_columns(s: &Subquery) -> bool {
-    if s.outer_ref_columns.is_empty() {
-        return true;
-    }
-    let mut pull_up = PullUpCorrelatedExpr::new();
-    let Ok(plan) = s.subquery.as_ref().clone().rewrite(&mut pull_up).data() else { return false };
-    let outputs = plan.schema().columns();
-    pull_up.can_pull_up && pull_up.join_filters.iter().flat_map(|f| f.column_refs()).all(|c| outputs.contains(c))
 }
 
 fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
