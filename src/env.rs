@@ -148,8 +148,9 @@ pub fn fuzz_queries() -> Option<usize> {
 }
 
 /// `SETFUSION_FUZZ_OUTER=1`: the fuzzer also puts outer joins inside correlated
-/// subqueries. Off by default: one such shape (a correlated column whose name a
-/// joined relation of the subquery repeats) still ends in a planning error.
+/// subqueries. Off by default: a top-level WHERE EXISTS / IN over a derived
+/// table whose columns a joined relation repeats is left to DataFusion, whose
+/// decorrelation fails on it (`No field named y.c0`, as in plain DataFusion).
 pub fn fuzz_outer_joins() -> bool {
     std::env::var_os("SETFUSION_FUZZ_OUTER").is_some_and(|v| v == "1")
 }

@@ -12,7 +12,12 @@
 //! becomes a [`MarkJoinNode`] whose three-valued mark column replaces the
 //! predicate in its expression. Subquery correlation is pulled up with
 //! DataFusion's own `PullUpCorrelatedExpr`; its equalities become the join's
-//! keys, anything else a residual filter. Conjuncts without a subquery are
+//! keys, anything else a residual filter. A subquery whose correlation sits
+//! under the NULL-supplying side of an outer join (where the pull-up drops
+//! the NULL-extended rows), or one the pull-up cannot take, is made
+//! uncorrelated by the domain rewrite instead ([`super::outer_decorrelate`]);
+//! the first kind is refused with a planning error where that rewrite does
+//! not apply. Conjuncts without a subquery are
 //! applied below the mark joins. [`MarkJoinPlanner`] plans the node as a
 //! `MarkJoinExec`.
 
@@ -28,11 +33,11 @@ use datafusion::common::alias::AliasGenerator;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::common::{plan_err, Column, DFSchema, DFSchemaRef};
 use datafusion::config::ConfigOptions;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::expr::{Exists, InSubquery, SetComparison, SetQuantifier};
 use datafusion::logical_expr::expr_rewriter::{create_col_from_scalar_expr, replace_col, NamePreserver};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
-use datafusion::logical_expr::utils::{conjunction, split_conjunction, split_conjunction_owned};
+use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
 use datafusion::common::NullEquality;
 use datafusion::logical_expr::{
     Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder,
@@ -49,7 +54,7 @@ use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::mark_join::{MarkJoinExec, MarkKind, PairFilter};
 use crate::exec::set_select::Backend;
 
-use super::quantified;
+use super::{outer_decorrelate, quantified};
 
 /// Every row of `probe` with a mark column (`mark`) answering the subquery
 /// predicate for it. See the module documentation.
@@ -152,7 +157,13 @@ impl AnalyzerRule for MarkJoinRule {
             return Ok(plan);
         }
         let aliases = AliasGenerator::new();
-        plan.transform_up_with_subqueries(|p| rewrite_node(p, &aliases)).data()
+        let plan = plan.transform_up_with_subqueries(|p| rewrite_node(p, &aliases)).data()?;
+        // What the rewrite left for DataFusion must not hold a correlation its decorrelation gets wrong.
+        plan.apply_with_subqueries(|p| {
+            refuse_null_supplying_correlation(p)?;
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(plan)
     }
     fn name(&self) -> &str {
         "setfusion_mark_joins"
@@ -163,15 +174,18 @@ fn has_subquery(e: &Expr) -> bool {
     e.exists(|e| Ok(matches!(e, Expr::InSubquery(_) | Expr::Exists(_) | Expr::SetComparison(_)))).unwrap_or(false)
 }
 
-/// A WHERE conjunct DataFusion turns into a semi / anti join, correctly.
+/// A WHERE conjunct DataFusion turns into a semi / anti join, correctly:
+/// not one whose correlation sits under an outer join's NULL-supplying side
+/// (its pull-up drops the NULL-extended rows; see [`outer_decorrelate`]).
 fn datafusion_answers(e: &Expr) -> bool {
     let uncorrelated = |s: &Subquery| s.outer_ref_columns.is_empty();
+    let pulls_up = |s: &Subquery| null_supplying_join(&s.subquery).is_none();
     match e {
-        Expr::Exists(_) => true,
-        Expr::InSubquery(InSubquery { negated, subquery, .. }) => !negated || uncorrelated(subquery),
+        Expr::Exists(Exists { subquery, .. }) => pulls_up(subquery),
+        Expr::InSubquery(InSubquery { negated, subquery, .. }) => (!negated || uncorrelated(subquery)) && pulls_up(subquery),
         Expr::Not(inner) => match inner.as_ref() {
-            Expr::Exists(_) => true,
-            Expr::InSubquery(InSubquery { negated, subquery, .. }) => *negated || uncorrelated(subquery),
+            Expr::Exists(Exists { subquery, .. }) => pulls_up(subquery),
+            Expr::InSubquery(InSubquery { negated, subquery, .. }) => (*negated || uncorrelated(subquery)) && pulls_up(subquery),
             _ => false,
         },
         _ => false,
@@ -179,7 +193,6 @@ fn datafusion_answers(e: &Expr) -> bool {
 }
 
 fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
-    refuse_null_supplying_correlation(&plan)?;
     match plan {
         LogicalPlan::Filter(filter) if has_subquery(&filter.predicate) => rewrite_filter(filter, aliases),
         LogicalPlan::Projection(p) if p.expr.iter().any(has_subquery) => {
@@ -337,8 +350,18 @@ struct Decorrelated {
 fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorrelatedExpr, prefix: &str, aliases: &AliasGenerator) -> Result<Option<Decorrelated>> {
     let sub = subquery.subquery.as_ref();
     let head = sub.head_output_expr()?;
-    let decorrelated = sub.clone().rewrite(&mut pull_up).data()?;
+    // The pull-up fails on some shapes (a derived table renaming a correlated
+    // column): the domain rewrite may still take them.
+    let Ok(decorrelated) = sub.clone().rewrite(&mut pull_up).data() else { return Ok(None) };
     if !pull_up.can_pull_up || pull_up.pull_up_having_expr.is_some() {
+        return Ok(None);
+    }
+    // The pull-up renames the correlated columns it passes through a derived
+    // table's alias by name, but not the lifted predicates, which may read
+    // `b.c0` where the decorrelated plan has `x.c0`: matching by name would
+    // work only by chance (or pick another column of that name).
+    let outputs = decorrelated.schema().columns();
+    if pull_up.join_filters.iter().flat_map(|f| f.column_refs()).any(|c| !outputs.contains(c)) {
         return Ok(None);
     }
     // The subquery's own columns in the correlation predicates, renamed under the alias.
@@ -424,6 +447,9 @@ fn same_type(p: &Expr, b: &Expr, probe: &DFSchema, build: &DFSchema) -> bool {
 /// it cannot be decorrelated exactly (see [`decorrelate`], [`hazards`]).
 fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Column)>> {
     let sub = subquery.subquery.as_ref();
+    if let Some(join) = null_supplying_join(sub) {
+        return outer_mark_join(left, subquery, in_expr, join, aliases).map(Some);
+    }
     let output = match (in_expr, sub.head_output_expr()?) {
         (Some(_), None) => return Ok(None),
         (_, output) => output,
@@ -441,7 +467,10 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
     // for presence and for that equality, so it gets one that equals nothing.
     let presence = in_predicate.clone().map(|p| Expr::IsTrue(Box::new(p)));
     let pull_up = PullUpCorrelatedExpr::new().with_in_predicate_opt(presence).with_exists_sub_query(in_predicate.is_none());
-    let Some(d) = decorrelate(left, subquery, pull_up, "__sf_mark", aliases)? else { return Ok(None) };
+    let Some(d) = decorrelate(left, subquery, pull_up, "__sf_mark", aliases)? else {
+        // Exact where it applies; else DataFusion's own decorrelation, as before.
+        return Ok(domain_mark_join(left, subquery, in_expr, aliases).ok());
+    };
     let in_keys = match (in_expr, d.output) {
         (Some(e), Some(out)) => {
             let (probe_schema, build_schema) = (left.schema(), d.build.schema());
@@ -458,16 +487,99 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
     Ok(Some((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark)))
 }
 
+/// The outer join whose NULL-supplying side holds a correlated predicate of a subquery plan, if any.
+fn null_supplying_join(plan: &LogicalPlan) -> Option<JoinType> {
+    hazards(plan, true).into_iter().find_map(|h| match h {
+        Hazard::NullSupplying(j) => Some(j),
+        Hazard::Other(_) => None,
+    })
+}
+
+/// The planning error for a subquery predicate (`what`) whose correlation
+/// under `join`'s NULL-supplying side setfusion cannot decorrelate exactly.
+fn null_supplying_error(what: &str, join: JoinType, why: &str) -> DataFusionError {
+    DataFusionError::Plan(format!(
+        "setfusion: not supported: {what} (subquery) with a correlated predicate under the NULL-supplying side of a {} JOIN \
+         inside the subquery: {why}",
+        join.to_string().to_uppercase()
+    ))
+}
+
+/// The reason in a planning error (its text without DataFusion's prefix).
+fn reason(e: DataFusionError) -> String {
+    match e {
+        DataFusionError::Plan(why) => why,
+        e => e.strip_backtrace(),
+    }
+}
+
+/// A mark join over the subquery made uncorrelated by the domain rewrite
+/// ([`outer_decorrelate`]), joined on its domain keys: for a correlation
+/// under an outer join's NULL-supplying side, and for correlated shapes
+/// DataFusion's pull-up does not take. A planning error with the reason
+/// when the rewrite does not apply.
+fn domain_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
+    if let Some(e) = in_expr {
+        if e.contains_outer() || !e.column_refs().iter().all(|c| left.schema().has_column(c)) {
+            return plan_err!("an IN value that reads a query further out");
+        }
+    }
+    let alias = aliases.next("__sf_outer");
+    let u = outer_decorrelate::unnest(left, subquery, in_expr.is_some(), &alias, aliases)?;
+    let in_keys = match (in_expr, u.output) {
+        (Some(e), Some(out)) => {
+            if !same_type(e, &out, left.schema(), u.build.schema()) {
+                return plan_err!("an IN value of another type than the subquery's column");
+            }
+            Some((e.clone(), out))
+        }
+        _ => None,
+    };
+    let kind = if in_keys.is_some() { MarkKind::In } else { MarkKind::Exists };
+    let mark = Column::new(Some(alias), "mark");
+    let node = MarkJoinNode::try_new(kind, left.clone(), u.build, u.on, in_keys, None, mark.clone())?;
+    Ok((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark))
+}
+
+/// [`domain_mark_join`] for a correlation under `join`'s NULL-supplying side:
+/// its failure is a planning error naming the predicate.
+fn outer_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, join: JoinType, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
+    let what = if in_expr.is_some() { "IN" } else { "EXISTS" };
+    domain_mark_join(left, subquery, in_expr, aliases)
+        .map_err(|e| null_supplying_error(what, join, &format!("its exact rewrite does not take {}", reason(e))))
+}
+
+/// `x op ANY / ALL (subquery)` over the subquery made uncorrelated by the
+/// domain rewrite: the summary per domain value, as [`quantified_mark`].
+fn domain_quantified(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenerator) -> Result<(LogicalPlan, Expr)> {
+    let alias = aliases.next("__sf_quantified");
+    let u = outer_decorrelate::unnest(left, &sc.subquery, true, &alias, aliases)?;
+    let value = u.output.expect("the value was asked for");
+    let (plan, summary) = quantified::summary_join(left.clone(), u.build, u.on, value, &format!("{alias}_summary"))?;
+    Ok((plan, quantified::decide(sc.expr.as_ref().clone(), sc.op, sc.quantifier, &summary)?))
+}
+
 /// `x op ANY / ALL (subquery)` (op not `=` ANY / `<>` ALL, which are IN)
 /// over `left`: the plan with what the answer reads, and the answer; None
 /// when it cannot be decorrelated exactly. See [`super::quantified`].
 fn quantified_mark(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Expr)>> {
     let x = sc.expr.as_ref();
     let sub = sc.subquery.subquery.as_ref();
-    if x.contains_outer() || !x.column_refs().iter().all(|c| left.schema().has_column(c)) || !hazards(sub, false).is_empty() {
+    if x.contains_outer() || !x.column_refs().iter().all(|c| left.schema().has_column(c)) {
         return Ok(None);
     }
-    let Some(d) = decorrelate(left, &sc.subquery, PullUpCorrelatedExpr::new(), "__sf_quantified", aliases)? else { return Ok(None) };
+    if let Some(join) = null_supplying_join(sub) {
+        let what = if sc.quantifier == SetQuantifier::Any { "ANY" } else { "ALL" };
+        return domain_quantified(left, sc, aliases)
+            .map(Some)
+            .map_err(|e| null_supplying_error(what, join, &format!("its exact rewrite does not take {}", reason(e))));
+    }
+    if !hazards(sub, false).is_empty() {
+        return Ok(None);
+    }
+    let Some(d) = decorrelate(left, &sc.subquery, PullUpCorrelatedExpr::new(), "__sf_quantified", aliases)? else {
+        return Ok(domain_quantified(left, sc, aliases).ok());
+    };
     if d.residual.is_empty() {
         let Some(value) = d.output else { return Ok(None) };
         let (plan, summary) = quantified::summary_join(left.clone(), d.build, d.on, value, &format!("{}_summary", d.alias))?;
@@ -544,60 +656,16 @@ fn collect_hazards(plan: &LogicalPlan, limit_ok: bool, out: &mut Vec<Hazard>) {
     plan.inputs().into_iter().for_each(|c| collect_hazards(c, limit_ok, out));
 }
 
-/// Whether DataFusion's decorrelation of `plan` (with NULL-supplying
-/// hazards) only drops rows whose output column `index` is NULL: then a
-/// positive `IN` in a WHERE clause, where NULL and FALSE both drop the
-/// row, keeps its answer. Traced through projections of plain columns down
-/// to the one outer join whose NULL-supplying side holds the correlation
-/// (anything else: false).
-fn dropped_rows_null(plan: &LogicalPlan, index: usize) -> bool {
-    match plan {
-        LogicalPlan::Projection(p) => match p.expr.get(index).map(|e| e.clone().unalias()) {
-            Some(Expr::Column(c)) => p.input.schema().index_of_column(&c).is_ok_and(|i| dropped_rows_null(&p.input, i)),
-            _ => false,
-        },
-        LogicalPlan::SubqueryAlias(a) => dropped_rows_null(&a.input, index),
-        LogicalPlan::Filter(f) => dropped_rows_null(&f.input, index),
-        LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(input)) => dropped_rows_null(input, index),
-        LogicalPlan::Join(j) if matches!(j.join_type, JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full) => {
-            let left_len = j.left.schema().fields().len();
-            let (from_left, i) = if index < left_len { (true, index) } else { (false, index - left_len) };
-            let (child, other) = if from_left { (j.left.as_ref(), j.right.as_ref()) } else { (j.right.as_ref(), j.left.as_ref()) };
-            if !holds_outer(child) || holds_outer(other) {
-                return false;
-            }
-            let null_supplying = matches!((j.join_type, from_left), (JoinType::Left, false) | (JoinType::Right, true) | (JoinType::Full, _));
-            if null_supplying {
-                // The dropped rows are this join's NULL-extended ones, if nothing below drops rows too.
-                hazards(child, true).is_empty()
-            } else {
-                dropped_rows_null(child, i)
-            }
-        }
-        _ => false,
-    }
-}
-
-/// Refuse, with a clear error, a subquery predicate of `plan` whose
-/// correlation sits under the NULL-supplying side of an outer join inside
-/// the subquery: DataFusion's decorrelation (setfusion's mark joins reuse
-/// it) would drop the NULL-extended rows and answer wrongly. A positive IN
-/// conjunct of a WHERE clause stays with DataFusion where only rows with a
-/// NULL value are dropped ([`dropped_rows_null`]): its answer is right.
+/// Refuse, with a clear error, a subquery predicate of `plan` (left to
+/// DataFusion) whose correlation sits under the NULL-supplying side of an
+/// outer join inside the subquery: DataFusion's decorrelation would drop the
+/// join's NULL-extended rows and answer wrongly. The mark-join rule rewrites
+/// those it reaches ([`outer_decorrelate`]); this catches the others (a
+/// subquery in an outer join's ON, in ORDER BY, ...).
 fn refuse_null_supplying_correlation(plan: &LogicalPlan) -> Result<()> {
-    let kept: Vec<&Expr> = match plan {
-        LogicalPlan::Filter(f) => split_conjunction(&f.predicate)
-            .into_iter()
-            .filter(|c| matches!(c, Expr::InSubquery(InSubquery { negated: false, subquery, .. }) if dropped_rows_null(&subquery.subquery, 0)))
-            .collect(),
-        _ => Vec::new(),
-    };
     let mut refused = None;
     plan.apply_expressions(|e| {
         e.apply(|e| {
-            if kept.iter().any(|k| std::ptr::eq(*k, e)) {
-                return Ok(TreeNodeRecursion::Jump);
-            }
             let (what, subquery) = match e {
                 Expr::InSubquery(InSubquery { subquery, negated, .. }) => (if *negated { "NOT IN" } else { "IN" }, subquery),
                 Expr::Exists(Exists { subquery, negated }) => (if *negated { "NOT EXISTS" } else { "EXISTS" }, subquery),
@@ -606,23 +674,17 @@ fn refuse_null_supplying_correlation(plan: &LogicalPlan) -> Result<()> {
                 }
                 _ => return Ok(TreeNodeRecursion::Continue),
             };
-            let join = hazards(&subquery.subquery, true).into_iter().find_map(|h| match h {
-                Hazard::NullSupplying(j) => Some(j),
-                Hazard::Other(_) => None,
-            });
-            if let Some(join) = join {
-                refused = Some(format!(
-                    "setfusion: not supported: {what} (subquery) with a correlated predicate under the NULL-supplying side of a {} JOIN \
-                     inside the subquery: decorrelating it would drop the join's NULL-extended rows and answer wrongly",
-                    join.to_string().to_uppercase()
-                ));
+            if let Some(join) = null_supplying_join(&subquery.subquery) {
+                let why = "setfusion's exact rewrite does not reach a subquery in this position, \
+                           and decorrelating it would drop the join's NULL-extended rows and answer wrongly";
+                refused = Some(null_supplying_error(what, join, why));
                 return Ok(TreeNodeRecursion::Stop);
             }
             Ok(TreeNodeRecursion::Continue)
         })
     })?;
     match refused {
-        Some(msg) => plan_err!("{msg}"),
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }

@@ -5,6 +5,7 @@
 pub mod cost;
 mod device_scan;
 mod mark_join;
+mod outer_decorrelate;
 mod quantified;
 mod set_ops;
 mod semi_join;
