@@ -21,7 +21,7 @@ const RUNS: usize = 512;
 const BLOCK: u32 = 256;
 /// pq_snappy: elements parsed ahead per batch, and threads per page (one
 /// warp: the batch's bytes are few, a wider block would mostly wait).
-const SNAPPY_CMDS: usize = 64;
+const SNAPPY_CMDS: usize = 128;
 const SNAPPY_BLOCK: u32 = 32;
 
 fn defines() -> Vec<(String, u64)> {
