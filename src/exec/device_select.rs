@@ -16,6 +16,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 use super::device_scan::DeviceScanExec;
 use super::memory::hold_device;
 use super::selection::{coerce_like, forced_strategy, key_columns, Selector};
+use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
 use crate::gpu::{self, DeviceBuffer, Gpu, TransferStats};
 use crate::keys;
@@ -56,10 +57,18 @@ fn null_buffer(words: Vec<u32>, n: usize) -> Option<NullBuffer> {
     Some(NullBuffer::new(BooleanBuffer::new(Buffer::from_vec(words), 0, n))).filter(|b| b.null_count() > 0)
 }
 
-fn side_keys(g: &Gpu, side: Side<'_>, key_type: &DataType, cache_limit: usize, stats: &mut TransferStats) -> Result<std::result::Result<SideKeys, String>> {
+fn side_keys(
+    g: &Gpu,
+    side: Side<'_>,
+    key_type: &DataType,
+    keep: Option<(i64, i64)>,
+    cache_limit: usize,
+    ahead: Option<crate::scan::ReadAhead>,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<SideKeys, String>> {
     match side {
         Side::Device(scan) => {
-            let (decoded, report) = match crate::scan::scan_to_device(g, scan.files(), scan.column(), scan.data_type(), cache_limit, stats)? {
+            let (decoded, report) = match crate::scan::scan_to_device(g, scan.files(), scan.column(), scan.data_type(), keep, cache_limit, ahead, stats)? {
                 Ok(d) => d,
                 Err(why) => return Ok(Err(why.0)),
             };
@@ -101,7 +110,8 @@ fn describe(which: &str, r: &ScanReport) -> String {
     if let Some(hit @ crate::scan::CacheUse::Hit { .. }) = r.cache {
         return format!("{which}: {} rows, {hit} (copied in {:.1} ms)", r.rows, r.upload.as_secs_f64() * 1e3);
     }
-    let cache = r.cache.map(|c| format!(", {c}")).unwrap_or_default();
+    let cache = r.cache.map(|c| format!(", {c}")).unwrap_or_default()
+        + &if r.row_groups_pruned > 0 { format!(", {} of {} row groups pruned by the build side's key range", r.row_groups_pruned, r.row_groups) } else { String::new() };
     let secs = (r.read + r.upload + r.decode).as_secs_f64().max(1e-9);
     format!(
         "{which}: {} rows, {} pages, {:.1} MB read in {:.1} ms, uploaded in {:.1} ms, decoded in {:.1} ms ({:.1} GB/s of keys end to end)",
@@ -128,11 +138,29 @@ pub(crate) fn select_device_scanned(
     let device = gpu::gpu(cfg.device).map_err(gpu::GpuError::from)?;
     let g = hold_device(&device, cfg, selector.reservation.as_deref())?;
     let mut stats = TransferStats::default();
-    let probe = match side_keys(&g, probe, key_type, cfg.cache_limit.0, &mut stats)? {
+    // The build side's files are read on the host while the probe side's
+    // are uploaded and decoded (unless the device holds its keys already).
+    let ahead = match &build {
+        Side::Device(scan) if !(cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) => {
+            Some(crate::scan::ReadAhead::start(scan.files().to_vec(), scan.column().to_string(), scan.data_type().clone()))
+        }
+        _ => None,
+    };
+    // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL]),
+    // probe row groups outside the build side's key range (from its files'
+    // statistics) are not read, as DataFusion's dynamic filter would prune
+    // them; row groups with NULL keys are always read (INTERSECT keeps NULLs).
+    let keep = match (&probe, &build) {
+        (Side::Device(_), Side::Device(b)) if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) => {
+            crate::scan::key_range(b.files(), b.column()).unwrap_or(None)
+        }
+        _ => None,
+    };
+    let probe = match side_keys(&g, probe, key_type, keep, cfg.cache_limit.0, None, &mut stats)? {
         Ok(k) => k,
         Err(why) => return Ok(Err(format!("probe side: {why}"))),
     };
-    let build = match side_keys(&g, build, key_type, cfg.cache_limit.0, &mut stats)? {
+    let build = match side_keys(&g, build, key_type, None, cfg.cache_limit.0, ahead, &mut stats)? {
         Ok(k) => k,
         Err(why) => return Ok(Err(format!("build side: {why}"))),
     };

@@ -34,6 +34,8 @@ pub struct CacheKey {
     files: Vec<(PathBuf, u64, u128, Vec<(u64, u64)>)>,
     column: String,
     data_type: DataType,
+    /// The key range the scan's row groups were chosen by (None: all of them).
+    keep: Option<(i64, i64)>,
 }
 
 impl CacheKey {
@@ -48,13 +50,20 @@ impl CacheKey {
                 Some((f.path.clone(), meta.len(), modified, f.ranges.clone()))
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(Self { files, column: column.to_string(), data_type: data_type.clone() })
+        Some(Self { files, column: column.to_string(), data_type: data_type.clone(), keep: None })
+    }
+
+    /// The same scan restricted to the row groups that may hold a key in `keep`.
+    pub fn within(mut self, keep: Option<(i64, i64)>) -> Self {
+        self.keep = keep;
+        self
     }
 
     /// The same files and column, whatever their size and time.
     fn same_column(&self, other: &Self) -> bool {
         self.column == other.column
             && self.data_type == other.data_type
+            && self.keep == other.keep
             && self.files.len() == other.files.len()
             && self.files.iter().zip(&other.files).all(|(a, b)| a.0 == b.0 && a.3 == b.3)
     }
@@ -145,6 +154,11 @@ impl ColumnCache {
             }
             Err(_) => 0,
         }
+    }
+
+    /// Is `key` held (without touching its place in the LRU order)?
+    pub fn holds(&self, key: &CacheKey) -> bool {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).map.contains_key(key)
     }
 
     /// Bytes held now.

@@ -23,7 +23,7 @@ use datafusion::error::Result;
 
 pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded};
-pub use pages::{supported_type, Fallback, ScanFile};
+pub use pages::{key_range, supported_type, Fallback, ScanFile};
 
 use crate::gpu::{Gpu, TransferStats};
 
@@ -41,27 +41,86 @@ pub struct ScanReport {
     pub decode: Duration,
     /// What the device column cache did ([`cache`]).
     pub cache: Option<CacheUse>,
+    /// Row groups left out by the other side's key range, of all.
+    pub row_groups_pruned: usize,
+    pub row_groups: usize,
+}
+
+/// A scan's host part: the plan, the column chunks' bytes and their page table.
+pub struct HostRead {
+    plan: pages::ScanPlan,
+    raw: Vec<u8>,
+    table: pages::PageTable,
+    read: Duration,
+}
+
+/// Plan the scan (the row groups that may hold a key of `keep`, when given),
+/// read the chunks (parallel positioned reads) and walk their page headers.
+pub fn read_on_host(files: &[ScanFile], column: &str, arrow: &DataType, keep: Option<(i64, i64)>) -> Result<std::result::Result<HostRead, Fallback>> {
+    let t = Instant::now();
+    let plan = match pages::plan_scan_within(files, column, arrow, keep)? {
+        Ok(p) => p,
+        Err(f) => return Ok(Err(f)),
+    };
+    let raw = pages::read_chunks(&plan)?;
+    let table = match pages::page_table(&plan, &raw)? {
+        Ok(t) => t,
+        Err(f) => return Ok(Err(f)),
+    };
+    Ok(Ok(HostRead { plan, raw, table, read: t.elapsed() }))
+}
+
+/// [`read_on_host`] started on its own thread, so one side's files are read
+/// while the device decodes and uploads the other's.
+pub struct ReadAhead(std::thread::JoinHandle<Result<std::result::Result<HostRead, Fallback>>>);
+
+impl ReadAhead {
+    pub fn start(files: Vec<ScanFile>, column: String, arrow: DataType) -> Self {
+        ReadAhead(std::thread::spawn(move || read_on_host(&files, &column, &arrow, None)))
+    }
+
+    fn join(self) -> Result<std::result::Result<HostRead, Fallback>> {
+        self.0.join().unwrap_or_else(|_| Err(datafusion::error::DataFusionError::Internal("setfusion device scan: the read-ahead thread panicked".into())))
+    }
+}
+
+/// Is `column` of `files`, as they are now, in `gpu`'s column cache?
+pub fn is_cached(gpu: &Gpu, files: &[ScanFile], column: &str, arrow: &DataType) -> bool {
+    CacheKey::of(files, column, arrow).is_some_and(|k| ColumnCache::of(gpu).holds(&k))
 }
 
 /// Read `column` of `files` (read by DataFusion as `arrow`) onto `gpu` as
 /// keys; `Err(Fallback)` when the files hold something the device does not
 /// decode (the caller reads them on the host instead). With `cache_limit`
 /// above 0, the device column cache ([`cache`]) answers a repeated scan of
-/// unchanged files, and keeps what this one decodes.
+/// unchanged files, and keeps what this one decodes. `keep`: only the row
+/// groups that may hold a key in this range are read (the caller drops rows
+/// outside it anyway). `ahead`: the host part, already started ([`ReadAhead`],
+/// which reads every row group).
+#[allow(clippy::too_many_arguments)]
 pub fn scan_to_device(
     gpu: &Gpu,
     files: &[ScanFile],
     column: &str,
     arrow: &DataType,
+    keep: Option<(i64, i64)>,
     cache_limit: usize,
+    ahead: Option<ReadAhead>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
-    let key = (cache_limit > 0).then(|| CacheKey::of(files, column, arrow)).flatten();
+    let read = |ahead: Option<ReadAhead>| match ahead {
+        Some(a) => a.join(),
+        None => read_on_host(files, column, arrow, keep),
+    };
+    let key = (cache_limit > 0).then(|| CacheKey::of(files, column, arrow)).flatten().map(|k| k.within(keep));
     let Some(key) = key else {
-        return Ok(read_to_device(gpu, files, column, arrow, stats)?.map(|(d, mut r)| {
-            r.cache = Some(CacheUse::Off);
-            (d, r)
-        }));
+        return Ok(match read(ahead)? {
+            Ok(host) => Ok(to_device(gpu, host, stats).map(|(d, mut r)| {
+                r.cache = Some(CacheUse::Off);
+                (d, r)
+            })?),
+            Err(f) => Err(f),
+        });
     };
     let cache = ColumnCache::of(gpu);
     let t = Instant::now();
@@ -71,31 +130,19 @@ pub fn scan_to_device(
         let report = ScanReport { rows, bytes_decoded: rows * 8, upload: t.elapsed(), cache: Some(CacheUse::Hit { bytes }), ..Default::default() };
         return Ok(Ok((hit, report)));
     }
-    Ok(read_to_device(gpu, files, column, arrow, stats)?.map(|(d, mut r)| {
-        r.cache = Some(cache.put(gpu, key, &d, cache_limit));
-        (d, r)
-    }))
+    Ok(match read(ahead)? {
+        Ok(host) => {
+            let (d, mut r) = to_device(gpu, host, stats)?;
+            r.cache = Some(cache.put(gpu, key, &d, cache_limit));
+            Ok((d, r))
+        }
+        Err(f) => Err(f),
+    })
 }
 
-/// [`scan_to_device`] without the cache: the files read, uploaded and decoded.
-fn read_to_device(
-    gpu: &Gpu,
-    files: &[ScanFile],
-    column: &str,
-    arrow: &DataType,
-    stats: &mut TransferStats,
-) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
-    let t = Instant::now();
-    let plan = match pages::plan_scan(files, column, arrow)? {
-        Ok(p) => p,
-        Err(f) => return Ok(Err(f)),
-    };
-    let raw = pages::read_chunks(&plan)?;
-    let table = match pages::page_table(&plan, &raw)? {
-        Ok(t) => t,
-        Err(f) => return Ok(Err(f)),
-    };
-    let read = t.elapsed();
+/// The device part of a scan: the chunks uploaded and decoded.
+fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(DeviceDecoded, ScanReport)> {
+    let HostRead { plan, raw, table, read } = host;
     let t = Instant::now();
     let d_raw = gpu.upload(&raw, stats)?;
     crate::gpu::drop_later(raw);
@@ -111,8 +158,10 @@ fn read_to_device(
         upload,
         decode: t.elapsed(),
         cache: None,
+        row_groups_pruned: plan.row_groups_pruned,
+        row_groups: plan.row_groups,
     };
-    Ok(Ok((decoded, report)))
+    Ok((decoded, report))
 }
 
 /// [`scan_to_device`]'s CPU twin: the same keys, decoded on the host.

@@ -3,8 +3,10 @@
 //! ([`PqPage`], the contract of `kernels/parquet_decode.cu`).
 //!
 //! Footers are read with the parquet crate; every row group of the files is
-//! read (the scan is only chosen without a predicate, so nothing is pruned:
-//! see [`crate::exec::device_scan`]). What the device cannot decode is
+//! read (the scan is only chosen without a predicate: see
+//! [`crate::exec::device_scan`]), except those a key range rules out
+//! ([`plan_scan_within`]: the other side's key range, for the operators
+//! whose unmatched rows are dropped). What the device cannot decode is
 //! reported as a [`Fallback`] reason, never decoded wrongly.
 
 use std::fs::File;
@@ -112,6 +114,46 @@ pub struct ScanPlan {
     pub def_max: u64,
     /// Compressed bytes to read.
     pub bytes: u64,
+    /// Row groups left out by the key range, of all.
+    pub row_groups_pruned: usize,
+    pub row_groups: usize,
+}
+
+/// Row group `rg`'s (min, max, null count) of its column `ci`, as the keys' signed 64-bit values.
+fn int_stats(rg: &parquet::file::metadata::RowGroupMetaData, ci: usize) -> Option<(i64, i64, Option<u64>)> {
+    use parquet::file::statistics::Statistics;
+    match rg.column(ci).statistics()? {
+        Statistics::Int32(s) => Some((*s.min_opt()? as i64, *s.max_opt()? as i64, s.null_count_opt())),
+        Statistics::Int64(s) => Some((*s.min_opt()?, *s.max_opt()?, s.null_count_opt())),
+        _ => None,
+    }
+}
+
+/// The range of `column`'s non-NULL values over `files`, from the row
+/// groups' statistics alone; None when a row group with values has none (or
+/// no file has a value).
+pub fn key_range(files: &[ScanFile], column: &str) -> Result<Option<(i64, i64)>> {
+    let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
+    let mut range: Option<(i64, i64)> = None;
+    for meta in &footers {
+        let schema = meta.file_metadata().schema_descr();
+        let Some(ci) = (0..schema.num_columns()).find(|&i| {
+            let column_i = schema.column(i);
+            let parts = column_i.path().parts();
+            parts.len() == 1 && parts[0] == column
+        }) else {
+            return Ok(None);
+        };
+        for rg in meta.row_groups() {
+            match int_stats(rg, ci) {
+                Some((lo, hi, _)) => range = Some(range.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi)))),
+                // All NULL: no value to bound.
+                None if rg.column(ci).statistics().and_then(|s| s.null_count_opt()) == Some(rg.num_rows() as u64) => {}
+                None => return Ok(None),
+            }
+        }
+    }
+    Ok(range)
 }
 
 /// The page table over the raw chunk bytes, and the device scratch it needs.
@@ -164,12 +206,19 @@ fn read_footer(path: &PathBuf) -> Result<ParquetMetaData> {
 
 /// Plan the scan of `column` (a top-level column read as `arrow`) over `files`.
 pub fn plan_scan(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<std::result::Result<ScanPlan, Fallback>> {
+    plan_scan_within(files, column, arrow, None)
+}
+
+/// [`plan_scan`], leaving out the row groups whose statistics show no NULL
+/// and no value inside `keep` (signed 64-bit key values, both ends included).
+pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep: Option<(i64, i64)>) -> Result<std::result::Result<ScanPlan, Fallback>> {
     if !supported_type(arrow) {
         return fallback(format!("type {arrow}"));
     }
     let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
     let mut chunks = Vec::new();
     let (mut rows, mut width, mut def_max, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+    let (mut row_groups, mut row_groups_pruned) = (0usize, 0usize);
     for (fi, (file, meta)) in files.iter().zip(&footers).enumerate() {
         if !file.ranges.is_empty() {
             let size = std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
@@ -197,6 +246,13 @@ pub fn plan_scan(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<s
         width = if descr.physical_type() == PhysicalType::INT32 { 4 } else { 8 };
         def_max = def_max.max(descr.max_def_level() as u64);
         for rg in meta.row_groups() {
+            row_groups += 1;
+            if let (Some((lo, hi)), Some((min, max, Some(0)))) = (keep, int_stats(rg, ci)) {
+                if max < lo || min > hi {
+                    row_groups_pruned += 1;
+                    continue;
+                }
+            }
             let cc = rg.column(ci);
             let codec = match cc.compression() {
                 Compression::UNCOMPRESSED => CODEC_NONE,
@@ -209,7 +265,7 @@ pub fn plan_scan(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<s
             bytes += len;
         }
     }
-    Ok(Ok(ScanPlan { files: files.iter().map(|f| f.path.clone()).collect(), chunks, rows, width, def_max, bytes }))
+    Ok(Ok(ScanPlan { files: files.iter().map(|f| f.path.clone()).collect(), chunks, rows, width, def_max, bytes, row_groups_pruned, row_groups }))
 }
 
 /// Read every chunk's bytes, back to back, with parallel positioned reads.

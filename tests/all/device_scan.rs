@@ -204,3 +204,60 @@ fn device_cache_serves_unchanged_files_only() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// IN / INTERSECT read only the probe row groups the build side's key range
+/// (its files' statistics) can match, as DataFusion's dynamic filter prunes
+/// them; NOT IN / EXCEPT read every row group. Answers equal DataFusion's.
+#[test]
+fn probe_row_groups_outside_the_build_range_are_not_read() {
+    let _device = crate::common::shared_device();
+    let gpu = gpu_or_skip().is_ok();
+    let dir = std::env::temp_dir().join(format!("setfusion-device-prune-test-{}", std::process::id()));
+    let write_sorted = |name: &str, keys: std::ops::Range<i64>, nulls: bool| {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let k: Vec<Option<i64>> = keys.map(|v| (!nulls || v % 1000 != 7).then_some(v)).collect();
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(k))]).unwrap();
+        let props = WriterProperties::builder().set_max_row_group_row_count(Some(1000)).set_compression(Compression::SNAPPY).build();
+        let mut w = ArrowWriter::try_new(std::fs::File::create(dir.join(name).join("part-0.parquet")).unwrap(), schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    write_sorted("big", 0..20_000, false);
+    write_sorted("big_nulls", 0..20_000, true);
+    write_sorted("small", 5_000..5_300, false);
+    block_on(move || async move {
+        let open = |setfusion: bool| {
+            let dir = dir.clone();
+            async move {
+                let config = SessionConfig::new().with_target_partitions(4);
+                let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
+                if setfusion {
+                    ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
+                }
+                for t in ["big", "big_nulls", "small"] {
+                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+                }
+                ctx
+            }
+        };
+        let (plain, device) = (open(false).await, open(true).await);
+        for sql in [
+            "SELECT count(*) FROM big WHERE k IN (SELECT k FROM small)",
+            "SELECT count(*) FROM big_nulls WHERE k IN (SELECT k FROM small)",
+            "SELECT count(*) FROM (SELECT k FROM big INTERSECT SELECT k FROM small)",
+            "SELECT count(*) FROM (SELECT k FROM big_nulls INTERSECT ALL SELECT k FROM small)",
+            "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)",
+            "SELECT count(*) FROM (SELECT k FROM big EXCEPT SELECT k FROM small)",
+        ] {
+            assert_eq!(rows(&device, sql).await, rows(&plain, sql).await, "{sql}");
+        }
+        if gpu {
+            let analyzed = explain(&device, "SELECT count(*) FROM big WHERE k IN (SELECT k FROM small)", true).await;
+            assert!(analyzed.contains("19 of 20 row groups pruned by the build side's key range"), "{analyzed}");
+            let analyzed = explain(&device, "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)", true).await;
+            assert!(!analyzed.contains("pruned by the build side"), "{analyzed}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
