@@ -193,7 +193,15 @@ extern "C" __global__ void pq_snappy(const u8* raw, u8* body, const PqPage* page
                 const u64 a = c_out[e], len = c_out[e + 1] - a;
                 if (len > PQ_SNAPPY_SHORT || c_kind[e] == PQ_SNAPPY_CHAIN) continue;
                 const u8* from = c_kind[e] == PQ_SNAPPY_INPUT ? src + c_src[e] : dst + a - c_src[e];
-                for (u64 t = 0; t < len; ++t) dst[a + t] = from[t];
+                // Eight loads before eight stores: the loads (often of bytes the
+                // previous batch just wrote, served by L2) overlap instead of
+                // each waiting behind the store before it.
+                for (u64 t = 0; t < len; t += 8) {
+                    const u64 m = len - t < 8 ? len - t : 8;
+                    u64 w = 0;
+                    for (u64 j = 0; j < m; ++j) w |= (u64)from[t + j] << (8 * j);
+                    for (u64 j = 0; j < m; ++j) dst[a + t + j] = (u8)(w >> (8 * j));
+                }
             }
             // The rest byte by byte over all threads.
             for (u64 e = 0; e < count; ++e) {
@@ -228,6 +236,71 @@ extern "C" __global__ void pq_snappy(const u8* raw, u8* body, const PqPage* page
             else if (s_out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
         }
         __syncthreads();
+    }
+}
+
+// One snappy stream: src[0, n) into dst[0, cap). Returns false when corrupt
+// or when it does not decompress to exactly `cap` bytes.
+__device__ bool pq_snappy_one(const u8* src, u64 n, u8* dst, u64 cap, u32* err) {
+    u64 pos = 0, len = 0, out = 0;
+    if (!pq_uvarint(src, n, &pos, &len)) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+    if (len != cap) { pq_fail(err, PQ_ERR_SNAPPY_SIZE); return false; }
+    while (pos < n) {
+        const u8 tag = src[pos++];
+        u64 length, offset;
+        switch (tag & 3) {
+        case 0: {
+            length = tag >> 2;
+            if (length >= 60) {
+                const u32 extra = (u32)length - 59;
+                if (pos + extra > n) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+                length = 0;
+                for (u32 k = 0; k < extra; ++k) length |= (u64)src[pos + k] << (8 * k);
+                pos += extra;
+            }
+            length += 1;
+            if (pos + length > n || out + length > cap) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+            for (u64 k = 0; k < length; ++k) dst[out + k] = src[pos + k];
+            pos += length;
+            out += length;
+            continue;
+        }
+        case 1:
+            if (pos + 1 > n) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+            length = 4 + ((tag >> 2) & 7);
+            offset = ((u64)(tag >> 5) << 8) | src[pos];
+            pos += 1;
+            break;
+        case 2:
+            if (pos + 2 > n) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+            length = 1 + (tag >> 2);
+            offset = (u64)src[pos] | ((u64)src[pos + 1] << 8);
+            pos += 2;
+            break;
+        default:
+            if (pos + 4 > n) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+            length = 1 + (tag >> 2);
+            offset = (u64)src[pos] | ((u64)src[pos + 1] << 8) | ((u64)src[pos + 2] << 16) | ((u64)src[pos + 3] << 24);
+            pos += 4;
+            break;
+        }
+        if (offset == 0 || offset > out || out + length > cap) { pq_fail(err, PQ_ERR_SNAPPY); return false; }
+        // Byte by byte: a copy may overlap its own output (offset < length repeats a pattern).
+        for (u64 k = 0; k < length; ++k) dst[out + k] = dst[out + k - offset];
+        out += length;
+    }
+    if (out != cap) { pq_fail(err, PQ_ERR_SNAPPY_SIZE); return false; }
+    return true;
+}
+
+// The first form, kept for comparison (`SETFUSION_SNAPPY_SERIAL=1`): one
+// thread per page, each copy byte after byte. Only snappy pages do work.
+extern "C" __global__ void pq_snappy_serial(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
+    SF_FOR(pi, npages) {
+        const PqPage p = pages[pi];
+        if (p.codec != 1) continue;
+        if (p.src_len < p.levels_len || p.dst_len < p.levels_len) { pq_fail(err, PQ_ERR_SNAPPY); continue; }
+        pq_snappy_one(raw + p.src + p.levels_len, p.src_len - p.levels_len, body + p.dst + p.levels_len, p.dst_len - p.levels_len, err);
     }
 }
 

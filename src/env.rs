@@ -159,3 +159,9 @@ pub fn fuzz_outer_joins() -> bool {
 pub fn repo_root() -> PathBuf {
     path("SETFUSION_ROOT").unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// `SETFUSION_SNAPPY_SERIAL=1`: the device scan decompresses SNAPPY pages with
+/// the first kernel (one thread per page), to compare with the current one.
+pub fn snappy_serial() -> bool {
+    flag("SETFUSION_SNAPPY_SERIAL")
+}

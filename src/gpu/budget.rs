@@ -67,13 +67,16 @@ impl MemoryBudget {
     /// When it does not fit, memory kept for later (see [`Self::set_evictor`])
     /// is given back first, and the charge tried once more.
     pub fn reserve(&self, bytes: usize) -> Result<Reservation> {
-        match self.try_reserve(bytes) {
-            Err(e) => match self.evictor.get() {
-                Some(evict) if evict(bytes.saturating_sub(self.available())) > 0 => self.try_reserve(bytes),
-                _ => Err(e),
-            },
-            ok => ok,
+        let mut tried = self.try_reserve(bytes);
+        if let (Err(_), Some(evict)) = (&tried, self.evictor.get()) {
+            // What the charge overshoots the limit by (the held memory may
+            // already exceed a limit lowered since it was charged).
+            let over = (self.used() + bytes).saturating_sub(self.limit());
+            if evict(over) > 0 {
+                tried = self.try_reserve(bytes);
+            }
         }
+        tried
     }
 
     fn try_reserve(&self, bytes: usize) -> Result<Reservation> {

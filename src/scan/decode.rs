@@ -86,8 +86,14 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
     unsafe { gpu.stream().launch_builder(&copy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).launch(per_page) }
         .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
-        let snappy = gpu.function(&KERNEL, "pq_snappy")?;
-        let cfg = LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (SNAPPY_BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SETFUSION_SNAPPY_SERIAL=1: the first form (one thread per page), for comparison.
+        let serial = crate::env::snappy_serial();
+        let snappy = gpu.function(&KERNEL, if serial { "pq_snappy_serial" } else { "pq_snappy" })?;
+        let cfg = if serial {
+            LaunchConfig { grid_dim: (npages.div_ceil(64) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 }
+        } else {
+            LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (SNAPPY_BLOCK, 1, 1), shared_mem_bytes: 0 }
+        };
         // SAFETY: as above; `err` holds one word.
         unsafe { gpu.stream().launch_builder(&snappy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).arg(&mut err.slice).launch(cfg) }
             .map_err(|e| cuda_err("pq_snappy", e))?;
