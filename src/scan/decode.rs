@@ -86,8 +86,11 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
     unsafe { gpu.stream().launch_builder(&copy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).launch(per_page) }
         .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
-        // SETFUSION_SNAPPY_SERIAL=1: the first form (one thread per page), for comparison.
-        let serial = crate::env::snappy_serial();
+        // One thread per page is the default: on one H200, 130 ms for 100M keys
+        // against 190-230 ms for the block form (BENCHMARKS section 12), whose
+        // serial parse and fills still wait on L2. SETFUSION_SNAPPY_BLOCK=1
+        // runs the block form, to keep measuring it.
+        let serial = !crate::env::snappy_block();
         let snappy = gpu.function(&KERNEL, if serial { "pq_snappy_serial" } else { "pq_snappy" })?;
         let cfg = if serial {
             LaunchConfig { grid_dim: (npages.div_ceil(64) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 }
