@@ -192,7 +192,7 @@ impl SetSelectExec {
 
     /// This node over other inputs and with another projection of the kept
     /// side, keeping its settings, dynamic filter and fetch.
-    fn rebuilt(&self, probe: Arc<dyn ExecutionPlan>, build: Arc<dyn ExecutionPlan>, projection: Option<Vec<usize>>) -> Result<Self> {
+    pub(crate) fn rebuilt(&self, probe: Arc<dyn ExecutionPlan>, build: Arc<dyn ExecutionPlan>, projection: Option<Vec<usize>>) -> Result<Self> {
         let mut exec = SetSelectExec::try_new(
             self.op,
             probe,

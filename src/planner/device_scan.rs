@@ -76,19 +76,9 @@ impl DeviceScanRule {
         }
         let mut new_children = new_children.into_iter();
         let (Some(probe), Some(build)) = (new_children.next(), new_children.next()) else { return Ok(Transformed::no(plan)) };
-        let with_note = SetSelectExec::try_new(
-            node.op(),
-            probe,
-            build,
-            node.probe_keys().to_vec(),
-            node.build_keys().to_vec(),
-            node.nulls(),
-            node.backend().clone(),
-            node.projection().map(|p| p.to_vec()),
-        )?
-        .with_note(node.note().map(str::to_string))
-        .with_scan_note(note)
-        .with_partitioned_inputs(node.partitioned_inputs_requested())?;
+        // Rebuilt, not made anew: the rule runs after DataFusion's pushdowns, and
+        // the node's fetch (a LIMIT) and dynamic filter must survive it.
+        let with_note = node.rebuilt(probe, build, node.projection().map(<[usize]>::to_vec))?.with_scan_note(note);
         Ok(Transformed::yes(Arc::new(with_note)))
     }
 }

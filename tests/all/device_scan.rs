@@ -138,6 +138,18 @@ fn device_scan_answers_equal_host_scan() {
             let want = rows(&host, sql).await;
             assert_eq!(rows(&device, sql).await, want, "device scan: {sql}");
         }
+        // A LIMIT pushed into the node survives the device scan rule (it runs
+        // after DataFusion's limit and filter pushdown): 3 rows, all answers.
+        let limited = "SELECT k FROM a WHERE k IN (SELECT k FROM b) LIMIT 3";
+        let got = rows(&device, limited).await;
+        let all = rows(&plain, "SELECT k FROM a WHERE k IN (SELECT k FROM b)").await;
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got.iter().all(|r| all.contains(r)), "{got:?}");
+        if gpu {
+            let plan = explain(&device, limited, false).await;
+            assert!(plan.contains("DeviceScanExec"), "{plan}");
+            assert!(plan.lines().any(|l| l.contains("SetSelectExec") && l.contains("fetch=3") && l.contains("dynamic_filter")), "{plan}");
+        }
         // Filters stay with DataFusion's scan, and EXPLAIN says why.
         let plan = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)", false).await;
         if gpu {
