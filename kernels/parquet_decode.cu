@@ -6,9 +6,9 @@
 // kernels, in order:
 //   pq_copy_pages  one block per page: uncompressed bodies, and the never
 //                  compressed level bytes of v2 pages, copied into `body`;
-//   pq_snappy_serial  one thread per SNAPPY page (the default), or
-//   pq_snappy      one block per SNAPPY page (SETFUSION_SNAPPY_BLOCK=1): the
-//                  raw snappy stream after the v2 levels decompressed into `body`;
+//   pq_snappy      one warp per SNAPPY page (or pq_snappy_serial, one thread
+//                  per page, under SETFUSION_SNAPPY_SERIAL=1): the raw snappy
+//                  stream after the v2 levels decompressed into `body`;
 //   pq_decode      one block per data page: definition levels (RLE /
 //                  bit-packed hybrid, bit width 1) into validity bits, then
 //                  each non-NULL row's value (PLAIN, or a dictionary index
@@ -21,15 +21,14 @@
 // code lands in err[0] (the host turns it into a clear error).
 #include "common.cuh"
 
-// PQ_RUNS (run descriptors per batch in shared memory) and PQ_SNAPPY_CMDS
-// (snappy elements per batch) come from src/scan/decode.rs.
+// PQ_RUNS (run descriptors per batch in shared memory) and PQ_SNAPPY_WARPS
+// (pq_snappy's warps per block) come from src/scan/decode.rs.
 
-// How a snappy element's bytes are found (pq_snappy).
-#define PQ_SNAPPY_INPUT 0   // in the compressed input (a literal, or a copy of one)
-#define PQ_SNAPPY_BEFORE 1  // in the output before the batch, `offset` bytes back
-#define PQ_SNAPPY_CHAIN 2   // followed back byte by byte
-// Elements up to this many bytes are copied by one thread.
-#define PQ_SNAPPY_SHORT 32
+// pq_snappy: output bytes each warp keeps in shared memory (a power of two,
+// at least 128).
+#ifndef PQ_SNAPPY_RING
+#define PQ_SNAPPY_RING 16384
+#endif
 
 typedef unsigned char u8;
 
@@ -83,159 +82,137 @@ __device__ __forceinline__ bool pq_uvarint(const u8* s, u64 end, u64* pos, u64* 
     return false;
 }
 
-// One block per SNAPPY page. Thread 0 parses the next PQ_SNAPPY_CMDS elements
-// (literals and copies) of the stream into shared memory, and resolves each
-// copy as it goes: a copy whose source lies before the batch, or inside one
-// earlier element of the batch, becomes a read of the input (that element is
-// a literal) or of output before the batch (final). Then the threads fill
-// the batch's bytes, with no byte waiting on another:
-//   - short resolved elements one per thread (a page of integers is mostly
-//     4-8 byte elements: the zero high bytes of each key are a copy of the
-//     previous key's);
-//   - long elements and unresolved copies (a source spanning elements, or
-//     overlapping the copy itself) byte by byte over all threads, each
-//     unresolved byte followed back element by element to a literal or to
-//     the output before the batch.
-// One thread per page, copying byte after byte, ran at 4.9 GB/s on an H100:
-// every copy waited on the global memory it had just written.
-extern "C" __global__ void pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
-    __shared__ u64 c_out[PQ_SNAPPY_CMDS + 1];  // page output position where element k starts; [count]: where the batch ends
-    __shared__ u64 c_src[PQ_SNAPPY_CMDS];      // PQ_SNAPPY_INPUT: input position of its first byte; else: its offset back
-    __shared__ u8 c_kind[PQ_SNAPPY_CMDS];      // PQ_SNAPPY_INPUT, PQ_SNAPPY_BEFORE (source before the batch) or PQ_SNAPPY_CHAIN
-    __shared__ u64 s_count, s_pos, s_out, s_status;
-    for (u64 pi = blockIdx.x; pi < npages; pi += gridDim.x) {
+// One warp per SNAPPY page (the launcher's default): the raw snappy stream
+// after the v2 levels decompressed into `body`.
+//
+// One thread per page (pq_snappy_serial below) is latency-bound: every copy
+// reads global memory it has just written (an L2 round trip per byte), and a
+// page of integers is mostly 4-8 byte elements (a key's zero high bytes copy
+// the previous key's). Here each warp keeps the page's last PQ_SNAPPY_RING
+// output bytes in shared memory, so a copy reads shared memory, and writes
+// the output to `body` in coalesced flushes of half a ring. Per window of 32
+// input bytes every lane decodes the element that would start at its byte
+// (speculatively: most lanes are inside another element); the elements on the
+// chain from the window's first byte are then run in order, each by the whole
+// warp, one byte per lane. A copy from further back than the ring holds
+// reads `body`, which the flushes have written by then. All control flow is
+// uniform in the warp; with one thread (scripts/kernels-on-host) it runs the
+// same steps one byte at a time.
+extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
+    __shared__ u8 rings[PQ_SNAPPY_WARPS][PQ_SNAPPY_RING];
+    const u32 lanes = blockDim.x < 32 ? blockDim.x : 32;
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+    u8* ring = rings[warp];
+    const u64 mask = PQ_SNAPPY_RING - 1;
+    // A copy reads the ring when its source cannot be a slot this step overwrites.
+    const u64 ring_reach = PQ_SNAPPY_RING - 32;
+    for (u64 pi = (u64)blockIdx.x * warps + warp; pi < npages; pi += (u64)gridDim.x * warps) {
         const PqPage p = pages[pi];
         if (p.codec != 1) continue;
-        const bool sizes_ok = p.src_len >= p.levels_len && p.dst_len >= p.levels_len;
+        if (p.src_len < p.levels_len || p.dst_len < p.levels_len) {
+            if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY);
+            continue;
+        }
         const u8* src = raw + p.src + p.levels_len;
+        const u64 n = p.src_len - p.levels_len;
         u8* dst = body + p.dst + p.levels_len;
-        const u64 n = sizes_ok ? p.src_len - p.levels_len : 0, cap = sizes_ok ? p.dst_len - p.levels_len : 0;
-        if (threadIdx.x == 0) {
-            u64 pos = 0, len = 0;
-            s_status = 0;
-            if (!sizes_ok || !pq_uvarint(src, n, &pos, &len)) s_status = PQ_ERR_SNAPPY;
-            else if (len != cap) s_status = PQ_ERR_SNAPPY_SIZE;
-            s_pos = pos;
-            s_out = 0;
+        const u64 cap = p.dst_len - p.levels_len;
+        u64 pos = 0, len = 0;
+        if (!pq_uvarint(src, n, &pos, &len)) {
+            if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY);
+            continue;
         }
-        __syncthreads();
-        while (s_status == 0) {
-            if (threadIdx.x == 0) {
-                u64 pos = s_pos, out = s_out, k = 0;
-                while (k < PQ_SNAPPY_CMDS && pos < n) {
-                    const u8 tag = src[pos++];
-                    u64 length = 0, from = 0;
-                    const u32 kind = tag & 3;
-                    if (kind == 0) {
-                        length = tag >> 2;
-                        if (length >= 60) {
-                            const u32 extra = (u32)length - 59;
-                            if (pos + extra > n) { s_status = PQ_ERR_SNAPPY; break; }
-                            length = 0;
-                            for (u32 e = 0; e < extra; ++e) length |= (u64)src[pos + e] << (8 * e);
-                            pos += extra;
-                        }
-                        length += 1;
-                        if (pos + length > n || out + length > cap) { s_status = PQ_ERR_SNAPPY; break; }
-                        from = pos;
-                        pos += length;
-                    } else {
-                        const u32 extra = kind == 1 ? 1 : kind == 2 ? 2 : 4;
-                        if (pos + extra > n) { s_status = PQ_ERR_SNAPPY; break; }
-                        if (kind == 1) {
-                            length = 4 + ((tag >> 2) & 7);
-                            from = ((u64)(tag >> 5) << 8) | src[pos];
+        if (len != cap) {
+            if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
+            continue;
+        }
+        u64 out = 0, flushed = 0;
+        u32 code = 0;
+        while (pos < n && code == 0) {
+            // The element at byte pos + lane, if one starts there: its output
+            // length, copy offset, and kind | header bytes << 2.
+            const u64 q = pos + lane;
+            u8 b[5];
+            for (int k = 0; k < 5; ++k) b[k] = q + k < n ? src[q + k] : 0;
+            u64 length;
+            u32 offset = 0, meta;
+            switch (b[0] & 3) {
+            case 0: {
+                u64 l = b[0] >> 2;
+                u32 hdr = 1;
+                if (l >= 60) {
+                    const u32 extra = (u32)l - 59;
+                    l = 0;
+                    for (u32 k = 0; k < extra; ++k) l |= (u64)b[1 + k] << (8 * k);
+                    hdr += extra;
+                }
+                length = l + 1;
+                meta = hdr << 2;
+                break;
+            }
+            case 1:
+                length = 4 + ((b[0] >> 2) & 7);
+                offset = ((u32)(b[0] >> 5) << 8) | b[1];
+                meta = 1 | (2 << 2);
+                break;
+            case 2:
+                length = 1 + (b[0] >> 2);
+                offset = (u32)b[1] | ((u32)b[2] << 8);
+                meta = 2 | (3 << 2);
+                break;
+            default:
+                length = 1 + (b[0] >> 2);
+                offset = (u32)b[1] | ((u32)b[2] << 8) | ((u32)b[3] << 16) | ((u32)b[4] << 24);
+                meta = 3 | (5 << 2);
+                break;
+            }
+            // Run the chain of elements from the window's first byte.
+            u32 cur = 0;
+            while (cur < lanes && pos < n) {
+                const u64 e_len = __shfl_sync(0xffffffffu, length, cur);
+                const u64 e_off = __shfl_sync(0xffffffffu, offset, cur);
+                const u32 e_meta = __shfl_sync(0xffffffffu, meta, cur);
+                const bool literal = (e_meta & 3) == 0;
+                const u64 hdr = e_meta >> 2;
+                const u64 used = literal ? hdr + e_len : hdr;
+                if (used > n - pos || e_len > cap - out || (!literal && (e_off == 0 || e_off > out))) {
+                    code = PQ_ERR_SNAPPY;
+                    break;
+                }
+                const u64 lit = pos + hdr;
+                for (u64 c = 0; c < e_len; c += lanes) {
+                    const u64 o = out + c;
+                    if (lane < e_len - c) {
+                        u8 v;
+                        if (literal) {
+                            v = src[lit + c + lane];
                         } else {
-                            length = 1 + (tag >> 2);
-                            for (u32 e = 0; e < extra; ++e) from |= (u64)src[pos + e] << (8 * e);
+                            // Byte o + lane of a copy equals byte o - off + (lane mod off):
+                            // always before o, so written by an earlier step.
+                            const u64 s = o - e_off + (lane < e_off ? lane : lane % (u32)e_off);
+                            v = e_off <= ring_reach ? ring[s & mask] : dst[s];
                         }
-                        pos += extra;
-                        if (from == 0 || from > out || out + length > cap) { s_status = PQ_ERR_SNAPPY; break; }
+                        ring[(o + lane) & mask] = v;
                     }
-                    u8 how = kind == 0 ? PQ_SNAPPY_INPUT : PQ_SNAPPY_CHAIN;
-                    if (kind != 0) {
-                        // Resolve the copy from the source's side: [s, s + length).
-                        const u64 s0 = out - from, lo0 = k == 0 ? out : c_out[0];
-                        if (s0 + length <= lo0) {
-                            how = PQ_SNAPPY_BEFORE;
-                        } else if (s0 >= lo0 && s0 + length <= out) {
-                            u64 j = k - 1;  // the element holding s0: usually one of the last few
-                            while (c_out[j] > s0) --j;
-                            const u64 end_j = j + 1 < k ? c_out[j + 1] : out;
-                            if (s0 + length <= end_j && c_kind[j] != PQ_SNAPPY_CHAIN) {
-                                if (c_kind[j] == PQ_SNAPPY_INPUT) {
-                                    how = PQ_SNAPPY_INPUT;
-                                    from = c_src[j] + (s0 - c_out[j]);
-                                } else {
-                                    how = PQ_SNAPPY_BEFORE;
-                                    from += c_src[j];
-                                }
-                            }
-                        }
+                    __syncwarp();
+                    const u64 done = o + (e_len - c < lanes ? e_len - c : lanes);
+                    if (done - flushed >= PQ_SNAPPY_RING / 2) {
+                        for (u64 i = flushed + lane; i < done; i += lanes) dst[i] = ring[i & mask];
+                        flushed = done;
+                        __syncwarp();
                     }
-                    c_out[k] = out;
-                    c_src[k] = from;
-                    c_kind[k] = how;
-                    out += length;
-                    ++k;
                 }
-                c_out[k] = out;
-                s_count = k;
-                s_pos = pos;
-                s_out = out;
+                out += e_len;
+                pos += used;
+                cur += used < lanes ? (u32)used : lanes;
             }
-            __syncthreads();
-            const u64 count = s_count;
-            if (s_status != 0 || count == 0) break;
-            const u64 lo = c_out[0];
-            // Short resolved elements: one per thread.
-            for (u64 e = threadIdx.x; e < count; e += blockDim.x) {
-                const u64 a = c_out[e], len = c_out[e + 1] - a;
-                if (len > PQ_SNAPPY_SHORT || c_kind[e] == PQ_SNAPPY_CHAIN) continue;
-                const u8* from = c_kind[e] == PQ_SNAPPY_INPUT ? src + c_src[e] : dst + a - c_src[e];
-                // Eight loads before eight stores: the loads (often of bytes the
-                // previous batch just wrote, served by L2) overlap instead of
-                // each waiting behind the store before it.
-                for (u64 t = 0; t < len; t += 8) {
-                    const u64 m = len - t < 8 ? len - t : 8;
-                    u64 w = 0;
-                    for (u64 j = 0; j < m; ++j) w |= (u64)from[t + j] << (8 * j);
-                    for (u64 j = 0; j < m; ++j) dst[a + t + j] = (u8)(w >> (8 * j));
-                }
-            }
-            // The rest byte by byte over all threads.
-            for (u64 e = 0; e < count; ++e) {
-                const u64 a = c_out[e], len = c_out[e + 1] - a;
-                if (len <= PQ_SNAPPY_SHORT && c_kind[e] != PQ_SNAPPY_CHAIN) continue;
-                for (u64 q0 = a + threadIdx.x; q0 < a + len; q0 += blockDim.x) {
-                    u64 q = q0, el = e;
-                    u8 v;
-                    for (;;) {
-                        if (c_kind[el] == PQ_SNAPPY_INPUT) { v = src[c_src[el] + (q - c_out[el])]; break; }
-                        if (c_kind[el] == PQ_SNAPPY_BEFORE) { v = dst[q - c_src[el]]; break; }
-                        // A copy overlapping itself repeats the `offset` bytes before it:
-                        // jump straight to the first source position below the element.
-                        const u64 off = c_src[el], start = c_out[el];
-                        q = q - start >= off ? start - off + (q - start) % off : q - off;  // q falls, so this ends
-                        if (q < lo) { v = dst[q]; break; }
-                        u64 x = 0, y = el + 1;  // c_out[x] <= q < c_out[y]
-                        while (y - x > 1) {
-                            const u64 m = (x + y) >> 1;
-                            if (c_out[m] <= q) x = m; else y = m;
-                        }
-                        el = x;
-                    }
-                    dst[q0] = v;
-                }
-            }
-            // This batch's bytes are final before the next batch reads them.
-            __syncthreads();
         }
-        if (threadIdx.x == 0) {
-            if (s_status) pq_fail(err, (u32)s_status);
-            else if (s_out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
+        for (u64 i = flushed + lane; i < out; i += lanes) dst[i] = ring[i & mask];
+        __syncwarp();
+        if (lane == 0) {
+            if (code != 0) pq_fail(err, code);
+            else if (out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
         }
-        __syncthreads();
     }
 }
 
@@ -293,9 +270,9 @@ __device__ bool pq_snappy_one(const u8* src, u64 n, u8* dst, u64 cap, u32* err) 
     return true;
 }
 
-// One thread per page, each copy byte after byte: the launcher's default (on
-// an H200 it decoded 100M keys in 130 ms, pq_snappy above in 190-230 ms; see
-// src/scan/decode.rs). Only snappy pages do work.
+// One thread per page, each copy byte after byte (SETFUSION_SNAPPY_SERIAL=1;
+// on an H200 it decoded 100M keys in 130 ms: BENCHMARKS section 12). Kept to
+// measure pq_snappy against. Only snappy pages do work.
 extern "C" __global__ void pq_snappy_serial(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
     SF_FOR(pi, npages) {
         const PqPage p = pages[pi];

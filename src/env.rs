@@ -160,9 +160,9 @@ pub fn repo_root() -> PathBuf {
     path("SETFUSION_ROOT").unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
-/// `SETFUSION_SNAPPY_BLOCK=1`: the device scan decompresses SNAPPY pages with
-/// one block per page (`pq_snappy`) instead of one thread per page
-/// (`pq_snappy_serial`, the default and, so far, the faster).
-pub fn snappy_block() -> bool {
-    flag("SETFUSION_SNAPPY_BLOCK")
+/// `SETFUSION_SNAPPY_SERIAL=1`: the device scan decompresses SNAPPY pages with
+/// one thread per page (`pq_snappy_serial`) instead of one warp per page
+/// (`pq_snappy`, the default), to measure one against the other.
+pub fn snappy_serial() -> bool {
+    flag("SETFUSION_SNAPPY_SERIAL")
 }

@@ -2,11 +2,13 @@
 // block of one thread: shim.h) over page tables written by the Rust tests
 // (files written by arrow-rs, decoded by arrow-rs's reader for the expected
 // keys; see parquet.sh), in the launcher's order: pq_copy_pages, pq_snappy,
-// pq_decode. Then flips bytes of every case's pages and checks that the
+// pq_decode (pq_snappy with one lane and a 128-byte ring, so pages wrap it
+// and reach past it; pq_snappy_serial's output is compared too). Then flips bytes of every case's pages and checks that the
 // kernels end with an error code or the same keys as the CPU twin's rules
 // allow, without reading or writing out of bounds (run under ASan + UBSan).
 #define PQ_RUNS 512
-#define PQ_SNAPPY_CMDS 64
+#define PQ_SNAPPY_WARPS 1
+#define PQ_SNAPPY_RING 128
 #include "kernels_host.h"
 #include <cstring>
 #include <string>
@@ -38,7 +40,12 @@ static Out run(const vector<unsigned char>& raw, const vector<u64>& table, u64 r
     o.err = 0;
     const PqPage* pages = (const PqPage*)table.data();
     pq_copy_pages(raw.data(), body.data(), pages, npages);
+    vector<unsigned char> serial_body = body;
+    u32 serial_err = 0;
     pq_snappy(raw.data(), body.data(), pages, npages, &o.err);
+    pq_snappy_serial(raw.data(), serial_body.data(), pages, npages, &serial_err);
+    if ((o.err != 0) != (serial_err != 0)) { printf("pq_snappy error %u, pq_snappy_serial error %u\n", o.err, serial_err); exit(1); }
+    if (!o.err && body != serial_body) { printf("pq_snappy and pq_snappy_serial decompress differently\n"); exit(1); }
     pq_decode(body.data(), pages, npages, levels.data(), idx.data(), o.keys.data(), valid.data(), &o.err);
     if (o.keys[rows] != 0x5a5a5a5a5a5a5a5aULL) { printf("keys overrun\n"); exit(1); }
     o.keys.resize(rows);

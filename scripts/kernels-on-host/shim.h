@@ -10,8 +10,10 @@ static Dim3 blockIdx{0, 0, 0}, threadIdx{0, 0, 0}, blockDim{1, 1, 1}, gridDim{1,
 #define __launch_bounds__(...)
 #define __shared__ static
 static inline void __syncthreads() {}
+static inline void __syncwarp(unsigned = 0xffffffffu) {}
 template <class T> T __shfl_down_sync(unsigned, T v, int) { return v; }
 template <class T> T __shfl_up_sync(unsigned, T v, int) { return v; }
+template <class T> T __shfl_sync(unsigned, T v, int) { return v; }
 static inline unsigned __ballot_sync(unsigned, int) { return 0; }
 static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { auto o = *p; if (v < o) *p = v; return o; }
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }

@@ -19,13 +19,13 @@ use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 const RUNS: usize = 512;
 /// Threads per block of the per-page kernels.
 const BLOCK: u32 = 256;
-/// pq_snappy: elements parsed ahead per batch, and threads per page (one
-/// warp: the batch's bytes are few, a wider block would mostly wait).
-const SNAPPY_CMDS: usize = 128;
-const SNAPPY_BLOCK: u32 = 32;
+/// pq_snappy: warps per block, one page each (each warp holds a 16 KiB ring
+/// of recent output in shared memory: two warps stay under the 48 KiB of
+/// static shared memory a block may have, and seven blocks fit an SM).
+const SNAPPY_WARPS: u32 = 2;
 
 fn defines() -> Vec<(String, u64)> {
-    vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_CMDS".to_string(), SNAPPY_CMDS as u64)]
+    vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_WARPS".to_string(), SNAPPY_WARPS as u64)]
 }
 
 /// kernels/parquet_decode.cu, with its contract constants as `-D` options.
@@ -86,16 +86,15 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
     unsafe { gpu.stream().launch_builder(&copy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).launch(per_page) }
         .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
-        // One thread per page is the default: on one H200, 130 ms for 100M keys
-        // against 190-230 ms for the block form (BENCHMARKS section 12), whose
-        // serial parse and fills still wait on L2. SETFUSION_SNAPPY_BLOCK=1
-        // runs the block form, to keep measuring it.
-        let serial = !crate::env::snappy_block();
+        // One warp per page, its recent output in shared memory; one thread per
+        // page (SETFUSION_SNAPPY_SERIAL=1) waits on L2 for every copied byte.
+        let serial = crate::env::snappy_serial();
         let snappy = gpu.function(&KERNEL, if serial { "pq_snappy_serial" } else { "pq_snappy" })?;
         let cfg = if serial {
             LaunchConfig { grid_dim: (npages.div_ceil(64) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 }
         } else {
-            LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (SNAPPY_BLOCK, 1, 1), shared_mem_bytes: 0 }
+            let blocks = npages.div_ceil(SNAPPY_WARPS as u64).min(1 << 20) as u32;
+            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * SNAPPY_WARPS, 1, 1), shared_mem_bytes: 0 }
         };
         // SAFETY: as above; `err` holds one word.
         unsafe { gpu.stream().launch_builder(&snappy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).arg(&mut err.slice).launch(cfg) }

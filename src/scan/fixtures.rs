@@ -34,6 +34,9 @@ pub struct Case {
     /// Rows per data page (the writer's row count limit).
     pub page_rows: usize,
     pub row_group_rows: usize,
+    /// Values repeat with this period of rows (0: never), so a snappy page
+    /// holds copies from that far back.
+    pub period: usize,
 }
 
 /// The cases: every writer option against each other on rotating types.
@@ -60,11 +63,34 @@ pub fn cases() -> Vec<Case> {
                         snappy,
                         page_rows,
                         row_group_rows: [1 << 20, 1500, 4096][i % 3],
+                        period: 0,
                     });
                     i += 1;
                 }
             }
         }
+    }
+    // Snappy pages of one large page each: copies from further back than the
+    // device decompressor's 16 KiB shared-memory ring (values repeating every
+    // 3000 INT64 rows = 24,000 bytes), copies inside it (INT32 every 1500 rows),
+    // and long self-overlapping copies (one value throughout).
+    for (data_type, nulls, distinct, v2, period) in
+        [(DataType::Int64, 0, 1 << 40, false, 3000), (DataType::Int32, 30, 1 << 40, true, 1500), (DataType::Int64, 30, 1, false, 0)]
+    {
+        out.push(Case {
+            name: format!("{data_type} snappy one page nulls={nulls}% distinct={distinct} period={period}"),
+            data_type,
+            rows: 40_000,
+            nulls,
+            distinct,
+            dictionary: false,
+            dict_fallback: false,
+            v2,
+            snappy: true,
+            page_rows: 40_000,
+            row_group_rows: 1 << 20,
+            period,
+        });
     }
     out
 }
@@ -78,13 +104,18 @@ pub fn column(c: &Case) -> ArrayRef {
         x ^= x << 17;
         x
     };
-    let vals: Vec<Option<i64>> = (0..c.rows)
+    let mut vals: Vec<Option<i64>> = (0..c.rows)
         .map(|_| {
             let r = next();
             let v = (r % c.distinct) as i64 - (c.distinct / 2) as i64;
             ((r >> 40) % 100 >= c.nulls as u64).then_some(v)
         })
         .collect();
+    if c.period > 0 {
+        for i in c.period..vals.len() {
+            vals[i] = vals[i - c.period];
+        }
+    }
     match &c.data_type {
         DataType::Int64 => Arc::new(Int64Array::from(vals)),
         DataType::Int32 => Arc::new(Int32Array::from(vals.iter().map(|v| v.map(|v| v as i32)).collect::<Vec<_>>())),
