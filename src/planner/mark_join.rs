@@ -772,7 +772,7 @@ impl ExtensionPlanner for MarkJoinPlanner {
                     NullEquality::NullEqualsNothing,
                     false,
                 )?;
-                let plan = planner.create_physical_plan(&LogicalPlan::Join(join), session_state).await?;
+                let plan = super::plan_subtree(planner, &LogicalPlan::Join(join), session_state).await?;
                 return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
             }
         }

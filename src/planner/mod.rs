@@ -97,6 +97,28 @@ pub fn rewrite_when_enabled(
     plan.transform_up(|p| rewrite(p, &cfg)).map(|t| t.data)
 }
 
+/// The physical plan of `plan`, a subtree of the plan being built, without
+/// DataFusion's physical optimizer: `create_physical_plan` runs it, and the
+/// whole plan is optimized again afterwards. Optimized twice, a hash join's
+/// dynamic filter already exists when JoinSelection runs the second time, and
+/// DataFusion fails ("Cannot swap HashJoinExec inputs after dynamic filters
+/// have been constructed"): a kept LeftMark join under NOT EXISTS with a `<>`
+/// filter did, where plain DataFusion answers.
+pub async fn plan_subtree(
+    planner: &dyn datafusion::physical_planner::PhysicalPlanner,
+    plan: &datafusion::logical_expr::LogicalPlan,
+    session: &dyn datafusion::catalog::Session,
+) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+    use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+    match session.as_any().downcast_ref::<SessionState>() {
+        Some(state) => {
+            let unoptimized = SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(vec![]).build();
+            planner.create_physical_plan(plan, &unoptimized).await
+        }
+        None => planner.create_physical_plan(plan, session).await,
+    }
+}
+
 /// GPU or CPU, with the reason for a CPU choice (shown in EXPLAIN). Waits for
 /// a device still starting (the similarity join's rule; the set selections
 /// use [`decide`]).

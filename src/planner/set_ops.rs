@@ -189,7 +189,7 @@ impl ExtensionPlanner for SetOpPlanner {
                 // estimate, not slower than the GPU: rebuild it from the node and plan it.
                 crate::util::trace(&format!("setfusion keeps DataFusion's {}: {reason}", node.op.name()));
                 let plan = datafusion_plan(node, logical_inputs[0], logical_inputs[1])?;
-                let plan = planner.create_physical_plan(&plan, session_state).await?;
+                let plan = super::plan_subtree(planner, &plan, session_state).await?;
                 return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
             }
         }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# kernels/parquet_decode.cu's pq_snappy run as one emulated warp of LANES host
+# threads (warp_shim.h: __syncwarp and __shfl_sync through a barrier) with a
+# 128-byte ring, compared byte for byte with pq_snappy_serial on the fixture
+# pages (see parquet.sh), intact and corrupted. Checks the warp logic (the
+# speculative parse, the element chain, copies shorter than the warp, ring
+# wrap and reads past the ring), not CUDA's memory model. Slow: every
+# element takes several barriers; STEP runs every STEP-th case.
+# usage: parquet-warp.sh [LANES (default 4)] [STEP (default 3)]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$here/../.."
+lanes="${1:-4}"; step="${2:-3}"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+mkdir -p "$out/fixtures"
+(cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+{
+  echo '#include "warp_shim.h"'
+  sed '/#pragma once/d' "$root/kernels/common.cuh"
+  sed '/#include "common.cuh"/d' "$root/kernels/parquet_decode.cu"
+} > "$out/kernels_host.h"
+cp "$here/warp_shim.h" "$here/parquet_warp_harness.cpp" "$out/"
+cd "$out"
+g++ -O2 -std=c++20 -w -pthread -DPQ_SNAPPY_RING=128 -o harness parquet_warp_harness.cpp
+echo -n "pq_snappy as a warp of $lanes lanes: " && ./harness fixtures "$lanes" 0 "$step"

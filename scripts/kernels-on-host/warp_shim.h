@@ -1,0 +1,39 @@
+// Warp emulation for the host (scripts/kernels-on-host/parquet-warp.sh): blockDim.x host
+// threads run one block, each with its own threadIdx; __syncwarp is a barrier
+// and __shfl_sync exchanges values through slots between two barriers.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <barrier>
+struct Dim3 { unsigned x, y, z; };
+static thread_local Dim3 threadIdx{0, 0, 0};
+static Dim3 blockIdx{0, 0, 0}, blockDim{1, 1, 1}, gridDim{1, 1, 1};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+static std::barrier<>* warp_barrier = nullptr;
+static inline void __syncthreads() { if (blockDim.x > 1) warp_barrier->arrive_and_wait(); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { if (blockDim.x > 1) warp_barrier->arrive_and_wait(); }
+static unsigned long long shfl_slots[32];
+template <class T> T __shfl_sync(unsigned, T v, int src) {
+    if (blockDim.x == 1) return v;
+    shfl_slots[threadIdx.x] = (unsigned long long)v;
+    warp_barrier->arrive_and_wait();
+    T r = (T)shfl_slots[src];
+    warp_barrier->arrive_and_wait();
+    return r;
+}
+template <class T> T __shfl_down_sync(unsigned, T v, int) { return v; }
+template <class T> T __shfl_up_sync(unsigned, T v, int) { return v; }
+static inline unsigned __ballot_sync(unsigned, int p) { return p ? 1u : 0u; }
+static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { auto o = *p; if (v < o) *p = v; return o; }
+static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }
+static inline unsigned atomicOr(unsigned* p, unsigned v) { auto o = *p; *p |= v; return o; }
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
+static inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+#include <mutex>
+static std::mutex fail_mu;
+static inline unsigned atomicMax(unsigned* p, unsigned v) { std::lock_guard<std::mutex> g(fail_mu); auto o = *p; if (v > o) *p = v; return o; }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
