@@ -293,7 +293,7 @@ pub fn join_raw_sets(
         ssjoin::ssjoin_cpu_with(rc, sc, thr, ssjoin::default_threads(), stats)
     };
     let on_cpu = |stats: &mut JoinStats, why: String| {
-        let (rc, sc) = ssjoin::preprocess(r, s);
+        let (rc, sc) = ssjoin_prep::preprocess(r, s);
         let pairs = cpu_join(&rc, sc.as_ref(), stats);
         (rc, pairs, why)
     };
