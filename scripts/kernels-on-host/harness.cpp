@@ -1,5 +1,5 @@
-// Runs the real kernels of kernels/multiset.cu and kernels/sorted_intersect.cu
-// serially on the host, in the launchers' order, against a counting reference
+// Runs the real kernels of kernels/segmented.cu, kernels/multiset.cu and
+// kernels/sorted_intersect.cu serially on the host, in the launchers' order, against a counting reference
 // (and the k-way step ms_kway_flags, whose searches moved to common.cuh)
 // (scripts/kernels-on-host/run.sh builds it; the -D values below are defaults).
 #define MS_INTERSECT_ALL 0

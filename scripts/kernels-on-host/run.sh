@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The segmented list kernels' real CUDA source (kernels/multiset.cu's Balanced
-# Path walk and k-way step, kernels/sorted_intersect.cu's GTWJ), compiled as C++ with shims
+# The segmented list kernels' real CUDA source (kernels/segmented.cu's scans
+# and segment ids, kernels/multiset.cu's Balanced Path walk and k-way step,
+# kernels/sorted_intersect.cu's GTWJ), compiled as C++ with shims
 # (shim.h: one block of one thread, so every SF_FOR loop runs serially) and run
 # in the launchers' order against a counting reference, for machines without a
 # GPU: rows of uneven lengths, NULL rows, dense and whole-u64 key domains, both
@@ -16,7 +17,7 @@ trap 'rm -rf "$out"' EXIT
 {
   echo '#include "shim.h"'
   sed '/#pragma once/d' "$root/kernels/common.cuh"
-  for f in multiset sorted_intersect; do sed '/#include "common.cuh"/d' "$root/kernels/$f.cu"; done
+  for f in segmented multiset sorted_intersect; do sed '/#include "common.cuh"/d' "$root/kernels/$f.cu"; done
 } > "$out/kernels_host.h"
 cp "$here/shim.h" "$here/harness.cpp" "$out/"
 cd "$out"

@@ -8,6 +8,7 @@ pub mod join_filter;
 pub mod multiset;
 pub mod radix_sort;
 pub mod row_hash;
+pub mod segmented;
 pub mod select;
 pub mod sorted_intersect;
 pub mod ssjoin;
@@ -29,6 +30,7 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
         &join_filter::KERNEL,
         &families::KERNEL,
         &sorted_intersect::KERNEL,
+        &segmented::KERNEL,
         &multiset::KERNEL,
         &ssjoin::gpu::KERNEL,
         &ssjoin_prep::KERNEL,

@@ -12,7 +12,8 @@
 //! | [`MultisetOp::UnionAll`] | max(m, n) |
 //! | [`MultisetOp::SymmetricDifference`] | \|m − n\| |
 //!
-//! [`sorted_intersect`] is the min(m, n) rule too (so it equals
+//! [`sorted_intersect`] (the CPU twin in [`crate::algo::sorted_intersect`],
+//! beside its GPU launcher) is the min(m, n) rule too (so it equals
 //! `multiset_op(IntersectAll, ..)`), chosen over a distinct result so that
 //! chaining it ([`intersect_k`]) stays associative and agrees with
 //! `set_intersect_all` and INTERSECT ALL.
@@ -27,15 +28,16 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray, PrimitiveArray};
-use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
+use cudarc::driver::PushKernelArg;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray};
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, UInt64Type};
 use datafusion::error::{DataFusionError, Result};
 
-use crate::algo::radix_sort;
-use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod, TransferStats};
+use crate::algo::segmented::{self, count_then_fill, exclusive_scan, launch_err, DeviceListPair, DeviceSide, ListKey, RowItems, SegmentedResult};
+use crate::algo::sorted_intersect::sorted_intersect;
+use crate::gpu::{DeviceBuffer, Gpu, TransferStats};
 
 /// A multiset operation on two sorted lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,159 +134,6 @@ pub fn multiset_op<T: Ord + Clone>(op: MultisetOp, a: &[T], b: &[T]) -> Vec<T> {
     out
 }
 
-/// How [`sorted_intersect_with`] walks the two lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IntersectMethod {
-    /// Galloping when one list is [`GALLOP_RATIO`] times longer, else a merge.
-    Auto,
-    /// Two-pointer merge: O(|a| + |b|).
-    Merge,
-    /// Exponential search in the longer list for each run of the shorter:
-    /// O(|small| log(|large| / |small|)).
-    Gallop,
-}
-
-/// Size ratio from which galloping beats the linear merge: a galloping step
-/// costs about 2 log2(gap) comparisons against the merge's gap, so it wins
-/// once the average gap is well above ~8 (the usual threshold in SvS codes).
-pub const GALLOP_RATIO: usize = 16;
-
-/// Intersection of two ascending lists (duplicates allowed; a value with m
-/// and n copies appears min(m, n) times). Inputs are NOT sorted here: an
-/// unsorted input gives an unspecified (but panic-free) result; the SQL
-/// function checks the order first.
-pub fn sorted_intersect<T: Ord + Clone>(a: &[T], b: &[T]) -> Vec<T> {
-    sorted_intersect_with(IntersectMethod::Auto, a, b)
-}
-
-/// [`sorted_intersect`] with a chosen method (all give the same result).
-pub fn sorted_intersect_with<T: Ord + Clone>(method: IntersectMethod, a: &[T], b: &[T]) -> Vec<T> {
-    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
-    let gallop = match method {
-        IntersectMethod::Auto => small.len().saturating_mul(GALLOP_RATIO) < large.len(),
-        IntersectMethod::Merge => false,
-        IntersectMethod::Gallop => true,
-    };
-    let mut out = Vec::new();
-    if gallop {
-        gallop_intersect_into(small, large, &mut out);
-    } else {
-        merge_intersect_into(a, b, &mut out);
-    }
-    out
-}
-
-/// Two-pointer merge intersection (min(m, n) rule), appended to `out`.
-fn merge_intersect_into<T: Ord + Clone>(a: &[T], b: &[T], out: &mut Vec<T>) {
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            Ordering::Less => i += 1,
-            Ordering::Greater => j += 1,
-            Ordering::Equal => {
-                out.push(a[i].clone());
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-}
-
-/// The first index in `v[from..]` whose element is not `pred`-true, found by
-/// exponential then binary search (`pred` must be true on a prefix of `v`).
-/// Costs O(log d) for an answer d places after `from`.
-fn gallop<T>(v: &[T], from: usize, pred: impl Fn(&T) -> bool) -> usize {
-    let mut lo = from;
-    let mut step = 1;
-    // Invariant: pred holds on v[from..lo].
-    while lo + step <= v.len() && pred(&v[lo + step - 1]) {
-        lo += step;
-        step *= 2;
-    }
-    let hi = (lo + step).min(v.len());
-    lo + v[lo..hi].partition_point(pred)
-}
-
-/// Galloping intersection: for each run of equal values in `small`, gallop in
-/// `large` to the run's lower and upper bound (the run in `large` starts at or
-/// after the previous one, so searches start from the cursor).
-fn gallop_intersect_into<T: Ord + Clone>(small: &[T], large: &[T], out: &mut Vec<T>) {
-    let (mut i, mut j) = (0, 0);
-    while i < small.len() && j < large.len() {
-        let x = &small[i];
-        let run_end = i + small[i..].partition_point(|y| y == x);
-        j = gallop(large, j, |y| y < x);
-        let other_end = gallop(large, j, |y| y == x);
-        let copies = (run_end - i).min(other_end - j);
-        out.extend(std::iter::repeat_n(x, copies).cloned());
-        i = run_end;
-        j = other_end;
-    }
-}
-
-/// Integer keys that can be grouped into GTWJ sequences (seed 003).
-pub trait SequenceKey: Ord + Copy {
-    /// floor(self / val): monotone in `self`, so a sorted list's sequence ids
-    /// are non-decreasing and every sequence is one contiguous run.
-    fn sequence_id(self, val: u64) -> i128;
-}
-
-impl SequenceKey for i64 {
-    fn sequence_id(self, val: u64) -> i128 {
-        (self as i128).div_euclid(val as i128)
-    }
-}
-
-impl SequenceKey for u64 {
-    fn sequence_id(self, val: u64) -> i128 {
-        (self / val) as i128
-    }
-}
-
-impl SequenceKey for u32 {
-    fn sequence_id(self, val: u64) -> i128 {
-        (self as u64 / val) as i128
-    }
-}
-
-/// GTWJ sequence index of an ascending list: (sequence id, start, end) of each
-/// non-empty sequence [id·val, (id+1)·val), in order.
-pub fn sequence_index<T: SequenceKey>(v: &[T], val: u64) -> Vec<(i128, usize, usize)> {
-    let val = val.max(1);
-    let mut index: Vec<(i128, usize, usize)> = Vec::new();
-    for (k, x) in v.iter().enumerate() {
-        let id = x.sequence_id(val);
-        match index.last_mut() {
-            Some(last) if last.0 == id => last.2 = k + 1,
-            _ => index.push((id, k, k + 1)),
-        }
-    }
-    index
-}
-
-/// [`sorted_intersect`] by GTWJ sequence skipping (seed 003): both lists are
-/// cut into sequences of width `val` (SeqID = x / val); only sequences with the
-/// same id in both lists are merged, the others are skipped by comparing ids
-/// alone. All copies of a value lie in one sequence, so the min(m, n) rule per
-/// sequence is the rule for the lists. `val` 0 is treated as 1.
-pub fn sorted_intersect_sequences<T: SequenceKey>(a: &[T], b: &[T], val: u64) -> Vec<T> {
-    let (sa, sb) = (sequence_index(a, val), sequence_index(b, val));
-    let mut out = Vec::new();
-    let (mut p, mut q) = (0, 0);
-    while p < sa.len() && q < sb.len() {
-        match sa[p].0.cmp(&sb[q].0) {
-            Ordering::Less => p += 1,
-            Ordering::Greater => q += 1,
-            Ordering::Equal => {
-                merge_intersect_into(&a[sa[p].1..sa[p].2], &b[sb[q].1..sb[q].2], &mut out);
-                p += 1;
-                q += 1;
-            }
-        }
-    }
-    out
-}
-
 /// Intersection of k ascending lists by SvS (seed 003): the shortest list is
 /// the candidate set, intersected with each next-longer list in turn
 /// ([`sorted_intersect`], which gallops when the sizes differ a lot); stops
@@ -310,7 +159,8 @@ pub fn first_descent<T: Ord>(v: &[T]) -> Option<usize> {
 
 // ------------------------------------------------------------------------
 // List columns: the per-row CPU twin and the segmented GPU kernels
-// (kernels/multiset.cu), both from Arrow list arrays to an Arrow list array.
+// (kernels/multiset.cu, on kernels/segmented.cu's plumbing), both from Arrow
+// list arrays to an Arrow list array.
 
 /// What a two-list function computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -350,43 +200,6 @@ pub fn unsorted_error<T: Debug>(func: &str, which: &str, row: usize, v: &[T], k:
         v[k + 1]
     ))
 }
-
-/// An integer element type of the list functions: i64 (signed and mixed
-/// integer lists) or u64 (unsigned). Device keys are its order-preserving
-/// u64 image `bits ^ FLIP`.
-pub trait ListKey: Pod + Ord + Debug {
-    /// XOR with the bits that maps the type's order onto u64's.
-    const FLIP: u64;
-    /// The Arrow type list values are cast to, and the result's element type.
-    fn data_type() -> DataType;
-    /// The values of an array of [`ListKey::data_type`].
-    fn values(array: &ArrayRef) -> &[Self];
-    /// A List array from its parts.
-    fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef>;
-}
-
-macro_rules! list_key {
-    ($t:ty, $arrow:ty, $dt:ident, $flip:expr) => {
-        impl ListKey for $t {
-            const FLIP: u64 = $flip;
-            fn data_type() -> DataType {
-                DataType::$dt
-            }
-            fn values(array: &ArrayRef) -> &[Self] {
-                array.as_primitive::<$arrow>().values()
-            }
-            fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef> {
-                let field = Arc::new(Field::new_list_field(DataType::$dt, true));
-                let values = Arc::new(PrimitiveArray::<$arrow>::new(ScalarBuffer::from(values), None));
-                let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
-                Ok(Arc::new(ListArray::try_new(field, offsets, values, nulls)?))
-            }
-        }
-    };
-}
-
-list_key!(i64, Int64Type, Int64, 1u64 << 63);
-list_key!(u64, UInt64Type, UInt64, 0);
 
 /// One list argument: values cast to the key type, row ranges, list validity.
 struct ListSide {
@@ -666,290 +479,11 @@ fn kernel_code(op: MultisetOp) -> i32 {
     }
 }
 
-fn launch_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> DataFusionError + '_ {
-    move |e| cuda_err(what, e)
-}
-
-/// Exclusive scan of `input[0, n)` into a new buffer of n + 1 entries (the last one the total).
-pub(crate) fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> Result<DeviceBuffer<u32>> {
-    const TILE: usize = 256 * 8; // MS_SCAN_TILE
-    let ntiles = n.div_ceil(TILE).max(1);
-    let out = gpu.alloc::<u32>(n + 1)?;
-    let sums = gpu.alloc::<u32>(ntiles + 1)?;
-    let (n64, nt32) = (n as u64, ntiles as u32);
-    let stream = gpu.stream();
-    let tiles = LaunchConfig { grid_dim: (nt32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let f = gpu.function(&KERNEL, "ms_scan_reduce")?;
-    // SAFETY: signature matches kernels/multiset.cu; input holds n entries, sums ntiles + 1.
-    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).launch(tiles) }.map_err(launch_err("ms_scan_reduce"))?;
-    let f = gpu.function(&KERNEL, "ms_scan_sums")?;
-    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: one block scans sums[0, ntiles) in place and writes sums[ntiles].
-    unsafe { stream.launch_builder(&f).arg(&sums.slice).arg(&nt32).launch(one) }.map_err(launch_err("ms_scan_sums"))?;
-    let f = gpu.function(&KERNEL, "ms_scan_tiles")?;
-    // SAFETY: input holds n entries, out n + 1, sums ntiles + 1.
-    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).arg(&nt32).arg(&out.slice).launch(tiles) }
-        .map_err(launch_err("ms_scan_tiles"))?;
-    Ok(out)
-}
-
-/// The id of the segment of each of the `n` items that `offsets` (rows + 1
-/// entries, ending at n) cuts into rows: item j of [offsets[r], offsets[r + 1]) gets r.
-fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) -> Result<DeviceBuffer<u32>> {
-    let seg = gpu.alloc::<u32>(n)?;
-    if n > 0 {
-        let f = gpu.function(&KERNEL, "ms_seg_ids")?;
-        let rows32 = rows as u32;
-        // SAFETY: offsets hold rows + 1 entries ending at n; seg holds n entries.
-        unsafe { gpu.stream().launch_builder(&f).arg(&offsets.slice).arg(&rows32).arg(&seg.slice).launch(gpu.grid_stride(rows * 32, 32)) }
-            .map_err(launch_err("ms_seg_ids"))?;
-    }
-    Ok(seg)
-}
-
-/// The result's row offsets (rows + 1 entries): row r starts at
-/// `scanned[first[r]]`, where `scanned` is the exclusive scan of per-item
-/// output counts and `first` (rows + 1 entries) the rows' first items.
-fn row_starts(gpu: &Gpu, scanned: &DeviceBuffer<u32>, first: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
-    let out = gpu.alloc::<u32>(rows + 1)?;
-    let f = gpu.function(&KERNEL, "ms_gather_u32")?;
-    let n32 = (rows + 1) as u32;
-    // SAFETY: first holds rows + 1 indices into scanned (each <= its item count); out rows + 1 entries.
-    unsafe { gpu.stream().launch_builder(&f).arg(&scanned.slice).arg(&first.slice).arg(&n32).arg(&out.slice).launch(gpu.grid_stride(rows + 1, 32)) }
-        .map_err(launch_err("ms_gather_u32"))?;
-    Ok(out)
-}
-
-/// A segmented result on the device: row offsets (rows + 1) and values.
-pub(crate) struct SegmentedResult<T> {
-    pub(crate) offsets: DeviceBuffer<u32>,
-    pub(crate) values: DeviceBuffer<T>,
-    pub(crate) total: usize,
-}
-
-/// Work items (Balanced Path tiles, GTWJ sequences) numbered row after row:
-/// row r's are [offsets[r], offsets[r + 1]); `rows_of` gives each item's row.
-pub(crate) struct RowItems {
-    pub(crate) offsets: DeviceBuffer<u32>,
-    pub(crate) rows_of: DeviceBuffer<u32>,
-    pub(crate) n: usize,
-}
-
-impl RowItems {
-    /// `counts[r]` items for each of the `rows` rows.
-    pub(crate) fn from_counts(gpu: &Gpu, counts: &DeviceBuffer<u32>, rows: usize, stats: &mut TransferStats) -> Result<Self> {
-        let offsets = exclusive_scan(gpu, counts, rows)?;
-        let n = gpu.read_one(&offsets, rows, stats)? as usize;
-        let rows_of = segment_ids(gpu, &offsets, rows, n)?;
-        Ok(Self { offsets, rows_of, n })
-    }
-}
-
-/// One pass of a count-then-fill kernel, as its last four arguments
-/// (`u32* cnt, const u32* excl, u64 flip, u64* out`): count each item's
-/// outputs into `Count`, or write them at `Fill`'s scanned starts.
-pub(crate) enum Pass<'a, T> {
-    Count(&'a DeviceBuffer<u32>),
-    Fill(&'a DeviceBuffer<u32>, &'a DeviceBuffer<T>),
-}
-
-impl<'a, T> Pass<'a, T> {
-    /// Push the four arguments (`null` stands for a null pointer).
-    pub(crate) fn push<'l>(&self, l: &mut LaunchArgs<'l>, null: &'l u64, flip: &'l u64)
-    where
-        'a: 'l,
-    {
-        match *self {
-            Pass::Count(counts) => l.arg(&counts.slice).arg(null).arg(flip).arg(null),
-            Pass::Fill(starts, values) => l.arg(null).arg(&starts.slice).arg(flip).arg(&values.slice),
-        };
-    }
-}
-
-/// Count-then-fill over `items`: `walk(Pass::Count)` counts each item's
-/// outputs, a scan gives each item's (and so each row's) first output, and
-/// `walk(Pass::Fill)` writes them into the result.
-pub(crate) fn count_then_fill<T: ListKey>(
-    gpu: &Gpu,
-    items: &RowItems,
-    rows: usize,
-    stats: &mut TransferStats,
-    walk: impl Fn(Pass<'_, T>) -> Result<()>,
-) -> Result<SegmentedResult<T>> {
-    let counts = gpu.alloc::<u32>(items.n)?;
-    walk(Pass::Count(&counts))?;
-    let starts = exclusive_scan(gpu, &counts, items.n)?;
-    let total = gpu.read_one(&starts, items.n, stats)? as usize;
-    if total > i32::MAX as usize {
-        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
-    }
-    let offsets = row_starts(gpu, &starts, &items.offsets, rows)?;
-    let values = gpu.alloc::<T>(total)?;
-    walk(Pass::Fill(&starts, &values))?;
-    Ok(SegmentedResult { offsets, values, total })
-}
-
-/// Both list arguments of a batch on the device, with the rows' validity.
-pub(crate) struct DeviceListPair {
-    pub(crate) a: DeviceSide,
-    pub(crate) b: DeviceSide,
-    /// One byte per row: 0 when the row's result is NULL (its elements are ignored).
-    pub(crate) valid: DeviceBuffer<u8>,
-    pub(crate) rows: usize,
-}
-
-impl DeviceListPair {
-    /// Push both sides' keys and row offsets (`a, aoff, b, boff`), the first
-    /// arguments of the segmented kernels.
-    pub(crate) fn push_sides<'l>(&'l self, l: &mut LaunchArgs<'l>) {
-        l.arg(&self.a.keys.slice).arg(&self.a.offsets.slice).arg(&self.b.keys.slice).arg(&self.b.offsets.slice);
-    }
-
-    /// Per row, the marked elements of both sides: `ea` and `eb` are the
-    /// exclusive scans (n + 1 entries) of per-element marks of sides a and b.
-    pub(crate) fn row_counts(&self, gpu: &Gpu, ea: &DeviceBuffer<u32>, eb: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
-        let counts = gpu.alloc::<u32>(self.rows)?;
-        let f = gpu.function(&KERNEL, "ms_row_counts")?;
-        let rows32 = self.rows as u32;
-        // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
-        unsafe {
-            gpu.stream()
-                .launch_builder(&f)
-                .arg(&self.a.offsets.slice)
-                .arg(&ea.slice)
-                .arg(&self.b.offsets.slice)
-                .arg(&eb.slice)
-                .arg(&rows32)
-                .arg(&counts.slice)
-                .launch(gpu.grid_stride(self.rows, 32))
-        }
-        .map_err(launch_err("ms_row_counts"))?;
-        Ok(counts)
-    }
-}
-
-/// Bits needed for ids 0..count.
-fn id_bits(count: usize) -> u32 {
-    if count <= 1 {
-        0
-    } else {
-        usize::BITS - (count - 1).leading_zeros()
-    }
-}
-
-/// One side on the device: u64 keys, offsets (rows + 1), segment id per element.
-pub(crate) struct DeviceSide {
-    pub(crate) keys: DeviceBuffer<u64>,
-    pub(crate) offsets: DeviceBuffer<u32>,
-    pub(crate) seg: DeviceBuffer<u32>,
-    pub(crate) n: usize,
-}
-
-impl DeviceSide {
-    fn upload<T: ListKey>(gpu: &Gpu, values: &[T], offsets: &[u32], stats: &mut TransferStats) -> Result<Self> {
-        let n = values.len();
-        let rows = offsets.len() - 1;
-        let raw = gpu.upload(values, stats)?;
-        let offsets = gpu.upload(offsets, stats)?;
-        let keys = gpu.alloc::<u64>(n)?;
-        let (n64, flip) = (n as u64, T::FLIP);
-        if n > 0 {
-            let f = gpu.function(&KERNEL, "ms_xor")?;
-            // SAFETY: raw (T, 8 bytes) and keys hold n 8-byte elements; the kernel reads raw as u64 bits.
-            unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_xor"))?;
-        }
-        let seg = segment_ids(gpu, &offsets, rows, n)?;
-        Ok(Self { keys, offsets, seg, n })
-    }
-
-    /// The first element index i with keys[i] > keys[i + 1] in one valid row.
-    fn first_descent(&self, gpu: &Gpu, valid: &DeviceBuffer<u8>, stats: &mut TransferStats) -> Result<Option<usize>> {
-        if self.n < 2 {
-            return Ok(None);
-        }
-        let first = gpu.upload(&[u64::MAX], stats)?;
-        let f = gpu.function(&KERNEL, "ms_first_descent")?;
-        let n64 = self.n as u64;
-        // SAFETY: keys and seg hold n entries, valid one byte per row, first one word.
-        unsafe {
-            gpu.stream()
-                .launch_builder(&f)
-                .arg(&self.keys.slice)
-                .arg(&self.seg.slice)
-                .arg(&valid.slice)
-                .arg(&n64)
-                .arg(&first.slice)
-                .launch(gpu.grid_stride(self.n, 32))
-        }
-        .map_err(launch_err("ms_first_descent"))?;
-        let i = gpu.read_one(&first, 0, stats)?;
-        Ok((i != u64::MAX).then_some(i as usize))
-    }
-
-    /// Sort every segment on the device (radix sort of composite keys).
-    fn sort_segments(&mut self, gpu: &Gpu, rows: usize, stats: &mut TransferStats) -> Result<()> {
-        let n = self.n;
-        let stream = gpu.stream();
-        let n64 = n as u64;
-        let mm = gpu.upload(&[u64::MAX, 0u64], stats)?;
-        let f = gpu.function(&KERNEL, "ms_min_max")?;
-        // SAFETY: keys hold n entries, mm two words preset to (max, 0).
-        unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&n64).arg(&mm.slice).launch(gpu.grid_stride(n, 8)) }
-            .map_err(launch_err("ms_min_max"))?;
-        let mm = gpu.download(&mm, 2, stats)?;
-        let (min, range) = (mm[0], mm[1].wrapping_sub(mm[0]));
-        let kbits = 64 - range.leading_zeros();
-        let sbits = id_bits(rows);
-        let compose = gpu.function(&KERNEL, "ms_compose")?;
-        let null: u64 = 0;
-        if kbits + sbits <= 64 {
-            // One sort of (segment << kbits | key - min).
-            let mut comp = gpu.alloc::<u64>(n)?;
-            // SAFETY: keys, seg and comp hold n entries.
-            unsafe {
-                stream.launch_builder(&compose).arg(&self.keys.slice).arg(&self.seg.slice).arg(&n64).arg(&min).arg(&kbits).arg(&comp.slice).launch(gpu.grid_stride(n, 32))
-            }
-            .map_err(launch_err("ms_compose"))?;
-            radix_sort::sort_keys_u64(gpu, &mut comp, n, 0, kbits + sbits)?;
-            let f = gpu.function(&KERNEL, "ms_split")?;
-            // SAFETY: comp and keys hold n entries.
-            unsafe { stream.launch_builder(&f).arg(&comp.slice).arg(&n64).arg(&min).arg(&kbits).arg(&self.keys.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_split"))?;
-        } else {
-            // Wide keys: a stable sort by key, then a stable sort by segment, of the positions.
-            let mut k = gpu.alloc::<u64>(n)?;
-            let mut idx = gpu.alloc::<u32>(n)?;
-            // SAFETY: keys and k hold n entries; a null seg pointer composes the key alone.
-            unsafe { stream.launch_builder(&compose).arg(&self.keys.slice).arg(&null).arg(&n64).arg(&min).arg(&kbits).arg(&k.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_compose"))?;
-            let f = gpu.function(&KERNEL, "ms_iota")?;
-            // SAFETY: idx holds n entries.
-            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&n64).launch(gpu.grid_stride(n, 32)) }.map_err(launch_err("ms_iota"))?;
-            radix_sort::sort_pairs_u64(gpu, &mut k, &mut idx, n, 0, kbits)?;
-            drop(k);
-            let mut segk = gpu.alloc::<u32>(n)?;
-            let f = gpu.function(&KERNEL, "ms_gather_seg")?;
-            // SAFETY: idx, seg and segk hold n entries; idx is a permutation of 0..n.
-            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&self.seg.slice).arg(&n64).arg(&segk.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_gather_seg"))?;
-            radix_sort::sort_pairs_u32(gpu, &mut segk, &mut idx, n, 0, sbits)?;
-            let sorted = gpu.alloc::<u64>(n)?;
-            let f = gpu.function(&KERNEL, "ms_gather_keys")?;
-            // SAFETY: keys, idx and sorted hold n entries.
-            unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&idx.slice).arg(&n64).arg(&sorted.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_gather_keys"))?;
-            self.keys = sorted;
-        }
-        Ok(())
-    }
-}
-
 /// `op` on two list columns of integers as segmented kernels: the same
 /// inputs and result as [`list_op_cpu`] (including `sorted_intersect`'s
-/// error for the first unsorted row). Per side: upload the values (the Arrow
-/// buffer itself when it has no NULL element) and offsets; keys to their u64
-/// image; a segment id per element. For `set_*`: a device radix sort of
+/// error for the first unsorted row). Per side ([`segmented::DeviceSide`]):
+/// upload the values (the Arrow buffer itself when it has no NULL element)
+/// and offsets; keys to their u64 image; a segment id per element. For `set_*`: a device radix sort of
 /// (segment, key) unless every row is already ascending, then each row's
 /// merge by Balanced Path tiles ([`balanced_path_segmented`],
 /// kernels/multiset.cu). For `sorted_intersect`: the order check, then GTWJ
@@ -1109,7 +643,7 @@ impl<T: ListKey> DeviceLists<T> {
             let raw = gpu.upload(l, stats)?;
             let keys = gpu.alloc::<u64>(l.len())?;
             if !l.is_empty() {
-                let f = gpu.function(&KERNEL, "ms_xor")?;
+                let f = gpu.function(&segmented::KERNEL, "ms_xor")?;
                 let (n64, flip) = (l.len() as u64, T::FLIP);
                 // SAFETY: raw (8-byte T) and keys hold len entries.
                 unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(l.len(), 32)) }
@@ -1171,7 +705,7 @@ impl<T: ListKey> DeviceLists<T> {
         }
         let cand = owned.as_ref().unwrap_or(&self.lists[first]);
         let out = gpu.alloc::<T>(n)?;
-        let f = gpu.function(&KERNEL, "ms_xor")?;
+        let f = gpu.function(&segmented::KERNEL, "ms_xor")?;
         let (n64, flip) = (n as u64, T::FLIP);
         // SAFETY: cand and out (8-byte T) hold n entries.
         unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&n64).arg(&flip).arg(&out.slice).launch(gpu.grid_stride(n, 32)) }
@@ -1320,6 +854,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::algo::sorted_intersect::{sequence_index, sorted_intersect_sequences, sorted_intersect_with, IntersectMethod};
 
     /// Counting reference: the module table applied to BTreeMap counts.
     fn reference(op: MultisetOp, a: &[i64], b: &[i64]) -> Vec<i64> {
@@ -1762,4 +1297,32 @@ mod tests {
         assert!(msg.contains("match"), "{msg}");
     }
 
+    /// sorted_intersect on the device (GTWJ) against the CPU twin: random
+    /// ascending rows with duplicates, NULL lists, NULL elements, empty
+    /// lists, slices, rows of very different lengths, long rows, wide keys,
+    /// signed and unsigned; and the moderngpu worked example.
+    #[test]
+    fn gpu_gtwj_sorted_intersect_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let stats = &mut TransferStats::default();
+        let op = ListOp::SortedIntersect;
+        let (a, b) = moderngpu_example();
+        let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
+        assert!(got == list_op_cpu::<i64>(op, &a, &b).unwrap(), "worked example");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1503);
+        let cases = [(1usize, 1usize, 1i64, false), (2000, 40, 3, true), (2000, 300, 1000, true), (500, 30, i64::MAX / 2, false), (30, 6000, 20_000, true), (100_000, 12, 1 << 20, false)];
+        for (case, &(rows, max_len, domain, nulls)) in cases.iter().enumerate() {
+            let a = sort_rows(&random_list_column(&mut rng, rows + 4, max_len, domain, nulls).slice(4, rows)).unwrap();
+            // The other side's rows: as long, or much shorter (then they drive).
+            let b_len = if case % 2 == 0 { max_len } else { max_len / 20 + 1 };
+            let b = sort_rows(&random_list_column(&mut rng, rows, b_len, domain, nulls)).unwrap();
+            for (x, y) in [(&a, &b), (&b, &a)] {
+                let want = list_op_cpu::<i64>(op, x, y).unwrap();
+                assert!(list_op_gpu::<i64>(&gpu, op, x, y, stats).unwrap() == want, "{rows} rows of up to {max_len} in domain {domain}");
+                let (ux, uy) = (to_unsigned(x).unwrap(), to_unsigned(y).unwrap());
+                assert!(list_op_gpu::<u64>(&gpu, op, &ux, &uy, stats).unwrap() == list_op_cpu::<u64>(op, &ux, &uy).unwrap(), "u64, domain {domain}");
+            }
+        }
+    }
 }

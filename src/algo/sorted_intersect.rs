@@ -7,16 +7,175 @@
 //! * The rows of `sorted_intersect(a, b)` (ascending lists with duplicates,
 //!   min(m, n) copies): [`gtwj_segmented`], seed 003's GTWJ sequence
 //!   skipping per row, called by [`crate::algo::multiset::list_op_gpu`]; its
-//!   CPU twin is [`crate::algo::multiset::sorted_intersect`] row by row
+//!   CPU twin is [`sorted_intersect`] row by row
 //!   ([`crate::algo::multiset::list_op_cpu`]).
+//! * [`sorted_intersect`] itself, the CPU twin (merge or galloping, and
+//!   [`sorted_intersect_sequences`], GTWJ on the host), used by the list
+//!   functions and `intersect_k` in [`crate::algo::multiset`], which imports
+//!   this module. GTWJ runs on [`crate::algo::segmented`]'s plumbing, so
+//!   this module does not import multiset (issue 29: no import cycles).
 
+use std::cmp::Ordering;
 use std::time::Instant;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::Result;
 
-use crate::algo::multiset::{count_then_fill, exclusive_scan, DeviceListPair, ListKey, RowItems, SegmentedResult};
+use crate::algo::segmented::{count_then_fill, exclusive_scan, DeviceListPair, ListKey, RowItems, SegmentedResult};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
+
+/// How [`sorted_intersect_with`] walks the two lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntersectMethod {
+    /// Galloping when one list is [`GALLOP_RATIO`] times longer, else a merge.
+    Auto,
+    /// Two-pointer merge: O(|a| + |b|).
+    Merge,
+    /// Exponential search in the longer list for each run of the shorter:
+    /// O(|small| log(|large| / |small|)).
+    Gallop,
+}
+
+/// Size ratio from which galloping beats the linear merge: a galloping step
+/// costs about 2 log2(gap) comparisons against the merge's gap, so it wins
+/// once the average gap is well above ~8 (the usual threshold in SvS codes).
+pub const GALLOP_RATIO: usize = 16;
+
+/// Intersection of two ascending lists (duplicates allowed; a value with m
+/// and n copies appears min(m, n) times). Inputs are NOT sorted here: an
+/// unsorted input gives an unspecified (but panic-free) result; the SQL
+/// function checks the order first.
+pub fn sorted_intersect<T: Ord + Clone>(a: &[T], b: &[T]) -> Vec<T> {
+    sorted_intersect_with(IntersectMethod::Auto, a, b)
+}
+
+/// [`sorted_intersect`] with a chosen method (all give the same result).
+pub fn sorted_intersect_with<T: Ord + Clone>(method: IntersectMethod, a: &[T], b: &[T]) -> Vec<T> {
+    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    let gallop = match method {
+        IntersectMethod::Auto => small.len().saturating_mul(GALLOP_RATIO) < large.len(),
+        IntersectMethod::Merge => false,
+        IntersectMethod::Gallop => true,
+    };
+    let mut out = Vec::new();
+    if gallop {
+        gallop_intersect_into(small, large, &mut out);
+    } else {
+        merge_intersect_into(a, b, &mut out);
+    }
+    out
+}
+
+/// Two-pointer merge intersection (min(m, n) rule), appended to `out`.
+fn merge_intersect_into<T: Ord + Clone>(a: &[T], b: &[T], out: &mut Vec<T>) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            Ordering::Less => i += 1,
+            Ordering::Greater => j += 1,
+            Ordering::Equal => {
+                out.push(a[i].clone());
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+}
+
+/// The first index in `v[from..]` whose element is not `pred`-true, found by
+/// exponential then binary search (`pred` must be true on a prefix of `v`).
+/// Costs O(log d) for an answer d places after `from`.
+fn gallop<T>(v: &[T], from: usize, pred: impl Fn(&T) -> bool) -> usize {
+    let mut lo = from;
+    let mut step = 1;
+    // Invariant: pred holds on v[from..lo].
+    while lo + step <= v.len() && pred(&v[lo + step - 1]) {
+        lo += step;
+        step *= 2;
+    }
+    let hi = (lo + step).min(v.len());
+    lo + v[lo..hi].partition_point(pred)
+}
+
+/// Galloping intersection: for each run of equal values in `small`, gallop in
+/// `large` to the run's lower and upper bound (the run in `large` starts at or
+/// after the previous one, so searches start from the cursor).
+fn gallop_intersect_into<T: Ord + Clone>(small: &[T], large: &[T], out: &mut Vec<T>) {
+    let (mut i, mut j) = (0, 0);
+    while i < small.len() && j < large.len() {
+        let x = &small[i];
+        let run_end = i + small[i..].partition_point(|y| y == x);
+        j = gallop(large, j, |y| y < x);
+        let other_end = gallop(large, j, |y| y == x);
+        let copies = (run_end - i).min(other_end - j);
+        out.extend(std::iter::repeat_n(x, copies).cloned());
+        i = run_end;
+        j = other_end;
+    }
+}
+
+/// Integer keys that can be grouped into GTWJ sequences (seed 003).
+pub trait SequenceKey: Ord + Copy {
+    /// floor(self / val): monotone in `self`, so a sorted list's sequence ids
+    /// are non-decreasing and every sequence is one contiguous run.
+    fn sequence_id(self, val: u64) -> i128;
+}
+
+impl SequenceKey for i64 {
+    fn sequence_id(self, val: u64) -> i128 {
+        (self as i128).div_euclid(val as i128)
+    }
+}
+
+impl SequenceKey for u64 {
+    fn sequence_id(self, val: u64) -> i128 {
+        (self / val) as i128
+    }
+}
+
+impl SequenceKey for u32 {
+    fn sequence_id(self, val: u64) -> i128 {
+        (self as u64 / val) as i128
+    }
+}
+
+/// GTWJ sequence index of an ascending list: (sequence id, start, end) of each
+/// non-empty sequence [id·val, (id+1)·val), in order.
+pub fn sequence_index<T: SequenceKey>(v: &[T], val: u64) -> Vec<(i128, usize, usize)> {
+    let val = val.max(1);
+    let mut index: Vec<(i128, usize, usize)> = Vec::new();
+    for (k, x) in v.iter().enumerate() {
+        let id = x.sequence_id(val);
+        match index.last_mut() {
+            Some(last) if last.0 == id => last.2 = k + 1,
+            _ => index.push((id, k, k + 1)),
+        }
+    }
+    index
+}
+
+/// [`sorted_intersect`] by GTWJ sequence skipping (seed 003): both lists are
+/// cut into sequences of width `val` (SeqID = x / val); only sequences with the
+/// same id in both lists are merged, the others are skipped by comparing ids
+/// alone. All copies of a value lie in one sequence, so the min(m, n) rule per
+/// sequence is the rule for the lists. `val` 0 is treated as 1.
+pub fn sorted_intersect_sequences<T: SequenceKey>(a: &[T], b: &[T], val: u64) -> Vec<T> {
+    let (sa, sb) = (sequence_index(a, val), sequence_index(b, val));
+    let mut out = Vec::new();
+    let (mut p, mut q) = (0, 0);
+    while p < sa.len() && q < sb.len() {
+        match sa[p].0.cmp(&sb[q].0) {
+            Ordering::Less => p += 1,
+            Ordering::Greater => q += 1,
+            Ordering::Equal => {
+                merge_intersect_into(&a[sa[p].1..sa[p].2], &b[sb[q].1..sb[q].2], &mut out);
+                p += 1;
+                q += 1;
+            }
+        }
+    }
+    out
+}
 
 /// kernels/sorted_intersect.cu, with its contract constants as `-D` options.
 pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sorted_intersect", source: include_str!("../../kernels/sorted_intersect.cu"), defines: sorted_intersect_defines };
@@ -307,9 +466,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 mod tests {
     use rand::{Rng, SeedableRng};
 
-    use super::GTWJ_SEQ_LOG2;
-    use crate::algo::multiset::{list_op_cpu, list_op_gpu, moderngpu_example, random_list_column, sort_rows, sorted_intersect, to_unsigned, ListOp};
-    use crate::gpu::TransferStats;
+    use super::{sorted_intersect, GTWJ_SEQ_LOG2};
 
     /// Host mirror of `si_gtwj_plan` (kernels/sorted_intersect.cu) for a row
     /// with both lists non-empty: (B drives, sequence shift s).
@@ -411,35 +568,6 @@ mod tests {
         }
         let dense = vec![5u64; 100];
         assert_eq!(gtwj_plan(&dense, &dense), (false, 0));
-    }
-
-    /// sorted_intersect on the device (GTWJ) against the CPU twin: random
-    /// ascending rows with duplicates, NULL lists, NULL elements, empty
-    /// lists, slices, rows of very different lengths, long rows, wide keys,
-    /// signed and unsigned; and the moderngpu worked example.
-    #[test]
-    fn gpu_gtwj_sorted_intersect_matches_cpu_twin() {
-        let Some(gpu) = crate::gpu::test_gpu() else { return };
-        let _lock = gpu.lock_blocking();
-        let stats = &mut TransferStats::default();
-        let op = ListOp::SortedIntersect;
-        let (a, b) = moderngpu_example();
-        let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
-        assert!(got == list_op_cpu::<i64>(op, &a, &b).unwrap(), "worked example");
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1503);
-        let cases = [(1usize, 1usize, 1i64, false), (2000, 40, 3, true), (2000, 300, 1000, true), (500, 30, i64::MAX / 2, false), (30, 6000, 20_000, true), (100_000, 12, 1 << 20, false)];
-        for (case, &(rows, max_len, domain, nulls)) in cases.iter().enumerate() {
-            let a = sort_rows(&random_list_column(&mut rng, rows + 4, max_len, domain, nulls).slice(4, rows)).unwrap();
-            // The other side's rows: as long, or much shorter (then they drive).
-            let b_len = if case % 2 == 0 { max_len } else { max_len / 20 + 1 };
-            let b = sort_rows(&random_list_column(&mut rng, rows, b_len, domain, nulls)).unwrap();
-            for (x, y) in [(&a, &b), (&b, &a)] {
-                let want = list_op_cpu::<i64>(op, x, y).unwrap();
-                assert!(list_op_gpu::<i64>(&gpu, op, x, y, stats).unwrap() == want, "{rows} rows of up to {max_len} in domain {domain}");
-                let (ux, uy) = (to_unsigned(x).unwrap(), to_unsigned(y).unwrap());
-                assert!(list_op_gpu::<u64>(&gpu, op, &ux, &uy, stats).unwrap() == list_op_cpu::<u64>(op, &ux, &uy).unwrap(), "u64, domain {domain}");
-            }
-        }
     }
 
     #[test]

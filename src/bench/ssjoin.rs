@@ -39,9 +39,9 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
 use crate::algo::ssjoin::reference::generate;
 use crate::algo::ssjoin::{
-    default_threads, preprocess, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
+    default_threads, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
-use crate::algo::ssjoin_prep::{device_input, preprocess_gpu};
+use crate::algo::ssjoin_prep::{device_input, preprocess, preprocess_gpu};
 use crate::gpu::TransferStats;
 use super::median;
 

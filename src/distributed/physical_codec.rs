@@ -27,10 +27,12 @@ use super::bad;
 use crate::algo::select::SetOp;
 use crate::algo::ssjoin::{Metric, Threshold};
 use crate::config::Strategy;
+use crate::exec::common::{Backend, NullMode};
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::families::{FamiliesExec, Layout, Level};
-use crate::exec::mark_join::{MarkJoinExec, MarkKind, MarkOutput, PairFilter};
-use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
+use crate::exec::mark_join::{MarkJoinExec, MarkKind, MarkOutput};
+use crate::exec::pair_filter::PairFilter;
+use crate::exec::set_select::SetSelectExec;
 use crate::exec::similarity_join::SimilarityJoinExec;
 
 /// Marks a setfusion node's bytes, so that decoding tells them from the

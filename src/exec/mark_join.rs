@@ -58,10 +58,11 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
+use crate::exec::common::{input_context, Backend, NullMode};
 use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
 use crate::exec::memory::{array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
+use crate::exec::pair_filter::{self, PairFilter};
 use crate::exec::selection::{key_columns, Selector};
-use crate::exec::set_select::{input_context, Backend, NullMode};
 use crate::keys;
 
 /// Which subquery predicate the mark answers.
@@ -82,16 +83,6 @@ pub enum MarkOutput {
     Semi,
     /// The probe rows whose mark is FALSE (an anti join with a residual filter; EXISTS only).
     Anti,
-}
-
-/// A residual join filter over candidate pairs: `expr` reads an intermediate
-/// batch whose columns are `columns` (`(true, i)`: probe column i; `(false,
-/// i)`: build column i), of `schema`.
-#[derive(Debug, Clone)]
-pub struct PairFilter {
-    pub expr: PhysicalExprRef,
-    pub columns: Vec<(bool, usize)>,
-    pub schema: SchemaRef,
 }
 
 /// A residual filter's device programs, or why the device cannot evaluate it.
@@ -171,7 +162,7 @@ impl MarkJoinExec {
                     Some((p, b)) => Some((p.data_type(&probe_schema)?, b.data_type(&build.schema())?)),
                     None => None,
                 };
-                Some(super::pair_filter::compile(f, in_types.as_ref().map(|(p, b)| (p, b))).map(Arc::new))
+                Some(pair_filter::compile(f, in_types.as_ref().map(|(p, b)| (p, b))).map(Arc::new))
             }
         };
         Ok(Self {

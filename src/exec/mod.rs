@@ -1,4 +1,5 @@
 //! DataFusion `ExecutionPlan`s: one operator per file, the plan node separate from its stream.
+pub mod common;
 pub mod declined;
 pub mod device_scan;
 mod device_select;

@@ -15,17 +15,27 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
     BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NegativeExpr, NotExpr, TryCastExpr,
 };
 use datafusion::physical_expr::utils::collect_columns;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 
 use crate::algo::join_filter::{op, Instr, Programs, ValueKind, RANGE_DEC, RANGE_I64, STACK};
-use crate::exec::mark_join::PairFilter;
+
+/// A residual join filter over candidate pairs (`MarkJoinExec`'s): `expr`
+/// reads an intermediate batch whose columns are `columns` (`(true, i)`:
+/// probe column i; `(false, i)`: build column i), of `schema`. Defined here,
+/// beside its compiler, so that the operator imports it and not the reverse.
+#[derive(Debug, Clone)]
+pub struct PairFilter {
+    pub expr: PhysicalExprRef,
+    pub columns: Vec<(bool, usize)>,
+    pub schema: SchemaRef,
+}
 
 /// The device programs of a filter and, for IN, of its keys (the probe and
 /// build key columns read as columns `m` and `m + 1`, after the filter's `m`).
@@ -421,7 +431,7 @@ mod tests {
         for sql in filters {
             let expr = ctx.parse_sql_expr(sql, &df_schema).unwrap();
             let physical = ctx.create_physical_expr(expr, &df_schema).unwrap();
-            let filter = crate::exec::mark_join::PairFilter {
+            let filter = PairFilter {
                 expr: physical.clone(),
                 columns: (0..b.num_columns()).map(|i| (true, i)).collect(),
                 schema: b.schema(),

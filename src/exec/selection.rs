@@ -22,7 +22,7 @@ use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
 use crate::keys::{self, KeyColumns, RowSubset};
 
-use super::set_select::{Backend, NullMode};
+use super::common::{Backend, NullMode};
 
 /// The selection itself, from key columns to one bit per kept-side row: key
 /// encoding, NULL rules, backend and strategy, device fallbacks. Shared by

@@ -55,10 +55,11 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::algo::select::SetOp;
-use crate::config::{SetfusionConfig, Strategy};
+use crate::config::SetfusionConfig;
 use crate::gpu::{self};
 use crate::keys::{self};
 
+use super::common::{input_context, Backend, NullMode};
 use super::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
 use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts, SharedRun};
 use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
@@ -67,27 +68,6 @@ use super::output_filter::filter_all;
 use super::device_scan::DeviceScanExec;
 use super::device_select::Side;
 use super::selection::{key_columns, Metrics, Selector};
-
-/// Where the selection runs, decided at planning time.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Backend {
-    /// GPU backend with the configured strategy (`auto` picks at run time).
-    Gpu(Strategy),
-    /// CPU backend, with the reason it was chosen.
-    Cpu(String),
-}
-
-/// NULL semantics of the keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NullMode {
-    /// Equi-join: a NULL key matches nothing.
-    NeverEqual,
-    /// Set operations (and IS NOT DISTINCT FROM joins): NULL equals NULL.
-    Equal,
-    /// NOT IN: SQL three-valued logic (any NULL on the other side, or a NULL
-    /// kept-side key, removes the row unless the other side is empty).
-    NullAware,
-}
 
 /// The computed result, per partition of the kept side: its output to
 /// filter (kept rows, projected), or for an output without columns only the
@@ -602,32 +582,6 @@ impl std::ops::Deref for Run {
     }
 }
 
-/// The inputs are executed with at least this batch size. The operator reads
-/// all of both inputs before it outputs a row, so their batch size only sets
-/// how many batches it handles, each with its own bookkeeping (key arrays,
-/// selection slices, packing pieces): a 100M-row in-memory table comes as
-/// 12,288 batches of 8,192 rows (DataSourceExec splits its 65,536-row batches
-/// to the session's batch size), or as 1,536.
-const INPUT_BATCH_ROWS: usize = 1 << 16;
-
-/// `context` with a session batch size of at least [`INPUT_BATCH_ROWS`], for executing the inputs.
-pub(crate) fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
-    let config = context.session_config();
-    if config.batch_size() >= INPUT_BATCH_ROWS {
-        return context.clone();
-    }
-    Arc::new(TaskContext::new(
-        context.task_id(),
-        context.session_id(),
-        config.clone().with_batch_size(INPUT_BATCH_ROWS),
-        context.scalar_functions().clone(),
-        context.higher_order_functions().clone(),
-        context.aggregate_functions().clone(),
-        context.window_functions().clone(),
-        context.runtime_env(),
-    ))
-}
-
 /// The device-scan attempt's outcome: the result, or the inputs collected so
 /// far and why the host must read the device-scanned ones after all.
 enum DeviceOutcome {
@@ -858,6 +812,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::config::Strategy;
 
     fn batch(schema: &SchemaRef, rng: &mut rand::rngs::StdRng, n: usize) -> RecordBatch {
         let words = ["", "a", "setfusion", "a string key longer than sixteen bytes", "ß∂ƒ"];

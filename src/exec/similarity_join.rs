@@ -46,7 +46,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
 use crate::config::SetfusionConfig;
-use crate::exec::set_select::Backend;
+use crate::exec::common::Backend;
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu;
@@ -293,7 +293,7 @@ pub fn join_raw_sets(
         ssjoin::ssjoin_cpu_with(rc, sc, thr, ssjoin::default_threads(), stats)
     };
     let on_cpu = |stats: &mut JoinStats, why: String| {
-        let (rc, sc) = ssjoin::preprocess(r, s);
+        let (rc, sc) = ssjoin_prep::preprocess(r, s);
         let pairs = cpu_join(&rc, sc.as_ref(), stats);
         (rc, pairs, why)
     };

@@ -20,8 +20,9 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::config::SetfusionConfig;
+use crate::exec::common::Backend;
 use crate::exec::device_scan::DeviceScanExec;
-use crate::exec::set_select::{Backend, SetSelectExec};
+use crate::exec::set_select::SetSelectExec;
 
 #[derive(Debug, Default)]
 pub struct DeviceScanRule;

@@ -50,9 +50,10 @@ use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::common::Backend;
 use crate::exec::declined::SetfusionDeclinedExec;
-use crate::exec::mark_join::{MarkJoinExec, MarkKind, PairFilter};
-use crate::exec::set_select::Backend;
+use crate::exec::mark_join::{MarkJoinExec, MarkKind};
+use crate::exec::pair_filter::PairFilter;
 
 use super::{outer_decorrelate, quantified};
 

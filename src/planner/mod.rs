@@ -18,7 +18,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::set_select::Backend;
+use crate::exec::common::Backend;
 
 pub use device_scan::DeviceScanRule;
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
@@ -150,7 +150,7 @@ pub fn decide_filtered(
     a: &Arc<dyn ExecutionPlan>,
     b: &Arc<dyn ExecutionPlan>,
     on_types: &[DataType],
-    filter: &crate::exec::mark_join::PairFilter,
+    filter: &crate::exec::pair_filter::PairFilter,
     in_types: Option<(&DataType, &DataType)>,
     threads: usize,
 ) -> Decision {

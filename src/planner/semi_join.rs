@@ -21,8 +21,9 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::common::{Backend, NullMode};
 use crate::exec::declined::SetfusionDeclinedExec;
-use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
+use crate::exec::set_select::SetSelectExec;
 
 #[derive(Debug, Default)]
 pub struct SemiJoinRule;
@@ -146,7 +147,7 @@ impl SemiJoinRule {
         let on: Vec<(PhysicalExprRef, PhysicalExprRef)> =
             j.on.iter().map(|(l, r)| if keep_left { (l.clone(), r.clone()) } else { (r.clone(), l.clone()) }).collect();
         let columns = filter.column_indices().iter().map(|c| ((c.side == JoinSide::Left) == keep_left, c.index)).collect();
-        let pair_filter = crate::exec::mark_join::PairFilter { expr: filter.expression().clone(), columns, schema: filter.schema().clone() };
+        let pair_filter = crate::exec::pair_filter::PairFilter { expr: filter.expression().clone(), columns, schema: filter.schema().clone() };
         let (backend, note) = if cfg.strategy == Strategy::Cpu {
             (Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into()), None)
         } else {

@@ -31,8 +31,9 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::common::{Backend, NullMode};
 use crate::exec::declined::SetfusionDeclinedExec;
-use crate::exec::set_select::{Backend, NullMode, SetSelectExec};
+use crate::exec::set_select::SetSelectExec;
 
 /// A set operation with exact semantics: rows of `left` selected against
 /// `right`, comparing `left_keys[i]` with `right_keys[i]` (every column, with

@@ -37,7 +37,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 
 use crate::algo::ssjoin::{Metric, Threshold};
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::set_select::Backend;
+use crate::exec::common::Backend;
 use crate::exec::similarity_join::SimilarityJoinExec;
 
 #[derive(Debug, Default)]

@@ -48,7 +48,8 @@ use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
-use crate::algo::ssjoin::{dedup_sets, Metric};
+use crate::algo::ssjoin::Metric;
+use crate::algo::ssjoin_prep::dedup_sets;
 
 /// Every setfusion scalar function (registered by [`crate::install`]).
 pub fn functions() -> Vec<Arc<ScalarUDF>> {

@@ -79,9 +79,11 @@ use datafusion::optimizer::AnalyzerRule;
 
 use super::sets::{self, ElementClass};
 use crate::algo::multiset::{
-    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, PreparedLists, sorted_intersect,
-    unsorted_error, ListKey, MultisetOp, StringRanks,
+    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, PreparedLists, unsorted_error,
+    MultisetOp, StringRanks,
 };
+use crate::algo::segmented::ListKey;
+use crate::algo::sorted_intersect::sorted_intersect;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::gpu::{self, Gpu, TransferStats};
 use crate::planner::cost::{list_function_estimate, Calibration, Verdict};

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use setfusion::algo::ssjoin::{
-    preprocess, ssjoin_brute_force, ssjoin_cpu, ssjoin_exact_counter, ssjoin_gpu, JoinStats, Metric, Pair, RawSets,
+    ssjoin_brute_force, ssjoin_cpu, ssjoin_exact_counter, ssjoin_gpu, JoinStats, Metric, Pair, RawSets,
     SetCollection, Threshold,
 };
+use setfusion::algo::ssjoin_prep::preprocess;
 
 use crate::common::{block_on, crate_root, require_gpu};
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
+use crate::algo::ssjoin_prep::preprocess;
 use crate::gpu::{cuda_err, Gpu, TransferStats};
 
 use super::cpu::*;

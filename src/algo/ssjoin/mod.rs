@@ -1,8 +1,9 @@
 //! Set-similarity join (issue 4): all pairs of sets whose Jaccard, Dice,
 //! cosine similarity or overlap reaches a threshold.
 //!
-//! * **Preprocessing** ([`preprocess`] on the host's cores, or on the device
-//!   for the GPU backend; src/algo/ssjoin_prep.rs): elements (u64 keys:
+//! * **Preprocessing** ([`preprocess`](crate::algo::ssjoin_prep::preprocess)
+//!   on the host's cores, or on the device for the GPU backend;
+//!   src/algo/ssjoin_prep.rs, which imports this module's types): elements (u64 keys:
 //!   integers, or dictionary ids of strings) become dense u32 token ids
 //!   ordered by ascending global document frequency over both inputs (rare
 //!   tokens first, so prefixes are selective); every set is sorted and
@@ -242,9 +243,6 @@ impl Threshold {
     }
 }
 
-
-pub use super::ssjoin_prep::{dedup_sets, preprocess};
-
 /// Raw sets as CSR: set `i` is `elems[offsets[i]..offsets[i + 1]]` (any order,
 /// duplicates allowed). Set `i` gets id `i`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -289,14 +287,15 @@ impl RawSets {
 
 /// Preprocessed sets: set at position `p` is `tokens[offsets[p]..offsets[p+1]]`
 /// (strictly increasing token ids), positions ordered by size; `ids[p]` is the
-/// caller's id of that set. Built by [`preprocess`] (or `Default`, empty).
+/// caller's id of that set. Built by
+/// [`crate::algo::ssjoin_prep::preprocess`] (or `Default`, empty).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SetCollection {
     pub offsets: Vec<u32>,
     pub tokens: Vec<u32>,
     pub ids: Vec<u32>,
     /// One past the largest token id of this collection and its partner:
-    /// [`preprocess`]'s count of distinct elements (tokens are their ranks).
+    /// `preprocess`'s count of distinct elements (tokens are their ranks).
     /// Kept so the plan does not look up every set's last token (a cache
     /// miss per set, about 0.3 ms for 100k sets, on the GPU path's critical
     /// path). Private, so every collection comes from `preprocess`.

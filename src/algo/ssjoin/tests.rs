@@ -5,6 +5,7 @@ use super::gpu::*;
 use super::plan::*;
 use super::reference::*;
 use super::*;
+use crate::algo::ssjoin_prep::preprocess;
 use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -1,0 +1,344 @@
+//! The segmented list plumbing both list families run on (issue 15), the
+//! launcher of kernels/segmented.cu: a batch's two list arguments on the
+//! device as one key array per side cut into rows by offsets
+//! ([`DeviceListPair`], [`DeviceSide`]: upload as the keys' u64 image,
+//! segment ids, the order check, a segmented device sort), scans, work items
+//! numbered row after row ([`RowItems`]) and count-then-fill
+//! ([`count_then_fill`]). Both `set_*`'s Balanced Path
+//! ([`crate::algo::multiset`]) and `sorted_intersect`'s GTWJ
+//! ([`crate::algo::sorted_intersect`]) import it; it imports neither, so the
+//! two families' launchers do not import each other (issue 29).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+use datafusion::arrow::array::{ArrayRef, AsArray, ListArray, PrimitiveArray};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, UInt64Type};
+use datafusion::error::{DataFusionError, Result};
+
+use crate::algo::radix_sort;
+use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod, TransferStats};
+
+/// kernels/segmented.cu (no `-D` contract: its scan tile is its own).
+pub static KERNEL: crate::gpu::KernelSource =
+    crate::gpu::KernelSource { family: "segmented", source: include_str!("../../kernels/segmented.cu"), defines: crate::gpu::no_defines };
+
+/// An integer element type of the list functions: i64 (signed and mixed
+/// integer lists) or u64 (unsigned). Device keys are its order-preserving
+/// u64 image `bits ^ FLIP`.
+pub trait ListKey: Pod + Ord + Debug {
+    /// XOR with the bits that maps the type's order onto u64's.
+    const FLIP: u64;
+    /// The Arrow type list values are cast to, and the result's element type.
+    fn data_type() -> DataType;
+    /// The values of an array of [`ListKey::data_type`].
+    fn values(array: &ArrayRef) -> &[Self];
+    /// A List array from its parts.
+    fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef>;
+}
+
+macro_rules! list_key {
+    ($t:ty, $arrow:ty, $dt:ident, $flip:expr) => {
+        impl ListKey for $t {
+            const FLIP: u64 = $flip;
+            fn data_type() -> DataType {
+                DataType::$dt
+            }
+            fn values(array: &ArrayRef) -> &[Self] {
+                array.as_primitive::<$arrow>().values()
+            }
+            fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef> {
+                let field = Arc::new(Field::new_list_field(DataType::$dt, true));
+                let values = Arc::new(PrimitiveArray::<$arrow>::new(ScalarBuffer::from(values), None));
+                let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+                Ok(Arc::new(ListArray::try_new(field, offsets, values, nulls)?))
+            }
+        }
+    };
+}
+
+list_key!(i64, Int64Type, Int64, 1u64 << 63);
+list_key!(u64, UInt64Type, UInt64, 0);
+
+pub(crate) fn launch_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> DataFusionError + '_ {
+    move |e| cuda_err(what, e)
+}
+
+/// Exclusive scan of `input[0, n)` into a new buffer of n + 1 entries (the last one the total).
+pub(crate) fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> Result<DeviceBuffer<u32>> {
+    const TILE: usize = 256 * 8; // MS_SCAN_TILE
+    let ntiles = n.div_ceil(TILE).max(1);
+    let out = gpu.alloc::<u32>(n + 1)?;
+    let sums = gpu.alloc::<u32>(ntiles + 1)?;
+    let (n64, nt32) = (n as u64, ntiles as u32);
+    let stream = gpu.stream();
+    let tiles = LaunchConfig { grid_dim: (nt32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let f = gpu.function(&KERNEL, "ms_scan_reduce")?;
+    // SAFETY: signature matches kernels/segmented.cu; input holds n entries, sums ntiles + 1.
+    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).launch(tiles) }.map_err(launch_err("ms_scan_reduce"))?;
+    let f = gpu.function(&KERNEL, "ms_scan_sums")?;
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: one block scans sums[0, ntiles) in place and writes sums[ntiles].
+    unsafe { stream.launch_builder(&f).arg(&sums.slice).arg(&nt32).launch(one) }.map_err(launch_err("ms_scan_sums"))?;
+    let f = gpu.function(&KERNEL, "ms_scan_tiles")?;
+    // SAFETY: input holds n entries, out n + 1, sums ntiles + 1.
+    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).arg(&nt32).arg(&out.slice).launch(tiles) }
+        .map_err(launch_err("ms_scan_tiles"))?;
+    Ok(out)
+}
+
+/// The id of the segment of each of the `n` items that `offsets` (rows + 1
+/// entries, ending at n) cuts into rows: item j of [offsets[r], offsets[r + 1]) gets r.
+fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) -> Result<DeviceBuffer<u32>> {
+    let seg = gpu.alloc::<u32>(n)?;
+    if n > 0 {
+        let f = gpu.function(&KERNEL, "ms_seg_ids")?;
+        let rows32 = rows as u32;
+        // SAFETY: offsets hold rows + 1 entries ending at n; seg holds n entries.
+        unsafe { gpu.stream().launch_builder(&f).arg(&offsets.slice).arg(&rows32).arg(&seg.slice).launch(gpu.grid_stride(rows * 32, 32)) }
+            .map_err(launch_err("ms_seg_ids"))?;
+    }
+    Ok(seg)
+}
+
+/// The result's row offsets (rows + 1 entries): row r starts at
+/// `scanned[first[r]]`, where `scanned` is the exclusive scan of per-item
+/// output counts and `first` (rows + 1 entries) the rows' first items.
+fn row_starts(gpu: &Gpu, scanned: &DeviceBuffer<u32>, first: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
+    let out = gpu.alloc::<u32>(rows + 1)?;
+    let f = gpu.function(&KERNEL, "ms_gather_u32")?;
+    let n32 = (rows + 1) as u32;
+    // SAFETY: first holds rows + 1 indices into scanned (each <= its item count); out rows + 1 entries.
+    unsafe { gpu.stream().launch_builder(&f).arg(&scanned.slice).arg(&first.slice).arg(&n32).arg(&out.slice).launch(gpu.grid_stride(rows + 1, 32)) }
+        .map_err(launch_err("ms_gather_u32"))?;
+    Ok(out)
+}
+
+/// A segmented result on the device: row offsets (rows + 1) and values.
+pub(crate) struct SegmentedResult<T> {
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) values: DeviceBuffer<T>,
+    pub(crate) total: usize,
+}
+
+/// Work items (Balanced Path tiles, GTWJ sequences) numbered row after row:
+/// row r's are [offsets[r], offsets[r + 1]); `rows_of` gives each item's row.
+pub(crate) struct RowItems {
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) rows_of: DeviceBuffer<u32>,
+    pub(crate) n: usize,
+}
+
+impl RowItems {
+    /// `counts[r]` items for each of the `rows` rows.
+    pub(crate) fn from_counts(gpu: &Gpu, counts: &DeviceBuffer<u32>, rows: usize, stats: &mut TransferStats) -> Result<Self> {
+        let offsets = exclusive_scan(gpu, counts, rows)?;
+        let n = gpu.read_one(&offsets, rows, stats)? as usize;
+        let rows_of = segment_ids(gpu, &offsets, rows, n)?;
+        Ok(Self { offsets, rows_of, n })
+    }
+}
+
+/// One pass of a count-then-fill kernel, as its last four arguments
+/// (`u32* cnt, const u32* excl, u64 flip, u64* out`): count each item's
+/// outputs into `Count`, or write them at `Fill`'s scanned starts.
+pub(crate) enum Pass<'a, T> {
+    Count(&'a DeviceBuffer<u32>),
+    Fill(&'a DeviceBuffer<u32>, &'a DeviceBuffer<T>),
+}
+
+impl<'a, T> Pass<'a, T> {
+    /// Push the four arguments (`null` stands for a null pointer).
+    pub(crate) fn push<'l>(&self, l: &mut LaunchArgs<'l>, null: &'l u64, flip: &'l u64)
+    where
+        'a: 'l,
+    {
+        match *self {
+            Pass::Count(counts) => l.arg(&counts.slice).arg(null).arg(flip).arg(null),
+            Pass::Fill(starts, values) => l.arg(null).arg(&starts.slice).arg(flip).arg(&values.slice),
+        };
+    }
+}
+
+/// Count-then-fill over `items`: `walk(Pass::Count)` counts each item's
+/// outputs, a scan gives each item's (and so each row's) first output, and
+/// `walk(Pass::Fill)` writes them into the result.
+pub(crate) fn count_then_fill<T: ListKey>(
+    gpu: &Gpu,
+    items: &RowItems,
+    rows: usize,
+    stats: &mut TransferStats,
+    walk: impl Fn(Pass<'_, T>) -> Result<()>,
+) -> Result<SegmentedResult<T>> {
+    let counts = gpu.alloc::<u32>(items.n)?;
+    walk(Pass::Count(&counts))?;
+    let starts = exclusive_scan(gpu, &counts, items.n)?;
+    let total = gpu.read_one(&starts, items.n, stats)? as usize;
+    if total > i32::MAX as usize {
+        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
+    }
+    let offsets = row_starts(gpu, &starts, &items.offsets, rows)?;
+    let values = gpu.alloc::<T>(total)?;
+    walk(Pass::Fill(&starts, &values))?;
+    Ok(SegmentedResult { offsets, values, total })
+}
+
+/// Both list arguments of a batch on the device, with the rows' validity.
+pub(crate) struct DeviceListPair {
+    pub(crate) a: DeviceSide,
+    pub(crate) b: DeviceSide,
+    /// One byte per row: 0 when the row's result is NULL (its elements are ignored).
+    pub(crate) valid: DeviceBuffer<u8>,
+    pub(crate) rows: usize,
+}
+
+impl DeviceListPair {
+    /// Push both sides' keys and row offsets (`a, aoff, b, boff`), the first
+    /// arguments of the segmented kernels.
+    pub(crate) fn push_sides<'l>(&'l self, l: &mut LaunchArgs<'l>) {
+        l.arg(&self.a.keys.slice).arg(&self.a.offsets.slice).arg(&self.b.keys.slice).arg(&self.b.offsets.slice);
+    }
+
+    /// Per row, the marked elements of both sides: `ea` and `eb` are the
+    /// exclusive scans (n + 1 entries) of per-element marks of sides a and b.
+    pub(crate) fn row_counts(&self, gpu: &Gpu, ea: &DeviceBuffer<u32>, eb: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
+        let counts = gpu.alloc::<u32>(self.rows)?;
+        let f = gpu.function(&KERNEL, "ms_row_counts")?;
+        let rows32 = self.rows as u32;
+        // SAFETY: offsets hold rows + 1 entries into the scans (n + 1 entries each); counts holds rows.
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&self.a.offsets.slice)
+                .arg(&ea.slice)
+                .arg(&self.b.offsets.slice)
+                .arg(&eb.slice)
+                .arg(&rows32)
+                .arg(&counts.slice)
+                .launch(gpu.grid_stride(self.rows, 32))
+        }
+        .map_err(launch_err("ms_row_counts"))?;
+        Ok(counts)
+    }
+}
+
+/// Bits needed for ids 0..count.
+fn id_bits(count: usize) -> u32 {
+    if count <= 1 {
+        0
+    } else {
+        usize::BITS - (count - 1).leading_zeros()
+    }
+}
+
+/// One side on the device: u64 keys, offsets (rows + 1), segment id per element.
+pub(crate) struct DeviceSide {
+    pub(crate) keys: DeviceBuffer<u64>,
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) seg: DeviceBuffer<u32>,
+    pub(crate) n: usize,
+}
+
+impl DeviceSide {
+    /// Upload one side: its values as their u64 key image, its row offsets,
+    /// and a segment id per element.
+    pub(crate) fn upload<T: ListKey>(gpu: &Gpu, values: &[T], offsets: &[u32], stats: &mut TransferStats) -> Result<Self> {
+        let n = values.len();
+        let rows = offsets.len() - 1;
+        let raw = gpu.upload(values, stats)?;
+        let offsets = gpu.upload(offsets, stats)?;
+        let keys = gpu.alloc::<u64>(n)?;
+        let (n64, flip) = (n as u64, T::FLIP);
+        if n > 0 {
+            let f = gpu.function(&KERNEL, "ms_xor")?;
+            // SAFETY: raw (T, 8 bytes) and keys hold n 8-byte elements; the kernel reads raw as u64 bits.
+            unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_xor"))?;
+        }
+        let seg = segment_ids(gpu, &offsets, rows, n)?;
+        Ok(Self { keys, offsets, seg, n })
+    }
+
+    /// The first element index i with keys[i] > keys[i + 1] in one valid row.
+    pub(crate) fn first_descent(&self, gpu: &Gpu, valid: &DeviceBuffer<u8>, stats: &mut TransferStats) -> Result<Option<usize>> {
+        if self.n < 2 {
+            return Ok(None);
+        }
+        let first = gpu.upload(&[u64::MAX], stats)?;
+        let f = gpu.function(&KERNEL, "ms_first_descent")?;
+        let n64 = self.n as u64;
+        // SAFETY: keys and seg hold n entries, valid one byte per row, first one word.
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&self.keys.slice)
+                .arg(&self.seg.slice)
+                .arg(&valid.slice)
+                .arg(&n64)
+                .arg(&first.slice)
+                .launch(gpu.grid_stride(self.n, 32))
+        }
+        .map_err(launch_err("ms_first_descent"))?;
+        let i = gpu.read_one(&first, 0, stats)?;
+        Ok((i != u64::MAX).then_some(i as usize))
+    }
+
+    /// Sort every segment on the device (radix sort of composite keys).
+    pub(crate) fn sort_segments(&mut self, gpu: &Gpu, rows: usize, stats: &mut TransferStats) -> Result<()> {
+        let n = self.n;
+        let stream = gpu.stream();
+        let n64 = n as u64;
+        let mm = gpu.upload(&[u64::MAX, 0u64], stats)?;
+        let f = gpu.function(&KERNEL, "ms_min_max")?;
+        // SAFETY: keys hold n entries, mm two words preset to (max, 0).
+        unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&n64).arg(&mm.slice).launch(gpu.grid_stride(n, 8)) }
+            .map_err(launch_err("ms_min_max"))?;
+        let mm = gpu.download(&mm, 2, stats)?;
+        let (min, range) = (mm[0], mm[1].wrapping_sub(mm[0]));
+        let kbits = 64 - range.leading_zeros();
+        let sbits = id_bits(rows);
+        let compose = gpu.function(&KERNEL, "ms_compose")?;
+        let null: u64 = 0;
+        if kbits + sbits <= 64 {
+            // One sort of (segment << kbits | key - min).
+            let mut comp = gpu.alloc::<u64>(n)?;
+            // SAFETY: keys, seg and comp hold n entries.
+            unsafe {
+                stream.launch_builder(&compose).arg(&self.keys.slice).arg(&self.seg.slice).arg(&n64).arg(&min).arg(&kbits).arg(&comp.slice).launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_compose"))?;
+            radix_sort::sort_keys_u64(gpu, &mut comp, n, 0, kbits + sbits)?;
+            let f = gpu.function(&KERNEL, "ms_split")?;
+            // SAFETY: comp and keys hold n entries.
+            unsafe { stream.launch_builder(&f).arg(&comp.slice).arg(&n64).arg(&min).arg(&kbits).arg(&self.keys.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_split"))?;
+        } else {
+            // Wide keys: a stable sort by key, then a stable sort by segment, of the positions.
+            let mut k = gpu.alloc::<u64>(n)?;
+            let mut idx = gpu.alloc::<u32>(n)?;
+            // SAFETY: keys and k hold n entries; a null seg pointer composes the key alone.
+            unsafe { stream.launch_builder(&compose).arg(&self.keys.slice).arg(&null).arg(&n64).arg(&min).arg(&kbits).arg(&k.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_compose"))?;
+            let f = gpu.function(&KERNEL, "ms_iota")?;
+            // SAFETY: idx holds n entries.
+            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&n64).launch(gpu.grid_stride(n, 32)) }.map_err(launch_err("ms_iota"))?;
+            radix_sort::sort_pairs_u64(gpu, &mut k, &mut idx, n, 0, kbits)?;
+            drop(k);
+            let mut segk = gpu.alloc::<u32>(n)?;
+            let f = gpu.function(&KERNEL, "ms_gather_seg")?;
+            // SAFETY: idx, seg and segk hold n entries; idx is a permutation of 0..n.
+            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&self.seg.slice).arg(&n64).arg(&segk.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_gather_seg"))?;
+            radix_sort::sort_pairs_u32(gpu, &mut segk, &mut idx, n, 0, sbits)?;
+            let sorted = gpu.alloc::<u64>(n)?;
+            let f = gpu.function(&KERNEL, "ms_gather_keys")?;
+            // SAFETY: keys, idx and sorted hold n entries.
+            unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&idx.slice).arg(&n64).arg(&sorted.slice).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_gather_keys"))?;
+            self.keys = sorted;
+        }
+        Ok(())
+    }
+}
