@@ -27,7 +27,7 @@
 // pq_snappy: output bytes each warp keeps in shared memory (a power of two,
 // at least 128).
 #ifndef PQ_SNAPPY_RING
-#define PQ_SNAPPY_RING 16384
+#define PQ_SNAPPY_RING 8192
 #endif
 
 typedef unsigned char u8;
@@ -85,24 +85,36 @@ __device__ __forceinline__ bool pq_uvarint(const u8* s, u64 end, u64* pos, u64* 
 // One warp per SNAPPY page (the launcher's default): the raw snappy stream
 // after the v2 levels decompressed into `body`.
 //
-// One thread per page (pq_snappy_serial below) is latency-bound: every copy
-// reads global memory it has just written (an L2 round trip per byte), and a
-// page of integers is mostly 4-8 byte elements (a key's zero high bytes copy
-// the previous key's). Here each warp keeps the page's last PQ_SNAPPY_RING
-// output bytes in shared memory, so a copy reads shared memory, and writes
-// the output to `body` in coalesced flushes of half a ring. Per window of 32
-// input bytes every lane decodes the element that would start at its byte
-// (speculatively: most lanes are inside another element); the elements on the
-// chain from the window's first byte are then run in order, each by the whole
-// warp, one byte per lane. A copy from further back than the ring holds
-// reads `body`, which the flushes have written by then. All control flow is
-// uniform in the warp; with one thread (scripts/kernels-on-host) it runs the
-// same steps one byte at a time.
+// A page of integers is mostly 4-8 byte elements (a key's zero high bytes are
+// a copy of the previous key's), so the warp must not spend its steps one
+// element at a time: one thread per page (pq_snappy_serial) and a warp running
+// one element after another both took 120-130 ms for 100M keys on an H200,
+// the first waiting on L2 for every copied byte, the second on ~150
+// instructions per element. Here:
+//   1. Parse: each lane decodes the element that would start at its byte of a
+//      32-byte window of the stream (speculatively: most lanes are inside
+//      another element); the chain of elements from the window's first byte
+//      is found with one shuffle per element, their output offsets with one
+//      warp scan, and all of them are checked at once.
+//   2. Fill: the window's output, 32 bytes a step, one byte per lane. Each
+//      byte finds its element (a claim table and a max scan), then reads its
+//      literal byte from the input or, for a copy, its source: output before
+//      the step is final (a ring of the page's last PQ_SNAPPY_RING bytes in
+//      shared memory, or `body` further back, written by the flushes), and a
+//      source inside the step is another lane's byte, found by pointer
+//      jumping over shuffles (log2(32) + 1 rounds: a chain of at most 31 hops).
+//   3. Every half ring, the output is flushed to `body` in coalesced stores.
+// All control flow is uniform in the warp. With one thread (the host harness)
+// the same steps run a byte at a time; scripts/kernels-on-host/parquet-warp.sh
+// runs them as an emulated warp of several threads.
 extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
     __shared__ u8 rings[PQ_SNAPPY_WARPS][PQ_SNAPPY_RING];
+    __shared__ u32 owners[PQ_SNAPPY_WARPS][32];
+    const u32 full = 0xffffffffu;
     const u32 lanes = blockDim.x < 32 ? blockDim.x : 32;
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
     u8* ring = rings[warp];
+    u32* owner = owners[warp];
     const u64 mask = PQ_SNAPPY_RING - 1;
     // A copy reads the ring when its source cannot be a slot this step overwrites.
     const u64 ring_reach = PQ_SNAPPY_RING - 32;
@@ -128,8 +140,8 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(con
         }
         u64 out = 0, flushed = 0;
         u32 code = 0;
-        while (pos < n && code == 0) {
-            // The element at byte pos + lane, if one starts there: its output
+        while (pos < n) {
+            // 1. The element at byte pos + lane, if one starts there: its output
             // length, copy offset, and kind | header bytes << 2.
             const u64 q = pos + lane;
             u8 b[5];
@@ -142,8 +154,10 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(con
                 u32 hdr = 1;
                 if (l >= 60) {
                     const u32 extra = (u32)l - 59;
-                    l = 0;
-                    for (u32 k = 0; k < extra; ++k) l |= (u64)b[1 + k] << (8 * k);
+                    l = b[1];
+                    if (extra > 1) l |= (u64)b[2] << 8;
+                    if (extra > 2) l |= (u64)b[3] << 16;
+                    if (extra > 3) l |= (u64)b[4] << 24;
                     hdr += extra;
                 }
                 length = l + 1;
@@ -166,46 +180,90 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(con
                 meta = 3 | (5 << 2);
                 break;
             }
-            // Run the chain of elements from the window's first byte.
-            u32 cur = 0;
-            while (cur < lanes && pos < n) {
-                const u64 e_len = __shfl_sync(0xffffffffu, length, cur);
-                const u64 e_off = __shfl_sync(0xffffffffu, offset, cur);
-                const u32 e_meta = __shfl_sync(0xffffffffu, meta, cur);
-                const bool literal = (e_meta & 3) == 0;
-                const u64 hdr = e_meta >> 2;
-                const u64 used = literal ? hdr + e_len : hdr;
-                if (used > n - pos || e_len > cap - out || (!literal && (e_off == 0 || e_off > out))) {
-                    code = PQ_ERR_SNAPPY;
-                    break;
-                }
-                const u64 lit = pos + hdr;
-                for (u64 c = 0; c < e_len; c += lanes) {
-                    const u64 o = out + c;
-                    if (lane < e_len - c) {
-                        u8 v;
-                        if (literal) {
-                            v = src[lit + c + lane];
-                        } else {
-                            // Byte o + lane of a copy equals byte o - off + (lane mod off):
-                            // always before o, so written by an earlier step.
-                            const u64 s = o - e_off + (lane < e_off ? lane : lane % (u32)e_off);
-                            v = e_off <= ring_reach ? ring[s & mask] : dst[s];
-                        }
-                        ring[(o + lane) & mask] = v;
-                    }
-                    __syncwarp();
-                    const u64 done = o + (e_len - c < lanes ? e_len - c : lanes);
-                    if (done - flushed >= PQ_SNAPPY_RING / 2) {
-                        for (u64 i = flushed + lane; i < done; i += lanes) dst[i] = ring[i & mask];
-                        flushed = done;
-                        __syncwarp();
-                    }
-                }
-                out += e_len;
-                pos += used;
-                cur += used < lanes ? (u32)used : lanes;
+            const bool literal = (meta & 3) == 0;
+            const u64 used = literal ? (meta >> 2) + length : (meta >> 2);
+            // The chain from the window's first byte, and the input it consumes.
+            u32 chain = 0, cur = 0;
+            u64 consumed = 0;
+            while (cur < lanes && pos + cur < n) {
+                chain |= 1u << cur;
+                const u64 u = __shfl_sync(full, used, cur);
+                consumed = cur + u;
+                cur = u < lanes - cur ? cur + (u32)u : lanes;
             }
+            const bool on_chain = (chain >> lane) & 1;
+            // Output offsets: a scan of the chain elements' lengths.
+            const u64 mine = on_chain ? length : 0;
+            u64 incl = mine;
+            for (u32 d = 1; d < lanes; d <<= 1) {
+                const u64 y = __shfl_up_sync(full, incl, d);
+                if (lane >= d) incl += y;
+            }
+            const u64 total = __shfl_sync(full, incl, lanes - 1);
+            const u64 start = out + incl - mine;  // the element's first output byte
+            const bool bad = on_chain && (used > n - q || start > cap || length > cap - start || (!literal && (offset == 0 || offset > start)));
+            if (__ballot_sync(full, bad) != 0) {
+                code = PQ_ERR_SNAPPY;
+                break;
+            }
+            // 2. The window's output, a byte per lane.
+            for (u64 s0 = out; s0 < out + total; s0 += lanes) {
+                const u64 at = s0 + lane;
+                const bool active = at < out + total;
+                owner[lane] = 0;
+                __syncwarp();
+                if (on_chain && start < s0 + lanes && start + length > s0) owner[start > s0 ? start - s0 : 0] = lane;
+                __syncwarp();
+                // The element holding byte `at`: the last claim at or before it.
+                u32 o = owner[lane];
+                for (u32 d = 1; d < lanes; d <<= 1) {
+                    const u32 y = __shfl_up_sync(full, o, d);
+                    if (lane >= d && y > o) o = y;
+                }
+                const u64 e_start = __shfl_sync(full, start, o);
+                const u64 e_off = __shfl_sync(full, (u64)offset, o);
+                const u32 e_meta = __shfl_sync(full, meta, o);
+                u32 v = 0, from_lane = lane;
+                bool done = !active;
+                if (active) {
+                    if ((e_meta & 3) == 0) {
+                        v = src[pos + o + (e_meta >> 2) + (at - e_start)];
+                        done = true;
+                    } else {
+                        const u64 from = at - e_off;
+                        if (from < s0) {
+                            v = e_off <= ring_reach ? ring[from & mask] : dst[from];
+                            done = true;
+                        } else {
+                            from_lane = (u32)(from - s0);
+                        }
+                    }
+                }
+                for (u32 r = 1; r <= lanes; r <<= 1) {
+                    const u32 src_v = __shfl_sync(full, v, from_lane);
+                    const u32 src_done = __shfl_sync(full, (u32)done, from_lane);
+                    const u32 src_from = __shfl_sync(full, from_lane, from_lane);
+                    if (!done) {
+                        if (src_done) {
+                            v = src_v;
+                            done = true;
+                        } else {
+                            from_lane = src_from;
+                        }
+                    }
+                }
+                if (active) ring[at & mask] = (u8)v;
+                __syncwarp();
+                // 3. Flush half a ring.
+                const u64 end = s0 + lanes < out + total ? s0 + lanes : out + total;
+                if (end - flushed >= PQ_SNAPPY_RING / 2) {
+                    for (u64 i = flushed + lane; i < end; i += lanes) dst[i] = ring[i & mask];
+                    flushed = end;
+                    __syncwarp();
+                }
+            }
+            out += total;
+            pos += consumed;
         }
         for (u64 i = flushed + lane; i < out; i += lanes) dst[i] = ring[i & mask];
         __syncwarp();

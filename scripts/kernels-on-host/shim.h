@@ -14,7 +14,7 @@ static inline void __syncwarp(unsigned = 0xffffffffu) {}
 template <class T> T __shfl_down_sync(unsigned, T v, int) { return v; }
 template <class T> T __shfl_up_sync(unsigned, T v, int) { return v; }
 template <class T> T __shfl_sync(unsigned, T v, int) { return v; }
-static inline unsigned __ballot_sync(unsigned, int) { return 0; }
+static inline unsigned __ballot_sync(unsigned, int p) { return p ? 1u : 0u; }
 static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { auto o = *p; if (v < o) *p = v; return o; }
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }
 static inline unsigned atomicOr(unsigned* p, unsigned v) { auto o = *p; *p |= v; return o; }

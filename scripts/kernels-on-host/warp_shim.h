@@ -25,9 +25,24 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
     warp_barrier->arrive_and_wait();
     return r;
 }
+template <class T> T __shfl_up_sync(unsigned, T v, unsigned d) {
+    if (blockDim.x == 1) return v;
+    shfl_slots[threadIdx.x] = (unsigned long long)v;
+    warp_barrier->arrive_and_wait();
+    T r = threadIdx.x >= d ? (T)shfl_slots[threadIdx.x - d] : v;
+    warp_barrier->arrive_and_wait();
+    return r;
+}
 template <class T> T __shfl_down_sync(unsigned, T v, int) { return v; }
-template <class T> T __shfl_up_sync(unsigned, T v, int) { return v; }
-static inline unsigned __ballot_sync(unsigned, int p) { return p ? 1u : 0u; }
+static inline unsigned __ballot_sync(unsigned, int p) {
+    if (blockDim.x == 1) return p ? 1u : 0u;
+    shfl_slots[threadIdx.x] = p ? 1 : 0;
+    warp_barrier->arrive_and_wait();
+    unsigned r = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) r |= (unsigned)shfl_slots[i] << i;
+    warp_barrier->arrive_and_wait();
+    return r;
+}
 static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { auto o = *p; if (v < o) *p = v; return o; }
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }
 static inline unsigned atomicOr(unsigned* p, unsigned v) { auto o = *p; *p |= v; return o; }

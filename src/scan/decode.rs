@@ -19,10 +19,10 @@ use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 const RUNS: usize = 512;
 /// Threads per block of the per-page kernels.
 const BLOCK: u32 = 256;
-/// pq_snappy: warps per block, one page each (each warp holds a 16 KiB ring
-/// of recent output in shared memory: two warps stay under the 48 KiB of
-/// static shared memory a block may have, and seven blocks fit an SM).
-const SNAPPY_WARPS: u32 = 2;
+/// pq_snappy: warps per block, one page each (each warp holds an 8 KiB ring
+/// of recent output in shared memory: four warps stay under the 48 KiB of
+/// static shared memory a block may have, and six blocks, 24 warps, fit an SM).
+const SNAPPY_WARPS: u32 = 4;
 
 fn defines() -> Vec<(String, u64)> {
     vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_WARPS".to_string(), SNAPPY_WARPS as u64)]
@@ -86,8 +86,8 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
     unsafe { gpu.stream().launch_builder(&copy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).launch(per_page) }
         .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
-        // One warp per page, its recent output in shared memory; one thread per
-        // page (SETFUSION_SNAPPY_SERIAL=1) waits on L2 for every copied byte.
+        // One warp per page, 32 output bytes a step; one thread per page
+        // (SETFUSION_SNAPPY_SERIAL=1) waits on L2 for every copied byte.
         let serial = crate::env::snappy_serial();
         let snappy = gpu.function(&KERNEL, if serial { "pq_snappy_serial" } else { "pq_snappy" })?;
         let cfg = if serial {
