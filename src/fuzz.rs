@@ -13,8 +13,8 @@
 //!   = <> < <= > >=) in the same shapes and contexts;
 //! * subqueries whose FROM is a LEFT / RIGHT / FULL join of the correlated
 //!   rows of `b` with `b` (y's columns renamed or sharing x's names), the
-//!   correlation on the preserved or the NULL-supplying side (off with
-//!   `SETFUSION_FUZZ_OUTER=0`).
+//!   correlation on the preserved or the NULL-supplying side (on with
+//!   `SETFUSION_FUZZ_OUTER=1`).
 //!
 //! One round in four draws instead a table of list pairs for 20 random
 //! list-function queries (`set_intersect_all`, `set_except_all`,

@@ -97,13 +97,15 @@ pub fn rewrite_when_enabled(
     plan.transform_up(|p| rewrite(p, &cfg)).map(|t| t.data)
 }
 
-/// The physical plan of `plan`, a subtree of the plan being built, without
-/// DataFusion's physical optimizer: `create_physical_plan` runs it, and the
-/// whole plan is optimized again afterwards. Optimized twice, a hash join's
-/// dynamic filter already exists when JoinSelection runs the second time, and
-/// DataFusion fails ("Cannot swap HashJoinExec inputs after dynamic filters
-/// have been constructed"): a kept LeftMark join under NOT EXISTS with a `<>`
-/// filter did, where plain DataFusion answers.
+/// The physical plan of `plan`, a subtree of the plan being built, optimized
+/// without DataFusion's last filter pushdown (the one that creates dynamic
+/// filters): the whole plan is optimized again afterwards, and a hash join
+/// whose dynamic filter already exists makes the second JoinSelection fail
+/// ("Cannot swap HashJoinExec inputs after dynamic filters have been
+/// constructed"; a kept LeftMark join under NOT EXISTS with a `<>` filter in
+/// CASE did, where plain DataFusion answers). The rest of the optimizer still
+/// runs here: an unoptimized subtree broke the Ballista plans (a sort-merge
+/// join's inputs not co-partitioned).
 pub async fn plan_subtree(
     planner: &dyn datafusion::physical_planner::PhysicalPlanner,
     plan: &datafusion::logical_expr::LogicalPlan,
@@ -112,8 +114,9 @@ pub async fn plan_subtree(
     use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
     match session.as_any().downcast_ref::<SessionState>() {
         Some(state) => {
-            let unoptimized = SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(vec![]).build();
-            planner.create_physical_plan(plan, &unoptimized).await
+            let rules = state.physical_optimizers().iter().filter(|r| r.name() != "FilterPushdown(Post)").cloned().collect();
+            let without_dynamic_filters = SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(rules).build();
+            planner.create_physical_plan(plan, &without_dynamic_filters).await
         }
         None => planner.create_physical_plan(plan, session).await,
     }

@@ -148,7 +148,7 @@ fn device_scan_answers_equal_host_scan() {
         if gpu {
             let plan = explain(&device, limited, false).await;
             assert!(plan.contains("DeviceScanExec"), "{plan}");
-            assert!(plan.lines().any(|l| l.contains("SetSelectExec") && l.contains("fetch=3")), "{plan}");
+            assert!(plan.lines().any(|l| l.contains("SemiJoinExec") && l.contains("fetch=3") && l.contains("dynamic_filter=probe")), "{plan}");
         }
         // Filters stay with DataFusion's scan, and EXPLAIN says why.
         let plan = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)", false).await;
