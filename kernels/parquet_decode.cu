@@ -82,6 +82,37 @@ __device__ __forceinline__ bool pq_uvarint(const u8* s, u64 end, u64* pos, u64* 
     return false;
 }
 
+// Lanes of the warp that decodes a snappy page: 32 on the device (so loops
+// over them unroll); the host harness runs the same code with blockDim.x lanes.
+#ifdef __CUDA_ARCH__
+#define PQ_LANES 32u
+#else
+#define PQ_LANES (blockDim.x < 32 ? blockDim.x : 32u)
+#endif
+
+// pq_snappy's minimum resident blocks per SM (caps its registers).
+#ifndef PQ_SNAPPY_MIN_BLOCKS
+#define PQ_SNAPPY_MIN_BLOCKS 1
+#endif
+
+// Pages larger than this (compressed or not) go to one lane (pq_snappy_one):
+// the warp form keeps offsets in 32 bits, and sums of 32 clamped lengths must
+// not wrap.
+#define PQ_SNAPPY_WARP_MAX (1u << 26)
+
+// OR of v over the warp's lanes.
+__device__ __forceinline__ u32 pq_warp_or(u32 v, u32 lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    (void)lane;
+    return __reduce_or_sync(0xffffffffu, v);
+#else
+    for (u32 d = 1; d < PQ_LANES; d <<= 1) v |= __shfl_sync(0xffffffffu, v, lane ^ d);
+    return v;
+#endif
+}
+
+__device__ bool pq_snappy_one(const u8* src, u64 n, u8* dst, u64 cap, u32* err);
+
 // One warp per SNAPPY page (the launcher's default): the raw snappy stream
 // after the v2 levels decompressed into `body`.
 //
@@ -97,27 +128,33 @@ __device__ __forceinline__ bool pq_uvarint(const u8* s, u64 end, u64* pos, u64* 
 //      is found with one shuffle per element, their output offsets with one
 //      warp scan, and all of them are checked at once.
 //   2. Fill: the window's output, 32 bytes a step, one byte per lane. Each
-//      byte finds its element (a claim table and a max scan), then reads its
-//      literal byte from the input or, for a copy, its source: output before
-//      the step is final (a ring of the page's last PQ_SNAPPY_RING bytes in
-//      shared memory, or `body` further back, written by the flushes), and a
-//      source inside the step is another lane's byte, found by pointer
-//      jumping over shuffles (log2(32) + 1 rounds: a chain of at most 31 hops).
+//      byte finds its element (the last element start at or before it: an OR
+//      of the starts' bits and a table of their lanes), then reads its literal
+//      byte from the input or, for a copy, its source: output before the step
+//      is final (a ring of the page's last PQ_SNAPPY_RING bytes in shared
+//      memory, or `body` further back, written by the flushes), and a source
+//      inside the step is another lane's byte, found by pointer jumping over
+//      shuffles until every lane has its byte (one packed word a round; a
+//      chain of at most 31 hops takes at most 6 rounds).
 //   3. Every half ring, the output is flushed to `body` in coalesced stores.
+// Offsets within the page are 32-bit (fewer registers and instructions: the
+// warps resident on an SM, not the instructions, bound this kernel).
 // All control flow is uniform in the warp. With one thread (the host harness)
 // the same steps run a byte at a time; scripts/kernels-on-host/parquet-warp.sh
 // runs them as an emulated warp of several threads.
-extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
+extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN_BLOCKS) pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
     __shared__ u8 rings[PQ_SNAPPY_WARPS][PQ_SNAPPY_RING];
     __shared__ u32 owners[PQ_SNAPPY_WARPS][32];
     const u32 full = 0xffffffffu;
-    const u32 lanes = blockDim.x < 32 ? blockDim.x : 32;
+    const u32 lanes = PQ_LANES;
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
     u8* ring = rings[warp];
     u32* owner = owners[warp];
-    const u64 mask = PQ_SNAPPY_RING - 1;
+    const u32 mask = PQ_SNAPPY_RING - 1;
     // A copy reads the ring when its source cannot be a slot this step overwrites.
-    const u64 ring_reach = PQ_SNAPPY_RING - 32;
+    const u32 ring_reach = PQ_SNAPPY_RING - 32;
+    // This lane's bit and those below it.
+    const u32 upto = full >> (31 - lane);
     for (u64 pi = (u64)blockIdx.x * warps + warp; pi < npages; pi += (u64)gridDim.x * warps) {
         const PqPage p = pages[pi];
         if (p.codec != 1) continue;
@@ -126,11 +163,16 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(con
             continue;
         }
         const u8* src = raw + p.src + p.levels_len;
-        const u64 n = p.src_len - p.levels_len;
         u8* dst = body + p.dst + p.levels_len;
-        const u64 cap = p.dst_len - p.levels_len;
-        u64 pos = 0, len = 0;
-        if (!pq_uvarint(src, n, &pos, &len)) {
+        if (p.src_len - p.levels_len > PQ_SNAPPY_WARP_MAX || p.dst_len - p.levels_len > PQ_SNAPPY_WARP_MAX) {
+            if (lane == 0) pq_snappy_one(src, p.src_len - p.levels_len, dst, p.dst_len - p.levels_len, err);
+            __syncwarp();
+            continue;
+        }
+        const u32 n = (u32)(p.src_len - p.levels_len);
+        const u32 cap = (u32)(p.dst_len - p.levels_len);
+        u64 pos64 = 0, len = 0;
+        if (!pq_uvarint(src, n, &pos64, &len)) {
             if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY);
             continue;
         }
@@ -138,134 +180,135 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS) pq_snappy(con
             if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
             continue;
         }
-        u64 out = 0, flushed = 0;
-        u32 code = 0;
+        u32 pos = (u32)pos64, out = 0, flushed = 0, code = 0;
         while (pos < n) {
             // 1. The element at byte pos + lane, if one starts there: its output
-            // length, copy offset, and kind | header bytes << 2.
-            const u64 q = pos + lane;
+            // length (clamped: longer is corrupt anyway), and `base`: for a
+            // literal, output byte x's input position is base + x (mod 2^32);
+            // for a copy, its offset.
+            const u32 q = pos + lane;
             u8 b[5];
-            for (int k = 0; k < 5; ++k) b[k] = q + k < n ? src[q + k] : 0;
-            u64 length;
-            u32 offset = 0, meta;
+#pragma unroll
+            for (u32 k = 0; k < 5; ++k) b[k] = q + k < n ? src[q + k] : 0;
+            u32 length, offset = 0, hdr;
+            const bool literal = (b[0] & 3) == 0;
             switch (b[0] & 3) {
             case 0: {
-                u64 l = b[0] >> 2;
-                u32 hdr = 1;
+                u32 l = b[0] >> 2;
+                hdr = 1;
                 if (l >= 60) {
-                    const u32 extra = (u32)l - 59;
+                    const u32 extra = l - 59;
                     l = b[1];
-                    if (extra > 1) l |= (u64)b[2] << 8;
-                    if (extra > 2) l |= (u64)b[3] << 16;
-                    if (extra > 3) l |= (u64)b[4] << 24;
+                    if (extra > 1) l |= (u32)b[2] << 8;
+                    if (extra > 2) l |= (u32)b[3] << 16;
+                    if (extra > 3) l |= (u32)b[4] << 24;
                     hdr += extra;
                 }
-                length = l + 1;
-                meta = hdr << 2;
+                length = l < PQ_SNAPPY_WARP_MAX ? l + 1 : PQ_SNAPPY_WARP_MAX + 1;
                 break;
             }
             case 1:
                 length = 4 + ((b[0] >> 2) & 7);
                 offset = ((u32)(b[0] >> 5) << 8) | b[1];
-                meta = 1 | (2 << 2);
+                hdr = 2;
                 break;
             case 2:
                 length = 1 + (b[0] >> 2);
                 offset = (u32)b[1] | ((u32)b[2] << 8);
-                meta = 2 | (3 << 2);
+                hdr = 3;
                 break;
             default:
                 length = 1 + (b[0] >> 2);
                 offset = (u32)b[1] | ((u32)b[2] << 8) | ((u32)b[3] << 16) | ((u32)b[4] << 24);
-                meta = 3 | (5 << 2);
+                hdr = 5;
                 break;
             }
-            const bool literal = (meta & 3) == 0;
-            const u64 used = literal ? (meta >> 2) + length : (meta >> 2);
-            // The chain from the window's first byte, and the input it consumes.
+            const u32 used = literal ? hdr + length : hdr;
+            // The chain from the window's first byte, four elements a shuffle:
+            // each lane knows the starts of the 1st to 4th elements after its
+            // own (`lanes`: past the window).
+            const u32 n1 = used < lanes - lane ? lane + used : lanes;
+            const u32 g2 = __shfl_sync(full, n1, n1 & 31), n2 = n1 < lanes ? g2 : lanes;
+            const u32 g3 = __shfl_sync(full, n1, n2 & 31), n3 = n2 < lanes ? g3 : lanes;
+            const u32 g4 = __shfl_sync(full, n2, n2 & 31), n4 = n2 < lanes ? g4 : lanes;
+            const u32 hops = n1 | n2 << 8 | n3 << 16 | n4 << 24;
             u32 chain = 0, cur = 0;
-            u64 consumed = 0;
             while (cur < lanes && pos + cur < n) {
                 chain |= 1u << cur;
-                const u64 u = __shfl_sync(full, used, cur);
-                consumed = cur + u;
-                cur = u < lanes - cur ? cur + (u32)u : lanes;
+                const u32 h = __shfl_sync(full, hops, cur);
+                const u32 a1 = h & 0xff, a2 = (h >> 8) & 0xff, a3 = (h >> 16) & 0xff;
+                const bool ok1 = a1 < lanes && pos + a1 < n;
+                const bool ok2 = ok1 && a2 < lanes && pos + a2 < n;
+                const bool ok3 = ok2 && a3 < lanes && pos + a3 < n;
+                if (ok1) chain |= 1u << a1;
+                if (ok2) chain |= 1u << a2;
+                if (ok3) chain |= 1u << a3;
+                cur = ok3 ? h >> 24 : lanes;
             }
+            // The input the chain consumes: to the end of its last element.
+            const u32 last = 31 - __clz(chain);
+            const u32 consumed = last + __shfl_sync(full, used, last);
             const bool on_chain = (chain >> lane) & 1;
             // Output offsets: a scan of the chain elements' lengths.
-            const u64 mine = on_chain ? length : 0;
-            u64 incl = mine;
+            const u32 mine = on_chain ? length : 0;
+            u32 incl = mine;
+#pragma unroll
             for (u32 d = 1; d < lanes; d <<= 1) {
-                const u64 y = __shfl_up_sync(full, incl, d);
+                const u32 y = __shfl_up_sync(full, incl, d);
                 if (lane >= d) incl += y;
             }
-            const u64 total = __shfl_sync(full, incl, lanes - 1);
-            const u64 start = out + incl - mine;  // the element's first output byte
+            const u32 total = __shfl_sync(full, incl, lanes - 1);
+            const u32 start = out + incl - mine;  // the element's first output byte
             const bool bad = on_chain && (used > n - q || start > cap || length > cap - start || (!literal && (offset == 0 || offset > start)));
             if (__ballot_sync(full, bad) != 0) {
                 code = PQ_ERR_SNAPPY;
                 break;
             }
+            const u32 literals = __ballot_sync(full, literal);
+            const u32 base = literal ? q + hdr - start : offset;
             // 2. The window's output, a byte per lane.
-            for (u64 s0 = out; s0 < out + total; s0 += lanes) {
-                const u64 at = s0 + lane;
-                const bool active = at < out + total;
-                owner[lane] = 0;
+            const u32 end = out + total;
+            for (u32 s0 = out; s0 < end; s0 += lanes) {
+                const u32 at = s0 + lane;
+                const bool active = at < end;
+                // Each element overlapping the step marks its first byte in it;
+                // byte `at` belongs to the last mark at or before it.
+                const bool marks = on_chain && start < s0 + lanes && start + length > s0;
+                const u32 m = start > s0 ? start - s0 : 0;
+                const u32 starts = pq_warp_or(marks ? 1u << m : 0u, lane);
+                if (marks) owner[m] = lane;
                 __syncwarp();
-                if (on_chain && start < s0 + lanes && start + length > s0) owner[start > s0 ? start - s0 : 0] = lane;
-                __syncwarp();
-                // The element holding byte `at`: the last claim at or before it.
-                u32 o = owner[lane];
-                for (u32 d = 1; d < lanes; d <<= 1) {
-                    const u32 y = __shfl_up_sync(full, o, d);
-                    if (lane >= d && y > o) o = y;
-                }
-                const u64 e_start = __shfl_sync(full, start, o);
-                const u64 e_off = __shfl_sync(full, (u64)offset, o);
-                const u32 e_meta = __shfl_sync(full, meta, o);
-                u32 v = 0, from_lane = lane;
-                bool done = !active;
+                const u32 o = owner[31 - __clz(starts & upto)];
+                const u32 e_base = __shfl_sync(full, base, o);
+                // v | 1 << 31 once this lane has its byte, else the lane that has it.
+                u32 got = 1u << 31;
                 if (active) {
-                    if ((e_meta & 3) == 0) {
-                        v = src[pos + o + (e_meta >> 2) + (at - e_start)];
-                        done = true;
+                    if ((literals >> o) & 1) {
+                        got |= src[e_base + at];
                     } else {
-                        const u64 from = at - e_off;
-                        if (from < s0) {
-                            v = e_off <= ring_reach ? ring[from & mask] : dst[from];
-                            done = true;
-                        } else {
-                            from_lane = (u32)(from - s0);
-                        }
+                        const u32 from = at - e_base;
+                        if (from < s0) got |= e_base <= ring_reach ? ring[from & mask] : dst[from];
+                        else got = from - s0;
                     }
                 }
-                for (u32 r = 1; r <= lanes; r <<= 1) {
-                    const u32 src_v = __shfl_sync(full, v, from_lane);
-                    const u32 src_done = __shfl_sync(full, (u32)done, from_lane);
-                    const u32 src_from = __shfl_sync(full, from_lane, from_lane);
-                    if (!done) {
-                        if (src_done) {
-                            v = src_v;
-                            done = true;
-                        } else {
-                            from_lane = src_from;
-                        }
-                    }
+                while (__ballot_sync(full, !(got >> 31)) != 0) {
+                    const u32 there = __shfl_sync(full, got, got & 31);
+                    if (!(got >> 31)) got = there;
                 }
-                if (active) ring[at & mask] = (u8)v;
+                if (active) ring[at & mask] = (u8)got;
                 __syncwarp();
                 // 3. Flush half a ring.
-                const u64 end = s0 + lanes < out + total ? s0 + lanes : out + total;
-                if (end - flushed >= PQ_SNAPPY_RING / 2) {
-                    for (u64 i = flushed + lane; i < end; i += lanes) dst[i] = ring[i & mask];
-                    flushed = end;
+                const u32 done = s0 + lanes < end ? s0 + lanes : end;
+                if (done - flushed >= PQ_SNAPPY_RING / 2) {
+                    for (u32 i = flushed + lane; i < done; i += lanes) dst[i] = ring[i & mask];
+                    flushed = done;
                     __syncwarp();
                 }
             }
-            out += total;
+            out = end;
             pos += consumed;
         }
-        for (u64 i = flushed + lane; i < out; i += lanes) dst[i] = ring[i & mask];
+        for (u32 i = flushed + lane; i < out; i += lanes) dst[i] = ring[i & mask];
         __syncwarp();
         if (lane == 0) {
             if (code != 0) pq_fail(err, code);

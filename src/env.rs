@@ -147,12 +147,33 @@ pub fn fuzz_queries() -> Option<usize> {
     parsed("SETFUSION_FUZZ_QUERIES")
 }
 
-/// `SETFUSION_FUZZ_OUTER=1`: the fuzzer also puts outer joins inside
-/// correlated subqueries. Off by default: with them, the GPU run of
-/// tests/all's fuzz (seed 20261124) grew past 120 GB of host memory and was
-/// killed on the GPU machine (not yet traced to its query).
+/// `SETFUSION_FUZZ_OUTER=0`: the fuzzer leaves out its outer joins inside
+/// correlated subqueries (on by default). A GPU run of tests/all's fuzz with
+/// them once grew past 120 GB of host memory; the same run through
+/// `setfusion fuzz` with a per-query trace (`SETFUSION_FUZZ_TRACE`) stayed
+/// small and agreed, so they are on again.
 pub fn fuzz_outer_joins() -> bool {
-    std::env::var_os("SETFUSION_FUZZ_OUTER").is_some_and(|v| v == "1")
+    std::env::var_os("SETFUSION_FUZZ_OUTER").is_none_or(|v| v != "0")
+}
+
+/// `SETFUSION_FUZZ_TRACE`: a file the fuzz appends each query to (round,
+/// backend, SQL) before running it, so a run that dies (out of memory, a
+/// crash) leaves its last query behind.
+pub fn fuzz_trace() -> Option<PathBuf> {
+    path("SETFUSION_FUZZ_TRACE")
+}
+
+/// `SETFUSION_KERNEL_SOURCE_DIR`: read each kernel family's `.cu` file (and
+/// `common.cuh`) from this folder at run time instead of the copy built into
+/// the binary, to try kernel changes on a machine without a Rust toolchain.
+/// A family whose file is missing there uses the built-in copy.
+pub fn kernel_source_dir() -> Option<PathBuf> {
+    path("SETFUSION_KERNEL_SOURCE_DIR")
+}
+
+/// `SETFUSION_SNAPPY_WARPS`: warps a block of `pq_snappy` (one page each; default 4).
+pub fn snappy_warps() -> Option<u32> {
+    parsed("SETFUSION_SNAPPY_WARPS")
 }
 
 /// `SETFUSION_ROOT`: the repository root the tests read `sql-tests/` from (else the crate's own).

@@ -13,8 +13,8 @@
 //!   = <> < <= > >=) in the same shapes and contexts;
 //! * subqueries whose FROM is a LEFT / RIGHT / FULL join of the correlated
 //!   rows of `b` with `b` (y's columns renamed or sharing x's names), the
-//!   correlation on the preserved or the NULL-supplying side (on with
-//!   `SETFUSION_FUZZ_OUTER=1`).
+//!   correlation on the preserved or the NULL-supplying side (off with
+//!   `SETFUSION_FUZZ_OUTER=0`).
 //!
 //! One round in four draws instead a table of list pairs for 20 random
 //! list-function queries (`set_intersect_all`, `set_except_all`,
@@ -613,6 +613,7 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
             // Does plain DataFusion fail on it too (asked once, on the first error)?
             let mut plain_fails: Option<bool> = None;
             for (backend, ctx) in &contexts {
+                trace_query(report.rounds, backend, &sql);
                 let what = match (collect(ctx, &sql).await, &want) {
                     (Ok(got), Ok(want)) if got == *want => continue,
                     (Ok(got), Ok(want)) => format!("{} rows, expected {}", got.len(), want.len()),
@@ -639,6 +640,16 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         }
     }
     Ok(report)
+}
+
+/// Appends the query about to run to `SETFUSION_FUZZ_TRACE`'s file (flushed:
+/// the line stays when the process dies on the query).
+fn trace_query(round: usize, backend: &str, sql: &str) {
+    use std::io::Write;
+    let Some(path) = crate::env::fuzz_trace() else { return };
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        let _ = writeln!(f, "round {round} {backend}: {sql}");
+    }
 }
 
 fn mismatch(opts: &FuzzOptions, round: usize, backend: &str, sql: &str, stmts: &[String], what: &str) -> DataFusionError {
@@ -829,6 +840,7 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
         };
         want.sort();
         for (backend, ctx) in &contexts {
+            trace_query(round, backend, &sql);
             let got = collect(ctx, &sql).await.map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
             if got != want {
                 let first = got.iter().zip(&want).find(|(p, q)| p != q).map(|(p, q)| format!(": got {p:?}, expected {q:?}")).unwrap_or_default();
@@ -890,6 +902,7 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
         };
         want.sort();
         for (backend, ctx) in &contexts {
+            trace_query(round, backend, &sql);
             let got = collect(ctx, &sql).await.map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
             if got != want {
                 return Err(list_mismatch(opts, round, backend, &sql, &what, &format!("{} rows, expected {}", got.len(), want.len())));

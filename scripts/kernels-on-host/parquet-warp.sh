@@ -14,7 +14,10 @@ lanes="${1:-4}"; step="${2:-3}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 mkdir -p "$out/fixtures"
-(cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+# PQ_FIXTURES: a folder of fixtures already written (skips the cargo step).
+if [ -n "${PQ_FIXTURES:-}" ]; then cp -r "$PQ_FIXTURES"/. "$out/fixtures/"; else
+  (cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+fi
 {
   echo '#include "warp_shim.h"'
   sed '/#pragma once/d' "$root/kernels/common.cuh"

@@ -12,7 +12,10 @@ root="$here/../.."
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 mkdir -p "$out/fixtures"
-(cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+# PQ_FIXTURES: a folder of fixtures already written (skips the cargo step).
+if [ -n "${PQ_FIXTURES:-}" ]; then cp -r "$PQ_FIXTURES"/. "$out/fixtures/"; else
+  (cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+fi
 {
   echo '#include "shim.h"'
   echo 'static inline unsigned atomicMax(unsigned* p, unsigned v) { auto o = *p; if (v > o) *p = v; return o; }'

@@ -67,18 +67,10 @@ fn side_keys(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
     match side {
-        Side::Device(scan) => {
-            let (decoded, report) = match crate::scan::scan_to_device(g, scan.files(), scan.column(), scan.data_type(), keep, cache_limit, ahead, stats)? {
-                Ok(d) => d,
-                Err(why) => return Ok(Err(why.0)),
-            };
-            let n = decoded.rows;
-            let nulls = match decoded.valid {
-                Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, valid)),
-                None => None,
-            };
-            Ok(Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report) }))
-        }
+        Side::Device(scan) => match crate::scan::scan_to_device(g, scan.files(), scan.column(), scan.data_type(), keep, cache_limit, ahead, stats)? {
+            Ok(d) => Ok(Ok(device_side(g, d, stats)?)),
+            Err(why) => Ok(Err(why.0)),
+        },
         Side::Host(batches, expr) => {
             let cols = key_columns(&batches, std::slice::from_ref(&expr))?;
             let types = [key_type.clone()];
@@ -106,6 +98,16 @@ fn side_keys(
     }
 }
 
+/// A device-scanned side's keys, with its NULLs as a host buffer too.
+fn device_side(g: &Gpu, (decoded, report): (crate::scan::DeviceDecoded, ScanReport), stats: &mut TransferStats) -> Result<SideKeys> {
+    let n = decoded.rows;
+    let nulls = match decoded.valid {
+        Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, valid)),
+        None => None,
+    };
+    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report) })
+}
+
 fn describe(which: &str, r: &ScanReport) -> String {
     if let Some(hit @ crate::scan::CacheUse::Hit { .. }) = r.cache {
         return format!("{which}: {} rows, {hit} (copied in {:.1} ms)", r.rows, r.upload.as_secs_f64() * 1e3);
@@ -122,7 +124,8 @@ fn describe(which: &str, r: &ScanReport) -> String {
         r.upload.as_secs_f64() * 1e3,
         r.decode.as_secs_f64() * 1e3,
         r.bytes_decoded as f64 / secs / 1e9,
-    ) + &cache
+    ) + if r.decoded_with_other { " (both sides decoded in one launch)" } else { "" }
+        + &cache
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -156,13 +159,31 @@ pub(crate) fn select_device_scanned(
         }
         _ => None,
     };
-    let probe = match side_keys(&g, probe, key_type, keep, cfg.cache_limit.0, None, &mut stats)? {
-        Ok(k) => k,
-        Err(why) => return Ok(Err(format!("probe side: {why}"))),
-    };
-    let build = match side_keys(&g, build, key_type, None, cfg.cache_limit.0, ahead, &mut stats)? {
-        Ok(k) => k,
-        Err(why) => return Ok(Err(format!("build side: {why}"))),
+    // Both sides read from their files (neither in the column cache): one
+    // upload buffer and one decode launch for the two, so the launches'
+    // tails (their largest pages) overlap. Otherwise side by side.
+    let cached = |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
+    let (probe, build) = match (&probe, &build) {
+        (Side::Device(p), Side::Device(b)) if !cached(p) && !cached(b) => {
+            fn side(s: &DeviceScanExec, keep: Option<(i64, i64)>) -> crate::scan::PairSide<'_> {
+                crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
+            }
+            match crate::scan::scan_pair_to_device(&g, [side(p, keep), side(b, None)], cfg.cache_limit.0, ahead, &mut stats)? {
+                Ok([dp, db]) => (device_side(&g, dp, &mut stats)?, device_side(&g, db, &mut stats)?),
+                Err((i, why)) => return Ok(Err(format!("{} side: {}", ["probe", "build"][i], why.0))),
+            }
+        }
+        _ => {
+            let probe = match side_keys(&g, probe, key_type, keep, cfg.cache_limit.0, None, &mut stats)? {
+                Ok(k) => k,
+                Err(why) => return Ok(Err(format!("probe side: {why}"))),
+            };
+            let build = match side_keys(&g, build, key_type, None, cfg.cache_limit.0, ahead, &mut stats)? {
+                Ok(k) => k,
+                Err(why) => return Ok(Err(format!("build side: {why}"))),
+            };
+            (probe, build)
+        }
     };
     let reports: Vec<(String, ScanReport)> =
         [("probe", &probe.report), ("build", &build.report)].into_iter().filter_map(|(w, r)| r.clone().map(|r| (w.to_string(), r))).collect();

@@ -85,8 +85,13 @@ fn nvrtc_version() -> (i32, i32) {
 
 /// Full source text of a family, with the shared header inlined (NVRTC has no
 /// file system access to our `kernels/` folder once the binary is installed).
+/// With `SETFUSION_KERNEL_SOURCE_DIR` set, the family's file and the header
+/// are read from there (a development knob; see [`crate::env::kernel_source_dir`]).
 pub fn full_source(k: &KernelSource) -> String {
-    k.source.replace("#include \"common.cuh\"", COMMON)
+    let from_dir = |name: &str| crate::env::kernel_source_dir().and_then(|d| std::fs::read_to_string(d.join(name)).ok());
+    let source = from_dir(&format!("{}.cu", k.family)).unwrap_or_else(|| k.source.to_string());
+    let common = from_dir("common.cuh").unwrap_or_else(|| COMMON.to_string());
+    source.replace("#include \"common.cuh\"", &common)
 }
 
 /// The cache key of a family's code: source, architecture, driver and NVRTC versions.

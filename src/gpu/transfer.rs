@@ -73,9 +73,14 @@ impl Gpu {
     /// The first `len` elements of `src` in a new device buffer (a copy on
     /// the device, ordered on this device's stream like everything else).
     pub fn copy_on_device<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize) -> Result<DeviceBuffer<T>> {
+        self.copy_range_on_device(src, 0, len)
+    }
+
+    /// Elements `from..from + len` of `src` in a new device buffer.
+    pub fn copy_range_on_device<T: Pod>(&self, src: &DeviceBuffer<T>, from: usize, len: usize) -> Result<DeviceBuffer<T>> {
         let mut dst = self.alloc::<T>(len)?;
         if len > 0 {
-            self.stream.memcpy_dtod(&src.slice.slice(..len), &mut dst.slice).map_err(|e| super::cuda_err("cuMemcpyDtoD", e))?;
+            self.stream.memcpy_dtod(&src.slice.slice(from..from + len), &mut dst.slice).map_err(|e| super::cuda_err("cuMemcpyDtoD", e))?;
         }
         Ok(dst)
     }

@@ -114,7 +114,9 @@ pub async fn plan_subtree(
     use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
     match session.as_any().downcast_ref::<SessionState>() {
         Some(state) => {
-            let rules = state.physical_optimizers().iter().filter(|r| r.name() != "FilterPushdown(Post)").cloned().collect();
+            use datafusion::physical_optimizer::{filter_pushdown::FilterPushdown, PhysicalOptimizerRule};
+            let last_pushdown = FilterPushdown::new_post_optimization();
+            let rules = state.physical_optimizers().iter().filter(|r| r.name() != last_pushdown.name()).cloned().collect();
             let without_dynamic_filters = SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(rules).build();
             planner.create_physical_plan(plan, &without_dynamic_filters).await
         }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
-use super::pages::{PageTable, PqPage, CODEC_SNAPPY, ENC_DICT, KIND_DICT, KIND_V2, NO_DICT};
+use super::pages::{PageTable, PqPage, CODEC_NONE, CODEC_SNAPPY, ENC_DICT, KIND_DICT, KIND_V2, NO_DICT};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// Hybrid-stream runs per batch in the decode kernel's shared memory.
@@ -24,8 +24,13 @@ const BLOCK: u32 = 256;
 /// static shared memory a block may have, and six blocks, 24 warps, fit an SM).
 const SNAPPY_WARPS: u32 = 4;
 
+/// Warps a block of `pq_snappy`: `SETFUSION_SNAPPY_WARPS` (1 to 32), else [`SNAPPY_WARPS`].
+fn snappy_warps() -> u32 {
+    crate::env::snappy_warps().filter(|w| (1..=32).contains(w)).unwrap_or(SNAPPY_WARPS)
+}
+
 fn defines() -> Vec<(String, u64)> {
-    vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_WARPS".to_string(), SNAPPY_WARPS as u64)]
+    vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_WARPS".to_string(), snappy_warps() as u64)]
 }
 
 /// kernels/parquet_decode.cu, with its contract constants as `-D` options.
@@ -93,8 +98,9 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
         let cfg = if serial {
             LaunchConfig { grid_dim: (npages.div_ceil(64) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 }
         } else {
-            let blocks = npages.div_ceil(SNAPPY_WARPS as u64).min(1 << 20) as u32;
-            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * SNAPPY_WARPS, 1, 1), shared_mem_bytes: 0 }
+            let warps = snappy_warps();
+            let blocks = npages.div_ceil(warps as u64).min(1 << 20) as u32;
+            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 }
         };
         // SAFETY: as above; `err` holds one word.
         unsafe { gpu.stream().launch_builder(&snappy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).arg(&mut err.slice).launch(cfg) }
@@ -127,6 +133,26 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
         return Err(decode_error(code));
     }
     Ok(DeviceDecoded { keys, valid, rows })
+}
+
+/// Two page tables decoded in one launch: `b`'s raw bytes lie at `b_raw_at`
+/// of `raw`, after `a`'s. A launch lasts as long as its largest page (one
+/// warp decompresses a page, and a dictionary page can be several times a
+/// data page), so the two sides' tails overlap instead of adding up.
+pub fn decode_gpu_pair(gpu: &Gpu, raw: &DeviceBuffer<u8>, a: &PageTable, b: &PageTable, b_raw_at: u64, stats: &mut TransferStats) -> Result<(DeviceDecoded, DeviceDecoded)> {
+    let mut both = a.clone();
+    let b_row0 = both.append(b, b_raw_at) as usize;
+    let decoded = decode_gpu(gpu, raw, &both, stats)?;
+    let side = |row0: usize, t: &PageTable| -> Result<DeviceDecoded> {
+        let rows = t.rows as usize;
+        let keys = gpu.copy_range_on_device(&decoded.keys, row0, rows)?;
+        let valid = match (&decoded.valid, t.def_max > 0) {
+            (Some(v), true) => Some(gpu.copy_range_on_device(v, row0 / 32, rows.div_ceil(32))?),
+            _ => None,
+        };
+        Ok(DeviceDecoded { keys, valid, rows })
+    };
+    Ok((side(0, a)?, side(b_row0, b)?))
 }
 
 /// The hybrid RLE / bit-packed stream's runs, as the kernel reads them.
@@ -221,6 +247,39 @@ fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
         Err(_) => return Err(decode_error(1)),
     }
     snap::raw::Decoder::new().decompress(stream, &mut out[levels..]).map_err(|_| decode_error(1))?;
+    Ok(out)
+}
+
+/// Snappy pages at least this large may be decompressed on the host ([`inflate_large_pages`]).
+pub const HOST_INFLATE_MIN: u64 = 256 << 10;
+
+/// Decompress the scan's large SNAPPY pages on host threads: a warp
+/// decompresses one page at ~25 MB/s while the other pages keep the device
+/// busy, so a launch lasts as long as its largest page, where a core does
+/// 1-2 GB/s. (arrow-rs's defaults write a 1 MiB dictionary page before
+/// ~160 KB data pages: those dictionary pages were most of the launch.)
+/// Large: over twice the median snappy page and at least `floor` bytes, so
+/// files whose pages are all alike stay on the device. The bodies
+/// (levels and values) are returned back to back; each inflated page then
+/// reads as UNCOMPRESSED from `at` + its offset in them (the caller uploads
+/// them right after `raw`). Corrupt pages fail as the device would.
+pub fn inflate_large_pages(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Result<Vec<u8>> {
+    let mut sizes: Vec<u64> = t.pages.iter().filter(|p| p.codec == CODEC_SNAPPY).map(|p| p.dst_len).collect();
+    if sizes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mid = sizes.len() / 2;
+    let median = *sizes.select_nth_unstable(mid).1;
+    let large: Vec<usize> = (0..t.pages.len()).filter(|&i| t.pages[i].codec == CODEC_SNAPPY && t.pages[i].dst_len > 2 * median && t.pages[i].dst_len >= floor).collect();
+    let bodies = crate::gpu::par_map(&large, 1, |&i| page_body(raw, &t.pages[i]))?;
+    let mut out = Vec::with_capacity(bodies.iter().map(|b| b.len()).sum());
+    for (&i, body) in large.iter().zip(bodies) {
+        let p = &mut t.pages[i];
+        p.src = at + out.len() as u64;
+        p.src_len = body.len() as u64;
+        p.codec = CODEC_NONE;
+        out.extend_from_slice(&body);
+    }
     Ok(out)
 }
 
@@ -331,5 +390,48 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         pages += table.pages.len();
         rows += table.rows;
     }
-    Ok(format!("{pages} pages, {rows} rows decoded, equal to the CPU twin"))
+    // Every case with its larger pages decompressed on the host first.
+    let mut inflated = 0;
+    for case in super::fixtures::cases() {
+        let (raw, mut table) = super::fixtures::table_of(&case)?;
+        let want = decode_cpu(&raw, &table)?;
+        let extra = inflate_large_pages(&mut table, &raw, raw.len() as u64, 0)?;
+        inflated += table.pages.iter().filter(|p| p.src >= raw.len() as u64).count();
+        let mut stats = TransferStats::default();
+        let mut d_raw = gpu.alloc::<u8>(raw.len() + extra.len())?;
+        gpu.upload_into(&raw, &mut d_raw, 0, &mut stats)?;
+        gpu.upload_into(&extra, &mut d_raw, raw.len(), &mut stats)?;
+        let got = decode_gpu(gpu, &d_raw, &table, &mut stats)?;
+        let keys = gpu.download(&got.keys, got.rows, &mut stats)?;
+        let valid = match &got.valid {
+            Some(v) => Some(gpu.download(v, got.rows.div_ceil(32), &mut stats)?),
+            None => None,
+        };
+        if (Decoded { keys, valid }) != want {
+            return Err(DataFusionError::Internal(format!("parquet_decode: {} with its larger pages decompressed on the host differs from the CPU twin", case.name)));
+        }
+    }
+    // The cases two by two, each pair in one launch (decode_gpu_pair).
+    let cases = super::fixtures::cases();
+    let mut pairs = 0;
+    for (x, y) in cases.iter().zip(cases.iter().cycle().skip(1)) {
+        let ((raw_a, ta), (raw_b, tb)) = (super::fixtures::table_of(x)?, super::fixtures::table_of(y)?);
+        let mut stats = TransferStats::default();
+        let mut d_raw = gpu.alloc::<u8>(raw_a.len() + raw_b.len())?;
+        gpu.upload_into(&raw_a, &mut d_raw, 0, &mut stats)?;
+        gpu.upload_into(&raw_b, &mut d_raw, raw_a.len(), &mut stats)?;
+        let (da, db) = decode_gpu_pair(gpu, &d_raw, &ta, &tb, raw_a.len() as u64, &mut stats)?;
+        for (case, raw, t, d) in [(x, &raw_a, &ta, da), (y, &raw_b, &tb, db)] {
+            let keys = gpu.download(&d.keys, d.rows, &mut stats)?;
+            let valid = match &d.valid {
+                Some(v) => Some(gpu.download(v, d.rows.div_ceil(32), &mut stats)?),
+                None => None,
+            };
+            if (Decoded { keys, valid }) != decode_cpu(raw, t)? {
+                return Err(DataFusionError::Internal(format!("parquet_decode: {} decoded with {} in one launch differs from the CPU twin", case.name, if std::ptr::eq(case, x) { &y.name } else { &x.name })));
+            }
+        }
+        pairs += 1;
+    }
+    Ok(format!("{pages} pages, {rows} rows decoded, equal to the CPU twin; {pairs} pairs of cases decoded in one launch each, and the cases with {inflated} larger pages decompressed on the host, equal too"))
 }

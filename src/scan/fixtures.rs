@@ -168,7 +168,7 @@ pub fn table_of(c: &Case) -> Result<(Vec<u8>, PageTable)> {
     let r = (|| {
         let plan = plan_scan(&[ScanFile { path: path.clone(), ranges: vec![] }], "k", &c.data_type)?
             .map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
-        let raw = read_chunks(&plan)?;
+        let raw = read_chunks(&plan)?.into_vec();
         let table = page_table(&plan, &raw)?.map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
         Ok((raw, table))
     })();

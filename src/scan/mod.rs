@@ -3,7 +3,14 @@
 //! decompressed (SNAPPY) and decoded (PLAIN and dictionary pages, v1 and v2,
 //! NULLs) on the device straight into the selection's 64-bit keys.
 //!
-//! - [`pages`]: footers, column chunks, parallel reads, the page table (host);
+//! Both sides of a selection read from files are uploaded into one buffer
+//! and decoded in one launch ([`scan_pair_to_device`]), and pages much larger
+//! than the rest are decompressed on host threads first
+//! ([`decode::inflate_large_pages`]): one warp decompresses one page, so a
+//! launch lasts as long as its largest page.
+//!
+//! - [`pages`]: footers, column chunks, parallel reads (into buffers kept
+//!   for the next scan), the page table (host);
 //! - [`thrift`]: page headers (thrift compact protocol);
 //! - [`decode`]: `kernels/parquet_decode.cu`'s launcher and its CPU twin;
 //! - [`fixtures`]: files written by arrow-rs with every writer option the scan meets.
@@ -44,14 +51,35 @@ pub struct ScanReport {
     /// Row groups left out by the other side's key range, of all.
     pub row_groups_pruned: usize,
     pub row_groups: usize,
+    /// Decoded in one launch with the other side's pages (`decode` is the launch's).
+    pub decoded_with_other: bool,
 }
 
-/// A scan's host part: the plan, the column chunks' bytes and their page table.
+/// A scan's host part: the plan, the column chunks' bytes, their page table,
+/// and the large pages decompressed on the host (uploaded right after the
+/// chunks: [`decode::inflate_large_pages`]).
 pub struct HostRead {
     plan: pages::ScanPlan,
-    raw: Vec<u8>,
+    raw: pages::ChunkBytes,
+    inflated: Vec<u8>,
     table: pages::PageTable,
     read: Duration,
+}
+
+impl HostRead {
+    /// Bytes to upload: the chunks, then the inflated pages.
+    fn upload_len(&self) -> usize {
+        self.raw.len() + self.inflated.len()
+    }
+
+    /// Upload the chunks and the inflated pages to `dst` from `at`.
+    fn upload_into(&self, gpu: &Gpu, dst: &mut crate::gpu::DeviceBuffer<u8>, at: usize, stats: &mut TransferStats) -> Result<()> {
+        gpu.upload_into(&self.raw[..], dst, at, stats)?;
+        if !self.inflated.is_empty() {
+            gpu.upload_into(&self.inflated, dst, at + self.raw.len(), stats)?;
+        }
+        Ok(())
+    }
 }
 
 /// Plan the scan (the row groups that may hold a key of `keep`, when given),
@@ -63,11 +91,12 @@ pub fn read_on_host(files: &[ScanFile], column: &str, arrow: &DataType, keep: Op
         Err(f) => return Ok(Err(f)),
     };
     let raw = pages::read_chunks(&plan)?;
-    let table = match pages::page_table(&plan, &raw)? {
+    let mut table = match pages::page_table(&plan, &raw)? {
         Ok(t) => t,
         Err(f) => return Ok(Err(f)),
     };
-    Ok(Ok(HostRead { plan, raw, table, read: t.elapsed() }))
+    let inflated = decode::inflate_large_pages(&mut table, &raw, raw.len() as u64, decode::HOST_INFLATE_MIN)?;
+    Ok(Ok(HostRead { plan, raw, inflated, table, read: t.elapsed() }))
 }
 
 /// [`read_on_host`] started on its own thread, so one side's files are read
@@ -140,12 +169,88 @@ pub fn scan_to_device(
     })
 }
 
+/// One side of [`scan_pair_to_device`]: its files, the column, its type as
+/// DataFusion reads it, and the key range whose row groups it reads (None: all).
+pub struct PairSide<'a> {
+    pub files: &'a [ScanFile],
+    pub column: &'a str,
+    pub arrow: &'a DataType,
+    pub keep: Option<(i64, i64)>,
+}
+
+/// Both sides of a selection read from their files onto the device: read on
+/// the host (the second by `ahead` when given, while this thread reads the
+/// first), uploaded into one device buffer, and decoded in one launch
+/// ([`decode::decode_gpu_pair`]: the sides' slowest pages overlap). With
+/// `cache_limit` above 0 the column cache keeps what was decoded (the caller
+/// takes this path only when it holds neither side). `Err((side, why))` when
+/// a side's files hold something the device does not decode.
+pub fn scan_pair_to_device(
+    gpu: &Gpu,
+    sides: [PairSide<'_>; 2],
+    cache_limit: usize,
+    ahead: Option<ReadAhead>,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
+    let [first, second] = &sides;
+    let a = match read_on_host(first.files, first.column, first.arrow, first.keep)? {
+        Ok(h) => h,
+        Err(f) => return Ok(Err((0, f))),
+    };
+    let b = match ahead {
+        Some(x) => x.join()?,
+        None => read_on_host(second.files, second.column, second.arrow, second.keep)?,
+    };
+    let b = match b {
+        Ok(h) => h,
+        Err(f) => return Ok(Err((1, f))),
+    };
+    let t = Instant::now();
+    let mut raw = gpu.alloc::<u8>(a.upload_len() + b.upload_len())?;
+    a.upload_into(gpu, &mut raw, 0, stats)?;
+    let upload_a = t.elapsed();
+    b.upload_into(gpu, &mut raw, a.upload_len(), stats)?;
+    let upload_b = t.elapsed() - upload_a;
+    let b_raw_at = a.upload_len() as u64;
+    let t = Instant::now();
+    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, b_raw_at, stats)?;
+    let decode = t.elapsed();
+    drop(raw);
+    let mut out = Vec::with_capacity(2);
+    for (side, host, upload, d) in [(first, a, upload_a, da), (second, b, upload_b, db)] {
+        let HostRead { plan, raw, table, read, .. } = host;
+        pages::give_back(raw);
+        let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
+            Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep), &d, cache_limit),
+            None => CacheUse::Off,
+        };
+        let report = ScanReport {
+            rows: plan.rows,
+            bytes_read: plan.bytes,
+            bytes_decoded: plan.rows * 8,
+            pages: table.pages.len(),
+            read,
+            upload,
+            decode,
+            cache: Some(cache),
+            row_groups_pruned: plan.row_groups_pruned,
+            row_groups: plan.row_groups,
+            decoded_with_other: true,
+        };
+        out.push((d, report));
+    }
+    let second = out.pop().expect("two sides");
+    let first = out.pop().expect("two sides");
+    Ok(Ok([first, second]))
+}
+
 /// The device part of a scan: the chunks uploaded and decoded.
 fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(DeviceDecoded, ScanReport)> {
-    let HostRead { plan, raw, table, read } = host;
     let t = Instant::now();
-    let d_raw = gpu.upload(&raw, stats)?;
-    crate::gpu::drop_later(raw);
+    let mut d_raw = gpu.alloc::<u8>(host.upload_len())?;
+    host.upload_into(gpu, &mut d_raw, 0, stats)?;
+    let HostRead { plan, raw, table, read, .. } = host;
+    pages::give_back(raw);
     let upload = t.elapsed();
     let t = Instant::now();
     let decoded = decode_gpu(gpu, &d_raw, &table, stats)?;
@@ -160,6 +265,7 @@ fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(De
         cache: None,
         row_groups_pruned: plan.row_groups_pruned,
         row_groups: plan.row_groups,
+        decoded_with_other: false,
     };
     Ok((decoded, report))
 }
@@ -171,10 +277,12 @@ pub fn scan_to_host(files: &[ScanFile], column: &str, arrow: &DataType) -> Resul
         Err(f) => return Ok(Err(f)),
     };
     let raw = pages::read_chunks(&plan)?;
-    match pages::page_table(&plan, &raw)? {
-        Ok(t) => Ok(Ok(decode_cpu(&raw, &t)?)),
-        Err(f) => Ok(Err(f)),
-    }
+    let decoded = match pages::page_table(&plan, &raw)? {
+        Ok(t) => Ok(decode_cpu(&raw, &t)?),
+        Err(f) => Err(f),
+    };
+    pages::give_back(raw);
+    Ok(decoded)
 }
 
 #[cfg(test)]
@@ -247,6 +355,55 @@ mod tests {
         }
         assert!(dict_pages > 0 && plain_pages > 0 && v2_pages > 0 && snappy_pages > 0, "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}");
         assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
+    }
+
+    /// Two page tables appended ([`pages::PageTable::append`], the paired
+    /// device scan's one launch) decode, on the CPU twin, to each side's own
+    /// keys and validity at the rows `append` returns.
+    #[test]
+    fn appended_tables_decode_as_each_side() {
+        let all = cases();
+        for (x, y) in all.iter().zip(all.iter().cycle().skip(1)) {
+            let ((raw_a, ta), (raw_b, tb)) = (table_of(x).unwrap(), table_of(y).unwrap());
+            let (want_a, want_b) = (decode_cpu(&raw_a, &ta).unwrap(), decode_cpu(&raw_b, &tb).unwrap());
+            let mut t = ta.clone();
+            let row0 = t.append(&tb, raw_a.len() as u64) as usize;
+            assert_eq!(row0 % 32, 0);
+            assert!(row0 >= ta.rows as usize && row0 < ta.rows as usize + 32);
+            let raw = [raw_a.as_slice(), raw_b.as_slice()].concat();
+            let got = decode_cpu(&raw, &t).unwrap();
+            let (ra, rb) = (ta.rows as usize, tb.rows as usize);
+            assert_eq!(got.keys.len(), row0 + rb, "{} + {}", x.name, y.name);
+            assert_eq!(&got.keys[..ra], &want_a.keys[..], "{} + {}", x.name, y.name);
+            assert_eq!(&got.keys[row0..], &want_b.keys[..], "{} + {}", x.name, y.name);
+            if let Some(w) = &want_a.valid {
+                assert_eq!(&got.valid.as_ref().unwrap()[..ra.div_ceil(32)], &w[..], "{} + {}", x.name, y.name);
+            }
+            if let Some(w) = &want_b.valid {
+                assert_eq!(&got.valid.as_ref().unwrap()[row0 / 32..], &w[..], "{} + {}", x.name, y.name);
+            }
+        }
+    }
+
+    /// Large pages decompressed on the host ([`decode::inflate_large_pages`],
+    /// no size floor) decode, from the chunks followed by the inflated bodies,
+    /// as before; some case has such a page (a dictionary page beside small
+    /// data pages), and a case whose pages are alike keeps them all.
+    #[test]
+    fn host_inflated_pages_decode_the_same() {
+        let mut inflated = 0;
+        for case in cases() {
+            let (raw, table) = table_of(&case).unwrap();
+            let want = decode_cpu(&raw, &table).unwrap();
+            let mut t = table.clone();
+            let extra = decode::inflate_large_pages(&mut t, &raw, raw.len() as u64, 0).unwrap();
+            let moved = t.pages.iter().filter(|p| p.src >= raw.len() as u64).count();
+            assert!(t.pages.iter().zip(&table.pages).all(|(a, b)| (a.src >= raw.len() as u64) == (a.codec != b.codec)), "{}", case.name);
+            inflated += moved;
+            let both = [raw.as_slice(), extra.as_slice()].concat();
+            assert_eq!(decode_cpu(&both, &t).unwrap(), want, "{}", case.name);
+        }
+        assert!(inflated > 0, "no case has a page over twice its median");
     }
 
     /// With `SETFUSION_WRITE_PQ_FIXTURES=DIR`: every case's raw bytes, page

@@ -171,6 +171,31 @@ pub struct PageTable {
 }
 
 impl PageTable {
+    /// Append `other`'s pages, whose raw bytes lie at `raw_at` of a shared
+    /// upload; its rows start at the returned row (this table's rows rounded
+    /// up to 32, so each table's validity words are its own).
+    pub fn append(&mut self, other: &PageTable, raw_at: u64) -> u64 {
+        let row0 = self.rows.next_multiple_of(32);
+        let first = self.pages.len() as u64;
+        for &p in &other.pages {
+            self.pages.push(PqPage {
+                src: p.src + raw_at,
+                dst: p.dst + self.body_len,
+                first_row: p.first_row + row0,
+                dict: if p.dict == NO_DICT { NO_DICT } else { p.dict + first },
+                lvl_word: p.lvl_word + self.lvl_words,
+                idx_off: p.idx_off + self.idx_len,
+                ..p
+            });
+        }
+        self.body_len += other.body_len;
+        self.lvl_words += other.lvl_words;
+        self.idx_len += other.idx_len;
+        self.rows = row0 + other.rows;
+        self.def_max = self.def_max.max(other.def_max);
+        row0
+    }
+
     /// The table as the kernels read it.
     pub fn flat(&self) -> Vec<u64> {
         self.pages.iter().flat_map(|p| p.fields()).collect()
@@ -268,18 +293,74 @@ pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep
     Ok(Ok(ScanPlan { files: files.iter().map(|f| f.path.clone()).collect(), chunks, rows, width, def_max, bytes, row_groups_pruned, row_groups }))
 }
 
-/// Read every chunk's bytes, back to back, with parallel positioned reads.
-pub fn read_chunks(plan: &ScanPlan) -> Result<Vec<u8>> {
+/// Chunk buffers kept for the next scan ([`read_chunks`], [`give_back`]).
+/// A read into fresh memory faults in every page, and freeing hundreds of MB
+/// holds the address-space lock those faults wait on: most of a warm scan's
+/// read time (100M keys a side) went there. At most [`KEEP_BUFFERS`]
+/// buffers, [`KEEP_BYTES`] in all, wait here.
+static FREE_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const KEEP_BUFFERS: usize = 4;
+const KEEP_BYTES: usize = 4 << 30;
+
+/// A scan's chunk bytes, back to back, at the start of a buffer that may be
+/// longer (one kept from an earlier scan).
+pub struct ChunkBytes {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl std::ops::Deref for ChunkBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl ChunkBytes {
+    /// The bytes alone.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.buf.truncate(self.len);
+        self.buf
+    }
+}
+
+/// A buffer for `len` bytes: the smallest kept one that holds them (its
+/// bytes are stale: the read overwrites the first `len`), else a new one.
+fn read_buffer(len: usize) -> ChunkBytes {
+    let kept = {
+        let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+        let best = free.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+        best.map(|i| free.swap_remove(i))
+    };
+    ChunkBytes { buf: kept.unwrap_or_else(|| vec![0u8; len]), len }
+}
+
+/// Keep a scan's buffer for the next one (or free it on a background thread
+/// when enough wait already).
+pub fn give_back(bytes: ChunkBytes) {
+    let buf = bytes.buf;
+    let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+    if free.len() < KEEP_BUFFERS && free.iter().map(|b| b.len()).sum::<usize>() + buf.len() <= KEEP_BYTES {
+        free.push(buf);
+    } else {
+        drop(free);
+        crate::gpu::drop_later(buf);
+    }
+}
+
+/// Read every chunk's bytes, back to back, with parallel positioned reads
+/// (into a kept buffer when one is large enough: give it back with [`give_back`]).
+pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
     let files: Vec<File> = plan
         .files
         .iter()
         .map(|p| File::open(p).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", p.display()).into())))
         .collect::<Result<_>>()?;
-    let mut raw = vec![0u8; plan.bytes as usize];
+    let mut chunks = read_buffer(plan.bytes as usize);
     // Pieces of at most 8 MiB, so that few large chunks still spread over the threads.
     const PIECE: usize = 8 << 20;
     let mut jobs: Vec<(usize, u64, &mut [u8])> = Vec::new();
-    let mut rest: &mut [u8] = &mut raw;
+    let mut rest: &mut [u8] = &mut chunks.buf[..plan.bytes as usize];
     for c in &plan.chunks {
         let (mut chunk, tail) = std::mem::take(&mut rest).split_at_mut(c.len as usize);
         rest = tail;
@@ -299,9 +380,10 @@ pub fn read_chunks(plan: &ScanPlan) -> Result<Vec<u8>> {
         }
     });
     if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        give_back(chunks);
         return Err(DataFusionError::External(format!("setfusion device scan: {e}").into()));
     }
-    Ok(raw)
+    Ok(chunks)
 }
 
 fn corrupt(what: String) -> DataFusionError {
