@@ -12,7 +12,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
-use super::pages::{PageTable, PqPage, CODEC_NONE, CODEC_SNAPPY, ENC_DICT, KIND_DICT, KIND_V2, NO_DICT};
+use super::pages::{PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DICT, KIND_DICT, KIND_V2, NO_DICT};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// Hybrid-stream runs per batch in the decode kernel's shared memory.
@@ -46,6 +46,8 @@ fn error_message(code: u32) -> String {
         5 => "dictionary index out of range",
         6 => "bad dictionary index bit width",
         7 => "dictionary page missing",
+        8 => "corrupt ZSTD, LZ4_RAW or GZIP page",
+        9 => "ZSTD, LZ4_RAW or GZIP page of the wrong decompressed size",
         _ => "unknown decode error",
     };
     format!("setfusion device scan: {what} (code {code})")
@@ -71,6 +73,9 @@ pub struct DeviceDecoded {
 
 /// Decode `t`'s pages of `raw` on the device (`raw`: the same bytes, uploaded).
 pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut TransferStats) -> Result<DeviceDecoded> {
+    if t.pages.iter().any(|p| p.codec > CODEC_SNAPPY) {
+        return Err(DataFusionError::Internal("setfusion device scan: a ZSTD, LZ4_RAW or GZIP page reached the device undecompressed".into()));
+    }
     let rows = t.rows as usize;
     let npages = t.pages.len() as u64;
     let mut keys = gpu.alloc::<u64>(rows)?;
@@ -155,6 +160,16 @@ pub fn decode_gpu_pair(gpu: &Gpu, raw: &DeviceBuffer<u8>, a: &PageTable, b: &Pag
     Ok((side(0, a)?, side(b_row0, b)?))
 }
 
+/// A fixture case's chunk bytes and page table as the device takes them:
+/// pages of codecs the device does not decompress inflated on the host and
+/// appended to the bytes (large snappy pages stay).
+pub fn device_table_of(case: &super::fixtures::Case) -> Result<(Vec<u8>, PageTable)> {
+    let (mut raw, mut table) = super::fixtures::table_of(case)?;
+    let extra = inflate_on_host(&mut table, &raw, raw.len() as u64, u64::MAX)?;
+    raw.extend_from_slice(&extra);
+    Ok((raw, table))
+}
+
 /// The hybrid RLE / bit-packed stream's runs, as the kernel reads them.
 struct Hybrid<'a> {
     s: &'a [u8],
@@ -228,57 +243,114 @@ fn value(s: &[u8], width: u64) -> u64 {
     }
 }
 
-/// One page's uncompressed body (levels and values), as the first two kernels leave it.
-fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
+/// One page's uncompressed body (levels and values) into `out` (its
+/// `dst_len` bytes), as the first two kernels leave it (for SNAPPY and
+/// UNCOMPRESSED pages) or the host decompression does (other codecs).
+fn page_body_into(raw: &[u8], p: &PqPage, out: &mut [u8]) -> Result<()> {
     let src = &raw[p.src as usize..(p.src + p.src_len) as usize];
-    if p.codec != CODEC_SNAPPY {
-        return Ok(src[..(p.src_len.min(p.dst_len)) as usize].to_vec());
+    if p.codec == CODEC_NONE {
+        let n = p.src_len.min(p.dst_len) as usize;
+        out[..n].copy_from_slice(&src[..n]);
+        return Ok(());
     }
     let levels = p.levels_len as usize;
-    if src.len() < levels || (p.dst_len as usize) < levels {
-        return Err(decode_error(1));
+    let (corrupt, wrong_size) = if p.codec == CODEC_SNAPPY { (1, 2) } else { (8, 9) };
+    if src.len() < levels || out.len() < levels {
+        return Err(decode_error(corrupt));
     }
-    let mut out = vec![0u8; p.dst_len as usize];
     out[..levels].copy_from_slice(&src[..levels]);
-    let stream = &src[levels..];
-    match snap::raw::decompress_len(stream) {
-        Ok(n) if n == out.len() - levels => {}
-        Ok(_) => return Err(decode_error(2)),
-        Err(_) => return Err(decode_error(1)),
+    let (stream, values) = (&src[levels..], &mut out[levels..]);
+    let written = match p.codec {
+        CODEC_SNAPPY => {
+            match snap::raw::decompress_len(stream) {
+                Ok(n) if n == values.len() => {}
+                Ok(_) => return Err(decode_error(2)),
+                Err(_) => return Err(decode_error(1)),
+            }
+            snap::raw::Decoder::new().decompress(stream, values).map_err(|_| decode_error(1))?
+        }
+        CODEC_ZSTD => zstd::bulk::decompress_to_buffer(stream, values).map_err(|_| decode_error(8))?,
+        CODEC_LZ4_RAW => lz4_flex::block::decompress_into(stream, values).map_err(|_| decode_error(8))?,
+        CODEC_GZIP => {
+            use std::io::Read;
+            let mut gz = flate2::read::MultiGzDecoder::new(stream);
+            gz.read_exact(values).map_err(|_| decode_error(wrong_size))?;
+            // Nothing may follow the page's values.
+            let mut more = [0u8; 1];
+            if gz.read(&mut more).map_err(|_| decode_error(8))? != 0 {
+                return Err(decode_error(wrong_size));
+            }
+            values.len()
+        }
+        _ => return Err(decode_error(8)),
+    };
+    if written != values.len() {
+        return Err(decode_error(wrong_size));
     }
-    snap::raw::Decoder::new().decompress(stream, &mut out[levels..]).map_err(|_| decode_error(1))?;
+    Ok(())
+}
+
+/// One page's uncompressed body (levels and values), as the first two kernels leave it.
+fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; if p.codec == CODEC_NONE { p.src_len.min(p.dst_len) } else { p.dst_len } as usize];
+    page_body_into(raw, p, &mut out)?;
     Ok(out)
 }
 
-/// Snappy pages at least this large may be decompressed on the host ([`inflate_large_pages`]).
+/// Snappy pages at least this large may be decompressed on the host ([`inflate_on_host`]).
 pub const HOST_INFLATE_MIN: u64 = 256 << 10;
 
-/// Decompress the scan's large SNAPPY pages on host threads: a warp
-/// decompresses one page at ~25 MB/s while the other pages keep the device
-/// busy, so a launch lasts as long as its largest page, where a core does
-/// 1-2 GB/s. (arrow-rs's defaults write a 1 MiB dictionary page before
-/// ~160 KB data pages: those dictionary pages were most of the launch.)
-/// Large: over twice the median snappy page and at least `floor` bytes, so
-/// files whose pages are all alike stay on the device. The bodies
-/// (levels and values) are returned back to back; each inflated page then
-/// reads as UNCOMPRESSED from `at` + its offset in them (the caller uploads
-/// them right after `raw`). Corrupt pages fail as the device would.
-pub fn inflate_large_pages(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Result<Vec<u8>> {
+/// Decompress pages on host threads before the upload: every page of a codec
+/// the device does not decompress (ZSTD, LZ4_RAW, GZIP), and the large
+/// SNAPPY pages. A warp decompresses one snappy page at ~25 MB/s while the
+/// other pages keep the device busy, so a launch lasts as long as its
+/// largest page, where a core does 1-2 GB/s. (arrow-rs's defaults write a
+/// 1 MiB dictionary page before ~160 KB data pages: those dictionary pages
+/// were most of the launch.) Large: over twice the median snappy page and
+/// at least `floor` bytes, so files whose pages are all alike stay on the
+/// device. The bodies (levels and values) land back to back in the returned
+/// buffer; each such page then reads as UNCOMPRESSED from `at` + its offset
+/// there (the caller uploads the buffer right after `raw`). Corrupt pages
+/// fail as the device would.
+pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Result<super::pages::ChunkBytes> {
     let mut sizes: Vec<u64> = t.pages.iter().filter(|p| p.codec == CODEC_SNAPPY).map(|p| p.dst_len).collect();
-    if sizes.is_empty() {
-        return Ok(Vec::new());
+    let median = if sizes.is_empty() {
+        0
+    } else {
+        let mid = sizes.len() / 2;
+        *sizes.select_nth_unstable(mid).1
+    };
+    let on_host = |p: &PqPage| p.codec > CODEC_SNAPPY || (p.codec == CODEC_SNAPPY && p.dst_len > 2 * median && p.dst_len >= floor);
+    let chosen: Vec<usize> = (0..t.pages.len()).filter(|&i| on_host(&t.pages[i])).collect();
+    let total: u64 = chosen.iter().map(|&i| t.pages[i].dst_len).sum();
+    let mut out = super::pages::kept_buffer(total as usize);
+    // Each page's slice of `out`, filled in parallel.
+    let mut jobs: Vec<(usize, &mut [u8])> = Vec::with_capacity(chosen.len());
+    let mut rest: &mut [u8] = out.as_mut_slice();
+    for &i in &chosen {
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(t.pages[i].dst_len as usize);
+        jobs.push((i, mine));
+        rest = tail;
     }
-    let mid = sizes.len() / 2;
-    let median = *sizes.select_nth_unstable(mid).1;
-    let large: Vec<usize> = (0..t.pages.len()).filter(|&i| t.pages[i].codec == CODEC_SNAPPY && t.pages[i].dst_len > 2 * median && t.pages[i].dst_len >= floor).collect();
-    let bodies = crate::gpu::par_map(&large, 1, |&i| page_body(raw, &t.pages[i]))?;
-    let mut out = Vec::with_capacity(bodies.iter().map(|b| b.len()).sum());
-    for (&i, body) in large.iter().zip(bodies) {
+    let failed = std::sync::Mutex::new(None);
+    let pages = &t.pages;
+    crate::gpu::for_each_mut(&mut jobs, &|_, (i, body)| {
+        if let Err(e) = page_body_into(raw, &pages[*i], body) {
+            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    });
+    drop(jobs);
+    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        super::pages::give_back(out);
+        return Err(e);
+    }
+    let mut offset = at;
+    for &i in &chosen {
         let p = &mut t.pages[i];
-        p.src = at + out.len() as u64;
-        p.src_len = body.len() as u64;
+        p.src = offset;
+        p.src_len = p.dst_len;
         p.codec = CODEC_NONE;
-        out.extend_from_slice(&body);
+        offset += p.dst_len;
     }
     Ok(out)
 }
@@ -373,7 +445,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut pages = 0;
     let mut rows = 0;
     for case in super::fixtures::cases() {
-        let (raw, table) = super::fixtures::table_of(&case)?;
+        let (raw, table) = device_table_of(&case)?;
         let want = decode_cpu(&raw, &table)?;
         let mut stats = TransferStats::default();
         let d_raw = gpu.upload(&raw, &mut stats)?;
@@ -395,7 +467,8 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     for case in super::fixtures::cases() {
         let (raw, mut table) = super::fixtures::table_of(&case)?;
         let want = decode_cpu(&raw, &table)?;
-        let extra = inflate_large_pages(&mut table, &raw, raw.len() as u64, 0)?;
+        let extra = inflate_on_host(&mut table, &raw, raw.len() as u64, 0)?;
+        let extra = &extra[..];
         inflated += table.pages.iter().filter(|p| p.src >= raw.len() as u64).count();
         let mut stats = TransferStats::default();
         let mut d_raw = gpu.alloc::<u8>(raw.len() + extra.len())?;
@@ -415,7 +488,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let cases = super::fixtures::cases();
     let mut pairs = 0;
     for (x, y) in cases.iter().zip(cases.iter().cycle().skip(1)) {
-        let ((raw_a, ta), (raw_b, tb)) = (super::fixtures::table_of(x)?, super::fixtures::table_of(y)?);
+        let ((raw_a, ta), (raw_b, tb)) = (device_table_of(x)?, device_table_of(y)?);
         let mut stats = TransferStats::default();
         let mut d_raw = gpu.alloc::<u8>(raw_a.len() + raw_b.len())?;
         gpu.upload_into(&raw_a, &mut d_raw, 0, &mut stats)?;

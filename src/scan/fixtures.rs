@@ -30,7 +30,9 @@ pub struct Case {
     /// A dictionary page limit small enough to fall back to PLAIN mid-chunk.
     pub dict_fallback: bool,
     pub v2: bool,
-    pub snappy: bool,
+    /// SNAPPY and UNCOMPRESSED are decoded on the device; ZSTD, LZ4_RAW and
+    /// GZIP pages are decompressed on the host first.
+    pub codec: Compression,
     /// Rows per data page (the writer's row count limit).
     pub page_rows: usize,
     pub row_group_rows: usize,
@@ -46,13 +48,13 @@ pub fn cases() -> Vec<Case> {
     let mut i = 0;
     for (dictionary, dict_fallback) in [(true, false), (false, false), (true, true)] {
         for v2 in [false, true] {
-            for snappy in [true, false] {
+            for codec in [Compression::SNAPPY, Compression::UNCOMPRESSED] {
                 for nulls in [0u32, 30, 100] {
                     let data_type = types[i % types.len()].clone();
                     let page_rows = [64, 1000, 20_000][i % 3];
                     let distinct = if dict_fallback { 1 << 40 } else { [7, 1000, 1 << 40][i % 3] };
                     out.push(Case {
-                        name: format!("{data_type} dict={dictionary} fallback={dict_fallback} v2={v2} snappy={snappy} nulls={nulls}% page_rows={page_rows}"),
+                        name: format!("{data_type} dict={dictionary} fallback={dict_fallback} v2={v2} codec={codec} nulls={nulls}% page_rows={page_rows}"),
                         data_type,
                         rows: 3000 + 917 * (i % 5),
                         nulls,
@@ -60,7 +62,7 @@ pub fn cases() -> Vec<Case> {
                         dictionary,
                         dict_fallback,
                         v2,
-                        snappy,
+                        codec,
                         page_rows,
                         row_group_rows: [1 << 20, 1500, 4096][i % 3],
                         period: 0,
@@ -86,11 +88,31 @@ pub fn cases() -> Vec<Case> {
             dictionary: false,
             dict_fallback: false,
             v2,
-            snappy: true,
+            codec: Compression::SNAPPY,
             page_rows: 40_000,
             row_group_rows: 1 << 20,
             period,
         });
+    }
+    // The codecs decompressed on the host, on dictionary / PLAIN, v1 / v2 pages with NULLs.
+    for (j, codec) in [Compression::ZSTD(Default::default()), Compression::LZ4_RAW, Compression::GZIP(Default::default())].into_iter().enumerate() {
+        for (dictionary, v2) in [(true, false), (false, true)] {
+            let data_type = types[(j + v2 as usize) % types.len()].clone();
+            out.push(Case {
+                name: format!("{data_type} dict={dictionary} v2={v2} codec={codec} nulls=30%"),
+                data_type,
+                rows: 5000,
+                nulls: 30,
+                distinct: if dictionary { 1000 } else { 1 << 40 },
+                dictionary,
+                dict_fallback: false,
+                v2,
+                codec,
+                page_rows: 1000,
+                row_group_rows: 4096,
+                period: 0,
+            });
+        }
     }
     out
 }
@@ -138,7 +160,7 @@ pub fn write(c: &Case) -> Result<Vec<u8>> {
     let mut props = WriterProperties::builder()
         .set_dictionary_enabled(c.dictionary)
         .set_writer_version(if c.v2 { WriterVersion::PARQUET_2_0 } else { WriterVersion::PARQUET_1_0 })
-        .set_compression(if c.snappy { Compression::SNAPPY } else { Compression::UNCOMPRESSED })
+        .set_compression(c.codec)
         .set_data_page_row_count_limit(c.page_rows)
         .set_write_batch_size(c.page_rows.min(1024))
         .set_max_row_group_row_count(Some(c.row_group_rows))

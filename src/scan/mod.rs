@@ -4,10 +4,10 @@
 //! NULLs) on the device straight into the selection's 64-bit keys.
 //!
 //! Both sides of a selection read from files are uploaded into one buffer
-//! and decoded in one launch ([`scan_pair_to_device`]), and pages much larger
-//! than the rest are decompressed on host threads first
-//! ([`decode::inflate_large_pages`]): one warp decompresses one page, so a
-//! launch lasts as long as its largest page.
+//! and decoded in one launch ([`scan_pair_to_device`]). Pages of ZSTD,
+//! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
+//! decompressed on host threads first ([`decode::inflate_on_host`]): one warp
+//! decompresses one snappy page, so a launch lasts as long as its largest.
 //!
 //! - [`pages`]: footers, column chunks, parallel reads (into buffers kept
 //!   for the next scan), the page table (host);
@@ -57,11 +57,11 @@ pub struct ScanReport {
 
 /// A scan's host part: the plan, the column chunks' bytes, their page table,
 /// and the large pages decompressed on the host (uploaded right after the
-/// chunks: [`decode::inflate_large_pages`]).
+/// chunks: [`decode::inflate_on_host`]).
 pub struct HostRead {
     plan: pages::ScanPlan,
     raw: pages::ChunkBytes,
-    inflated: Vec<u8>,
+    inflated: pages::ChunkBytes,
     table: pages::PageTable,
     read: Duration,
 }
@@ -76,7 +76,7 @@ impl HostRead {
     fn upload_into(&self, gpu: &Gpu, dst: &mut crate::gpu::DeviceBuffer<u8>, at: usize, stats: &mut TransferStats) -> Result<()> {
         gpu.upload_into(&self.raw[..], dst, at, stats)?;
         if !self.inflated.is_empty() {
-            gpu.upload_into(&self.inflated, dst, at + self.raw.len(), stats)?;
+            gpu.upload_into(&self.inflated[..], dst, at + self.raw.len(), stats)?;
         }
         Ok(())
     }
@@ -95,7 +95,13 @@ pub fn read_on_host(files: &[ScanFile], column: &str, arrow: &DataType, keep: Op
         Ok(t) => t,
         Err(f) => return Ok(Err(f)),
     };
-    let inflated = decode::inflate_large_pages(&mut table, &raw, raw.len() as u64, decode::HOST_INFLATE_MIN)?;
+    let inflated = match decode::inflate_on_host(&mut table, &raw, raw.len() as u64, decode::HOST_INFLATE_MIN) {
+        Ok(b) => b,
+        Err(e) => {
+            pages::give_back(raw);
+            return Err(e);
+        }
+    };
     Ok(Ok(HostRead { plan, raw, inflated, table, read: t.elapsed() }))
 }
 
@@ -218,8 +224,9 @@ pub fn scan_pair_to_device(
     drop(raw);
     let mut out = Vec::with_capacity(2);
     for (side, host, upload, d) in [(first, a, upload_a, da), (second, b, upload_b, db)] {
-        let HostRead { plan, raw, table, read, .. } = host;
+        let HostRead { plan, raw, inflated, table, read } = host;
         pages::give_back(raw);
+        pages::give_back(inflated);
         let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
             Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep), &d, cache_limit),
             None => CacheUse::Off,
@@ -249,8 +256,9 @@ fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(De
     let t = Instant::now();
     let mut d_raw = gpu.alloc::<u8>(host.upload_len())?;
     host.upload_into(gpu, &mut d_raw, 0, stats)?;
-    let HostRead { plan, raw, table, read, .. } = host;
+    let HostRead { plan, raw, inflated, table, read } = host;
     pages::give_back(raw);
+    pages::give_back(inflated);
     let upload = t.elapsed();
     let t = Instant::now();
     let decoded = decode_gpu(gpu, &d_raw, &table, stats)?;
@@ -385,7 +393,7 @@ mod tests {
         }
     }
 
-    /// Large pages decompressed on the host ([`decode::inflate_large_pages`],
+    /// Large pages decompressed on the host ([`decode::inflate_on_host`],
     /// no size floor) decode, from the chunks followed by the inflated bodies,
     /// as before; some case has such a page (a dictionary page beside small
     /// data pages), and a case whose pages are alike keeps them all.
@@ -396,11 +404,12 @@ mod tests {
             let (raw, table) = table_of(&case).unwrap();
             let want = decode_cpu(&raw, &table).unwrap();
             let mut t = table.clone();
-            let extra = decode::inflate_large_pages(&mut t, &raw, raw.len() as u64, 0).unwrap();
+            let extra = decode::inflate_on_host(&mut t, &raw, raw.len() as u64, 0).unwrap();
             let moved = t.pages.iter().filter(|p| p.src >= raw.len() as u64).count();
             assert!(t.pages.iter().zip(&table.pages).all(|(a, b)| (a.src >= raw.len() as u64) == (a.codec != b.codec)), "{}", case.name);
+            assert!(t.pages.iter().all(|p| p.codec <= pages::CODEC_SNAPPY), "{}", case.name);
             inflated += moved;
-            let both = [raw.as_slice(), extra.as_slice()].concat();
+            let both = [raw.as_slice(), &extra[..]].concat();
             assert_eq!(decode_cpu(&both, &t).unwrap(), want, "{}", case.name);
         }
         assert!(inflated > 0, "no case has a page over twice its median");
@@ -417,7 +426,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cases.bin"), u64s(&[all.len() as u64])).unwrap();
         for (i, case) in all.iter().enumerate() {
-            let (raw, table) = table_of(case).unwrap();
+            // The kernels see ZSTD / LZ4_RAW / GZIP pages decompressed by the host.
+            let (raw, table) = decode::device_table_of(case).unwrap();
             let want = decode_cpu(&raw, &table).unwrap();
             assert_eq!(want.keys, arrow_keys(write(case).unwrap()).keys, "{}", case.name);
             let d = dir.join(format!("case{i}"));
@@ -474,21 +484,22 @@ mod tests {
     /// Codecs, types and nested columns the device does not take fall back with a reason.
     #[test]
     fn unsupported_inputs_fall_back_with_reasons() {
-        use parquet::basic::{Compression, ZstdLevel};
+        use parquet::basic::Compression;
         use parquet::file::properties::WriterProperties;
         use std::sync::Arc;
         let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![datafusion::arrow::datatypes::Field::new("k", DataType::Int64, false)]));
         let batch = datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![1i64, 2, 3]))]).unwrap();
-        let path = std::env::temp_dir().join(format!("setfusion-pq-zstd-{}.parquet", std::process::id()));
+        let path = std::env::temp_dir().join(format!("setfusion-pq-lz4-{}.parquet", std::process::id()));
         let mut buf = Vec::new();
-        let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())).build();
+        // LZ4 (Hadoop's framing, deprecated by Parquet; LZ4_RAW is read).
+        let props = WriterProperties::builder().set_compression(Compression::LZ4).build();
         let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, schema, Some(props)).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
         std::fs::write(&path, buf).unwrap();
         let files = [ScanFile { path: path.clone(), ranges: vec![] }];
         let why = pages::plan_scan(&files, "k", &DataType::Int64).unwrap().unwrap_err();
-        assert!(why.0.contains("codec ZSTD"), "{why}");
+        assert!(why.0.contains("codec LZ4"), "{why}");
         let why = pages::plan_scan(&files, "k", &DataType::Int32).unwrap().unwrap_err();
         assert!(why.0.contains("schema adaptation"), "{why}");
         let why = pages::plan_scan(&files, "k", &DataType::Utf8).unwrap().unwrap_err();

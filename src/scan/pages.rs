@@ -62,6 +62,11 @@ pub const KIND_V2: u64 = 2;
 /// `PqPage::codec` values.
 pub const CODEC_NONE: u64 = 0;
 pub const CODEC_SNAPPY: u64 = 1;
+/// Codecs the device does not decompress: their pages are decompressed on
+/// host threads before the upload ([`super::decode::inflate_on_host`]).
+pub const CODEC_ZSTD: u64 = 2;
+pub const CODEC_LZ4_RAW: u64 = 3;
+pub const CODEC_GZIP: u64 = 4;
 /// `PqPage::encoding` values.
 pub const ENC_PLAIN: u64 = 0;
 pub const ENC_DICT: u64 = 1;
@@ -282,6 +287,9 @@ pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep
             let codec = match cc.compression() {
                 Compression::UNCOMPRESSED => CODEC_NONE,
                 Compression::SNAPPY => CODEC_SNAPPY,
+                Compression::ZSTD(_) => CODEC_ZSTD,
+                Compression::LZ4_RAW => CODEC_LZ4_RAW,
+                Compression::GZIP(_) => CODEC_GZIP,
                 other => return fallback(format!("codec {other}")),
             };
             let (offset, len) = cc.byte_range();
@@ -293,7 +301,7 @@ pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep
     Ok(Ok(ScanPlan { files: files.iter().map(|f| f.path.clone()).collect(), chunks, rows, width, def_max, bytes, row_groups_pruned, row_groups }))
 }
 
-/// Chunk buffers kept for the next scan ([`read_chunks`], [`give_back`]).
+/// Chunk buffers kept for the next scan ([`kept_buffer`], [`give_back`]).
 /// A read into fresh memory faults in every page, and freeing hundreds of MB
 /// holds the address-space lock those faults wait on: most of a warm scan's
 /// read time (100M keys a side) went there. At most [`KEEP_BUFFERS`]
@@ -317,6 +325,11 @@ impl std::ops::Deref for ChunkBytes {
 }
 
 impl ChunkBytes {
+    /// The bytes, to be written.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
+
     /// The bytes alone.
     pub fn into_vec(mut self) -> Vec<u8> {
         self.buf.truncate(self.len);
@@ -325,8 +338,8 @@ impl ChunkBytes {
 }
 
 /// A buffer for `len` bytes: the smallest kept one that holds them (its
-/// bytes are stale: the read overwrites the first `len`), else a new one.
-fn read_buffer(len: usize) -> ChunkBytes {
+/// bytes are stale: the caller overwrites the first `len`), else a new one.
+pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
     let kept = {
         let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
         let best = free.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
@@ -356,7 +369,7 @@ pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
         .iter()
         .map(|p| File::open(p).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", p.display()).into())))
         .collect::<Result<_>>()?;
-    let mut chunks = read_buffer(plan.bytes as usize);
+    let mut chunks = kept_buffer(plan.bytes as usize);
     // Pieces of at most 8 MiB, so that few large chunks still spread over the threads.
     const PIECE: usize = 8 << 20;
     let mut jobs: Vec<(usize, u64, &mut [u8])> = Vec::new();
