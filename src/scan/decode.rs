@@ -269,7 +269,20 @@ fn page_body_into(raw: &[u8], p: &PqPage, out: &mut [u8]) -> Result<()> {
             }
             snap::raw::Decoder::new().decompress(stream, values).map_err(|_| decode_error(1))?
         }
-        CODEC_ZSTD => zstd::bulk::decompress_to_buffer(stream, values).map_err(|_| decode_error(8))?,
+        CODEC_ZSTD => {
+            // One decompression context per host thread (making one per page cost more than small pages' data).
+            thread_local! {
+                static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+            }
+            ZSTD.with(|cell| -> std::io::Result<usize> {
+                let mut cell = cell.borrow_mut();
+                if cell.is_none() {
+                    *cell = Some(zstd::bulk::Decompressor::new()?);
+                }
+                cell.as_mut().expect("made above").decompress_to_buffer(stream, values)
+            })
+            .map_err(|_| decode_error(8))?
+        }
         CODEC_LZ4_RAW => lz4_flex::block::decompress_into(stream, values).map_err(|_| decode_error(8))?,
         CODEC_GZIP => {
             use std::io::Read;

@@ -72,6 +72,26 @@ impl HostRead {
         self.raw.len() + self.inflated.len()
     }
 
+    /// The scan's report once uploaded and decoded; the host buffers are kept for the next scan.
+    fn finish(self, upload: Duration, decode: Duration, cache: Option<CacheUse>, decoded_with_other: bool) -> ScanReport {
+        let HostRead { plan, raw, inflated, table, read } = self;
+        pages::give_back(raw);
+        pages::give_back(inflated);
+        ScanReport {
+            rows: plan.rows,
+            bytes_read: plan.bytes,
+            bytes_decoded: plan.rows * 8,
+            pages: table.pages.len(),
+            read,
+            upload,
+            decode,
+            cache,
+            row_groups_pruned: plan.row_groups_pruned,
+            row_groups: plan.row_groups,
+            decoded_with_other,
+        }
+    }
+
     /// Upload the chunks and the inflated pages to `dst` from `at`.
     fn upload_into(&self, gpu: &Gpu, dst: &mut crate::gpu::DeviceBuffer<u8>, at: usize, stats: &mut TransferStats) -> Result<()> {
         gpu.upload_into(&self.raw[..], dst, at, stats)?;
@@ -224,27 +244,11 @@ pub fn scan_pair_to_device(
     drop(raw);
     let mut out = Vec::with_capacity(2);
     for (side, host, upload, d) in [(first, a, upload_a, da), (second, b, upload_b, db)] {
-        let HostRead { plan, raw, inflated, table, read } = host;
-        pages::give_back(raw);
-        pages::give_back(inflated);
         let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
             Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep), &d, cache_limit),
             None => CacheUse::Off,
         };
-        let report = ScanReport {
-            rows: plan.rows,
-            bytes_read: plan.bytes,
-            bytes_decoded: plan.rows * 8,
-            pages: table.pages.len(),
-            read,
-            upload,
-            decode,
-            cache: Some(cache),
-            row_groups_pruned: plan.row_groups_pruned,
-            row_groups: plan.row_groups,
-            decoded_with_other: true,
-        };
-        out.push((d, report));
+        out.push((d, host.finish(upload, decode, Some(cache), true)));
     }
     let second = out.pop().expect("two sides");
     let first = out.pop().expect("two sides");
@@ -256,26 +260,10 @@ fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(De
     let t = Instant::now();
     let mut d_raw = gpu.alloc::<u8>(host.upload_len())?;
     host.upload_into(gpu, &mut d_raw, 0, stats)?;
-    let HostRead { plan, raw, inflated, table, read } = host;
-    pages::give_back(raw);
-    pages::give_back(inflated);
     let upload = t.elapsed();
     let t = Instant::now();
-    let decoded = decode_gpu(gpu, &d_raw, &table, stats)?;
-    let report = ScanReport {
-        rows: plan.rows,
-        bytes_read: plan.bytes,
-        bytes_decoded: plan.rows * 8,
-        pages: table.pages.len(),
-        read,
-        upload,
-        decode: t.elapsed(),
-        cache: None,
-        row_groups_pruned: plan.row_groups_pruned,
-        row_groups: plan.row_groups,
-        decoded_with_other: false,
-    };
-    Ok((decoded, report))
+    let decoded = decode_gpu(gpu, &d_raw, &host.table, stats)?;
+    Ok((decoded, host.finish(upload, t.elapsed(), None, false)))
 }
 
 /// [`scan_to_device`]'s CPU twin: the same keys, decoded on the host.
@@ -461,9 +449,15 @@ mod tests {
                 }
                 let cpu = decode_cpu(&bad, &table);
                 if let Some(g) = &g {
+                    // As the device scan does: ZSTD / LZ4_RAW / GZIP pages inflated on the host first.
+                    let mut t = table.clone();
+                    let gpu = decode::inflate_on_host(&mut t, &bad, bad.len() as u64, u64::MAX).and_then(|extra| {
+                        let mut stats = TransferStats::default();
+                        let d = g.upload(&[bad.as_slice(), &extra[..]].concat(), &mut stats)?;
+                        decode_gpu(g, &d, &t, &mut stats)
+                    });
                     let mut stats = TransferStats::default();
-                    let d = g.upload(&bad, &mut stats).unwrap();
-                    let gpu = decode_gpu(g, &d, &table, &mut stats).and_then(|d| {
+                    let gpu = gpu.and_then(|d| {
                         let keys = g.download(&d.keys, d.rows, &mut stats)?;
                         let valid = match &d.valid {
                             Some(v) => Some(g.download(v, d.rows.div_ceil(32), &mut stats)?),

@@ -4,9 +4,10 @@
 //! uncompressed, give DataFusion's answers (the ALL forms: the exact multiset
 //! answers of setfusion's host path) with the device scan and without it;
 //! where a GPU is usable the plans hold `DeviceScanExec`s and EXPLAIN
-//! ANALYZE shows the device read them; an input the device cannot read (zstd)
-//! falls back to the host scan with the reason, and a filtered input says why
-//! in EXPLAIN.
+//! ANALYZE shows the device read them (zstd files too, their pages
+//! decompressed on the host); an input the device cannot read (LZ4 with
+//! Hadoop's framing) falls back to the host scan with the reason, and a
+//! filtered input says why in EXPLAIN.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use crate::common::{block_on, gpu_or_skip};
 
 /// Write `files` Parquet files of `rows` rows each under `dir` (k BIGINT with
 /// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT), file i with its own writer options.
-fn write_table(dir: &Path, files: usize, rows: usize, seed: u64, domain: i64, null_every: usize, zstd: bool) {
+/// `codec`: every file's; None: snappy and uncompressed files mixed.
+fn write_table(dir: &Path, files: usize, rows: usize, seed: u64, domain: i64, null_every: usize, codec: Option<Compression>) {
     std::fs::create_dir_all(dir).unwrap();
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, null_every > 0),
@@ -48,7 +50,7 @@ fn write_table(dir: &Path, files: usize, rows: usize, seed: u64, domain: i64, nu
             .set_dictionary_enabled(f % 2 == 0)
             .set_dictionary_page_size_limit(if f % 3 == 2 { 256 } else { 1 << 20 })
             .set_writer_version(if f % 2 == 1 { WriterVersion::PARQUET_2_0 } else { WriterVersion::PARQUET_1_0 })
-            .set_compression(if zstd { Compression::ZSTD(ZstdLevel::default()) } else if f % 3 == 1 { Compression::UNCOMPRESSED } else { Compression::SNAPPY })
+            .set_compression(codec.unwrap_or(if f % 3 == 1 { Compression::UNCOMPRESSED } else { Compression::SNAPPY }))
             .set_data_page_row_count_limit(700)
             .set_max_row_group_row_count(Some(2500))
             .set_encoding(Encoding::PLAIN)
@@ -64,10 +66,11 @@ fn data() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("setfusion-device-scan-test-{}", std::process::id()));
-        write_table(&dir.join("a"), 3, 6000, 1, 20_000, 97, false);
-        write_table(&dir.join("b"), 4, 4000, 2, 20_000, 131, false);
-        write_table(&dir.join("b_no_nulls"), 2, 5000, 3, 20_000, 0, false);
-        write_table(&dir.join("b_zstd"), 2, 3000, 4, 20_000, 0, true);
+        write_table(&dir.join("a"), 3, 6000, 1, 20_000, 97, None);
+        write_table(&dir.join("b"), 4, 4000, 2, 20_000, 131, None);
+        write_table(&dir.join("b_no_nulls"), 2, 5000, 3, 20_000, 0, None);
+        write_table(&dir.join("b_zstd"), 2, 3000, 4, 20_000, 0, Some(Compression::ZSTD(ZstdLevel::default())));
+        write_table(&dir.join("b_lz4"), 2, 3000, 5, 20_000, 0, Some(Compression::LZ4));
         dir
     })
     .clone()
@@ -79,7 +82,7 @@ async fn session(dir: &Path, settings: &[&str], setfusion: bool) -> SessionConte
     for s in settings {
         ctx.sql(s).await.unwrap().collect().await.unwrap();
     }
-    for t in ["a", "b", "b_no_nulls", "b_zstd"] {
+    for t in ["a", "b", "b_no_nulls", "b_zstd", "b_lz4"] {
         ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
     }
     ctx
@@ -159,9 +162,14 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
             let analyzed = explain(&device, QUERIES[0], true).await;
             assert!(analyzed.contains("device scan probe:") && analyzed.contains("build:"), "{analyzed}");
-            // A zstd input is planned for the device and read by the host.
+            // A zstd input is read by the device (its pages decompressed on host threads).
             let analyzed = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd)", true).await;
-            assert!(analyzed.contains("device scan fell back to the host: build side: codec ZSTD"), "{analyzed}");
+            assert!(analyzed.contains("build: 6000 rows") && !analyzed.contains("fell back"), "{analyzed}");
+            // Hadoop-framed LZ4 is planned for the device and read by the host, with the reason.
+            let lz4 = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_lz4)";
+            assert_eq!(rows(&device, lz4).await, rows(&plain, lz4).await);
+            let analyzed = explain(&device, lz4, true).await;
+            assert!(analyzed.contains("device scan fell back to the host: build side: codec LZ4"), "{analyzed}");
             // The probe side's rows are output: it stays with DataFusion's scan.
             let plan = explain(&device, QUERIES[5], false).await;
             assert!(plan.contains("device_scan=\"probe: its rows are output\""), "{plan}");
@@ -178,8 +186,8 @@ fn device_cache_serves_unchanged_files_only() {
     let _device = crate::common::shared_device();
     let gpu = gpu_or_skip().is_ok();
     let dir = std::env::temp_dir().join(format!("setfusion-device-cache-test-{}", std::process::id()));
-    write_table(&dir.join("a"), 2, 5000, 11, 8000, 0, false);
-    write_table(&dir.join("b"), 2, 5000, 12, 8000, 0, false);
+    write_table(&dir.join("a"), 2, 5000, 11, 8000, 0, None);
+    write_table(&dir.join("b"), 2, 5000, 12, 8000, 0, None);
     let sql = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b)";
     block_on(move || async move {
         let open = |settings: &'static [&'static str], setfusion: bool| {
@@ -202,7 +210,7 @@ fn device_cache_serves_unchanged_files_only() {
         let again = explain(&device, sql, true).await;
         assert_eq!(rows(&device, sql).await, want);
         // Rewrite b with other keys: the cache must not answer for the old file.
-        write_table(&dir.join("b"), 2, 5200, 13, 8000, 0, false);
+        write_table(&dir.join("b"), 2, 5200, 13, 8000, 0, None);
         let want_new = rows(&open(&[], false).await, sql).await;
         assert_ne!(want, want_new, "the rewrite changes the answer");
         // A new session in this process: the device cache is the process's, while
