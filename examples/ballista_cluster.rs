@@ -25,7 +25,9 @@ async fn main() -> Result<()> {
     let mut number = |what: &str, default: usize| -> Result<usize> {
         match args.next() {
             None => Ok(default),
-            Some(a) => a.parse().map_err(|_| DataFusionError::Configuration(format!("{what}: expected a number, got '{a}'"))),
+            Some(a) => {
+                a.parse().map_err(|_| DataFusionError::Configuration(format!("{what}: expected a number, got '{a}'")))
+            }
         }
     };
     let rows = number("ROWS", 20_000)?;
@@ -33,7 +35,9 @@ async fn main() -> Result<()> {
     let processes = args.next().is_some_and(|a| a == "processes");
     let executors = match args.next() {
         None => 2,
-        Some(a) => a.parse().map_err(|_| DataFusionError::Configuration(format!("EXECUTORS: expected a number, got '{a}'")))?,
+        Some(a) => {
+            a.parse().map_err(|_| DataFusionError::Configuration(format!("EXECUTORS: expected a number, got '{a}'")))?
+        }
     };
 
     let dir = std::env::temp_dir().join(format!("setfusion-ballista-cluster-{}", std::process::id()));
@@ -109,7 +113,9 @@ impl Drop for Children {
 fn start_processes(data: &std::path::Path, executors: usize, children: &mut Children) -> Result<String> {
     let bin = match std::env::var_os("SETFUSION_BIN") {
         Some(b) => std::path::PathBuf::from(b),
-        None => std::env::current_exe()?.parent().and_then(|d| d.parent()).map(|d| d.join("setfusion")).unwrap_or_default(),
+        None => {
+            std::env::current_exe()?.parent().and_then(|d| d.parent()).map(|d| d.join("setfusion")).unwrap_or_default()
+        }
     };
     let start = |args: Vec<String>| {
         std::process::Command::new(&bin)
@@ -120,15 +126,35 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
     };
     let ports = setfusion::distributed::process::free_ports(1 + 2 * executors)?;
     children.0.push(start(vec!["scheduler".into(), "--port".into(), ports[0].to_string()])?);
-    setfusion::distributed::process::wait_for_port(ports[0], "the scheduler", Duration::from_secs(60), &mut children.0)?;
+    setfusion::distributed::process::wait_for_port(
+        ports[0],
+        "the scheduler",
+        Duration::from_secs(60),
+        &mut children.0,
+    )?;
     let scheduler = format!("127.0.0.1:{}", ports[0]);
     for e in 0..executors {
         let (flight, grpc) = (ports[1 + 2 * e], ports[2 + 2 * e]);
-        let args = ["executor", "--scheduler", &scheduler, "--port", &flight.to_string(), "--grpc-port", &grpc.to_string(), "--tasks", "2"];
+        let args = [
+            "executor",
+            "--scheduler",
+            &scheduler,
+            "--port",
+            &flight.to_string(),
+            "--grpc-port",
+            &grpc.to_string(),
+            "--tasks",
+            "2",
+        ];
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.extend(["--data-dir".to_string(), data.display().to_string()]);
         children.0.push(start(args)?);
-        setfusion::distributed::process::wait_for_port(flight, "an executor", Duration::from_secs(60), &mut children.0)?;
+        setfusion::distributed::process::wait_for_port(
+            flight,
+            "an executor",
+            Duration::from_secs(60),
+            &mut children.0,
+        )?;
     }
     Ok(format!("df://{scheduler}"))
 }

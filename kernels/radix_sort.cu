@@ -2,7 +2,7 @@
 // significant digit radix sort for GPUs", 2022): stable, 8-bit digits, u32 or
 // u64 keys, keys only or with u32 values, over the key bits [begin_bit, end_bit).
 //
-// Launch sequence (src/algo/radix_sort.rs, devscratch/radix/bench.cu):
+// Launch sequence (src/algo/radix_sort.rs):
 //   0. zero `hist` (passes * RS_RADIX digit counts + passes tile counters) and
 //      `status` (ntiles * RS_RADIX look-back words), once per sort;
 //   1. rs_histogram_*: ONE read of the keys counts the digits of every pass;

@@ -115,7 +115,11 @@ impl FromStr for Devices {
             .map(|o| o.trim().parse::<usize>())
             .collect::<std::result::Result<Vec<_>, _>>()
             .map(Devices::List)
-            .map_err(|_| DataFusionError::Configuration(format!("invalid setfusion.devices '{s}': expected '', 'all' or device ordinals such as '0,1'")))
+            .map_err(|_| {
+                DataFusionError::Configuration(format!(
+                    "invalid setfusion.devices '{s}': expected '', 'all' or device ordinals such as '0,1'"
+                ))
+            })
     }
 }
 
@@ -332,15 +336,23 @@ mod tests {
         c.devices = "0,0".parse().unwrap();
         let entries = c.entries();
         assert!(entries.iter().all(|e| e.key.starts_with("setfusion.")), "{entries:?}");
-        assert!(entries.iter().any(|e| e.key == "setfusion.strategy" && e.value.as_deref() == Some("cpu")), "{entries:?}");
+        assert!(
+            entries.iter().any(|e| e.key == "setfusion.strategy" && e.value.as_deref() == Some("cpu")),
+            "{entries:?}"
+        );
         let mut extensions = Extensions::new();
         extensions.insert(SetfusionConfig::default());
         let mut options = ConfigOptions::new().with_extensions(extensions);
         for e in &entries {
-            options.set(&e.key, e.value.as_deref().unwrap_or_default()).unwrap_or_else(|err| panic!("{}: {err}", e.key));
+            options
+                .set(&e.key, e.value.as_deref().unwrap_or_default())
+                .unwrap_or_else(|err| panic!("{}: {err}", e.key));
         }
         let back = SetfusionConfig::from_options(&options);
-        assert_eq!((back.strategy, back.min_rows, back.memory_limit, back.devices.clone()), (c.strategy, c.min_rows, c.memory_limit, c.devices.clone()));
+        assert_eq!(
+            (back.strategy, back.min_rows, back.memory_limit, back.devices.clone()),
+            (c.strategy, c.min_rows, c.memory_limit, c.devices.clone())
+        );
         assert!(options.entries().iter().any(|e| e.key == "setfusion.min_rows" && e.value.as_deref() == Some("7")));
     }
 }

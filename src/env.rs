@@ -50,17 +50,20 @@ pub fn user_cache_dir() -> Option<PathBuf> {
 
 /// `SETFUSION_TPCH_DIR`: where `bench tpch` caches its Parquet files (else `~/.cache/setfusion/tpch`).
 pub fn tpch_dir() -> PathBuf {
-    path("SETFUSION_TPCH_DIR").unwrap_or_else(|| path("HOME").unwrap_or_else(std::env::temp_dir).join(".cache/setfusion/tpch"))
+    path("SETFUSION_TPCH_DIR")
+        .unwrap_or_else(|| path("HOME").unwrap_or_else(std::env::temp_dir).join(".cache/setfusion/tpch"))
 }
 
 /// `SETFUSION_PARQUET_DIR`: where `bench parquet` caches its Parquet files (else `~/.cache/setfusion/parquet`).
 pub fn parquet_bench_dir() -> PathBuf {
-    path("SETFUSION_PARQUET_DIR").unwrap_or_else(|| path("HOME").unwrap_or_else(std::env::temp_dir).join(".cache/setfusion/parquet"))
+    path("SETFUSION_PARQUET_DIR")
+        .unwrap_or_else(|| path("HOME").unwrap_or_else(std::env::temp_dir).join(".cache/setfusion/parquet"))
 }
 
 /// `SETFUSION_DATA_DIR`: the shared test data (else `../shared/data` beside the crate).
 pub fn data_dir() -> PathBuf {
-    path("SETFUSION_DATA_DIR").unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"))
+    path("SETFUSION_DATA_DIR")
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"))
 }
 
 /// `SETFUSION_DEMO_ROWS`: rows per table in `setfusion demo`.

@@ -155,9 +155,19 @@ fn rows_of(batches: &[RecordBatch]) -> Result<Vec<Row>> {
     let options = FormatOptions::default();
     for b in batches {
         // One formatter per column and batch (a formatter per value was most of a large round's time).
-        let formatters = b.columns().iter().map(|c| ArrayFormatter::try_new(c.as_ref(), &options)).collect::<std::result::Result<Vec<_>, _>>()?;
+        let formatters = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         for i in 0..b.num_rows() {
-            rows.push(b.columns().iter().zip(&formatters).map(|(c, f)| (!c.is_null(i)).then(|| f.value(i).to_string())).collect());
+            rows.push(
+                b.columns()
+                    .iter()
+                    .zip(&formatters)
+                    .map(|(c, f)| (!c.is_null(i)).then(|| f.value(i).to_string()))
+                    .collect(),
+            );
         }
     }
     rows.sort();
@@ -257,7 +267,9 @@ impl OuterJoin {
 fn cmp_values(ty: &str, x: &str, y: &str) -> std::cmp::Ordering {
     match ty {
         "BIGINT" | "INT" | "SMALLINT" => x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer")),
-        t if t.starts_with("DECIMAL") => x.parse::<f64>().expect("decimal").total_cmp(&y.parse::<f64>().expect("decimal")),
+        t if t.starts_with("DECIMAL") => {
+            x.parse::<f64>().expect("decimal").total_cmp(&y.parse::<f64>().expect("decimal"))
+        }
         // VARCHAR by bytes, DATE as ISO text, BOOLEAN false < true.
         _ => x.cmp(y),
     }
@@ -290,7 +302,10 @@ impl Predicate {
                     ("b y".to_string(), "y.c")
                 };
                 let (l, r) = if oj.corr_left { (x, y) } else { (y, x) };
-                (format!("FROM {l} {} JOIN {r} ON x.c{on} = {yc}{on}", oj.join, on = oj.on), if oj.value_from_corr { "x.c" } else { yc })
+                (
+                    format!("FROM {l} {} JOIN {r} ON x.c{on} = {yc}{on}", oj.join, on = oj.on),
+                    if oj.value_from_corr { "x.c" } else { yc },
+                )
             }
             _ => {
                 let mut conds = Vec::new();
@@ -300,13 +315,20 @@ impl Predicate {
                 if let Some(j) = self.residual {
                     conds.push(format!("b.c{j} <> a.c{j}"));
                 }
-                let where_sql = if conds.is_empty() { String::new() } else { format!(" WHERE {}", conds.join(" AND ")) };
+                let where_sql =
+                    if conds.is_empty() { String::new() } else { format!(" WHERE {}", conds.join(" AND ")) };
                 (format!("FROM b{where_sql}"), "b.c")
             }
         };
         match (self.key, self.quant) {
             (Some((i, j)), Some(q)) => {
-                let word = if !q.any { "ALL" } else if q.some { "SOME" } else { "ANY" };
+                let word = if !q.any {
+                    "ALL"
+                } else if q.some {
+                    "SOME"
+                } else {
+                    "ANY"
+                };
                 format!("{not}(a.c{i} {} {word} (SELECT {value_of}{j} {from}))", q.op)
             }
             (Some((i, j)), None) => format!("a.c{i} {not}IN (SELECT {value_of}{j} {from})"),
@@ -331,14 +353,16 @@ impl Predicate {
                 (Some(k), Some(g)) => o[k].as_ref().and_then(|v| g.get(v)).cloned().unwrap_or_default(),
                 _ => everything.clone(),
             };
-            let group = group.into_iter().filter(|r| self.residual.is_none_or(|res| eq3(&r[res], &o[res]) == Some(false)));
+            let group =
+                group.into_iter().filter(|r| self.residual.is_none_or(|res| eq3(&r[res], &o[res]) == Some(false)));
             let Some(oj) = self.outer else { return group.map(|r| r[j].as_ref()).collect() };
             let index = on_index.as_ref().expect("outer join index");
             let (x_kept, y_kept) = oj.preserves();
             let mut out = Vec::new();
             let mut matched: std::collections::HashSet<*const Row> = std::collections::HashSet::new();
             for x in group {
-                let ys: &[&Row] = x[oj.on].as_ref().and_then(|v| index.get(v)).map(|v| v.as_slice()).unwrap_or_default();
+                let ys: &[&Row] =
+                    x[oj.on].as_ref().and_then(|v| index.get(v)).map(|v| v.as_slice()).unwrap_or_default();
                 for y in ys {
                     matched.insert(*y as *const Row);
                     out.push(if oj.value_from_corr { x[j].as_ref() } else { y[j].as_ref() });
@@ -388,7 +412,11 @@ impl Predicate {
                         }
                     }
                 };
-                if self.negated { mark.map(|m| !m) } else { mark }
+                if self.negated {
+                    mark.map(|m| !m)
+                } else {
+                    mark
+                }
             })
             .collect()
     }
@@ -460,7 +488,11 @@ impl Predicate {
                         }
                     }
                 };
-                if self.negated { mark.map(|m| !m) } else { mark }
+                if self.negated {
+                    mark.map(|m| !m)
+                } else {
+                    mark
+                }
             })
             .collect()
     }
@@ -492,7 +524,9 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
     let same: Vec<usize> = (0..ncols).filter(|&j| types[j] == types[i]).collect();
     let j = same[rng.random_range(0..same.len())];
     let others: Vec<usize> = (0..ncols).filter(|&c| c != i).collect();
-    let pick = |rng: &mut StdRng| (!others.is_empty() && rng.random_bool(0.6)).then(|| others[rng.random_range(0..others.len())]);
+    let pick = |rng: &mut StdRng| {
+        (!others.is_empty() && rng.random_bool(0.6)).then(|| others[rng.random_range(0..others.len())])
+    };
     let corr = pick(rng);
     // A residual filter is evaluated per candidate pair (as by any engine): keep
     // the pairs it sees to a few million, so a run stays quick.
@@ -508,14 +542,16 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
         key = Some((i, j));
     }
     // An outer join inside a correlated subquery (small tables: the reference joins per group).
-    let outer = (crate::env::fuzz_outer_joins() && corr.is_some() && a.len() <= 100 && b.len() <= 100 && rng.random_bool(0.25)).then(|| OuterJoin {
-        join: ["LEFT", "RIGHT", "FULL"][rng.random_range(0..3)],
-        corr_left: rng.random_bool(0.5),
-        on: rng.random_range(0..ncols),
-        value_from_corr: rng.random_bool(0.5),
-        ncols,
-        rename_y: rng.random_bool(0.5),
-    });
+    let outer =
+        (crate::env::fuzz_outer_joins() && corr.is_some() && a.len() <= 100 && b.len() <= 100 && rng.random_bool(0.25))
+            .then(|| OuterJoin {
+                join: ["LEFT", "RIGHT", "FULL"][rng.random_range(0..3)],
+                corr_left: rng.random_bool(0.5),
+                on: rng.random_range(0..ncols),
+                value_from_corr: rng.random_bool(0.5),
+                ncols,
+                rename_y: rng.random_bool(0.5),
+            });
     let residual = if outer.is_some() { None } else { residual };
     let pred = Predicate { key, corr, residual, negated: rng.random_bool(0.5), quant, outer };
     let marks = pred.eval(a, b, types[i]);
@@ -582,7 +618,10 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         }
         let ncols = rng.random_range(1..=3);
         let types: Vec<&str> = (0..ncols).map(|_| TYPES[rng.random_range(0..TYPES.len())]).collect();
-        let stmts = vec![random_table(&mut rng, "a", &types, opts.max_rows), random_table(&mut rng, "b", &types, opts.max_rows)];
+        let stmts = vec![
+            random_table(&mut rng, "a", &types, opts.max_rows),
+            random_table(&mut rng, "b", &types, opts.max_rows),
+        ];
         let plain = SessionContext::new();
         setup(&plain, &stmts, &[]).await?;
         let cols = (0..ncols).map(|i| format!("c{i}")).collect::<Vec<_>>().join(", ");
@@ -601,7 +640,8 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         if gpu {
             for strategy in ["auto", "hash", "bitmap", "sort"] {
                 let g = crate::context();
-                setup(&g, &stmts, &["SET setfusion.min_rows = 0", &format!("SET setfusion.strategy = '{strategy}'")]).await?;
+                setup(&g, &stmts, &["SET setfusion.min_rows = 0", &format!("SET setfusion.strategy = '{strategy}'")])
+                    .await?;
                 contexts.push((strategy, g));
             }
         }
@@ -652,13 +692,29 @@ fn trace_query(round: usize, backend: &str, sql: &str) {
     }
 }
 
-fn mismatch(opts: &FuzzOptions, round: usize, backend: &str, sql: &str, stmts: &[String], what: &str) -> DataFusionError {
-    let mut msg = format!("fuzz mismatch (seed {}, round {round}, backend {backend}): {what}\nquery: {sql}\ntables:\n", opts.seed);
+fn mismatch(
+    opts: &FuzzOptions,
+    round: usize,
+    backend: &str,
+    sql: &str,
+    stmts: &[String],
+    what: &str,
+) -> DataFusionError {
+    let mut msg = format!(
+        "fuzz mismatch (seed {}, round {round}, backend {backend}): {what}\nquery: {sql}\ntables:\n",
+        opts.seed
+    );
     for s in stmts {
         let shown: String = s.chars().take(4000).collect();
         let _ = writeln!(msg, "  {shown}{}", if s.len() > 4000 { " ..." } else { ";" });
     }
-    let _ = write!(msg, "reproduce: setfusion fuzz --seed {} --queries {} --max-rows {}", opts.seed, round * 20, opts.max_rows);
+    let _ = write!(
+        msg,
+        "reproduce: setfusion fuzz --seed {} --queries {} --max-rows {}",
+        opts.seed,
+        round * 20,
+        opts.max_rows
+    );
     DataFusionError::Execution(msg)
 }
 
@@ -668,9 +724,9 @@ pub async fn cli(args: Vec<String>) -> Result<i32> {
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| -> Result<u64> {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| DataFusionError::Configuration(format!("fuzz {name} needs a number (see setfusion --help)")))
+            it.next().and_then(|v| v.parse().ok()).ok_or_else(|| {
+                DataFusionError::Configuration(format!("fuzz {name} needs a number (see setfusion --help)"))
+            })
         };
         match a.as_str() {
             "--queries" => opts.queries = value("--queries")? as usize,
@@ -706,15 +762,23 @@ pub async fn cli(args: Vec<String>) -> Result<i32> {
 
 /// A random list column: `rows` rows of up to `max_len` values in [0, domain),
 /// `null_pct` percent NULL lists, a few NULL elements; `sets`: no value twice in a row.
-fn random_lists(rng: &mut StdRng, rows: usize, max_len: usize, domain: i64, null_pct: u32, sets: bool) -> Vec<Option<Vec<Option<i64>>>> {
+fn random_lists(
+    rng: &mut StdRng,
+    rows: usize,
+    max_len: usize,
+    domain: i64,
+    null_pct: u32,
+    sets: bool,
+) -> Vec<Option<Vec<Option<i64>>>> {
     (0..rows)
         .map(|_| {
             if rng.random_range(0..100) < null_pct {
                 return None;
             }
             let len = rng.random_range(0..=max_len);
-            let mut v: Vec<Option<i64>> =
-                (0..len).map(|_| if rng.random_range(0..40) == 0 { None } else { Some(rng.random_range(0..domain)) }).collect();
+            let mut v: Vec<Option<i64>> = (0..len)
+                .map(|_| if rng.random_range(0..40) == 0 { None } else { Some(rng.random_range(0..domain)) })
+                .collect();
             if sets {
                 let mut seen = std::collections::HashSet::new();
                 v.retain(|x| x.is_none_or(|x| seen.insert(x)));
@@ -764,8 +828,12 @@ fn multiset_reference(op: &str, a: &[Option<i64>], b: &[Option<i64>]) -> Vec<i64
 
 /// The contexts a list / families round runs on: CPU, default settings, and
 /// where a GPU is usable the device with `min_rows = 0` (auto and forced).
-async fn list_contexts(gpu: bool, register: &dyn Fn(&SessionContext) -> Result<()>) -> Result<Vec<(&'static str, SessionContext)>> {
-    let mut settings: Vec<(&'static str, Vec<&str>)> = vec![("cpu", vec!["SET setfusion.strategy = 'cpu'"]), ("default", vec![])];
+async fn list_contexts(
+    gpu: bool,
+    register: &dyn Fn(&SessionContext) -> Result<()>,
+) -> Result<Vec<(&'static str, SessionContext)>> {
+    let mut settings: Vec<(&'static str, Vec<&str>)> =
+        vec![("cpu", vec!["SET setfusion.strategy = 'cpu'"]), ("default", vec![])];
     if gpu {
         settings.push(("gpu/auto", vec!["SET setfusion.min_rows = 0"]));
         settings.push(("gpu/hash", vec!["SET setfusion.min_rows = 0", "SET setfusion.strategy = 'hash'"]));
@@ -785,7 +853,11 @@ async fn list_contexts(gpu: bool, register: &dyn Fn(&SessionContext) -> Result<(
 /// `l(id, g, a, b)`, against the count-based reference.
 async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usize) -> Result<usize> {
     use datafusion::arrow::array::Int64Array;
-    let rows = if rng.random_range(0..5) == 0 { rng.random_range(100..=opts.max_rows.clamp(100, 20_000)) } else { rng.random_range(0..40) };
+    let rows = if rng.random_range(0..5) == 0 {
+        rng.random_range(100..=opts.max_rows.clamp(100, 20_000))
+    } else {
+        rng.random_range(0..40)
+    };
     let max_len = [0, 3, 10, 60][rng.random_range(0..4)];
     let domain = [1, 3, 10, 1000][rng.random_range(0..4)];
     let groups = rng.random_range(1..6);
@@ -806,11 +878,28 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
         let swap = rng.random_bool(0.5);
         let (x, y, cx, cy) = if swap { ("b", "a", &b, &a) } else { ("a", "b", &a, &b) };
         // Unsigned lists now and then (values are never negative here).
-        let arg = |c: &str, rng: &mut StdRng| if rng.random_range(0..4) == 0 { format!("arrow_cast({c}, 'List(UInt32)')") } else { c.to_string() };
+        let arg = |c: &str, rng: &mut StdRng| {
+            if rng.random_range(0..4) == 0 {
+                format!("arrow_cast({c}, 'List(UInt32)')")
+            } else {
+                c.to_string()
+            }
+        };
         let (sql, mut want) = if kind < 6 {
-            let f = ["set_intersect_all", "set_except_all", "set_union_all", "set_symmetric_difference", "sorted_intersect", "set_intersect_all"][kind];
+            let f = [
+                "set_intersect_all",
+                "set_except_all",
+                "set_union_all",
+                "set_symmetric_difference",
+                "sorted_intersect",
+                "set_intersect_all",
+            ][kind];
             let (ax, ay) = (arg(x, rng), arg(y, rng));
-            let (ax, ay) = if f == "sorted_intersect" { (format!("array_sort({ax})"), format!("array_sort({ay})")) } else { (ax, ay) };
+            let (ax, ay) = if f == "sorted_intersect" {
+                (format!("array_sort({ax})"), format!("array_sort({ay})"))
+            } else {
+                (ax, ay)
+            };
             let want: Vec<Row> = (0..rows)
                 .map(|i| {
                     let v = match (&cx[i], &cy[i]) {
@@ -822,29 +911,48 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
                 .collect();
             (format!("SELECT id, {f}({ax}, {ay}) FROM l"), want)
         } else {
-            let mut per_group: std::collections::BTreeMap<i64, Option<Vec<Option<i64>>>> = std::collections::BTreeMap::new();
+            let mut per_group: std::collections::BTreeMap<i64, Option<Vec<Option<i64>>>> =
+                std::collections::BTreeMap::new();
             for i in 0..rows {
                 let entry = per_group.entry(g[i]).or_insert(None);
                 if let Some(list) = &cx[i] {
                     *entry = Some(match entry.take() {
                         None => multiset_reference("set_intersect_all", list, list).into_iter().map(Some).collect(),
-                        Some(acc) => multiset_reference("set_intersect_all", &acc, list).into_iter().map(Some).collect(),
+                        Some(acc) => {
+                            multiset_reference("set_intersect_all", &acc, list).into_iter().map(Some).collect()
+                        }
                     });
                 }
             }
             let want = per_group
                 .into_iter()
-                .map(|(k, v)| vec![Some(k.to_string()), v.map(|v| fmt_list(&v.into_iter().flatten().collect::<Vec<_>>()))])
+                .map(|(k, v)| {
+                    vec![Some(k.to_string()), v.map(|v| fmt_list(&v.into_iter().flatten().collect::<Vec<_>>()))]
+                })
                 .collect();
             (format!("SELECT g, set_intersect_agg({}) FROM l GROUP BY g", arg(x, rng)), want)
         };
         want.sort();
         for (backend, ctx) in &contexts {
             trace_query(round, backend, &sql);
-            let got = collect(ctx, &sql).await.map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
+            let got = collect(ctx, &sql)
+                .await
+                .map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
             if got != want {
-                let first = got.iter().zip(&want).find(|(p, q)| p != q).map(|(p, q)| format!(": got {p:?}, expected {q:?}")).unwrap_or_default();
-                return Err(list_mismatch(opts, round, backend, &sql, &what, &format!("{} rows, expected {}{first}", got.len(), want.len())));
+                let first = got
+                    .iter()
+                    .zip(&want)
+                    .find(|(p, q)| p != q)
+                    .map(|(p, q)| format!(": got {p:?}, expected {q:?}"))
+                    .unwrap_or_default();
+                return Err(list_mismatch(
+                    opts,
+                    round,
+                    backend,
+                    &sql,
+                    &what,
+                    &format!("{} rows, expected {}{first}", got.len(), want.len()),
+                ));
             }
         }
     }
@@ -858,7 +966,8 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
     let sizes = [rng.random_range(0..40), rng.random_range(0..40)];
     let max_len = [1, 4, 12][rng.random_range(0..3)];
     let domain = [3, 10, 40][rng.random_range(0..3)];
-    let fams: Vec<Vec<Option<Vec<Option<i64>>>>> = sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, true)).collect();
+    let fams: Vec<Vec<Option<Vec<Option<i64>>>>> =
+        sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, true)).collect();
     let batches: Vec<RecordBatch> = fams
         .iter()
         .map(|f| {
@@ -873,7 +982,9 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
         ctx.register_batch("g", batches[1].clone()).map(|_| ())
     })
     .await?;
-    let set = |v: &Option<Vec<Option<i64>>>| -> std::collections::BTreeSet<i64> { v.iter().flatten().flatten().copied().collect() };
+    let set = |v: &Option<Vec<Option<i64>>>| -> std::collections::BTreeSet<i64> {
+        v.iter().flatten().flatten().copied().collect()
+    };
     let what = format!("families f, g: {sizes:?} sets of up to {max_len} elements in [0, {domain})");
     for _ in 0..10 {
         let level = ["distinct", "pairs", "all"][rng.random_range(0..3)];
@@ -891,21 +1002,40 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
                 }
             }
         }
-        let call = if self_form { format!("intersect_families('f', '{level}')") } else { format!("intersect_families('f', 'g', '{level}')") };
+        let call = if self_form {
+            format!("intersect_families('f', '{level}')")
+        } else {
+            format!("intersect_families('f', 'g', '{level}')")
+        };
         let (sql, mut want): (String, Vec<Row>) = if level == "distinct" {
             let mut freq: std::collections::BTreeMap<Vec<i64>, usize> = std::collections::BTreeMap::new();
             pairs.iter().for_each(|(_, _, e)| *freq.entry(e.clone()).or_default() += 1);
-            (format!("SELECT elements, frequency FROM {call}"), freq.into_iter().map(|(e, n)| vec![Some(fmt_list(&e)), Some(n.to_string())]).collect())
+            (
+                format!("SELECT elements, frequency FROM {call}"),
+                freq.into_iter().map(|(e, n)| vec![Some(fmt_list(&e)), Some(n.to_string())]).collect(),
+            )
         } else {
-            let rows = pairs.into_iter().map(|(i, j, e)| vec![Some(i.to_string()), Some(j.to_string()), Some(fmt_list(&e))]).collect();
+            let rows = pairs
+                .into_iter()
+                .map(|(i, j, e)| vec![Some(i.to_string()), Some(j.to_string()), Some(fmt_list(&e))])
+                .collect();
             (format!("SELECT left_id, right_id, elements FROM {call}"), rows)
         };
         want.sort();
         for (backend, ctx) in &contexts {
             trace_query(round, backend, &sql);
-            let got = collect(ctx, &sql).await.map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
+            let got = collect(ctx, &sql)
+                .await
+                .map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
             if got != want {
-                return Err(list_mismatch(opts, round, backend, &sql, &what, &format!("{} rows, expected {}", got.len(), want.len())));
+                return Err(list_mismatch(
+                    opts,
+                    round,
+                    backend,
+                    &sql,
+                    &what,
+                    &format!("{} rows, expected {}", got.len(), want.len()),
+                ));
             }
         }
     }

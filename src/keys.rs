@@ -57,10 +57,37 @@ fn supported(t: &DataType) -> bool {
     }
     matches!(
         t,
-        Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16 | Float32 | Float64
-            | Date32 | Date64 | Time32(_) | Time64(_) | Timestamp(_, _) | Duration(_) | Interval(_)
-            | Decimal32(_, _) | Decimal64(_, _) | Decimal128(_, _) | Decimal256(_, _)
-            | Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_) | Null
+        Boolean
+            | Int8
+            | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Float16
+            | Float32
+            | Float64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_)
+            | Interval(_)
+            | Decimal32(_, _)
+            | Decimal64(_, _)
+            | Decimal128(_, _)
+            | Decimal256(_, _)
+            | Utf8
+            | LargeUtf8
+            | Utf8View
+            | Binary
+            | LargeBinary
+            | BinaryView
+            | FixedSizeBinary(_)
+            | Null
     )
 }
 
@@ -85,8 +112,23 @@ pub fn is_exact(types: &[DataType]) -> bool {
     use DataType::*;
     match types {
         [t] => match t {
-            Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float32 | Float64 | Date32
-            | Date64 | Time32(_) | Time64(_) | Timestamp(_, _) | Duration(_) => true,
+            Boolean
+            | Int8
+            | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Float32
+            | Float64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_) => true,
             Decimal128(p, _) | Decimal64(p, _) | Decimal32(p, _) => *p <= 18,
             _ => false,
         },
@@ -145,7 +187,8 @@ fn key_nulls(batches: &[Vec<ArrayRef>]) -> Option<NullBuffer> {
     }
     let mut b = datafusion::arrow::array::BooleanBufferBuilder::new(0);
     for cols in batches {
-        let n = cols.iter().fold(None::<NullBuffer>, |acc, c| NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref()));
+        let n =
+            cols.iter().fold(None::<NullBuffer>, |acc, c| NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref()));
         match n {
             Some(n) => b.append_buffer(n.inner()),
             None => b.append_n(cols.first().map_or(0, |c| c.len()), true),
@@ -183,11 +226,8 @@ pub fn encode(
         if !host_hashes {
             column.compact_bloated_views()?;
         }
-        let chunks = if host_hashes {
-            column.hash_arrays().into_iter().map(ScalarBuffer::from).collect()
-        } else {
-            Vec::new()
-        };
+        let chunks =
+            if host_hashes { column.hash_arrays().into_iter().map(ScalarBuffer::from).collect() } else { Vec::new() };
         return Ok(KeyColumns { chunks, nulls, bytes: Some(KeyBytes::Values(column)) });
     }
     if is_column_hashed(types) {
@@ -195,7 +235,8 @@ pub fn encode(
         if !host_hashes {
             columns.compact_bloated_views()?;
         }
-        let chunks = if host_hashes { columns.hash_chunks().into_iter().map(ScalarBuffer::from).collect() } else { Vec::new() };
+        let chunks =
+            if host_hashes { columns.hash_chunks().into_iter().map(ScalarBuffer::from).collect() } else { Vec::new() };
         return Ok(KeyColumns { chunks, nulls, bytes: Some(KeyBytes::Columns(columns)) });
     }
     let converter = converter.ok_or_else(|| DataFusionError::Internal("hash keys need a row converter".into()))?;
@@ -224,7 +265,11 @@ pub fn encode(
 /// (partkey, suppkey) went from ~80 ns a row through row hashing to a few).
 /// Returns None when the keys do not qualify. In the NULL-equal mode the
 /// NULL slots make (NULL, 1) equal to (NULL, 1) only, as row encoding did.
-pub fn encode_packed(a: &[Vec<ArrayRef>], b: &[Vec<ArrayRef>], types: &[DataType]) -> Result<Option<(KeyColumns, KeyColumns)>> {
+pub fn encode_packed(
+    a: &[Vec<ArrayRef>],
+    b: &[Vec<ArrayRef>],
+    types: &[DataType],
+) -> Result<Option<(KeyColumns, KeyColumns)>> {
     if types.len() < 2 || !types.iter().all(|t| is_exact(std::slice::from_ref(t))) {
         return Ok(None);
     }
@@ -240,13 +285,13 @@ pub fn encode_packed(a: &[Vec<ArrayRef>], b: &[Vec<ArrayRef>], types: &[DataType
             .zip(cols)
             .map(|(v, c)| {
                 let nulls = c.logical_nulls();
-                v.iter()
-                    .enumerate()
-                    .filter(|(i, _)| nulls.as_ref().is_none_or(|n| n.is_valid(*i)))
-                    .fold(None, |acc: Option<(i64, i64)>, (_, &x)| {
+                v.iter().enumerate().filter(|(i, _)| nulls.as_ref().is_none_or(|n| n.is_valid(*i))).fold(
+                    None,
+                    |acc: Option<(i64, i64)>, (_, &x)| {
                         let x = x as i64;
                         Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
-                    })
+                    },
+                )
             })
             .collect()
     };
@@ -260,7 +305,8 @@ pub fn encode_packed(a: &[Vec<ArrayRef>], b: &[Vec<ArrayRef>], types: &[DataType
         }
     }
     // Slots per column: its values, then NULL.
-    let ranges: Vec<u128> = bounds.iter().map(|b| b.map_or(0, |(lo, hi)| (hi as i128 - lo as i128) as u128 + 1) + 1).collect();
+    let ranges: Vec<u128> =
+        bounds.iter().map(|b| b.map_or(0, |(lo, hi)| (hi as i128 - lo as i128) as u128 + 1) + 1).collect();
     if ranges.iter().try_fold(1u128, |acc, r| acc.checked_mul(*r).filter(|p| *p < 1u128 << 64)).is_none() {
         return Ok(None);
     }
@@ -326,7 +372,9 @@ fn canon_f32(v: f32) -> u64 {
 /// Replace -0.0 by 0.0 and every NaN by the canonical NaN, so byte equality is SQL equality.
 fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
     Ok(match a.data_type() {
-        DataType::Float64 => Arc::new(a.as_primitive::<Float64Type>().unary::<_, Float64Type>(|v| f64::from_bits(canon_f64(v)))),
+        DataType::Float64 => {
+            Arc::new(a.as_primitive::<Float64Type>().unary::<_, Float64Type>(|v| f64::from_bits(canon_f64(v))))
+        }
         DataType::Float32 => {
             Arc::new(a.as_primitive::<Float32Type>().unary::<_, Float32Type>(|v| f32::from_bits(canon_f32(v) as u32)))
         }
@@ -339,7 +387,12 @@ fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
 pub fn key_is_own_bits(t: &DataType) -> bool {
     matches!(
         t,
-        DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) | DataType::Duration(_) | DataType::Time64(_)
+        DataType::Int64
+            | DataType::UInt64
+            | DataType::Date64
+            | DataType::Timestamp(_, _)
+            | DataType::Duration(_)
+            | DataType::Time64(_)
     )
 }
 
@@ -506,7 +559,11 @@ impl ByteColumn {
         for a in &arrays {
             ByteParts::of(a.as_ref())?;
             if a.data_type() != arrays[0].data_type() {
-                return Err(DataFusionError::Internal(format!("key column of {} and {}", a.data_type(), arrays[0].data_type())));
+                return Err(DataFusionError::Internal(format!(
+                    "key column of {} and {}",
+                    a.data_type(),
+                    arrays[0].data_type()
+                )));
             }
             starts.push(starts[starts.len() - 1] + a.len());
         }
@@ -534,15 +591,22 @@ impl ByteColumn {
     pub fn compact_bloated_views(&mut self) -> Result<()> {
         fn views(a: &ArrayRef) -> Option<(usize, &[Buffer])> {
             match a.data_type() {
-            DataType::Utf8View => Some((a.as_string_view().total_buffer_bytes_used(), a.as_string_view().data_buffers())),
-            DataType::BinaryView => Some((a.as_binary_view().total_buffer_bytes_used(), a.as_binary_view().data_buffers())),
-            _ => None,
+                DataType::Utf8View => {
+                    Some((a.as_string_view().total_buffer_bytes_used(), a.as_string_view().data_buffers()))
+                }
+                DataType::BinaryView => {
+                    Some((a.as_binary_view().total_buffer_bytes_used(), a.as_binary_view().data_buffers()))
+                }
+                _ => None,
             }
         }
         if self.arrays.first().and_then(views).is_none() {
             return Ok(());
         }
-        let used: usize = crate::gpu::par_map(&self.arrays, 16, |a| Ok::<_, DataFusionError>(views(a).map_or(0, |v| v.0)))?.iter().sum();
+        let used: usize =
+            crate::gpu::par_map(&self.arrays, 16, |a| Ok::<_, DataFusionError>(views(a).map_or(0, |v| v.0)))?
+                .iter()
+                .sum();
         let mut seen = std::collections::HashSet::new();
         let held: usize = self
             .arrays
@@ -633,7 +697,10 @@ impl ColumnKeys {
                 if cols.len() != types.len() || cols.iter().any(|c| c.len() != cols[0].len()) {
                     return Err(DataFusionError::Internal("composite key batch of the wrong shape".into()));
                 }
-                cols.iter().zip(&types).map(|(c, t)| if c.data_type() == t { Ok(c.clone()) } else { Ok(cast(c, t)?) }).collect()
+                cols.iter()
+                    .zip(&types)
+                    .map(|(c, t)| if c.data_type() == t { Ok(c.clone()) } else { Ok(cast(c, t)?) })
+                    .collect()
             })
             .collect::<Result<_>>()?;
         let mut starts = Vec::with_capacity(arrays.len() + 1);
@@ -653,7 +720,9 @@ impl ColumnKeys {
             })
             .collect::<Result<_>>()?;
         let null_masks = if arrays.iter().flatten().any(|a| a.logical_null_count() > 0) {
-            Some(crate::gpu::par_map(&arrays, 16, |cols| Ok::<_, DataFusionError>(ScalarBuffer::from(null_masks_of(cols))))?)
+            Some(crate::gpu::par_map(&arrays, 16, |cols| {
+                Ok::<_, DataFusionError>(ScalarBuffer::from(null_masks_of(cols)))
+            })?)
         } else {
             None
         };
@@ -706,7 +775,9 @@ impl ColumnKeys {
                 (0..n).step_by(PIECE).map(move |lo| (b, lo, (lo + PIECE).min(n)))
             })
             .collect();
-        let hashed = crate::gpu::par_map(&pieces, 2, |&(b, lo, hi)| Ok::<_, std::convert::Infallible>(self.hash_range(b, lo, hi)));
+        let hashed = crate::gpu::par_map(&pieces, 2, |&(b, lo, hi)| {
+            Ok::<_, std::convert::Infallible>(self.hash_range(b, lo, hi))
+        });
         match hashed {
             Ok(h) => h,
             Err(never) => match never {},
@@ -799,7 +870,9 @@ fn exact_image(a: &ArrayRef) -> Result<ScalarBuffer<u64>> {
 /// A string / binary array whose NULL slots are all empty (Arrow's builders
 /// and kernels leave them so; other arrays are rebuilt).
 fn empty_null_slots(a: &ArrayRef) -> Result<ArrayRef> {
-    use datafusion::arrow::array::{BinaryArray, BinaryViewArray, LargeBinaryArray, LargeStringArray, StringArray, StringViewArray};
+    use datafusion::arrow::array::{
+        BinaryArray, BinaryViewArray, LargeBinaryArray, LargeStringArray, StringArray, StringViewArray,
+    };
     let Some(nulls) = a.logical_nulls().filter(|n| n.null_count() > 0) else { return Ok(a.clone()) };
     let p = ByteParts::of(a.as_ref())?;
     if (0..a.len()).all(|i| nulls.is_valid(i) || p.value_len(i) == 0) {
@@ -848,9 +921,15 @@ impl<'a> ByteParts<'a> {
             Utf8 => ByteParts::Offsets32(a.as_string::<i32>().value_offsets(), a.as_string::<i32>().value_data()),
             Binary => ByteParts::Offsets32(a.as_binary::<i32>().value_offsets(), a.as_binary::<i32>().value_data()),
             LargeUtf8 => ByteParts::Offsets64(a.as_string::<i64>().value_offsets(), a.as_string::<i64>().value_data()),
-            LargeBinary => ByteParts::Offsets64(a.as_binary::<i64>().value_offsets(), a.as_binary::<i64>().value_data()),
-            Utf8View => ByteParts::Views(a.as_string_view().views().inner().as_slice(), a.as_string_view().data_buffers()),
-            BinaryView => ByteParts::Views(a.as_binary_view().views().inner().as_slice(), a.as_binary_view().data_buffers()),
+            LargeBinary => {
+                ByteParts::Offsets64(a.as_binary::<i64>().value_offsets(), a.as_binary::<i64>().value_data())
+            }
+            Utf8View => {
+                ByteParts::Views(a.as_string_view().views().inner().as_slice(), a.as_string_view().data_buffers())
+            }
+            BinaryView => {
+                ByteParts::Views(a.as_binary_view().views().inner().as_slice(), a.as_binary_view().data_buffers())
+            }
             t => return Err(DataFusionError::Internal(format!("{t} is not a string or binary column"))),
         })
     }
@@ -1011,7 +1090,8 @@ pub fn verify_columns(build: RowSubset<'_>, build_hashes: &[u64], probe: RowSubs
 /// was found (the caller recomputes with them). Deferred hashes are computed here.
 pub fn verify_or_exact(build: &KeyColumns, probe: &KeyColumns) -> Option<(Vec<u64>, Vec<u64>)> {
     let (Some(br), Some(pr)) = (&build.bytes, &probe.bytes) else { return None };
-    let hashes = |k: &KeyColumns, r| if k.hashes_deferred() { hash_rows(RowSubset::all(r)) } else { k.iter().collect() };
+    let hashes =
+        |k: &KeyColumns, r| if k.hashes_deferred() { hash_rows(RowSubset::all(r)) } else { k.iter().collect() };
     let (bh, ph) = (hashes(build, br), hashes(probe, pr));
     verify_rows_or_exact(RowSubset::all(br), &bh, RowSubset::all(pr), &ph)
 }
@@ -1094,9 +1174,14 @@ mod tests {
         let all: ArrayRef = Arc::new(StringViewArray::from_iter_values(long.iter()));
         let keep = BooleanArray::from((0..all.len()).map(|i| i % 100 == 0).collect::<Vec<_>>());
         let few = datafusion::arrow::compute::filter(&all, &keep).unwrap();
-        let buffers = |c: &ByteColumn| -> usize { c.arrays().iter().flat_map(|a| a.as_string_view().data_buffers()).map(|b| b.len()).sum() };
+        let buffers = |c: &ByteColumn| -> usize {
+            c.arrays().iter().flat_map(|a| a.as_string_view().data_buffers()).map(|b| b.len()).sum()
+        };
         let mut col = ByteColumn::new(vec![few.clone(), few.slice(0, 10)]).unwrap();
-        let before: Vec<Vec<u8>> = RowSubset::all(&KeyBytes::Values(ByteColumn::new(col.arrays().to_vec()).unwrap())).iter().map(|r| r.to_vec()).collect();
+        let before: Vec<Vec<u8>> = RowSubset::all(&KeyBytes::Values(ByteColumn::new(col.arrays().to_vec()).unwrap()))
+            .iter()
+            .map(|r| r.to_vec())
+            .collect();
         assert!(buffers(&col) > 100_000_000);
         col.compact_bloated_views().unwrap();
         assert!(buffers(&col) < 2_000_000, "{}", buffers(&col));
@@ -1105,7 +1190,10 @@ mod tests {
         // Every row of the buffer in use, across slices sharing it: kept as it is.
         let mut shared = ByteColumn::new(vec![all.slice(0, 500_000), all.slice(500_000, 500_000)]).unwrap();
         shared.compact_bloated_views().unwrap();
-        assert!(std::ptr::eq(shared.arrays()[0].as_string_view().data_buffers()[0].as_ptr(), all.as_string_view().data_buffers()[0].as_ptr()));
+        assert!(std::ptr::eq(
+            shared.arrays()[0].as_string_view().data_buffers()[0].as_ptr(),
+            all.as_string_view().data_buffers()[0].as_ptr()
+        ));
     }
 
     /// Packed keys are equal exactly when the rows are (NULL equal to NULL,
@@ -1114,8 +1202,10 @@ mod tests {
     fn packed_composite_keys_are_exact() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let batch = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<ArrayRef> {
-            let a: Int64Array = (0..n).map(|_| rng.random_bool(0.9).then(|| rng.random_range(-5..5i64) * 1_000_000_007)).collect();
-            let b: Int32Array = (0..n).map(|_| rng.random_bool(0.9).then(|| rng.random_range(i32::MIN..=i32::MIN + 3))).collect();
+            let a: Int64Array =
+                (0..n).map(|_| rng.random_bool(0.9).then(|| rng.random_range(-5..5i64) * 1_000_000_007)).collect();
+            let b: Int32Array =
+                (0..n).map(|_| rng.random_bool(0.9).then(|| rng.random_range(i32::MIN..=i32::MIN + 3))).collect();
             let c: Date32Array = (0..n).map(|_| rng.random_bool(0.95).then(|| rng.random_range(0..4))).collect();
             vec![Arc::new(a), Arc::new(b), Arc::new(c)]
         };
@@ -1127,13 +1217,17 @@ mod tests {
         let show = |side: &[Vec<ArrayRef>]| -> Vec<String> {
             side.iter()
                 .flat_map(|cols| {
-                    (0..cols[0].len()).map(|i| {
-                        cols.iter()
-                            .map(|c| datafusion::arrow::util::display::array_value_to_string(c, i).unwrap_or_default())
-                            .map(|v| if v.is_empty() { "NULL".into() } else { v })
-                            .collect::<Vec<String>>()
-                            .join("|")
-                    }).collect::<Vec<_>>()
+                    (0..cols[0].len())
+                        .map(|i| {
+                            cols.iter()
+                                .map(|c| {
+                                    datafusion::arrow::util::display::array_value_to_string(c, i).unwrap_or_default()
+                                })
+                                .map(|v| if v.is_empty() { "NULL".into() } else { v })
+                                .collect::<Vec<String>>()
+                                .join("|")
+                        })
+                        .collect::<Vec<_>>()
                 })
                 .collect()
         };
@@ -1151,7 +1245,8 @@ mod tests {
         // Any NULL column marks the row NULL (for the joins' NULL rules).
         assert!(lk.null_count() > 0);
         // Strings, or ranges past 64 bits, do not qualify.
-        let s: Vec<Vec<ArrayRef>> = vec![vec![Arc::new(StringArray::from(vec!["a"])), Arc::new(Int64Array::from(vec![1]))]];
+        let s: Vec<Vec<ArrayRef>> =
+            vec![vec![Arc::new(StringArray::from(vec!["a"])), Arc::new(Int64Array::from(vec![1]))]];
         assert!(encode_packed(&s, &s, &[DataType::Utf8, DataType::Int64]).unwrap().is_none());
         let wide: Vec<Vec<ArrayRef>> =
             vec![vec![Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX])), Arc::new(Int64Array::from(vec![0, 1]))]];
@@ -1171,8 +1266,13 @@ mod tests {
                                     return "NULL".to_string();
                                 }
                                 match c.data_type() {
-                                    DataType::Float64 => format!("f{:x}", canon_f64(c.as_primitive::<Float64Type>().value(i))),
-                                    _ => format!("<{}>", datafusion::arrow::util::display::array_value_to_string(c, i).unwrap()),
+                                    DataType::Float64 => {
+                                        format!("f{:x}", canon_f64(c.as_primitive::<Float64Type>().value(i)))
+                                    }
+                                    _ => format!(
+                                        "<{}>",
+                                        datafusion::arrow::util::display::array_value_to_string(c, i).unwrap()
+                                    ),
                                 }
                             })
                             .collect::<Vec<String>>()
@@ -1208,11 +1308,19 @@ mod tests {
         let s: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some(""), Some("a"), Some("a"), Some("a")]));
         let i: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(1), Some(1), None, Some(0), Some(-1)]));
         let (k, h) = column_keys(&[vec![s, i]], &[DataType::Utf8, DataType::Int64]);
-        let want = [0x5640cbca1445d4c3u64, 0x1b0a4baa8e2a0477, 0x5c61c1f57f6541c9, 0xc6034eaafb3d0e8e, 0xbb1bb84713c8635f, 0x44ea6b500f42b0ae];
+        let want = [
+            0x5640cbca1445d4c3u64,
+            0x1b0a4baa8e2a0477,
+            0x5c61c1f57f6541c9,
+            0xc6034eaafb3d0e8e,
+            0xbb1bb84713c8635f,
+            0x44ea6b500f42b0ae,
+        ];
         assert_eq!(h, want);
         assert_eq!(hash_rows(RowSubset::all(k.bytes.as_ref().unwrap())), want);
         let d: ArrayRef = Arc::new(Date32Array::from(vec![Some(19000), Some(19000), None]));
-        let v: ArrayRef = Arc::new(StringViewArray::from(vec![Some("setfusion row hash!"), Some("setfusion row hash!"), None]));
+        let v: ArrayRef =
+            Arc::new(StringViewArray::from(vec![Some("setfusion row hash!"), Some("setfusion row hash!"), None]));
         let f: ArrayRef = Arc::new(Float64Array::from(vec![Some(-0.0), Some(-f64::NAN), None]));
         let (_, h) = column_keys(&[vec![d, v, f]], &[DataType::Date32, DataType::Utf8View, DataType::Float64]);
         assert_eq!(h, [0x6f44c8487907018d, 0x8284b2c2dba74c1b, 0xeaddebfa10d06d10]);
@@ -1222,18 +1330,29 @@ mod tests {
     fn column_hashed_key_types() {
         use DataType::*;
         let dict = Dictionary(Box::new(Int32), Box::new(Utf8));
-        for t in [vec![Utf8, Int64], vec![Int32, LargeUtf8, Date32], vec![Utf8View, dict.clone()], vec![LargeUtf8, Float64], vec![Int64, Int64]] {
+        for t in [
+            vec![Utf8, Int64],
+            vec![Int32, LargeUtf8, Date32],
+            vec![Utf8View, dict.clone()],
+            vec![LargeUtf8, Float64],
+            vec![Int64, Int64],
+        ] {
             assert!(is_column_hashed(&t), "{t:?}");
             assert!(key_bytes_carry_nulls(&t));
             assert!(converter_for(&t).unwrap().is_none(), "{t:?}");
         }
-        for t in [vec![Utf8], vec![Int64], vec![Utf8, Decimal128(38, 2)], vec![FixedSizeBinary(4), Int32], vec![Utf8, Null]] {
+        for t in
+            [vec![Utf8], vec![Int64], vec![Utf8, Decimal128(38, 2)], vec![FixedSizeBinary(4), Int32], vec![Utf8, Null]]
+        {
             assert!(!is_column_hashed(&t), "{t:?}");
         }
         assert!(converter_for(&[Utf8, Decimal128(38, 2)]).unwrap().is_some());
         assert!(!is_column_hashed(&vec![Int8; MAX_HASHED_COLUMNS + 1]));
         // The GPU backend defers the hashing to the device.
-        let b = vec![vec![Arc::new(StringArray::from(vec!["a"])) as ArrayRef, Arc::new(Int32Array::from(vec![1])) as ArrayRef]];
+        let b = vec![vec![
+            Arc::new(StringArray::from(vec!["a"])) as ArrayRef,
+            Arc::new(Int32Array::from(vec![1])) as ArrayRef,
+        ]];
         let k = encode(&b, &[Utf8, Int32], None, false).unwrap();
         assert!(k.hashes_deferred() && k.len() == 1);
     }
@@ -1253,7 +1372,11 @@ mod tests {
         let dict = Dictionary(Box::new(Int32), Box::new(Utf8));
         let column = |rng: &mut rand::rngs::StdRng, t: &DataType, n: usize| -> ArrayRef {
             let a: ArrayRef = match t {
-                Float64 => Arc::new((0..n + 2).map(|_| rng.random_bool(0.85).then(|| floats[rng.random_range(0..floats.len())])).collect::<Float64Array>()),
+                Float64 => Arc::new(
+                    (0..n + 2)
+                        .map(|_| rng.random_bool(0.85).then(|| floats[rng.random_range(0..floats.len())]))
+                        .collect::<Float64Array>(),
+                ),
                 Int32 | Int64 | Date32 => {
                     // Garbage under the NULLs: the values buffer keeps numbers there.
                     let v: Vec<i64> = (0..n + 2).map(|_| rng.random_range(-2..3)).collect();
@@ -1306,7 +1429,13 @@ mod tests {
             let ids: Vec<u64> = li.iter().chain(&ri).copied().collect();
             for i in 0..rows.len() {
                 for j in 0..rows.len() {
-                    assert_eq!(rows[i] == rows[j], ids[i] == ids[j], "{types:?}: exact ids of {} and {}", rows[i], rows[j]);
+                    assert_eq!(
+                        rows[i] == rows[j],
+                        ids[i] == ids[j],
+                        "{types:?}: exact ids of {} and {}",
+                        rows[i],
+                        rows[j]
+                    );
                 }
             }
             // Two different tuples forced onto one hash (one on each side): caught, resolved exactly.
@@ -1316,7 +1445,8 @@ mod tests {
             assert!(!verify_columns(ls, &lh, rs, &forced));
             assert_eq!(verify_rows_or_exact(ls, &lh, rs, &forced), Some((li.clone(), ri.clone())));
             // Subsets (the rows without NULLs) hash and verify the same way.
-            let valid = |k: &KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
+            let valid =
+                |k: &KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
             let (lv, rv) = (valid(&lk), valid(&rk));
             let (lsub, rsub) = (RowSubset::new(lb, Some(&lv)).unwrap(), RowSubset::new(rb, Some(&rv)).unwrap());
             let (lsh, rsh) = (hash_rows(lsub), hash_rows(rsub));
@@ -1337,7 +1467,11 @@ mod tests {
         let strings = |v: Vec<Option<&str>>| -> ArrayRef { Arc::new(StringArray::from(v)) };
         // Column 0 a string: rows (NULL, a) twice (garbage "x" under the second NULL), ('', a), (a, NULL), (NULL, NULL).
         let full = StringArray::from(vec!["", "x", "", "a", ""]);
-        let first = StringArray::new(full.offsets().clone(), full.values().clone(), Some(NullBuffer::from(vec![false, false, true, true, false])));
+        let first = StringArray::new(
+            full.offsets().clone(),
+            full.values().clone(),
+            Some(NullBuffer::from(vec![false, false, true, true, false])),
+        );
         let b = vec![vec![Arc::new(first) as ArrayRef, strings(vec![Some("a"), Some("a"), Some("a"), None, None])]];
         let (k, h) = column_keys(&b, &[DataType::Utf8, DataType::Utf8]);
         let c = columns_of(&k);
@@ -1356,7 +1490,10 @@ mod tests {
         assert_ne!(h[0], h[2]);
         assert!(!columns_of(&k).rows_equal(0, columns_of(&k), 2));
         // A side without NULLs hashes its rows as a side with NULLs does.
-        let (_, plain) = column_keys(&[vec![Arc::new(Int64Array::from(vec![0])) as ArrayRef, strings(vec![Some("a")])]], &[DataType::Int64, DataType::Utf8]);
+        let (_, plain) = column_keys(
+            &[vec![Arc::new(Int64Array::from(vec![0])) as ArrayRef, strings(vec![Some("a")])]],
+            &[DataType::Int64, DataType::Utf8],
+        );
         assert_eq!(plain[0], h[2]);
     }
 }

@@ -58,7 +58,10 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     // intersect_families (issue 15, seed 000).
     builder.table_functions().get_or_insert_with(Default::default).insert(
         udf::families::NAME.to_string(),
-        Arc::new(datafusion::catalog::TableFunction::new(udf::families::NAME.to_string(), Arc::new(udf::families::IntersectFamilies))),
+        Arc::new(datafusion::catalog::TableFunction::new(
+            udf::families::NAME.to_string(),
+            Arc::new(udf::families::IntersectFamilies),
+        )),
     );
     // The semi/anti join rule runs right after DataFusion's join selection and
     // before distribution enforcement: a replaced join then gets no hash
@@ -133,7 +136,8 @@ mod layering {
             for (n, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
                 let code = line.split("//").next().unwrap_or("");
                 for (at, _) in code.match_indices("crate::") {
-                    let name: String = code[at + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    let name: String =
+                        code[at + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
                     if rank(&name).is_some_and(|r| r > own_rank) {
                         upward.push(format!("{rel}:{}: {own} uses crate::{name}", n + 1));
                     }
@@ -178,7 +182,10 @@ mod layering {
                         i += 1;
                     }
                 }
-            } else if b[i] == b'r' && (i == 0 || !is_ident(b[i - 1])) && b.get(i + 1).is_some_and(|&c| c == b'"' || c == b'#') {
+            } else if b[i] == b'r'
+                && (i == 0 || !is_ident(b[i - 1]))
+                && b.get(i + 1).is_some_and(|&c| c == b'"' || c == b'#')
+            {
                 // Raw string r"..." / r#"..."#.
                 let mut j = i + 1;
                 while j < b.len() && b[j] == b'#' {
@@ -459,7 +466,15 @@ mod layering {
             }
         }
         let n = modules.len();
-        let mut t = Tarjan { edges: &edges, index: vec![None; n], low: vec![0; n], on_stack: vec![false; n], stack: Vec::new(), next: 0, components: Vec::new() };
+        let mut t = Tarjan {
+            edges: &edges,
+            index: vec![None; n],
+            low: vec![0; n],
+            on_stack: vec![false; n],
+            stack: Vec::new(),
+            next: 0,
+            components: Vec::new(),
+        };
         for v in 0..n {
             if t.index[v].is_none() {
                 t.visit(v);

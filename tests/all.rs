@@ -11,31 +11,31 @@
 //! Shared helpers (GPU skip logic, runtime, crate root) are in `tests/all/common.rs`
 //! and reachable as `crate::common::...`.
 
+#[cfg(feature = "ballista")]
+#[path = "all/ballista.rs"]
+mod ballista;
+#[path = "all/cli.rs"]
+mod cli;
+#[cfg(feature = "ballista")]
+#[path = "all/cluster_processes.rs"]
+mod cluster_processes;
 #[path = "all/common.rs"]
 mod common;
-#[path = "all/slt_suites.rs"]
-mod slt_suites;
+#[path = "all/concurrency.rs"]
+mod concurrency;
+#[path = "all/device_scan.rs"]
+mod device_scan;
+#[path = "all/devices.rs"]
+mod devices;
 #[path = "all/differential.rs"]
 mod differential;
+#[path = "all/memory.rs"]
+mod memory;
+#[path = "all/plan_citizenship.rs"]
+mod plan_citizenship;
+#[path = "all/slt_suites.rs"]
+mod slt_suites;
 #[path = "all/ssjoin.rs"]
 mod ssjoin;
 #[path = "all/tpch.rs"]
 mod tpch;
-#[path = "all/concurrency.rs"]
-mod concurrency;
-#[path = "all/memory.rs"]
-mod memory;
-#[path = "all/devices.rs"]
-mod devices;
-#[path = "all/cli.rs"]
-mod cli;
-#[cfg(feature = "ballista")]
-#[path = "all/ballista.rs"]
-mod ballista;
-#[cfg(feature = "ballista")]
-#[path = "all/cluster_processes.rs"]
-mod cluster_processes;
-#[path = "all/plan_citizenship.rs"]
-mod plan_citizenship;
-#[path = "all/device_scan.rs"]
-mod device_scan;

@@ -257,7 +257,14 @@ impl Walk {
 
     /// The non-empty intersections of left set `i` with the right sets it
     /// pairs with, in right-set order: calls `emit(j, elements)` for each.
-    fn intersections(&mut self, space: &PairSpace, inv: &InvertedLists, i: usize, buf: &mut Vec<u32>, mut emit: impl FnMut(u32, &[u32])) {
+    fn intersections(
+        &mut self,
+        space: &PairSpace,
+        inv: &InvertedLists,
+        i: usize,
+        buf: &mut Vec<u32>,
+        mut emit: impl FnMut(u32, &[u32]),
+    ) {
         let from = space.first_right(i) as u32;
         let set = space.left.set(i);
         // Count: the size of every non-empty intersection.
@@ -313,10 +320,8 @@ pub fn pairs_cpu(space: &PairSpace, rows: Range<usize>) -> PairIntersections {
 
 /// [`pairs_cpu`] with the right family's inverted lists already built.
 pub fn pairs_cpu_with(space: &PairSpace, inv: &InvertedLists, rows: Range<usize>) -> PairIntersections {
-    let tasks: Vec<Range<usize>> = (rows.start..rows.end)
-        .step_by(LEFT_SETS_PER_TASK)
-        .map(|s| s..(s + LEFT_SETS_PER_TASK).min(rows.end))
-        .collect();
+    let tasks: Vec<Range<usize>> =
+        (rows.start..rows.end).step_by(LEFT_SETS_PER_TASK).map(|s| s..(s + LEFT_SETS_PER_TASK).min(rows.end)).collect();
     let parts: Vec<Mutex<Option<PairIntersections>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let workers = threads().min(tasks.len()).max(1);
@@ -409,7 +414,8 @@ impl Shards {
         }
         let next = AtomicUsize::new(0);
         let sorted: Vec<Mutex<Vec<(Box<[u32]>, u64)>>> = (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect();
-        let inputs: Vec<Mutex<Vec<HashMap<u64, Vec<(Box<[u32]>, u64)>>>>> = by_shard.into_iter().map(Mutex::new).collect();
+        let inputs: Vec<Mutex<Vec<HashMap<u64, Vec<(Box<[u32]>, u64)>>>>> =
+            by_shard.into_iter().map(Mutex::new).collect();
         std::thread::scope(|s| {
             for _ in 0..threads().min(SHARDS) {
                 s.spawn(|| loop {
@@ -447,7 +453,11 @@ fn merge_sorted_runs(runs: Vec<Vec<(Box<[u32]>, u64)>>) -> DistinctSets {
     use std::collections::BinaryHeap;
     let total: usize = runs.iter().map(|r| r.len()).sum();
     let elems: usize = runs.iter().flatten().map(|(s, _)| s.len()).sum();
-    let mut out = DistinctSets { offsets: Vec::with_capacity(total + 1), elements: Vec::with_capacity(elems), frequency: Vec::with_capacity(total) };
+    let mut out = DistinctSets {
+        offsets: Vec::with_capacity(total + 1),
+        elements: Vec::with_capacity(elems),
+        frequency: Vec::with_capacity(total),
+    };
     out.offsets.push(0);
     let mut iters: Vec<std::vec::IntoIter<(Box<[u32]>, u64)>> = runs.into_iter().map(|r| r.into_iter()).collect();
     let mut heap = BinaryHeap::new();
@@ -471,7 +481,8 @@ fn merge_sorted_runs(runs: Vec<Vec<(Box<[u32]>, u64)>>) -> DistinctSets {
 pub fn distinct_cpu(space: &PairSpace) -> DistinctSets {
     let inv = InvertedLists::of_space(space);
     let k = space.left.len();
-    let tasks: Vec<Range<usize>> = (0..k).step_by(LEFT_SETS_PER_TASK).map(|s| s..(s + LEFT_SETS_PER_TASK).min(k)).collect();
+    let tasks: Vec<Range<usize>> =
+        (0..k).step_by(LEFT_SETS_PER_TASK).map(|s| s..(s + LEFT_SETS_PER_TASK).min(k)).collect();
     let next = AtomicUsize::new(0);
     let workers = threads().min(tasks.len()).max(1);
     let parts: Vec<Shards> = std::thread::scope(|s| {
@@ -532,7 +543,11 @@ pub fn distinct_of(parts: &[&PairIntersections]) -> DistinctSets {
 // ---------------------------------------------------------------------------
 
 /// kernels/families.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "families", source: include_str!("../../kernels/families.cu"), defines: families_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "families",
+    source: include_str!("../../kernels/families.cu"),
+    defines: families_defines,
+};
 
 fn families_defines() -> Vec<(String, u64)> {
     vec![("FAM_THREADS".into(), FAM_THREADS as u64)]
@@ -662,11 +677,21 @@ fn run_slice(gpu: &Gpu, dev: &DeviceFamilies, rows: Range<usize>, ts: &mut Trans
     let (pairs, elems) = (pairs as usize, elems as usize);
     if pairs >= (u32::MAX / 2) as usize {
         // Pair numbers are u32 (the matrix holds them); the caller halves the slice.
-        return Err(crate::gpu::GpuError::over_budget(format!("intersect_families slice of {nrows} sets ({pairs} non-empty pairs, over u32 pair numbers)"), usize::MAX, 0).into());
+        return Err(crate::gpu::GpuError::over_budget(
+            format!("intersect_families slice of {nrows} sets ({pairs} non-empty pairs, over u32 pair numbers)"),
+            usize::MAX,
+            0,
+        )
+        .into());
     }
     let need = pairs * BYTES_PER_NONEMPTY + elems * 8;
     if need > gpu.budget().available() {
-        return Err(crate::gpu::GpuError::over_budget(format!("intersect_families slice of {nrows} sets"), need, gpu.budget().available()).into());
+        return Err(crate::gpu::GpuError::over_budget(
+            format!("intersect_families slice of {nrows} sets"),
+            need,
+            gpu.budget().available(),
+        )
+        .into());
     }
     let d_bases = gpu.upload(&bases, ts)?;
     let right = gpu.alloc::<u32>(pairs.max(1))?;
@@ -704,7 +729,8 @@ impl Slice {
     /// The slice's pairs on the host.
     fn download(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<PairIntersections> {
         let right = gpu.download(&self.right, self.pairs, ts)?;
-        let offsets: Vec<usize> = gpu.download(&self.pair_offsets, self.pairs + 1, ts)?.into_iter().map(|o| o as usize).collect();
+        let offsets: Vec<usize> =
+            gpu.download(&self.pair_offsets, self.pairs + 1, ts)?.into_iter().map(|o| o as usize).collect();
         let elements = gpu.download(&self.elements, self.total_elements, ts)?;
         let mut left = Vec::with_capacity(self.pairs);
         for (r, w) in self.row_pairs.windows(2).enumerate() {
@@ -782,7 +808,13 @@ impl Slice {
         let mut order = gpu.alloc::<u32>(groups.max(1))?;
         let f = gpu.function(&KERNEL, "fam_order_keys")?;
         let mut b = stream.launch_builder(&f);
-        b.arg(&groups_u).arg(&group_pos.slice).arg(&group_pair.slice).arg(&gathered.slice).arg(&bits).arg(&keys.slice).arg(&order.slice);
+        b.arg(&groups_u)
+            .arg(&group_pos.slice)
+            .arg(&group_pair.slice)
+            .arg(&gathered.slice)
+            .arg(&bits)
+            .arg(&keys.slice)
+            .arg(&order.slice);
         // SAFETY: matches fam_order_keys; group_pos / group_pair (now the sizes) and keys / order have `groups`
         // entries, and every group's elements lie inside gathered.
         unsafe { b.launch(thread_grid(gpu, groups)) }.map_err(|e| cuda_err("families fam_order_keys", e))?;
@@ -830,7 +862,8 @@ impl FlatDistinct {
     /// Ordered by (size, elements): the device's order, with ties among sets
     /// longer than their keys ordered here.
     fn into_sorted(mut self) -> DistinctSets {
-        let (keys, mut order, cap) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.order), self.key_elements);
+        let (keys, mut order, cap) =
+            (std::mem::take(&mut self.keys), std::mem::take(&mut self.order), self.key_elements);
         let mut start = 0;
         while start < keys.len() {
             let mut end = start + 1;
@@ -854,7 +887,8 @@ impl FlatDistinct {
                 .map(|chunk| {
                     let this = &self;
                     s.spawn(move || {
-                        let (mut elems, mut lens, mut freqs) = (Vec::new(), Vec::with_capacity(chunk.len()), Vec::with_capacity(chunk.len()));
+                        let (mut elems, mut lens, mut freqs) =
+                            (Vec::new(), Vec::with_capacity(chunk.len()), Vec::with_capacity(chunk.len()));
                         for &d in chunk {
                             let set = this.set(d as usize);
                             elems.extend_from_slice(set);
@@ -868,7 +902,11 @@ impl FlatDistinct {
             handles.into_iter().map(|h| h.join().expect("families output worker panicked")).collect()
         });
         let n = order.len();
-        let mut out = DistinctSets { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(self.elements.len()), frequency: Vec::with_capacity(n) };
+        let mut out = DistinctSets {
+            offsets: Vec::with_capacity(n + 1),
+            elements: Vec::with_capacity(self.elements.len()),
+            frequency: Vec::with_capacity(n),
+        };
         out.offsets.push(0);
         for (elems, lens, freqs) in parts {
             let mut at = out.elements.len();
@@ -891,7 +929,11 @@ fn slices(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, resident: usize) -> 
 }
 
 fn resident_bytes(space: &PairSpace, inv: &InvertedLists) -> usize {
-    space.left.offsets.len() * 8 + space.left.elements.len() * 4 + space.left.len() * 4 + inv.offsets.len() * 4 + inv.sets.len() * 4
+    space.left.offsets.len() * 8
+        + space.left.elements.len() * 4
+        + space.left.len() * 4
+        + inv.offsets.len() * 4
+        + inv.sets.len() * 4
 }
 
 /// Run `per_slice` over slices of `rows`, halving a slice whose non-empty
@@ -928,12 +970,23 @@ fn for_each_slice(
 }
 
 /// I_r for the left sets in `rows`, on the device (GPU twin of [`pairs_cpu`]).
-pub fn pairs_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
+pub fn pairs_gpu(
+    gpu: &Gpu,
+    space: &PairSpace,
+    rows: Range<usize>,
+    ts: &mut TransferStats,
+) -> Result<PairIntersections> {
     pairs_gpu_with(gpu, space, &InvertedLists::of_space(space), rows, ts)
 }
 
 /// [`pairs_gpu`] with the right family's inverted lists already built.
-pub fn pairs_gpu_with(gpu: &Gpu, space: &PairSpace, inv: &InvertedLists, rows: Range<usize>, ts: &mut TransferStats) -> Result<PairIntersections> {
+pub fn pairs_gpu_with(
+    gpu: &Gpu,
+    space: &PairSpace,
+    inv: &InvertedLists,
+    rows: Range<usize>,
+    ts: &mut TransferStats,
+) -> Result<PairIntersections> {
     let mut all = PairIntersections::new();
     if rows.is_empty() || space.right.is_empty() {
         return Ok(all);
@@ -1021,7 +1074,8 @@ pub mod tests_data {
 
     /// The paper's figure 1: F and F' (k = 6, k' = 4).
     pub fn figure1() -> (Family, Family) {
-        let f = Family::from_sets(&[vec![3, 0, 1, 2], vec![5, 1], vec![2, 0, 3], vec![3, 4], vec![1, 3, 2, 5], vec![1]]);
+        let f =
+            Family::from_sets(&[vec![3, 0, 1, 2], vec![5, 1], vec![2, 0, 3], vec![3, 4], vec![1, 3, 2, 5], vec![1]]);
         let g = Family::from_sets(&[vec![1, 4], vec![1, 5, 4], vec![4, 0, 2, 3], vec![5, 3, 4]]);
         (f, g)
     }
@@ -1098,7 +1152,13 @@ mod tests {
     #[test]
     fn random_families_match_brute_force() {
         for seed in 0..12u64 {
-            let (f, g) = random(40 + seed as usize * 7, 30 + seed as usize * 5, (seed % 4) as usize * 6, 10 + seed as u32 * 9, seed);
+            let (f, g) = random(
+                40 + seed as usize * 7,
+                30 + seed as usize * 5,
+                (seed % 4) as usize * 6,
+                10 + seed as u32 * 9,
+                seed,
+            );
             let space = PairSpace { left: &f, right: &g, right_from: None };
             let brute = pairs_brute_force(&space);
             assert_eq!(pairs_cpu(&space, 0..f.len()), brute, "seed {seed}");
@@ -1152,7 +1212,10 @@ mod tests {
                 };
                 let cpu = pairs_cpu(&space, 0..f.len());
                 assert_eq!(pairs_gpu(&lease, &space, 0..f.len(), &mut ts).unwrap(), cpu, "seed {seed}");
-                assert_eq!(pairs_gpu(&lease, &space, 7..f.len() / 2, &mut ts).unwrap(), pairs_cpu(&space, 7..f.len() / 2));
+                assert_eq!(
+                    pairs_gpu(&lease, &space, 7..f.len() / 2, &mut ts).unwrap(),
+                    pairs_cpu(&space, 7..f.len() / 2)
+                );
                 let (d, _) = distinct_gpu(&lease, &space, &mut ts).unwrap();
                 assert_eq!(d, distinct_cpu(&space), "seed {seed}");
             }

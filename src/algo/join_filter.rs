@@ -30,7 +30,11 @@ use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 use crate::keys::KeyColumns;
 
 /// kernels/join_filter.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "join_filter", source: include_str!("../../kernels/join_filter.cu"), defines: join_filter_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "join_filter",
+    source: include_str!("../../kernels/join_filter.cu"),
+    defines: join_filter_defines,
+};
 
 fn join_filter_defines() -> Vec<(String, u64)> {
     let mut d = crate::gpu::prefixed("JF_", &op::ALL.iter().map(|&(n, c)| (n, c as u64)).collect::<Vec<_>>());
@@ -39,7 +43,6 @@ fn join_filter_defines() -> Vec<(String, u64)> {
     d.push(("JF_STACK".into(), STACK as u64));
     d
 }
-
 
 /// Program ops: the `JF_*` defines of `kernels/join_filter.cu` (a unit test
 /// checks that both agree).
@@ -80,12 +83,40 @@ pub mod op {
     pub const CHECK_I: u32 = 64;
     /// Every op with its kernel name, for the agreement test.
     pub const ALL: &[(&str, u32)] = &[
-        ("COL", COL), ("LIT", LIT), ("NULL", NULL), ("ADD_I", ADD_I), ("SUB_I", SUB_I), ("MUL_I", MUL_I), ("NEG_I", NEG_I),
-        ("ADD_F", ADD_F), ("SUB_F", SUB_F), ("MUL_F", MUL_F), ("DIV_F", DIV_F), ("NEG_F", NEG_F), ("EQ_I", EQ_I),
-        ("NE_I", NE_I), ("LT_I", LT_I), ("LE_I", LE_I), ("GT_I", GT_I), ("GE_I", GE_I), ("EQ_F", EQ_F), ("NE_F", NE_F),
-        ("LT_F", LT_F), ("LE_F", LE_F), ("GT_F", GT_F), ("GE_F", GE_F), ("AND", AND), ("OR", OR), ("NOT", NOT),
-        ("IS_NULL", IS_NULL), ("IS_NOT_NULL", IS_NOT_NULL), ("I2F", I2F), ("SCALE_I", SCALE_I), ("DEC2F", DEC2F),
-        ("F2F32", F2F32), ("CHECK_I", CHECK_I),
+        ("COL", COL),
+        ("LIT", LIT),
+        ("NULL", NULL),
+        ("ADD_I", ADD_I),
+        ("SUB_I", SUB_I),
+        ("MUL_I", MUL_I),
+        ("NEG_I", NEG_I),
+        ("ADD_F", ADD_F),
+        ("SUB_F", SUB_F),
+        ("MUL_F", MUL_F),
+        ("DIV_F", DIV_F),
+        ("NEG_F", NEG_F),
+        ("EQ_I", EQ_I),
+        ("NE_I", NE_I),
+        ("LT_I", LT_I),
+        ("LE_I", LE_I),
+        ("GT_I", GT_I),
+        ("GE_I", GE_I),
+        ("EQ_F", EQ_F),
+        ("NE_F", NE_F),
+        ("LT_F", LT_F),
+        ("LE_F", LE_F),
+        ("GT_F", GT_F),
+        ("GE_F", GE_F),
+        ("AND", AND),
+        ("OR", OR),
+        ("NOT", NOT),
+        ("IS_NULL", IS_NULL),
+        ("IS_NOT_NULL", IS_NOT_NULL),
+        ("I2F", I2F),
+        ("SCALE_I", SCALE_I),
+        ("DEC2F", DEC2F),
+        ("F2F32", F2F32),
+        ("CHECK_I", CHECK_I),
     ];
 }
 
@@ -116,8 +147,16 @@ pub enum ValueKind {
 impl ValueKind {
     /// Every kind with its kernel name (`JF_K_<name>`).
     pub const ALL: [(&'static str, ValueKind); 11] = [
-        ("I8", ValueKind::I8), ("I16", ValueKind::I16), ("I32", ValueKind::I32), ("I64", ValueKind::I64), ("U8", ValueKind::U8),
-        ("U16", ValueKind::U16), ("U32", ValueKind::U32), ("F32", ValueKind::F32), ("F64", ValueKind::F64), ("BOOL", ValueKind::Bool),
+        ("I8", ValueKind::I8),
+        ("I16", ValueKind::I16),
+        ("I32", ValueKind::I32),
+        ("I64", ValueKind::I64),
+        ("U8", ValueKind::U8),
+        ("U16", ValueKind::U16),
+        ("U32", ValueKind::U32),
+        ("F32", ValueKind::F32),
+        ("F64", ValueKind::F64),
+        ("BOOL", ValueKind::Bool),
         ("DEC128", ValueKind::Dec128),
     ];
 
@@ -198,7 +237,8 @@ impl PairColumn {
     /// A column given per batch; every array of one type that [`ValueKind::of`] accepts.
     pub fn new(from_probe: bool, arrays: &[ArrayRef]) -> Result<Self> {
         let t = arrays.first().map(|a| a.data_type().clone()).unwrap_or(DataType::Int64);
-        let kind = ValueKind::of(&t).ok_or_else(|| DataFusionError::Internal(format!("join filter: a column of {t}")))?;
+        let kind =
+            ValueKind::of(&t).ok_or_else(|| DataFusionError::Internal(format!("join filter: a column of {t}")))?;
         let len = arrays.iter().map(|a| a.len()).sum();
         let values = if kind == ValueKind::Bool {
             let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(len);
@@ -264,7 +304,8 @@ fn check_sizes(n: usize, nb: usize) -> Result<()> {
 /// each probe key's run found by binary search.
 pub fn groups_cpu(probe: &KeyColumns, build: &KeyColumns) -> Result<Groups> {
     check_sizes(probe.len(), build.len())?;
-    let mut pairs: Vec<(u64, u32)> = build.iter().enumerate().filter(|&(i, _)| !build.is_null(i)).map(|(i, k)| (k, i as u32)).collect();
+    let mut pairs: Vec<(u64, u32)> =
+        build.iter().enumerate().filter(|&(i, _)| !build.is_null(i)).map(|(i, k)| (k, i as u32)).collect();
     pairs.sort_unstable();
     let sorted: Vec<u64> = pairs.iter().map(|p| p.0).collect();
     let ranges = probe
@@ -373,7 +414,16 @@ fn eval(prog: &[Instr], cols: &[HostColumn], p: usize, b: usize, error: &mut boo
                 (v[sp], nl[sp]) = (0, true);
                 sp += 1;
             }
-            op::NOT | op::NEG_I | op::NEG_F | op::IS_NULL | op::IS_NOT_NULL | op::I2F | op::SCALE_I | op::DEC2F | op::F2F32 | op::CHECK_I => {
+            op::NOT
+            | op::NEG_I
+            | op::NEG_F
+            | op::IS_NULL
+            | op::IS_NOT_NULL
+            | op::I2F
+            | op::SCALE_I
+            | op::DEC2F
+            | op::F2F32
+            | op::CHECK_I => {
                 let (a, an) = (v[sp - 1], nl[sp - 1]);
                 let (mut r, mut rn) = (a, an);
                 match o {
@@ -388,7 +438,9 @@ fn eval(prog: &[Instr], cols: &[HostColumn], p: usize, b: usize, error: &mut boo
                     op::NEG_F => r = round(-f(a), ins.arg).to_bits(),
                     op::IS_NULL => (r, rn) = (an as u64, false),
                     op::IS_NOT_NULL => (r, rn) = (!an as u64, false),
-                    op::I2F => r = if ins.arg != 0 { (a as i64 as f32 as f64).to_bits() } else { (a as i64 as f64).to_bits() },
+                    op::I2F => {
+                        r = if ins.arg != 0 { (a as i64 as f32 as f64).to_bits() } else { (a as i64 as f64).to_bits() }
+                    }
                     op::SCALE_I => {
                         let out = (a as i64).checked_mul(ins.imm as i64);
                         if !an && !out.is_some_and(|x| in_range(x, ins.arg)) {
@@ -454,7 +506,11 @@ fn eval(prog: &[Instr], cols: &[HostColumn], p: usize, b: usize, error: &mut boo
                         round(out, ins.arg).to_bits()
                     }
                     _ => {
-                        let (x, y, cmp) = if o >= op::EQ_F { (total(a), total(c), o - op::EQ_F) } else { (a as i64, c as i64, o - op::EQ_I) };
+                        let (x, y, cmp) = if o >= op::EQ_F {
+                            (total(a), total(c), o - op::EQ_F)
+                        } else {
+                            (a as i64, c as i64, o - op::EQ_I)
+                        };
                         (match cmp {
                             0 => x == y,
                             1 => x != y,
@@ -542,7 +598,13 @@ struct DeviceGroups {
     valid_build: usize,
 }
 
-fn device_groups(gpu: &Gpu, keys: Option<(&KeyColumns, &KeyColumns)>, n: usize, nb: usize, stats: &mut TransferStats) -> Result<DeviceGroups> {
+fn device_groups(
+    gpu: &Gpu,
+    keys: Option<(&KeyColumns, &KeyColumns)>,
+    n: usize,
+    nb: usize,
+    stats: &mut TransferStats,
+) -> Result<DeviceGroups> {
     check_sizes(n, nb)?;
     let stream = gpu.stream();
     let lo = gpu.alloc::<u32>(n)?;
@@ -555,8 +617,19 @@ fn device_groups(gpu: &Gpu, keys: Option<(&KeyColumns, &KeyColumns)>, n: usize, 
         let (zero, nb64) = (0u64, nb as u64);
         // SAFETY: signature matches kernels/join_filter.cu; null key pointers mean "no keys"; lo / hi hold n, total 1.
         unsafe {
-            stream.launch_builder(&f).arg(&zero).arg(&zero).arg(&n64).arg(&zero).arg(&nb64).arg(&zero).arg(&zero)
-                .arg(&lo.slice).arg(&hi.slice).arg(&total.slice).launch(grid(gpu, n))
+            stream
+                .launch_builder(&f)
+                .arg(&zero)
+                .arg(&zero)
+                .arg(&n64)
+                .arg(&zero)
+                .arg(&nb64)
+                .arg(&zero)
+                .arg(&zero)
+                .arg(&lo.slice)
+                .arg(&hi.slice)
+                .arg(&total.slice)
+                .launch(grid(gpu, n))
         }
         .map_err(|e| cuda_err("jf_ranges", e))?;
         return Ok(DeviceGroups { rows: None, lo, hi, pairs: n as u64 * nb as u64, valid_build: nb });
@@ -721,7 +794,13 @@ pub fn facts_gpu(gpu: &Gpu, j: &PairJoin<'_>, stats: &mut TransferStats) -> Resu
             None => l.arg(&null),
         };
         l.arg(&cols.slice).arg(&values.slice).arg(&valids.slice).arg(&prog.slice);
-        l.arg(&filter_len).arg(&eq_start).arg(&eq_len).arg(&null_start).arg(&null_len).arg(&facts.slice).arg(&error.slice);
+        l.arg(&filter_len)
+            .arg(&eq_start)
+            .arg(&eq_len)
+            .arg(&null_start)
+            .arg(&null_len)
+            .arg(&facts.slice)
+            .arg(&error.slice);
         l.launch(grid(gpu, if warp { n * 32 } else { n }))
     }
     .map_err(|e| cuda_err("jf_facts", e))?;
@@ -742,8 +821,8 @@ pub(crate) mod tests_data {
     use std::sync::Arc;
 
     use datafusion::arrow::array::{
-        ArrayRef, BooleanArray, Decimal128Array, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
-        UInt32Array,
+        ArrayRef, BooleanArray, Decimal128Array, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array,
+        Int8Array, UInt32Array,
     };
     use datafusion::arrow::datatypes::DataType;
 
@@ -794,14 +873,26 @@ pub(crate) mod tests_data {
         let b = batch.max(1);
         vec![
             make(&mut |r| Arc::new(Int64Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(7) as i64 - 3))))),
-            make(&mut |r| Arc::new(Int32Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(100) as i32 - 50))))),
+            make(&mut |r| {
+                Arc::new(Int32Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(100) as i32 - 50))))
+            }),
             make(&mut |r| {
                 let special = [f64::NAN, -0.0, 0.0, f64::INFINITY, -f64::INFINITY, 1.5, -2.25];
                 Arc::new(Float64Array::from_iter((0..b).map(|_| {
-                    (!null(r)).then(|| if r.below(4) == 0 { special[r.below(7) as usize] } else { (r.below(1000) as f64 - 500.0) / 8.0 })
+                    (!null(r)).then(|| {
+                        if r.below(4) == 0 {
+                            special[r.below(7) as usize]
+                        } else {
+                            (r.below(1000) as f64 - 500.0) / 8.0
+                        }
+                    })
                 })))
             }),
-            make(&mut |r| Arc::new(Float32Array::from_iter((0..b).map(|_| (!null(r)).then(|| (r.below(1000) as f32 - 500.0) / 3.0))))),
+            make(&mut |r| {
+                Arc::new(Float32Array::from_iter(
+                    (0..b).map(|_| (!null(r)).then(|| (r.below(1000) as f32 - 500.0) / 3.0)),
+                ))
+            }),
             make(&mut |r| Arc::new(BooleanArray::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(2) == 0))))),
             make(&mut |r| {
                 Arc::new(
@@ -831,36 +922,76 @@ pub(crate) mod tests_data {
         let filter = |f: Vec<Instr>| Programs { filter: f, in_keys: None };
         vec![
             ("probe.i64 <> build.i64", filter(vec![col(0, true), col(0, false), ins(op::NE_I, 0)])),
-            ("build.f64 < probe.f64 * 2.0", filter(vec![col(2, false), col(2, true), lit(2.0f64.to_bits()), ins(op::MUL_F, 0), ins(op::LT_F, 0)])),
+            (
+                "build.f64 < probe.f64 * 2.0",
+                filter(vec![col(2, false), col(2, true), lit(2.0f64.to_bits()), ins(op::MUL_F, 0), ins(op::LT_F, 0)]),
+            ),
             (
                 "(probe.i32 + build.i32 > 10) OR build.bool IS NULL",
-                filter(vec![col(1, true), col(1, false), ins(op::ADD_I, 3), lit(10), ins(op::GT_I, 0), col(4, false), ins(op::IS_NULL, 0), ins(op::OR, 0)]),
+                filter(vec![
+                    col(1, true),
+                    col(1, false),
+                    ins(op::ADD_I, 3),
+                    lit(10),
+                    ins(op::GT_I, 0),
+                    col(4, false),
+                    ins(op::IS_NULL, 0),
+                    ins(op::OR, 0),
+                ]),
             ),
             (
                 "NOT (probe.bool AND build.bool) AND CAST(probe.f32 + build.f32 AS f32) >= CAST(build.i32 AS f32)",
                 filter(vec![
-                    col(4, true), col(4, false), ins(op::AND, 0), ins(op::NOT, 0),
-                    col(3, true), col(3, false), ins(op::ADD_F, 1), col(1, false), ins(op::I2F, 1), ins(op::GE_F, 0),
+                    col(4, true),
+                    col(4, false),
+                    ins(op::AND, 0),
+                    ins(op::NOT, 0),
+                    col(3, true),
+                    col(3, false),
+                    ins(op::ADD_F, 1),
+                    col(1, false),
+                    ins(op::I2F, 1),
+                    ins(op::GE_F, 0),
                     ins(op::AND, 0),
                 ]),
             ),
             (
                 "probe.dec - build.dec > CAST(probe.i8 AS decimal(12, 2)) AND CAST(build.dec AS double) <> -0.5",
                 filter(vec![
-                    col(5, true), col(5, false), ins(op::SUB_I, RANGE_DEC + 13), col(6, true), Instr::new(op::SCALE_I, RANGE_DEC + 12, 100),
-                    ins(op::GT_I, 0), col(5, false), Instr::new(op::DEC2F, 0, 100), lit((-0.5f64).to_bits()), ins(op::NE_F, 0),
+                    col(5, true),
+                    col(5, false),
+                    ins(op::SUB_I, RANGE_DEC + 13),
+                    col(6, true),
+                    Instr::new(op::SCALE_I, RANGE_DEC + 12, 100),
+                    ins(op::GT_I, 0),
+                    col(5, false),
+                    Instr::new(op::DEC2F, 0, 100),
+                    lit((-0.5f64).to_bits()),
+                    ins(op::NE_F, 0),
                     ins(op::AND, 0),
                 ]),
             ),
             (
                 "-build.i16 <= probe.i16 OR probe.u32 = build.u32",
-                filter(vec![col(7, false), ins(op::NEG_I, RANGE_I64), col(7, true), ins(op::LE_I, 0), col(8, true), col(8, false), ins(op::EQ_I, 0), ins(op::OR, 0)]),
+                filter(vec![
+                    col(7, false),
+                    ins(op::NEG_I, RANGE_I64),
+                    col(7, true),
+                    ins(op::LE_I, 0),
+                    col(8, true),
+                    col(8, false),
+                    ins(op::EQ_I, 0),
+                    ins(op::OR, 0),
+                ]),
             ),
             (
                 "IN probe.i32 = build.i32, filter build.i64 >= probe.i64",
                 Programs {
                     filter: vec![col(0, false), col(0, true), ins(op::GE_I, 0)],
-                    in_keys: Some((vec![col(1, true), col(1, false), ins(op::EQ_I, 0)], vec![col(1, false), ins(op::IS_NULL, 0)])),
+                    in_keys: Some((
+                        vec![col(1, true), col(1, false), ins(op::EQ_I, 0)],
+                        vec![col(1, false), ins(op::IS_NULL, 0)],
+                    )),
                 },
             ),
             ("TRUE (no column)", filter(vec![lit(1)])),
@@ -870,7 +1001,10 @@ pub(crate) mod tests_data {
 
     /// A program whose i32-checked sum overflows on large enough values.
     pub fn overflowing() -> Programs {
-        Programs { filter: vec![col(8, true), col(8, false), ins(op::MUL_I, 3), lit(0), ins(op::GT_I, 0)], in_keys: None }
+        Programs {
+            filter: vec![col(8, true), col(8, false), ins(op::MUL_I, 3), lit(0), ins(op::GT_I, 0)],
+            in_keys: None,
+        }
     }
 }
 
@@ -887,18 +1021,23 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         cols.extend(columns(&mut rng, nb, false, true, 1500));
         for (name, programs) in programs() {
             for keyed in [true, false] {
-                let j = PairJoin { keys: keyed.then_some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+                let j =
+                    PairJoin { keys: keyed.then_some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
                 let mut stats = TransferStats::default();
                 let (cpu, gpu_facts) = (facts_cpu(&j)?, facts_gpu(gpu, &j, &mut stats)?);
                 if cpu != gpu_facts {
-                    return Err(DataFusionError::Execution(format!("join_filter: `{name}` ({n} x {nb}, keys {keyed}) differs from the CPU twin")));
+                    return Err(DataFusionError::Execution(format!(
+                        "join_filter: `{name}` ({n} x {nb}, keys {keyed}) differs from the CPU twin"
+                    )));
                 }
                 checked += 1;
             }
         }
         let mut stats = TransferStats::default();
         if groups_gpu(gpu, &probe, &build, &mut stats)? != groups_cpu(&probe, &build)? {
-            return Err(DataFusionError::Execution(format!("join_filter: groups of {n} x {nb} differ from the CPU twin")));
+            return Err(DataFusionError::Execution(format!(
+                "join_filter: groups of {n} x {nb} differ from the CPU twin"
+            )));
         }
     }
     Ok(format!("{checked} filtered joins and 3 groupings match the CPU twin"))
@@ -923,7 +1062,11 @@ mod tests {
                     }
                 }
                 // A matched row stops early: it may not have seen a later NULL.
-                if f & MATCHED != 0 { f & (NONEMPTY | MATCHED) } else { f }
+                if f & MATCHED != 0 {
+                    f & (NONEMPTY | MATCHED)
+                } else {
+                    f
+                }
             })
             .collect()
     }
@@ -935,9 +1078,13 @@ mod tests {
     #[test]
     fn groups_and_facts_match_brute_force() {
         let mut rng = Rng(42);
-        for (n, nb, span, batch) in [(0, 10, 5, 3), (10, 0, 5, 3), (300, 400, 50, 64), (200, 300, 3, 7), (50, 2000, 1, 1000)] {
-            let pk: Vec<Option<i64>> = (0..n).map(|_| (rng.below(8) != 0).then(|| rng.below(span) as i64 - 1)).collect();
-            let bk: Vec<Option<i64>> = (0..nb).map(|_| (rng.below(8) != 0).then(|| rng.below(span) as i64 - 1)).collect();
+        for (n, nb, span, batch) in
+            [(0, 10, 5, 3), (10, 0, 5, 3), (300, 400, 50, 64), (200, 300, 3, 7), (50, 2000, 1, 1000)]
+        {
+            let pk: Vec<Option<i64>> =
+                (0..n).map(|_| (rng.below(8) != 0).then(|| rng.below(span) as i64 - 1)).collect();
+            let bk: Vec<Option<i64>> =
+                (0..nb).map(|_| (rng.below(8) != 0).then(|| rng.below(span) as i64 - 1)).collect();
             let (probe, build) = (keys(&pk, batch), keys(&bk, batch + 1));
             let g = groups_cpu(&probe, &build).unwrap();
             for p in 0..n {
@@ -951,7 +1098,13 @@ mod tests {
             cols.extend(columns(&mut rng, nb, false, true, batch + 1));
             for (name, programs) in programs() {
                 for keyed in [true, false] {
-                    let j = PairJoin { keys: keyed.then_some((&probe, &build)), n, nb, columns: &cols, programs: &programs };
+                    let j = PairJoin {
+                        keys: keyed.then_some((&probe, &build)),
+                        n,
+                        nb,
+                        columns: &cols,
+                        programs: &programs,
+                    };
                     let got = facts_cpu(&j).unwrap().expect("no overflow");
                     assert_eq!(strip_null_after_match(got), brute(&j, &pk, &bk), "{name}, keys {keyed}, {n} x {nb}");
                 }
@@ -966,10 +1119,10 @@ mod tests {
         let null = Instr::new(op::NULL, 0, 0);
         let bin = |o: u32| Instr::new(o, 0, 0);
         let cases: Vec<(Vec<Instr>, bool)> = vec![
-            (vec![null, lit(0), bin(op::AND)], false),      // NULL AND FALSE = FALSE
+            (vec![null, lit(0), bin(op::AND)], false), // NULL AND FALSE = FALSE
             (vec![null, lit(0), bin(op::AND), bin(op::NOT)], true),
             (vec![null, lit(1), bin(op::AND), bin(op::IS_NULL)], true), // NULL AND TRUE = NULL
-            (vec![null, lit(1), bin(op::OR)], true),        // NULL OR TRUE = TRUE
+            (vec![null, lit(1), bin(op::OR)], true),                    // NULL OR TRUE = TRUE
             (vec![null, lit(0), bin(op::OR), bin(op::IS_NULL)], true),
             (vec![null, bin(op::NOT), bin(op::IS_NULL)], true),
             (vec![lit(f64::NAN.to_bits()), lit(f64::NAN.to_bits()), bin(op::EQ_F)], true), // Arrow: NaN = NaN

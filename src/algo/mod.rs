@@ -39,7 +39,8 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
 }
 
 /// The families a device's background start loads: the set selection's.
-pub static SET_SELECTION_KERNELS: [&KernelSource; 3] = [&crate::gpu::transfer::KERNEL, &select::bitmap::KERNEL, &select::hash::KERNEL];
+pub static SET_SELECTION_KERNELS: [&KernelSource; 3] =
+    [&crate::gpu::transfer::KERNEL, &select::bitmap::KERNEL, &select::hash::KERNEL];
 
 /// A kernel family's self-check against its CPU twin (run by `setfusion doctor`).
 pub type SelfCheck = fn(&Gpu) -> Result<String>;
@@ -82,9 +83,17 @@ mod tests {
             }
         }
         for k in sources {
-            assert!(k.source.contains("#include \"common.cuh\""), "kernels/{}.cu does not #include \"common.cuh\"", k.family);
+            assert!(
+                k.source.contains("#include \"common.cuh\""),
+                "kernels/{}.cu does not #include \"common.cuh\"",
+                k.family
+            );
             for (name, _) in (k.defines)() {
-                assert!(!k.source.contains(&format!("#define {name} ")), "kernels/{}.cu defines {name}, which the host passes", k.family);
+                assert!(
+                    !k.source.contains(&format!("#define {name} ")),
+                    "kernels/{}.cu defines {name}, which the host passes",
+                    k.family
+                );
             }
         }
     }

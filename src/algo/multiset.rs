@@ -35,7 +35,9 @@ use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, UInt64Type};
 use datafusion::error::{DataFusionError, Result};
 
-use crate::algo::segmented::{self, count_then_fill, exclusive_scan, launch_err, DeviceListPair, DeviceSide, ListKey, RowItems, SegmentedResult};
+use crate::algo::segmented::{
+    self, count_then_fill, exclusive_scan, launch_err, DeviceListPair, DeviceSide, ListKey, RowItems, SegmentedResult,
+};
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::gpu::{DeviceBuffer, Gpu, TransferStats};
 
@@ -247,7 +249,9 @@ impl ListSide {
         let contiguous = self.ranges.windows(2).all(|w| w[0].1 == w[1].0);
         let total: usize = self.ranges.iter().map(|(s, e)| e - s).sum();
         if total >= u32::MAX as usize {
-            return Err(DataFusionError::Plan(format!("list functions on the GPU: {total} elements in one batch exceed 2^32 - 1")));
+            return Err(DataFusionError::Plan(format!(
+                "list functions on the GPU: {total} elements in one batch exceed 2^32 - 1"
+            )));
         }
         if contiguous && values.null_count() == 0 {
             let base = self.ranges.first().map_or(0, |r| r.0);
@@ -277,14 +281,20 @@ fn both_valid(a: &ListSide, b: &ListSide, rows: usize) -> Option<NullBuffer> {
 
 fn check_lengths(a: &ArrayRef, b: &ArrayRef) -> Result<()> {
     if a.len() != b.len() {
-        return Err(DataFusionError::Internal(format!("list function: argument lengths differ ({} and {})", a.len(), b.len())));
+        return Err(DataFusionError::Internal(format!(
+            "list function: argument lengths differ ({} and {})",
+            a.len(),
+            b.len()
+        )));
     }
     Ok(())
 }
 
 fn offsets_i32(offsets: Vec<usize>) -> Result<Vec<i32>> {
     if offsets.last().is_some_and(|&t| t > i32::MAX as usize) {
-        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
+        return Err(DataFusionError::Execution(
+            "list function: the result batch holds more than 2^31 - 1 elements".into(),
+        ));
     }
     Ok(offsets.into_iter().map(|o| o as i32).collect())
 }
@@ -382,8 +392,9 @@ impl StringRanks {
         use datafusion::arrow::array::LargeStringArray;
         check_lengths(a, b)?;
         let parts = |x: &ArrayRef| -> Result<(ArrayRef, Vec<(usize, usize)>)> {
-            let (values, ranges) = crate::keys::list_parts(x)?
-                .ok_or_else(|| DataFusionError::Internal("string ranks: a NULL-typed argument has no strings".into()))?;
+            let (values, ranges) = crate::keys::list_parts(x)?.ok_or_else(|| {
+                DataFusionError::Internal("string ranks: a NULL-typed argument has no strings".into())
+            })?;
             let values = match values.data_type() {
                 DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => values,
                 _ => cast_with_options(&values, &DataType::LargeUtf8, &CastOptions::default())?,
@@ -417,7 +428,8 @@ impl StringRanks {
         for (r, &id) in order.iter().enumerate() {
             rank[id as usize] = r as u64;
         }
-        let sorted: ArrayRef = Arc::new(LargeStringArray::from_iter_values(order.iter().map(|&i| distinct[i as usize])));
+        let sorted: ArrayRef =
+            Arc::new(LargeStringArray::from_iter_values(order.iter().map(|&i| distinct[i as usize])));
         let list = |(numbers, offsets): (Vec<u32>, Vec<usize>), nulls| {
             u64::list(offsets_i32(offsets)?, numbers.into_iter().map(|id| rank[id as usize]).collect(), nulls)
         };
@@ -446,8 +458,11 @@ pub fn list_elements(array: &ArrayRef) -> Result<usize> {
 
 /// kernels/multiset.cu, with the rules' op codes and the Balanced Path tile
 /// as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource =
-    crate::gpu::KernelSource { family: "multiset", source: include_str!("../../kernels/multiset.cu"), defines: multiset_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "multiset",
+    source: include_str!("../../kernels/multiset.cu"),
+    defines: multiset_defines,
+};
 
 /// Inputs (A and B elements of one row's merge) per Balanced Path tile; one
 /// thread walks one tile (`MS_BP_VT`). Each tile costs one Balanced Path
@@ -460,11 +475,15 @@ pub static KERNEL: crate::gpu::KernelSource =
 pub const BALANCED_PATH_VT: u32 = 16;
 
 fn multiset_defines() -> Vec<(String, u64)> {
-    let mut defines: Vec<(String, u64)> =
-        [("INTERSECT_ALL", MultisetOp::IntersectAll), ("EXCEPT_ALL", MultisetOp::ExceptAll), ("UNION_ALL", MultisetOp::UnionAll), ("SYMMETRIC_DIFFERENCE", MultisetOp::SymmetricDifference)]
-            .into_iter()
-            .map(|(name, op)| (format!("MS_{name}"), kernel_code(op) as u64))
-            .collect();
+    let mut defines: Vec<(String, u64)> = [
+        ("INTERSECT_ALL", MultisetOp::IntersectAll),
+        ("EXCEPT_ALL", MultisetOp::ExceptAll),
+        ("UNION_ALL", MultisetOp::UnionAll),
+        ("SYMMETRIC_DIFFERENCE", MultisetOp::SymmetricDifference),
+    ]
+    .into_iter()
+    .map(|(name, op)| (format!("MS_{name}"), kernel_code(op) as u64))
+    .collect();
     defines.push(("MS_BP_VT".into(), BALANCED_PATH_VT as u64));
     defines
 }
@@ -490,7 +509,13 @@ fn kernel_code(op: MultisetOp) -> i32 {
 /// sequence skipping per row ([`crate::algo::sorted_intersect::gtwj_segmented`],
 /// kernels/sorted_intersect.cu). Both count, scan, then write the result,
 /// which is downloaded with its offsets.
-pub fn list_op_gpu<T: ListKey>(gpu: &Gpu, op: ListOp, a: &ArrayRef, b: &ArrayRef, stats: &mut TransferStats) -> Result<ArrayRef> {
+pub fn list_op_gpu<T: ListKey>(
+    gpu: &Gpu,
+    op: ListOp,
+    a: &ArrayRef,
+    b: &ArrayRef,
+    stats: &mut TransferStats,
+) -> Result<ArrayRef> {
     PreparedLists::new::<T>(a, b)?.run::<T>(gpu, op, stats)
 }
 
@@ -520,7 +545,15 @@ impl PreparedLists {
     }
 }
 
-fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSide, nulls: Option<NullBuffer>, rows: usize, stats: &mut TransferStats) -> Result<ArrayRef> {
+fn list_op_device<T: ListKey>(
+    gpu: &Gpu,
+    op: ListOp,
+    sa: &ListSide,
+    sb: &ListSide,
+    nulls: Option<NullBuffer>,
+    rows: usize,
+    stats: &mut TransferStats,
+) -> Result<ArrayRef> {
     if rows == 0 || nulls.as_ref().is_some_and(|n| n.null_count() == rows) {
         return T::list(vec![0; rows + 1], Vec::new(), nulls);
     }
@@ -531,7 +564,10 @@ fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSid
     let (vb, ob) = sb.packed::<T>(rows)?;
     if va.len() + vb.len() >= u32::MAX as usize {
         // Positions in a row's merge (and its output) are u32 on the device.
-        return Err(DataFusionError::Plan(format!("list functions on the GPU: {} elements in one batch exceed 2^32 - 1", va.len() + vb.len())));
+        return Err(DataFusionError::Plan(format!(
+            "list functions on the GPU: {} elements in one batch exceed 2^32 - 1",
+            va.len() + vb.len()
+        )));
     }
     let valid_host: Vec<u8> = (0..rows).map(|i| nulls.as_ref().is_none_or(|n| n.is_valid(i)) as u8).collect();
     let valid = gpu.upload(&valid_host, stats)?;
@@ -585,7 +621,12 @@ fn list_op_device<T: ListKey>(gpu: &Gpu, op: ListOp, sa: &ListSide, sb: &ListSid
 /// cross-diagonal meets the row's Balanced Path, so every key-rank pair lies
 /// in one tile; each thread runs the serial set op over its tile, first to
 /// count, then (after a scan) to write.
-fn balanced_path_segmented<T: ListKey>(gpu: &Gpu, rule: MultisetOp, pair: &DeviceListPair, stats: &mut TransferStats) -> Result<SegmentedResult<T>> {
+fn balanced_path_segmented<T: ListKey>(
+    gpu: &Gpu,
+    rule: MultisetOp,
+    pair: &DeviceListPair,
+    stats: &mut TransferStats,
+) -> Result<SegmentedResult<T>> {
     let (stream, rows) = (gpu.stream(), pair.rows);
     let rows32 = rows as u32;
     let row_tiles = gpu.alloc::<u32>(rows)?;
@@ -646,8 +687,16 @@ impl<T: ListKey> DeviceLists<T> {
                 let f = gpu.function(&segmented::KERNEL, "ms_xor")?;
                 let (n64, flip) = (l.len() as u64, T::FLIP);
                 // SAFETY: raw (8-byte T) and keys hold len entries.
-                unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(l.len(), 32)) }
-                    .map_err(launch_err("ms_xor"))?;
+                unsafe {
+                    gpu.stream()
+                        .launch_builder(&f)
+                        .arg(&raw.slice)
+                        .arg(&n64)
+                        .arg(&flip)
+                        .arg(&keys.slice)
+                        .launch(gpu.grid_stride(l.len(), 32))
+                }
+                .map_err(launch_err("ms_xor"))?;
             }
             out.push(keys);
         }
@@ -687,15 +736,33 @@ impl<T: ListKey> DeviceLists<T> {
             let f = gpu.function(&KERNEL, "ms_kway_flags")?;
             let (nc, nl) = (n as u64, self.lens[t] as u64);
             // SAFETY: cand holds n keys, the list nl, flag n entries.
-            unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&nc).arg(&self.lists[t].slice).arg(&nl).arg(&flag.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_kway_flags"))?;
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&cand.slice)
+                    .arg(&nc)
+                    .arg(&self.lists[t].slice)
+                    .arg(&nl)
+                    .arg(&flag.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_kway_flags"))?;
             let excl = exclusive_scan(gpu, &flag, n)?;
             let kept = gpu.read_one(&excl, n, stats)? as usize;
             let next = gpu.alloc::<u64>(kept)?;
             let f = gpu.function(&KERNEL, "ms_compact")?;
             // SAFETY: cand, flag and excl cover n entries; next holds the kept count.
-            unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&nc).arg(&flag.slice).arg(&excl.slice).arg(&next.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_compact"))?;
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&cand.slice)
+                    .arg(&nc)
+                    .arg(&flag.slice)
+                    .arg(&excl.slice)
+                    .arg(&next.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_compact"))?;
             owned = Some(next);
             n = kept;
         }
@@ -708,8 +775,16 @@ impl<T: ListKey> DeviceLists<T> {
         let f = gpu.function(&segmented::KERNEL, "ms_xor")?;
         let (n64, flip) = (n as u64, T::FLIP);
         // SAFETY: cand and out (8-byte T) hold n entries.
-        unsafe { stream.launch_builder(&f).arg(&cand.slice).arg(&n64).arg(&flip).arg(&out.slice).launch(gpu.grid_stride(n, 32)) }
-            .map_err(launch_err("ms_xor"))?;
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&cand.slice)
+                .arg(&n64)
+                .arg(&flip)
+                .arg(&out.slice)
+                .launch(gpu.grid_stride(n, 32))
+        }
+        .map_err(launch_err("ms_xor"))?;
         gpu.synchronize()?;
         stats.kernel += started.elapsed();
         gpu.download(&out, n, stats)
@@ -726,7 +801,13 @@ pub fn intersect_k_gpu<T: ListKey, L: AsRef<[T]>>(gpu: &Gpu, lists: &[L], stats:
 /// Random list columns for the self-check and tests: `rows` rows of up to
 /// `max_len` values in [-domain, domain) (every 11th row NULL on a side,
 /// every 7th empty, some NULL elements when `null_elements`).
-pub fn random_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize, domain: i64, null_elements: bool) -> ArrayRef {
+pub fn random_list_column(
+    rng: &mut impl rand::Rng,
+    rows: usize,
+    max_len: usize,
+    domain: i64,
+    null_elements: bool,
+) -> ArrayRef {
     let lists: Vec<Option<Vec<Option<i64>>>> = (0..rows)
         .map(|i| {
             if rng.random_range(0..11) == 0 {
@@ -735,7 +816,13 @@ pub fn random_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize,
             let len = if i % 7 == 3 { 0 } else { rng.random_range(0..=max_len) };
             Some(
                 (0..len)
-                    .map(|_| if null_elements && rng.random_range(0..20) == 0 { None } else { Some(rng.random_range(-domain..domain)) })
+                    .map(|_| {
+                        if null_elements && rng.random_range(0..20) == 0 {
+                            None
+                        } else {
+                            Some(rng.random_range(-domain..domain))
+                        }
+                    })
                     .collect(),
             )
         })
@@ -746,7 +833,13 @@ pub fn random_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize,
 /// [`random_list_column`] with each integer written as a string
 /// (`domain` values, so rows share strings; byte order differs from
 /// numeric order: "-1" < "10" < "9").
-pub fn random_string_list_column(rng: &mut impl rand::Rng, rows: usize, max_len: usize, domain: i64, null_elements: bool) -> ArrayRef {
+pub fn random_string_list_column(
+    rng: &mut impl rand::Rng,
+    rows: usize,
+    max_len: usize,
+    domain: i64,
+    null_elements: bool,
+) -> ArrayRef {
     use datafusion::arrow::array::{ListBuilder, StringBuilder};
     let ints = random_list_column(rng, rows, max_len, domain, null_elements);
     let ints = ints.as_list::<i32>();
@@ -770,7 +863,9 @@ pub fn random_string_list_column(rng: &mut impl rand::Rng, rows: usize, max_len:
 pub fn moderngpu_example() -> (ArrayRef, ArrayRef) {
     let a: Vec<i64> = vec![1, 1, 2, 3, 3, 3, 5, 6, 6, 6, 6, 7, 7, 8, 8, 9];
     let b: Vec<i64> = vec![1, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 8];
-    let col = |v: Vec<i64>| -> ArrayRef { Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>([Some(v.into_iter().map(Some))])) };
+    let col = |v: Vec<i64>| -> ArrayRef {
+        Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>([Some(v.into_iter().map(Some))]))
+    };
     (col(a), col(b))
 }
 
@@ -784,23 +879,38 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut checked = 0;
     let mut columns = vec![moderngpu_example()];
     // Rows of up to 3,000 elements span many Balanced Path tiles and GTWJ sequences.
-    for &(rows, max_len, domain, nulls) in &[(1usize, 0usize, 1i64, false), (300, 40, 5, true), (2000, 200, 1000, false), (500, 30, i64::MAX / 2, false), (40, 3000, 2000, true)] {
+    for &(rows, max_len, domain, nulls) in &[
+        (1usize, 0usize, 1i64, false),
+        (300, 40, 5, true),
+        (2000, 200, 1000, false),
+        (500, 30, i64::MAX / 2, false),
+        (40, 3000, 2000, true),
+    ] {
         let a = random_list_column(&mut rng, rows + 3, max_len, domain, nulls);
         let b = random_list_column(&mut rng, rows + 3, max_len, domain, nulls);
         columns.push((a.slice(2, rows), b.slice(1, rows)));
     }
     for (a, b) in &columns {
         for op in ListOp::ALL {
-            let (a, b) = if op == ListOp::SortedIntersect { (sort_rows(a)?, sort_rows(b)?) } else { (a.clone(), b.clone()) };
+            let (a, b) =
+                if op == ListOp::SortedIntersect { (sort_rows(a)?, sort_rows(b)?) } else { (a.clone(), b.clone()) };
             let want = list_op_cpu::<i64>(op, &a, &b)?;
             let got = list_op_gpu::<i64>(gpu, op, &a, &b, stats)?;
             if &got != &want {
-                return Err(DataFusionError::Execution(format!("multiset self-check failed: {} on {} rows (i64)", op.name(), a.len())));
+                return Err(DataFusionError::Execution(format!(
+                    "multiset self-check failed: {} on {} rows (i64)",
+                    op.name(),
+                    a.len()
+                )));
             }
             // Unsigned keys: the same rows shifted into u64.
             let (ua, ub) = (to_unsigned(&a)?, to_unsigned(&b)?);
             if list_op_gpu::<u64>(gpu, op, &ua, &ub, stats)? != list_op_cpu::<u64>(op, &ua, &ub)? {
-                return Err(DataFusionError::Execution(format!("multiset self-check failed: {} on {} rows (u64)", op.name(), a.len())));
+                return Err(DataFusionError::Execution(format!(
+                    "multiset self-check failed: {} on {} rows (u64)",
+                    op.name(),
+                    a.len()
+                )));
             }
             checked += 2;
         }
@@ -816,7 +926,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             })
             .collect();
         if intersect_k_gpu(gpu, &lists, stats)? != intersect_k(&lists) {
-            return Err(DataFusionError::Execution(format!("multiset self-check failed: k-way intersection of {k} lists")));
+            return Err(DataFusionError::Execution(format!(
+                "multiset self-check failed: k-way intersection of {k} lists"
+            )));
         }
         checked += 1;
     }
@@ -842,7 +954,11 @@ pub fn sort_rows(a: &ArrayRef) -> Result<ArrayRef> {
 pub(crate) fn to_unsigned(a: &ArrayRef) -> Result<ArrayRef> {
     let l = a.as_list::<i32>();
     let rows: Vec<Option<Vec<Option<u64>>>> = (0..l.len())
-        .map(|i| l.is_valid(i).then(|| l.value(i).as_primitive::<Int64Type>().iter().map(|x| x.map(|x| (x as u64) ^ (1 << 63))).collect()))
+        .map(|i| {
+            l.is_valid(i).then(|| {
+                l.value(i).as_primitive::<Int64Type>().iter().map(|x| x.map(|x| (x as u64) ^ (1 << 63))).collect()
+            })
+        })
         .collect();
     Ok(Arc::new(ListArray::from_iter_primitive::<UInt64Type, _, _>(rows)))
 }
@@ -854,7 +970,9 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::algo::sorted_intersect::{sequence_index, sorted_intersect_sequences, sorted_intersect_with, IntersectMethod};
+    use crate::algo::sorted_intersect::{
+        sequence_index, sorted_intersect_sequences, sorted_intersect_with, IntersectMethod,
+    };
 
     /// Counting reference: the module table applied to BTreeMap counts.
     fn reference(op: MultisetOp, a: &[i64], b: &[i64]) -> Vec<i64> {
@@ -976,7 +1094,9 @@ mod tests {
 
     /// A column of one row per (a, b) list pair, built from plain vectors.
     fn column(rows: &[Option<Vec<i64>>]) -> ArrayRef {
-        Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().map(|r| r.as_ref().map(|v| v.iter().map(|x| Some(*x))))))
+        Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(
+            rows.iter().map(|r| r.as_ref().map(|v| v.iter().map(|x| Some(*x)))),
+        ))
     }
 
     /// The rows of a result column (None: NULL list).
@@ -1022,7 +1142,15 @@ mod tests {
     /// Host mirror of `ms_serial_set_op` (kernels/multiset.cu): the slots
     /// from (i, j) until i + j reaches `end`, outputs appended to `out`;
     /// returns where the walk stopped.
-    fn serial_set_op<T: Ord + Copy>(op: MultisetOp, a: &[T], b: &[T], mut i: usize, mut j: usize, end: usize, out: &mut Vec<T>) -> (usize, usize) {
+    fn serial_set_op<T: Ord + Copy>(
+        op: MultisetOp,
+        a: &[T],
+        b: &[T],
+        mut i: usize,
+        mut j: usize,
+        end: usize,
+        out: &mut Vec<T>,
+    ) -> (usize, usize) {
         while i + j < end {
             let (a_in, b_in) = (i < a.len(), j < b.len());
             let a_first = a_in && (!b_in || a[i] < b[j]);
@@ -1061,7 +1189,10 @@ mod tests {
             let (a1, b1) = if k + 1 < tiles { start(k + 1) } else { (a.len(), b.len()) };
             if k + 1 < tiles {
                 let inputs = a1 + b1 - a0 - b0;
-                assert!(inputs + 1 >= vt && inputs <= vt + 1, "tile {k} of {a:?} / {b:?} (vt {vt}) holds {inputs} inputs");
+                assert!(
+                    inputs + 1 >= vt && inputs <= vt + 1,
+                    "tile {k} of {a:?} / {b:?} (vt {vt}) holds {inputs} inputs"
+                );
             }
             let stop = serial_set_op(op, a, b, a0, b0, a1 + b1, &mut out);
             assert_eq!(stop, (a1, b1), "tile {k} of {a:?} / {b:?} (vt {vt}) overran its end");
@@ -1087,7 +1218,11 @@ mod tests {
         for case in 0..3000 {
             let domain = [1, 2, 3, 8, 50, 1 << 40][case % 6];
             let long = case % 10 == 0;
-            let (na, nb) = if long { (rng.random_range(0..400), rng.random_range(0..400)) } else { (rng.random_range(0..30), rng.random_range(0..30)) };
+            let (na, nb) = if long {
+                (rng.random_range(0..400), rng.random_range(0..400))
+            } else {
+                (rng.random_range(0..30), rng.random_range(0..30))
+            };
             let (a, b) = (random_sorted(&mut rng, na, domain), random_sorted(&mut rng, nb, domain));
             let vt = vts[case % vts.len()];
             for op in MultisetOp::ALL {
@@ -1167,17 +1302,31 @@ mod tests {
         let _lock = gpu.lock_blocking();
         let stats = &mut TransferStats::default();
         let mut rng = rand::rngs::StdRng::seed_from_u64(99);
-        let cases = [(0usize, 5usize, 3i64, false), (1, 1, 1, false), (1000, 50, 4, true), (5000, 300, 100, false), (3000, 20, i64::MAX / 2, true), (200_000, 12, 1 << 20, false)];
+        let cases = [
+            (0usize, 5usize, 3i64, false),
+            (1, 1, 1, false),
+            (1000, 50, 4, true),
+            (5000, 300, 100, false),
+            (3000, 20, i64::MAX / 2, true),
+            (200_000, 12, 1 << 20, false),
+        ];
         for &(rows, max_len, domain, nulls) in &cases {
             let a = random_list_column(&mut rng, rows + 5, max_len, domain, nulls).slice(5, rows);
             let b = random_list_column(&mut rng, rows, max_len, domain, nulls);
             for op in ListOp::ALL {
-                let (a, b) = if op == ListOp::SortedIntersect { (sort_rows(&a).unwrap(), sort_rows(&b).unwrap()) } else { (a.clone(), b.clone()) };
+                let (a, b) = if op == ListOp::SortedIntersect {
+                    (sort_rows(&a).unwrap(), sort_rows(&b).unwrap())
+                } else {
+                    (a.clone(), b.clone())
+                };
                 let want = list_op_cpu::<i64>(op, &a, &b).unwrap();
                 let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
                 assert!(got == want, "{op:?}: {rows} rows of up to {max_len} in domain {domain}");
                 let (ua, ub) = (to_unsigned(&a).unwrap(), to_unsigned(&b).unwrap());
-                assert!(list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap() == list_op_cpu::<u64>(op, &ua, &ub).unwrap(), "{op:?} u64");
+                assert!(
+                    list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap() == list_op_cpu::<u64>(op, &ua, &ub).unwrap(),
+                    "{op:?} u64"
+                );
             }
             // Already sorted rows skip the device sort: same results.
             let (sa, sb) = (sort_rows(&a).unwrap(), sort_rows(&b).unwrap());
@@ -1187,12 +1336,20 @@ mod tests {
         // Int32 LargeList against FixedSizeList(Int16), read as i64.
         use datafusion::arrow::array::{FixedSizeListArray, Int16Array, Int32Array, LargeListArray};
         use datafusion::arrow::datatypes::Int32Type;
-        let a: ArrayRef = Arc::new(LargeListArray::from_iter_primitive::<Int32Type, _, _>([Some(vec![Some(3), Some(1), Some(3)]), None, Some(vec![Some(-2)])]));
+        let a: ArrayRef = Arc::new(LargeListArray::from_iter_primitive::<Int32Type, _, _>([
+            Some(vec![Some(3), Some(1), Some(3)]),
+            None,
+            Some(vec![Some(-2)]),
+        ]));
         let _ = Int32Array::from(vec![1]);
         let field = Arc::new(Field::new_list_field(DataType::Int16, true));
-        let b: ArrayRef = Arc::new(FixedSizeListArray::new(field, 2, Arc::new(Int16Array::from(vec![3, 3, 1, 1, -2, 7])), None));
+        let b: ArrayRef =
+            Arc::new(FixedSizeListArray::new(field, 2, Arc::new(Int16Array::from(vec![3, 3, 1, 1, -2, 7])), None));
         for op in ListOp::ALL.into_iter().take(4) {
-            assert!(list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap() == list_op_cpu::<i64>(op, &a, &b).unwrap(), "{op:?} mixed types");
+            assert!(
+                list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap() == list_op_cpu::<i64>(op, &a, &b).unwrap(),
+                "{op:?} mixed types"
+            );
         }
         // All-NULL (DataType::Null) side.
         let nulls: ArrayRef = Arc::new(datafusion::arrow::array::NullArray::new(3));
@@ -1212,8 +1369,9 @@ mod tests {
                     return None;
                 }
                 let len = lengths[rng.random_range(0..lengths.len())];
-                let mut v: Vec<Option<i64>> =
-                    (0..len).map(|_| if rng.random_range(0..50) == 0 { None } else { Some(rng.random_range(-domain..domain)) }).collect();
+                let mut v: Vec<Option<i64>> = (0..len)
+                    .map(|_| if rng.random_range(0..50) == 0 { None } else { Some(rng.random_range(-domain..domain)) })
+                    .collect();
                 if sorted {
                     v.sort_unstable();
                 }
@@ -1242,7 +1400,10 @@ mod tests {
                 let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
                 assert!(got == want, "{op:?} on uneven rows in domain {domain}");
                 let (ua, ub) = (to_unsigned(&a).unwrap(), to_unsigned(&b).unwrap());
-                assert!(list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap() == list_op_cpu::<u64>(op, &ua, &ub).unwrap(), "{op:?} u64, domain {domain}");
+                assert!(
+                    list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap() == list_op_cpu::<u64>(op, &ua, &ub).unwrap(),
+                    "{op:?} u64, domain {domain}"
+                );
             }
         }
     }
@@ -1279,7 +1440,11 @@ mod tests {
             let domain = [3, 50, 10_000, 1 << 40][case % 4];
             let lists: Vec<Vec<i64>> = (0..k)
                 .map(|_| {
-                    let n = if rng.random_range(0..10) == 0 { 0 } else { rng.random_range(1..[100, 5000, 200_000][case % 3]) };
+                    let n = if rng.random_range(0..10) == 0 {
+                        0
+                    } else {
+                        rng.random_range(1..[100, 5000, 200_000][case % 3])
+                    };
                     random_sorted(&mut rng, n, domain)
                 })
                 .collect();
@@ -1311,7 +1476,14 @@ mod tests {
         let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
         assert!(got == list_op_cpu::<i64>(op, &a, &b).unwrap(), "worked example");
         let mut rng = rand::rngs::StdRng::seed_from_u64(1503);
-        let cases = [(1usize, 1usize, 1i64, false), (2000, 40, 3, true), (2000, 300, 1000, true), (500, 30, i64::MAX / 2, false), (30, 6000, 20_000, true), (100_000, 12, 1 << 20, false)];
+        let cases = [
+            (1usize, 1usize, 1i64, false),
+            (2000, 40, 3, true),
+            (2000, 300, 1000, true),
+            (500, 30, i64::MAX / 2, false),
+            (30, 6000, 20_000, true),
+            (100_000, 12, 1 << 20, false),
+        ];
         for (case, &(rows, max_len, domain, nulls)) in cases.iter().enumerate() {
             let a = sort_rows(&random_list_column(&mut rng, rows + 4, max_len, domain, nulls).slice(4, rows)).unwrap();
             // The other side's rows: as long, or much shorter (then they drive).
@@ -1319,9 +1491,15 @@ mod tests {
             let b = sort_rows(&random_list_column(&mut rng, rows, b_len, domain, nulls)).unwrap();
             for (x, y) in [(&a, &b), (&b, &a)] {
                 let want = list_op_cpu::<i64>(op, x, y).unwrap();
-                assert!(list_op_gpu::<i64>(&gpu, op, x, y, stats).unwrap() == want, "{rows} rows of up to {max_len} in domain {domain}");
+                assert!(
+                    list_op_gpu::<i64>(&gpu, op, x, y, stats).unwrap() == want,
+                    "{rows} rows of up to {max_len} in domain {domain}"
+                );
                 let (ux, uy) = (to_unsigned(x).unwrap(), to_unsigned(y).unwrap());
-                assert!(list_op_gpu::<u64>(&gpu, op, &ux, &uy, stats).unwrap() == list_op_cpu::<u64>(op, &ux, &uy).unwrap(), "u64, domain {domain}");
+                assert!(
+                    list_op_gpu::<u64>(&gpu, op, &ux, &uy, stats).unwrap() == list_op_cpu::<u64>(op, &ux, &uy).unwrap(),
+                    "u64, domain {domain}"
+                );
             }
         }
     }

@@ -25,14 +25,24 @@ use datafusion::error::{DataFusionError, Result};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod};
 
 /// kernels/radix_sort.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "radix_sort", source: include_str!("../../kernels/radix_sort.cu"), defines: radix_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "radix_sort",
+    source: include_str!("../../kernels/radix_sort.cu"),
+    defines: radix_defines,
+};
 
 fn radix_defines() -> Vec<(String, u64)> {
-    let pairs = [("BITS", RS_BITS as u64), ("RADIX", RS_RADIX as u64), ("WARPS", (RS_THREADS / 32) as u64), ("ITEMS_U32", RS_ITEMS_U32 as u64),
-        ("ITEMS_U64", RS_ITEMS_U64 as u64), ("MIN_BLOCKS", RS_MIN_BLOCKS as u64), ("HIST_THREADS", RS_HIST_THREADS as u64)];
+    let pairs = [
+        ("BITS", RS_BITS as u64),
+        ("RADIX", RS_RADIX as u64),
+        ("WARPS", (RS_THREADS / 32) as u64),
+        ("ITEMS_U32", RS_ITEMS_U32 as u64),
+        ("ITEMS_U64", RS_ITEMS_U64 as u64),
+        ("MIN_BLOCKS", RS_MIN_BLOCKS as u64),
+        ("HIST_THREADS", RS_HIST_THREADS as u64),
+    ];
     crate::gpu::prefixed("RS_", &pairs)
 }
-
 
 // The kernel's tuning constants: passed to NVRTC as -D options (radix_defines).
 /// Digit width (RS_BITS) and digit count (RS_RADIX).
@@ -94,12 +104,24 @@ pub fn device_bytes(n: usize, key_bytes: usize, pairs: bool) -> usize {
     n * (key_bytes + if pairs { 4 } else { 0 }) + HIST_WORDS * 4 + n.div_ceil(tile).max(1) * RS_RADIX * 8
 }
 
-fn check_args<K: RadixKey>(what: &str, len: usize, values: Option<usize>, n: usize, begin_bit: u32, end_bit: u32) -> Result<()> {
+fn check_args<K: RadixKey>(
+    what: &str,
+    len: usize,
+    values: Option<usize>,
+    n: usize,
+    begin_bit: u32,
+    end_bit: u32,
+) -> Result<()> {
     if begin_bit > end_bit || end_bit > K::BITS {
-        return Err(DataFusionError::Internal(format!("radix_sort {what}: bits [{begin_bit}, {end_bit}) outside a {}-bit key", K::BITS)));
+        return Err(DataFusionError::Internal(format!(
+            "radix_sort {what}: bits [{begin_bit}, {end_bit}) outside a {}-bit key",
+            K::BITS
+        )));
     }
     if n > len || values.is_some_and(|v| n > v) {
-        return Err(DataFusionError::Internal(format!("radix_sort {what}: {n} keys requested from buffers of {len} / {values:?}")));
+        return Err(DataFusionError::Internal(format!(
+            "radix_sort {what}: {n} keys requested from buffers of {len} / {values:?}"
+        )));
     }
     if n > u32::MAX as usize {
         return Err(DataFusionError::Plan(format!("radix_sort {what}: {n} keys exceed 2^32 - 1")));
@@ -140,11 +162,13 @@ fn run_sort<K: RadixKey>(
     let f = gpu.function(&KERNEL, &format!("rs_histogram_{}", K::NAME))?;
     // SAFETY: signature matches kernels/radix_sort.cu; keys hold n elements, hist HIST_WORDS zeroed counts.
     unsafe {
-        stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&begin_bit).arg(&end_bit).arg(&hist.slice).launch(LaunchConfig {
-            grid_dim: (hist_blocks as u32, 1, 1),
-            block_dim: (RS_HIST_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        })
+        stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&begin_bit).arg(&end_bit).arg(&hist.slice).launch(
+            LaunchConfig {
+                grid_dim: (hist_blocks as u32, 1, 1),
+                block_dim: (RS_HIST_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        )
     }
     .map_err(|e| cuda_err("rs_histogram", e))?;
     let f = gpu.function(&KERNEL, "rs_scan_digits")?;
@@ -168,7 +192,8 @@ fn run_sort<K: RadixKey>(
         let starts = hist.slice.slice(p_us * RS_RADIX..(p_us + 1) * RS_RADIX);
         let counter = hist.slice.slice(8 * RS_RADIX + p_us..8 * RS_RADIX + p_us + 1);
         // Even passes read the caller's buffers and write the alternates, odd passes the reverse.
-        let (kin, kout): (&CudaSlice<K>, &CudaSlice<K>) = if p % 2 == 0 { (&keys.slice, &alt_keys.slice) } else { (&alt_keys.slice, &keys.slice) };
+        let (kin, kout): (&CudaSlice<K>, &CudaSlice<K>) =
+            if p % 2 == 0 { (&keys.slice, &alt_keys.slice) } else { (&alt_keys.slice, &keys.slice) };
         // SAFETY: signature matches kernels/radix_sort.cu; kin/kout (and vin/vout) hold n elements
         // each and are distinct; status holds ntiles * RS_RADIX words zeroed before pass 0.
         unsafe {
@@ -197,7 +222,13 @@ fn run_sort<K: RadixKey>(
 }
 
 /// Stable sort of `keys[0, n)` on the device by bits `[begin_bit, end_bit)`.
-pub fn sort_keys<K: RadixKey>(gpu: &Gpu, keys: &mut DeviceBuffer<K>, n: usize, begin_bit: u32, end_bit: u32) -> Result<()> {
+pub fn sort_keys<K: RadixKey>(
+    gpu: &Gpu,
+    keys: &mut DeviceBuffer<K>,
+    n: usize,
+    begin_bit: u32,
+    end_bit: u32,
+) -> Result<()> {
     run_sort(gpu, keys, None, n, begin_bit, end_bit)
 }
 
@@ -213,32 +244,50 @@ pub fn sort_pairs<K: RadixKey>(
     run_sort(gpu, keys, Some(values), n, begin_bit, end_bit)
 }
 
-/// [`sort_keys`] for u32 keys.
-pub fn sort_keys_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, n: usize, begin_bit: u32, end_bit: u32) -> Result<()> {
-    sort_keys(gpu, keys, n, begin_bit, end_bit)
-}
-
 /// [`sort_keys`] for u64 keys.
 pub fn sort_keys_u64(gpu: &Gpu, keys: &mut DeviceBuffer<u64>, n: usize, begin_bit: u32, end_bit: u32) -> Result<()> {
     sort_keys(gpu, keys, n, begin_bit, end_bit)
 }
 
 /// [`sort_pairs`] for u32 keys.
-pub fn sort_pairs_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, values: &mut DeviceBuffer<u32>, n: usize, begin_bit: u32, end_bit: u32) -> Result<()> {
+pub fn sort_pairs_u32(
+    gpu: &Gpu,
+    keys: &mut DeviceBuffer<u32>,
+    values: &mut DeviceBuffer<u32>,
+    n: usize,
+    begin_bit: u32,
+    end_bit: u32,
+) -> Result<()> {
     sort_pairs(gpu, keys, values, n, begin_bit, end_bit)
 }
 
 /// [`sort_pairs`] for u64 keys.
-pub fn sort_pairs_u64(gpu: &Gpu, keys: &mut DeviceBuffer<u64>, values: &mut DeviceBuffer<u32>, n: usize, begin_bit: u32, end_bit: u32) -> Result<()> {
+pub fn sort_pairs_u64(
+    gpu: &Gpu,
+    keys: &mut DeviceBuffer<u64>,
+    values: &mut DeviceBuffer<u32>,
+    n: usize,
+    begin_bit: u32,
+    end_bit: u32,
+) -> Result<()> {
     sort_pairs(gpu, keys, values, n, begin_bit, end_bit)
 }
 
 /// `keys[0, n) - sub` into a new buffer, with the row indices 0..n beside
 /// them when `with_rows`: how sort_setops prepares a side for
 /// [`sort_pairs_u64`] / [`sort_keys_u64`] over only its domain's bits.
-pub fn offset_keys_u64(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, sub: u64, with_rows: bool) -> Result<(DeviceBuffer<u64>, Option<DeviceBuffer<u32>>)> {
+pub fn offset_keys_u64(
+    gpu: &Gpu,
+    keys: &DeviceBuffer<u64>,
+    n: usize,
+    sub: u64,
+    with_rows: bool,
+) -> Result<(DeviceBuffer<u64>, Option<DeviceBuffer<u32>>)> {
     if n > keys.len() || n > u32::MAX as usize {
-        return Err(DataFusionError::Internal(format!("radix_sort offset_keys: {n} keys of a buffer of {}", keys.len())));
+        return Err(DataFusionError::Internal(format!(
+            "radix_sort offset_keys: {n} keys of a buffer of {}",
+            keys.len()
+        )));
     }
     let out = gpu.alloc::<u64>(n)?;
     let rows = if with_rows { Some(gpu.alloc::<u32>(n)?) } else { None };
@@ -264,7 +313,11 @@ pub fn offset_keys_u64(gpu: &Gpu, keys: &DeviceBuffer<u64>, n: usize, sub: u64, 
 
 /// Bits needed for segment ids 0..nseg.
 fn segment_bits(nseg: usize) -> u32 {
-    if nseg <= 1 { 0 } else { usize::BITS - (nseg - 1).leading_zeros() }
+    if nseg <= 1 {
+        0
+    } else {
+        usize::BITS - (nseg - 1).leading_zeros()
+    }
 }
 
 /// Sort each segment `keys[offsets[s], offsets[s + 1])` of u32 keys below
@@ -272,7 +325,14 @@ fn segment_bits(nseg: usize) -> u32 {
 /// offsets[0] = 0, offsets[nseg] = n). Composes u64 keys `segment << key_bits
 /// | key`, sorts them by their `key_bits + segment bits` low bits, splits
 /// the keys back.
-pub fn sort_segments_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, offsets: &DeviceBuffer<u32>, nseg: usize, n: usize, key_bits: u32) -> Result<()> {
+pub fn sort_segments_u32(
+    gpu: &Gpu,
+    keys: &mut DeviceBuffer<u32>,
+    offsets: &DeviceBuffer<u32>,
+    nseg: usize,
+    n: usize,
+    key_bits: u32,
+) -> Result<()> {
     let sbits = segment_bits(nseg);
     if key_bits > 32 || key_bits + sbits > 64 || n > keys.len() || nseg + 1 > offsets.len() || n > u32::MAX as usize {
         return Err(DataFusionError::Internal(format!(
@@ -290,14 +350,30 @@ pub fn sort_segments_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, offsets: &Devi
     let f = gpu.function(&KERNEL, "rs_seg_compose_u32")?;
     // SAFETY: signature matches kernels/radix_sort.cu; keys and composite hold n elements, offsets nseg + 1.
     unsafe {
-        stream.launch_builder(&f).arg(&keys.slice).arg(&n64).arg(&offsets.slice).arg(&nseg32).arg(&key_bits).arg(&composite.slice).launch(gpu.grid_stride(n, 32))
+        stream
+            .launch_builder(&f)
+            .arg(&keys.slice)
+            .arg(&n64)
+            .arg(&offsets.slice)
+            .arg(&nseg32)
+            .arg(&key_bits)
+            .arg(&composite.slice)
+            .launch(gpu.grid_stride(n, 32))
     }
     .map_err(|e| cuda_err("rs_seg_compose_u32", e))?;
     sort_keys_u64(gpu, &mut composite, n, 0, key_bits + sbits)?;
     let f = gpu.function(&KERNEL, "rs_seg_split_u32")?;
     // SAFETY: as above; every key is rewritten from its sorted composite.
-    unsafe { stream.launch_builder(&f).arg(&composite.slice).arg(&n64).arg(&key_bits).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
-        .map_err(|e| cuda_err("rs_seg_split_u32", e))?;
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&composite.slice)
+            .arg(&n64)
+            .arg(&key_bits)
+            .arg(&keys.slice)
+            .launch(gpu.grid_stride(n, 32))
+    }
+    .map_err(|e| cuda_err("rs_seg_split_u32", e))?;
     Ok(())
 }
 
@@ -307,7 +383,11 @@ pub fn sort_segments_u32(gpu: &Gpu, keys: &mut DeviceBuffer<u32>, offsets: &Devi
 fn field<K: RadixKey>(k: K, begin_bit: u32, end_bit: u32) -> u64 {
     let width = end_bit.saturating_sub(begin_bit);
     let mask = if width >= 64 { u64::MAX } else { (1u64 << width) - 1 };
-    if begin_bit >= 64 { 0 } else { (k.to_u64() >> begin_bit) & mask }
+    if begin_bit >= 64 {
+        0
+    } else {
+        (k.to_u64() >> begin_bit) & mask
+    }
 }
 
 /// CPU twin of [`sort_keys`]: stable sort of `keys` by bits `[begin_bit, end_bit)`.
@@ -340,7 +420,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     let stats = &mut crate::gpu::TransferStats::default();
     let mut checked = 0;
-    for &(n, b, e, narrow) in &[(1usize, 0u32, 64u32, false), (u64::TILE + 1, 0, 64, false), (100_000, 3, 40, false), (250_000, 0, 64, true)] {
+    for &(n, b, e, narrow) in
+        &[(1usize, 0u32, 64u32, false), (u64::TILE + 1, 0, 64, false), (100_000, 3, 40, false), (250_000, 0, 64, true)]
+    {
         let keys: Vec<u64> = (0..n).map(|_| if narrow { rng.random_range(0..100u64) } else { rng.random() }).collect();
         let rows: Vec<u32> = (0..n as u32).collect();
         let (mut want_k, mut want_v) = (keys.clone(), rows.clone());
@@ -356,7 +438,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         sort_pairs_u32(gpu, &mut dk, &mut dv, n, b, e32)?;
         let ok32 = gpu.download(&dk, n, stats)? == want_k && gpu.download(&dv, n, stats)? == want_v;
         if !(ok64 && ok32) {
-            return Err(DataFusionError::Execution(format!("radix_sort self-check failed: {n} pairs, bits [{b}, {e})")));
+            return Err(DataFusionError::Execution(format!(
+                "radix_sort self-check failed: {n} pairs, bits [{b}, {e})"
+            )));
         }
         checked += 2;
     }
@@ -446,7 +530,11 @@ mod tests {
                     sort_keys(&gpu, &mut dk, n, b, e).unwrap();
                     let mut want = keys.clone();
                     sort_keys_cpu(&mut want, b, e);
-                    assert!(gpu.download(&dk, n, stats).unwrap() == want, "{} keys n={n} dist={dist} bits [{b}, {e})", K::NAME);
+                    assert!(
+                        gpu.download(&dk, n, stats).unwrap() == want,
+                        "{} keys n={n} dist={dist} bits [{b}, {e})",
+                        K::NAME
+                    );
                 }
             }
         }

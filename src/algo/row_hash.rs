@@ -44,7 +44,11 @@ use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 use crate::keys::{self, ByteColumn, ByteParts, ColumnKeys, KeyBytes, KeyPart, RowSubset};
 
 /// kernels/row_hash.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "row_hash", source: include_str!("../../kernels/row_hash.cu"), defines: row_hash_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "row_hash",
+    source: include_str!("../../kernels/row_hash.cu"),
+    defines: row_hash_defines,
+};
 
 fn row_hash_defines() -> Vec<(String, u64)> {
     vec![("RH_EMPTY".into(), EMPTY_KEY), ("RH_NO_ROW".into(), NO_ROW as u64)]
@@ -157,7 +161,9 @@ impl HostRows<'_> {
     fn device_bytes(&self, wide: bool) -> usize {
         let n = self.len();
         match self {
-            HostRows::Views(v) => (2 * n + 2) * 8 + v.batch_rows.len() * 8 + v.buf_pos.len() * 8 + padded_len(v.data_len) + n * 8,
+            HostRows::Views(v) => {
+                (2 * n + 2) * 8 + v.batch_rows.len() * 8 + v.buf_pos.len() * 8 + padded_len(v.data_len) + n * 8
+            }
             HostRows::Fixed { .. } => (n + 1) * 8 + n * 8,
             _ => (n + 1) * if wide { 8 } else { 4 } + padded_len(self.data_len()) + n * 8,
         }
@@ -200,7 +206,9 @@ fn host_views<'a>(col: &'a ByteColumn, idx: Option<&'a [u32]>) -> Option<HostVie
     }
     // Rows per batch in the side's numbering, and the views.
     let (views, per_batch): (Vec<std::borrow::Cow<'a, [u64]>>, Vec<usize>) = match idx {
-        None => (words.iter().map(|w| std::borrow::Cow::Borrowed(*w)).collect(), arrays.iter().map(|a| a.len()).collect()),
+        None => {
+            (words.iter().map(|w| std::borrow::Cow::Borrowed(*w)).collect(), arrays.iter().map(|a| a.len()).collect())
+        }
         Some(ix) => {
             let starts = col.starts();
             let mut per = vec![0usize; arrays.len()];
@@ -400,10 +408,15 @@ struct PerRow {
 }
 
 /// Each row's hash written to `out`.
-const HASH: PerRow = PerRow { offsets_u32: "hash_rows_u32", offsets_u64: "hash_rows_u64", views: "hash_views", fixed: "hash_fixed" };
+const HASH: PerRow =
+    PerRow { offsets_u32: "hash_rows_u32", offsets_u64: "hash_rows_u64", views: "hash_views", fixed: "hash_fixed" };
 /// Each row's hash folded into `out` (a composite key's running hash, keys::hash_columns_step).
-const COMBINE: PerRow =
-    PerRow { offsets_u32: "combine_rows_u32", offsets_u64: "combine_rows_u64", views: "combine_views", fixed: "combine_fixed" };
+const COMBINE: PerRow = PerRow {
+    offsets_u32: "combine_rows_u32",
+    offsets_u64: "combine_rows_u64",
+    views: "combine_views",
+    fixed: "combine_fixed",
+};
 
 /// Run one per-row kernel over `rows`, writing or folding into `out` (at least `rows.len()` words).
 fn launch_per_row(gpu: &Gpu, kernels: &PerRow, rows: &DeviceRows, out: &DeviceBuffer<u64>) -> Result<()> {
@@ -429,8 +442,17 @@ fn launch_per_row(gpu: &Gpu, kernels: &PerRow, rows: &DeviceRows, out: &DeviceBu
             // SAFETY: signature matches kernels/row_hash.cu; views hold 2n + 2 words whose buffer
             // references (valid Arrow views) lie within the batch table and the padded data; out holds n.
             unsafe {
-                stream.launch_builder(&f).arg(&views.slice).arg(&batch_rows.slice).arg(nbatches).arg(&batch_bufs.slice)
-                    .arg(&buf_pos.slice).arg(&data.slice).arg(&n).arg(&out.slice).launch(cfg)
+                stream
+                    .launch_builder(&f)
+                    .arg(&views.slice)
+                    .arg(&batch_rows.slice)
+                    .arg(nbatches)
+                    .arg(&batch_bufs.slice)
+                    .arg(&buf_pos.slice)
+                    .arg(&data.slice)
+                    .arg(&n)
+                    .arg(&out.slice)
+                    .launch(cfg)
             }
         }
         DeviceRows::Fixed { vals, .. } => {
@@ -508,8 +530,16 @@ fn verify_parts_on_device(
     let f = gpu.function(&KERNEL, "verify_insert")?;
     // SAFETY: hashes hold nb and np entries; the table holds cap + 1 slots with mask = cap - 1.
     unsafe {
-        stream.launch_builder(&f).arg(&build_hashes.slice).arg(&nb64).arg(&probe_hashes.slice).arg(&np64)
-            .arg(&keys.slice).arg(&reps.slice).arg(&mask).launch(launch_cfg(gpu, n))
+        stream
+            .launch_builder(&f)
+            .arg(&build_hashes.slice)
+            .arg(&nb64)
+            .arg(&probe_hashes.slice)
+            .arg(&np64)
+            .arg(&keys.slice)
+            .arg(&reps.slice)
+            .arg(&mask)
+            .launch(launch_cfg(gpu, n))
     }
     .map_err(|e| cuda_err("row_hash verify insert", e))?;
     let (b, p) = (&build_hashes.slice, &probe_hashes.slice);
@@ -523,8 +553,21 @@ fn verify_parts_on_device(
                 let f = gpu.function(&KERNEL, "verify_check_u32")?;
                 // SAFETY: as above; each side's offsets hold n + 1 entries within its padded data.
                 unsafe {
-                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                        .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
+                    stream
+                        .launch_builder(&f)
+                        .arg(b)
+                        .arg(&nb64)
+                        .arg(p)
+                        .arg(&np64)
+                        .arg(&keys.slice)
+                        .arg(&reps.slice)
+                        .arg(&mask)
+                        .arg(&bo.slice)
+                        .arg(&bd.slice)
+                        .arg(&po.slice)
+                        .arg(&pd.slice)
+                        .arg(&flag.slice)
+                        .launch(cfg)
                 }
             }
             (
@@ -534,29 +577,88 @@ fn verify_parts_on_device(
                 let f = gpu.function(&KERNEL, "verify_check_u64")?;
                 // SAFETY: as above.
                 unsafe {
-                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                        .arg(&bo.slice).arg(&bd.slice).arg(&po.slice).arg(&pd.slice).arg(&flag.slice).launch(cfg)
+                    stream
+                        .launch_builder(&f)
+                        .arg(b)
+                        .arg(&nb64)
+                        .arg(p)
+                        .arg(&np64)
+                        .arg(&keys.slice)
+                        .arg(&reps.slice)
+                        .arg(&mask)
+                        .arg(&bo.slice)
+                        .arg(&bd.slice)
+                        .arg(&po.slice)
+                        .arg(&pd.slice)
+                        .arg(&flag.slice)
+                        .launch(cfg)
                 }
             }
             (
-                DeviceRows::Views { views: bv, batch_rows: br, nbatches: bn, batch_bufs: bb, buf_pos: bp, data: bd, .. },
-                DeviceRows::Views { views: pv, batch_rows: pr, nbatches: pn, batch_bufs: pb, buf_pos: pp, data: pd, .. },
+                DeviceRows::Views {
+                    views: bv,
+                    batch_rows: br,
+                    nbatches: bn,
+                    batch_bufs: bb,
+                    buf_pos: bp,
+                    data: bd,
+                    ..
+                },
+                DeviceRows::Views {
+                    views: pv,
+                    batch_rows: pr,
+                    nbatches: pn,
+                    batch_bufs: pb,
+                    buf_pos: pp,
+                    data: pd,
+                    ..
+                },
             ) => {
                 let f = gpu.function(&KERNEL, "verify_check_views")?;
                 // SAFETY: as above; each side's views, batch table and padded data as in hash_on_device.
                 unsafe {
-                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                        .arg(&bv.slice).arg(&br.slice).arg(bn).arg(&bb.slice).arg(&bp.slice).arg(&bd.slice)
-                        .arg(&pv.slice).arg(&pr.slice).arg(pn).arg(&pb.slice).arg(&pp.slice).arg(&pd.slice)
-                        .arg(&flag.slice).launch(cfg)
+                    stream
+                        .launch_builder(&f)
+                        .arg(b)
+                        .arg(&nb64)
+                        .arg(p)
+                        .arg(&np64)
+                        .arg(&keys.slice)
+                        .arg(&reps.slice)
+                        .arg(&mask)
+                        .arg(&bv.slice)
+                        .arg(&br.slice)
+                        .arg(bn)
+                        .arg(&bb.slice)
+                        .arg(&bp.slice)
+                        .arg(&bd.slice)
+                        .arg(&pv.slice)
+                        .arg(&pr.slice)
+                        .arg(pn)
+                        .arg(&pb.slice)
+                        .arg(&pp.slice)
+                        .arg(&pd.slice)
+                        .arg(&flag.slice)
+                        .launch(cfg)
                 }
             }
             (DeviceRows::Fixed { vals: bv, .. }, DeviceRows::Fixed { vals: pv, .. }) => {
                 let f = gpu.function(&KERNEL, "verify_check_fixed")?;
                 // SAFETY: as above; each side's vals hold its rows' words (plus one zeroed word).
                 unsafe {
-                    stream.launch_builder(&f).arg(b).arg(&nb64).arg(p).arg(&np64).arg(&keys.slice).arg(&reps.slice).arg(&mask)
-                        .arg(&bv.slice).arg(&pv.slice).arg(&flag.slice).launch(cfg)
+                    stream
+                        .launch_builder(&f)
+                        .arg(b)
+                        .arg(&nb64)
+                        .arg(p)
+                        .arg(&np64)
+                        .arg(&keys.slice)
+                        .arg(&reps.slice)
+                        .arg(&mask)
+                        .arg(&bv.slice)
+                        .arg(&pv.slice)
+                        .arg(&flag.slice)
+                        .launch(cfg)
                 }
             }
             _ => return Err(DataFusionError::Internal("row_hash: both sides need the same layout".into())),
@@ -655,7 +757,10 @@ struct HostPart<'a> {
 /// batches' buffers themselves, or the subset's words gathered.
 fn fixed_rows<'a>(images: &'a [ScalarBuffer<u64>], keys: &ColumnKeys, idx: Option<&[u32]>) -> HostRows<'a> {
     match idx {
-        None => HostRows::Fixed { n: keys.len(), pieces: images.iter().map(|b| std::borrow::Cow::Borrowed(b.as_ref())).collect() },
+        None => HostRows::Fixed {
+            n: keys.len(),
+            pieces: images.iter().map(|b| std::borrow::Cow::Borrowed(b.as_ref())).collect(),
+        },
         Some(ix) => {
             let words = ix
                 .iter()
@@ -683,8 +788,12 @@ fn host_parts<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> Result<(Vec<Hos
     let mut parts = Vec::with_capacity(bc.parts().len());
     for (x, y) in bc.parts().iter().zip(pc.parts()) {
         let (b, p) = match (x, y) {
-            (KeyPart::Exact(xb), KeyPart::Exact(yb)) => (fixed_rows(xb, bc, build.idx()), fixed_rows(yb, pc, probe.idx())),
-            (KeyPart::Bytes(xb), KeyPart::Bytes(yb)) => host_rows(RowSubset::new(xb, build.idx())?, RowSubset::new(yb, probe.idx())?),
+            (KeyPart::Exact(xb), KeyPart::Exact(yb)) => {
+                (fixed_rows(xb, bc, build.idx()), fixed_rows(yb, pc, probe.idx()))
+            }
+            (KeyPart::Bytes(xb), KeyPart::Bytes(yb)) => {
+                host_rows(RowSubset::new(xb, build.idx())?, RowSubset::new(yb, probe.idx())?)
+            }
             _ => return Err(DataFusionError::Internal("row_hash: composite key columns of different kinds".into())),
         };
         let wide = b.data_len().max(p.data_len()) > u32::MAX as usize;
@@ -697,12 +806,19 @@ fn host_parts<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> Result<(Vec<Hos
             None => m.iter().flat_map(|b| b.iter().copied()).collect(),
             Some(ix) => ix.iter().map(|&i| k.null_mask(i as usize)).collect(),
         };
-        words.iter().any(|&w| w != 0).then(|| HostRows::Fixed { n: words.len(), pieces: vec![std::borrow::Cow::Owned(words)] })
+        words
+            .iter()
+            .any(|&w| w != 0)
+            .then(|| HostRows::Fixed { n: words.len(), pieces: vec![std::borrow::Cow::Owned(words)] })
     };
     let zeros = |n: usize| HostRows::Fixed { n, pieces: Vec::new() };
     let masks = match (masks(bc, build), masks(pc, probe)) {
         (None, None) => None,
-        (b, p) => Some(HostPart { build: b.unwrap_or_else(|| zeros(build.len())), probe: p.unwrap_or_else(|| zeros(probe.len())), wide: false }),
+        (b, p) => Some(HostPart {
+            build: b.unwrap_or_else(|| zeros(build.len())),
+            probe: p.unwrap_or_else(|| zeros(probe.len())),
+            wide: false,
+        }),
     };
     Ok((parts, masks))
 }
@@ -724,15 +840,23 @@ fn hash_parts_on_device(
         if n > 0 {
             let f = gpu.function(&KERNEL, "fill_u64")?;
             // SAFETY: signature matches kernels/row_hash.cu; h holds n words.
-            unsafe { gpu.stream().launch_builder(&f).arg(&h.slice).arg(&(n as u64)).arg(&keys::COLUMNS_SEED).launch(launch_cfg(gpu, n)) }
-                .map_err(|e| cuda_err("row_hash fill", e))?;
+            unsafe {
+                gpu.stream()
+                    .launch_builder(&f)
+                    .arg(&h.slice)
+                    .arg(&(n as u64))
+                    .arg(&keys::COLUMNS_SEED)
+                    .launch(launch_cfg(gpu, n))
+            }
+            .map_err(|e| cuda_err("row_hash fill", e))?;
         }
         Ok(h)
     };
     let (bh, ph) = (seeded(nb)?, seeded(np)?);
     let mut on_device = Vec::with_capacity(parts.len() + 1);
     for part in parts {
-        let (b, p) = (upload_side(gpu, &part.build, part.wide, stats)?, upload_side(gpu, &part.probe, part.wide, stats)?);
+        let (b, p) =
+            (upload_side(gpu, &part.build, part.wide, stats)?, upload_side(gpu, &part.probe, part.wide, stats)?);
         if b.len() != nb || p.len() != np {
             return Err(DataFusionError::Internal("row_hash: key columns of different lengths".into()));
         }
@@ -740,7 +864,14 @@ fn hash_parts_on_device(
         launch_per_row(gpu, &COMBINE, &p, &ph)?;
         on_device.push((b, p));
     }
-    let masks = masks.map(|m| Ok::<_, DataFusionError>((upload_side(gpu, &m.build, false, stats)?, upload_side(gpu, &m.probe, false, stats)?))).transpose()?;
+    let masks = masks
+        .map(|m| {
+            Ok::<_, DataFusionError>((
+                upload_side(gpu, &m.build, false, stats)?,
+                upload_side(gpu, &m.probe, false, stats)?,
+            ))
+        })
+        .transpose()?;
     let f = gpu.function(&KERNEL, "combine_finish")?;
     for (h, n, m) in [(&bh, nb, masks.as_ref().map(|m| &m.0)), (&ph, np, masks.as_ref().map(|m| &m.1))] {
         if n == 0 {
@@ -752,8 +883,16 @@ fn hash_parts_on_device(
             _ => (&h.slice, 0u32),
         };
         // SAFETY: signature matches kernels/row_hash.cu; h holds n words, the masks (when read) n + 1.
-        unsafe { gpu.stream().launch_builder(&f).arg(&h.slice).arg(&(n as u64)).arg(mask_words).arg(&has_masks).launch(launch_cfg(gpu, n)) }
-            .map_err(|e| cuda_err("row_hash combine finish", e))?;
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&h.slice)
+                .arg(&(n as u64))
+                .arg(mask_words)
+                .arg(&has_masks)
+                .launch(launch_cfg(gpu, n))
+        }
+        .map_err(|e| cuda_err("row_hash combine finish", e))?;
     }
     on_device.extend(masks);
     Ok((bh, ph, on_device))
@@ -779,8 +918,10 @@ fn select_columns_gpu(
         return Ok(Some(BooleanBuffer::new_unset(0)));
     }
     let (parts, masks) = host_parts(build, probe)?;
-    let held: usize = parts.iter().chain(&masks).map(|p| p.build.device_bytes(p.wide) + p.probe.device_bytes(p.wide)).sum();
-    let need = (held + (verify_capacity(nb + np) + 1) * 12 + 4).max(select::device_bytes(GpuStrategy::Hash, op, nb, np, 0));
+    let held: usize =
+        parts.iter().chain(&masks).map(|p| p.build.device_bytes(p.wide) + p.probe.device_bytes(p.wide)).sum();
+    let need =
+        (held + (verify_capacity(nb + np) + 1) * 12 + 4).max(select::device_bytes(GpuStrategy::Hash, op, nb, np, 0));
     let avail = gpu.budget().available();
     if need > avail {
         // The caller then partitions on host hashes.
@@ -839,7 +980,8 @@ pub fn verify_columns_gpu(
     let (parts, masks) = host_parts(build, probe)?;
     let mut on_device = Vec::with_capacity(parts.len() + 1);
     for part in parts.iter().chain(&masks) {
-        on_device.push((upload_side(gpu, &part.build, part.wide, stats)?, upload_side(gpu, &part.probe, part.wide, stats)?));
+        on_device
+            .push((upload_side(gpu, &part.build, part.wide, stats)?, upload_side(gpu, &part.probe, part.wide, stats)?));
     }
     let (bh, ph) = (gpu.upload(build_hashes, stats)?, gpu.upload(probe_hashes, stats)?);
     let pairs: Vec<(&DeviceRows, &DeviceRows)> = on_device.iter().map(|(b, p)| (b, p)).collect();
@@ -847,7 +989,12 @@ pub fn verify_columns_gpu(
 }
 
 /// CPU twin of [`verify_columns_gpu`]: `keys::verify_columns`.
-pub fn verify_columns_cpu(build: RowSubset<'_>, build_hashes: &[u64], probe: RowSubset<'_>, probe_hashes: &[u64]) -> bool {
+pub fn verify_columns_cpu(
+    build: RowSubset<'_>,
+    build_hashes: &[u64],
+    probe: RowSubset<'_>,
+    probe_hashes: &[u64],
+) -> bool {
     keys::verify_columns(build, build_hashes, probe, probe_hashes)
 }
 
@@ -891,7 +1038,9 @@ pub(crate) fn verify_slices_gpu(
 fn slices_of<'a>(offsets: &[usize], data: &'a [u8]) -> Result<Vec<&'a [u8]>> {
     offsets
         .windows(2)
-        .map(|w| data.get(w[0]..w[1]).ok_or_else(|| DataFusionError::Internal("row_hash: offsets outside the data".into())))
+        .map(|w| {
+            data.get(w[0]..w[1]).ok_or_else(|| DataFusionError::Internal("row_hash: offsets outside the data".into()))
+        })
         .collect()
 }
 
@@ -962,7 +1111,14 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     // Selection on device hashes against the CPU on exact row ids.
     let mut checked = 0;
     let (b_ids, p_ids) = exact_ids(build, probe);
-    for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
+    for op in [
+        SetOp::Semi,
+        SetOp::Anti,
+        SetOp::IntersectDistinct,
+        SetOp::IntersectAll,
+        SetOp::ExceptDistinct,
+        SetOp::ExceptAll,
+    ] {
         let got = select_slices_gpu(gpu, op, build, probe, None, &mut stats)?;
         let want = select::select_cpu(op, &b_ids, &p_ids);
         match got {
@@ -977,7 +1133,8 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     if select_slices_gpu(gpu, SetOp::Semi, build, probe, Some((&fb, &fp)), &mut stats)?.is_some() {
         return fail("forced collision not reported by the selection".into());
     }
-    let (vb, vp) = (ByteColumn::new(vec![views.slice(0, half)])?, ByteColumn::new(vec![views.slice(half, views.len() - half)])?);
+    let (vb, vp) =
+        (ByteColumn::new(vec![views.slice(0, half)])?, ByteColumn::new(vec![views.slice(half, views.len() - half)])?);
     let (vb, vp) = (KeyBytes::Values(vb), KeyBytes::Values(vp));
     for op in [SetOp::Semi, SetOp::ExceptAll] {
         let got = select_subsets_gpu(gpu, op, RowSubset::all(&vb), RowSubset::all(&vp), &mut stats)?;
@@ -1011,7 +1168,9 @@ fn composite_batches(rng: &mut rand::rngs::StdRng, types: &[DataType], sizes: &[
             let v: StringArray = nulls.iter().map(|&ok| ok.then(|| words[rng.random_range(0..words.len())])).collect();
             datafusion::arrow::compute::cast(&v, t)?
         } else if *t == DataType::Float64 {
-            Arc::new(nulls.iter().map(|&ok| ok.then(|| floats[rng.random_range(0..floats.len())])).collect::<Float64Array>())
+            Arc::new(
+                nulls.iter().map(|&ok| ok.then(|| floats[rng.random_range(0..floats.len())])).collect::<Float64Array>(),
+            )
         } else {
             let v: Int64Array = nulls.iter().map(|&ok| ok.then(|| rng.random_range(-2..4i64))).collect();
             datafusion::arrow::compute::cast(&v, t)?
@@ -1029,13 +1188,17 @@ fn composite_batches(rng: &mut rand::rngs::StdRng, types: &[DataType], sizes: &[
 /// Returns the number of checked selections.
 fn self_check_composite(gpu: &Gpu, stats: &mut TransferStats) -> Result<usize> {
     use rand::SeedableRng;
-    let fail = |what: String| Err(DataFusionError::Execution(format!("row_hash self-check failed: composite keys: {what}")));
+    let fail =
+        |what: String| Err(DataFusionError::Execution(format!("row_hash self-check failed: composite keys: {what}")));
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
     let mut checked = 0;
-    for types in [vec![DataType::Utf8, DataType::Int64, DataType::Date32], vec![DataType::Utf8View, DataType::Float64]] {
+    for types in [vec![DataType::Utf8, DataType::Int64, DataType::Date32], vec![DataType::Utf8View, DataType::Float64]]
+    {
         let build = keys::encode(&composite_batches(&mut rng, &types, &[3000, 0, 1500])?, &types, None, true)?;
         let probe = keys::encode(&composite_batches(&mut rng, &types, &[2500, 700])?, &types, None, true)?;
-        let (Some(bb), Some(pb)) = (&build.bytes, &probe.bytes) else { return fail(format!("{types:?} not hash-encoded")) };
+        let (Some(bb), Some(pb)) = (&build.bytes, &probe.bytes) else {
+            return fail(format!("{types:?} not hash-encoded"));
+        };
         let (bs, ps) = (RowSubset::all(bb), RowSubset::all(pb));
         let (bh, ph) = (hash_columns_cpu(bs), hash_columns_cpu(ps));
         if hash_columns_gpu(gpu, bs, stats)? != bh || hash_columns_gpu(gpu, ps, stats)? != ph {
@@ -1057,11 +1220,19 @@ fn self_check_composite(gpu: &Gpu, stats: &mut TransferStats) -> Result<usize> {
                 return fail(format!("{types:?}: forced collision not reported by the selection"));
             }
         }
-        let valid = |k: &keys::KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
+        let valid =
+            |k: &keys::KeyColumns| -> Vec<u32> { (0..k.len() as u32).filter(|&i| !k.is_null(i as usize)).collect() };
         let (bv, pv) = (valid(&build), valid(&probe));
         for (bsub, psub) in [(bs, ps), (RowSubset::new(bb, Some(&bv))?, RowSubset::new(pb, Some(&pv))?)] {
             let (b_ids, p_ids) = keys::exact_ids(bsub, psub);
-            for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
+            for op in [
+                SetOp::Semi,
+                SetOp::Anti,
+                SetOp::IntersectDistinct,
+                SetOp::IntersectAll,
+                SetOp::ExceptDistinct,
+                SetOp::ExceptAll,
+            ] {
                 let want = select::select_cpu(op, &b_ids, &p_ids);
                 match select_subsets_gpu(gpu, op, bsub, psub, stats)? {
                     Some(got) if select::same_multiset_selection(op, &p_ids, &want, &got) => checked += 1,
@@ -1103,14 +1274,21 @@ mod tests {
 
     use super::*;
 
-    const OPS: [SetOp; 6] =
-        [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
+    const OPS: [SetOp; 6] = [
+        SetOp::Semi,
+        SetOp::Anti,
+        SetOp::IntersectDistinct,
+        SetOp::IntersectAll,
+        SetOp::ExceptDistinct,
+        SetOp::ExceptAll,
+    ];
 
     /// Pins the hash function the device reproduces (values from an independent port).
     #[test]
     fn cpu_hash_golden_values() {
         let rows: [&[u8]; 5] = [b"", b"a", b"abcdefgh", b"abcdefghi", b"setfusion row hash!"];
-        let want = [0xd34402edf2a39352u64, 0xadfb03f623bf3c3b, 0xcaf184724a8ab462, 0x703002d184daf332, 0x197abfe9135dde9d];
+        let want =
+            [0xd34402edf2a39352u64, 0xadfb03f623bf3c3b, 0xcaf184724a8ab462, 0x703002d184daf332, 0x197abfe9135dde9d];
         let mut offsets = vec![0];
         let mut data = Vec::new();
         for r in rows {
@@ -1141,7 +1319,8 @@ mod tests {
     }
 
     fn string_rows(conv: &RowConverter, vals: &[Option<&str>], ints: &[i32]) -> KeyBytes {
-        let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vals.to_vec())), Arc::new(Int32Array::from(ints.to_vec()))];
+        let cols: Vec<ArrayRef> =
+            vec![Arc::new(StringArray::from(vals.to_vec())), Arc::new(Int32Array::from(ints.to_vec()))];
         KeyBytes::Rows(conv.convert_columns(&cols).unwrap())
     }
 
@@ -1230,8 +1409,9 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(8);
         let words = ["", "a", "setfusion", "gpu", "a much longer string key that spans several words", "ß∂ƒ"];
         let mut side = |n: usize| {
-            let vals: Vec<Option<String>> =
-                (0..n).map(|_| (rng.random_range(0..10) > 0).then(|| words[rng.random_range(0..words.len())].to_string())).collect();
+            let vals: Vec<Option<String>> = (0..n)
+                .map(|_| (rng.random_range(0..10) > 0).then(|| words[rng.random_range(0..words.len())].to_string()))
+                .collect();
             let ints: Vec<i32> = (0..n).map(|_| rng.random_range(0..4)).collect();
             let refs: Vec<Option<&str>> = vals.iter().map(|v| v.as_deref()).collect();
             string_rows(&conv, &refs, &ints)
@@ -1241,16 +1421,19 @@ mod tests {
             let (bs, ps) = (RowSubset::all(&b), RowSubset::all(&p));
             let (b_ids, p_ids) = keys::exact_ids(bs, ps);
             for op in OPS {
-                let got = select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
+                let got =
+                    select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
                 let want = select::select_cpu(op, &b_ids, &p_ids);
                 assert!(select::same_multiset_selection(op, &p_ids, &want, &got), "{nb}x{np} {op:?}");
             }
             // Subsets (every other row) go through the same path without copying rows.
-            let (bi, pi): (Vec<u32>, Vec<u32>) = ((0..nb as u32).step_by(2).collect(), (1..np as u32).step_by(2).collect());
+            let (bi, pi): (Vec<u32>, Vec<u32>) =
+                ((0..nb as u32).step_by(2).collect(), (1..np as u32).step_by(2).collect());
             let (bs, ps) = (RowSubset::new(&b, Some(&bi)).unwrap(), RowSubset::new(&p, Some(&pi)).unwrap());
             let (b_ids, p_ids) = keys::exact_ids(bs, ps);
             for op in OPS {
-                let got = select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
+                let got =
+                    select_subsets_gpu(&gpu, op, bs, ps, &mut TransferStats::default()).unwrap().expect("no collision");
                 let want = select::select_cpu(op, &b_ids, &p_ids);
                 assert!(select::same_multiset_selection(op, &p_ids, &want, &got), "subset {nb}x{np} {op:?}");
             }
@@ -1275,8 +1458,14 @@ mod tests {
         assert!(r.as_ref().is_err_and(crate::gpu::is_out_of_memory), "{r:?}");
     }
 
-    const STRING_TYPES: [DataType; 6] =
-        [DataType::Utf8, DataType::LargeUtf8, DataType::Binary, DataType::LargeBinary, DataType::Utf8View, DataType::BinaryView];
+    const STRING_TYPES: [DataType; 6] = [
+        DataType::Utf8,
+        DataType::LargeUtf8,
+        DataType::Binary,
+        DataType::LargeBinary,
+        DataType::Utf8View,
+        DataType::BinaryView,
+    ];
 
     /// A string / binary column of type `t` in batches of `sizes` rows: NULLs,
     /// lengths around the views' 12-byte inline limit, many repeats. Batches
@@ -1290,7 +1479,8 @@ mod tests {
             })
             .collect();
         let mut column = |n: usize| -> ArrayRef {
-            let vals: Vec<Option<String>> = (0..n).map(|_| rng.random_bool(0.9).then(|| pool[rng.random_range(0..pool.len())].clone())).collect();
+            let vals: Vec<Option<String>> =
+                (0..n).map(|_| rng.random_bool(0.9).then(|| pool[rng.random_range(0..pool.len())].clone())).collect();
             cast(&(Arc::new(StringArray::from(vals)) as ArrayRef), t).unwrap()
         };
         let shared = column(sizes.iter().sum::<usize>() + 3);
@@ -1300,7 +1490,11 @@ mod tests {
             .enumerate()
             .map(|(b, &n)| {
                 at += n;
-                if b % 2 == 1 { shared.slice(at - n, n) } else { column(n + 3).slice(2, n) }
+                if b % 2 == 1 {
+                    shared.slice(at - n, n)
+                } else {
+                    column(n + 3).slice(2, n)
+                }
             })
             .collect()
     }
@@ -1369,7 +1563,12 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(22);
         let mut st = TransferStats::default();
         for t in STRING_TYPES {
-            for (bs, ps) in [(vec![], vec![10]), (vec![7], vec![]), (vec![300, 0, 41], vec![500, 7]), (vec![5000, 3000, 1], vec![4000, 3])] {
+            for (bs, ps) in [
+                (vec![], vec![10]),
+                (vec![7], vec![]),
+                (vec![300, 0, 41], vec![500, 7]),
+                (vec![5000, 3000, 1], vec![4000, 3]),
+            ] {
                 let b = KeyBytes::Values(ByteColumn::new(string_batches(&mut rng, &t, &bs)).unwrap());
                 let p = KeyBytes::Values(ByteColumn::new(string_batches(&mut rng, &t, &ps)).unwrap());
                 for wide in [false, true] {
@@ -1431,7 +1630,8 @@ mod tests {
         assert!(matches!(&masks.build, HostRows::Fixed { n: 70, pieces } if pieces.len() == 1));
         // The rows without NULLs: gathered, and no masks at all.
         let (bv, pv) = (non_null_rows(&b), non_null_rows(&p));
-        let (parts, masks) = host_parts(RowSubset::new(bb, Some(&bv)).unwrap(), RowSubset::new(pb, Some(&pv)).unwrap()).unwrap();
+        let (parts, masks) =
+            host_parts(RowSubset::new(bb, Some(&bv)).unwrap(), RowSubset::new(pb, Some(&pv)).unwrap()).unwrap();
         assert!(masks.is_none());
         assert!(matches!(&parts[0].build, HostRows::Fixed { n, pieces } if *n == bv.len() && pieces.len() == 1));
         assert!(matches!(&parts[1].build, HostRows::Slices(r) if r.len() == bv.len()));
@@ -1474,7 +1674,12 @@ mod tests {
         let mut st = TransferStats::default();
         for types in composites() {
             let types = types.as_slice();
-            for (bs, ps) in [(vec![], vec![10]), (vec![7], vec![]), (vec![300, 0, 41], vec![500, 7]), (vec![5000, 3000, 1], vec![4000, 3])] {
+            for (bs, ps) in [
+                (vec![], vec![10]),
+                (vec![7], vec![]),
+                (vec![300, 0, 41], vec![500, 7]),
+                (vec![5000, 3000, 1], vec![4000, 3]),
+            ] {
                 let (b, p) = (composite_keys(&mut rng, types, &bs), composite_keys(&mut rng, types, &ps));
                 let (bb, pb) = (b.bytes.as_ref().unwrap(), p.bytes.as_ref().unwrap());
                 let (bv, pv) = (non_null_rows(&b), non_null_rows(&p));
@@ -1488,7 +1693,9 @@ mod tests {
                     assert_eq!(hash_columns_gpu(&gpu, psub, &mut st).unwrap(), ph, "{what}");
                     assert!(verify_columns_gpu(&gpu, bsub, &bh, psub, &ph, &mut st).unwrap(), "{what}");
                     for m in [1u64, 3, 40] {
-                        let squeeze = |h: &[u64]| -> Vec<u64> { h.iter().map(|&x| if x % 5 == 0 { u64::MAX } else { x % m }).collect() };
+                        let squeeze = |h: &[u64]| -> Vec<u64> {
+                            h.iter().map(|&x| if x % 5 == 0 { u64::MAX } else { x % m }).collect()
+                        };
                         let (sb, sp) = (squeeze(&bh), squeeze(&ph));
                         assert_eq!(
                             verify_columns_gpu(&gpu, bsub, &sb, psub, &sp, &mut st).unwrap(),
@@ -1507,10 +1714,18 @@ mod tests {
                         let (mut fb, mut fp) = (bh.clone(), ph.clone());
                         fp[j] = fb[0];
                         assert!(!verify_columns_gpu(&gpu, bsub, &fb, psub, &fp, &mut st).unwrap(), "{what}");
-                        assert!(select_columns_gpu(&gpu, SetOp::Semi, bsub, psub, Some((&fb, &fp)), &mut st).unwrap().is_none(), "{what}");
+                        assert!(
+                            select_columns_gpu(&gpu, SetOp::Semi, bsub, psub, Some((&fb, &fp)), &mut st)
+                                .unwrap()
+                                .is_none(),
+                            "{what}"
+                        );
                         fb[0] = EMPTY_KEY;
                         fp[j] = EMPTY_KEY;
-                        assert!(!verify_columns_gpu(&gpu, bsub, &fb, psub, &fp, &mut st).unwrap(), "{what} on the empty marker");
+                        assert!(
+                            !verify_columns_gpu(&gpu, bsub, &fb, psub, &fp, &mut st).unwrap(),
+                            "{what} on the empty marker"
+                        );
                     }
                 }
             }
@@ -1526,10 +1741,15 @@ mod tests {
         use datafusion::arrow::array::Int64Array;
         let types = [DataType::Utf8, DataType::Int64, DataType::Utf8];
         let side = |s: Vec<Option<&str>>, i: Vec<Option<i64>>, t: Vec<Option<&str>>| {
-            let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(s)), Arc::new(Int64Array::from(i)), Arc::new(StringArray::from(t))];
+            let cols: Vec<ArrayRef> =
+                vec![Arc::new(StringArray::from(s)), Arc::new(Int64Array::from(i)), Arc::new(StringArray::from(t))];
             keys::encode(&[cols], &types, None, true).unwrap()
         };
-        let b = side(vec![None, Some(""), Some("x"), None], vec![Some(1), Some(1), None, Some(0)], vec![Some("a"), Some("a"), Some("a"), None]);
+        let b = side(
+            vec![None, Some(""), Some("x"), None],
+            vec![Some(1), Some(1), None, Some(0)],
+            vec![Some("a"), Some("a"), Some("a"), None],
+        );
         let p = side(
             vec![None, Some(""), Some("x"), Some("x"), None, None],
             vec![Some(1), Some(1), Some(0), None, Some(0), Some(0)],

@@ -22,8 +22,11 @@ use crate::algo::radix_sort;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod, TransferStats};
 
 /// kernels/segmented.cu (no `-D` contract: its scan tile is its own).
-pub static KERNEL: crate::gpu::KernelSource =
-    crate::gpu::KernelSource { family: "segmented", source: include_str!("../../kernels/segmented.cu"), defines: crate::gpu::no_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "segmented",
+    source: include_str!("../../kernels/segmented.cu"),
+    defines: crate::gpu::no_defines,
+};
 
 /// An integer element type of the list functions: i64 (signed and mixed
 /// integer lists) or u64 (unsigned). Device keys are its order-preserving
@@ -77,15 +80,18 @@ pub(crate) fn exclusive_scan(gpu: &Gpu, input: &DeviceBuffer<u32>, n: usize) -> 
     let tiles = LaunchConfig { grid_dim: (nt32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let f = gpu.function(&KERNEL, "ms_scan_reduce")?;
     // SAFETY: signature matches kernels/segmented.cu; input holds n entries, sums ntiles + 1.
-    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).launch(tiles) }.map_err(launch_err("ms_scan_reduce"))?;
+    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).launch(tiles) }
+        .map_err(launch_err("ms_scan_reduce"))?;
     let f = gpu.function(&KERNEL, "ms_scan_sums")?;
     let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: one block scans sums[0, ntiles) in place and writes sums[ntiles].
     unsafe { stream.launch_builder(&f).arg(&sums.slice).arg(&nt32).launch(one) }.map_err(launch_err("ms_scan_sums"))?;
     let f = gpu.function(&KERNEL, "ms_scan_tiles")?;
     // SAFETY: input holds n entries, out n + 1, sums ntiles + 1.
-    unsafe { stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).arg(&nt32).arg(&out.slice).launch(tiles) }
-        .map_err(launch_err("ms_scan_tiles"))?;
+    unsafe {
+        stream.launch_builder(&f).arg(&input.slice).arg(&n64).arg(&sums.slice).arg(&nt32).arg(&out.slice).launch(tiles)
+    }
+    .map_err(launch_err("ms_scan_tiles"))?;
     Ok(out)
 }
 
@@ -97,8 +103,15 @@ fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) ->
         let f = gpu.function(&KERNEL, "ms_seg_ids")?;
         let rows32 = rows as u32;
         // SAFETY: offsets hold rows + 1 entries ending at n; seg holds n entries.
-        unsafe { gpu.stream().launch_builder(&f).arg(&offsets.slice).arg(&rows32).arg(&seg.slice).launch(gpu.grid_stride(rows * 32, 32)) }
-            .map_err(launch_err("ms_seg_ids"))?;
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&offsets.slice)
+                .arg(&rows32)
+                .arg(&seg.slice)
+                .launch(gpu.grid_stride(rows * 32, 32))
+        }
+        .map_err(launch_err("ms_seg_ids"))?;
     }
     Ok(seg)
 }
@@ -106,13 +119,26 @@ fn segment_ids(gpu: &Gpu, offsets: &DeviceBuffer<u32>, rows: usize, n: usize) ->
 /// The result's row offsets (rows + 1 entries): row r starts at
 /// `scanned[first[r]]`, where `scanned` is the exclusive scan of per-item
 /// output counts and `first` (rows + 1 entries) the rows' first items.
-fn row_starts(gpu: &Gpu, scanned: &DeviceBuffer<u32>, first: &DeviceBuffer<u32>, rows: usize) -> Result<DeviceBuffer<u32>> {
+fn row_starts(
+    gpu: &Gpu,
+    scanned: &DeviceBuffer<u32>,
+    first: &DeviceBuffer<u32>,
+    rows: usize,
+) -> Result<DeviceBuffer<u32>> {
     let out = gpu.alloc::<u32>(rows + 1)?;
     let f = gpu.function(&KERNEL, "ms_gather_u32")?;
     let n32 = (rows + 1) as u32;
     // SAFETY: first holds rows + 1 indices into scanned (each <= its item count); out rows + 1 entries.
-    unsafe { gpu.stream().launch_builder(&f).arg(&scanned.slice).arg(&first.slice).arg(&n32).arg(&out.slice).launch(gpu.grid_stride(rows + 1, 32)) }
-        .map_err(launch_err("ms_gather_u32"))?;
+    unsafe {
+        gpu.stream()
+            .launch_builder(&f)
+            .arg(&scanned.slice)
+            .arg(&first.slice)
+            .arg(&n32)
+            .arg(&out.slice)
+            .launch(gpu.grid_stride(rows + 1, 32))
+    }
+    .map_err(launch_err("ms_gather_u32"))?;
     Ok(out)
 }
 
@@ -133,7 +159,12 @@ pub(crate) struct RowItems {
 
 impl RowItems {
     /// `counts[r]` items for each of the `rows` rows.
-    pub(crate) fn from_counts(gpu: &Gpu, counts: &DeviceBuffer<u32>, rows: usize, stats: &mut TransferStats) -> Result<Self> {
+    pub(crate) fn from_counts(
+        gpu: &Gpu,
+        counts: &DeviceBuffer<u32>,
+        rows: usize,
+        stats: &mut TransferStats,
+    ) -> Result<Self> {
         let offsets = exclusive_scan(gpu, counts, rows)?;
         let n = gpu.read_one(&offsets, rows, stats)? as usize;
         let rows_of = segment_ids(gpu, &offsets, rows, n)?;
@@ -177,7 +208,9 @@ pub(crate) fn count_then_fill<T: ListKey>(
     let starts = exclusive_scan(gpu, &counts, items.n)?;
     let total = gpu.read_one(&starts, items.n, stats)? as usize;
     if total > i32::MAX as usize {
-        return Err(DataFusionError::Execution("list function: the result batch holds more than 2^31 - 1 elements".into()));
+        return Err(DataFusionError::Execution(
+            "list function: the result batch holds more than 2^31 - 1 elements".into(),
+        ));
     }
     let offsets = row_starts(gpu, &starts, &items.offsets, rows)?;
     let values = gpu.alloc::<T>(total)?;
@@ -203,7 +236,12 @@ impl DeviceListPair {
 
     /// Per row, the marked elements of both sides: `ea` and `eb` are the
     /// exclusive scans (n + 1 entries) of per-element marks of sides a and b.
-    pub(crate) fn row_counts(&self, gpu: &Gpu, ea: &DeviceBuffer<u32>, eb: &DeviceBuffer<u32>) -> Result<DeviceBuffer<u32>> {
+    pub(crate) fn row_counts(
+        &self,
+        gpu: &Gpu,
+        ea: &DeviceBuffer<u32>,
+        eb: &DeviceBuffer<u32>,
+    ) -> Result<DeviceBuffer<u32>> {
         let counts = gpu.alloc::<u32>(self.rows)?;
         let f = gpu.function(&KERNEL, "ms_row_counts")?;
         let rows32 = self.rows as u32;
@@ -244,7 +282,12 @@ pub(crate) struct DeviceSide {
 impl DeviceSide {
     /// Upload one side: its values as their u64 key image, its row offsets,
     /// and a segment id per element.
-    pub(crate) fn upload<T: ListKey>(gpu: &Gpu, values: &[T], offsets: &[u32], stats: &mut TransferStats) -> Result<Self> {
+    pub(crate) fn upload<T: ListKey>(
+        gpu: &Gpu,
+        values: &[T],
+        offsets: &[u32],
+        stats: &mut TransferStats,
+    ) -> Result<Self> {
         let n = values.len();
         let rows = offsets.len() - 1;
         let raw = gpu.upload(values, stats)?;
@@ -254,15 +297,28 @@ impl DeviceSide {
         if n > 0 {
             let f = gpu.function(&KERNEL, "ms_xor")?;
             // SAFETY: raw (T, 8 bytes) and keys hold n 8-byte elements; the kernel reads raw as u64 bits.
-            unsafe { gpu.stream().launch_builder(&f).arg(&raw.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_xor"))?;
+            unsafe {
+                gpu.stream()
+                    .launch_builder(&f)
+                    .arg(&raw.slice)
+                    .arg(&n64)
+                    .arg(&flip)
+                    .arg(&keys.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_xor"))?;
         }
         let seg = segment_ids(gpu, &offsets, rows, n)?;
         Ok(Self { keys, offsets, seg, n })
     }
 
     /// The first element index i with keys[i] > keys[i + 1] in one valid row.
-    pub(crate) fn first_descent(&self, gpu: &Gpu, valid: &DeviceBuffer<u8>, stats: &mut TransferStats) -> Result<Option<usize>> {
+    pub(crate) fn first_descent(
+        &self,
+        gpu: &Gpu,
+        valid: &DeviceBuffer<u8>,
+        stats: &mut TransferStats,
+    ) -> Result<Option<usize>> {
         if self.n < 2 {
             return Ok(None);
         }
@@ -293,8 +349,10 @@ impl DeviceSide {
         let mm = gpu.upload(&[u64::MAX, 0u64], stats)?;
         let f = gpu.function(&KERNEL, "ms_min_max")?;
         // SAFETY: keys hold n entries, mm two words preset to (max, 0).
-        unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&n64).arg(&mm.slice).launch(gpu.grid_stride(n, 8)) }
-            .map_err(launch_err("ms_min_max"))?;
+        unsafe {
+            stream.launch_builder(&f).arg(&self.keys.slice).arg(&n64).arg(&mm.slice).launch(gpu.grid_stride(n, 8))
+        }
+        .map_err(launch_err("ms_min_max"))?;
         let mm = gpu.download(&mm, 2, stats)?;
         let (min, range) = (mm[0], mm[1].wrapping_sub(mm[0]));
         let kbits = 64 - range.leading_zeros();
@@ -306,37 +364,81 @@ impl DeviceSide {
             let mut comp = gpu.alloc::<u64>(n)?;
             // SAFETY: keys, seg and comp hold n entries.
             unsafe {
-                stream.launch_builder(&compose).arg(&self.keys.slice).arg(&self.seg.slice).arg(&n64).arg(&min).arg(&kbits).arg(&comp.slice).launch(gpu.grid_stride(n, 32))
+                stream
+                    .launch_builder(&compose)
+                    .arg(&self.keys.slice)
+                    .arg(&self.seg.slice)
+                    .arg(&n64)
+                    .arg(&min)
+                    .arg(&kbits)
+                    .arg(&comp.slice)
+                    .launch(gpu.grid_stride(n, 32))
             }
             .map_err(launch_err("ms_compose"))?;
             radix_sort::sort_keys_u64(gpu, &mut comp, n, 0, kbits + sbits)?;
             let f = gpu.function(&KERNEL, "ms_split")?;
             // SAFETY: comp and keys hold n entries.
-            unsafe { stream.launch_builder(&f).arg(&comp.slice).arg(&n64).arg(&min).arg(&kbits).arg(&self.keys.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_split"))?;
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&comp.slice)
+                    .arg(&n64)
+                    .arg(&min)
+                    .arg(&kbits)
+                    .arg(&self.keys.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_split"))?;
         } else {
             // Wide keys: a stable sort by key, then a stable sort by segment, of the positions.
             let mut k = gpu.alloc::<u64>(n)?;
             let mut idx = gpu.alloc::<u32>(n)?;
             // SAFETY: keys and k hold n entries; a null seg pointer composes the key alone.
-            unsafe { stream.launch_builder(&compose).arg(&self.keys.slice).arg(&null).arg(&n64).arg(&min).arg(&kbits).arg(&k.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_compose"))?;
+            unsafe {
+                stream
+                    .launch_builder(&compose)
+                    .arg(&self.keys.slice)
+                    .arg(&null)
+                    .arg(&n64)
+                    .arg(&min)
+                    .arg(&kbits)
+                    .arg(&k.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_compose"))?;
             let f = gpu.function(&KERNEL, "ms_iota")?;
             // SAFETY: idx holds n entries.
-            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&n64).launch(gpu.grid_stride(n, 32)) }.map_err(launch_err("ms_iota"))?;
+            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&n64).launch(gpu.grid_stride(n, 32)) }
+                .map_err(launch_err("ms_iota"))?;
             radix_sort::sort_pairs_u64(gpu, &mut k, &mut idx, n, 0, kbits)?;
             drop(k);
             let mut segk = gpu.alloc::<u32>(n)?;
             let f = gpu.function(&KERNEL, "ms_gather_seg")?;
             // SAFETY: idx, seg and segk hold n entries; idx is a permutation of 0..n.
-            unsafe { stream.launch_builder(&f).arg(&idx.slice).arg(&self.seg.slice).arg(&n64).arg(&segk.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_gather_seg"))?;
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&idx.slice)
+                    .arg(&self.seg.slice)
+                    .arg(&n64)
+                    .arg(&segk.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_gather_seg"))?;
             radix_sort::sort_pairs_u32(gpu, &mut segk, &mut idx, n, 0, sbits)?;
             let sorted = gpu.alloc::<u64>(n)?;
             let f = gpu.function(&KERNEL, "ms_gather_keys")?;
             // SAFETY: keys, idx and sorted hold n entries.
-            unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&idx.slice).arg(&n64).arg(&sorted.slice).launch(gpu.grid_stride(n, 32)) }
-                .map_err(launch_err("ms_gather_keys"))?;
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&self.keys.slice)
+                    .arg(&idx.slice)
+                    .arg(&n64)
+                    .arg(&sorted.slice)
+                    .launch(gpu.grid_stride(n, 32))
+            }
+            .map_err(launch_err("ms_gather_keys"))?;
             self.keys = sorted;
         }
         Ok(())

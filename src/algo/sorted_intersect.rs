@@ -178,7 +178,11 @@ pub fn sorted_intersect_sequences<T: SequenceKey>(a: &[T], b: &[T], val: u64) ->
 }
 
 /// kernels/sorted_intersect.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sorted_intersect", source: include_str!("../../kernels/sorted_intersect.cu"), defines: sorted_intersect_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "sorted_intersect",
+    source: include_str!("../../kernels/sorted_intersect.cu"),
+    defines: sorted_intersect_defines,
+};
 
 fn sorted_intersect_defines() -> Vec<(String, u64)> {
     vec![("SI_GTWJ_SEQ_LOG2".into(), GTWJ_SEQ_LOG2 as u64)]
@@ -202,7 +206,6 @@ fn sorted_intersect_defines() -> Vec<(String, u64)> {
 /// the density, not the key domain, sets it; the shorter list drives.
 pub const GTWJ_SEQ_LOG2: u32 = 3;
 
-
 /// Tile shapes (threads per block, merge steps per thread) instantiated in
 /// kernels/sorted_intersect.cu; `setfusion bench setops` measures each.
 pub const TILE_SHAPES: &[(usize, usize)] = &[(128, 11), (128, 15), (256, 7), (256, 11), (256, 15), (256, 19), (512, 9)];
@@ -210,7 +213,6 @@ pub const TILE_SHAPES: &[(usize, usize)] = &[(128, 11), (128, 15), (256, 7), (25
 /// Larger shapes instantiated for u32 keys only (a u64 tile would pass the
 /// 48 KiB static shared-memory limit).
 pub const TILE_SHAPES_U32: &[(usize, usize)] = &[(256, 23), (256, 27)];
-
 
 /// Key types the kernel family is instantiated for.
 pub trait SortedKey: crate::gpu::Pod + Ord {
@@ -302,10 +304,25 @@ impl<T: SortedKey> SortedIntersect<T> {
         let started = Instant::now();
         stream.memset_zeros(&mut self.count.slice).map_err(|e| cuda_err("memset", e))?;
         let part = gpu.function(&KERNEL, &format!("partitions_{}", T::SUFFIX))?;
-        let cfg = LaunchConfig { grid_dim: ((tiles + 1).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((tiles + 1).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: signature matches kernels/sorted_intersect.cu; parts holds tiles + 1 entries.
-        unsafe { stream.launch_builder(&part).arg(&self.a.slice).arg(&na).arg(&self.b.slice).arg(&nb).arg(&self.parts.slice).arg(&nparts).arg(&nv).launch(cfg) }
-            .map_err(|e| cuda_err("partitions", e))?;
+        unsafe {
+            stream
+                .launch_builder(&part)
+                .arg(&self.a.slice)
+                .arg(&na)
+                .arg(&self.b.slice)
+                .arg(&nb)
+                .arg(&self.parts.slice)
+                .arg(&nparts)
+                .arg(&nv)
+                .launch(cfg)
+        }
+        .map_err(|e| cuda_err("partitions", e))?;
         let kern = gpu.function(&KERNEL, &format!("intersect_{}_{nt}x{vt}", T::SUFFIX))?;
         let cfg = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (nt as u32, 1, 1), shared_mem_bytes: 0 };
         let null_flags: u64 = 0;
@@ -324,7 +341,12 @@ impl<T: SortedKey> SortedIntersect<T> {
 }
 
 /// Host-to-host convenience: upload, intersect, return the count and match flags for `a`.
-pub fn intersect_count_gpu<T: SortedKey>(gpu: &Gpu, a: &[T], b: &[T], stats: &mut TransferStats) -> Result<(u64, Vec<bool>)> {
+pub fn intersect_count_gpu<T: SortedKey>(
+    gpu: &Gpu,
+    a: &[T],
+    b: &[T],
+    stats: &mut TransferStats,
+) -> Result<(u64, Vec<bool>)> {
     intersect_count_gpu_shaped(gpu, a, b, T::DEFAULT_SHAPE, stats)
 }
 
@@ -354,7 +376,11 @@ pub fn intersect_count_gpu_shaped<T: SortedKey>(
 /// with the other list's sequence of the same SeqID, found by binary search,
 /// first to count, then (after a scan) to write. Values come back as `T`
 /// (the keys' u64 image XOR `T::FLIP`).
-pub(crate) fn gtwj_segmented<T: ListKey>(gpu: &Gpu, pair: &DeviceListPair, stats: &mut TransferStats) -> Result<SegmentedResult<T>> {
+pub(crate) fn gtwj_segmented<T: ListKey>(
+    gpu: &Gpu,
+    pair: &DeviceListPair,
+    stats: &mut TransferStats,
+) -> Result<SegmentedResult<T>> {
     let (stream, rows) = (gpu.stream(), pair.rows);
     let rows32 = rows as u32;
     let plan = gpu.alloc::<u32>(rows)?;
@@ -432,7 +458,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         v
     }
     let mut checked = 0;
-    for &(na, nb, domain) in &[(0usize, 10usize, 100u64), (10, 0, 100), (1, 1, 1), (5000, 3000, 20000), (300_000, 500_000, 2_000_000)] {
+    for &(na, nb, domain) in
+        &[(0usize, 10usize, 100u64), (10, 0, 100), (1, 1, 1), (5000, 3000, 20000), (300_000, 500_000, 2_000_000)]
+    {
         let a32 = sorted_set((0..na).map(|_| rng.random_range(0..domain) as u32).collect());
         let b32 = sorted_set((0..nb).map(|_| rng.random_range(0..domain) as u32).collect());
         let mut want_flags = vec![false; a32.len()];
@@ -474,7 +502,8 @@ mod tests {
         let drive_b = b.len() < a.len();
         let longer = if drive_b { a } else { b };
         let bit_length = |x: u64| 64 - x.leading_zeros() as i32;
-        let s = bit_length(longer[longer.len() - 1] - longer[0]) - bit_length(longer.len() as u64) + GTWJ_SEQ_LOG2 as i32;
+        let s =
+            bit_length(longer[longer.len() - 1] - longer[0]) - bit_length(longer.len() as u64) + GTWJ_SEQ_LOG2 as i32;
         (drive_b, s.clamp(0, 63) as u32)
     }
 
@@ -539,7 +568,15 @@ mod tests {
         assert_eq!(gtwj_row(&a, &b), vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8]);
         assert_eq!(gtwj_row(&b, &a), vec![1, 2, 3, 3, 3, 6, 6, 6, 6, 8]);
         let mut rng = rand::rngs::StdRng::seed_from_u64(2003);
-        let ranges = [(0u64, 0u64), (0, 3), (100, 140), (0, 5000), (1 << 40, (1 << 40) + 1_000_000), (0, u64::MAX), (u64::MAX - 50, u64::MAX)];
+        let ranges = [
+            (0u64, 0u64),
+            (0, 3),
+            (100, 140),
+            (0, 5000),
+            (1 << 40, (1 << 40) + 1_000_000),
+            (0, u64::MAX),
+            (u64::MAX - 50, u64::MAX),
+        ];
         for case in 0..4000 {
             let (lo, hi) = ranges[case % ranges.len()];
             let long = [0, 1, 5, 40, 300, 3000][rng.random_range(0..6)];

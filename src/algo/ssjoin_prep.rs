@@ -25,12 +25,18 @@ use super::ssjoin::{default_threads, RawSets, SetCollection};
 use crate::gpu::{cuda_err, for_each_mut, Gpu, TransferStats};
 
 /// kernels/ssjoin_prep.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "ssjoin_prep", source: include_str!("../../kernels/ssjoin_prep.cu"), defines: prep_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "ssjoin_prep",
+    source: include_str!("../../kernels/ssjoin_prep.cu"),
+    defines: prep_defines,
+};
 
 fn prep_defines() -> Vec<(String, u64)> {
-    crate::gpu::prefixed("PREP_", &[("SMALL", SMALL_SET as u64), ("LARGE", LARGE_SET as u64), ("BLOCK", LARGE_BLOCK as u64)])
+    crate::gpu::prefixed(
+        "PREP_",
+        &[("SMALL", SMALL_SET as u64), ("LARGE", LARGE_SET as u64), ("BLOCK", LARGE_BLOCK as u64)],
+    )
 }
-
 
 /// Sort and deduplicate each set.
 pub fn dedup_sets(raw: &RawSets) -> RawSets {
@@ -402,7 +408,8 @@ pub fn preprocess_with(r: &RawSets, s: Option<&RawSets>, threads: usize) -> (Set
             .collect();
         let mut entries = vec![Entry::default(); distinct_total];
         let mut part_ranges = Vec::with_capacity(parts);
-        let mut jobs: Vec<(usize, Vec<&mut [Entry]>)> = (0..chunks.len()).map(|c| (c, Vec::with_capacity(parts))).collect();
+        let mut jobs: Vec<(usize, Vec<&mut [Entry]>)> =
+            (0..chunks.len()).map(|c| (c, Vec::with_capacity(parts))).collect();
         {
             let mut rest: &mut [Entry] = &mut entries;
             let mut at = 0;
@@ -445,10 +452,13 @@ pub fn preprocess_with(r: &RawSets, s: Option<&RawSets>, threads: usize) -> (Set
                 part_entries.push((mine, fine.start(cuts[p])..end, None));
             }
         }
-        for_each_mut(&mut part_entries, &|_, (ent, range, out)| *out = Some(count_partition(ent, range.start, range.end)));
+        for_each_mut(&mut part_entries, &|_, (ent, range, out)| {
+            *out = Some(count_partition(ent, range.start, range.end))
+        });
         let mut counted: Vec<(&mut [Entry], PartCount)> =
             part_entries.into_iter().map(|(e, _, c)| (e, c.expect("every partition is counted"))).collect();
-        let mut ranks: Vec<u32> = counted.iter().flat_map(|(_, c)| c.distinct.iter().map(|&(_, s)| c.table[s])).collect();
+        let mut ranks: Vec<u32> =
+            counted.iter().flat_map(|(_, c)| c.distinct.iter().map(|&(_, s)| c.table[s])).collect();
         vocab = rank_in_place(&mut ranks);
         let mut next = ranks.into_iter();
         for (_, c) in counted.iter_mut() {
@@ -545,7 +555,11 @@ fn set_elems(c: &RawSets) -> &[u64] {
 /// The inputs as the device path takes them, or why it does not (then the
 /// host twin runs): fewer than `min_elements` elements, a set of more than
 /// [`LARGE_SET`] elements, or a key range too wide for the frequency table.
-pub fn device_input<'a>(r: &'a RawSets, s: Option<&'a RawSets>, min_elements: usize) -> std::result::Result<DeviceInput<'a>, String> {
+pub fn device_input<'a>(
+    r: &'a RawSets,
+    s: Option<&'a RawSets>,
+    min_elements: usize,
+) -> std::result::Result<DeviceInput<'a>, String> {
     let colls: Vec<&RawSets> = std::iter::once(r).chain(s).collect();
     let total: usize = colls.iter().map(|c| set_elems(c).len()).sum();
     if total < min_elements.max(1) {
@@ -584,7 +598,11 @@ fn grid(gpu: &Gpu, n: usize, per_block: u32, blocks_per_sm: u32) -> LaunchConfig
 /// budget. Host <-> device: the raw elements go up (frame-of-reference
 /// packed) with the set offsets; the frequency table and the distinct sizes
 /// come down; ranks and output positions go up; the tokens come down.
-pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) -> Result<(SetCollection, Option<SetCollection>)> {
+pub fn preprocess_gpu(
+    gpu: &Gpu,
+    input: &DeviceInput,
+    ts: &mut TransferStats,
+) -> Result<(SetCollection, Option<SetCollection>)> {
     let stream = gpu.stream();
     let colls = &input.colls;
     let n_sets: usize = colls.iter().map(|c| c.len()).sum();
@@ -615,11 +633,18 @@ pub fn preprocess_gpu(gpu: &Gpu, input: &DeviceInput, ts: &mut TransferStats) ->
     b.arg(&elems.slice).arg(&d_offs.slice).arg(&n).arg(&lo).arg(&df.slice).arg(&sizes.slice);
     // SAFETY: the arguments match kernels/ssjoin_prep.cu dedup_count_small; offs has n + 1 entries into elems; every
     // element lies in [lo, lo + span), the length of df; sizes has n entries.
-    unsafe { b.launch(grid(gpu, n_sets, SMALL_BLOCK, 16)) }.map_err(|e| cuda_err("ssjoin_prep dedup_count_small", e))?;
+    unsafe { b.launch(grid(gpu, n_sets, SMALL_BLOCK, 16)) }
+        .map_err(|e| cuda_err("ssjoin_prep dedup_count_small", e))?;
     if !large.is_empty() {
         let f = gpu.function(&KERNEL, "dedup_count_large")?;
         let mut b = stream.launch_builder(&f);
-        b.arg(&elems.slice).arg(&d_offs.slice).arg(&d_large.slice).arg(&n_large).arg(&lo).arg(&df.slice).arg(&sizes.slice);
+        b.arg(&elems.slice)
+            .arg(&d_offs.slice)
+            .arg(&d_large.slice)
+            .arg(&n_large)
+            .arg(&lo)
+            .arg(&df.slice)
+            .arg(&sizes.slice);
         // SAFETY: as above; `large` lists sets of at most LARGE_SET (= PREP_LARGE) elements (checked by device_input).
         unsafe { b.launch(grid(gpu, large.len() * LARGE_BLOCK as usize, LARGE_BLOCK, 8)) }
             .map_err(|e| cuda_err("ssjoin_prep dedup_count_large", e))?;
@@ -700,8 +725,11 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut random_sets = |n: usize, universe: u64, max_size: usize| {
         let mut raw = RawSets::new();
         for _ in 0..n {
-            let k = if rng.random_range(0..50) == 0 { rng.random_range(0..=max_size) } else { rng.random_range(0..=40) };
-            let set: Vec<u64> = (0..k).map(|_| (rng.random_range(0..universe) * rng.random_range(0..universe)) / universe + 1000).collect();
+            let k =
+                if rng.random_range(0..50) == 0 { rng.random_range(0..=max_size) } else { rng.random_range(0..=40) };
+            let set: Vec<u64> = (0..k)
+                .map(|_| (rng.random_range(0..universe) * rng.random_range(0..universe)) / universe + 1000)
+                .collect();
             raw.push(set);
         }
         raw
@@ -713,7 +741,8 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut checked = 0;
     for (name, a, b) in &cases {
         for s in [None, Some(b)] {
-            let input = device_input(a, s, 0).map_err(|why| DataFusionError::Internal(format!("ssjoin_prep self-check: {why}")))?;
+            let input = device_input(a, s, 0)
+                .map_err(|why| DataFusionError::Internal(format!("ssjoin_prep self-check: {why}")))?;
             let got = preprocess_gpu(gpu, &input, &mut TransferStats::default())?;
             if got != preprocess(a, s) {
                 return Err(DataFusionError::Execution(format!(
@@ -789,7 +818,13 @@ mod tests {
         both("dense", 40, &|g| g.random_range(0..5_000));
         both("tiny universe", 12, &|g| g.random_range(0..6));
         both("sparse", 40, &|g| g.random::<u64>() >> g.random_range(0..40));
-        both("extremes", 20, &|g| if g.random_bool(0.5) { u64::MAX - g.random_range(0..50) } else { g.random_range(0..50) });
+        both("extremes", 20, &|g| {
+            if g.random_bool(0.5) {
+                u64::MAX - g.random_range(0..50)
+            } else {
+                g.random_range(0..50)
+            }
+        });
         both("one element", 8, &|_| 77);
         both("skewed", 60, &|g| {
             let u: f64 = g.random();
@@ -813,7 +848,9 @@ mod tests {
         let empty = RawSets::new();
         let blanks = RawSets::from_vecs(&[vec![], vec![], vec![]]);
         let some = RawSets::from_vecs(&[vec![3, 1, 3], vec![], vec![1]]);
-        for (a, b) in [(&empty, None), (&blanks, None), (&empty, Some(&some)), (&some, Some(&empty)), (&blanks, Some(&blanks))] {
+        for (a, b) in
+            [(&empty, None), (&blanks, None), (&empty, Some(&some)), (&some, Some(&empty)), (&blanks, Some(&blanks))]
+        {
             assert_eq!(preprocess(a, b), preprocess_reference(a, b), "{a:?} {b:?}");
         }
     }
@@ -839,14 +876,19 @@ mod tests {
         let gpu = gpu.lease(0);
         println!("{}", self_check(&gpu).unwrap());
         let mut shapes = key_shapes(700, 9);
-        shapes.push(("bench", crate::algo::ssjoin::reference::generate(100_000, true, 1), crate::algo::ssjoin::reference::generate(50_000, false, 2)));
+        shapes.push((
+            "bench",
+            crate::algo::ssjoin::reference::generate(100_000, true, 1),
+            crate::algo::ssjoin::reference::generate(50_000, false, 2),
+        ));
         let mut on_device = 0;
         for (name, a, b) in &shapes {
             for s in [None, Some(b)] {
                 let what = format!("{name}, {}", if s.is_some() { "two collections" } else { "self join" });
                 match device_input(a, s, 0) {
                     Ok(input) => {
-                        let got = preprocess_gpu(&gpu, &input, &mut TransferStats::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let got = preprocess_gpu(&gpu, &input, &mut TransferStats::default())
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
                         assert_eq!(got, preprocess_reference(a, s), "{what}");
                         on_device += 1;
                     }
@@ -903,7 +945,9 @@ mod tests {
                 Ok(gpu) => {
                     let _lock = gpu.lock_blocking();
                     let input = device_input(&raw, None, 0).unwrap();
-                    let mut run = || drop(std::hint::black_box(preprocess_gpu(&gpu, &input, &mut TransferStats::default()).unwrap()));
+                    let mut run = || {
+                        drop(std::hint::black_box(preprocess_gpu(&gpu, &input, &mut TransferStats::default()).unwrap()))
+                    };
                     run();
                     format!("{:.1} ms", ms(best(&mut run)))
                 }

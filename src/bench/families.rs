@@ -35,13 +35,23 @@ struct Args {
 }
 
 fn parse(args: Vec<String>) -> Result<Args> {
-    let mut a = Args { sizes: vec![5_000, 10_000, 20_000, 50_000], kinds: vec!["uniform".into(), "similar".into()], cpu_max: 10_000, runs: 3 };
+    let mut a = Args {
+        sizes: vec![5_000, 10_000, 20_000, 50_000],
+        kinds: vec!["uniform".into(), "similar".into()],
+        cpu_max: 10_000,
+        runs: 3,
+    };
     let mut it = args.into_iter();
     let bad = |m: String| DataFusionError::Plan(format!("bench families: {m}"));
     while let Some(x) = it.next() {
         let mut val = || it.next().ok_or_else(|| bad(format!("{x} needs a value")));
         match x.as_str() {
-            "--sizes" => a.sizes = val()?.split(',').map(|s| s.trim().parse().map_err(|_| bad(format!("bad size {s}")))).collect::<Result<_>>()?,
+            "--sizes" => {
+                a.sizes = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse().map_err(|_| bad(format!("bad size {s}"))))
+                    .collect::<Result<_>>()?
+            }
             "--kinds" => a.kinds = val()?.split(',').map(|s| s.trim().to_string()).collect(),
             "--cpu-max" => a.cpu_max = val()?.parse().map_err(|_| bad("bad --cpu-max".into()))?,
             "--runs" => a.runs = val()?.parse::<usize>().map_err(|_| bad("bad --runs".into()))?.max(1),
@@ -56,7 +66,8 @@ fn similar(k: usize, seed: u64) -> (Family, Family) {
     let mut next = families::tests_data::xorshift(seed);
     let mut fam = |k: usize| {
         // Each family has its own 50 base sets.
-        let bases: Vec<Vec<u32>> = (0..50).map(|_| (0..100 + next() % 51).map(|_| (next() % 100_000) as u32).collect()).collect();
+        let bases: Vec<Vec<u32>> =
+            (0..50).map(|_| (0..100 + next() % 51).map(|_| (next() % 100_000) as u32).collect()).collect();
         let sets: Vec<Vec<u32>> = (0..k)
             .map(|_| {
                 let mut set = bases[(next() % 50) as usize].clone();
@@ -82,7 +93,9 @@ fn table(f: &Family) -> Result<Arc<MemTable>> {
         Field::new("elements", DataType::List(Arc::new(Field::new("item", DataType::Int32, true))), true),
     ]));
     let ids = Int32Array::from_iter_values(0..f.len() as i32);
-    let lists = ListArray::from_iter_primitive::<Int32Type, _, _>((0..f.len()).map(|i| Some(f.set(i).iter().map(|&e| Some(e as i32)))));
+    let lists = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        (0..f.len()).map(|i| Some(f.set(i).iter().map(|&e| Some(e as i32)))),
+    );
     let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), Arc::new(lists)])?;
     Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }
@@ -109,7 +122,9 @@ pub async fn run(args: Vec<String>) -> Result<()> {
     if gpu.is_none() {
         println!("no GPU: CPU backend only");
     }
-    println!("| kind | k = k' | pairs | distinct sets | GPU backend | GPU via SQL | CPU via SQL | SQL speedup | check |");
+    println!(
+        "| kind | k = k' | pairs | distinct sets | GPU backend | GPU via SQL | CPU via SQL | SQL speedup | check |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|");
     for kind in &a.kinds {
         for &k in &a.sizes {
@@ -143,7 +158,13 @@ pub async fn run(args: Vec<String>) -> Result<()> {
                 (None, None)
             };
             let check = match (&gpu_res, &cpu_res) {
-                (Some((gd, _)), Some(cd)) => if gd == cd { "equal".to_string() } else { "DIFFERENT".to_string() },
+                (Some((gd, _)), Some(cd)) => {
+                    if gd == cd {
+                        "equal".to_string()
+                    } else {
+                        "DIFFERENT".to_string()
+                    }
+                }
                 _ => "-".into(),
             };
             let distinct = gpu_res.as_ref().map(|(d, _)| d.len()).or(cpu_res.as_ref().map(|d| d.len())).unwrap_or(0);

@@ -16,8 +16,8 @@ use datafusion::arrow::compute::{filter, filter_record_batch};
 use datafusion::arrow::datatypes::Int64Type;
 use datafusion::error::Result;
 
-use crate::datagen;
 use super::median;
+use crate::datagen;
 
 pub fn run() -> Result<()> {
     let n: u64 = crate::env::bench_rows().unwrap_or(100_000_000);
@@ -37,7 +37,9 @@ pub fn run() -> Result<()> {
             p.iter()
                 .map(|b| {
                     let k = b.column(0).as_primitive::<Int64Type>();
-                    BooleanArray::from_iter(k.values().iter().map(|&x| Some((x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 62 == 0)))
+                    BooleanArray::from_iter(
+                        k.values().iter().map(|&x| Some((x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 62 == 0)),
+                    )
                 })
                 .collect()
         })
@@ -78,11 +80,16 @@ pub fn run() -> Result<()> {
         }
         times.remove(0);
         let (rows, busy) = sums.last().copied().unwrap_or_default();
-        println!("| {name} | wall {:.1} ms | summed {:.1} ms | {rows} |", median(times.clone()).as_secs_f64() * 1e3, busy.as_secs_f64() * 1e3);
+        println!(
+            "| {name} | wall {:.1} ms | summed {:.1} ms | {rows} |",
+            median(times.clone()).as_secs_f64() * 1e3,
+            busy.as_secs_f64() * 1e3
+        );
     }
     // Groups of 8 batches into one output buffer (as SetSelectExec does): a fresh
     // allocation per group, against buffers kept from the previous run (no page faults).
-    let groups: Vec<Vec<(usize, usize)>> = parts.iter().map(|p| (0..p.len()).step_by(8).map(|g| (g, (g + 8).min(p.len()))).collect()).collect();
+    let groups: Vec<Vec<(usize, usize)>> =
+        parts.iter().map(|p| (0..p.len()).step_by(8).map(|g| (g, (g + 8).min(p.len()))).collect()).collect();
     let mut reuse: Vec<Vec<Vec<i64>>> = groups.iter().map(|g| g.iter().map(|_| Vec::new()).collect()).collect();
     for fresh in [true, false] {
         let mut times = Vec::new();
@@ -101,7 +108,11 @@ pub fn run() -> Result<()> {
                             }
                             for i in lo..hi {
                                 let v = p[i].column(1).as_primitive::<Int64Type>().values();
-                                crate::exec::output_filter::for_each_kept(v, (m[i].values().values(), m[i].values().offset()), |x| buf.push(x));
+                                crate::exec::output_filter::for_each_kept(
+                                    v,
+                                    (m[i].values().values(), m[i].values().offset()),
+                                    |x| buf.push(x),
+                                );
                             }
                         }
                     });
@@ -113,9 +124,12 @@ pub fn run() -> Result<()> {
             }
         }
         times.remove(0);
-        let name = if fresh { "groups of 8 batches (v only), fresh buffers" } else { "groups of 8 batches (v only), reused buffers" };
+        let name = if fresh {
+            "groups of 8 batches (v only), fresh buffers"
+        } else {
+            "groups of 8 batches (v only), reused buffers"
+        };
         println!("| {name} | wall {:.1} ms |", median(times).as_secs_f64() * 1e3);
     }
     Ok(())
 }
-

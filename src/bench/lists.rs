@@ -109,7 +109,10 @@ fn ms(d: Duration) -> f64 {
 fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
     let elem = if a.strings { DataType::Utf8 } else { DataType::Int32 };
     let field = Arc::new(Field::new_list_field(elem, true));
-    let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::List(field.clone()), true), Field::new("b", DataType::List(field.clone()), true)]));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::List(field.clone()), true),
+        Field::new("b", DataType::List(field.clone()), true),
+    ]));
     let batch_rows = a.batch_rows;
     let batches = a.rows.div_ceil(batch_rows);
     let column = |rng: &mut rand::rngs::StdRng, n: usize| {
@@ -137,7 +140,11 @@ fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(batches.max(1));
     let made: Vec<Vec<(usize, RecordBatch)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|t| s.spawn(move || (t..batches).step_by(threads).map(|bi| make(bi).map(|b| (bi, b))).collect::<Result<Vec<_>, _>>()))
+            .map(|t| {
+                s.spawn(move || {
+                    (t..batches).step_by(threads).map(|bi| make(bi).map(|b| (bi, b))).collect::<Result<Vec<_>, _>>()
+                })
+            })
             .collect();
         handles.into_iter().map(|h| h.join().expect("list generator thread")).collect::<Result<_, _>>()
     })?;
@@ -146,7 +153,11 @@ fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
     all.sort_by_key(|(bi, _)| *bi);
     let mut elements = 0;
     for (bi, b) in all {
-        elements += b.columns().iter().map(|c| c.as_any().downcast_ref::<ListArray>().map_or(0, |l| l.values().len())).sum::<usize>();
+        elements += b
+            .columns()
+            .iter()
+            .map(|c| c.as_any().downcast_ref::<ListArray>().map_or(0, |l| l.values().len()))
+            .sum::<usize>();
         parts[bi % a.partitions].push(b);
     }
     Ok((Arc::new(MemTable::try_new(schema, parts)?), elements))
@@ -157,7 +168,11 @@ async fn timed(ctx: &SessionContext, sql: &str) -> Result<(Duration, i64)> {
     let run = || async {
         let t = Instant::now();
         let b = ctx.sql(sql).await?.collect().await?;
-        let v = b[0].column(0).as_any().downcast_ref::<Int64Array>().map_or(-1, |c| if c.is_null(0) { -1 } else { c.value(0) });
+        let v =
+            b[0].column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .map_or(-1, |c| if c.is_null(0) { -1 } else { c.value(0) });
         Ok::<_, DataFusionError>((t.elapsed(), v))
     };
     run().await?;
@@ -187,7 +202,8 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
     let mut rows = vec![("DataFusion", "array_intersect(a, b) (distinct)", t_df, n_df)];
     // setfusion's per-row CPU path, its default (the cost model decides per batch; the device
     // warm), and the device forced; every sum must equal the CPU's.
-    let runs = [("setfusion CPU (per row)", "cpu"), ("setfusion default (auto)", "auto"), ("setfusion GPU (forced)", "sort")];
+    let runs =
+        [("setfusion CPU (per row)", "cpu"), ("setfusion default (auto)", "auto"), ("setfusion GPU (forced)", "sort")];
     let mut n_cpu = None;
     for (engine, strategy) in runs {
         if strategy != "cpu" && !gpu_ok {
@@ -199,7 +215,9 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
         ctx.sql(&format!("SET setfusion.strategy = '{strategy}'")).await?.collect().await?;
         let (t, n) = timed(&ctx, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
         if *n_cpu.get_or_insert(n) != n {
-            return Err(DataFusionError::Execution(format!("bench lists: {engine} sum {n} differs from the CPU's {n_cpu:?}")));
+            return Err(DataFusionError::Execution(format!(
+                "bench lists: {engine} sum {n} differs from the CPU's {n_cpu:?}"
+            )));
         }
         rows.push((engine, "set_intersect_all(a, b)", t, n));
     }
@@ -225,9 +243,11 @@ fn bench_kway(a: &Args, report: &mut String) -> Result<()> {
         .collect();
     let total: usize = lists.iter().map(|l| l.len()).sum();
     eprintln!("bench lists: {} posting lists, {total} ids generated in {:.1} s", a.terms, t.elapsed().as_secs_f64());
-    let queries: Vec<Vec<usize>> = (0..a.queries).map(|_| (0..rng.random_range(2..=8)).map(|_| rng.random_range(0..a.terms)).collect()).collect();
+    let queries: Vec<Vec<usize>> =
+        (0..a.queries).map(|_| (0..rng.random_range(2..=8)).map(|_| rng.random_range(0..a.terms)).collect()).collect();
     let t = Instant::now();
-    let want: Vec<Vec<i64>> = queries.iter().map(|q| intersect_k(&q.iter().map(|&i| &lists[i][..]).collect::<Vec<_>>())).collect();
+    let want: Vec<Vec<i64>> =
+        queries.iter().map(|q| intersect_k(&q.iter().map(|&i| &lists[i][..]).collect::<Vec<_>>())).collect();
     let t_cpu = t.elapsed();
     let results: usize = want.iter().map(|w| w.len()).sum();
     writeln!(
@@ -238,7 +258,13 @@ fn bench_kway(a: &Args, report: &mut String) -> Result<()> {
     .unwrap();
     writeln!(report, "| backend | all queries | per query | speedup |").unwrap();
     writeln!(report, "|---|---|---|---|").unwrap();
-    writeln!(report, "| CPU (SvS, galloping, one thread) | {:.1} ms | {:.3} ms | 1.00x |", ms(t_cpu), ms(t_cpu) / a.queries.max(1) as f64).unwrap();
+    writeln!(
+        report,
+        "| CPU (SvS, galloping, one thread) | {:.1} ms | {:.3} ms | 1.00x |",
+        ms(t_cpu),
+        ms(t_cpu) / a.queries.max(1) as f64
+    )
+    .unwrap();
     if let Ok(g) = crate::gpu::gpu(0) {
         let lease = g.lease(0);
         let stats = &mut TransferStats::default();
@@ -254,7 +280,9 @@ fn bench_kway(a: &Args, report: &mut String) -> Result<()> {
         for (q, w) in queries.iter().zip(&want) {
             let got = dl.intersect(&lease, q, stats)?;
             if &got != w {
-                return Err(DataFusionError::Execution(format!("bench lists: GPU k-way result differs on terms {q:?}")));
+                return Err(DataFusionError::Execution(format!(
+                    "bench lists: GPU k-way result differs on terms {q:?}"
+                )));
             }
         }
         let t_gpu = t.elapsed();

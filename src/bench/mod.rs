@@ -18,14 +18,23 @@ pub(crate) fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
 /// Run this binary with `args` in `runs` fresh processes, each printing
 /// `ms=<query time> rows=<n>`; the median time and the rows. A child past
 /// `limit` is killed and fails the measurement.
-pub(crate) fn fresh_runs(args: &[String], name: &str, runs: usize, limit: std::time::Duration) -> datafusion::error::Result<(std::time::Duration, usize)> {
+pub(crate) fn fresh_runs(
+    args: &[String],
+    name: &str,
+    runs: usize,
+    limit: std::time::Duration,
+) -> datafusion::error::Result<(std::time::Duration, usize)> {
     use datafusion::error::DataFusionError;
     let exec_err = |m: String| DataFusionError::Execution(m);
     let exe = std::env::current_exe()?;
     let mut times = Vec::new();
     let mut rows = 0;
     for _ in 0..runs {
-        let child = std::process::Command::new(&exe).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn()?;
+        let child = std::process::Command::new(&exe)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
         // A hung child must not stop the whole benchmark: wait for it on a thread, kill it past the limit.
         let pid = child.id();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -36,7 +45,10 @@ pub(crate) fn fresh_runs(args: &[String], name: &str, runs: usize, limit: std::t
             Ok(out) => out?,
             Err(_) => {
                 let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-                return Err(exec_err(format!("fresh process for {name} did not finish in {} s; killed", limit.as_secs())));
+                return Err(exec_err(format!(
+                    "fresh process for {name} did not finish in {} s; killed",
+                    limit.as_secs()
+                )));
             }
         };
         let text = String::from_utf8_lossy(&out.stdout);

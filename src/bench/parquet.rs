@@ -71,14 +71,18 @@ fn write_table(n: u64, codec: &str, name: &str) -> Result<PathBuf> {
             .map(|f| {
                 let (schema, dir) = (schema.clone(), dir.clone());
                 s.spawn(move || -> Result<()> {
-                    let props = WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(ROW_GROUP)).build();
+                    let props = WriterProperties::builder()
+                        .set_compression(compression)
+                        .set_max_row_group_row_count(Some(ROW_GROUP))
+                        .build();
                     let file = std::fs::File::create(dir.join(format!("part-{f:02}.parquet")))?;
                     let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
                     let (start, end) = (f * per + 1, ((f + 1) * per).min(n) + 1);
                     let mut i = start;
                     while i < end {
                         let j = (i + 65536).min(end);
-                        let mut cols: Vec<Arc<dyn datafusion::arrow::array::Array>> = vec![Arc::new(Int64Array::from_iter_values((i..j).map(key)))];
+                        let mut cols: Vec<Arc<dyn datafusion::arrow::array::Array>> =
+                            vec![Arc::new(Int64Array::from_iter_values((i..j).map(key)))];
                         if payload {
                             cols.push(Arc::new(Int64Array::from_iter_values((i..j).map(|x| x as i64))));
                         }
@@ -125,7 +129,12 @@ struct Args {
 }
 
 fn parse_args(args: Vec<String>) -> Result<Args> {
-    let mut a = Args { runs: crate::env::bench_runs().unwrap_or(5).max(1), codecs: vec!["snappy".into(), "zstd".into()], fresh: true, one: None };
+    let mut a = Args {
+        runs: crate::env::bench_runs().unwrap_or(5).max(1),
+        codecs: vec!["snappy".into(), "zstd".into()],
+        fresh: true,
+        one: None,
+    };
     let (mut one, mut engine, mut codec) = (None, true, "snappy".to_string());
     let mut it = args.into_iter();
     while let Some(x) = it.next() {
@@ -187,7 +196,11 @@ for sql in sys.stdin.read().split("\n"):
     if times.len() != QUERIES.len() {
         let err = String::from_utf8_lossy(&out.stderr);
         let why = err.lines().last().unwrap_or("no output").to_string();
-        return Err(if why.contains("No module named 'duckdb'") { "DuckDB's Python package is not installed (python3: No module named 'duckdb')".into() } else { why });
+        return Err(if why.contains("No module named 'duckdb'") {
+            "DuckDB's Python package is not installed (python3: No module named 'duckdb')".into()
+        } else {
+            why
+        });
     }
     Ok(times)
 }
@@ -210,10 +223,13 @@ fn device_scan_rate(dir: &Path, runs: usize) -> std::result::Result<(f64, f64, S
     for run in 0..=runs.max(1) {
         let mut stats = crate::gpu::TransferStats::default();
         let t = Instant::now();
-        let (decoded, r) = match crate::scan::scan_to_device(&g, &files, "k", &DataType::Int64, None, 0, None, &mut stats).map_err(|e| e.to_string())? {
-            Ok(x) => x,
-            Err(why) => return Err(format!("falls back: {why}")),
-        };
+        let (decoded, r) =
+            match crate::scan::scan_to_device(&g, &files, "k", &DataType::Int64, None, 0, None, &mut stats)
+                .map_err(|e| e.to_string())?
+            {
+                Ok(x) => x,
+                Err(why) => return Err(format!("falls back: {why}")),
+            };
         drop(decoded);
         if run == 0 {
             continue;
@@ -252,7 +268,8 @@ pub async fn run(args: Vec<String>) -> Result<()> {
         Err(e) => format!("no GPU ({e})"),
     };
     let mut report = String::new();
-    writeln!(report, "## {n} x {n} BIGINT keys from Parquet (1M-row groups): {device}, {threads} host threads\n").unwrap();
+    writeln!(report, "## {n} x {n} BIGINT keys from Parquet (1M-row groups): {device}, {threads} host threads\n")
+        .unwrap();
     writeln!(report, "Median of {} runs. Fresh = the query in a new process; warm = again in one process, the device column cache off (`cache_limit = 0`: the files are read every time); cached = again in one process with the cache on (the default); DuckDB warm, in one process.\n", a.runs).unwrap();
     for codec in &a.codecs {
         write_table(n, codec, "a")?;
@@ -289,10 +306,19 @@ pub async fn run(args: Vec<String>) -> Result<()> {
                 if !a.fresh {
                     return Ok(Duration::ZERO);
                 }
-                let args: Vec<String> = ["bench", "parquet", "--one", name, "--engine", if setfusion { "setfusion" } else { "datafusion" }, "--codec", codec]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
+                let args: Vec<String> = [
+                    "bench",
+                    "parquet",
+                    "--one",
+                    name,
+                    "--engine",
+                    if setfusion { "setfusion" } else { "datafusion" },
+                    "--codec",
+                    codec,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
                 super::fresh_runs(&args, name, a.runs, CHILD_LIMIT).map(|(t, _)| t)
             };
             let (df_fresh, sf_fresh) = (fresh(false)?, fresh(true)?);
@@ -300,11 +326,27 @@ pub async fn run(args: Vec<String>) -> Result<()> {
             let text = super::tpch::canonical_rows(&analyzed)?.join("\n");
             let scan = text
                 .lines()
-                .find_map(|l| l.split("device scan ").nth(1).map(|s| s.split(", elapsed").next().unwrap_or(s).trim_end_matches(['"', ',', ']']).to_string()))
-                .or_else(|| text.lines().find_map(|l| l.split("device_scan=\"").nth(1).map(|s| format!("not used: {}", s.split('"').next().unwrap_or(s)))))
+                .find_map(|l| {
+                    l.split("device scan ")
+                        .nth(1)
+                        .map(|s| s.split(", elapsed").next().unwrap_or(s).trim_end_matches(['"', ',', ']']).to_string())
+                })
+                .or_else(|| {
+                    text.lines().find_map(|l| {
+                        l.split("device_scan=\"")
+                            .nth(1)
+                            .map(|s| format!("not used: {}", s.split('"').next().unwrap_or(s)))
+                    })
+                })
                 .unwrap_or_else(|| "not used".into());
             let duck_ms = duck.as_ref().ok().map(|t| t[qi]);
-            let ratio = |x: Duration, y: Duration| if y.is_zero() { "-".to_string() } else { format!("{:.2}x", x.as_secs_f64() / y.as_secs_f64()) };
+            let ratio = |x: Duration, y: Duration| {
+                if y.is_zero() {
+                    "-".to_string()
+                } else {
+                    format!("{:.2}x", x.as_secs_f64() / y.as_secs_f64())
+                }
+            };
             let vs_duck = |s: Duration| match duck_ms {
                 Some(d) if !s.is_zero() => format!("{:.2}x", d / ms(s)),
                 _ => "-".into(),

@@ -15,14 +15,14 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::error::Result;
-use datafusion::physical_plan::{collect, ExecutionPlan};
-use datafusion::prelude::{SessionConfig, SessionContext};
+use super::median;
 use crate::algo::select::{self, GpuStrategy, SetOp};
 use crate::algo::sorted_intersect::SortedIntersect;
 use crate::datagen;
 use crate::gpu::{self, TransferStats};
-use super::median;
+use datafusion::error::Result;
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -96,7 +96,8 @@ pub async fn run() -> Result<()> {
         Err(e) => format!("no GPU ({e})"),
     };
     writeln!(report, "## Set operations and semi/anti joins: {n} x {n} BIGINT rows, in memory").unwrap();
-    writeln!(report, "\nDevice: {gpu_line}; host: {threads} threads; median of {runs} warm runs, cold = first run.\n").unwrap();
+    writeln!(report, "\nDevice: {gpu_line}; host: {threads} threads; median of {runs} warm runs, cold = first run.\n")
+        .unwrap();
     writeln!(report, "| query | result rows | DataFusion warm ms | DataFusion cold ms | setfusion warm ms | setfusion cold ms | speedup (warm) | transfer ms (host packing) | kernel ms | bytes moved |").unwrap();
     writeln!(report, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
 
@@ -107,7 +108,11 @@ pub async fn run() -> Result<()> {
     let a = Arc::new(datagen::key_table(n, key_a, true, threads)?);
     let b = Arc::new(datagen::key_table(n, key_b, false, threads)?);
     if sparse {
-        writeln!(report, "Keys spread over all 64 bits (`SETFUSION_BENCH_SPARSE=1`): the same matches, no dense domain.\n").unwrap();
+        writeln!(
+            report,
+            "Keys spread over all 64 bits (`SETFUSION_BENCH_SPARSE=1`): the same matches, no dense domain.\n"
+        )
+        .unwrap();
     }
     eprintln!("generated 2 x {n} rows in {:.1} s", t.elapsed().as_secs_f64());
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(threads));
@@ -127,7 +132,9 @@ pub async fn run() -> Result<()> {
     let mut phases = Vec::new();
     // SETFUSION_BENCH_ONLY=IN,payload runs the queries whose names contain one of the words.
     let only: Vec<String> = crate::env::bench_only();
-    for (name, sql) in datagen::SET_QUERIES.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|w| n.contains(w.as_str()))) {
+    for (name, sql) in
+        datagen::SET_QUERIES.iter().filter(|(n, _)| only.is_empty() || only.iter().any(|w| n.contains(w.as_str())))
+    {
         let mut df_runs = Vec::new();
         let mut sf_runs = Vec::new();
         let skip_df = crate::env::bench_skip_datafusion();
@@ -147,7 +154,8 @@ pub async fn run() -> Result<()> {
         let df_warm = median(df_runs.iter().map(|r| r.time).collect());
         let sf_warm = median(sf_runs.iter().map(|r| r.time).collect());
         let last = sf_runs.last().unwrap();
-        let agree = if df_runs[0].rows == last.rows || name.ends_with("ALL") { "" } else { " (differs from DataFusion!)" };
+        let agree =
+            if df_runs[0].rows == last.rows || name.ends_with("ALL") { "" } else { " (differs from DataFusion!)" };
         let line = format!(
             "| {name} | {}{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}x | {:.1} ({:.1}) | {:.1} | {:.2} GB |",
             last.rows,
@@ -176,7 +184,8 @@ pub async fn run() -> Result<()> {
         ));
     }
     writeln!(report, "\nWhere setfusion's time goes (last warm run, ms): waiting for the inputs, key encoding, the selection (of which transfers + kernels), the host filter, and the rest (planning, the aggregate above). \"filter\" is the host time spent cutting kept rows out of the batches (all partitions at once on the copy threads).\n").unwrap();
-    writeln!(report, "| query | total | inputs | encode | select | of which transfer + kernel | filter | rest |").unwrap();
+    writeln!(report, "| query | total | inputs | encode | select | of which transfer + kernel | filter | rest |")
+        .unwrap();
     writeln!(report, "|---|---|---|---|---|---|---|---|").unwrap();
     for p in &phases {
         writeln!(report, "{p}").unwrap();
@@ -184,7 +193,8 @@ pub async fn run() -> Result<()> {
     // One EXPLAIN ANALYZE of IN, for the per-operator times around the GPU step.
     if let Some((_, sql)) = datagen::SET_QUERIES.iter().find(|(n, _)| *n == "IN") {
         let batches = sf.sql(&format!("EXPLAIN ANALYZE {sql}")).await?.collect().await?;
-        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).map(|t| t.to_string()).unwrap_or_default();
+        let text =
+            datafusion::arrow::util::pretty::pretty_format_batches(&batches).map(|t| t.to_string()).unwrap_or_default();
         writeln!(report, "\nEXPLAIN ANALYZE of IN (setfusion):\n\n```\n{text}\n```").unwrap();
     }
     drop((a, b, plain, sf));
@@ -223,7 +233,18 @@ pub async fn run() -> Result<()> {
         }
         let best = shapes.iter().min_by_key(|(_, t)| *t).copied().unwrap_or(((0, 0), Duration::ZERO));
         let t = best.1;
-        writeln!(report, "| sorted u32 intersection (merge path, tiles {}x{}) | {} x {} keys, {} common | {:.3} | {:.0} G keys/s |", best.0.0, best.0.1, av.len(), bv.len(), want, ms(t), keys / t.as_secs_f64() / 1e9).unwrap();
+        writeln!(
+            report,
+            "| sorted u32 intersection (merge path, tiles {}x{}) | {} x {} keys, {} common | {:.3} | {:.0} G keys/s |",
+            best.0 .0,
+            best.0 .1,
+            av.len(),
+            bv.len(),
+            want,
+            ms(t),
+            keys / t.as_secs_f64() / 1e9
+        )
+        .unwrap();
         let all: Vec<String> = shapes.iter().map(|((nt, vt), t)| format!("{nt}x{vt}: {:.3} ms", ms(*t))).collect();
         eprintln!("sorted intersection by tile shape: {}", all.join(", "));
         tile_note = format!("Sorted intersection by tile shape (threads x steps, median of 10): {}.", all.join(", "));
@@ -242,7 +263,14 @@ pub async fn run() -> Result<()> {
                 times.push(st.kernel);
             }
             let t = median(times.clone());
-            writeln!(report, "| semi join ({}) | 10M x 10M int32-range keys | {:.3} | {:.1} G probes/s |", s.name(), ms(t), nk as f64 / t.as_secs_f64() / 1e9).unwrap();
+            writeln!(
+                report,
+                "| semi join ({}) | 10M x 10M int32-range keys | {:.3} | {:.1} G probes/s |",
+                s.name(),
+                ms(t),
+                nk as f64 / t.as_secs_f64() / 1e9
+            )
+            .unwrap();
         }
         writeln!(report, "\n{tile_note}").unwrap();
     }

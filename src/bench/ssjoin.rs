@@ -35,15 +35,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::prelude::SessionContext;
+use super::median;
 use crate::algo::ssjoin::reference::generate;
 use crate::algo::ssjoin::{
     default_threads, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
 use crate::algo::ssjoin_prep::{device_input, preprocess, preprocess_gpu};
 use crate::gpu::TransferStats;
-use super::median;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::SessionContext;
 
 struct Args {
     out: Option<String>,
@@ -94,13 +94,16 @@ fn args(v: Vec<String>) -> Args {
             "--no-nlj" => (a.nlj, takes) = (false, false),
             "--no-cpu" => (a.cpu, takes) = (false, false),
             "--reps" => a.reps = next.and_then(|x| x.parse().ok()).unwrap_or(3).max(1),
-            "--collections" => a.collections = list::<String>("--collections", next).into_iter().map(|c| c.to_lowercase()).collect(),
+            "--collections" => {
+                a.collections = list::<String>("--collections", next).into_iter().map(|c| c.to_lowercase()).collect()
+            }
             "--sets" => a.sets = list("--sets", next),
             "--thresholds" => {
                 a.thresholds = list::<f64>("--thresholds", next).into_iter().filter(|t| *t > 0.0 && *t <= 1.0).collect()
             }
             "--cpu-timeout-s" => {
-                a.cpu_timeout = next.and_then(|x| x.parse::<f64>().ok()).filter(|s| *s > 0.0).map(Duration::from_secs_f64)
+                a.cpu_timeout =
+                    next.and_then(|x| x.parse::<f64>().ok()).filter(|s| *s > 0.0).map(Duration::from_secs_f64)
             }
             _ => takes = false, // cargo bench passes --bench
         }
@@ -199,7 +202,12 @@ fn session(rt: &tokio::runtime::Runtime, settings: &[&str]) -> datafusion::error
 /// Run `q` (a count) `reps` times from SQL to the last batch (once if a run
 /// takes more than 10 s): the median time, the count, and what the
 /// similarity join's last run reported (EXPLAIN ANALYZE's `ran`).
-fn time_sql(rt: &tokio::runtime::Runtime, ctx: &SessionContext, q: &str, reps: usize) -> datafusion::error::Result<(Duration, i64, String)> {
+fn time_sql(
+    rt: &tokio::runtime::Runtime,
+    ctx: &SessionContext,
+    q: &str,
+    reps: usize,
+) -> datafusion::error::Result<(Duration, i64, String)> {
     rt.block_on(async {
         let mut times = Vec::new();
         let (mut count, mut ran) = (0, String::new());
@@ -209,11 +217,19 @@ fn time_sql(rt: &tokio::runtime::Runtime, ctx: &SessionContext, q: &str, reps: u
             let batches = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await?;
             let e = t.elapsed();
             times.push(e);
-            count = batches[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().map_or(-1, |c| c.value(0));
+            count = batches[0]
+                .column(0)
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                .map_or(-1, |c| c.value(0));
             let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
             ran = shown
                 .lines()
-                .find_map(|l| l.split_once("SimilarityJoinExec").and_then(|(_, rest)| rest.split_once(", ran=")).map(|(_, r)| r.to_string()))
+                .find_map(|l| {
+                    l.split_once("SimilarityJoinExec")
+                        .and_then(|(_, rest)| rest.split_once(", ran="))
+                        .map(|(_, r)| r.to_string())
+                })
                 .unwrap_or_else(|| "no SimilarityJoinExec in the plan".into());
             if e > Duration::from_secs(10) {
                 break;
@@ -236,13 +252,16 @@ pub fn run(argv: Vec<String>) {
     // Collections are generated lazily, one at a time (1M sets take ~1 GB each).
     let mut datasets: Vec<(String, Box<dyn Fn() -> Option<RawSets>>)> = vec![];
     if want("dblp") {
-        datasets.push(("DBLP-18k 3-grams".into(), Box::new(|| {
-            let d = dblp();
-            if d.is_none() {
-                eprintln!("dblp_t_18k.txt not found: skipping DBLP");
-            }
-            d
-        })));
+        datasets.push((
+            "DBLP-18k 3-grams".into(),
+            Box::new(|| {
+                let d = dblp();
+                if d.is_none() {
+                    eprintln!("dblp_t_18k.txt not found: skipping DBLP");
+                }
+                d
+            }),
+        ));
     }
     for &n in &args.sets {
         let label = if n % 1000 == 0 { format!("{}k", n / 1000) } else { n.to_string() };
@@ -255,7 +274,10 @@ pub fn run(argv: Vec<String>) {
     }
     let cpu_note = match (args.cpu, args.cpu_timeout) {
         (false, _) => " The CPU backend was not run (--no-cpu).".to_string(),
-        (true, Some(d)) => format!(" CPU runs are stopped after {} s (\"stopped\": not finished; the GPU pairs are then unchecked).", d.as_secs_f64()),
+        (true, Some(d)) => format!(
+            " CPU runs are stopped after {} s (\"stopped\": not finished; the GPU pairs are then unchecked).",
+            d.as_secs_f64()
+        ),
         (true, None) => String::new(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
@@ -363,8 +385,12 @@ pub fn run(argv: Vec<String>) {
                                 }
                             };
                             let speed = match (&cpu, args.cpu_timeout) {
-                                (Some((cpu_t, _)), _) => format!("{:.1}x", cpu_t.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9)),
-                                (None, Some(d)) if args.cpu => format!("> {:.1}x", d.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9)),
+                                (Some((cpu_t, _)), _) => {
+                                    format!("{:.1}x", cpu_t.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9))
+                                }
+                                (None, Some(d)) if args.cpu => {
+                                    format!("> {:.1}x", d.as_secs_f64() / gpu_t.as_secs_f64().max(1e-9))
+                                }
                                 _ => "-".into(),
                             };
                             let tr = &gst.transfer;
@@ -448,7 +474,8 @@ fn nested_loop_section(name: &str, raw: &RawSets) -> String {
     let batch = table(raw);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let q = self_join_sql(0.9);
-    let mut out = format!("\n## SQL on {name} ({} sets): `{q}`\n\n| plan | ms | count |\n| --- | ---: | ---: |\n", raw.len());
+    let mut out =
+        format!("\n## SQL on {name} ({} sets): `{q}`\n\n| plan | ms | count |\n| --- | ---: | ---: |\n", raw.len());
     for (label, settings) in [
         ("DataFusion nested-loop join (setfusion.enabled = false)", vec!["SET setfusion.enabled = false"]),
         ("SimilarityJoinExec, CPU backend", vec!["SET setfusion.strategy = 'cpu'"]),

@@ -185,9 +185,15 @@ fn reader(table: &str, sf: f64, part: i32, parts: i32) -> Box<dyn RecordBatchRea
         "nation" => Box::new(a::NationArrow::new(g::NationGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
         "region" => Box::new(a::RegionArrow::new(g::RegionGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
         "part" => Box::new(a::PartArrow::new(g::PartGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
-        "supplier" => Box::new(a::SupplierArrow::new(g::SupplierGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
-        "partsupp" => Box::new(a::PartSuppArrow::new(g::PartSuppGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
-        "customer" => Box::new(a::CustomerArrow::new(g::CustomerGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
+        "supplier" => {
+            Box::new(a::SupplierArrow::new(g::SupplierGenerator::new(sf, part, parts)).with_batch_size(BATCH))
+        }
+        "partsupp" => {
+            Box::new(a::PartSuppArrow::new(g::PartSuppGenerator::new(sf, part, parts)).with_batch_size(BATCH))
+        }
+        "customer" => {
+            Box::new(a::CustomerArrow::new(g::CustomerGenerator::new(sf, part, parts)).with_batch_size(BATCH))
+        }
         "orders" => Box::new(a::OrderArrow::new(g::OrderGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
         _ => Box::new(a::LineItemArrow::new(g::LineItemGenerator::new(sf, part, parts)).with_batch_size(BATCH)),
     }
@@ -241,7 +247,10 @@ pub fn generate(sf: f64, dir: &Path) -> Result<()> {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(exec_err("TPC-H generator thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(exec_err("TPC-H generator thread panicked"))))
+            .collect()
     });
     results.into_iter().collect::<Result<Vec<()>>>()?;
     let _ = std::fs::remove_dir_all(dir);
@@ -280,7 +289,8 @@ pub fn canonical_rows(batches: &[RecordBatch]) -> Result<Vec<String>> {
     let mut rows = Vec::new();
     let opts = FormatOptions::default().with_null("NULL");
     for b in batches {
-        let cols: Vec<_> = b.columns().iter().map(|c| (c.clone(), ArrayFormatter::try_new(c.as_ref(), &opts))).collect();
+        let cols: Vec<_> =
+            b.columns().iter().map(|c| (c.clone(), ArrayFormatter::try_new(c.as_ref(), &opts))).collect();
         for i in 0..b.num_rows() {
             let mut row = String::new();
             for (c, f) in &cols {
@@ -408,10 +418,19 @@ const CHILD_LIMIT: Duration = Duration::from_secs(300);
 
 /// Time `name` in `runs` fresh processes of this binary; the median query time.
 fn fresh_process(name: &str, setfusion: bool, sf: f64, runs: usize) -> Result<(Duration, usize)> {
-    let args: Vec<String> = ["bench", "tpch", "--sf", &sf.to_string(), "--one", name, "--engine", if setfusion { "setfusion" } else { "datafusion" }]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args: Vec<String> = [
+        "bench",
+        "tpch",
+        "--sf",
+        &sf.to_string(),
+        "--one",
+        name,
+        "--engine",
+        if setfusion { "setfusion" } else { "datafusion" },
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     super::fresh_runs(&args, name, runs, CHILD_LIMIT)
 }
 
@@ -433,7 +452,11 @@ async fn offload_summary(ctx: &SessionContext, sql: &str) -> Result<String> {
     let ops: Vec<String> = text
         .lines()
         .map(str::trim)
-        .filter(|l| ["SemiJoinExec", "SetOpExec", "SimilarityJoinExec", "MarkJoinExec", "SetfusionDeclinedExec"].iter().any(|op| l.starts_with(op)))
+        .filter(|l| {
+            ["SemiJoinExec", "SetOpExec", "SimilarityJoinExec", "MarkJoinExec", "SetfusionDeclinedExec"]
+                .iter()
+                .any(|op| l.starts_with(op))
+        })
         .map(|l| {
             let name = l.split(':').next().unwrap_or(l);
             if name == "SetfusionDeclinedExec" {
@@ -572,7 +595,14 @@ fn chart(measured: &[Measured], sf: f64, device: &str, path: &Path) -> Result<()
     let speed = |m: &Measured| {
         (m.df_fresh.as_secs_f64() / m.sf_fresh.as_secs_f64(), m.df_warm.as_secs_f64() / m.sf_warm.as_secs_f64())
     };
-    let top = measured.iter().map(|m| { let (f, w) = speed(m); f.max(w) }).fold(1.0f64, f64::max) * 1.1;
+    let top = measured
+        .iter()
+        .map(|m| {
+            let (f, w) = speed(m);
+            f.max(w)
+        })
+        .fold(1.0f64, f64::max)
+        * 1.1;
     let root = SVGBackend::new(path, (860, 110 + 36 * n as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut c = ChartBuilder::on(&root)
@@ -590,22 +620,32 @@ fn chart(measured: &[Measured], sf: f64, device: &str, path: &Path) -> Result<()
         .y_labels(n * 2 + 1)
         .y_label_formatter(&|y| {
             let r = y.floor() as usize;
-            if (y - r as f64 - 0.5).abs() < 0.01 && r < n { names[n - 1 - r].clone() } else { String::new() }
+            if (y - r as f64 - 0.5).abs() < 0.01 && r < n {
+                names[n - 1 - r].clone()
+            } else {
+                String::new()
+            }
         })
         .x_desc(format!("DataFusion time / setfusion time ({device})"))
         .draw()
         .map_err(|e| err(&e))?;
     let fresh = RGBColor(0x4c, 0x72, 0xb0);
     let warm = RGBColor(0xdd, 0x84, 0x52);
-    c.draw_series(measured.iter().enumerate().map(|(i, m)| {
-        Rectangle::new([(0.0, row(i) + 0.52), (speed(m).0, row(i) + 0.9)], fresh.filled())
-    }))
+    c.draw_series(
+        measured
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Rectangle::new([(0.0, row(i) + 0.52), (speed(m).0, row(i) + 0.9)], fresh.filled())),
+    )
     .map_err(|e| err(&e))?
     .label("fresh process")
     .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], fresh.filled()));
-    c.draw_series(measured.iter().enumerate().map(|(i, m)| {
-        Rectangle::new([(0.0, row(i) + 0.1), (speed(m).1, row(i) + 0.48)], warm.filled())
-    }))
+    c.draw_series(
+        measured
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Rectangle::new([(0.0, row(i) + 0.1), (speed(m).1, row(i) + 0.48)], warm.filled())),
+    )
     .map_err(|e| err(&e))?
     .label("warm (same process)")
     .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], warm.filled()));
@@ -620,4 +660,3 @@ fn chart(measured: &[Measured], sf: f64, device: &str, path: &Path) -> Result<()
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
-

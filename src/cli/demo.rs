@@ -33,7 +33,11 @@ async fn explain_lines(ctx: &SessionContext, sql: &str) -> Result<Vec<String>> {
     let text = pretty_format_batches(&batches)?.to_string();
     Ok(text
         .lines()
-        .filter(|l| ["SetfusionDeclinedExec", "SemiJoinExec", "SetOpExec", "MarkJoinExec", "HashJoinExec", "SimilarityJoinExec"].iter().any(|op| l.contains(op)))
+        .filter(|l| {
+            ["SetfusionDeclinedExec", "SemiJoinExec", "SetOpExec", "MarkJoinExec", "HashJoinExec", "SimilarityJoinExec"]
+                .iter()
+                .any(|op| l.contains(op))
+        })
         .map(|l| l.trim_matches(|c| c == '|' || c == ' ').trim().to_string())
         .collect())
 }
@@ -56,7 +60,10 @@ pub async fn run() -> Result<()> {
         ("INTERSECT ALL", "SELECT v FROM x INTERSECT ALL SELECT v FROM y ORDER BY v"),
         ("EXCEPT ALL", "SELECT v FROM x EXCEPT ALL SELECT v FROM y ORDER BY v"),
         // SQL: 1 NOT IN {3, NULL} is NULL, not TRUE; DataFusion's mark join says TRUE.
-        ("NOT IN .. OR", "SELECT v FROM x WHERE v NOT IN (SELECT v FROM y WHERE v IS NULL OR v > 1) OR v IS NULL ORDER BY v"),
+        (
+            "NOT IN .. OR",
+            "SELECT v FROM x WHERE v NOT IN (SELECT v FROM y WHERE v IS NULL OR v > 1) OR v IS NULL ORDER BY v",
+        ),
         // DataFusion refuses a subquery predicate in a SELECT list.
         ("IN in SELECT", "SELECT v IN (SELECT v FROM y WHERE v > 1) FROM x ORDER BY v"),
     ] {
@@ -67,7 +74,13 @@ pub async fn run() -> Result<()> {
                     vals.push(datafusion::arrow::util::display::array_value_to_string(batch.column(0), i)?);
                 }
             }
-            Ok(format!("{{{}}}", vals.iter().map(|v| if v.is_empty() { "NULL".to_string() } else { v.clone() }).collect::<Vec<_>>().join(",")))
+            Ok(format!(
+                "{{{}}}",
+                vals.iter()
+                    .map(|v| if v.is_empty() { "NULL".to_string() } else { v.clone() })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ))
         };
         let df_ans = match async { plain.sql(sql).await?.collect().await }.await {
             Ok(b) => show(b)?,

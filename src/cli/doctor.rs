@@ -9,7 +9,13 @@ pub fn gpu_line() -> String {
     match gpu::gpu(0) {
         Ok(g) => {
             let i = g.info();
-            format!("GPU: {} (sm_{}{}, {:.1} GiB)", i.name, i.compute_capability.0, i.compute_capability.1, i.total_memory as f64 / (1u64 << 30) as f64)
+            format!(
+                "GPU: {} (sm_{}{}, {:.1} GiB)",
+                i.name,
+                i.compute_capability.0,
+                i.compute_capability.1,
+                i.total_memory as f64 / (1u64 << 30) as f64
+            )
         }
         Err(e) => format!("no GPU: {e}; setfusion runs on the CPU"),
     }
@@ -75,7 +81,11 @@ pub async fn run() -> Result<i32> {
     println!("devices: {count}");
     for o in (0..count).filter(|&o| o != i.ordinal) {
         match gpu::gpu(o) {
-            Ok(d) => println!("device {o}: {} ({:.1} GiB)", d.info().name, d.info().total_memory as f64 / (1u64 << 30) as f64),
+            Ok(d) => println!(
+                "device {o}: {} ({:.1} GiB)",
+                d.info().name,
+                d.info().total_memory as f64 / (1u64 << 30) as f64
+            ),
             Err(e) => println!("device {o}: not usable: {e}"),
         }
     }
@@ -155,29 +165,45 @@ pub async fn run() -> Result<i32> {
                 }
             });
         }
-        println!("host: {threads} copy threads; spawning and joining them costs {:.0} us per fill", t.elapsed().as_secs_f64() * 1e6 / 25.0);
+        println!(
+            "host: {threads} copy threads; spawning and joining them costs {:.0} us per fill",
+            t.elapsed().as_secs_f64() * 1e6 / 25.0
+        );
         // Host memory bandwidth on the same threads: the ceiling for packing keys
         // and for filtering payload columns on the host (both stream memory).
         let mut dst = vec![0u64; host.len()];
         let per = host.len().div_ceil(threads);
-        let mut pieces: Vec<(&[u64], &mut [u64], u64)> = host.chunks(per).zip(dst.chunks_mut(per)).map(|(a, b)| (a, b, 0)).collect();
+        let mut pieces: Vec<(&[u64], &mut [u64], u64)> =
+            host.chunks(per).zip(dst.chunks_mut(per)).map(|(a, b)| (a, b, 0)).collect();
         let (mut read, mut copy) = (f64::MAX, f64::MAX);
         for _ in 0..3 {
             let t = std::time::Instant::now();
-            crate::gpu::for_each_mut(&mut pieces, &|_, (src, _, sum)| *sum = src.iter().fold(0u64, |a, &x| a.wrapping_add(x)));
+            crate::gpu::for_each_mut(&mut pieces, &|_, (src, _, sum)| {
+                *sum = src.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+            });
             read = read.min(t.elapsed().as_secs_f64());
             let t = std::time::Instant::now();
             crate::gpu::for_each_mut(&mut pieces, &|_, (src, dst, _)| dst.copy_from_slice(src));
             copy = copy.min(t.elapsed().as_secs_f64());
         }
         std::hint::black_box(&pieces);
-        println!("host memory on {threads} threads: read 1 GiB at {:.1} GB/s, copy 1 GiB at {:.1} GB/s (2 GiB of traffic)", (1u64 << 30) as f64 / read / 1e9, (1u64 << 30) as f64 / copy / 1e9);
+        println!(
+            "host memory on {threads} threads: read 1 GiB at {:.1} GB/s, copy 1 GiB at {:.1} GB/s (2 GiB of traffic)",
+            (1u64 << 30) as f64 / read / 1e9,
+            (1u64 << 30) as f64 / copy / 1e9
+        );
     }
     // The cost model's inputs (src/planner/cost.rs), for every later process.
     if let (Some((start_ms, _)), true) = (&start, upload_keys_gbps > 0.0) {
-        let cal = crate::planner::cost::Calibration { upload_gbps: upload_keys_gbps, start_ms: *start_ms, measured: true };
+        let cal =
+            crate::planner::cost::Calibration { upload_gbps: upload_keys_gbps, start_ms: *start_ms, measured: true };
         match cal.save() {
-            Ok(p) => println!("calibration saved to {} (upload {:.1} GB/s of keys, start {:.0} ms)", p.display(), upload_keys_gbps, start_ms),
+            Ok(p) => println!(
+                "calibration saved to {} (upload {:.1} GB/s of keys, start {:.0} ms)",
+                p.display(),
+                upload_keys_gbps,
+                start_ms
+            ),
             Err(e) => println!("calibration not saved: {e}"),
         }
     }

@@ -108,11 +108,17 @@ async fn run(args: Vec<String>) -> Result<i32> {
                             .map(|_| 0)
                             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
                     }
-                    other => Err(usage_err(&format!("bench {other:?}: expected setops, filter, ssjoin, tpch, parquet, families or lists"))),
+                    other => Err(usage_err(&format!(
+                        "bench {other:?}: expected setops, filter, ssjoin, tpch, parquet, families or lists"
+                    ))),
                 };
             }
-            "scheduler" if tables.is_empty() && commands.is_empty() => return cluster_process(Process::Scheduler, it.collect()).await,
-            "executor" if tables.is_empty() && commands.is_empty() => return cluster_process(Process::Executor, it.collect()).await,
+            "scheduler" if tables.is_empty() && commands.is_empty() => {
+                return cluster_process(Process::Scheduler, it.collect()).await
+            }
+            "executor" if tables.is_empty() && commands.is_empty() => {
+                return cluster_process(Process::Executor, it.collect()).await
+            }
             "--cluster" => cluster = Some(it.next().ok_or_else(|| usage_err("--cluster needs df://HOST:PORT"))?),
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -188,14 +194,18 @@ pub async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Re
 pub fn is_broken_pipe(e: &DataFusionError) -> bool {
     use datafusion::arrow::error::ArrowError;
     let io = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
-    let boxed = |e: &(dyn std::error::Error + Send + Sync + 'static)| e.downcast_ref::<std::io::Error>().is_some_and(io);
+    let boxed =
+        |e: &(dyn std::error::Error + Send + Sync + 'static)| e.downcast_ref::<std::io::Error>().is_some_and(io);
     match e {
         DataFusionError::IoError(e) => io(e),
         DataFusionError::ArrowError(a, _) => match a.as_ref() {
             ArrowError::IoError(_, e) => io(e),
             ArrowError::ExternalError(x) => boxed(x.as_ref()),
             // The CSV writer keeps only the message of its io::Error.
-            ArrowError::CsvError(m) => m.contains(&std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string()) || m.contains("os error 32"),
+            ArrowError::CsvError(m) => {
+                m.contains(&std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string())
+                    || m.contains("os error 32")
+            }
             _ => false,
         },
         DataFusionError::External(x) => boxed(x.as_ref()),
@@ -253,7 +263,11 @@ fn print_batches(out: &mut dyn Write, batches: &[RecordBatch], format: Format) -
 async fn repl(ctx: &SessionContext, format: Format) -> Result<i32> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        println!("setfusion {} — {}. End statements with ';', quit with \\q.", env!("CARGO_PKG_VERSION"), doctor::gpu_line());
+        println!(
+            "setfusion {} — {}. End statements with ';', quit with \\q.",
+            env!("CARGO_PKG_VERSION"),
+            doctor::gpu_line()
+        );
     }
     let mut buf = String::new();
     let mut failed = false;
@@ -349,7 +363,11 @@ async fn cluster_process(process: Process, args: Vec<String>) -> Result<i32> {
             (Process::Executor, "--scheduler") => scheduler = value()?,
             (Process::Executor, "--tasks") => {
                 let v = value()?;
-                tasks = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| usage_err(format!("--tasks '{v}': expected a positive number")))?;
+                tasks = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| usage_err(format!("--tasks '{v}': expected a positive number")))?;
             }
             (Process::Executor, "--data-dir") => data_dirs.push(PathBuf::from(value()?)),
             (Process::Executor, "--work-dir") => work_dir = Some(PathBuf::from(value()?)),
@@ -363,7 +381,8 @@ async fn cluster_process(process: Process, args: Vec<String>) -> Result<i32> {
             let (host, sport) = scheduler
                 .rsplit_once(':')
                 .ok_or_else(|| usage_err(format!("--scheduler '{scheduler}': expected HOST:PORT")))?;
-            let scheduler_port = sport.parse().map_err(|_| usage_err(format!("--scheduler '{scheduler}': '{sport}' is not a port")))?;
+            let scheduler_port =
+                sport.parse().map_err(|_| usage_err(format!("--scheduler '{scheduler}': '{sport}' is not a port")))?;
             let port = port.unwrap_or(50051);
             if data_dirs.is_empty() {
                 data_dirs.push(std::env::current_dir()?);

@@ -51,7 +51,9 @@ pub async fn write_tables(dir: &Path, rows: usize) -> Result<()> {
     let per_file = sets.div_ceil(FILES);
     for (name, seed) in [("docs_a", 0i64), ("docs_b", 1)] {
         for f in 0..FILES {
-            let ids = Int64Array::from_iter_values((0..per_file as i64).map(|i| seed * 1_000_000 + (f * per_file) as i64 + i));
+            let ids = Int64Array::from_iter_values(
+                (0..per_file as i64).map(|i| seed * 1_000_000 + (f * per_file) as i64 + i),
+            );
             // Sets drawn from a few templates with small changes, so that many pairs pass 0.8.
             let tags = ListArray::from_iter_primitive::<Int64Type, _, _>((0..per_file).map(|_| {
                 let template = rng.random_range(0..(sets as i64 / 8).max(1)) * 100;
@@ -61,7 +63,10 @@ pub async fn write_tables(dir: &Path, rows: usize) -> Result<()> {
                 }
                 Some(set)
             }));
-            let batch = RecordBatch::try_from_iter([("id", Arc::new(ids) as ArrayRef), ("elements", Arc::new(tags) as ArrayRef)])?;
+            let batch = RecordBatch::try_from_iter([
+                ("id", Arc::new(ids) as ArrayRef),
+                ("elements", Arc::new(tags) as ArrayRef),
+            ])?;
             write_file(&ctx, batch, &dir.join(name).join(format!("part-{f}.parquet"))).await?;
         }
     }
@@ -70,7 +75,9 @@ pub async fn write_tables(dir: &Path, rows: usize) -> Result<()> {
 
 async fn write_file(ctx: &SessionContext, batch: RecordBatch, path: &Path) -> Result<()> {
     let path = path.to_str().ok_or_else(|| DataFusionError::Configuration(format!("path {path:?} is not UTF-8")))?;
-    ctx.read_batch(batch)?.write_parquet(path, DataFrameWriteOptions::new().with_single_file_output(true), None).await?;
+    ctx.read_batch(batch)?
+        .write_parquet(path, DataFrameWriteOptions::new().with_single_file_output(true), None)
+        .await?;
     Ok(())
 }
 
@@ -78,7 +85,8 @@ async fn write_file(ctx: &SessionContext, batch: RecordBatch, path: &Path) -> Re
 pub async fn register_tables(ctx: &SessionContext, dir: &Path) -> Result<()> {
     for name in ["r", "t", "docs_a", "docs_b"] {
         let path = dir.join(name);
-        let path = path.to_str().ok_or_else(|| DataFusionError::Configuration(format!("path {path:?} is not UTF-8")))?;
+        let path =
+            path.to_str().ok_or_else(|| DataFusionError::Configuration(format!("path {path:?} is not UTF-8")))?;
         ctx.register_parquet(name, &format!("{path}/"), ParquetReadOptions::default()).await?;
     }
     Ok(())

@@ -155,7 +155,10 @@ impl SetfusionLogicalCodec {
                 if m.on_probe.len() != m.on_build.len() {
                     return Err(bad("a mark join's correlation keys are not in pairs"));
                 }
-                let on = parse_exprs(&m.on_probe, ctx, self)?.into_iter().zip(parse_exprs(&m.on_build, ctx, self)?).collect();
+                let on = parse_exprs(&m.on_probe, ctx, self)?
+                    .into_iter()
+                    .zip(parse_exprs(&m.on_build, ctx, self)?)
+                    .collect();
                 let in_keys = match (&m.in_probe, &m.in_build) {
                     (Some(p), Some(b)) => Some((parse_expr(p, ctx, self)?, parse_expr(b, ctx, self)?)),
                     (None, None) => None,
@@ -178,7 +181,8 @@ impl LogicalExtensionCodec for SetfusionLogicalCodec {
         let Some(body) = buf.strip_prefix(MAGIC) else {
             return self.inner.try_decode(buf, inputs, ctx);
         };
-        let message = SetfusionLogicalNode::decode(body).map_err(|e| bad(format!("cannot decode a setfusion node: {e}")))?;
+        let message =
+            SetfusionLogicalNode::decode(body).map_err(|e| bad(format!("cannot decode a setfusion node: {e}")))?;
         let node = message.node.ok_or_else(|| bad("a setfusion node is missing"))?;
         self.decode_node(node, inputs, ctx)
     }
@@ -187,7 +191,9 @@ impl LogicalExtensionCodec for SetfusionLogicalCodec {
         match self.encode_node(node)? {
             Some(n) => {
                 buf.extend_from_slice(MAGIC);
-                SetfusionLogicalNode { node: Some(n) }.encode(buf).map_err(|e| bad(format!("cannot encode a setfusion node: {e}")))
+                SetfusionLogicalNode { node: Some(n) }
+                    .encode(buf)
+                    .map_err(|e| bad(format!("cannot encode a setfusion node: {e}")))
             }
             None => self.inner.try_encode(node, buf),
         }
@@ -203,12 +209,14 @@ impl LogicalExtensionCodec for SetfusionLogicalCodec {
         let Some(body) = buf.strip_prefix(MAGIC) else {
             return self.inner.try_decode_table_provider(buf, table_ref, schema, ctx);
         };
-        let m = FamiliesTableMessage::decode(body).map_err(|e| bad(format!("cannot decode an intersect_families table: {e}")))?;
+        let m = FamiliesTableMessage::decode(body)
+            .map_err(|e| bad(format!("cannot decode an intersect_families table: {e}")))?;
         let tables = m
             .scans
             .iter()
             .map(|bytes| {
-                let node = LogicalPlanNode::decode(bytes.as_slice()).map_err(|e| bad(format!("cannot decode a family's table: {e}")))?;
+                let node = LogicalPlanNode::decode(bytes.as_slice())
+                    .map_err(|e| bad(format!("cannot decode a family's table: {e}")))?;
                 match node.try_into_logical_plan(ctx, self)? {
                     LogicalPlan::TableScan(scan) => source_as_provider(&scan.source),
                     _ => Err(bad("a family's table is not a table scan")),
@@ -222,7 +230,12 @@ impl LogicalExtensionCodec for SetfusionLogicalCodec {
         Ok(Arc::new(table))
     }
 
-    fn try_encode_table_provider(&self, table_ref: &TableReference, node: Arc<dyn TableProvider>, buf: &mut Vec<u8>) -> Result<()> {
+    fn try_encode_table_provider(
+        &self,
+        table_ref: &TableReference,
+        node: Arc<dyn TableProvider>,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
         let Some(table) = node.downcast_ref::<FamiliesTable>() else {
             return self.inner.try_encode_table_provider(table_ref, node, buf);
         };

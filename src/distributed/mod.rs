@@ -23,9 +23,9 @@
 //! see `physical_codec::decode_backend`).
 
 pub mod demo;
-pub mod process;
 mod logical_codec;
 mod physical_codec;
+pub mod process;
 
 use std::sync::Arc;
 
@@ -110,9 +110,13 @@ pub fn ballista_config(config: SessionConfig) -> SessionConfig {
         // physical rules instead of the session's, so setfusion's semi / anti join and
         // similarity join rules would never run on the cluster; its static planner uses the
         // session's rules.
-        config = config.with_option_extension(settings).set_bool(ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED, false);
+        config = config
+            .with_option_extension(settings)
+            .set_bool(ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED, false);
     }
-    config.with_ballista_logical_extension_codec(logical_codec()).with_ballista_physical_extension_codec(physical_codec())
+    config
+        .with_ballista_logical_extension_codec(logical_codec())
+        .with_ballista_physical_extension_codec(physical_codec())
 }
 
 /// [`crate::install`] for Ballista: setfusion's functions, rules, planner and
@@ -134,7 +138,9 @@ pub fn session_builder(config: SessionConfig) -> Result<SessionState> {
 
 /// A scheduler process's configuration made setfusion-aware: its sessions
 /// ([`session_builder`]), its default settings and its codecs.
-pub fn scheduler_config(config: ballista_scheduler::config::SchedulerConfig) -> ballista_scheduler::config::SchedulerConfig {
+pub fn scheduler_config(
+    config: ballista_scheduler::config::SchedulerConfig,
+) -> ballista_scheduler::config::SchedulerConfig {
     let mut config = config
         .with_override_session_builder(Arc::new(session_builder))
         .with_override_config_producer(Arc::new(|| ballista_config(SessionConfig::new_with_ballista())));
@@ -162,7 +168,8 @@ pub fn executor_config(
 /// and the benchmark. Returns the scheduler's URL for `SessionContext::remote_with_state`.
 pub async fn start_loopback_cluster(executors: usize, concurrent_tasks: usize) -> Result<String> {
     use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
-    let config_producer: ballista_core::ConfigProducer = Arc::new(|| ballista_config(SessionConfig::new_with_ballista()));
+    let config_producer: ballista_core::ConfigProducer =
+        Arc::new(|| ballista_config(SessionConfig::new_with_ballista()));
     let addr = ballista_scheduler::standalone::new_standalone_scheduler_with_builder(
         Arc::new(session_builder),
         config_producer.clone(),

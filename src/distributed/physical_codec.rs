@@ -19,7 +19,9 @@ use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension};
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
+};
 use datafusion_proto::protobuf::{self as proto, PhysicalExprNode};
 use prost::Message;
 
@@ -293,9 +295,12 @@ fn parse_output(s: &str) -> Result<MarkOutput> {
 
 fn encode_backend(b: &Backend) -> BackendNode {
     match b {
-        Backend::Gpu(strategy) => {
-            BackendNode { gpu: true, strategy: strategy.to_string(), cpu_reason: String::new(), planned_without_device: false }
-        }
+        Backend::Gpu(strategy) => BackendNode {
+            gpu: true,
+            strategy: strategy.to_string(),
+            cpu_reason: String::new(),
+            planned_without_device: false,
+        },
         Backend::Cpu(reason) => {
             // The planner's reason is the device's own error when it found none (see `planner::decide`).
             let planned_without_device = match crate::gpu::readiness(0) {
@@ -316,7 +321,11 @@ fn decode_backend(b: Option<BackendNode>, ctx: &TaskContext) -> Result<Backend> 
         return Ok(Backend::Gpu(b.strategy.parse::<Strategy>()?));
     }
     let cfg = crate::config::SetfusionConfig::from_options(ctx.session_config().options());
-    if b.planned_without_device && cfg.enabled && cfg.strategy != Strategy::Cpu && crate::gpu::available(cfg.device).is_ok() {
+    if b.planned_without_device
+        && cfg.enabled
+        && cfg.strategy != Strategy::Cpu
+        && crate::gpu::available(cfg.device).is_ok()
+    {
         return Ok(Backend::Gpu(cfg.strategy));
     }
     Ok(Backend::Cpu(b.cpu_reason))
@@ -366,13 +375,22 @@ impl Exprs<'_> {
         es.iter().map(|e| self.decode(e, schema, ctx)).collect()
     }
 
-    fn encode_filter(&self, expr: &PhysicalExprRef, columns: impl Iterator<Item = (bool, usize)>, schema: &Schema) -> Result<PairFilterNode> {
+    fn encode_filter(
+        &self,
+        expr: &PhysicalExprRef,
+        columns: impl Iterator<Item = (bool, usize)>,
+        schema: &Schema,
+    ) -> Result<PairFilterNode> {
         let (from_probe, index): (Vec<bool>, Vec<u64>) = columns.map(|(p, i)| (p, i as u64)).unzip();
         Ok(PairFilterNode { expr: Some(self.encode(expr)?), from_probe, index, schema: Some(schema.try_into()?) })
     }
 
     /// A filter's expression, columns and schema.
-    fn decode_filter(&self, f: PairFilterNode, ctx: &TaskContext) -> Result<(PhysicalExprRef, Vec<(bool, usize)>, Arc<Schema>)> {
+    fn decode_filter(
+        &self,
+        f: PairFilterNode,
+        ctx: &TaskContext,
+    ) -> Result<(PhysicalExprRef, Vec<(bool, usize)>, Arc<Schema>)> {
         let schema: Schema = (&required(f.schema, "filter schema")?).try_into()?;
         if f.from_probe.len() != f.index.len() || f.index.len() != schema.fields().len() {
             return Err(bad("a filter's column list does not match its schema"));
@@ -383,7 +401,10 @@ impl Exprs<'_> {
     }
 }
 
-fn two_inputs<'a>(inputs: &'a [Arc<dyn ExecutionPlan>], node: &str) -> Result<(&'a Arc<dyn ExecutionPlan>, &'a Arc<dyn ExecutionPlan>)> {
+fn two_inputs<'a>(
+    inputs: &'a [Arc<dyn ExecutionPlan>],
+    node: &str,
+) -> Result<(&'a Arc<dyn ExecutionPlan>, &'a Arc<dyn ExecutionPlan>)> {
     match inputs {
         [a, b] => Ok((a, b)),
         _ => Err(bad(format!("{node} needs two inputs, got {}", inputs.len()))),
@@ -462,7 +483,13 @@ impl SetfusionPhysicalCodec {
         Ok(None)
     }
 
-    fn decode_node(&self, node: ExecNode, inputs: &[Arc<dyn ExecutionPlan>], ctx: &TaskContext, exprs: &Exprs) -> Result<Arc<dyn ExecutionPlan>> {
+    fn decode_node(
+        &self,
+        node: ExecNode,
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        exprs: &Exprs,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         Ok(match node {
             ExecNode::SetSelect(n) => {
                 let (probe, build) = two_inputs(inputs, "SetSelectExec")?;
@@ -488,7 +515,11 @@ impl SetfusionPhysicalCodec {
                 if n.on_probe.len() != n.on_build.len() {
                     return Err(bad("a mark join's correlation keys are not in pairs"));
                 }
-                let on = exprs.decode_all(&n.on_probe, &ps, ctx)?.into_iter().zip(exprs.decode_all(&n.on_build, &bs, ctx)?).collect();
+                let on = exprs
+                    .decode_all(&n.on_probe, &ps, ctx)?
+                    .into_iter()
+                    .zip(exprs.decode_all(&n.on_build, &bs, ctx)?)
+                    .collect();
                 let in_keys = match (n.in_probe, n.in_build) {
                     (Some(p), Some(b)) => Some((exprs.decode(&p, &ps, ctx)?, exprs.decode(&b, &bs, ctx)?)),
                     (None, None) => None,
@@ -520,14 +551,18 @@ impl SetfusionPhysicalCodec {
                 let (left, right) = two_inputs(inputs, "SimilarityJoinExec")?;
                 let left_set = exprs.decode(&required(n.left_set, "left set expression")?, &left.schema(), ctx)?;
                 let right_set = exprs.decode(&required(n.right_set, "right set expression")?, &right.schema(), ctx)?;
-                let metric = Metric::from_name(&n.metric).ok_or_else(|| bad(format!("unknown similarity metric '{}'", n.metric)))?;
+                let metric = Metric::from_name(&n.metric)
+                    .ok_or_else(|| bad(format!("unknown similarity metric '{}'", n.metric)))?;
                 let threshold = Threshold { metric, value: n.threshold, strict: n.strict };
                 let residual = match n.residual {
                     Some(f) => {
                         let (expr, columns, schema) = exprs.decode_filter(f, ctx)?;
                         let columns = columns
                             .into_iter()
-                            .map(|(left, index)| ColumnIndex { index, side: if left { JoinSide::Left } else { JoinSide::Right } })
+                            .map(|(left, index)| ColumnIndex {
+                                index,
+                                side: if left { JoinSide::Left } else { JoinSide::Right },
+                            })
                             .collect();
                         Some(JoinFilter::new(expr, columns, schema))
                     }
@@ -590,16 +625,24 @@ impl PhysicalExtensionCodec for SetfusionPhysicalCodec {
         let Some(body) = buf.strip_prefix(MAGIC) else {
             return self.inner.try_decode(buf, inputs, ctx, proto_converter);
         };
-        let message = SetfusionExecNode::decode(body).map_err(|e| bad(format!("cannot decode a setfusion operator: {e}")))?;
+        let message =
+            SetfusionExecNode::decode(body).map_err(|e| bad(format!("cannot decode a setfusion operator: {e}")))?;
         let node = required(message.node, "operator")?;
         self.decode_node(node, inputs, ctx, &Exprs { codec: self, converter: proto_converter })
     }
 
-    fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>, proto_converter: &dyn PhysicalProtoConverterExtension) -> Result<()> {
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
         match self.encode_node(&node, &Exprs { codec: self, converter: proto_converter })? {
             Some(n) => {
                 buf.extend_from_slice(MAGIC);
-                SetfusionExecNode { node: Some(n) }.encode(buf).map_err(|e| bad(format!("cannot encode a setfusion operator: {e}")))
+                SetfusionExecNode { node: Some(n) }
+                    .encode(buf)
+                    .map_err(|e| bad(format!("cannot encode a setfusion operator: {e}")))
             }
             None => self.inner.try_encode(node, buf, proto_converter),
         }
@@ -648,7 +691,18 @@ mod tests {
         }
         assert!(matches!(decode_backend(Some(node(false)), &task).unwrap(), Backend::Cpu(r) if r == "no CUDA driver"));
         let strategy_cpu = crate::context();
-        strategy_cpu.state_ref().write().config_mut().options_mut().extensions.get_mut::<crate::config::SetfusionConfig>().unwrap().strategy = Strategy::Cpu;
-        assert!(matches!(decode_backend(Some(node(true)), &strategy_cpu.task_ctx()).unwrap(), Backend::Cpu(_)), "strategy cpu keeps the CPU");
+        strategy_cpu
+            .state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::SetfusionConfig>()
+            .unwrap()
+            .strategy = Strategy::Cpu;
+        assert!(
+            matches!(decode_backend(Some(node(true)), &strategy_cpu.task_ctx()).unwrap(), Backend::Cpu(_)),
+            "strategy cpu keeps the CPU"
+        );
     }
 }

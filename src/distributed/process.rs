@@ -81,11 +81,15 @@ pub async fn run_executor(options: ExecutorOptions) -> Result<()> {
         Some(d) => d.clone(),
         None => {
             let d = std::env::temp_dir().join(format!("setfusion-executor-{}", std::process::id()));
-            std::fs::create_dir_all(&d).map_err(|e| DataFusionError::Execution(format!("work folder {}: {e}", d.display())))?;
+            std::fs::create_dir_all(&d)
+                .map_err(|e| DataFusionError::Execution(format!("work folder {}: {e}", d.display())))?;
             d
         }
     };
-    let work = work_dir.to_str().ok_or_else(|| DataFusionError::Configuration(format!("work folder {work_dir:?} is not UTF-8")))?.to_string();
+    let work = work_dir
+        .to_str()
+        .ok_or_else(|| DataFusionError::Configuration(format!("work folder {work_dir:?} is not UTF-8")))?
+        .to_string();
     let store: Arc<dyn ObjectStore> = Arc::new(ConfinedFileStore::new(&options.data_dirs)?);
     let temp = work.clone();
     let runtime: ballista_core::RuntimeProducer = Arc::new(move |_| {
@@ -134,7 +138,9 @@ impl ConfinedFileStore {
     /// A store over the folders `roots` (each must exist).
     pub fn new(roots: &[PathBuf]) -> Result<Self> {
         if roots.is_empty() {
-            return Err(DataFusionError::Configuration("an executor needs at least one data folder (--data-dir)".into()));
+            return Err(DataFusionError::Configuration(
+                "an executor needs at least one data folder (--data-dir)".into(),
+            ));
         }
         let roots = roots
             .iter()
@@ -172,20 +178,31 @@ impl ConfinedFileStore {
         }
     }
 
-    fn denied_stream<T: Send + 'static>(e: datafusion::object_store::Error) -> BoxStream<'static, datafusion::object_store::Result<T>> {
+    fn denied_stream<T: Send + 'static>(
+        e: datafusion::object_store::Error,
+    ) -> BoxStream<'static, datafusion::object_store::Result<T>> {
         stream::once(async move { Err(e) }).boxed()
     }
 }
 
 impl fmt::Display for ConfinedFileStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ConfinedFileStore({})", self.roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", "))
+        write!(
+            f,
+            "ConfinedFileStore({})",
+            self.roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
     }
 }
 
 #[async_trait::async_trait]
 impl ObjectStore for ConfinedFileStore {
-    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> datafusion::object_store::Result<PutResult> {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> datafusion::object_store::Result<PutResult> {
         self.check(location)?;
         self.inner.put_opts(location, payload, opts).await
     }
@@ -220,7 +237,11 @@ impl ObjectStore for ConfinedFileStore {
         }
     }
 
-    fn list_with_offset(&self, prefix: Option<&Path>, offset: &Path) -> BoxStream<'static, datafusion::object_store::Result<ObjectMeta>> {
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, datafusion::object_store::Result<ObjectMeta>> {
         match self.check(prefix.unwrap_or(&Path::default())) {
             Ok(()) => self.inner.list_with_offset(prefix, offset),
             Err(e) => Self::denied_stream(e),
@@ -238,7 +259,12 @@ impl ObjectStore for ConfinedFileStore {
         self.inner.copy_opts(from, to, options).await
     }
 
-    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> datafusion::object_store::Result<()> {
+    async fn rename_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: RenameOptions,
+    ) -> datafusion::object_store::Result<()> {
         self.check(from)?;
         self.check(to)?;
         self.inner.rename_opts(from, to, options).await
@@ -249,15 +275,26 @@ impl ObjectStore for ConfinedFileStore {
 /// bound and released, so it is free unless another process takes it first.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| DataFusionError::Execution(format!("no free port: {e}"))))
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .map_err(|e| DataFusionError::Execution(format!("no free port: {e}")))
+        })
         .collect::<Result<Vec<_>>>()?;
-    listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(|e| DataFusionError::Execution(e.to_string()))).collect()
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| DataFusionError::Execution(e.to_string())))
+        .collect()
 }
 
 /// Wait until something listens on loopback `port` (a scheduler or executor
 /// just started), at most `timeout`; an error names `what` when one of
 /// `children` exits first or the time runs out.
-pub fn wait_for_port(port: u16, what: &str, timeout: std::time::Duration, children: &mut [std::process::Child]) -> Result<()> {
+pub fn wait_for_port(
+    port: u16,
+    what: &str,
+    timeout: std::time::Duration,
+    children: &mut [std::process::Child],
+) -> Result<()> {
     let start = std::time::Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         for c in children.iter_mut() {
@@ -266,7 +303,10 @@ pub fn wait_for_port(port: u16, what: &str, timeout: std::time::Duration, childr
             }
         }
         if start.elapsed() > timeout {
-            return Err(DataFusionError::Execution(format!("{what}: nothing listens on port {port} after {} s", timeout.as_secs())));
+            return Err(DataFusionError::Execution(format!(
+                "{what}: nothing listens on port {port} after {} s",
+                timeout.as_secs()
+            )));
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -279,7 +319,8 @@ pub fn cluster_url(url: &str) -> Result<String> {
     let (host, port) = rest
         .rsplit_once(':')
         .ok_or_else(|| DataFusionError::Configuration(format!("--cluster '{url}': expected df://HOST:PORT")))?;
-    port.parse::<u16>().map_err(|_| DataFusionError::Configuration(format!("--cluster '{url}': '{port}' is not a port")))?;
+    port.parse::<u16>()
+        .map_err(|_| DataFusionError::Configuration(format!("--cluster '{url}': '{port}' is not a port")))?;
     Ok(format!("df://{host}:{port}"))
 }
 
@@ -300,7 +341,8 @@ mod tests {
         std::os::unix::fs::symlink(outside.join("b.txt"), inside.join("link.txt")).unwrap();
         let store = ConfinedFileStore::new(std::slice::from_ref(&inside)).unwrap();
         let path = |p: &FsPath| Path::from_absolute_path(p).unwrap();
-        let got = store.get_opts(&path(&inside.join("a.txt")), GetOptions::default()).await.unwrap().bytes().await.unwrap();
+        let got =
+            store.get_opts(&path(&inside.join("a.txt")), GetOptions::default()).await.unwrap().bytes().await.unwrap();
         assert_eq!(&got[..], b"ok");
         for denied in [outside.join("b.txt"), inside.join("link.txt"), PathBuf::from("/etc/passwd")] {
             let e = store.get_opts(&path(&denied), GetOptions::default()).await.unwrap_err();
@@ -310,7 +352,10 @@ mod tests {
         assert!(listed.iter().all(|m| m.is_ok()) && !listed.is_empty());
         let listed: Vec<_> = store.list(Some(&path(&outside))).collect().await;
         assert!(listed.iter().any(|m| m.is_err()));
-        let e = store.put_opts(&path(&outside.join("c.txt")), PutPayload::from_static(b"x"), PutOptions::default()).await.unwrap_err();
+        let e = store
+            .put_opts(&path(&outside.join("c.txt")), PutPayload::from_static(b"x"), PutOptions::default())
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains("outside"), "{e}");
         assert!(!outside.join("c.txt").exists());
         assert!(ConfinedFileStore::new(&[]).is_err());

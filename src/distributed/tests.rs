@@ -8,7 +8,9 @@ use std::sync::Arc;
 use datafusion::error::Result;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_proto::bytes::{logical_plan_from_bytes_with_extension_codec, logical_plan_to_bytes_with_extension_codec};
+use datafusion_proto::bytes::{
+    logical_plan_from_bytes_with_extension_codec, logical_plan_to_bytes_with_extension_codec,
+};
 use datafusion_proto::physical_plan::AsExecutionPlan;
 use datafusion_proto::protobuf::PhysicalPlanNode;
 use prost::Message;
@@ -50,7 +52,8 @@ async fn sorted(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Vec<Strin
 fn physical_round_trip(plan: Arc<dyn ExecutionPlan>, ctx: &SessionContext) -> Result<Arc<dyn ExecutionPlan>> {
     let codec = super::physical_codec();
     let bytes = PhysicalPlanNode::try_from_physical_plan(plan, codec.as_ref())?.encode_to_vec();
-    PhysicalPlanNode::decode(bytes.as_slice()).map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
+    PhysicalPlanNode::decode(bytes.as_slice())
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
         .try_into_physical_plan(&ctx.task_ctx(), codec.as_ref())
 }
 
@@ -72,7 +75,8 @@ async fn every_operator_round_trips_through_the_physical_codec() {
     let dir = tables("physical-codec", 3000).await;
     let default = context(&dir, &[]).await;
     let cpu = context(&dir, &["SET setfusion.strategy = 'cpu'"]).await;
-    let partitioned = context(&dir, &["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"]).await;
+    let partitioned =
+        context(&dir, &["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"]).await;
     for ctx in [&default, &cpu, &partitioned] {
         check_physical(ctx, "SELECT k FROM r INTERSECT ALL SELECT k FROM t", "SetOpExec: op=intersect all").await;
         check_physical(ctx, "SELECT k, v FROM r EXCEPT ALL SELECT k, v FROM t", "SetOpExec: op=except all").await;
@@ -84,7 +88,12 @@ async fn every_operator_round_trips_through_the_physical_codec() {
     for ctx in [&cpu, &partitioned] {
         check_physical(ctx, "SELECT k, v FROM r WHERE k IN (SELECT k FROM t)", "SemiJoinExec: op=semi").await;
         check_physical(ctx, "SELECT k, v FROM r WHERE k NOT IN (SELECT k FROM t WHERE k < 500)", "null_aware").await;
-        check_physical(ctx, "SELECT k FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > r.v)", "MarkJoinExec: kind=semi").await;
+        check_physical(
+            ctx,
+            "SELECT k FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > r.v)",
+            "MarkJoinExec: kind=semi",
+        )
+        .await;
     }
     check_physical(&partitioned, "SELECT k FROM r INTERSECT ALL SELECT k FROM t", "partitioned").await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -108,10 +117,13 @@ async fn damaged_bytes_are_errors() {
     let dir = tables("damaged-codec", 300).await;
     let ctx = context(&dir, &["SET setfusion.strategy = 'cpu'"]).await;
     let codec = super::physical_codec();
-    let plan = ctx.sql("SELECT k FROM r INTERSECT ALL SELECT k FROM t").await.unwrap().create_physical_plan().await.unwrap();
+    let plan =
+        ctx.sql("SELECT k FROM r INTERSECT ALL SELECT k FROM t").await.unwrap().create_physical_plan().await.unwrap();
     let set_op = find(&plan, "SetOpExec").expect("a SetOpExec");
     let mut buf = Vec::new();
-    codec.try_encode(set_op.clone(), &mut buf, &datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {}).unwrap();
+    codec
+        .try_encode(set_op.clone(), &mut buf, &datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {})
+        .unwrap();
     let inputs: Vec<Arc<dyn ExecutionPlan>> = set_op.children().into_iter().cloned().collect();
     let converter = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
     for cut in [buf.len() - 1, buf.len() / 2, 20] {
@@ -151,7 +163,8 @@ async fn logical_nodes_round_trip_through_the_logical_codec() {
         let back = logical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), codec.as_ref()).unwrap();
         assert_eq!(back.display_indent().to_string(), text, "{sql}");
         let state = ctx.state();
-        let (a, b) = (state.create_physical_plan(&plan).await.unwrap(), state.create_physical_plan(&back).await.unwrap());
+        let (a, b) =
+            (state.create_physical_plan(&plan).await.unwrap(), state.create_physical_plan(&back).await.unwrap());
         assert_eq!(sorted(b, &ctx).await, sorted(a, &ctx).await, "{sql}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -164,7 +177,8 @@ async fn logical_nodes_round_trip_through_the_logical_codec() {
 async fn hash_partitioned_inputs_stay_exact() {
     let dir = tables("partitioned", 5000).await;
     let whole = context(&dir, &["SET setfusion.strategy = 'cpu'"]).await;
-    let partitioned = context(&dir, &["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"]).await;
+    let partitioned =
+        context(&dir, &["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"]).await;
     for (name, sql) in demo::QUERIES {
         let plan = partitioned.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         let text = plan_text(&plan);

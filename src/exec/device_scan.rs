@@ -21,15 +21,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+};
 
 use crate::scan::ScanFile;
 
@@ -49,7 +51,11 @@ pub struct DeviceScanExec {
 impl DeviceScanExec {
     /// A device scan of `key` (an expression over `input`'s output) for
     /// `input`, or the reason there can be none.
-    pub fn try_from_input(input: &Arc<dyn ExecutionPlan>, key: &PhysicalExprRef, key_type: &DataType) -> std::result::Result<Self, String> {
+    pub fn try_from_input(
+        input: &Arc<dyn ExecutionPlan>,
+        key: &PhysicalExprRef,
+        key_type: &DataType,
+    ) -> std::result::Result<Self, String> {
         let Some(col) = key.downcast_ref::<Column>() else { return Err(format!("key {key} is not a column")) };
         let data_type = input.schema().field(col.index()).data_type().clone();
         if &data_type != key_type {
@@ -64,10 +70,14 @@ impl DeviceScanExec {
         loop {
             if let Some(p) = node.downcast_ref::<ProjectionExec>() {
                 let e = &p.expr()[index];
-                let Some(c) = e.expr.downcast_ref::<Column>() else { return Err(format!("key computed by {}", e.expr)) };
+                let Some(c) = e.expr.downcast_ref::<Column>() else {
+                    return Err(format!("key computed by {}", e.expr));
+                };
                 index = c.index();
                 node = p.input().clone();
-            } else if matches!(node.name(), "CoalesceBatchesExec" | "RepartitionExec" | "CoalescePartitionsExec") && node.children().len() == 1 {
+            } else if matches!(node.name(), "CoalesceBatchesExec" | "RepartitionExec" | "CoalescePartitionsExec")
+                && node.children().len() == 1
+            {
                 // They move rows between batches and partitions, never change a value.
                 let child = node.children()[0].clone();
                 node = child;
@@ -78,15 +88,19 @@ impl DeviceScanExec {
         if node.name() == "FilterExec" {
             return Err("a filter on the input".into());
         }
-        let Some(ds) = node.downcast_ref::<DataSourceExec>() else { return Err(format!("input {} is not a Parquet scan", node.name())) };
-        let Some((config, _)) = ds.downcast_to_file_source::<ParquetSource>() else { return Err("input is not a Parquet scan".into()) };
+        let Some(ds) = node.downcast_ref::<DataSourceExec>() else {
+            return Err(format!("input {} is not a Parquet scan", node.name()));
+        };
+        let Some((config, _)) = ds.downcast_to_file_source::<ParquetSource>() else {
+            return Err("input is not a Parquet scan".into());
+        };
         // Dynamic filters (this node's own, a TopK's above) only let a scan
         // skip rows that cannot matter; the device reads every row instead.
         // Any other pushed filter changes which rows the input has.
         if let Some(filter) = config.file_source().filter() {
-            let dynamic_only = datafusion::physical_expr::split_conjunction(&filter)
-                .iter()
-                .all(|c| c.downcast_ref::<datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr>().is_some());
+            let dynamic_only = datafusion::physical_expr::split_conjunction(&filter).iter().all(|c| {
+                c.downcast_ref::<datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr>().is_some()
+            });
             if !dynamic_only {
                 return Err("a filter pushed into the Parquet scan".into());
             }
@@ -102,7 +116,9 @@ impl DeviceScanExec {
         let file_index = match config.file_source().projection() {
             Some(p) => {
                 let Some(e) = p.iter().nth(index) else { return Err("scan projection".into()) };
-                let Some(c) = e.expr.downcast_ref::<Column>() else { return Err(format!("key computed by {} in the scan", e.expr)) };
+                let Some(c) = e.expr.downcast_ref::<Column>() else {
+                    return Err(format!("key computed by {} in the scan", e.expr));
+                };
                 c.index()
             }
             None => index,
@@ -129,8 +145,17 @@ impl DeviceScanExec {
                 }
             }
         }
-        let files = by_path.into_iter().map(|(path, ranges)| ScanFile { ranges: if whole.contains(&path) { vec![] } else { ranges }, path }).collect();
-        Ok(Self { input: input.clone(), files, column: field.name().clone(), data_type, ran: Arc::new(Mutex::new(None)) })
+        let files = by_path
+            .into_iter()
+            .map(|(path, ranges)| ScanFile { ranges: if whole.contains(&path) { vec![] } else { ranges }, path })
+            .collect();
+        Ok(Self {
+            input: input.clone(),
+            files,
+            column: field.name().clone(),
+            data_type,
+            ran: Arc::new(Mutex::new(None)),
+        })
     }
 
     pub fn files(&self) -> &[ScanFile] {

@@ -67,7 +67,16 @@ fn side_keys(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
     match side {
-        Side::Device(scan) => match crate::scan::scan_to_device(g, scan.files(), scan.column(), scan.data_type(), keep, cache_limit, ahead, stats)? {
+        Side::Device(scan) => match crate::scan::scan_to_device(
+            g,
+            scan.files(),
+            scan.column(),
+            scan.data_type(),
+            keep,
+            cache_limit,
+            ahead,
+            stats,
+        )? {
             Ok(d) => Ok(Ok(device_side(g, d, stats)?)),
             Err(why) => Ok(Err(why.0)),
         },
@@ -99,7 +108,11 @@ fn side_keys(
 }
 
 /// A device-scanned side's keys, with its NULLs as a host buffer too.
-fn device_side(g: &Gpu, (decoded, report): (crate::scan::DeviceDecoded, ScanReport), stats: &mut TransferStats) -> Result<SideKeys> {
+fn device_side(
+    g: &Gpu,
+    (decoded, report): (crate::scan::DeviceDecoded, ScanReport),
+    stats: &mut TransferStats,
+) -> Result<SideKeys> {
     let n = decoded.rows;
     let nulls = match decoded.valid {
         Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, valid)),
@@ -113,7 +126,11 @@ fn describe(which: &str, r: &ScanReport) -> String {
         return format!("{which}: {} rows, {hit} (copied in {:.1} ms)", r.rows, r.upload.as_secs_f64() * 1e3);
     }
     let cache = r.cache.map(|c| format!(", {c}")).unwrap_or_default()
-        + &if r.row_groups_pruned > 0 { format!(", {} of {} row groups pruned by the build side's key range", r.row_groups_pruned, r.row_groups) } else { String::new() };
+        + &if r.row_groups_pruned > 0 {
+            format!(", {} of {} row groups pruned by the build side's key range", r.row_groups_pruned, r.row_groups)
+        } else {
+            String::new()
+        };
     let secs = (r.read + r.upload + r.decode).as_secs_f64().max(1e-9);
     format!(
         "{which}: {} rows, {} pages, {:.1} MB read in {:.1} ms, uploaded in {:.1} ms, decoded in {:.1} ms ({:.1} GB/s of keys end to end)",
@@ -144,8 +161,15 @@ pub(crate) fn select_device_scanned(
     // The build side's files are read on the host while the probe side's
     // are uploaded and decoded (unless the device holds its keys already).
     let ahead = match &build {
-        Side::Device(scan) if !(cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) => {
-            Some(crate::scan::ReadAhead::start(scan.files().to_vec(), scan.column().to_string(), scan.data_type().clone()))
+        Side::Device(scan)
+            if !(cfg.cache_limit.0 > 0
+                && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) =>
+        {
+            Some(crate::scan::ReadAhead::start(
+                scan.files().to_vec(),
+                scan.column().to_string(),
+                scan.data_type().clone(),
+            ))
         }
         _ => None,
     };
@@ -154,7 +178,9 @@ pub(crate) fn select_device_scanned(
     // statistics) are not read, as DataFusion's dynamic filter would prune
     // them; row groups with NULL keys are always read (INTERSECT keeps NULLs).
     let keep = match (&probe, &build) {
-        (Side::Device(_), Side::Device(b)) if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) => {
+        (Side::Device(_), Side::Device(b))
+            if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
+        {
             crate::scan::key_range(b.files(), b.column()).unwrap_or(None)
         }
         _ => None,
@@ -162,13 +188,20 @@ pub(crate) fn select_device_scanned(
     // Both sides read from their files (neither in the column cache): one
     // upload buffer and one decode launch for the two, so the launches'
     // tails (their largest pages) overlap. Otherwise side by side.
-    let cached = |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
+    let cached =
+        |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
     let (probe, build) = match (&probe, &build) {
         (Side::Device(p), Side::Device(b)) if !cached(p) && !cached(b) => {
             fn side(s: &DeviceScanExec, keep: Option<(i64, i64)>) -> crate::scan::PairSide<'_> {
                 crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
             }
-            match crate::scan::scan_pair_to_device(&g, [side(p, keep), side(b, None)], cfg.cache_limit.0, ahead, &mut stats)? {
+            match crate::scan::scan_pair_to_device(
+                &g,
+                [side(p, keep), side(b, None)],
+                cfg.cache_limit.0,
+                ahead,
+                &mut stats,
+            )? {
                 Ok([dp, db]) => (device_side(&g, dp, &mut stats)?, device_side(&g, db, &mut stats)?),
                 Err((i, why)) => return Ok(Err(format!("{} side: {}", ["probe", "build"][i], why.0))),
             }
@@ -185,8 +218,10 @@ pub(crate) fn select_device_scanned(
             (probe, build)
         }
     };
-    let reports: Vec<(String, ScanReport)> =
-        [("probe", &probe.report), ("build", &build.report)].into_iter().filter_map(|(w, r)| r.clone().map(|r| (w.to_string(), r))).collect();
+    let reports: Vec<(String, ScanReport)> = [("probe", &probe.report), ("build", &build.report)]
+        .into_iter()
+        .filter_map(|(w, r)| r.clone().map(|r| (w.to_string(), r)))
+        .collect();
     let notes: Vec<String> = reports.iter().map(|(w, r)| describe(w, r)).collect();
     selector.metrics.device.input_rows.add(probe.n + build.n);
     let n = probe.n;
@@ -198,7 +233,16 @@ pub(crate) fn select_device_scanned(
     let probe_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     let (probe_core, npc) = probe.core(&g, &mut stats)?;
     let (build_core, nbc) = build.core(&g, &mut stats)?;
-    let (core, ran) = crate::algo::select::select_resident(&g, forced_strategy(cfg, false), selector.op, build_core, nbc, probe_core, npc, &mut stats)?;
+    let (core, ran) = crate::algo::select::select_resident(
+        &g,
+        forced_strategy(cfg, false),
+        selector.op,
+        build_core,
+        nbc,
+        probe_core,
+        npc,
+        &mut stats,
+    )?;
     selector.metrics.device.record(&stats);
     let sel = match probe_nulls {
         None => core,

@@ -246,7 +246,12 @@ impl DynamicKeyFilter {
         self.filter.mark_complete();
     }
 
-    fn expression(&self, source: &[&RecordBatch], filtered_schema: &Schema, config: &ConfigOptions) -> Result<PhysicalExprRef> {
+    fn expression(
+        &self,
+        source: &[&RecordBatch],
+        filtered_schema: &Schema,
+        config: &ConfigOptions,
+    ) -> Result<PhysicalExprRef> {
         let mut predicates: Vec<PhysicalExprRef> = vec![];
         let mut source_has_null = false;
         let mut columns: Vec<Vec<ArrayRef>> = vec![];
@@ -260,8 +265,10 @@ impl DynamicKeyFilter {
                 min.update_batch(std::slice::from_ref(a))?;
                 max.update_batch(std::slice::from_ref(a))?;
             }
-            let ge: PhysicalExprRef = Arc::new(BinaryExpr::new(filtered_key.clone(), Operator::GtEq, lit(min.evaluate()?)));
-            let le: PhysicalExprRef = Arc::new(BinaryExpr::new(filtered_key.clone(), Operator::LtEq, lit(max.evaluate()?)));
+            let ge: PhysicalExprRef =
+                Arc::new(BinaryExpr::new(filtered_key.clone(), Operator::GtEq, lit(min.evaluate()?)));
+            let le: PhysicalExprRef =
+                Arc::new(BinaryExpr::new(filtered_key.clone(), Operator::LtEq, lit(max.evaluate()?)));
             predicates.push(Arc::new(BinaryExpr::new(ge, Operator::And, le)));
             columns.push(arrays);
         }
@@ -300,7 +307,12 @@ impl DynamicKeyFilter {
 
 /// `key IN (distinct non-NULL source keys)` when they are few enough by
 /// DataFusion's limits for its IN-list pushdown; None otherwise.
-fn membership(key: &PhysicalExprRef, arrays: &[ArrayRef], schema: &Schema, config: &ConfigOptions) -> Result<Option<PhysicalExprRef>> {
+fn membership(
+    key: &PhysicalExprRef,
+    arrays: &[ArrayRef],
+    schema: &Schema,
+    config: &ConfigOptions,
+) -> Result<Option<PhysicalExprRef>> {
     let size: usize = arrays.iter().map(|a| a.get_array_memory_size()).sum();
     if arrays.is_empty() || size > config.optimizer.hash_join_inlist_pushdown_max_size {
         return Ok(None);

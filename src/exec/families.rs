@@ -32,21 +32,22 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, ListArray, RecordBatch, UInt32Array, UInt64Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, ListArray, RecordBatch, UInt32Array, UInt64Array,
+};
 use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::{cast, concat_batches, sort_to_indices, take};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-    SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -104,13 +105,18 @@ impl Layout {
         let find = |name: &str| schema.index_of(name).ok();
         let integer = |dt: &DataType| dt.is_integer() || matches!(dt, DataType::Null);
         let problem = |what: String| {
-            DataFusionError::Plan(format!("intersect_families: table '{table}' {what} (columns: {})", column_list(schema)))
+            DataFusionError::Plan(format!(
+                "intersect_families: table '{table}' {what} (columns: {})",
+                column_list(schema)
+            ))
         };
         let id = find("id").ok_or_else(|| problem("has no `id` column".into()))?;
         if let Some(e) = find("elements") {
             let dt = schema.field(e).data_type();
             return match dt {
-                DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) if integer(f.data_type()) => {
+                DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)
+                    if integer(f.data_type()) =>
+                {
                     Ok(Layout::Wide { id, elements: e })
                 }
                 other => Err(problem(format!("has `elements` of type {other}; expected a list of integers"))),
@@ -124,7 +130,10 @@ impl Layout {
                 Err(problem(format!("has `element` of type {dt}; expected an integer")))
             };
         }
-        Err(problem("has neither an `elements` list column (one row per set) nor an `element` column (one row per element)".into()))
+        Err(problem(
+            "has neither an `elements` list column (one row per set) nor an `element` column (one row per element)"
+                .into(),
+        ))
     }
 
     fn id(&self) -> usize {
@@ -152,7 +161,9 @@ fn column_list(schema: &Schema) -> String {
 /// Elements are compared as Int64, or as UInt64 when both families' element
 /// types are unsigned.
 fn element_type(types: &[DataType]) -> DataType {
-    if types.iter().all(|t| t.is_unsigned_integer() || matches!(t, DataType::Null)) && !types.iter().all(|t| matches!(t, DataType::Null)) {
+    if types.iter().all(|t| t.is_unsigned_integer() || matches!(t, DataType::Null))
+        && !types.iter().all(|t| matches!(t, DataType::Null))
+    {
         DataType::UInt64
     } else {
         DataType::Int64
@@ -163,7 +174,9 @@ fn element_type(types: &[DataType]) -> DataType {
 fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, element: &DataType) -> SchemaRef {
     let list = DataType::List(Arc::new(Field::new("item", element.clone(), false)));
     Arc::new(match level {
-        Level::Distinct => Schema::new(vec![Field::new("elements", list, false), Field::new("frequency", DataType::Int64, false)]),
+        Level::Distinct => {
+            Schema::new(vec![Field::new("elements", list, false), Field::new("frequency", DataType::Int64, false)])
+        }
         Level::Pairs | Level::All => Schema::new(vec![
             Field::new("left_id", left_id.clone(), true),
             Field::new("right_id", right_id.clone(), true),
@@ -174,9 +187,20 @@ fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, element:
 
 /// The element type the families are compared as, and the output schema of
 /// `level` over tables of these schemas and layouts.
-pub fn families_schema(level: Level, left: &Schema, left_layout: Layout, right: &Schema, right_layout: Layout) -> (DataType, SchemaRef) {
+pub fn families_schema(
+    level: Level,
+    left: &Schema,
+    left_layout: Layout,
+    right: &Schema,
+    right_layout: Layout,
+) -> (DataType, SchemaRef) {
     let element = element_type(&[left_layout.element_type(left), right_layout.element_type(right)]);
-    let schema = output_schema(level, left.field(left_layout.id()).data_type(), right.field(right_layout.id()).data_type(), &element);
+    let schema = output_schema(
+        level,
+        left.field(left_layout.id()).data_type(),
+        right.field(right_layout.id()).data_type(),
+        &element,
+    );
     (element, schema)
 }
 
@@ -243,7 +267,12 @@ impl FamiliesExec {
 
 impl DisplayAs for FamiliesExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "FamiliesExec: level={}, form={}", self.level.name(), if self.right.is_some() { "two families" } else { "self (left id < right id)" })?;
+        write!(
+            f,
+            "FamiliesExec: level={}, form={}",
+            self.level.name(),
+            if self.right.is_some() { "two families" } else { "self (left id < right id)" }
+        )?;
         write!(f, ", backend=gpu when one is usable and there are at least setfusion.min_rows pairs, else cpu")?;
         super::fmt_projection_and_ran(f, t, &None, &self.ran)
     }
@@ -277,7 +306,9 @@ impl ExecutionPlan for FamiliesExec {
 
     fn apply_expressions(
         &self,
-        _f: &mut dyn FnMut(&Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
+        _f: &mut dyn FnMut(
+            &Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+        ) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
     ) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
         Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     }
@@ -335,9 +366,11 @@ impl Sets {
             Layout::Wide { elements, .. } => {
                 let list = batch.column(elements);
                 // A Null-typed column is a column of NULL lists: empty sets.
-                let (values, bounds) = crate::keys::list_parts(list)?.unwrap_or_else(|| (list.clone(), vec![(0, 0); list.len()]));
+                let (values, bounds) =
+                    crate::keys::list_parts(list)?.unwrap_or_else(|| (list.clone(), vec![(0, 0); list.len()]));
                 let (keys, valid) = element_keys(&values, element)?;
-                let mut out = Sets { ids, offsets: Vec::with_capacity(bounds.len() + 1), keys: Vec::with_capacity(keys.len()) };
+                let mut out =
+                    Sets { ids, offsets: Vec::with_capacity(bounds.len() + 1), keys: Vec::with_capacity(keys.len()) };
                 out.offsets.push(0);
                 for (row, (s, e)) in bounds.into_iter().enumerate() {
                     // A NULL list is an empty set.
@@ -388,7 +421,8 @@ impl Sets {
         let order = sort_to_indices(self.ids.as_ref(), None, None)?;
         let order: Vec<u32> = order.values().iter().copied().filter(|&i| self.ids.is_valid(i as usize)).collect();
         let ids = take(self.ids.as_ref(), &UInt32Array::from(order.clone()), None)?;
-        let mut out = Sets { ids, offsets: Vec::with_capacity(order.len() + 1), keys: Vec::with_capacity(self.keys.len()) };
+        let mut out =
+            Sets { ids, offsets: Vec::with_capacity(order.len() + 1), keys: Vec::with_capacity(self.keys.len()) };
         out.offsets.push(0);
         for &i in &order {
             out.keys.extend_from_slice(&self.keys[self.offsets[i as usize]..self.offsets[i as usize + 1]]);
@@ -415,7 +449,8 @@ fn element_keys(values: &ArrayRef, element: &DataType) -> Result<(Vec<u64>, Opti
     let keys = match element {
         DataType::UInt64 => cast(values, &DataType::UInt64)?.as_primitive::<UInt64Type>().values().to_vec(),
         _ => {
-            let v = cast(values, &DataType::Int64).map_err(|e| DataFusionError::Execution(format!("intersect_families: element {e}")))?;
+            let v = cast(values, &DataType::Int64)
+                .map_err(|e| DataFusionError::Execution(format!("intersect_families: element {e}")))?;
             v.as_primitive::<Int64Type>().values().iter().map(|&x| signed_key(x)).collect()
         }
     };
@@ -497,7 +532,8 @@ impl Domain {
 
     /// A family of the sets' elements that lie in the domain, as dense ids.
     fn family(&self, sets: &Sets) -> Family {
-        let mut f = Family { offsets: Vec::with_capacity(sets.offsets.len()), elements: Vec::with_capacity(sets.keys.len()) };
+        let mut f =
+            Family { offsets: Vec::with_capacity(sets.offsets.len()), elements: Vec::with_capacity(sets.keys.len()) };
         f.offsets.push(0);
         for s in 0..sets.len() {
             let mut ids: Vec<u32> =
@@ -514,12 +550,17 @@ impl Domain {
     fn list(&self, element: &DataType, offsets: &[usize], ids: &[u32]) -> Result<ArrayRef> {
         let values: ArrayRef = match element {
             DataType::UInt64 => Arc::new(UInt64Array::from_iter_values(ids.iter().map(|&i| self.keys[i as usize]))),
-            _ => Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| (self.keys[i as usize] ^ (1 << 63)) as i64))),
+            _ => {
+                Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| (self.keys[i as usize] ^ (1 << 63)) as i64)))
+            }
         };
         let base = offsets[0];
         let offs: Vec<i32> = offsets
             .iter()
-            .map(|&o| i32::try_from(o - base).map_err(|_| DataFusionError::Execution("intersect_families: batch of over 2^31 elements".into())))
+            .map(|&o| {
+                i32::try_from(o - base)
+                    .map_err(|_| DataFusionError::Execution("intersect_families: batch of over 2^31 elements".into()))
+            })
             .collect::<Result<_>>()?;
         let field = Arc::new(Field::new("item", element.clone(), false));
         Ok(Arc::new(ListArray::try_new(field, OffsetBuffer::new(ScalarBuffer::from(offs)), values, None)?))
@@ -581,7 +622,15 @@ impl Run {
         Ok(rx)
     }
 
-    fn produce(&self, cfg: &SetfusionConfig, memory: &MemoryReservation, batch_size: usize, left: &RecordBatch, right: Option<&RecordBatch>, tx: &Sender) -> Result<()> {
+    fn produce(
+        &self,
+        cfg: &SetfusionConfig,
+        memory: &MemoryReservation,
+        batch_size: usize,
+        left: &RecordBatch,
+        right: Option<&RecordBatch>,
+        tx: &Sender,
+    ) -> Result<()> {
         let started = Instant::now();
         let l = Sets::read(left, self.left_layout, &self.element)?;
         let (l, r, from) = match right {
@@ -625,7 +674,8 @@ impl Run {
                         families::distinct_cpu(&space)
                     }
                 };
-                *self.ran.lock().unwrap() = Some(format!("{}, {} sets x {} sets, {} distinct", notes.join("; "), lf.len(), rf.len(), d.len()));
+                *self.ran.lock().unwrap() =
+                    Some(format!("{}, {} sets x {} sets, {} distinct", notes.join("; "), lf.len(), rf.len(), d.len()));
                 for b in self.distinct_batches(&domain, &d, batch_size)? {
                     if !send(b)? {
                         break;
@@ -664,7 +714,8 @@ impl Run {
                         (Ok(()), Some(e)) => format!("cpu (GPU failed: {e})"),
                         (Err(why), _) => format!("cpu ({why})"),
                     };
-                    *self.ran.lock().unwrap() = Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
+                    *self.ran.lock().unwrap() =
+                        Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
                     for b in self.pair_batches(&space, &domain, &part, at..end, &l.ids, right_ids, batch_size)? {
                         if !send(b)? {
                             // The consumer stopped reading (a LIMIT above).
@@ -757,7 +808,12 @@ fn choose_backend(cfg: &SetfusionConfig, pairs: u64) -> std::result::Result<(), 
     gpu::gpu(cfg.device).map(|_| ()).map_err(|e| e.to_string())
 }
 
-fn distinct_on_gpu(cfg: &SetfusionConfig, memory: &MemoryReservation, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
+fn distinct_on_gpu(
+    cfg: &SetfusionConfig,
+    memory: &MemoryReservation,
+    space: &PairSpace,
+    ts: &mut TransferStats,
+) -> Result<(DistinctSets, usize)> {
     let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
     let lease = hold_device(&g, cfg, Some(memory))?;
     families::distinct_gpu(&lease, space, ts)

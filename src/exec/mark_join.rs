@@ -39,13 +39,16 @@ use datafusion::arrow::compute::{concat, take};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::config::ConfigOptions;
-use datafusion::physical_plan::filter_pushdown::{ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -53,14 +56,15 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
-use datafusion::execution::memory_pool::MemoryReservation;
 
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
 use crate::exec::common::{input_context, Backend, NullMode};
 use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
-use crate::exec::memory::{array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun};
+use crate::exec::memory::{
+    array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun,
+};
 use crate::exec::pair_filter::{self, PairFilter};
 use crate::exec::selection::{key_columns, Selector};
 use crate::keys;
@@ -137,7 +141,9 @@ impl MarkJoinExec {
         backend: Backend,
     ) -> Result<Self> {
         if (kind == MarkKind::In) != in_keys.is_some() {
-            return Err(DataFusionError::Plan("setfusion: an IN mark join needs exactly one key pair, EXISTS none".into()));
+            return Err(DataFusionError::Plan(
+                "setfusion: an IN mark join needs exactly one key pair, EXISTS none".into(),
+            ));
         }
         let probe_schema = probe.schema();
         let schema = if mark_name.is_empty() {
@@ -365,7 +371,8 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        let each = if self.broadcast_build { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
+        let each =
+            if self.broadcast_build { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
         vec![each.clone(), each]
     }
 
@@ -388,7 +395,13 @@ impl ExecutionPlan for MarkJoinExec {
         parent_filters: Vec<Arc<dyn PhysicalExpr>>,
         config: &ConfigOptions,
     ) -> Result<FilterDescription> {
-        dynamic_filter::gather(phase, parent_filters, config, self.key_filter_plan().as_ref(), self.dynamic_filter.as_ref())
+        dynamic_filter::gather(
+            phase,
+            parent_filters,
+            config,
+            self.key_filter_plan().as_ref(),
+            self.dynamic_filter.as_ref(),
+        )
     }
 
     fn handle_child_pushdown_result(
@@ -493,7 +506,12 @@ fn marked_bytes((b, mark): &Marked) -> usize {
 /// One output batch from a probe batch and its marks: the batch with the mark
 /// appended; for semi (anti) output, its rows whose mark is TRUE (FALSE; an
 /// EXISTS mark is never NULL). None when no row is kept.
-fn form_output(output: MarkOutput, schema: &SchemaRef, b: RecordBatch, mark: BooleanArray) -> Result<Option<RecordBatch>> {
+fn form_output(
+    output: MarkOutput,
+    schema: &SchemaRef,
+    b: RecordBatch,
+    mark: BooleanArray,
+) -> Result<Option<RecordBatch>> {
     if output == MarkOutput::Mark {
         let mut columns = b.columns().to_vec();
         columns.push(Arc::new(mark));
@@ -536,7 +554,11 @@ struct GroupFacts {
 
 impl Run {
     /// Mark every probe partition, or only `probe_partition` (broadcast).
-    async fn run(mut self, context: Arc<TaskContext>, probe_partition: Option<usize>) -> Result<Parts<(Vec<(Marked, usize)>, MemoryReservation)>> {
+    async fn run(
+        mut self,
+        context: Arc<TaskContext>,
+        probe_partition: Option<usize>,
+    ) -> Result<Parts<(Vec<(Marked, usize)>, MemoryReservation)>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
         let memory = reservation(&context, "MarkJoinExec");
@@ -545,11 +567,13 @@ impl Run {
             probe_partition.map_or(0..self.probe.output_partitioning().partition_count(), |p| p..p + 1),
             0..self.build.output_partitioning().partition_count(),
         ];
-        let [probe_parts, build_parts] =
-            dynamic_filter::collect_both(self.dynamic_filter.as_ref(), sides, context.session_config().options(), |i| {
-                collect_partitions_reserved(sides[i].clone(), ranges[i].clone(), inputs.clone(), &memory)
-            })
-            .await?;
+        let [probe_parts, build_parts] = dynamic_filter::collect_both(
+            self.dynamic_filter.as_ref(),
+            sides,
+            context.session_config().options(),
+            |i| collect_partitions_reserved(sides[i].clone(), ranges[i].clone(), inputs.clone(), &memory),
+        )
+        .await?;
         crate::util::trace("mark join: inputs collected");
         self.memory = Some(memory.clone());
         super::off_runtime(move || {
@@ -559,7 +583,13 @@ impl Run {
             let parts = out
                 .into_iter()
                 .map(|marked| {
-                    let sized: Vec<(Marked, usize)> = marked.into_iter().map(|m| { let n = marked_bytes(&m); (m, n) }).collect();
+                    let sized: Vec<(Marked, usize)> = marked
+                        .into_iter()
+                        .map(|m| {
+                            let n = marked_bytes(&m);
+                            (m, n)
+                        })
+                        .collect();
                     let r = memory.new_empty();
                     r.try_grow(sized.iter().map(|(_, n)| n).sum())?;
                     Ok((sized, r))
@@ -572,7 +602,12 @@ impl Run {
     }
 
     /// Each probe batch with its marks, over the collected inputs (synchronous: see [`super::off_runtime`]).
-    fn mark_and_output(self, cfg: &SetfusionConfig, probe_parts: Vec<Vec<RecordBatch>>, build_parts: Vec<Vec<RecordBatch>>) -> Result<Vec<Vec<Marked>>> {
+    fn mark_and_output(
+        self,
+        cfg: &SetfusionConfig,
+        probe_parts: Vec<Vec<RecordBatch>>,
+        build_parts: Vec<Vec<RecordBatch>>,
+    ) -> Result<Vec<Vec<Marked>>> {
         let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
         let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
@@ -622,11 +657,19 @@ impl Run {
     /// One semi selection of the probe rows against the build rows on `keys`
     /// (per batch, both sides), through the shared [`Selector`].
     /// `what` names the selection in EXPLAIN ANALYZE's `ran`.
-    fn semi(&self, cfg: &SetfusionConfig, what: &str, probe: &[Vec<ArrayRef>], build: &[Vec<ArrayRef>], ran: &mut Vec<String>) -> Result<BooleanBuffer> {
+    fn semi(
+        &self,
+        cfg: &SetfusionConfig,
+        what: &str,
+        probe: &[Vec<ArrayRef>],
+        build: &[Vec<ArrayRef>],
+        ran: &mut Vec<String>,
+    ) -> Result<BooleanBuffer> {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
         let said = Arc::new(Mutex::new(None));
-        let mut selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
+        let mut selector =
+            Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
         selector.reservation = self.memory.clone();
         let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
@@ -634,16 +677,28 @@ impl Run {
     }
 
     /// The group facts from key selections alone (no residual filter).
-    fn facts_keyed(&self, cfg: &SetfusionConfig, probe: &[&RecordBatch], build: &[&RecordBatch], n: usize, nb: usize) -> Result<GroupFacts> {
+    fn facts_keyed(
+        &self,
+        cfg: &SetfusionConfig,
+        probe: &[&RecordBatch],
+        build: &[&RecordBatch],
+        n: usize,
+        nb: usize,
+    ) -> Result<GroupFacts> {
         let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
         let probe_on = key_columns(probe, &probe_on)?;
         let build_on = key_columns(build, &build_on)?;
         let mut ran = Vec::new();
         let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
         // The group is not empty: an uncorrelated subquery has one group, the whole build side.
-        let nonempty = if self.on.is_empty() { constant(nb > 0) } else { self.semi(cfg, "group", &probe_on, &build_on, &mut ran)? };
+        let nonempty = if self.on.is_empty() {
+            constant(nb > 0)
+        } else {
+            self.semi(cfg, "group", &probe_on, &build_on, &mut ran)?
+        };
         let Some((probe_key, build_key)) = &self.in_keys else {
-            *self.ran.lock().unwrap() = Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
+            *self.ran.lock().unwrap() =
+                Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
             return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: None, probe_null: None });
         };
         let probe_key_cols = key_columns(probe, std::slice::from_ref(probe_key))?;
@@ -654,7 +709,13 @@ impl Run {
         let matched = if nb == 0 {
             constant(false)
         } else {
-            self.semi(cfg, "key", &with_key(&probe_on, &probe_key_cols), &with_key(&build_on, &build_key_cols), &mut ran)?
+            self.semi(
+                cfg,
+                "key",
+                &with_key(&probe_on, &probe_key_cols),
+                &with_key(&build_on, &build_key_cols),
+                &mut ran,
+            )?
         };
         let build_nulls: usize = build_key_cols.iter().map(|k| k[0].null_count()).sum();
         let has_null = if build_nulls == 0 {
@@ -668,7 +729,9 @@ impl Run {
                 .zip(&build_key_cols)
                 .map(|(on, key)| {
                     let is_null = datafusion::arrow::compute::is_null(key[0].as_ref())?;
-                    on.iter().map(|c| Ok(datafusion::arrow::compute::filter(c.as_ref(), &is_null)?)).collect::<Result<Vec<_>>>()
+                    on.iter()
+                        .map(|c| Ok(datafusion::arrow::compute::filter(c.as_ref(), &is_null)?))
+                        .collect::<Result<Vec<_>>>()
                 })
                 .collect::<Result<_>>()?;
             Some(self.semi(cfg, "null key", &probe_on, &null_keyed, &mut ran)?)
@@ -684,7 +747,12 @@ impl Run {
     /// whenever the device cannot: keys that are not fixed-width, overflow,
     /// device trouble) the host evaluates DataFusion's expression over the
     /// candidate pairs, with the device's groups when it has them.
-    fn facts_filtered(&self, cfg: &SetfusionConfig, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<GroupFacts> {
+    fn facts_filtered(
+        &self,
+        cfg: &SetfusionConfig,
+        probe: &[&RecordBatch],
+        build: &[&RecordBatch],
+    ) -> Result<GroupFacts> {
         let mut groups = None;
         let mut why = None;
         if let Backend::Gpu(_) = &self.backend {
@@ -706,7 +774,11 @@ impl Run {
 
     /// The keys of the `on` equalities as exact 64-bit keys of both sides
     /// (None: no keys; Err(reason): not fixed-width, or too wide to pack).
-    fn exact_on_keys(&self, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<std::result::Result<Option<(keys::KeyColumns, keys::KeyColumns)>, String>> {
+    fn exact_on_keys(
+        &self,
+        probe: &[&RecordBatch],
+        build: &[&RecordBatch],
+    ) -> Result<std::result::Result<Option<(keys::KeyColumns, keys::KeyColumns)>, String>> {
         if self.on.is_empty() {
             return Ok(Ok(None));
         }
@@ -715,7 +787,9 @@ impl Run {
         let types: Vec<DataType> = probe_on.iter().map(|e| e.data_type(&ps)).collect::<Result<_>>()?;
         let build_types: Vec<DataType> = build_on.iter().map(|e| e.data_type(&bs)).collect::<Result<_>>()?;
         if types != build_types || !types.iter().all(|t| keys::is_exact(std::slice::from_ref(t))) {
-            return Ok(Err(format!("correlation keys of types {types:?} and {build_types:?} are not fixed-width equal types")));
+            return Ok(Err(format!(
+                "correlation keys of types {types:?} and {build_types:?} are not fixed-width equal types"
+            )));
         }
         let (pk, bk) = (key_columns(probe, &probe_on)?, key_columns(build, &build_on)?);
         if types.len() == 1 {
@@ -728,7 +802,12 @@ impl Run {
     }
 
     /// The device part of [`Self::facts_filtered`].
-    fn facts_filtered_gpu(&self, cfg: &SetfusionConfig, probe: &[&RecordBatch], build: &[&RecordBatch]) -> Result<DeviceOutcome> {
+    fn facts_filtered_gpu(
+        &self,
+        cfg: &SetfusionConfig,
+        probe: &[&RecordBatch],
+        build: &[&RecordBatch],
+    ) -> Result<DeviceOutcome> {
         let keys = match self.exact_on_keys(probe, build)? {
             Ok(k) => k,
             Err(reason) => return Ok(DeviceOutcome::Host(reason)),
@@ -779,14 +858,25 @@ impl Run {
         };
         let bits = |mask: u8| BooleanBuffer::from_iter(facts.iter().map(|f| f & mask != 0));
         let has_null = facts.iter().any(|f| f & join_filter::HAS_NULL != 0).then(|| bits(join_filter::HAS_NULL));
-        let group_facts = GroupFacts { matched: bits(join_filter::MATCHED), nonempty: bits(join_filter::NONEMPTY), has_null, probe_null };
+        let group_facts = GroupFacts {
+            matched: bits(join_filter::MATCHED),
+            nonempty: bits(join_filter::NONEMPTY),
+            has_null,
+            probe_null,
+        };
         Ok(DeviceOutcome::Facts(group_facts, "gpu (groups and residual filter on the device)".into()))
     }
 
     /// The group facts with a residual filter on the host: candidate pairs of
     /// equal `on` keys (the device's groups, or exact row-encoded ones found
     /// here), the filter evaluated with DataFusion's expression over them.
-    fn facts_filtered_host(&self, probe: &[&RecordBatch], build: &[&RecordBatch], groups: Option<CandidateGroups>, why: Option<String>) -> Result<GroupFacts> {
+    fn facts_filtered_host(
+        &self,
+        probe: &[&RecordBatch],
+        build: &[&RecordBatch],
+        groups: Option<CandidateGroups>,
+        why: Option<String>,
+    ) -> Result<GroupFacts> {
         let filter = self.filter.as_ref().expect("called with a filter");
         // One array per column over all batches (an empty array of the type when there are none).
         let concat_all = |arrays: Vec<ArrayRef>, data_type: DataType| -> Result<ArrayRef> {
@@ -796,14 +886,15 @@ impl Run {
             let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
             Ok(concat(&refs)?)
         };
-        let concat_side = |batches: &[&RecordBatch], exprs: &[PhysicalExprRef], schema: &SchemaRef| -> Result<Vec<ArrayRef>> {
-            let per_batch = key_columns(batches, exprs)?;
-            exprs
-                .iter()
-                .enumerate()
-                .map(|(c, e)| concat_all(per_batch.iter().map(|b| b[c].clone()).collect(), e.data_type(schema)?))
-                .collect()
-        };
+        let concat_side =
+            |batches: &[&RecordBatch], exprs: &[PhysicalExprRef], schema: &SchemaRef| -> Result<Vec<ArrayRef>> {
+                let per_batch = key_columns(batches, exprs)?;
+                exprs
+                    .iter()
+                    .enumerate()
+                    .map(|(c, e)| concat_all(per_batch.iter().map(|b| b[c].clone()).collect(), e.data_type(schema)?))
+                    .collect()
+            };
         let column = |batches: &[&RecordBatch], i: usize, schema: &SchemaRef| -> Result<ArrayRef> {
             concat_all(batches.iter().map(|b| b.column(i).clone()).collect(), schema.field(i).data_type().clone())
         };
@@ -814,7 +905,11 @@ impl Run {
             Some(g) => g,
             None => {
                 let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
-                CandidateGroups::new(&concat_side(probe, &probe_on, &probe_schema)?, &concat_side(build, &build_on, &build_schema)?, nb)?
+                CandidateGroups::new(
+                    &concat_side(probe, &probe_on, &probe_schema)?,
+                    &concat_side(build, &build_on, &build_schema)?,
+                    nb,
+                )?
             }
         };
         let (probe_key, build_key) = match &self.in_keys {
@@ -827,13 +922,28 @@ impl Run {
         let pair_columns: Vec<ArrayRef> = filter
             .columns
             .iter()
-            .map(|&(from_probe, i)| if from_probe { column(probe, i, &probe_schema) } else { column(build, i, &build_schema) })
+            .map(
+                |&(from_probe, i)| {
+                    if from_probe {
+                        column(probe, i, &probe_schema)
+                    } else {
+                        column(build, i, &build_schema)
+                    }
+                },
+            )
             .collect::<Result<_>>()?;
-        let ctx = PairContext { filter, pair_columns: &pair_columns, probe_key: probe_key.as_ref(), build_key: build_key.as_ref(), groups: &groups };
+        let ctx = PairContext {
+            filter,
+            pair_columns: &pair_columns,
+            probe_key: probe_key.as_ref(),
+            build_key: build_key.as_ref(),
+            groups: &groups,
+        };
         // Probe rows in chunks on the copy threads; each chunk's pairs are bounded.
         let chunks: Vec<(usize, usize)> = (0..n).step_by(PROBE_CHUNK).map(|s| (s, (s + PROBE_CHUNK).min(n))).collect();
         let results = crate::gpu::par_map(&chunks, 1, |&(s, e)| ctx.chunk(s, e))?;
-        let (mut matched, mut nonempty, mut has_null) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut matched, mut nonempty, mut has_null) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for (m, g, h) in results {
             matched.extend(m);
             nonempty.extend(g);
@@ -846,7 +956,12 @@ impl Run {
         });
         let has_null = has_null.contains(&true).then(|| BooleanBuffer::from(has_null));
         let probe_null = probe_key.as_ref().and_then(|k| null_bits(std::iter::once(k), n));
-        Ok(GroupFacts { matched: BooleanBuffer::from(matched), nonempty: BooleanBuffer::from(nonempty), has_null, probe_null })
+        Ok(GroupFacts {
+            matched: BooleanBuffer::from(matched),
+            nonempty: BooleanBuffer::from(nonempty),
+            has_null,
+            probe_null,
+        })
     }
 }
 
@@ -899,7 +1014,13 @@ impl CandidateGroups {
             at.insert(k, (s, flat.len() as u32));
         }
         let ranges = (0..probe_rows.num_rows())
-            .map(|i| if any_null(probe_on, i) { (0, 0) } else { at.get(probe_rows.row(i).data()).copied().unwrap_or((0, 0)) })
+            .map(|i| {
+                if any_null(probe_on, i) {
+                    (0, 0)
+                } else {
+                    at.get(probe_rows.row(i).data()).copied().unwrap_or((0, 0))
+                }
+            })
             .collect();
         Ok(Self { build_rows: flat, ranges, all: false, nb })
     }
@@ -981,7 +1102,11 @@ impl PairContext<'_> {
 
     /// Over pairs (probe row, build row): the filter, and for IN whether the
     /// keys are equal and whether the build key is NULL.
-    fn evaluate(&self, p_idx: &[u32], b_idx: &[u32]) -> Result<(BooleanArray, Option<BooleanArray>, Option<BooleanArray>)> {
+    fn evaluate(
+        &self,
+        p_idx: &[u32],
+        b_idx: &[u32],
+    ) -> Result<(BooleanArray, Option<BooleanArray>, Option<BooleanArray>)> {
         let (p, b) = (UInt32Array::from(p_idx.to_vec()), UInt32Array::from(b_idx.to_vec()));
         let columns: Vec<ArrayRef> = self
             .filter

@@ -55,7 +55,11 @@ impl std::ops::Deref for DeviceHold<'_> {
 /// None where the caller has no pool, as the benchmarks). The pool's refusal
 /// is DataFusion's `ResourcesExhausted`, which callers treat like any other
 /// device trouble: the CPU backend answers instead.
-pub(crate) fn hold_device<'a>(device: &'a Gpu, cfg: &SetfusionConfig, memory: Option<&MemoryReservation>) -> Result<DeviceHold<'a>> {
+pub(crate) fn hold_device<'a>(
+    device: &'a Gpu,
+    cfg: &SetfusionConfig,
+    memory: Option<&MemoryReservation>,
+) -> Result<DeviceHold<'a>> {
     let staging = match memory {
         Some(m) => {
             let r = m.new_empty();
@@ -194,7 +198,11 @@ impl<T> fmt::Debug for SharedRun<T> {
 impl<T> Execution<T> {
     /// The execution's result: `run`'s, run by the first caller.
     pub(crate) async fn get<F: Future<Output = Result<T>>>(&self, run: impl FnOnce() -> F) -> Result<Arc<T>> {
-        self.cell.get_or_init(|| async move { run().await.map(Arc::new).map_err(Arc::new) }).await.clone().map_err(|e| unshare(&e))
+        self.cell
+            .get_or_init(|| async move { run().await.map(Arc::new).map_err(Arc::new) })
+            .await
+            .clone()
+            .map_err(|e| unshare(&e))
     }
 }
 

@@ -7,8 +7,8 @@ pub mod dynamic_filter;
 pub mod families;
 pub mod mark_join;
 pub mod memory;
-pub mod pair_filter;
 pub mod output_filter;
+pub mod pair_filter;
 pub mod selection;
 pub mod set_select;
 pub mod similarity_join;
@@ -59,7 +59,9 @@ impl DeviceMetrics {
 /// visit each until `f` stops.
 pub(crate) fn visit_exprs<'a>(
     exprs: impl IntoIterator<Item = &'a std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>>,
-    f: &mut dyn FnMut(&std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion>,
+    f: &mut dyn FnMut(
+        &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+    ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion>,
 ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
     use datafusion::common::tree_node::TreeNodeRecursion;
     for e in exprs {
@@ -74,7 +76,10 @@ pub(crate) fn visit_exprs<'a>(
 pub(crate) fn two_children(
     children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
     operator: &str,
-) -> datafusion::error::Result<(std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>, std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>)> {
+) -> datafusion::error::Result<(
+    std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+)> {
     match <[_; 2]>::try_from(children) {
         Ok([first, second]) => Ok((first, second)),
         Err(_) => Err(datafusion::error::DataFusionError::Internal(format!("{operator} has two children"))),
@@ -98,7 +103,6 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
         Err(e) => Err(datafusion::error::DataFusionError::Execution(format!("setfusion: operator task ended: {e}"))),
     }
 }
-
 
 /// The tail every setfusion operator's EXPLAIN line ends with: the embedded
 /// projection, and (after a run, except in the tree view) what actually ran.

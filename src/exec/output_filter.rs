@@ -104,7 +104,9 @@ impl OutputShared {
     /// The output columns the host filters: all but a key column the device sends (unless it failed).
     fn host_columns(&self) -> Vec<usize> {
         match &self.key {
-            Some(k) if k.ready.get().is_none_or(|r| r.is_some()) => self.columns.iter().copied().filter(|&c| c != k.column).collect(),
+            Some(k) if k.ready.get().is_none_or(|r| r.is_some()) => {
+                self.columns.iter().copied().filter(|&c| c != k.column).collect()
+            }
             _ => self.columns.clone(),
         }
     }
@@ -163,8 +165,9 @@ pub(crate) fn plan_partitions(
     // Counted on the selection's bytes: a BooleanBuffer slice per batch would
     // bump one shared reference count from every thread (3.6 ms for 12,288 batches).
     let (bits, bits_at) = (selection.inner(), selection.offset());
-    let kept: Vec<usize> =
-        crate::gpu::par_map(&flat, 256, |b| Ok::<_, DataFusionError>(bits.count_set_bits_offset(bits_at + b.first_row, b.batch.num_rows())))?;
+    let kept: Vec<usize> = crate::gpu::par_map(&flat, 256, |b| {
+        Ok::<_, DataFusionError>(bits.count_set_bits_offset(bits_at + b.first_row, b.batch.num_rows()))
+    })?;
     crate::util::trace("filter: kept rows counted");
     if spec.columns == OutputColumns::RowCount {
         let mut rows = vec![0; parts.len()];
@@ -202,7 +205,11 @@ pub(crate) fn plan_partitions(
     drop(flat);
     let shared = Arc::new(OutputShared {
         columns,
-        key: key.map(|(column, pending)| DeviceKeys { column, pending: Mutex::new(Some(pending)), ready: OnceLock::new() }),
+        key: key.map(|(column, pending)| DeviceKeys {
+            column,
+            pending: Mutex::new(Some(pending)),
+            ready: OnceLock::new(),
+        }),
         out_mem: spec.out_mem,
         pinned_ok: AtomicBool::new(true),
         ran: spec.ran,
@@ -242,7 +249,11 @@ pub(crate) fn plan_partitions(
 
 /// A partition's output batches, filtered chunk by chunk (one chunk ahead)
 /// off the async runtime; `reservation` holds the chunks' input bytes.
-pub(crate) fn stream_chunks(chunks: Vec<Chunk>, reservation: MemoryReservation, out_rows: Count) -> BoxStream<'static, Result<RecordBatch>> {
+pub(crate) fn stream_chunks(
+    chunks: Vec<Chunk>,
+    reservation: MemoryReservation,
+    out_rows: Count,
+) -> BoxStream<'static, Result<RecordBatch>> {
     let reservation = Arc::new(reservation);
     let r = reservation.clone();
     futures::stream::iter(chunks)
@@ -274,8 +285,11 @@ impl Chunk {
     pub(crate) fn filter(self, reservation: &MemoryReservation) -> Result<Vec<(RecordBatch, usize)>> {
         let t = Instant::now();
         let Chunk { batches, first_rows, kept, groups, input_bytes, selection, shared } = self;
-        let flat: Vec<InputBatch<'_>> =
-            batches.iter().zip(&first_rows).map(|(b, &first_row)| InputBatch { partition: 0, batch: b, first_row }).collect();
+        let flat: Vec<InputBatch<'_>> = batches
+            .iter()
+            .zip(&first_rows)
+            .map(|(b, &first_row)| InputBatch { partition: 0, batch: b, first_row })
+            .collect();
         let columns = &shared.columns;
         let mut host_columns = shared.host_columns();
         let mut filtered = filter_groups(&shared, &flat, &kept, &selection, &groups, &host_columns)?;
@@ -426,7 +440,9 @@ pub(crate) fn filter_all(
     let mut used = false;
     let mut all = Vec::new();
     for o in outputs {
-        let PartitionOutput::Chunks { chunks, reservation } = o else { return Err(DataFusionError::Internal("batches expected".into())) };
+        let PartitionOutput::Chunks { chunks, reservation } = o else {
+            return Err(DataFusionError::Internal("batches expected".into()));
+        };
         let mut batches = Vec::new();
         for c in chunks {
             let shared = c.shared.clone();
@@ -450,7 +466,10 @@ fn group_batches<'a>(
     first: usize,
     end: usize,
 ) -> Vec<(&'a RecordBatch, KeptBits<'a>)> {
-    (first..end).filter(|&i| kept[i] > 0).map(|i| (flat[i].batch, (selection.values(), selection.offset() + flat[i].first_row))).collect()
+    (first..end)
+        .filter(|&i| kept[i] > 0)
+        .map(|i| (flat[i].batch, (selection.values(), selection.offset() + flat[i].first_row)))
+        .collect()
 }
 
 /// The kept rows of `columns` of `batches` (each with its selection) as one
@@ -459,8 +478,15 @@ fn group_batches<'a>(
 /// output buffer per column. (`BatchCoalescer` filters a batch that keeps
 /// more than 1/16 of its rows into a temporary batch first and copies that
 /// again.)
-fn filter_fixed_width(batches: &[(&RecordBatch, KeptBits<'_>)], columns: &[usize], widths: &[usize], rows: usize) -> Result<RecordBatch> {
-    let Some((first, _)) = batches.first() else { return Err(DataFusionError::Internal("setfusion: no batch to filter".into())) };
+fn filter_fixed_width(
+    batches: &[(&RecordBatch, KeptBits<'_>)],
+    columns: &[usize],
+    widths: &[usize],
+    rows: usize,
+) -> Result<RecordBatch> {
+    let Some((first, _)) = batches.first() else {
+        return Err(DataFusionError::Internal("setfusion: no batch to filter".into()));
+    };
     let mut arrays = Vec::with_capacity(columns.len());
     for (&c, &w) in columns.iter().zip(widths) {
         let values = if w == 8 { kept_values::<u64>(batches, c, rows) } else { kept_values::<u32>(batches, c, rows) };
@@ -591,13 +617,20 @@ pub(crate) fn for_each_kept<T: Copy>(values: &[T], mask: KeptBits<'_>, mut f: im
 }
 
 /// Column `c` (fixed width `T`, aligned, no NULLs) of a batch as a slice.
-fn fixed_values<T: datafusion::arrow::datatypes::ArrowNativeType>(b: &RecordBatch, c: usize) -> datafusion::arrow::buffer::ScalarBuffer<T> {
+fn fixed_values<T: datafusion::arrow::datatypes::ArrowNativeType>(
+    b: &RecordBatch,
+    c: usize,
+) -> datafusion::arrow::buffer::ScalarBuffer<T> {
     let data = b.column(c).to_data();
     datafusion::arrow::buffer::ScalarBuffer::<T>::new(data.buffers()[0].clone(), data.offset(), data.len())
 }
 
 /// Write the kept values of column `c` (fixed width `T`, aligned, no NULLs) of every batch, in order, into `dst`.
-fn write_kept<T: datafusion::arrow::datatypes::ArrowNativeType>(batches: &[(&RecordBatch, KeptBits<'_>)], c: usize, dst: &mut [u8]) {
+fn write_kept<T: datafusion::arrow::datatypes::ArrowNativeType>(
+    batches: &[(&RecordBatch, KeptBits<'_>)],
+    c: usize,
+    dst: &mut [u8],
+) {
     use datafusion::arrow::datatypes::ToByteSlice;
     let mut slots = dst.chunks_exact_mut(std::mem::size_of::<T>());
     for &(b, mask) in batches {
@@ -652,7 +685,6 @@ struct Group {
     kept_rows: usize,
     kept_before: usize,
 }
-
 
 #[cfg(test)]
 mod tests {

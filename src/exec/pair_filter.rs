@@ -82,7 +82,13 @@ fn range_of(t: &DataType) -> Option<u32> {
         UInt32 => 6,
         Int64 | Date64 | Timestamp(_, _) | Time64(_) | Duration(_) => RANGE_I64,
         // Wider decimals are held in the i64 lane too: only its overflow is checked.
-        Decimal128(p, s) if *s >= 0 => if *p <= 18 { RANGE_DEC + *p as u32 } else { RANGE_I64 },
+        Decimal128(p, s) if *s >= 0 => {
+            if *p <= 18 {
+                RANGE_DEC + *p as u32
+            } else {
+                RANGE_I64
+            }
+        }
         _ => return None,
     })
 }
@@ -122,7 +128,12 @@ impl Compiler<'_> {
         }
         let any = e.as_ref();
         if let Some(c) = any.downcast_ref::<Column>() {
-            let t = self.schema.fields().get(c.index()).map(|f| f.data_type().clone()).ok_or_else(|| format!("column {} out of range", c.index()))?;
+            let t = self
+                .schema
+                .fields()
+                .get(c.index())
+                .map(|f| f.data_type().clone())
+                .ok_or_else(|| format!("column {} out of range", c.index()))?;
             self.push(Instr::new(op::COL, c.index() as u32, 0), 1)?;
             return Ok(t);
         }
@@ -194,7 +205,10 @@ impl Compiler<'_> {
             UInt8(Some(x)) => *x as u64,
             UInt16(Some(x)) => *x as u64,
             UInt32(Some(x)) => *x as u64,
-            TimestampSecond(Some(x), _) | TimestampMillisecond(Some(x), _) | TimestampMicrosecond(Some(x), _) | TimestampNanosecond(Some(x), _) => *x as u64,
+            TimestampSecond(Some(x), _)
+            | TimestampMillisecond(Some(x), _)
+            | TimestampMicrosecond(Some(x), _)
+            | TimestampNanosecond(Some(x), _) => *x as u64,
             Float32(Some(x)) => (*x as f64).to_bits(),
             Float64(Some(x)) => x.to_bits(),
             Boolean(Some(x)) => *x as u64,
@@ -315,11 +329,14 @@ impl Compiler<'_> {
 /// The value of an expression without columns.
 fn constant(e: &Arc<dyn PhysicalExpr>) -> Result<ScalarValue, String> {
     let options = datafusion::arrow::array::RecordBatchOptions::new().with_row_count(Some(1));
-    let one_row = RecordBatch::try_new_with_options(Arc::new(Schema::empty()), vec![], &options).map_err(|e| e.to_string())?;
+    let one_row =
+        RecordBatch::try_new_with_options(Arc::new(Schema::empty()), vec![], &options).map_err(|e| e.to_string())?;
     let v = e.evaluate(&one_row).map_err(|err| format!("the constant `{e}` fails: {err}"))?;
     match v {
         datafusion::logical_expr::ColumnarValue::Scalar(s) => Ok(s),
-        datafusion::logical_expr::ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0).map_err(|e| e.to_string()),
+        datafusion::logical_expr::ColumnarValue::Array(a) => {
+            ScalarValue::try_from_array(&a, 0).map_err(|e| e.to_string())
+        }
     }
 }
 
@@ -347,8 +364,8 @@ mod tests {
     use std::sync::Arc;
 
     use datafusion::arrow::array::{
-        Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array, Int32Array,
-        Int64Array, Int8Array, RecordBatch, UInt32Array,
+        Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array,
+        Int32Array, Int64Array, Int8Array, RecordBatch, UInt32Array,
     };
     use datafusion::arrow::datatypes::{Field, Schema};
     use datafusion::common::DFSchema;
@@ -365,25 +382,75 @@ mod tests {
         let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, 1e300, -1.5];
         let cols: Vec<(&str, ArrayRef)> = vec![
             ("i8", Arc::new(Int8Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.next() as i8))))),
-            ("i16", Arc::new(Int16Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.below(2000) as i16 - 1000))))),
-            ("i32", Arc::new(Int32Array::from_iter((0..n).map(|_| {
-                opt(rng, 0).map(|_| if rng.below(rare) == 0 { [i32::MAX, i32::MIN, 0][rng.below(3) as usize] } else { rng.below(200) as i32 - 100 })
-            })))),
-            ("i64", Arc::new(Int64Array::from_iter((0..n).map(|_| {
-                opt(rng, 0).map(|_| if rng.below(rare) == 0 { [i64::MAX, i64::MIN][rng.below(2) as usize] } else { rng.below(200) as i64 - 100 })
-            })))),
-            ("u32", Arc::new(UInt32Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| if extremes { rng.next() as u32 } else { rng.below(1000) as u32 }))))),
-            ("f32", Arc::new(Float32Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| (rng.below(2000) as f32 - 1000.0) / 7.0))))),
-            ("f64", Arc::new(Float64Array::from_iter((0..n).map(|_| {
-                opt(rng, 0).map(|_| if rng.below(5) == 0 { specials[rng.below(6) as usize] } else { (rng.below(2000) as f64 - 1000.0) / 3.0 })
-            })))),
-            ("d", Arc::new(
-                Decimal128Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.below(200_000) as i128 - 100_000)))
+            (
+                "i16",
+                Arc::new(Int16Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.below(2000) as i16 - 1000)))),
+            ),
+            (
+                "i32",
+                Arc::new(Int32Array::from_iter((0..n).map(|_| {
+                    opt(rng, 0).map(|_| {
+                        if rng.below(rare) == 0 {
+                            [i32::MAX, i32::MIN, 0][rng.below(3) as usize]
+                        } else {
+                            rng.below(200) as i32 - 100
+                        }
+                    })
+                }))),
+            ),
+            (
+                "i64",
+                Arc::new(Int64Array::from_iter((0..n).map(|_| {
+                    opt(rng, 0).map(|_| {
+                        if rng.below(rare) == 0 {
+                            [i64::MAX, i64::MIN][rng.below(2) as usize]
+                        } else {
+                            rng.below(200) as i64 - 100
+                        }
+                    })
+                }))),
+            ),
+            (
+                "u32",
+                Arc::new(UInt32Array::from_iter(
+                    (0..n).map(|_| {
+                        opt(rng, 0).map(|_| if extremes { rng.next() as u32 } else { rng.below(1000) as u32 })
+                    }),
+                )),
+            ),
+            (
+                "f32",
+                Arc::new(Float32Array::from_iter(
+                    (0..n).map(|_| opt(rng, 0).map(|_| (rng.below(2000) as f32 - 1000.0) / 7.0)),
+                )),
+            ),
+            (
+                "f64",
+                Arc::new(Float64Array::from_iter((0..n).map(|_| {
+                    opt(rng, 0).map(|_| {
+                        if rng.below(5) == 0 {
+                            specials[rng.below(6) as usize]
+                        } else {
+                            (rng.below(2000) as f64 - 1000.0) / 3.0
+                        }
+                    })
+                }))),
+            ),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from_iter(
+                        (0..n).map(|_| opt(rng, 0).map(|_| rng.below(200_000) as i128 - 100_000)),
+                    )
                     .with_precision_and_scale(10, 2)
                     .unwrap(),
-            )),
+                ),
+            ),
             ("b", Arc::new(BooleanArray::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.below(2) == 0))))),
-            ("day", Arc::new(Date32Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| 18000 + rng.below(1000) as i32))))),
+            (
+                "day",
+                Arc::new(Date32Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| 18000 + rng.below(1000) as i32)))),
+            ),
         ];
         let fields: Vec<Field> = cols.iter().map(|(name, a)| Field::new(*name, a.data_type().clone(), true)).collect();
         RecordBatch::try_new(Arc::new(Schema::new(fields)), cols.into_iter().map(|(_, a)| a).collect()).unwrap()
@@ -399,71 +466,75 @@ mod tests {
         let mut compiled = 0;
         let mut decided = 0;
         for b in &batches {
-        let df_schema = DFSchema::try_from(b.schema().as_ref().clone()).unwrap();
-        let filters = [
-            "i64 <> i32",
-            "f64 < f32 * 2",
-            "d + d > 10.5",
-            "d * d >= d",
-            "i32 + i32 * 3 - i16 > 0 OR b IS NULL",
-            "NOT b AND i8 < 5",
-            "day > DATE '2021-06-01' AND day <= DATE '2022-01-01'",
-            "u32 > 4000000000",
-            "-i64 < i32",
-            "CAST(d AS DOUBLE) > f64",
-            "CAST(d AS FLOAT) > f32",
-            "i32 * 100000 > i32",
-            "i64 + 1 > i64",
-            "f32 + f32 = f32 OR f32 - f32 <> 0",
-            "i64 > 2 AND (f64 = f64 OR f64 IS NULL)",
-            "TRY_CAST(i64 AS INT) > 5",
-            "CAST(i32 AS DECIMAL(12, 3)) > d",
-            "CAST(i64 AS SMALLINT) < i16",
-            "CAST(i32 AS REAL) >= f32",
-            "CAST(i64 AS DOUBLE) / 2 < f64",
-            "f64 / f64 > 1 OR f32 / f32 < 0.5",
-            "i32 / 3 > i8",
-            "f64 * 2.5 - 1 >= -f64",
-            "i8 IS NOT NULL AND (b OR i16 > 0)",
-            "CAST(u32 AS BIGINT) - i64 > 1000",
-            "d - CAST(i8 AS DECIMAL(10, 2)) < 0",
-        ];
-        for sql in filters {
-            let expr = ctx.parse_sql_expr(sql, &df_schema).unwrap();
-            let physical = ctx.create_physical_expr(expr, &df_schema).unwrap();
-            let filter = PairFilter {
-                expr: physical.clone(),
-                columns: (0..b.num_columns()).map(|i| (true, i)).collect(),
-                schema: b.schema(),
-            };
-            let programs = match compile(&filter, None) {
-                Ok(p) => p,
-                Err(why) => {
-                    eprintln!("`{sql}` ({physical}) stays on the host: {why}");
+            let df_schema = DFSchema::try_from(b.schema().as_ref().clone()).unwrap();
+            let filters = [
+                "i64 <> i32",
+                "f64 < f32 * 2",
+                "d + d > 10.5",
+                "d * d >= d",
+                "i32 + i32 * 3 - i16 > 0 OR b IS NULL",
+                "NOT b AND i8 < 5",
+                "day > DATE '2021-06-01' AND day <= DATE '2022-01-01'",
+                "u32 > 4000000000",
+                "-i64 < i32",
+                "CAST(d AS DOUBLE) > f64",
+                "CAST(d AS FLOAT) > f32",
+                "i32 * 100000 > i32",
+                "i64 + 1 > i64",
+                "f32 + f32 = f32 OR f32 - f32 <> 0",
+                "i64 > 2 AND (f64 = f64 OR f64 IS NULL)",
+                "TRY_CAST(i64 AS INT) > 5",
+                "CAST(i32 AS DECIMAL(12, 3)) > d",
+                "CAST(i64 AS SMALLINT) < i16",
+                "CAST(i32 AS REAL) >= f32",
+                "CAST(i64 AS DOUBLE) / 2 < f64",
+                "f64 / f64 > 1 OR f32 / f32 < 0.5",
+                "i32 / 3 > i8",
+                "f64 * 2.5 - 1 >= -f64",
+                "i8 IS NOT NULL AND (b OR i16 > 0)",
+                "CAST(u32 AS BIGINT) - i64 > 1000",
+                "d - CAST(i8 AS DECIMAL(10, 2)) < 0",
+            ];
+            for sql in filters {
+                let expr = ctx.parse_sql_expr(sql, &df_schema).unwrap();
+                let physical = ctx.create_physical_expr(expr, &df_schema).unwrap();
+                let filter = PairFilter {
+                    expr: physical.clone(),
+                    columns: (0..b.num_columns()).map(|i| (true, i)).collect(),
+                    schema: b.schema(),
+                };
+                let programs = match compile(&filter, None) {
+                    Ok(p) => p,
+                    Err(why) => {
+                        eprintln!("`{sql}` ({physical}) stays on the host: {why}");
+                        continue;
+                    }
+                };
+                let columns: Vec<PairColumn> =
+                    b.columns().iter().map(|c| PairColumn::new(true, &[c.clone()]).unwrap()).collect();
+                let j = PairJoin { keys: None, n: b.num_rows(), nb: 1, columns: &columns, programs: &programs };
+                compiled += 1;
+                let Some(facts) = facts_cpu(&j).unwrap() else {
+                    // Checked overflow: the operator evaluates DataFusion's expression instead.
+                    eprintln!("`{sql}` overflowed: the host decides");
                     continue;
+                };
+                let want = physical.evaluate(b).unwrap().into_array(b.num_rows());
+                let want = match want {
+                    Ok(a) => a,
+                    Err(e) => panic!("`{sql}`: DataFusion failed ({e}) where the device did not overflow"),
+                };
+                let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
+                for r in 0..b.num_rows() {
+                    let passes = want.is_valid(r) && want.value(r);
+                    assert_eq!(facts[r] & NONEMPTY != 0, passes, "`{sql}` ({physical}) on row {r}");
                 }
-            };
-            let columns: Vec<PairColumn> = b.columns().iter().map(|c| PairColumn::new(true, &[c.clone()]).unwrap()).collect();
-            let j = PairJoin { keys: None, n: b.num_rows(), nb: 1, columns: &columns, programs: &programs };
-            compiled += 1;
-            let Some(facts) = facts_cpu(&j).unwrap() else {
-                // Checked overflow: the operator evaluates DataFusion's expression instead.
-                eprintln!("`{sql}` overflowed: the host decides");
-                continue;
-            };
-            let want = physical.evaluate(b).unwrap().into_array(b.num_rows());
-            let want = match want {
-                Ok(a) => a,
-                Err(e) => panic!("`{sql}`: DataFusion failed ({e}) where the device did not overflow"),
-            };
-            let want = want.as_any().downcast_ref::<BooleanArray>().unwrap();
-            for r in 0..b.num_rows() {
-                let passes = want.is_valid(r) && want.value(r);
-                assert_eq!(facts[r] & NONEMPTY != 0, passes, "`{sql}` ({physical}) on row {r}");
+                decided += 1;
             }
-            decided += 1;
         }
-        }
-        assert!(compiled >= 2 * 20 && decided >= 2 * 14 + 6, "{compiled} filters compiled, {decided} decided on the device");
+        assert!(
+            compiled >= 2 * 20 && decided >= 2 * 14 + 6,
+            "{compiled} filters compiled, {decided} decided on the device"
+        );
     }
 }

@@ -44,8 +44,23 @@ pub(crate) struct Selector {
 
 impl Selector {
     /// A selector for `op` under `nulls` on `backend`, reporting into `metrics`.
-    pub(crate) fn new(op: SetOp, nulls: NullMode, backend: Backend, metrics: &ExecutionPlanMetricsSet, ran: Arc<Mutex<Option<String>>>) -> Self {
-        Self { op, nulls, backend, key_from_device: None, device_keys: Mutex::new(None), metrics: Metrics::new(metrics), ran, reservation: None }
+    pub(crate) fn new(
+        op: SetOp,
+        nulls: NullMode,
+        backend: Backend,
+        metrics: &ExecutionPlanMetricsSet,
+        ran: Arc<Mutex<Option<String>>>,
+    ) -> Self {
+        Self {
+            op,
+            nulls,
+            backend,
+            key_from_device: None,
+            device_keys: Mutex::new(None),
+            metrics: Metrics::new(metrics),
+            ran,
+            reservation: None,
+        }
     }
 
     /// One bit per kept-side row (`keep_cols`: per batch, the key columns),
@@ -60,7 +75,8 @@ impl Selector {
         let t = Instant::now();
         let probe_cols = probe_cols.into_iter().map(|cols| coerce_like(cols, types)).collect::<Result<Vec<_>>>()?;
         let build_cols = build_cols.into_iter().map(|cols| coerce_like(cols, types)).collect::<Result<Vec<_>>>()?;
-        let (mut probe_enc, mut build_enc, nulls_in_keys) = match keys::encode_packed(&probe_cols, &build_cols, types)? {
+        let (mut probe_enc, mut build_enc, nulls_in_keys) = match keys::encode_packed(&probe_cols, &build_cols, types)?
+        {
             Some((k, o)) => (k, o, true),
             None => {
                 let converter = keys::converter_for(types)?;
@@ -112,12 +128,20 @@ impl Selector {
         let Some(probe_idx) = probe_idx else {
             return Ok((core, ran));
         };
-        Ok((self.with_null_rows(&core, n, &probe_idx, &|i| probe.is_null(i), (probe.null_count(), build.null_count())), ran))
+        Ok((
+            self.with_null_rows(&core, n, &probe_idx, &|i| probe.is_null(i), (probe.null_count(), build.null_count())),
+            ran,
+        ))
     }
 
     /// Shortcuts of SQL's NULL rules that decide every row before any key is
     /// compared (NOT IN against an empty subquery or one holding a NULL).
-    pub(crate) fn decided_by_nulls(&self, n: usize, build_rows: usize, build_nulls: usize) -> Option<(BooleanBuffer, String)> {
+    pub(crate) fn decided_by_nulls(
+        &self,
+        n: usize,
+        build_rows: usize,
+        build_nulls: usize,
+    ) -> Option<(BooleanBuffer, String)> {
         if self.nulls == NullMode::NullAware && build_rows == 0 {
             return Some((BooleanBuffer::new_set(n), "no-op (empty subquery)".into()));
         }
@@ -131,7 +155,14 @@ impl Selector {
     /// non-NULL ones (`probe_idx`: their rows): scattered back, and the rows
     /// with NULL keys (`is_null`) decided by the rule; `(m, nb)`: the NULL
     /// keys of each side.
-    pub(crate) fn with_null_rows(&self, core: &BooleanBuffer, n: usize, probe_idx: &[u32], is_null: &dyn Fn(usize) -> bool, (m, nb): (usize, usize)) -> BooleanBuffer {
+    pub(crate) fn with_null_rows(
+        &self,
+        core: &BooleanBuffer,
+        n: usize,
+        probe_idx: &[u32],
+        is_null: &dyn Fn(usize) -> bool,
+        (m, nb): (usize, usize),
+    ) -> BooleanBuffer {
         let null_is_value = self.nulls == NullMode::Equal;
         // Scatter back and decide NULL-key rows.
         let mut words = vec![0u32; n.div_ceil(32)];
@@ -142,9 +173,21 @@ impl Selector {
         let null_keep_count = {
             match (self.op, null_is_value, self.nulls) {
                 (_, _, NullMode::NullAware) => 0,
-                (SetOp::Semi, true, _) => if nb > 0 { m } else { 0 },
+                (SetOp::Semi, true, _) => {
+                    if nb > 0 {
+                        m
+                    } else {
+                        0
+                    }
+                }
                 (SetOp::Semi, false, _) => 0,
-                (SetOp::Anti, true, _) => if nb > 0 { 0 } else { m },
+                (SetOp::Anti, true, _) => {
+                    if nb > 0 {
+                        0
+                    } else {
+                        m
+                    }
+                }
                 (SetOp::Anti, false, _) => m,
                 (SetOp::IntersectAll, ..) => m.min(nb),
                 (SetOp::IntersectDistinct, ..) => (m > 0 && nb > 0) as usize,
@@ -193,7 +236,9 @@ impl Selector {
                     return Ok((select::select_cpu(self.op, &b_ids, &p_ids), ran));
                 }
                 // Too large for one device pass: hash on the host, where the GPU select partitions.
-                Err(e) if gpu::is_out_of_memory(&e) => gpu_note = Some(" (rows over the device budget: host row hashes)"),
+                Err(e) if gpu::is_out_of_memory(&e) => {
+                    gpu_note = Some(" (rows over the device budget: host row hashes)")
+                }
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.
                     let reason = format!("cpu (GPU failed: {})", crate::util::one_line(&e));
@@ -230,21 +275,35 @@ impl Selector {
     }
 
     /// Select on 64-bit keys with the configured backend (hash-encoded keys: `hashed`).
-    fn select_hashes(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> (BooleanBuffer, String) {
+    fn select_hashes(
+        &self,
+        cfg: &SetfusionConfig,
+        probe_core: &[&[u64]],
+        build_core: &[&[u64]],
+        hashed: bool,
+    ) -> (BooleanBuffer, String) {
         match &self.backend {
             Backend::Cpu(_) => (select::select_cpu_chunks(self.op, build_core, probe_core), "cpu".to_string()),
             Backend::Gpu(_) => match self.run_gpu(cfg, probe_core, build_core, hashed) {
                 Ok(r) => r,
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.
-                    (select::select_cpu_chunks(self.op, build_core, probe_core), format!("cpu (GPU failed: {})", crate::util::one_line(&e)))
+                    (
+                        select::select_cpu_chunks(self.op, build_core, probe_core),
+                        format!("cpu (GPU failed: {})", crate::util::one_line(&e)),
+                    )
                 }
             },
         }
     }
 
     /// Hashed keys on the GPU: device row hashes, device verification, device select.
-    fn run_gpu_rows(&self, cfg: &SetfusionConfig, build: RowSubset<'_>, probe: RowSubset<'_>) -> Result<Option<BooleanBuffer>> {
+    fn run_gpu_rows(
+        &self,
+        cfg: &SetfusionConfig,
+        build: RowSubset<'_>,
+        probe: RowSubset<'_>,
+    ) -> Result<Option<BooleanBuffer>> {
         let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = hold_device(&device, cfg, self.reservation.as_deref())?;
         let mut stats = TransferStats::default();
@@ -253,7 +312,13 @@ impl Selector {
         r
     }
 
-    fn run_gpu(&self, cfg: &SetfusionConfig, probe_core: &[&[u64]], build_core: &[&[u64]], hashed: bool) -> Result<(BooleanBuffer, String)> {
+    fn run_gpu(
+        &self,
+        cfg: &SetfusionConfig,
+        probe_core: &[&[u64]],
+        build_core: &[&[u64]],
+        hashed: bool,
+    ) -> Result<(BooleanBuffer, String)> {
         let forced = forced_strategy(cfg, hashed);
         let keys: usize = probe_core.iter().chain(build_core).map(|c| c.len()).sum();
         let ordinals = cfg.device_ordinals(gpu::device_count);
@@ -266,7 +331,8 @@ impl Selector {
         // Exact keys only (they come back into pinned memory the output owns);
         // the output filter checks that they cover every kept row.
         let want_keys = self.key_from_device.is_some() && !hashed && cfg.pinned_output;
-        let (sel, ran, keys) = select::select_gpu_auto(&g, forced, self.op, build_core, probe_core, want_keys, &mut stats)?;
+        let (sel, ran, keys) =
+            select::select_gpu_auto(&g, forced, self.op, build_core, probe_core, want_keys, &mut stats)?;
         *self.device_keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
         self.metrics.device.record(&stats);
         Ok((sel, ran))
@@ -277,13 +343,25 @@ impl Selector {
     /// [`select::select_gpus`]: one key partition per entry of `ordinals`.
     /// Every device is held for the run, taken in ascending order so that two
     /// queries over the same devices cannot each hold one the other waits for.
-    fn run_gpus(&self, cfg: &SetfusionConfig, ordinals: &[usize], forced: Option<GpuStrategy>, probe_core: &[&[u64]], build_core: &[&[u64]]) -> Result<(BooleanBuffer, String)> {
+    fn run_gpus(
+        &self,
+        cfg: &SetfusionConfig,
+        ordinals: &[usize],
+        forced: Option<GpuStrategy>,
+        probe_core: &[&[u64]],
+        build_core: &[&[u64]],
+    ) -> Result<(BooleanBuffer, String)> {
         let mut distinct = ordinals.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
-        let devices = distinct.iter().map(|&o| gpu::gpu(o).map_err(crate::gpu::GpuError::from)).collect::<std::result::Result<Vec<_>, _>>()?;
-        let held = devices.iter().map(|d| hold_device(d, cfg, self.reservation.as_deref())).collect::<Result<Vec<_>>>()?;
-        let parts: Vec<&gpu::Gpu> = ordinals.iter().map(|o| &*held[distinct.binary_search(o).expect("every ordinal is held")]).collect();
+        let devices = distinct
+            .iter()
+            .map(|&o| gpu::gpu(o).map_err(crate::gpu::GpuError::from))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let held =
+            devices.iter().map(|d| hold_device(d, cfg, self.reservation.as_deref())).collect::<Result<Vec<_>>>()?;
+        let parts: Vec<&gpu::Gpu> =
+            ordinals.iter().map(|o| &*held[distinct.binary_search(o).expect("every ordinal is held")]).collect();
         let mut stats = TransferStats::default();
         let r = select::select_gpus(&parts, forced, self.op, build_core, probe_core, &mut stats)?;
         self.metrics.device.record(&stats);
@@ -360,7 +438,9 @@ pub(crate) fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec
 
 /// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
 pub(crate) fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
-    crate::gpu::par_map(batches, 128, |b| exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect())
+    crate::gpu::par_map(batches, 128, |b| {
+        exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect()
+    })
 }
 
 #[derive(Clone)]
@@ -386,4 +466,3 @@ impl Metrics {
         }
     }
 }
-

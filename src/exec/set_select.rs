@@ -38,13 +38,15 @@ use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::config::ConfigOptions;
-use datafusion::physical_plan::filter_pushdown::{ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -60,13 +62,13 @@ use crate::gpu::{self};
 use crate::keys::{self};
 
 use super::common::{input_context, Backend, NullMode};
-use super::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
-use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts, SharedRun};
-use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
-#[cfg(test)]
-use super::output_filter::filter_all;
 use super::device_scan::DeviceScanExec;
 use super::device_select::Side;
+use super::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
+use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts, SharedRun};
+#[cfg(test)]
+use super::output_filter::filter_all;
+use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
 use super::selection::{key_columns, Metrics, Selector};
 
 /// The computed result, per partition of the kept side: its output to
@@ -172,7 +174,12 @@ impl SetSelectExec {
 
     /// This node over other inputs and with another projection of the kept
     /// side, keeping its settings, dynamic filter and fetch.
-    pub(crate) fn rebuilt(&self, probe: Arc<dyn ExecutionPlan>, build: Arc<dyn ExecutionPlan>, projection: Option<Vec<usize>>) -> Result<Self> {
+    pub(crate) fn rebuilt(
+        &self,
+        probe: Arc<dyn ExecutionPlan>,
+        build: Arc<dyn ExecutionPlan>,
+        projection: Option<Vec<usize>>,
+    ) -> Result<Self> {
         let mut exec = SetSelectExec::try_new(
             self.op,
             probe,
@@ -217,8 +224,12 @@ impl SetSelectExec {
             (SetOp::Anti | SetOp::ExceptDistinct | SetOp::ExceptAll, _) => (FilteredInput::Build, equal_nulls),
         };
         match input {
-            FilteredInput::Probe => KeyFilterPlan::new(input, &self.build, &self.probe, &self.build_keys, &self.probe_keys, nulls),
-            FilteredInput::Build => KeyFilterPlan::new(input, &self.probe, &self.build, &self.probe_keys, &self.build_keys, nulls),
+            FilteredInput::Probe => {
+                KeyFilterPlan::new(input, &self.build, &self.probe, &self.build_keys, &self.probe_keys, nulls)
+            }
+            FilteredInput::Build => {
+                KeyFilterPlan::new(input, &self.probe, &self.build, &self.probe_keys, &self.build_keys, nulls)
+            }
         }
     }
 
@@ -323,7 +334,8 @@ impl SetSelectExec {
         let col = key.downcast_ref::<datafusion::physical_expr::expressions::Column>()?;
         let field = self.probe.schema().fields().get(col.index())?.clone();
         let own_bits = keys::key_is_own_bits(field.data_type());
-        let output = !self.schema.fields().is_empty() && self.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
+        let output =
+            !self.schema.fields().is_empty() && self.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
         (own_bits && output && matches!(self.backend, Backend::Gpu(_))).then_some(col.index())
     }
 }
@@ -427,7 +439,13 @@ impl ExecutionPlan for SetSelectExec {
         parent_filters: Vec<Arc<dyn PhysicalExpr>>,
         config: &ConfigOptions,
     ) -> Result<FilterDescription> {
-        dynamic_filter::gather(phase, parent_filters, config, self.key_filter_plan().as_ref(), self.dynamic_filter.as_ref())
+        dynamic_filter::gather(
+            phase,
+            parent_filters,
+            config,
+            self.key_filter_plan().as_ref(),
+            self.dynamic_filter.as_ref(),
+        )
     }
 
     fn handle_child_pushdown_result(
@@ -520,7 +538,8 @@ impl ExecutionPlan for SetSelectExec {
                         .step_by(batch_size)
                         .map(|at| {
                             let options = RecordBatchOptions::new().with_row_count(Some(batch_size.min(rows - at)));
-                            RecordBatch::try_new_with_options(schema.clone(), vec![], &options).map_err(DataFusionError::from)
+                            RecordBatch::try_new_with_options(schema.clone(), vec![], &options)
+                                .map_err(DataFusionError::from)
                         })
                         .collect()
                 }
@@ -596,7 +615,9 @@ impl Run {
     fn device_scanned(&self, probe: bool) -> Option<&DeviceScanExec> {
         let keys_only = !probe || self.output == OutputColumns::RowCount;
         let plan = if probe { &self.probe } else { &self.build };
-        (keys_only && matches!(self.backend, Backend::Gpu(_)) && self.probe_keys.len() == 1).then(|| plan.downcast_ref::<DeviceScanExec>()).flatten()
+        (keys_only && matches!(self.backend, Backend::Gpu(_)) && self.probe_keys.len() == 1)
+            .then(|| plan.downcast_ref::<DeviceScanExec>())
+            .flatten()
     }
 
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
@@ -669,7 +690,9 @@ impl Run {
         crate::util::trace("inputs collected");
         run.selector.reservation = Some(memory.clone());
         let ran = run.ran.clone();
-        let selected = super::off_runtime(move || run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory)).await?;
+        let selected =
+            super::off_runtime(move || run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory))
+                .await?;
         if let Some(reason) = fell_back {
             if let Some(r) = ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                 r.push_str(&format!(", device scan fell back to the host: {reason}"));
@@ -698,7 +721,9 @@ impl Run {
         memory: &Arc<datafusion::execution::memory_pool::MemoryReservation>,
     ) -> Result<DeviceOutcome> {
         let key_type = keys::key_type(&self.probe_keys[0].data_type(&self.probe.schema())?);
-        if (probe_parts.is_none() && self.device_scanned(true).is_none()) || (build_parts.is_none() && self.device_scanned(false).is_none()) {
+        if (probe_parts.is_none() && self.device_scanned(true).is_none())
+            || (build_parts.is_none() && self.device_scanned(false).is_none())
+        {
             return Ok(DeviceOutcome::Fallback { reason: "no device scan".into(), probe_parts, build_parts });
         }
         let (Some(probe), Some(build)) = (self.side(&probe_parts, true), self.side(&build_parts, false)) else {
@@ -710,7 +735,9 @@ impl Run {
             Ok(Ok(r)) => r,
             // Device trouble or files the device does not decode: the host reads those inputs.
             Ok(Err(reason)) => return Ok(DeviceOutcome::Fallback { reason, probe_parts, build_parts }),
-            Err(e) => return Ok(DeviceOutcome::Fallback { reason: crate::util::one_line(&e), probe_parts, build_parts }),
+            Err(e) => {
+                return Ok(DeviceOutcome::Fallback { reason: crate::util::one_line(&e), probe_parts, build_parts })
+            }
         };
         self.metrics.select_time.add_duration(t.elapsed());
         for (which, report) in &reports {
@@ -724,11 +751,14 @@ impl Run {
         let Some(probe_parts) = probe_parts else {
             // The probe side was never on the host: its output is a row count (see device_scanned).
             let kept = selection.count_set_bits();
-            let outputs = (0..self.probe_partitions.len()).map(|p| PartitionOutput::Rows(if p == 0 { kept } else { 0 })).collect();
+            let outputs = (0..self.probe_partitions.len())
+                .map(|p| PartitionOutput::Rows(if p == 0 { kept } else { 0 }))
+                .collect();
             memory.free();
             return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(outputs) }));
         };
-        self.finish(cfg, probe_parts, build_parts.unwrap_or_default(), selection, batch_size, memory).map(DeviceOutcome::Done)
+        self.finish(cfg, probe_parts, build_parts.unwrap_or_default(), selection, batch_size, memory)
+            .map(DeviceOutcome::Done)
     }
 
     /// The selection and the output filter over the collected inputs (synchronous: see [`super::off_runtime`]).
@@ -749,8 +779,11 @@ impl Run {
             BooleanBuffer::new_unset(0)
         } else {
             let probe_schema = self.probe.schema();
-            let types: Vec<DataType> =
-                self.probe_keys.iter().map(|k| Ok(keys::key_type(&k.data_type(&probe_schema)?))).collect::<Result<_>>()?;
+            let types: Vec<DataType> = self
+                .probe_keys
+                .iter()
+                .map(|k| Ok(keys::key_type(&k.data_type(&probe_schema)?)))
+                .collect::<Result<_>>()?;
             let probe_cols = key_columns(&probe_batches, &self.probe_keys)?;
             let build_cols = key_columns(&build_batches, &self.build_keys)?;
             crate::util::trace("key columns evaluated");
@@ -799,7 +832,6 @@ impl Run {
         crate::util::trace("output planned");
         Ok(Selected { outputs: Parts::new(outputs) })
     }
-
 }
 
 #[cfg(test)]
@@ -816,7 +848,8 @@ mod tests {
 
     fn batch(schema: &SchemaRef, rng: &mut rand::rngs::StdRng, n: usize) -> RecordBatch {
         let words = ["", "a", "setfusion", "a string key longer than sixteen bytes", "ß∂ƒ"];
-        let s: StringArray = (0..n).map(|_| (rng.random_range(0..8) > 0).then(|| words[rng.random_range(0..words.len())])).collect();
+        let s: StringArray =
+            (0..n).map(|_| (rng.random_range(0..8) > 0).then(|| words[rng.random_range(0..words.len())])).collect();
         let i: Int32Array = (0..n).map(|_| Some(rng.random_range(0..3))).collect();
         RecordBatch::try_new(schema.clone(), vec![Arc::new(s), Arc::new(i)]).unwrap()
     }
@@ -845,7 +878,11 @@ mod tests {
                         all_keys.extend(k.iter().map(|&x| x as u64));
                         let s: StringArray = (0..n).map(|i| (i % 3 > 0).then(|| format!("s{i}"))).collect();
                         let v = Int64Array::from_iter_values((0..n as i64).map(|i| i * 7));
-                        RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(k)), Arc::new(s), Arc::new(v)]).unwrap()
+                        RecordBatch::try_new(
+                            schema.clone(),
+                            vec![Arc::new(Int64Array::from(k)), Arc::new(s), Arc::new(v)],
+                        )
+                        .unwrap()
                     })
                     .collect()
             })
@@ -853,17 +890,29 @@ mod tests {
         let g = crate::gpu::test_gpu();
         for density in [0.0, 0.3, 1.0] {
             let selection = BooleanBuffer::from_iter((0..all_keys.len()).map(|_| rng.random_bool(density)));
-            let keys = datafusion::arrow::buffer::Buffer::from_vec(crate::gpu::compact_kept_keys_cpu(&all_keys, &selection));
-            let projections: [Option<Vec<usize>>; 6] = [None, Some(vec![0, 2]), Some(vec![2, 0]), Some(vec![0]), Some(vec![1, 0, 0]), Some(vec![1])];
+            let keys =
+                datafusion::arrow::buffer::Buffer::from_vec(crate::gpu::compact_kept_keys_cpu(&all_keys, &selection));
+            let projections: [Option<Vec<usize>>; 6] =
+                [None, Some(vec![0, 2]), Some(vec![2, 0]), Some(vec![0]), Some(vec![1, 0, 0]), Some(vec![1])];
             for p in projections {
                 let columns = p.clone().map_or(OutputColumns::All, OutputColumns::Columns);
                 let (host, _) = filter_all(&parts, &selection, &columns, None, 8192, None).unwrap();
                 // With a device, its pinned pool holds the host's fixed-width output.
-                let (device, used) = filter_all(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(keys.clone()))), 8192, g.clone()).unwrap();
+                let (device, used) = filter_all(
+                    &parts,
+                    &selection,
+                    &columns,
+                    Some((0, gpu::PendingBuffer::ready(keys.clone()))),
+                    8192,
+                    g.clone(),
+                )
+                .unwrap();
                 assert_eq!(used, p.as_ref().is_none_or(|p| p.contains(&0)), "projection {p:?}");
                 // Kept keys that do not cover every kept row are not used.
                 let short = datafusion::arrow::buffer::Buffer::from_vec(vec![0u64; selection.count_set_bits() + 1]);
-                let (_, used) = filter_all(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(short))), 8192, None).unwrap();
+                let (_, used) =
+                    filter_all(&parts, &selection, &columns, Some((0, gpu::PendingBuffer::ready(short))), 8192, None)
+                        .unwrap();
                 assert!(!used, "projection {p:?}");
                 let mut at = 0;
                 for ((h, d), part) in host.iter().zip(&device).zip(&parts) {
@@ -894,7 +943,9 @@ mod tests {
             .flat_map(|b| {
                 let s = b.column(0).as_any().downcast_ref::<StringArray>().unwrap().clone();
                 let i = b.column(1).as_any().downcast_ref::<Int32Array>().unwrap().clone();
-                (0..b.num_rows()).map(move |r| (s.is_valid(r).then(|| s.value(r).to_string()), i.value(r))).collect::<Vec<_>>()
+                (0..b.num_rows())
+                    .map(move |r| (s.is_valid(r).then(|| s.value(r).to_string()), i.value(r)))
+                    .collect::<Vec<_>>()
             })
             .collect();
         v.sort();
@@ -906,12 +957,23 @@ mod tests {
     /// deferred host hashes) as on the CPU backend.
     #[tokio::test]
     async fn hashed_keys_gpu_backend_matches_cpu_backend() {
-        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true), Field::new("i", DataType::Int32, false)]));
+        let schema: SchemaRef =
+            Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true), Field::new("i", DataType::Int32, false)]));
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
-        let probe_parts = vec![vec![batch(&schema, &mut rng, 300), batch(&schema, &mut rng, 200)], vec![batch(&schema, &mut rng, 250)]];
+        let probe_parts = vec![
+            vec![batch(&schema, &mut rng, 300), batch(&schema, &mut rng, 200)],
+            vec![batch(&schema, &mut rng, 250)],
+        ];
         let build_parts = vec![vec![batch(&schema, &mut rng, 400)]];
         let ctx = SessionContext::new();
-        let ops = [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
+        let ops = [
+            SetOp::Semi,
+            SetOp::Anti,
+            SetOp::IntersectDistinct,
+            SetOp::IntersectAll,
+            SetOp::ExceptDistinct,
+            SetOp::ExceptAll,
+        ];
         let key_sets: [&[&str]; 2] = [&["s"], &["s", "i"]];
         for keys in key_sets {
             let exprs: Vec<PhysicalExprRef> = keys.iter().map(|k| col(k, &schema).unwrap()).collect();
@@ -924,14 +986,29 @@ mod tests {
                         let probe = MemorySourceConfig::try_new_exec(&probe_parts, schema.clone(), None).unwrap();
                         let build = MemorySourceConfig::try_new_exec(&build_parts, schema.clone(), None).unwrap();
                         Arc::new(
-                            SetSelectExec::try_new(op, probe, build, exprs.clone(), exprs.clone(), nulls, backend, None).unwrap(),
+                            SetSelectExec::try_new(
+                                op,
+                                probe,
+                                build,
+                                exprs.clone(),
+                                exprs.clone(),
+                                nulls,
+                                backend,
+                                None,
+                            )
+                            .unwrap(),
                         )
                     };
                     let (gpu_exec, cpu_exec) = (run(Backend::Gpu(Strategy::Hash)), run(Backend::Cpu("test".into())));
                     let got = datafusion::physical_plan::collect(gpu_exec.clone(), ctx.task_ctx()).await.unwrap();
                     let want = datafusion::physical_plan::collect(cpu_exec, ctx.task_ctx()).await.unwrap();
                     let ran = gpu_exec.ran.lock().unwrap().clone().unwrap_or_default();
-                    assert!(ran.starts_with("gpu/hash (device row hashes)") || ran.starts_with("cpu (GPU failed") || ran.starts_with("no-op"), "{ran}");
+                    assert!(
+                        ran.starts_with("gpu/hash (device row hashes)")
+                            || ran.starts_with("cpu (GPU failed")
+                            || ran.starts_with("no-op"),
+                        "{ran}"
+                    );
                     // Set operations keep *some* copy of equal keys: when the key is not the
                     // whole row, compare the kept keys only (semi/anti keep every matching row).
                     let project = |rows: Vec<(Option<String>, i32)>| -> Vec<(Option<String>, i32)> {
@@ -943,10 +1020,13 @@ mod tests {
                         v.sort();
                         v
                     };
-                    assert_eq!(project(sorted_rows(&got)), project(sorted_rows(&want)), "{keys:?} {op:?} {nulls:?} ran={ran}");
+                    assert_eq!(
+                        project(sorted_rows(&got)),
+                        project(sorted_rows(&want)),
+                        "{keys:?} {op:?} {nulls:?} ran={ran}"
+                    );
                 }
             }
         }
     }
 }
-

@@ -29,8 +29,8 @@ use datafusion::arrow::compute::{concat_batches, filter, take};
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::JoinSide;
-use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -38,8 +38,7 @@ use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-    SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -193,22 +192,27 @@ impl ExecutionPlan for SimilarityJoinExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        super::visit_exprs([&self.left_set, &self.right_set].into_iter().chain(self.residual.as_ref().map(|r| r.expression())), f)
+        super::visit_exprs(
+            [&self.left_set, &self.right_set].into_iter().chain(self.residual.as_ref().map(|r| r.expression())),
+            f,
+        )
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let (left, right) = super::two_children(children, "SimilarityJoinExec")?;
-        Ok(Arc::new(SimilarityJoinExec::try_new(
-            left,
-            right,
-            self.left_set.clone(),
-            self.right_set.clone(),
-            self.threshold,
-            self.residual.clone(),
-            self.projection.clone(),
-            self.backend.clone(),
-        )?
-        .with_choice_note(self.choice_note.clone())))
+        Ok(Arc::new(
+            SimilarityJoinExec::try_new(
+                left,
+                right,
+                self.left_set.clone(),
+                self.right_set.clone(),
+                self.threshold,
+                self.residual.clone(),
+                self.projection.clone(),
+                self.backend.clone(),
+            )?
+            .with_choice_note(self.choice_note.clone()),
+        ))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -350,7 +354,9 @@ fn rejects_diagonal(f: &JoinFilter, left: &RecordBatch, right: &RecordBatch) -> 
             return false;
         }
         match (side(b.left()), side(b.right())) {
-            (Some(l), Some(r)) if l.side != r.side => matches!((column(l), column(r)), (Some(x), Some(y)) if Arc::ptr_eq(x, y)),
+            (Some(l), Some(r)) if l.side != r.side => {
+                matches!((column(l), column(r)), (Some(x), Some(y)) if Arc::ptr_eq(x, y))
+            }
             _ => false,
         }
     })
@@ -359,7 +365,9 @@ fn rejects_diagonal(f: &JoinFilter, left: &RecordBatch, right: &RecordBatch) -> 
 /// The plan below any repartitioning or coalescing (they only reorder rows).
 fn strip_partitioning(p: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     let mut p = p.clone();
-    while ["RepartitionExec", "CoalescePartitionsExec", "CoalesceBatchesExec"].contains(&p.name()) && p.children().len() == 1 {
+    while ["RepartitionExec", "CoalescePartitionsExec", "CoalesceBatchesExec"].contains(&p.name())
+        && p.children().len() == 1
+    {
         p = p.children()[0].clone();
     }
     p
@@ -436,7 +444,8 @@ impl Run {
             let mut stats = JoinStats::default();
             let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
             let ran = if same {
-                let (c, pairs, ran) = join_raw_sets(&backend, &cfg2, Some(held.as_ref()), &enc[0].sets, None, thr, &mut stats);
+                let (c, pairs, ran) =
+                    join_raw_sets(&backend, &cfg2, Some(held.as_ref()), &enc[0].sets, None, thr, &mut stats);
                 lidx.reserve(pairs.len() * 2);
                 ridx.reserve(pairs.len() * 2);
                 for (a, b, _) in pairs {
@@ -455,7 +464,15 @@ impl Run {
                 }
                 format!("{ran}, self join")
             } else {
-                let (_, pairs, ran) = join_raw_sets(&backend, &cfg2, Some(held.as_ref()), &enc[0].sets, Some(&enc[1].sets), thr, &mut stats);
+                let (_, pairs, ran) = join_raw_sets(
+                    &backend,
+                    &cfg2,
+                    Some(held.as_ref()),
+                    &enc[0].sets,
+                    Some(&enc[1].sets),
+                    thr,
+                    &mut stats,
+                );
                 lidx.reserve(pairs.len());
                 ridx.reserve(pairs.len());
                 for (a, b, _) in pairs {
@@ -520,9 +537,19 @@ impl Run {
                 }
                 let columns: Vec<ArrayRef> = cols
                     .iter()
-                    .map(|&c| if c < nl { take(left.column(c).as_ref(), &li, None) } else { take(right.column(c - nl).as_ref(), &ri, None) })
+                    .map(|&c| {
+                        if c < nl {
+                            take(left.column(c).as_ref(), &li, None)
+                        } else {
+                            take(right.column(c - nl).as_ref(), &ri, None)
+                        }
+                    })
                     .collect::<std::result::Result<_, _>>()?;
-                let batch = RecordBatch::try_new_with_options(schema.clone(), columns, &RecordBatchOptions::new().with_row_count(Some(li.len())))?;
+                let batch = RecordBatch::try_new_with_options(
+                    schema.clone(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(li.len())),
+                )?;
                 // Reserved while it is built; the caller's once returned.
                 let bytes = batch_bytes(&batch);
                 memory.try_grow(bytes)?;

@@ -29,13 +29,22 @@ pub struct MemoryBudget {
 
 impl std::fmt::Debug for MemoryBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryBudget").field("total", &self.total).field("limit", &self.limit).field("used", &self.used).finish()
+        f.debug_struct("MemoryBudget")
+            .field("total", &self.total)
+            .field("limit", &self.limit)
+            .field("used", &self.used)
+            .finish()
     }
 }
 
 impl MemoryBudget {
     pub(super) fn new(total: usize) -> Self {
-        Self { total, limit: AtomicUsize::new(total / 10 * 9), used: Arc::new(AtomicUsize::new(0)), evictor: std::sync::OnceLock::new() }
+        Self {
+            total,
+            limit: AtomicUsize::new(total / 10 * 9),
+            used: Arc::new(AtomicUsize::new(0)),
+            evictor: std::sync::OnceLock::new(),
+        }
     }
 
     /// Set the limit; 0 means 90% of device memory.
@@ -84,7 +93,12 @@ impl MemoryBudget {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             if cur + bytes > limit {
-                return Err(super::GpuError::over_budget(format!("an allocation ({cur} of {limit} bytes in use)"), bytes, limit.saturating_sub(cur)).into());
+                return Err(super::GpuError::over_budget(
+                    format!("an allocation ({cur} of {limit} bytes in use)"),
+                    bytes,
+                    limit.saturating_sub(cur),
+                )
+                .into());
             }
             match self.used.compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Ok(Reservation { bytes, used: self.used.clone() }),

@@ -88,7 +88,8 @@ fn nvrtc_version() -> (i32, i32) {
 /// With `SETFUSION_KERNEL_SOURCE_DIR` set, the family's file and the header
 /// are read from there (a development knob; see [`crate::env::kernel_source_dir`]).
 pub fn full_source(k: &KernelSource) -> String {
-    let from_dir = |name: &str| crate::env::kernel_source_dir().and_then(|d| std::fs::read_to_string(d.join(name)).ok());
+    let from_dir =
+        |name: &str| crate::env::kernel_source_dir().and_then(|d| std::fs::read_to_string(d.join(name)).ok());
     let source = from_dir(&format!("{}.cu", k.family)).unwrap_or_else(|| k.source.to_string());
     let common = from_dir("common.cuh").unwrap_or_else(|| COMMON.to_string());
     source.replace("#include \"common.cuh\"", &common)
@@ -99,7 +100,11 @@ fn cache_key(k: &KernelSource, src: &str, info: &DeviceInfo) -> u64 {
     let (maj, min) = info.compute_capability;
     let (nv_maj, nv_min) = nvrtc_version();
     let defines = k.define_options().join(" ");
-    fnv1a(&[src.as_bytes(), defines.as_bytes(), format!("sm_{maj}{min}/driver{}/nvrtc{nv_maj}.{nv_min}", info.driver_version).as_bytes()])
+    fnv1a(&[
+        src.as_bytes(),
+        defines.as_bytes(),
+        format!("sm_{maj}{min}/driver{}/nvrtc{nv_maj}.{nv_min}", info.driver_version).as_bytes(),
+    ])
 }
 
 fn nvrtc_failed(k: &KernelSource, what: &str, detail: impl fmt::Display) -> DataFusionError {
@@ -215,4 +220,3 @@ pub fn compile_ptx(k: &KernelSource, info: &DeviceInfo) -> Result<Ptx, DataFusio
         nvrtc_failed(k, "compile", detail)
     })
 }
-

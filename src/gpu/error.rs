@@ -65,7 +65,10 @@ impl fmt::Display for GpuError {
         match self {
             GpuError::OutOfMemory { what } => write!(f, "setfusion GPU: out of device memory: {what}"),
             GpuError::OverBudget { what, need, available } => {
-                write!(f, "setfusion GPU: device memory budget exceeded: {what} needs {need} bytes, {available} available")
+                write!(
+                    f,
+                    "setfusion GPU: device memory budget exceeded: {what} needs {need} bytes, {available} available"
+                )
             }
             GpuError::Driver { what, error } => write!(f, "setfusion GPU: {what} failed: {error}"),
             GpuError::Unavailable(u) => write!(f, "setfusion GPU: {u}"),

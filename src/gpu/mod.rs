@@ -20,13 +20,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use datafusion::error::DataFusionError;
 
-pub use error::{is_out_of_memory, GpuError};
-pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
-pub use staging::{HostOut, PendingBuffer, STAGING_HOST_BYTES};
-pub use transfer::{compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, gpu_min_max, DeviceArray, TransferStats};
-pub(crate) use transfer::copy_threads;
+pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
+pub use error::{is_out_of_memory, GpuError};
 pub(crate) use pool::{drop_later, for_each_mut, par_map};
+pub use staging::{HostOut, PendingBuffer, STAGING_HOST_BYTES};
+pub(crate) use transfer::copy_threads;
+pub use transfer::{
+    compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, gpu_min_max, DeviceArray, TransferStats,
+};
 
 /// Why the GPU backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -449,7 +451,10 @@ impl Gpu {
     }
 
     /// Compile every kernel family of `sources` (used by `doctor`).
-    pub fn compile_all(&self, sources: &[&'static KernelSource]) -> Result<Vec<(&'static str, std::time::Duration)>, DataFusionError> {
+    pub fn compile_all(
+        &self,
+        sources: &[&'static KernelSource],
+    ) -> Result<Vec<(&'static str, std::time::Duration)>, DataFusionError> {
         sources
             .iter()
             .map(|k| {

@@ -113,7 +113,10 @@ pub(super) fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize,
             if wide {
                 let mut at = 0;
                 for_range(pieces, s.at, s.at + len, |p| {
-                    s.high[at..at + p.len()].iter_mut().zip(p).for_each(|(o, &k)| *o = (k.wrapping_sub(base) >> 32) as u32);
+                    s.high[at..at + p.len()]
+                        .iter_mut()
+                        .zip(p)
+                        .for_each(|(o, &k)| *o = (k.wrapping_sub(base) >> 32) as u32);
                     at += p.len();
                 });
             }
@@ -214,7 +217,12 @@ pub(super) fn decode_fill_cpu(buf: &[u8], n: usize, cap: usize) -> Vec<u64> {
 }
 
 /// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
-pub(super) fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut [T], threads: usize, observe: &(dyn Fn(&[T]) + Sync)) {
+pub(super) fn parallel_gather<T: Copy + Send + Sync>(
+    pieces: &[&[T]],
+    dst: &mut [T],
+    threads: usize,
+    observe: &(dyn Fn(&[T]) + Sync),
+) {
     let total = dst.len();
     // At least 2 MiB per thread: small uploads (a similarity join's 11 MB
     // collection) pay more for spawning 16 threads than they save, and compete
@@ -256,4 +264,3 @@ pub(super) fn parallel_gather<T: Copy + Send + Sync>(pieces: &[&[T]], dst: &mut 
         }
     });
 }
-

@@ -125,13 +125,15 @@ impl Gpu {
     pub(super) fn pinned_from_pool(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
         let reused = {
             let mut free = self.pinned_free.lock().unwrap_or_else(|e| e.into_inner());
-            let best = free.iter().enumerate().filter(|(_, b)| b.len() >= bytes).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+            let best =
+                free.iter().enumerate().filter(|(_, b)| b.len() >= bytes).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
             best.map(|i| free.swap_remove(i))
         };
         match reused {
             Some(b) => Ok(b),
             // SAFETY: the caller writes the bytes it hands out before anything reads them.
-            None => unsafe { self.ctx.alloc_pinned::<u8>(bytes.max(1).next_multiple_of(16 << 20)) }.map_err(|e| cuda_err("cuMemHostAlloc", e)),
+            None => unsafe { self.ctx.alloc_pinned::<u8>(bytes.max(1).next_multiple_of(16 << 20)) }
+                .map_err(|e| cuda_err("cuMemHostAlloc", e)),
         }
     }
 

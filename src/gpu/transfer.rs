@@ -16,15 +16,26 @@ use super::staging::{Staging, STAGING_BYTES};
 use super::{cuda_err, DeviceBuffer, Gpu, HostOut, PendingBuffer, Pod};
 
 /// kernels/transfer.cu, with its contract constants as `-D` options.
-pub static KERNEL: super::KernelSource = super::KernelSource { family: "transfer", source: include_str!("../../kernels/transfer.cu"), defines: transfer_defines };
+pub static KERNEL: super::KernelSource = super::KernelSource {
+    family: "transfer",
+    source: include_str!("../../kernels/transfer.cu"),
+    defines: transfer_defines,
+};
 
 /// Selection words per block of `count_kept` / `compact_kept` (SF_KEPT_WORDS).
 const KEPT_WORDS: usize = 256;
 
 fn transfer_defines() -> Vec<(String, u64)> {
-    super::prefixed("SF_", &[("SEG_LOG2", PACK_SEG.trailing_zeros() as u64), ("SEGS", PACK_SEGS as u64), ("DESC", PACK_DESC as u64), ("KEPT_WORDS", KEPT_WORDS as u64)])
+    super::prefixed(
+        "SF_",
+        &[
+            ("SEG_LOG2", PACK_SEG.trailing_zeros() as u64),
+            ("SEGS", PACK_SEGS as u64),
+            ("DESC", PACK_DESC as u64),
+            ("KEPT_WORDS", KEPT_WORDS as u64),
+        ],
+    )
 }
-
 
 /// Bytes moved and time spent, for EXPLAIN ANALYZE.
 #[derive(Debug, Default, Clone)]
@@ -77,10 +88,17 @@ impl Gpu {
     }
 
     /// Elements `from..from + len` of `src` in a new device buffer.
-    pub fn copy_range_on_device<T: Pod>(&self, src: &DeviceBuffer<T>, from: usize, len: usize) -> Result<DeviceBuffer<T>> {
+    pub fn copy_range_on_device<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        from: usize,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>> {
         let mut dst = self.alloc::<T>(len)?;
         if len > 0 {
-            self.stream.memcpy_dtod(&src.slice.slice(from..from + len), &mut dst.slice).map_err(|e| super::cuda_err("cuMemcpyDtoD", e))?;
+            self.stream
+                .memcpy_dtod(&src.slice.slice(from..from + len), &mut dst.slice)
+                .map_err(|e| super::cuda_err("cuMemcpyDtoD", e))?;
         }
         Ok(dst)
     }
@@ -132,7 +150,9 @@ impl Gpu {
         }
         let start = Instant::now();
         let mut guard = self.staging()?;
-        let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
+        let Some(staging) = guard.as_mut() else {
+            return Err(DataFusionError::Internal("staging buffers missing".into()));
+        };
         let elem = std::mem::size_of::<T>();
         let per_fill = STAGING_BYTES / elem;
         let threads = copy_threads();
@@ -175,7 +195,8 @@ impl Gpu {
         let mut guard = self.staging.lock().map_err(|_| DataFusionError::Internal("staging lock poisoned".into()))?;
         if guard.is_none() {
             // SAFETY: the pinned memory is written by the host before any DMA reads it.
-            let mk = || unsafe { self.ctx.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(|e| cuda_err("cuMemHostAlloc", e));
+            let mk =
+                || unsafe { self.ctx.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(|e| cuda_err("cuMemHostAlloc", e));
             *guard = Some(Staging { bufs: [mk()?, mk()?], pending: [None, None] });
         }
         Ok(guard)
@@ -188,7 +209,11 @@ impl Gpu {
     /// the device right behind its DMA. Returns the decoded keys and their
     /// domain [min, max] (None when there are none; reduced on the device), which
     /// the strategies need to choose a table.
-    pub fn upload_keys(&self, chunks: &[&[u64]], stats: &mut TransferStats) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
+    pub fn upload_keys(
+        &self,
+        chunks: &[&[u64]],
+        stats: &mut TransferStats,
+    ) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
         self.upload_keys_each(chunks, stats, true, &mut |_, _| Ok(()))
     }
 
@@ -207,7 +232,8 @@ impl Gpu {
     ) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         let dst = self.alloc::<u64>(total)?;
-        let dst = self.upload_keys_into(chunks, stats, Some(dst), on_fill)?.expect("a resident upload returns its keys");
+        let dst =
+            self.upload_keys_into(chunks, stats, Some(dst), on_fill)?.expect("a resident upload returns its keys");
         if !want_range || total == 0 {
             return Ok((dst, None));
         }
@@ -257,8 +283,13 @@ impl Gpu {
         let affordable = match resident {
             Some(_) => (self.budget.available() / 8).saturating_sub(PACK_DESC) / 8,
             None => (self.budget.available() / 8 * 7).saturating_sub(4 * PACK_DESC) / 32,
-        } / PACK_SEG * PACK_SEG;
-        let cap = if total <= PACK_FILL.min(affordable.max(PACK_SEG)) { total } else { PACK_FILL.min(affordable).max(PACK_SEG) };
+        } / PACK_SEG
+            * PACK_SEG;
+        let cap = if total <= PACK_FILL.min(affordable.max(PACK_SEG)) {
+            total
+        } else {
+            PACK_FILL.min(affordable).max(PACK_SEG)
+        };
         let high_off = PACK_DESC + cap * 4;
         let mut scratch = [self.alloc::<u8>(high_off + cap * 4)?, self.alloc::<u8>(high_off + cap * 4)?];
         let mut ring = match resident {
@@ -267,7 +298,9 @@ impl Gpu {
         };
         let start = Instant::now();
         let mut guard = self.staging()?;
-        let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
+        let Some(staging) = guard.as_mut() else {
+            return Err(DataFusionError::Internal("staging buffers missing".into()));
+        };
         let threads = copy_threads();
         let mut cursor = Cursor::new(chunks);
         let (mut done, mut fill) = (0usize, 0usize);
@@ -304,8 +337,16 @@ impl Gpu {
             let cfg = self.grid_stride(n, 16);
             // SAFETY: signature matches kernels/transfer.cu; the scratch holds this fill's
             // descriptors, low and (if read) high words for n keys; `out` has n elements.
-            unsafe { self.stream.launch_builder(&decode).arg(&scratch[b].slice).arg(&n64).arg(&high64).arg(&mut out).launch(cfg) }
-                .map_err(|e| cuda_err("decode_for", e))?;
+            unsafe {
+                self.stream
+                    .launch_builder(&decode)
+                    .arg(&scratch[b].slice)
+                    .arg(&n64)
+                    .arg(&high64)
+                    .arg(&mut out)
+                    .launch(cfg)
+            }
+            .map_err(|e| cuda_err("decode_for", e))?;
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             // After the staging event: the next fill's packing waits for this
             // fill's copy only, not for the work queued here.
@@ -341,7 +382,9 @@ impl Gpu {
         let bytes = len * std::mem::size_of::<T>();
         if bytes >= (1 << 20) && bytes <= STAGING_BYTES {
             let mut guard = self.staging()?;
-            let Some(staging) = guard.as_mut() else { return Err(DataFusionError::Internal("staging buffers missing".into())) };
+            let Some(staging) = guard.as_mut() else {
+                return Err(DataFusionError::Internal("staging buffers missing".into()));
+            };
             staging.wait(0, stats)?;
             let pinned = staging.bufs[0].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
             // SAFETY: the pinned buffer is page aligned and holds at least `bytes` bytes (checked above).
@@ -355,9 +398,7 @@ impl Gpu {
             self.synchronize()?;
             parallel_gather(&[&*typed], out, copy_threads(), &|_| {});
         } else if len > 0 {
-            self.stream
-                .memcpy_dtoh(&src.slice.slice(0..len), out)
-                .map_err(|e| cuda_err("cuMemcpyDtoH", e))?;
+            self.stream.memcpy_dtoh(&src.slice.slice(0..len), out).map_err(|e| cuda_err("cuMemcpyDtoH", e))?;
             self.synchronize()?;
         }
         stats.bytes_to_host += len * std::mem::size_of::<T>();
@@ -371,7 +412,12 @@ impl Gpu {
     /// memory goes back to a small pool when the last array using it is
     /// dropped, so warm queries pin none. The device buffer may be dropped at
     /// once (frees are ordered on the stream after the copy).
-    pub fn download_to_arrow<T: Pod>(&self, src: &DeviceBuffer<T>, len: usize, stats: &mut TransferStats) -> Result<PendingBuffer> {
+    pub fn download_to_arrow<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        len: usize,
+        stats: &mut TransferStats,
+    ) -> Result<PendingBuffer> {
         let start = Instant::now();
         let bytes = len * std::mem::size_of::<T>();
         let mut buf = self.pinned_from_pool(bytes)?;
@@ -463,7 +509,11 @@ pub struct DeviceArray {
 
 impl Gpu {
     /// Upload a primitive, boolean, Utf8/LargeUtf8 or Binary/LargeBinary array's buffers.
-    pub fn upload_array(&self, array: &datafusion::arrow::array::ArrayData, stats: &mut TransferStats) -> Result<DeviceArray> {
+    pub fn upload_array(
+        &self,
+        array: &datafusion::arrow::array::ArrayData,
+        stats: &mut TransferStats,
+    ) -> Result<DeviceArray> {
         use datafusion::arrow::datatypes::DataType::*;
         let bufs = array.buffers();
         let validity = match array.nulls() {
@@ -471,7 +521,9 @@ impl Gpu {
             _ => None,
         };
         let (values, offsets) = match array.data_type() {
-            Utf8 | LargeUtf8 | Binary | LargeBinary => (self.upload(bufs[1].as_slice(), stats)?, Some(self.upload(bufs[0].as_slice(), stats)?)),
+            Utf8 | LargeUtf8 | Binary | LargeBinary => {
+                (self.upload(bufs[1].as_slice(), stats)?, Some(self.upload(bufs[0].as_slice(), stats)?))
+            }
             t if t.is_primitive() || *t == Boolean => (self.upload(bufs[0].as_slice(), stats)?, None),
             other => {
                 return Err(DataFusionError::NotImplemented(format!("setfusion GPU: uploading {other} arrays")));
@@ -508,7 +560,11 @@ pub fn compact_kept_keys_on_device(
     const WORDS_PER_BLOCK: usize = 256; // SF_KEPT_WORDS
     let blocks = n.div_ceil(32).div_ceil(WORDS_PER_BLOCK).max(1);
     let n64 = n as u64;
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (WORDS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (WORDS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let t = Instant::now();
     let mut counts = gpu.alloc::<u32>(blocks)?;
     let count = gpu.function(&KERNEL, "count_kept")?;
@@ -528,7 +584,14 @@ pub fn compact_kept_keys_on_device(
     // SAFETY: signature matches kernels/transfer.cu; `keys` holds n keys, `offsets` one per
     // block, and `out` the `total` kept keys the counts add up to.
     unsafe {
-        gpu.stream().launch_builder(&compact).arg(&sel.slice).arg(&n64).arg(&keys.slice).arg(&offsets.slice).arg(&mut out.slice).launch(cfg)
+        gpu.stream()
+            .launch_builder(&compact)
+            .arg(&sel.slice)
+            .arg(&n64)
+            .arg(&keys.slice)
+            .arg(&offsets.slice)
+            .arg(&mut out.slice)
+            .launch(cfg)
     }
     .map_err(|e| cuda_err("compact_kept", e))?;
     stats.kernel += t.elapsed();
@@ -640,4 +703,3 @@ mod tests {
         assert!(back == big);
     }
 }
-

@@ -58,7 +58,9 @@ impl Calibration {
     /// The stored calibration (read once per process), or the defaults.
     pub fn current() -> Calibration {
         static CURRENT: OnceLock<Calibration> = OnceLock::new();
-        *CURRENT.get_or_init(|| Self::path().and_then(|p| std::fs::read_to_string(p).ok()).map_or_else(Self::default, |t| Self::parse(&t)))
+        *CURRENT.get_or_init(|| {
+            Self::path().and_then(|p| std::fs::read_to_string(p).ok()).map_or_else(Self::default, |t| Self::parse(&t))
+        })
     }
 
     /// `key = value` lines; unknown keys and bad values keep the defaults.
@@ -86,7 +88,13 @@ impl Calibration {
         if let Some(d) = p.parent() {
             std::fs::create_dir_all(d)?;
         }
-        std::fs::write(&p, format!("# setfusion doctor's measurements\nupload_gbps = {:.2}\nstart_ms = {:.1}\n", self.upload_gbps, self.start_ms))?;
+        std::fs::write(
+            &p,
+            format!(
+                "# setfusion doctor's measurements\nupload_gbps = {:.2}\nstart_ms = {:.1}\n",
+                self.upload_gbps, self.start_ms
+            ),
+        )?;
         Ok(p)
     }
 }
@@ -318,12 +326,28 @@ mod tests {
         assert!(!gpu(estimate(&cand(SetOp::Semi, 10_000, &int), &Readiness::Ready, &cal)));
         // A TPC-H SF10-sized semi join (~15M rows): GPU when warm, not while the device starts.
         assert!(gpu(estimate(&cand(SetOp::Semi, 15_000_000, &int), &Readiness::Ready, &cal)));
-        assert!(!gpu(estimate(&cand(SetOp::Semi, 15_000_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
+        assert!(!gpu(estimate(
+            &cand(SetOp::Semi, 15_000_000, &int),
+            &Readiness::Starting(Duration::from_millis(50)),
+            &cal
+        )));
         // INTERSECT ALL's rival is setfusion's CPU backend: the GPU even while it starts.
-        assert!(gpu(estimate(&cand(SetOp::IntersectAll, 50_000_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
-        assert!(!gpu(estimate(&cand(SetOp::IntersectAll, 10_000, &int), &Readiness::Starting(Duration::from_millis(50)), &cal)));
+        assert!(gpu(estimate(
+            &cand(SetOp::IntersectAll, 50_000_000, &int),
+            &Readiness::Starting(Duration::from_millis(50)),
+            &cal
+        )));
+        assert!(!gpu(estimate(
+            &cand(SetOp::IntersectAll, 10_000, &int),
+            &Readiness::Starting(Duration::from_millis(50)),
+            &cal
+        )));
         // ... and a 200M-row join is worth waiting for.
-        assert!(gpu(estimate(&cand(SetOp::IntersectAll, 200_000_000, &int), &Readiness::Starting(Duration::ZERO), &cal)));
+        assert!(gpu(estimate(
+            &cand(SetOp::IntersectAll, 200_000_000, &int),
+            &Readiness::Starting(Duration::ZERO),
+            &cal
+        )));
         // One string column is hashed on the device: the GPU at scale, not for small inputs.
         let s = [DataType::Utf8View];
         assert!(gpu(estimate(&cand(SetOp::Semi, 20_000_000, &s), &Readiness::Ready, &cal)));
@@ -340,7 +364,10 @@ mod tests {
         let unknown_all = Candidate { rows: None, ..cand(SetOp::ExceptAll, 0, &int) };
         assert!(gpu(estimate(&unknown_all, &Readiness::Ready, &cal)));
         let none = Readiness::Unavailable(crate::gpu::Unavailable::NoDriver);
-        assert_eq!(estimate(&cand(SetOp::Semi, 1 << 30, &int), &none, &cal), Verdict::Cpu("no NVIDIA driver (libcuda.so not found)".into()));
+        assert_eq!(
+            estimate(&cand(SetOp::Semi, 1 << 30, &int), &none, &cal),
+            Verdict::Cpu("no NVIDIA driver (libcuda.so not found)".into())
+        );
     }
 
     /// Composite keys of strings and exact columns are hashed column by column
@@ -358,7 +385,11 @@ mod tests {
         assert!(gpu(&estimate(&cand(SetOp::IntersectDistinct, 18_000_000, &sc), &Readiness::Ready, &cal)));
         assert!(!gpu(&estimate(&cand(SetOp::Semi, 1_000_000, &sc), &Readiness::Ready, &cal)));
         // (date, string) as in TPC-H's set operations; dictionaries of strings count as strings.
-        let ds = [DataType::Date32, DataType::Utf8View, DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))];
+        let ds = [
+            DataType::Date32,
+            DataType::Utf8View,
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+        ];
         assert!(gpu(&estimate(&cand(SetOp::ExceptDistinct, 50_000_000, &ds), &Readiness::Ready, &cal)));
         // Each string column costs more bytes than an exact one.
         assert!(column_hashed_row_bytes(&ds) > column_hashed_row_bytes(&sc));
@@ -386,5 +417,4 @@ mod tests {
         assert!(gpu(list_function_estimate(8_000_000, true, &Readiness::Ready, &cal)));
         assert!(!gpu(list_function_estimate(20_000, true, &Readiness::Ready, &cal)));
     }
-
 }

@@ -76,7 +76,9 @@ impl DeviceScanRule {
             return Ok(Transformed::no(plan));
         }
         let mut new_children = new_children.into_iter();
-        let (Some(probe), Some(build)) = (new_children.next(), new_children.next()) else { return Ok(Transformed::no(plan)) };
+        let (Some(probe), Some(build)) = (new_children.next(), new_children.next()) else {
+            return Ok(Transformed::no(plan));
+        };
         // Rebuilt, not made anew: the rule runs after DataFusion's pushdowns, and
         // the node's fetch (a LIMIT) and dynamic filter must survive it.
         let with_note = node.rebuilt(probe, build, node.projection().map(<[usize]>::to_vec))?.with_scan_note(note);

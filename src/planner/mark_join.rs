@@ -31,6 +31,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::Session;
 use datafusion::common::alias::AliasGenerator;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::NullEquality;
 use datafusion::common::{plan_err, Column, DFSchema, DFSchemaRef};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -38,10 +39,9 @@ use datafusion::logical_expr::expr::{Exists, InSubquery, SetComparison, SetQuant
 use datafusion::logical_expr::expr_rewriter::{create_col_from_scalar_expr, replace_col, NamePreserver};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
-use datafusion::common::NullEquality;
 use datafusion::logical_expr::{
-    Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder,
-    Operator, Projection, Subquery, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+    Aggregate, BinaryExpr, Expr, ExprSchemable, Extension, Filter, Join, JoinConstraint, JoinType, LogicalPlan,
+    LogicalPlanBuilder, Operator, Projection, Subquery, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::decorrelate::PullUpCorrelatedExpr;
 use datafusion::optimizer::AnalyzerRule;
@@ -183,10 +183,14 @@ fn datafusion_answers(e: &Expr) -> bool {
     let pulls_up = |s: &Subquery| null_supplying_join(&s.subquery).is_none();
     match e {
         Expr::Exists(Exists { subquery, .. }) => pulls_up(subquery),
-        Expr::InSubquery(InSubquery { negated, subquery, .. }) => (!negated || uncorrelated(subquery)) && pulls_up(subquery),
+        Expr::InSubquery(InSubquery { negated, subquery, .. }) => {
+            (!negated || uncorrelated(subquery)) && pulls_up(subquery)
+        }
         Expr::Not(inner) => match inner.as_ref() {
             Expr::Exists(Exists { subquery, .. }) => pulls_up(subquery),
-            Expr::InSubquery(InSubquery { negated, subquery, .. }) => (*negated || uncorrelated(subquery)) && pulls_up(subquery),
+            Expr::InSubquery(InSubquery { negated, subquery, .. }) => {
+                (*negated || uncorrelated(subquery)) && pulls_up(subquery)
+            }
             _ => false,
         },
         _ => false,
@@ -348,7 +352,13 @@ struct Decorrelated {
 /// outer query further out), or an outer column shares its name with a
 /// correlated column of the subquery (the pull-up strips outer references,
 /// and the two would become one column).
-fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorrelatedExpr, prefix: &str, aliases: &AliasGenerator) -> Result<Option<Decorrelated>> {
+fn decorrelate(
+    left: &LogicalPlan,
+    subquery: &Subquery,
+    mut pull_up: PullUpCorrelatedExpr,
+    prefix: &str,
+    aliases: &AliasGenerator,
+) -> Result<Option<Decorrelated>> {
     let sub = subquery.subquery.as_ref();
     let head = sub.head_output_expr()?;
     // The pull-up fails on some shapes (a derived table renaming a correlated
@@ -367,7 +377,10 @@ fn decorrelate(left: &LogicalPlan, subquery: &Subquery, mut pull_up: PullUpCorre
     }
     // The subquery's own columns in the correlation predicates, renamed under the alias.
     let correlated: BTreeSet<Column> = pull_up.correlated_subquery_cols_map.values().flatten().cloned().collect();
-    let outer_named_alike = subquery.outer_ref_columns.iter().any(|e| matches!(e, Expr::OuterReferenceColumn(_, c) if correlated.contains(c)));
+    let outer_named_alike = subquery
+        .outer_ref_columns
+        .iter()
+        .any(|e| matches!(e, Expr::OuterReferenceColumn(_, c) if correlated.contains(c)));
     if outer_named_alike {
         return Ok(None);
     }
@@ -446,7 +459,12 @@ fn same_type(p: &Expr, b: &Expr, probe: &DFSchema, build: &DFSchema) -> bool {
 
 /// `left` with a mark join against the decorrelated `subquery`; None when
 /// it cannot be decorrelated exactly (see [`decorrelate`], [`hazards`]).
-fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Column)>> {
+fn mark_join(
+    left: &LogicalPlan,
+    subquery: &Subquery,
+    in_expr: Option<&Expr>,
+    aliases: &AliasGenerator,
+) -> Result<Option<(LogicalPlan, Column)>> {
     let sub = subquery.subquery.as_ref();
     if let Some(join) = null_supplying_join(sub) {
         return outer_mark_join(left, subquery, in_expr, join, aliases).map(Some);
@@ -467,7 +485,8 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
     // group (FALSE), not a NULL answer. The pull-up only tests the predicate
     // for presence and for that equality, so it gets one that equals nothing.
     let presence = in_predicate.clone().map(|p| Expr::IsTrue(Box::new(p)));
-    let pull_up = PullUpCorrelatedExpr::new().with_in_predicate_opt(presence).with_exists_sub_query(in_predicate.is_none());
+    let pull_up =
+        PullUpCorrelatedExpr::new().with_in_predicate_opt(presence).with_exists_sub_query(in_predicate.is_none());
     let Some(d) = decorrelate(left, subquery, pull_up, "__sf_mark", aliases)? else {
         // Exact where it applies; else DataFusion's own decorrelation, as before.
         return Ok(domain_mark_join(left, subquery, in_expr, aliases).ok());
@@ -484,7 +503,8 @@ fn mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, al
     };
     let kind = if in_keys.is_some() { MarkKind::In } else { MarkKind::Exists };
     let mark = Column::new(Some(d.alias), "mark");
-    let node = MarkJoinNode::try_new(kind, left.clone(), d.build, d.on, in_keys, conjunction(d.residual), mark.clone())?;
+    let node =
+        MarkJoinNode::try_new(kind, left.clone(), d.build, d.on, in_keys, conjunction(d.residual), mark.clone())?;
     Ok(Some((LogicalPlan::Extension(Extension { node: Arc::new(node) }), mark)))
 }
 
@@ -519,7 +539,12 @@ fn reason(e: DataFusionError) -> String {
 /// under an outer join's NULL-supplying side, and for correlated shapes
 /// DataFusion's pull-up does not take. A planning error with the reason
 /// when the rewrite does not apply.
-fn domain_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
+fn domain_mark_join(
+    left: &LogicalPlan,
+    subquery: &Subquery,
+    in_expr: Option<&Expr>,
+    aliases: &AliasGenerator,
+) -> Result<(LogicalPlan, Column)> {
     if let Some(e) = in_expr {
         if e.contains_outer() || !e.column_refs().iter().all(|c| left.schema().has_column(c)) {
             return plan_err!("an IN value that reads a query further out");
@@ -544,7 +569,13 @@ fn domain_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Ex
 
 /// [`domain_mark_join`] for a correlation under `join`'s NULL-supplying side:
 /// its failure is a planning error naming the predicate.
-fn outer_mark_join(left: &LogicalPlan, subquery: &Subquery, in_expr: Option<&Expr>, join: JoinType, aliases: &AliasGenerator) -> Result<(LogicalPlan, Column)> {
+fn outer_mark_join(
+    left: &LogicalPlan,
+    subquery: &Subquery,
+    in_expr: Option<&Expr>,
+    join: JoinType,
+    aliases: &AliasGenerator,
+) -> Result<(LogicalPlan, Column)> {
     let what = if in_expr.is_some() { "IN" } else { "EXISTS" };
     domain_mark_join(left, subquery, in_expr, aliases)
         .map_err(|e| null_supplying_error(what, join, &format!("its exact rewrite does not take {}", reason(e))))
@@ -563,7 +594,11 @@ fn domain_quantified(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGene
 /// `x op ANY / ALL (subquery)` (op not `=` ANY / `<>` ALL, which are IN)
 /// over `left`: the plan with what the answer reads, and the answer; None
 /// when it cannot be decorrelated exactly. See [`super::quantified`].
-fn quantified_mark(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenerator) -> Result<Option<(LogicalPlan, Expr)>> {
+fn quantified_mark(
+    left: &LogicalPlan,
+    sc: &SetComparison,
+    aliases: &AliasGenerator,
+) -> Result<Option<(LogicalPlan, Expr)>> {
     let x = sc.expr.as_ref();
     let sub = sc.subquery.subquery.as_ref();
     if x.contains_outer() || !x.column_refs().iter().all(|c| left.schema().has_column(c)) {
@@ -583,11 +618,13 @@ fn quantified_mark(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGenera
     };
     if d.residual.is_empty() {
         let Some(value) = d.output else { return Ok(None) };
-        let (plan, summary) = quantified::summary_join(left.clone(), d.build, d.on, value, &format!("{}_summary", d.alias))?;
+        let (plan, summary) =
+            quantified::summary_join(left.clone(), d.build, d.on, value, &format!("{}_summary", d.alias))?;
         return Ok(Some((plan, quantified::decide(x.clone(), sc.op, sc.quantifier, &summary)?)));
     }
     // A residual correlation: a summary per group cannot answer; SQL's EXISTS form, as mark joins.
-    let case = quantified::as_exists(x, &sc.subquery, sc.op, sc.quantifier, left.schema(), &aliases.next("__sf_value"))?;
+    let case =
+        quantified::as_exists(x, &sc.subquery, sc.op, sc.quantifier, left.schema(), &aliases.next("__sf_value"))?;
     let (plan, e, _) = mark_subqueries(left.clone(), case, aliases)?;
     Ok((!has_subquery(&e)).then_some((plan, e)))
 }
@@ -607,7 +644,11 @@ enum Hazard {
 impl fmt::Display for Hazard {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self {
-            Hazard::NullSupplying(j) => write!(f, "a correlated predicate under the NULL-supplying side of a {} JOIN", j.to_string().to_uppercase()),
+            Hazard::NullSupplying(j) => write!(
+                f,
+                "a correlated predicate under the NULL-supplying side of a {} JOIN",
+                j.to_string().to_uppercase()
+            ),
             Hazard::Other(why) => f.write_str(why),
         }
     }
@@ -650,8 +691,12 @@ fn collect_hazards(plan: &LogicalPlan, limit_ok: bool, out: &mut Vec<Hazard>) {
             // Decorrelated it groups by the correlation: an empty group loses the one row it has.
             out.push(Hazard::Other("a correlated predicate under an aggregate without GROUP BY"));
         }
-        LogicalPlan::Limit(l) if !limit_ok && holds_outer(&l.input) => out.push(Hazard::Other("a correlated predicate under a LIMIT")),
-        LogicalPlan::Window(w) if holds_outer(&w.input) => out.push(Hazard::Other("a correlated predicate under a window function")),
+        LogicalPlan::Limit(l) if !limit_ok && holds_outer(&l.input) => {
+            out.push(Hazard::Other("a correlated predicate under a LIMIT"))
+        }
+        LogicalPlan::Window(w) if holds_outer(&w.input) => {
+            out.push(Hazard::Other("a correlated predicate under a window function"))
+        }
         _ => {}
     }
     plan.inputs().into_iter().for_each(|c| collect_hazards(c, limit_ok, out));
@@ -668,8 +713,12 @@ fn refuse_null_supplying_correlation(plan: &LogicalPlan) -> Result<()> {
     plan.apply_expressions(|e| {
         e.apply(|e| {
             let (what, subquery) = match e {
-                Expr::InSubquery(InSubquery { subquery, negated, .. }) => (if *negated { "NOT IN" } else { "IN" }, subquery),
-                Expr::Exists(Exists { subquery, negated }) => (if *negated { "NOT EXISTS" } else { "EXISTS" }, subquery),
+                Expr::InSubquery(InSubquery { subquery, negated, .. }) => {
+                    (if *negated { "NOT IN" } else { "IN" }, subquery)
+                }
+                Expr::Exists(Exists { subquery, negated }) => {
+                    (if *negated { "NOT EXISTS" } else { "EXISTS" }, subquery)
+                }
                 Expr::SetComparison(SetComparison { subquery, quantifier, .. }) => {
                     (if *quantifier == SetQuantifier::Any { "ANY" } else { "ALL" }, subquery)
                 }
@@ -719,8 +768,10 @@ impl ExtensionPlanner for MarkJoinPlanner {
         let Some(node) = node.as_any().downcast_ref::<MarkJoinNode>() else { return Ok(None) };
         let (probe, build) = (physical_inputs[0].clone(), physical_inputs[1].clone());
         let (probe_schema, build_schema) = (logical_inputs[0].schema(), logical_inputs[1].schema());
-        let physical = |e: &Expr, schema: &DFSchema| planner.create_physical_expr(e, schema, session_state, planning_ctx);
-        let pair = |(p, b): &(Expr, Expr)| -> Result<_> { Ok((physical(p, probe_schema)?, physical(b, build_schema)?)) };
+        let physical =
+            |e: &Expr, schema: &DFSchema| planner.create_physical_expr(e, schema, session_state, planning_ctx);
+        let pair =
+            |(p, b): &(Expr, Expr)| -> Result<_> { Ok((physical(p, probe_schema)?, physical(b, build_schema)?)) };
         let on = node.on.iter().map(pair).collect::<Result<Vec<_>>>()?;
         let in_keys = node.in_keys.as_ref().map(pair).transpose()?;
         let filter = match &node.filter {
@@ -730,7 +781,8 @@ impl ExtensionPlanner for MarkJoinPlanner {
                 let mut columns = Vec::new();
                 let mut fields = Vec::new();
                 for c in f.column_refs() {
-                    let (from_probe, schema) = if probe_schema.has_column(c) { (true, probe_schema) } else { (false, build_schema) };
+                    let (from_probe, schema) =
+                        if probe_schema.has_column(c) { (true, probe_schema) } else { (false, build_schema) };
                     let i = schema.index_of_column(c)?;
                     let (q, field) = schema.qualified_field(i);
                     columns.push((from_probe, i));
@@ -750,7 +802,15 @@ impl ExtensionPlanner for MarkJoinPlanner {
                 Some((p, b)) => Some((p.data_type(&probe_arrow)?, b.data_type(&build.schema())?)),
                 None => None,
             };
-            let d = super::decide_filtered(&cfg, &probe, &build, &on_types, f, in_types.as_ref().map(|(p, b)| (p, b)), threads);
+            let d = super::decide_filtered(
+                &cfg,
+                &probe,
+                &build,
+                &on_types,
+                f,
+                in_types.as_ref().map(|(p, b)| (p, b)),
+                threads,
+            );
             (d.backend, d.note, d.declined)
         } else {
             let types: Vec<DataType> =
@@ -774,7 +834,11 @@ impl ExtensionPlanner for MarkJoinPlanner {
                     false,
                 )?;
                 let plan = super::plan_subtree(planner, &LogicalPlan::Join(join), session_state).await?;
-                return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
+                return Ok(Some(if declined {
+                    Arc::new(SetfusionDeclinedExec::new(plan, reason.clone()))
+                } else {
+                    plan
+                }));
             }
         }
         let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?

@@ -7,8 +7,8 @@ mod device_scan;
 mod mark_join;
 mod outer_decorrelate;
 mod quantified;
-mod set_ops;
 mod semi_join;
+mod set_ops;
 mod similarity;
 
 use std::sync::Arc;
@@ -23,8 +23,8 @@ use crate::exec::common::Backend;
 pub use device_scan::DeviceScanRule;
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
 pub use semi_join::SemiJoinRule;
-pub use similarity::SimilarityJoinRule;
 pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
+pub use similarity::SimilarityJoinRule;
 
 /// Estimated rows of a plan (None when unknown). A node without an estimate
 /// whose only input has one (an aggregate, a projection) is bounded by it:
@@ -36,7 +36,10 @@ pub fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     rows_or_bound(plan, &datafusion::physical_plan::statistics::StatisticsContext::new())
 }
 
-fn rows_or_bound(plan: &Arc<dyn ExecutionPlan>, ctx: &datafusion::physical_plan::statistics::StatisticsContext) -> Option<usize> {
+fn rows_or_bound(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: &datafusion::physical_plan::statistics::StatisticsContext,
+) -> Option<usize> {
     let stats = ctx.compute(plan.as_ref(), &datafusion::physical_plan::statistics::StatisticsArgs::new()).ok();
     if let Some(n) = stats.and_then(|s| s.num_rows.get_value().copied()) {
         return Some(n);
@@ -87,7 +90,10 @@ pub fn estimated_input_rows(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPla
 pub fn rewrite_when_enabled(
     plan: Arc<dyn ExecutionPlan>,
     config: &datafusion::config::ConfigOptions,
-    rewrite: impl Fn(Arc<dyn ExecutionPlan>, &SetfusionConfig) -> datafusion::error::Result<datafusion::common::tree_node::Transformed<Arc<dyn ExecutionPlan>>>,
+    rewrite: impl Fn(
+        Arc<dyn ExecutionPlan>,
+        &SetfusionConfig,
+    ) -> datafusion::error::Result<datafusion::common::tree_node::Transformed<Arc<dyn ExecutionPlan>>>,
 ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
     use datafusion::common::tree_node::TreeNode;
     let cfg = SetfusionConfig::from_options(config);
@@ -116,8 +122,10 @@ pub async fn plan_subtree(
         Some(state) => {
             use datafusion::physical_optimizer::{filter_pushdown::FilterPushdown, PhysicalOptimizerRule};
             let last_pushdown = FilterPushdown::new_post_optimization();
-            let rules = state.physical_optimizers().iter().filter(|r| r.name() != last_pushdown.name()).cloned().collect();
-            let without_dynamic_filters = SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(rules).build();
+            let rules =
+                state.physical_optimizers().iter().filter(|r| r.name() != last_pushdown.name()).cloned().collect();
+            let without_dynamic_filters =
+                SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(rules).build();
             planner.create_physical_plan(plan, &without_dynamic_filters).await
         }
         None => planner.create_physical_plan(plan, session).await,
@@ -170,9 +178,11 @@ pub fn decide_filtered(
     types.extend(filter.schema.fields().iter().map(|f| f.data_type().clone()));
     let d = decide(cfg, SetOp::Semi, a, b, &types, threads);
     match (&d.backend, device) {
-        (Backend::Gpu(_), Err(why)) if !forced => {
-            Decision { backend: Backend::Cpu(format!("residual filter on the host: {why}")), note: None, declined: true }
-        }
+        (Backend::Gpu(_), Err(why)) if !forced => Decision {
+            backend: Backend::Cpu(format!("residual filter on the host: {why}")),
+            note: None,
+            declined: true,
+        },
         _ => d,
     }
 }
@@ -228,7 +238,11 @@ pub fn decide(
         return cpu(e.to_string(), false);
     }
     if forced {
-        let why = if cfg.strategy != Strategy::Auto { format!("setfusion.strategy = {}", cfg.strategy) } else { "setfusion.min_rows = 0".into() };
+        let why = if cfg.strategy != Strategy::Auto {
+            format!("setfusion.strategy = {}", cfg.strategy)
+        } else {
+            "setfusion.min_rows = 0".into()
+        };
         return Decision { backend: Backend::Gpu(cfg.strategy), note: Some(why), declined: false };
     }
     let rows = estimated_input_rows(a, b);

@@ -42,7 +42,8 @@ use datafusion::error::Result;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{
-    lit, when, Aggregate, Distinct, Expr, Filter, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Projection, Subquery, SubqueryAlias,
+    lit, when, Aggregate, Distinct, Expr, Filter, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
+    Subquery, SubqueryAlias,
 };
 
 /// A subquery made uncorrelated, for a join with the outer query `left`.
@@ -59,7 +60,13 @@ pub(super) struct Unnested {
 /// (see the module documentation); `value`: keep its first output column.
 /// An error (a planning error naming the reason) when the shape cannot be
 /// rewritten exactly.
-pub(super) fn unnest(left: &LogicalPlan, subquery: &Subquery, value: bool, alias: &str, aliases: &AliasGenerator) -> Result<Unnested> {
+pub(super) fn unnest(
+    left: &LogicalPlan,
+    subquery: &Subquery,
+    value: bool,
+    alias: &str,
+    aliases: &AliasGenerator,
+) -> Result<Unnested> {
     if holds_outer(left) {
         return refuse("the query around the subquery is itself correlated");
     }
@@ -80,8 +87,12 @@ pub(super) fn unnest(left: &LogicalPlan, subquery: &Subquery, value: bool, alias
     for c in &outer {
         let ty = left.schema().qualified_field_from_column(c)?.1.data_type().clone();
         match (&ty, ScalarValue::new_default(&ty)) {
-            (DataType::Null, _) | (_, Err(_)) => return refuse(&format!("no NULL-safe key for the correlated column {c} of type {ty}")),
-            (_, Ok(v)) if v.is_null() => return refuse(&format!("no NULL-safe key for the correlated column {c} of type {ty}")),
+            (DataType::Null, _) | (_, Err(_)) => {
+                return refuse(&format!("no NULL-safe key for the correlated column {c} of type {ty}"))
+            }
+            (_, Ok(v)) if v.is_null() => {
+                return refuse(&format!("no NULL-safe key for the correlated column {c} of type {ty}"))
+            }
             (_, Ok(v)) => defaults.push(v),
         }
     }
@@ -98,7 +109,11 @@ pub(super) fn unnest(left: &LogicalPlan, subquery: &Subquery, value: bool, alias
     exprs.extend(keys.into_iter().zip(&key_names).map(|(k, name)| k.alias(name)));
     let build = LogicalPlanBuilder::from(lifted.plan).project(exprs)?.alias(alias)?.build()?;
     let probe_keys = domain.keys(&domain.outer.iter().cloned().map(Expr::Column).collect::<Vec<_>>());
-    let on = probe_keys.into_iter().zip(&key_names).map(|(p, name)| (p, Expr::Column(Column::new(Some(alias), name)))).collect();
+    let on = probe_keys
+        .into_iter()
+        .zip(&key_names)
+        .map(|(p, name)| (p, Expr::Column(Column::new(Some(alias), name))))
+        .collect();
     let output = value.then(|| Expr::Column(Column::new(Some(alias), "__sf_value")));
     Ok(Unnested { build, on, output })
 }
@@ -153,8 +168,11 @@ impl Domain<'_> {
     fn instance(&self) -> Result<(LogicalPlan, Vec<Expr>)> {
         let alias = self.aliases.next("__sf_domain");
         let exprs = self.outer.iter().enumerate().map(|(j, c)| Expr::Column(c.clone()).alias(format!("__sf_d{j}")));
-        let plan = LogicalPlanBuilder::from(self.left.clone()).project(exprs)?.distinct()?.alias(alias.clone())?.build()?;
-        let dom = (0..self.outer.len()).map(|j| Expr::Column(Column::new(Some(alias.clone()), format!("__sf_d{j}")))).collect();
+        let plan =
+            LogicalPlanBuilder::from(self.left.clone()).project(exprs)?.distinct()?.alias(alias.clone())?.build()?;
+        let dom = (0..self.outer.len())
+            .map(|j| Expr::Column(Column::new(Some(alias.clone()), format!("__sf_d{j}"))))
+            .collect();
         Ok((plan, dom))
     }
 
@@ -202,9 +220,14 @@ impl Domain<'_> {
     /// node's own dom columns: two sides of a join above must not share names).
     fn reorder(&self, plan: LogicalPlan, columns: Vec<Column>, dom: Vec<Expr>) -> Result<Lifted> {
         let qualifier = self.aliases.next("__sf_domain");
-        let named: Vec<Expr> =
-            dom.into_iter().enumerate().map(|(j, d)| d.alias_qualified(Some(qualifier.as_str()), format!("__sf_d{j}"))).collect();
-        let dom = (0..named.len()).map(|j| Expr::Column(Column::new(Some(qualifier.as_str()), format!("__sf_d{j}")))).collect();
+        let named: Vec<Expr> = dom
+            .into_iter()
+            .enumerate()
+            .map(|(j, d)| d.alias_qualified(Some(qualifier.as_str()), format!("__sf_d{j}")))
+            .collect();
+        let dom = (0..named.len())
+            .map(|j| Expr::Column(Column::new(Some(qualifier.as_str()), format!("__sf_d{j}"))))
+            .collect();
         let exprs = columns.into_iter().map(Expr::Column).chain(named).collect();
         let plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(plan))?);
         Ok(Lifted { plan, dom })
@@ -221,7 +244,8 @@ impl Domain<'_> {
         match plan {
             LogicalPlan::Projection(p) => {
                 let input = self.lift(&p.input)?;
-                let mut exprs = p.expr.iter().map(|e| self.substitute_named(e, &input.dom)).collect::<Result<Vec<_>>>()?;
+                let mut exprs =
+                    p.expr.iter().map(|e| self.substitute_named(e, &input.dom)).collect::<Result<Vec<_>>>()?;
                 exprs.extend(input.dom.iter().cloned());
                 let plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input.plan))?);
                 Ok(Lifted { plan, dom: input.dom })
@@ -255,9 +279,11 @@ impl Domain<'_> {
                     return refuse("GROUPING SETS / ROLLUP / CUBE");
                 }
                 let input = self.lift(&a.input)?;
-                let mut group = a.group_expr.iter().map(|e| self.substitute_named(e, &input.dom)).collect::<Result<Vec<_>>>()?;
+                let mut group =
+                    a.group_expr.iter().map(|e| self.substitute_named(e, &input.dom)).collect::<Result<Vec<_>>>()?;
                 group.extend(input.dom.iter().cloned());
-                let aggr = a.aggr_expr.iter().map(|e| self.substitute_named(e, &input.dom)).collect::<Result<Vec<_>>>()?;
+                let aggr =
+                    a.aggr_expr.iter().map(|e| self.substitute_named(e, &input.dom)).collect::<Result<Vec<_>>>()?;
                 let plan = LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(input.plan), group, aggr)?);
                 self.reorder(plan, a.schema.columns(), input.dom)
             }
@@ -308,7 +334,9 @@ impl Domain<'_> {
             (_, None, Some(r)) => r.dom.clone(),
             (_, None, None) => unreachable!("a side carries D"),
         };
-        let side = |lifted: Option<Lifted>, original: &Arc<LogicalPlan>| lifted.map_or_else(|| Arc::clone(original), |l| Arc::new(l.plan));
+        let side = |lifted: Option<Lifted>, original: &Arc<LogicalPlan>| {
+            lifted.map_or_else(|| Arc::clone(original), |l| Arc::new(l.plan))
+        };
         let join = Join::try_new(
             side(left, &j.left),
             side(right, &j.right),

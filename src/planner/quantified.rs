@@ -34,15 +34,23 @@ use datafusion::common::{plan_err, Column, DFSchema, ExprSchema, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::{count, max, min};
 use datafusion::logical_expr::expr::{Exists, InSubquery, SetComparison, SetQuantifier};
-use datafusion::logical_expr::{binary_expr, lit, when, Expr, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Subquery};
+use datafusion::logical_expr::{
+    binary_expr, lit, when, Expr, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Subquery,
+};
 
 /// `x = ANY (S)` as `x IN (S)`, `x <> ALL (S)` as `x NOT IN (S)`; anything else unchanged.
 pub(super) fn as_in_subquery(e: Expr) -> Transformed<Expr> {
     match e {
         Expr::SetComparison(SetComparison { expr, subquery, op, quantifier }) => match (op, quantifier) {
-            (Operator::Eq, SetQuantifier::Any) => Transformed::yes(Expr::InSubquery(InSubquery::new(expr, subquery, false))),
-            (Operator::NotEq, SetQuantifier::All) => Transformed::yes(Expr::InSubquery(InSubquery::new(expr, subquery, true))),
-            (op, quantifier) => Transformed::no(Expr::SetComparison(SetComparison::new(expr, subquery, op, quantifier))),
+            (Operator::Eq, SetQuantifier::Any) => {
+                Transformed::yes(Expr::InSubquery(InSubquery::new(expr, subquery, false)))
+            }
+            (Operator::NotEq, SetQuantifier::All) => {
+                Transformed::yes(Expr::InSubquery(InSubquery::new(expr, subquery, true)))
+            }
+            (op, quantifier) => {
+                Transformed::no(Expr::SetComparison(SetComparison::new(expr, subquery, op, quantifier)))
+            }
         },
         e => Transformed::no(e),
     }
@@ -62,7 +70,13 @@ pub(super) struct Summary {
 /// sides of `on` (LEFT join on the probe sides, NULL equal to nothing), or
 /// with the one global summary when `on` is empty; the summary is qualified
 /// by `alias`.
-pub(super) fn summary_join(left: LogicalPlan, build: LogicalPlan, on: Vec<(Expr, Expr)>, value: Expr, alias: &str) -> Result<(LogicalPlan, Summary)> {
+pub(super) fn summary_join(
+    left: LogicalPlan,
+    build: LogicalPlan,
+    on: Vec<(Expr, Expr)>,
+    value: Expr,
+    alias: &str,
+) -> Result<(LogicalPlan, Summary)> {
     let keys: Vec<Expr> = on.iter().enumerate().map(|(i, (_, b))| b.clone().alias(format!("k{i}"))).collect();
     let aggregates = vec![
         count(lit(1i64)).alias("n"),
@@ -78,7 +92,9 @@ pub(super) fn summary_join(left: LogicalPlan, build: LogicalPlan, on: Vec<(Expr,
     } else {
         let probe_keys: Vec<Expr> = on.iter().map(|(p, _)| p.clone()).collect();
         let summary_keys: Vec<Expr> = (0..on.len()).map(|i| col(&format!("k{i}"))).collect();
-        LogicalPlanBuilder::from(left).join_with_expr_keys(summary, JoinType::Left, (probe_keys, summary_keys), None)?.build()?
+        LogicalPlanBuilder::from(left)
+            .join_with_expr_keys(summary, JoinType::Left, (probe_keys, summary_keys), None)?
+            .build()?
     };
     Ok((joined, Summary { rows: col("n"), values: col("nn"), min: col("lo"), max: col("hi") }))
 }
@@ -115,7 +131,14 @@ pub(super) fn decide(x: Expr, op: Operator, quantifier: SetQuantifier, s: &Summa
 /// FALSE END`, ALL the same with IS FALSE / FALSE and TRUE swapped. `x`
 /// reads `outer` (it becomes an outer reference); the subquery's value is
 /// projected as `value_name`, so no outer column shares its name.
-pub(super) fn as_exists(x: &Expr, subquery: &Subquery, op: Operator, quantifier: SetQuantifier, outer: &DFSchema, value_name: &str) -> Result<Expr> {
+pub(super) fn as_exists(
+    x: &Expr,
+    subquery: &Subquery,
+    op: Operator,
+    quantifier: SetQuantifier,
+    outer: &DFSchema,
+    value_name: &str,
+) -> Result<Expr> {
     let sub = subquery.subquery.as_ref();
     if sub.schema().fields().len() != 1 {
         return plan_err!("setfusion: a quantified comparison's subquery must return one column");
@@ -136,7 +159,10 @@ pub(super) fn as_exists(x: &Expr, subquery: &Subquery, op: Operator, quantifier:
     let exists = |test: Expr| -> Result<Expr> {
         let plan = LogicalPlanBuilder::from(named.clone()).filter(test)?.build()?;
         let outer_ref_columns = plan.all_out_ref_exprs();
-        Ok(Expr::Exists(Exists::new(Subquery { subquery: Arc::new(plan), outer_ref_columns, spans: subquery.spans.clone() }, false)))
+        Ok(Expr::Exists(Exists::new(
+            Subquery { subquery: Arc::new(plan), outer_ref_columns, spans: subquery.spans.clone() },
+            false,
+        )))
     };
     let null = lit(ScalarValue::Boolean(None));
     let is_null = exists(comparison.clone().is_null())?;

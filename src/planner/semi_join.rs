@@ -71,7 +71,11 @@ fn parts_of(plan: &Arc<dyn ExecutionPlan>) -> Option<JoinParts> {
 }
 
 impl SemiJoinRule {
-    fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig, threads: usize) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    fn rewrite(
+        plan: Arc<dyn ExecutionPlan>,
+        cfg: &SetfusionConfig,
+        threads: usize,
+    ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         if let Some(d) = plan.downcast_ref::<SetfusionDeclinedExec>() {
             // Planned twice (a subtree DataFusion planned for a set operation is
             // optimised again with the whole plan): one note is enough.
@@ -143,11 +147,17 @@ impl SemiJoinRule {
             return Ok(Transformed::no(plan));
         }
         use datafusion::common::JoinSide;
-        let (keep, other) = if keep_left { (j.left.clone(), j.right.clone()) } else { (j.right.clone(), j.left.clone()) };
+        let (keep, other) =
+            if keep_left { (j.left.clone(), j.right.clone()) } else { (j.right.clone(), j.left.clone()) };
         let on: Vec<(PhysicalExprRef, PhysicalExprRef)> =
             j.on.iter().map(|(l, r)| if keep_left { (l.clone(), r.clone()) } else { (r.clone(), l.clone()) }).collect();
-        let columns = filter.column_indices().iter().map(|c| ((c.side == JoinSide::Left) == keep_left, c.index)).collect();
-        let pair_filter = crate::exec::pair_filter::PairFilter { expr: filter.expression().clone(), columns, schema: filter.schema().clone() };
+        let columns =
+            filter.column_indices().iter().map(|c| ((c.side == JoinSide::Left) == keep_left, c.index)).collect();
+        let pair_filter = crate::exec::pair_filter::PairFilter {
+            expr: filter.expression().clone(),
+            columns,
+            schema: filter.schema().clone(),
+        };
         let (backend, note) = if cfg.strategy == Strategy::Cpu {
             (Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into()), None)
         } else {
@@ -155,7 +165,10 @@ impl SemiJoinRule {
             let on_types: Vec<_> = on.iter().map(|(k, _)| k.data_type(&schema)).collect::<Result<_>>()?;
             let d = super::decide_filtered(cfg, &keep, &other, &on_types, &pair_filter, None, threads);
             if let Backend::Cpu(reason) = &d.backend {
-                crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join with a filter: {reason}", j.join_type));
+                crate::util::trace(&format!(
+                    "setfusion keeps DataFusion's {:?} join with a filter: {reason}",
+                    j.join_type
+                ));
                 return Ok(if d.declined {
                     Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
                 } else {
@@ -164,19 +177,24 @@ impl SemiJoinRule {
             }
             (d.backend, d.note)
         };
-        let exec: Arc<dyn ExecutionPlan> =
-            Arc::new(
-                crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?
-                    .with_note(note)
-                    .with_broadcast_build(cfg.hash_partition_inputs),
-            );
+        let exec: Arc<dyn ExecutionPlan> = Arc::new(
+            crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?
+                .with_note(note)
+                .with_broadcast_build(cfg.hash_partition_inputs),
+        );
         let exec = match &j.projection {
             None => exec,
             Some(p) => {
                 let schema = exec.schema();
                 let exprs: Vec<(PhysicalExprRef, String)> = p
                     .iter()
-                    .map(|&i| (Arc::new(datafusion::physical_expr::expressions::Column::new(schema.field(i).name(), i)) as PhysicalExprRef, schema.field(i).name().clone()))
+                    .map(|&i| {
+                        (
+                            Arc::new(datafusion::physical_expr::expressions::Column::new(schema.field(i).name(), i))
+                                as PhysicalExprRef,
+                            schema.field(i).name().clone(),
+                        )
+                    })
                     .collect();
                 Arc::new(datafusion::physical_plan::projection::ProjectionExec::try_new(exprs, exec)?)
             }

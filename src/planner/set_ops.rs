@@ -13,12 +13,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::catalog::Session;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchemaRef, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
-use datafusion::catalog::Session;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     Distinct, Expr, Extension, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode,
     UserDefinedLogicalNodeCore,
@@ -26,7 +27,6 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
 use crate::algo::select::SetOp;
@@ -117,7 +117,8 @@ fn set_op_of(join: &Join) -> Option<SetOp> {
         && join.on.len() == left_fields
         && left_fields == right_fields
         && join.on.iter().enumerate().all(|(i, (l, r))| {
-            is_column_named(l, join.left.schema().field(i).name()) && is_column_named(r, join.right.schema().field(i).name())
+            is_column_named(l, join.left.schema().field(i).name())
+                && is_column_named(r, join.right.schema().field(i).name())
         });
     shape.then_some(op)
 }
@@ -191,7 +192,11 @@ impl ExtensionPlanner for SetOpPlanner {
                 crate::util::trace(&format!("setfusion keeps DataFusion's {}: {reason}", node.op.name()));
                 let plan = datafusion_plan(node, logical_inputs[0], logical_inputs[1])?;
                 let plan = super::plan_subtree(planner, &plan, session_state).await?;
-                return Ok(Some(if declined { Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())) } else { plan }));
+                return Ok(Some(if declined {
+                    Arc::new(SetfusionDeclinedExec::new(plan, reason.clone()))
+                } else {
+                    plan
+                }));
             }
         }
         let exec = SetSelectExec::try_new(
@@ -243,7 +248,10 @@ impl QueryPlanner for SetfusionQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SetOpPlanner), Arc::new(super::MarkJoinPlanner)]);
+        let planner = DefaultPhysicalPlanner::with_extension_planners(vec![
+            Arc::new(SetOpPlanner),
+            Arc::new(super::MarkJoinPlanner),
+        ]);
         planner.create_physical_plan(logical_plan, session_state).await
     }
 }

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{JoinSide, JoinType, NullEquality, ScalarValue};
 use datafusion::config::ConfigOptions;
@@ -29,7 +30,6 @@ use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
 use datafusion::physical_expr::{conjunction_opt, split_conjunction, PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
 use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -97,7 +97,11 @@ fn side_of(e: &Arc<dyn PhysicalExpr>, filter: &JoinFilter) -> Option<JoinSide> {
 }
 
 /// Rewrite an expression over the filter's intermediate schema onto one input's schema.
-fn to_side(e: &Arc<dyn PhysicalExpr>, filter: &JoinFilter, input: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn PhysicalExpr>> {
+fn to_side(
+    e: &Arc<dyn PhysicalExpr>,
+    filter: &JoinFilter,
+    input: &Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn PhysicalExpr>> {
     let schema = input.schema();
     e.clone()
         .transform(|n| {
@@ -154,16 +158,16 @@ struct JoinParts<'a> {
 
 /// `rest` plus `l = r` for every equality key, as one filter over an
 /// intermediate schema extended with the key columns.
-fn residual_filter(
-    rest: Vec<Arc<dyn PhysicalExpr>>,
-    parts: &JoinParts,
-) -> Result<Option<JoinFilter>> {
+fn residual_filter(rest: Vec<Arc<dyn PhysicalExpr>>, parts: &JoinParts) -> Result<Option<JoinFilter>> {
     let filter = parts.filter;
     let mut fields: Vec<Field> = filter.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut indices: Vec<ColumnIndex> = filter.column_indices().to_vec();
     let mut conjuncts = rest;
     for (l, r) in parts.on {
-        let mut map = |e: &Arc<dyn PhysicalExpr>, side: JoinSide, input: &Arc<dyn ExecutionPlan>| -> Result<Arc<dyn PhysicalExpr>> {
+        let mut map = |e: &Arc<dyn PhysicalExpr>,
+                       side: JoinSide,
+                       input: &Arc<dyn ExecutionPlan>|
+         -> Result<Arc<dyn PhysicalExpr>> {
             let schema = input.schema();
             e.clone()
                 .transform(|n| {
@@ -173,7 +177,11 @@ fn residual_filter(
                         None => {
                             let f = schema.field(c.index());
                             // Unique names: Column evaluates by index, the name is for display.
-                            fields.push(Field::new(format!("{}#sfkey{}", f.name(), fields.len()), f.data_type().clone(), f.is_nullable()));
+                            fields.push(Field::new(
+                                format!("{}#sfkey{}", f.name(), fields.len()),
+                                f.data_type().clone(),
+                                f.is_nullable(),
+                            ));
                             indices.push(ColumnIndex { index: c.index(), side });
                             indices.len() - 1
                         }
@@ -233,9 +241,8 @@ impl SimilarityJoinRule {
         let left_set = to_side(&found.left_arg, filter, parts.left)?;
         let right_set = to_side(&found.right_arg, filter, parts.right)?;
         let rows = super::estimated_input_rows(parts.left, parts.right);
-        let pairs = super::estimated_rows(parts.left)
-            .zip(super::estimated_rows(parts.right))
-            .map(|(l, r)| l as f64 * r as f64);
+        let pairs =
+            super::estimated_rows(parts.left).zip(super::estimated_rows(parts.right)).map(|(l, r)| l as f64 * r as f64);
         let (backend, note) = match super::choose_backend(cfg, rows, &[]) {
             Backend::Gpu(Strategy::Auto) => match cost_model(&found.threshold, pairs, cfg.min_rows > 0) {
                 Choice::Cpu(why) => (Backend::Cpu(why), None),

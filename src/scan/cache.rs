@@ -103,9 +103,13 @@ impl Entries {
 pub enum CacheUse {
     /// The cache is off (`cache_limit = 0`) or the files cannot be inspected.
     Off,
-    Hit { bytes: usize },
+    Hit {
+        bytes: usize,
+    },
     /// Read from the files, then kept.
-    Stored { bytes: usize },
+    Stored {
+        bytes: usize,
+    },
     /// Read from the files, not kept (over the limit, or no device memory for the copy).
     Missed,
 }
@@ -273,7 +277,10 @@ mod tests {
             DeviceDecoded { keys: g.upload(&keys, stats).unwrap(), valid: None, rows }
         };
         let (fa, fb) = (file(&dir, "a.parquet", b"a"), file(&dir, "b.parquet", b"b"));
-        let (ka, kb) = (CacheKey::of(&[fa.clone()], "k", &DataType::Int64).unwrap(), CacheKey::of(&[fb], "k", &DataType::Int64).unwrap());
+        let (ka, kb) = (
+            CacheKey::of(&[fa.clone()], "k", &DataType::Int64).unwrap(),
+            CacheKey::of(&[fb], "k", &DataType::Int64).unwrap(),
+        );
         assert_eq!(cache.put(&g, ka.clone(), &decoded(1000, &mut stats), 12_000), CacheUse::Stored { bytes: 8000 });
         let hit = cache.get(&g, &ka).unwrap().unwrap();
         assert_eq!(g.download(&hit.keys, 1000, &mut stats).unwrap(), (0..1000u64).collect::<Vec<_>>());

@@ -12,7 +12,10 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
-use super::pages::{PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DICT, KIND_DICT, KIND_V2, NO_DICT};
+use super::pages::{
+    PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DICT, KIND_DICT, KIND_V2,
+    NO_DICT,
+};
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// Hybrid-stream runs per batch in the decode kernel's shared memory.
@@ -34,7 +37,11 @@ fn defines() -> Vec<(String, u64)> {
 }
 
 /// kernels/parquet_decode.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "parquet_decode", source: include_str!("../../kernels/parquet_decode.cu"), defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "parquet_decode",
+    source: include_str!("../../kernels/parquet_decode.cu"),
+    defines,
+};
 
 /// The kernel's error codes (`PQ_ERR_*`), as messages.
 fn error_message(code: u32) -> String {
@@ -72,9 +79,16 @@ pub struct DeviceDecoded {
 }
 
 /// Decode `t`'s pages of `raw` on the device (`raw`: the same bytes, uploaded).
-pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut TransferStats) -> Result<DeviceDecoded> {
+pub fn decode_gpu(
+    gpu: &Gpu,
+    raw: &DeviceBuffer<u8>,
+    t: &PageTable,
+    stats: &mut TransferStats,
+) -> Result<DeviceDecoded> {
     if t.pages.iter().any(|p| p.codec > CODEC_SNAPPY) {
-        return Err(DataFusionError::Internal("setfusion device scan: a ZSTD, LZ4_RAW or GZIP page reached the device undecompressed".into()));
+        return Err(DataFusionError::Internal(
+            "setfusion device scan: a ZSTD, LZ4_RAW or GZIP page reached the device undecompressed".into(),
+        ));
     }
     let rows = t.rows as usize;
     let npages = t.pages.len() as u64;
@@ -90,11 +104,20 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
     let mut err = gpu.alloc_zeros::<u32>(1)?;
     let mut dummy_valid = gpu.alloc_zeros::<u32>(1)?;
     let started = Instant::now();
-    let per_page = LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let per_page =
+        LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let copy = gpu.function(&KERNEL, "pq_copy_pages")?;
     // SAFETY: signature matches kernels/parquet_decode.cu; every page's src / dst range lies in `raw` / `body` (page_table built them).
-    unsafe { gpu.stream().launch_builder(&copy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).launch(per_page) }
-        .map_err(|e| cuda_err("pq_copy_pages", e))?;
+    unsafe {
+        gpu.stream()
+            .launch_builder(&copy)
+            .arg(&raw.slice)
+            .arg(&mut body.slice)
+            .arg(&pages.slice)
+            .arg(&npages)
+            .launch(per_page)
+    }
+    .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
         // One warp per page, 32 output bytes a step; one thread per page
         // (SETFUSION_SNAPPY_SERIAL=1) waits on L2 for every copied byte.
@@ -108,8 +131,17 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
             LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 }
         };
         // SAFETY: as above; `err` holds one word.
-        unsafe { gpu.stream().launch_builder(&snappy).arg(&raw.slice).arg(&mut body.slice).arg(&pages.slice).arg(&npages).arg(&mut err.slice).launch(cfg) }
-            .map_err(|e| cuda_err("pq_snappy", e))?;
+        unsafe {
+            gpu.stream()
+                .launch_builder(&snappy)
+                .arg(&raw.slice)
+                .arg(&mut body.slice)
+                .arg(&pages.slice)
+                .arg(&npages)
+                .arg(&mut err.slice)
+                .launch(cfg)
+        }
+        .map_err(|e| cuda_err("pq_snappy", e))?;
     }
     let decode = gpu.function(&KERNEL, "pq_decode")?;
     let valid_arg = match valid.as_mut() {
@@ -144,7 +176,14 @@ pub fn decode_gpu(gpu: &Gpu, raw: &DeviceBuffer<u8>, t: &PageTable, stats: &mut 
 /// of `raw`, after `a`'s. A launch lasts as long as its largest page (one
 /// warp decompresses a page, and a dictionary page can be several times a
 /// data page), so the two sides' tails overlap instead of adding up.
-pub fn decode_gpu_pair(gpu: &Gpu, raw: &DeviceBuffer<u8>, a: &PageTable, b: &PageTable, b_raw_at: u64, stats: &mut TransferStats) -> Result<(DeviceDecoded, DeviceDecoded)> {
+pub fn decode_gpu_pair(
+    gpu: &Gpu,
+    raw: &DeviceBuffer<u8>,
+    a: &PageTable,
+    b: &PageTable,
+    b_raw_at: u64,
+    stats: &mut TransferStats,
+) -> Result<(DeviceDecoded, DeviceDecoded)> {
     let mut both = a.clone();
     let b_row0 = both.append(b, b_raw_at) as usize;
     let decoded = decode_gpu(gpu, raw, &both, stats)?;
@@ -333,7 +372,9 @@ pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Re
         let mid = sizes.len() / 2;
         *sizes.select_nth_unstable(mid).1
     };
-    let on_host = |p: &PqPage| p.codec > CODEC_SNAPPY || (p.codec == CODEC_SNAPPY && p.dst_len > 2 * median && p.dst_len >= floor);
+    let on_host = |p: &PqPage| {
+        p.codec > CODEC_SNAPPY || (p.codec == CODEC_SNAPPY && p.dst_len > 2 * median && p.dst_len >= floor)
+    };
     let chosen: Vec<usize> = (0..t.pages.len()).filter(|&i| on_host(&t.pages[i])).collect();
     let total: u64 = chosen.iter().map(|&i| t.pages[i].dst_len).sum();
     let mut out = super::pages::kept_buffer(total as usize);
@@ -412,7 +453,9 @@ pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
             }
             let d = &t.pages[p.dict as usize];
             let dict = &bodies[p.dict as usize];
-            if (d.dst_len as usize) < d.num_values as usize * p.width as usize || dict.len() < d.num_values as usize * p.width as usize {
+            if (d.dst_len as usize) < d.num_values as usize * p.width as usize
+                || dict.len() < d.num_values as usize * p.width as usize
+            {
                 return Err(decode_error(4));
             }
             if nonnull > 0 {
@@ -470,7 +513,10 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         };
         let got = Decoded { keys, valid };
         if got != want {
-            return Err(DataFusionError::Internal(format!("parquet_decode: device and CPU twin differ on {}", case.name)));
+            return Err(DataFusionError::Internal(format!(
+                "parquet_decode: device and CPU twin differ on {}",
+                case.name
+            )));
         }
         pages += table.pages.len();
         rows += table.rows;
@@ -494,7 +540,10 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             None => None,
         };
         if (Decoded { keys, valid }) != want {
-            return Err(DataFusionError::Internal(format!("parquet_decode: {} with its larger pages decompressed on the host differs from the CPU twin", case.name)));
+            return Err(DataFusionError::Internal(format!(
+                "parquet_decode: {} with its larger pages decompressed on the host differs from the CPU twin",
+                case.name
+            )));
         }
     }
     // The cases two by two, each pair in one launch (decode_gpu_pair).
@@ -514,7 +563,11 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
                 None => None,
             };
             if (Decoded { keys, valid }) != decode_cpu(raw, t)? {
-                return Err(DataFusionError::Internal(format!("parquet_decode: {} decoded with {} in one launch differs from the CPU twin", case.name, if std::ptr::eq(case, x) { &y.name } else { &x.name })));
+                return Err(DataFusionError::Internal(format!(
+                    "parquet_decode: {} decoded with {} in one launch differs from the CPU twin",
+                    case.name,
+                    if std::ptr::eq(case, x) { &y.name } else { &x.name }
+                )));
             }
         }
         pairs += 1;

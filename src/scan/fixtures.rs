@@ -76,9 +76,11 @@ pub fn cases() -> Vec<Case> {
     // device decompressor's 16 KiB shared-memory ring (values repeating every
     // 3000 INT64 rows = 24,000 bytes), copies inside it (INT32 every 1500 rows),
     // and long self-overlapping copies (one value throughout).
-    for (data_type, nulls, distinct, v2, period) in
-        [(DataType::Int64, 0, 1 << 40, false, 3000), (DataType::Int32, 30, 1 << 40, true, 1500), (DataType::Int64, 30, 1, false, 0)]
-    {
+    for (data_type, nulls, distinct, v2, period) in [
+        (DataType::Int64, 0, 1 << 40, false, 3000),
+        (DataType::Int32, 30, 1 << 40, true, 1500),
+        (DataType::Int64, 30, 1, false, 0),
+    ] {
         out.push(Case {
             name: format!("{data_type} snappy one page nulls={nulls}% distinct={distinct} period={period}"),
             data_type,
@@ -95,7 +97,11 @@ pub fn cases() -> Vec<Case> {
         });
     }
     // The codecs decompressed on the host, on dictionary / PLAIN, v1 / v2 pages with NULLs.
-    for (j, codec) in [Compression::ZSTD(Default::default()), Compression::LZ4_RAW, Compression::GZIP(Default::default())].into_iter().enumerate() {
+    for (j, codec) in
+        [Compression::ZSTD(Default::default()), Compression::LZ4_RAW, Compression::GZIP(Default::default())]
+            .into_iter()
+            .enumerate()
+    {
         for (dictionary, v2) in [(true, false), (false, true)] {
             let data_type = types[(j + v2 as usize) % types.len()].clone();
             out.push(Case {
@@ -141,11 +147,15 @@ pub fn column(c: &Case) -> ArrayRef {
     match &c.data_type {
         DataType::Int64 => Arc::new(Int64Array::from(vals)),
         DataType::Int32 => Arc::new(Int32Array::from(vals.iter().map(|v| v.map(|v| v as i32)).collect::<Vec<_>>())),
-        DataType::Date32 => Arc::new(Date32Array::from(vals.iter().map(|v| v.map(|v| (v % 100_000) as i32)).collect::<Vec<_>>())),
+        DataType::Date32 => {
+            Arc::new(Date32Array::from(vals.iter().map(|v| v.map(|v| (v % 100_000) as i32)).collect::<Vec<_>>()))
+        }
         DataType::Decimal128(p, s) => Arc::new(
-            Decimal128Array::from(vals.iter().map(|v| v.map(|v| (v % 10i64.pow(*p as u32 - 1)) as i128)).collect::<Vec<_>>())
-                .with_precision_and_scale(*p, *s)
-                .expect("valid decimal"),
+            Decimal128Array::from(
+                vals.iter().map(|v| v.map(|v| (v % 10i64.pow(*p as u32 - 1)) as i128)).collect::<Vec<_>>(),
+            )
+            .with_precision_and_scale(*p, *s)
+            .expect("valid decimal"),
         ),
         other => unreachable!("fixture type {other}"),
     }
@@ -154,8 +164,12 @@ pub fn column(c: &Case) -> ArrayRef {
 /// The case written by arrow-rs, as file bytes.
 pub fn write(c: &Case) -> Result<Vec<u8>> {
     let col = column(c);
-    let schema = Arc::new(Schema::new(vec![Field::new("k", c.data_type.clone(), c.nulls > 0), Field::new("other", DataType::Int32, true)]));
-    let other: ArrayRef = Arc::new(Int32Array::from((0..c.rows as i32).map(|i| (i % 3 > 0).then_some(i)).collect::<Vec<_>>()));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", c.data_type.clone(), c.nulls > 0),
+        Field::new("other", DataType::Int32, true),
+    ]));
+    let other: ArrayRef =
+        Arc::new(Int32Array::from((0..c.rows as i32).map(|i| (i % 3 > 0).then_some(i)).collect::<Vec<_>>()));
     let batch = RecordBatch::try_new(schema.clone(), vec![col, other])?;
     let mut props = WriterProperties::builder()
         .set_dictionary_enabled(c.dictionary)
@@ -191,7 +205,8 @@ pub fn table_of(c: &Case) -> Result<(Vec<u8>, PageTable)> {
         let plan = plan_scan(&[ScanFile { path: path.clone(), ranges: vec![] }], "k", &c.data_type)?
             .map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
         let raw = read_chunks(&plan)?.into_vec();
-        let table = page_table(&plan, &raw)?.map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
+        let table = page_table(&plan, &raw)?
+            .map_err(|f| DataFusionError::Internal(format!("fixture {} falls back: {f}", c.name)))?;
         Ok((raw, table))
     })();
     let _ = std::fs::remove_file(&path);

@@ -73,7 +73,13 @@ impl HostRead {
     }
 
     /// The scan's report once uploaded and decoded; the host buffers are kept for the next scan.
-    fn finish(self, upload: Duration, decode: Duration, cache: Option<CacheUse>, decoded_with_other: bool) -> ScanReport {
+    fn finish(
+        self,
+        upload: Duration,
+        decode: Duration,
+        cache: Option<CacheUse>,
+        decoded_with_other: bool,
+    ) -> ScanReport {
         let HostRead { plan, raw, inflated, table, read } = self;
         pages::give_back(raw);
         pages::give_back(inflated);
@@ -93,7 +99,13 @@ impl HostRead {
     }
 
     /// Upload the chunks and the inflated pages to `dst` from `at`.
-    fn upload_into(&self, gpu: &Gpu, dst: &mut crate::gpu::DeviceBuffer<u8>, at: usize, stats: &mut TransferStats) -> Result<()> {
+    fn upload_into(
+        &self,
+        gpu: &Gpu,
+        dst: &mut crate::gpu::DeviceBuffer<u8>,
+        at: usize,
+        stats: &mut TransferStats,
+    ) -> Result<()> {
         gpu.upload_into(&self.raw[..], dst, at, stats)?;
         if !self.inflated.is_empty() {
             gpu.upload_into(&self.inflated[..], dst, at + self.raw.len(), stats)?;
@@ -104,7 +116,12 @@ impl HostRead {
 
 /// Plan the scan (the row groups that may hold a key of `keep`, when given),
 /// read the chunks (parallel positioned reads) and walk their page headers.
-pub fn read_on_host(files: &[ScanFile], column: &str, arrow: &DataType, keep: Option<(i64, i64)>) -> Result<std::result::Result<HostRead, Fallback>> {
+pub fn read_on_host(
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+    keep: Option<(i64, i64)>,
+) -> Result<std::result::Result<HostRead, Fallback>> {
     let t = Instant::now();
     let plan = match pages::plan_scan_within(files, column, arrow, keep)? {
         Ok(p) => p,
@@ -135,7 +152,11 @@ impl ReadAhead {
     }
 
     fn join(self) -> Result<std::result::Result<HostRead, Fallback>> {
-        self.0.join().unwrap_or_else(|_| Err(datafusion::error::DataFusionError::Internal("setfusion device scan: the read-ahead thread panicked".into())))
+        self.0.join().unwrap_or_else(|_| {
+            Err(datafusion::error::DataFusionError::Internal(
+                "setfusion device scan: the read-ahead thread panicked".into(),
+            ))
+        })
     }
 }
 
@@ -182,7 +203,13 @@ pub fn scan_to_device(
     if let Some(hit) = cache.get(gpu, &key)? {
         let rows = hit.rows as u64;
         let bytes = hit.rows * 8 + hit.valid.as_ref().map_or(0, |_| hit.rows.div_ceil(32) * 4);
-        let report = ScanReport { rows, bytes_decoded: rows * 8, upload: t.elapsed(), cache: Some(CacheUse::Hit { bytes }), ..Default::default() };
+        let report = ScanReport {
+            rows,
+            bytes_decoded: rows * 8,
+            upload: t.elapsed(),
+            cache: Some(CacheUse::Hit { bytes }),
+            ..Default::default()
+        };
         return Ok(Ok((hit, report)));
     }
     Ok(match read(ahead)? {
@@ -267,7 +294,11 @@ fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(De
 }
 
 /// [`scan_to_device`]'s CPU twin: the same keys, decoded on the host.
-pub fn scan_to_host(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<std::result::Result<Decoded, Fallback>> {
+pub fn scan_to_host(
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+) -> Result<std::result::Result<Decoded, Fallback>> {
     let plan = match pages::plan_scan(files, column, arrow)? {
         Ok(p) => p,
         Err(f) => return Ok(Err(f)),
@@ -292,9 +323,14 @@ mod tests {
 
     /// What arrow-rs's reader gives for the case, as keys and validity.
     fn arrow_keys(bytes: Vec<u8>) -> Decoded {
-        let path = std::env::temp_dir().join(format!("setfusion-pq-arrow-{}-{:?}.parquet", std::process::id(), std::thread::current().id()));
+        let path = std::env::temp_dir().join(format!(
+            "setfusion-pq-arrow-{}-{:?}.parquet",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::write(&path, bytes).unwrap();
-        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap().build().unwrap();
+        let reader =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap().build().unwrap();
         let _ = std::fs::remove_file(&path);
         let (mut keys, mut valid) = (Vec::new(), Vec::new());
         for b in reader {
@@ -314,7 +350,9 @@ mod tests {
         }
         let nullable = valid.iter().any(|v| !v);
         let words = (0..keys.len().div_ceil(32))
-            .map(|w| (0..32).filter(|j| valid.get(w * 32 + j).copied().unwrap_or(false)).fold(0u32, |acc, j| acc | 1 << j))
+            .map(|w| {
+                (0..32).filter(|j| valid.get(w * 32 + j).copied().unwrap_or(false)).fold(0u32, |acc, j| acc | 1 << j)
+            })
             .collect();
         Decoded { keys, valid: nullable.then_some(words) }
     }
@@ -346,10 +384,17 @@ mod tests {
                 snappy_pages += (p.codec == pages::CODEC_SNAPPY) as usize;
             }
             if case.dict_fallback {
-                mixed_chunks += table.pages.windows(2).any(|w| w[0].encoding == pages::ENC_DICT && w[1].encoding == pages::ENC_PLAIN && w[1].kind != pages::KIND_DICT) as usize;
+                mixed_chunks += table.pages.windows(2).any(|w| {
+                    w[0].encoding == pages::ENC_DICT
+                        && w[1].encoding == pages::ENC_PLAIN
+                        && w[1].kind != pages::KIND_DICT
+                }) as usize;
             }
         }
-        assert!(dict_pages > 0 && plain_pages > 0 && v2_pages > 0 && snappy_pages > 0, "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}");
+        assert!(
+            dict_pages > 0 && plain_pages > 0 && v2_pages > 0 && snappy_pages > 0,
+            "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}"
+        );
         assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
     }
 
@@ -394,7 +439,11 @@ mod tests {
             let mut t = table.clone();
             let extra = decode::inflate_on_host(&mut t, &raw, raw.len() as u64, 0).unwrap();
             let moved = t.pages.iter().filter(|p| p.src >= raw.len() as u64).count();
-            assert!(t.pages.iter().zip(&table.pages).all(|(a, b)| (a.src >= raw.len() as u64) == (a.codec != b.codec)), "{}", case.name);
+            assert!(
+                t.pages.iter().zip(&table.pages).all(|(a, b)| (a.src >= raw.len() as u64) == (a.codec != b.codec)),
+                "{}",
+                case.name
+            );
             assert!(t.pages.iter().all(|p| p.codec <= pages::CODEC_SNAPPY), "{}", case.name);
             inflated += moved;
             let both = [raw.as_slice(), &extra[..]].concat();
@@ -420,7 +469,11 @@ mod tests {
             assert_eq!(want.keys, arrow_keys(write(case).unwrap()).keys, "{}", case.name);
             let d = dir.join(format!("case{i}"));
             std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("meta.bin"), u64s(&[table.rows, table.body_len, table.lvl_words, table.idx_len, table.def_max])).unwrap();
+            std::fs::write(
+                d.join("meta.bin"),
+                u64s(&[table.rows, table.body_len, table.lvl_words, table.idx_len, table.def_max]),
+            )
+            .unwrap();
             std::fs::write(d.join("raw.bin"), &raw).unwrap();
             std::fs::write(d.join("pages.bin"), u64s(&table.flat())).unwrap();
             std::fs::write(d.join("keys.bin"), u64s(&want.keys)).unwrap();
@@ -481,8 +534,17 @@ mod tests {
         use parquet::basic::Compression;
         use parquet::file::properties::WriterProperties;
         use std::sync::Arc;
-        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![datafusion::arrow::datatypes::Field::new("k", DataType::Int64, false)]));
-        let batch = datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![1i64, 2, 3]))]).unwrap();
+        let schema =
+            Arc::new(datafusion::arrow::datatypes::Schema::new(vec![datafusion::arrow::datatypes::Field::new(
+                "k",
+                DataType::Int64,
+                false,
+            )]));
+        let batch = datafusion::arrow::array::RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(datafusion::arrow::array::Int64Array::from(vec![1i64, 2, 3]))],
+        )
+        .unwrap();
         let path = std::env::temp_dir().join(format!("setfusion-pq-lz4-{}.parquet", std::process::id()));
         let mut buf = Vec::new();
         // LZ4 (Hadoop's framing, deprecated by Parquet; LZ4_RAW is read).

@@ -76,14 +76,42 @@ pub const NO_DICT: u64 = u64::MAX;
 impl PqPage {
     pub fn fields(&self) -> [u64; 16] {
         [
-            self.src, self.src_len, self.dst, self.dst_len, self.levels_len, self.def_len, self.codec, self.kind, self.encoding,
-            self.num_values, self.first_row, self.dict, self.def_max, self.width, self.lvl_word, self.idx_off,
+            self.src,
+            self.src_len,
+            self.dst,
+            self.dst_len,
+            self.levels_len,
+            self.def_len,
+            self.codec,
+            self.kind,
+            self.encoding,
+            self.num_values,
+            self.first_row,
+            self.dict,
+            self.def_max,
+            self.width,
+            self.lvl_word,
+            self.idx_off,
         ]
     }
     pub fn from_fields(f: &[u64]) -> Self {
         PqPage {
-            src: f[0], src_len: f[1], dst: f[2], dst_len: f[3], levels_len: f[4], def_len: f[5], codec: f[6], kind: f[7], encoding: f[8],
-            num_values: f[9], first_row: f[10], dict: f[11], def_max: f[12], width: f[13], lvl_word: f[14], idx_off: f[15],
+            src: f[0],
+            src_len: f[1],
+            dst: f[2],
+            dst_len: f[3],
+            levels_len: f[4],
+            def_len: f[5],
+            codec: f[6],
+            kind: f[7],
+            encoding: f[8],
+            num_values: f[9],
+            first_row: f[10],
+            dict: f[11],
+            def_max: f[12],
+            width: f[13],
+            lvl_word: f[14],
+            idx_off: f[15],
         }
     }
 }
@@ -221,27 +249,45 @@ fn type_mismatch(physical: PhysicalType, logical: Option<&LogicalType>, arrow: &
         }
         _ => false,
     };
-    (!ok).then(|| format!("schema adaptation: {arrow} from Parquet {physical}{}", logical.map_or(String::new(), |l| format!(" ({l:?})"))))
+    (!ok).then(|| {
+        format!(
+            "schema adaptation: {arrow} from Parquet {physical}{}",
+            logical.map_or(String::new(), |l| format!(" ({l:?})"))
+        )
+    })
 }
 
 /// Can the device scan take a column of this Arrow type at all?
 pub fn supported_type(t: &DataType) -> bool {
-    matches!(t, DataType::Int32 | DataType::Int64 | DataType::Date32) || matches!(t, DataType::Decimal128(p, _) if *p <= 18)
+    matches!(t, DataType::Int32 | DataType::Int64 | DataType::Date32)
+        || matches!(t, DataType::Decimal128(p, _) if *p <= 18)
 }
 
 fn read_footer(path: &PathBuf) -> Result<ParquetMetaData> {
-    let f = File::open(path).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))?;
-    ParquetMetaDataReader::new().parse_and_finish(&f).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))
+    let f = File::open(path)
+        .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))?;
+    ParquetMetaDataReader::new()
+        .parse_and_finish(&f)
+        .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))
 }
 
 /// Plan the scan of `column` (a top-level column read as `arrow`) over `files`.
-pub fn plan_scan(files: &[ScanFile], column: &str, arrow: &DataType) -> Result<std::result::Result<ScanPlan, Fallback>> {
+pub fn plan_scan(
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+) -> Result<std::result::Result<ScanPlan, Fallback>> {
     plan_scan_within(files, column, arrow, None)
 }
 
 /// [`plan_scan`], leaving out the row groups whose statistics show no NULL
 /// and no value inside `keep` (signed 64-bit key values, both ends included).
-pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep: Option<(i64, i64)>) -> Result<std::result::Result<ScanPlan, Fallback>> {
+pub fn plan_scan_within(
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+    keep: Option<(i64, i64)>,
+) -> Result<std::result::Result<ScanPlan, Fallback>> {
     if !supported_type(arrow) {
         return fallback(format!("type {arrow}"));
     }
@@ -254,7 +300,9 @@ pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep
             let size = std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
             let mut r = file.ranges.clone();
             r.sort_unstable();
-            let covered = r.first().is_some_and(|f| f.0 == 0) && r.windows(2).all(|w| w[0].1 == w[1].0) && r.last().is_some_and(|l| l.1 >= size);
+            let covered = r.first().is_some_and(|f| f.0 == 0)
+                && r.windows(2).all(|w| w[0].1 == w[1].0)
+                && r.last().is_some_and(|l| l.1 >= size);
             if !covered {
                 return fallback("file ranges that do not cover the file");
             }
@@ -298,7 +346,16 @@ pub fn plan_scan_within(files: &[ScanFile], column: &str, arrow: &DataType, keep
             bytes += len;
         }
     }
-    Ok(Ok(ScanPlan { files: files.iter().map(|f| f.path.clone()).collect(), chunks, rows, width, def_max, bytes, row_groups_pruned, row_groups }))
+    Ok(Ok(ScanPlan {
+        files: files.iter().map(|f| f.path.clone()).collect(),
+        chunks,
+        rows,
+        width,
+        def_max,
+        bytes,
+        row_groups_pruned,
+        row_groups,
+    }))
 }
 
 /// Chunk buffers kept for the next scan ([`kept_buffer`], [`give_back`]).
@@ -367,7 +424,10 @@ pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
     let files: Vec<File> = plan
         .files
         .iter()
-        .map(|p| File::open(p).map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", p.display()).into())))
+        .map(|p| {
+            File::open(p)
+                .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", p.display()).into()))
+        })
         .collect::<Result<_>>()?;
     let mut chunks = kept_buffer(plan.bytes as usize);
     // Pieces of at most 8 MiB, so that few large chunks still spread over the threads.
@@ -405,7 +465,13 @@ fn corrupt(what: String) -> DataFusionError {
 
 /// Walk one chunk's page headers (`raw`: the chunk's bytes, at `base` in the
 /// buffer the device gets). Dictionary references are chunk-local here.
-fn walk_chunk(raw: &[u8], base: u64, c: &Chunk, width: u64, def_max: u64) -> Result<std::result::Result<Vec<PqPage>, Fallback>> {
+fn walk_chunk(
+    raw: &[u8],
+    base: u64,
+    c: &Chunk,
+    width: u64,
+    def_max: u64,
+) -> Result<std::result::Result<Vec<PqPage>, Fallback>> {
     let mut pages = Vec::new();
     let (mut pos, mut values) = (0usize, 0u64);
     let mut dict = NO_DICT;
@@ -443,7 +509,9 @@ fn walk_chunk(raw: &[u8], base: u64, c: &Chunk, width: u64, def_max: u64) -> Res
                 p.encoding = match h.encoding {
                     thrift::PLAIN => ENC_PLAIN,
                     thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY if dict != NO_DICT => ENC_DICT,
-                    thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY => return Err(corrupt("dictionary-encoded page without a dictionary".into())),
+                    thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY => {
+                        return Err(corrupt("dictionary-encoded page without a dictionary".into()))
+                    }
                     e => return fallback(format!("encoding {}", encoding_name(e))),
                 };
                 if h.page_type == thrift::DATA_PAGE {

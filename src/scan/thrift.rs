@@ -128,7 +128,11 @@ impl Reader<'_> {
                 return Ok(());
             }
             let t = h & 15;
-            let id = if h >> 4 == 0 { i16::try_from(self.zigzag()?).map_err(|_| bad("field id"))? } else { last.wrapping_add((h >> 4) as i16) };
+            let id = if h >> 4 == 0 {
+                i16::try_from(self.zigzag()?).map_err(|_| bad("field id"))?
+            } else {
+                last.wrapping_add((h >> 4) as i16)
+            };
             last = id;
             f(self, id, t)?;
             let _ = depth;

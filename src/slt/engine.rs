@@ -101,10 +101,6 @@ impl SltEngine {
         self.sql_replacements = r;
         self
     }
-
-    pub fn session_ctx(&self) -> &SessionContext {
-        &self.ctx
-    }
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -149,7 +145,11 @@ impl sqllogictest::AsyncDB for SltEngine {
     async fn shutdown(&mut self) {}
 }
 
-async fn run_query(ctx: &SessionContext, sql: &str, path_replacements: &[(String, String)]) -> Result<DFOutput, SltError> {
+async fn run_query(
+    ctx: &SessionContext,
+    sql: &str,
+    path_replacements: &[(String, String)],
+) -> Result<DFOutput, SltError> {
     let df = ctx.sql(sql).await?;
     let task_ctx = std::sync::Arc::new(df.task_ctx());
     let plan = df.create_physical_plan().await?;

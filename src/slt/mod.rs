@@ -101,9 +101,9 @@ pub fn gpu_mode_status() -> std::result::Result<(), String> {
 pub async fn session(mode: Mode) -> Result<SessionContext> {
     let config = SessionConfig::new().with_target_partitions(4);
     let ctx = match mode {
-        Mode::Plain => {
-            SessionContext::new_with_state(SessionStateBuilder::new().with_config(config).with_default_features().build())
-        }
+        Mode::Plain => SessionContext::new_with_state(
+            SessionStateBuilder::new().with_config(config).with_default_features().build(),
+        ),
         Mode::Cpu => {
             let ctx = crate::context_with_config(config);
             ctx.sql("SET setfusion.strategy = 'cpu'").await?.collect().await?;

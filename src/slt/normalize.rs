@@ -337,9 +337,7 @@ pub fn convert_schema_to_types(columns: &Fields) -> Vec<DFColumnType> {
             | DataType::Decimal128(_, _)
             | DataType::Decimal256(_, _) => DFColumnType::Float,
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => DFColumnType::Text,
-            DataType::Date32 | DataType::Date64 | DataType::Time32(_) | DataType::Time64(_) => {
-                DFColumnType::DateTime
-            }
+            DataType::Date32 | DataType::Date64 | DataType::Time32(_) | DataType::Time64(_) => DFColumnType::DateTime,
             DataType::Timestamp(_, _) => DFColumnType::Timestamp,
             DataType::Dictionary(key_type, value_type) => {
                 if key_type.is_integer() {
@@ -365,20 +363,13 @@ pub fn value_normalizer(s: &String) -> String {
 
 /// Validate the actual and expected values (DataFusion's `df_value_validator`,
 /// with `<slt:ignore>` support).
-pub fn df_value_validator(
-    normalizer: sqllogictest::Normalizer,
-    actual: &[Vec<String>],
-    expected: &[String],
-) -> bool {
+pub fn df_value_validator(normalizer: sqllogictest::Normalizer, actual: &[Vec<String>], expected: &[String]) -> bool {
     const IGNORE_MARKER: &str = "<slt:ignore>";
     let contains_ignore_marker = expected.iter().any(|line| line.contains(IGNORE_MARKER));
 
     let normalized_expected = expected.iter().map(normalizer).collect::<Vec<_>>();
-    let normalized_actual = actual
-        .iter()
-        .map(|strs| strs.join(" "))
-        .map(|s| s.trim_end().to_string())
-        .collect::<Vec<_>>();
+    let normalized_actual =
+        actual.iter().map(|strs| strs.join(" ")).map(|s| s.trim_end().to_string()).collect::<Vec<_>>();
 
     if contains_ignore_marker {
         let expected_snapshot = normalized_expected.join("\n");

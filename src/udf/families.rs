@@ -44,7 +44,10 @@ impl TableFunctionImpl for IntersectFamilies {
             .exprs()
             .iter()
             .map(|e| match e {
-                Expr::Literal(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
+                Expr::Literal(
+                    ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)),
+                    _,
+                ) => Ok(s.clone()),
                 _ => Err(usage()),
             })
             .collect::<Result<_>>()?;
@@ -99,7 +102,10 @@ impl FamiliesTable {
     /// The call's result over these tables (one: the self form), checking each table's layout.
     pub fn try_from_tables(names: Vec<String>, tables: Vec<Arc<dyn TableProvider>>, level: Level) -> Result<Self> {
         if tables.is_empty() || tables.len() > 2 || tables.len() != names.len() {
-            return Err(DataFusionError::Plan(format!("{NAME}: expected one or two named tables, got {}", tables.len())));
+            return Err(DataFusionError::Plan(format!(
+                "{NAME}: expected one or two named tables, got {}",
+                tables.len()
+            )));
         }
         let tables = names
             .iter()
@@ -150,7 +156,10 @@ impl TableProvider for FamiliesTable {
                     .iter()
                     .map(|&i| {
                         let f = self.schema.field(i);
-                        (Arc::new(datafusion::physical_expr::expressions::Column::new(f.name(), i)) as _, f.name().clone())
+                        (
+                            Arc::new(datafusion::physical_expr::expressions::Column::new(f.name(), i)) as _,
+                            f.name().clone(),
+                        )
                     })
                     .collect();
                 Ok(Arc::new(ProjectionExec::try_new(exprs, exec)?))

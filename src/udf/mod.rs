@@ -40,9 +40,7 @@ pub use crate::algo::ssjoin::encode as sets;
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Builder, Int64Builder, ListBuilder, StringBuilder};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::error::{DataFusionError, Result};
@@ -179,7 +177,11 @@ fn string_array(func: &str, a: &ArrayRef) -> Result<ArrayRef> {
 fn check_string(func: &str, dt: &DataType) -> Result<()> {
     match dt {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null => Ok(()),
-        DataType::Dictionary(_, v) if matches!(v.as_ref(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => Ok(()),
+        DataType::Dictionary(_, v)
+            if matches!(v.as_ref(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =>
+        {
+            Ok(())
+        }
         other => Err(DataFusionError::Plan(format!("{func}: expected a string argument, got {other}"))),
     }
 }

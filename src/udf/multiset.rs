@@ -59,9 +59,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Int64Builder, ListBuilder, StringBuilder, UInt64Builder,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Builder, ListBuilder, StringBuilder, UInt64Builder};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
@@ -79,8 +77,8 @@ use datafusion::optimizer::AnalyzerRule;
 
 use super::sets::{self, ElementClass};
 use crate::algo::multiset::{
-    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, PreparedLists, unsorted_error,
-    MultisetOp, StringRanks,
+    first_descent, intersect_k, intersect_k_gpu, list_elements, list_op_cpu, multiset_op, unsorted_error, MultisetOp,
+    PreparedLists, StringRanks,
 };
 use crate::algo::segmented::ListKey;
 use crate::algo::sorted_intersect::sorted_intersect;
@@ -363,8 +361,14 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
 /// [`list_function_estimate`] prefers it (no device, a device still
 /// starting, small batches); any other strategy forces the GPU when one is
 /// usable.
-pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize, strings: bool) -> std::result::Result<std::sync::Arc<Gpu>, String> {
-    device_for(cfg, elements, || list_function_estimate(elements, strings, &gpu::readiness(cfg.device), &Calibration::current()))
+pub fn choose_gpu(
+    cfg: &SetfusionConfig,
+    elements: usize,
+    strings: bool,
+) -> std::result::Result<std::sync::Arc<Gpu>, String> {
+    device_for(cfg, elements, || {
+        list_function_estimate(elements, strings, &gpu::readiness(cfg.device), &Calibration::current())
+    })
 }
 
 /// The strategy rule every list function shares, for a batch of `elements`
@@ -372,7 +376,11 @@ pub fn choose_gpu(cfg: &SetfusionConfig, elements: usize, strings: bool) -> std:
 /// `setfusion.min_rows` elements where `auto_rule` says so (`min_rows = 0`,
 /// the slt gpu mode: whenever one is usable); `hash` / `bitmap` / `sort`
 /// force it when one is usable. Err: why not.
-fn device_for(cfg: &SetfusionConfig, elements: usize, auto_rule: impl FnOnce() -> Verdict) -> std::result::Result<std::sync::Arc<Gpu>, String> {
+fn device_for(
+    cfg: &SetfusionConfig,
+    elements: usize,
+    auto_rule: impl FnOnce() -> Verdict,
+) -> std::result::Result<std::sync::Arc<Gpu>, String> {
     match cfg.strategy {
         Strategy::Cpu => return Err("setfusion.strategy = cpu".into()),
         Strategy::Auto => {
@@ -695,7 +703,8 @@ mod tests {
         p2.update_batch(&[int_lists(&[None])]).unwrap();
         let mut p3 = IntersectAccumulator::<i64>::default();
         p3.update_batch(&[int_lists(&[Some(vec![Some(3), Some(1), Some(1)])])]).unwrap();
-        let states: Vec<ScalarValue> = [&mut p1, &mut p2, &mut p3].into_iter().map(|p| p.state().unwrap().remove(0)).collect();
+        let states: Vec<ScalarValue> =
+            [&mut p1, &mut p2, &mut p3].into_iter().map(|p| p.state().unwrap().remove(0)).collect();
         assert!(states[1].is_null(), "no non-NULL list: NULL state");
         let mut fin = IntersectAccumulator::<i64>::default();
         fin.merge_batch(&[ScalarValue::iter_to_array(states).unwrap()]).unwrap();

@@ -35,19 +35,37 @@ async fn loopback_cluster_answers_like_one_process() {
             // The scheduler's plan (Ballista's EXPLAIN shows the stages): setfusion's operators,
             // the set operation and the semi join with both inputs shuffled by key.
             for (sql, wants) in [
-                ("SELECT k FROM r INTERSECT ALL SELECT k FROM t", &["SetOpExec: op=intersect all", ", partitioned", "partitioning=Hash([k@0], 4)"][..]),
-                ("SELECT a.id, b.id FROM docs_a a JOIN docs_b b ON jaccard(a.elements, b.elements) >= 0.8", &["SimilarityJoinExec"][..]),
+                (
+                    "SELECT k FROM r INTERSECT ALL SELECT k FROM t",
+                    &["SetOpExec: op=intersect all", ", partitioned", "partitioning=Hash([k@0], 4)"][..],
+                ),
+                (
+                    "SELECT a.id, b.id FROM docs_a a JOIN docs_b b ON jaccard(a.elements, b.elements) >= 0.8",
+                    &["SimilarityJoinExec"][..],
+                ),
                 // The client's SET reaches the scheduler (the reason), and the semi join is setfusion's
                 // (Ballista plans a sort-merge join, which the rule replaces like a hash join).
                 // Ballista rewrites NOT IN (an anti join beside the subquery's row and NULL counts).
-                ("SELECT k, v FROM r WHERE k NOT IN (SELECT k FROM t)", &["SemiJoinExec: op=anti", "__ballista_not_in"][..]),
-                ("SELECT k, v FROM r WHERE k IN (SELECT k FROM t)", &["SemiJoinExec: op=semi", "setfusion.strategy = cpu", "partitioning=Hash([k@0], 4)"][..]),
+                (
+                    "SELECT k, v FROM r WHERE k NOT IN (SELECT k FROM t)",
+                    &["SemiJoinExec: op=anti", "__ballista_not_in"][..],
+                ),
+                (
+                    "SELECT k, v FROM r WHERE k IN (SELECT k FROM t)",
+                    &["SemiJoinExec: op=semi", "setfusion.strategy = cpu", "partitioning=Hash([k@0], 4)"][..],
+                ),
                 // The mark join takes each input in one partition.
-                ("SELECT k, v, k IN (SELECT k FROM t) OR v > 990 AS m FROM r", &["MarkJoinExec: kind=in", "inputs=single partition"][..]),
+                (
+                    "SELECT k, v, k IN (SELECT k FROM t) OR v > 990 AS m FROM r",
+                    &["MarkJoinExec: kind=in", "inputs=single partition"][..],
+                ),
             ] {
                 let batches = cluster.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
                 let explain = datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
-                let stages = explain.split("distributed_plan").nth(1).unwrap_or_else(|| panic!("{sql}: no distributed plan in\n{explain}"));
+                let stages = explain
+                    .split("distributed_plan")
+                    .nth(1)
+                    .unwrap_or_else(|| panic!("{sql}: no distributed plan in\n{explain}"));
                 for want in wants {
                     assert!(stages.contains(want), "{sql}: no {want} in the cluster's plan\n{stages}");
                 }
@@ -62,7 +80,9 @@ async fn loopback_cluster_answers_like_one_process() {
         // Counted from here: only the cluster's queries run below.
         let leases_before = gpu.as_ref().map(|g| g.leases());
         for ((name, sql), want) in demo::QUERIES.iter().zip(wants) {
-            let got = demo::sorted_rows(&cluster, sql).await.unwrap_or_else(|e| panic!("{name} {settings:?} on the cluster: {e}"));
+            let got = demo::sorted_rows(&cluster, sql)
+                .await
+                .unwrap_or_else(|e| panic!("{name} {settings:?} on the cluster: {e}"));
             assert_eq!(got.len(), want.len(), "{name} {settings:?}: row counts");
             assert_eq!(got, want, "{name} {settings:?}");
         }

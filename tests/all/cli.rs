@@ -6,7 +6,9 @@ use std::process::{Command, Stdio};
 
 /// The binary: `SETFUSION_BIN`, else the one cargo built with this test.
 fn binary() -> Option<PathBuf> {
-    let path = std::env::var_os("SETFUSION_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_setfusion")));
+    let path = std::env::var_os("SETFUSION_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_setfusion")));
     path.exists().then_some(path)
 }
 

@@ -33,7 +33,8 @@ fn setfusion(args: &[&str]) -> Child {
 }
 
 fn wait_for_port(port: u16, what: &str, children: &mut Children) {
-    setfusion::distributed::process::wait_for_port(port, what, Duration::from_secs(120), &mut children.0).unwrap_or_else(|e| panic!("{e}"));
+    setfusion::distributed::process::wait_for_port(port, what, Duration::from_secs(120), &mut children.0)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -52,7 +53,17 @@ async fn separate_processes_answer_like_one_process() {
     let data_dir = data.to_str().unwrap();
     for (flight, grpc) in [(1, 2), (3, 4)] {
         children.0.push(setfusion(&[
-            "executor", "--scheduler", &scheduler, "--port", &p(flight), "--grpc-port", &p(grpc), "--tasks", "2", "--data-dir", data_dir,
+            "executor",
+            "--scheduler",
+            &scheduler,
+            "--port",
+            &p(flight),
+            "--grpc-port",
+            &p(grpc),
+            "--tasks",
+            "2",
+            "--data-dir",
+            data_dir,
         ]));
     }
     wait_for_port(ports[1], "executor 1", &mut children);
@@ -71,15 +82,24 @@ async fn separate_processes_answer_like_one_process() {
         assert!(!want.is_empty(), "{name}: the data gives an empty answer");
         let start = Instant::now();
         let got = demo::sorted_rows(&cluster, sql).await.unwrap_or_else(|e| panic!("{name} on the cluster: {e}"));
-        println!("cluster processes: {name}: {} rows, {:.0?} on the cluster, {local_time:.0?} in one process", got.len(), start.elapsed());
+        println!(
+            "cluster processes: {name}: {} rows, {:.0?} on the cluster, {local_time:.0?} in one process",
+            got.len(),
+            start.elapsed()
+        );
         assert_eq!(got, want, "{name}");
     }
 
     // A table outside the executors' data folder: the client can read its
     // schema, the executors refuse its files.
     let secret = outside.join("r");
-    cluster.register_parquet("secret", &format!("{}/", secret.to_str().unwrap()), ParquetReadOptions::default()).await.unwrap();
-    let e = demo::sorted_rows(&cluster, "SELECT k, v FROM secret").await.expect_err("an executor read a file outside its data folder");
+    cluster
+        .register_parquet("secret", &format!("{}/", secret.to_str().unwrap()), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    let e = demo::sorted_rows(&cluster, "SELECT k, v FROM secret")
+        .await
+        .expect_err("an executor read a file outside its data folder");
     assert!(e.to_string().contains("outside this executor's data folders"), "{e}");
     drop(children);
     let _ = std::fs::remove_dir_all(&base);

@@ -26,7 +26,13 @@ const QUERIES: &[&str] = &[
 async fn answers(ctx: &datafusion::prelude::SessionContext) -> Vec<String> {
     let mut out = Vec::new();
     for q in QUERIES {
-        let batches = ctx.sql(q).await.unwrap_or_else(|e| panic!("{q}: {e}")).collect().await.unwrap_or_else(|e| panic!("{q}: {e}"));
+        let batches = ctx
+            .sql(q)
+            .await
+            .unwrap_or_else(|e| panic!("{q}: {e}"))
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{q}: {e}"));
         out.push(datafusion::arrow::util::display::array_value_to_string(batches[0].column(0), 0).unwrap());
     }
     out
@@ -72,7 +78,9 @@ fn eight_sessions_share_one_device() {
             })
             .collect();
         let all = futures::future::join_all(tasks);
-        let results = tokio::time::timeout(Duration::from_secs(600), all).await.expect("eight sessions did not finish in 10 minutes");
+        let results = tokio::time::timeout(Duration::from_secs(600), all)
+            .await
+            .expect("eight sessions did not finish in 10 minutes");
         for r in results {
             r.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         }
@@ -80,6 +88,10 @@ fn eight_sessions_share_one_device() {
             let after = setfusion::gpu::gpu(0).unwrap().budget().used();
             assert_eq!(after, before, "device budget in use before and after the eight sessions");
         }
-        println!("concurrency: 8 sessions x 2 rounds x {} queries agree ({})", QUERIES.len(), if gpu { "gpu, half at a 4 MiB budget" } else { "cpu backend" });
+        println!(
+            "concurrency: 8 sessions x 2 rounds x {} queries agree ({})",
+            QUERIES.len(),
+            if gpu { "gpu, half at a 4 MiB budget" } else { "cpu backend" }
+        );
     });
 }

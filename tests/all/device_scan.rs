@@ -25,7 +25,15 @@ use crate::common::{block_on, gpu_or_skip};
 /// Write `files` Parquet files of `rows` rows each under `dir` (k BIGINT with
 /// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT), file i with its own writer options.
 /// `codec`: every file's; None: snappy and uncompressed files mixed.
-fn write_table(dir: &Path, files: usize, rows: usize, seed: u64, domain: i64, null_every: usize, codec: Option<Compression>) {
+fn write_table(
+    dir: &Path,
+    files: usize,
+    rows: usize,
+    seed: u64,
+    domain: i64,
+    null_every: usize,
+    codec: Option<Compression>,
+) {
     std::fs::create_dir_all(dir).unwrap();
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, null_every > 0),
@@ -38,7 +46,8 @@ fn write_table(dir: &Path, files: usize, rows: usize, seed: u64, domain: i64, nu
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (x >> 33) as i64
         };
-        let k: Vec<Option<i64>> = (0..rows).map(|i| (null_every == 0 || i % null_every != 3).then(|| next() % domain - domain / 4)).collect();
+        let k: Vec<Option<i64>> =
+            (0..rows).map(|i| (null_every == 0 || i % null_every != 3).then(|| next() % domain - domain / 4)).collect();
         let k32: Vec<Option<i32>> = k.iter().map(|v| v.map(|v| (v % 5000) as i32)).collect();
         let p: Vec<i64> = (0..rows as i64).map(|i| i * 3 + f as i64).collect();
         let batch = RecordBatch::try_new(
@@ -89,7 +98,13 @@ async fn session(dir: &Path, settings: &[&str], setfusion: bool) -> SessionConte
 }
 
 async fn rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
-    let batches = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let batches = ctx
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     canonical_rows(&batches).unwrap()
 }
 
@@ -151,7 +166,11 @@ fn device_scan_answers_equal_host_scan() {
         if gpu {
             let plan = explain(&device, limited, false).await;
             assert!(plan.contains("DeviceScanExec"), "{plan}");
-            assert!(plan.lines().any(|l| l.contains("SemiJoinExec") && l.contains("fetch=3") && l.contains("dynamic_filter=probe")), "{plan}");
+            assert!(
+                plan.lines()
+                    .any(|l| l.contains("SemiJoinExec") && l.contains("fetch=3") && l.contains("dynamic_filter=probe")),
+                "{plan}"
+            );
         }
         // Filters stay with DataFusion's scan, and EXPLAIN says why.
         let plan = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)", false).await;
@@ -194,12 +213,18 @@ fn device_cache_serves_unchanged_files_only() {
             let dir = dir.clone();
             async move {
                 let config = SessionConfig::new().with_target_partitions(4);
-                let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
+                let ctx = if setfusion {
+                    setfusion::context_with_config(config)
+                } else {
+                    SessionContext::new_with_config(config)
+                };
                 for s in settings {
                     ctx.sql(s).await.unwrap().collect().await.unwrap();
                 }
                 for t in ["a", "b"] {
-                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default())
+                        .await
+                        .unwrap();
                 }
                 ctx
             }
@@ -241,8 +266,16 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
         let k: Vec<Option<i64>> = keys.map(|v| (!nulls || v % 1000 != 7).then_some(v)).collect();
         let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(k))]).unwrap();
-        let props = WriterProperties::builder().set_max_row_group_row_count(Some(1000)).set_compression(Compression::SNAPPY).build();
-        let mut w = ArrowWriter::try_new(std::fs::File::create(dir.join(name).join("part-0.parquet")).unwrap(), schema, Some(props)).unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(dir.join(name).join("part-0.parquet")).unwrap(),
+            schema,
+            Some(props),
+        )
+        .unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
     };
@@ -254,14 +287,20 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
             let dir = dir.clone();
             async move {
                 let config = SessionConfig::new().with_target_partitions(4);
-                let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
+                let ctx = if setfusion {
+                    setfusion::context_with_config(config)
+                } else {
+                    SessionContext::new_with_config(config)
+                };
                 if setfusion {
                     // Without the device cache, so each EXPLAIN ANALYZE reports the files' row groups.
                     ctx.sql("SET setfusion.min_rows = 0").await.unwrap().collect().await.unwrap();
                     ctx.sql("SET setfusion.cache_limit = 0").await.unwrap().collect().await.unwrap();
                 }
                 for t in ["big", "big_nulls", "small"] {
-                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default())
+                        .await
+                        .unwrap();
                 }
                 ctx
             }
@@ -280,7 +319,8 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
         if gpu {
             let analyzed = explain(&device, "SELECT count(*) FROM big WHERE k IN (SELECT k FROM small)", true).await;
             assert!(analyzed.contains("19 of 20 row groups pruned by the build side's key range"), "{analyzed}");
-            let analyzed = explain(&device, "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)", true).await;
+            let analyzed =
+                explain(&device, "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)", true).await;
             assert!(!analyzed.contains("pruned by the build side"), "{analyzed}");
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -38,7 +38,13 @@ const ROWS_SPLIT_QUERY: usize = 8;
 async fn answers(ctx: &SessionContext) -> Vec<String> {
     let mut out = Vec::new();
     for q in QUERIES {
-        let batches = ctx.sql(q).await.unwrap_or_else(|e| panic!("{q}: {e}")).collect().await.unwrap_or_else(|e| panic!("{q}: {e}"));
+        let batches = ctx
+            .sql(q)
+            .await
+            .unwrap_or_else(|e| panic!("{q}: {e}"))
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{q}: {e}"));
         out.push(datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string());
     }
     out
@@ -81,10 +87,17 @@ fn the_same_answers_on_one_device_several_or_none() {
             // 'all' is both GPUs where two are present.
             let parts = if devices == "all" { setfusion::gpu::device_count() } else { devices.split(',').count() };
             if gpu && !devices.is_empty() && parts > 1 {
-                let analyzed = ctx.sql(&format!("EXPLAIN ANALYZE {}", QUERIES[3])).await.unwrap().collect().await.unwrap();
+                let analyzed =
+                    ctx.sql(&format!("EXPLAIN ANALYZE {}", QUERIES[3])).await.unwrap().collect().await.unwrap();
                 let text = datafusion::arrow::util::pretty::pretty_format_batches(&analyzed).unwrap().to_string();
                 assert!(text.contains(&format!("{parts} key partitions")), "devices '{devices}':\n{text}");
-                let analyzed = ctx.sql(&format!("EXPLAIN ANALYZE {}", QUERIES[ROWS_SPLIT_QUERY])).await.unwrap().collect().await.unwrap();
+                let analyzed = ctx
+                    .sql(&format!("EXPLAIN ANALYZE {}", QUERIES[ROWS_SPLIT_QUERY]))
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
                 let text = datafusion::arrow::util::pretty::pretty_format_batches(&analyzed).unwrap().to_string();
                 assert!(text.contains(&format!("probe rows in {parts} ranges")), "devices '{devices}':\n{text}");
             }

@@ -16,7 +16,13 @@ fn fuzz_small_run_agrees() {
     block_on(move || async move {
         let opts = setfusion::fuzz::FuzzOptions { queries, seed: 20261124, max_rows: 50_000, gpu };
         match setfusion::fuzz::run(&opts).await {
-            Ok(r) => println!("fuzz: {} queries in {} rounds agree on {} ({} refused by plain DataFusion and setfusion alike)", r.queries, r.rounds, r.backends.join(", "), r.refused),
+            Ok(r) => println!(
+                "fuzz: {} queries in {} rounds agree on {} ({} refused by plain DataFusion and setfusion alike)",
+                r.queries,
+                r.rounds,
+                r.backends.join(", "),
+                r.refused
+            ),
             Err(e) => panic!("{e}"),
         }
     });
@@ -47,7 +53,13 @@ fn families_match_array_intersect() {
                         let els: Vec<String> = (0..len)
                             .map(|_| {
                                 let v = (next() % 25) as i64;
-                                if spread { (v * 350_000_000_000_000_007 % i64::MAX).wrapping_mul(if v % 2 == 0 { 1 } else { -1 }).to_string() } else { v.to_string() }
+                                if spread {
+                                    (v * 350_000_000_000_000_007 % i64::MAX)
+                                        .wrapping_mul(if v % 2 == 0 { 1 } else { -1 })
+                                        .to_string()
+                                } else {
+                                    v.to_string()
+                                }
                             })
                             .collect();
                         format!("[{}]", els.join(", "))
@@ -58,7 +70,11 @@ fn families_match_array_intersect() {
                 format!("CREATE TABLE {name}(id BIGINT, elements BIGINT[]) AS VALUES {}", values.join(", "))
             };
             let (f, g) = (table("f", 40 + round * 5), table("g", 30));
-            let modes: &[&str] = if gpu { &["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"] } else { &["SET setfusion.strategy = 'cpu'"] };
+            let modes: &[&str] = if gpu {
+                &["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"]
+            } else {
+                &["SET setfusion.strategy = 'cpu'"]
+            };
             for mode in modes {
                 let ctx = setfusion::context();
                 for stmt in [f.as_str(), g.as_str(), mode] {
@@ -67,7 +83,8 @@ fn families_match_array_intersect() {
                 let rows = |sql: String| {
                     let ctx = ctx.clone();
                     async move {
-                        let batches = ctx.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap();
+                        let batches =
+                            ctx.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap();
                         let mut out: Vec<String> = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
                             .unwrap()
                             .to_string()
@@ -90,7 +107,9 @@ fn families_match_array_intersect() {
                 };
                 for self_form in [false, true] {
                     let args = if self_form { "'f'" } else { "'f', 'g'" };
-                    let got = rows(format!("SELECT left_id, right_id, elements FROM intersect_families({args}, 'pairs')")).await;
+                    let got =
+                        rows(format!("SELECT left_id, right_id, elements FROM intersect_families({args}, 'pairs')"))
+                            .await;
                     let want = rows(format!("SELECT l, r, e FROM ({})", reference(self_form))).await;
                     assert_eq!(got, want, "round {round}, {mode}, pairs, self form {self_form}");
                     let got = rows(format!("SELECT elements, frequency FROM intersect_families({args})")).await;

@@ -112,7 +112,9 @@ fn device_staging_counts_against_the_pool() {
         let q = "SELECT count(*), sum(v) FROM a WHERE k IN (SELECT k FROM b)";
         let want = answer(&free, q).await.unwrap();
         let staging = setfusion::gpu::STAGING_HOST_BYTES;
-        for (limit, ran) in [(staging / 4, "ran=cpu (GPU failed: Resources exhausted"), (staging + (64 << 20), "ran=gpu")] {
+        for (limit, ran) in
+            [(staging / 4, "ran=cpu (GPU failed: Resources exhausted"), (staging + (64 << 20), "ran=gpu")]
+        {
             let ctx = session(Some(limit), 4, Some(&free)).await;
             for s in ["SET setfusion.strategy = 'hash'", "SET setfusion.min_rows = 0"] {
                 ctx.sql(s).await.unwrap().collect().await.unwrap();

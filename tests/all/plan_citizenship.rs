@@ -210,7 +210,9 @@ fn operators_accept_a_fetch() {
             let (rows, plan) = run(&ctx, sql).await;
             let text = plan_text(&plan);
             assert_eq!(rows.len(), fetch, "{sql}\n{text}");
-            let operator = text.lines().find(|l| l.contains("SemiJoinExec") || l.contains("SetOpExec") || l.contains("MarkJoinExec"));
+            let operator = text
+                .lines()
+                .find(|l| l.contains("SemiJoinExec") || l.contains("SetOpExec") || l.contains("MarkJoinExec"));
             let operator = operator.unwrap_or_else(|| panic!("{sql}: no setfusion operator in\n{text}"));
             assert!(operator.contains(&format!("fetch={fetch}")), "{sql}: no fetch in\n{text}");
             assert!(!text.contains("GlobalLimitExec"), "{sql}: a GlobalLimitExec is left in\n{text}");

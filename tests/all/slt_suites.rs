@@ -122,7 +122,8 @@ fn compare_files(files: Vec<(String, PathBuf)>, mode: Mode) -> Vec<slt::PeerRepo
 fn run_peer_suites(mode: Mode) {
     let started = std::time::Instant::now();
     let dir = crate_root().join("sql-tests").join("peer");
-    let expected = slt::read_expected_differences(&dir.join("EXPECTED_DIFFERENCES.txt")).expect("EXPECTED_DIFFERENCES.txt");
+    let expected =
+        slt::read_expected_differences(&dir.join("EXPECTED_DIFFERENCES.txt")).expect("EXPECTED_DIFFERENCES.txt");
     let allowed: HashSet<String> = expected.keys().cloned().collect();
     // `path  reason` per line (a folder ends with '/'), '#' comments.
     let skipped: HashSet<String> = std::fs::read_to_string(dir.join("SKIPPED_FILES.txt"))
@@ -133,7 +134,11 @@ fn run_peer_suites(mode: Mode) {
         .map(|l| l.split_whitespace().next().unwrap().to_string())
         .collect();
     let files = peer_files(&peer_test_files(), &skipped);
-    assert!(!files.is_empty() || setfusion::env::slt_filter().is_some(), "no peer .slt files under {}", peer_test_files().display());
+    assert!(
+        !files.is_empty() || setfusion::env::slt_filter().is_some(),
+        "no peer .slt files under {}",
+        peer_test_files().display()
+    );
     let n_files = files.len();
     let reports = compare_files(files, mode);
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use setfusion::algo::ssjoin::{
-    ssjoin_brute_force, ssjoin_cpu, ssjoin_exact_counter, ssjoin_gpu, JoinStats, Metric, Pair, RawSets,
-    SetCollection, Threshold,
+    ssjoin_brute_force, ssjoin_cpu, ssjoin_exact_counter, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection,
+    Threshold,
 };
 use setfusion::algo::ssjoin_prep::preprocess;
 
@@ -43,10 +43,12 @@ fn uniform(rng: &mut StdRng, n: usize, universe: u64, lo: usize, hi: usize) -> R
 }
 
 fn zipf(rng: &mut StdRng, n: usize, universe: usize, lo: usize, hi: usize) -> RawSets {
-    let cdf: Vec<f64> = (1..=universe).scan(0.0, |a, i| {
-        *a += 1.0 / i as f64;
-        Some(*a)
-    }).collect();
+    let cdf: Vec<f64> = (1..=universe)
+        .scan(0.0, |a, i| {
+            *a += 1.0 / i as f64;
+            Some(*a)
+        })
+        .collect();
     let total = *cdf.last().unwrap();
     let mut r = RawSets::new();
     for _ in 0..n {
@@ -57,7 +59,14 @@ fn zipf(rng: &mut StdRng, n: usize, universe: usize, lo: usize, hi: usize) -> Ra
 }
 
 /// Run CPU (and GPU when present) and compare with `want`.
-fn check(name: &str, r: &SetCollection, s: Option<&SetCollection>, thr: Threshold, want: &[Pair], g: Option<&setfusion::gpu::Gpu>) {
+fn check(
+    name: &str,
+    r: &SetCollection,
+    s: Option<&SetCollection>,
+    thr: Threshold,
+    want: &[Pair],
+    g: Option<&setfusion::gpu::Gpu>,
+) {
     assert_eq!(sorted(ssjoin_cpu(r, s, thr)), want, "{name}: cpu backend, {thr:?}");
     if let Some(g) = g {
         let _lock = g.lock_blocking();
@@ -157,7 +166,13 @@ fn dblp_3gram_self_join() {
             base.iter().copied().filter(|&(a, b, o)| thr.passes(o, size_of[a as usize], size_of[b as usize])).collect();
         let start = std::time::Instant::now();
         let mut st = JoinStats::default();
-        let cpu = sorted(setfusion::algo::ssjoin::ssjoin_cpu_with(&c, None, thr, setfusion::algo::ssjoin::default_threads(), &mut st));
+        let cpu = sorted(setfusion::algo::ssjoin::ssjoin_cpu_with(
+            &c,
+            None,
+            thr,
+            setfusion::algo::ssjoin::default_threads(),
+            &mut st,
+        ));
         let t_cpu = start.elapsed();
         assert_eq!(cpu, want, "dblp cpu t={t}");
         let mut line = format!(
@@ -212,12 +227,20 @@ fn sql_similarity_join_plan_and_results() {
                 format!("({i}, [{}])", v.join(", "))
             })
             .collect();
-        ctx.sql(&format!("CREATE TABLE t(id INT, s INT[]) AS VALUES {}", rows.join(", "))).await.unwrap().collect().await.unwrap();
+        ctx.sql(&format!("CREATE TABLE t(id INT, s INT[]) AS VALUES {}", rows.join(", ")))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
         let q = "SELECT a.id, b.id FROM t a JOIN t b ON a.id < b.id AND jaccard(a.s, b.s) >= 0.4 ORDER BY 1, 2";
         let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
         assert!(plan.contains("SimilarityJoinExec: metric=jaccard"), "{plan}");
         assert!(plan.contains("threshold >= 0.4"), "{plan}");
-        assert!(plan.contains(if use_gpu { "backend=gpu" } else { "backend=cpu, reason=\"setfusion.strategy = cpu\"" }), "{plan}");
+        assert!(
+            plan.contains(if use_gpu { "backend=gpu" } else { "backend=cpu, reason=\"setfusion.strategy = cpu\"" }),
+            "{plan}"
+        );
         let analyzed = sql_rows(&ctx, &format!("EXPLAIN ANALYZE {q}")).await.join("\n");
         for m in ["candidates=", "verified_pairs=", "bytes_to_device=", "kernel_time="] {
             assert!(analyzed.contains(m), "{m} missing in\n{analyzed}");

@@ -46,9 +46,14 @@ fn tpch_answers_with_setfusion_forced() {
         let plain = tpch::session(&dir, false, 4, &[]).await.unwrap();
         let mut modes = Vec::new();
         for partitions in [2, 4] {
-            let ctx = tpch::session(&dir, true, partitions, &["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"])
-                .await
-                .unwrap();
+            let ctx = tpch::session(
+                &dir,
+                true,
+                partitions,
+                &["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"],
+            )
+            .await
+            .unwrap();
             modes.push((format!("cpu, {partitions} partitions"), ctx));
         }
         if gpu {
@@ -81,7 +86,12 @@ fn tpch_answers_with_setfusion_forced() {
                 assert_eq!(got.len(), want.len(), "{} ({mode}): row count", q.name);
                 assert!(got == want, "{} ({mode}): answer differs from the exact multiset answer", q.name);
                 if mode != "default settings" {
-                    assert_eq!(setfusion_operators(ctx, &q.sql()).await, 1, "{} ({mode}): not a setfusion operator", q.name);
+                    assert_eq!(
+                        setfusion_operators(ctx, &q.sql()).await,
+                        1,
+                        "{} ({mode}): not a setfusion operator",
+                        q.name
+                    );
                 }
             }
         }

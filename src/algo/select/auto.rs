@@ -15,7 +15,10 @@ use cudarc::driver::CudaView;
 use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
 use super::cpu::{bucket_keys, pieces};
 use super::hash::{hash_capacity, HashTable};
-use super::{bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool, GpuStrategy, SetOp};
+use super::{
+    bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool,
+    GpuStrategy, SetOp,
+};
 use crate::gpu::{compact_kept_keys, compact_kept_keys_cpu, DeviceBuffer, Gpu, PendingBuffer, TransferStats};
 use crate::util::trace;
 
@@ -93,7 +96,13 @@ impl ResidentSelect {
 
     /// Keys that are already on the device (e.g. row hashes computed there).
     /// `range` is their domain when known; hashed keys pass None (hash strategy only).
-    pub fn from_device(build: DeviceBuffer<u64>, nb: usize, probe: DeviceBuffer<u64>, np: usize, range: Option<(u64, u64)>) -> Self {
+    pub fn from_device(
+        build: DeviceBuffer<u64>,
+        nb: usize,
+        probe: DeviceBuffer<u64>,
+        np: usize,
+        range: Option<(u64, u64)>,
+    ) -> Self {
         Self { build, probe, nb, np, range }
     }
 
@@ -103,7 +112,13 @@ impl ResidentSelect {
     }
 
     /// Run the kernels; returns one bit per probe row on the device.
-    pub fn run(&self, gpu: &Gpu, strategy: GpuStrategy, op: SetOp, stats: &mut TransferStats) -> Result<DeviceBuffer<u32>> {
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        strategy: GpuStrategy,
+        op: SetOp,
+        stats: &mut TransferStats,
+    ) -> Result<DeviceBuffer<u32>> {
         let (nb, np) = (self.nb, self.np);
         let (d_build, d_probe) = (&self.build, &self.probe);
         if strategy == GpuStrategy::Sort {
@@ -129,7 +144,15 @@ enum ProbeTable {
 
 impl ProbeTable {
     /// Build the table for `strategy` (Bitmap or Hash; see [`BitmapTable::build`]).
-    fn build(gpu: &Gpu, strategy: GpuStrategy, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, np: usize, range: Option<(u64, u64)>) -> Result<Self> {
+    fn build(
+        gpu: &Gpu,
+        strategy: GpuStrategy,
+        op: SetOp,
+        d_build: &DeviceBuffer<u64>,
+        nb: usize,
+        np: usize,
+        range: Option<(u64, u64)>,
+    ) -> Result<Self> {
         Ok(match strategy {
             GpuStrategy::Bitmap => ProbeTable::Bitmap(BitmapTable::build(gpu, op, d_build, nb, range)?),
             _ => ProbeTable::Hash(HashTable::build(gpu, op, d_build, nb, np, range)?),
@@ -148,10 +171,19 @@ impl ProbeTable {
 
     /// Queue the probe of one upload fill, rows `first..` (see
     /// [`Gpu::upload_keys_each`]), into the selection words `out` of all rows.
-    fn probe_fill(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, first: usize, out: &DeviceBuffer<u32>) -> Result<()> {
+    fn probe_fill(
+        &self,
+        gpu: &Gpu,
+        op: SetOp,
+        keys: &CudaView<'_, u64>,
+        first: usize,
+        out: &DeviceBuffer<u32>,
+    ) -> Result<()> {
         // Each fill's bits start a word of their own (fills are whole 65,536-key segments).
         if first % 32 != 0 {
-            return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+            return Err(DataFusionError::Internal(format!(
+                "setfusion: upload fill starts at row {first}, not a word boundary"
+            )));
         }
         self.probe(gpu, op, keys, &out.slice.slice(first / 32..))
     }
@@ -182,9 +214,8 @@ pub(super) fn select_streamed(
     let table = ProbeTable::build(gpu, strategy, op, &d_build, nb, np, range)?;
     let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
     stats.kernel += t.elapsed();
-    let (d_probe, _) = gpu.upload_keys_each(probe, stats, false, &mut |keys, first| {
-        table.probe_fill(gpu, op, keys, first, &out)
-    })?;
+    let (d_probe, _) =
+        gpu.upload_keys_each(probe, stats, false, &mut |keys, first| table.probe_fill(gpu, op, keys, first, &out))?;
     // Kernel time shown: what the last fill's probe adds after the uploads.
     let t = Instant::now();
     gpu.synchronize()?;
@@ -240,7 +271,9 @@ fn select_streamed_bitmap(
             let mut fill = 0usize;
             gpu.stream_keys(probe, stats, &mut |keys, first| {
                 if first % 32 != 0 {
-                    return Err(DataFusionError::Internal(format!("setfusion: upload fill starts at row {first}, not a word boundary")));
+                    return Err(DataFusionError::Internal(format!(
+                        "setfusion: upload fill starts at row {first}, not a word boundary"
+                    )));
                 }
                 let n = keys.len().div_ceil(32);
                 if ring.len() < 2 {
@@ -307,7 +340,12 @@ fn bitmap_slices(op: SetOp, width: u64, avail: usize) -> Option<u64> {
 /// One bit per probe row back from the device. A large selection stays in the
 /// pinned memory its DMA lands in (little-endian u32 words are Arrow's bitmap
 /// bytes): no host copy, no fresh pages to fault in.
-fn download_selection(gpu: &Gpu, out: &DeviceBuffer<u32>, np: usize, stats: &mut TransferStats) -> Result<BooleanBuffer> {
+fn download_selection(
+    gpu: &Gpu,
+    out: &DeviceBuffer<u32>,
+    np: usize,
+    stats: &mut TransferStats,
+) -> Result<BooleanBuffer> {
     let words = np.div_ceil(32);
     Ok(if words >= (1 << 18) {
         BooleanBuffer::new(gpu.download_to_arrow(out, words, stats)?.wait()?, 0, np)
@@ -337,7 +375,14 @@ pub(super) fn choose_table(gpu: &Gpu, op: SetOp, nb: usize, np: usize, range: Op
 
 /// The strategy `forced`, or chosen by [`choose_table`]; a forced bitmap on a
 /// domain too wide for one falls back to the hash table.
-pub(super) fn pick_strategy(gpu: &Gpu, forced: Option<GpuStrategy>, op: SetOp, nb: usize, np: usize, range: Option<(u64, u64)>) -> GpuStrategy {
+pub(super) fn pick_strategy(
+    gpu: &Gpu,
+    forced: Option<GpuStrategy>,
+    op: SetOp,
+    nb: usize,
+    np: usize,
+    range: Option<(u64, u64)>,
+) -> GpuStrategy {
     match forced {
         Some(GpuStrategy::Bitmap) if range.is_none_or(|(lo, hi)| hi - lo >= BITMAP_MAX_RANGE) => GpuStrategy::Hash,
         Some(s) => s,
@@ -376,8 +421,16 @@ pub fn select_gpu_auto(
         if let Some((lo, hi)) = range.filter(|(lo, hi)| bitmap_ok && hi - lo < BITMAP_MAX_RANGE) {
             if let Some(slices) = bitmap_slices(op, hi - lo + 1, avail) {
                 if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), slices, stats)? {
-                    let passes = if slices > 1 { format!(", in {slices} passes over slices of the domain") } else { String::new() };
-                    return Ok((sel, format!("gpu/bitmap, both sides streamed (keys over the device budget){passes}"), None));
+                    let passes = if slices > 1 {
+                        format!(", in {slices} passes over slices of the domain")
+                    } else {
+                        String::new()
+                    };
+                    return Ok((
+                        sel,
+                        format!("gpu/bitmap, both sides streamed (keys over the device budget){passes}"),
+                        None,
+                    ));
                 }
             }
         }
@@ -437,7 +490,12 @@ pub fn select_resident(
     // The keys are already charged to the budget; the rest must fit.
     let available = gpu.budget().available() + (nb + np) * 8;
     if needed > available {
-        return Err(crate::gpu::GpuError::OverBudget { what: format!("device-resident keys, gpu/{}", strategy.name()), need: needed, available }.into());
+        return Err(crate::gpu::GpuError::OverBudget {
+            what: format!("device-resident keys, gpu/{}", strategy.name()),
+            need: needed,
+            available,
+        }
+        .into());
     }
     let resident = ResidentSelect::from_device(build, nb, probe, np, range);
     let out = resident.run(gpu, strategy, op, stats)?;
@@ -500,7 +558,9 @@ fn partitioned_by(
         let (b_chunks, p_chunks) = split.part(p);
         let (sel, n) = match select_gpu_chunks(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, stats) {
             // Skew: this partition alone is over the budget; split it on other hash bits.
-            Err(e) if level < 2 && crate::gpu::is_out_of_memory(&e) => partitioned_by(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, level + 1, stats)?,
+            Err(e) if level < 2 && crate::gpu::is_out_of_memory(&e) => {
+                partitioned_by(gpu, GpuStrategy::Hash, op, &b_chunks, &p_chunks, level + 1, stats)?
+            }
             other => (other?, 1),
         };
         total += n;
@@ -528,16 +588,17 @@ impl<'a> KeySplit<'a> {
         let build_buckets = bucket_keys(&pieces(build), parts, &part_of);
         let probe_pieces = pieces(probe);
         type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
-        let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> = crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
-            let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-            let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-            for (j, &key) in keys.iter().enumerate() {
-                let p = part_of(key);
-                k[p].push(key);
-                r[p].push(j as u32);
-            }
-            Ok((k, r))
-        });
+        let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> =
+            crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
+                let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+                let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+                for (j, &key) in keys.iter().enumerate() {
+                    let p = part_of(key);
+                    k[p].push(key);
+                    r[p].push(j as u32);
+                }
+                Ok((k, r))
+            });
         Self { build_buckets, probe_pieces, probe_buckets }
     }
 
@@ -551,11 +612,15 @@ impl<'a> KeySplit<'a> {
     /// Set in `words` the probe rows that partition `p`'s selection `sel`
     /// keeps, piece by piece on the host threads.
     fn mark_selected(&self, p: usize, sel: &BooleanBuffer, words: &[AtomicU32]) {
-        let starts: Vec<usize> = self.probe_buckets.iter().scan(0, |at, (k, _)| {
-            let s = *at;
-            *at += k[p].len();
-            Some(s)
-        }).collect();
+        let starts: Vec<usize> = self
+            .probe_buckets
+            .iter()
+            .scan(0, |at, (k, _)| {
+                let s = *at;
+                *at += k[p].len();
+                Some(s)
+            })
+            .collect();
         let ids: Vec<usize> = (0..self.probe_pieces.len()).collect();
         let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&i| {
             let first_row = self.probe_pieces[i].0;
@@ -617,7 +682,8 @@ pub(super) fn select_gpus_by_key(
                         trace(&format!("gpu {d}: partition {p} selected"));
                         split.mark_selected(p, &sel, words);
                         trace(&format!("gpu {d}: partition {p} rows marked"));
-                        let n = p_chunks.iter().map(|c| c.len()).sum::<usize>() + b_chunks.iter().map(|c| c.len()).sum::<usize>();
+                        let n = p_chunks.iter().map(|c| c.len()).sum::<usize>()
+                            + b_chunks.iter().map(|c| c.len()).sum::<usize>();
                         ran.push(format!("device {d} partition {p} ({n} keys): {how}"));
                     }
                     Ok((ran, st))
@@ -634,7 +700,10 @@ pub(super) fn select_gpus_by_key(
     }
     crate::gpu::drop_later(split.into_buckets());
     ran.sort();
-    Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), format!("gpu on {} device(s), {parts} key partitions [{}]", devices.len(), ran.join("; "))))
+    Ok((
+        words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np),
+        format!("gpu on {} device(s), {parts} key partitions [{}]", devices.len(), ran.join("; ")),
+    ))
 }
 
 /// Doctor self-check: every op and strategy against the CPU twin on random keys with duplicates.
@@ -644,11 +713,20 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut checked = 0;
     // (build rows, probe rows, key domain, with the all-ones key): narrow domains
     // use the u32 table, wide ones (or the all-ones key) the u64 table.
-    let cases = [(0usize, 100usize, 10u64, true), (1000, 0, 10, true), (5000, 7000, 3000, true), (5000, 7000, 3000, false), (4000, 7000, 9000, false),
-        (60_000, 90_000, u32::MAX as u64, false), (100_000, 150_000, 1 << 40, true), (50_000, 50_000, 2, false),
+    let cases = [
+        (0usize, 100usize, 10u64, true),
+        (1000, 0, 10, true),
+        (5000, 7000, 3000, true),
+        (5000, 7000, 3000, false),
+        (4000, 7000, 9000, false),
+        (60_000, 90_000, u32::MAX as u64, false),
+        (100_000, 150_000, 1 << 40, true),
+        (50_000, 50_000, 2, false),
         // Heavily repeated keys (30,000 copies of one) in a u64 table; and a u32 table of
         // 64 MiB, which the hash build fills in two passes.
-        (600_000, 200_000, 1 << 40, true), (6_000_000, 1_000_000, 1 << 30, false)];
+        (600_000, 200_000, 1 << 40, true),
+        (6_000_000, 1_000_000, 1 << 30, false),
+    ];
     for &(nb, np, domain, marker) in &cases {
         let mut build: Vec<u64> = (0..nb).map(|_| 1000 + rng.random_range(0..domain)).collect();
         if nb == 4000 {
@@ -666,11 +744,21 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
                 build[1] = u64::MAX;
             }
         }
-        for op in [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll] {
+        for op in [
+            SetOp::Semi,
+            SetOp::Anti,
+            SetOp::IntersectDistinct,
+            SetOp::IntersectAll,
+            SetOp::ExceptDistinct,
+            SetOp::ExceptAll,
+        ] {
             let want = select_cpu(op, &build, &probe);
             let range = key_range(&build, &probe).map_or(0, |(lo, hi)| hi - lo);
-            let strategies: &[GpuStrategy] =
-                if range < (1 << 24) { &[GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort] } else { &[GpuStrategy::Hash, GpuStrategy::Sort] };
+            let strategies: &[GpuStrategy] = if range < (1 << 24) {
+                &[GpuStrategy::Hash, GpuStrategy::Bitmap, GpuStrategy::Sort]
+            } else {
+                &[GpuStrategy::Hash, GpuStrategy::Sort]
+            };
             for &s in strategies {
                 let got = select_gpu(gpu, s, op, &build, &probe, &mut TransferStats::default())?;
                 if !same_multiset_selection(op, &probe, &want, &got) {
@@ -697,7 +785,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             let got = got.wait()?;
             let want = compact_kept_keys_cpu(&keys, &sel);
             if count != want.len() || got.typed_data::<u64>()[..count] != want[..] {
-                return Err(DataFusionError::Execution(format!("kept keys self-check failed: {n} rows, density {density}")));
+                return Err(DataFusionError::Execution(format!(
+                    "kept keys self-check failed: {n} rows, density {density}"
+                )));
             }
             compacted += 1;
         }
@@ -715,8 +805,14 @@ mod tests {
         multiset_reference(op, build, probe)
     }
 
-    const OPS: [SetOp; 6] =
-        [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
+    const OPS: [SetOp; 6] = [
+        SetOp::Semi,
+        SetOp::Anti,
+        SetOp::IntersectDistinct,
+        SetOp::IntersectAll,
+        SetOp::ExceptDistinct,
+        SetOp::ExceptAll,
+    ];
 
     fn kept(probe: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
         let mut v: Vec<u64> = sel.set_indices().map(|i| probe[i]).collect();
@@ -733,7 +829,11 @@ mod tests {
             let build: Vec<u64> = (0..nb).map(|_| rng.random_range(0..domain)).collect();
             let probe: Vec<u64> = (0..np).map(|_| rng.random_range(0..domain)).collect();
             for op in OPS {
-                assert_eq!(kept(&probe, &select_cpu(op, &build, &probe)), reference(op, &build, &probe), "case {case} {op:?}");
+                assert_eq!(
+                    kept(&probe, &select_cpu(op, &build, &probe)),
+                    reference(op, &build, &probe),
+                    "case {case} {op:?}"
+                );
             }
         }
     }
@@ -794,7 +894,8 @@ mod tests {
             let probe = vec![lo + span, lo, lo + 6, lo + span, lo + span, lo + 77, lo + span - 1];
             for op in OPS {
                 let want = reference(op, &build, &probe);
-                let got = select_gpu(&gpu, GpuStrategy::Hash, op, &build, &probe, &mut TransferStats::default()).unwrap();
+                let got =
+                    select_gpu(&gpu, GpuStrategy::Hash, op, &build, &probe, &mut TransferStats::default()).unwrap();
                 assert_eq!(kept(&probe, &got), want, "span {span} {op:?}");
             }
         }
@@ -840,7 +941,8 @@ mod tests {
                 let forced_bitmap = (case % 3 == 0).then_some(Some(GpuStrategy::Bitmap));
                 for forced in [None, Some(GpuStrategy::Hash)].into_iter().chain(forced_bitmap) {
                     let mut stats = TransferStats::default();
-                    let (got, ran, keys) = select_gpu_auto(&gpu, forced, op, &[&build], &chunks, true, &mut stats).unwrap();
+                    let (got, ran, keys) =
+                        select_gpu_auto(&gpu, forced, op, &[&build], &chunks, true, &mut stats).unwrap();
                     let streamed = ran.ends_with("probed per upload fill");
                     assert_eq!(streamed, op != SetOp::ExceptDistinct, "case {case} {op:?} {forced:?}: {ran}");
                     assert_eq!(kept(&probe, &got), want, "case {case} {op:?} {forced:?} ({ran})");
@@ -849,7 +951,11 @@ mod tests {
                     if let Some(keys) = keys {
                         let keys = keys.wait().unwrap();
                         let keys: &[u64] = keys.typed_data();
-                        assert_eq!(keys, compact_kept_keys_cpu(&probe, &got).as_slice(), "case {case} {op:?} {forced:?}");
+                        assert_eq!(
+                            keys,
+                            compact_kept_keys_cpu(&probe, &got).as_slice(),
+                            "case {case} {op:?} {forced:?}"
+                        );
                     }
                 }
             }
@@ -864,7 +970,15 @@ mod tests {
         let build: Vec<u64> = (0..200_000).map(|_| rng.random_range(0..100_000u64)).collect();
         let probe: Vec<u64> = (0..300_000).map(|_| rng.random_range(0..100_000u64)).collect();
         for op in OPS {
-            let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &[&build], &[&probe], &mut TransferStats::default()).unwrap();
+            let (got, parts) = select_gpu_partitioned(
+                &gpu,
+                GpuStrategy::Hash,
+                op,
+                &[&build],
+                &[&probe],
+                &mut TransferStats::default(),
+            )
+            .unwrap();
             assert!(parts > 1, "expected partitioning");
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
         }
@@ -886,11 +1000,20 @@ mod tests {
         assert_eq!(C.wrapping_mul(inv), 1);
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         // Hashes with bits 40..56 clear: partition 0 at level 0 for any count up to 2^16.
-        let pool: Vec<u64> = (0..150_000).map(|_| (rng.random::<u64>() & !(0xFFFFu64 << 40)).wrapping_mul(inv)).collect();
+        let pool: Vec<u64> =
+            (0..150_000).map(|_| (rng.random::<u64>() & !(0xFFFFu64 << 40)).wrapping_mul(inv)).collect();
         let build: Vec<u64> = (0..200_000).map(|_| pool[rng.random_range(0..pool.len())]).collect();
         let probe: Vec<u64> = (0..300_000).map(|_| pool[rng.random_range(0..pool.len())]).collect();
         for op in OPS {
-            let (got, parts) = select_gpu_partitioned(&gpu, GpuStrategy::Hash, op, &[&build], &[&probe], &mut TransferStats::default()).unwrap();
+            let (got, parts) = select_gpu_partitioned(
+                &gpu,
+                GpuStrategy::Hash,
+                op,
+                &[&build],
+                &[&probe],
+                &mut TransferStats::default(),
+            )
+            .unwrap();
             assert!(parts > 2, "{op:?}: the skewed partition was not split again ({parts} partitions)");
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}");
         }
@@ -906,19 +1029,33 @@ mod tests {
         let n = 300_000usize;
         let build: Vec<u64> = (0..n).map(|_| 7 + rng.random_range(0..n as u64)).collect();
         let probe: Vec<u64> = (0..n + 999).map(|_| 7 + rng.random_range(0..n as u64 * 2)).collect();
-        let sparse: (Vec<u64>, Vec<u64>) = (build.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect(), probe.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect());
+        let sparse: (Vec<u64>, Vec<u64>) = (
+            build.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect(),
+            probe.iter().map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect(),
+        );
         let empty: Vec<u64> = Vec::new();
-        let cases: [(&str, &[u64], &[u64]); 4] = [("dense", &build, &probe), ("sparse", &sparse.0, &sparse.1), ("empty build", &empty, &probe), ("empty probe", &build, &empty)];
+        let cases: [(&str, &[u64], &[u64]); 4] = [
+            ("dense", &build, &probe),
+            ("sparse", &sparse.0, &sparse.1),
+            ("empty build", &empty, &probe),
+            ("empty probe", &build, &empty),
+        ];
         for (what, build, probe) in cases {
             let (b1, b2) = build.split_at(build.len() / 3);
             let (p1, p2) = probe.split_at(probe.len() / 2);
             for devices in [2, 3] {
                 let gpus: Vec<&Gpu> = (0..devices).map(|_| &*g).collect();
                 for op in OPS {
-                    let (got, ran) = select_gpus_by_key(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default()).unwrap();
+                    let (got, ran) =
+                        select_gpus_by_key(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default())
+                            .unwrap();
                     assert_eq!(got.len(), probe.len(), "{what} {op:?}");
                     assert!(ran.contains(&format!("{devices} key partitions")), "{what} {op:?}: ran {ran}");
-                    assert_eq!(kept(probe, &got), reference(op, build, probe), "{what} {op:?} on {devices} partitions: ran {ran}");
+                    assert_eq!(
+                        kept(probe, &got),
+                        reference(op, build, probe),
+                        "{what} {op:?} on {devices} partitions: ran {ran}"
+                    );
                 }
             }
         }
@@ -944,7 +1081,8 @@ mod tests {
             .collect();
         let (p1, p2) = probe.split_at(123_457);
         for op in OPS {
-            let (got, ran, _) = select_gpu_auto(&gpu, None, op, &[&build], &[p1, p2], false, &mut TransferStats::default()).unwrap();
+            let (got, ran, _) =
+                select_gpu_auto(&gpu, None, op, &[&build], &[p1, p2], false, &mut TransferStats::default()).unwrap();
             assert!(ran.contains("passes over slices"), "{op:?}: ran {ran}");
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}: ran {ran}");
         }
@@ -975,7 +1113,9 @@ mod tests {
             let (b1, b2) = build.split_at(build.len() / 3);
             let (p1, p2) = probe.split_at(probe.len() / 2 + 5);
             for op in OPS {
-                let (got, ran, _) = select_gpu_auto(&gpu, forced, op, &[b1, b2], &[p1, p2], false, &mut TransferStats::default()).unwrap();
+                let (got, ran, _) =
+                    select_gpu_auto(&gpu, forced, op, &[b1, b2], &[p1, p2], false, &mut TransferStats::default())
+                        .unwrap();
                 let repeated_all = what.contains("repeated") && matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
                 let want_streamed = forced.is_none() && what.starts_with("dense") && !repeated_all;
                 assert_eq!(ran.contains("streamed"), want_streamed, "{what} {op:?}: ran {ran}");

@@ -9,8 +9,11 @@ use super::SetOp;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// kernels/bitmap_setops.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "bitmap_setops", source: include_str!("../../../kernels/bitmap_setops.cu"), defines: super::op_defines };
-
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "bitmap_setops",
+    source: include_str!("../../../kernels/bitmap_setops.cu"),
+    defines: super::op_defines,
+};
 
 /// Largest key domain (max - min + 1) the bitmap strategy accepts.
 pub const BITMAP_MAX_RANGE: u64 = 1 << 32;
@@ -34,10 +37,21 @@ impl BitmapTable {
     /// EXCEPT DISTINCT needs one holding every probe key too. The kernels are
     /// queued, not awaited, except that the ALL forms read whether a build key
     /// repeats.
-    pub(super) fn build(gpu: &Gpu, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, range: Option<(u64, u64)>) -> Result<Self> {
+    pub(super) fn build(
+        gpu: &Gpu,
+        op: SetOp,
+        d_build: &DeviceBuffer<u64>,
+        nb: usize,
+        range: Option<(u64, u64)>,
+    ) -> Result<Self> {
         let (lo, range) = match range {
             Some((lo, hi)) if hi - lo < BITMAP_MAX_RANGE => (lo, hi - lo + 1),
-            Some((lo, hi)) => return Err(DataFusionError::Plan(format!("bitmap strategy: key range {} too wide", (hi - lo).saturating_add(1)))),
+            Some((lo, hi)) => {
+                return Err(DataFusionError::Plan(format!(
+                    "bitmap strategy: key range {} too wide",
+                    (hi - lo).saturating_add(1)
+                )))
+            }
             None => (0, 1),
         };
         let (stream, nb64, words) = (gpu.stream(), nb as u64, (range as usize).div_ceil(32));
@@ -46,8 +60,17 @@ impl BitmapTable {
             if nb > 0 {
                 let f = gpu.function(&KERNEL, "build_bits")?;
                 // SAFETY: signature matches kernels/bitmap_setops.cu; the bitmap covers [lo, lo + range), which holds every build key.
-                unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&range).arg(&bits.slice).launch(gpu.grid_stride(nb, 32)) }
-                    .map_err(|e| cuda_err("bitmap build", e))?;
+                unsafe {
+                    stream
+                        .launch_builder(&f)
+                        .arg(&d_build.slice)
+                        .arg(&nb64)
+                        .arg(&lo)
+                        .arg(&range)
+                        .arg(&bits.slice)
+                        .launch(gpu.grid_stride(nb, 32))
+                }
+                .map_err(|e| cuda_err("bitmap build", e))?;
             }
             return Ok(BitmapTable::Bits { bits, lo, range });
         }
@@ -56,8 +79,18 @@ impl BitmapTable {
         if nb > 0 {
             let f = gpu.function(&KERNEL, "build_bits_dup")?;
             // SAFETY: as above; `dup` holds one flag.
-            unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&range).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(nb, 32)) }
-                .map_err(|e| cuda_err("bitmap build", e))?;
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&d_build.slice)
+                    .arg(&nb64)
+                    .arg(&lo)
+                    .arg(&range)
+                    .arg(&bits.slice)
+                    .arg(&dup.slice)
+                    .launch(gpu.grid_stride(nb, 32))
+            }
+            .map_err(|e| cuda_err("bitmap build", e))?;
         }
         let all = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
         if !all || gpu.read_one(&dup, 0, &mut TransferStats::default())? == 0 {
@@ -68,15 +101,27 @@ impl BitmapTable {
         let ctr_a = gpu.alloc_zeros::<u32>(range as usize)?;
         let f = gpu.function(&KERNEL, "build_counts")?;
         // SAFETY: as above; the count arrays cover [lo, lo + range).
-        unsafe { stream.launch_builder(&f).arg(&d_build.slice).arg(&nb64).arg(&lo).arg(&count_b.slice).launch(gpu.grid_stride(nb, 32)) }
-            .map_err(|e| cuda_err("bitmap build", e))?;
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&d_build.slice)
+                .arg(&nb64)
+                .arg(&lo)
+                .arg(&count_b.slice)
+                .launch(gpu.grid_stride(nb, 32))
+        }
+        .map_err(|e| cuda_err("bitmap build", e))?;
         Ok(BitmapTable::Counts { count_b, ctr_a, lo, range })
     }
 
     /// Device bytes of the two-bitmap tables over `range` values ([`BitmapTable::empty`]).
     pub(super) fn streamed_bytes(op: SetOp, range: u64) -> usize {
         let words = (range as usize).div_ceil(32) * 4;
-        if op.needs_counts() { 2 * words } else { words }
+        if op.needs_counts() {
+            2 * words
+        } else {
+            words
+        }
     }
 
     /// An empty table over [lo, lo + range) whose build keys arrive in runs
@@ -129,13 +174,34 @@ impl BitmapTable {
         match self {
             BitmapTable::Bits { bits, lo, range } => {
                 let f = gpu.function(&KERNEL, "build_bits")?;
-                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).launch(gpu.grid_stride(n, 32)) }
+                unsafe {
+                    stream
+                        .launch_builder(&f)
+                        .arg(keys)
+                        .arg(&n64)
+                        .arg(lo)
+                        .arg(range)
+                        .arg(&bits.slice)
+                        .launch(gpu.grid_stride(n, 32))
+                }
             }
             BitmapTable::Ranks { bits, lo, range, .. } => {
                 let f = gpu.function(&KERNEL, "build_bits_dup")?;
-                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&dup.slice).launch(gpu.grid_stride(n, 32)) }
+                unsafe {
+                    stream
+                        .launch_builder(&f)
+                        .arg(keys)
+                        .arg(&n64)
+                        .arg(lo)
+                        .arg(range)
+                        .arg(&bits.slice)
+                        .arg(&dup.slice)
+                        .launch(gpu.grid_stride(n, 32))
+                }
             }
-            BitmapTable::Counts { .. } => return Err(DataFusionError::Internal("setfusion: counts are built in one run".into())),
+            BitmapTable::Counts { .. } => {
+                return Err(DataFusionError::Internal("setfusion: counts are built in one run".into()))
+            }
         }
         .map(|_| ())
         .map_err(|e| cuda_err("bitmap build", e))
@@ -153,22 +219,52 @@ impl BitmapTable {
             BitmapTable::Bits { bits, lo, range } => {
                 let anti = (op == SetOp::Anti) as i32;
                 let f = gpu.function(&KERNEL, "probe_bits")?;
-                unsafe { stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&anti).arg(out).launch(cfg) }
+                unsafe {
+                    stream
+                        .launch_builder(&f)
+                        .arg(keys)
+                        .arg(&n64)
+                        .arg(lo)
+                        .arg(range)
+                        .arg(&bits.slice)
+                        .arg(&anti)
+                        .arg(out)
+                        .launch(cfg)
+                }
             }
             BitmapTable::Ranks { bits, seen, lo, range } => {
                 let f = gpu.function(&KERNEL, "probe_ranks")?;
                 unsafe {
-                    stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&bits.slice).arg(&seen.slice).arg(&opi).arg(out).launch(cfg)
+                    stream
+                        .launch_builder(&f)
+                        .arg(keys)
+                        .arg(&n64)
+                        .arg(lo)
+                        .arg(range)
+                        .arg(&bits.slice)
+                        .arg(&seen.slice)
+                        .arg(&opi)
+                        .arg(out)
+                        .launch(cfg)
                 }
             }
             BitmapTable::Counts { count_b, ctr_a, lo, range } => {
                 let f = gpu.function(&KERNEL, "probe_counts")?;
                 unsafe {
-                    stream.launch_builder(&f).arg(keys).arg(&n64).arg(lo).arg(range).arg(&count_b.slice).arg(&ctr_a.slice).arg(&opi).arg(out).launch(cfg)
+                    stream
+                        .launch_builder(&f)
+                        .arg(keys)
+                        .arg(&n64)
+                        .arg(lo)
+                        .arg(range)
+                        .arg(&count_b.slice)
+                        .arg(&ctr_a.slice)
+                        .arg(&opi)
+                        .arg(out)
+                        .launch(cfg)
                 }
             }
         };
         launched.map(|_| ()).map_err(|e| cuda_err("bitmap probe", e))
     }
 }
-

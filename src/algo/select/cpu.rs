@@ -99,14 +99,19 @@ pub(super) fn pieces<'a>(chunks: &[&'a [u64]]) -> Vec<(usize, &'a [u64])> {
 
 /// Every piece's keys split into `parts` buckets by `part`, on the host
 /// threads: `out[piece][partition]`, each in the piece's order.
-pub(super) fn bucket_keys(pieces: &[(usize, &[u64])], parts: usize, part: impl Fn(u64) -> usize + Sync) -> Vec<Vec<Vec<u64>>> {
-    let Ok(buckets): Result<Vec<Vec<Vec<u64>>>, std::convert::Infallible> = crate::gpu::par_map(pieces, 1, |(_, keys)| {
-        let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-        for &k in *keys {
-            b[part(k)].push(k);
-        }
-        Ok(b)
-    });
+pub(super) fn bucket_keys(
+    pieces: &[(usize, &[u64])],
+    parts: usize,
+    part: impl Fn(u64) -> usize + Sync,
+) -> Vec<Vec<Vec<u64>>> {
+    let Ok(buckets): Result<Vec<Vec<Vec<u64>>>, std::convert::Infallible> =
+        crate::gpu::par_map(pieces, 1, |(_, keys)| {
+            let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+            for &k in *keys {
+                b[part(k)].push(k);
+            }
+            Ok(b)
+        });
     buckets
 }
 
@@ -134,13 +139,14 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
     // In a fresh process every scratch byte is a page fault first: on TPC-H SF10
     // (52M probe rows) the pairs cost ~600 MB of faults, ~0.15 s.
     let probe_pieces = pieces(probe_chunks);
-    let Ok(probe_buckets): Result<Vec<Vec<Vec<u32>>>, Infallible> = crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
-        let mut b: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-        for (j, &k) in keys.iter().enumerate() {
-            b[part(k)].push(j as u32);
-        }
-        Ok(b)
-    });
+    let Ok(probe_buckets): Result<Vec<Vec<Vec<u32>>>, Infallible> =
+        crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
+            let mut b: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
+            for (j, &k) in keys.iter().enumerate() {
+                b[part(k)].push(j as u32);
+            }
+            Ok(b)
+        });
     let words: Vec<AtomicU32> = (0..probe_len.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
     let ids: Vec<usize> = (0..parts).collect();
     let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&p| {
@@ -158,4 +164,3 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
     crate::gpu::drop_later((build_buckets, probe_buckets));
     words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), probe_len)
 }
-

@@ -52,7 +52,9 @@ pub fn select_gpus(
             Ok(Ok(done)) => return Ok(done),
             Ok(Err(reason)) => why = reason,
             // Over a device's budget: the key split partitions within it.
-            Err(e) if crate::gpu::is_out_of_memory(&e) => why = format!("row ranges over the device budget: {}", crate::util::one_line(&e)),
+            Err(e) if crate::gpu::is_out_of_memory(&e) => {
+                why = format!("row ranges over the device budget: {}", crate::util::one_line(&e))
+            }
             Err(e) => return Err(e),
         }
         trace(&format!("gpus: {why}; keys split by hash"));
@@ -87,7 +89,9 @@ fn rows_of<'a>(chunks: &[&'a [u64]], lo: usize, hi: usize) -> Vec<&'a [u64]> {
 fn sample_range(chunks: &[&[u64]]) -> Option<(u64, u64)> {
     let n = total(chunks);
     let step = (n / 64).max(1);
-    (0..n).step_by(step).fold(None, |acc, at| merge_ranges(acc, key_range_chunks(&rows_of(chunks, at, (at + 1024).min(n)))))
+    (0..n)
+        .step_by(step)
+        .fold(None, |acc, at| merge_ranges(acc, key_range_chunks(&rows_of(chunks, at, (at + 1024).min(n)))))
 }
 
 /// One device's share: build rows to load, probe rows to select, and its
@@ -115,7 +119,11 @@ struct Part<'a> {
 
 /// Run `f(p, part)` for every share, one thread per distinct device, each
 /// device's shares in ascending order; the first error is returned.
-fn on_devices<'a>(parts: &[Mutex<Part<'a>>], ordinals: &[usize], f: &(dyn Fn(usize, &mut Part<'a>) -> Result<()> + Sync)) -> Result<()> {
+fn on_devices<'a>(
+    parts: &[Mutex<Part<'a>>],
+    ordinals: &[usize],
+    f: &(dyn Fn(usize, &mut Part<'a>) -> Result<()> + Sync),
+) -> Result<()> {
     let mut devices = ordinals.to_vec();
     devices.sort_unstable();
     devices.dedup();
@@ -230,11 +238,14 @@ fn select_by_rows(
             Ok(())
         })?;
         trace("gpus: build shares uploaded");
-        let range = parts.iter().fold(None, |acc, p| merge_ranges(acc, p.lock().unwrap_or_else(|e| e.into_inner()).range));
-        let (lo, hi) = range.ok_or_else(|| DataFusionError::Internal("setfusion: build keys without a domain".into()))?;
+        let range =
+            parts.iter().fold(None, |acc, p| merge_ranges(acc, p.lock().unwrap_or_else(|e| e.into_inner()).range));
+        let (lo, hi) =
+            range.ok_or_else(|| DataFusionError::Internal("setfusion: build keys without a domain".into()))?;
         let np_max = per_p.min(np);
         let bitmap = hi - lo < BITMAP_MAX_RANGE
-            && (forced == Some(GpuStrategy::Bitmap) || choose_table(gpus[0], op, nb, np_max, Some((lo, hi))) == GpuStrategy::Bitmap);
+            && (forced == Some(GpuStrategy::Bitmap)
+                || choose_table(gpus[0], op, nb, np_max, Some((lo, hi))) == GpuStrategy::Bitmap);
         if bitmap {
             let done = select_bitmap_rows(parts, &ordinals, op, (lo, hi - lo + 1), stats)?;
             let how = if op.needs_counts() { ", ranks carried across ranges" } else { "" };
@@ -264,7 +275,10 @@ fn select_by_rows(
     let mut ran = finish(parts, stats);
     ran.sort_unstable();
     ran.dedup();
-    Ok(Ok((words_to_bool(words, np), format!("gpu/{} on {devices} device(s), build keys on each, probe rows in {k} ranges", ran.join("+")))))
+    Ok(Ok((
+        words_to_bool(words, np),
+        format!("gpu/{} on {devices} device(s), build keys on each, probe rows in {k} ranges", ran.join("+")),
+    )))
 }
 
 /// The shares' transfer statistics into `stats`; what each ran.
@@ -306,14 +320,16 @@ fn select_bitmap_rows(
         g.synchronize()?;
         part.stats.kernel += t.elapsed();
         part.repeated = all_rule && g.read_one(&dup, 0, &mut part.stats)? != 0;
-        let (bits, _) = table.words().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table without words".into()))?;
+        let (bits, _) =
+            table.words().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table without words".into()))?;
         part.presence = g.download(bits, bits.len(), &mut part.stats)?;
         part.table = Some(table);
         trace(&format!("gpu {}: share {p} bits built and downloaded", g.info().ordinal));
         Ok(())
     })?;
     trace("gpus: build bits downloaded");
-    let shares: Vec<Vec<u32>> = parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).presence)).collect();
+    let shares: Vec<Vec<u32>> =
+        parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).presence)).collect();
     let repeated = parts.iter().any(|p| p.lock().unwrap_or_else(|e| e.into_inner()).repeated);
     let (presence, clash) = merge_words(&shares.iter().map(Vec::as_slice).collect::<Vec<_>>());
     crate::gpu::drop_later(shares);
@@ -328,7 +344,8 @@ fn select_bitmap_rows(
     let ranked = op.needs_counts();
     on_devices(&parts, ordinals, &|p, part| {
         let g = part.gpu;
-        let mut table = part.table.take().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table missing".into()))?;
+        let mut table =
+            part.table.take().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table missing".into()))?;
         table.load_words(g, false, &presence, &mut part.stats)?;
         let out = g.alloc_zeros::<u32>(part.np.div_ceil(32))?;
         let probe_now = !ranked || p == 0 || p + 1 < k;
@@ -348,7 +365,9 @@ fn select_bitmap_rows(
         g.synchronize()?;
         part.stats.kernel += t.elapsed();
         if ranked && p + 1 < k {
-            let (_, seen) = table.words().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table without words".into()))?;
+            let (_, seen) = table
+                .words()
+                .ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table without words".into()))?;
             let seen = seen.ok_or_else(|| DataFusionError::Internal("setfusion: rank bits missing".into()))?;
             part.seen = g.download(seen, seen.len(), &mut part.stats)?;
         }
@@ -365,7 +384,8 @@ fn select_bitmap_rows(
     if ranked && k > 1 {
         // 4. Range p probes again with the rank bits of ranges 0..p: a row's
         // rank counts the copies before it in earlier ranges.
-        let seen: Vec<Vec<u32>> = parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).seen)).collect();
+        let seen: Vec<Vec<u32>> =
+            parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).seen)).collect();
         let mut before: Vec<Vec<u32>> = vec![Vec::new()];
         for p in 1..k {
             before.push(merge_words(&[before[p - 1].as_slice(), seen[p - 1].as_slice()]).0);
@@ -376,13 +396,17 @@ fn select_bitmap_rows(
                 return Ok(());
             }
             let g = part.gpu;
-            let mut table = part.table.take().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table missing".into()))?;
-            let out = part.out.take().ok_or_else(|| DataFusionError::Internal("setfusion: selection missing".into()))?;
+            let mut table =
+                part.table.take().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table missing".into()))?;
+            let out =
+                part.out.take().ok_or_else(|| DataFusionError::Internal("setfusion: selection missing".into()))?;
             table.load_words(g, true, &before[p], &mut part.stats)?;
             let t = Instant::now();
             match part.keys.take() {
                 Some(keys) => table.probe(g, op, &keys.slice.slice(..part.np), &out.slice.slice(..))?,
-                None => g.stream_keys(&part.probe, &mut part.stats, &mut |keys, first| table.probe(g, op, keys, &out.slice.slice(first / 32..)))?,
+                None => g.stream_keys(&part.probe, &mut part.stats, &mut |keys, first| {
+                    table.probe(g, op, keys, &out.slice.slice(first / 32..))
+                })?,
             }
             g.synchronize()?;
             part.stats.kernel += t.elapsed();
@@ -406,8 +430,14 @@ mod tests {
     use super::*;
     use crate::algo::select::multiset_reference;
 
-    const OPS: [SetOp; 6] =
-        [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
+    const OPS: [SetOp; 6] = [
+        SetOp::Semi,
+        SetOp::Anti,
+        SetOp::IntersectDistinct,
+        SetOp::IntersectAll,
+        SetOp::ExceptDistinct,
+        SetOp::ExceptAll,
+    ];
 
     fn kept(probe: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
         let mut v: Vec<u64> = sel.set_indices().map(|i| probe[i]).collect();
@@ -463,23 +493,35 @@ mod tests {
             ("empty probe", &distinct, &empty, 0),
             ("tight budget", &distinct, &probe, 3 << 20),
         ];
-        let layouts: Vec<Vec<usize>> = if gpu1.is_some() { vec![vec![0, 0], vec![0, 0, 0], vec![0, 1], vec![0, 1, 0]] } else { vec![vec![0, 0], vec![0, 0, 0]] };
+        let layouts: Vec<Vec<usize>> = if gpu1.is_some() {
+            vec![vec![0, 0], vec![0, 0, 0], vec![0, 1], vec![0, 1, 0]]
+        } else {
+            vec![vec![0, 0], vec![0, 0, 0]]
+        };
         for (what, build, probe, limit) in cases {
             let (b1, b2) = build.split_at(build.len() / 3);
             let (p1, p2) = probe.split_at((probe.len() / 2 + 5).min(probe.len()));
             let l0 = gpu0.lease(limit);
             let l1 = gpu1.as_ref().map(|g| g.lease(limit));
             for layout in &layouts {
-                let gpus: Vec<&Gpu> = layout.iter().map(|&d| if d == 0 { &*l0 } else { &**l1.as_ref().unwrap() }).collect();
+                let gpus: Vec<&Gpu> =
+                    layout.iter().map(|&d| if d == 0 { &*l0 } else { &**l1.as_ref().unwrap() }).collect();
                 for op in OPS {
-                    let (got, ran) = select_gpus(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default()).unwrap();
+                    let (got, ran) =
+                        select_gpus(&gpus, None, op, &[b1, b2], &[p1, p2], &mut TransferStats::default()).unwrap();
                     assert_eq!(got.len(), probe.len(), "{what} {op:?} {layout:?}");
-                    assert_eq!(kept(probe, &got), multiset_reference(op, build, probe), "{what} {op:?} on {layout:?}: ran {ran}");
+                    assert_eq!(
+                        kept(probe, &got),
+                        multiset_reference(op, build, probe),
+                        "{what} {op:?} on {layout:?}: ran {ran}"
+                    );
                     let rows = ran.contains("probe rows in");
                     let want_rows = match what {
                         _ if op == SetOp::ExceptDistinct => false,
                         "empty build" | "empty probe" => false,
-                        "dense repeated" | "repeated across shares" => !matches!(op, SetOp::IntersectAll | SetOp::ExceptAll),
+                        "dense repeated" | "repeated across shares" => {
+                            !matches!(op, SetOp::IntersectAll | SetOp::ExceptAll)
+                        }
                         "sparse" => matches!(op, SetOp::Semi | SetOp::Anti),
                         // At 3 MiB the ALL rules' bitmap (counts assumed) does not fit: hash split.
                         "tight budget" => !matches!(op, SetOp::IntersectAll | SetOp::ExceptAll),

@@ -9,8 +9,11 @@ use super::SetOp;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu};
 
 /// kernels/hash_setops.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "hash_setops", source: include_str!("../../../kernels/hash_setops.cu"), defines: super::op_defines };
-
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "hash_setops",
+    source: include_str!("../../../kernels/hash_setops.cu"),
+    defines: super::op_defines,
+};
 
 pub(super) fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
     hash_slots(distinct_bound(op, nb, np), false)
@@ -19,7 +22,11 @@ pub(super) fn hash_capacity(op: SetOp, nb: usize, np: usize) -> usize {
 /// Rows that may insert a distinct key into the table (build rows; for
 /// EXCEPT DISTINCT also probe rows, which insert to elect one copy).
 pub(super) fn distinct_bound(op: SetOp, nb: usize, np: usize) -> usize {
-    if op == SetOp::ExceptDistinct { nb + np } else { nb }
+    if op == SetOp::ExceptDistinct {
+        nb + np
+    } else {
+        nb
+    }
 }
 
 /// Slots for at most `bound` distinct keys: u64 tables at load <= 1/2; u32
@@ -36,7 +43,11 @@ pub(super) fn hash_slots(bound: usize, narrow: bool) -> usize {
 /// since every pass re-reads the build keys (larger tables were not measured
 /// with passes beyond the earlier whole-join experiment, which lost at 1 GiB).
 pub(super) fn build_passes(bytes: usize) -> u32 {
-    if bytes > (32 << 20) && bytes <= (64 << 20) { 2 } else { 1 }
+    if bytes > (32 << 20) && bytes <= (64 << 20) {
+        2
+    } else {
+        1
+    }
 }
 
 /// Launch config of the hash kernels: one thread per row (their grid-stride
@@ -64,7 +75,14 @@ impl HashTable {
     /// Queue the table's fill and build on the stream (no synchronisation).
     /// `range`: the build keys' domain, which must also hold every probe key
     /// for EXCEPT DISTINCT (its probe inserts keys).
-    pub(super) fn build(gpu: &Gpu, op: SetOp, d_build: &DeviceBuffer<u64>, nb: usize, np: usize, range: Option<(u64, u64)>) -> Result<Self> {
+    pub(super) fn build(
+        gpu: &Gpu,
+        op: SetOp,
+        d_build: &DeviceBuffer<u64>,
+        nb: usize,
+        np: usize,
+        range: Option<(u64, u64)>,
+    ) -> Result<Self> {
         let stream = gpu.stream();
         let nb64 = nb as u64;
         let narrow = range.filter(|(lo, hi)| hi - lo < u32::MAX as u64).map(|(lo, hi)| (lo, hi - lo));
@@ -124,4 +142,3 @@ impl HashTable {
         Ok(())
     }
 }
-

@@ -28,10 +28,13 @@ pub mod devices;
 pub mod hash;
 pub mod sort;
 
-pub use auto::{device_bytes, select_gpu, select_gpu_auto, select_gpu_chunks, select_gpu_partitioned, select_resident, self_check, ResidentSelect};
-pub use devices::select_gpus;
+pub use auto::{
+    device_bytes, select_gpu, select_gpu_auto, select_gpu_chunks, select_gpu_partitioned, select_resident, self_check,
+    ResidentSelect,
+};
 pub use bitmap::BITMAP_MAX_RANGE;
 pub use cpu::{select_cpu, select_cpu_chunks, KeyHasher};
+pub use devices::select_gpus;
 
 /// The selection rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -136,7 +139,10 @@ pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
     let pieces: Vec<&[u64]> = chunks.iter().flat_map(|c| c.chunks(piece.max(1))).collect();
     let per = pieces.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let handles: Vec<_> = pieces.chunks(per.max(1)).map(|ps| s.spawn(move || ps.iter().fold(None, |acc, c| merge_ranges(acc, scan(c))))).collect();
+        let handles: Vec<_> = pieces
+            .chunks(per.max(1))
+            .map(|ps| s.spawn(move || ps.iter().fold(None, |acc, c| merge_ranges(acc, scan(c)))))
+            .collect();
         handles.into_iter().map(|h| h.join().unwrap()).fold(None, merge_ranges)
     })
 }
@@ -171,8 +177,20 @@ pub(crate) fn multiset_reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec
     for (k, &mk) in &m {
         let n = nb.get(k).copied().unwrap_or(0);
         let copies = match op {
-            SetOp::Semi => if n > 0 { mk } else { 0 },
-            SetOp::Anti => if n == 0 { mk } else { 0 },
+            SetOp::Semi => {
+                if n > 0 {
+                    mk
+                } else {
+                    0
+                }
+            }
+            SetOp::Anti => {
+                if n == 0 {
+                    mk
+                } else {
+                    0
+                }
+            }
             SetOp::IntersectAll => mk.min(n),
             SetOp::ExceptAll => mk.saturating_sub(n),
             SetOp::IntersectDistinct => (n > 0) as usize,
@@ -183,4 +201,3 @@ pub(crate) fn multiset_reference(op: SetOp, build: &[u64], probe: &[u64]) -> Vec
     out.sort_unstable();
     out
 }
-

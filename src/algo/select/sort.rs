@@ -17,12 +17,16 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::algo::radix_sort;
 use super::{key_range, words_to_bool, SetOp};
+use crate::algo::radix_sort;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
 /// kernels/sort_setops.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "sort_setops", source: include_str!("../../../kernels/sort_setops.cu"), defines: sort_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "sort_setops",
+    source: include_str!("../../../kernels/sort_setops.cu"),
+    defines: sort_defines,
+};
 
 fn sort_defines() -> Vec<(String, u64)> {
     let mut d = super::op_defines();
@@ -111,7 +115,6 @@ fn blocks(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
-
 /// A sorted side: keys (as key - lo) and, for the probe side, original rows.
 struct Sorted {
     keys: DeviceBuffer<u64>,
@@ -155,7 +158,9 @@ pub fn run_sorted(
     }
     // Rows are carried as u32, and digit counts are u32 sums over one side.
     if np > u32::MAX as usize || nb > u32::MAX as usize {
-        return Err(DataFusionError::Plan(format!("sort strategy: {nb} build / {np} probe rows exceed 2^32 - 1 per side")));
+        return Err(DataFusionError::Plan(format!(
+            "sort strategy: {nb} build / {np} probe rows exceed 2^32 - 1 per side"
+        )));
     }
     let out = gpu.alloc_zeros::<u32>(np.div_ceil(32))?;
     if np == 0 {
@@ -176,7 +181,14 @@ pub fn run_sorted(
     let f = gpu.function(&KERNEL, "bp_partition")?;
     // SAFETY: signature matches kernels/sort_setops.cu; parts holds ntiles + 1 entries, a np keys, b nb keys.
     unsafe {
-        stream.launch_builder(&f).arg(&a.keys.slice).arg(&np64).arg(b_keys).arg(&nb64).arg(&ntiles64).arg(&parts.slice)
+        stream
+            .launch_builder(&f)
+            .arg(&a.keys.slice)
+            .arg(&np64)
+            .arg(b_keys)
+            .arg(&nb64)
+            .arg(&ntiles64)
+            .arg(&parts.slice)
             .launch(gpu.grid_stride(ntiles + 1, 32))
     }
     .map_err(|e| cuda_err("bp_partition", e))?;
@@ -184,8 +196,17 @@ pub fn run_sorted(
     let f = gpu.function(&KERNEL, "bp_select")?;
     // SAFETY: as above; one block per tile reads parts[t] and parts[t + 1], and out holds a bit per probe row.
     unsafe {
-        stream.launch_builder(&f).arg(&a.keys.slice).arg(&a_rows.slice).arg(&np64).arg(b_keys).arg(&nb64).arg(&parts.slice)
-            .arg(&opi).arg(&out.slice).launch(blocks(ntiles, BP_NT))
+        stream
+            .launch_builder(&f)
+            .arg(&a.keys.slice)
+            .arg(&a_rows.slice)
+            .arg(&np64)
+            .arg(b_keys)
+            .arg(&nb64)
+            .arg(&parts.slice)
+            .arg(&opi)
+            .arg(&out.slice)
+            .launch(blocks(ntiles, BP_NT))
     }
     .map_err(|e| cuda_err("bp_select", e))?;
     gpu.synchronize()?;
@@ -197,7 +218,13 @@ const OPS: [SetOp; 6] =
     [SetOp::Semi, SetOp::Anti, SetOp::IntersectDistinct, SetOp::IntersectAll, SetOp::ExceptDistinct, SetOp::ExceptAll];
 
 /// Upload, run [`run_sorted`], download: for the self-check and tests.
-fn select_sorted_gpu(gpu: &Gpu, op: SetOp, build: &[u64], probe: &[u64], range: Option<(u64, u64)>) -> Result<BooleanBuffer> {
+fn select_sorted_gpu(
+    gpu: &Gpu,
+    op: SetOp,
+    build: &[u64],
+    probe: &[u64],
+    range: Option<(u64, u64)>,
+) -> Result<BooleanBuffer> {
     let stats = &mut TransferStats::default();
     let d_build = gpu.upload(build, stats)?;
     let d_probe = gpu.upload(probe, stats)?;
@@ -222,11 +249,11 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         (1000, 0, 0, 10, true),
         (5000, 7000, 0, 3000, true),
         (5000, 7000, 0, 3000, false),
-        (20_000, 20_000, 42, 1, true),                 // one key: no sort pass, every diagonal inside the run
-        (3000, 50_000, 0, 20, true),                   // long duplicate runs over many tiles
-        (40_000, 40_001, 0, 9, true),                  // equal multiplicities: every split pair must be starred
-        (40_000, 30_000, 1 << 62, 400_000_000, true),  // offset domain: 29 bits, 4 passes
-        (100_000, 150_000, 0, 1 << 40, true),          // plus u64::MAX below: the full 64 bits
+        (20_000, 20_000, 42, 1, true), // one key: no sort pass, every diagonal inside the run
+        (3000, 50_000, 0, 20, true),   // long duplicate runs over many tiles
+        (40_000, 40_001, 0, 9, true),  // equal multiplicities: every split pair must be starred
+        (40_000, 30_000, 1 << 62, 400_000_000, true), // offset domain: 29 bits, 4 passes
+        (100_000, 150_000, 0, 1 << 40, true), // plus u64::MAX below: the full 64 bits
     ];
     let mut checked = 0;
     for &(nb, np, base, domain, ranged) in cases {
@@ -372,7 +399,9 @@ mod tests {
         let _lock = gpu.lock_blocking();
         let mut rng = rand::rngs::StdRng::seed_from_u64(15);
         let n = 10_000_000;
-        for (name, domain) in [("keys in [0, 2^24)", 1u64 << 24), ("keys in [0, 2^34)", 1 << 34), ("full 64-bit keys", u64::MAX)] {
+        for (name, domain) in
+            [("keys in [0, 2^24)", 1u64 << 24), ("keys in [0, 2^34)", 1 << 34), ("full 64-bit keys", u64::MAX)]
+        {
             let build: Vec<u64> = (0..n).map(|_| rng.random_range(0..domain)).collect();
             let probe: Vec<u64> = (0..n).map(|_| rng.random_range(0..domain)).collect();
             let range = key_range(&build, &probe);

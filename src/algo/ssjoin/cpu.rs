@@ -3,14 +3,18 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-
-
 use super::plan::*;
 use super::*;
 
 /// Run `work(chunk_start, chunk_end, state)` over `[0, n)` in chunks on
 /// `threads` threads; returns the per-thread outputs.
-pub(super) fn parallel_chunks<S: Send, F>(n: usize, threads: usize, chunk: usize, init: impl Fn() -> S + Sync, work: F) -> Vec<S>
+pub(super) fn parallel_chunks<S: Send, F>(
+    n: usize,
+    threads: usize,
+    chunk: usize,
+    init: impl Fn() -> S + Sync,
+    work: F,
+) -> Vec<S>
 where
     F: Fn(usize, usize, &mut S) + Sync,
 {
@@ -40,7 +44,6 @@ where
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
-
 
 /// CPU backend (PPJoin, all cores). `s = None`: self join, pairs `id_a < id_b`.
 pub fn ssjoin_cpu(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Vec<Pair> {
@@ -121,7 +124,8 @@ pub fn ssjoin_cpu_until(
                 }
                 let xs = r.set(x);
                 for (i, &w) in xs[..p].iter().enumerate() {
-                    let (ls, le) = (plan.index.offsets[w as usize] as usize, plan.index.offsets[w as usize + 1] as usize);
+                    let (ls, le) =
+                        (plan.index.offsets[w as usize] as usize, plan.index.offsets[w as usize + 1] as usize);
                     let list = &plan.index.sets[ls..le];
                     let from = list.partition_point(|&y| y < lo);
                     let to = from + list[from..].partition_point(|&y| y < hi);
@@ -172,5 +176,3 @@ pub fn ssjoin_cpu_until(
     stats.blocks += r.len().div_ceil(chunk) as u64;
     Some(out)
 }
-
-

@@ -71,7 +71,11 @@ pub fn common_class(func: &str, types: &[DataType]) -> Result<ElementClass> {
             _ => {
                 return Err(DataFusionError::Plan(format!(
                     "{func}: cannot compare list elements of types {} and {el}",
-                    types.iter().map(|t| element_type(t).map(|e| e.to_string()).unwrap_or_default()).collect::<Vec<_>>().join(" and ")
+                    types
+                        .iter()
+                        .map(|t| element_type(t).map(|e| e.to_string()).unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
                 )))
             }
         };

@@ -13,12 +13,15 @@ use super::plan::*;
 use super::*;
 
 /// kernels/ssjoin.cu, with its contract constants as `-D` options.
-pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource { family: "ssjoin", source: include_str!("../../../kernels/ssjoin.cu"), defines: ssjoin_defines };
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "ssjoin",
+    source: include_str!("../../../kernels/ssjoin.cu"),
+    defines: ssjoin_defines,
+};
 
 fn ssjoin_defines() -> Vec<(String, u64)> {
     vec![("SF_BLOCK".into(), JOIN_BLOCK as u64)]
 }
-
 
 /// Threads per CUDA block of `join_probes` (the kernel's SF_BLOCK).
 pub(super) const JOIN_BLOCK: u32 = 128;
@@ -70,7 +73,13 @@ pub(super) enum Probes<'a> {
     Range { first: u32, n: u32 },
     /// Probe positions `list[first..first + n]`, global tables at
     /// `tab + tab_off[first + i]` (4 * slots words each).
-    Listed { list: &'a crate::gpu::DeviceBuffer<u32>, tab: &'a crate::gpu::DeviceBuffer<u32>, tab_off: &'a crate::gpu::DeviceBuffer<u64>, first: u32, n: u32 },
+    Listed {
+        list: &'a crate::gpu::DeviceBuffer<u32>,
+        tab: &'a crate::gpu::DeviceBuffer<u32>,
+        tab_off: &'a crate::gpu::DeviceBuffer<u64>,
+        first: u32,
+        n: u32,
+    },
 }
 
 impl JoinKernel<'_> {
@@ -180,7 +189,11 @@ pub(super) fn ssjoin_gpu_tuned(
         return Ok(Vec::new());
     }
     if r.tokens.len() >= u32::MAX as usize || s_c.tokens.len() >= u32::MAX as usize {
-        return Err(crate::gpu::GpuError::Kernel { family: "ssjoin".into(), detail: "more than 2^32 set elements".into() }.into());
+        return Err(crate::gpu::GpuError::Kernel {
+            family: "ssjoin".into(),
+            detail: "more than 2^32 set elements".into(),
+        }
+        .into());
     }
 
     // The collection goes up on a second thread while this one builds the
@@ -202,8 +215,9 @@ pub(super) fn ssjoin_gpu_tuned(
         let started = Instant::now();
         let plan = Plan::new(r, s, thr, false, default_threads());
         let plan_time = started.elapsed();
-        let uploaded =
-            up.join().unwrap_or_else(|_| Err(DataFusionError::Internal("ssjoin: collection upload thread panicked".into())));
+        let uploaded = up
+            .join()
+            .unwrap_or_else(|_| Err(DataFusionError::Internal("ssjoin: collection upload thread panicked".into())));
         (plan, plan_time, uploaded)
     });
     stats.plan += plan_time;
@@ -215,13 +229,8 @@ pub(super) fn ssjoin_gpu_tuned(
     let ts = &mut stats.transfer;
     let stream = gpu.stream().clone();
 
-    let plan_arrays: [&[u32]; 5] = [
-        &plan.tables.probe_prefix,
-        &plan.tables.lo_pos,
-        &plan.tables.hi_pos,
-        &plan.index.offsets,
-        &plan.index.sets,
-    ];
+    let plan_arrays: [&[u32]; 5] =
+        [&plan.tables.probe_prefix, &plan.tables.lo_pos, &plan.tables.hi_pos, &plan.index.offsets, &plan.index.sets];
     let plan_buf = gpu.upload_chunks(&plan_arrays, ts)?;
     let mut ranges: Vec<(usize, std::ops::Range<usize>)> = Vec::with_capacity(9);
     let mut at = 0;
@@ -318,7 +327,12 @@ pub(super) fn ssjoin_gpu_tuned(
         }
         let scratch_words = total_words.min(avail(gpu).saturating_sub(deferred.len() * 8) / 4);
         if largest > scratch_words {
-            return Err(crate::gpu::GpuError::over_budget("similarity join probe's candidate table", largest * 4, scratch_words * 4).into());
+            return Err(crate::gpu::GpuError::over_budget(
+                "similarity join probe's candidate table",
+                largest * 4,
+                scratch_words * 4,
+            )
+            .into());
         }
         let mut groups: Vec<(usize, usize, u64)> = Vec::new(); // (first, end, distinct bound)
         let mut offsets = Vec::with_capacity(deferred.len());
@@ -344,8 +358,13 @@ pub(super) fn ssjoin_gpu_tuned(
                 drain(gpu, &out, &mut counters, ts, (&mut stats.candidates, &mut stats.hits), &mut push)?;
                 pending = 0;
             }
-            let probes =
-                Probes::Listed { list: &list, tab: &tab, tab_off: &tab_off, first: first as u32, n: (end - first) as u32 };
+            let probes = Probes::Listed {
+                list: &list,
+                tab: &tab,
+                tab_off: &tab_off,
+                first: first as u32,
+                n: (end - first) as u32,
+            };
             kernel.launch(&probes, &big, &counters, &out, out_cap as u64)?;
             pending += gbound;
             stats.blocks += 1;
@@ -383,7 +402,8 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut random_sets = |n: usize| {
-        let sets: Vec<Vec<u64>> = (0..n).map(|_| (0..rng.random_range(0..20)).map(|_| rng.random_range(0..60u64)).collect()).collect();
+        let sets: Vec<Vec<u64>> =
+            (0..n).map(|_| (0..rng.random_range(0..20)).map(|_| rng.random_range(0..60u64)).collect()).collect();
         RawSets::from_vecs(&sets)
     };
     let (r, s) = (random_sets(300), random_sets(200));
@@ -411,4 +431,3 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     }
     Ok(format!("{checked} joins match brute force"))
 }
-

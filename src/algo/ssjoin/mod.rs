@@ -43,8 +43,6 @@
 //! Similarity of two empty sets is 0 (as in the SQL functions): with a threshold
 //! > 0 an empty set never joins.
 
-
-
 pub mod cpu;
 pub mod encode;
 pub mod gpu;
@@ -138,9 +136,7 @@ impl Metric {
                 Err(format!("overlap join threshold must be at least 1, got {t}"))
             }
             Metric::Overlap => Ok(()),
-            _ if !(t > 0.0 && t <= 1.0) => {
-                Err(format!("{} join threshold must be in (0, 1], got {t}", self.name()))
-            }
+            _ if !(t > 0.0 && t <= 1.0) => Err(format!("{} join threshold must be in (0, 1], got {t}", self.name())),
             _ => Ok(()),
         }
     }
@@ -330,5 +326,3 @@ impl SetCollection {
         Self { offsets, tokens, ids, vocab }
     }
 }
-
-

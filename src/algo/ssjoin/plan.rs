@@ -1,7 +1,5 @@
 //! The plan both backends share: length-filter tables and the prefix index.
 
-
-
 use crate::gpu::TransferStats;
 
 use super::*;
@@ -151,7 +149,14 @@ impl PrefixIndex {
     /// Both passes run as tasks on the host copy pool
     /// ([`crate::gpu::for_each_mut`]); this thread lays out the index between
     /// them (no barriers). `vocab` must exceed every prefix token.
-    pub(super) fn build(s: &SetCollection, prefix: &[u32], vocab: usize, with_positions: bool, threads: usize, per_thread: usize) -> Self {
+    pub(super) fn build(
+        s: &SetCollection,
+        prefix: &[u32],
+        vocab: usize,
+        with_positions: bool,
+        threads: usize,
+        per_thread: usize,
+    ) -> Self {
         let (bounds, total) = Self::set_ranges(s, prefix, threads, per_thread);
         let shape = IndexShape::new(s.len(), vocab, total, with_positions);
         if shape.packs_u32() {
@@ -161,7 +166,12 @@ impl PrefixIndex {
         }
     }
 
-    pub(super) fn build_with<E: IndexEntry>(s: &SetCollection, prefix: &[u32], bounds: &[usize], shape: IndexShape) -> Self {
+    pub(super) fn build_with<E: IndexEntry>(
+        s: &SetCollection,
+        prefix: &[u32],
+        bounds: &[usize],
+        shape: IndexShape,
+    ) -> Self {
         let (vocab, total) = (shape.vocab, shape.total);
         let threads = bounds.len() - 1;
         let mut offsets = vec![0u32; vocab + 1];
@@ -180,8 +190,10 @@ impl PrefixIndex {
             // ~0.5 ms on the GPU machine, a quarter of this whole plan).
             let mut parts: Vec<Option<IndexPart<E>>> = (0..threads).map(|_| None).collect();
             crate::gpu::for_each_mut(&mut parts, &|i, slot| *slot = Some(part(i)));
-            let parts: Vec<IndexPart<E>> = parts.into_iter().map(|p| p.expect("for_each_mut runs every part")).collect();
-            let mut jobs: Vec<Option<GatherJob>> = Self::jobs(&parts, &shape, threads, off, out, pos).into_iter().map(Some).collect();
+            let parts: Vec<IndexPart<E>> =
+                parts.into_iter().map(|p| p.expect("for_each_mut runs every part")).collect();
+            let mut jobs: Vec<Option<GatherJob>> =
+                Self::jobs(&parts, &shape, threads, off, out, pos).into_iter().map(Some).collect();
             crate::gpu::for_each_mut(&mut jobs, &|_, job| {
                 if let Some(job) = job.take() {
                     Self::gather(&parts, &shape, job);
@@ -197,7 +209,12 @@ impl PrefixIndex {
     /// reads every set's bounds, prefix length and first tokens twice, which
     /// is most of the time when prefixes are short (high thresholds).
     /// `per_thread`: work below which another thread does not pay for itself.
-    pub(super) fn set_ranges(s: &SetCollection, prefix: &[u32], threads: usize, per_thread: usize) -> (Vec<usize>, usize) {
+    pub(super) fn set_ranges(
+        s: &SetCollection,
+        prefix: &[u32],
+        threads: usize,
+        per_thread: usize,
+    ) -> (Vec<usize>, usize) {
         let n_s = s.len();
         // Block sums: enough blocks for a fine split, few enough to keep this
         // pass a plain sum over the offsets.
@@ -378,7 +395,13 @@ pub(super) struct Layout {
 impl<'a> Plan<'a> {
     /// Length tables and prefix index; `with_positions`: record each index
     /// entry's token position (the CPU backend's positional filter).
-    pub(super) fn new(r: &'a SetCollection, s: Option<&'a SetCollection>, thr: Threshold, with_positions: bool, threads: usize) -> Self {
+    pub(super) fn new(
+        r: &'a SetCollection,
+        s: Option<&'a SetCollection>,
+        thr: Threshold,
+        with_positions: bool,
+        threads: usize,
+    ) -> Self {
         let Layout { tables, s_sizes, index_prefix, vocab } = Self::layout(r, s, thr);
         let self_join = s.is_none();
         let s = s.unwrap_or(r);
@@ -490,4 +513,3 @@ pub struct JoinStats {
     pub plan: std::time::Duration,
     pub transfer: TransferStats,
 }
-

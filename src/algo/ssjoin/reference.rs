@@ -1,13 +1,10 @@
 //! References for tests and benchmarks: brute force and an exact counter.
 
-
-
-
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use super::cpu::*;
 use super::plan::*;
 use super::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// Nested-loop reference: every pair, full merge, the same predicate.
 pub fn ssjoin_brute_force(r: &SetCollection, s: Option<&SetCollection>, thr: Threshold) -> Vec<Pair> {
@@ -80,8 +77,6 @@ pub fn ssjoin_exact_counter(r: &SetCollection, s: Option<&SetCollection>, thr: T
     states.into_iter().flat_map(|(_, _, o)| o).collect()
 }
 
-
-
 /// UNIFORM / ZIPF collections (also timed by ssjoin's `plan_timing` test).
 pub fn generate(n: usize, zipf: bool, seed: u64) -> RawSets {
     const UNIVERSE: usize = 100_000;
@@ -124,4 +119,3 @@ pub fn generate(n: usize, zipf: bool, seed: u64) -> RawSets {
     }
     raw
 }
-

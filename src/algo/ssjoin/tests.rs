@@ -6,9 +6,9 @@ use super::plan::*;
 use super::reference::*;
 use super::*;
 use crate::algo::ssjoin_prep::preprocess;
-use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::time::Instant;
 
 /// Uniform elements in [0, universe), sizes in [0, max_size].
 pub(crate) fn uniform(n: usize, universe: u64, max_size: usize, seed: u64) -> RawSets {
@@ -220,8 +220,7 @@ fn plan_timing() {
     }
     let (uniform_c, _) = preprocess(&raw, None);
     let (zipf_c, _) = preprocess(&crate::algo::ssjoin::reference::generate(100_000, true, 13 + 100_000), None);
-    let threads: Vec<usize> = crate::env::ssjoin_plan_threads()
-        .unwrap_or_else(|| vec![1, default_threads()]);
+    let threads: Vec<usize> = crate::env::ssjoin_plan_threads().unwrap_or_else(|| vec![1, default_threads()]);
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     for (name, c) in [("uniform", &uniform_c), ("zipf", &zipf_c)] {
         eprintln!("{name}: {} sets, {} tokens, vocabulary {}", c.len(), c.tokens.len(), c.vocabulary());
@@ -371,4 +370,3 @@ fn gpu_matches_brute_force() {
     }
     g.budget().set_limit(0);
 }
-
