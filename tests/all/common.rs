@@ -11,6 +11,25 @@ pub fn crate_root() -> PathBuf {
     setfusion::env::repo_root()
 }
 
+/// A test data file from `SETFUSION_DATA_DIR` (else `../shared/data`). A
+/// missing file fails the test, unless `SETFUSION_SKIP_MISSING_DATA=1`
+/// (then the test says it skips and returns None).
+pub fn data_file(name: &str) -> Option<String> {
+    let path = setfusion::env::data_dir().join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if std::env::var("SETFUSION_SKIP_MISSING_DATA").is_ok_and(|v| v == "1") => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipping: {}: {e} (SETFUSION_SKIP_MISSING_DATA=1)", path.display());
+            None
+        }
+        Err(e) => panic!(
+            "test data {}: {e} (set SETFUSION_DATA_DIR, or SETFUSION_SKIP_MISSING_DATA=1 to skip)",
+            path.display()
+        ),
+    }
+}
+
 /// `SETFUSION_REQUIRE_GPU=1`: GPU-mode tests fail instead of skipping when no
 /// GPU is usable.
 pub fn require_gpu() -> bool {

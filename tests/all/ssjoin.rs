@@ -14,7 +14,7 @@ use setfusion::algo::ssjoin::{
 };
 use setfusion::algo::ssjoin_prep::preprocess;
 
-use crate::common::{block_on, crate_root, require_gpu};
+use crate::common::{block_on, require_gpu};
 
 fn gpu() -> Option<Arc<setfusion::gpu::Gpu>> {
     match setfusion::gpu::gpu(0) {
@@ -127,11 +127,7 @@ fn differential_random_collections() {
 #[test]
 fn dblp_3gram_self_join() {
     let _device = crate::common::shared_device();
-    let path = crate_root().join("../shared/data/dblp_t_18k.txt");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        println!("skipping dblp test: {} not found", path.display());
-        return;
-    };
+    let Some(text) = crate::common::data_file("dblp_t_18k.txt") else { return };
     let mut dict: HashMap<String, u64> = HashMap::new();
     let mut raw = RawSets::new();
     for line in text.lines() {
