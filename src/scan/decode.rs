@@ -303,10 +303,10 @@ fn page_body_into(raw: &[u8], p: &PqPage, out: &mut [u8]) -> Result<()> {
         CODEC_SNAPPY => {
             match snap::raw::decompress_len(stream) {
                 Ok(n) if n == values.len() => {}
-                Ok(_) => return Err(decode_error(2)),
-                Err(_) => return Err(decode_error(1)),
+                Ok(_) => return Err(decode_error(wrong_size)),
+                Err(_) => return Err(decode_error(corrupt)),
             }
-            snap::raw::Decoder::new().decompress(stream, values).map_err(|_| decode_error(1))?
+            snap::raw::Decoder::new().decompress(stream, values).map_err(|_| decode_error(corrupt))?
         }
         CODEC_ZSTD => {
             // One decompression context per host thread (making one per page cost more than small pages' data).
@@ -320,21 +320,21 @@ fn page_body_into(raw: &[u8], p: &PqPage, out: &mut [u8]) -> Result<()> {
                 }
                 cell.as_mut().expect("made above").decompress_to_buffer(stream, values)
             })
-            .map_err(|_| decode_error(8))?
+            .map_err(|_| decode_error(corrupt))?
         }
-        CODEC_LZ4_RAW => lz4_flex::block::decompress_into(stream, values).map_err(|_| decode_error(8))?,
+        CODEC_LZ4_RAW => lz4_flex::block::decompress_into(stream, values).map_err(|_| decode_error(corrupt))?,
         CODEC_GZIP => {
             use std::io::Read;
             let mut gz = flate2::read::MultiGzDecoder::new(stream);
             gz.read_exact(values).map_err(|_| decode_error(wrong_size))?;
             // Nothing may follow the page's values.
             let mut more = [0u8; 1];
-            if gz.read(&mut more).map_err(|_| decode_error(8))? != 0 {
+            if gz.read(&mut more).map_err(|_| decode_error(corrupt))? != 0 {
                 return Err(decode_error(wrong_size));
             }
             values.len()
         }
-        _ => return Err(decode_error(8)),
+        _ => return Err(decode_error(corrupt)),
     };
     if written != values.len() {
         return Err(decode_error(wrong_size));
@@ -495,6 +495,16 @@ pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
     Ok(Decoded { keys, valid })
 }
 
+/// Decoded keys and validity copied back to the host.
+pub fn download_decoded(gpu: &Gpu, d: &DeviceDecoded, stats: &mut TransferStats) -> Result<Decoded> {
+    let keys = gpu.download(&d.keys, d.rows, stats)?;
+    let valid = match &d.valid {
+        Some(v) => Some(gpu.download(v, d.rows.div_ceil(32), stats)?),
+        None => None,
+    };
+    Ok(Decoded { keys, valid })
+}
+
 /// `doctor`'s check: pages written by arrow-rs (dictionary and PLAIN, v1 and
 /// v2, snappy and uncompressed, with NULLs) decoded on the device equal the CPU twin.
 pub fn self_check(gpu: &Gpu) -> Result<String> {
@@ -506,13 +516,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         let mut stats = TransferStats::default();
         let d_raw = gpu.upload(&raw, &mut stats)?;
         let got = decode_gpu(gpu, &d_raw, &table, &mut stats)?;
-        let keys = gpu.download(&got.keys, got.rows, &mut stats)?;
-        let valid = match &got.valid {
-            Some(v) => Some(gpu.download(v, got.rows.div_ceil(32), &mut stats)?),
-            None => None,
-        };
-        let got = Decoded { keys, valid };
-        if got != want {
+        if download_decoded(gpu, &got, &mut stats)? != want {
             return Err(DataFusionError::Internal(format!(
                 "parquet_decode: device and CPU twin differ on {}",
                 case.name
@@ -527,19 +531,11 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
         let (raw, mut table) = super::fixtures::table_of(&case)?;
         let want = decode_cpu(&raw, &table)?;
         let extra = inflate_on_host(&mut table, &raw, raw.len() as u64, 0)?;
-        let extra = &extra[..];
         inflated += table.pages.iter().filter(|p| p.src >= raw.len() as u64).count();
         let mut stats = TransferStats::default();
-        let mut d_raw = gpu.alloc::<u8>(raw.len() + extra.len())?;
-        gpu.upload_into(&raw, &mut d_raw, 0, &mut stats)?;
-        gpu.upload_into(&extra, &mut d_raw, raw.len(), &mut stats)?;
+        let d_raw = gpu.upload_chunks(&[&raw[..], &extra[..]], &mut stats)?;
         let got = decode_gpu(gpu, &d_raw, &table, &mut stats)?;
-        let keys = gpu.download(&got.keys, got.rows, &mut stats)?;
-        let valid = match &got.valid {
-            Some(v) => Some(gpu.download(v, got.rows.div_ceil(32), &mut stats)?),
-            None => None,
-        };
-        if (Decoded { keys, valid }) != want {
+        if download_decoded(gpu, &got, &mut stats)? != want {
             return Err(DataFusionError::Internal(format!(
                 "parquet_decode: {} with its larger pages decompressed on the host differs from the CPU twin",
                 case.name
@@ -552,17 +548,10 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
     for (x, y) in cases.iter().zip(cases.iter().cycle().skip(1)) {
         let ((raw_a, ta), (raw_b, tb)) = (device_table_of(x)?, device_table_of(y)?);
         let mut stats = TransferStats::default();
-        let mut d_raw = gpu.alloc::<u8>(raw_a.len() + raw_b.len())?;
-        gpu.upload_into(&raw_a, &mut d_raw, 0, &mut stats)?;
-        gpu.upload_into(&raw_b, &mut d_raw, raw_a.len(), &mut stats)?;
+        let d_raw = gpu.upload_chunks(&[&raw_a[..], &raw_b[..]], &mut stats)?;
         let (da, db) = decode_gpu_pair(gpu, &d_raw, &ta, &tb, raw_a.len() as u64, &mut stats)?;
         for (case, raw, t, d) in [(x, &raw_a, &ta, da), (y, &raw_b, &tb, db)] {
-            let keys = gpu.download(&d.keys, d.rows, &mut stats)?;
-            let valid = match &d.valid {
-                Some(v) => Some(gpu.download(v, d.rows.div_ceil(32), &mut stats)?),
-                None => None,
-            };
-            if (Decoded { keys, valid }) != decode_cpu(raw, t)? {
+            if download_decoded(gpu, &d, &mut stats)? != decode_cpu(raw, t)? {
                 return Err(DataFusionError::Internal(format!(
                     "parquet_decode: {} decoded with {} in one launch differs from the CPU twin",
                     case.name,

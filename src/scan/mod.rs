@@ -106,11 +106,7 @@ impl HostRead {
         at: usize,
         stats: &mut TransferStats,
     ) -> Result<()> {
-        gpu.upload_into(&self.raw[..], dst, at, stats)?;
-        if !self.inflated.is_empty() {
-            gpu.upload_into(&self.inflated[..], dst, at + self.raw.len(), stats)?;
-        }
-        Ok(())
+        gpu.upload_chunks_into(&[&self.raw[..], &self.inflated[..]], dst, at, stats)
     }
 }
 
@@ -269,24 +265,20 @@ pub fn scan_pair_to_device(
     let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, b_raw_at, stats)?;
     let decode = t.elapsed();
     drop(raw);
-    let mut out = Vec::with_capacity(2);
-    for (side, host, upload, d) in [(first, a, upload_a, da), (second, b, upload_b, db)] {
+    Ok(Ok([(first, a, upload_a, da), (second, b, upload_b, db)].map(|(side, host, upload, d)| {
         let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
             Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep), &d, cache_limit),
             None => CacheUse::Off,
         };
-        out.push((d, host.finish(upload, decode, Some(cache), true)));
-    }
-    let second = out.pop().expect("two sides");
-    let first = out.pop().expect("two sides");
-    Ok(Ok([first, second]))
+        let report = host.finish(upload, decode, Some(cache), true);
+        (d, report)
+    })))
 }
 
 /// The device part of a scan: the chunks uploaded and decoded.
 fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(DeviceDecoded, ScanReport)> {
     let t = Instant::now();
-    let mut d_raw = gpu.alloc::<u8>(host.upload_len())?;
-    host.upload_into(gpu, &mut d_raw, 0, stats)?;
+    let d_raw = gpu.upload_chunks(&[&host.raw[..], &host.inflated[..]], stats)?;
     let upload = t.elapsed();
     let t = Instant::now();
     let decoded = decode_gpu(gpu, &d_raw, &host.table, stats)?;
@@ -504,19 +496,11 @@ mod tests {
                 if let Some(g) = &g {
                     // As the device scan does: ZSTD / LZ4_RAW / GZIP pages inflated on the host first.
                     let mut t = table.clone();
-                    let gpu = decode::inflate_on_host(&mut t, &bad, bad.len() as u64, u64::MAX).and_then(|extra| {
-                        let mut stats = TransferStats::default();
-                        let d = g.upload(&[bad.as_slice(), &extra[..]].concat(), &mut stats)?;
-                        decode_gpu(g, &d, &t, &mut stats)
-                    });
                     let mut stats = TransferStats::default();
-                    let gpu = gpu.and_then(|d| {
-                        let keys = g.download(&d.keys, d.rows, &mut stats)?;
-                        let valid = match &d.valid {
-                            Some(v) => Some(g.download(v, d.rows.div_ceil(32), &mut stats)?),
-                            None => None,
-                        };
-                        Ok(Decoded { keys, valid })
+                    let gpu = decode::inflate_on_host(&mut t, &bad, bad.len() as u64, u64::MAX).and_then(|extra| {
+                        let d = g.upload_chunks(&[bad.as_slice(), &extra[..]], &mut stats)?;
+                        let d = decode_gpu(g, &d, &t, &mut stats)?;
+                        decode::download_decoded(g, &d, &mut stats)
                     });
                     match (&cpu, &gpu) {
                         (Ok(a), Ok(b)) => assert_eq!(a, b, "{} flip {flip}", case.name),

@@ -397,6 +397,10 @@ impl ChunkBytes {
 /// A buffer for `len` bytes: the smallest kept one that holds them (its
 /// bytes are stale: the caller overwrites the first `len`), else a new one.
 pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
+    // Nothing to hold (no page inflated on the host): the kept buffers stay for the reads.
+    if len == 0 {
+        return ChunkBytes { buf: Vec::new(), len: 0 };
+    }
     let kept = {
         let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
         let best = free.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
@@ -409,6 +413,9 @@ pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
 /// when enough wait already).
 pub fn give_back(bytes: ChunkBytes) {
     let buf = bytes.buf;
+    if buf.is_empty() {
+        return;
+    }
     let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
     if free.len() < KEEP_BUFFERS && free.iter().map(|b| b.len()).sum::<usize>() + buf.len() <= KEEP_BYTES {
         free.push(buf);
