@@ -118,13 +118,32 @@ __device__ __forceinline__ u64 jf_load(const JfData& d, u32 col, u64 row, bool& 
     }
 }
 
+// One table's columns as the device Parquet scan decodes them (its filter):
+// every value a sign-extended 64-bit lane, validity in LSB-first 32-bit words
+// (a null pointer: no NULLs), each column in its own buffer.
+struct JfRowData {
+    const u64* const* values;
+    const u32* const* validity;
+};
+
+__device__ __forceinline__ u64 jf_load(const JfRowData& d, u32 col, u64 row, bool& null) {
+    const u32* bits = d.validity[col];
+    null = bits != nullptr && !((bits[row >> 5] >> (row & 31)) & 1);
+    return d.values[col][row];
+}
+
+// Which row of column `col` an instruction reads: the probe or the build row of the pair.
+__device__ __forceinline__ u64 jf_row_of(const JfData& d, u32 col, u64 p, u64 b) { return d.cols[col].from_probe ? p : b; }
+// A table's row filter reads one row: p == b.
+__device__ __forceinline__ u64 jf_row_of(const JfRowData&, u32, u64 p, u64) { return p; }
+
 __device__ __forceinline__ double jf_f(u64 b) { return __longlong_as_double((long long)b); }
 __device__ __forceinline__ u64 jf_b(double d) { return (u64)__double_as_longlong(d); }
 __device__ __forceinline__ double jf_round(double d, u32 to_f32) { return to_f32 ? (double)(float)d : d; }
 
 // Evaluate prog[0, len) over (probe row p, build row b). True only for TRUE
 // (NULL and FALSE fail). Sets *error on a checked overflow.
-__device__ bool jf_eval(const JfInstr* prog, u32 len, const JfData& d, u64 p, u64 b, u32* error) {
+template <class D> __device__ bool jf_eval(const JfInstr* prog, u32 len, const D& d, u64 p, u64 b, u32* error) {
     u64 v[JF_STACK];
     bool nl[JF_STACK];
     int sp = 0;
@@ -132,7 +151,7 @@ __device__ bool jf_eval(const JfInstr* prog, u32 len, const JfData& d, u64 p, u6
         JfInstr in = prog[pc];
         u32 o = in.op;
         if (o == JF_COL) {
-            v[sp] = jf_load(d, in.arg, d.cols[in.arg].from_probe ? p : b, nl[sp]);
+            v[sp] = jf_load(d, in.arg, jf_row_of(d, in.arg, p, b), nl[sp]);
             ++sp;
         } else if (o == JF_LIT) {
             v[sp] = in.imm; nl[sp] = false; ++sp;
@@ -305,4 +324,17 @@ extern "C" __global__ void jf_ranges(const u64* probe_keys, const unsigned char*
     }
     for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
     if ((threadIdx.x & 31) == 0 && sum) atomicAdd(total, sum);
+}
+
+// The device Parquet scan's filter: bit r of `pass` (LSB-first words) is set
+// when the program is TRUE on row r of the table's n rows (NULL and FALSE
+// fail). Sets *error on a checked overflow (the caller then leaves the input
+// to DataFusion's FilterExec).
+extern "C" __global__ void jf_pass_rows(u64 n, const u64* const* values, const u32* const* validity, const JfInstr* prog,
+                                        u32 len, u32* pass, u32* error) {
+    JfRowData d = {values, validity};
+    SF_FOR_WARPS(r, n) {
+        bool t = r < n && jf_eval(prog, len, d, r, r, error);
+        sf_store_bit(pass, r, n, t);
+    }
 }

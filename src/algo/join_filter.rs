@@ -577,6 +577,42 @@ pub fn facts_cpu(j: &PairJoin<'_>) -> Result<Option<Vec<u8>>> {
     Ok(Some(parts.into_iter().flat_map(|(f, _)| f).collect()))
 }
 
+/// One column of one table as the device Parquet scan decodes it (the
+/// input of a scan's filter): every value a sign-extended 64-bit lane, the
+/// validity in LSB-first 32-bit words (None: no NULLs).
+#[derive(Clone, Copy)]
+pub struct RowColumn<'a> {
+    pub values: &'a [u64],
+    pub validity: Option<&'a [u32]>,
+}
+
+/// A table's row filter on the host: bit r (LSB-first 32-bit words) is set
+/// when `prog` (every column read at row r) is TRUE on row r of the `n` rows;
+/// None when checked arithmetic overflowed on some row. CPU twin of
+/// [`pass_rows_gpu`].
+pub fn pass_rows_cpu(columns: &[RowColumn<'_>], n: usize, prog: &[Instr]) -> Result<Option<Vec<u32>>> {
+    if columns.iter().any(|c| c.values.len() < n || c.validity.is_some_and(|v| v.len() < n.div_ceil(32))) {
+        return Err(DataFusionError::Internal("row filter: a column shorter than the table".into()));
+    }
+    let cols: Vec<HostColumn> = columns
+        .iter()
+        .map(|c| HostColumn {
+            from_probe: true,
+            kind: ValueKind::I64,
+            bytes: c.values[..n].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            validity: c.validity.map(|w| BooleanBuffer::new(Buffer::from_vec(w.to_vec()), 0, n)),
+        })
+        .collect();
+    let mut words = vec![0u32; n.div_ceil(32)];
+    let mut error = false;
+    for r in 0..n {
+        if eval(prog, &cols, r, r, &mut error) {
+            words[r / 32] |= 1 << (r % 32);
+        }
+    }
+    Ok((!error).then_some(words))
+}
+
 // -------------------------------------------------------------------- device
 
 fn grid(gpu: &Gpu, threads: usize) -> LaunchConfig {
@@ -812,6 +848,75 @@ pub fn facts_gpu(gpu: &Gpu, j: &PairJoin<'_>, stats: &mut TransferStats) -> Resu
     Ok(Some(out))
 }
 
+/// [`pass_rows_cpu`] on the device: the pass bits of the table's `n` rows
+/// (`kernels/join_filter.cu`'s `jf_pass_rows`), left on the device; None
+/// when checked arithmetic overflowed on some row.
+pub fn pass_rows_gpu(
+    gpu: &Gpu,
+    columns: &[(&DeviceBuffer<u64>, Option<&DeviceBuffer<u32>>)],
+    n: usize,
+    prog: &[Instr],
+    stats: &mut TransferStats,
+) -> Result<Option<DeviceBuffer<u32>>> {
+    use cudarc::driver::DevicePtr;
+    if columns.iter().any(|(v, valid)| v.len() < n || valid.is_some_and(|w| w.len() < n.div_ceil(32))) {
+        return Err(DataFusionError::Internal("row filter: a column shorter than the table".into()));
+    }
+    let mut pass = gpu.alloc_zeros::<u32>(n.div_ceil(32).max(1))?;
+    if n == 0 {
+        return Ok(Some(pass));
+    }
+    let stream = gpu.stream();
+    // The columns' device addresses, read by the kernel through two pointer arrays.
+    let mut guards = Vec::with_capacity(columns.len() * 2);
+    let (mut values, mut validity) = (Vec::with_capacity(columns.len() + 1), Vec::with_capacity(columns.len() + 1));
+    for (v, valid) in columns {
+        let (ptr, g) = v.slice.device_ptr(stream);
+        values.push(ptr);
+        guards.push(g);
+        validity.push(match valid {
+            Some(w) => {
+                let (ptr, g) = w.slice.device_ptr(stream);
+                guards.push(g);
+                ptr
+            }
+            None => 0,
+        });
+    }
+    // Never empty buffers (a filter that reads no column).
+    values.push(0);
+    validity.push(0);
+    let d_values = gpu.upload(&values, stats)?;
+    let d_validity = gpu.upload(&validity, stats)?;
+    let mut words: Vec<u64> = prog.iter().flat_map(|i| [i.op as u64 | (i.arg as u64) << 32, i.imm]).collect();
+    words.push(0);
+    let d_prog = gpu.upload(&words, stats)?;
+    let error = gpu.alloc_zeros::<u32>(1)?;
+    let f = gpu.function(&KERNEL, "jf_pass_rows")?;
+    let (n64, len) = (n as u64, prog.len() as u32);
+    let started = std::time::Instant::now();
+    // SAFETY: signature matches kernels/join_filter.cu; every address in d_values / d_validity is a live
+    // buffer of at least n values / ceil(n / 32) words (checked above, kept alive by `columns` and
+    // `guards`); the program reads only columns below columns.len() (the compiler's schema); pass holds ceil(n / 32).
+    unsafe {
+        gpu.stream()
+            .launch_builder(&f)
+            .arg(&n64)
+            .arg(&d_values.slice)
+            .arg(&d_validity.slice)
+            .arg(&d_prog.slice)
+            .arg(&len)
+            .arg(&mut pass.slice)
+            .arg(&error.slice)
+            .launch(grid(gpu, n.next_multiple_of(32)))
+    }
+    .map_err(|e| cuda_err("jf_pass_rows", e))?;
+    let overflowed = gpu.read_one(&error, 0, stats)? != 0;
+    stats.kernel += started.elapsed();
+    drop(guards);
+    Ok((!overflowed).then_some(pass))
+}
+
 // ------------------------------------------------------------ checks, tests
 
 /// Random joins for the self-check and the tests: keys with duplicates and
@@ -1040,7 +1145,72 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             )));
         }
     }
-    Ok(format!("{checked} filtered joins and 3 groupings match the CPU twin"))
+    let rows = row_filter_check(gpu, &mut rng)?;
+    Ok(format!("{checked} filtered joins, 3 groupings and {rows} row filters match the CPU twin"))
+}
+
+/// The device Parquet scan's row filter ([`pass_rows_gpu`]) against its twin:
+/// random 64-bit columns with NULLs, a few programs, one that overflows.
+fn row_filter_check(gpu: &Gpu, rng: &mut tests_data::Rng) -> Result<usize> {
+    let (lit, ins) = (|v: i64| Instr::new(op::LIT, 0, v as u64), |o: u32, arg: u32| Instr::new(o, arg, 0));
+    let col = |c: u32| Instr::new(op::COL, c, 0);
+    let programs: Vec<Vec<Instr>> = vec![
+        vec![col(0), col(1), ins(op::LT_I, 0)],
+        vec![
+            col(0),
+            col(1),
+            ins(op::ADD_I, RANGE_I64),
+            col(2),
+            ins(op::GT_I, 0),
+            col(2),
+            ins(op::IS_NULL, 0),
+            ins(op::OR, 0),
+        ],
+        vec![col(0), lit(5), ins(op::EQ_I, 0), ins(op::NOT, 0), col(1), ins(op::IS_NOT_NULL, 0), ins(op::AND, 0)],
+        vec![col(2), lit(1 << 40), ins(op::MUL_I, 3), lit(0), ins(op::GT_I, 0)],
+    ];
+    let mut checked = 0;
+    for n in [0usize, 1, 31, 33, 5000] {
+        let columns: Vec<(Vec<u64>, Option<Vec<u32>>)> = (0..3)
+            .map(|c| {
+                let values: Vec<u64> = (0..n).map(|_| (rng.below(40) as i64 - 20) as u64).collect();
+                let valid = (c != 1).then(|| (0..n.div_ceil(32)).map(|_| rng.next() as u32 | 0x0101_0101).collect());
+                (values, valid)
+            })
+            .collect();
+        let host: Vec<RowColumn> =
+            columns.iter().map(|(v, b)| RowColumn { values: v, validity: b.as_deref() }).collect();
+        let mut stats = TransferStats::default();
+        let device: Vec<(DeviceBuffer<u64>, Option<DeviceBuffer<u32>>)> = columns
+            .iter()
+            .map(|(v, b)| {
+                let values = gpu.upload(if v.is_empty() { &[0u64][..] } else { v }, &mut stats)?;
+                let valid = match b {
+                    Some(b) if !b.is_empty() => Some(gpu.upload(b, &mut stats)?),
+                    _ => None,
+                };
+                Ok((values, valid))
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<(&DeviceBuffer<u64>, Option<&DeviceBuffer<u32>>)> =
+            device.iter().map(|(v, b)| (v, if n == 0 { None } else { b.as_ref() })).collect();
+        let host: Vec<RowColumn> =
+            host.into_iter().map(|c| if n == 0 { RowColumn { validity: None, ..c } } else { c }).collect();
+        for (i, prog) in programs.iter().enumerate() {
+            let cpu = pass_rows_cpu(&host, n, prog)?;
+            let dev = match pass_rows_gpu(gpu, &refs, n, prog, &mut stats)? {
+                Some(bits) => Some(gpu.download(&bits, n.div_ceil(32), &mut stats)?),
+                None => None,
+            };
+            if cpu != dev {
+                return Err(DataFusionError::Execution(format!(
+                    "join_filter: row filter {i} over {n} rows differs from the CPU twin"
+                )));
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
 }
 
 #[cfg(test)]
@@ -1155,6 +1325,39 @@ mod tests {
         let mut cols = columns(&mut rng, 100, true, false, 30);
         cols.extend(columns(&mut rng, 100, false, false, 40));
         (keys(&pk, 30), keys(&pk, 40), cols, overflowing())
+    }
+
+    #[test]
+    fn row_filter_follows_sql_rules() {
+        // Rows: (a, b) = (1, 2), (3, NULL), (NULL, 0), (5, 5), and 36 more of (i, 40 - i).
+        let mut a: Vec<u64> = vec![1, 3, 0, 5];
+        let mut b: Vec<u64> = vec![2, 0, 0, 5];
+        a.extend((4..40).map(|i| i as u64));
+        b.extend((4..40).map(|i| (40 - i) as u64));
+        let valid_a = vec![!(1u32 << 2), u32::MAX];
+        let valid_b = vec![!(1u32 << 1), u32::MAX];
+        let cols = [
+            RowColumn { values: &a, validity: Some(&valid_a[..]) },
+            RowColumn { values: &b, validity: Some(&valid_b[..]) },
+        ];
+        let col = |c: u32| Instr::new(op::COL, c, 0);
+        let bin = |o: u32| Instr::new(o, 0, 0);
+        let kept = |prog: &[Instr]| -> Vec<usize> {
+            let words = pass_rows_cpu(&cols, 40, prog).unwrap().unwrap();
+            (0..40).filter(|&r| words[r / 32] >> (r % 32) & 1 == 1).collect()
+        };
+        // a < b: NULL on rows 1 and 2 (neither kept); 4..20 have i < 40 - i.
+        let lt = kept(&[col(0), col(1), bin(op::LT_I)]);
+        assert_eq!(lt, [0].into_iter().chain(4..20).collect::<Vec<_>>());
+        // NOT (a < b): NULL stays NULL.
+        let not = kept(&[col(0), col(1), bin(op::LT_I), bin(op::NOT)]);
+        assert_eq!(not, [3].into_iter().chain(20..40).collect::<Vec<_>>());
+        // a < b OR b IS NULL: row 1 too.
+        let or = kept(&[col(0), col(1), bin(op::LT_I), col(1), bin(op::IS_NULL), bin(op::OR)]);
+        assert_eq!(or, [0, 1].into_iter().chain(4..20).collect::<Vec<_>>());
+        // A table of no rows; a column shorter than the table is an error.
+        assert_eq!(pass_rows_cpu(&[], 0, &[Instr::new(op::LIT, 0, 1)]).unwrap(), Some(vec![]));
+        assert!(pass_rows_cpu(&cols, 41, &[col(0), bin(op::IS_NULL)]).is_err());
     }
 
     #[test]

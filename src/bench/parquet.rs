@@ -1,5 +1,5 @@
 //! `setfusion bench parquet [--runs N] [--codecs snappy,zstd] [--no-fresh]`:
-//! issue 27's four queries over two BIGINT tables of N rows (100M, or
+//! issue 27's four queries (and one with a filter the device runs) over two BIGINT tables of N rows (100M, or
 //! `SETFUSION_BENCH_ROWS`) written as Parquet (1M-row groups; snappy, and
 //! zstd) under `SETFUSION_PARQUET_DIR` (else `~/.cache/setfusion/parquet`):
 //! DataFusion and setfusion in fresh processes and warm (medians), DuckDB
@@ -31,6 +31,8 @@ pub const QUERIES: &[(&str, &str)] = &[
     ("INTERSECT", "SELECT count(*) FROM (SELECT k FROM a INTERSECT SELECT k FROM b)"),
     ("INTERSECT ALL", "SELECT count(*) FROM (SELECT k FROM a INTERSECT ALL SELECT k FROM b)"),
     ("NOT IN, sum(p)", "SELECT sum(p) FROM a WHERE k NOT IN (SELECT k FROM b)"),
+    // A filter over two columns of the probe side (about half its rows pass): run on the device.
+    ("IN, filtered", "SELECT count(*) FROM a WHERE k < 4 * p AND k IN (SELECT k FROM b)"),
 ];
 
 const ROW_GROUP: usize = 1 << 20;

@@ -1,8 +1,13 @@
 //! `DeviceScanExec`: a Parquet input of a set selection whose key column the
 //! device reads itself ([`crate::scan`]). The node stands where DataFusion's
 //! scan subtree stood (a Parquet `DataSourceExec`, optionally under column
-//! projections, `CoalesceBatchesExec`, `RepartitionExec` or
+//! projections, `FilterExec`s, `CoalesceBatchesExec`, `RepartitionExec` or
 //! `CoalescePartitionsExec`), with that subtree's schema and properties.
+//!
+//! The filters on the way (and the scan's own predicate where the scan
+//! applies it to rows, `pushdown_filters`) become one [`ScanFilter`]: a
+//! program of `kernels/join_filter.cu` over the file columns it reads, which
+//! the device decodes beside the key and runs before taking the keys.
 //!
 //! `SetSelectExec` recognises it and takes the keys on the device, with no
 //! Arrow batch on the host. Anyone else who executes it gets the original
@@ -10,8 +15,9 @@
 //! leaf to the optimizer, so no later rule rewrites what it stands for).
 //!
 //! [`DeviceScanExec::try_from_input`] decides at planning time, from the plan
-//! alone: what it cannot take (a filter, a type, a remote store, a partition
-//! column, ...) comes back as a reason for EXPLAIN. The files themselves are
+//! alone: what it cannot take (a filter the programs cannot express or over
+//! a column it does not decode, a type, a remote store, a partition column,
+//! ...) comes back as a reason for EXPLAIN. The files themselves are
 //! checked when the scan runs (codec, encodings, nested or adapted columns),
 //! where an unsupported file sends that input back to the host scan.
 
@@ -20,19 +26,23 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 
+use super::pair_filter::{compile, PairFilter};
+use crate::algo::join_filter::{op, Instr};
 use crate::scan::ScanFile;
 
 /// See the module documentation.
@@ -44,17 +54,122 @@ pub struct DeviceScanExec {
     /// The key column's name in the files.
     column: String,
     data_type: DataType,
+    /// Rows the input's filters remove (None: none).
+    filter: Option<ScanFilter>,
+    /// The input's columns (file column, type), decoded by the device for
+    /// the operator's output; None: only the key is read.
+    payload: Option<Vec<(String, DataType)>>,
     /// What the last device scan did (or why it went back to the host), for EXPLAIN ANALYZE.
     ran: Arc<Mutex<Option<String>>>,
+}
+
+/// The nodes a device scan may stand above, one input: what each does to a column index.
+type Chain = Vec<(Arc<dyn ExecutionPlan>, PhysicalExprRef)>;
+
+/// Follow column `index` of `node`'s output down through the nodes a device
+/// scan may replace (projections of columns, filters, batch and partition
+/// moves) to the first node of another kind: that node and the column's
+/// index in its output. Each filter met on the way is pushed to `filters`
+/// with the node it reads.
+fn follow_down(
+    mut node: Arc<dyn ExecutionPlan>,
+    mut index: usize,
+    mut filters: Option<&mut Chain>,
+) -> std::result::Result<(Arc<dyn ExecutionPlan>, usize), String> {
+    loop {
+        if let Some(p) = node.downcast_ref::<ProjectionExec>() {
+            let e = &p.expr()[index];
+            let Some(c) = e.expr.downcast_ref::<Column>() else {
+                return Err(format!("column {} computed by {}", e.alias, e.expr));
+            };
+            index = c.index();
+            node = p.input().clone();
+        } else if let Some(f) = node.downcast_ref::<FilterExec>() {
+            if let Some(chain) = filters.as_deref_mut() {
+                chain.push((f.input().clone(), f.predicate().clone()));
+            }
+            if let Some(p) = f.projection() {
+                index = *p.get(index).ok_or("filter projection")?;
+            }
+            node = f.input().clone();
+        } else if matches!(node.name(), "CoalesceBatchesExec" | "RepartitionExec" | "CoalescePartitionsExec")
+            && node.children().len() == 1
+        {
+            // They move rows between batches and partitions, never change a value.
+            let child = node.children()[0].clone();
+            node = child;
+        } else {
+            return Ok((node, index));
+        }
+    }
+}
+
+/// A filter the device evaluates on the scanned rows before their keys are
+/// taken: the predicates of the `FilterExec`s between the operator and the
+/// Parquet scan, and the predicate the scan itself applies to rows (with
+/// `pushdown_filters`), over the file columns they read.
+#[derive(Debug, Clone)]
+pub struct ScanFilter {
+    /// The file columns the programs read, in their column order (the key last), with their types.
+    pub columns: Vec<(String, DataType)>,
+    /// Rows kept with a non-NULL key: `filter AND key IS NOT NULL`.
+    pub keep_valid: Vec<Instr>,
+    /// Rows kept with a NULL key: `filter AND key IS NULL`.
+    pub keep_null: Vec<Instr>,
+    /// The predicate as DataFusion printed it, for EXPLAIN.
+    pub text: String,
+}
+
+impl ScanFilter {
+    /// Compile `predicates` (each over the file columns `columns`, by index)
+    /// for the device; Err: why the device cannot evaluate them.
+    fn compile(
+        predicates: Vec<PhysicalExprRef>,
+        mut columns: Vec<(String, DataType)>,
+        key: (&str, &DataType),
+    ) -> std::result::Result<Option<Self>, String> {
+        let Some(expr) = predicates.into_iter().reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as _)
+        else {
+            return Ok(None);
+        };
+        for (name, t) in &columns {
+            if !crate::scan::supported_type(t) {
+                return Err(format!("the filter reads {name} of type {t}"));
+            }
+        }
+        let schema = Arc::new(Schema::new(
+            columns.iter().map(|(n, t)| Field::new(n.clone(), t.clone(), true)).collect::<Vec<_>>(),
+        ));
+        let filter =
+            PairFilter { expr: expr.clone(), columns: (0..columns.len()).map(|i| (true, i)).collect(), schema };
+        let programs = compile(&filter, None).map_err(|why| format!("filter {expr}: {why}"))?;
+        columns.push((key.0.to_string(), key.1.clone()));
+        let key_col = Instr::new(op::COL, (columns.len() - 1) as u32, 0);
+        let with = |test: u32| {
+            let mut p = programs.filter.clone();
+            p.extend([key_col, Instr::new(test, 0, 0), Instr::new(op::AND, 0, 0)]);
+            p
+        };
+        Ok(Some(Self {
+            columns,
+            keep_valid: with(op::IS_NOT_NULL),
+            keep_null: with(op::IS_NULL),
+            text: expr.to_string(),
+        }))
+    }
 }
 
 impl DeviceScanExec {
     /// A device scan of `key` (an expression over `input`'s output) for
     /// `input`, or the reason there can be none.
+    /// With `payload`, the input's rows are output too: the device decodes
+    /// every column of `input` (none may be filtered, computed or of a type
+    /// it does not decode), and the operator builds its output from them.
     pub fn try_from_input(
         input: &Arc<dyn ExecutionPlan>,
         key: &PhysicalExprRef,
         key_type: &DataType,
+        payload: bool,
     ) -> std::result::Result<Self, String> {
         let Some(col) = key.downcast_ref::<Column>() else { return Err(format!("key {key} is not a column")) };
         let data_type = input.schema().field(col.index()).data_type().clone();
@@ -64,47 +179,15 @@ impl DeviceScanExec {
         if !crate::scan::supported_type(&data_type) {
             return Err(format!("type {data_type}"));
         }
-        // Follow the key column down to the scan.
-        let mut node = input.clone();
-        let mut index = col.index();
-        loop {
-            if let Some(p) = node.downcast_ref::<ProjectionExec>() {
-                let e = &p.expr()[index];
-                let Some(c) = e.expr.downcast_ref::<Column>() else {
-                    return Err(format!("key computed by {}", e.expr));
-                };
-                index = c.index();
-                node = p.input().clone();
-            } else if matches!(node.name(), "CoalesceBatchesExec" | "RepartitionExec" | "CoalescePartitionsExec")
-                && node.children().len() == 1
-            {
-                // They move rows between batches and partitions, never change a value.
-                let child = node.children()[0].clone();
-                node = child;
-            } else {
-                break;
-            }
-        }
-        if node.name() == "FilterExec" {
-            return Err("a filter on the input".into());
-        }
+        // Follow the key column down to the scan, gathering the filters on the way.
+        let mut filters: Chain = Vec::new();
+        let (node, index) = follow_down(input.clone(), col.index(), Some(&mut filters))?;
         let Some(ds) = node.downcast_ref::<DataSourceExec>() else {
             return Err(format!("input {} is not a Parquet scan", node.name()));
         };
-        let Some((config, _)) = ds.downcast_to_file_source::<ParquetSource>() else {
+        let Some((config, source)) = ds.downcast_to_file_source::<ParquetSource>() else {
             return Err("input is not a Parquet scan".into());
         };
-        // Dynamic filters (this node's own, a TopK's above) only let a scan
-        // skip rows that cannot matter; the device reads every row instead.
-        // Any other pushed filter changes which rows the input has.
-        if let Some(filter) = config.file_source().filter() {
-            let dynamic_only = datafusion::physical_expr::split_conjunction(&filter).iter().all(|c| {
-                c.downcast_ref::<datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr>().is_some()
-            });
-            if !dynamic_only {
-                return Err("a filter pushed into the Parquet scan".into());
-            }
-        }
         if config.limit.is_some() {
             return Err("a limit on the Parquet scan".into());
         }
@@ -113,23 +196,126 @@ impl DeviceScanExec {
         }
         let table = config.file_source().table_schema();
         let file_schema = table.file_schema().clone();
-        let file_index = match config.file_source().projection() {
-            Some(p) => {
-                let Some(e) = p.iter().nth(index) else { return Err("scan projection".into()) };
-                let Some(c) = e.expr.downcast_ref::<Column>() else {
-                    return Err(format!("key computed by {} in the scan", e.expr));
-                };
-                c.index()
+        // A column of the scan's output as a column of the files.
+        let file_index = |index: usize| -> std::result::Result<usize, String> {
+            let i = match config.file_source().projection() {
+                Some(p) => {
+                    let Some(e) = p.iter().nth(index) else { return Err("scan projection".into()) };
+                    let Some(c) = e.expr.downcast_ref::<Column>() else {
+                        return Err(format!("column computed by {} in the scan", e.expr));
+                    };
+                    c.index()
+                }
+                None => index,
+            };
+            if i >= file_schema.fields().len() {
+                return Err("a partition column".into());
             }
-            None => index,
+            Ok(i)
         };
-        if file_index >= file_schema.fields().len() {
-            return Err("key is a partition column".into());
-        }
-        let field = file_schema.field(file_index);
+        let key_file = file_index(index).map_err(|why| format!("key: {why}"))?;
+        let field = file_schema.field(key_file);
         if field.data_type() != &data_type {
             return Err(format!("schema adaptation: {} read as {data_type}", field.data_type()));
         }
+        // The filters over the file columns they read (numbered in order of first use).
+        let mut read: Vec<usize> = Vec::new();
+        let mut renumber = |file_col: usize| -> Column {
+            let at = read.iter().position(|&c| c == file_col).unwrap_or_else(|| {
+                read.push(file_col);
+                read.len() - 1
+            });
+            Column::new(file_schema.field(file_col).name(), at)
+        };
+        let mut predicates: Vec<PhysicalExprRef> = Vec::new();
+        for (below, predicate) in filters {
+            let mut why = None;
+            let rewritten = predicate
+                .transform(|e| {
+                    let Some(c) = e.downcast_ref::<Column>() else { return Ok(Transformed::no(e)) };
+                    let found = follow_down(below.clone(), c.index(), None).and_then(|(n, i)| {
+                        if Arc::ptr_eq(&n, &node) {
+                            file_index(i)
+                        } else {
+                            Err(format!("the filter reads {} from {}", c.name(), n.name()))
+                        }
+                    });
+                    match found {
+                        Ok(f) => Ok(Transformed::yes(Arc::new(renumber(f)) as PhysicalExprRef)),
+                        Err(w) => {
+                            why.get_or_insert(w);
+                            Ok(Transformed::no(e))
+                        }
+                    }
+                })
+                .map_err(|e| e.to_string())?
+                .data;
+            if let Some(why) = why {
+                return Err(why);
+            }
+            predicates.push(rewritten);
+        }
+        // The scan's own predicate: dynamic filters (this node's own, a TopK's
+        // above) only let a scan skip rows that cannot matter, and the device
+        // reads every row instead; without `pushdown_filters` the rest only
+        // prunes row groups and pages whose rows a FilterExec removes anyway.
+        // With it, the scan removes rows itself: the device must too.
+        if let Some(filter) = config.file_source().filter() {
+            let row_level = source.table_parquet_options().global.pushdown_filters;
+            for c in datafusion::physical_expr::split_conjunction(&filter) {
+                if c.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() || !row_level {
+                    continue;
+                }
+                let mut why = None;
+                let rewritten = c
+                    .clone()
+                    .transform(|e| {
+                        let Some(col) = e.downcast_ref::<Column>() else { return Ok(Transformed::no(e)) };
+                        match file_schema.index_of(col.name()) {
+                            Ok(f) => Ok(Transformed::yes(Arc::new(renumber(f)) as PhysicalExprRef)),
+                            Err(_) => {
+                                why.get_or_insert(format!("the scan's filter reads {}", col.name()));
+                                Ok(Transformed::no(e))
+                            }
+                        }
+                    })
+                    .map_err(|e| e.to_string())?
+                    .data;
+                if let Some(why) = why {
+                    return Err(why);
+                }
+                predicates.push(rewritten);
+            }
+        }
+        let columns: Vec<(String, DataType)> = read
+            .iter()
+            .map(|&i| (file_schema.field(i).name().clone(), file_schema.field(i).data_type().clone()))
+            .collect();
+        let filter = ScanFilter::compile(predicates, columns, (field.name(), &data_type))?;
+        let payload = if payload {
+            if filter.is_some() {
+                return Err("its rows are output, and filtered".into());
+            }
+            let schema = input.schema();
+            let columns = schema
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let (n, at) = follow_down(input.clone(), i, None)?;
+                    let file = if Arc::ptr_eq(&n, &node) { file_index(at)? } else { return Err("a column".into()) };
+                    let in_file = file_schema.field(file);
+                    if !crate::scan::supported_type(f.data_type()) || in_file.data_type() != f.data_type() {
+                        return Err(format!("{} of type {}", f.name(), f.data_type()));
+                    }
+                    Ok((in_file.name().clone(), f.data_type().clone()))
+                })
+                .collect::<std::result::Result<Vec<_>, String>>()
+                .map_err(|why| format!("its rows are output: {why}"))?;
+            Some(columns)
+        } else {
+            None
+        };
         // Each file once, with the byte ranges DataFusion split it into.
         let mut by_path: BTreeMap<PathBuf, Vec<(u64, u64)>> = BTreeMap::new();
         let mut whole: std::collections::BTreeSet<PathBuf> = Default::default();
@@ -154,10 +340,21 @@ impl DeviceScanExec {
             files,
             column: field.name().clone(),
             data_type,
+            filter,
+            payload,
             ran: Arc::new(Mutex::new(None)),
         })
     }
 
+    /// The input's columns as file columns, when the device decodes them for the output.
+    pub fn payload(&self) -> Option<&[(String, DataType)]> {
+        self.payload.as_deref()
+    }
+
+    /// The filter the device applies to the rows before taking their keys (None: every row).
+    pub fn filter(&self) -> Option<&ScanFilter> {
+        self.filter.as_ref()
+    }
     pub fn files(&self) -> &[ScanFile] {
         &self.files
     }
@@ -180,6 +377,13 @@ impl DeviceScanExec {
 impl DisplayAs for DeviceScanExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "DeviceScanExec: column={}, type={}, files={}", self.column, self.data_type, self.files.len())?;
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={}", filter.text)?;
+        }
+        if let Some(payload) = &self.payload {
+            let names: Vec<&str> = payload.iter().map(|(n, _)| n.as_str()).collect();
+            write!(f, ", output=[{}]", names.join(", "))?;
+        }
         if !matches!(t, DisplayFormatType::TreeRender) {
             if let Some(ran) = self.ran.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 write!(f, ", ran=\"{ran}\"")?;
@@ -220,5 +424,141 @@ impl ExecutionPlan for DeviceScanExec {
     /// Executed by anyone but a set selection: the original scan's batches.
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         self.input.execute(partition, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Array, AsArray, Date32Array, Int32Array, Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use datafusion::physical_expr::expressions::Column;
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::DeviceScanExec;
+    use crate::algo::join_filter::{pass_rows_cpu, RowColumn};
+
+    /// Two files of k BIGINT (NULLs), x INT (NULLs), d DATE, s VARCHAR, in several row groups.
+    fn write_files(dir: &std::path::Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("x", DataType::Int32, true),
+            Field::new("d", DataType::Date32, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        for f in 0..2i64 {
+            let n = 3000i64;
+            let k: Int64Array = (0..n).map(|i| (i % 13 != 5).then_some((i * 37 + f) % 900 - 100)).collect();
+            let x: Int32Array = (0..n).map(|i| (i % 7 != 2).then_some(((i * 11) % 200) as i32 - 50)).collect();
+            let d: Date32Array = (0..n).map(|i| Some(19000 + (i % 400) as i32)).collect();
+            let s: StringArray = (0..n).map(|i| Some(format!("s{}", i % 5))).collect();
+            let batch =
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(k), Arc::new(x), Arc::new(d), Arc::new(s)]).unwrap();
+            let props = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(700))
+                .set_dictionary_enabled(f == 0)
+                .build();
+            let file = std::fs::File::create(dir.join(format!("part-{f}.parquet"))).unwrap();
+            let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+        }
+    }
+
+    /// The kept rows' keys by the device scan's filter, evaluated by its CPU
+    /// twin over the columns decoded on the host: sorted, NULLs as None.
+    fn twin_keys(scan: &DeviceScanExec) -> Vec<Option<i64>> {
+        let filter = scan.filter().expect("a filter");
+        let decoded: Vec<crate::scan::Decoded> = filter
+            .columns
+            .iter()
+            .map(|(name, t)| {
+                crate::scan::scan_to_host(scan.files(), name, t).unwrap().unwrap_or_else(|f| panic!("{}", f.0))
+            })
+            .collect();
+        let n = decoded[0].keys.len();
+        let cols: Vec<RowColumn> =
+            decoded.iter().map(|d| RowColumn { values: &d.keys, validity: d.valid.as_deref() }).collect();
+        let bits = |prog| pass_rows_cpu(&cols, n, prog).unwrap().expect("no overflow");
+        let (valid, null) = (bits(&filter.keep_valid), bits(&filter.keep_null));
+        let key = decoded.last().unwrap();
+        let mut out: Vec<Option<i64>> = Vec::new();
+        for r in 0..n {
+            if valid[r / 32] >> (r % 32) & 1 == 1 {
+                out.push(Some(key.keys[r] as i64));
+            }
+            if null[r / 32] >> (r % 32) & 1 == 1 {
+                out.push(None);
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The filters between a semi join's input and its Parquet scan (a
+    /// FilterExec, the scan's own predicate with `pushdown_filters`) are taken
+    /// by the device scan, and its filter keeps exactly DataFusion's rows;
+    /// what the device cannot evaluate is refused with the reason.
+    #[test]
+    fn scan_filters_keep_datafusions_rows() {
+        let dir = std::env::temp_dir().join(format!("setfusion-scan-filter-{}", std::process::id()));
+        write_files(&dir);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async {
+            for pushdown in [false, true] {
+                let mut config = SessionConfig::new().with_target_partitions(3);
+                config.options_mut().execution.parquet.pushdown_filters = pushdown;
+                let ctx = SessionContext::new_with_config(config);
+                ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+                for filter in [
+                    "x > 10",
+                    "x > 10 AND d < DATE '2022-06-01'",
+                    "k + x > 100 OR x IS NULL",
+                    "NOT (x BETWEEN -5 AND 20) AND k IS NOT NULL",
+                    "k IS NULL OR x = 3",
+                    "CAST(x AS BIGINT) * 3 < k",
+                ] {
+                    let sql = format!("SELECT k FROM t WHERE {filter}");
+                    let df = ctx.sql(&sql).await.unwrap();
+                    let plan = df.clone().create_physical_plan().await.unwrap();
+                    let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
+                    let scan = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false)
+                        .unwrap_or_else(|why| panic!("{sql} (pushdown {pushdown}): {why}"));
+                    let mut want: Vec<Option<i64>> = df
+                        .collect()
+                        .await
+                        .unwrap()
+                        .iter()
+                        .flat_map(|b| {
+                            let a = b.column(0).as_primitive::<Int64Type>();
+                            (0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i))).collect::<Vec<_>>()
+                        })
+                        .collect();
+                    want.sort();
+                    assert!(!want.is_empty(), "{sql}");
+                    assert_eq!(twin_keys(&scan), want, "{sql} (pushdown {pushdown})");
+                }
+                // Refused, with the reason.
+                for (filter, why) in [("s = 's1'", "of type Utf8"), ("x % 7 = 1", "filter")] {
+                    let sql = format!("SELECT k FROM t WHERE {filter}");
+                    let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
+                    let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
+                    let got = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false).map(|_| ());
+                    assert!(matches!(&got, Err(w) if w.contains(why)), "{sql}: {got:?}");
+                }
+                // No filter: none to apply.
+                let plan = ctx.sql("SELECT k FROM t").await.unwrap().create_physical_plan().await.unwrap();
+                let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
+                assert!(DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false)
+                    .unwrap()
+                    .filter()
+                    .is_none());
+            }
+        });
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

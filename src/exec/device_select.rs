@@ -7,13 +7,15 @@
 //! decided around it), and the keyed core runs on the resident keys
 //! ([`crate::algo::select::select_resident`]).
 
-use datafusion::arrow::array::RecordBatch;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 
-use super::device_scan::DeviceScanExec;
+use super::device_scan::{DeviceScanExec, ScanFilter};
 use super::memory::hold_device;
 use super::selection::{coerce_like, forced_strategy, key_columns, Selector};
 use crate::algo::select::SetOp;
@@ -34,8 +36,9 @@ pub(crate) enum Side<'a> {
 struct SideKeys {
     keys: DeviceBuffer<u64>,
     n: usize,
-    /// Validity (None: no NULL key), on the host and on the device.
-    nulls: Option<(NullBuffer, DeviceBuffer<u32>)>,
+    /// Validity (None: no NULL key), on the host and on the device (None
+    /// there: the NULL rows are the last ones, and `keys` starts with the others).
+    nulls: Option<(NullBuffer, Option<DeviceBuffer<u32>>)>,
     report: Option<ScanReport>,
 }
 
@@ -47,9 +50,79 @@ impl SideKeys {
     fn core(self, g: &Gpu, stats: &mut TransferStats) -> Result<(DeviceBuffer<u64>, usize)> {
         match &self.nulls {
             None => Ok((self.keys, self.n)),
-            Some((_, valid)) => gpu::compact_kept_keys_on_device(g, &self.keys, valid, self.n, stats),
+            Some((_, Some(valid))) => gpu::compact_kept_keys_on_device(g, &self.keys, valid, self.n, stats),
+            Some((nulls, None)) => Ok((self.keys, self.n - nulls.null_count())),
         }
     }
+}
+
+/// A device-scanned side whose input filters its rows: the key and filter
+/// columns decoded (each through the column cache), the filter run on the
+/// device ([`crate::algo::join_filter::pass_rows_gpu`]), and the kept rows'
+/// keys compacted there, the NULL keys' rows last. `Ok(Err(why))`: the host
+/// reads the input (files the device does not decode, or arithmetic that
+/// overflows, which DataFusion's FilterExec raises or wraps as it does).
+fn filtered_side(
+    g: &Gpu,
+    scan: &DeviceScanExec,
+    filter: &ScanFilter,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<SideKeys, String>> {
+    // Each column once (the key may be read by the filter too).
+    let mut decoded: Vec<(&str, crate::scan::DeviceDecoded)> = Vec::new();
+    let mut report = ScanReport::default();
+    for (name, t) in &filter.columns {
+        if decoded.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        match crate::scan::scan_to_device(g, scan.files(), name, t, None, cache_limit, None, stats)? {
+            Ok((d, r)) => {
+                if name == scan.column() {
+                    report = ScanReport { rows: r.rows, cache: r.cache, row_groups: r.row_groups, ..report };
+                }
+                report.bytes_read += r.bytes_read;
+                report.bytes_decoded += r.bytes_decoded;
+                report.pages += r.pages;
+                report.read += r.read;
+                report.upload += r.upload;
+                report.decode += r.decode;
+                decoded.push((name.as_str(), d));
+            }
+            Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
+        }
+    }
+    let n = decoded.last().map_or(0, |(_, d)| d.rows);
+    if decoded.iter().any(|(_, d)| d.rows != n) {
+        return Ok(Err("the filter's columns have different row counts".into()));
+    }
+    let column = |name: &str| decoded.iter().find(|(c, _)| *c == name).map(|(_, d)| (&d.keys, d.valid.as_ref()));
+    let cols: Vec<_> = filter.columns.iter().filter_map(|(name, _)| column(name)).collect();
+    let Some((key, key_valid)) = column(scan.column()) else {
+        return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: the key column".into()));
+    };
+    let t = std::time::Instant::now();
+    let overflow = "the filter's arithmetic overflows on the device; DataFusion's FilterExec evaluates it";
+    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &filter.keep_valid, stats)? else {
+        return Ok(Err(overflow.into()));
+    };
+    let (keys, m) = gpu::compact_kept_keys_on_device(g, key, &pass, n, stats)?;
+    drop(pass);
+    let z = match key_valid {
+        None => 0,
+        Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &filter.keep_null, stats)? {
+            Some(pass) => gpu::count_kept_on_device(g, &pass, n, stats)?,
+            None => return Ok(Err(overflow.into())),
+        },
+    };
+    report.filtered = Some(((m + z) as u64, t.elapsed(), decoded.len()));
+    let nulls = (z > 0).then(|| {
+        let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(m + z);
+        bits.append_n(m, true);
+        bits.append_n(z, false);
+        (NullBuffer::new(bits.finish()), None)
+    });
+    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report) }))
 }
 
 /// Validity words (LSB first) as a NULL buffer of `n` rows; None without NULLs.
@@ -67,6 +140,9 @@ fn side_keys(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
     match side {
+        Side::Device(scan) if scan.filter().is_some() => {
+            filtered_side(g, scan, scan.filter().expect("checked"), cache_limit, stats)
+        }
         Side::Device(scan) => match crate::scan::scan_to_device(
             g,
             scan.files(),
@@ -98,7 +174,7 @@ fn side_keys(
                         *w = u32::from_le_bytes(b);
                     }
                     let d = g.upload(&words, stats)?;
-                    Some((nb, d))
+                    Some((nb, Some(d)))
                 }
                 None => None,
             };
@@ -115,15 +191,23 @@ fn device_side(
 ) -> Result<SideKeys> {
     let n = decoded.rows;
     let nulls = match decoded.valid {
-        Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, valid)),
+        Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, Some(valid))),
         None => None,
     };
     Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report) })
 }
 
 fn describe(which: &str, r: &ScanReport) -> String {
+    let filtered = match r.filtered {
+        Some((kept, took, columns)) => format!(
+            ", filtered on the device in {:.1} ms ({columns} columns): {kept} rows kept",
+            took.as_secs_f64() * 1e3
+        ),
+        None => String::new(),
+    };
     if let Some(hit @ crate::scan::CacheUse::Hit { .. }) = r.cache {
-        return format!("{which}: {} rows, {hit} (copied in {:.1} ms)", r.rows, r.upload.as_secs_f64() * 1e3);
+        return format!("{which}: {} rows, {hit} (copied in {:.1} ms)", r.rows, r.upload.as_secs_f64() * 1e3)
+            + &filtered;
     }
     let cache = r.cache.map(|c| format!(", {c}")).unwrap_or_default()
         + &if r.row_groups_pruned > 0 {
@@ -143,6 +227,65 @@ fn describe(which: &str, r: &ScanReport) -> String {
         r.bytes_decoded as f64 / secs / 1e9,
     ) + if r.decoded_with_other { " (both sides decoded in one launch)" } else { "" }
         + &cache
+        + &filtered
+}
+
+/// The selection of every probe row, what ran, each device scan's report,
+/// and the probe side's output columns decoded by the device (when asked
+/// for: None for the columns not output).
+pub(crate) struct DeviceSelected {
+    pub selection: BooleanBuffer,
+    pub ran: String,
+    pub reports: Vec<(String, ScanReport)>,
+    pub payload: Option<Vec<Option<ArrayRef>>>,
+}
+
+/// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`])
+/// decoded on the device (each through the column cache) and brought back as
+/// Arrow arrays of all its rows, in the order the selection has them; None
+/// for the columns not needed. `Ok(Err(why))`: the host reads the input.
+fn decode_payload(
+    g: &Gpu,
+    scan: &DeviceScanExec,
+    needed: &[usize],
+    rows: usize,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<Option<ArrayRef>>, String>> {
+    use datafusion::arrow::array::{Date32Array, Decimal128Array, Int32Array, Int64Array};
+    let Some(columns) = scan.payload() else { return Ok(Err("no payload columns".into())) };
+    let mut out = Vec::with_capacity(columns.len());
+    for (i, (name, t)) in columns.iter().enumerate() {
+        if !needed.contains(&i) {
+            out.push(None);
+            continue;
+        }
+        let (d, _) = match crate::scan::scan_to_device(g, scan.files(), name, t, None, cache_limit, None, stats)? {
+            Ok(d) => d,
+            Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
+        };
+        if d.rows != rows {
+            return Ok(Err(format!("column {name}: {} rows, the key {rows}", d.rows)));
+        }
+        let values = g.download(&d.keys, rows, stats)?;
+        let nulls = match &d.valid {
+            Some(v) => null_buffer(g.download(v, rows.div_ceil(32), stats)?, rows),
+            None => None,
+        };
+        // The device's 64-bit lanes, narrowed or widened to the column's Arrow type.
+        let array: ArrayRef = match t {
+            DataType::Int64 => Arc::new(Int64Array::new(Buffer::from_vec(values).into(), nulls)),
+            DataType::Int32 => Arc::new(Int32Array::new(values.iter().map(|&v| v as i32).collect(), nulls)),
+            DataType::Date32 => Arc::new(Date32Array::new(values.iter().map(|&v| v as i32).collect(), nulls)),
+            DataType::Decimal128(p, sc) => Arc::new(
+                Decimal128Array::new(values.iter().map(|&v| v as i64 as i128).collect(), nulls)
+                    .with_precision_and_scale(*p, *sc)?,
+            ),
+            other => return Ok(Err(format!("column {name} of type {other}"))),
+        };
+        out.push(Some(array));
+    }
+    Ok(Ok(out))
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -154,16 +297,22 @@ pub(crate) fn select_device_scanned(
     probe: Side<'_>,
     build: Side<'_>,
     key_type: &DataType,
-) -> Result<std::result::Result<(BooleanBuffer, String, Vec<(String, ScanReport)>), String>> {
+    payload: Option<&[usize]>,
+) -> Result<std::result::Result<DeviceSelected, String>> {
     let device = gpu::gpu(cfg.device).map_err(gpu::GpuError::from)?;
     let g = hold_device(&device, cfg, selector.reservation.as_deref())?;
+    let probe_side = match &probe {
+        Side::Device(scan) => Some(*scan),
+        Side::Host(..) => None,
+    };
     let mut stats = TransferStats::default();
     // The build side's files are read on the host while the probe side's
     // are uploaded and decoded (unless the device holds its keys already).
     let ahead = match &build {
         Side::Device(scan)
-            if !(cfg.cache_limit.0 > 0
-                && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) =>
+            if scan.filter().is_none()
+                && !(cfg.cache_limit.0 > 0
+                    && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) =>
         {
             Some(crate::scan::ReadAhead::start(
                 scan.files().to_vec(),
@@ -177,9 +326,11 @@ pub(crate) fn select_device_scanned(
     // probe row groups outside the build side's key range (from its files'
     // statistics) are not read, as DataFusion's dynamic filter would prune
     // them; row groups with NULL keys are always read (INTERSECT keeps NULLs).
+    // (Not when the probe side's columns are output: they are read whole.)
     let keep = match (&probe, &build) {
-        (Side::Device(_), Side::Device(b))
-            if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
+        (Side::Device(p), Side::Device(b))
+            if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll)
+                && (payload.is_none() || p.payload().is_none()) =>
         {
             crate::scan::key_range(b.files(), b.column()).unwrap_or(None)
         }
@@ -191,7 +342,9 @@ pub(crate) fn select_device_scanned(
     let cached =
         |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
     let (probe, build) = match (&probe, &build) {
-        (Side::Device(p), Side::Device(b)) if !cached(p) && !cached(b) => {
+        (Side::Device(p), Side::Device(b))
+            if !cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none() =>
+        {
             fn side(s: &DeviceScanExec, keep: Option<(i64, i64)>) -> crate::scan::PairSide<'_> {
                 crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
             }
@@ -226,9 +379,24 @@ pub(crate) fn select_device_scanned(
     selector.metrics.device.input_rows.add(probe.n + build.n);
     let n = probe.n;
     let (m, nb) = (probe.null_count(), build.null_count());
+    // The probe side's output columns, decoded once the selection is known.
+    let probe_scan = match &probe_side {
+        Some(s) if payload.is_some() => Some(*s),
+        _ => None,
+    };
+    let with_payload = |selection: BooleanBuffer, ran: String, stats: &mut TransferStats| {
+        let payload = match (probe_scan, payload) {
+            (Some(scan), Some(needed)) => match decode_payload(&g, scan, needed, n, cfg.cache_limit.0, stats)? {
+                Ok(arrays) => Some(arrays),
+                Err(why) => return Ok(Err(format!("probe side: {why}"))),
+            },
+            _ => None,
+        };
+        selector.metrics.device.record(stats);
+        Ok(Ok(DeviceSelected { selection, ran, reports: reports.clone(), payload }))
+    };
     if let Some((sel, ran)) = selector.decided_by_nulls(n, build.n, nb) {
-        selector.metrics.device.record(&stats);
-        return Ok(Ok((sel, format!("{ran}; device scan {}", notes.join("; ")), reports)));
+        return with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);
     }
     let probe_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     let (probe_core, npc) = probe.core(&g, &mut stats)?;
@@ -243,7 +411,6 @@ pub(crate) fn select_device_scanned(
         npc,
         &mut stats,
     )?;
-    selector.metrics.device.record(&stats);
     let sel = match probe_nulls {
         None => core,
         Some(nulls) => {
@@ -251,5 +418,5 @@ pub(crate) fn select_device_scanned(
             selector.with_null_rows(&core, n, &idx, &|i| nulls.is_null(i), (m, nb))
         }
     };
-    Ok(Ok((sel, format!("{ran}; device scan {}", notes.join("; ")), reports)))
+    with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats)
 }

@@ -34,9 +34,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -613,11 +613,11 @@ impl Run {
     /// side whose batches are not output (the build side; the probe side
     /// under a row count), with one key, on the GPU backend.
     fn device_scanned(&self, probe: bool) -> Option<&DeviceScanExec> {
-        let keys_only = !probe || self.output == OutputColumns::RowCount;
         let plan = if probe { &self.probe } else { &self.build };
-        (keys_only && matches!(self.backend, Backend::Gpu(_)) && self.probe_keys.len() == 1)
-            .then(|| plan.downcast_ref::<DeviceScanExec>())
-            .flatten()
+        let scan = plan.downcast_ref::<DeviceScanExec>()?;
+        // The probe side's rows are output: the device decodes its columns too.
+        let keys_only = !probe || self.output == OutputColumns::RowCount || scan.payload().is_some();
+        (keys_only && matches!(self.backend, Backend::Gpu(_)) && self.probe_keys.len() == 1).then_some(scan)
     }
 
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
@@ -730,8 +730,21 @@ impl Run {
             return Err(DataFusionError::Internal("setfusion: a device-scanned input without its scan".into()));
         };
         let t = Instant::now();
-        let outcome = super::device_select::select_device_scanned(&self.selector, cfg, probe, build, &key_type);
-        let (selection, ran, reports) = match outcome {
+        // The probe side's columns the output needs, when the device decodes them.
+        let needed: Option<Vec<usize>> = match (&probe_parts, &self.output) {
+            (Some(_), _) | (None, OutputColumns::RowCount) => None,
+            (None, OutputColumns::All) => Some((0..self.probe.schema().fields().len()).collect()),
+            (None, OutputColumns::Columns(c)) => Some(c.clone()),
+        };
+        let outcome = super::device_select::select_device_scanned(
+            &self.selector,
+            cfg,
+            probe,
+            build,
+            &key_type,
+            needed.as_deref(),
+        );
+        let super::device_select::DeviceSelected { selection, ran, reports, payload } = match outcome {
             Ok(Ok(r)) => r,
             // Device trouble or files the device does not decode: the host reads those inputs.
             Ok(Err(reason)) => return Ok(DeviceOutcome::Fallback { reason, probe_parts, build_parts }),
@@ -748,6 +761,11 @@ impl Run {
             }
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
+        let probe_parts = match (probe_parts, payload) {
+            (Some(parts), _) => Some(parts),
+            (None, Some(arrays)) => Some(self.payload_parts(arrays, memory)?),
+            (None, None) => None,
+        };
         let Some(probe_parts) = probe_parts else {
             // The probe side was never on the host: its output is a row count (see device_scanned).
             let kept = selection.count_set_bits();
@@ -759,6 +777,54 @@ impl Run {
         };
         self.finish(cfg, probe_parts, build_parts.unwrap_or_default(), selection, batch_size, memory)
             .map(DeviceOutcome::Done)
+    }
+
+    /// The probe side's columns decoded by the device as the probe side's
+    /// partitions of consecutive rows, in batches of `OUTPUT_BATCH_ROWS`
+    /// (slices of the arrays), in the selection's row order. A column the
+    /// output does not read is an all-NULL placeholder (no memory). Their
+    /// bytes are charged to the operator's reservation.
+    fn payload_parts(
+        &self,
+        arrays: Vec<Option<ArrayRef>>,
+        memory: &datafusion::execution::memory_pool::MemoryReservation,
+    ) -> Result<Vec<Vec<RecordBatch>>> {
+        use datafusion::arrow::array::NullArray;
+        let rows = arrays.iter().flatten().map(|a| a.len()).next().unwrap_or(0);
+        memory.try_grow(arrays.iter().flatten().map(|a| a.get_array_memory_size()).sum())?;
+        let schema = self.probe.schema();
+        let fields: Vec<Field> = schema
+            .fields()
+            .iter()
+            .zip(&arrays)
+            .map(|(f, a)| match a {
+                Some(_) => f.as_ref().clone(),
+                None => Field::new(f.name(), DataType::Null, true),
+            })
+            .collect();
+        let schema = Arc::new(Schema::new(fields));
+        let partitions = self.probe_partitions.len().max(1);
+        let per = rows.div_ceil(partitions).max(1);
+        let step = super::output_filter::OUTPUT_BATCH_ROWS;
+        (0..partitions)
+            .map(|p| {
+                let (start, end) = ((p * per).min(rows), ((p + 1) * per).min(rows));
+                (start..end)
+                    .step_by(step)
+                    .map(|at| {
+                        let len = step.min(end - at);
+                        let columns = arrays
+                            .iter()
+                            .map(|a| match a {
+                                Some(a) => a.slice(at, len),
+                                None => Arc::new(NullArray::new(len)) as ArrayRef,
+                            })
+                            .collect();
+                        Ok(RecordBatch::try_new(schema.clone(), columns)?)
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect()
     }
 
     /// The selection and the output filter over the collected inputs (synchronous: see [`super::off_runtime`]).

@@ -27,7 +27,8 @@ pub(crate) use pool::{drop_later, for_each_mut, par_map};
 pub use staging::{HostOut, PendingBuffer, STAGING_HOST_BYTES};
 pub(crate) use transfer::copy_threads;
 pub use transfer::{
-    compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, gpu_min_max, DeviceArray, TransferStats,
+    compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, count_kept_on_device, gpu_min_max,
+    DeviceArray, TransferStats,
 };
 
 /// Why the GPU backend cannot be used.

@@ -566,12 +566,7 @@ pub fn compact_kept_keys_on_device(
         shared_mem_bytes: 0,
     };
     let t = Instant::now();
-    let mut counts = gpu.alloc::<u32>(blocks)?;
-    let count = gpu.function(&KERNEL, "count_kept")?;
-    // SAFETY: signature matches kernels/transfer.cu; `sel` holds ceil(n / 32) words, `counts` one per block.
-    unsafe { gpu.stream().launch_builder(&count).arg(&sel.slice).arg(&n64).arg(&mut counts.slice).launch(cfg) }
-        .map_err(|e| cuda_err("count_kept", e))?;
-    let counts = gpu.download(&counts, blocks, stats)?;
+    let counts = kept_counts(gpu, sel, n, stats)?;
     let mut offsets = Vec::with_capacity(blocks);
     let mut total = 0u64;
     for c in counts {
@@ -596,6 +591,29 @@ pub fn compact_kept_keys_on_device(
     .map_err(|e| cuda_err("compact_kept", e))?;
     stats.kernel += t.elapsed();
     Ok((out, total as usize))
+}
+
+/// The set bits of a selection per block of `compact_kept`'s launch (`kernels/transfer.cu`: count_kept).
+fn kept_counts(gpu: &Gpu, sel: &DeviceBuffer<u32>, n: usize, stats: &mut TransferStats) -> Result<Vec<u32>> {
+    const WORDS_PER_BLOCK: usize = 256; // SF_KEPT_WORDS
+    let blocks = n.div_ceil(32).div_ceil(WORDS_PER_BLOCK).max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (WORDS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut counts = gpu.alloc::<u32>(blocks)?;
+    let count = gpu.function(&KERNEL, "count_kept")?;
+    let n64 = n as u64;
+    // SAFETY: signature matches kernels/transfer.cu; `sel` holds ceil(n / 32) words, `counts` one per block.
+    unsafe { gpu.stream().launch_builder(&count).arg(&sel.slice).arg(&n64).arg(&mut counts.slice).launch(cfg) }
+        .map_err(|e| cuda_err("count_kept", e))?;
+    gpu.download(&counts, blocks, stats)
+}
+
+/// How many of the `n` bits of the selection `sel` are set, counted on the device.
+pub fn count_kept_on_device(gpu: &Gpu, sel: &DeviceBuffer<u32>, n: usize, stats: &mut TransferStats) -> Result<usize> {
+    Ok(kept_counts(gpu, sel, n, stats)?.iter().map(|&c| c as usize).sum())
 }
 
 /// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.

@@ -2,9 +2,11 @@
 //!
 //! Runs after every other rule (the plan's shape is final). For each
 //! `SemiJoinExec` / `SetOpExec` on the GPU backend that reads all its input
-//! partitions at once, each input whose keys alone are needed (the build
-//! side; the probe side under a row count) and that is a Parquet scan the
-//! device can read becomes a [`DeviceScanExec`]. A Parquet input that stays
+//! partitions at once, each input that is a Parquet scan the device can read
+//! becomes a [`DeviceScanExec`]: its key column (under the input's filters,
+//! which the device runs), and where its rows are output (the probe side of
+//! a join that outputs columns) all its columns, which the device decodes
+//! for the output (fixed-width types, no filter). A Parquet input that stays
 //! with DataFusion's scan gets its reason in the operator's EXPLAIN line
 //! (`device_scan="..."`); inputs that are not Parquet scans, operators on the
 //! CPU backend and `setfusion.device_scan = false` leave the plan as it was.
@@ -58,12 +60,11 @@ impl DeviceScanRule {
                 Err("hash-partitioned inputs".to_string())
             } else if keys.len() != 1 {
                 Err(format!("{} key columns", keys.len()))
-            } else if !node.keys_only(i == 0) {
-                Err("its rows are output".to_string())
             } else {
-                // Both sides' keys are encoded as the probe side's type.
+                // Both sides' keys are encoded as the probe side's type. A side
+                // whose rows are output (the probe side) has its columns decoded too.
                 let key_type = crate::keys::key_type(&node.probe_keys()[0].data_type(&children[0].schema())?);
-                DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type)
+                DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type, !node.keys_only(i == 0))
             };
             match why {
                 Ok(scan) => new_children[i] = Arc::new(scan),

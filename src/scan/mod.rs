@@ -20,6 +20,8 @@
 pub mod cache;
 pub mod decode;
 pub mod fixtures;
+#[cfg(test)]
+mod foreign_fixtures;
 pub mod pages;
 mod thrift;
 
@@ -53,6 +55,8 @@ pub struct ScanReport {
     pub row_groups: usize,
     /// Decoded in one launch with the other side's pages (`decode` is the launch's).
     pub decoded_with_other: bool,
+    /// The input's filter, run on the device: the rows it kept, the time it took, the columns read for it.
+    pub filtered: Option<(u64, Duration, usize)>,
 }
 
 /// A scan's host part: the plan, the column chunks' bytes, their page table,
@@ -95,6 +99,7 @@ impl HostRead {
             row_groups_pruned: plan.row_groups_pruned,
             row_groups: plan.row_groups,
             decoded_with_other,
+            filtered: None,
         }
     }
 

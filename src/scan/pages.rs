@@ -237,11 +237,22 @@ impl PageTable {
 
 /// Is the Parquet column (physical type, logical type) read by DataFusion as
 /// `arrow` with the same 64-bit key the host would encode? None: yes; else why not.
-fn type_mismatch(physical: PhysicalType, logical: Option<&LogicalType>, arrow: &DataType) -> Option<String> {
+/// Files without logical types (DuckDB's, older writers') say it with the
+/// converted type alone: DATE, INT_32 / INT_64, DECIMAL (`precision`, `scale`).
+fn type_mismatch(descr: &parquet::schema::types::ColumnDescriptor, arrow: &DataType) -> Option<String> {
+    use parquet::basic::ConvertedType;
+    let (physical, logical) = (descr.physical_type(), descr.logical_type_ref());
     let ok = match (arrow, physical, logical) {
-        (DataType::Int64, PhysicalType::INT64, None) => true,
+        (_, _, None) => match (arrow, physical, descr.converted_type()) {
+            (DataType::Int64, PhysicalType::INT64, ConvertedType::NONE | ConvertedType::INT_64) => true,
+            (DataType::Int32, PhysicalType::INT32, ConvertedType::NONE | ConvertedType::INT_32) => true,
+            (DataType::Date32, PhysicalType::INT32, ConvertedType::DATE) => true,
+            (DataType::Decimal128(p, s), PhysicalType::INT32 | PhysicalType::INT64, ConvertedType::DECIMAL) => {
+                *p <= 18 && descr.type_precision() == *p as i32 && descr.type_scale() == *s as i32
+            }
+            _ => false,
+        },
         (DataType::Int64, PhysicalType::INT64, Some(LogicalType::Integer(t))) => t.bit_width == 64 && t.is_signed,
-        (DataType::Int32, PhysicalType::INT32, None) => true,
         (DataType::Int32, PhysicalType::INT32, Some(LogicalType::Integer(t))) => t.bit_width == 32 && t.is_signed,
         (DataType::Date32, PhysicalType::INT32, Some(LogicalType::Date)) => true,
         (DataType::Decimal128(p, s), PhysicalType::INT32 | PhysicalType::INT64, Some(LogicalType::Decimal(d))) => {
@@ -252,7 +263,11 @@ fn type_mismatch(physical: PhysicalType, logical: Option<&LogicalType>, arrow: &
     (!ok).then(|| {
         format!(
             "schema adaptation: {arrow} from Parquet {physical}{}",
-            logical.map_or(String::new(), |l| format!(" ({l:?})"))
+            match (logical, descr.converted_type()) {
+                (Some(l), _) => format!(" ({l:?})"),
+                (None, ConvertedType::NONE) => String::new(),
+                (None, c) => format!(" ({c})"),
+            }
         )
     })
 }
@@ -318,7 +333,7 @@ pub fn plan_scan_within(
         if descr.max_rep_level() > 0 || descr.max_def_level() > 1 {
             return fallback(format!("nested column {column}"));
         }
-        if let Some(why) = type_mismatch(descr.physical_type(), descr.logical_type_ref(), arrow) {
+        if let Some(why) = type_mismatch(&descr, arrow) {
             return fallback(why);
         }
         width = if descr.physical_type() == PhysicalType::INT32 { 4 } else { 8 };

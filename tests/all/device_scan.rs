@@ -6,8 +6,10 @@
 //! where a GPU is usable the plans hold `DeviceScanExec`s and EXPLAIN
 //! ANALYZE shows the device read them (zstd files too, their pages
 //! decompressed on the host); an input the device cannot read (LZ4 with
-//! Hadoop's framing) falls back to the host scan with the reason, and a
-//! filtered input says why in EXPLAIN.
+//! Hadoop's framing) falls back to the host scan with the reason. A probe
+//! side whose rows are output has its columns decoded by the device. Filtered
+//! inputs are read by the device, which runs the filter; a filter it cannot
+//! evaluate leaves the input to DataFusion, and EXPLAIN says why.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -128,13 +130,34 @@ const QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT SELECT k FROM b)",
     "SELECT count(*) FROM (SELECT k32 FROM a INTERSECT SELECT k32 FROM b_no_nulls)",
     "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd)",
+    // Filtered inputs: the device decodes the filter's columns and runs it.
     "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)",
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100 AND k32 < 2000)",
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE p < 5000 OR k IS NULL)",
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE k IS NOT NULL AND p > 3000)",
+    "SELECT count(*) FROM a WHERE p > 5000 AND k IN (SELECT k FROM b WHERE k32 > 100)",
+    "SELECT count(*) FROM a WHERE p BETWEEN 100 AND 9000 AND NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.p > 10)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE p < 9000 INTERSECT SELECT k FROM b WHERE k32 >= 0)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE k32 IS NULL OR k32 > 10 EXCEPT SELECT k FROM b WHERE p > 50)",
+    "SELECT count(*) FROM (SELECT k32 FROM a WHERE k + 5 > k32 INTERSECT SELECT k32 FROM b_zstd WHERE p <> 7)",
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p % 3 = 1)",
+    // The probe side's rows output: its columns decoded by the device (NULLs, INT, BIGINT).
+    "SELECT k, k32, p FROM a WHERE k IN (SELECT k FROM b)",
+    "SELECT k32, p FROM a WHERE k NOT IN (SELECT k FROM b_no_nulls)",
+    "SELECT * FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+    "SELECT p FROM a WHERE k32 IN (SELECT k32 FROM b WHERE p > 100)",
+    "SELECT k FROM a EXCEPT SELECT k FROM b",
+    "SELECT k32 FROM a INTERSECT SELECT k32 FROM b_zstd",
 ];
 
 const ALL_QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a INTERSECT ALL SELECT k FROM b)",
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b)",
     "SELECT count(*) FROM (SELECT k32 FROM a EXCEPT ALL SELECT k32 FROM b)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE p > 1000 INTERSECT ALL SELECT k FROM b WHERE p < 8000)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE k32 < 3000 EXCEPT ALL SELECT k FROM b WHERE k IS NULL OR p > 20)",
+    "SELECT k FROM a INTERSECT ALL SELECT k FROM b",
+    "SELECT k32 FROM a EXCEPT ALL SELECT k32 FROM b",
 ];
 
 #[test]
@@ -172,10 +195,19 @@ fn device_scan_answers_equal_host_scan() {
                 "{plan}"
             );
         }
-        // Filters stay with DataFusion's scan, and EXPLAIN says why.
-        let plan = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p > 100)", false).await;
+        // A filter the device evaluates: the scan carries it, and EXPLAIN
+        // ANALYZE says the device ran it; one it cannot stays with DataFusion, with the reason.
+        let filtered = "SELECT count(*) FROM a WHERE p > 5000 AND k IN (SELECT k FROM b WHERE p > 100)";
+        let plan = explain(&device, filtered, false).await;
+        let unfit =
+            explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p % 3 = 1)", false).await;
         if gpu {
-            assert!(plan.contains("device_scan=\"build: a filter"), "{plan}");
+            assert_eq!(plan.matches("DeviceScanExec: column=k").count(), 2, "{plan}");
+            assert!(plan.contains("filter=p@") && plan.contains("> 5000") && plan.contains("> 100"), "{plan}");
+            let analyzed = explain(&device, filtered, true).await;
+            assert!(analyzed.matches("filtered on the device").count() == 2, "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            assert!(unfit.contains("device_scan=\"build: filter "), "{unfit}");
             // The build side (and the probe side under count(*)) is read by the device.
             let plan = explain(&device, QUERIES[0], false).await;
             assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
@@ -189,10 +221,15 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(rows(&device, lz4).await, rows(&plain, lz4).await);
             let analyzed = explain(&device, lz4, true).await;
             assert!(analyzed.contains("device scan fell back to the host: build side: codec LZ4"), "{analyzed}");
-            // The probe side's rows are output: it stays with DataFusion's scan.
+            // The probe side's rows are output: the device decodes its columns too,
+            // unless the input is filtered.
             let plan = explain(&device, QUERIES[5], false).await;
-            assert!(plan.contains("device_scan=\"probe: its rows are output\""), "{plan}");
-            assert_eq!(plan.matches("DeviceScanExec").count(), 1, "{plan}");
+            assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
+            assert!(plan.contains("output=[k, p]"), "{plan}");
+            let analyzed = explain(&device, QUERIES[5], true).await;
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            let plan = explain(&device, "SELECT sum(p) FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", false).await;
+            assert!(plan.contains("device_scan=\"probe: its rows are output, and filtered\""), "{plan}");
         }
     });
 }
