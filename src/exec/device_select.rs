@@ -231,35 +231,48 @@ fn describe(which: &str, r: &ScanReport) -> String {
 }
 
 /// The selection of every probe row, what ran, each device scan's report,
-/// and the probe side's output columns decoded by the device (when asked
-/// for: None for the columns not output).
+/// and the probe side's output columns of the kept rows, decoded by the
+/// device (when asked for).
 pub(crate) struct DeviceSelected {
     pub selection: BooleanBuffer,
     pub ran: String,
     pub reports: Vec<(String, ScanReport)>,
-    pub payload: Option<Vec<Option<ArrayRef>>>,
+    /// The output columns of the kept probe rows (the device decoded them).
+    pub payload: Option<Vec<ArrayRef>>,
 }
 
-/// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`])
-/// decoded on the device (each through the column cache) and brought back as
-/// Arrow arrays of all its rows, in the order the selection has them; None
-/// for the columns not needed. `Ok(Err(why))`: the host reads the input.
+/// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`],
+/// in that order) of the rows `selection` keeps, decoded on the device (each
+/// through the column cache) and brought back as Arrow arrays. A column
+/// without NULLs is compacted on the device and downloaded into pinned memory
+/// that its array owns; one with NULLs comes back whole and is filtered on the
+/// host. `Ok(Err(why))`: the host reads the input.
 fn decode_payload(
     g: &Gpu,
     scan: &DeviceScanExec,
     needed: &[usize],
-    rows: usize,
+    selection: &BooleanBuffer,
     cache_limit: usize,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<Vec<Option<ArrayRef>>, String>> {
+) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
     use datafusion::arrow::array::{Date32Array, Decimal128Array, Int32Array, Int64Array};
     let Some(columns) = scan.payload() else { return Ok(Err("no payload columns".into())) };
-    let mut out = Vec::with_capacity(columns.len());
-    for (i, (name, t)) in columns.iter().enumerate() {
-        if !needed.contains(&i) {
-            out.push(None);
-            continue;
-        }
+    let rows = selection.len();
+    // The selection's bits as the device's 32-bit words.
+    let bytes = selection.sliced();
+    let words: Vec<u32> = bytes
+        .as_slice()
+        .chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(w)
+        })
+        .collect();
+    let d_sel = g.upload(if words.is_empty() { &[0u32][..] } else { &words }, stats)?;
+    let mut out = Vec::with_capacity(needed.len());
+    for &i in needed {
+        let Some((name, t)) = columns.get(i) else { return Ok(Err(format!("no output column {i}"))) };
         let (d, _) = match crate::scan::scan_to_device(g, scan.files(), name, t, None, cache_limit, None, stats)? {
             Ok(d) => d,
             Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
@@ -267,23 +280,46 @@ fn decode_payload(
         if d.rows != rows {
             return Ok(Err(format!("column {name}: {} rows, the key {rows}", d.rows)));
         }
-        let values = g.download(&d.keys, rows, stats)?;
         let nulls = match &d.valid {
             Some(v) => null_buffer(g.download(v, rows.div_ceil(32), stats)?, rows),
             None => None,
         };
+        // Without NULLs: the kept values only, compacted on the device. With
+        // them: every value, filtered on the host with the validity.
+        let (values, kept_nulls): (datafusion::arrow::buffer::Buffer, Option<NullBuffer>) = match nulls {
+            None => {
+                let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &d_sel, rows, stats)?;
+                (pending.wait()?, None)
+            }
+            Some(nulls) => {
+                let all = g.download_to_arrow(&d.keys, rows, stats)?.wait()?;
+                let all = Int64Array::new(all.into(), Some(nulls));
+                let kept = datafusion::arrow::compute::filter(
+                    &all,
+                    &datafusion::arrow::array::BooleanArray::new(selection.clone(), None),
+                )?;
+                let kept = kept
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .cloned()
+                    .unwrap_or_else(|| Int64Array::from(vec![0i64; 0]));
+                let (_, values, nulls) = kept.into_parts();
+                (values.into_inner(), nulls)
+            }
+        };
+        let lanes: datafusion::arrow::buffer::ScalarBuffer<i64> = values.into();
         // The device's 64-bit lanes, narrowed or widened to the column's Arrow type.
         let array: ArrayRef = match t {
-            DataType::Int64 => Arc::new(Int64Array::new(Buffer::from_vec(values).into(), nulls)),
-            DataType::Int32 => Arc::new(Int32Array::new(values.iter().map(|&v| v as i32).collect(), nulls)),
-            DataType::Date32 => Arc::new(Date32Array::new(values.iter().map(|&v| v as i32).collect(), nulls)),
+            DataType::Int64 => Arc::new(Int64Array::new(lanes, kept_nulls)),
+            DataType::Int32 => Arc::new(Int32Array::new(lanes.iter().map(|&v| v as i32).collect(), kept_nulls)),
+            DataType::Date32 => Arc::new(Date32Array::new(lanes.iter().map(|&v| v as i32).collect(), kept_nulls)),
             DataType::Decimal128(p, sc) => Arc::new(
-                Decimal128Array::new(values.iter().map(|&v| v as i64 as i128).collect(), nulls)
+                Decimal128Array::new(lanes.iter().map(|&v| v as i128).collect(), kept_nulls)
                     .with_precision_and_scale(*p, *sc)?,
             ),
             other => return Ok(Err(format!("column {name} of type {other}"))),
         };
-        out.push(Some(array));
+        out.push(array);
     }
     Ok(Ok(out))
 }
@@ -386,7 +422,8 @@ pub(crate) fn select_device_scanned(
     };
     let with_payload = |selection: BooleanBuffer, ran: String, stats: &mut TransferStats| {
         let payload = match (probe_scan, payload) {
-            (Some(scan), Some(needed)) => match decode_payload(&g, scan, needed, n, cfg.cache_limit.0, stats)? {
+            (Some(scan), Some(needed)) => match decode_payload(&g, scan, needed, &selection, cfg.cache_limit.0, stats)?
+            {
                 Ok(arrays) => Some(arrays),
                 Err(why) => return Ok(Err(format!("probe side: {why}"))),
             },

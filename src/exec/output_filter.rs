@@ -61,6 +61,8 @@ pub(crate) enum PartitionOutput {
     Rows(usize),
     /// Chunks of output batches to filter, and the reservation of their input batches' bytes.
     Chunks { chunks: Vec<Chunk>, reservation: MemoryReservation },
+    /// The output batches themselves (the kept rows' columns came from the device).
+    Batches(Vec<RecordBatch>),
 }
 
 /// What the chunks of one execution share.

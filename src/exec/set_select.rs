@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -503,6 +503,7 @@ impl ExecutionPlan for SetSelectExec {
                 None => OutputColumns::All,
                 Some(p) => OutputColumns::Columns(p.clone()),
             },
+            schema: self.schema.clone(),
             selector: Selector {
                 op: self.op,
                 nulls: self.nulls,
@@ -528,6 +529,10 @@ impl ExecutionPlan for SetSelectExec {
             let out: Vec<Result<RecordBatch>> = match part {
                 Some(PartitionOutput::Chunks { chunks, reservation }) => {
                     return Ok::<_, DataFusionError>(stream_chunks(chunks, reservation, out_rows));
+                }
+                Some(PartitionOutput::Batches(batches)) => {
+                    out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
+                    batches.into_iter().map(Ok).collect()
                 }
                 Some(PartitionOutput::Rows(rows)) => {
                     // No column is read above (count(*)): row counts only, nothing filtered. Batches
@@ -591,6 +596,8 @@ struct Run {
     dynamic_filter: Option<DynamicKeyFilter>,
     /// The probe side's columns to output.
     output: OutputColumns,
+    /// The operator's output schema.
+    schema: SchemaRef,
     selector: Selector,
 }
 
@@ -761,11 +768,12 @@ impl Run {
             }
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
-        let probe_parts = match (probe_parts, payload) {
-            (Some(parts), _) => Some(parts),
-            (None, Some(arrays)) => Some(self.payload_parts(arrays, memory)?),
-            (None, None) => None,
-        };
+        if let (None, Some(arrays)) = (&probe_parts, payload) {
+            // The device sent the kept rows' output columns: they are the output.
+            let outputs = self.payload_outputs(arrays)?;
+            memory.free();
+            return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(outputs) }));
+        }
         let Some(probe_parts) = probe_parts else {
             // The probe side was never on the host: its output is a row count (see device_scanned).
             let kept = selection.count_set_bits();
@@ -779,50 +787,27 @@ impl Run {
             .map(DeviceOutcome::Done)
     }
 
-    /// The probe side's columns decoded by the device as the probe side's
-    /// partitions of consecutive rows, in batches of `OUTPUT_BATCH_ROWS`
-    /// (slices of the arrays), in the selection's row order. A column the
-    /// output does not read is an all-NULL placeholder (no memory). Their
-    /// bytes are charged to the operator's reservation.
-    fn payload_parts(
-        &self,
-        arrays: Vec<Option<ArrayRef>>,
-        memory: &datafusion::execution::memory_pool::MemoryReservation,
-    ) -> Result<Vec<Vec<RecordBatch>>> {
-        use datafusion::arrow::array::NullArray;
-        let rows = arrays.iter().flatten().map(|a| a.len()).next().unwrap_or(0);
-        memory.try_grow(arrays.iter().flatten().map(|a| a.get_array_memory_size()).sum())?;
-        let schema = self.probe.schema();
-        let fields: Vec<Field> = schema
-            .fields()
-            .iter()
-            .zip(&arrays)
-            .map(|(f, a)| match a {
-                Some(_) => f.as_ref().clone(),
-                None => Field::new(f.name(), DataType::Null, true),
-            })
-            .collect();
-        let schema = Arc::new(Schema::new(fields));
+    /// The output from the kept probe rows' columns the device sent back
+    /// (`arrays`, in output order): the probe side's partitions of consecutive
+    /// rows, in batches of `OUTPUT_BATCH_ROWS` (slices of the arrays).
+    fn payload_outputs(&self, arrays: Vec<ArrayRef>) -> Result<Vec<PartitionOutput>> {
+        let rows = arrays.first().map_or(0, |a| a.len());
         let partitions = self.probe_partitions.len().max(1);
         let per = rows.div_ceil(partitions).max(1);
         let step = super::output_filter::OUTPUT_BATCH_ROWS;
         (0..partitions)
             .map(|p| {
                 let (start, end) = ((p * per).min(rows), ((p + 1) * per).min(rows));
-                (start..end)
+                let batches = (start..end)
                     .step_by(step)
                     .map(|at| {
                         let len = step.min(end - at);
-                        let columns = arrays
-                            .iter()
-                            .map(|a| match a {
-                                Some(a) => a.slice(at, len),
-                                None => Arc::new(NullArray::new(len)) as ArrayRef,
-                            })
-                            .collect();
-                        Ok(RecordBatch::try_new(schema.clone(), columns)?)
+                        let columns = arrays.iter().map(|a| a.slice(at, len)).collect();
+                        let options = RecordBatchOptions::new().with_row_count(Some(len));
+                        Ok(RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)?)
                     })
-                    .collect::<Result<Vec<_>>>()
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(PartitionOutput::Batches(batches))
             })
             .collect()
     }
