@@ -163,8 +163,8 @@ impl DeviceScanExec {
     /// A device scan of `key` (an expression over `input`'s output) for
     /// `input`, or the reason there can be none.
     /// With `payload`, the input's rows are output too: the device decodes
-    /// every column of `input` (none may be filtered, computed or of a type
-    /// it does not decode), and the operator builds its output from them.
+    /// every column of `input` (none may be computed or of a type it does not
+    /// decode), and the operator builds its output from them.
     pub fn try_from_input(
         input: &Arc<dyn ExecutionPlan>,
         key: &PhysicalExprRef,
@@ -293,9 +293,6 @@ impl DeviceScanExec {
             .collect();
         let filter = ScanFilter::compile(predicates, columns, (field.name(), &data_type))?;
         let payload = if payload {
-            if filter.is_some() {
-                return Err("its rows are output, and filtered".into());
-            }
             let schema = input.schema();
             let columns = schema
                 .fields()

@@ -40,6 +40,8 @@ struct SideKeys {
     /// there: the NULL rows are the last ones, and `keys` starts with the others).
     nulls: Option<(NullBuffer, Option<DeviceBuffer<u32>>)>,
     report: Option<ScanReport>,
+    /// A filtered side: the file rows its filter kept, in its keys' order.
+    kept: Option<FilteredRows>,
 }
 
 impl SideKeys {
@@ -107,11 +109,13 @@ fn filtered_side(
         return Ok(Err(overflow.into()));
     };
     let (keys, m) = gpu::compact_kept_keys_on_device(g, key, &pass, n, stats)?;
-    drop(pass);
-    let z = match key_valid {
-        None => 0,
+    let (z, null_pass) = match key_valid {
+        None => (0, None),
         Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &filter.keep_null, stats)? {
-            Some(pass) => gpu::count_kept_on_device(g, &pass, n, stats)?,
+            Some(pass) => {
+                let z = gpu::count_kept_on_device(g, &pass, n, stats)?;
+                (z, (z > 0).then_some(pass))
+            }
             None => return Ok(Err(overflow.into())),
         },
     };
@@ -122,7 +126,9 @@ fn filtered_side(
         bits.append_n(z, false);
         (NullBuffer::new(bits.finish()), None)
     });
-    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report) }))
+    // The rows kept, for output columns read afterwards.
+    let kept = Some(FilteredRows { valid: pass, null: null_pass, file_rows: n });
+    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept }))
 }
 
 /// Validity words (LSB first) as a NULL buffer of `n` rows; None without NULLs.
@@ -178,7 +184,7 @@ fn side_keys(
                 }
                 None => None,
             };
-            Ok(Ok(SideKeys { keys, n, nulls, report: None }))
+            Ok(Ok(SideKeys { keys, n, nulls, report: None, kept: None }))
         }
     }
 }
@@ -194,7 +200,7 @@ fn device_side(
         Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, Some(valid))),
         None => None,
     };
-    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report) })
+    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report), kept: None })
 }
 
 fn describe(which: &str, r: &ScanReport) -> String {
@@ -241,25 +247,9 @@ pub(crate) struct DeviceSelected {
     pub payload: Option<Vec<ArrayRef>>,
 }
 
-/// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`],
-/// in that order) of the rows `selection` keeps, decoded on the device (each
-/// through the column cache) and brought back as Arrow arrays. A column
-/// without NULLs is compacted on the device and downloaded into pinned memory
-/// that its array owns; one with NULLs comes back whole and is filtered on the
-/// host. `Ok(Err(why))`: the host reads the input.
-fn decode_payload(
-    g: &Gpu,
-    scan: &DeviceScanExec,
-    needed: &[usize],
-    selection: &BooleanBuffer,
-    cache_limit: usize,
-    stats: &mut TransferStats,
-) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
-    use datafusion::arrow::array::{Date32Array, Decimal128Array, Int32Array, Int64Array};
-    let Some(columns) = scan.payload() else { return Ok(Err("no payload columns".into())) };
-    let rows = selection.len();
-    // The selection's bits as the device's 32-bit words.
-    let bytes = selection.sliced();
+/// A selection's bits as the device's 32-bit words, uploaded.
+fn upload_bits(g: &Gpu, bits: &BooleanBuffer, stats: &mut TransferStats) -> Result<DeviceBuffer<u32>> {
+    let bytes = bits.sliced();
     let words: Vec<u32> = bytes
         .as_slice()
         .chunks(4)
@@ -269,7 +259,41 @@ fn decode_payload(
             u32::from_le_bytes(w)
         })
         .collect();
-    let d_sel = g.upload(if words.is_empty() { &[0u32][..] } else { &words }, stats)?;
+    g.upload(if words.is_empty() { &[0u32][..] } else { &words }, stats)
+}
+
+/// A filtered side's rows in the order its keys have: the file rows its
+/// filter kept with a non-NULL key, then those with a NULL key (bits over
+/// `file_rows`; the second None when there are none).
+pub(crate) struct FilteredRows {
+    valid: DeviceBuffer<u32>,
+    null: Option<DeviceBuffer<u32>>,
+    file_rows: usize,
+}
+
+/// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`],
+/// in that order) of the rows `selection` keeps, decoded on the device (each
+/// through the column cache) and brought back as Arrow arrays. A column
+/// without NULLs is compacted on the device and downloaded into pinned memory
+/// that its array owns; one with NULLs comes back whole and is filtered on the
+/// host. A filtered side's column is first put in its keys' order (the rows
+/// its filter kept, NULL keys last: `filtered`), which needs it without NULLs.
+/// `Ok(Err(why))`: the host reads the input.
+fn decode_payload(
+    g: &Gpu,
+    scan: &DeviceScanExec,
+    needed: &[usize],
+    selection: &BooleanBuffer,
+    filtered: Option<&FilteredRows>,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
+    use datafusion::arrow::array::{Date32Array, Decimal128Array, Int32Array, Int64Array};
+    let Some(columns) = scan.payload() else { return Ok(Err("no payload columns".into())) };
+    if scan.filter().is_some() && filtered.is_none() {
+        return Ok(Err("a filtered input without its filter's rows".into()));
+    }
+    let rows = selection.len();
     let mut out = Vec::with_capacity(needed.len());
     for &i in needed {
         let Some((name, t)) = columns.get(i) else { return Ok(Err(format!("no output column {i}"))) };
@@ -277,35 +301,73 @@ fn decode_payload(
             Ok(d) => d,
             Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
         };
-        if d.rows != rows {
-            return Ok(Err(format!("column {name}: {} rows, the key {rows}", d.rows)));
-        }
-        let nulls = match &d.valid {
-            Some(v) => null_buffer(g.download(v, rows.div_ceil(32), stats)?, rows),
-            None => None,
+        // The column's rows in the selection's order, as segments of device
+        // values, each with its part of the selection.
+        let segments: Vec<(crate::scan::DeviceDecoded, BooleanBuffer)> = match filtered {
+            None => vec![(d, selection.clone())],
+            Some(f) => {
+                if d.rows != f.file_rows {
+                    return Ok(Err(format!("column {name}: {} rows, the key {}", d.rows, f.file_rows)));
+                }
+                if d.valid.is_some() {
+                    return Ok(Err(format!("output column {name} may hold NULLs, and the input is filtered")));
+                }
+                let mut parts = Vec::new();
+                let mut at = 0;
+                for pass in std::iter::once(&f.valid).chain(f.null.as_ref()) {
+                    let (keys, m) = gpu::compact_kept_keys_on_device(g, &d.keys, pass, f.file_rows, stats)?;
+                    if at + m > rows {
+                        return Ok(Err(format!("column {name}: more kept rows than keys")));
+                    }
+                    parts.push((crate::scan::DeviceDecoded { keys, valid: None, rows: m }, selection.slice(at, m)));
+                    at += m;
+                }
+                if at != rows {
+                    return Ok(Err(format!("column {name}: {at} kept rows, {rows} keys")));
+                }
+                parts
+            }
         };
         // Without NULLs: the kept values only, compacted on the device. With
         // them: every value, filtered on the host with the validity.
-        let (values, kept_nulls): (datafusion::arrow::buffer::Buffer, Option<NullBuffer>) = match nulls {
-            None => {
-                let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &d_sel, rows, stats)?;
-                (pending.wait()?, None)
+        let mut pieces: Vec<(datafusion::arrow::buffer::Buffer, Option<NullBuffer>)> = Vec::new();
+        for (d, sel) in &segments {
+            let nulls = match &d.valid {
+                Some(v) => null_buffer(g.download(v, d.rows.div_ceil(32), stats)?, d.rows),
+                None => None,
+            };
+            pieces.push(match nulls {
+                None => {
+                    let d_sel = upload_bits(g, sel, stats)?;
+                    let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &d_sel, d.rows, stats)?;
+                    (pending.wait()?, None)
+                }
+                Some(nulls) => {
+                    let all = g.download_to_arrow(&d.keys, d.rows, stats)?.wait()?;
+                    let all = Int64Array::new(all.into(), Some(nulls));
+                    let kept = datafusion::arrow::compute::filter(
+                        &all,
+                        &datafusion::arrow::array::BooleanArray::new(sel.clone(), None),
+                    )?;
+                    let kept = kept
+                        .as_any()
+                        .downcast_ref::<Int64Array>()
+                        .cloned()
+                        .unwrap_or_else(|| Int64Array::from(Vec::<i64>::new()));
+                    let (_, values, nulls) = kept.into_parts();
+                    (values.into_inner(), nulls)
+                }
+            });
+        }
+        let (values, kept_nulls) = if pieces.len() == 1 {
+            pieces.pop().expect("one piece")
+        } else {
+            // A filtered side's NULL-keyed rows after the others (no NULL in the column here).
+            let mut all: Vec<u8> = Vec::with_capacity(pieces.iter().map(|(b, _)| b.len()).sum());
+            for (b, _) in &pieces {
+                all.extend_from_slice(b.as_slice());
             }
-            Some(nulls) => {
-                let all = g.download_to_arrow(&d.keys, rows, stats)?.wait()?;
-                let all = Int64Array::new(all.into(), Some(nulls));
-                let kept = datafusion::arrow::compute::filter(
-                    &all,
-                    &datafusion::arrow::array::BooleanArray::new(selection.clone(), None),
-                )?;
-                let kept = kept
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .cloned()
-                    .unwrap_or_else(|| Int64Array::from(vec![0i64; 0]));
-                let (_, values, nulls) = kept.into_parts();
-                (values.into_inner(), nulls)
-            }
+            (datafusion::arrow::buffer::Buffer::from_vec(all), None)
         };
         let lanes: datafusion::arrow::buffer::ScalarBuffer<i64> = values.into();
         // The device's 64-bit lanes, narrowed or widened to the column's Arrow type.
@@ -416,17 +478,20 @@ pub(crate) fn select_device_scanned(
     let n = probe.n;
     let (m, nb) = (probe.null_count(), build.null_count());
     // The probe side's output columns, decoded once the selection is known.
+    let mut probe = probe;
+    let probe_kept = probe.kept.take();
     let probe_scan = match &probe_side {
         Some(s) if payload.is_some() => Some(*s),
         _ => None,
     };
     let with_payload = |selection: BooleanBuffer, ran: String, stats: &mut TransferStats| {
         let payload = match (probe_scan, payload) {
-            (Some(scan), Some(needed)) => match decode_payload(&g, scan, needed, &selection, cfg.cache_limit.0, stats)?
-            {
-                Ok(arrays) => Some(arrays),
-                Err(why) => return Ok(Err(format!("probe side: {why}"))),
-            },
+            (Some(scan), Some(needed)) => {
+                match decode_payload(&g, scan, needed, &selection, probe_kept.as_ref(), cfg.cache_limit.0, stats)? {
+                    Ok(arrays) => Some(arrays),
+                    Err(why) => return Ok(Err(format!("probe side: {why}"))),
+                }
+            }
             _ => None,
         };
         selector.metrics.device.record(stats);

@@ -148,7 +148,14 @@ const QUERIES: &[&str] = &[
     "SELECT p FROM a WHERE k32 IN (SELECT k32 FROM b WHERE p > 100)",
     "SELECT k FROM a EXCEPT SELECT k FROM b",
     "SELECT k32 FROM a INTERSECT SELECT k32 FROM b_zstd",
+    FILTERED_OUTPUT,
+    "SELECT p FROM a WHERE p < 5000 AND NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+    "SELECT p FROM a WHERE k32 > 10 AND k NOT IN (SELECT k FROM b_no_nulls)",
+    "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)",
 ];
+
+/// A filtered probe side whose (non-NULL) column is output.
+const FILTERED_OUTPUT: &str = "SELECT sum(p), count(*) FROM a WHERE p > 10 AND k IN (SELECT k FROM b)";
 
 const ALL_QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a INTERSECT ALL SELECT k FROM b)",
@@ -228,8 +235,19 @@ fn device_scan_answers_equal_host_scan() {
             assert!(plan.contains("output=[k, p]"), "{plan}");
             let analyzed = explain(&device, QUERIES[5], true).await;
             assert!(!analyzed.contains("fell back"), "{analyzed}");
-            let plan = explain(&device, "SELECT sum(p) FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", false).await;
-            assert!(plan.contains("device_scan=\"probe: its rows are output, and filtered\""), "{plan}");
+            // Output and filtered: the device puts the output column in its keys' order
+            // (NULL keys last: NOT EXISTS outputs those rows too).
+            for sql in
+                [FILTERED_OUTPUT, "SELECT p FROM a WHERE p < 5000 AND NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)"]
+            {
+                let plan = explain(&device, sql, false).await;
+                assert!(plan.contains("filter=") && plan.contains("output=[k, p]"), "{plan}");
+                let analyzed = explain(&device, sql, true).await;
+                assert!(!analyzed.contains("fell back"), "{analyzed}");
+            }
+            // An output column that may hold NULLs under a filter: the host reads that input.
+            let analyzed = explain(&device, "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", true).await;
+            assert!(analyzed.contains("fell back to the host: probe side: output column k32"), "{analyzed}");
         }
     });
 }
