@@ -104,6 +104,32 @@ fn follow_down(
     }
 }
 
+/// `expr` with each column replaced by `to` (Err: the first column it refuses, and why).
+fn rewrite_columns(
+    expr: &PhysicalExprRef,
+    mut to: impl FnMut(&Column) -> std::result::Result<Column, String>,
+) -> std::result::Result<PhysicalExprRef, String> {
+    let mut why = None;
+    let rewritten = expr
+        .clone()
+        .transform(|e| {
+            let Some(c) = e.downcast_ref::<Column>() else { return Ok(Transformed::no(e)) };
+            match to(c) {
+                Ok(new) => Ok(Transformed::yes(Arc::new(new) as PhysicalExprRef)),
+                Err(w) => {
+                    why.get_or_insert(w);
+                    Ok(Transformed::no(e))
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?
+        .data;
+    match why {
+        Some(why) => Err(why),
+        None => Ok(rewritten),
+    }
+}
+
 /// A filter the device evaluates on the scanned rows before their keys are
 /// taken: the predicates of the `FilterExec`s between the operator and the
 /// Parquet scan, and the predicate the scan itself applies to rows (with
@@ -229,31 +255,14 @@ impl DeviceScanExec {
         };
         let mut predicates: Vec<PhysicalExprRef> = Vec::new();
         for (below, predicate) in filters {
-            let mut why = None;
-            let rewritten = predicate
-                .transform(|e| {
-                    let Some(c) = e.downcast_ref::<Column>() else { return Ok(Transformed::no(e)) };
-                    let found = follow_down(below.clone(), c.index(), None).and_then(|(n, i)| {
-                        if Arc::ptr_eq(&n, &node) {
-                            file_index(i)
-                        } else {
-                            Err(format!("the filter reads {} from {}", c.name(), n.name()))
-                        }
-                    });
-                    match found {
-                        Ok(f) => Ok(Transformed::yes(Arc::new(renumber(f)) as PhysicalExprRef)),
-                        Err(w) => {
-                            why.get_or_insert(w);
-                            Ok(Transformed::no(e))
-                        }
-                    }
-                })
-                .map_err(|e| e.to_string())?
-                .data;
-            if let Some(why) = why {
-                return Err(why);
-            }
-            predicates.push(rewritten);
+            predicates.push(rewrite_columns(&predicate, |c| {
+                let (n, i) = follow_down(below.clone(), c.index(), None)?;
+                if Arc::ptr_eq(&n, &node) {
+                    Ok(renumber(file_index(i)?))
+                } else {
+                    Err(format!("the filter reads {} from {}", c.name(), n.name()))
+                }
+            })?);
         }
         // The scan's own predicate: dynamic filters (this node's own, a TopK's
         // above) only let a scan skip rows that cannot matter, and the device
@@ -266,25 +275,10 @@ impl DeviceScanExec {
                 if c.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() || !row_level {
                     continue;
                 }
-                let mut why = None;
-                let rewritten = c
-                    .clone()
-                    .transform(|e| {
-                        let Some(col) = e.downcast_ref::<Column>() else { return Ok(Transformed::no(e)) };
-                        match file_schema.index_of(col.name()) {
-                            Ok(f) => Ok(Transformed::yes(Arc::new(renumber(f)) as PhysicalExprRef)),
-                            Err(_) => {
-                                why.get_or_insert(format!("the scan's filter reads {}", col.name()));
-                                Ok(Transformed::no(e))
-                            }
-                        }
-                    })
-                    .map_err(|e| e.to_string())?
-                    .data;
-                if let Some(why) = why {
-                    return Err(why);
-                }
-                predicates.push(rewritten);
+                predicates.push(rewrite_columns(c, |col| match file_schema.index_of(col.name()) {
+                    Ok(f) => Ok(renumber(f)),
+                    Err(_) => Err(format!("the scan's filter reads {}", col.name())),
+                })?);
             }
         }
         let columns: Vec<(String, DataType)> = read

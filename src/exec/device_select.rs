@@ -83,12 +83,7 @@ fn filtered_side(
                 if name == scan.column() {
                     report = ScanReport { rows: r.rows, cache: r.cache, row_groups: r.row_groups, ..report };
                 }
-                report.bytes_read += r.bytes_read;
-                report.bytes_decoded += r.bytes_decoded;
-                report.pages += r.pages;
-                report.read += r.read;
-                report.upload += r.upload;
-                report.decode += r.decode;
+                report.add_column(&r);
                 decoded.push((name.as_str(), d));
             }
             Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),

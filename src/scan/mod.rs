@@ -59,6 +59,18 @@ pub struct ScanReport {
     pub filtered: Option<(u64, Duration, usize)>,
 }
 
+impl ScanReport {
+    /// Add another column's scan of the same rows (a filtered input reads several).
+    pub fn add_column(&mut self, r: &ScanReport) {
+        self.bytes_read += r.bytes_read;
+        self.bytes_decoded += r.bytes_decoded;
+        self.pages += r.pages;
+        self.read += r.read;
+        self.upload += r.upload;
+        self.decode += r.decode;
+    }
+}
+
 /// A scan's host part: the plan, the column chunks' bytes, their page table,
 /// and the large pages decompressed on the host (uploaded right after the
 /// chunks: [`decode::inflate_on_host`]).
