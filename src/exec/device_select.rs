@@ -166,15 +166,7 @@ fn side_keys(
             let (keys, _) = g.upload_keys(&encoded.slices(), stats)?;
             let nulls = match encoded.nulls {
                 Some(nb) => {
-                    // The validity bits from bit 0, as the device's 32-bit words.
-                    let bytes = nb.inner().sliced();
-                    let mut words = vec![0u32; n.div_ceil(32)];
-                    for (w, c) in words.iter_mut().zip(bytes.as_slice().chunks(4)) {
-                        let mut b = [0u8; 4];
-                        b[..c.len()].copy_from_slice(c);
-                        *w = u32::from_le_bytes(b);
-                    }
-                    let d = g.upload(&words, stats)?;
+                    let d = upload_bits(g, nb.inner(), stats)?;
                     Some((nb, Some(d)))
                 }
                 None => None,
