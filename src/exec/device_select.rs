@@ -73,14 +73,25 @@ fn filtered_side(
 ) -> Result<std::result::Result<SideKeys, String>> {
     // The row groups whose statistics allow a kept row; every column reads those.
     let keep = scan.row_groups_to_read()?;
-    // Each column once (the key may be read by the filter too).
+    // Each column once (the key may be read by the filter too), the next
+    // one's files read on the host while this one uploads and decodes.
+    let mut columns: Vec<&(String, DataType)> = Vec::new();
+    for c in &filter.columns {
+        if !columns.iter().any(|(n, _)| *n == c.0) {
+            columns.push(c);
+        }
+    }
+    let read_ahead = |(name, t): &(String, DataType)| {
+        let cached = cache_limit > 0 && crate::scan::is_cached(g, scan.files(), name, t, &keep);
+        (!cached).then(|| crate::scan::ReadAhead::start(scan.files().to_vec(), name.clone(), t.clone(), keep.clone()))
+    };
+    let mut ahead = columns.first().and_then(|c| read_ahead(c));
     let mut decoded: Vec<(&str, crate::scan::DeviceDecoded)> = Vec::new();
     let mut report = ScanReport::default();
-    for (name, t) in &filter.columns {
-        if decoded.iter().any(|(n, _)| n == name) {
-            continue;
-        }
-        match crate::scan::scan_to_device(g, scan.files(), name, t, &keep, cache_limit, None, stats)? {
+    for (i, (name, t)) in columns.iter().map(|c| (&c.0, &c.1)).enumerate() {
+        let this = ahead.take();
+        ahead = columns.get(i + 1).and_then(|c| read_ahead(c));
+        match crate::scan::scan_to_device(g, scan.files(), name, t, &keep, cache_limit, this, stats)? {
             Ok((d, r)) => {
                 if name == scan.column() {
                     report = ScanReport {
@@ -350,11 +361,11 @@ fn decode_payload(
                         &all,
                         &datafusion::arrow::array::BooleanArray::new(sel.clone(), None),
                     )?;
-                    let kept = kept
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .cloned()
-                        .unwrap_or_else(|| Int64Array::from(Vec::<i64>::new()));
+                    let Some(kept) = kept.as_any().downcast_ref::<Int64Array>().cloned() else {
+                        return Err(datafusion::error::DataFusionError::Internal(
+                            "setfusion device scan: filtering an Int64 array gave another type".into(),
+                        ));
+                    };
                     let (_, values, nulls) = kept.into_parts();
                     (values.into_inner(), nulls)
                 }
@@ -411,12 +422,19 @@ pub(crate) fn select_device_scanned(
         Side::Device(scan)
             if scan.filter().is_none()
                 && !(cfg.cache_limit.0 > 0
-                    && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) =>
+                    && crate::scan::is_cached(
+                        &g,
+                        scan.files(),
+                        scan.column(),
+                        scan.data_type(),
+                        &Default::default(),
+                    )) =>
         {
             Some(crate::scan::ReadAhead::start(
                 scan.files().to_vec(),
                 scan.column().to_string(),
                 scan.data_type().clone(),
+                Default::default(),
             ))
         }
         _ => None,
@@ -438,8 +456,9 @@ pub(crate) fn select_device_scanned(
     // Both sides read from their files (neither in the column cache): one
     // upload buffer and one decode launch for the two, so the launches'
     // tails (their largest pages) overlap. Otherwise side by side.
-    let cached =
-        |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
+    let cached = |s: &DeviceScanExec| {
+        cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type(), &Default::default())
+    };
     let (probe, build) = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
             if !cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none() =>
