@@ -1,6 +1,9 @@
 //! The cost model behind every semi / anti join and set operation (issue 13):
 //! DataFusion's own operator against setfusion's GPU backend, so that a
-//! query is never slower for having setfusion installed.
+//! query is never slower for having setfusion installed. The list functions'
+//! rule ([`list_function_estimate`]) and the similarity join's
+//! ([`similarity_estimate`]) are here too; [`super::decision`] applies them
+//! and is the only caller.
 //!
 //! Both estimates are wall-clock milliseconds from the planner's row
 //! estimates (an upper bound through nodes without one), the key types, the
