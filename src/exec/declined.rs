@@ -1,10 +1,11 @@
 //! `SetfusionDeclinedExec`: a pass-through node above a DataFusion operator
 //! that setfusion could have replaced but did not, saying why in EXPLAIN (the
-//! cost model's estimate, or `min_rows`). It changes nothing else: its
+//! [`Reason`] of `planner::decision`: no GPU, `min_rows`, the cost model's
+//! estimate, unsupported key types, ...). It changes nothing else: its
 //! output, partitioning, orderings and equivalences are its input's, it hands
 //! projections and filters down to its input, and `execute` is its input's.
-//! Only added where a device is usable, so a machine without a GPU gets
-//! DataFusion's plans exactly.
+//! Added wherever a rule keeps DataFusion's operator for a CPU decision, so
+//! EXPLAIN always says where a candidate runs and why (issue 29).
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,24 +23,26 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 
+use super::common::Reason;
+
 #[derive(Debug)]
 pub struct SetfusionDeclinedExec {
     input: Arc<dyn ExecutionPlan>,
-    reason: String,
+    reason: Reason,
 }
 
 impl SetfusionDeclinedExec {
-    pub fn new(input: Arc<dyn ExecutionPlan>, reason: String) -> Self {
+    pub fn new(input: Arc<dyn ExecutionPlan>, reason: Reason) -> Self {
         Self { input, reason }
     }
-    pub fn reason(&self) -> &str {
+    pub fn reason(&self) -> &Reason {
         &self.reason
     }
 }
 
 impl DisplayAs for SetfusionDeclinedExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SetfusionDeclinedExec: kept DataFusion's operator below, reason=\"{}\"", self.reason)
+        write!(f, "SetfusionDeclinedExec: kept DataFusion's operator below, backend=cpu, reason=\"{}\"", self.reason)
     }
 }
 
