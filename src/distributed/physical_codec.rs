@@ -353,6 +353,12 @@ fn encode_reason(r: &Reason) -> ReasonNode {
         }
         Reason::CostModel(what) => node("cost_model", what),
         Reason::DeviceStarting => node("device_starting", ""),
+        Reason::StartsAfterQuery { device, estimate } => ReasonNode {
+            kind: "starts_after_query".into(),
+            text: estimate.clone(),
+            count: *device as u64,
+            ..Default::default()
+        },
         Reason::HostFilter(why) => node("host_filter", why),
         Reason::DeviceOnExecutor => node("device_on_executor", ""),
     }
@@ -378,6 +384,7 @@ fn decode_reason(n: ReasonNode) -> Result<Reason> {
         "at_least_min_rows" => Reason::AtLeastMinRows { count: n.count, unit: unit()?, min_rows: n.min_rows },
         "cost_model" => Reason::CostModel(n.text),
         "device_starting" => Reason::DeviceStarting,
+        "starts_after_query" => Reason::StartsAfterQuery { device: n.count as usize, estimate: n.text },
         "host_filter" => Reason::HostFilter(n.text),
         "device_on_executor" => Reason::DeviceOnExecutor,
         other => return Err(bad(format!("unknown reason '{other}'"))),
@@ -734,6 +741,7 @@ mod tests {
             Reason::AtLeastMinRows { count: 30, unit: Unit::ListElements, min_rows: 9 },
             Reason::CostModel("~1 rows".into()),
             Reason::DeviceStarting,
+            Reason::StartsAfterQuery { device: 1, estimate: "~2 rows".into() },
             Reason::HostFilter("a UDF".into()),
             Reason::DeviceOnExecutor,
         ];

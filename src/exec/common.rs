@@ -70,6 +70,11 @@ pub enum Reason {
     CostModel(String),
     /// The device is still starting, and this decision does not wait for it.
     DeviceStarting,
+    /// The cost model's estimate (its words) counted the start of device
+    /// `device`, which nobody had started, and chose the CPU; the GPU would
+    /// have won on a started device, so the device starts once this
+    /// operator's output is done (`SetfusionDeclinedExec`), for the next queries.
+    StartsAfterQuery { device: usize, estimate: String },
     /// A residual filter the device cannot evaluate (what stops it).
     HostFilter(String),
     /// Planned where no device was usable; this process (a Ballista executor) has one.
@@ -93,6 +98,9 @@ impl fmt::Display for Reason {
             }
             Reason::CostModel(what) => write!(f, "cost model: {what}"),
             Reason::DeviceStarting => write!(f, "the device is still starting"),
+            Reason::StartsAfterQuery { estimate, .. } => {
+                write!(f, "cost model: {estimate}; the device starts after this query, for the next ones")
+            }
             Reason::HostFilter(why) => write!(f, "residual filter on the host: {why}"),
             Reason::DeviceOnExecutor => write!(f, "planned without a device; this executor has one"),
         }

@@ -8,7 +8,10 @@
 //! EXPLAIN always says where a candidate runs and why (issue 29).
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use futures::StreamExt;
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
@@ -19,6 +22,7 @@ use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
@@ -29,11 +33,15 @@ use super::common::Reason;
 pub struct SetfusionDeclinedExec {
     input: Arc<dyn ExecutionPlan>,
     reason: Reason,
+    /// Partitions whose output is not done yet ([`Reason::StartsAfterQuery`]:
+    /// the device starts when the last one is).
+    running: Arc<AtomicUsize>,
 }
 
 impl SetfusionDeclinedExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, reason: Reason) -> Self {
-        Self { input, reason }
+        let running = Arc::new(AtomicUsize::new(input.properties().partitioning.partition_count()));
+        Self { input, reason, running }
     }
     pub fn reason(&self) -> &Reason {
         &self.reason
@@ -74,8 +82,22 @@ impl ExecutionPlan for SetfusionDeclinedExec {
             _ => Err(DataFusionError::Internal("SetfusionDeclinedExec has one child".into())),
         }
     }
+    /// The input's stream; under [`Reason::StartsAfterQuery`], the device
+    /// starts in the background once the last partition's output is done
+    /// (not before: a device starting beside DataFusion's operators slows them).
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        self.input.execute(partition, context)
+        let stream = self.input.execute(partition, context)?;
+        let Reason::StartsAfterQuery { device, .. } = self.reason else { return Ok(stream) };
+        let running = self.running.clone();
+        let mut counted = false;
+        let start = futures::stream::poll_fn(move |_| {
+            let last = !std::mem::replace(&mut counted, true) && running.fetch_sub(1, Ordering::AcqRel) <= 1;
+            if last {
+                crate::gpu::start_in_background(device, &crate::algo::SET_SELECTION_KERNELS);
+            }
+            std::task::Poll::Ready(None)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(stream.schema(), stream.chain(start))))
     }
     /// A projection above goes into the operator below, as if this node were not here.
     fn try_swapping_with_projection(&self, projection: &ProjectionExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {

@@ -78,8 +78,14 @@ pub fn decide(
     if forced.is_some() {
         crate::gpu::wait_started(cfg.device);
     }
-    let readiness = crate::gpu::readiness(cfg.device);
-    if let crate::gpu::Readiness::Unavailable(e) = &readiness {
+    // A forced GPU opens the device now; otherwise a device nobody started
+    // is weighed as starting from scratch, and started only if chosen.
+    let started = if forced.is_some() {
+        Some(crate::gpu::readiness(cfg.device))
+    } else {
+        crate::gpu::readiness_if_started(cfg.device)
+    };
+    if let Some(crate::gpu::Readiness::Unavailable(e)) = &started {
         return Decision::cpu(Reason::NoGpu(e.to_string()));
     }
     if let Some(why) = forced {
@@ -92,7 +98,23 @@ pub fn decide(
     // Costed as encoded: a dictionary as its values (string dictionaries as views).
     let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
     let candidate = cost::Candidate { op, rows, key_types: &encoded, threads };
-    cost::estimate(&candidate, &readiness, &cost::Calibration::current())
+    let calibration = cost::Calibration::current();
+    let Some(readiness) = started else {
+        let from_scratch = crate::gpu::Readiness::Starting(std::time::Duration::ZERO);
+        let d = cost::estimate(&candidate, &from_scratch, &calibration);
+        if d.on_gpu() {
+            crate::gpu::start_in_background(cfg.device, &crate::algo::SET_SELECTION_KERNELS);
+            return d;
+        }
+        // Would a started device win? Then it starts once this query has run.
+        return match (cost::estimate(&candidate, &crate::gpu::Readiness::Ready, &calibration).on_gpu(), d.reason) {
+            (true, Reason::CostModel(estimate)) => {
+                Decision::cpu(Reason::StartsAfterQuery { device: cfg.device, estimate })
+            }
+            (_, reason) => Decision::cpu(reason),
+        };
+    };
+    cost::estimate(&candidate, &readiness, &calibration)
 }
 
 /// [`decide`] for a semi / anti / mark join with a residual filter. The GPU
@@ -161,12 +183,16 @@ pub fn decide_similarity(
 /// sizes are only known at run time.
 pub fn list_function(cfg: &SetfusionConfig, elements: usize, strings: bool) -> Result<(Arc<Gpu>, Decision), Decision> {
     decide_at_run_time(cfg, elements, Unit::ListElements, || {
-        cost::list_function_estimate(
-            elements,
-            strings,
-            &crate::gpu::readiness(cfg.device),
-            &cost::Calibration::current(),
-        )
+        cost::list_function_estimate(elements, strings, &readiness_starting(cfg), &cost::Calibration::current())
+    })
+}
+
+/// The device's readiness for a run-time decision, never waiting: a device
+/// nobody started starts now in the background (this batch stays on the CPU).
+fn readiness_starting(cfg: &SetfusionConfig) -> crate::gpu::Readiness {
+    crate::gpu::readiness_if_started(cfg.device).unwrap_or_else(|| {
+        crate::gpu::start_in_background(cfg.device, &crate::algo::SET_SELECTION_KERNELS);
+        crate::gpu::Readiness::Starting(std::time::Duration::ZERO)
     })
 }
 
@@ -181,7 +207,7 @@ pub fn k_way(cfg: &SetfusionConfig, total: usize) -> Result<(Arc<Gpu>, Decision)
     decide_at_run_time(cfg, total, Unit::ListElements, || {
         if total < KWAY_GPU_MIN_ELEMENTS {
             Decision::cpu(Reason::CostModel(format!("{total} list elements < {KWAY_GPU_MIN_ELEMENTS}")))
-        } else if !matches!(crate::gpu::readiness(cfg.device), crate::gpu::Readiness::Ready) {
+        } else if !matches!(readiness_starting(cfg), crate::gpu::Readiness::Ready) {
             Decision::cpu(Reason::DeviceStarting)
         } else {
             Decision::gpu(
@@ -218,6 +244,10 @@ mod tests {
             "backend=gpu, strategy=hash, reason=\"setfusion.strategy = hash\""
         );
         assert_eq!(Reason::CostModel("x".into()).to_string(), "cost model: x");
+        assert_eq!(
+            Reason::StartsAfterQuery { device: 0, estimate: "x".into() }.to_string(),
+            "cost model: x; the device starts after this query, for the next ones"
+        );
     }
 
     /// The runtime rule: `cpu` never, `auto` from `min_rows` where the cost
