@@ -100,7 +100,7 @@ pub fn decide(
     let candidate = cost::Candidate { op, rows, key_types: &encoded, threads };
     let calibration = cost::Calibration::current();
     let Some(readiness) = started else {
-        let from_scratch = crate::gpu::Readiness::Starting(std::time::Duration::ZERO);
+        let from_scratch = cost::not_started(&calibration);
         let d = cost::estimate(&candidate, &from_scratch, &calibration);
         if d.on_gpu() {
             crate::gpu::start_in_background(cfg.device, &crate::algo::SET_SELECTION_KERNELS);
