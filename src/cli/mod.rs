@@ -216,9 +216,9 @@ pub use crate::util::one_line;
 
 /// Entry point; returns the process exit code.
 pub async fn main_with_args(args: Vec<String>) -> i32 {
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return report_parse_error(&e),
+        Err(e) => return report_parse_error(&e, &args),
     };
     match run(cli).await {
         Ok(code) => code,
@@ -234,7 +234,7 @@ pub async fn main_with_args(args: Vec<String>) -> i32 {
 /// Help and version go to standard output with status 0 (a closed pipe is no
 /// error there either); a missing subcommand prints the help to stderr; any
 /// other parse error is one line on stderr. Both with status 1.
-fn report_parse_error(e: &clap::Error) -> i32 {
+fn report_parse_error(e: &clap::Error, args: &[String]) -> i32 {
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = e.print();
@@ -245,7 +245,7 @@ fn report_parse_error(e: &clap::Error) -> i32 {
             1
         }
         _ => {
-            eprintln!("Error: {}", parse_error_line(e));
+            eprintln!("Error: {}", parse_error_line(e, args));
             1
         }
     }
@@ -253,10 +253,10 @@ fn report_parse_error(e: &clap::Error) -> i32 {
 
 /// Clap's error as one line: its message and tips (without the usage block),
 /// then where to read more, e.g. `(see setfusion bench tpch --help)`.
-fn parse_error_line(e: &clap::Error) -> String {
+fn parse_error_line(e: &clap::Error, args: &[String]) -> String {
     let text = e.render().to_string();
     let mut parts = Vec::new();
-    let mut command = "setfusion".to_string();
+    let mut command = subcommand_path(args);
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
         if let Some(usage) = line.strip_prefix("Usage:") {
             // The usage line starts with the command's path: `setfusion bench tpch [OPTIONS]`.
@@ -270,6 +270,20 @@ fn parse_error_line(e: &clap::Error) -> String {
         }
     }
     format!("{} (see {command} --help)", parts.join("; "))
+}
+
+/// The subcommands named at the start of a command line: `setfusion bench tpch`
+/// for `setfusion bench tpch --sf x` (an error without a usage line says no more).
+fn subcommand_path(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut path = vec!["setfusion".to_string()];
+    for arg in args.iter().skip(1) {
+        let Some(sub) = command.find_subcommand(arg).cloned() else { break };
+        path.push(arg.clone());
+        command = sub;
+    }
+    path.join(" ")
 }
 
 async fn run(cli: Cli) -> Result<i32> {
@@ -572,9 +586,12 @@ mod parse_tests {
     use super::*;
     use clap::CommandFactory;
 
+    fn argv(line: &[&str]) -> Vec<String> {
+        std::iter::once("setfusion").chain(line.iter().copied()).map(String::from).collect()
+    }
+
     fn parse(line: &[&str]) -> Cli {
-        Cli::try_parse_from(std::iter::once("setfusion").chain(line.iter().copied()))
-            .unwrap_or_else(|e| panic!("{line:?}: {}", parse_error_line(&e)))
+        Cli::try_parse_from(argv(line)).unwrap_or_else(|e| panic!("{line:?}: {}", parse_error_line(&e, &argv(line))))
     }
 
     fn refused(line: &[&str]) -> clap::Error {
@@ -925,13 +942,15 @@ mod parse_tests {
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 continue; // `setfusion bench`: the list of benchmarks, on stderr, status 1.
             }
-            let msg = parse_error_line(&e);
+            let msg = parse_error_line(&e, &argv(line));
             assert!(!msg.contains('\n'), "{line:?}: {msg}");
             assert!(msg.contains(needle), "{line:?}: {msg}");
             assert!(msg.contains("(see setfusion") && msg.ends_with("--help)"), "{line:?}: {msg}");
         }
-        let msg = parse_error_line(&refused(&["bench", "tpch", "--bogus"]));
-        assert!(msg.ends_with("(see setfusion bench tpch --help)"), "{msg}");
+        for line in [&["bench", "tpch", "--bogus"][..], &["bench", "tpch", "--sf", "x"]] {
+            let msg = parse_error_line(&refused(line), &argv(line));
+            assert!(msg.ends_with("(see setfusion bench tpch --help)"), "{line:?}: {msg}");
+        }
     }
 
     #[tokio::test]
