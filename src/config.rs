@@ -251,7 +251,9 @@ setfusion_settings! {
         /// one partition: `setfusion::distributed` turns it on). false: one selection over
         /// all input partitions at once (one process, one device sees every row).
         pub hash_partition_inputs: bool, default = false
-        /// Inputs with fewer estimated rows than this run on the CPU backend.
+        /// Under `auto`, work smaller than this stays on the CPU: estimated rows of both inputs
+        /// (set operations, semi / anti / mark and similarity joins), pairs (`families`) or a
+        /// batch's list elements (list functions); see `exec::common::Unit`. 0: the GPU at any size.
         pub min_rows: usize, default = 100_000
         /// auto, cpu, hash or bitmap.
         pub strategy: Strategy, default = Strategy::Auto

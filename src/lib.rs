@@ -34,8 +34,10 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 pub use config::SetfusionConfig;
 
 /// Add setfusion to a session builder (call after `with_default_features()`).
-/// Starts the configured device in the background (no-op without a driver or
-/// with `SETFUSION_DISABLE_GPU=1`).
+/// The device is not opened here: the planner starts it in the background
+/// for the first plan that uses it (or once a query whose operators would
+/// have won on a started device has run), so sessions whose plans keep
+/// DataFusion's operators never pay for it ([`gpu::readiness_if_started`]).
 pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     let mut builder = builder;
     let config = builder.config().get_or_insert_with(SessionConfig::new).clone();
@@ -44,13 +46,6 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     } else {
         config.with_option_extension(SetfusionConfig::default())
     };
-    // The device starts now, in the background, while the caller registers
-    // tables, plans and scans (issue 13); planning never waits for it.
-    if let Some(cfg) = config.options().extensions.get::<SetfusionConfig>() {
-        if cfg.enabled {
-            gpu::start_in_background(cfg.device, &algo::SET_SELECTION_KERNELS);
-        }
-    }
     // Similarity and tokenizer functions (issue 4), added to whatever is registered.
     builder.scalar_functions().get_or_insert_with(Vec::new).extend(udf::functions());
     // Multiset aggregate (issue 15).

@@ -229,13 +229,21 @@ fn device_scan_rate(dir: &Path, runs: usize) -> std::result::Result<(f64, f64, S
     for run in 0..=runs.max(1) {
         let mut stats = crate::gpu::TransferStats::default();
         let t = Instant::now();
-        let (decoded, r) =
-            match crate::scan::scan_to_device(&g, &files, "k", &DataType::Int64, None, 0, None, &mut stats)
-                .map_err(|e| e.to_string())?
-            {
-                Ok(x) => x,
-                Err(why) => return Err(format!("falls back: {why}")),
-            };
+        let (decoded, r) = match crate::scan::scan_to_device(
+            &g,
+            &files,
+            "k",
+            &DataType::Int64,
+            &Default::default(),
+            0,
+            None,
+            &mut stats,
+        )
+        .map_err(|e| e.to_string())?
+        {
+            Ok(x) => x,
+            Err(why) => return Err(format!("falls back: {why}")),
+        };
         drop(decoded);
         if run == 0 {
             continue;

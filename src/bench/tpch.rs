@@ -475,7 +475,12 @@ async fn offload_summary(ctx: &SessionContext, sql: &str) -> Result<String> {
         .map(|l| {
             let name = l.split(':').next().unwrap_or(l);
             if name == "SetfusionDeclinedExec" {
-                return "declined (cost model)".to_string();
+                let reason = l.split("reason=\"").nth(1).unwrap_or("?").trim_end_matches('"');
+                return if reason.starts_with("cost model") {
+                    "declined (cost model)".to_string()
+                } else {
+                    format!("declined ({reason})")
+                };
             }
             let backend = l.split("backend=").nth(1).map(|b| b.split([',', ' ']).next().unwrap_or(b)).unwrap_or("?");
             format!("{name}/{backend}")

@@ -29,7 +29,7 @@ use super::bad;
 use crate::algo::select::SetOp;
 use crate::algo::ssjoin::{Metric, Threshold};
 use crate::config::Strategy;
-use crate::exec::common::{Backend, NullMode};
+use crate::exec::common::{Decision, NullMode, Reason, Unit};
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::families::{FamiliesExec, Layout, Level};
 use crate::exec::mark_join::{MarkJoinExec, MarkKind, MarkOutput};
@@ -61,19 +61,32 @@ enum ExecNode {
     Declined(DeclinedNode),
 }
 
-/// `Backend`: the GPU with a strategy, or the CPU with its reason.
+/// A [`Decision`]: the backend, the GPU strategy and the reason. A CPU
+/// decision for want of a device on the planning process (the scheduler;
+/// [`Reason::NoGpu`]) becomes the GPU on an executor that has one.
 #[derive(Clone, PartialEq, Message)]
 struct BackendNode {
     #[prost(bool, tag = "1")]
     gpu: bool,
     #[prost(string, tag = "2")]
     strategy: String,
-    #[prost(string, tag = "3")]
-    cpu_reason: String,
-    /// CPU only because the planning process (the scheduler) has no usable
-    /// device: an executor that has one takes the GPU.
-    #[prost(bool, tag = "4")]
-    planned_without_device: bool,
+    #[prost(message, optional, tag = "5")]
+    reason: Option<ReasonNode>,
+}
+
+/// A [`Reason`]: its kind, and the fields that kind has.
+#[derive(Clone, PartialEq, Message)]
+struct ReasonNode {
+    #[prost(string, tag = "1")]
+    kind: String,
+    #[prost(string, tag = "2")]
+    text: String,
+    #[prost(uint64, tag = "3")]
+    count: u64,
+    #[prost(uint64, tag = "4")]
+    min_rows: u64,
+    #[prost(string, tag = "5")]
+    unit: String,
 }
 
 /// An optional list of column indices (absent: no projection).
@@ -97,8 +110,6 @@ struct SetSelectNode {
     backend: Option<BackendNode>,
     #[prost(message, optional, tag = "6")]
     projection: Option<Columns>,
-    #[prost(string, optional, tag = "7")]
-    note: Option<String>,
     #[prost(bool, tag = "8")]
     partitioned: bool,
 }
@@ -138,8 +149,6 @@ struct MarkJoinNode {
     output: String,
     #[prost(message, optional, tag = "9")]
     backend: Option<BackendNode>,
-    #[prost(string, optional, tag = "10")]
-    note: Option<String>,
     #[prost(bool, tag = "11")]
     broadcast_build: bool,
 }
@@ -162,8 +171,6 @@ struct SimilarityJoinNode {
     projection: Option<Columns>,
     #[prost(message, optional, tag = "8")]
     backend: Option<BackendNode>,
-    #[prost(string, optional, tag = "9")]
-    note: Option<String>,
 }
 
 /// A family's layout: `wide` (id, elements list) or long (id, element).
@@ -191,8 +198,8 @@ struct FamiliesNode {
 
 #[derive(Clone, PartialEq, Message)]
 struct DeclinedNode {
-    #[prost(string, tag = "1")]
-    reason: String,
+    #[prost(message, optional, tag = "2")]
+    reason: Option<ReasonNode>,
 }
 
 /// setfusion's [`PhysicalExtensionCodec`], around another one (Ballista's)
@@ -293,42 +300,95 @@ fn parse_output(s: &str) -> Result<MarkOutput> {
     })
 }
 
-fn encode_backend(b: &Backend) -> BackendNode {
-    match b {
-        Backend::Gpu(strategy) => BackendNode {
-            gpu: true,
-            strategy: strategy.to_string(),
-            cpu_reason: String::new(),
-            planned_without_device: false,
-        },
-        Backend::Cpu(reason) => {
-            // The planner's reason is the device's own error when it found none (see `planner::decide`).
-            let planned_without_device = match crate::gpu::readiness(0) {
-                crate::gpu::Readiness::Unavailable(why) => *reason == why.to_string(),
-                _ => false,
-            };
-            BackendNode { gpu: false, strategy: String::new(), cpu_reason: reason.clone(), planned_without_device }
-        }
-    }
+fn encode_backend(d: &Decision) -> BackendNode {
+    BackendNode { gpu: d.on_gpu(), strategy: d.strategy.to_string(), reason: Some(encode_reason(&d.reason)) }
 }
 
-/// The backend a decoded operator runs on. The plan's choice, except that a
-/// CPU choice made only for want of a device on the planning process becomes
+/// The decision a decoded operator runs with. The plan's, except that a CPU
+/// decision made only for want of a device on the planning process becomes
 /// the GPU where this process (an executor) has one and the settings allow it.
-fn decode_backend(b: Option<BackendNode>, ctx: &TaskContext) -> Result<Backend> {
+fn decode_backend(b: Option<BackendNode>, ctx: &TaskContext) -> Result<Decision> {
     let b = required(b, "backend")?;
+    let reason = decode_reason(required(b.reason, "reason")?)?;
     if b.gpu {
-        return Ok(Backend::Gpu(b.strategy.parse::<Strategy>()?));
+        return Ok(Decision::gpu(b.strategy.parse::<Strategy>()?, reason));
     }
     let cfg = crate::config::SetfusionConfig::from_options(ctx.session_config().options());
-    if b.planned_without_device
+    if matches!(reason, Reason::NoGpu(_))
         && cfg.enabled
         && cfg.strategy != Strategy::Cpu
         && crate::gpu::available(cfg.device).is_ok()
     {
-        return Ok(Backend::Gpu(cfg.strategy));
+        return Ok(Decision::gpu(cfg.strategy, Reason::DeviceOnExecutor));
     }
-    Ok(Backend::Cpu(b.cpu_reason))
+    Ok(Decision::cpu(reason))
+}
+
+fn unit_name(u: Unit) -> &'static str {
+    match u {
+        Unit::Rows => "rows",
+        Unit::Pairs => "pairs",
+        Unit::ListElements => "list_elements",
+    }
+}
+
+fn encode_reason(r: &Reason) -> ReasonNode {
+    let node = |kind: &str, text: &str| ReasonNode { kind: kind.into(), text: text.into(), ..Default::default() };
+    match r {
+        Reason::Disabled => node("disabled", ""),
+        Reason::StrategyCpu => node("strategy_cpu", ""),
+        Reason::StrategyForced(s) => node("strategy_forced", &s.to_string()),
+        Reason::MinRowsZero => node("min_rows_zero", ""),
+        Reason::NoGpu(why) => node("no_gpu", why),
+        Reason::UnsupportedKeys(why) => node("unsupported_keys", why),
+        Reason::BelowMinRows { count, unit, min_rows } | Reason::AtLeastMinRows { count, unit, min_rows } => {
+            ReasonNode {
+                kind: if matches!(r, Reason::BelowMinRows { .. }) { "below_min_rows" } else { "at_least_min_rows" }
+                    .into(),
+                text: String::new(),
+                count: *count,
+                min_rows: *min_rows,
+                unit: unit_name(*unit).into(),
+            }
+        }
+        Reason::CostModel(what) => node("cost_model", what),
+        Reason::DeviceStarting => node("device_starting", ""),
+        Reason::StartsAfterQuery { device, estimate } => ReasonNode {
+            kind: "starts_after_query".into(),
+            text: estimate.clone(),
+            count: *device as u64,
+            ..Default::default()
+        },
+        Reason::HostFilter(why) => node("host_filter", why),
+        Reason::DeviceOnExecutor => node("device_on_executor", ""),
+    }
+}
+
+fn decode_reason(n: ReasonNode) -> Result<Reason> {
+    let unit = || -> Result<Unit> {
+        Ok(match n.unit.as_str() {
+            "rows" => Unit::Rows,
+            "pairs" => Unit::Pairs,
+            "list_elements" => Unit::ListElements,
+            other => return Err(bad(format!("unknown unit '{other}'"))),
+        })
+    };
+    Ok(match n.kind.as_str() {
+        "disabled" => Reason::Disabled,
+        "strategy_cpu" => Reason::StrategyCpu,
+        "strategy_forced" => Reason::StrategyForced(n.text.parse::<Strategy>()?),
+        "min_rows_zero" => Reason::MinRowsZero,
+        "no_gpu" => Reason::NoGpu(n.text),
+        "unsupported_keys" => Reason::UnsupportedKeys(n.text),
+        "below_min_rows" => Reason::BelowMinRows { count: n.count, unit: unit()?, min_rows: n.min_rows },
+        "at_least_min_rows" => Reason::AtLeastMinRows { count: n.count, unit: unit()?, min_rows: n.min_rows },
+        "cost_model" => Reason::CostModel(n.text),
+        "device_starting" => Reason::DeviceStarting,
+        "starts_after_query" => Reason::StartsAfterQuery { device: n.count as usize, estimate: n.text },
+        "host_filter" => Reason::HostFilter(n.text),
+        "device_on_executor" => Reason::DeviceOnExecutor,
+        other => return Err(bad(format!("unknown reason '{other}'"))),
+    })
 }
 
 fn encode_columns(p: Option<&[usize]>) -> Option<Columns> {
@@ -420,9 +480,8 @@ impl SetfusionPhysicalCodec {
                 probe_keys: exprs.encode_all(e.probe_keys())?,
                 build_keys: exprs.encode_all(e.build_keys())?,
                 nulls: nulls_name(e.nulls()).into(),
-                backend: Some(encode_backend(e.backend())),
+                backend: Some(encode_backend(e.decision())),
                 projection: encode_columns(e.projection()),
-                note: e.note().map(str::to_string),
                 // What was asked for: decoding decides again from the same keys.
                 partitioned: e.partitioned_inputs_requested(),
             })));
@@ -441,8 +500,7 @@ impl SetfusionPhysicalCodec {
                 filter,
                 mark_name: e.mark_name(),
                 output: output_name(e.output()).into(),
-                backend: Some(encode_backend(e.backend())),
-                note: e.note().map(str::to_string),
+                backend: Some(encode_backend(e.decision())),
                 broadcast_build: e.broadcast_build(),
             })));
         }
@@ -464,8 +522,7 @@ impl SetfusionPhysicalCodec {
                 strict: t.strict,
                 residual,
                 projection: encode_columns(e.projection()),
-                backend: Some(encode_backend(e.backend())),
-                note: e.choice_note().map(str::to_string),
+                backend: Some(encode_backend(e.decision())),
             })));
         }
         if let Some(e) = node.downcast_ref::<FamiliesExec>() {
@@ -478,7 +535,7 @@ impl SetfusionPhysicalCodec {
             })));
         }
         if let Some(e) = node.downcast_ref::<SetfusionDeclinedExec>() {
-            return Ok(Some(ExecNode::Declined(DeclinedNode { reason: e.reason().to_string() })));
+            return Ok(Some(ExecNode::Declined(DeclinedNode { reason: Some(encode_reason(e.reason())) })));
         }
         Ok(None)
     }
@@ -505,7 +562,6 @@ impl SetfusionPhysicalCodec {
                     decode_backend(n.backend, ctx)?,
                     decode_columns(n.projection),
                 )?
-                .with_note(n.note)
                 .with_partitioned_inputs(n.partitioned)?;
                 Arc::new(exec)
             }
@@ -542,7 +598,6 @@ impl SetfusionPhysicalCodec {
                     &n.mark_name,
                     decode_backend(n.backend, ctx)?,
                 )?
-                .with_note(n.note)
                 .with_output(parse_output(&n.output)?)?
                 .with_broadcast_build(n.broadcast_build);
                 Arc::new(exec)
@@ -577,8 +632,7 @@ impl SetfusionPhysicalCodec {
                     residual,
                     decode_columns(n.projection),
                     decode_backend(n.backend, ctx)?,
-                )?
-                .with_choice_note(n.note);
+                )?;
                 Arc::new(exec)
             }
             ExecNode::Families(n) => {
@@ -594,7 +648,9 @@ impl SetfusionPhysicalCodec {
                 Arc::new(FamiliesExec::try_new(left, right, ll, rl, level)?)
             }
             ExecNode::Declined(n) => match inputs {
-                [input] => Arc::new(SetfusionDeclinedExec::new(input.clone(), n.reason)),
+                [input] => {
+                    Arc::new(SetfusionDeclinedExec::new(input.clone(), decode_reason(required(n.reason, "reason")?)?))
+                }
                 _ => return Err(bad(format!("SetfusionDeclinedExec needs one input, got {}", inputs.len()))),
             },
         })
@@ -671,6 +727,32 @@ impl PhysicalExtensionCodec for SetfusionPhysicalCodec {
 mod tests {
     use super::*;
 
+    /// Every kind of reason, and both backends, survive the wire.
+    #[test]
+    fn decisions_round_trip() {
+        let task = crate::context().task_ctx();
+        let reasons = [
+            Reason::Disabled,
+            Reason::StrategyCpu,
+            Reason::StrategyForced(Strategy::Bitmap),
+            Reason::MinRowsZero,
+            Reason::UnsupportedKeys("key type X".into()),
+            Reason::BelowMinRows { count: 3, unit: Unit::Pairs, min_rows: 9 },
+            Reason::AtLeastMinRows { count: 30, unit: Unit::ListElements, min_rows: 9 },
+            Reason::CostModel("~1 rows".into()),
+            Reason::DeviceStarting,
+            Reason::StartsAfterQuery { device: 1, estimate: "~2 rows".into() },
+            Reason::HostFilter("a UDF".into()),
+            Reason::DeviceOnExecutor,
+        ];
+        for r in reasons {
+            assert_eq!(decode_reason(encode_reason(&r)).unwrap(), r);
+            for d in [Decision::cpu(r.clone()), Decision::gpu(Strategy::Sort, r.clone())] {
+                assert_eq!(decode_backend(Some(encode_backend(&d)), &task).unwrap(), d);
+            }
+        }
+    }
+
     /// A CPU choice the scheduler made for want of a device becomes the GPU
     /// on an executor that has one (run for real on the GPU machine, where the
     /// test process is that executor); any other CPU choice stays.
@@ -678,18 +760,16 @@ mod tests {
     fn a_plan_made_without_a_device_takes_the_executors() {
         let gpu = crate::gpu::test_gpu();
         let task = crate::context().task_ctx();
-        let node = |planned_without_device| BackendNode {
-            gpu: false,
-            strategy: String::new(),
-            cpu_reason: "no CUDA driver".into(),
-            planned_without_device,
-        };
-        let decoded = decode_backend(Some(node(true)), &task).unwrap();
+        let no_gpu = Decision::cpu(Reason::NoGpu("no CUDA driver".into()));
+        let node = |d: &Decision| encode_backend(d);
+        let decoded = decode_backend(Some(node(&no_gpu)), &task).unwrap();
         match (&gpu, &decoded) {
-            (Some(_), Backend::Gpu(Strategy::Auto)) | (None, Backend::Cpu(_)) => {}
+            (Some(_), d) if d.on_gpu() && d.reason == Reason::DeviceOnExecutor => {}
+            (None, d) if *d == no_gpu => {}
             _ => panic!("planned without a device, device here: {}; decoded {decoded:?}", gpu.is_some()),
         }
-        assert!(matches!(decode_backend(Some(node(false)), &task).unwrap(), Backend::Cpu(r) if r == "no CUDA driver"));
+        let min_rows = Decision::cpu(Reason::BelowMinRows { count: 12, unit: Unit::Rows, min_rows: 100_000 });
+        assert_eq!(decode_backend(Some(node(&min_rows)), &task).unwrap(), min_rows);
         let strategy_cpu = crate::context();
         strategy_cpu
             .state_ref()
@@ -701,7 +781,7 @@ mod tests {
             .unwrap()
             .strategy = Strategy::Cpu;
         assert!(
-            matches!(decode_backend(Some(node(true)), &strategy_cpu.task_ctx()).unwrap(), Backend::Cpu(_)),
+            !decode_backend(Some(node(&no_gpu)), &strategy_cpu.task_ctx()).unwrap().on_gpu(),
             "strategy cpu keeps the CPU"
         );
     }

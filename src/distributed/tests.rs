@@ -104,7 +104,10 @@ async fn declined_note_round_trips() {
     let dir = tables("declined-codec", 300).await;
     let ctx = context(&dir, &[]).await;
     let scan = ctx.sql("SELECT k FROM r").await.unwrap().create_physical_plan().await.unwrap();
-    let plan: Arc<dyn ExecutionPlan> = Arc::new(SetfusionDeclinedExec::new(scan, "a reason".into()));
+    let plan: Arc<dyn ExecutionPlan> = Arc::new(SetfusionDeclinedExec::new(
+        scan,
+        crate::exec::common::Reason::BelowMinRows { count: 12, unit: crate::exec::common::Unit::Rows, min_rows: 100 },
+    ));
     let back = physical_round_trip(plan.clone(), &ctx).unwrap();
     assert_eq!(plan_text(&back), plan_text(&plan));
     assert_eq!(sorted(back, &ctx).await, sorted(plan, &ctx).await);

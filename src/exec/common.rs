@@ -1,21 +1,190 @@
 //! What several operators share, in a file of its own so that no operator's
 //! file imports from another operator's (issue 29): the planner's choices every
-//! operator is built with ([`Backend`], [`NullMode`]) and the task context
+//! operator is built with ([`Decision`], [`NullMode`]) and the task context
 //! their inputs are executed with ([`input_context`]).
 
+use std::fmt;
 use std::sync::Arc;
 
 use datafusion::execution::TaskContext;
 
-use crate::config::Strategy;
+use crate::config::{SetfusionConfig, Strategy};
 
-/// Where the selection runs, decided at planning time.
-#[derive(Debug, Clone, PartialEq)]
+/// Where an operator runs, decided by `planner::decision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// GPU backend with the configured strategy (`auto` picks at run time).
-    Gpu(Strategy),
-    /// CPU backend, with the reason it was chosen.
-    Cpu(String),
+    Gpu,
+    /// setfusion's CPU backend, or DataFusion's own operator where the rule kept it.
+    Cpu,
+}
+
+/// What `setfusion.min_rows` is compared with. One setting, three units, each
+/// the size an operator's work grows with and the only one known where it
+/// decides:
+///
+/// | operator | unit | when |
+/// |---|---|---|
+/// | set selections, semi / anti / mark joins, INTERSECT / EXCEPT | estimated rows of both inputs | plan time |
+/// | similarity join | estimated rows of both inputs (the cost model then weighs pairs) | plan time |
+/// | `families` table function | pairs of sets sharing an element | run time |
+/// | list functions (`set_intersect_all`, ...) | list elements of a batch, both arguments | run time, per batch |
+///
+/// The comparison itself is written once, in [`below_min_rows`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Rows,
+    Pairs,
+    ListElements,
+}
+
+impl Unit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Rows => "estimated rows",
+            Unit::Pairs => "pair(s)",
+            Unit::ListElements => "list element(s)",
+        }
+    }
+}
+
+/// Why an operator runs where it does; EXPLAIN renders it ([`fmt::Display`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reason {
+    /// `setfusion.enabled = false`.
+    Disabled,
+    /// `setfusion.strategy = cpu`.
+    StrategyCpu,
+    /// An explicit GPU strategy (`hash`, `bitmap`, `sort`): the GPU whenever one is usable.
+    StrategyForced(Strategy),
+    /// `setfusion.min_rows = 0`: the GPU at any size.
+    MinRowsZero,
+    /// No usable device: the driver's or the device's own message.
+    NoGpu(String),
+    /// Key types the device does not take (which one, and why).
+    UnsupportedKeys(String),
+    /// Fewer than `setfusion.min_rows` of the operator's [`Unit`].
+    BelowMinRows { count: u64, unit: Unit, min_rows: u64 },
+    /// At least `setfusion.min_rows` of the operator's [`Unit`], and no cost model weighs more (`families`).
+    AtLeastMinRows { count: u64, unit: Unit, min_rows: u64 },
+    /// The cost model's estimate: the numbers it weighed, as the model writes them.
+    CostModel(String),
+    /// The device is still starting, and this decision does not wait for it.
+    DeviceStarting,
+    /// The cost model's estimate (its words) counted the start of device
+    /// `device`, which nobody had started, and chose the CPU; the GPU would
+    /// have won on a started device, so the device starts once this
+    /// operator's output is done (`SetfusionDeclinedExec`), for the next queries.
+    StartsAfterQuery { device: usize, estimate: String },
+    /// A residual filter the device cannot evaluate (what stops it).
+    HostFilter(String),
+    /// Planned where no device was usable; this process (a Ballista executor) has one.
+    DeviceOnExecutor,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Disabled => write!(f, "setfusion.enabled = false"),
+            Reason::StrategyCpu => write!(f, "setfusion.strategy = cpu"),
+            Reason::StrategyForced(s) => write!(f, "setfusion.strategy = {s}"),
+            Reason::MinRowsZero => write!(f, "setfusion.min_rows = 0"),
+            Reason::NoGpu(why) => write!(f, "no GPU: {why}"),
+            Reason::UnsupportedKeys(why) => write!(f, "{why}"),
+            Reason::BelowMinRows { count, unit, min_rows } => {
+                write!(f, "{count} {} < setfusion.min_rows = {min_rows}", unit.name())
+            }
+            Reason::AtLeastMinRows { count, unit, min_rows } => {
+                write!(f, "{count} {} >= setfusion.min_rows = {min_rows}", unit.name())
+            }
+            Reason::CostModel(what) => write!(f, "cost model: {what}"),
+            Reason::DeviceStarting => write!(f, "the device is still starting"),
+            Reason::StartsAfterQuery { estimate, .. } => {
+                write!(f, "cost model: {estimate}; the device starts after this query, for the next ones")
+            }
+            Reason::HostFilter(why) => write!(f, "residual filter on the host: {why}"),
+            Reason::DeviceOnExecutor => write!(f, "planned without a device; this executor has one"),
+        }
+    }
+}
+
+/// The planner's choice for one operator, UDF call or table function: where
+/// it runs, the GPU strategy (`cpu` on the CPU) and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub backend: Backend,
+    pub strategy: Strategy,
+    pub reason: Reason,
+}
+
+impl Decision {
+    pub fn cpu(reason: Reason) -> Self {
+        Self { backend: Backend::Cpu, strategy: Strategy::Cpu, reason }
+    }
+    pub fn gpu(strategy: Strategy, reason: Reason) -> Self {
+        Self { backend: Backend::Gpu, strategy, reason }
+    }
+    pub fn on_gpu(&self) -> bool {
+        self.backend == Backend::Gpu
+    }
+}
+
+/// EXPLAIN's words: `backend=gpu, strategy=auto, reason="..."` or `backend=cpu, reason="..."`.
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.backend {
+            Backend::Gpu => write!(f, "backend=gpu, strategy={}, reason=\"{}\"", self.strategy, self.reason),
+            Backend::Cpu => write!(f, "backend=cpu, reason=\"{}\"", self.reason),
+        }
+    }
+}
+
+/// The one comparison with `setfusion.min_rows` (see [`Unit`] for what each
+/// operator counts): the reason for the CPU when `count` is below it.
+pub fn below_min_rows(cfg: &SetfusionConfig, count: u64, unit: Unit) -> Option<Reason> {
+    (count < cfg.min_rows as u64).then_some(Reason::BelowMinRows { count, unit, min_rows: cfg.min_rows as u64 })
+}
+
+/// The one decision made at run time, for work whose size is only known
+/// then: the `families` operator's pairs (counted from its inputs' sets) and
+/// the list functions' elements (a batch at a time). `planner::decision` is
+/// where everything else is decided; this function lives here, beside the
+/// types, because the families operator (`exec`) may not import the planner.
+/// The rule: `strategy = cpu` never takes the device; `auto` takes it from
+/// `setfusion.min_rows` of `unit` where `cost` (the cost model's rule for the
+/// caller; not asked when `min_rows = 0`) does not say otherwise; `hash` /
+/// `bitmap` / `sort` take it whenever one is usable (waiting for its start).
+/// `Ok`: the device, with the decision's reason; `Err`: the CPU decision.
+pub fn decide_at_run_time(
+    cfg: &SetfusionConfig,
+    count: usize,
+    unit: Unit,
+    cost: impl FnOnce() -> Decision,
+) -> Result<(Arc<crate::gpu::Gpu>, Decision), Decision> {
+    let decision = match cfg.strategy {
+        Strategy::Cpu => return Err(Decision::cpu(Reason::StrategyCpu)),
+        Strategy::Auto => {
+            if let Some(reason) = below_min_rows(cfg, count as u64, unit) {
+                return Err(Decision::cpu(reason));
+            }
+            if cfg.min_rows > 0 {
+                let d = cost();
+                if !d.on_gpu() {
+                    return Err(d);
+                }
+                d
+            } else {
+                Decision::gpu(Strategy::Auto, Reason::MinRowsZero)
+            }
+        }
+        s => {
+            crate::gpu::wait_started(cfg.device);
+            Decision::gpu(s, Reason::StrategyForced(s))
+        }
+    };
+    match crate::gpu::gpu(cfg.device) {
+        Ok(g) => Ok((g, decision)),
+        Err(e) => Err(Decision::cpu(Reason::NoGpu(e.to_string()))),
+    }
 }
 
 /// NULL semantics of the keys.

@@ -1,13 +1,17 @@
 //! `SetfusionDeclinedExec`: a pass-through node above a DataFusion operator
 //! that setfusion could have replaced but did not, saying why in EXPLAIN (the
-//! cost model's estimate, or `min_rows`). It changes nothing else: its
+//! [`Reason`] of `planner::decision`: no GPU, `min_rows`, the cost model's
+//! estimate, unsupported key types, ...). It changes nothing else: its
 //! output, partitioning, orderings and equivalences are its input's, it hands
 //! projections and filters down to its input, and `execute` is its input's.
-//! Only added where a device is usable, so a machine without a GPU gets
-//! DataFusion's plans exactly.
+//! Added wherever a rule keeps DataFusion's operator for a CPU decision, so
+//! EXPLAIN always says where a candidate runs and why (issue 29).
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use futures::StreamExt;
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
@@ -18,28 +22,35 @@ use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 
+use super::common::Reason;
+
 #[derive(Debug)]
 pub struct SetfusionDeclinedExec {
     input: Arc<dyn ExecutionPlan>,
-    reason: String,
+    reason: Reason,
+    /// Partitions whose output is not done yet ([`Reason::StartsAfterQuery`]:
+    /// the device starts when the last one is).
+    running: Arc<AtomicUsize>,
 }
 
 impl SetfusionDeclinedExec {
-    pub fn new(input: Arc<dyn ExecutionPlan>, reason: String) -> Self {
-        Self { input, reason }
+    pub fn new(input: Arc<dyn ExecutionPlan>, reason: Reason) -> Self {
+        let running = Arc::new(AtomicUsize::new(input.properties().partitioning.partition_count()));
+        Self { input, reason, running }
     }
-    pub fn reason(&self) -> &str {
+    pub fn reason(&self) -> &Reason {
         &self.reason
     }
 }
 
 impl DisplayAs for SetfusionDeclinedExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SetfusionDeclinedExec: kept DataFusion's operator below, reason=\"{}\"", self.reason)
+        write!(f, "SetfusionDeclinedExec: kept DataFusion's operator below, backend=cpu, reason=\"{}\"", self.reason)
     }
 }
 
@@ -71,8 +82,22 @@ impl ExecutionPlan for SetfusionDeclinedExec {
             _ => Err(DataFusionError::Internal("SetfusionDeclinedExec has one child".into())),
         }
     }
+    /// The input's stream; under [`Reason::StartsAfterQuery`], the device
+    /// starts in the background once the last partition's output is done
+    /// (not before: a device starting beside DataFusion's operators slows them).
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        self.input.execute(partition, context)
+        let stream = self.input.execute(partition, context)?;
+        let Reason::StartsAfterQuery { device, .. } = self.reason else { return Ok(stream) };
+        let running = self.running.clone();
+        let mut counted = false;
+        let start = futures::stream::poll_fn(move |_| {
+            let last = !std::mem::replace(&mut counted, true) && running.fetch_sub(1, Ordering::AcqRel) <= 1;
+            if last {
+                crate::gpu::start_in_background(device, &crate::algo::SET_SELECTION_KERNELS);
+            }
+            std::task::Poll::Ready(None)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(stream.schema(), stream.chain(start))))
     }
     /// A projection above goes into the operator below, as if this node were not here.
     fn try_swapping_with_projection(&self, projection: &ProjectionExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {

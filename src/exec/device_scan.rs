@@ -56,6 +56,10 @@ pub struct DeviceScanExec {
     data_type: DataType,
     /// Rows the input's filters remove (None: none).
     filter: Option<ScanFilter>,
+    /// The files' schema and the conjunction of the input's filters and the
+    /// scan's own predicate over it (dynamic filters aside), for pruning row
+    /// groups by their statistics as DataFusion's scan does (None: nothing to prune by).
+    prune: Option<(SchemaRef, PhysicalExprRef)>,
     /// The input's columns (file column, type), decoded by the device for
     /// the operator's output; None: only the key is read.
     payload: Option<Vec<(String, DataType)>>,
@@ -244,26 +248,20 @@ impl DeviceScanExec {
         if field.data_type() != &data_type {
             return Err(format!("schema adaptation: {} read as {data_type}", field.data_type()));
         }
-        // The filters over the file columns they read (numbered in order of first use).
-        let mut read: Vec<usize> = Vec::new();
-        let mut renumber = |file_col: usize| -> Column {
-            let at = read.iter().position(|&c| c == file_col).unwrap_or_else(|| {
-                read.push(file_col);
-                read.len() - 1
-            });
-            Column::new(file_schema.field(file_col).name(), at)
-        };
-        let mut predicates: Vec<PhysicalExprRef> = Vec::new();
+        // The filters over the files' columns (by their index in the files).
+        let file_column = |i: usize| Column::new(file_schema.field(i).name(), i);
+        let mut over_files: Vec<PhysicalExprRef> = Vec::new();
         for (below, predicate) in filters {
-            predicates.push(rewrite_columns(&predicate, |c| {
+            over_files.push(rewrite_columns(&predicate, |c| {
                 let (n, i) = follow_down(below.clone(), c.index(), None)?;
                 if Arc::ptr_eq(&n, &node) {
-                    Ok(renumber(file_index(i)?))
+                    Ok(file_column(file_index(i)?))
                 } else {
                     Err(format!("the filter reads {} from {}", c.name(), n.name()))
                 }
             })?);
         }
+        let mut prune = over_files.clone();
         // The scan's own predicate: dynamic filters (this node's own, a TopK's
         // above) only let a scan skip rows that cannot matter, and the device
         // reads every row instead; without `pushdown_filters` the rest only
@@ -272,15 +270,41 @@ impl DeviceScanExec {
         if let Some(filter) = config.file_source().filter() {
             let row_level = source.table_parquet_options().global.pushdown_filters;
             for c in datafusion::physical_expr::split_conjunction(&filter) {
-                if c.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() || !row_level {
+                if c.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() {
                     continue;
                 }
-                predicates.push(rewrite_columns(c, |col| match file_schema.index_of(col.name()) {
-                    Ok(f) => Ok(renumber(f)),
+                let over_file = rewrite_columns(c, |col| match file_schema.index_of(col.name()) {
+                    Ok(f) => Ok(file_column(f)),
                     Err(_) => Err(format!("the scan's filter reads {}", col.name())),
-                })?);
+                });
+                match over_file {
+                    Ok(e) if row_level => {
+                        prune.push(e.clone());
+                        over_files.push(e);
+                    }
+                    Ok(e) => prune.push(e),
+                    Err(why) if row_level => return Err(why),
+                    // Only pruning: DataFusion's scan may skip it too.
+                    Err(_) => {}
+                }
             }
         }
+        // The filters over the file columns they read, numbered in order of first use.
+        let mut read: Vec<usize> = Vec::new();
+        let mut predicates: Vec<PhysicalExprRef> = Vec::new();
+        for e in &over_files {
+            predicates.push(rewrite_columns(e, |c| {
+                let at = read.iter().position(|&r| r == c.index()).unwrap_or_else(|| {
+                    read.push(c.index());
+                    read.len() - 1
+                });
+                Ok(Column::new(c.name(), at))
+            })?);
+        }
+        let prune = prune
+            .into_iter()
+            .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as _)
+            .map(|e| (file_schema.clone(), e));
         let columns: Vec<(String, DataType)> = read
             .iter()
             .map(|&i| (file_schema.field(i).name().clone(), file_schema.field(i).data_type().clone()))
@@ -332,9 +356,21 @@ impl DeviceScanExec {
             column: field.name().clone(),
             data_type,
             filter,
+            prune,
             payload,
             ran: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// The row groups a filtered input reads: those whose statistics allow a
+    /// row its filters keep, as DataFusion's scan would read (the other
+    /// columns of the input are read with the same row groups).
+    pub fn row_groups_to_read(&self) -> Result<crate::scan::Keep> {
+        let row_groups = match &self.prune {
+            Some((schema, predicate)) => crate::scan::prune_row_groups(&self.files, schema, predicate)?,
+            None => None,
+        };
+        Ok(crate::scan::Keep { key_range: None, row_groups })
     }
 
     /// The input's columns as file columns, when the device decodes them for the output.

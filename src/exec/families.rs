@@ -53,6 +53,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::algo::families::{self, DistinctSets, Family, PairIntersections, PairSpace};
 use crate::config::{SetfusionConfig, Strategy};
+use crate::exec::common::{decide_at_run_time, Decision, Reason, Unit};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu::{self, TransferStats};
@@ -649,7 +650,15 @@ impl Run {
         let right_ids = r.as_ref().map_or(&l.ids, |r| &r.ids);
         let space = PairSpace { left: &lf, right: &rf, right_from: from.as_deref() };
         let pairs = space.pair_count(0..lf.len());
-        let backend = choose_backend(cfg, pairs);
+        // The pair count is known only now: the one runtime rule (`planner::decision` decides everything
+        // else at plan time); the device itself is taken below. Err: why the CPU.
+        let backend = decide_at_run_time(cfg, pairs as usize, Unit::Pairs, || {
+            gpu::wait_started(cfg.device);
+            let min_rows = cfg.min_rows as u64;
+            Decision::gpu(Strategy::Auto, Reason::AtLeastMinRows { count: pairs, unit: Unit::Pairs, min_rows })
+        })
+        .map(|_| ())
+        .map_err(|d| d.reason);
         let send = |b: RecordBatch| -> Result<bool> {
             self.out_rows.add(b.num_rows());
             Ok(tx.blocking_send(Ok(b)).is_ok())
@@ -793,19 +802,6 @@ impl Run {
         }
         Ok(out)
     }
-}
-
-/// GPU unless `setfusion.strategy = cpu`, there are fewer pairs than
-/// `setfusion.min_rows`, or no device is usable (the reason, then).
-fn choose_backend(cfg: &SetfusionConfig, pairs: u64) -> std::result::Result<(), String> {
-    if cfg.strategy == Strategy::Cpu {
-        return Err("setfusion.strategy = cpu".into());
-    }
-    if pairs < cfg.min_rows as u64 && cfg.strategy == Strategy::Auto {
-        return Err(format!("{pairs} pair(s) < setfusion.min_rows = {}", cfg.min_rows));
-    }
-    gpu::wait_started(cfg.device);
-    gpu::gpu(cfg.device).map(|_| ()).map_err(|e| e.to_string())
 }
 
 fn distinct_on_gpu(

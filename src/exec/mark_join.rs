@@ -60,7 +60,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::exec::common::{input_context, Backend, NullMode};
+use crate::exec::common::{input_context, Backend, Decision, NullMode};
 use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
 use crate::exec::memory::{
     array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun,
@@ -106,8 +106,8 @@ pub struct MarkJoinExec {
     /// The filter compiled for the device, or why it does not compile.
     device_filter: Option<DeviceFilter>,
     output: MarkOutput,
-    backend: Backend,
-    note: Option<String>,
+    /// The planner's choice (`planner::decision`), shown in EXPLAIN.
+    decision: Decision,
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -138,7 +138,7 @@ impl MarkJoinExec {
         in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
         filter: Option<PairFilter>,
         mark_name: &str,
-        backend: Backend,
+        decision: Decision,
     ) -> Result<Self> {
         if (kind == MarkKind::In) != in_keys.is_some() {
             return Err(DataFusionError::Plan(
@@ -180,8 +180,7 @@ impl MarkJoinExec {
             filter,
             device_filter,
             output: MarkOutput::Mark,
-            backend,
-            note: None,
+            decision,
             schema,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -219,9 +218,8 @@ impl MarkJoinExec {
             self.in_keys.clone(),
             self.filter.clone(),
             &self.mark_name(),
-            self.backend.clone(),
+            self.decision.clone(),
         )?
-        .with_note(self.note.clone())
         .with_broadcast_build(self.broadcast_build);
         exec.output = self.output;
         exec.dynamic_filter = self.dynamic_filter.clone();
@@ -238,12 +236,6 @@ impl MarkJoinExec {
         self.broadcast_build
     }
 
-    /// The planner's reason for its backend choice, shown in EXPLAIN.
-    pub fn with_note(mut self, note: Option<String>) -> Self {
-        self.note = note;
-        self
-    }
-
     /// A semi or anti join (EXISTS / NOT EXISTS with a residual filter): the
     /// probe rows whose mark is TRUE / FALSE, without a mark column.
     pub fn semi_or_anti(
@@ -252,9 +244,9 @@ impl MarkJoinExec {
         build: Arc<dyn ExecutionPlan>,
         on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
         filter: PairFilter,
-        backend: Backend,
+        decision: Decision,
     ) -> Result<Self> {
-        let mut exec = Self::try_new(MarkKind::Exists, probe, build, on, None, Some(filter), "", backend)?;
+        let mut exec = Self::try_new(MarkKind::Exists, probe, build, on, None, Some(filter), "", decision)?;
         exec.output = if anti { MarkOutput::Anti } else { MarkOutput::Semi };
         Ok(exec)
     }
@@ -262,8 +254,8 @@ impl MarkJoinExec {
     pub fn kind(&self) -> MarkKind {
         self.kind
     }
-    pub fn backend(&self) -> &Backend {
-        &self.backend
+    pub fn decision(&self) -> &Decision {
+        &self.decision
     }
 
     pub fn on(&self) -> &[(PhysicalExprRef, PhysicalExprRef)] {
@@ -277,9 +269,6 @@ impl MarkJoinExec {
     }
     pub fn output(&self) -> MarkOutput {
         self.output
-    }
-    pub fn note(&self) -> Option<&str> {
-        self.note.as_deref()
     }
 
     /// Output the probe rows whose mark is TRUE (`Semi`) or FALSE (`Anti`)
@@ -322,22 +311,16 @@ impl DisplayAs for MarkJoinExec {
         }
         if let Some(filter) = &self.filter {
             write!(f, ", filter={}", filter.expr)?;
-            if let (Backend::Gpu(_), Some(d)) = (&self.backend, &self.device_filter) {
+            if let (Backend::Gpu, Some(d)) = (self.decision.backend, &self.device_filter) {
                 match d {
                     Ok(_) => write!(f, ", filter_on=device")?,
                     Err(why) => write!(f, ", filter_on=host (\"{why}\")")?,
                 }
             }
         }
-        match &self.backend {
-            Backend::Gpu(strategy) => write!(f, ", backend=gpu, strategy={strategy}")?,
-            Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
-        }
+        write!(f, ", {}", self.decision)?;
         if self.broadcast_build {
             write!(f, ", inputs=single partition")?;
-        }
-        if let Some(note) = &self.note {
-            write!(f, ", choice=\"{note}\"")?;
         }
         if let Some(d) = &self.dynamic_filter {
             write!(f, ", dynamic_filter={}", d.plan.input.name())?;
@@ -448,7 +431,7 @@ impl ExecutionPlan for MarkJoinExec {
             in_keys: self.in_keys.clone(),
             filter: self.filter.clone(),
             device_filter: self.device_filter.clone(),
-            backend: self.backend.clone(),
+            backend: self.decision.backend,
             metrics: self.metrics.clone(),
             ran: self.ran.clone(),
             dynamic_filter: self.dynamic_filter.clone(),
@@ -668,8 +651,7 @@ impl Run {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
         let said = Arc::new(Mutex::new(None));
-        let mut selector =
-            Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend.clone(), &self.metrics, said.clone());
+        let mut selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend, &self.metrics, said.clone());
         selector.reservation = self.memory.clone();
         let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
@@ -755,7 +737,7 @@ impl Run {
     ) -> Result<GroupFacts> {
         let mut groups = None;
         let mut why = None;
-        if let Backend::Gpu(_) = &self.backend {
+        if self.backend == Backend::Gpu {
             match self.facts_filtered_gpu(cfg, probe, build) {
                 Ok(DeviceOutcome::Facts(facts, ran)) => {
                     *self.ran.lock().unwrap() = Some(ran);

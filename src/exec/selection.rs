@@ -81,7 +81,7 @@ impl Selector {
             None => {
                 let converter = keys::converter_for(types)?;
                 // The GPU backend hashes hash-encoded keys on the device; only the CPU backend needs host hashes up front.
-                let host_hashes = !matches!(self.backend, Backend::Gpu(_));
+                let host_hashes = self.backend != Backend::Gpu;
                 let k = keys::encode(&probe_cols, types, converter.as_ref(), host_hashes)?;
                 let o = keys::encode(&build_cols, types, converter.as_ref(), host_hashes)?;
                 (k, o, keys::key_bytes_carry_nulls(types))
@@ -226,7 +226,7 @@ impl Selector {
         let probe_rows = RowSubset::new(probe_rows, probe_idx.as_deref())?;
         let build_rows = RowSubset::new(build_rows, build_idx.as_deref())?;
         let mut gpu_note = None;
-        if let Backend::Gpu(_) = &self.backend {
+        if self.backend == Backend::Gpu {
             // Hash and verify on the device; the host never hashes these rows.
             match self.run_gpu_rows(cfg, build_rows, probe_rows) {
                 Ok(Some(sel)) => return Ok((sel, "gpu/hash (device row hashes)".into())),
@@ -283,8 +283,8 @@ impl Selector {
         hashed: bool,
     ) -> (BooleanBuffer, String) {
         match &self.backend {
-            Backend::Cpu(_) => (select::select_cpu_chunks(self.op, build_core, probe_core), "cpu".to_string()),
-            Backend::Gpu(_) => match self.run_gpu(cfg, probe_core, build_core, hashed) {
+            Backend::Cpu => (select::select_cpu_chunks(self.op, build_core, probe_core), "cpu".to_string()),
+            Backend::Gpu => match self.run_gpu(cfg, probe_core, build_core, hashed) {
                 Ok(r) => r,
                 Err(e) => {
                     // Device trouble never fails the query: the CPU twin gives the same answer.

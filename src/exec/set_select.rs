@@ -61,7 +61,7 @@ use crate::config::SetfusionConfig;
 use crate::gpu::{self};
 use crate::keys::{self};
 
-use super::common::{input_context, Backend, NullMode};
+use super::common::{input_context, Backend, Decision, NullMode};
 use super::device_scan::DeviceScanExec;
 use super::device_select::Side;
 use super::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
@@ -89,7 +89,8 @@ pub struct SetSelectExec {
     probe_keys: Vec<PhysicalExprRef>,
     build_keys: Vec<PhysicalExprRef>,
     nulls: NullMode,
-    backend: Backend,
+    /// The planner's choice (`planner::decision`), shown in EXPLAIN.
+    decision: Decision,
     /// Optional projection of the kept side's columns.
     projection: Option<Vec<usize>>,
     schema: SchemaRef,
@@ -98,8 +99,6 @@ pub struct SetSelectExec {
     result: Arc<SharedRun<Selected>>,
     /// What ran (strategy, partitions), for EXPLAIN ANALYZE.
     ran: Arc<Mutex<Option<String>>>,
-    /// The planner's reason for a GPU choice (the cost model's estimate), for EXPLAIN.
-    choice_note: Option<String>,
     /// Why a Parquet input is not read by the device (the device scan rule), for EXPLAIN.
     scan_note: Option<String>,
     /// Both inputs hash-partitioned on the keys, each partition decided on
@@ -124,7 +123,7 @@ impl SetSelectExec {
         probe_keys: Vec<PhysicalExprRef>,
         build_keys: Vec<PhysicalExprRef>,
         nulls: NullMode,
-        backend: Backend,
+        decision: Decision,
         projection: Option<Vec<usize>>,
     ) -> Result<Self> {
         if probe_keys.len() != build_keys.len() || probe_keys.is_empty() {
@@ -156,14 +155,13 @@ impl SetSelectExec {
             probe_keys,
             build_keys,
             nulls,
-            backend,
+            decision,
             projection,
             schema,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
-            choice_note: None,
             scan_note: None,
             partitioned: false,
             single_partition_inputs: false,
@@ -187,10 +185,9 @@ impl SetSelectExec {
             self.probe_keys.clone(),
             self.build_keys.clone(),
             self.nulls,
-            self.backend.clone(),
+            self.decision.clone(),
             projection,
         )?
-        .with_note(self.choice_note.clone())
         .with_scan_note(self.scan_note.clone())
         .with_partitioned_inputs(self.partitioned_inputs_requested())?;
         exec.dynamic_filter = self.dynamic_filter.clone();
@@ -274,9 +271,6 @@ impl SetSelectExec {
     pub fn projection(&self) -> Option<&[usize]> {
         self.projection.as_deref()
     }
-    pub fn note(&self) -> Option<&str> {
-        self.choice_note.as_deref()
-    }
 
     /// The input partitions `execute(partition)` reads: (probe, build).
     fn input_partitions(&self, partition: usize) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>)> {
@@ -292,12 +286,6 @@ impl SetSelectExec {
             )));
         }
         Ok((partition..partition + 1, partition..partition + 1))
-    }
-
-    /// The planner's reason for a GPU choice, shown in EXPLAIN.
-    pub fn with_note(mut self, note: Option<String>) -> Self {
-        self.choice_note = note;
-        self
     }
 
     /// Why Parquet inputs stay with DataFusion's scan, shown in EXPLAIN.
@@ -318,8 +306,8 @@ impl SetSelectExec {
     pub fn op(&self) -> SetOp {
         self.op
     }
-    pub fn backend(&self) -> &Backend {
-        &self.backend
+    pub fn decision(&self) -> &Decision {
+        &self.decision
     }
 
     fn is_join(&self) -> bool {
@@ -336,7 +324,7 @@ impl SetSelectExec {
         let own_bits = keys::key_is_own_bits(field.data_type());
         let output =
             !self.schema.fields().is_empty() && self.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
-        (own_bits && output && matches!(self.backend, Backend::Gpu(_))).then_some(col.index())
+        (own_bits && output && self.decision.on_gpu()).then_some(col.index())
     }
 }
 
@@ -344,13 +332,6 @@ impl DisplayAs for SetSelectExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let keys: Vec<String> =
             self.probe_keys.iter().zip(&self.build_keys).map(|(a, b)| format!("({a}, {b})")).collect();
-        let backend = match &self.backend {
-            Backend::Gpu(strategy) => match &self.choice_note {
-                Some(note) => format!("gpu, strategy={strategy}, reason=\"{note}\""),
-                None => format!("gpu, strategy={strategy}"),
-            },
-            Backend::Cpu(reason) => format!("cpu, reason=\"{reason}\""),
-        };
         write!(f, "{}: op={}", self.name(), self.op.name())?;
         if self.is_join() {
             write!(f, ", on=[{}]", keys.join(", "))?;
@@ -363,7 +344,7 @@ impl DisplayAs for SetSelectExec {
             NullMode::Equal => write!(f, ", nulls_equal")?,
             NullMode::NullAware => write!(f, ", null_aware")?,
         }
-        write!(f, ", backend={backend}")?;
+        write!(f, ", {}", self.decision)?;
         if self.partitioned {
             write!(f, ", partitioned")?;
         }
@@ -507,7 +488,7 @@ impl ExecutionPlan for SetSelectExec {
             selector: Selector {
                 op: self.op,
                 nulls: self.nulls,
-                backend: self.backend.clone(),
+                backend: self.decision.backend,
                 key_from_device: self.key_column_in_output(),
                 device_keys: Mutex::new(None),
                 metrics: Metrics::new(&self.metrics),
@@ -624,7 +605,7 @@ impl Run {
         let scan = plan.downcast_ref::<DeviceScanExec>()?;
         // The probe side's rows are output: the device decodes its columns too.
         let keys_only = !probe || self.output == OutputColumns::RowCount || scan.payload().is_some();
-        (keys_only && matches!(self.backend, Backend::Gpu(_)) && self.probe_keys.len() == 1).then_some(scan)
+        (keys_only && self.backend == Backend::Gpu && self.probe_keys.len() == 1).then_some(scan)
     }
 
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
@@ -865,8 +846,8 @@ impl Run {
         // The selection and the device's kept keys, read by every partition's stream.
         let shared = memory.new_empty();
         shared.try_grow(selection.len().div_ceil(8) + key_column.as_ref().map_or(0, |(_, k)| k.len()))?;
-        let out_mem = match &self.backend {
-            Backend::Gpu(_) if cfg.pinned_output => gpu::gpu(cfg.device).ok(),
+        let out_mem = match self.backend {
+            Backend::Gpu if cfg.pinned_output => gpu::gpu(cfg.device).ok(),
             _ => None,
         };
         let spec = OutputSpec {
@@ -896,6 +877,7 @@ mod tests {
 
     use super::*;
     use crate::config::Strategy;
+    use crate::exec::common::Reason;
 
     fn batch(schema: &SchemaRef, rng: &mut rand::rngs::StdRng, n: usize) -> RecordBatch {
         let words = ["", "a", "setfusion", "a string key longer than sixteen bytes", "ß∂ƒ"];
@@ -1033,7 +1015,7 @@ mod tests {
                     if nulls == NullMode::NullAware && op != SetOp::Anti {
                         continue;
                     }
-                    let run = |backend: Backend| {
+                    let run = |decision: Decision| {
                         let probe = MemorySourceConfig::try_new_exec(&probe_parts, schema.clone(), None).unwrap();
                         let build = MemorySourceConfig::try_new_exec(&build_parts, schema.clone(), None).unwrap();
                         Arc::new(
@@ -1044,13 +1026,16 @@ mod tests {
                                 exprs.clone(),
                                 exprs.clone(),
                                 nulls,
-                                backend,
+                                decision,
                                 None,
                             )
                             .unwrap(),
                         )
                     };
-                    let (gpu_exec, cpu_exec) = (run(Backend::Gpu(Strategy::Hash)), run(Backend::Cpu("test".into())));
+                    let (gpu_exec, cpu_exec) = (
+                        run(Decision::gpu(Strategy::Hash, Reason::StrategyForced(Strategy::Hash))),
+                        run(Decision::cpu(Reason::StrategyCpu)),
+                    );
                     let got = datafusion::physical_plan::collect(gpu_exec.clone(), ctx.task_ctx()).await.unwrap();
                     let want = datafusion::physical_plan::collect(cpu_exec, ctx.task_ctx()).await.unwrap();
                     let ran = gpu_exec.ran.lock().unwrap().clone().unwrap_or_default();

@@ -45,7 +45,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
 use crate::config::SetfusionConfig;
-use crate::exec::common::Backend;
+use crate::exec::common::{Backend, Decision};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu;
@@ -64,13 +64,12 @@ pub struct SimilarityJoinExec {
     residual: Option<JoinFilter>,
     /// Projection of the joined (left ++ right) columns.
     projection: Option<Vec<usize>>,
-    backend: Backend,
+    /// The planner's choice (`planner::decision::decide_similarity`), shown in EXPLAIN.
+    decision: Decision,
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     ran: Arc<Mutex<Option<String>>>,
-    /// Why the planner chose the GPU (the CPU reason lives in `Backend::Cpu`).
-    choice_note: Option<String>,
 }
 
 impl SimilarityJoinExec {
@@ -83,7 +82,7 @@ impl SimilarityJoinExec {
         threshold: Threshold,
         residual: Option<JoinFilter>,
         projection: Option<Vec<usize>>,
-        backend: Backend,
+        decision: Decision,
     ) -> Result<Self> {
         threshold.metric.check_threshold(threshold.value).map_err(DataFusionError::Plan)?;
         let (ls, rs) = (left.schema(), right.schema());
@@ -107,26 +106,19 @@ impl SimilarityJoinExec {
             threshold,
             residual,
             projection,
-            backend,
+            decision,
             schema,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             ran: Arc::new(Mutex::new(None)),
-            choice_note: None,
         })
-    }
-
-    /// The planner's reason for a GPU choice, shown in EXPLAIN.
-    pub fn with_choice_note(mut self, note: Option<String>) -> Self {
-        self.choice_note = note;
-        self
     }
 
     pub fn threshold(&self) -> Threshold {
         self.threshold
     }
-    pub fn backend(&self) -> &Backend {
-        &self.backend
+    pub fn decision(&self) -> &Decision {
+        &self.decision
     }
     pub fn set_exprs(&self) -> (&PhysicalExprRef, &PhysicalExprRef) {
         (&self.left_set, &self.right_set)
@@ -136,9 +128,6 @@ impl SimilarityJoinExec {
     }
     pub fn projection(&self) -> Option<&[usize]> {
         self.projection.as_deref()
-    }
-    pub fn choice_note(&self) -> Option<&str> {
-        self.choice_note.as_deref()
     }
 }
 
@@ -156,13 +145,7 @@ impl DisplayAs for SimilarityJoinExec {
         if let Some(r) = &self.residual {
             write!(f, ", filter={}", r.expression())?;
         }
-        match &self.backend {
-            Backend::Gpu(_) => match &self.choice_note {
-                Some(note) => write!(f, ", backend=gpu, reason=\"{note}\"")?,
-                None => write!(f, ", backend=gpu")?,
-            },
-            Backend::Cpu(reason) => write!(f, ", backend=cpu, reason=\"{reason}\"")?,
-        }
+        write!(f, ", {}", self.decision)?;
         super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
     }
 }
@@ -200,19 +183,16 @@ impl ExecutionPlan for SimilarityJoinExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let (left, right) = super::two_children(children, "SimilarityJoinExec")?;
-        Ok(Arc::new(
-            SimilarityJoinExec::try_new(
-                left,
-                right,
-                self.left_set.clone(),
-                self.right_set.clone(),
-                self.threshold,
-                self.residual.clone(),
-                self.projection.clone(),
-                self.backend.clone(),
-            )?
-            .with_choice_note(self.choice_note.clone()),
-        ))
+        Ok(Arc::new(SimilarityJoinExec::try_new(
+            left,
+            right,
+            self.left_set.clone(),
+            self.right_set.clone(),
+            self.threshold,
+            self.residual.clone(),
+            self.projection.clone(),
+            self.decision.clone(),
+        )?))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -227,7 +207,7 @@ impl ExecutionPlan for SimilarityJoinExec {
             threshold: self.threshold,
             residual: self.residual.clone(),
             projection: self.projection.clone(),
-            backend: self.backend.clone(),
+            backend: self.decision.backend,
             schema: self.schema.clone(),
             metrics: Metrics::new(&self.metrics),
             ran: self.ran.clone(),
@@ -285,7 +265,7 @@ struct Run {
 /// CPU. Returns the first collection (a self join's caller needs its sizes),
 /// the pairs and where they were computed.
 pub fn join_raw_sets(
-    backend: &Backend,
+    backend: Backend,
     cfg: &SetfusionConfig,
     memory: Option<&MemoryReservation>,
     r: &RawSets,
@@ -302,8 +282,8 @@ pub fn join_raw_sets(
         (rc, pairs, why)
     };
     match backend {
-        Backend::Cpu(_) => on_cpu(stats, "cpu".into()),
-        Backend::Gpu(_) => {
+        Backend::Cpu => on_cpu(stats, "cpu".into()),
+        Backend::Gpu => {
             let g = match gpu::gpu(cfg.device) {
                 Ok(g) => g,
                 Err(e) => return on_cpu(stats, format!("cpu (GPU failed: {e})")),
@@ -430,7 +410,7 @@ impl Run {
         let timer = Instant::now();
         let thr = self.threshold;
         let skip_diagonal = self.residual.as_ref().is_some_and(|f| rejects_diagonal(f, &left, &right));
-        let backend = self.backend.clone();
+        let backend = self.backend;
         let cfg2 = cfg.clone();
         let held = memory.clone();
         let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
@@ -445,7 +425,7 @@ impl Run {
             let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
             let ran = if same {
                 let (c, pairs, ran) =
-                    join_raw_sets(&backend, &cfg2, Some(held.as_ref()), &enc[0].sets, None, thr, &mut stats);
+                    join_raw_sets(backend, &cfg2, Some(held.as_ref()), &enc[0].sets, None, thr, &mut stats);
                 lidx.reserve(pairs.len() * 2);
                 ridx.reserve(pairs.len() * 2);
                 for (a, b, _) in pairs {
@@ -465,7 +445,7 @@ impl Run {
                 format!("{ran}, self join")
             } else {
                 let (_, pairs, ran) = join_raw_sets(
-                    &backend,
+                    backend,
                     &cfg2,
                     Some(held.as_ref()),
                     &enc[0].sets,

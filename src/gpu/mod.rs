@@ -242,6 +242,30 @@ pub enum Readiness {
     Unavailable(Unavailable),
 }
 
+/// Has anyone opened device `ordinal` or started it in the background?
+fn opened_or_started(ordinal: usize) -> bool {
+    start_of(ordinal).is_some()
+        || DEVICES.get().is_some_and(|m| m.lock().unwrap().get(&ordinal).is_some_and(|slot| slot.get().is_some()))
+}
+
+/// The planner's question, which never opens a device: [`Readiness`], or
+/// None when nobody has opened or started device `ordinal` yet (a driver
+/// library is present). The planner then weighs the whole start and starts
+/// the device only for a plan that uses it ([`start_in_background`]): a
+/// process whose plans keep DataFusion's operators never pays for a device
+/// (on the H100, a started device cost one-query TPC-H SF10 processes
+/// 110-160 ms while DataFusion's plans ran beside it).
+pub fn readiness_if_started(ordinal: usize) -> Option<Readiness> {
+    if disabled() {
+        return Some(Readiness::Unavailable(Unavailable::DriverInit("SETFUSION_DISABLE_GPU=1".into())));
+    }
+    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Some(Readiness::Unavailable(Unavailable::NoDriver));
+    }
+    opened_or_started(ordinal).then(|| readiness(ordinal))
+}
+
 /// See [`Readiness`]. A device nobody started is opened here, synchronously.
 pub fn readiness(ordinal: usize) -> Readiness {
     if disabled() {

@@ -1,6 +1,9 @@
 //! The cost model behind every semi / anti join and set operation (issue 13):
 //! DataFusion's own operator against setfusion's GPU backend, so that a
-//! query is never slower for having setfusion installed.
+//! query is never slower for having setfusion installed. The list functions'
+//! rule ([`list_function_estimate`]) and the similarity join's
+//! ([`similarity_estimate`]) are here too; [`super::decision`] applies them
+//! and is the only caller.
 //!
 //! Both estimates are wall-clock milliseconds from the planner's row
 //! estimates (an upper bound through nodes without one), the key types, the
@@ -26,6 +29,9 @@ use std::sync::OnceLock;
 use datafusion::arrow::datatypes::DataType;
 
 use crate::algo::select::SetOp;
+use crate::algo::ssjoin::{Metric, Threshold};
+use crate::config::Strategy;
+use crate::exec::common::{Decision, Reason};
 use crate::gpu::Readiness;
 
 /// The host's and device's measured rates, as `setfusion doctor` stores them.
@@ -126,6 +132,14 @@ const GPU_STRING_ROW_BYTES: f64 = 24.0;
 /// synchronisations than integer keys, the views' batch table, the inputs
 /// collected before the first upload). Not broken down further yet.
 const GPU_STRING_FIXED_MS: f64 = 40.0;
+/// The host's work per input row of string keys, ns (wall): the key
+/// column's encoding for the device and the host's output filter of the
+/// probe side. Measured on the H100 (TPC-H SF10 `string_in`, 15M probe rows,
+/// warm): key_encode_time 43.7 ms, the output filter ~58 ms wall (926 ms
+/// summed over 16 partitions), setfusion 171 ms against the model's 48 ms
+/// without this term; DataFusion took 80 ms. With it, a semi join on string
+/// keys stays with DataFusion on 16 threads at any size.
+const GPU_STRING_HOST_NS: f64 = 7.0;
 /// What is left of a background start, weighed against a query running beside it.
 const STARTING_FACTOR: f64 = 3.0;
 /// The GPU is chosen when its estimate is below DataFusion's by this factor.
@@ -140,14 +154,6 @@ pub struct Candidate<'a> {
     pub key_types: &'a [DataType],
     /// Threads DataFusion's operator would use (target partitions).
     pub threads: usize,
-}
-
-/// The model's verdict, with the estimate written for EXPLAIN.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    Gpu(String),
-    /// DataFusion's operator (or, where it is wrong, setfusion's CPU backend).
-    Cpu(String),
 }
 
 /// Keys DataFusion compares as more than one fixed-width value.
@@ -184,19 +190,24 @@ fn column_hashed_row_bytes(types: &[DataType]) -> f64 {
     types.iter().map(|t| if string(t) { GPU_STRING_ROW_BYTES } else { 8.0 }).sum::<f64>() + 8.0
 }
 
-/// Estimate DataFusion's and the GPU's time for `c` and choose.
-pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verdict {
+/// Estimate DataFusion's and the GPU's time for `c` and choose: the GPU
+/// (strategy `auto`) or the CPU (DataFusion's operator, or where it is wrong,
+/// setfusion's CPU backend), with the estimate as the reason.
+pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Decision {
     // INTERSECT / EXCEPT ALL must be replaced (DataFusion's answer is wrong): the
     // GPU's rival is then setfusion's own CPU backend.
     let exact_only = matches!(c.op, SetOp::IntersectAll | SetOp::ExceptAll);
     if let Readiness::Unavailable(e) = readiness {
-        return Verdict::Cpu(e.to_string());
+        return Decision::cpu(Reason::NoGpu(e.to_string()));
     }
     let Some(rows) = c.rows else {
         return if exact_only {
-            Verdict::Gpu("cost model: no row estimate; setfusion's CPU backend is the slower exact choice".into())
+            Decision::gpu(
+                Strategy::Auto,
+                Reason::CostModel("no row estimate; setfusion's CPU backend is the slower exact choice".into()),
+            )
         } else {
-            Verdict::Cpu("cost model: no row estimate for an input, so no basis to move it to the GPU".into())
+            Decision::cpu(Reason::CostModel("no row estimate for an input, so no basis to move it to the GPU".into()))
         };
     };
     let n = rows as f64;
@@ -237,7 +248,13 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
     };
     let transfer_ms = n * row_bytes / (cal.upload_gbps * 1e9) * 1e3;
     let row_encoded = row_encoded(c.key_types);
-    let host_ms = if row_encoded { n * GPU_WIDE_HOST_NS / 1e6 } else { 0.0 };
+    let host_ms = if row_encoded {
+        n * GPU_WIDE_HOST_NS / 1e6
+    } else if strings {
+        n * GPU_STRING_HOST_NS / 1e6
+    } else {
+        0.0
+    };
     // Column-hashed keys: the string path's launches and synchronisations, and more (one pass a column).
     let fixed_ms = if strings || columns { GPU_STRING_FIXED_MS } else { GPU_FIXED_MS };
     let gpu_ms = start_left + fixed_ms + transfer_ms + host_ms;
@@ -260,9 +277,9 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Verd
     // The GPU must win by the margin against DataFusion; against setfusion's
     // own CPU backend, any win will do.
     if gpu_ms * if exact_only { 1.0 } else { MARGIN } < cpu_ms {
-        Verdict::Gpu(format!("cost model: {what}"))
+        Decision::gpu(Strategy::Auto, Reason::CostModel(what))
     } else {
-        Verdict::Cpu(format!("cost model: {what}"))
+        Decision::cpu(Reason::CostModel(what))
     }
 }
 
@@ -289,21 +306,101 @@ const GPU_LIST_FIXED_MS: f64 = 1.5;
 /// bytes) and each result element down once (counted as 8 more bytes per
 /// input element). String lists (`strings`) are ranked on the host first,
 /// on either path. A device still starting is not waited for.
-pub fn list_function_estimate(elements: usize, strings: bool, readiness: &Readiness, cal: &Calibration) -> Verdict {
+pub fn list_function_estimate(elements: usize, strings: bool, readiness: &Readiness, cal: &Calibration) -> Decision {
     match readiness {
-        Readiness::Unavailable(e) => return Verdict::Cpu(e.to_string()),
-        Readiness::Starting(_) => return Verdict::Cpu("the device is still starting".into()),
+        Readiness::Unavailable(e) => return Decision::cpu(Reason::NoGpu(e.to_string())),
+        Readiness::Starting(_) => return Decision::cpu(Reason::DeviceStarting),
         Readiness::Ready => {}
     }
     let n = elements as f64;
     let (cpu_ns, host_ns) = if strings { (SF_STRING_LIST_CPU_NS, STRING_RANK_NS) } else { (SF_LIST_CPU_NS, 0.0) };
     let cpu_ms = n * cpu_ns / 1e6;
     let gpu_ms = GPU_LIST_FIXED_MS + n * host_ns / 1e6 + n * 16.0 / (cal.upload_gbps * 1e9) * 1e3;
-    let what = format!("cost model: {elements} list elements: GPU ~{gpu_ms:.1} ms, per-row CPU ~{cpu_ms:.1} ms");
+    let what = format!("{elements} list elements: GPU ~{gpu_ms:.1} ms, per-row CPU ~{cpu_ms:.1} ms");
     if gpu_ms * MARGIN < cpu_ms {
-        Verdict::Gpu(what)
+        Decision::gpu(Strategy::Auto, Reason::CostModel(what))
     } else {
-        Verdict::Cpu(what)
+        Decision::cpu(Reason::CostModel(what))
+    }
+}
+
+// The similarity join's model (issue 29: moved here from planner/similarity.rs,
+// so that one module holds every estimate). The sets' sizes are not known at
+// plan time, so it weighs the threshold and the estimated pairs.
+
+/// Below this many estimated pairs (|left| x |right|, about 5k x 5k sets)
+/// the GPU's fixed cost (uploads, launches, a few syncs) exceeds the whole
+/// CPU join: the SQL run on 4,000 DBLP sets took 24.9 ms on the CPU backend
+/// and 30.6 ms with the GPU (BENCHMARKS.md section 2).
+const MIN_GPU_PAIRS: f64 = 2.5e7;
+/// Jaccard threshold from which the CPU backend is chosen. On the H100 (09:25
+/// run, threaded plan step, GPU ms / 16-thread CPU ms; BENCHMARKS.md section
+/// 2) the GPU won every measured cell of the 18k, 100k and 1M-set collections,
+/// 0.9 included (DBLP 1.7 / 2.8, UNIFORM-100k 3.8 / 10.1, ZIPF-100k 4.2 / 6.9);
+/// an earlier run of the kernel, with the serial plan step, lost at 0.9 on
+/// DBLP and ZIPF. Above the highest measured threshold prefix filtering
+/// leaves the CPU almost no candidates, so the CPU keeps 0.95 and up.
+const JACCARD_CROSSOVER: f64 = 0.95;
+/// Pairs of the largest measured collection (100k x 100k sets).
+const CALIBRATED_PAIRS: f64 = 1e10;
+
+/// The Jaccard threshold with the same prefix-filter selectivity: dice
+/// d = 2j / (1 + j), so j = d / (2 - d); cosine is at least dice, so the dice
+/// bound is used for it too. Overlap (an absolute count) has none.
+fn jaccard_equivalent(t: &Threshold) -> Option<f64> {
+    match t.metric {
+        Metric::Jaccard => Some(t.value),
+        Metric::Dice | Metric::Cosine => Some(t.value / (2.0 - t.value)),
+        Metric::Overlap => None,
+    }
+}
+
+/// The planning-time cost model, from what the rule knows: the metric and
+/// threshold, and the estimated input rows (`pairs` = |left| x |right|, None
+/// when either estimate is missing); the sets' sizes are not known before
+/// execution. Calibrated on H100 measurements (GPU vs 16-thread CPU backend,
+/// Jaccard self joins of 18k and 100k sets, see [`JACCARD_CROSSOVER`]):
+///
+/// * fewer than [`MIN_GPU_PAIRS`] estimated pairs: CPU (`size_floor`;
+///   off when `setfusion.min_rows = 0` asks for the GPU at any size);
+/// * otherwise CPU iff the Jaccard-equivalent threshold is at least the
+///   crossover, 0.95 up to 100k x 100k pairs. CPU work grows with the pairs
+///   and roughly halves with every +0.1 of threshold in the measurements, while the
+///   GPU's fixed cost does not grow with them, so beyond the measured size the
+///   crossover moves up by 0.1 per doubling of the pairs (so 1M x 1M sets go
+///   to the GPU at any threshold; measured there: 7.6x at 0.9 on UNIFORM-1M,
+///   2.7x on ZIPF-1M);
+/// * overlap joins: GPU (no threshold scale to compare).
+pub fn similarity_estimate(t: &Threshold, pairs: Option<f64>, size_floor: bool) -> Decision {
+    let size = match pairs {
+        Some(p) => format!("~{p:.1e} estimated pairs"),
+        None => "unknown input size".to_string(),
+    };
+    if let (Some(p), true) = (pairs, size_floor) {
+        if p < MIN_GPU_PAIRS {
+            return Decision::cpu(Reason::CostModel(format!(
+                "{size} < {MIN_GPU_PAIRS:.1e}: the GPU's fixed cost exceeds the CPU join"
+            )));
+        }
+    }
+    let Some(tj) = jaccard_equivalent(t) else {
+        return Decision::gpu(Strategy::Auto, Reason::CostModel(format!("overlap join, {size}")));
+    };
+    let crossover = match pairs {
+        Some(p) if p > CALIBRATED_PAIRS => JACCARD_CROSSOVER + 0.1 * (p / CALIBRATED_PAIRS).log2(),
+        _ => JACCARD_CROSSOVER,
+    };
+    let what = if t.metric == Metric::Jaccard {
+        format!("jaccard {}", t.value)
+    } else {
+        format!("{} {} (jaccard-equivalent {tj:.3})", t.metric.name(), t.value)
+    };
+    if tj >= crossover {
+        Decision::cpu(Reason::CostModel(format!(
+            "{what} >= crossover {crossover:.2} at {size}: the CPU prefix-filter join was faster there on the H100 measurements"
+        )))
+    } else {
+        Decision::gpu(Strategy::Auto, Reason::CostModel(format!("{what} < crossover {crossover:.2} at {size}")))
     }
 }
 
@@ -320,7 +417,7 @@ mod tests {
     fn gpu_only_where_it_wins() {
         let cal = Calibration { upload_gbps: 40.0, start_ms: 300.0, measured: true };
         let int = [DataType::Int64];
-        let gpu = |v: Verdict| matches!(v, Verdict::Gpu(_));
+        let gpu = |v: Decision| v.on_gpu();
         // Warm device: 200M keys go to the GPU; 10K rows stay with DataFusion.
         assert!(gpu(estimate(&cand(SetOp::Semi, 200_000_000, &int), &Readiness::Ready, &cal)));
         assert!(!gpu(estimate(&cand(SetOp::Semi, 10_000, &int), &Readiness::Ready, &cal)));
@@ -348,13 +445,19 @@ mod tests {
             &Readiness::Starting(Duration::ZERO),
             &cal
         )));
-        // One string column is hashed on the device: the GPU at scale, not for small inputs.
+        // One string column is hashed on the device, but its host work (the key
+        // encoding, the output filter) costs as much a row as DataFusion's join on
+        // 16 threads: TPC-H string_in at SF10 (18M rows) and SF1 stay with
+        // DataFusion, as measured (0.47x on the device at SF10). A string
+        // INTERSECT (DataFusion's aggregate and join) goes to the GPU at scale,
+        // and a semi join with DataFusion on few threads.
         let s = [DataType::Utf8View];
-        assert!(gpu(estimate(&cand(SetOp::Semi, 20_000_000, &s), &Readiness::Ready, &cal)));
-        assert!(!gpu(estimate(&cand(SetOp::Semi, 100_000, &s), &Readiness::Ready, &cal)));
-        // TPC-H string_in: GPU at SF10 (18M rows), DataFusion at SF1 (1.8M rows), as measured.
-        assert!(gpu(estimate(&cand(SetOp::Semi, 18_000_000, &s), &Readiness::Ready, &cal)));
+        assert!(!gpu(estimate(&cand(SetOp::Semi, 18_000_000, &s), &Readiness::Ready, &cal)));
         assert!(!gpu(estimate(&cand(SetOp::Semi, 1_800_000, &s), &Readiness::Ready, &cal)));
+        assert!(!gpu(estimate(&cand(SetOp::Semi, 100_000, &s), &Readiness::Ready, &cal)));
+        assert!(gpu(estimate(&cand(SetOp::IntersectDistinct, 20_000_000, &s), &Readiness::Ready, &cal)));
+        let few_threads = Candidate { threads: 4, ..cand(SetOp::Semi, 20_000_000, &s) };
+        assert!(gpu(estimate(&few_threads, &Readiness::Ready, &cal)));
         // Composite keys with a wide decimal are row-encoded on the host: they lose to DataFusion at any size.
         let rc = [DataType::Utf8, DataType::Decimal128(38, 2)];
         assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &rc), &Readiness::Ready, &cal)));
@@ -366,7 +469,7 @@ mod tests {
         let none = Readiness::Unavailable(crate::gpu::Unavailable::NoDriver);
         assert_eq!(
             estimate(&cand(SetOp::Semi, 1 << 30, &int), &none, &cal),
-            Verdict::Cpu("no NVIDIA driver (libcuda.so not found)".into())
+            Decision::cpu(Reason::NoGpu("no NVIDIA driver (libcuda.so not found)".into()))
         );
     }
 
@@ -376,11 +479,11 @@ mod tests {
     #[test]
     fn composite_string_keys_are_charged_their_columns() {
         let cal = Calibration { upload_gbps: 40.0, start_ms: 300.0, measured: true };
-        let gpu = |v: &Verdict| matches!(v, Verdict::Gpu(_));
+        let gpu = |v: &Decision| v.on_gpu();
         let sc = [DataType::Utf8, DataType::Int64];
         let big = estimate(&cand(SetOp::Semi, 200_000_000, &sc), &Readiness::Ready, &cal);
         assert!(gpu(&big), "{big:?}");
-        let Verdict::Gpu(why) = &big else { unreachable!() };
+        let why = big.reason.to_string();
         assert!(why.contains("hashed column by column") && !why.contains("row-encoded"), "{why}");
         assert!(gpu(&estimate(&cand(SetOp::IntersectDistinct, 18_000_000, &sc), &Readiness::Ready, &cal)));
         assert!(!gpu(&estimate(&cand(SetOp::Semi, 1_000_000, &sc), &Readiness::Ready, &cal)));
@@ -406,7 +509,7 @@ mod tests {
     #[test]
     fn list_functions_go_to_the_gpu_for_large_batches() {
         let cal = Calibration { upload_gbps: 40.0, start_ms: 300.0, measured: true };
-        let gpu = |v: Verdict| matches!(v, Verdict::Gpu(_));
+        let gpu = |v: Decision| v.on_gpu();
         // A default 8192-row batch of lists of ~500 elements: the GPU; a few small rows: the CPU.
         assert!(gpu(list_function_estimate(8_000_000, false, &Readiness::Ready, &cal)));
         assert!(!gpu(list_function_estimate(20_000, false, &Readiness::Ready, &cal)));
@@ -416,5 +519,34 @@ mod tests {
         // String lists: the host's ranking is paid, but the per-row string path is slower still.
         assert!(gpu(list_function_estimate(8_000_000, true, &Readiness::Ready, &cal)));
         assert!(!gpu(list_function_estimate(20_000, true, &Readiness::Ready, &cal)));
+    }
+
+    #[test]
+    fn similarity_model_follows_the_measurements() {
+        let cpu = |d: Decision| !d.on_gpu();
+        let j = |t| Threshold::new(Metric::Jaccard, t);
+        // Unknown size: the crossover.
+        assert!(!cpu(similarity_estimate(&j(0.9), None, true)));
+        assert!(cpu(similarity_estimate(&j(0.95), None, true)));
+        // 18k and 100k self joins: GPU up to 0.9 (measured faster in every
+        // cell), CPU from 0.95 (unmeasured; prefix filters leave ~no work).
+        for n in [18_000f64, 100_000.0] {
+            for t in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9] {
+                assert!(!cpu(similarity_estimate(&j(t), Some(n * n), true)), "{n} {t}");
+            }
+            assert!(cpu(similarity_estimate(&j(0.95), Some(n * n), true)));
+            assert!(cpu(similarity_estimate(&j(1.0), Some(n * n), true)));
+        }
+        // Tiny inputs: CPU at any threshold, unless setfusion.min_rows = 0.
+        assert!(cpu(similarity_estimate(&j(0.3), Some(1000.0 * 1000.0), true)));
+        assert!(!cpu(similarity_estimate(&j(0.3), Some(1000.0 * 1000.0), false)));
+        // 1M x 1M: the crossover passes 1.0 (extrapolated).
+        assert!(!cpu(similarity_estimate(&j(0.9), Some(1e12), true)));
+        // Dice / cosine compare in Jaccard terms; overlap goes to the GPU.
+        // dice 0.98 ~ jaccard 0.961, dice 0.9 ~ jaccard 0.818, cosine 0.8 <= jaccard 0.667.
+        assert!(cpu(similarity_estimate(&Threshold::new(Metric::Dice, 0.98), None, true)));
+        assert!(!cpu(similarity_estimate(&Threshold::new(Metric::Dice, 0.9), None, true)));
+        assert!(!cpu(similarity_estimate(&Threshold::new(Metric::Cosine, 0.8), None, true)));
+        assert!(!cpu(similarity_estimate(&Threshold::new(Metric::Overlap, 3.0), Some(1e9), true)));
     }
 }

@@ -22,7 +22,6 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::config::SetfusionConfig;
-use crate::exec::common::Backend;
 use crate::exec::device_scan::DeviceScanExec;
 use crate::exec::set_select::SetSelectExec;
 
@@ -46,7 +45,7 @@ impl DeviceScanRule {
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         let Some(node) = plan.downcast_ref::<SetSelectExec>() else { return Ok(Transformed::no(plan)) };
         // Only the GPU backend reads keys on the device; a disabled scan leaves the plan (and EXPLAIN) as it was.
-        if !cfg.device_scan || !matches!(node.backend(), Backend::Gpu(_)) {
+        if !cfg.device_scan || !node.decision().on_gpu() {
             return Ok(Transformed::no(plan));
         }
         let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();

@@ -50,7 +50,6 @@ use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::Backend;
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::mark_join::{MarkJoinExec, MarkKind};
 use crate::exec::pair_filter::PairFilter;
@@ -796,13 +795,13 @@ impl ExtensionPlanner for MarkJoinPlanner {
         let cfg = SetfusionConfig::from_options(session_state.config_options());
         let threads = session_state.config_options().execution.target_partitions;
         let probe_arrow = probe.schema();
-        let (backend, note, declined) = if let Some(f) = &filter {
+        let decision = if let Some(f) = &filter {
             let on_types: Vec<DataType> = on.iter().map(|(p, _)| p.data_type(&probe_arrow)).collect::<Result<_>>()?;
             let in_types = match &in_keys {
                 Some((p, b)) => Some((p.data_type(&probe_arrow)?, b.data_type(&build.schema())?)),
                 None => None,
             };
-            let d = super::decide_filtered(
+            super::decision::decide_filtered(
                 &cfg,
                 &probe,
                 &build,
@@ -810,39 +809,30 @@ impl ExtensionPlanner for MarkJoinPlanner {
                 f,
                 in_types.as_ref().map(|(p, b)| (p, b)),
                 threads,
-            );
-            (d.backend, d.note, d.declined)
+            )
         } else {
             let types: Vec<DataType> =
                 on.iter().chain(&in_keys).map(|(p, _)| p.data_type(&probe_arrow)).collect::<Result<_>>()?;
-            let d = super::decide(&cfg, SetOp::Semi, &probe, &build, &types, threads);
-            (d.backend, d.note, d.declined)
+            super::decision::decide(&cfg, SetOp::Semi, &probe, &build, &types, threads)
         };
-        if let Backend::Cpu(reason) = &backend {
-            if cfg.strategy != Strategy::Cpu && datafusion_is_right(node)? {
-                // On the CPU DataFusion's own LeftMark hash join is the faster one, and
-                // here its two-valued mark is right: plan it from the node.
-                crate::util::trace(&format!("setfusion keeps DataFusion's LeftMark join: {reason}"));
-                let join = Join::try_new(
-                    Arc::new(node.probe.clone()),
-                    Arc::new(node.build.clone()),
-                    node.on.iter().chain(&node.in_keys).cloned().collect(),
-                    node.filter.clone(),
-                    JoinType::LeftMark,
-                    JoinConstraint::On,
-                    NullEquality::NullEqualsNothing,
-                    false,
-                )?;
-                let plan = super::plan_subtree(planner, &LogicalPlan::Join(join), session_state).await?;
-                return Ok(Some(if declined {
-                    Arc::new(SetfusionDeclinedExec::new(plan, reason.clone()))
-                } else {
-                    plan
-                }));
-            }
+        if !decision.on_gpu() && cfg.strategy != Strategy::Cpu && datafusion_is_right(node)? {
+            // On the CPU DataFusion's own LeftMark hash join is the faster one, and
+            // here its two-valued mark is right: plan it from the node, saying why.
+            crate::util::trace(&format!("setfusion keeps DataFusion's LeftMark join: {}", decision.reason));
+            let join = Join::try_new(
+                Arc::new(node.probe.clone()),
+                Arc::new(node.build.clone()),
+                node.on.iter().chain(&node.in_keys).cloned().collect(),
+                node.filter.clone(),
+                JoinType::LeftMark,
+                JoinConstraint::On,
+                NullEquality::NullEqualsNothing,
+                false,
+            )?;
+            let plan = super::plan_subtree(planner, &LogicalPlan::Join(join), session_state).await?;
+            return Ok(Some(Arc::new(SetfusionDeclinedExec::new(plan, decision.reason))));
         }
-        let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, backend)?
-            .with_note(note)
+        let exec = MarkJoinExec::try_new(node.kind, probe, build, on, in_keys, filter, &node.mark.name, decision)?
             .with_broadcast_build(cfg.hash_partition_inputs);
         Ok(Some(Arc::new(exec)))
     }

@@ -3,6 +3,7 @@
 //! place of DataFusion's semi/anti joins.
 
 pub mod cost;
+pub mod decision;
 mod device_scan;
 mod mark_join;
 mod outer_decorrelate;
@@ -13,12 +14,9 @@ mod similarity;
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::algo::select::SetOp;
-use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::Backend;
+use crate::config::SetfusionConfig;
 
 pub use device_scan::DeviceScanRule;
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
@@ -129,133 +127,5 @@ pub async fn plan_subtree(
             planner.create_physical_plan(plan, &without_dynamic_filters).await
         }
         None => planner.create_physical_plan(plan, session).await,
-    }
-}
-
-/// GPU or CPU, with the reason for a CPU choice (shown in EXPLAIN). Waits for
-/// a device still starting (the similarity join's rule; the set selections
-/// use [`decide`]).
-pub fn choose_backend(cfg: &SetfusionConfig, rows: Option<usize>, key_types: &[DataType]) -> Backend {
-    if let Some(reason) = forced_cpu(cfg, key_types) {
-        return Backend::Cpu(reason);
-    }
-    if let Err(e) = crate::gpu::available(cfg.device) {
-        return Backend::Cpu(e.to_string());
-    }
-    if let Some(n) = rows {
-        if n < cfg.min_rows {
-            return Backend::Cpu(format!("{n} estimated rows < setfusion.min_rows = {}", cfg.min_rows));
-        }
-    }
-    Backend::Gpu(cfg.strategy)
-}
-
-/// [`decide`] for a semi / anti / mark join with a residual filter. The GPU
-/// finds each probe row's group (fixed-width correlation keys) and evaluates
-/// the filter when it compiles to a device program
-/// ([`crate::exec::pair_filter`]). Without that, only a forced GPU strategy
-/// or `min_rows = 0` takes the device (it then finds the groups, and the host
-/// evaluates the filter); otherwise the CPU, with the reason. The cost model
-/// weighs the correlation keys and the filter's columns, all of which travel.
-#[allow(clippy::too_many_arguments)]
-pub fn decide_filtered(
-    cfg: &SetfusionConfig,
-    a: &Arc<dyn ExecutionPlan>,
-    b: &Arc<dyn ExecutionPlan>,
-    on_types: &[DataType],
-    filter: &crate::exec::pair_filter::PairFilter,
-    in_types: Option<(&DataType, &DataType)>,
-    threads: usize,
-) -> Decision {
-    let forced = cfg.strategy != Strategy::Auto || cfg.min_rows == 0;
-    let device = if on_types.iter().all(|t| crate::keys::is_exact(std::slice::from_ref(t))) {
-        crate::exec::pair_filter::compile(filter, in_types).map(|_| ())
-    } else {
-        Err(format!("correlation keys {on_types:?} are not fixed-width"))
-    };
-    let mut types = on_types.to_vec();
-    types.extend(in_types.map(|(p, _)| p.clone()));
-    types.extend(filter.schema.fields().iter().map(|f| f.data_type().clone()));
-    let d = decide(cfg, SetOp::Semi, a, b, &types, threads);
-    match (&d.backend, device) {
-        (Backend::Gpu(_), Err(why)) if !forced => Decision {
-            backend: Backend::Cpu(format!("residual filter on the host: {why}")),
-            note: None,
-            declined: true,
-        },
-        _ => d,
-    }
-}
-
-/// The reasons for the CPU that need no estimate: settings and key types.
-fn forced_cpu(cfg: &SetfusionConfig, key_types: &[DataType]) -> Option<String> {
-    if !cfg.enabled {
-        return Some("setfusion.enabled = false".into());
-    }
-    if cfg.strategy == Strategy::Cpu {
-        return Some("setfusion.strategy = cpu".into());
-    }
-    crate::keys::unsupported_reason(key_types)
-}
-
-/// The planner's choice for one set selection.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    pub backend: Backend,
-    /// Why the GPU was chosen (the estimate), for EXPLAIN.
-    pub note: Option<String>,
-    /// A usable device was turned down (cost model, `min_rows`): where
-    /// DataFusion's operator stays, EXPLAIN says so above it.
-    pub declined: bool,
-}
-
-/// A set selection's backend, with the estimate behind the choice (for
-/// EXPLAIN). `Backend::Cpu` means DataFusion's own operator where that one is
-/// right, setfusion's CPU backend otherwise (INTERSECT / EXCEPT ALL).
-///
-/// An explicit GPU strategy (`hash`, `bitmap`, `sort`) or `min_rows = 0` takes
-/// the GPU whenever one is usable, waiting for its start; otherwise inputs
-/// under `min_rows` stay on the CPU and the cost model ([`cost::estimate`])
-/// decides, without waiting for a device that is still starting.
-pub fn decide(
-    cfg: &SetfusionConfig,
-    op: SetOp,
-    a: &Arc<dyn ExecutionPlan>,
-    b: &Arc<dyn ExecutionPlan>,
-    key_types: &[DataType],
-    threads: usize,
-) -> Decision {
-    let cpu = |reason: String, declined: bool| Decision { backend: Backend::Cpu(reason), note: None, declined };
-    if let Some(reason) = forced_cpu(cfg, key_types) {
-        return cpu(reason, false);
-    }
-    let forced = cfg.strategy != Strategy::Auto || cfg.min_rows == 0;
-    if forced {
-        crate::gpu::wait_started(cfg.device);
-    }
-    let readiness = crate::gpu::readiness(cfg.device);
-    if let crate::gpu::Readiness::Unavailable(e) = &readiness {
-        return cpu(e.to_string(), false);
-    }
-    if forced {
-        let why = if cfg.strategy != Strategy::Auto {
-            format!("setfusion.strategy = {}", cfg.strategy)
-        } else {
-            "setfusion.min_rows = 0".into()
-        };
-        return Decision { backend: Backend::Gpu(cfg.strategy), note: Some(why), declined: false };
-    }
-    let rows = estimated_input_rows(a, b);
-    if let Some(n) = rows {
-        if n < cfg.min_rows {
-            return cpu(format!("{n} estimated rows < setfusion.min_rows = {}", cfg.min_rows), true);
-        }
-    }
-    // Costed as encoded: a dictionary as its values (string dictionaries as views).
-    let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
-    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads };
-    match cost::estimate(&candidate, &readiness, &cost::Calibration::current()) {
-        cost::Verdict::Gpu(why) => Decision { backend: Backend::Gpu(Strategy::Auto), note: Some(why), declined: false },
-        cost::Verdict::Cpu(why) => cpu(why, true),
     }
 }

@@ -21,7 +21,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::{Backend, NullMode};
+use crate::exec::common::NullMode;
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::set_select::SetSelectExec;
 
@@ -100,17 +100,11 @@ impl SemiJoinRule {
             j.on.into_iter().map(|(l, r)| if keep_left { (l, r) } else { (r, l) }).unzip();
         let schema = keep.schema();
         let types: Vec<_> = keep_keys.iter().map(|k| k.data_type(&schema)).collect::<Result<_>>()?;
-        let super::Decision { backend, note, declined } = super::decide(cfg, op, &keep, &other, &types, threads);
-        if let Backend::Cpu(reason) = &backend {
-            if cfg.strategy != Strategy::Cpu {
-                // DataFusion's join is right and, by the estimate, not slower: keep it.
-                crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join: {reason}", j.join_type));
-                return Ok(if declined {
-                    Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
-                } else {
-                    Transformed::no(plan)
-                });
-            }
+        let decision = super::decision::decide(cfg, op, &keep, &other, &types, threads);
+        if !decision.on_gpu() && cfg.strategy != Strategy::Cpu {
+            // DataFusion's join is right and, by the decision, not slower: keep it, saying why.
+            crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join: {}", j.join_type, decision.reason));
+            return Ok(Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, decision.reason))));
         }
         let nulls = if j.null_aware {
             NullMode::NullAware
@@ -119,8 +113,7 @@ impl SemiJoinRule {
         } else {
             NullMode::NeverEqual
         };
-        let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, backend, j.projection)?
-            .with_note(note)
+        let exec = SetSelectExec::try_new(op, keep, other, keep_keys, other_keys, nulls, decision, j.projection)?
             .with_partitioned_inputs(cfg.hash_partition_inputs)?;
         Ok(Transformed::yes(Arc::new(exec)))
     }
@@ -128,7 +121,7 @@ impl SemiJoinRule {
 
 impl SemiJoinRule {
     /// A semi / anti join with a residual filter: `MarkJoinExec` on the GPU
-    /// when [`super::decide_filtered`] says so (the device finds the groups
+    /// when [`super::decision::decide_filtered`] says so (the device finds the groups
     /// and evaluates the filter), on setfusion's CPU backend under
     /// `strategy = cpu` (tests, comparisons); otherwise DataFusion's join
     /// stays. A null-aware anti join stays DataFusion's.
@@ -158,28 +151,18 @@ impl SemiJoinRule {
             columns,
             schema: filter.schema().clone(),
         };
-        let (backend, note) = if cfg.strategy == Strategy::Cpu {
-            (Backend::Cpu("setfusion.strategy = cpu; residual join filter evaluated on the host".into()), None)
-        } else {
-            let schema = keep.schema();
-            let on_types: Vec<_> = on.iter().map(|(k, _)| k.data_type(&schema)).collect::<Result<_>>()?;
-            let d = super::decide_filtered(cfg, &keep, &other, &on_types, &pair_filter, None, threads);
-            if let Backend::Cpu(reason) = &d.backend {
-                crate::util::trace(&format!(
-                    "setfusion keeps DataFusion's {:?} join with a filter: {reason}",
-                    j.join_type
-                ));
-                return Ok(if d.declined {
-                    Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason.clone())))
-                } else {
-                    Transformed::no(plan)
-                });
-            }
-            (d.backend, d.note)
-        };
+        let schema = keep.schema();
+        let on_types: Vec<_> = on.iter().map(|(k, _)| k.data_type(&schema)).collect::<Result<_>>()?;
+        let decision = super::decision::decide_filtered(cfg, &keep, &other, &on_types, &pair_filter, None, threads);
+        if !decision.on_gpu() && cfg.strategy != Strategy::Cpu {
+            crate::util::trace(&format!(
+                "setfusion keeps DataFusion's {:?} join with a filter: {}",
+                j.join_type, decision.reason
+            ));
+            return Ok(Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, decision.reason))));
+        }
         let exec: Arc<dyn ExecutionPlan> = Arc::new(
-            crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, backend)?
-                .with_note(note)
+            crate::exec::mark_join::MarkJoinExec::semi_or_anti(anti, keep, other, on, pair_filter, decision)?
                 .with_broadcast_build(cfg.hash_partition_inputs),
         );
         let exec = match &j.projection {

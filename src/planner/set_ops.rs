@@ -31,7 +31,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 
 use crate::algo::select::SetOp;
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::{Backend, NullMode};
+use crate::exec::common::NullMode;
 use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::set_select::SetSelectExec;
 
@@ -183,21 +183,15 @@ impl ExtensionPlanner for SetOpPlanner {
         let left_schema = left.schema();
         let types: Vec<_> = left_keys.iter().map(|k| k.data_type(&left_schema)).collect::<Result<_>>()?;
         let threads = session_state.config_options().execution.target_partitions;
-        let super::Decision { backend, note, declined } = super::decide(&cfg, node.op, &left, &right, &types, threads);
+        let decision = super::decision::decide(&cfg, node.op, &left, &right, &types, threads);
         let exact_either_way = matches!(node.op, SetOp::IntersectAll | SetOp::ExceptAll);
-        if let Backend::Cpu(reason) = &backend {
-            if !exact_either_way && cfg.strategy != Strategy::Cpu {
-                // DataFusion's plan of INTERSECT / EXCEPT (distinct) is right and, by the
-                // estimate, not slower than the GPU: rebuild it from the node and plan it.
-                crate::util::trace(&format!("setfusion keeps DataFusion's {}: {reason}", node.op.name()));
-                let plan = datafusion_plan(node, logical_inputs[0], logical_inputs[1])?;
-                let plan = super::plan_subtree(planner, &plan, session_state).await?;
-                return Ok(Some(if declined {
-                    Arc::new(SetfusionDeclinedExec::new(plan, reason.clone()))
-                } else {
-                    plan
-                }));
-            }
+        if !decision.on_gpu() && !exact_either_way && cfg.strategy != Strategy::Cpu {
+            // DataFusion's plan of INTERSECT / EXCEPT (distinct) is right and, by the
+            // decision, not slower than the GPU: rebuild it from the node and plan it, saying why.
+            crate::util::trace(&format!("setfusion keeps DataFusion's {}: {}", node.op.name(), decision.reason));
+            let plan = datafusion_plan(node, logical_inputs[0], logical_inputs[1])?;
+            let plan = super::plan_subtree(planner, &plan, session_state).await?;
+            return Ok(Some(Arc::new(SetfusionDeclinedExec::new(plan, decision.reason))));
         }
         let exec = SetSelectExec::try_new(
             node.op,
@@ -206,10 +200,9 @@ impl ExtensionPlanner for SetOpPlanner {
             left_keys,
             right_keys,
             NullMode::Equal,
-            backend,
+            decision,
             None,
         )?
-        .with_note(note)
         .with_partitioned_inputs(cfg.hash_partition_inputs)?;
         Ok(Some(Arc::new(exec)))
     }

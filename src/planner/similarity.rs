@@ -16,7 +16,7 @@
 //! threshold outside (0, 1] (jaccard, dice, set_cosine) or below 1 (overlap)
 //! is a planning error. Joins not of this form keep DataFusion's plan.
 //!
-//! Backend choice ([`cost_model`]): GPU unless the CPU prefix-filter join is
+//! Backend choice ([`super::cost::similarity_estimate`], through [`super::decision::decide_similarity`]): GPU unless the CPU prefix-filter join is
 //! expected to be faster, from the threshold and the estimated input rows.
 
 use std::sync::Arc;
@@ -36,8 +36,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use crate::algo::ssjoin::{Metric, Threshold};
-use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::Backend;
+use crate::config::SetfusionConfig;
 use crate::exec::similarity_join::SimilarityJoinExec;
 
 #[derive(Debug, Default)]
@@ -240,16 +239,7 @@ impl SimilarityJoinRule {
         let residual = residual_filter(rest, &parts)?;
         let left_set = to_side(&found.left_arg, filter, parts.left)?;
         let right_set = to_side(&found.right_arg, filter, parts.right)?;
-        let rows = super::estimated_input_rows(parts.left, parts.right);
-        let pairs =
-            super::estimated_rows(parts.left).zip(super::estimated_rows(parts.right)).map(|(l, r)| l as f64 * r as f64);
-        let (backend, note) = match super::choose_backend(cfg, rows, &[]) {
-            Backend::Gpu(Strategy::Auto) => match cost_model(&found.threshold, pairs, cfg.min_rows > 0) {
-                Choice::Cpu(why) => (Backend::Cpu(why), None),
-                Choice::Gpu(why) => (Backend::Gpu(Strategy::Auto), Some(why)),
-            },
-            b => (b, None),
-        };
+        let decision = super::decision::decide_similarity(cfg, &found.threshold, parts.left, parts.right);
         let exec = SimilarityJoinExec::try_new(
             parts.left.clone(),
             parts.right.clone(),
@@ -258,9 +248,8 @@ impl SimilarityJoinRule {
             found.threshold,
             residual,
             parts.projection.clone(),
-            backend,
-        )?
-        .with_choice_note(note);
+            decision,
+        )?;
         let exec: Arc<dyn ExecutionPlan> = Arc::new(exec);
         // Keep a hash join's output partitioning for the parents planned on it.
         let exec = match plan.output_partitioning() {
@@ -280,125 +269,5 @@ impl PhysicalOptimizerRule for SimilarityJoinRule {
     }
     fn schema_check(&self) -> bool {
         true
-    }
-}
-
-/// The backend the cost model picks, with the reason shown in EXPLAIN.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Choice {
-    Gpu(String),
-    Cpu(String),
-}
-
-/// Below this many estimated pairs (|left| x |right|, about 5k x 5k sets)
-/// the GPU's fixed cost (uploads, launches, a few syncs) exceeds the whole
-/// CPU join: the SQL run on 4,000 DBLP sets took 24.9 ms on the CPU backend
-/// and 30.6 ms with the GPU (BENCHMARKS.md section 2).
-const MIN_GPU_PAIRS: f64 = 2.5e7;
-/// Jaccard threshold from which the CPU backend is chosen. On the H100 (09:25
-/// run, threaded plan step, GPU ms / 16-thread CPU ms; BENCHMARKS.md section
-/// 2) the GPU won every measured cell of the 18k, 100k and 1M-set collections,
-/// 0.9 included (DBLP 1.7 / 2.8, UNIFORM-100k 3.8 / 10.1, ZIPF-100k 4.2 / 6.9);
-/// an earlier run of the kernel, with the serial plan step, lost at 0.9 on
-/// DBLP and ZIPF. Above the highest measured threshold prefix filtering
-/// leaves the CPU almost no candidates, so the CPU keeps 0.95 and up.
-const JACCARD_CROSSOVER: f64 = 0.95;
-/// Pairs of the largest measured collection (100k x 100k sets).
-const CALIBRATED_PAIRS: f64 = 1e10;
-
-/// The Jaccard threshold with the same prefix-filter selectivity: dice
-/// d = 2j / (1 + j), so j = d / (2 - d); cosine is at least dice, so the dice
-/// bound is used for it too. Overlap (an absolute count) has none.
-fn jaccard_equivalent(t: &Threshold) -> Option<f64> {
-    match t.metric {
-        Metric::Jaccard => Some(t.value),
-        Metric::Dice | Metric::Cosine => Some(t.value / (2.0 - t.value)),
-        Metric::Overlap => None,
-    }
-}
-
-/// The planning-time cost model, from what the rule knows: the metric and
-/// threshold, and the estimated input rows (`pairs` = |left| x |right|, None
-/// when either estimate is missing); the sets' sizes are not known before
-/// execution. Calibrated on H100 measurements (GPU vs 16-thread CPU backend,
-/// Jaccard self joins of 18k and 100k sets, see [`JACCARD_CROSSOVER`]):
-///
-/// * fewer than [`MIN_GPU_PAIRS`] estimated pairs: CPU (`size_floor`;
-///   off when `setfusion.min_rows = 0` asks for the GPU at any size);
-/// * otherwise CPU iff the Jaccard-equivalent threshold is at least the
-///   crossover, 0.95 up to 100k x 100k pairs. CPU work grows with the pairs
-///   and roughly halves with every +0.1 of threshold in the measurements, while the
-///   GPU's fixed cost does not grow with them, so beyond the measured size the
-///   crossover moves up by 0.1 per doubling of the pairs (so 1M x 1M sets go
-///   to the GPU at any threshold; measured there: 7.6x at 0.9 on UNIFORM-1M,
-///   2.7x on ZIPF-1M);
-/// * overlap joins: GPU (no threshold scale to compare).
-pub fn cost_model(t: &Threshold, pairs: Option<f64>, size_floor: bool) -> Choice {
-    let size = match pairs {
-        Some(p) => format!("~{p:.1e} estimated pairs"),
-        None => "unknown input size".to_string(),
-    };
-    if let (Some(p), true) = (pairs, size_floor) {
-        if p < MIN_GPU_PAIRS {
-            return Choice::Cpu(format!(
-                "cost model: {size} < {MIN_GPU_PAIRS:.1e}: the GPU's fixed cost exceeds the CPU join"
-            ));
-        }
-    }
-    let Some(tj) = jaccard_equivalent(t) else {
-        return Choice::Gpu(format!("cost model: overlap join, {size}"));
-    };
-    let crossover = match pairs {
-        Some(p) if p > CALIBRATED_PAIRS => JACCARD_CROSSOVER + 0.1 * (p / CALIBRATED_PAIRS).log2(),
-        _ => JACCARD_CROSSOVER,
-    };
-    let what = if t.metric == Metric::Jaccard {
-        format!("jaccard {}", t.value)
-    } else {
-        format!("{} {} (jaccard-equivalent {tj:.3})", t.metric.name(), t.value)
-    };
-    if tj >= crossover {
-        Choice::Cpu(format!(
-            "cost model: {what} >= crossover {crossover:.2} at {size}: the CPU prefix-filter join was faster there on the H100 measurements"
-        ))
-    } else {
-        Choice::Gpu(format!("cost model: {what} < crossover {crossover:.2} at {size}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cpu(c: Choice) -> bool {
-        matches!(c, Choice::Cpu(_))
-    }
-
-    #[test]
-    fn cost_model_follows_the_measurements() {
-        let j = |t| Threshold::new(Metric::Jaccard, t);
-        // Unknown size: the crossover.
-        assert!(!cpu(cost_model(&j(0.9), None, true)));
-        assert!(cpu(cost_model(&j(0.95), None, true)));
-        // 18k and 100k self joins: GPU up to 0.9 (measured faster in every
-        // cell), CPU from 0.95 (unmeasured; prefix filters leave ~no work).
-        for n in [18_000f64, 100_000.0] {
-            for t in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9] {
-                assert!(!cpu(cost_model(&j(t), Some(n * n), true)), "{n} {t}");
-            }
-            assert!(cpu(cost_model(&j(0.95), Some(n * n), true)));
-            assert!(cpu(cost_model(&j(1.0), Some(n * n), true)));
-        }
-        // Tiny inputs: CPU at any threshold, unless setfusion.min_rows = 0.
-        assert!(cpu(cost_model(&j(0.3), Some(1000.0 * 1000.0), true)));
-        assert!(!cpu(cost_model(&j(0.3), Some(1000.0 * 1000.0), false)));
-        // 1M x 1M: the crossover passes 1.0 (extrapolated).
-        assert!(!cpu(cost_model(&j(0.9), Some(1e12), true)));
-        // Dice / cosine compare in Jaccard terms; overlap goes to the GPU.
-        // dice 0.98 ~ jaccard 0.961, dice 0.9 ~ jaccard 0.818, cosine 0.8 <= jaccard 0.667.
-        assert!(cpu(cost_model(&Threshold::new(Metric::Dice, 0.98), None, true)));
-        assert!(!cpu(cost_model(&Threshold::new(Metric::Dice, 0.9), None, true)));
-        assert!(!cpu(cost_model(&Threshold::new(Metric::Cosine, 0.8), None, true)));
-        assert!(!cpu(cost_model(&Threshold::new(Metric::Overlap, 3.0), Some(1e9), true)));
     }
 }

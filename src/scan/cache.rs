@@ -25,7 +25,7 @@ use std::time::UNIX_EPOCH;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
 
-use super::{DeviceDecoded, ScanFile};
+use super::{DeviceDecoded, Keep, ScanFile};
 use crate::gpu::{DeviceBuffer, Gpu};
 
 /// What identifies one cached column: every file as it is on disk now.
@@ -34,8 +34,8 @@ pub struct CacheKey {
     files: Vec<(PathBuf, u64, u128, Vec<(u64, u64)>)>,
     column: String,
     data_type: DataType,
-    /// The key range the scan's row groups were chosen by (None: all of them).
-    keep: Option<(i64, i64)>,
+    /// The row groups the scan read.
+    keep: Keep,
 }
 
 impl CacheKey {
@@ -50,11 +50,11 @@ impl CacheKey {
                 Some((f.path.clone(), meta.len(), modified, f.ranges.clone()))
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(Self { files, column: column.to_string(), data_type: data_type.clone(), keep: None })
+        Some(Self { files, column: column.to_string(), data_type: data_type.clone(), keep: Keep::default() })
     }
 
-    /// The same scan restricted to the row groups that may hold a key in `keep`.
-    pub fn within(mut self, keep: Option<(i64, i64)>) -> Self {
+    /// The same scan restricted to the row groups `keep` leaves.
+    pub fn within(mut self, keep: Keep) -> Self {
         self.keep = keep;
         self
     }

@@ -187,10 +187,18 @@ mod tests {
                         // The device decodes the same keys (read, inflated and decoded as a query would).
                         if let Some(gpu) = &gpu {
                             let mut stats = crate::gpu::TransferStats::default();
-                            let d =
-                                crate::scan::scan_to_device(gpu, &scan, column, arrow_type, None, 0, None, &mut stats)
-                                    .unwrap_or_else(|e| panic!("{name} column {column} on the device: {e}"))
-                                    .unwrap_or_else(|f| panic!("{name} column {column} on the device: {}", f.0));
+                            let d = crate::scan::scan_to_device(
+                                gpu,
+                                &scan,
+                                column,
+                                arrow_type,
+                                &Default::default(),
+                                0,
+                                None,
+                                &mut stats,
+                            )
+                            .unwrap_or_else(|e| panic!("{name} column {column} on the device: {e}"))
+                            .unwrap_or_else(|f| panic!("{name} column {column} on the device: {}", f.0));
                             let dev = crate::scan::decode::download_decoded(gpu, &d.0, &mut stats).unwrap();
                             if let Err(why) = compare(&dev, &keys, &valid) {
                                 panic!("{name} column {column} ({arrow_type}) on the device: {why}");

@@ -3,18 +3,21 @@
 //! ([`PqPage`], the contract of `kernels/parquet_decode.cu`).
 //!
 //! Footers are read with the parquet crate; every row group of the files is
-//! read (the scan is only chosen without a predicate: see
-//! [`crate::exec::device_scan`]), except those a key range rules out
-//! ([`plan_scan_within`]: the other side's key range, for the operators
-//! whose unmatched rows are dropped). What the device cannot decode is
-//! reported as a [`Fallback`] reason, never decoded wrongly.
+//! read except those a [`Keep`] rules out: the other side's key range (for
+//! the operators whose unmatched rows are dropped), and the row groups
+//! DataFusion's pruning predicate for the input's filter rules out
+//! ([`prune_row_groups`]: the row groups' statistics, as DataFusion's own
+//! Parquet scan prunes them). What the device cannot decode is reported as a
+//! [`Fallback`] reason, never decoded wrongly.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_expr::PhysicalExprRef;
 use parquet::basic::{Compression, LogicalType, Type as PhysicalType};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
@@ -124,6 +127,67 @@ pub struct ScanFile {
     pub ranges: Vec<(u64, u64)>,
 }
 
+/// Which row groups of a scan's files are read (the default: all of them).
+/// Every column of one input is read with the same `Keep`, so their rows
+/// stay aligned.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Keep {
+    /// Only the row groups whose key statistics show a NULL or a value in
+    /// this range (signed 64-bit key values, both ends included).
+    pub key_range: Option<(i64, i64)>,
+    /// Per file (in the scan's order), whether each row group may hold a row
+    /// the input's filter keeps ([`prune_row_groups`]); None: every one may.
+    pub row_groups: Option<Arc<Vec<Vec<bool>>>>,
+}
+
+impl Keep {
+    /// Only the row groups that may hold a key in `range` (None: all).
+    pub fn key_range(range: Option<(i64, i64)>) -> Self {
+        Keep { key_range: range, row_groups: None }
+    }
+}
+
+/// The row groups of `files` that may hold a row `predicate` (over
+/// `file_schema`, the files' columns by their index) keeps, per file, decided
+/// from the row groups' statistics by DataFusion's own pruning
+/// (`PruningPredicate`, `RowGroupAccessPlanFilter::prune_by_statistics`): the
+/// row groups DataFusion's Parquet scan would read for the same predicate.
+/// None when nothing is pruned (or the predicate cannot prune).
+pub fn prune_row_groups(
+    files: &[ScanFile],
+    file_schema: &SchemaRef,
+    predicate: &PhysicalExprRef,
+) -> Result<Option<Arc<Vec<Vec<bool>>>>> {
+    use datafusion::datasource::physical_plan::parquet::{
+        ParquetAccessPlan, ParquetFileMetrics, RowGroupAccessPlanFilter,
+    };
+    use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
+    use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+    // A predicate the statistics cannot decide prunes nothing (DataFusion's scan reads every row group then too).
+    let Ok(pruning) = PruningPredicateBuilder::new().with_file_schema(file_schema.clone()).try_build(predicate.clone())
+    else {
+        return Ok(None);
+    };
+    if pruning.always_true() {
+        return Ok(None);
+    }
+    let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
+    let metrics = ExecutionPlanMetricsSet::new();
+    let mut any = false;
+    let mut keep = Vec::with_capacity(files.len());
+    for (file, meta) in files.iter().zip(&footers) {
+        let groups = meta.row_groups();
+        let mut access = RowGroupAccessPlanFilter::new(ParquetAccessPlan::new_all(groups.len()));
+        let file_metrics = ParquetFileMetrics::new(0, &file.path.to_string_lossy(), &metrics);
+        access.prune_by_statistics(file_schema, meta.file_metadata().schema_descr(), groups, &pruning, &file_metrics);
+        let plan = access.build();
+        let read: Vec<bool> = (0..groups.len()).map(|i| plan.should_scan(i)).collect();
+        any |= read.iter().any(|r| !r);
+        keep.push(read);
+    }
+    Ok(any.then(|| Arc::new(keep)))
+}
+
 /// One column chunk to read.
 #[derive(Debug, Clone)]
 struct Chunk {
@@ -147,7 +211,7 @@ pub struct ScanPlan {
     pub def_max: u64,
     /// Compressed bytes to read.
     pub bytes: u64,
-    /// Row groups left out by the key range, of all.
+    /// Row groups left out by the [`Keep`] (key range or statistics), of all.
     pub row_groups_pruned: usize,
     pub row_groups: usize,
 }
@@ -292,16 +356,15 @@ pub fn plan_scan(
     column: &str,
     arrow: &DataType,
 ) -> Result<std::result::Result<ScanPlan, Fallback>> {
-    plan_scan_within(files, column, arrow, None)
+    plan_scan_within(files, column, arrow, &Keep::default())
 }
 
-/// [`plan_scan`], leaving out the row groups whose statistics show no NULL
-/// and no value inside `keep` (signed 64-bit key values, both ends included).
+/// [`plan_scan`] of the row groups `keep` leaves.
 pub fn plan_scan_within(
     files: &[ScanFile],
     column: &str,
     arrow: &DataType,
-    keep: Option<(i64, i64)>,
+    keep: &Keep,
 ) -> Result<std::result::Result<ScanPlan, Fallback>> {
     if !supported_type(arrow) {
         return fallback(format!("type {arrow}"));
@@ -338,9 +401,18 @@ pub fn plan_scan_within(
         }
         width = if descr.physical_type() == PhysicalType::INT32 { 4 } else { 8 };
         def_max = def_max.max(descr.max_def_level() as u64);
-        for rg in meta.row_groups() {
+        let listed = keep.row_groups.as_ref().map(|k| k.get(fi).map(Vec::as_slice).unwrap_or_default());
+        if listed.is_some_and(|l| l.len() != meta.row_groups().len()) {
+            // The footer changed since the row groups were chosen.
+            return fallback(format!("{} changed while it was scanned", file.path.display()));
+        }
+        for (rgi, rg) in meta.row_groups().iter().enumerate() {
             row_groups += 1;
-            if let (Some((lo, hi)), Some((min, max, Some(0)))) = (keep, int_stats(rg, ci)) {
+            if listed.is_some_and(|l| !l[rgi]) {
+                row_groups_pruned += 1;
+                continue;
+            }
+            if let (Some((lo, hi)), Some((min, max, Some(0)))) = (keep.key_range, int_stats(rg, ci)) {
                 if max < lo || min > hi {
                     row_groups_pruned += 1;
                     continue;

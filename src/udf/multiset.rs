@@ -33,7 +33,9 @@
 //! `sorted_intersect` (kernels/sorted_intersect.cu), scans for the output
 //! positions), else row by row on the CPU
 //! ([`crate::algo::multiset::list_op_cpu`]); both give the same array and
-//! the same errors. The choice is made per batch by [`choose_gpu`]:
+//! the same errors. The choice is made per batch by
+//! [`crate::planner::decision::list_function`] (the batch's size is known only
+//! at run time):
 //! * `setfusion.strategy = 'cpu'`: the CPU;
 //! * `auto` (the default): the CPU when the batch's lists (both arguments)
 //!   hold fewer than `setfusion.min_rows` elements, or when the cost rule
@@ -51,7 +53,7 @@
 //! maps back; the cost rule counts the ranking on both sides.
 //! `set_intersect_agg` over integers intersects on the device by the
 //! session's settings ([`intersect_integer_lists`]: under `auto` from
-//! [`KWAY_GPU_MIN_ELEMENTS`] elements a batch). An aggregate's accumulator
+//! [`crate::planner::decision::KWAY_GPU_MIN_ELEMENTS`] elements a batch). An aggregate's accumulator
 //! sees no session settings in DataFusion 55, so [`IntersectAggSettingsRule`]
 //! (an analyzer rule, which does see them) writes them into the function when
 //! a query is planned.
@@ -82,9 +84,8 @@ use crate::algo::multiset::{
 };
 use crate::algo::segmented::ListKey;
 use crate::algo::sorted_intersect::sorted_intersect;
-use crate::config::{SetfusionConfig, Strategy};
-use crate::gpu::{self, Gpu, TransferStats};
-use crate::planner::cost::{list_function_estimate, Calibration, Verdict};
+use crate::config::SetfusionConfig;
+use crate::gpu::{self, TransferStats};
 
 /// The scalar functions of this module (added to [`super::functions`]).
 pub fn scalar_functions() -> Vec<Arc<ScalarUDF>> {
@@ -117,30 +118,17 @@ pub trait ListElem: Ord + Clone + Debug + Send + Sync + 'static {
     }
 }
 
-/// `set_intersect_agg`'s inputs (all lists of a batch and the running
-/// intersection) from this many elements in total go to the device.
-pub const KWAY_GPU_MIN_ELEMENTS: usize = 1 << 22;
-
 /// [`intersect_k`] for integer lists: on the device ([`intersect_k_gpu`],
-/// SvS with one thread per candidate) when [`device_for`] gives one under
+/// SvS with one thread per candidate) when [`crate::planner::decision::k_way`] gives one under
 /// the session's settings (`settings` None, a function that was not
-/// analyzed: the defaults), `auto` weighing [`KWAY_GPU_MIN_ELEMENTS`] and
+/// analyzed: the defaults), `auto` weighing its size and
 /// the device's start; else, or when the device fails (out of memory
 /// included), on the CPU. `SETFUSION_DISABLE_GPU=1` keeps it on the CPU.
 pub fn intersect_integer_lists<T: ListKey>(lists: &[Vec<T>], settings: Option<&SetfusionConfig>) -> Vec<T> {
     let defaults = SetfusionConfig::default();
     let cfg = settings.unwrap_or(&defaults);
     let total: usize = lists.iter().map(|l| l.len()).sum();
-    let kway_rule = || {
-        if total < KWAY_GPU_MIN_ELEMENTS {
-            Verdict::Cpu(format!("{total} list elements < {KWAY_GPU_MIN_ELEMENTS}"))
-        } else if !matches!(gpu::readiness(cfg.device), gpu::Readiness::Ready) {
-            Verdict::Cpu("the device is not ready".into())
-        } else {
-            Verdict::Gpu(String::new())
-        }
-    };
-    if let Ok(g) = device_for(cfg, total, kway_rule) {
+    if let Ok((g, _)) = crate::planner::decision::k_way(cfg, total) {
         let lease = g.lease(cfg.memory_limit.0);
         if let Ok(v) = intersect_k_gpu(&lease, lists, &mut TransferStats::default()) {
             return v;
@@ -308,11 +296,11 @@ impl ScalarUDFImpl for ListPairUdf {
     }
 }
 
-/// Integer lists: the segmented GPU kernels when [`choose_gpu`] says so,
+/// Integer lists: the segmented GPU kernels when [`crate::planner::decision::list_function`] says so,
 /// else the per-row CPU twin (the same results, errors included). A device
 /// that runs out of memory hands the batch back to the CPU.
 fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
-    if let Ok(g) = choose_gpu(cfg, list_elements(a)? + list_elements(b)?, false) {
+    if let Ok((g, _)) = crate::planner::decision::list_function(cfg, list_elements(a)? + list_elements(b)?, false) {
         // The host's share before the device is taken (partitions prepare in parallel).
         let prepared = PreparedLists::new::<T>(a, b)?;
         let lease = g.lease(cfg.memory_limit.0);
@@ -326,7 +314,7 @@ fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef
 
 /// String lists: ranked ([`StringRanks`]: the batch's distinct strings
 /// numbered in byte order, one hash lookup per element), then the integer
-/// rules on the ranks, on the device when [`choose_gpu`] says so (a device
+/// rules on the ranks, on the device when [`crate::planner::decision::list_function`] says so (a device
 /// error hands the batch to the CPU) or per row on the CPU, and the ranks
 /// mapped back to strings. Sorting and merging numbers is ~2x faster than
 /// sorting and merging strings, so the CPU path ranks too. An unsorted
@@ -339,7 +327,8 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
         return evaluate_pair::<String>(op, a, b); // every row NULL
     }
     let ranked = StringRanks::new(a, b)?;
-    let device = choose_gpu(cfg, list_elements(a)? + list_elements(b)?, true).ok().and_then(|g| {
+    let elements = list_elements(a)? + list_elements(b)?;
+    let device = crate::planner::decision::list_function(cfg, elements, true).ok().and_then(|(g, _)| {
         let prepared = PreparedLists::new::<u64>(&ranked.a, &ranked.b).ok()?;
         let lease = g.lease(cfg.memory_limit.0);
         prepared.run::<u64>(&lease, op, &mut TransferStats::default()).ok()
@@ -353,49 +342,6 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
         Err(_) if op == PairOp::SortedIntersect => evaluate_pair::<String>(op, a, b),
         Err(e) => Err(e),
     }
-}
-
-/// The device for a batch of `elements` list elements (of strings when
-/// `strings`), or why not: CPU when `setfusion.strategy = cpu`; under
-/// `auto`, CPU below `setfusion.min_rows` elements and wherever
-/// [`list_function_estimate`] prefers it (no device, a device still
-/// starting, small batches); any other strategy forces the GPU when one is
-/// usable.
-pub fn choose_gpu(
-    cfg: &SetfusionConfig,
-    elements: usize,
-    strings: bool,
-) -> std::result::Result<std::sync::Arc<Gpu>, String> {
-    device_for(cfg, elements, || {
-        list_function_estimate(elements, strings, &gpu::readiness(cfg.device), &Calibration::current())
-    })
-}
-
-/// The strategy rule every list function shares, for a batch of `elements`
-/// elements: `cpu` never takes the device; `auto` takes it from
-/// `setfusion.min_rows` elements where `auto_rule` says so (`min_rows = 0`,
-/// the slt gpu mode: whenever one is usable); `hash` / `bitmap` / `sort`
-/// force it when one is usable. Err: why not.
-fn device_for(
-    cfg: &SetfusionConfig,
-    elements: usize,
-    auto_rule: impl FnOnce() -> Verdict,
-) -> std::result::Result<std::sync::Arc<Gpu>, String> {
-    match cfg.strategy {
-        Strategy::Cpu => return Err("setfusion.strategy = cpu".into()),
-        Strategy::Auto => {
-            if elements < cfg.min_rows {
-                return Err(format!("{elements} list element(s) < setfusion.min_rows = {}", cfg.min_rows));
-            }
-            if cfg.min_rows > 0 {
-                if let Verdict::Cpu(why) = auto_rule() {
-                    return Err(why);
-                }
-            }
-        }
-        _ => gpu::wait_started(cfg.device),
-    }
-    gpu::gpu(cfg.device).map_err(|e| e.to_string())
 }
 
 /// The per-row CPU path of the two-list functions.
@@ -599,6 +545,7 @@ mod tests {
     use datafusion::arrow::array::ListArray;
 
     use super::*;
+    use crate::config::Strategy;
 
     fn int_lists(rows: &[Option<Vec<Option<i64>>>]) -> ArrayRef {
         Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().cloned()))

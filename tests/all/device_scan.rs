@@ -308,9 +308,14 @@ fn device_cache_serves_unchanged_files_only() {
     });
 }
 
+/// A filtered input whose filter rules out all but two row groups of a sorted column.
+const PRUNED_BY_FILTER: &str = "SELECT count(*) FROM big WHERE k BETWEEN 4000 AND 5999 AND k IN (SELECT k FROM small)";
+
 /// IN / INTERSECT read only the probe row groups the build side's key range
 /// (its files' statistics) can match, as DataFusion's dynamic filter prunes
-/// them; NOT IN / EXCEPT read every row group. Answers equal DataFusion's.
+/// them; NOT IN / EXCEPT read every row group. A filtered input reads only
+/// the row groups whose statistics allow a row its filter keeps, as
+/// DataFusion's scan prunes them. Answers equal DataFusion's.
 #[test]
 fn probe_row_groups_outside_the_build_range_are_not_read() {
     let _device = crate::common::shared_device();
@@ -368,8 +373,23 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
             "SELECT count(*) FROM (SELECT k FROM big_nulls INTERSECT ALL SELECT k FROM small)",
             "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)",
             "SELECT count(*) FROM (SELECT k FROM big EXCEPT SELECT k FROM small)",
+            // Filtered inputs: their row groups pruned by the statistics against the filter.
+            PRUNED_BY_FILTER,
+            "SELECT count(*) FROM small WHERE k NOT IN (SELECT k FROM big_nulls WHERE k >= 5100)",
+            "SELECT count(*) FROM small WHERE k NOT IN (SELECT k FROM big_nulls WHERE k >= 5100 OR k IS NULL)",
+            "SELECT count(*) FROM (SELECT k FROM big_nulls WHERE k < 5200 EXCEPT ALL SELECT k FROM small)",
+            "SELECT k FROM big WHERE k < 2500 AND k NOT IN (SELECT k FROM small)",
+            "SELECT k FROM big_nulls WHERE k > 17000 AND NOT EXISTS (SELECT 1 FROM small WHERE small.k = big_nulls.k)",
         ] {
             assert_eq!(rows(&device, sql).await, rows(&plain, sql).await, "{sql}");
+        }
+        if gpu {
+            let analyzed = explain(&device, PRUNED_BY_FILTER, true).await;
+            assert!(analyzed.contains("filtered on the device"), "{analyzed}");
+            assert!(
+                analyzed.contains("18 of 20 row groups pruned by their statistics against the filter"),
+                "{analyzed}"
+            );
         }
         if gpu {
             let analyzed = explain(&device, "SELECT count(*) FROM big WHERE k IN (SELECT k FROM small)", true).await;
