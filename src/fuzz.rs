@@ -718,24 +718,32 @@ fn mismatch(
     DataFusionError::Execution(msg)
 }
 
-/// The CLI command: parse options, run, print the report; exit status 1 on a mismatch.
-pub async fn cli(args: Vec<String>) -> Result<i32> {
-    let mut opts = FuzzOptions::default();
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| -> Result<u64> {
-            it.next().and_then(|v| v.parse().ok()).ok_or_else(|| {
-                DataFusionError::Configuration(format!("fuzz {name} needs a number (see setfusion --help)"))
-            })
-        };
-        match a.as_str() {
-            "--queries" => opts.queries = value("--queries")? as usize,
-            "--seed" => opts.seed = value("--seed")?,
-            "--max-rows" => opts.max_rows = value("--max-rows")? as usize,
-            "--cpu-only" => opts.gpu = false,
-            other => return Err(DataFusionError::Configuration(format!("fuzz: unknown argument '{other}'"))),
-        }
+/// `setfusion fuzz`'s options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FuzzArgs {
+    /// Queries to run (20 per round of fresh tables)
+    #[arg(long, value_name = "N", default_value_t = FuzzOptions::default().queries)]
+    pub queries: usize,
+    /// Seed of the random tables and queries
+    #[arg(long, value_name = "S", default_value_t = FuzzOptions::default().seed)]
+    pub seed: u64,
+    /// Largest table drawn (about one table in ten is large)
+    #[arg(long, value_name = "N", default_value_t = FuzzOptions::default().max_rows)]
+    pub max_rows: usize,
+    /// Only the CPU backends, even where a GPU is usable
+    #[arg(long)]
+    pub cpu_only: bool,
+}
+
+impl From<FuzzArgs> for FuzzOptions {
+    fn from(a: FuzzArgs) -> Self {
+        FuzzOptions { queries: a.queries, seed: a.seed, max_rows: a.max_rows, gpu: !a.cpu_only }
     }
+}
+
+/// The CLI command: run, print the report; exit status 1 on a mismatch.
+pub async fn cli(args: FuzzArgs) -> Result<i32> {
+    let opts = FuzzOptions::from(args);
     let t = std::time::Instant::now();
     match run(&opts).await {
         Ok(r) => {

@@ -27,38 +27,21 @@ use datafusion::error::{DataFusionError, Result};
 use crate::algo::families::{self, Family, PairSpace};
 use crate::gpu::TransferStats;
 
-struct Args {
-    sizes: Vec<usize>,
-    kinds: Vec<String>,
-    cpu_max: usize,
-    runs: usize,
-}
-
-fn parse(args: Vec<String>) -> Result<Args> {
-    let mut a = Args {
-        sizes: vec![5_000, 10_000, 20_000, 50_000],
-        kinds: vec!["uniform".into(), "similar".into()],
-        cpu_max: 10_000,
-        runs: 3,
-    };
-    let mut it = args.into_iter();
-    let bad = |m: String| DataFusionError::Plan(format!("bench families: {m}"));
-    while let Some(x) = it.next() {
-        let mut val = || it.next().ok_or_else(|| bad(format!("{x} needs a value")));
-        match x.as_str() {
-            "--sizes" => {
-                a.sizes = val()?
-                    .split(',')
-                    .map(|s| s.trim().parse().map_err(|_| bad(format!("bad size {s}"))))
-                    .collect::<Result<_>>()?
-            }
-            "--kinds" => a.kinds = val()?.split(',').map(|s| s.trim().to_string()).collect(),
-            "--cpu-max" => a.cpu_max = val()?.parse().map_err(|_| bad("bad --cpu-max".into()))?,
-            "--runs" => a.runs = val()?.parse::<usize>().map_err(|_| bad("bad --runs".into()))?.max(1),
-            other => return Err(bad(format!("unknown argument {other}"))),
-        }
-    }
-    Ok(a)
+/// `setfusion bench families`' options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Sets per family (k = k'), one measurement per size
+    #[arg(long, value_name = "K,..", value_delimiter = ',', default_values_t = [5_000, 10_000, 20_000, 50_000])]
+    pub sizes: Vec<usize>,
+    /// Kinds of families (see the module documentation)
+    #[arg(long, value_name = "KIND,..", value_delimiter = ',', value_parser = ["uniform", "similar"], default_values = ["uniform", "similar"])]
+    pub kinds: Vec<String>,
+    /// Largest size the CPU backend runs
+    #[arg(long, value_name = "K", default_value_t = 10_000)]
+    pub cpu_max: usize,
+    /// Timed runs per measurement (the median); 0 counts as 1
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub runs: usize,
 }
 
 /// The "similar" families: see the module documentation.
@@ -116,8 +99,8 @@ async fn sql_time(f: &Family, g: &Family, cpu: bool, runs: usize) -> Result<(Dur
     Ok((super::median(times), rows))
 }
 
-pub async fn run(args: Vec<String>) -> Result<()> {
-    let a = parse(args)?;
+pub async fn run(mut a: Options) -> Result<()> {
+    a.runs = a.runs.max(1);
     let gpu = crate::gpu::gpu(0).ok();
     if gpu.is_none() {
         println!("no GPU: CPU backend only");

@@ -53,49 +53,59 @@ struct Args {
     strings: bool,
 }
 
-fn parse(args: Vec<String>) -> Result<Args> {
-    let mut a = Args {
-        rows: 10_000_000,
-        max_len: 1000,
-        domain: 10_000,
-        partitions: 16,
-        batch_rows: 8192,
-        queries: 1000,
-        terms: 64,
-        max_list: 10_000_000,
-        skip_rows: false,
-        skip_kway: false,
-        strings: false,
-    };
-    let mut it = args.into_iter();
-    let bad = |m: String| DataFusionError::Plan(format!("bench lists: {m}"));
-    while let Some(x) = it.next() {
-        if x == "--skip-rows" {
-            a.skip_rows = true;
-            continue;
-        }
-        if x == "--skip-kway" {
-            a.skip_kway = true;
-            continue;
-        }
-        if x == "--strings" {
-            a.strings = true;
-            continue;
-        }
-        let v: usize = it.next().and_then(|v| v.parse().ok()).ok_or_else(|| bad(format!("{x} needs a number")))?;
-        match x.as_str() {
-            "--rows" => a.rows = v,
-            "--max-len" => a.max_len = v.max(10),
-            "--domain" => a.domain = v.clamp(1, i32::MAX as usize) as i32,
-            "--partitions" => a.partitions = v.max(1),
-            "--batch-rows" => a.batch_rows = v.max(1),
-            "--queries" => a.queries = v,
-            "--terms" => a.terms = v.max(2),
-            "--max-list" => a.max_list = v.max(1000),
-            other => return Err(bad(format!("unknown argument {other}"))),
-        }
+/// `setfusion bench lists`' options (see the module documentation).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// (a) rows of list pairs
+    #[arg(long, value_name = "N", default_value_t = 10_000_000)]
+    pub rows: usize,
+    /// (a) longest list (lists have 10 to N values; at least 10)
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_len: usize,
+    /// (a) values are drawn from [0, N)
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub domain: usize,
+    /// (a) partitions of the memory table
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub partitions: usize,
+    /// (a) rows per batch (DataFusion's default batch size)
+    #[arg(long, value_name = "N", default_value_t = 8192)]
+    pub batch_rows: usize,
+    /// (a) the values written as strings (Utf8 lists)
+    #[arg(long)]
+    pub strings: bool,
+    /// (b) k-way intersection queries
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub queries: usize,
+    /// (b) posting lists (at least 2)
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub terms: usize,
+    /// (b) longest posting list (at least 1000)
+    #[arg(long, value_name = "N", default_value_t = 10_000_000)]
+    pub max_list: usize,
+    /// Skip (a), the list functions over rows
+    #[arg(long)]
+    pub skip_rows: bool,
+    /// Skip (b), the k-way intersection
+    #[arg(long)]
+    pub skip_kway: bool,
+}
+
+/// The options with their floors applied.
+fn settings(o: Options) -> Args {
+    Args {
+        rows: o.rows,
+        max_len: o.max_len.max(10),
+        domain: o.domain.clamp(1, i32::MAX as usize) as i32,
+        partitions: o.partitions.max(1),
+        batch_rows: o.batch_rows.max(1),
+        queries: o.queries,
+        terms: o.terms.max(2),
+        max_list: o.max_list.max(1000),
+        skip_rows: o.skip_rows,
+        skip_kway: o.skip_kway,
+        strings: o.strings,
     }
-    Ok(a)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -301,8 +311,8 @@ fn bench_kway(a: &Args, report: &mut String) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(args: Vec<String>) -> Result<()> {
-    let a = parse(args)?;
+pub async fn run(options: Options) -> Result<()> {
+    let a = settings(options);
     let mut report = String::from("## setfusion bench lists\n\n");
     if !a.skip_rows {
         bench_rows(&a, &mut report).await?;

@@ -130,32 +130,36 @@ struct Args {
     one: Option<(String, bool, String)>,
 }
 
-fn parse_args(args: Vec<String>) -> Result<Args> {
-    let mut a = Args {
-        runs: crate::env::bench_runs().unwrap_or(5).max(1),
-        codecs: vec!["snappy".into(), "zstd".into()],
-        fresh: true,
-        one: None,
-    };
-    let (mut one, mut engine, mut codec) = (None, true, "snappy".to_string());
-    let mut it = args.into_iter();
-    while let Some(x) = it.next() {
-        let mut val = || it.next().ok_or_else(|| exec_err(format!("{x} needs a value")));
-        match x.as_str() {
-            "--runs" => a.runs = val()?.parse::<usize>().map_err(|_| exec_err("--runs: a number"))?.max(1),
-            "--codecs" => a.codecs = val()?.split(',').map(str::to_string).collect(),
-            "--no-fresh" => a.fresh = false,
-            "--one" => one = Some(val()?),
-            "--engine" => engine = val()? == "setfusion",
-            "--codec" => codec = val()?,
-            other => return Err(exec_err(format!("unknown argument '{other}'"))),
-        }
+/// `setfusion bench parquet`' options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Timed runs per cell (the median) [default: SETFUSION_BENCH_RUNS, else 5]
+    #[arg(long, value_name = "N")]
+    pub runs: Option<usize>,
+    /// The files' compressions, one table of results each
+    #[arg(long, value_name = "CODEC,..", value_delimiter = ',', value_parser = ["snappy", "zstd"], default_values = ["snappy", "zstd"])]
+    pub codecs: Vec<String>,
+    /// Leave out the fresh-process columns
+    #[arg(long)]
+    pub no_fresh: bool,
+    /// The fresh-process run of this one query (the parent starts these)
+    #[arg(long, value_name = "QUERY", hide = true)]
+    pub one: Option<String>,
+    /// --one's engine: setfusion, else plain DataFusion
+    #[arg(long, hide = true, default_value = "setfusion")]
+    pub engine: String,
+    /// --one's codec
+    #[arg(long, hide = true, default_value = "snappy")]
+    pub codec: String,
+}
+
+fn settings(o: Options) -> Args {
+    Args {
+        runs: o.runs.or_else(crate::env::bench_runs).unwrap_or(5).max(1),
+        codecs: o.codecs,
+        fresh: !o.no_fresh,
+        one: o.one.map(|q| (q, o.engine == "setfusion", o.codec)),
     }
-    if let Some(c) = a.codecs.iter().find(|c| !matches!(c.as_str(), "snappy" | "zstd")) {
-        return Err(exec_err(format!("codec {c}: expected snappy or zstd")));
-    }
-    a.one = one.map(|q| (q, engine, codec));
-    Ok(a)
 }
 
 /// DuckDB's warm medians (ms) of the queries, or why there are none.
@@ -262,8 +266,8 @@ fn device_scan_rate(dir: &Path, runs: usize) -> std::result::Result<(f64, f64, S
 }
 
 /// Run the benchmark; see the module documentation.
-pub async fn run(args: Vec<String>) -> Result<()> {
-    let a = parse_args(args)?;
+pub async fn run(options: Options) -> Result<()> {
+    let a = settings(options);
     let n: u64 = crate::env::bench_rows().unwrap_or(100_000_000);
     if let Some((name, setfusion, codec)) = &a.one {
         let sql = QUERIES.iter().find(|(q, _)| q == name).ok_or_else(|| exec_err(format!("no query {name}")))?.1;

@@ -56,60 +56,63 @@ struct Args {
     cpu: bool,
 }
 
-/// A comma-separated list; entries that do not parse are reported and dropped.
-fn list<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Vec<T> {
-    v.map(|s| {
-        s.split(',')
-            .filter(|x| !x.trim().is_empty())
-            .filter_map(|x| {
-                let p = x.trim().parse().ok();
-                if p.is_none() {
-                    eprintln!("{flag}: ignoring {x:?}");
-                }
-                p
-            })
-            .collect()
-    })
-    .unwrap_or_default()
+/// `setfusion bench ssjoin`' options (`cargo bench --bench ssjoin -- ...` takes the same).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Write the markdown table to this file [default: SSJOIN_BENCH_OUT]
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<String>,
+    /// 100k sets only
+    #[arg(long, conflicts_with = "sets")]
+    pub quick: bool,
+    /// Timed runs per backend (the median; 1 when a run takes more than 10 s)
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reps: u64,
+    /// Leave out DataFusion's own nested-loop plan and the SQL similarity join on the first sets at 0.9
+    #[arg(long)]
+    pub no_nlj: bool,
+    /// The collections to join (the DBLP collection ignores --sets)
+    #[arg(long, value_name = "NAME,..", value_delimiter = ',', value_parser = ["dblp", "uniform", "zipf"], ignore_case = true, default_values = ["dblp", "uniform", "zipf"])]
+    pub collections: Vec<String>,
+    /// Sizes of the generated collections
+    #[arg(long, value_name = "N,..", value_delimiter = ',', default_values_t = [100_000, 1_000_000])]
+    pub sets: Vec<usize>,
+    /// Jaccard thresholds, each in (0, 1]
+    #[arg(long, value_name = "T,..", value_delimiter = ',', value_parser = parse_threshold, default_values_t = [0.5, 0.6, 0.7, 0.8, 0.9])]
+    pub thresholds: Vec<f64>,
+    /// Stop a CPU-backend run after S seconds and report it as not finished (the GPU result is then unchecked)
+    #[arg(long = "cpu-timeout-s", value_name = "S", value_parser = parse_seconds)]
+    pub cpu_timeout: Option<Duration>,
+    /// Skip the CPU backend
+    #[arg(long)]
+    pub no_cpu: bool,
 }
 
-fn args(v: Vec<String>) -> Args {
-    let mut a = Args {
-        out: crate::env::ssjoin_bench_out(),
-        reps: 3,
-        nlj: true,
-        collections: vec!["dblp".into(), "uniform".into(), "zipf".into()],
-        sets: vec![100_000, 1_000_000],
-        thresholds: vec![0.5, 0.6, 0.7, 0.8, 0.9],
-        cpu_timeout: None,
-        cpu: true,
-    };
-    let mut i = 0;
-    while i < v.len() {
-        let next = v.get(i + 1);
-        let mut takes = true;
-        match v[i].as_str() {
-            "--out" => a.out = next.cloned(),
-            "--quick" => (a.sets, takes) = (vec![100_000], false),
-            "--no-nlj" => (a.nlj, takes) = (false, false),
-            "--no-cpu" => (a.cpu, takes) = (false, false),
-            "--reps" => a.reps = next.and_then(|x| x.parse().ok()).unwrap_or(3).max(1),
-            "--collections" => {
-                a.collections = list::<String>("--collections", next).into_iter().map(|c| c.to_lowercase()).collect()
-            }
-            "--sets" => a.sets = list("--sets", next),
-            "--thresholds" => {
-                a.thresholds = list::<f64>("--thresholds", next).into_iter().filter(|t| *t > 0.0 && *t <= 1.0).collect()
-            }
-            "--cpu-timeout-s" => {
-                a.cpu_timeout =
-                    next.and_then(|x| x.parse::<f64>().ok()).filter(|s| *s > 0.0).map(Duration::from_secs_f64)
-            }
-            _ => takes = false, // cargo bench passes --bench
-        }
-        i += if takes { 2 } else { 1 };
+/// A Jaccard threshold: in (0, 1].
+fn parse_threshold(s: &str) -> std::result::Result<f64, String> {
+    s.trim().parse::<f64>().ok().filter(|t| *t > 0.0 && *t <= 1.0).ok_or_else(|| "expected a number in (0, 1]".into())
+}
+
+/// A positive number of seconds.
+fn parse_seconds(s: &str) -> std::result::Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && s.is_finite())
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| "expected a positive number of seconds".into())
+}
+
+fn settings(o: Options) -> Args {
+    Args {
+        out: o.out.or_else(crate::env::ssjoin_bench_out),
+        reps: o.reps as usize,
+        nlj: !o.no_nlj,
+        collections: o.collections.into_iter().map(|c| c.to_lowercase()).collect(),
+        sets: if o.quick { vec![100_000] } else { o.sets },
+        thresholds: o.thresholds,
+        cpu_timeout: o.cpu_timeout,
+        cpu: !o.no_cpu,
     }
-    a
 }
 
 fn dblp() -> Option<RawSets> {
@@ -239,9 +242,9 @@ fn time_sql(
     })
 }
 
-/// Run the benchmark with command-line style arguments (see the module docs).
-pub fn run(argv: Vec<String>) {
-    let args = args(argv);
+/// Run the benchmark (see the module docs).
+pub fn run(options: Options) {
+    let args = settings(options);
     let threads = default_threads();
     let gpu = crate::gpu::gpu(0);
     let device = match &gpu {

@@ -370,36 +370,51 @@ struct Args {
     chart_from: Vec<PathBuf>,
 }
 
-fn parse_args(args: Vec<String>) -> Result<Args> {
-    let mut a = Args { sf: 1.0, runs: 5, queries: Vec::new(), out: None, svg: None, one: None, chart_from: Vec::new() };
-    let mut it = args.into_iter();
-    let bad = |m: String| DataFusionError::Configuration(format!("bench tpch: {m}"));
-    let mut engine = None;
-    let mut one = None;
-    while let Some(x) = it.next() {
-        let mut val = || it.next().ok_or_else(|| bad(format!("{x} needs a value")));
-        match x.as_str() {
-            "--sf" => a.sf = val()?.parse().map_err(|_| bad("--sf: a number".into()))?,
-            "--runs" => a.runs = val()?.parse().map_err(|_| bad("--runs: a number".into()))?,
-            "--queries" => a.queries = val()?.split(',').map(str::to_string).collect(),
-            "--out" => a.out = Some(PathBuf::from(val()?)),
-            "--svg" => a.svg = Some(PathBuf::from(val()?)),
-            // Redraw the chart from tables this benchmark wrote (runs split over several calls).
-            "--chart-from" => a.chart_from = val()?.split(',').map(PathBuf::from).collect(),
-            // The fresh-process run of one query (the parent starts these).
-            "--one" => one = Some(val()?),
-            "--engine" => engine = Some(val()? == "setfusion"),
-            other => return Err(bad(format!("unknown argument '{other}'"))),
-        }
+/// `setfusion bench tpch`' options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// TPC-H scale factor
+    #[arg(long, value_name = "N", default_value_t = 1.0, value_parser = parse_scale_factor)]
+    pub sf: f64,
+    /// Timed runs per cell (the median); 0 counts as 1
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub runs: usize,
+    /// The queries to time: q1..q22 and the set-operation queries [default: the benchmark's list]
+    #[arg(long, value_name = "NAME,..", value_delimiter = ',')]
+    pub queries: Vec<String>,
+    /// Write the markdown table to this file
+    #[arg(long, value_name = "FILE.md")]
+    pub out: Option<PathBuf>,
+    /// Draw the chart into this SVG file
+    #[arg(long, value_name = "FILE.svg")]
+    pub svg: Option<PathBuf>,
+    /// Redraw the chart (--svg) from tables this benchmark wrote, instead of measuring (runs split over several calls)
+    #[arg(long, value_name = "FILE.md,..", value_delimiter = ',', requires = "svg")]
+    pub chart_from: Vec<PathBuf>,
+    /// The fresh-process run of one query (the parent starts these)
+    #[arg(long, value_name = "QUERY", hide = true)]
+    pub one: Option<String>,
+    /// --one's engine: setfusion, else plain DataFusion
+    #[arg(long, hide = true, default_value = "setfusion")]
+    pub engine: String,
+}
+
+/// A scale factor: a positive number.
+fn parse_scale_factor(s: &str) -> std::result::Result<f64, String> {
+    s.parse::<f64>().ok().filter(|sf| *sf > 0.0 && sf.is_finite()).ok_or_else(|| "expected a positive number".into())
+}
+
+fn settings(o: Options) -> Args {
+    let queries = if o.queries.is_empty() { BENCH_DEFAULT.iter().map(|s| s.to_string()).collect() } else { o.queries };
+    Args {
+        sf: o.sf,
+        runs: o.runs.max(1),
+        queries,
+        out: o.out,
+        svg: o.svg,
+        one: o.one.map(|q| (q, o.engine == "setfusion")),
+        chart_from: o.chart_from,
     }
-    if let Some(q) = one {
-        a.one = Some((q, engine.unwrap_or(true)));
-    }
-    if a.queries.is_empty() {
-        a.queries = BENCH_DEFAULT.iter().map(|s| s.to_string()).collect();
-    }
-    a.runs = a.runs.max(1);
-    Ok(a)
 }
 
 /// One query in this (fresh) process: prints `ms=<query time> rows=<n>`.
@@ -475,8 +490,8 @@ async fn offload_summary(ctx: &SessionContext, sql: &str) -> Result<String> {
 }
 
 /// Run the benchmark; see the module documentation.
-pub async fn run(args: Vec<String>) -> Result<()> {
-    let a = parse_args(args)?;
+pub async fn run(options: Options) -> Result<()> {
+    let a = settings(options);
     if !a.chart_from.is_empty() {
         let svg = a.svg.as_ref().ok_or_else(|| exec_err("--chart-from needs --svg"))?;
         let mut measured = Vec::new();

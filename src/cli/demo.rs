@@ -13,6 +13,80 @@ use crate::datagen;
 /// Rows per generated table (override with SETFUSION_DEMO_ROWS).
 const DEFAULT_ROWS: u64 = 2_000_000;
 
+/// Timed runs of each query on each side (after a warm-up run).
+const RUNS: usize = 3;
+
+/// What a GPU gives: `setfusion bench setops` on one H100, 100,000,000 rows a
+/// side, warm medians of 5 (BENCHMARKS.md, section 1, "Final run", commit
+/// 4d89427): (query, DataFusion ms, setfusion ms, speedup as published there,
+/// from the unrounded times).
+const H100_SETOPS: &[(&str, f64, f64, f64)] = &[
+    ("INTERSECT", 2641.3, 52.3, 50.5),
+    ("EXCEPT", 2836.6, 54.2, 52.3),
+    ("INTERSECT ALL", 1441.1, 44.0, 32.8),
+    ("EXCEPT ALL", 1669.6, 50.2, 33.2),
+    ("IN", 1393.5, 50.2, 27.8),
+    ("NOT IN", 1578.2, 47.0, 33.5),
+    ("EXISTS", 1422.3, 43.7, 32.5),
+    ("IN, rows + payload", 1337.3, 54.0, 24.8),
+];
+
+/// Some timed runs of one query.
+#[derive(Debug, Clone)]
+struct Timings(Vec<Duration>);
+
+impl Timings {
+    fn median(&self) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[v.len() / 2]
+    }
+    fn min(&self) -> Duration {
+        self.0.iter().copied().min().unwrap_or_default()
+    }
+    fn max(&self) -> Duration {
+        self.0.iter().copied().max().unwrap_or_default()
+    }
+}
+
+/// The speedup column: a ratio only where the two sides ran different plans
+/// and their run times do not overlap; otherwise the difference is noise.
+fn speedup_cell(datafusion: &Timings, setfusion: &Timings, same_plan: bool) -> String {
+    if same_plan {
+        return "same plan".into();
+    }
+    if datafusion.min() <= setfusion.max() && setfusion.min() <= datafusion.max() {
+        return "noise".into();
+    }
+    format!("{:.1}x", datafusion.median().as_secs_f64() / setfusion.median().as_secs_f64().max(1e-9))
+}
+
+/// The lines of a physical plan that do work: setfusion's pass-through
+/// `SetfusionDeclinedExec` (which only says why it kept DataFusion's operator)
+/// left out, each line trimmed of its indentation.
+fn working_plan(plan_text: &str) -> Vec<String> {
+    plan_text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("SetfusionDeclinedExec"))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn physical_plan_text(ctx: &SessionContext, sql: &str) -> Result<String> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+    Ok(text)
+}
+
+async fn timed_runs(ctx: &SessionContext, sql: &str) -> Result<Timings> {
+    let mut times = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        times.push(rows_of(ctx, sql).await?.2);
+    }
+    Ok(Timings(times))
+}
+
 async fn rows_of(ctx: &SessionContext, sql: &str) -> Result<(usize, String, Duration)> {
     let t = Instant::now();
     let batches = ctx.sql(sql).await?.collect().await?;
@@ -99,25 +173,56 @@ pub async fn run() -> Result<()> {
         ctx.register_table("a", a.clone())?;
         ctx.register_table("b", b.clone())?;
     }
-    println!("{:20} {:>14} {:>12} {:>12} {:>9}  where", "query", "result", "DataFusion", "setfusion", "speedup");
+    println!(
+        "{:20} {:>14} {:>12} {:>12} {:>10}  where (median of {RUNS} warm runs each)",
+        "query", "result", "DataFusion", "setfusion", "speedup"
+    );
+    let mut same_plans = 0;
     for (name, sql) in datagen::SET_QUERIES {
         let (_, df_res, _) = rows_of(&plain, sql).await?; // warm-up (and the reference answer)
-        let (_, _, df_t) = rows_of(&plain, sql).await?;
+        let df_t = timed_runs(&plain, sql).await?;
         let (_, sf_res, _) = rows_of(&sf, sql).await?;
-        let (_, _, sf_t) = rows_of(&sf, sql).await?;
+        let sf_t = timed_runs(&sf, sql).await?;
         let note = if df_res == sf_res || name.ends_with("ALL") { "" } else { "  (results differ!)" };
+        let same_plan =
+            working_plan(&physical_plan_text(&plain, sql).await?) == working_plan(&physical_plan_text(&sf, sql).await?);
+        same_plans += usize::from(same_plan);
         let ops = explain_lines(&sf, sql).await?;
         let shown = if name.ends_with("ALL") { format!("{sf_res} (DF: {df_res})") } else { sf_res };
-        println!(
-            "{name:20} {shown:>14} {:>10.1}ms {:>10.1}ms {:>8.1}x  {}{note}",
-            df_t.as_secs_f64() * 1e3,
-            sf_t.as_secs_f64() * 1e3,
-            df_t.as_secs_f64() / sf_t.as_secs_f64().max(1e-9),
+        let place = if same_plan {
+            "DataFusion's own plan on both sides".to_string()
+        } else {
             ops.first().cloned().unwrap_or_else(|| "DataFusion plan".into())
+        };
+        println!(
+            "{name:20} {shown:>14} {:>10.1}ms {:>10.1}ms {:>10}  {place}{note}",
+            df_t.median().as_secs_f64() * 1e3,
+            sf_t.median().as_secs_f64() * 1e3,
+            speedup_cell(&df_t, &sf_t, same_plan),
         );
     }
-    println!("\n(warm runs; `EXPLAIN ANALYZE <query>` in `setfusion` shows bytes moved, transfer and kernel time)");
+    println!(
+        "\n(\"same plan\": setfusion kept DataFusion's plan, so the times differ by noise only; \"noise\": the runs' \
+         times overlap. `EXPLAIN ANALYZE <query>` in `setfusion` shows bytes moved, transfer and kernel time)"
+    );
+    if crate::gpu::gpu(0).is_err() {
+        print_gpu_figures(same_plans);
+    }
     families(&sf).await
+}
+
+/// Without a GPU: what one gives, from the benchmark's H100 run.
+fn print_gpu_figures(same_plans: usize) {
+    println!(
+        "\nNo GPU here: {same_plans} of {} queries ran DataFusion's own plan, the others setfusion's CPU backend. \
+         What a GPU gives, `setfusion bench setops` on one H100 with 100,000,000 rows a side (BENCHMARKS.md, \
+         section 1, warm medians of 5):",
+        datagen::SET_QUERIES.len()
+    );
+    println!("{:20} {:>12} {:>12} {:>10}", "query", "DataFusion", "setfusion", "speedup");
+    for (name, datafusion_ms, setfusion_ms, speedup) in H100_SETOPS {
+        println!("{name:20} {datafusion_ms:>10.1}ms {setfusion_ms:>10.1}ms {speedup:>9.1}x");
+    }
 }
 
 /// 3. Set-valued data: the paper's figure 1 (seed 000) through `intersect_families`.
@@ -142,4 +247,42 @@ async fn families(ctx: &SessionContext) -> Result<()> {
     }
     println!("  {} distinct sets: {}", line.len(), line.join(" "));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: &[u64]) -> Timings {
+        Timings(v.iter().map(|&m| Duration::from_millis(m)).collect())
+    }
+
+    #[test]
+    fn speedups_are_shown_only_for_different_plans_beyond_noise() {
+        assert_eq!(speedup_cell(&ms(&[100, 90, 110]), &ms(&[10, 11, 9]), true), "same plan");
+        // A 0.7x from runs whose times overlap is noise, not a slowdown.
+        assert_eq!(speedup_cell(&ms(&[70, 100, 72]), &ms(&[101, 99, 98]), false), "noise");
+        assert_eq!(speedup_cell(&ms(&[100, 90, 110]), &ms(&[10, 11, 9]), false), "10.0x");
+        assert_eq!(speedup_cell(&ms(&[10, 11, 9]), &ms(&[100, 90, 110]), false), "0.1x");
+    }
+
+    #[test]
+    fn a_declined_marker_leaves_the_plan_the_same() {
+        let datafusion = "ProjectionExec: expr=[count(Int64(1))@0]\n  HashJoinExec: mode=Partitioned, join_type=LeftSemi\n    DataSourceExec\n";
+        let setfusion = "ProjectionExec: expr=[count(Int64(1))@0]\n  SetfusionDeclinedExec: kept DataFusion's operator below, reason=\"min_rows\"\n    HashJoinExec: mode=Partitioned, join_type=LeftSemi\n      DataSourceExec\n";
+        assert_eq!(working_plan(datafusion), working_plan(setfusion));
+        assert_ne!(
+            working_plan(datafusion),
+            working_plan("ProjectionExec: expr=[count(Int64(1))@0]\n  SemiJoinExec\n")
+        );
+    }
+
+    #[test]
+    fn the_gpu_figures_name_the_demo_queries() {
+        for (name, datafusion_ms, setfusion_ms, speedup) in H100_SETOPS {
+            assert!(datagen::SET_QUERIES.iter().any(|(q, _)| q == name), "{name}");
+            // The published speedup is the ratio of the times before they were rounded.
+            assert!((datafusion_ms / setfusion_ms - speedup).abs() < 0.15, "{name}");
+        }
+    }
 }

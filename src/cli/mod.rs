@@ -1,8 +1,10 @@
-//! The `setfusion` command line, shaped like datafusion-cli.
+//! The `setfusion` command line, shaped like datafusion-cli and parsed, as
+//! there, with clap: `setfusion --help` and the `--help` of every subcommand
+//! describe the options.
 //!
 //! ```text
-//! setfusion [--table NAME=PATH]... [-c "SQL; SQL"]... [-f FILE.sql]... [--format table|csv|json]
-//! setfusion demo | doctor | slt FILE.slt...
+//! setfusion [--table NAME=PATH]... [-c "SQL; SQL"]... [-f FILE.sql]... [--format table|csv|json] [--cluster df://HOST:PORT]
+//! setfusion demo | doctor | slt FILE.slt... | fuzz | bench NAME | scheduler | executor
 //! ```
 //! With neither `-c` nor `-f` it reads statements from standard input (a REPL
 //! when that is a terminal). Every error is one line on stderr and a non-zero exit.
@@ -14,6 +16,8 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use clap::error::ErrorKind;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::error::{DataFusionError, Result};
@@ -21,42 +25,202 @@ use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use datafusion::sql::parser::DFParser;
 
 /// Output format of query results.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Table,
     Csv,
     Json,
 }
 
-const USAGE: &str = "usage: setfusion [--table NAME=PATH]... [-c SQL]... [-f FILE]... [--format table|csv|json]
-       setfusion demo      run the built-in demonstration (generated data, no download)
-       setfusion doctor    report the GPU, compile every kernel, self-check each against its CPU twin
-       setfusion slt FILE.slt...   run sqllogictest files in cpu and gpu modes
-       setfusion fuzz [--queries N] [--seed S] [--max-rows N] [--cpu-only]
-                              random tables and set-operator queries: every backend against a reference evaluator
-       setfusion bench setops      the set-operation benchmark (DataFusion CPU plan vs setfusion)
-       setfusion bench filter      the host's floor for cutting kept rows out of 100M x 2 BIGINT columns
-       setfusion bench ssjoin [--quick] [--reps N] [--no-nlj] [--out FILE] [--collections dblp,uniform,zipf]
-                              [--sets N,..] [--thresholds T,..] [--cpu-timeout-s S] [--no-cpu]   the similarity-join benchmark
-       setfusion bench families [--sizes K,..] [--kinds uniform,similar] [--cpu-max K] [--runs N]
-                                   intersection of two families of sets, GPU vs CPU backend
-       setfusion bench lists [--rows N] [--batch-rows N] [--max-len N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway]
-                                   list functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
-       setfusion bench parquet [--runs N] [--codecs snappy,zstd] [--no-fresh]   issue 27's queries over Parquet (SETFUSION_BENCH_ROWS rows)
-       setfusion bench tpch [--sf N] [--runs N] [--queries q4,q16,..] [--out FILE.md] [--svg FILE.svg]
-                              TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm
-       setfusion scheduler [--port P] [--bind ADDR]   a Ballista scheduler with setfusion (default 127.0.0.1:50050)
-       setfusion executor [--scheduler HOST:P] [--port Q] [--grpc-port R] [--bind ADDR] [--tasks N]
-                          [--data-dir DIR]... [--work-dir DIR] [--devices 0,1]
-                              a Ballista executor with setfusion; plans may read files only under its --data-dir folders
-                              (default: the current folder); --devices: its GPUs for sessions that name none
-       setfusion --cluster df://HOST:P [--table NAME=PATH]... [-c SQL]...   run the queries on that cluster";
+/// setfusion: GPU-accelerated set operators (INTERSECT/EXCEPT [ALL], semi and anti joins, set-similarity joins) for
+/// Apache DataFusion.
+///
+/// Without a subcommand it runs SQL: the statements of every -c, then of every -f, or, with neither, those read from
+/// standard input (a REPL when that is a terminal).
+#[derive(Debug, Parser)]
+#[command(name = "setfusion", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub sql: SqlArgs,
+}
+
+/// The options of the SQL mode (no subcommand).
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// Register a Parquet or CSV file, or a folder of them, as table NAME (by extension); repeatable
+    #[arg(short = 't', long = "table", value_name = "NAME=PATH", value_parser = parse_table)]
+    pub tables: Vec<(String, PathBuf)>,
+    /// Run these statements (separated by ';'); repeatable, run in order
+    #[arg(short = 'c', long = "command", value_name = "SQL", allow_hyphen_values = true)]
+    pub commands: Vec<String>,
+    /// Run the statements of this file, after every -c; repeatable
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Output format of query results
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Run the queries on the Ballista cluster whose scheduler listens there (tables' paths are made absolute: the
+    /// executors read the files)
+    #[arg(long, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the built-in demonstration: generated data (no download), queries, EXPLAIN, CPU vs GPU timings
+    ///
+    /// Rows per table: SETFUSION_DEMO_ROWS (default 2,000,000).
+    Demo,
+    /// Report the GPU, compile every kernel, self-check each against its CPU twin, measure the device's rates
+    Doctor(DoctorArgs),
+    /// Run sqllogictest files in cpu and gpu modes
+    Slt(SltArgs),
+    /// Random tables and set-operator queries: every backend against a reference evaluator
+    ///
+    /// Outer joins inside subqueries are drawn unless SETFUSION_FUZZ_OUTER=0; SETFUSION_FUZZ_TRACE=FILE logs each
+    /// query before it runs. A query plain DataFusion also fails on counts as refused.
+    Fuzz(crate::fuzz::FuzzArgs),
+    /// Benchmarks: DataFusion's CPU plan vs setfusion (see BENCHMARKS.md)
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    /// A Ballista scheduler with setfusion
+    Scheduler(SchedulerArgs),
+    /// A Ballista executor with setfusion; plans may read files only under its --data-dir folders
+    Executor(ExecutorArgs),
+}
+
+/// `setfusion doctor`'s options.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Only start the device as a fresh process does and print the times of its steps (doctor runs itself so to
+    /// measure the start)
+    #[arg(long)]
+    pub start_probe: bool,
+}
+
+/// `setfusion slt`'s arguments.
+#[derive(Debug, Args)]
+pub struct SltArgs {
+    /// The sqllogictest files
+    #[arg(required = true, value_name = "FILE.slt")]
+    pub files: Vec<PathBuf>,
+}
+
+/// The benchmarks. Environment knobs (SETFUSION_BENCH_ROWS, SETFUSION_BENCH_RUNS, SETFUSION_BENCH_OUT, ...) are
+/// named in each benchmark's --help.
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// The set-operation benchmark: DataFusion's CPU plan vs setfusion on 2 x N BIGINT rows in memory
+    ///
+    /// Environment: SETFUSION_BENCH_ROWS (N, default 100,000,000), SETFUSION_BENCH_RUNS (warm runs, default 3),
+    /// SETFUSION_BENCH_ONLY=a,b (only the queries whose names contain one of these), SETFUSION_BENCH_OUT (file for
+    /// the markdown table), SETFUSION_BENCH_MEMORY_LIMIT=160M, SETFUSION_BENCH_DEVICES=0,1,
+    /// SETFUSION_BENCH_SKIP_DATAFUSION=1, SETFUSION_BENCH_SPARSE=1, SETFUSION_BENCH_SORTED_LOG2.
+    Setops,
+    /// The host's floor for cutting kept rows out of 100M x 2 BIGINT columns
+    ///
+    /// Environment: SETFUSION_BENCH_ROWS (default 100,000,000), SETFUSION_BENCH_RUNS (default 5).
+    Filter,
+    /// TPC-H over Parquet (generated and cached): DataFusion vs setfusion, fresh process and warm
+    ///
+    /// The data lands in SETFUSION_TPCH_DIR (default ~/.cache/setfusion/tpch).
+    Tpch(crate::bench::tpch::Options),
+    /// Issue 27's queries over Parquet: DataFusion, setfusion fresh / warm / device-cached, DuckDB when installed
+    ///
+    /// Environment: SETFUSION_BENCH_ROWS (rows per table, default 100,000,000), SETFUSION_BENCH_RUNS (default for
+    /// --runs), SETFUSION_PARQUET_DIR (the Parquet cache, default ~/.cache/setfusion/parquet).
+    Parquet(crate::bench::parquet::Options),
+    /// Intersection of two families of sets, GPU vs CPU backend
+    Families(crate::bench::families::Options),
+    /// List functions vs array_intersect, k-way posting-list intersection, GPU vs CPU
+    ///
+    /// The markdown table is also written to SETFUSION_BENCH_OUT when set.
+    Lists(crate::bench::lists::Options),
+    /// The similarity-join benchmark: GPU vs CPU backend
+    ///
+    /// Environment: SSJOIN_BENCH_OUT (default for --out), SSJOIN_BENCH_NLJ_SETS (sets of the nested-loop
+    /// reference, default 4,000), SETFUSION_DATA_DIR (where dblp_t_18k.txt is).
+    Ssjoin(crate::bench::ssjoin::Options),
+}
+
+/// `setfusion scheduler`'s options.
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// Port to listen on
+    #[arg(long, default_value_t = 50050)]
+    pub port: u16,
+    /// Address to listen on
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    pub bind: String,
+}
+
+/// `setfusion executor`'s options.
+#[derive(Debug, Args)]
+pub struct ExecutorArgs {
+    /// The scheduler to register with
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50050", value_parser = parse_host_port)]
+    pub scheduler: (String, u16),
+    /// Port of its Arrow Flight service (shuffle data)
+    #[arg(long, default_value_t = 50051)]
+    pub port: u16,
+    /// Port of its gRPC service [default: --port + 1]
+    #[arg(long)]
+    pub grpc_port: Option<u16>,
+    /// Address to listen on
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    pub bind: String,
+    /// Tasks run at once [default: the host's cores]
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    pub tasks: Option<usize>,
+    /// A folder whose files plans may read; repeatable [default: the current folder]
+    #[arg(long = "data-dir", value_name = "DIR")]
+    pub data_dirs: Vec<PathBuf>,
+    /// Folder for shuffle files and spills [default: a temporary folder]
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Its GPUs for sessions that name none (setfusion.devices), e.g. 0,1
+    #[arg(long, value_name = "DEVICES", value_parser = parse_devices)]
+    pub devices: Option<crate::config::Devices>,
+}
+
+/// `NAME=PATH` of `--table`.
+fn parse_table(spec: &str) -> std::result::Result<(String, PathBuf), String> {
+    match spec.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok((name.to_string(), PathBuf::from(path))),
+        _ => Err("expected NAME=PATH".into()),
+    }
+}
+
+/// `HOST:PORT` of `--scheduler`.
+fn parse_host_port(s: &str) -> std::result::Result<(String, u16), String> {
+    let (host, port) = s.rsplit_once(':').ok_or("expected HOST:PORT")?;
+    let port = port.parse().map_err(|_| format!("'{port}' is not a port"))?;
+    Ok((host.to_string(), port))
+}
+
+/// A count of at least one.
+fn parse_positive(s: &str) -> std::result::Result<usize, String> {
+    s.parse().ok().filter(|&n| n > 0).ok_or_else(|| "expected a positive number".to_string())
+}
+
+fn parse_devices(s: &str) -> std::result::Result<crate::config::Devices, String> {
+    s.parse().map_err(|e: DataFusionError| e.message().into_owned())
+}
 
 pub use crate::util::one_line;
 
 /// Entry point; returns the process exit code.
 pub async fn main_with_args(args: Vec<String>) -> i32 {
-    match run(args).await {
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => return report_parse_error(&e, &args),
+    };
+    match run(cli).await {
         Ok(code) => code,
         // The reader went away (`setfusion -c ... | head`): stop quietly, as `cat` does.
         Err(e) if is_broken_pipe(&e) => 0,
@@ -67,82 +231,95 @@ pub async fn main_with_args(args: Vec<String>) -> i32 {
     }
 }
 
-async fn run(args: Vec<String>) -> Result<i32> {
-    let mut tables = Vec::new();
-    let mut commands: Vec<String> = Vec::new();
-    let mut files: Vec<PathBuf> = Vec::new();
-    let mut format = Format::Table;
-    let mut cluster: Option<String> = None;
-    let mut it = args.into_iter().skip(1).peekable();
-    let usage_err = |m: &str| DataFusionError::Configuration(format!("{m} (see setfusion --help)"));
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "demo" if tables.is_empty() && commands.is_empty() => return demo::run().await.map(|_| 0),
-            "doctor" if tables.is_empty() && commands.is_empty() => {
-                if it.peek().is_some_and(|a| a == "--start-probe") {
-                    return Ok(doctor::start_probe());
-                }
-                return doctor::run().await;
-            }
-            "slt" => {
-                let paths: Vec<PathBuf> = it.by_ref().map(PathBuf::from).collect();
-                if paths.is_empty() {
-                    return Err(usage_err("slt needs at least one .slt file"));
-                }
-                return Ok(crate::slt::run_cli(&paths, &[crate::slt::Mode::Cpu, crate::slt::Mode::Gpu]).await);
-            }
-            "fuzz" if tables.is_empty() && commands.is_empty() => return crate::fuzz::cli(it.collect()).await,
-            "bench" if tables.is_empty() && commands.is_empty() => {
-                return match it.next().as_deref() {
-                    Some("setops") => crate::bench::setops::run().await.map(|_| 0),
-                    Some("filter") => crate::bench::filter::run().map(|_| 0),
-                    Some("tpch") => crate::bench::tpch::run(it.collect()).await.map(|_| 0),
-                    Some("parquet") => crate::bench::parquet::run(it.collect()).await.map(|_| 0),
-                    Some("families") => crate::bench::families::run(it.collect()).await.map(|_| 0),
-                    Some("lists") => crate::bench::lists::run(it.collect()).await.map(|_| 0),
-                    Some("ssjoin") => {
-                        // It drives its own runtime: run it on a plain thread.
-                        let rest: Vec<String> = it.collect();
-                        std::thread::spawn(move || crate::bench::ssjoin::run(rest))
-                            .join()
-                            .map(|_| 0)
-                            .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into()))
-                    }
-                    other => Err(usage_err(&format!(
-                        "bench {other:?}: expected setops, filter, ssjoin, tpch, parquet, families or lists"
-                    ))),
-                };
-            }
-            "scheduler" if tables.is_empty() && commands.is_empty() => {
-                return cluster_process(Process::Scheduler, it.collect()).await
-            }
-            "executor" if tables.is_empty() && commands.is_empty() => {
-                return cluster_process(Process::Executor, it.collect()).await
-            }
-            "--cluster" => cluster = Some(it.next().ok_or_else(|| usage_err("--cluster needs df://HOST:PORT"))?),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(0);
-            }
-            "--table" | "-t" => {
-                let spec = it.next().ok_or_else(|| usage_err("--table needs NAME=PATH"))?;
-                let (name, path) =
-                    spec.split_once('=').ok_or_else(|| usage_err(&format!("--table '{spec}': expected NAME=PATH")))?;
-                tables.push((name.to_string(), PathBuf::from(path)));
-            }
-            "-c" | "--command" => commands.push(it.next().ok_or_else(|| usage_err("-c needs SQL"))?),
-            "-f" | "--file" => files.push(PathBuf::from(it.next().ok_or_else(|| usage_err("-f needs a file"))?)),
-            "--format" => {
-                format = match it.next().as_deref() {
-                    Some("table") => Format::Table,
-                    Some("csv") => Format::Csv,
-                    Some("json") => Format::Json,
-                    other => return Err(usage_err(&format!("--format {other:?}: expected table, csv or json"))),
-                }
-            }
-            other => return Err(usage_err(&format!("unknown argument '{other}'"))),
+/// Help and version go to standard output with status 0 (a closed pipe is no
+/// error there either); a missing subcommand prints the help to stderr; any
+/// other parse error is one line on stderr. Both with status 1.
+fn report_parse_error(e: &clap::Error, args: &[String]) -> i32 {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            0
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            1
+        }
+        _ => {
+            eprintln!("Error: {}", parse_error_line(e, args));
+            1
         }
     }
+}
+
+/// Clap's error as one line: its message and tips (without the usage block),
+/// then where to read more, e.g. `(see setfusion bench tpch --help)`.
+fn parse_error_line(e: &clap::Error, args: &[String]) -> String {
+    let text = e.render().to_string();
+    let mut parts = Vec::new();
+    let mut command = subcommand_path(args);
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(usage) = line.strip_prefix("Usage:") {
+            // The usage line starts with the command's path: `setfusion bench tpch [OPTIONS]`.
+            let path: Vec<&str> =
+                usage.split_whitespace().take_while(|w| !w.starts_with(['[', '<', '-', '.', '|'])).collect();
+            if !path.is_empty() {
+                command = path.join(" ");
+            }
+        } else if !line.starts_with("For more information") {
+            parts.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    format!("{} (see {command} --help)", parts.join("; "))
+}
+
+/// The subcommands named at the start of a command line: `setfusion bench tpch`
+/// for `setfusion bench tpch --sf x` (an error without a usage line says no more).
+fn subcommand_path(args: &[String]) -> String {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut path = vec!["setfusion".to_string()];
+    for arg in args.iter().skip(1) {
+        let Some(sub) = command.find_subcommand(arg).cloned() else { break };
+        path.push(arg.clone());
+        command = sub;
+    }
+    path.join(" ")
+}
+
+async fn run(cli: Cli) -> Result<i32> {
+    let Some(command) = cli.command else { return run_sql_mode(cli.sql).await };
+    match command {
+        Command::Demo => demo::run().await.map(|_| 0),
+        Command::Doctor(DoctorArgs { start_probe: true }) => Ok(doctor::start_probe()),
+        Command::Doctor(DoctorArgs { start_probe: false }) => doctor::run().await,
+        Command::Slt(SltArgs { files }) => {
+            Ok(crate::slt::run_cli(&files, &[crate::slt::Mode::Cpu, crate::slt::Mode::Gpu]).await)
+        }
+        Command::Fuzz(options) => crate::fuzz::cli(options).await,
+        Command::Bench { bench } => run_bench(bench).await.map(|_| 0),
+        Command::Scheduler(options) => run_scheduler(options).await,
+        Command::Executor(options) => run_executor(options).await,
+    }
+}
+
+async fn run_bench(bench: Bench) -> Result<()> {
+    match bench {
+        Bench::Setops => crate::bench::setops::run().await,
+        Bench::Filter => crate::bench::filter::run(),
+        Bench::Tpch(options) => crate::bench::tpch::run(options).await,
+        Bench::Parquet(options) => crate::bench::parquet::run(options).await,
+        Bench::Families(options) => crate::bench::families::run(options).await,
+        Bench::Lists(options) => crate::bench::lists::run(options).await,
+        // It drives its own runtime: run it on a plain thread.
+        Bench::Ssjoin(options) => std::thread::spawn(move || crate::bench::ssjoin::run(options))
+            .join()
+            .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into())),
+    }
+}
+
+/// The SQL mode: register the tables, then run every `-c`, then every `-f` (or the REPL with neither).
+async fn run_sql_mode(args: SqlArgs) -> Result<i32> {
+    let SqlArgs { tables, commands, files, format, cluster } = args;
     let ctx = match &cluster {
         None => crate::context(),
         Some(url) => cluster_context(url).await?,
@@ -328,85 +505,51 @@ async fn cluster_context(_url: &str) -> Result<SessionContext> {
     Err(DataFusionError::Configuration("--cluster: this setfusion was built without the `ballista` feature".into()))
 }
 
-/// Which cluster process `setfusion scheduler` / `setfusion executor` starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Process {
-    Scheduler,
-    Executor,
+/// Run a Ballista scheduler until the process ends.
+#[cfg(feature = "ballista")]
+async fn run_scheduler(options: SchedulerArgs) -> Result<i32> {
+    crate::distributed::process::run_scheduler(&options.bind, options.port).await?;
+    Ok(0)
 }
 
-/// Parse a cluster process's options and run it until the process ends.
+/// Run a Ballista executor until the process ends.
 #[cfg(feature = "ballista")]
-async fn cluster_process(process: Process, args: Vec<String>) -> Result<i32> {
-    use crate::distributed::process::{run_executor, run_scheduler, ExecutorOptions};
-    let usage_err = |m: String| DataFusionError::Configuration(format!("{m} (see setfusion --help)"));
-    let mut bind = "127.0.0.1".to_string();
-    let mut port: Option<u16> = None;
-    let mut grpc_port: Option<u16> = None;
-    let mut scheduler = "127.0.0.1:50050".to_string();
-    let mut tasks = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut data_dirs: Vec<PathBuf> = Vec::new();
-    let mut work_dir: Option<PathBuf> = None;
-    let mut devices = None;
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().ok_or_else(|| usage_err(format!("{a} needs a value")));
-        let port_of = |v: String| v.parse::<u16>().map_err(|_| usage_err(format!("{a} '{v}': not a port")));
-        match (process, a.as_str()) {
-            (_, "-h" | "--help") => {
-                println!("{USAGE}");
-                return Ok(0);
-            }
-            (_, "--bind") => bind = value()?,
-            (_, "--port") => port = Some(port_of(value()?)?),
-            (Process::Executor, "--grpc-port") => grpc_port = Some(port_of(value()?)?),
-            (Process::Executor, "--scheduler") => scheduler = value()?,
-            (Process::Executor, "--tasks") => {
-                let v = value()?;
-                tasks = v
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| usage_err(format!("--tasks '{v}': expected a positive number")))?;
-            }
-            (Process::Executor, "--data-dir") => data_dirs.push(PathBuf::from(value()?)),
-            (Process::Executor, "--work-dir") => work_dir = Some(PathBuf::from(value()?)),
-            (Process::Executor, "--devices") => devices = Some(value()?.parse::<crate::config::Devices>()?),
-            _ => return Err(usage_err(format!("unknown argument '{a}'"))),
-        }
-    }
-    match process {
-        Process::Scheduler => run_scheduler(&bind, port.unwrap_or(50050)).await?,
-        Process::Executor => {
-            let (host, sport) = scheduler
-                .rsplit_once(':')
-                .ok_or_else(|| usage_err(format!("--scheduler '{scheduler}': expected HOST:PORT")))?;
-            let scheduler_port =
-                sport.parse().map_err(|_| usage_err(format!("--scheduler '{scheduler}': '{sport}' is not a port")))?;
-            let port = port.unwrap_or(50051);
-            if data_dirs.is_empty() {
-                data_dirs.push(std::env::current_dir()?);
-            }
-            run_executor(ExecutorOptions {
-                bind,
-                port,
-                grpc_port: grpc_port.unwrap_or(port.wrapping_add(1)),
-                scheduler_host: host.to_string(),
-                scheduler_port,
-                concurrent_tasks: tasks,
-                data_dirs,
-                work_dir,
-                devices,
-            })
-            .await?
-        }
-    }
+async fn run_executor(options: ExecutorArgs) -> Result<i32> {
+    use crate::distributed::process::ExecutorOptions;
+    let ExecutorArgs {
+        scheduler: (scheduler_host, scheduler_port),
+        port,
+        grpc_port,
+        bind,
+        tasks,
+        data_dirs,
+        work_dir,
+        devices,
+    } = options;
+    let data_dirs = if data_dirs.is_empty() { vec![std::env::current_dir()?] } else { data_dirs };
+    crate::distributed::process::run_executor(ExecutorOptions {
+        bind,
+        port,
+        grpc_port: grpc_port.unwrap_or(port.wrapping_add(1)),
+        scheduler_host,
+        scheduler_port,
+        concurrent_tasks: tasks.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        data_dirs,
+        work_dir,
+        devices,
+    })
+    .await?;
     Ok(0)
 }
 
 #[cfg(not(feature = "ballista"))]
-async fn cluster_process(process: Process, _args: Vec<String>) -> Result<i32> {
-    Err(DataFusionError::Configuration(format!("{process:?}: this setfusion was built without the `ballista` feature")))
+async fn run_scheduler(_options: SchedulerArgs) -> Result<i32> {
+    Err(DataFusionError::Configuration("scheduler: this setfusion was built without the `ballista` feature".into()))
+}
+
+#[cfg(not(feature = "ballista"))]
+async fn run_executor(_options: ExecutorArgs) -> Result<i32> {
+    Err(DataFusionError::Configuration("executor: this setfusion was built without the `ballista` feature".into()))
 }
 
 #[cfg(test)]
@@ -434,5 +577,389 @@ mod tests {
         }
         assert!(!is_broken_pipe(&DataFusionError::Plan("x".into())));
         assert!(!is_broken_pipe(&DataFusionError::IoError(std::io::ErrorKind::NotFound.into())));
+    }
+}
+
+/// The command line's grammar: what parses, what answers `--help`, what is refused.
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn argv(line: &[&str]) -> Vec<String> {
+        std::iter::once("setfusion").chain(line.iter().copied()).map(String::from).collect()
+    }
+
+    fn parse(line: &[&str]) -> Cli {
+        Cli::try_parse_from(argv(line)).unwrap_or_else(|e| panic!("{line:?}: {}", parse_error_line(&e, &argv(line))))
+    }
+
+    fn refused(line: &[&str]) -> clap::Error {
+        match Cli::try_parse_from(std::iter::once("setfusion").chain(line.iter().copied())) {
+            Ok(cli) => panic!("{line:?} parsed: {cli:?}"),
+            Err(e) => e,
+        }
+    }
+
+    fn bench(line: &[&str]) -> Bench {
+        match parse(line).command {
+            Some(Command::Bench { bench }) => bench,
+            other => panic!("{line:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sql_mode() {
+        let cli = parse(&[
+            "-t",
+            "a=a.parquet",
+            "--table",
+            "b=/data/b",
+            "-c",
+            "SELECT 1",
+            "--command",
+            "-- a comment\nSELECT 2",
+            "-f",
+            "q.sql",
+            "--file",
+            "r.sql",
+            "--format",
+            "csv",
+        ]);
+        assert!(cli.command.is_none());
+        let s = cli.sql;
+        assert_eq!(s.tables, [("a".to_string(), PathBuf::from("a.parquet")), ("b".into(), PathBuf::from("/data/b"))]);
+        assert_eq!(s.commands, ["SELECT 1", "-- a comment\nSELECT 2"]);
+        assert_eq!(s.files, [PathBuf::from("q.sql"), PathBuf::from("r.sql")]);
+        assert_eq!(s.format, Format::Csv);
+        assert_eq!(s.cluster, None);
+
+        let s = parse(&["--cluster", "df://127.0.0.1:50050", "--table", "a=x=y.csv", "-c", "SELECT 1"]).sql;
+        assert_eq!(s.cluster.as_deref(), Some("df://127.0.0.1:50050"));
+        assert_eq!(s.tables, [("a".to_string(), PathBuf::from("x=y.csv"))]);
+        assert_eq!(s.format, Format::Table);
+
+        // No argument at all: the REPL (or statements from a pipe).
+        let cli = parse(&[]);
+        assert!(cli.command.is_none() && cli.sql.commands.is_empty() && cli.sql.files.is_empty());
+        assert_eq!(parse(&["--format", "json"]).sql.format, Format::Json);
+    }
+
+    #[test]
+    fn subcommands() {
+        assert!(matches!(parse(&["demo"]).command, Some(Command::Demo)));
+        assert!(matches!(parse(&["doctor"]).command, Some(Command::Doctor(DoctorArgs { start_probe: false }))));
+        assert!(matches!(
+            parse(&["doctor", "--start-probe"]).command,
+            Some(Command::Doctor(DoctorArgs { start_probe: true }))
+        ));
+        match parse(&["slt", "a.slt", "sql-tests/b.slt"]).command {
+            Some(Command::Slt(SltArgs { files })) => {
+                assert_eq!(files, [PathBuf::from("a.slt"), PathBuf::from("sql-tests/b.slt")])
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["fuzz", "--queries", "10000", "--seed", "20261124", "--max-rows", "100000", "--cpu-only"]).command
+        {
+            Some(Command::Fuzz(f)) => {
+                let o = crate::fuzz::FuzzOptions::from(f);
+                assert_eq!((o.queries, o.seed, o.max_rows, o.gpu), (10_000, 20_261_124, 100_000, false));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["fuzz"]).command {
+            Some(Command::Fuzz(f)) => {
+                let (o, d) = (crate::fuzz::FuzzOptions::from(f), crate::fuzz::FuzzOptions::default());
+                assert_eq!((o.queries, o.seed, o.max_rows, o.gpu), (d.queries, d.seed, d.max_rows, d.gpu));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["scheduler", "--port", "50060", "--bind", "0.0.0.0"]).command {
+            Some(Command::Scheduler(s)) => assert_eq!((s.port, s.bind.as_str()), (50060, "0.0.0.0")),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["scheduler"]).command {
+            Some(Command::Scheduler(s)) => assert_eq!((s.port, s.bind.as_str()), (50050, "127.0.0.1")),
+            other => panic!("{other:?}"),
+        }
+        let line = [
+            "executor",
+            "--scheduler",
+            "10.0.0.1:50070",
+            "--port",
+            "50071",
+            "--grpc-port",
+            "50072",
+            "--tasks",
+            "2",
+            "--data-dir",
+            "/data",
+            "--data-dir",
+            "/more",
+            "--work-dir",
+            "/work",
+            "--devices",
+            "0,1",
+            "--bind",
+            "0.0.0.0",
+        ];
+        match parse(&line).command {
+            Some(Command::Executor(e)) => {
+                assert_eq!(e.scheduler, ("10.0.0.1".to_string(), 50070));
+                assert_eq!((e.port, e.grpc_port, e.tasks, e.bind.as_str()), (50071, Some(50072), Some(2), "0.0.0.0"));
+                assert_eq!(e.data_dirs, [PathBuf::from("/data"), PathBuf::from("/more")]);
+                assert_eq!(e.work_dir, Some(PathBuf::from("/work")));
+                assert_eq!(e.devices, Some(crate::config::Devices::List(vec![0, 1])));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["executor"]).command {
+            Some(Command::Executor(e)) => {
+                assert_eq!(e.scheduler, ("127.0.0.1".to_string(), 50050));
+                assert_eq!((e.port, e.grpc_port, e.tasks, e.devices), (50051, None, None, None));
+                assert!(e.data_dirs.is_empty() && e.work_dir.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn benchmarks() {
+        assert!(matches!(bench(&["bench", "setops"]), Bench::Setops));
+        assert!(matches!(bench(&["bench", "filter"]), Bench::Filter));
+
+        let Bench::Tpch(t) = bench(&[
+            "bench",
+            "tpch",
+            "--sf",
+            "10",
+            "--runs",
+            "3",
+            "--queries",
+            "q4,q16,q21",
+            "--out",
+            "t.md",
+            "--svg",
+            "c.svg",
+        ]) else {
+            panic!()
+        };
+        assert_eq!((t.sf, t.runs, t.queries.as_slice()), (10.0, 3, ["q4", "q16", "q21"].map(String::from).as_slice()));
+        assert_eq!((t.out, t.svg), (Some(PathBuf::from("t.md")), Some(PathBuf::from("c.svg"))));
+        let Bench::Tpch(t) = bench(&["bench", "tpch", "--sf", "10", "--chart-from", "a.md,b.md", "--svg", "c.svg"])
+        else {
+            panic!()
+        };
+        assert_eq!(t.chart_from, [PathBuf::from("a.md"), PathBuf::from("b.md")]);
+        // The fresh-process child the benchmark starts (`fresh_process`).
+        let Bench::Tpch(t) = bench(&["bench", "tpch", "--sf", "0.1", "--one", "q4", "--engine", "datafusion"]) else {
+            panic!()
+        };
+        assert_eq!((t.sf, t.one.as_deref(), t.engine.as_str()), (0.1, Some("q4"), "datafusion"));
+        let Bench::Tpch(t) = bench(&["bench", "tpch"]) else { panic!() };
+        assert_eq!((t.sf, t.runs, t.queries.len(), t.one), (1.0, 5, 0, None));
+
+        let Bench::Parquet(p) = bench(&["bench", "parquet", "--runs", "3", "--codecs", "snappy", "--no-fresh"]) else {
+            panic!()
+        };
+        assert_eq!((p.runs, p.codecs.as_slice(), p.no_fresh), (Some(3), ["snappy".to_string()].as_slice(), true));
+        let Bench::Parquet(p) = bench(&["bench", "parquet"]) else { panic!() };
+        assert_eq!(
+            (p.runs, p.codecs.as_slice(), p.no_fresh),
+            (None, ["snappy", "zstd"].map(String::from).as_slice(), false)
+        );
+        let Bench::Parquet(p) = bench(&["bench", "parquet", "--one", "in", "--engine", "setfusion", "--codec", "zstd"])
+        else {
+            panic!()
+        };
+        assert_eq!((p.one.as_deref(), p.engine.as_str(), p.codec.as_str()), (Some("in"), "setfusion", "zstd"));
+
+        let Bench::Families(f) = bench(&[
+            "bench",
+            "families",
+            "--sizes",
+            "5000,10000",
+            "--kinds",
+            "uniform",
+            "--cpu-max",
+            "8000",
+            "--runs",
+            "2",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(
+            (f.sizes.as_slice(), f.kinds.as_slice()),
+            ([5000, 10000].as_slice(), ["uniform".to_string()].as_slice())
+        );
+        assert_eq!((f.cpu_max, f.runs), (8000, 2));
+        let Bench::Families(f) = bench(&["bench", "families"]) else { panic!() };
+        assert_eq!((f.sizes.len(), f.kinds.len(), f.cpu_max, f.runs), (4, 2, 10_000, 3));
+
+        let Bench::Lists(l) = bench(&[
+            "bench",
+            "lists",
+            "--rows",
+            "200000",
+            "--batch-rows",
+            "4096",
+            "--max-len",
+            "50",
+            "--queries",
+            "10",
+            "--terms",
+            "8",
+            "--max-list",
+            "5000",
+            "--domain",
+            "100",
+            "--partitions",
+            "4",
+            "--skip-kway",
+            "--strings",
+        ]) else {
+            panic!()
+        };
+        assert_eq!((l.rows, l.batch_rows, l.max_len, l.queries, l.terms), (200_000, 4096, 50, 10, 8));
+        assert_eq!((l.max_list, l.domain, l.partitions), (5000, 100, 4));
+        assert!(l.skip_kway && l.strings && !l.skip_rows);
+
+        let Bench::Ssjoin(s) = bench(&[
+            "bench",
+            "ssjoin",
+            "--collections",
+            "uniform,ZIPF",
+            "--sets",
+            "100000",
+            "--thresholds",
+            "0.5,0.6",
+            "--reps",
+            "3",
+            "--no-nlj",
+            "--no-cpu",
+            "--cpu-timeout-s",
+            "2.5",
+            "--out",
+            "s.md",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(s.collections, ["uniform", "ZIPF"]);
+        assert_eq!(
+            (s.sets.as_slice(), s.thresholds.as_slice(), s.reps),
+            ([100_000].as_slice(), [0.5, 0.6].as_slice(), 3)
+        );
+        assert!(s.no_nlj && s.no_cpu && !s.quick);
+        assert_eq!((s.cpu_timeout, s.out.as_deref()), (Some(std::time::Duration::from_millis(2500)), Some("s.md")));
+        let Bench::Ssjoin(s) = bench(&["bench", "ssjoin", "--quick"]) else { panic!() };
+        assert!(s.quick && s.collections.len() == 3 && s.thresholds.len() == 5 && s.cpu_timeout.is_none());
+    }
+
+    /// Every subcommand path of the grammar, e.g. `["bench", "tpch"]`.
+    fn command_paths(cmd: &clap::Command, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(prefix.clone());
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let mut path = prefix.clone();
+            path.push(sub.get_name().to_string());
+            command_paths(sub, path, out);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_answers_help_with_a_description() {
+        let mut paths = Vec::new();
+        command_paths(&Cli::command(), Vec::new(), &mut paths);
+        // The top level, demo, doctor, slt, fuzz, bench and its 7, scheduler, executor.
+        assert_eq!(paths.len(), 15, "{paths:?}");
+        for path in paths {
+            for flag in ["--help", "-h"] {
+                let line: Vec<&str> =
+                    std::iter::once("setfusion").chain(path.iter().map(String::as_str)).chain([flag]).collect();
+                let e = Cli::try_parse_from(&line).expect_err("help is an early exit");
+                assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{line:?}: {e}");
+                let help = e.render().to_string();
+                assert!(help.contains("Usage: setfusion"), "{line:?}: {help}");
+                // The first line describes the command.
+                assert!(
+                    help.lines().next().is_some_and(|l| l.len() > 10 && !l.starts_with("Usage")),
+                    "{line:?}: {help}"
+                );
+            }
+        }
+        let help = refused(&["bench", "tpch", "--help"]).render().to_string();
+        for option in ["--sf", "--runs", "--queries", "--out", "--svg", "--chart-from"] {
+            assert!(help.contains(option), "{option}: {help}");
+        }
+        assert!(!help.contains("--one"), "the child's options stay hidden: {help}");
+        assert_eq!(refused(&["--version"]).kind(), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn bad_input_is_refused_in_one_line() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--format", "xml"], "xml"),
+            (&["--table", "nope"], "NAME=PATH"),
+            (&["--table", "=x.csv"], "NAME=PATH"),
+            (&["-c"], "-c"),
+            (&["--bogus"], "--bogus"),
+            (&["--table", "a=a.csv", "demo"], "demo"),
+            (&["demo", "extra"], "extra"),
+            (&["doctor", "--start"], "--start"),
+            (&["slt"], "FILE.slt"),
+            (&["fuzz", "--queries", "many"], "many"),
+            (&["fuzz", "--seed", "-1"], "-1"),
+            (&["bench"], ""),
+            (&["bench", "nope"], "nope"),
+            (&["bench", "tpch", "--sf", "x"], "--sf"),
+            (&["bench", "tpch", "--sf", "0"], "positive"),
+            (&["bench", "tpch", "--bogus"], "--bogus"),
+            (&["bench", "tpch", "--chart-from", "a.md"], "--svg"),
+            (&["bench", "parquet", "--codecs", "snappy,lz4"], "lz4"),
+            (&["bench", "families", "--kinds", "odd"], "odd"),
+            (&["bench", "families", "--sizes", "5000,x"], "x"),
+            (&["bench", "lists", "--rows"], "--rows"),
+            (&["bench", "ssjoin", "--thresholds", "0.5,1.5"], "1.5"),
+            (&["bench", "ssjoin", "--reps", "0"], "--reps"),
+            (&["bench", "ssjoin", "--quick", "--sets", "5"], "--sets"),
+            (&["bench", "ssjoin", "--collections", "dblp,web"], "web"),
+            (&["bench", "ssjoin", "--cpu-timeout-s", "-3"], "-3"),
+            (&["bench", "ssjoin", "--cpu-timeout-s", "0"], "positive"),
+            (&["bench", "setops", "--rows", "5"], "--rows"),
+            (&["scheduler", "--port", "99999"], "99999"),
+            (&["executor", "--scheduler", "nohost"], "HOST:PORT"),
+            (&["executor", "--scheduler", "h:port"], "not a port"),
+            (&["executor", "--tasks", "0"], "positive"),
+            (&["executor", "--devices", "0,x"], "0,x"),
+            (&["executor", "--grpc-port", "-1"], "-1"),
+        ];
+        for (line, needle) in cases {
+            let e = refused(line);
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                continue; // `setfusion bench`: the list of benchmarks, on stderr, status 1.
+            }
+            let msg = parse_error_line(&e, &argv(line));
+            assert!(!msg.contains('\n'), "{line:?}: {msg}");
+            assert!(msg.contains(needle), "{line:?}: {msg}");
+            assert!(msg.contains("(see setfusion") && msg.ends_with("--help)"), "{line:?}: {msg}");
+        }
+        for line in [&["bench", "tpch", "--bogus"][..], &["bench", "tpch", "--sf", "x"]] {
+            let msg = parse_error_line(&refused(line), &argv(line));
+            assert!(msg.ends_with("(see setfusion bench tpch --help)"), "{line:?}: {msg}");
+        }
+    }
+
+    #[tokio::test]
+    async fn exit_codes() {
+        let args = |line: &[&str]| std::iter::once("setfusion").chain(line.iter().copied()).map(String::from).collect();
+        assert_eq!(main_with_args(args(&["bench", "tpch", "--help"])).await, 0);
+        assert_eq!(main_with_args(args(&["bench", "tpch", "--bogus"])).await, 1);
+        assert_eq!(main_with_args(args(&["bench"])).await, 1);
+        assert_eq!(main_with_args(args(&["--format", "csv", "-c", "SELECT 1 AS x"])).await, 0);
+        assert_eq!(main_with_args(args(&["-c", "SELECT * FROM no_such_table"])).await, 1);
     }
 }
