@@ -415,19 +415,12 @@ pub(crate) fn select_device_scanned(
         Side::Device(scan)
             if scan.filter().is_none()
                 && !(cfg.cache_limit.0 > 0
-                    && crate::scan::is_cached(
-                        &g,
-                        scan.files(),
-                        scan.column(),
-                        scan.data_type(),
-                        &Default::default(),
-                    )) =>
+                    && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) =>
         {
             Some(crate::scan::ReadAhead::start(
                 scan.files().to_vec(),
                 scan.column().to_string(),
                 scan.data_type().clone(),
-                Default::default(),
             ))
         }
         _ => None,
@@ -449,9 +442,8 @@ pub(crate) fn select_device_scanned(
     // Both sides read from their files (neither in the column cache): one
     // upload buffer and one decode launch for the two, so the launches'
     // tails (their largest pages) overlap. Otherwise side by side.
-    let cached = |s: &DeviceScanExec| {
-        cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type(), &Default::default())
-    };
+    let cached =
+        |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
     let (probe, build) = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
             if !cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none() =>

@@ -256,14 +256,10 @@ fn opened_or_started(ordinal: usize) -> bool {
 /// (on the H100, a started device cost one-query TPC-H SF10 processes
 /// 110-160 ms while DataFusion's plans ran beside it).
 pub fn readiness_if_started(ordinal: usize) -> Option<Readiness> {
-    if disabled() {
-        return Some(Readiness::Unavailable(Unavailable::DriverInit("SETFUSION_DISABLE_GPU=1".into())));
-    }
+    // Disabled or without a driver, `readiness` answers Unavailable without a CUDA call.
     // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Some(Readiness::Unavailable(Unavailable::NoDriver));
-    }
-    opened_or_started(ordinal).then(|| readiness(ordinal))
+    let no_driver = disabled() || !unsafe { cudarc::driver::sys::is_culib_present() };
+    (no_driver || opened_or_started(ordinal)).then(|| readiness(ordinal))
 }
 
 /// See [`Readiness`]. A device nobody started is opened here, synchronously.

@@ -160,9 +160,8 @@ pub fn read_on_host(
 pub struct ReadAhead(std::thread::JoinHandle<Result<std::result::Result<HostRead, Fallback>>>);
 
 impl ReadAhead {
-    /// Read the row groups `keep` leaves of `column` of `files` on a thread of its own.
-    pub fn start(files: Vec<ScanFile>, column: String, arrow: DataType, keep: Keep) -> Self {
-        ReadAhead(std::thread::spawn(move || read_on_host(&files, &column, &arrow, &keep)))
+    pub fn start(files: Vec<ScanFile>, column: String, arrow: DataType) -> Self {
+        ReadAhead(std::thread::spawn(move || read_on_host(&files, &column, &arrow, &Keep::default())))
     }
 
     fn join(self) -> Result<std::result::Result<HostRead, Fallback>> {
@@ -174,9 +173,9 @@ impl ReadAhead {
     }
 }
 
-/// Is `column` of `files`, as they are now (the row groups `keep` leaves), in `gpu`'s column cache?
-pub fn is_cached(gpu: &Gpu, files: &[ScanFile], column: &str, arrow: &DataType, keep: &Keep) -> bool {
-    CacheKey::of(files, column, arrow).is_some_and(|k| ColumnCache::of(gpu).holds(&k.within(keep.clone())))
+/// Is `column` of `files`, as they are now, in `gpu`'s column cache?
+pub fn is_cached(gpu: &Gpu, files: &[ScanFile], column: &str, arrow: &DataType) -> bool {
+    CacheKey::of(files, column, arrow).is_some_and(|k| ColumnCache::of(gpu).holds(&k))
 }
 
 /// Read `column` of `files` (read by DataFusion as `arrow`) onto `gpu` as
@@ -185,7 +184,7 @@ pub fn is_cached(gpu: &Gpu, files: &[ScanFile], column: &str, arrow: &DataType, 
 /// above 0, the device column cache ([`cache`]) answers a repeated scan of
 /// unchanged files, and keeps what this one decodes. `keep`: the row groups
 /// read (the caller drops the others' rows anyway). `ahead`: the host part,
-/// already started ([`ReadAhead`] of the same row groups).
+/// already started ([`ReadAhead`], which reads every row group).
 #[allow(clippy::too_many_arguments)]
 pub fn scan_to_device(
     gpu: &Gpu,
