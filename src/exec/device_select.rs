@@ -92,6 +92,7 @@ fn filtered_side(
                         cache: r.cache,
                         row_groups: r.row_groups,
                         row_groups_pruned: r.row_groups_pruned,
+                        streamed: r.streamed,
                         ..report
                     };
                 }
@@ -222,13 +223,15 @@ fn describe(which: &str, r: &ScanReport) -> String {
         } else {
             String::new()
         };
+    // Streamed, the upload's time (but its tail) lies within the reads'.
     let secs = (r.read + r.upload + r.decode).as_secs_f64().max(1e-9);
     format!(
-        "{which}: {} rows, {} pages, {:.1} MB read in {:.1} ms, uploaded in {:.1} ms, decoded in {:.1} ms ({:.1} GB/s of keys end to end)",
+        "{which}: {} rows, {} pages, {:.1} MB read in {:.1} ms, {} {:.1} ms, decoded in {:.1} ms ({:.1} GB/s of keys end to end)",
         r.rows,
         r.pages,
         r.bytes_read as f64 / 1e6,
         r.read.as_secs_f64() * 1e3,
+        if r.streamed { "uploaded while read, then" } else { "uploaded in" },
         r.upload.as_secs_f64() * 1e3,
         r.decode.as_secs_f64() * 1e3,
         r.bytes_decoded as f64 / secs / 1e9,
@@ -409,22 +412,6 @@ pub(crate) fn select_device_scanned(
         Side::Host(..) => None,
     };
     let mut stats = TransferStats::default();
-    // The build side's files are read on the host while the probe side's
-    // are uploaded and decoded (unless the device holds its keys already).
-    let ahead = match &build {
-        Side::Device(scan)
-            if scan.filter().is_none()
-                && !(cfg.cache_limit.0 > 0
-                    && crate::scan::is_cached(&g, scan.files(), scan.column(), scan.data_type())) =>
-        {
-            Some(crate::scan::ReadAhead::start(
-                scan.files().to_vec(),
-                scan.column().to_string(),
-                scan.data_type().clone(),
-            ))
-        }
-        _ => None,
-    };
     // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL]),
     // probe row groups outside the build side's key range (from its files'
     // statistics) are not read, as DataFusion's dynamic filter would prune
@@ -452,18 +439,22 @@ pub(crate) fn select_device_scanned(
                 let keep = crate::scan::Keep::key_range(range);
                 crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
             }
-            match crate::scan::scan_pair_to_device(
-                &g,
-                [side(p, keep), side(b, None)],
-                cfg.cache_limit.0,
-                ahead,
-                &mut stats,
-            )? {
+            match crate::scan::scan_pair_to_device(&g, [side(p, keep), side(b, None)], cfg.cache_limit.0, &mut stats)? {
                 Ok([dp, db]) => (device_side(&g, dp, &mut stats)?, device_side(&g, db, &mut stats)?),
                 Err((i, why)) => return Ok(Err(format!("{} side: {}", ["probe", "build"][i], why.0))),
             }
         }
         _ => {
+            // The build side's files are read on the host while the probe
+            // side's are uploaded and decoded (unless the device holds its keys already).
+            let ahead = match &build {
+                Side::Device(scan) if scan.filter().is_none() && !cached(scan) => Some(crate::scan::ReadAhead::start(
+                    scan.files().to_vec(),
+                    scan.column().to_string(),
+                    scan.data_type().clone(),
+                )),
+                _ => None,
+            };
             let keep = crate::scan::Keep::key_range(keep);
             let probe = match side_keys(&g, probe, key_type, &keep, cfg.cache_limit.0, None, &mut stats)? {
                 Ok(k) => k,

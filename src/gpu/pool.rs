@@ -157,14 +157,26 @@ pub(crate) fn par_map<T: Sync, R: Send, E: Send>(
 /// machine, and on the pool no faster: the frees serialise on the arenas.
 /// Nothing waits for it, so it leaves the query's critical path.
 pub(crate) fn drop_later<T: Send + 'static>(x: T) {
-    static REAPER: OnceLock<Mutex<Sender<Box<dyn Send>>>> = OnceLock::new();
-    let tx = REAPER.get_or_init(|| {
-        let (tx, rx) = channel::<Box<dyn Send>>();
-        // If the thread cannot start, `rx` is gone, the send below fails and `x` is dropped here.
-        let _ = std::thread::Builder::new().name("setfusion-drop".into()).spawn(move || rx.into_iter().for_each(drop));
+    later(move || drop(x));
+}
+
+/// Run `f` on the one background thread for work off the query's path
+/// (frees, page-locking kept buffers), in the order given.
+pub(crate) fn later(f: impl FnOnce() + Send + 'static) {
+    type Task = Box<dyn FnOnce() + Send>;
+    static BACKGROUND: OnceLock<Mutex<Sender<Task>>> = OnceLock::new();
+    let tx = BACKGROUND.get_or_init(|| {
+        let (tx, rx) = channel::<Task>();
+        // If the thread cannot start, `rx` is gone, the send below fails and the task is dropped unrun.
+        let _ = std::thread::Builder::new().name("setfusion-background".into()).spawn(move || {
+            rx.into_iter().for_each(|f| {
+                // A task that panics loses its own work only.
+                let _ = catch_unwind(AssertUnwindSafe(f));
+            })
+        });
         Mutex::new(tx)
     });
-    let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).send(Box::new(x));
+    let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).send(Box::new(f));
     drop(sent);
 }
 

@@ -146,3 +146,85 @@ impl Gpu {
         Ok(HostOut { buf: self.pinned_from_pool(bytes)?, free: self.pinned_free.clone() })
     }
 }
+
+/// Host bytes that can be page-locked for the device in place
+/// (`cuMemHostRegister`), so a device reads them by DMA with no copy through
+/// the staging buffers and without stalling the host. The device scan reads
+/// column chunks into such buffers and keeps them for the next scan: a
+/// buffer is locked once, in the background after its first scan
+/// ([`HostBytes::page_lock`]), and every later scan uploads from it directly
+/// while it still reads ([`Gpu::streamed_upload`]).
+pub struct HostBytes {
+    buf: Vec<u8>,
+    /// The context the pages are locked for (None: pageable memory).
+    locked: Option<Arc<cudarc::driver::CudaContext>>,
+}
+
+impl HostBytes {
+    /// `len` zero bytes, pageable.
+    pub fn zeroed(len: usize) -> Self {
+        HostBytes { buf: vec![0u8; len], locked: None }
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Is the device's DMA reading these bytes in place?
+    pub fn is_page_locked(&self) -> bool {
+        self.locked.is_some()
+    }
+
+    /// Lock the pages for the DMA of `ctx`'s device (for every context: PORTABLE). Costs
+    /// about what one copy through the staging buffers would; call it off the
+    /// query's path. A no-op for empty or already locked bytes.
+    pub fn page_lock(&mut self, ctx: &Arc<cudarc::driver::CudaContext>) -> Result<()> {
+        if self.locked.is_some() || self.buf.is_empty() {
+            return Ok(());
+        }
+        ctx.bind_to_thread().map_err(|e| cuda_err("bind context", e))?;
+        // SAFETY: the pointer and length are the Vec's own; the Vec is never resized
+        // while locked (HostBytes hands out slices only) and is unlocked in Drop
+        // before it is freed.
+        let r = unsafe {
+            cudarc::driver::sys::cuMemHostRegister_v2(
+                self.buf.as_mut_ptr() as *mut std::ffi::c_void,
+                self.buf.len(),
+                cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        };
+        r.result().map_err(|e| cuda_err("cuMemHostRegister", e))?;
+        self.locked = Some(ctx.clone());
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for HostBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for HostBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.locked.take() {
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: the pointer is the one registered in page_lock; no DMA
+                // reads it any more (every upload from it synchronised before its
+                // borrow ended: StreamedUpload's Drop).
+                let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(self.buf.as_mut_ptr() as *mut std::ffi::c_void) };
+            }
+        }
+    }
+}

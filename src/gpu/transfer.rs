@@ -190,6 +190,12 @@ impl Gpu {
         Ok(())
     }
 
+    /// Uploads into `dst` of host pieces that become ready one after another
+    /// (the device scan's chunk reads, uploaded while the next are read).
+    pub fn streamed_upload<'a>(&'a self, dst: &'a mut DeviceBuffer<u8>) -> StreamedUpload<'a> {
+        StreamedUpload { gpu: self, dst, bytes: 0, direct: 0, time: Duration::ZERO }
+    }
+
     /// The pinned staging buffers, allocated on first use (held while uploading).
     pub(super) fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
         let mut guard = self.staging.lock().map_err(|_| DataFusionError::Internal("staging lock poisoned".into()))?;
@@ -697,6 +703,35 @@ mod tests {
         assert_eq!(none, None);
     }
 
+    /// Pieces uploaded as they come ([`Gpu::streamed_upload`]), from
+    /// page-locked memory (DMA in place) and from pageable memory (through the
+    /// staging buffers), out of order, land where they were sent.
+    #[test]
+    fn streamed_pieces_land_in_place() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut stats = TransferStats::default();
+        let n = (3 << 20) + 12_345;
+        let mut locked = super::super::HostBytes::zeroed(n);
+        locked.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 31 % 251) as u8);
+        locked.page_lock(gpu.context()).unwrap();
+        assert!(locked.is_page_locked());
+        let pageable: Vec<u8> = (0..n).map(|i| (i * 17 % 253) as u8).collect();
+        let mut dst = gpu.alloc::<u8>(2 * n).unwrap();
+        {
+            let mut up = gpu.streamed_upload(&mut dst);
+            let (a, b) = locked.split_at(n / 3);
+            up.piece(n / 3, b, true, &mut stats).unwrap();
+            up.piece(n, &pageable, false, &mut stats).unwrap();
+            up.piece(0, a, true, &mut stats).unwrap();
+            assert!(up.piece(2 * n - 1, &pageable[..2], false, &mut stats).is_err());
+            assert_eq!(up.finish(&mut stats).unwrap(), (2 * n, n));
+        }
+        let back = gpu.download(&dst, 2 * n, &mut stats).unwrap();
+        assert!(back[..n] == locked[..], "page-locked pieces");
+        assert!(back[n..] == pageable[..], "pageable piece");
+    }
+
     #[test]
     fn arrow_buffers_round_trip() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
@@ -719,5 +754,77 @@ mod tests {
         let d = gpu.upload(&big, &mut stats).unwrap();
         let back = gpu.download(&d, big.len(), &mut stats).unwrap();
         assert!(back == big);
+    }
+}
+
+/// See [`Gpu::streamed_upload`]. A piece of page-locked memory
+/// ([`super::HostBytes`]) is copied by DMA straight from where it lies and
+/// the call returns at once; any other piece goes through the staging
+/// buffers. Every piece borrows its bytes for `'a`: [`StreamedUpload::finish`]
+/// (and the drop, on every other path) waits for the copies, so no DMA
+/// outlives the bytes it reads.
+pub struct StreamedUpload<'a> {
+    gpu: &'a Gpu,
+    dst: &'a mut DeviceBuffer<u8>,
+    bytes: usize,
+    /// Of `bytes`: copied straight from page-locked memory.
+    direct: usize,
+    time: Duration,
+}
+
+impl<'a> StreamedUpload<'a> {
+    /// Copy `src` to `dst[at..at + src.len()]`; `page_locked`: `src` lies in
+    /// page-locked memory (then the copy is queued, not waited for).
+    pub fn piece(&mut self, at: usize, src: &'a [u8], page_locked: bool, stats: &mut TransferStats) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        if at + src.len() > self.dst.len() {
+            return Err(DataFusionError::Internal("streamed upload past its buffer".into()));
+        }
+        let t = Instant::now();
+        if page_locked {
+            let stream = &self.gpu.stream;
+            let mut view = self.dst.slice.slice_mut(at..at + src.len());
+            let (dptr, _record) = view.device_ptr_mut(stream);
+            // SAFETY: `src` is page-locked host memory borrowed for 'a, and this
+            // StreamedUpload synchronises the stream before 'a can end (finish or
+            // Drop); `dptr` addresses src.len() bytes of `dst`.
+            unsafe { cudarc::driver::result::memcpy_htod_async(dptr, src, stream.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+            self.direct += src.len();
+        } else {
+            let mut inner = TransferStats::default();
+            self.gpu.upload_chunks_into(&[src], self.dst, at, &mut inner)?;
+            stats.staging_copy += inner.staging_copy;
+            stats.dma_wait += inner.dma_wait;
+        }
+        self.bytes += src.len();
+        self.time += t.elapsed();
+        Ok(())
+    }
+
+    /// Wait for every copy; returns the bytes uploaded and, of them, those
+    /// copied straight from page-locked memory.
+    pub fn finish(mut self, stats: &mut TransferStats) -> Result<(usize, usize)> {
+        let t = Instant::now();
+        self.gpu.stream.synchronize().map_err(|e| cuda_err("stream synchronize", e))?;
+        let waited = t.elapsed();
+        stats.dma_wait += waited;
+        stats.to_device += self.time + waited;
+        stats.bytes_to_device += self.bytes;
+        let done = (self.bytes, self.direct);
+        self.bytes = 0;
+        self.direct = 0;
+        Ok(done)
+    }
+}
+
+impl Drop for StreamedUpload<'_> {
+    fn drop(&mut self) {
+        if self.direct > 0 {
+            // The bytes' borrow ends with this value: no copy may still read them.
+            let _ = self.gpu.stream.synchronize();
+        }
     }
 }

@@ -3,8 +3,12 @@
 //! decompressed (SNAPPY) and decoded (PLAIN and dictionary pages, v1 and v2,
 //! NULLs) on the device straight into the selection's 64-bit keys.
 //!
-//! Both sides of a selection read from files are uploaded into one buffer
-//! and decoded in one launch ([`scan_pair_to_device`]). Pages of ZSTD,
+//! The chunks are read on host threads in parts of 64 MiB, each uploaded
+//! while the next parts are read ([`read_and_upload`]); the read buffers are
+//! kept for the next scan and page-locked in the background after their
+//! first, so later scans upload by DMA straight from them, with no staging
+//! copy. Both sides of a selection read from files are uploaded into one
+//! buffer and decoded in one launch ([`scan_pair_to_device`]). Pages of ZSTD,
 //! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
 //! decompressed on host threads first ([`decode::inflate_on_host`]): one warp
 //! decompresses one snappy page, so a launch lasts as long as its largest.
@@ -46,8 +50,11 @@ pub struct ScanReport {
     pub bytes_decoded: u64,
     pub pages: usize,
     pub read: Duration,
+    /// With `streamed`: only what the upload took after the reads ended.
     pub upload: Duration,
     pub decode: Duration,
+    /// Uploaded part by part while the reads went on ([`read_and_upload`]).
+    pub streamed: bool,
     /// What the device column cache did ([`cache`]).
     pub cache: Option<CacheUse>,
     /// Row groups left out (the other side's key range, or the statistics against the input's filter), of all.
@@ -83,22 +90,19 @@ pub struct HostRead {
 }
 
 impl HostRead {
-    /// Bytes to upload: the chunks, then the inflated pages.
-    fn upload_len(&self) -> usize {
-        self.raw.len() + self.inflated.len()
-    }
-
-    /// The scan's report once uploaded and decoded; the host buffers are kept for the next scan.
+    /// The scan's report once uploaded and decoded; the host buffers are
+    /// kept for the next scan (page-locked for `gpu` first).
     fn finish(
         self,
+        gpu: &Gpu,
         upload: Duration,
         decode: Duration,
         cache: Option<CacheUse>,
         decoded_with_other: bool,
     ) -> ScanReport {
         let HostRead { plan, raw, inflated, table, read } = self;
-        pages::give_back(raw);
-        pages::give_back(inflated);
+        pages::give_back_to_device(raw, gpu);
+        pages::give_back_to_device(inflated, gpu);
         ScanReport {
             rows: plan.rows,
             bytes_read: plan.bytes,
@@ -112,18 +116,8 @@ impl HostRead {
             row_groups: plan.row_groups,
             decoded_with_other,
             filtered: None,
+            streamed: false,
         }
-    }
-
-    /// Upload the chunks and the inflated pages to `dst` from `at`.
-    fn upload_into(
-        &self,
-        gpu: &Gpu,
-        dst: &mut crate::gpu::DeviceBuffer<u8>,
-        at: usize,
-        stats: &mut TransferStats,
-    ) -> Result<()> {
-        gpu.upload_chunks_into(&[&self.raw[..], &self.inflated[..]], dst, at, stats)
     }
 }
 
@@ -196,19 +190,20 @@ pub fn scan_to_device(
     ahead: Option<ReadAhead>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
-    let read = |ahead: Option<ReadAhead>| match ahead {
-        Some(a) => a.join(),
-        None => read_on_host(files, column, arrow, keep),
+    // Read ahead: upload and decode what was read; else read and upload together.
+    let onto_device = |ahead: Option<ReadAhead>, stats: &mut TransferStats| match ahead {
+        Some(a) => Ok(match a.join()? {
+            Ok(host) => Ok(to_device(gpu, host, stats)?),
+            Err(f) => Err(f),
+        }),
+        None => read_to_device(gpu, files, column, arrow, keep, stats),
     };
     let key = (cache_limit > 0).then(|| CacheKey::of(files, column, arrow)).flatten().map(|k| k.within(keep.clone()));
     let Some(key) = key else {
-        return Ok(match read(ahead)? {
-            Ok(host) => Ok(to_device(gpu, host, stats).map(|(d, mut r)| {
-                r.cache = Some(CacheUse::Off);
-                (d, r)
-            })?),
-            Err(f) => Err(f),
-        });
+        return Ok(onto_device(ahead, stats)?.map(|(d, mut r)| {
+            r.cache = Some(CacheUse::Off);
+            (d, r)
+        }));
     };
     let cache = ColumnCache::of(gpu);
     let t = Instant::now();
@@ -224,14 +219,10 @@ pub fn scan_to_device(
         };
         return Ok(Ok((hit, report)));
     }
-    Ok(match read(ahead)? {
-        Ok(host) => {
-            let (d, mut r) = to_device(gpu, host, stats)?;
-            r.cache = Some(cache.put(gpu, key, &d, cache_limit));
-            Ok((d, r))
-        }
-        Err(f) => Err(f),
-    })
+    Ok(onto_device(ahead, stats)?.map(|(d, mut r)| {
+        r.cache = Some(cache.put(gpu, key, &d, cache_limit));
+        (d, r)
+    }))
 }
 
 /// One side of [`scan_pair_to_device`]: its files, the column, its type as
@@ -243,9 +234,9 @@ pub struct PairSide<'a> {
     pub keep: Keep,
 }
 
-/// Both sides of a selection read from their files onto the device: read on
-/// the host (the second by `ahead` when given, while this thread reads the
-/// first), uploaded into one device buffer, and decoded in one launch
+/// Both sides of a selection read from their files onto the device, read
+/// and uploaded together ([`read_and_upload`]: one device buffer, the
+/// uploads overlapped with the reads) and decoded in one launch
 /// ([`decode::decode_gpu_pair`]: the sides' slowest pages overlap). With
 /// `cache_limit` above 0 the column cache keeps what was decoded (the caller
 /// takes this path only when it holds neither side). `Err((side, why))` when
@@ -254,51 +245,216 @@ pub fn scan_pair_to_device(
     gpu: &Gpu,
     sides: [PairSide<'_>; 2],
     cache_limit: usize,
-    ahead: Option<ReadAhead>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
-    let [first, second] = &sides;
-    let a = match read_on_host(first.files, first.column, first.arrow, &first.keep)? {
-        Ok(h) => h,
-        Err(f) => return Ok(Err((0, f))),
-    };
-    let b = match ahead {
-        Some(x) => x.join()?,
-        None => read_on_host(second.files, second.column, second.arrow, &second.keep)?,
-    };
-    let b = match b {
-        Ok(h) => h,
-        Err(f) => return Ok(Err((1, f))),
+    let mut plans = Vec::with_capacity(2);
+    for (i, side) in sides.iter().enumerate() {
+        match pages::plan_scan_within(side.files, side.column, side.arrow, &side.keep)? {
+            Ok(p) => plans.push(p),
+            Err(f) => return Ok(Err((i, f))),
+        }
+    }
+    let b_raw_at = plans[0].bytes;
+    let (raw, hosts, upload) = match read_and_upload(gpu, plans, stats)? {
+        Ok(x) => x,
+        Err(f) => return Ok(Err(f)),
     };
     let t = Instant::now();
-    let mut raw = gpu.alloc::<u8>(a.upload_len() + b.upload_len())?;
-    a.upload_into(gpu, &mut raw, 0, stats)?;
-    let upload_a = t.elapsed();
-    b.upload_into(gpu, &mut raw, a.upload_len(), stats)?;
-    let upload_b = t.elapsed() - upload_a;
-    let b_raw_at = a.upload_len() as u64;
-    let t = Instant::now();
-    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, b_raw_at, stats)?;
+    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &hosts[0].table, &hosts[1].table, b_raw_at, stats)?;
     let decode = t.elapsed();
     drop(raw);
-    Ok(Ok([(first, a, upload_a, da), (second, b, upload_b, db)].map(|(side, host, upload, d)| {
+    let mut hosts = hosts.into_iter();
+    let (a, b) = (hosts.next(), hosts.next());
+    let (Some(a), Some(b)) = (a, b) else {
+        return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side went missing".into()));
+    };
+    let [first, second] = &sides;
+    Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
         let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
             Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), &d, cache_limit),
             None => CacheUse::Off,
         };
-        let report = host.finish(upload, decode, Some(cache), true);
+        let mut report = host.finish(gpu, upload, decode, Some(cache), true);
+        report.streamed = true;
         (d, report)
     })))
 }
 
-/// The device part of a scan: the chunks uploaded and decoded.
+/// Read the chunks of `plans` (one scan each) on the host threads, in parts
+/// ([`pages::read_chunks_in_parts`]; the plans side by side), each part
+/// uploaded into one device buffer while the next parts are read (straight
+/// from page-locked memory when the kept read buffers are locked: no staging
+/// copy, no wait). The buffer holds the plans' chunks back to back, then the
+/// pages [`decode::inflate_on_host`] decompressed on the host. Each page
+/// table addresses its own chunks from 0 and its inflated pages where they
+/// lie, less the chunks before its own (for [`pages::PageTable::append`] at
+/// those chunks' bytes). Returns the buffer, each plan's host part, and the
+/// upload time not hidden behind the reads. `Err((plan, why))`: a plan's
+/// files hold something the device does not decode.
+#[allow(clippy::type_complexity)]
+fn read_and_upload(
+    gpu: &Gpu,
+    plans: Vec<pages::ScanPlan>,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(crate::gpu::DeviceBuffer<u8>, Vec<HostRead>, Duration), (usize, Fallback)>> {
+    let chunk_at: Vec<usize> = plans
+        .iter()
+        .scan(0usize, |at, p| {
+            let mine = *at;
+            *at += p.bytes as usize;
+            Some(mine)
+        })
+        .collect();
+    let total: usize = plans.iter().map(|p| p.bytes as usize).sum();
+    // Room for the pages inflated on the host: ZSTD / LZ4_RAW / GZIP chunks'
+    // uncompressed sizes, and an eighth for large snappy pages (more grows the buffer).
+    let room = plans.iter().map(|p| p.host_inflated_bound as usize).sum::<usize>() + total / 8 + (1 << 20);
+    let mut dev = gpu.alloc::<u8>(total + room)?;
+    let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
+    let (reads, reads_done) = std::thread::scope(|s| -> Result<(Vec<(Result<()>, Duration)>, Instant)> {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, &[u8], bool)>();
+        let readers: Vec<_> = plans
+            .iter()
+            .zip(bufs.iter_mut())
+            .zip(&chunk_at)
+            .map(|((plan, buf), &at)| {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let read = pages::read_chunks_in_parts(plan, buf, pages::READ_PART, |off, part, locked| {
+                        // The uploader stops taking parts only on an error it reports itself.
+                        let _ = tx.send((at + off, part, locked));
+                        Ok(())
+                    });
+                    (read, t.elapsed())
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut up = gpu.streamed_upload(&mut dev);
+        let mut failed = None;
+        for (at, part, locked) in rx {
+            if failed.is_none() {
+                if let Err(e) = up.piece(at, part, locked, stats) {
+                    failed = Some(e);
+                }
+            }
+        }
+        let reads: Vec<(Result<()>, Duration)> = readers
+            .into_iter()
+            .map(|r| {
+                r.join().unwrap_or_else(|_| {
+                    (
+                        Err(datafusion::error::DataFusionError::Internal(
+                            "setfusion device scan: a read thread panicked".into(),
+                        )),
+                        Duration::ZERO,
+                    )
+                })
+            })
+            .collect();
+        let reads_done = Instant::now();
+        up.finish(stats)?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((reads, reads_done)),
+        }
+    })?;
+    let mut upload = reads_done.elapsed();
+    let give_all = |bufs: Vec<pages::ChunkBytes>| bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+    let mut times = Vec::with_capacity(reads.len());
+    for (r, t) in reads {
+        if let Err(e) = r {
+            give_all(bufs);
+            return Err(e);
+        }
+        times.push(t);
+    }
+    // The page tables, and the large pages inflated on the host (after every chunk).
+    let mut hosts: Vec<HostRead> = Vec::with_capacity(plans.len());
+    let mut inflated_at = total;
+    let mut bufs = bufs.into_iter();
+    for (i, ((plan, t), at)) in plans.into_iter().zip(times).zip(chunk_at).enumerate() {
+        let Some(raw) = bufs.next() else { break };
+        let w = Instant::now();
+        let mut table = match pages::page_table(&plan, &raw)? {
+            Ok(t) => t,
+            Err(f) => {
+                pages::give_back_to_device(raw, gpu);
+                bufs.for_each(|b| pages::give_back_to_device(b, gpu));
+                hosts.into_iter().for_each(|h: HostRead| {
+                    pages::give_back_to_device(h.raw, gpu);
+                    pages::give_back_to_device(h.inflated, gpu);
+                });
+                return Ok(Err((i, f)));
+            }
+        };
+        let inflated = match decode::inflate_on_host(&mut table, &raw, (inflated_at - at) as u64, decode::HOST_INFLATE_MIN)
+        {
+            Ok(b) => b,
+            Err(e) => {
+                pages::give_back_to_device(raw, gpu);
+                return Err(e);
+            }
+        };
+        inflated_at += inflated.len();
+        hosts.push(HostRead { plan, raw, inflated, table, read: t + w.elapsed() });
+    }
+    // The inflated pages after the chunks (a larger buffer when they outgrow the room left).
+    let t = Instant::now();
+    if inflated_at > dev.len() {
+        let mut grown = gpu.alloc::<u8>(inflated_at)?;
+        gpu.stream()
+            .memcpy_dtod(&dev.slice.slice(0..total), &mut grown.slice.slice_mut(0..total))
+            .map_err(|e| crate::gpu::cuda_err("cuMemcpyDtoD", e))?;
+        dev = grown;
+    }
+    let mut at = total;
+    for h in &hosts {
+        if !h.inflated.is_empty() {
+            gpu.upload_chunks_into(&[&h.inflated[..]], &mut dev, at, stats)?;
+            at += h.inflated.len();
+        }
+    }
+    upload += t.elapsed();
+    Ok(Ok((dev, hosts, upload)))
+}
+
+/// The device part of a scan read ahead on the host: the chunks uploaded and decoded.
 fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(DeviceDecoded, ScanReport)> {
     let t = Instant::now();
     let d_raw = gpu.upload_chunks(&[&host.raw[..], &host.inflated[..]], stats)?;
     let upload = t.elapsed();
     let t = Instant::now();
     let decoded = decode_gpu(gpu, &d_raw, &host.table, stats)?;
-    Ok((decoded, host.finish(upload, t.elapsed(), None, false)))
+    Ok((decoded, host.finish(gpu, upload, t.elapsed(), None, false)))
+}
+
+/// One scan read and uploaded together ([`read_and_upload`]), then decoded.
+fn read_to_device(
+    gpu: &Gpu,
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+    keep: &Keep,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
+    let plan = match pages::plan_scan_within(files, column, arrow, keep)? {
+        Ok(p) => p,
+        Err(f) => return Ok(Err(f)),
+    };
+    let (raw, hosts, upload) = match read_and_upload(gpu, vec![plan], stats)? {
+        Ok(x) => x,
+        Err((_, f)) => return Ok(Err(f)),
+    };
+    let Some(host) = hosts.into_iter().next() else {
+        return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: no scan read".into()));
+    };
+    let t = Instant::now();
+    let decoded = decode_gpu(gpu, &raw, &host.table, stats)?;
+    let mut report = host.finish(gpu, upload, t.elapsed(), None, false);
+    report.streamed = true;
+    Ok(Ok((decoded, report)))
 }
 
 /// [`scan_to_device`]'s CPU twin: the same keys, decoded on the host.
@@ -404,6 +560,36 @@ mod tests {
             "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}"
         );
         assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
+    }
+
+    /// Chunks read in parts ([`pages::read_chunks_in_parts`], the streamed
+    /// device scan) are the bytes [`pages::read_chunks`] reads, each part handed
+    /// over once, in order, at its offset, whatever the part size.
+    #[test]
+    fn chunks_read_in_parts_are_the_chunks() {
+        for case in cases().into_iter().step_by(3) {
+            let dir = std::env::temp_dir().join(format!("setfusion-pq-parts-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(format!("{}.parquet", case.name.replace(|c: char| !c.is_alphanumeric(), "_")));
+            std::fs::write(&path, write(&case).unwrap()).unwrap();
+            let files = [ScanFile { path: path.clone(), ranges: vec![] }];
+            let plan = pages::plan_scan(&files, "k", &case.data_type).unwrap().unwrap();
+            let whole = pages::read_chunks(&plan).unwrap().into_vec();
+            for part in [1usize, 7, 4096, 1 << 30] {
+                let mut buf = pages::kept_buffer(plan.bytes as usize);
+                let mut got = Vec::new();
+                pages::read_chunks_in_parts(&plan, &mut buf, part, |at, bytes, _| {
+                    assert_eq!(at, got.len(), "{}", case.name);
+                    assert!(bytes.len() <= part && !bytes.is_empty());
+                    got.extend_from_slice(bytes);
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!(got, whole, "{} part {part}", case.name);
+                pages::give_back(buf);
+            }
+            let _ = std::fs::remove_file(&path);
+        }
     }
 
     /// Two page tables appended ([`pages::PageTable::append`], the paired

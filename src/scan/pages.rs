@@ -22,6 +22,7 @@ use parquet::basic::{Compression, LogicalType, Type as PhysicalType};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
 use super::thrift::{self, read_page_header};
+use crate::gpu::HostBytes;
 
 /// A reason the device cannot scan this input; the host scan takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,6 +212,9 @@ pub struct ScanPlan {
     pub def_max: u64,
     /// Compressed bytes to read.
     pub bytes: u64,
+    /// At most the bytes [`super::decode::inflate_on_host`] makes of the
+    /// ZSTD, LZ4_RAW and GZIP chunks (their uncompressed sizes).
+    pub host_inflated_bound: u64,
     /// Row groups left out by the [`Keep`] (key range or statistics), of all.
     pub row_groups_pruned: usize,
     pub row_groups: usize,
@@ -371,7 +375,7 @@ pub fn plan_scan_within(
     }
     let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
     let mut chunks = Vec::new();
-    let (mut rows, mut width, mut def_max, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+    let (mut rows, mut width, mut def_max, mut bytes, mut host_inflated_bound) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut row_groups, mut row_groups_pruned) = (0usize, 0usize);
     for (fi, (file, meta)) in files.iter().zip(&footers).enumerate() {
         if !file.ranges.is_empty() {
@@ -431,6 +435,9 @@ pub fn plan_scan_within(
             chunks.push(Chunk { file: fi, offset, len, codec, first_row: rows, rows: rg.num_rows() as u64 });
             rows += rg.num_rows() as u64;
             bytes += len;
+            if codec > CODEC_SNAPPY {
+                host_inflated_bound += cc.uncompressed_size().max(0) as u64;
+            }
         }
     }
     Ok(Ok(ScanPlan {
@@ -440,6 +447,7 @@ pub fn plan_scan_within(
         width,
         def_max,
         bytes,
+        host_inflated_bound,
         row_groups_pruned,
         row_groups,
     }))
@@ -449,15 +457,17 @@ pub fn plan_scan_within(
 /// A read into fresh memory faults in every page, and freeing hundreds of MB
 /// holds the address-space lock those faults wait on: most of a warm scan's
 /// read time (100M keys a side) went there. At most [`KEEP_BUFFERS`]
-/// buffers, [`KEEP_BYTES`] in all, wait here.
-static FREE_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+/// buffers, [`KEEP_BYTES`] in all, wait here. A buffer given back after a
+/// device scan is page-locked first, off the query's path
+/// ([`give_back_to_device`]), so later scans upload from it by DMA in place.
+static FREE_BUFFERS: std::sync::Mutex<Vec<HostBytes>> = std::sync::Mutex::new(Vec::new());
 const KEEP_BUFFERS: usize = 4;
 const KEEP_BYTES: usize = 4 << 30;
 
 /// A scan's chunk bytes, back to back, at the start of a buffer that may be
 /// longer (one kept from an earlier scan).
 pub struct ChunkBytes {
-    buf: Vec<u8>,
+    buf: HostBytes,
     len: usize,
 }
 
@@ -474,10 +484,16 @@ impl ChunkBytes {
         &mut self.buf[..self.len]
     }
 
-    /// The bytes alone.
-    pub fn into_vec(mut self) -> Vec<u8> {
-        self.buf.truncate(self.len);
-        self.buf
+    /// A copy of the bytes (the buffer goes back to the pool).
+    pub fn into_vec(self) -> Vec<u8> {
+        let v = self.to_vec();
+        give_back(self);
+        v
+    }
+
+    /// Does the device read these bytes in place (page-locked memory)?
+    pub fn is_page_locked(&self) -> bool {
+        self.buf.is_page_locked()
     }
 }
 
@@ -486,20 +502,23 @@ impl ChunkBytes {
 pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
     // Nothing to hold (no page inflated on the host): the kept buffers stay for the reads.
     if len == 0 {
-        return ChunkBytes { buf: Vec::new(), len: 0 };
+        return ChunkBytes { buf: HostBytes::zeroed(0), len: 0 };
     }
     let kept = {
         let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
         let best = free.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
         best.map(|i| free.swap_remove(i))
     };
-    ChunkBytes { buf: kept.unwrap_or_else(|| vec![0u8; len]), len }
+    ChunkBytes { buf: kept.unwrap_or_else(|| HostBytes::zeroed(len)), len }
 }
 
 /// Keep a scan's buffer for the next one (or free it on a background thread
 /// when enough wait already).
 pub fn give_back(bytes: ChunkBytes) {
-    let buf = bytes.buf;
+    keep(bytes.buf)
+}
+
+fn keep(buf: HostBytes) {
     if buf.is_empty() {
         return;
     }
@@ -512,33 +531,56 @@ pub fn give_back(bytes: ChunkBytes) {
     }
 }
 
-/// Read every chunk's bytes, back to back, with parallel positioned reads
-/// (into a kept buffer when one is large enough: give it back with [`give_back`]).
-pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
-    let files: Vec<File> = plan
-        .files
+/// [`give_back`] after a device scan: a buffer the pool would keep is
+/// page-locked for `gpu` first, on a background thread (the lock costs about
+/// one copy through the staging buffers, paid once per buffer); it joins the
+/// pool when locked (a task dropped unrun drops the buffer).
+pub fn give_back_to_device(bytes: ChunkBytes, gpu: &crate::gpu::Gpu) {
+    let mut buf = bytes.buf;
+    let would_keep = {
+        let free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+        free.len() < KEEP_BUFFERS && free.iter().map(|b| b.len()).sum::<usize>() + buf.len() <= KEEP_BYTES
+    };
+    if buf.is_page_locked() || buf.is_empty() || !would_keep {
+        return keep(buf);
+    }
+    let ctx = gpu.context().clone();
+    crate::gpu::later(move || {
+        // Unlocked, it is still a good buffer to read into.
+        let _ = buf.page_lock(&ctx);
+        keep(buf);
+    });
+}
+
+/// The plan's files, open.
+fn open_files(plan: &ScanPlan) -> Result<Vec<File>> {
+    plan.files
         .iter()
         .map(|p| {
             File::open(p)
                 .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", p.display()).into()))
         })
-        .collect::<Result<_>>()?;
-    let mut chunks = kept_buffer(plan.bytes as usize);
-    // Pieces of at most 8 MiB, so that few large chunks still spread over the threads.
-    const PIECE: usize = 8 << 20;
+        .collect()
+}
+
+/// Positioned reads of pieces of `out` (the plan's chunks back to back from
+/// byte `from` of them) on the host threads: `out[i]` is chunk byte `from + i`.
+fn read_range(plan: &ScanPlan, files: &[File], from: u64, out: &mut [u8]) -> Result<()> {
+    // Pieces of at most 4 MiB, so that few large chunks still spread over the threads.
+    const PIECE: usize = 4 << 20;
     let mut jobs: Vec<(usize, u64, &mut [u8])> = Vec::new();
-    let mut rest: &mut [u8] = &mut chunks.buf[..plan.bytes as usize];
+    let mut rest: &mut [u8] = out;
+    let (mut chunk_at, mut pos) = (0u64, from);
     for c in &plan.chunks {
-        let (mut chunk, tail) = std::mem::take(&mut rest).split_at_mut(c.len as usize);
-        rest = tail;
-        let mut at = c.offset;
-        while !chunk.is_empty() {
-            let n = chunk.len().min(PIECE);
-            let (piece, tail) = std::mem::take(&mut chunk).split_at_mut(n);
-            jobs.push((c.file, at, piece));
-            at += n as u64;
-            chunk = tail;
+        let chunk_end = chunk_at + c.len;
+        while pos < chunk_end && !rest.is_empty() {
+            let n = ((chunk_end - pos) as usize).min(PIECE).min(rest.len());
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            jobs.push((c.file, c.offset + (pos - chunk_at), piece));
+            pos += n as u64;
+            rest = tail;
         }
+        chunk_at = chunk_end;
     }
     let failed = std::sync::Mutex::new(None);
     crate::gpu::for_each_mut(&mut jobs, &|_, (f, at, piece)| {
@@ -546,11 +588,47 @@ pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
             *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{}: {e}", plan.files[*f].display()));
         }
     });
-    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(DataFusionError::External(format!("setfusion device scan: {e}").into())),
+        None => Ok(()),
+    }
+}
+
+/// Read every chunk's bytes, back to back, with parallel positioned reads
+/// (into a kept buffer when one is large enough: give it back with [`give_back`]).
+pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
+    let files = open_files(plan)?;
+    let mut chunks = kept_buffer(plan.bytes as usize);
+    if let Err(e) = read_range(plan, &files, 0, chunks.as_mut_slice()) {
         give_back(chunks);
-        return Err(DataFusionError::External(format!("setfusion device scan: {e}").into()));
+        return Err(e);
     }
     Ok(chunks)
+}
+
+/// Bytes of each part of [`read_chunks_in_parts`].
+pub const READ_PART: usize = 64 << 20;
+
+/// [`read_chunks`] into `chunks` (a [`kept_buffer`] of the plan's bytes) in
+/// parts of `part_bytes` (the scans use [`READ_PART`]), in order, each handed
+/// to `ready(offset, bytes, page_locked)` as soon as it is read (to be
+/// uploaded while the next part is read), and lent to it as long as `chunks`.
+pub fn read_chunks_in_parts<'a>(
+    plan: &ScanPlan,
+    chunks: &'a mut ChunkBytes,
+    part_bytes: usize,
+    mut ready: impl FnMut(usize, &'a [u8], bool) -> Result<()>,
+) -> Result<()> {
+    let files = open_files(plan)?;
+    let locked = chunks.is_page_locked();
+    let mut at = 0usize;
+    for part in chunks.as_mut_slice().chunks_mut(part_bytes.max(1)) {
+        read_range(plan, &files, at as u64, part)?;
+        let n = part.len();
+        ready(at, part, locked)?;
+        at += n;
+    }
+    Ok(())
 }
 
 fn corrupt(what: String) -> DataFusionError {
