@@ -162,7 +162,7 @@ pub(crate) fn drop_later<T: Send + 'static>(x: T) {
 
 /// Run `f` on the one background thread for work off the query's path
 /// (frees, page-locking kept buffers), in the order given.
-pub(crate) fn later(f: impl FnOnce() + Send + 'static) {
+pub(crate) fn later<F: FnOnce() + Send + 'static>(f: F) {
     type Task = Box<dyn FnOnce() + Send>;
     static BACKGROUND: OnceLock<Mutex<Sender<Task>>> = OnceLock::new();
     let tx = BACKGROUND.get_or_init(|| {

@@ -457,11 +457,11 @@ pub fn plan_scan_within(
 /// A read into fresh memory faults in every page, and freeing hundreds of MB
 /// holds the address-space lock those faults wait on: most of a warm scan's
 /// read time (100M keys a side) went there. At most [`KEEP_BUFFERS`]
-/// buffers, [`KEEP_BYTES`] in all, wait here. A buffer given back after a
-/// device scan is page-locked first, off the query's path
-/// ([`give_back_to_device`]), so later scans upload from it by DMA in place.
-static FREE_BUFFERS: std::sync::Mutex<Vec<HostBytes>> = std::sync::Mutex::new(Vec::new());
-const KEEP_BUFFERS: usize = 4;
+/// buffers, [`KEEP_BYTES`] in all, wait here, each with the scans that used
+/// it. A buffer given back after its second device scan is page-locked first
+/// ([`give_back_to_device`]), so later scans upload by DMA straight from it.
+static FREE_BUFFERS: std::sync::Mutex<Vec<(HostBytes, u32)>> = std::sync::Mutex::new(Vec::new());
+const KEEP_BUFFERS: usize = 8;
 const KEEP_BYTES: usize = 4 << 30;
 
 /// A scan's chunk bytes, back to back, at the start of a buffer that may be
@@ -469,6 +469,8 @@ const KEEP_BYTES: usize = 4 << 30;
 pub struct ChunkBytes {
     buf: HostBytes,
     len: usize,
+    /// Scans that used the buffer before this one.
+    uses: u32,
 }
 
 impl std::ops::Deref for ChunkBytes {
@@ -502,54 +504,63 @@ impl ChunkBytes {
 pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
     // Nothing to hold (no page inflated on the host): the kept buffers stay for the reads.
     if len == 0 {
-        return ChunkBytes { buf: HostBytes::zeroed(0), len: 0 };
+        return ChunkBytes { buf: HostBytes::zeroed(0), len: 0, uses: 0 };
     }
     let kept = {
         let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
-        let best = free.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+        let best =
+            free.iter().enumerate().filter(|(_, b)| b.0.len() >= len).min_by_key(|(_, b)| b.0.len()).map(|(i, _)| i);
         best.map(|i| free.swap_remove(i))
     };
-    ChunkBytes { buf: kept.unwrap_or_else(|| HostBytes::zeroed(len)), len }
+    let (buf, uses) = kept.unwrap_or_else(|| (HostBytes::zeroed(len), 0));
+    ChunkBytes { buf, len, uses }
 }
 
 /// Keep a scan's buffer for the next one (or free it on a background thread
 /// when enough wait already).
 pub fn give_back(bytes: ChunkBytes) {
-    keep(bytes.buf)
+    keep(bytes.buf, bytes.uses + 1)
 }
 
-fn keep(buf: HostBytes) {
+/// Would the pool keep a buffer of `len` bytes now?
+fn would_keep(free: &[(HostBytes, u32)], len: usize) -> bool {
+    free.len() < KEEP_BUFFERS && free.iter().map(|b| b.0.len()).sum::<usize>() + len <= KEEP_BYTES
+}
+
+fn keep(buf: HostBytes, uses: u32) {
     if buf.is_empty() {
         return;
     }
     let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
-    if free.len() < KEEP_BUFFERS && free.iter().map(|b| b.len()).sum::<usize>() + buf.len() <= KEEP_BYTES {
-        free.push(buf);
+    if would_keep(&free, buf.len()) {
+        free.push((buf, uses));
     } else {
         drop(free);
         crate::gpu::drop_later(buf);
     }
 }
 
-/// [`give_back`] after a device scan: a buffer the pool would keep is
-/// page-locked for `gpu` first, on a background thread (the lock costs about
-/// one copy through the staging buffers, paid once per buffer); it joins the
-/// pool when locked (a task dropped unrun drops the buffer).
+/// [`give_back`] after a device scan. A buffer the pool keeps after its
+/// second scan (so not in a one-query process, nor one that only passes
+/// through) is page-locked for `gpu` first, on the background thread once
+/// the operator's device lease ends ([`crate::gpu::Gpu::after_lease`]: the
+/// lock would hold up the operator's own device calls), and joins the pool
+/// locked. A lock costs about one copy through the staging buffers, once.
 pub fn give_back_to_device(bytes: ChunkBytes, gpu: &crate::gpu::Gpu) {
-    let mut buf = bytes.buf;
-    let would_keep = {
-        let free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
-        free.len() < KEEP_BUFFERS && free.iter().map(|b| b.len()).sum::<usize>() + buf.len() <= KEEP_BYTES
-    };
-    if buf.is_page_locked() || buf.is_empty() || !would_keep {
-        return keep(buf);
+    let (mut buf, uses) = (bytes.buf, bytes.uses + 1);
+    let lock = uses >= 2
+        && !buf.is_page_locked()
+        && !buf.is_empty()
+        && would_keep(&FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner()), buf.len());
+    if !lock {
+        return keep(buf, uses);
     }
     let ctx = gpu.context().clone();
-    crate::gpu::later(move || {
+    gpu.after_lease(Box::new(move || {
         // Unlocked, it is still a good buffer to read into.
         let _ = buf.page_lock(&ctx);
-        keep(buf);
-    });
+        keep(buf, uses);
+    }));
 }
 
 /// The plan's files, open.
