@@ -330,9 +330,11 @@ fn delta_values(s: &[u8], nonnull: usize, width: u64) -> std::result::Result<Vec
         return Ok(values);
     }
     let mut pos = 0usize;
-    let header = (|| Some((uvarint(s, &mut pos)?, uvarint(s, &mut pos)?, uvarint(s, &mut pos)?, zigzag(s, &mut pos)?)))();
+    let header =
+        (|| Some((uvarint(s, &mut pos)?, uvarint(s, &mut pos)?, uvarint(s, &mut pos)?, zigzag(s, &mut pos)?)))();
     let (block, mb, total, first) = header.ok_or(ERR_DELTA)?;
-    if block == 0 || block % 128 != 0 || block > DELTA_MAX_BLOCK || mb == 0 || block % mb != 0 || (block / mb) % 32 != 0 {
+    if block == 0 || block % 128 != 0 || block > DELTA_MAX_BLOCK || mb == 0 || block % mb != 0 || (block / mb) % 32 != 0
+    {
         return Err(ERR_DELTA);
     }
     if total != nonnull as u64 {
