@@ -11,10 +11,12 @@
 //                  stream after the v2 levels decompressed into `body`;
 //   pq_decode      one block per data page: definition levels (RLE /
 //                  bit-packed hybrid, bit width 1) into validity bits, then
-//                  each non-NULL row's value (PLAIN, or a dictionary index
-//                  looked up in its chunk's PLAIN dictionary page) as a
-//                  sign-extended 64-bit key at the page's output rows; NULL
-//                  rows get key 0 and no validity bit.
+//                  each non-NULL row's value (PLAIN, a dictionary index
+//                  looked up in its chunk's PLAIN dictionary page, or
+//                  DELTA_BINARY_PACKED: deltas unpacked in parallel and
+//                  summed by a block-wide prefix sum into scratch first) as
+//                  a sign-extended 64-bit key at the page's output rows;
+//                  NULL rows get key 0 and no validity bit.
 // Every loop over a block's work strides by blockDim, and the serial parts run
 // on thread 0 between __syncthreads, so the same code runs on the host with one
 // thread (scripts/kernels-on-host). Errors never fault: the first problem's
@@ -41,14 +43,15 @@ struct PqPage {
     u64 def_len;     // v2: definition level bytes
     u64 codec;       // 0 uncompressed, 1 snappy
     u64 kind;        // 0 dictionary page, 1 data page v1, 2 data page v2
-    u64 encoding;    // 0 PLAIN, 1 dictionary indices
+    u64 encoding;    // 0 PLAIN, 1 dictionary indices, 2 DELTA_BINARY_PACKED
     u64 num_values;  // values of the page, NULLs included (one per row: flat columns only)
     u64 first_row;   // output row of the page's first value
     u64 dict;        // page table index of the chunk's dictionary page (~0: none)
     u64 def_max;     // 0 required column, 1 optional
     u64 width;       // physical value bytes: 4 (INT32) or 8 (INT64)
     u64 lvl_word;    // first word of the page's validity scratch (def_max == 1)
-    u64 idx_off;     // first entry of the page's dictionary index scratch
+    u64 idx_off;     // first entry of the page's index scratch: dictionary indices (u32),
+                     // or DELTA_BINARY_PACKED values (u64, two entries each; idx_off is even)
 };
 
 #define PQ_ERR_SNAPPY 1
@@ -58,6 +61,9 @@ struct PqPage {
 #define PQ_ERR_DICT_INDEX 5
 #define PQ_ERR_BIT_WIDTH 6
 #define PQ_ERR_NO_DICT 7
+// 8 and 9: host decompression (src/scan/decode.rs).
+#define PQ_ERR_DELTA 10
+#define PQ_ERR_DELTA_COUNT 11
 
 __device__ __forceinline__ void pq_fail(u32* err, u32 code) { atomicMax(err, code); }
 
@@ -440,11 +446,177 @@ __device__ __forceinline__ u64 pq_value(const u8* s, u64 width) {
     return v;
 }
 
+// DELTA_BINARY_PACKED (parquet-format Encodings.md): a header (block size, a
+// multiple of 128; miniblocks per block, each a multiple of 32 values; the
+// value count; the first value, zigzag), then blocks of a min delta (zigzag),
+// one bit width byte per miniblock and the miniblocks' (delta - min delta)
+// bit-packed LSB first. Miniblocks past the last value may be absent (their
+// bit widths are arbitrary). Sums wrap: computed in 64 bits, INT32 values
+// are the low 32 bits sign-extended.
+
+// Block sizes above this are refused (writers use 128 to 2048), so a
+// miniblock's value count fits 32 bits.
+#define PQ_DELTA_MAX_BLOCK (1ULL << 30)
+// DELTA miniblocks per batch thread 0 parses into shared memory.
+#define PQ_MINIS (PQ_RUNS / 2)
+
+// One miniblock of a DELTA_BINARY_PACKED page.
+struct PqMini {
+    u64 first;      // index of its first delta in the page (value first + 1)
+    u64 at;         // bit offset of its first packed delta in the page body
+    u64 min_delta;  // its block's min delta (two's complement)
+    u32 count;      // deltas (the page's last miniblock: only those wanted)
+    u32 bw;         // bit width, 0 to 64
+};
+
+// pq_decode's shared memory for a DELTA page: one batch of miniblocks, and
+// the warps' sums of a tile (two, alternating, so a tile's warp sums are not
+// overwritten while slow threads still read the previous one's).
+struct PqDelta {
+    PqMini minis[PQ_MINIS];
+    u64 warp_sums[2][32];
+    u64 deltas;  // the page's deltas (its values - 1)
+    u64 mini_values;
+    u64 got;     // deltas parsed by the end of this batch
+    u32 status;
+};
+
+// pq_decode's batches in shared memory: hybrid runs of dictionary indices or DELTA miniblocks.
+union PqBatch {
+    PqRun runs[PQ_RUNS];
+    PqDelta delta;
+};
+
+// A zigzag varint as its signed value's 64-bit two's complement.
+__device__ __forceinline__ bool pq_zigzag(const u8* s, u64 end, u64* pos, u64* v) {
+    u64 z;
+    if (!pq_uvarint(s, end, pos, &z)) return false;
+    *v = (z >> 1) ^ (0 - (z & 1));
+    return true;
+}
+
+// bw (1 to 64) bits at bit `bit` of s, LSB first (bytes past `end` read as 0).
+__device__ __forceinline__ u64 pq_unpack64(const u8* s, u64 end, u64 bit, u32 bw) {
+    const u64 byte = bit >> 3;
+    const u32 shift = (u32)(bit & 7);
+    u64 word = 0;
+    for (u32 k = 0; k < 8; ++k) word |= (byte + k < end ? (u64)s[byte + k] : 0) << (8 * k);
+    u64 v = word >> shift;
+    if (shift + bw > 64) v |= (u64)(byte + 8 < end ? s[byte + 8] : 0) << (64 - shift);
+    return bw == 64 ? v : v & ((1ULL << bw) - 1);
+}
+
+// A 64-bit sum as the key of a `width`-byte column (INT32: its low 32 bits, sign-extended).
+__device__ __forceinline__ u64 pq_narrow(u64 v, u64 width) {
+    return width == 4 ? (u64)(i64)(int)(u32)v : v;
+}
+
+// The DELTA_BINARY_PACKED values of a page, s[vals, len), as `nonnull` keys
+// at dv. Every thread of the block calls it; it returns 0 or a PQ_ERR code,
+// the same on every thread. Thread 0 parses the miniblock headers a batch at
+// a time; the block unpacks a tile of blockDim deltas at once, one per
+// thread, and scans them (warp shuffles, then the warps' sums on thread 0,
+// which carries the running value from tile to tile).
+__device__ u32 pq_delta_values(const u8* s, u64 vals, u64 len, u64 nonnull, u64 width, u64* dv, PqDelta* sh) {
+    // Thread 0's parse state and running value, kept across batches.
+    u64 pos = vals, mb = 0, vpm = 0, deltas = 0, got = 0, mini = 0, widths_at = 0, min_delta = 0, carry = 0;
+    if (threadIdx.x == 0) {
+        u32 status = 0;
+        // A page of NULLs only may hold no values at all.
+        if (nonnull > 0 || vals < len) {
+            u64 block = 0, total = 0, first = 0;
+            if (!pq_uvarint(s, len, &pos, &block) || !pq_uvarint(s, len, &pos, &mb) || !pq_uvarint(s, len, &pos, &total) || !pq_zigzag(s, len, &pos, &first)) {
+                status = PQ_ERR_DELTA;
+            } else if (block == 0 || block % 128 != 0 || block > PQ_DELTA_MAX_BLOCK || mb == 0 || block % mb != 0 || (block / mb) % 32 != 0) {
+                status = PQ_ERR_DELTA;
+            } else if (total != nonnull) {
+                status = PQ_ERR_DELTA_COUNT;
+            } else if (nonnull > 0) {
+                vpm = block / mb;
+                mini = mb;  // the first block's header is next
+                deltas = nonnull - 1;
+                carry = first;
+                dv[0] = pq_narrow(first, width);
+            }
+        }
+        sh->status = status;
+        sh->deltas = deltas;
+        sh->mini_values = vpm;
+    }
+    __syncthreads();
+    if (sh->status) return sh->status;
+    const u64 all = sh->deltas, mini_values = sh->mini_values;
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+    u64 done = 0;
+    u32 tile = 0;
+    while (done < all) {
+        if (threadIdx.x == 0) {
+            u32 status = 0;
+            u64 k = 0;
+            while (k < PQ_MINIS && got < deltas) {
+                if (mini == mb) {
+                    // The next block: its min delta, then one bit width per miniblock.
+                    if (!pq_zigzag(s, len, &pos, &min_delta) || mb > len - pos) { status = PQ_ERR_DELTA; break; }
+                    widths_at = pos;
+                    pos += mb;
+                    mini = 0;
+                }
+                const u32 bw = s[widths_at + mini];
+                ++mini;
+                // Only the deltas wanted must be there: a writer may end the last miniblock early.
+                const u64 count = vpm < deltas - got ? vpm : deltas - got;
+                if (bw > 8 * width || (count * bw + 7) / 8 > len - pos) { status = PQ_ERR_DELTA; break; }
+                PqMini* m = &sh->minis[k];
+                m->first = got;
+                m->at = pos * 8;
+                m->min_delta = min_delta;
+                m->count = (u32)count;
+                m->bw = bw;
+                const u64 bytes = vpm / 8 * bw;
+                pos = bytes < len - pos ? pos + bytes : len;
+                got += count;
+                ++k;
+            }
+            sh->status = status;
+            sh->got = got;
+        }
+        __syncthreads();
+        if (sh->status) return sh->status;
+        // The batch's miniblocks hold deltas [done, end), mini_values each (the page's last: fewer).
+        const u64 end = sh->got;
+        for (u64 base = done; base < end; base += blockDim.x, ++tile) {
+            const u64 i = base + threadIdx.x;
+            u64 incl = 0;
+            if (i < end) {
+                const PqMini m = sh->minis[(i - done) / mini_values];
+                incl = m.min_delta + (m.bw ? pq_unpack64(s, len, m.at + (i - m.first) * m.bw, m.bw) : 0);
+            }
+            for (u32 d = 1; d < 32; d <<= 1) {
+                const u64 y = __shfl_up_sync(0xffffffffu, incl, d);
+                if (lane >= d) incl += y;
+            }
+            u64* sums = sh->warp_sums[tile & 1];
+            if (lane == 31 || threadIdx.x == blockDim.x - 1) sums[warp] = incl;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (u32 w = 0; w < warps; ++w) { const u64 x = sums[w]; sums[w] = carry; carry += x; }
+            }
+            __syncthreads();
+            if (i < end) dv[1 + i] = pq_narrow(sums[warp] + incl, width);
+        }
+        done = end;
+    }
+    // Every thread's values written before the block reads them.
+    __syncthreads();
+    return 0;
+}
+
 // One block per page. levels: validity scratch (zeroed), one bit per value of
 // pages with def_max; idx: dictionary index scratch; out: keys of every row;
 // valid: validity words of every row (zeroed; written only for optional columns).
 extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 npages, u32* levels, u32* idx, u64* out, u32* valid, u32* err) {
-    __shared__ PqRun runs[PQ_RUNS];
+    __shared__ PqBatch batch;
+    PqRun* const runs = batch.runs;
     __shared__ u64 nruns_s, nonnull_s, got_s, status_s;
     __shared__ u32 counts[1024];
     for (u64 pi = blockIdx.x; pi < npages; pi += gridDim.x) {
@@ -507,7 +679,12 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
         // Dictionary indices of the non-NULL values, expanded into idx scratch.
         const u8* dict = 0;
         u64 dict_n = 0;
-        if (p.encoding == 1) {
+        // DELTA_BINARY_PACKED values, decoded into the index scratch (only for such pages: idx_off is even there).
+        u64* const dv = p.encoding == 2 ? (u64*)(idx + p.idx_off) : 0;
+        if (p.encoding == 2) {
+            const u32 code = pq_delta_values(b, vals, len, nonnull, p.width, dv, &batch.delta);
+            if (code) { if (threadIdx.x == 0) pq_fail(err, code); __syncthreads(); continue; }
+        } else if (p.encoding == 1) {
             if (p.dict == ~0ULL || p.dict >= npages) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_NO_DICT); __syncthreads(); continue; }
             const PqPage d = pages[p.dict];
             dict = body + d.dst;
@@ -553,6 +730,8 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                 if (p.encoding == 1) {
                     const u32 di = ix[i];
                     if (di >= dict_n) pq_fail(err, PQ_ERR_DICT_INDEX); else key = pq_value(dict + (u64)di * p.width, p.width);
+                } else if (p.encoding == 2) {
+                    key = dv[i];
                 } else {
                     key = pq_value(b + vals + i * p.width, p.width);
                 }
@@ -602,6 +781,8 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                     if (p.encoding == 1) {
                         const u32 di = ix[rank];
                         if (di >= dict_n) { pq_fail(err, PQ_ERR_DICT_INDEX); } else { key = pq_value(dict + (u64)di * p.width, p.width); }
+                    } else if (p.encoding == 2) {
+                        key = dv[rank];
                     } else {
                         key = pq_value(b + vals + rank * p.width, p.width);
                     }

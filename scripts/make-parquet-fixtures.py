@@ -154,7 +154,7 @@ def duckdb_file(name, t, options):
 
 # (file name, writer, table, options). Names: writer, dictionary (dict / plain / dictfallback /
 # delta), data page version (v1 / v2), codec, then anything else. A name holding "delta" marks a
-# file with DELTA_BINARY_PACKED integer columns: the scan reports a fallback for those.
+# file with DELTA_BINARY_PACKED integer columns: the scan decodes them (its test checks that DELTA pages are there).
 def files():
     base = table()
     small = table(n=600, seed=2)
@@ -196,7 +196,7 @@ def files():
     for v, codec in (("1.0", "SNAPPY"), ("2.0", "ZSTD")):
         name = "pyarrow-dictfallback-v%s-%s.parquet" % (v[0], codec.lower())
         out.append((name, "pyarrow", small, dict(data_page_version=v, compression=codec, **fallback)))
-    # DELTA_BINARY_PACKED integers (k, i): the scan does not decode them (a fallback); d, m, s are PLAIN.
+    # DELTA_BINARY_PACKED integers (k, i): DELTA pages the scan decodes; d, m, s are PLAIN.
     out.append(
         (
             "pyarrow-delta-v1-snappy.parquet",

@@ -5,7 +5,10 @@
 # pages (see parquet.sh), intact and corrupted. Checks the warp logic (the
 # speculative parse, the element chain, copies shorter than the warp, ring
 # wrap and reads past the ring), not CUDA's memory model. Slow: every
-# element takes several barriers; STEP runs every STEP-th case.
+# element takes several barriers; STEP runs every STEP-th case. Then
+# pq_decode by blocks of LANES, 32 and 96 threads over every case, against
+# arrow-rs's keys (its strided loops, per-thread word ranges and the DELTA
+# shuffle scan with several threads and warps).
 # usage: parquet-warp.sh [LANES (default 4)] [STEP (default 3)]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -27,3 +30,8 @@ cp "$here/warp_shim.h" "$here/parquet_warp_harness.cpp" "$out/"
 cd "$out"
 g++ -O2 -std=c++20 -w -pthread -DPQ_SNAPPY_RING=128 -o harness parquet_warp_harness.cpp
 echo -n "pq_snappy as a warp of $lanes lanes: " && ./harness fixtures "$lanes" 0 "$step"
+# pq_decode by a block of LANES threads, of 32 (one full warp) and of 96 (three
+# warps: DELTA's scan over the warps' sums) over every case.
+cp "$here/parquet_decode_warp_harness.cpp" .
+g++ -O2 -std=c++20 -w -pthread -o decode_harness parquet_decode_warp_harness.cpp
+for n in "$lanes" 32 96; do echo -n "pq_decode as a block of $n threads: " && ./decode_harness fixtures "$n"; done

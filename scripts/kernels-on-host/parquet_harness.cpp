@@ -5,7 +5,9 @@
 // pq_decode (pq_snappy with one lane and a 128-byte ring, so pages wrap it
 // and reach past it; pq_snappy_serial's output is compared too). Then flips bytes of every case's pages and checks that the
 // kernels end with an error code or the same keys as the CPU twin's rules
-// allow, without reading or writing out of bounds (run under ASan + UBSan).
+// allow, without reading or writing out of bounds (run under ASan + UBSan);
+// DELTA_BINARY_PACKED pages also get their header bytes flipped and their
+// bodies cut short.
 #define PQ_RUNS 512
 #define PQ_SNAPPY_WARPS 1
 #define PQ_SNAPPY_RING 128
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
     if (argc < 2) { printf("usage: harness FIXTURE_DIR\n"); return 2; }
     string dir = argv[1];
     vector<u64> list = load<u64>(dir + "/cases.bin");
-    long pages_checked = 0, rows_checked = 0, corrupt_errors = 0;
+    long pages_checked = 0, rows_checked = 0, corrupt_errors = 0, delta_flips = 0;
     for (u64 c = 0; c < list[0]; ++c) {
         string p = dir + "/case" + std::to_string(c);
         vector<u64> meta = load<u64>(p + "/meta.bin");  // rows, body_len, lvl_words, idx_len, def_max
@@ -83,7 +85,33 @@ int main(int argc, char** argv) {
             Out b = run(bad, table, meta[0], meta[1], meta[2], meta[3], meta[4]);
             corrupt_errors += b.err != 0;
         }
+        // DELTA_BINARY_PACKED pages (encoding 2): bytes of their first 48,
+        // where the header, the first block's min delta and bit widths lie
+        // (in uncompressed pages), flipped and truncated.
+        int delta_pages = 0;
+        for (size_t pi = 0; pi < table.size() / 16 && delta_pages < 3; ++pi) {
+            const PqPage& pg = ((const PqPage*)table.data())[pi];
+            if (pg.kind == 0 || pg.encoding != 2) continue;
+            ++delta_pages;
+            for (u64 k = 0; k < 48 && k < pg.src_len; ++k) {
+                vector<unsigned char> bad = raw;
+                bad[pg.src + k] ^= (unsigned char)(0x5A + k);
+                Out b = run(bad, table, meta[0], meta[1], meta[2], meta[3], meta[4]);
+                corrupt_errors += b.err != 0;
+                delta_flips += 1;
+            }
+            for (u64 cut : {u64(1), u64(3), pg.dst_len / 2}) {
+                if (pg.codec != 0 || cut >= pg.dst_len) continue;
+                vector<u64> short_table = table;
+                PqPage* sp = (PqPage*)short_table.data() + pi;
+                sp->src_len -= cut;
+                sp->dst_len -= cut;
+                Out b = run(raw, short_table, meta[0], meta[1], meta[2], meta[3], meta[4]);
+                corrupt_errors += b.err != 0;
+                delta_flips += 1;
+            }
+        }
     }
-    printf("ok: %llu cases, %ld pages, %ld rows equal to arrow-rs's reader; %ld of the corrupted runs ended with an error code\n", list[0], pages_checked, rows_checked, corrupt_errors);
+    printf("ok: %llu cases, %ld pages, %ld rows equal to arrow-rs's reader; %ld of the corrupted runs ended with an error code (%ld runs flipped DELTA pages' first bytes or cut them short)\n", list[0], pages_checked, rows_checked, corrupt_errors, delta_flips);
     return 0;
 }

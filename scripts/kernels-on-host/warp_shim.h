@@ -1,6 +1,9 @@
 // Warp emulation for the host (scripts/kernels-on-host/parquet-warp.sh): blockDim.x host
-// threads run one block, each with its own threadIdx; __syncwarp is a barrier
-// and __shfl_sync exchanges values through slots between two barriers.
+// threads run one block, each with its own threadIdx; __syncwarp and __syncthreads
+// are a barrier and __shfl_sync exchanges values through slots between two
+// barriers. One warp of at most 32 threads, except for code whose only shuffle
+// is __shfl_up_sync read by lanes at or above the distance (pq_decode): that
+// stays within each thread's warp of 32, so its blocks may have up to 1024.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +19,7 @@ static Dim3 blockIdx{0, 0, 0}, blockDim{1, 1, 1}, gridDim{1, 1, 1};
 static std::barrier<>* warp_barrier = nullptr;
 static inline void __syncthreads() { if (blockDim.x > 1) warp_barrier->arrive_and_wait(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { if (blockDim.x > 1) warp_barrier->arrive_and_wait(); }
-static unsigned long long shfl_slots[32];
+static unsigned long long shfl_slots[1024];
 template <class T> T __shfl_sync(unsigned, T v, int src) {
     if (blockDim.x == 1) return v;
     shfl_slots[threadIdx.x] = (unsigned long long)v;
@@ -45,11 +48,12 @@ static inline unsigned __ballot_sync(unsigned, int p) {
 }
 static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { auto o = *p; if (v < o) *p = v; return o; }
 static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }
-static inline unsigned atomicOr(unsigned* p, unsigned v) { auto o = *p; *p |= v; return o; }
+#include <mutex>
+static std::mutex fail_mu;
+// Locked: pq_decode's threads OR validity bits into shared words.
+static inline unsigned atomicOr(unsigned* p, unsigned v) { std::lock_guard<std::mutex> g(fail_mu); auto o = *p; *p |= v; return o; }
 static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
 static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 static inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
-#include <mutex>
-static std::mutex fail_mu;
 static inline unsigned atomicMax(unsigned* p, unsigned v) { std::lock_guard<std::mutex> g(fail_mu); auto o = *p; if (v > o) *p = v; return o; }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -1,6 +1,7 @@
 //! Page decoding into 64-bit keys: the launcher of `kernels/parquet_decode.cu`
 //! ([`decode_gpu`]) and its CPU twin ([`decode_cpu`]), one signature over the
-//! raw chunk bytes and the [`PageTable`].
+//! raw chunk bytes and the [`PageTable`]. Data pages are PLAIN,
+//! dictionary-encoded or DELTA_BINARY_PACKED ([`delta_values`]).
 //!
 //! Keys are the host's exact encoding of the column's Arrow type (see
 //! `keys::is_exact`): the value sign-extended to 64 bits (INT32, DATE32,
@@ -13,8 +14,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
 use super::pages::{
-    PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DICT, KIND_DICT, KIND_V2,
-    NO_DICT,
+    PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DELTA, ENC_DICT, KIND_DICT,
+    KIND_V2, NO_DICT,
 };
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
@@ -55,10 +56,18 @@ fn error_message(code: u32) -> String {
         7 => "dictionary page missing",
         8 => "corrupt ZSTD, LZ4_RAW or GZIP page",
         9 => "ZSTD, LZ4_RAW or GZIP page of the wrong decompressed size",
+        ERR_DELTA => "corrupt DELTA_BINARY_PACKED values (header, block or miniblock sizes, bit width, or truncated)",
+        ERR_DELTA_COUNT => "DELTA_BINARY_PACKED value count differs from the page's non-NULL rows",
         _ => "unknown decode error",
     };
     format!("setfusion device scan: {what} (code {code})")
 }
+
+/// `PQ_ERR_DELTA`, `PQ_ERR_DELTA_COUNT`.
+const ERR_DELTA: u32 = 10;
+const ERR_DELTA_COUNT: u32 = 11;
+/// `PQ_DELTA_MAX_BLOCK`: larger DELTA block sizes are refused.
+const DELTA_MAX_BLOCK: u64 = 1 << 30;
 
 fn decode_error(code: u32) -> DataFusionError {
     DataFusionError::External(error_message(code).into())
@@ -148,7 +157,8 @@ pub fn decode_gpu(
         Some(v) => &mut v.slice,
         None => &mut dummy_valid.slice,
     };
-    // SAFETY: as above; `levels` / `idx` hold the scratch page_table counted, `keys` one
+    // SAFETY: as above; `levels` / `idx` hold the scratch page_table counted (DELTA pages' u64 at even,
+    // so 8-aligned, entries of the allocation), `keys` one
     // key per row, `valid` one bit per row (or one unused word for required columns).
     unsafe {
         gpu.stream()
@@ -216,18 +226,23 @@ struct Hybrid<'a> {
     bw: u32,
 }
 
+/// An unsigned varint at `s[*pos..]` (at most 10 bytes, as the kernel's `pq_uvarint`).
+fn uvarint(s: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut x = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *s.get(*pos)?;
+        *pos += 1;
+        x |= ((b & 0x7f) as u64) << shift;
+        if b & 0x80 == 0 {
+            return Some(x);
+        }
+    }
+    None
+}
+
 impl Hybrid<'_> {
     fn varint(&mut self) -> Option<u64> {
-        let mut x = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *self.s.get(self.pos)?;
-            self.pos += 1;
-            x |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                return Some(x);
-            }
-        }
-        None
+        uvarint(self.s, &mut self.pos)
     }
     /// Append up to `want` values to `out`; None when the stream is corrupt or ends early.
     fn read(&mut self, want: usize, out: &mut Vec<u32>) -> Option<()> {
@@ -272,6 +287,95 @@ impl Hybrid<'_> {
         }
         Some(())
     }
+}
+
+/// A zigzag varint as its signed value's 64-bit two's complement.
+fn zigzag(s: &[u8], pos: &mut usize) -> Option<u64> {
+    let z = uvarint(s, pos)?;
+    Some((z >> 1) ^ (z & 1).wrapping_neg())
+}
+
+/// `bw` (1 to 64) bits at bit `bit` of `s`, LSB first (bytes past the end read as 0).
+fn unpack64(s: &[u8], bit: u64, bw: u32) -> u64 {
+    let byte = (bit / 8) as usize;
+    let shift = (bit % 8) as u32;
+    let at = |k: usize| *s.get(byte + k).unwrap_or(&0) as u64;
+    let mut v = (0..8).fold(0u64, |w, k| w | at(k) << (8 * k)) >> shift;
+    if shift + bw > 64 {
+        v |= at(8) << (64 - shift);
+    }
+    if bw == 64 {
+        v
+    } else {
+        v & ((1u64 << bw) - 1)
+    }
+}
+
+/// A 64-bit sum as the key of a `width`-byte column (INT32: its low 32 bits, sign-extended).
+fn narrow(v: u64, width: u64) -> u64 {
+    if width == 4 {
+        v as u32 as i32 as i64 as u64
+    } else {
+        v
+    }
+}
+
+/// A page's DELTA_BINARY_PACKED values (`s`: its bytes after the levels) as
+/// `nonnull` keys, with the kernel's checks (`pq_delta_values`) in its order;
+/// `Err`: its error code. Sums wrap in 64 bits; INT32 keeps the low 32 bits.
+fn delta_values(s: &[u8], nonnull: usize, width: u64) -> std::result::Result<Vec<u64>, u32> {
+    let mut values = Vec::with_capacity(nonnull);
+    // A page of NULLs only may hold no values at all.
+    if nonnull == 0 && s.is_empty() {
+        return Ok(values);
+    }
+    let mut pos = 0usize;
+    let header =
+        (|| Some((uvarint(s, &mut pos)?, uvarint(s, &mut pos)?, uvarint(s, &mut pos)?, zigzag(s, &mut pos)?)))();
+    let (block, mb, total, first) = header.ok_or(ERR_DELTA)?;
+    if block == 0 || block % 128 != 0 || block > DELTA_MAX_BLOCK || mb == 0 || block % mb != 0 || (block / mb) % 32 != 0
+    {
+        return Err(ERR_DELTA);
+    }
+    if total != nonnull as u64 {
+        return Err(ERR_DELTA_COUNT);
+    }
+    if nonnull == 0 {
+        return Ok(values);
+    }
+    let per_mini = block / mb;
+    let deltas = nonnull as u64 - 1;
+    let mut last = first;
+    values.push(narrow(first, width));
+    // `mini == mb`: the next block's header comes first.
+    let (mut got, mut mini, mut widths_at, mut min_delta) = (0u64, mb, 0usize, 0u64);
+    while got < deltas {
+        if mini == mb {
+            min_delta = zigzag(s, &mut pos).ok_or(ERR_DELTA)?;
+            if mb > (s.len() - pos) as u64 {
+                return Err(ERR_DELTA);
+            }
+            widths_at = pos;
+            pos += mb as usize;
+            mini = 0;
+        }
+        let bw = s[widths_at + mini as usize] as u32;
+        mini += 1;
+        // Only the deltas wanted must be there: a writer may end the last miniblock early.
+        let count = per_mini.min(deltas - got);
+        if bw as u64 > 8 * width || (count * bw as u64).div_ceil(8) > (s.len() - pos) as u64 {
+            return Err(ERR_DELTA);
+        }
+        let at = pos as u64 * 8;
+        for j in 0..count {
+            let packed = if bw == 0 { 0 } else { unpack64(s, at + j * bw as u64, bw) };
+            last = last.wrapping_add(min_delta.wrapping_add(packed));
+            values.push(narrow(last, width));
+        }
+        pos = (pos as u64 + per_mini / 8 * bw as u64).min(s.len() as u64) as usize;
+        got += count;
+    }
+    Ok(values)
 }
 
 fn value(s: &[u8], width: u64) -> u64 {
@@ -473,6 +577,8 @@ pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
                     values.push(value(&dict[at..], p.width));
                 }
             }
+        } else if p.encoding == ENC_DELTA {
+            values = delta_values(&b[vals..], nonnull, p.width).map_err(decode_error)?;
         } else {
             if b.len() < vals || (b.len() - vals) / (p.width as usize) < nonnull {
                 return Err(decode_error(4));
@@ -505,8 +611,9 @@ pub fn download_decoded(gpu: &Gpu, d: &DeviceDecoded, stats: &mut TransferStats)
     Ok(Decoded { keys, valid })
 }
 
-/// `doctor`'s check: pages written by arrow-rs (dictionary and PLAIN, v1 and
-/// v2, snappy and uncompressed, with NULLs) decoded on the device equal the CPU twin.
+/// `doctor`'s check: pages written by arrow-rs (dictionary, PLAIN and
+/// DELTA_BINARY_PACKED, v1 and v2, snappy and uncompressed, with NULLs)
+/// decoded on the device equal the CPU twin.
 pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut pages = 0;
     let mut rows = 0;

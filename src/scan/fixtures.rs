@@ -1,8 +1,10 @@
 //! Parquet files written by arrow-rs with the writer options the device scan
-//! meets (dictionary on, off and falling back to PLAIN mid-chunk; data pages
-//! v1 and v2; snappy and uncompressed; small and large pages; no, some and
-//! only NULLs; several row groups; INT32 / INT64 / DATE32 / DECIMAL(12, 2)),
-//! for the decoder's tests and `doctor`'s self-check.
+//! meets (dictionary on, off and falling back to PLAIN mid-chunk;
+//! DELTA_BINARY_PACKED; data pages v1 and v2; snappy and uncompressed; small
+//! and large pages; no, some and only NULLs; several row groups; INT32 /
+//! INT64 / DATE32 / DECIMAL(12, 2) and DECIMAL(9, 2); random values, values
+//! whose deltas wrap, constant columns and arithmetic sequences), for the
+//! decoder's tests and `doctor`'s self-check.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,6 +41,22 @@ pub struct Case {
     /// Values repeat with this period of rows (0: never), so a snappy page
     /// holds copies from that far back.
     pub period: usize,
+    /// Data pages DELTA_BINARY_PACKED (`dictionary` off), not PLAIN.
+    pub delta: bool,
+    pub pattern: Pattern,
+}
+
+/// How a case's values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Random in a range of `distinct` values around 0.
+    Random,
+    /// The type's extremes (i64::MIN / MAX, i32::MIN / MAX, 0, -1) among
+    /// small random values, so DELTA's deltas wrap.
+    Extremes,
+    /// -12345 + i * step, wrapping (step 0: a constant column); DELTA writes
+    /// such pages with bit width 0.
+    Sequence(i64),
 }
 
 /// The cases: every writer option against each other on rotating types.
@@ -66,6 +84,8 @@ pub fn cases() -> Vec<Case> {
                         page_rows,
                         row_group_rows: [1 << 20, 1500, 4096][i % 3],
                         period: 0,
+                        delta: false,
+                        pattern: Pattern::Random,
                     });
                     i += 1;
                 }
@@ -94,6 +114,8 @@ pub fn cases() -> Vec<Case> {
             page_rows: 40_000,
             row_group_rows: 1 << 20,
             period,
+            delta: false,
+            pattern: Pattern::Random,
         });
     }
     // The codecs decompressed on the host, on dictionary / PLAIN, v1 / v2 pages with NULLs.
@@ -117,8 +139,54 @@ pub fn cases() -> Vec<Case> {
                 page_rows: 1000,
                 row_group_rows: 4096,
                 period: 0,
+                delta: false,
+                pattern: Pattern::Random,
             });
         }
+    }
+    // DELTA_BINARY_PACKED: every type (DECIMAL(9, 2) is INT32, DECIMAL(12, 2)
+    // INT64), v1 and v2, small pages (fewer values than a 128-value block) and
+    // large ones (more miniblocks than the kernel parses in one batch),
+    // wrapping deltas, bit width 0, NULLs, several row groups.
+    let dec32 = DataType::Decimal128(9, 2);
+    let dec64 = DataType::Decimal128(12, 2);
+    for (data_type, nulls, v2, codec, page_rows, row_group_rows, pattern, distinct) in [
+        (DataType::Int64, 0, false, Compression::SNAPPY, 20_000, 1 << 20, Pattern::Random, 1u64 << 40),
+        (DataType::Int64, 30, true, Compression::UNCOMPRESSED, 1000, 4096, Pattern::Extremes, 1000),
+        (DataType::Int64, 0, false, Compression::UNCOMPRESSED, 64, 1500, Pattern::Extremes, 1 << 20),
+        (DataType::Int32, 0, true, Compression::SNAPPY, 64, 1500, Pattern::Extremes, 1000),
+        (DataType::Int32, 30, false, Compression::UNCOMPRESSED, 20_000, 1 << 20, Pattern::Extremes, 1 << 40),
+        (DataType::Int32, 30, true, Compression::SNAPPY, 1000, 4096, Pattern::Random, 1000),
+        (DataType::Date32, 30, false, Compression::SNAPPY, 1000, 4096, Pattern::Random, 1 << 40),
+        (DataType::Date32, 0, true, Compression::UNCOMPRESSED, 20_000, 1 << 20, Pattern::Sequence(1), 0),
+        (dec32.clone(), 0, false, Compression::SNAPPY, 1000, 1500, Pattern::Random, 1 << 40),
+        (dec32, 30, true, Compression::UNCOMPRESSED, 64, 4096, Pattern::Extremes, 1 << 40),
+        (dec64.clone(), 30, false, Compression::UNCOMPRESSED, 20_000, 1 << 20, Pattern::Random, 1 << 40),
+        (dec64, 0, true, Compression::SNAPPY, 1000, 1500, Pattern::Extremes, 1000),
+        (DataType::Int64, 0, false, Compression::SNAPPY, 1000, 4096, Pattern::Sequence(0), 0),
+        (DataType::Int32, 30, true, Compression::UNCOMPRESSED, 1000, 1500, Pattern::Sequence(0), 0),
+        (DataType::Int64, 30, true, Compression::SNAPPY, 20_000, 1 << 20, Pattern::Sequence(i64::MAX / 3), 0),
+        (DataType::Int32, 0, false, Compression::UNCOMPRESSED, 1000, 4096, Pattern::Sequence(-7), 0),
+        (DataType::Int64, 100, false, Compression::SNAPPY, 1000, 1500, Pattern::Random, 1000),
+        (DataType::Int32, 100, true, Compression::UNCOMPRESSED, 64, 4096, Pattern::Random, 1000),
+    ] {
+        let i = out.len();
+        out.push(Case {
+            name: format!("{data_type} delta v2={v2} codec={codec} nulls={nulls}% page_rows={page_rows} row_group_rows={row_group_rows} {pattern:?}"),
+            data_type,
+            rows: 3000 + 10_007 * (i % 5),
+            nulls,
+            distinct: distinct.max(1),
+            dictionary: false,
+            dict_fallback: false,
+            v2,
+            codec,
+            page_rows,
+            row_group_rows,
+            period: 0,
+            delta: true,
+            pattern,
+        });
     }
     out
 }
@@ -133,9 +201,17 @@ pub fn column(c: &Case) -> ArrayRef {
         x
     };
     let mut vals: Vec<Option<i64>> = (0..c.rows)
-        .map(|_| {
+        .map(|i| {
             let r = next();
-            let v = (r % c.distinct) as i64 - (c.distinct / 2) as i64;
+            let random = (r % c.distinct) as i64 - (c.distinct / 2) as i64;
+            let v = match c.pattern {
+                Pattern::Random => random,
+                // (INT32 takes the low 32 bits: i64::MIN and MAX are 0 and -1 there.)
+                Pattern::Extremes => {
+                    [i64::MIN, i64::MAX, i32::MIN as i64, i32::MAX as i64, random, random][(r >> 20) as usize % 6]
+                }
+                Pattern::Sequence(step) => (-12345i64).wrapping_add((i as i64).wrapping_mul(step)),
+            };
             ((r >> 40) % 100 >= c.nulls as u64).then_some(v)
         })
         .collect();
@@ -178,8 +254,8 @@ pub fn write(c: &Case) -> Result<Vec<u8>> {
         .set_data_page_row_count_limit(c.page_rows)
         .set_write_batch_size(c.page_rows.min(1024))
         .set_max_row_group_row_count(Some(c.row_group_rows))
-        // v2 files otherwise take DELTA_BINARY_PACKED for integers (a fallback the device does not decode yet).
-        .set_encoding(Encoding::PLAIN);
+        // v2 files otherwise take DELTA_BINARY_PACKED for integers without a dictionary: a case asks for it.
+        .set_encoding(if c.delta { Encoding::DELTA_BINARY_PACKED } else { Encoding::PLAIN });
     if c.dict_fallback {
         props = props.set_dictionary_page_size_limit(512);
     }

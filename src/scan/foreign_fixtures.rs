@@ -7,14 +7,16 @@
 //! For every file and every top-level column whose Arrow type, as arrow-rs
 //! reads it, the device scan takes ([`crate::scan::supported_type`]), the
 //! decoder gives arrow-rs's row count, validity bits and values (keys compared
-//! where valid), or, only in a file whose name says "delta", falls back with a
-//! reason naming the DELTA encoding it does not decode. Columns of other types
+//! where valid); none falls back. In the files whose name says "delta" (pyarrow's
+//! and DuckDB's DELTA_BINARY_PACKED integers), decoded columns hold DELTA
+//! pages. Columns of other types
 //! (VARCHAR, LIST) are not asked for, and the key column of a file with a
 //! nested column beside it decodes (the nested column is skipped, not read).
 //! Enough files and columns must decode that the test cannot pass by falling
 //! back, and the decoded columns' pages must cover what the folder claims:
-//! every codec, dictionary and PLAIN pages in v1 and v2 data pages, and a
-//! chunk whose dictionary fell back to PLAIN. Where a GPU is usable, every
+//! every codec, dictionary and PLAIN pages in v1 and v2 data pages,
+//! DELTA_BINARY_PACKED v1 pages (DuckDB writes v1 page headers even with
+//! PARQUET_VERSION v2), and a chunk whose dictionary fell back to PLAIN. Where a GPU is usable, every
 //! decoded column is read again through the device scan
 //! ([`crate::scan::scan_to_device`]) and must give the same keys.
 
@@ -32,9 +34,9 @@ mod tests {
 
     const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/parquet");
     /// At least this many files must decode some column, and this many columns in all
-    /// (22 files and 106 columns when written; 4 columns of the two "delta" files fall back).
+    /// (22 files and 110 columns, 4 of them DELTA_BINARY_PACKED, when written).
     const MIN_FILES_DECODED: usize = 22;
-    const MIN_COLUMNS_DECODED: usize = 100;
+    const MIN_COLUMNS_DECODED: usize = 110;
 
     /// arrow-rs's values of one column (its arrays, batch by batch): the keys
     /// (the value sign-extended to 64 bits, 0 where NULL) and each row's validity.
@@ -139,7 +141,7 @@ mod tests {
     }
 
     /// The host decoder equals arrow-rs's reader on every pyarrow and DuckDB
-    /// fixture, or falls back (DELTA files only) with the encoding as reason.
+    /// fixture, DELTA_BINARY_PACKED columns included.
     #[test]
     fn host_decoder_matches_arrow_reader_on_foreign_files() {
         let mut paths: Vec<PathBuf> = std::fs::read_dir(DIR)
@@ -149,6 +151,7 @@ mod tests {
             .collect();
         paths.sort();
         let (mut files_decoded, mut columns_decoded, mut rows_compared, mut beside_nested) = (0, 0, 0, 0);
+        let mut delta_columns_decoded = 0;
         let mut coverage = Coverage::default();
         let gpu = crate::gpu::test_gpu();
         let _lease = gpu.as_ref().map(|g| g.lease(0));
@@ -167,7 +170,7 @@ mod tests {
                 .collect::<Result<Vec<RecordBatch>, _>>()
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             let scan = [ScanFile { path: path.clone(), ranges: vec![] }];
-            let (mut decoded, mut fell_back, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut decoded, mut skipped, mut delta_columns) = (Vec::new(), Vec::new(), Vec::new());
             for (ci, field) in schema.fields().iter().enumerate() {
                 let column = field.name().as_str();
                 let arrow_type = field.data_type();
@@ -205,27 +208,22 @@ mod tests {
                             }
                             device_columns += 1;
                         }
-                        coverage.add(&page_table_of(&scan, column, arrow_type));
+                        let table = page_table_of(&scan, column, arrow_type);
+                        if table.pages.iter().any(|p| p.kind != pages::KIND_DICT && p.encoding == pages::ENC_DELTA) {
+                            delta_columns.push(column.to_string());
+                        }
+                        coverage.add(&table);
                         rows_compared += keys.len();
                         decoded.push(column.to_string());
                     }
-                    Err(why) => {
-                        eprintln!("  {name} column {column}: falls back: {why}");
-                        assert!(delta, "{name} column {column} ({arrow_type}): unexpected fallback: {why}");
-                        assert!(
-                            why.0.contains("DELTA"),
-                            "{name} column {column}: the fallback does not name the encoding: {why}"
-                        );
-                        fell_back.push(column.to_string());
-                    }
+                    Err(why) => panic!("{name} column {column} ({arrow_type}): unexpected fallback: {why}"),
                 }
             }
             eprintln!(
-                "{name}: {file_rows} rows, {row_groups} row groups; decoded {decoded:?}; fell back {fell_back:?}; skipped {skipped:?}"
+                "{name}: {file_rows} rows, {row_groups} row groups; decoded {decoded:?} (DELTA pages: {delta_columns:?}); skipped {skipped:?}"
             );
-            if delta {
-                assert!(!fell_back.is_empty(), "{name}: named delta, but no column fell back");
-            }
+            assert_eq!(delta, !delta_columns.is_empty(), "{name}: DELTA pages in {delta_columns:?}");
+            delta_columns_decoded += delta_columns.len();
             // The key column reads past the nested (and string) columns beside it.
             let nested: Vec<&str> =
                 schema.fields().iter().filter(|f| f.data_type().is_nested()).map(|f| f.name().as_str()).collect();
@@ -253,6 +251,8 @@ mod tests {
         assert!(files_decoded >= MIN_FILES_DECODED, "only {files_decoded} files decoded (of {})", paths.len());
         assert!(columns_decoded >= MIN_COLUMNS_DECODED, "only {columns_decoded} columns decoded");
         assert!(beside_nested > 0, "no file has a nested column beside the key");
+        // k and i of pyarrow's delta file, k and m of DuckDB's.
+        assert!(delta_columns_decoded >= 4, "only {delta_columns_decoded} DELTA_BINARY_PACKED columns decoded");
         for (codec, what) in [
             (pages::CODEC_NONE, "UNCOMPRESSED"),
             (pages::CODEC_SNAPPY, "SNAPPY"),
@@ -267,6 +267,7 @@ mod tests {
             (pages::KIND_V1, pages::ENC_PLAIN, "v1 PLAIN"),
             (pages::KIND_V2, pages::ENC_DICT, "v2 dictionary-encoded"),
             (pages::KIND_V2, pages::ENC_PLAIN, "v2 PLAIN"),
+            (pages::KIND_V1, pages::ENC_DELTA, "v1 DELTA_BINARY_PACKED"),
         ] {
             assert!(coverage.kinds.iter().any(|k| k.0 == kind && k.1 == encoding), "no decoded {what} page");
         }

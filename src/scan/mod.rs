@@ -1,7 +1,8 @@
 //! The device Parquet scan (issue 27, first slice): one key column of
 //! Parquet files read on the host as raw column chunks, uploaded, and
-//! decompressed (SNAPPY) and decoded (PLAIN and dictionary pages, v1 and v2,
-//! NULLs) on the device straight into the selection's 64-bit keys.
+//! decompressed (SNAPPY) and decoded (PLAIN, dictionary and
+//! DELTA_BINARY_PACKED pages, v1 and v2, NULLs) on the device straight into
+//! the selection's 64-bit keys.
 //!
 //! The chunks are read on host threads in parts of 64 MiB, each uploaded
 //! while the next parts are read ([`read_and_upload`]); the read buffers are
@@ -522,10 +523,12 @@ mod tests {
     }
 
     /// The CPU twin equals arrow-rs's reader on every writer option, and the
-    /// pages really cover what the cases claim (dictionary, PLAIN, v2, snappy).
+    /// pages really cover what the cases claim (dictionary, PLAIN, v2, snappy,
+    /// DELTA_BINARY_PACKED in v1 and v2 pages: every data page of a DELTA case).
     #[test]
     fn cpu_twin_matches_arrow_reader() {
         let (mut dict_pages, mut plain_pages, mut v2_pages, mut snappy_pages, mut mixed_chunks) = (0, 0, 0, 0, 0);
+        let (mut delta_v1_pages, mut delta_v2_pages) = (0, 0);
         for case in cases() {
             let (raw, table) = table_of(&case).unwrap();
             let mut got = decode_cpu(&raw, &table).unwrap();
@@ -546,6 +549,14 @@ mod tests {
                 plain_pages += (p.kind != pages::KIND_DICT && p.encoding == pages::ENC_PLAIN) as usize;
                 v2_pages += (p.kind == pages::KIND_V2) as usize;
                 snappy_pages += (p.codec == pages::CODEC_SNAPPY) as usize;
+                let delta = p.kind != pages::KIND_DICT && p.encoding == pages::ENC_DELTA;
+                delta_v1_pages += (delta && p.kind == pages::KIND_V1) as usize;
+                delta_v2_pages += (delta && p.kind == pages::KIND_V2) as usize;
+                if case.delta {
+                    assert!(p.kind != pages::KIND_DICT && p.encoding == pages::ENC_DELTA, "{}: {p:?}", case.name);
+                } else {
+                    assert!(!delta, "{}: {p:?}", case.name);
+                }
             }
             if case.dict_fallback {
                 mixed_chunks += table.pages.windows(2).any(|w| {
@@ -560,6 +571,7 @@ mod tests {
             "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}"
         );
         assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
+        assert!(delta_v1_pages > 0 && delta_v2_pages > 0, "DELTA pages: {delta_v1_pages} v1, {delta_v2_pages} v2");
     }
 
     /// Chunks read in parts ([`pages::read_chunks_in_parts`], the streamed
@@ -683,13 +695,17 @@ mod tests {
         println!("{}", decode::self_check(&g).unwrap());
     }
 
-    /// Corrupt bytes give an error, never a panic, on both backends.
+    /// Corrupt bytes give an error, never a panic, on both backends (every
+    /// fifth case, and every DELTA case).
     #[test]
     fn corrupt_pages_fail_cleanly() {
         let g = crate::gpu::test_gpu();
-        for case in cases().into_iter().step_by(5) {
+        for case in cases().into_iter().enumerate().filter(|(i, c)| i % 5 == 0 || c.delta).map(|(_, c)| c) {
             let (raw, table) = table_of(&case).unwrap();
-            for flip in [0usize, 1, 7, raw.len() / 2, raw.len().saturating_sub(3)] {
+            // And the first data page's first bytes: its levels, a DELTA page's header and first block.
+            let first_data = table.pages.iter().find(|p| p.kind != pages::KIND_DICT).map_or(0, |p| p.src as usize);
+            let flips = [0usize, 1, 7, raw.len() / 2, raw.len().saturating_sub(3)];
+            for flip in flips.into_iter().chain((0..24).map(|k| first_data + k)) {
                 let mut bad = raw.clone();
                 if let Some(b) = bad.get_mut(flip) {
                     *b ^= 0xA5;

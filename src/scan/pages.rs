@@ -7,8 +7,9 @@
 //! the operators whose unmatched rows are dropped), and the row groups
 //! DataFusion's pruning predicate for the input's filter rules out
 //! ([`prune_row_groups`]: the row groups' statistics, as DataFusion's own
-//! Parquet scan prunes them). What the device cannot decode is reported as a
-//! [`Fallback`] reason, never decoded wrongly.
+//! Parquet scan prunes them). Data pages may be PLAIN, dictionary-encoded or
+//! DELTA_BINARY_PACKED (v1 and v2). What the device cannot decode is reported
+//! as a [`Fallback`] reason, never decoded wrongly.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -74,6 +75,9 @@ pub const CODEC_GZIP: u64 = 4;
 /// `PqPage::encoding` values.
 pub const ENC_PLAIN: u64 = 0;
 pub const ENC_DICT: u64 = 1;
+/// DELTA_BINARY_PACKED: the page's values are decoded into its index scratch
+/// first, as u64 (two u32 entries a page value, from an even `idx_off`).
+pub const ENC_DELTA: u64 = 2;
 /// No dictionary page.
 pub const NO_DICT: u64 = u64::MAX;
 
@@ -265,7 +269,8 @@ pub struct PageTable {
     pub body_len: u64,
     /// Validity scratch words (pages of optional columns).
     pub lvl_words: u64,
-    /// Dictionary index scratch entries (dictionary-encoded data pages).
+    /// u32 index scratch entries: one a value of dictionary-encoded data
+    /// pages, two a value of DELTA_BINARY_PACKED pages (from an even entry).
     pub idx_len: u64,
     pub rows: u64,
     pub def_max: u64,
@@ -278,6 +283,8 @@ impl PageTable {
     pub fn append(&mut self, other: &PageTable, raw_at: u64) -> u64 {
         let row0 = self.rows.next_multiple_of(32);
         let first = self.pages.len() as u64;
+        // Even, so the other table's DELTA pages keep their u64 scratch aligned.
+        let idx0 = self.idx_len.next_multiple_of(2);
         for &p in &other.pages {
             self.pages.push(PqPage {
                 src: p.src + raw_at,
@@ -285,13 +292,13 @@ impl PageTable {
                 first_row: p.first_row + row0,
                 dict: if p.dict == NO_DICT { NO_DICT } else { p.dict + first },
                 lvl_word: p.lvl_word + self.lvl_words,
-                idx_off: p.idx_off + self.idx_len,
+                idx_off: p.idx_off + idx0,
                 ..p
             });
         }
         self.body_len += other.body_len;
         self.lvl_words += other.lvl_words;
-        self.idx_len += other.idx_len;
+        self.idx_len = idx0 + other.idx_len;
         self.rows = row0 + other.rows;
         self.def_max = self.def_max.max(other.def_max);
         row0
@@ -695,6 +702,8 @@ fn walk_chunk(
                     thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY => {
                         return Err(corrupt("dictionary-encoded page without a dictionary".into()))
                     }
+                    // Every column the scan takes is INT32 or INT64 (type_mismatch), the types DELTA_BINARY_PACKED encodes.
+                    thrift::DELTA_BINARY_PACKED => ENC_DELTA,
                     e => return fallback(format!("encoding {}", encoding_name(e))),
                 };
                 if h.page_type == thrift::DATA_PAGE {
@@ -789,6 +798,10 @@ pub fn page_table(plan: &ScanPlan, raw: &[u8]) -> Result<std::result::Result<Pag
                 if p.encoding == ENC_DICT {
                     p.idx_off = t.idx_len;
                     t.idx_len += p.num_values;
+                }
+                if p.encoding == ENC_DELTA {
+                    p.idx_off = t.idx_len.next_multiple_of(2);
+                    t.idx_len = p.idx_off + 2 * p.num_values;
                 }
             }
             t.pages.push(p);

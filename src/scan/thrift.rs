@@ -15,6 +15,7 @@ pub const DATA_PAGE_V2: i32 = 3;
 pub const PLAIN: i32 = 0;
 pub const PLAIN_DICTIONARY: i32 = 2;
 pub const RLE: i32 = 3;
+pub const DELTA_BINARY_PACKED: i32 = 5;
 pub const RLE_DICTIONARY: i32 = 8;
 
 /// The fields of a page header the scan reads.
