@@ -405,13 +405,6 @@ pub(crate) fn select_device_scanned(
     key_type: &DataType,
     payload: Option<&[usize]>,
 ) -> Result<std::result::Result<DeviceSelected, String>> {
-    let device = gpu::gpu(cfg.device).map_err(gpu::GpuError::from)?;
-    let g = hold_device(&device, cfg, selector.reservation.as_deref())?;
-    let probe_side = match &probe {
-        Side::Device(scan) => Some(*scan),
-        Side::Host(..) => None,
-    };
-    let mut stats = TransferStats::default();
     // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL]),
     // probe row groups outside the build side's key range (from its files'
     // statistics) are not read, as DataFusion's dynamic filter would prune
@@ -426,6 +419,32 @@ pub(crate) fn select_device_scanned(
         }
         _ => None,
     };
+    fn side(s: &DeviceScanExec, range: Option<(i64, i64)>) -> crate::scan::PairSide<'_> {
+        let keep = crate::scan::Keep::key_range(range);
+        crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
+    }
+    // The device still starting (a query in a fresh process): both sides'
+    // files are read on the host meanwhile, not after (the device's column
+    // cache is empty then, so they go the paired way below).
+    let early = match (&probe, &build) {
+        (Side::Device(p), Side::Device(b))
+            if p.filter().is_none()
+                && b.filter().is_none()
+                && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
+        {
+            Some([side(p, keep), side(b, None)].map(|s| {
+                crate::scan::ReadAhead::start(s.files.to_vec(), s.column.to_string(), s.arrow.clone(), s.keep)
+            }))
+        }
+        _ => None,
+    };
+    let device = gpu::gpu(cfg.device).map_err(gpu::GpuError::from)?;
+    let g = hold_device(&device, cfg, selector.reservation.as_deref())?;
+    let probe_side = match &probe {
+        Side::Device(scan) => Some(*scan),
+        Side::Host(..) => None,
+    };
+    let mut stats = TransferStats::default();
     // Both sides read from their files (neither in the column cache): one
     // upload buffer and one decode launch for the two, so the launches'
     // tails (their largest pages) overlap. Otherwise side by side.
@@ -433,13 +452,10 @@ pub(crate) fn select_device_scanned(
         |s: &DeviceScanExec| cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), s.column(), s.data_type());
     let (probe, build) = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
-            if !cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none() =>
+            if early.is_some() || (!cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none()) =>
         {
-            fn side(s: &DeviceScanExec, range: Option<(i64, i64)>) -> crate::scan::PairSide<'_> {
-                let keep = crate::scan::Keep::key_range(range);
-                crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
-            }
-            match crate::scan::scan_pair_to_device(&g, [side(p, keep), side(b, None)], cfg.cache_limit.0, &mut stats)? {
+            let sides = [side(p, keep), side(b, None)];
+            match crate::scan::scan_pair_to_device(&g, sides, cfg.cache_limit.0, early, &mut stats)? {
                 Ok([dp, db]) => (device_side(&g, dp, &mut stats)?, device_side(&g, db, &mut stats)?),
                 Err((i, why)) => return Ok(Err(format!("{} side: {}", ["probe", "build"][i], why.0))),
             }
@@ -452,6 +468,7 @@ pub(crate) fn select_device_scanned(
                     scan.files().to_vec(),
                     scan.column().to_string(),
                     scan.data_type().clone(),
+                    crate::scan::Keep::default(),
                 )),
                 _ => None,
             };

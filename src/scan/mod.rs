@@ -155,8 +155,9 @@ pub fn read_on_host(
 pub struct ReadAhead(std::thread::JoinHandle<Result<std::result::Result<HostRead, Fallback>>>);
 
 impl ReadAhead {
-    pub fn start(files: Vec<ScanFile>, column: String, arrow: DataType) -> Self {
-        ReadAhead(std::thread::spawn(move || read_on_host(&files, &column, &arrow, &Keep::default())))
+    /// Read the row groups `keep` leaves of `column` of `files`.
+    pub fn start(files: Vec<ScanFile>, column: String, arrow: DataType, keep: Keep) -> Self {
+        ReadAhead(std::thread::spawn(move || read_on_host(&files, &column, &arrow, &keep)))
     }
 
     fn join(self) -> Result<std::result::Result<HostRead, Fallback>> {
@@ -242,12 +243,19 @@ pub struct PairSide<'a> {
 /// `cache_limit` above 0 the column cache keeps what was decoded (the caller
 /// takes this path only when it holds neither side). `Err((side, why))` when
 /// a side's files hold something the device does not decode.
+///
+/// `read`: both sides already being read on the host ([`ReadAhead`], started
+/// while the device was still starting): then they are uploaded once read.
 pub fn scan_pair_to_device(
     gpu: &Gpu,
     sides: [PairSide<'_>; 2],
     cache_limit: usize,
+    read: Option<[ReadAhead; 2]>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
+    if let Some(read) = read {
+        return scan_pair_read_ahead(gpu, sides, cache_limit, read, stats);
+    }
     let mut plans = Vec::with_capacity(2);
     for (i, side) in sides.iter().enumerate() {
         match pages::plan_scan_within(side.files, side.column, side.arrow, &side.keep)? {
@@ -278,6 +286,43 @@ pub fn scan_pair_to_device(
         let mut report = host.finish(gpu, upload, decode, Some(cache), true);
         report.streamed = true;
         (d, report)
+    })))
+}
+
+/// [`scan_pair_to_device`] of sides read ahead: each side's chunks and
+/// inflated pages ([`read_on_host`]) uploaded back to back into one buffer
+/// through the staging buffers, decoded in one launch.
+fn scan_pair_read_ahead(
+    gpu: &Gpu,
+    sides: [PairSide<'_>; 2],
+    cache_limit: usize,
+    read: [ReadAhead; 2],
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
+    let [ra, rb] = read;
+    let (a, b) = (ra.join()?, rb.join()?);
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(f), _) => return Ok(Err((0, f))),
+        (_, Err(f)) => return Ok(Err((1, f))),
+    };
+    let t = Instant::now();
+    let a_len = a.raw.len() + a.inflated.len();
+    let mut raw = gpu.alloc::<u8>(a_len + b.raw.len() + b.inflated.len())?;
+    gpu.upload_chunks_into(&[&a.raw[..], &a.inflated[..]], &mut raw, 0, stats)?;
+    gpu.upload_chunks_into(&[&b.raw[..], &b.inflated[..]], &mut raw, a_len, stats)?;
+    let upload = t.elapsed();
+    let t = Instant::now();
+    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, a_len as u64, stats)?;
+    let decode = t.elapsed();
+    drop(raw);
+    let [first, second] = &sides;
+    Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
+        let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
+            Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), &d, cache_limit),
+            None => CacheUse::Off,
+        };
+        (d, host.finish(gpu, upload, decode, Some(cache), true))
     })))
 }
 
