@@ -222,11 +222,12 @@ fn device_scan_rate(dir: &Path, runs: usize) -> std::result::Result<(f64, f64, S
         .map(|path| crate::scan::ScanFile { path, ranges: vec![] })
         .collect();
     files.sort_by(|a, b| a.path.cmp(&b.path));
-    let _lock = g.lock_blocking();
     let (mut total, mut device) = (Vec::new(), Vec::new());
     let (mut detail, mut rows) = (String::new(), 0u64);
-    // One untimed run first (kernels, page cache).
+    // One untimed run first (kernels, page cache). A lease per run, as an
+    // operator holds the device (the kept read buffers are page-locked after it).
     for run in 0..=runs.max(1) {
+        let _lease = g.lease(0);
         let mut stats = crate::gpu::TransferStats::default();
         let t = Instant::now();
         let (decoded, r) = match crate::scan::scan_to_device(

@@ -60,6 +60,8 @@ pub struct DeviceScanExec {
     /// scan's own predicate over it (dynamic filters aside), for pruning row
     /// groups by their statistics as DataFusion's scan does (None: nothing to prune by).
     prune: Option<(SchemaRef, PhysicalExprRef)>,
+    /// Prune by bloom filters too (the scan's `bloom_filter_on_read`, as DataFusion's scan).
+    bloom_filters: bool,
     /// The input's columns (file column, type), decoded by the device for
     /// the operator's output; None: only the key is read.
     payload: Option<Vec<(String, DataType)>>,
@@ -301,6 +303,7 @@ impl DeviceScanExec {
                 Ok(Column::new(c.name(), at))
             })?);
         }
+        let bloom_filters = source.table_parquet_options().global.bloom_filter_on_read;
         let prune = prune
             .into_iter()
             .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as _)
@@ -357,20 +360,25 @@ impl DeviceScanExec {
             data_type,
             filter,
             prune,
+            bloom_filters,
             payload,
             ran: Arc::new(Mutex::new(None)),
         })
     }
 
-    /// The row groups a filtered input reads: those whose statistics allow a
-    /// row its filters keep, as DataFusion's scan would read (the other
-    /// columns of the input are read with the same row groups).
-    pub fn row_groups_to_read(&self) -> Result<crate::scan::Keep> {
-        let row_groups = match &self.prune {
-            Some((schema, predicate)) => crate::scan::prune_row_groups(&self.files, schema, predicate)?,
+    /// The row groups a filtered input reads: those whose statistics (and
+    /// bloom filters) allow a row its filters keep, as DataFusion's scan would
+    /// read (the other columns of the input are read with the same row
+    /// groups); and how many the bloom filters pruned.
+    pub fn row_groups_to_read(&self) -> Result<(crate::scan::Keep, usize)> {
+        let pruned = match &self.prune {
+            Some((schema, predicate)) => {
+                crate::scan::prune_row_groups(&self.files, schema, predicate, self.bloom_filters)?
+            }
             None => None,
         };
-        Ok(crate::scan::Keep { key_range: None, row_groups })
+        let by_bloom_filters = pruned.as_ref().map_or(0, |p| p.by_bloom_filters);
+        Ok((crate::scan::Keep { key_range: None, row_groups: pruned.map(|p| p.row_groups) }, by_bloom_filters))
     }
 
     /// The input's columns as file columns, when the device decodes them for the output.

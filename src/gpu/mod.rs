@@ -420,12 +420,19 @@ impl Gpu {
     }
 
     /// Run `task` on the background thread once the current lease ends (at
-    /// the end of the next one when none is held): work that would otherwise
+    /// the end of the next one when only a plain lock is held): work that would otherwise
     /// slow the operator's own calls into the driver, such as page-locking
     /// host memory (`cuMemHostRegister` of a large buffer held up the rest of
     /// a query's device work by ~100 ms on the H100).
+    /// With no lease held, the task goes to the background thread now.
     pub fn after_lease(&self, task: Box<dyn FnOnce() + Send>) {
-        self.after_lease.lock().unwrap_or_else(|e| e.into_inner()).push(task);
+        let mut waiting = self.after_lease.lock().unwrap_or_else(|e| e.into_inner());
+        if self.exclusive.try_lock().is_ok() {
+            drop(waiting);
+            pool::later(task);
+        } else {
+            waiting.push(task);
+        }
     }
 
     /// How many leases this device has given since it started: a test's

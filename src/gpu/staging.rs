@@ -151,7 +151,7 @@ impl Gpu {
 /// (`cuMemHostRegister`), so a device reads them by DMA with no copy through
 /// the staging buffers and without stalling the host. The device scan reads
 /// column chunks into such buffers and keeps them for the next scan: a
-/// buffer is locked once, in the background after its first scan
+/// buffer is locked once, in the background after its second scan
 /// ([`HostBytes::page_lock`]), and every later scan uploads from it directly
 /// while it still reads ([`Gpu::streamed_upload`]).
 pub struct HostBytes {
@@ -217,14 +217,23 @@ impl std::ops::DerefMut for HostBytes {
 }
 
 impl Drop for HostBytes {
+    /// A locked buffer is unlocked and freed on the background thread
+    /// (unlocking GBs is slow); if its context cannot be bound, it is leaked
+    /// rather than freed while still registered.
     fn drop(&mut self) {
         if let Some(ctx) = self.locked.take() {
-            if ctx.bind_to_thread().is_ok() {
+            let mut buf = std::mem::take(&mut self.buf);
+            super::pool::later(move || {
+                if ctx.bind_to_thread().is_err() {
+                    std::mem::forget(buf);
+                    return;
+                }
                 // SAFETY: the pointer is the one registered in page_lock; no DMA
                 // reads it any more (every upload from it synchronised before its
-                // borrow ended: StreamedUpload's Drop).
-                let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(self.buf.as_mut_ptr() as *mut std::ffi::c_void) };
-            }
+                // borrow ended: Gpu::streamed_upload).
+                let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(buf.as_mut_ptr() as *mut std::ffi::c_void) };
+                drop(buf);
+            });
         }
     }
 }

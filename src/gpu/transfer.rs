@@ -191,9 +191,21 @@ impl Gpu {
     }
 
     /// Uploads into `dst` of host pieces that become ready one after another
-    /// (the device scan's chunk reads, uploaded while the next are read).
-    pub fn streamed_upload<'a>(&'a self, dst: &'a mut DeviceBuffer<u8>) -> StreamedUpload<'a> {
-        StreamedUpload { gpu: self, dst, bytes: 0, direct: 0, time: Duration::ZERO }
+    /// (the device scan's chunk reads, uploaded while the next are read):
+    /// `feed` hands them to the [`StreamedUpload`]; every copy is done when
+    /// this returns (or unwinds), so no DMA outlives the bytes it reads.
+    /// Returns `feed`'s result, the bytes uploaded and, of them, those copied
+    /// straight from page-locked memory.
+    pub fn streamed_upload<'a, R>(
+        &'a self,
+        dst: &'a mut DeviceBuffer<u8>,
+        stats: &mut TransferStats,
+        feed: impl FnOnce(&mut StreamedUpload<'a>, &mut TransferStats) -> R,
+    ) -> Result<(R, usize, usize)> {
+        let mut up = StreamedUpload { gpu: self, dst, bytes: 0, direct: 0, time: Duration::ZERO };
+        let r = feed(&mut up, stats);
+        let (bytes, direct) = up.finish(stats)?;
+        Ok((r, bytes, direct))
     }
 
     /// The pinned staging buffers, allocated on first use (held while uploading).
@@ -718,15 +730,16 @@ mod tests {
         assert!(locked.is_page_locked());
         let pageable: Vec<u8> = (0..n).map(|i| (i * 17 % 253) as u8).collect();
         let mut dst = gpu.alloc::<u8>(2 * n).unwrap();
-        {
-            let mut up = gpu.streamed_upload(&mut dst);
-            let (a, b) = locked.split_at(n / 3);
-            up.piece(n / 3, b, true, &mut stats).unwrap();
-            up.piece(n, &pageable, false, &mut stats).unwrap();
-            up.piece(0, a, true, &mut stats).unwrap();
-            assert!(up.piece(2 * n - 1, &pageable[..2], false, &mut stats).is_err());
-            assert_eq!(up.finish(&mut stats).unwrap(), (2 * n, n));
-        }
+        let (a, b) = locked.split_at(n / 3);
+        let ((), bytes, direct) = gpu
+            .streamed_upload(&mut dst, &mut stats, |up, stats| {
+                up.piece(n / 3, b, true, stats).unwrap();
+                up.piece(n, &pageable, false, stats).unwrap();
+                up.piece(0, a, true, stats).unwrap();
+                assert!(up.piece(2 * n - 1, &pageable[..2], false, stats).is_err());
+            })
+            .unwrap();
+        assert_eq!((bytes, direct), (2 * n, n));
         let back = gpu.download(&dst, 2 * n, &mut stats).unwrap();
         assert!(back[..n] == locked[..], "page-locked pieces");
         assert!(back[n..] == pageable[..], "pageable piece");
@@ -760,9 +773,9 @@ mod tests {
 /// See [`Gpu::streamed_upload`]. A piece of page-locked memory
 /// ([`super::HostBytes`]) is copied by DMA straight from where it lies and
 /// the call returns at once; any other piece goes through the staging
-/// buffers. Every piece borrows its bytes for `'a`: [`StreamedUpload::finish`]
-/// (and the drop, on every other path) waits for the copies, so no DMA
-/// outlives the bytes it reads.
+/// buffers. Every piece borrows its bytes for `'a`, and only
+/// [`Gpu::streamed_upload`] makes one: it waits for the copies (its drop
+/// does on an unwind) before the borrows can end.
 pub struct StreamedUpload<'a> {
     gpu: &'a Gpu,
     dst: &'a mut DeviceBuffer<u8>,
@@ -774,12 +787,14 @@ pub struct StreamedUpload<'a> {
 
 impl<'a> StreamedUpload<'a> {
     /// Copy `src` to `dst[at..at + src.len()]`; `page_locked`: `src` lies in
-    /// page-locked memory (then the copy is queued, not waited for).
+    /// page-locked memory (then the copy is queued, not waited for; memory
+    /// that is not locked, claimed locked, is still copied right, by the
+    /// driver's own staging).
     pub fn piece(&mut self, at: usize, src: &'a [u8], page_locked: bool, stats: &mut TransferStats) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
-        if at + src.len() > self.dst.len() {
+        if at.checked_add(src.len()).is_none_or(|end| end > self.dst.len()) {
             return Err(DataFusionError::Internal("streamed upload past its buffer".into()));
         }
         let t = Instant::now();
@@ -787,9 +802,9 @@ impl<'a> StreamedUpload<'a> {
             let stream = &self.gpu.stream;
             let mut view = self.dst.slice.slice_mut(at..at + src.len());
             let (dptr, _record) = view.device_ptr_mut(stream);
-            // SAFETY: `src` is page-locked host memory borrowed for 'a, and this
-            // StreamedUpload synchronises the stream before 'a can end (finish or
-            // Drop); `dptr` addresses src.len() bytes of `dst`.
+            // SAFETY: `src` is borrowed for 'a, and Gpu::streamed_upload, the only
+            // maker of a StreamedUpload, synchronises the stream before 'a can end
+            // (the drop does on an unwind); `dptr` addresses src.len() bytes of `dst`.
             unsafe { cudarc::driver::result::memcpy_htod_async(dptr, src, stream.cu_stream()) }
                 .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
             self.direct += src.len();
@@ -804,9 +819,9 @@ impl<'a> StreamedUpload<'a> {
         Ok(())
     }
 
-    /// Wait for every copy; returns the bytes uploaded and, of them, those
-    /// copied straight from page-locked memory.
-    pub fn finish(mut self, stats: &mut TransferStats) -> Result<(usize, usize)> {
+    /// Wait for every copy; the bytes uploaded and, of them, those copied
+    /// straight from page-locked memory.
+    fn finish(&mut self, stats: &mut TransferStats) -> Result<(usize, usize)> {
         let t = Instant::now();
         self.gpu.stream.synchronize().map_err(|e| cuda_err("stream synchronize", e))?;
         let waited = t.elapsed();
@@ -823,7 +838,7 @@ impl<'a> StreamedUpload<'a> {
 impl Drop for StreamedUpload<'_> {
     fn drop(&mut self) {
         if self.direct > 0 {
-            // The bytes' borrow ends with this value: no copy may still read them.
+            // Only on an unwind: the bytes' borrow ends with this value, so no copy may still read them.
             let _ = self.gpu.stream.synchronize();
         }
     }

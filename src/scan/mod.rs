@@ -7,7 +7,7 @@
 //! The chunks are read on host threads in parts of 64 MiB, each uploaded
 //! while the next parts are read ([`read_and_upload`]); the read buffers are
 //! kept for the next scan and page-locked in the background after their
-//! first, so later scans upload by DMA straight from them, with no staging
+//! second, so later scans upload by DMA straight from them, with no staging
 //! copy. Both sides of a selection read from files are uploaded into one
 //! buffer and decoded in one launch ([`scan_pair_to_device`]). Pages of ZSTD,
 //! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
@@ -61,6 +61,8 @@ pub struct ScanReport {
     /// Row groups left out (the other side's key range, or the statistics against the input's filter), of all.
     pub row_groups_pruned: usize,
     pub row_groups: usize,
+    /// Of `row_groups_pruned`: by bloom filters (the others by statistics or the key range).
+    pub row_groups_pruned_by_bloom_filters: usize,
     /// Decoded in one launch with the other side's pages (`decode` is the launch's).
     pub decoded_with_other: bool,
     /// The input's filter, run on the device: the rows it kept, the time it took, the columns read for it.
@@ -118,6 +120,7 @@ impl HostRead {
             decoded_with_other,
             filtered: None,
             streamed: false,
+            row_groups_pruned_by_bloom_filters: 0,
         }
     }
 }
@@ -268,15 +271,14 @@ pub fn scan_pair_to_device(
         Ok(x) => x,
         Err(f) => return Ok(Err(f)),
     };
-    let t = Instant::now();
-    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &hosts[0].table, &hosts[1].table, b_raw_at, stats)?;
-    let decode = t.elapsed();
-    drop(raw);
     let mut hosts = hosts.into_iter();
-    let (a, b) = (hosts.next(), hosts.next());
-    let (Some(a), Some(b)) = (a, b) else {
+    let (Some(a), Some(b)) = (hosts.next(), hosts.next()) else {
         return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side went missing".into()));
     };
+    let t = Instant::now();
+    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, b_raw_at, stats)?;
+    let decode = t.elapsed();
+    drop(raw);
     let [first, second] = &sides;
     Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
         let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
@@ -354,10 +356,19 @@ fn read_and_upload(
     let total: usize = plans.iter().map(|p| p.bytes as usize).sum();
     // Room for the pages inflated on the host: ZSTD / LZ4_RAW / GZIP chunks'
     // uncompressed sizes, and an eighth for large snappy pages (more grows the buffer).
-    let room = plans.iter().map(|p| p.host_inflated_bound as usize).sum::<usize>() + total / 8 + (1 << 20);
-    let mut dev = gpu.alloc::<u8>(total + room)?;
+    // (At most twice the chunks: a footer's sizes are not trusted further.)
+    let room = plans
+        .iter()
+        .fold(0usize, |r, p| r.saturating_add(p.host_inflated_bound as usize))
+        .min(2 * total)
+        .saturating_add(total / 8 + (1 << 20));
+    let mut dev = match gpu.alloc::<u8>(total.saturating_add(room)) {
+        Ok(d) => d,
+        // Near the budget: the chunks alone (the inflated pages then grow the buffer).
+        Err(_) => gpu.alloc::<u8>(total)?,
+    };
     let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
-    let (reads, reads_done) = std::thread::scope(|s| -> Result<(Vec<(Result<()>, Duration)>, Instant)> {
+    let scoped = std::thread::scope(|s| -> Result<(Vec<(Result<()>, Duration)>, Instant)> {
         let (tx, rx) = std::sync::mpsc::channel::<(usize, &[u8], bool)>();
         let readers: Vec<_> = plans
             .iter()
@@ -377,35 +388,43 @@ fn read_and_upload(
             })
             .collect();
         drop(tx);
-        let mut up = gpu.streamed_upload(&mut dev);
-        let mut failed = None;
-        for (at, part, locked) in rx {
-            if failed.is_none() {
-                if let Err(e) = up.piece(at, part, locked, stats) {
-                    failed = Some(e);
+        let ((failed, reads, reads_done), _, _) = gpu.streamed_upload(&mut dev, stats, |up, stats| {
+            let mut failed = None;
+            for (at, part, locked) in rx {
+                if failed.is_none() {
+                    if let Err(e) = up.piece(at, part, locked, stats) {
+                        failed = Some(e);
+                    }
                 }
             }
-        }
-        let reads: Vec<(Result<()>, Duration)> = readers
-            .into_iter()
-            .map(|r| {
-                r.join().unwrap_or_else(|_| {
-                    (
-                        Err(datafusion::error::DataFusionError::Internal(
-                            "setfusion device scan: a read thread panicked".into(),
-                        )),
-                        Duration::ZERO,
-                    )
+            // Every reader has ended (their senders are gone).
+            let reads: Vec<(Result<()>, Duration)> = readers
+                .into_iter()
+                .map(|r| {
+                    r.join().unwrap_or_else(|_| {
+                        (
+                            Err(datafusion::error::DataFusionError::Internal(
+                                "setfusion device scan: a read thread panicked".into(),
+                            )),
+                            Duration::ZERO,
+                        )
+                    })
                 })
-            })
-            .collect();
-        let reads_done = Instant::now();
-        up.finish(stats)?;
+                .collect();
+            (failed, reads, Instant::now())
+        })?;
         match failed {
             Some(e) => Err(e),
             None => Ok((reads, reads_done)),
         }
-    })?;
+    });
+    let (reads, reads_done) = match scoped {
+        Ok(x) => x,
+        Err(e) => {
+            bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+            return Err(e);
+        }
+    };
     let mut upload = reads_done.elapsed();
     let give_all = |bufs: Vec<pages::ChunkBytes>| bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
     let mut times = Vec::with_capacity(reads.len());
@@ -426,12 +445,7 @@ fn read_and_upload(
         let mut table = match pages::page_table(&plan, &raw)? {
             Ok(t) => t,
             Err(f) => {
-                pages::give_back_to_device(raw, gpu);
-                bufs.for_each(|b| pages::give_back_to_device(b, gpu));
-                hosts.into_iter().for_each(|h: HostRead| {
-                    pages::give_back_to_device(h.raw, gpu);
-                    pages::give_back_to_device(h.inflated, gpu);
-                });
+                give_back_all(gpu, raw, bufs, hosts);
                 return Ok(Err((i, f)));
             }
         };
@@ -439,7 +453,7 @@ fn read_and_upload(
         {
             Ok(b) => b,
             Err(e) => {
-                pages::give_back_to_device(raw, gpu);
+                give_back_all(gpu, raw, bufs, hosts);
                 return Err(e);
             }
         };
@@ -466,10 +480,31 @@ fn read_and_upload(
     Ok(Ok((dev, hosts, upload)))
 }
 
+/// Every read buffer of a scan that stops early, back to the pool.
+fn give_back_all(
+    gpu: &Gpu,
+    raw: pages::ChunkBytes,
+    rest: impl Iterator<Item = pages::ChunkBytes>,
+    hosts: Vec<HostRead>,
+) {
+    pages::give_back_to_device(raw, gpu);
+    rest.for_each(|b| pages::give_back_to_device(b, gpu));
+    for h in hosts {
+        pages::give_back_to_device(h.raw, gpu);
+        pages::give_back_to_device(h.inflated, gpu);
+    }
+}
+
 /// The device part of a scan read ahead on the host: the chunks uploaded and decoded.
 fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(DeviceDecoded, ScanReport)> {
     let t = Instant::now();
-    let d_raw = gpu.upload_chunks(&[&host.raw[..], &host.inflated[..]], stats)?;
+    let mut d_raw = gpu.alloc::<u8>(host.raw.len() + host.inflated.len())?;
+    let (raw, inflated, locked) = (&host.raw[..], &host.inflated[..], host.raw.is_page_locked());
+    gpu.streamed_upload(&mut d_raw, stats, |up, stats| {
+        up.piece(0, raw, locked, stats)?;
+        up.piece(raw.len(), inflated, false, stats)
+    })?
+    .0?;
     let upload = t.elapsed();
     let t = Instant::now();
     let decoded = decode_gpu(gpu, &d_raw, &host.table, stats)?;
@@ -812,13 +847,15 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
-    /// A filter's row groups are chosen by their statistics as DataFusion
-    /// prunes them: on a column sorted across 10 row groups `k < 2500` reads 3
-    /// (in both files); a predicate no statistics decide, or one that keeps
-    /// every row group, prunes nothing; and the scan plan reads only the rows
-    /// of the row groups left, for every column.
+    /// A filter's row groups are chosen by their statistics and bloom filters
+    /// as DataFusion prunes them: on a column sorted across 10 row groups
+    /// `k < 2500` reads 3 (in both files); a predicate no statistics decide, or
+    /// one that keeps every row group, prunes nothing; `q = 1000`, within every
+    /// row group's min / max but only in the even ones, is pruned by the bloom
+    /// filters (when they are read); and the scan plan reads only the rows of
+    /// the row groups left, for every column.
     #[test]
-    fn filters_prune_row_groups_by_their_statistics() {
+    fn filters_prune_row_groups_by_their_statistics_and_bloom_filters() {
         use datafusion::arrow::array::{Int64Array, RecordBatch};
         use datafusion::arrow::datatypes::{Field, Schema};
         use datafusion::logical_expr::Operator;
@@ -829,6 +866,7 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("p", DataType::Int64, true),
+            Field::new("q", DataType::Int64, false),
         ]));
         let dir = std::env::temp_dir().join(format!("setfusion-pq-prune-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -836,12 +874,17 @@ mod tests {
         for f in 0..2 {
             let k: Vec<i64> = (0..10_000).collect();
             let p: Vec<Option<i64>> = (0..10_000).map(|i: i64| (i % 7 != 0).then_some((i * 7919) % 1000)).collect();
+            // Even row groups hold even values of 0..1998, odd ones odd values of 1..1999.
+            let q: Vec<i64> = (0..10_000).map(|i: i64| 2 * (i % 1000) + (i / 1000) % 2).collect();
             let batch = RecordBatch::try_new(
                 schema.clone(),
-                vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(p))],
+                vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(p)), Arc::new(Int64Array::from(q))],
             )
             .unwrap();
-            let props = WriterProperties::builder().set_max_row_group_row_count(Some(1000)).build();
+            let props = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(1000))
+                .set_column_bloom_filter_enabled("q".into(), true)
+                .build();
             let path = dir.join(format!("part-{f}.parquet"));
             let mut w = parquet::arrow::ArrowWriter::try_new(
                 std::fs::File::create(&path).unwrap(),
@@ -856,13 +899,21 @@ mod tests {
         let cmp = |c: &str, i: usize, op: Operator, v: i64| -> PhysicalExprRef {
             Arc::new(BinaryExpr::new(Arc::new(Column::new(c, i)), op, lit(v)))
         };
-        let kept = pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::Lt, 2500)).unwrap().unwrap();
+        let kept = pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::Lt, 2500), true).unwrap().unwrap();
         let three: Vec<bool> = (0..10).map(|g| g < 3).collect();
-        assert_eq!(*kept, vec![three.clone(), three]);
+        assert_eq!(*kept.row_groups, vec![three.clone(), three]);
+        assert_eq!((kept.by_statistics, kept.by_bloom_filters), (14, 0));
         // p's values are spread over every row group: nothing to prune.
-        assert!(pages::prune_row_groups(&files, &schema, &cmp("p", 1, Operator::Gt, 500)).unwrap().is_none());
-        assert!(pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::GtEq, 0)).unwrap().is_none());
-        let keep = Keep { key_range: None, row_groups: Some(kept) };
+        assert!(pages::prune_row_groups(&files, &schema, &cmp("p", 1, Operator::Gt, 500), true).unwrap().is_none());
+        assert!(pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::GtEq, 0), true).unwrap().is_none());
+        // q = 1000: no statistics rule a row group out, the bloom filters rule out the odd ones.
+        let q = cmp("q", 2, Operator::Eq, 1000);
+        let by_bloom = pages::prune_row_groups(&files, &schema, &q, true).unwrap().unwrap();
+        let even: Vec<bool> = (0..10).map(|g| g % 2 == 0).collect();
+        assert_eq!(*by_bloom.row_groups, vec![even.clone(), even]);
+        assert_eq!((by_bloom.by_statistics, by_bloom.by_bloom_filters), (0, 10));
+        assert!(pages::prune_row_groups(&files, &schema, &q, false).unwrap().is_none());
+        let keep = Keep { key_range: None, row_groups: Some(kept.row_groups) };
         for (column, def_max) in [("k", 0), ("p", 1)] {
             let plan = pages::plan_scan_within(&files, column, &DataType::Int64, &keep).unwrap().unwrap();
             assert_eq!((plan.rows, plan.row_groups, plan.row_groups_pruned, plan.def_max), (6000, 20, 14, def_max));

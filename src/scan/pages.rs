@@ -6,7 +6,7 @@
 //! read except those a [`Keep`] rules out: the other side's key range (for
 //! the operators whose unmatched rows are dropped), and the row groups
 //! DataFusion's pruning predicate for the input's filter rules out
-//! ([`prune_row_groups`]: the row groups' statistics, as DataFusion's own
+//! ([`prune_row_groups`]: the row groups' statistics and bloom filters, as DataFusion's own
 //! Parquet scan prunes them). Data pages may be PLAIN, dictionary-encoded or
 //! DELTA_BINARY_PACKED (v1 and v2). What the device cannot decode is reported
 //! as a [`Fallback`] reason, never decoded wrongly.
@@ -154,17 +154,20 @@ impl Keep {
 
 /// The row groups of `files` that may hold a row `predicate` (over
 /// `file_schema`, the files' columns by their index) keeps, per file, decided
-/// from the row groups' statistics by DataFusion's own pruning
-/// (`PruningPredicate`, `RowGroupAccessPlanFilter::prune_by_statistics`): the
-/// row groups DataFusion's Parquet scan would read for the same predicate.
+/// as DataFusion's own Parquet scan decides them: by the row groups'
+/// statistics (`PruningPredicate`, `RowGroupAccessPlanFilter::prune_by_statistics`)
+/// and, with `bloom_filters` (DataFusion's `bloom_filter_on_read`), by the
+/// bloom filters of the columns the predicate compares with literals
+/// (`prune_by_bloom_filters`, read for the row groups the statistics left).
 /// None when nothing is pruned (or the predicate cannot prune).
 pub fn prune_row_groups(
     files: &[ScanFile],
     file_schema: &SchemaRef,
     predicate: &PhysicalExprRef,
-) -> Result<Option<Arc<Vec<Vec<bool>>>>> {
+    bloom_filters: bool,
+) -> Result<Option<Pruned>> {
     use datafusion::datasource::physical_plan::parquet::{
-        ParquetAccessPlan, ParquetFileMetrics, RowGroupAccessPlanFilter,
+        BloomFilterStatistics, ParquetAccessPlan, ParquetFileMetrics, RowGroupAccessPlanFilter,
     };
     use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
     use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -176,21 +179,60 @@ pub fn prune_row_groups(
     if pruning.always_true() {
         return Ok(None);
     }
+    let literal_columns = if bloom_filters { pruning.literal_columns() } else { Vec::new() };
     let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
     let metrics = ExecutionPlanMetricsSet::new();
-    let mut any = false;
+    let (mut by_statistics, mut by_bloom_filters) = (0usize, 0usize);
     let mut keep = Vec::with_capacity(files.len());
     for (file, meta) in files.iter().zip(&footers) {
         let groups = meta.row_groups();
         let mut access = RowGroupAccessPlanFilter::new(ParquetAccessPlan::new_all(groups.len()));
         let file_metrics = ParquetFileMetrics::new(0, &file.path.to_string_lossy(), &metrics);
-        access.prune_by_statistics(file_schema, meta.file_metadata().schema_descr(), groups, &pruning, &file_metrics);
+        let schema = meta.file_metadata().schema_descr();
+        access.prune_by_statistics(file_schema, schema, groups, &pruning, &file_metrics);
+        let after_statistics = access.remaining_row_group_count();
+        by_statistics += groups.len() - after_statistics;
+        // The literal columns' bloom filters, for the row groups left (a column
+        // without one, or one that fails to read, prunes nothing, as in DataFusion).
+        let columns: Vec<(String, usize)> = literal_columns
+            .iter()
+            .filter_map(|name| {
+                (0..schema.num_columns())
+                    .find(|&i| schema.column(i).path().parts() == [name.as_str()])
+                    .map(|i| (name.clone(), i))
+            })
+            .collect();
+        if !columns.is_empty() && after_statistics > 0 {
+            let f = File::open(&file.path).map_err(|e| {
+                DataFusionError::External(format!("setfusion device scan: {}: {e}", file.path.display()).into())
+            })?;
+            let mut filters = vec![BloomFilterStatistics::new(); groups.len()];
+            let left: Vec<usize> = access.row_group_indexes().collect();
+            for g in left {
+                let rg = &groups[g];
+                for (name, ci) in &columns {
+                    if let Ok(Some(sbbf)) = parquet::bloom_filter::Sbbf::read_from_column_chunk(rg.column(*ci), &f) {
+                        let d = schema.column(*ci);
+                        filters[g].insert(name.clone(), sbbf, d.physical_type(), d.type_length());
+                    }
+                }
+            }
+            access.prune_by_bloom_filters(&pruning, &file_metrics, &filters);
+            by_bloom_filters += after_statistics - access.remaining_row_group_count();
+        }
         let plan = access.build();
-        let read: Vec<bool> = (0..groups.len()).map(|i| plan.should_scan(i)).collect();
-        any |= read.iter().any(|r| !r);
-        keep.push(read);
+        keep.push((0..groups.len()).map(|i| plan.should_scan(i)).collect::<Vec<bool>>());
     }
-    Ok(any.then(|| Arc::new(keep)))
+    Ok((by_statistics + by_bloom_filters > 0).then(|| Pruned { row_groups: Arc::new(keep), by_statistics, by_bloom_filters }))
+}
+
+/// What [`prune_row_groups`] left: per file, whether each row group is
+/// read; and how many were pruned by their statistics and by bloom filters.
+#[derive(Debug, Clone)]
+pub struct Pruned {
+    pub row_groups: Arc<Vec<Vec<bool>>>,
+    pub by_statistics: usize,
+    pub by_bloom_filters: usize,
 }
 
 /// One column chunk to read.
@@ -465,7 +507,7 @@ pub fn plan_scan_within(
 /// holds the address-space lock those faults wait on: most of a warm scan's
 /// read time (100M keys a side) went there. At most [`KEEP_BUFFERS`]
 /// buffers, [`KEEP_BYTES`] in all, wait here, each with the scans that used
-/// it. A buffer given back after its second device scan is page-locked first
+/// it. A buffer that served two device scans is page-locked
 /// ([`give_back_to_device`]), so later scans upload by DMA straight from it.
 static FREE_BUFFERS: std::sync::Mutex<Vec<(HostBytes, u32)>> = std::sync::Mutex::new(Vec::new());
 const KEEP_BUFFERS: usize = 8;
@@ -526,7 +568,7 @@ pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
 /// Keep a scan's buffer for the next one (or free it on a background thread
 /// when enough wait already).
 pub fn give_back(bytes: ChunkBytes) {
-    keep(bytes.buf, bytes.uses + 1)
+    keep(bytes.buf, bytes.uses.saturating_add(1))
 }
 
 /// Would the pool keep a buffer of `len` bytes now?
@@ -547,27 +589,46 @@ fn keep(buf: HostBytes, uses: u32) {
     }
 }
 
-/// [`give_back`] after a device scan. A buffer the pool keeps after its
-/// second scan (so not in a one-query process, nor one that only passes
-/// through) is page-locked for `gpu` first, on the background thread once
-/// the operator's device lease ends ([`crate::gpu::Gpu::after_lease`]: the
-/// lock would hold up the operator's own device calls), and joins the pool
-/// locked. A lock costs about one copy through the staging buffers, once.
+/// [`give_back`] after a device scan. A kept buffer that served two scans
+/// or more (so not in a one-query process, nor one that only passes
+/// through) is page-locked for `gpu` by a lock pass ([`lock_kept_buffers`])
+/// on the background thread once the operator's device lease ends
+/// ([`crate::gpu::Gpu::after_lease`]: a lock held up the operator's own
+/// device calls by ~100 ms on the H100). A lock costs about one copy through
+/// the staging buffers, once per buffer.
 pub fn give_back_to_device(bytes: ChunkBytes, gpu: &crate::gpu::Gpu) {
-    let (mut buf, uses) = (bytes.buf, bytes.uses + 1);
-    let lock = uses >= 2
-        && !buf.is_page_locked()
-        && !buf.is_empty()
-        && would_keep(&FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner()), buf.len());
-    if !lock {
-        return keep(buf, uses);
+    let uses = bytes.uses.saturating_add(1);
+    let to_lock = uses >= 2 && !bytes.buf.is_page_locked() && !bytes.buf.is_empty();
+    keep(bytes.buf, uses);
+    static PASS_WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if to_lock && !PASS_WAITING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        let ctx = gpu.context().clone();
+        gpu.after_lease(Box::new(move || {
+            PASS_WAITING.store(false, std::sync::atomic::Ordering::Release);
+            lock_kept_buffers(&ctx);
+        }));
     }
-    let ctx = gpu.context().clone();
-    gpu.after_lease(Box::new(move || {
-        // Unlocked, it is still a good buffer to read into.
-        let _ = buf.page_lock(&ctx);
-        keep(buf, uses);
-    }));
+}
+
+/// Page-lock the kept buffers that served two scans or more, one at a time
+/// (each out of the pool only while it is locked; one that fails to lock
+/// goes back as it was, still a good buffer to read into).
+fn lock_kept_buffers(ctx: &Arc<cudarc::driver::CudaContext>) {
+    let mut failed = Vec::new();
+    loop {
+        let next = {
+            let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+            let i = free.iter().position(|(b, uses)| *uses >= 2 && !b.is_page_locked() && !b.is_empty());
+            i.map(|i| free.swap_remove(i))
+        };
+        let Some((mut buf, uses)) = next else { break };
+        if buf.page_lock(ctx).is_ok() {
+            keep(buf, uses);
+        } else {
+            failed.push((buf, uses));
+        }
+    }
+    failed.into_iter().for_each(|(b, uses)| keep(b, uses));
 }
 
 /// The plan's files, open.
