@@ -21,6 +21,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -36,12 +37,15 @@ pub struct SetfusionDeclinedExec {
     /// Partitions whose output is not done yet ([`Reason::StartsAfterQuery`]:
     /// the device starts when the last one is).
     running: Arc<AtomicUsize>,
+    /// The baseline metrics of the batches passed on (the operator below
+    /// does the work: this node's elapsed_compute stays about 0).
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl SetfusionDeclinedExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, reason: Reason) -> Self {
         let running = Arc::new(AtomicUsize::new(input.properties().partitioning.partition_count()));
-        Self { input, reason, running }
+        Self { input, reason, running, metrics: ExecutionPlanMetricsSet::new() }
     }
     pub fn reason(&self) -> &Reason {
         &self.reason
@@ -86,7 +90,11 @@ impl ExecutionPlan for SetfusionDeclinedExec {
     /// starts in the background once the last partition's output is done
     /// (not before: a device starting beside DataFusion's operators slows them).
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let stream = self.input.execute(partition, context)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let input = self.input.execute(partition, context)?;
+        let schema = input.schema();
+        let stream =
+            Box::pin(RecordBatchStreamAdapter::new(schema.clone(), super::observed(Box::pin(input), baseline)));
         let Reason::StartsAfterQuery { device, .. } = self.reason else { return Ok(stream) };
         let running = self.running.clone();
         let mut counted = false;
@@ -97,7 +105,10 @@ impl ExecutionPlan for SetfusionDeclinedExec {
             }
             std::task::Poll::Ready(None)
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(stream.schema(), stream.chain(start))))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream.chain(start))))
+    }
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
     }
     /// A projection above goes into the operator below, as if this node were not here.
     fn try_swapping_with_projection(&self, projection: &ProjectionExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
@@ -121,5 +132,27 @@ impl ExecutionPlan for SetfusionDeclinedExec {
         _config: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         Ok(FilterPushdownPropagation::if_all(child_pushdown_result))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::metrics_check::{check, run, session};
+
+    /// Declined (fewer rows than `setfusion.min_rows`), the node passes its
+    /// input's rows on and counts them.
+    #[tokio::test]
+    async fn metrics_are_datafusions() {
+        let ctx = session(
+            2,
+            &[
+                "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 999) AS g(v)",
+                "CREATE TABLE b AS SELECT v * 3 % 90 AS k FROM generate_series(0, 199) AS g(v)",
+            ],
+        )
+        .await;
+        let (plan, rows) = run(&ctx, "SELECT k, v FROM a WHERE k IN (SELECT k FROM b)").await;
+        assert!(rows > 0);
+        check(&plan, "SetfusionDeclinedExec", rows, false);
     }
 }

@@ -36,7 +36,9 @@ use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
@@ -67,6 +69,9 @@ pub struct DeviceScanExec {
     payload: Option<Vec<(String, DataType)>>,
     /// What the last device scan did (or why it went back to the host), for EXPLAIN ANALYZE.
     ran: Arc<Mutex<Option<String>>>,
+    /// The baseline metrics of the host batches `execute` passes on; a
+    /// device scan read by the set selection outputs no batch (see `ran`).
+    metrics: ExecutionPlanMetricsSet,
 }
 
 /// The nodes a device scan may stand above, one input: what each does to a column index.
@@ -363,6 +368,7 @@ impl DeviceScanExec {
             bloom_filters,
             payload,
             ran: Arc::new(Mutex::new(None)),
+            metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 
@@ -456,9 +462,16 @@ impl ExecutionPlan for DeviceScanExec {
     ) -> Result<TreeNodeRecursion> {
         Ok(TreeNodeRecursion::Continue)
     }
-    /// Executed by anyone but a set selection: the original scan's batches.
+    /// Executed by anyone but a set selection: the original scan's batches
+    /// (the subtree's work is its own: this node's elapsed_compute stays 0).
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        self.input.execute(partition, context)
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let stream = self.input.execute(partition, context)?;
+        let schema = stream.schema();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, super::observed(Box::pin(stream), baseline))))
+    }
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
     }
 }
 
@@ -594,6 +607,25 @@ mod tests {
                     .is_none());
             }
         });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Executed by anyone but a set selection, the node passes the scan's
+    /// rows on with DataFusion's baseline metrics.
+    #[tokio::test]
+    async fn host_rows_carry_baseline_metrics() {
+        let dir = std::env::temp_dir().join(format!("setfusion-scan-metrics-{}", std::process::id()));
+        write_files(&dir);
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        let plan = ctx.sql("SELECT k FROM t WHERE x > 10").await.unwrap().create_physical_plan().await.unwrap();
+        let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
+        let scan = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false).unwrap();
+        let scan: Arc<dyn datafusion::physical_plan::ExecutionPlan> = Arc::new(scan);
+        let batches = datafusion::physical_plan::collect(scan.clone(), ctx.task_ctx()).await.unwrap();
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert!(rows > 0);
+        crate::exec::metrics_check::check(&scan, "DeviceScanExec", rows, false);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -380,30 +380,25 @@ where
     Ok(if filtered == 0 { [filtered_parts, source] } else { [source, filtered_parts] })
 }
 
-/// `stream` cut after `fetch` rows (None: all of it), counting the rows it
-/// lets through into `out_rows` when given.
+/// `stream` cut after `fetch` rows (None: all of it).
 pub(crate) fn limit_stream(
     stream: futures::stream::BoxStream<'static, Result<RecordBatch>>,
     fetch: Option<usize>,
-    out_rows: Option<datafusion::physical_plan::metrics::Count>,
 ) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
     use futures::StreamExt;
     let Some(fetch) = fetch else { return stream };
     // The input is not polled again once `fetch` rows are out.
-    futures::stream::unfold((stream, fetch, out_rows), |(mut stream, left, out_rows)| async move {
+    futures::stream::unfold((stream, fetch), |(mut stream, left)| async move {
         if left == 0 {
             return None;
         }
         match stream.next().await? {
             Ok(b) => {
                 let b = if b.num_rows() > left { b.slice(0, left) } else { b };
-                if let Some(c) = &out_rows {
-                    c.add(b.num_rows());
-                }
                 let left = left - b.num_rows();
-                Some((Ok(b), (stream, left, out_rows)))
+                Some((Ok(b), (stream, left)))
             }
-            Err(e) => Some((Err(e), (stream, 0, out_rows))),
+            Err(e) => Some((Err(e), (stream, 0))),
         }
     })
     .boxed()

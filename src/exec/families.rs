@@ -44,7 +44,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, Gauge, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
@@ -318,6 +318,7 @@ impl ExecutionPlan for FamiliesExec {
         if partition != 0 {
             return Err(DataFusionError::Internal(format!("FamiliesExec has one partition, got {partition}")));
         }
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
         let run = Run {
             left: self.left.clone(),
             right: self.right.clone(),
@@ -326,8 +327,10 @@ impl ExecutionPlan for FamiliesExec {
             level: self.level,
             element: self.element.clone(),
             schema: self.schema.clone(),
-            device: DeviceMetrics::new(&self.metrics),
-            out_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
+            // One partition: each execution is partition 0's own.
+            device: DeviceMetrics::new(&self.metrics, Some(partition)),
+            peak_memory: super::execution_peak_memory(&self.metrics, Some(partition)),
+            elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
         };
         let schema = self.schema.clone();
@@ -337,7 +340,7 @@ impl ExecutionPlan for FamiliesExec {
             Ok::<_, DataFusionError>(stream)
         };
         let stream = futures::stream::once(fut).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream.boxed())))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, super::observed(stream.boxed(), baseline))))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -581,7 +584,10 @@ struct Run {
     element: DataType,
     schema: SchemaRef,
     device: DeviceMetrics,
-    out_rows: datafusion::physical_plan::metrics::Count,
+    /// The peak of the execution's memory reservation.
+    peak_memory: Gauge,
+    /// The producer's work, not its waits for the consumer to take a batch.
+    elapsed_compute: Time,
     ran: Arc<Mutex<Option<String>>>,
 }
 
@@ -612,6 +618,7 @@ impl Run {
             None => None,
         };
         self.device.input_rows.add(left.num_rows() + right.as_ref().map_or(0, |r| r.num_rows()));
+        self.peak_memory.set_max(memory.size());
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::task::spawn_blocking(move || {
             // The inputs' reservation ends with the producer.
@@ -633,6 +640,7 @@ impl Run {
         tx: &Sender,
     ) -> Result<()> {
         let started = Instant::now();
+        let compute = std::cell::RefCell::new(self.elapsed_compute.timer());
         let l = Sets::read(left, self.left_layout, &self.element)?;
         let (l, r, from) = match right {
             Some(rb) => (l, Some(Sets::read(rb, self.right_layout, &self.element)?), None),
@@ -660,8 +668,11 @@ impl Run {
         .map(|_| ())
         .map_err(|d| d.reason);
         let send = |b: RecordBatch| -> Result<bool> {
-            self.out_rows.add(b.num_rows());
-            Ok(tx.blocking_send(Ok(b)).is_ok())
+            // Waiting for the consumer is not this operator's compute.
+            compute.borrow_mut().stop();
+            let sent = tx.blocking_send(Ok(b)).is_ok();
+            compute.borrow_mut().restart();
+            Ok(sent)
         };
         let mut ts = TransferStats::default();
         let mut notes: Vec<String> = Vec::new();
@@ -826,4 +837,29 @@ fn pairs_on_gpu(
     let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
     let lease = hold_device(&g, cfg, Some(memory))?;
     families::pairs_gpu_with(&lease, space, inv, rows, ts)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::metrics_check::{check, run, session};
+
+    #[tokio::test]
+    async fn metrics_are_datafusions() {
+        let ctx = session(
+            2,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "CREATE TABLE f AS SELECT v AS id, [v % 13, v % 17, 1000 + v % 3] AS elements \
+                 FROM generate_series(0, 99) AS g(v)",
+                "CREATE TABLE g AS SELECT v AS id, [v % 11, v % 19, 1000 + v % 5] AS elements \
+                 FROM generate_series(0, 79) AS g(v)",
+            ],
+        )
+        .await;
+        for level in ["pairs", "distinct"] {
+            let (plan, rows) = run(&ctx, &format!("SELECT * FROM intersect_families('f', 'g', '{level}')")).await;
+            assert!(rows > 0, "{level}");
+            check(&plan, "FamiliesExec", rows, true);
+        }
+    }
 }

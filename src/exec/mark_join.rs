@@ -49,7 +49,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -66,7 +66,7 @@ use crate::exec::memory::{
     array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun,
 };
 use crate::exec::pair_filter::{self, PairFilter};
-use crate::exec::selection::{key_columns, Selector};
+use crate::exec::selection::{key_columns, Metrics, Selector};
 use crate::keys;
 
 /// Which subquery predicate the mark answers.
@@ -422,7 +422,8 @@ impl ExecutionPlan for MarkJoinExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let execution = self.result.join(partition);
-        let run = Run {
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let mut run = Run {
             memory: None,
             kind: self.kind,
             probe: self.probe.clone(),
@@ -432,22 +433,30 @@ impl ExecutionPlan for MarkJoinExec {
             filter: self.filter.clone(),
             device_filter: self.device_filter.clone(),
             backend: self.decision.backend,
-            metrics: self.metrics.clone(),
+            // Registered below by the partition that runs the execution.
+            metrics: Metrics::default(),
+            elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
             dynamic_filter: self.dynamic_filter.clone(),
         };
-        let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
-        // With a fetch, rows are counted as the limit lets them out.
-        let (fetch, limited_rows) = (self.fetch, self.fetch.map(|_| out_rows.clone()));
-        let out_rows = if fetch.is_some() { datafusion::physical_plan::metrics::Count::new() } else { out_rows };
-        let (output, schema) = (self.output, self.schema.clone());
+        let (fetch, output, schema) = (self.fetch, self.output, self.schema.clone());
         let broadcast = self.broadcast_build;
+        let metrics = self.metrics.clone();
+        let elapsed_compute = baseline.elapsed_compute().clone();
         let fut = async move {
-            // Broadcast: this partition's own run over its probe partition; else one run for all.
+            // Broadcast: this partition's own run over its probe partition; else one run for all,
+            // whose metrics (registered once) name no partition: see `DeviceMetrics::new`.
             let (parts, index) = if broadcast {
+                run.metrics = Metrics::new(&metrics, Some(partition));
                 (Arc::new(run.run(context, Some(partition)).await?), 0)
             } else {
-                (execution.get(|| run.run(context, None)).await?, partition)
+                let parts = execution
+                    .get(move || {
+                        run.metrics = Metrics::new(&metrics, None);
+                        run.run(context, None)
+                    })
+                    .await?;
+                (parts, partition)
             };
             let (batches, memory) = match parts.take(index) {
                 Some(part) => (part.0, Some(part.1)),
@@ -455,21 +464,18 @@ impl ExecutionPlan for MarkJoinExec {
             };
             // Each probe batch's bytes are reserved until its output is formed and returned.
             let formed = batches.into_iter().map(move |((b, mark), bytes)| {
+                let _timer = elapsed_compute.timer();
                 let out = form_output(output, &schema, b, mark);
                 if let Some(m) = &memory {
                     let _ = m.try_shrink(bytes);
                 }
                 out
             });
-            let kept = formed.filter_map(|r| r.transpose()).inspect(move |r| {
-                if let Ok(b) = r {
-                    out_rows.add(b.num_rows());
-                }
-            });
-            Ok::<_, DataFusionError>(futures::stream::iter(kept))
+            Ok::<_, DataFusionError>(futures::stream::iter(formed.filter_map(|r| r.transpose())))
         };
         let stream = futures::stream::once(fut).try_flatten();
-        let stream = dynamic_filter::limit_stream(stream.boxed(), fetch, limited_rows);
+        // Rows are counted as they leave, after the fetch's limit.
+        let stream = super::observed(dynamic_filter::limit_stream(stream.boxed(), fetch), baseline);
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
     }
 
@@ -517,7 +523,11 @@ struct Run {
     filter: Option<PairFilter>,
     device_filter: Option<DeviceFilter>,
     backend: Backend,
-    metrics: ExecutionPlanMetricsSet,
+    /// The execution's metrics, shared by its selections.
+    metrics: Metrics,
+    /// The elapsed_compute of the partition that runs the execution (its
+    /// marks count there, as DataFusion's hash join counts its shared build side).
+    elapsed_compute: Time,
     ran: Arc<Mutex<Option<String>>>,
     /// The dynamic filter published into the build input before it is read.
     dynamic_filter: Option<DynamicKeyFilter>,
@@ -559,7 +569,10 @@ impl Run {
         .await?;
         crate::util::trace("mark join: inputs collected");
         self.memory = Some(memory.clone());
+        self.metrics.note_memory(&memory);
         super::off_runtime(move || {
+            let (elapsed_compute, metrics) = (self.elapsed_compute.clone(), self.metrics.clone());
+            let _timer = elapsed_compute.timer();
             let out = self.mark_and_output(&cfg, probe_parts, build_parts)?;
             // Each partition's probe batches and marks are reserved on their own until
             // the stream returns them; then the inputs' reservation is released.
@@ -578,6 +591,8 @@ impl Run {
                     Ok((sized, r))
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // The inputs and the marks' reservations, all held at this point.
+            metrics.peak_memory.set_max(memory.size() + parts.iter().map(|(_, r)| r.size()).sum::<usize>());
             memory.free();
             Ok(Parts::new(parts))
         })
@@ -595,7 +610,7 @@ impl Run {
         let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
-        MetricBuilder::new(&self.metrics).global_counter("input_rows").add(n + nb);
+        self.metrics.device.input_rows.add(n + nb);
         let facts = if n == 0 {
             let none = BooleanBuffer::new_unset(0);
             GroupFacts { matched: none.clone(), nonempty: none, has_null: None, probe_null: None }
@@ -651,7 +666,8 @@ impl Run {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
         let said = Arc::new(Mutex::new(None));
-        let mut selector = Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend, &self.metrics, said.clone());
+        let mut selector =
+            Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend, self.metrics.clone(), said.clone());
         selector.reservation = self.memory.clone();
         let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
@@ -803,8 +819,11 @@ impl Run {
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
         let device = crate::gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = hold_device(&device, cfg, self.memory.as_deref())?;
+        if let Some(m) = &self.memory {
+            self.metrics.peak_memory.set_max(m.size() + crate::gpu::STAGING_HOST_BYTES);
+        }
         let mut stats = crate::gpu::TransferStats::default();
-        let metrics = super::DeviceMetrics::new(&self.metrics);
+        let metrics = &self.metrics.device;
         let programs = match device_filter {
             Ok(p) => p.clone(),
             Err(reason) => {
@@ -1131,4 +1150,35 @@ fn null_bits<'a>(keys: impl Iterator<Item = &'a ArrayRef> + Clone, n: usize) -> 
         }
     }
     Some(bits.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::metrics_check::{check, run, session};
+
+    /// DataFusion's baseline metrics per partition, and the execution's
+    /// metrics once, though a correlated IN runs three selections (group,
+    /// key, NULL key).
+    #[tokio::test]
+    async fn metrics_are_registered_once() {
+        let ctx = session(
+            3,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 1999) AS g(v)",
+                "CREATE TABLE b AS SELECT CASE WHEN v % 50 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v % 300 AS v \
+                 FROM generate_series(0, 499) AS g(v)",
+            ],
+        )
+        .await;
+        for sql in [
+            "SELECT k, v FROM a WHERE k IN (SELECT k FROM b) OR v < 10",
+            "SELECT k, v FROM a WHERE k IN (SELECT b.k FROM b WHERE b.v = a.v) OR v < 10",
+        ] {
+            let (plan, _) = run(&ctx, sql).await;
+            // A mark for every row of `a`; the filter above keeps some.
+            check(&plan, "MarkJoinExec", 2000, true);
+        }
+    }
 }

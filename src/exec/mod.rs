@@ -16,13 +16,70 @@ pub mod similarity_join;
 use std::fmt;
 use std::sync::Mutex;
 
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricCategory, MetricValue, Time,
+};
 use datafusion::physical_plan::DisplayFormatType;
 
 use crate::gpu::TransferStats;
 
-/// The device metrics every setfusion operator reports in EXPLAIN ANALYZE.
-#[derive(Debug, Clone)]
+/// A builder for a metric of one execution of an operator. `partition`:
+/// `None` where the execution's work (collecting the inputs, the selection,
+/// the device work) is done once and shared by every output partition, so it
+/// belongs to none of them; `Some(p)` where partition `p` is an execution of
+/// its own (partitioned inputs, a broadcast build side, a one-partition
+/// operator).
+fn execution_metric(m: &ExecutionPlanMetricsSet, partition: Option<usize>) -> MetricBuilder<'_> {
+    match partition {
+        Some(p) => MetricBuilder::new(m).with_partition(p),
+        None => MetricBuilder::new(m),
+    }
+}
+
+/// A count of one execution (see [`execution_metric`] for `partition`).
+pub(crate) fn execution_count(m: &ExecutionPlanMetricsSet, name: &'static str, partition: Option<usize>) -> Count {
+    let count = Count::new();
+    execution_metric(m, partition).build(MetricValue::Count { name: name.into(), count: count.clone() });
+    count
+}
+
+/// A time of one execution (see [`execution_metric`] for `partition`).
+pub(crate) fn execution_time(m: &ExecutionPlanMetricsSet, name: &'static str, partition: Option<usize>) -> Time {
+    let time = Time::new();
+    execution_metric(m, partition)
+        .with_category(MetricCategory::Timing)
+        .build(MetricValue::Time { name: name.into(), time: time.clone() });
+    time
+}
+
+/// The peak bytes of one execution's memory reservation, as DataFusion's
+/// operators report it (`peak_mem_used`; see [`execution_metric`] for
+/// `partition`). A peak, not the current size: every reservation is freed by
+/// the time EXPLAIN ANALYZE prints. Set with [`Gauge::set_max`] wherever the
+/// reservation has grown.
+pub(crate) fn execution_peak_memory(m: &ExecutionPlanMetricsSet, partition: Option<usize>) -> Gauge {
+    let gauge = Gauge::new();
+    execution_metric(m, partition)
+        .with_category(MetricCategory::Bytes)
+        .build(MetricValue::PeakMemoryUsage { name: "peak_mem_used".into(), gauge: gauge.clone() });
+    gauge
+}
+
+/// `stream` with its output rows and batches (and its end) recorded in
+/// `baseline`, as DataFusion's operators record their output.
+pub(crate) fn observed(
+    mut stream: futures::stream::BoxStream<'static, datafusion::error::Result<RecordBatch>>,
+    baseline: BaselineMetrics,
+) -> futures::stream::BoxStream<'static, datafusion::error::Result<RecordBatch>> {
+    use futures::StreamExt;
+    futures::stream::poll_fn(move |cx| baseline.record_poll(stream.poll_next_unpin(cx))).boxed()
+}
+
+/// The device metrics every setfusion operator reports in EXPLAIN ANALYZE,
+/// registered once per execution (see [`execution_metric`] for the partition;
+/// `Default`: not registered).
+#[derive(Debug, Clone, Default)]
 pub struct DeviceMetrics {
     pub input_rows: Count,
     bytes_to_device: Count,
@@ -34,14 +91,18 @@ pub struct DeviceMetrics {
 }
 
 impl DeviceMetrics {
-    pub fn new(m: &ExecutionPlanMetricsSet) -> Self {
+    /// `partition`: None where the device work of an execution is shared by
+    /// all output partitions (a selection runs once for all of them), so
+    /// that no partition is claimed; `Some(p)` where the execution is
+    /// partition `p`'s own.
+    pub fn new(m: &ExecutionPlanMetricsSet, partition: Option<usize>) -> Self {
         Self {
-            input_rows: MetricBuilder::new(m).global_counter("input_rows"),
-            bytes_to_device: MetricBuilder::new(m).global_counter("bytes_to_device"),
-            bytes_to_host: MetricBuilder::new(m).global_counter("bytes_to_host"),
-            transfer_time: MetricBuilder::new(m).subset_time("transfer_time", 0),
-            staging_copy_time: MetricBuilder::new(m).subset_time("staging_copy_time", 0),
-            kernel_time: MetricBuilder::new(m).subset_time("kernel_time", 0),
+            input_rows: execution_count(m, "input_rows", partition),
+            bytes_to_device: execution_count(m, "bytes_to_device", partition),
+            bytes_to_host: execution_count(m, "bytes_to_host", partition),
+            transfer_time: execution_time(m, "transfer_time", partition),
+            staging_copy_time: execution_time(m, "staging_copy_time", partition),
+            kernel_time: execution_time(m, "kernel_time", partition),
         }
     }
 
@@ -121,4 +182,76 @@ pub(crate) fn fmt_projection_and_ran(
         }
     }
     Ok(())
+}
+
+/// What the operators' tests check of their metrics after a query: DataFusion's
+/// baseline metrics, each registered once.
+#[cfg(test)]
+pub(crate) mod metrics_check {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+    use datafusion::prelude::SessionContext;
+
+    /// A setfusion session of `partitions` partitions, `settings` run on it
+    /// (SET statements, CREATE TABLEs).
+    pub(crate) async fn session(partitions: usize, settings: &[&str]) -> SessionContext {
+        let config = datafusion::prelude::SessionConfig::new().with_target_partitions(partitions);
+        let ctx = crate::context_with_config(config);
+        for s in settings {
+            ctx.sql(s).await.unwrap().collect().await.unwrap();
+        }
+        ctx
+    }
+
+    /// Run `sql`: the executed plan and the rows it returned.
+    pub(crate) async fn run(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, usize) {
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let batches = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+        (plan, batches.iter().map(|b| b.num_rows()).sum())
+    }
+
+    /// Every node named `name` in `plan` (at least one) reports `rows` output
+    /// rows, output batches when it has rows, an elapsed_compute (and a
+    /// peak_mem_used with `memory`), and no metric twice for one partition.
+    pub(crate) fn check(plan: &Arc<dyn ExecutionPlan>, name: &str, rows: usize, memory: bool) {
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        let mut nodes = vec![plan.clone()];
+        let mut found = 0;
+        while let Some(node) = nodes.pop() {
+            nodes.extend(node.children().into_iter().cloned());
+            if node.name() != name {
+                continue;
+            }
+            found += 1;
+            let metrics = node.metrics().unwrap_or_else(|| panic!("{name} has no metrics in\n{text}"));
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            for m in metrics.iter() {
+                let labels: Vec<String> = m.labels().iter().map(|l| l.to_string()).collect();
+                *seen.entry(format!("{} partition={:?} {labels:?}", m.value().name(), m.partition())).or_default() += 1;
+            }
+            let twice: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).collect();
+            assert!(twice.is_empty(), "{name}: metrics registered more than once: {twice:?}\n{metrics}");
+            assert_eq!(metrics.output_rows(), Some(rows), "{name}: output_rows\n{metrics}\n{text}");
+            // Summed here: `MetricsSet::sum_by_name` does not sum output_batches or peak_mem_used.
+            let sum = |name: &str| {
+                let values: Vec<usize> =
+                    metrics.iter().filter(|m| m.value().name() == name).map(|m| m.value().as_usize()).collect();
+                (!values.is_empty()).then(|| values.iter().sum::<usize>())
+            };
+            let batches = sum("output_batches");
+            assert!(batches.is_some(), "{name}: no output_batches\n{metrics}");
+            if rows > 0 {
+                assert!(batches >= Some(1), "{name}: {rows} rows in no batch\n{metrics}");
+            }
+            assert!(metrics.elapsed_compute().is_some(), "{name}: no elapsed_compute\n{metrics}");
+            if memory {
+                // The inputs alone are reserved: a peak above 0.
+                let peak = sum("peak_mem_used");
+                assert!(peak > Some(0), "{name}: peak_mem_used {peak:?}\n{metrics}");
+            }
+        }
+        assert!(found > 0, "no {name} in\n{text}");
+    }
 }

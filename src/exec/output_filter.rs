@@ -22,7 +22,7 @@ use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
-use datafusion::physical_plan::metrics::{Count, Time};
+use datafusion::physical_plan::metrics::Time;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
@@ -250,26 +250,29 @@ pub(crate) fn plan_partitions(
 }
 
 /// A partition's output batches, filtered chunk by chunk (one chunk ahead)
-/// off the async runtime; `reservation` holds the chunks' input bytes.
+/// off the async runtime, the filtering counted in `elapsed_compute`;
+/// `reservation` holds the chunks' input bytes.
 pub(crate) fn stream_chunks(
     chunks: Vec<Chunk>,
     reservation: MemoryReservation,
-    out_rows: Count,
+    elapsed_compute: Time,
 ) -> BoxStream<'static, Result<RecordBatch>> {
     let reservation = Arc::new(reservation);
     let r = reservation.clone();
     futures::stream::iter(chunks)
         .map(move |c| {
-            let r = r.clone();
-            super::off_runtime(move || c.filter(&r))
+            let (r, elapsed_compute) = (r.clone(), elapsed_compute.clone());
+            super::off_runtime(move || {
+                let _timer = elapsed_compute.timer();
+                c.filter(&r)
+            })
         })
         .buffered(2)
         .map_ok(move |batches| {
-            let (r, out_rows) = (reservation.clone(), out_rows.clone());
+            let r = reservation.clone();
             futures::stream::iter(batches.into_iter().map(move |(b, bytes)| {
                 // The batch is the caller's from here on.
                 let _ = r.try_shrink(bytes);
-                out_rows.add(b.num_rows());
                 Ok(b)
             }))
         })
@@ -732,7 +735,7 @@ mod tests {
         let Some(PartitionOutput::Chunks { chunks, reservation }) = outputs.pop() else { panic!("chunks expected") };
         let n_chunks = chunks.len();
         assert!(n_chunks >= 4, "{n_chunks} chunks");
-        let mut stream = stream_chunks(chunks, reservation, Count::new());
+        let mut stream = stream_chunks(chunks, reservation, Time::new());
         let first = stream.next().await.unwrap().unwrap();
         let output_bytes = input_bytes; // every row is kept
         let after_first = pool.reserved();

@@ -12,13 +12,13 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, Gauge, Time};
 
 use crate::algo::row_hash;
 use crate::algo::select::{self, GpuStrategy, SetOp};
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::memory::hold_device;
-use crate::exec::DeviceMetrics;
+use crate::exec::{execution_peak_memory, execution_time, DeviceMetrics};
 use crate::gpu::{self, TransferStats};
 use crate::keys::{self, KeyColumns, RowSubset};
 
@@ -43,12 +43,13 @@ pub(crate) struct Selector {
 }
 
 impl Selector {
-    /// A selector for `op` under `nulls` on `backend`, reporting into `metrics`.
+    /// A selector for `op` under `nulls` on `backend`, reporting into its
+    /// execution's `metrics` (registered once per execution, not per selector).
     pub(crate) fn new(
         op: SetOp,
         nulls: NullMode,
         backend: Backend,
-        metrics: &ExecutionPlanMetricsSet,
+        metrics: Metrics,
         ran: Arc<Mutex<Option<String>>>,
     ) -> Self {
         Self {
@@ -57,7 +58,7 @@ impl Selector {
             backend,
             key_from_device: None,
             device_keys: Mutex::new(None),
-            metrics: Metrics::new(metrics),
+            metrics,
             ran,
             reservation: None,
         }
@@ -99,6 +100,7 @@ impl Selector {
         let encoded = encoded_bytes(&probe_enc) + encoded_bytes(&build_enc);
         if let Some(r) = &self.reservation {
             r.try_grow(encoded)?;
+            self.metrics.note_memory(r);
         }
         let t = Instant::now();
         let (sel, ran) = self.select(cfg, &probe_enc, &build_enc)?;
@@ -306,6 +308,7 @@ impl Selector {
     ) -> Result<Option<BooleanBuffer>> {
         let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = hold_device(&device, cfg, self.reservation.as_deref())?;
+        self.metrics.note_memory_holding(self.reservation.as_deref(), 1);
         let mut stats = TransferStats::default();
         let r = row_hash::select_subsets_gpu(&g, self.op, build, probe, &mut stats);
         self.metrics.device.record(&stats);
@@ -327,6 +330,7 @@ impl Selector {
         }
         let device = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
         let g = hold_device(&device, cfg, self.reservation.as_deref())?;
+        self.metrics.note_memory_holding(self.reservation.as_deref(), 1);
         let mut stats = TransferStats::default();
         // Exact keys only (they come back into pinned memory the output owns);
         // the output filter checks that they cover every kept row.
@@ -360,6 +364,7 @@ impl Selector {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let held =
             devices.iter().map(|d| hold_device(d, cfg, self.reservation.as_deref())).collect::<Result<Vec<_>>>()?;
+        self.metrics.note_memory_holding(self.reservation.as_deref(), held.len());
         let parts: Vec<&gpu::Gpu> =
             ordinals.iter().map(|o| &*held[distinct.binary_search(o).expect("every ordinal is held")]).collect();
         let mut stats = TransferStats::default();
@@ -443,7 +448,11 @@ pub(crate) fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -
     })
 }
 
-#[derive(Clone)]
+/// The metrics of one execution of a selection's operator (`SetSelectExec`,
+/// `MarkJoinExec`), registered once per execution and shared by its
+/// [`Selector`]s (a mark join runs up to three selections). `Default`: not
+/// registered, a stand-in until the execution starts and registers its own.
+#[derive(Clone, Default)]
 pub(crate) struct Metrics {
     pub(crate) device: DeviceMetrics,
     pub(crate) encode_time: Time,
@@ -453,16 +462,32 @@ pub(crate) struct Metrics {
     pub(crate) output_filter_time: Time,
     /// The whole selection (both backends, NULL handling, transfers, kernels).
     pub(crate) select_time: Time,
+    /// The peak of the execution's memory reservation (set where it grows).
+    pub(crate) peak_memory: Gauge,
 }
-
 impl Metrics {
-    pub(crate) fn new(m: &ExecutionPlanMetricsSet) -> Self {
+    /// Registered in `m` for one execution; `partition` as for [`DeviceMetrics::new`].
+    pub(crate) fn new(m: &ExecutionPlanMetricsSet, partition: Option<usize>) -> Self {
         Self {
-            device: DeviceMetrics::new(m),
-            encode_time: MetricBuilder::new(m).subset_time("key_encode_time", 0),
-            input_time: MetricBuilder::new(m).subset_time("input_time", 0),
-            output_filter_time: MetricBuilder::new(m).subset_time("output_filter_time", 0),
-            select_time: MetricBuilder::new(m).subset_time("select_time", 0),
+            device: DeviceMetrics::new(m, partition),
+            encode_time: execution_time(m, "key_encode_time", partition),
+            input_time: execution_time(m, "input_time", partition),
+            output_filter_time: execution_time(m, "output_filter_time", partition),
+            select_time: execution_time(m, "select_time", partition),
+            peak_memory: execution_peak_memory(m, partition),
+        }
+    }
+
+    /// Note the reservation's size in the peak.
+    pub(crate) fn note_memory(&self, reservation: &MemoryReservation) {
+        self.peak_memory.set_max(reservation.size());
+    }
+
+    /// Note the reservation's size in the peak while the device is held:
+    /// its pinned staging (`held` devices' worth) is reserved beside it.
+    fn note_memory_holding(&self, reservation: Option<&MemoryReservation>, held: usize) {
+        if let Some(r) = reservation {
+            self.peak_memory.set_max(r.size() + held * gpu::STAGING_HOST_BYTES);
         }
     }
 }

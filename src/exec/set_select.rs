@@ -47,7 +47,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
 };
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, Time};
 use datafusion::physical_plan::projection::{try_embed_projection, EmbeddedProjection, ProjectionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -464,13 +464,14 @@ impl ExecutionPlan for SetSelectExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let (probe_partitions, build_partitions) = self.input_partitions(partition)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
         // Partitioned, each partition is an execution of its own, output as its part 0.
         let (execution, part) = if self.partitioned {
             (Arc::new(SharedRun::new()).join(partition), 0)
         } else {
             (self.result.join(partition), partition)
         };
-        let run = Run {
+        let mut run = Run {
             probe_partitions,
             build_partitions,
             name: self.name().to_string(),
@@ -491,35 +492,41 @@ impl ExecutionPlan for SetSelectExec {
                 backend: self.decision.backend,
                 key_from_device: self.key_column_in_output(),
                 device_keys: Mutex::new(None),
-                metrics: Metrics::new(&self.metrics),
+                // Registered below by the partition that runs the execution.
+                metrics: Metrics::default(),
                 ran: self.ran.clone(),
                 reservation: None,
             },
+            elapsed_compute: baseline.elapsed_compute().clone(),
         };
-        let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
-        // With a fetch, rows are counted as the limit lets them out.
-        let (fetch, limited_rows) = (self.fetch, self.fetch.map(|_| out_rows.clone()));
-        let out_rows = if fetch.is_some() { Count::new() } else { out_rows };
+        // The execution's metrics are registered once, by whichever partition runs it;
+        // shared by all partitions, they name none of them (see `DeviceMetrics::new`).
+        let metrics = self.metrics.clone();
+        let metrics_partition = self.partitioned.then_some(partition);
+        let elapsed_compute = baseline.elapsed_compute().clone();
+        let fetch = self.fetch;
         let schema = self.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
         let fut = async move {
-            let sel = execution.get(|| run.run(context)).await?;
+            let sel = execution
+                .get(move || {
+                    run.selector.metrics = Metrics::new(&metrics, metrics_partition);
+                    run.run(context)
+                })
+                .await?;
             crate::util::trace(&format!("partition {partition} ready"));
             let part = sel.outputs.take(part);
             drop(sel);
+            let _timer = elapsed_compute.timer();
             let out: Vec<Result<RecordBatch>> = match part {
                 Some(PartitionOutput::Chunks { chunks, reservation }) => {
-                    return Ok::<_, DataFusionError>(stream_chunks(chunks, reservation, out_rows));
+                    return Ok::<_, DataFusionError>(stream_chunks(chunks, reservation, elapsed_compute.clone()));
                 }
-                Some(PartitionOutput::Batches(batches)) => {
-                    out_rows.add(batches.iter().map(|b| b.num_rows()).sum());
-                    batches.into_iter().map(Ok).collect()
-                }
+                Some(PartitionOutput::Batches(batches)) => batches.into_iter().map(Ok).collect(),
                 Some(PartitionOutput::Rows(rows)) => {
                     // No column is read above (count(*)): row counts only, nothing filtered. Batches
                     // stay at batch_size rows: the aggregate above materialises a literal per row,
                     // and small arrays are reused by the allocator where huge ones page-fault.
-                    out_rows.add(rows);
                     (0..rows)
                         .step_by(batch_size)
                         .map(|at| {
@@ -534,7 +541,8 @@ impl ExecutionPlan for SetSelectExec {
             Ok(futures::stream::iter(out).boxed())
         };
         let stream = futures::stream::once(fut).try_flatten();
-        let stream = dynamic_filter::limit_stream(stream.boxed(), fetch, limited_rows);
+        // Rows are counted as they leave, after the fetch's limit.
+        let stream = super::observed(dynamic_filter::limit_stream(stream.boxed(), fetch), baseline);
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
     }
 
@@ -580,6 +588,10 @@ struct Run {
     /// The operator's output schema.
     schema: SchemaRef,
     selector: Selector,
+    /// The elapsed_compute of the partition that runs the execution: the
+    /// execution's own work (selection, output planning) counts there, as
+    /// DataFusion's hash join counts its shared build side.
+    elapsed_compute: Time,
 }
 
 impl std::ops::Deref for Run {
@@ -639,9 +651,12 @@ impl Run {
                 collect(&run.build, run.build_partitions.clone(), device_build)
             )?;
             run.selector.reservation = Some(memory.clone());
+            run.metrics.note_memory(&memory);
             let (c, m) = (cfg.clone(), memory.clone());
             let (back, outcome) = super::off_runtime(move || {
+                let timer = run.elapsed_compute.timer();
                 let outcome = run.select_device_scanned(&c, p, b, batch_size, &m);
+                timer.done();
                 Ok((run, outcome))
             })
             .await?;
@@ -677,10 +692,14 @@ impl Run {
         run.metrics.input_time.add_duration(waiting.elapsed());
         crate::util::trace("inputs collected");
         run.selector.reservation = Some(memory.clone());
+        run.metrics.note_memory(&memory);
         let ran = run.ran.clone();
-        let selected =
-            super::off_runtime(move || run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory))
-                .await?;
+        let selected = super::off_runtime(move || {
+            let elapsed_compute = run.elapsed_compute.clone();
+            let _timer = elapsed_compute.timer();
+            run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory)
+        })
+        .await?;
         if let Some(reason) = fell_back {
             if let Some(r) = ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                 r.push_str(&format!(", device scan fell back to the host: {reason}"));
@@ -1064,5 +1083,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// DataFusion's baseline metrics per output partition, including the row
+    /// count path (count(*)), and the execution's metrics once, though three
+    /// partitions share it.
+    #[tokio::test]
+    async fn metrics_are_registered_once() {
+        use crate::exec::metrics_check::{check, run, session};
+        let ctx = session(
+            3,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 1999) AS g(v)",
+                "CREATE TABLE b AS SELECT v * 3 % 90 AS k, v FROM generate_series(0, 499) AS g(v)",
+            ],
+        )
+        .await;
+        for (sql, name) in [
+            ("SELECT k FROM a INTERSECT ALL SELECT k FROM b", "SetOpExec"),
+            ("SELECT k, v FROM a EXCEPT SELECT k, v FROM b", "SetOpExec"),
+            ("SELECT k, v FROM a WHERE k IN (SELECT k FROM b)", "SemiJoinExec"),
+        ] {
+            let (plan, rows) = run(&ctx, sql).await;
+            assert!(rows > 0, "{sql}");
+            check(&plan, name, rows, true);
+        }
+        let sql = "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b)";
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let batches = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+        let count =
+            batches[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().unwrap().value(0);
+        assert!(count > 0);
+        check(&plan, "SemiJoinExec", count as usize, true);
     }
 }

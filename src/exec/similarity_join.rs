@@ -35,7 +35,9 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::joins::utils::JoinFilter;
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
@@ -199,6 +201,7 @@ impl ExecutionPlan for SimilarityJoinExec {
         if partition != 0 {
             return Err(DataFusionError::Internal(format!("SimilarityJoinExec has one partition, got {partition}")));
         }
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
         let run = Run {
             left: self.left.clone(),
             right: self.right.clone(),
@@ -209,16 +212,14 @@ impl ExecutionPlan for SimilarityJoinExec {
             projection: self.projection.clone(),
             backend: self.decision.backend,
             schema: self.schema.clone(),
-            metrics: Metrics::new(&self.metrics),
+            // One partition: each execution is partition 0's own.
+            metrics: Metrics::new(&self.metrics, partition),
+            elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
         };
-        let out_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
-        let fut = async move {
-            let batches = run.run(context).await?;
-            Ok::<_, DataFusionError>(batches.inspect_ok(move |b| out_rows.add(b.num_rows())))
-        };
+        let fut = run.run(context);
         let stream = futures::stream::once(fut).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream.boxed())))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), super::observed(stream.boxed(), baseline))))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -232,15 +233,18 @@ struct Metrics {
     verified: Count,
     join_time: Time,
     device: DeviceMetrics,
+    /// The peak of the execution's memory reservation.
+    peak_memory: Gauge,
 }
 
 impl Metrics {
-    fn new(m: &ExecutionPlanMetricsSet) -> Self {
+    fn new(m: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         Self {
-            candidates: MetricBuilder::new(m).global_counter("candidates"),
-            verified: MetricBuilder::new(m).global_counter("verified_pairs"),
-            join_time: MetricBuilder::new(m).subset_time("join_time", 0),
-            device: DeviceMetrics::new(m),
+            candidates: MetricBuilder::new(m).counter("candidates", partition),
+            verified: MetricBuilder::new(m).counter("verified_pairs", partition),
+            join_time: MetricBuilder::new(m).subset_time("join_time", partition),
+            device: DeviceMetrics::new(m, Some(partition)),
+            peak_memory: super::execution_peak_memory(m, Some(partition)),
         }
     }
 }
@@ -256,6 +260,8 @@ struct Run {
     backend: Backend,
     schema: SchemaRef,
     metrics: Metrics,
+    /// The join and the forming of its output batches (not the inputs' collection).
+    elapsed_compute: Time,
     ran: Arc<Mutex<Option<String>>>,
 }
 
@@ -400,12 +406,15 @@ impl Run {
             (concat(&ls, lp)?, concat(&rs, rp)?)
         };
         self.metrics.device.input_rows.add(left.num_rows() + right.num_rows());
+        self.metrics.peak_memory.set_max(memory.size());
         if left.num_rows() == 0 || right.num_rows() == 0 {
             return Ok(futures::stream::empty().boxed());
         }
         crate::util::trace("similarity join: inputs collected");
+        let evaluating = self.elapsed_compute.timer();
         let la = self.left_set.evaluate(&left)?.into_array(left.num_rows())?;
         let ra = self.right_set.evaluate(&right)?.into_array(right.num_rows())?;
+        evaluating.done();
 
         let timer = Instant::now();
         let thr = self.threshold;
@@ -413,7 +422,9 @@ impl Run {
         let backend = self.backend;
         let cfg2 = cfg.clone();
         let held = memory.clone();
+        let elapsed_compute = self.elapsed_compute.clone();
         let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let _timer = elapsed_compute.timer();
             crate::util::trace("similarity join: set columns evaluated");
             // One array on both sides (a self join read once): encode it once.
             let shared = Arc::ptr_eq(&la, &ra);
@@ -479,13 +490,16 @@ impl Run {
         };
         // The pairs' row indices, held until the stream is done.
         memory.try_grow((lidx.capacity() + ridx.capacity()) * std::mem::size_of::<u32>())?;
+        self.metrics.peak_memory.set_max(memory.size());
         let (lidx, ridx) = (Arc::new(lidx), Arc::new(ridx));
+        let elapsed_compute = self.elapsed_compute.clone();
         let residual = self.residual.clone();
         let schema = self.schema.clone();
         let starts = (0..lidx.len()).step_by(batch_size);
         let out = futures::stream::iter(starts).filter_map(move |start| {
             // `memory` lives as long as the stream: released when it is consumed or dropped.
             let memory = &memory;
+            let _timer = elapsed_compute.timer();
             let batch = (|| -> Result<Option<RecordBatch>> {
                 let end = (start + batch_size).min(lidx.len());
                 let mut li = UInt32Array::from(lidx[start..end].to_vec());
@@ -540,5 +554,27 @@ impl Run {
         });
         crate::util::trace("similarity join: pairs ready");
         Ok(out.boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::metrics_check::{check, run, session};
+
+    #[tokio::test]
+    async fn metrics_are_datafusions() {
+        let ctx = session(
+            2,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE t AS SELECT v AS id, [v % 5, v % 7, v % 11, 100] AS s FROM generate_series(0, 299) AS g(v)",
+            ],
+        )
+        .await;
+        let (plan, rows) =
+            run(&ctx, "SELECT x.id, y.id FROM t x JOIN t y ON x.id < y.id AND jaccard(x.s, y.s) >= 0.5").await;
+        assert!(rows > 0);
+        check(&plan, "SimilarityJoinExec", rows, true);
     }
 }
