@@ -275,18 +275,35 @@ pub fn scan_pair_to_device(
     let (Some(a), Some(b)) = (hosts.next(), hosts.next()) else {
         return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side went missing".into()));
     };
+    decode_pair(gpu, raw, &sides, [a, b], b_raw_at, upload, true, cache_limit, stats)
+}
+
+/// The paired scans' end: both sides decoded in one launch from `raw` (the
+/// second side's bytes at `b_raw_at`), kept in the column cache, reported.
+#[allow(clippy::too_many_arguments)]
+fn decode_pair(
+    gpu: &Gpu,
+    raw: crate::gpu::DeviceBuffer<u8>,
+    sides: &[PairSide<'_>; 2],
+    [a, b]: [HostRead; 2],
+    b_raw_at: u64,
+    upload: Duration,
+    streamed: bool,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
     let t = Instant::now();
     let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, b_raw_at, stats)?;
     let decode = t.elapsed();
     drop(raw);
-    let [first, second] = &sides;
+    let [first, second] = sides;
     Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
         let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
             Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), &d, cache_limit),
             None => CacheUse::Off,
         };
         let mut report = host.finish(gpu, upload, decode, Some(cache), true);
-        report.streamed = true;
+        report.streamed = streamed;
         (d, report)
     })))
 }
@@ -314,18 +331,7 @@ fn scan_pair_read_ahead(
     gpu.upload_chunks_into(&[&a.raw[..], &a.inflated[..]], &mut raw, 0, stats)?;
     gpu.upload_chunks_into(&[&b.raw[..], &b.inflated[..]], &mut raw, a_len, stats)?;
     let upload = t.elapsed();
-    let t = Instant::now();
-    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, a_len as u64, stats)?;
-    let decode = t.elapsed();
-    drop(raw);
-    let [first, second] = &sides;
-    Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
-        let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
-            Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), &d, cache_limit),
-            None => CacheUse::Off,
-        };
-        (d, host.finish(gpu, upload, decode, Some(cache), true))
-    })))
+    decode_pair(gpu, raw, &sides, [a, b], a_len as u64, upload, false, cache_limit, stats)
 }
 
 /// Read the chunks of `plans` (one scan each) on the host threads, in parts
