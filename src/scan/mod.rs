@@ -455,14 +455,14 @@ fn read_and_upload(
                 return Ok(Err((i, f)));
             }
         };
-        let inflated = match decode::inflate_on_host(&mut table, &raw, (inflated_at - at) as u64, decode::HOST_INFLATE_MIN)
-        {
-            Ok(b) => b,
-            Err(e) => {
-                give_back_all(gpu, raw, bufs, hosts);
-                return Err(e);
-            }
-        };
+        let inflated =
+            match decode::inflate_on_host(&mut table, &raw, (inflated_at - at) as u64, decode::HOST_INFLATE_MIN) {
+                Ok(b) => b,
+                Err(e) => {
+                    give_back_all(gpu, raw, bufs, hosts);
+                    return Err(e);
+                }
+            };
         inflated_at += inflated.len();
         hosts.push(HostRead { plan, raw, inflated, table, read: t + w.elapsed() });
     }

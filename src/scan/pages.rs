@@ -223,7 +223,11 @@ pub fn prune_row_groups(
         let plan = access.build();
         keep.push((0..groups.len()).map(|i| plan.should_scan(i)).collect::<Vec<bool>>());
     }
-    Ok((by_statistics + by_bloom_filters > 0).then(|| Pruned { row_groups: Arc::new(keep), by_statistics, by_bloom_filters }))
+    Ok((by_statistics + by_bloom_filters > 0).then(|| Pruned {
+        row_groups: Arc::new(keep),
+        by_statistics,
+        by_bloom_filters,
+    }))
 }
 
 /// What [`prune_row_groups`] left: per file, whether each row group is
