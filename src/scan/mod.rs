@@ -427,16 +427,15 @@ fn read_and_upload(
     let (reads, reads_done) = match scoped {
         Ok(x) => x,
         Err(e) => {
-            bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+            give_back_all(gpu, bufs, Vec::new());
             return Err(e);
         }
     };
     let mut upload = reads_done.elapsed();
-    let give_all = |bufs: Vec<pages::ChunkBytes>| bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
     let mut times = Vec::with_capacity(reads.len());
     for (r, t) in reads {
         if let Err(e) = r {
-            give_all(bufs);
+            give_back_all(gpu, bufs, Vec::new());
             return Err(e);
         }
         times.push(t);
@@ -451,7 +450,7 @@ fn read_and_upload(
         let mut table = match pages::page_table(&plan, &raw)? {
             Ok(t) => t,
             Err(f) => {
-                give_back_all(gpu, raw, bufs, hosts);
+                give_back_all(gpu, std::iter::once(raw).chain(bufs), hosts);
                 return Ok(Err((i, f)));
             }
         };
@@ -459,7 +458,7 @@ fn read_and_upload(
             match decode::inflate_on_host(&mut table, &raw, (inflated_at - at) as u64, decode::HOST_INFLATE_MIN) {
                 Ok(b) => b,
                 Err(e) => {
-                    give_back_all(gpu, raw, bufs, hosts);
+                    give_back_all(gpu, std::iter::once(raw).chain(bufs), hosts);
                     return Err(e);
                 }
             };
@@ -487,14 +486,8 @@ fn read_and_upload(
 }
 
 /// Every read buffer of a scan that stops early, back to the pool.
-fn give_back_all(
-    gpu: &Gpu,
-    raw: pages::ChunkBytes,
-    rest: impl Iterator<Item = pages::ChunkBytes>,
-    hosts: Vec<HostRead>,
-) {
-    pages::give_back_to_device(raw, gpu);
-    rest.for_each(|b| pages::give_back_to_device(b, gpu));
+fn give_back_all(gpu: &Gpu, bufs: impl IntoIterator<Item = pages::ChunkBytes>, hosts: Vec<HostRead>) {
+    bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
     for h in hosts {
         pages::give_back_to_device(h.raw, gpu);
         pages::give_back_to_device(h.inflated, gpu);
