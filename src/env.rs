@@ -190,3 +190,15 @@ pub fn repo_root() -> PathBuf {
 pub fn snappy_serial() -> bool {
     flag("SETFUSION_SNAPPY_SERIAL")
 }
+
+/// `SETFUSION_SCAN_PART_MB=N`: the device scan reads, uploads and decodes in
+/// parts of N MiB of column chunks (default 64); 0 reads each side whole
+/// before decoding it, to measure the overlap against its absence.
+pub fn scan_part_mb() -> Option<usize> {
+    parsed("SETFUSION_SCAN_PART_MB")
+}
+
+/// `SETFUSION_SCAN_READERS=N`: reader threads a device scan's parts are read by (default 2).
+pub fn scan_readers() -> Option<usize> {
+    parsed("SETFUSION_SCAN_READERS")
+}

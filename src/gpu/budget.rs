@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use datafusion::error::Result;
 
 use super::{cuda_err, Gpu};
@@ -151,6 +151,35 @@ impl Gpu {
         let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
         let slice = self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| cuda_err("cuMemAlloc", e))?;
         Ok(DeviceBuffer { slice, _charge: charge })
+    }
+
+    /// [`Gpu::alloc`] on `stream` (one of [`Gpu::side_streams`]): freed in
+    /// that stream's order, after the work queued there on it.
+    pub fn alloc_on<T: Pod>(&self, stream: &Arc<CudaStream>, len: usize) -> Result<DeviceBuffer<T>> {
+        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
+        // SAFETY: the memory is uninitialised; every caller writes it (kernel or copy) before reading.
+        let slice = unsafe { stream.alloc::<T>(len.max(1)) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+        Ok(DeviceBuffer { slice, _charge: charge })
+    }
+
+    /// [`Gpu::alloc_zeros`] on `stream`, as [`Gpu::alloc_on`].
+    pub fn alloc_zeros_on<T: Pod>(&self, stream: &Arc<CudaStream>, len: usize) -> Result<DeviceBuffer<T>> {
+        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
+        let slice = stream.alloc_zeros::<T>(len.max(1)).map_err(|e| cuda_err("cuMemAlloc", e))?;
+        Ok(DeviceBuffer { slice, _charge: charge })
+    }
+
+    /// The device address of `buf` for kernels on streams other than the main
+    /// one, without cudarc's per-buffer event tracking: the tracking would
+    /// order every later copy into the buffer after those kernels (one event
+    /// a buffer, not a byte range), which is the overlap the caller wants.
+    /// The caller orders the work itself (events, then synchronising those
+    /// streams before the buffer is freed or its bytes rewritten).
+    pub fn untracked_address<T>(&self, buf: &DeviceBuffer<T>) -> u64 {
+        let (ptr, record) = buf.slice.device_ptr(&self.stream);
+        // Dropping the record would note a use on the main stream; the uses are elsewhere.
+        std::mem::forget(record);
+        ptr
     }
 
     /// Allocate `len` elements whose contents the caller will overwrite.

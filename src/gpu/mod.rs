@@ -91,6 +91,8 @@ pub struct Gpu {
     leases: std::sync::atomic::AtomicU64,
     /// Work for the background thread once the current lease ends ([`Gpu::after_lease`]).
     after_lease: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// Streams beside `stream` for work that overlaps its copies ([`Gpu::side_streams`]).
+    side: Mutex<Vec<Arc<CudaStream>>>,
 }
 
 impl fmt::Debug for Gpu {
@@ -359,6 +361,7 @@ impl Gpu {
             pinned_free: Default::default(),
             leases: Default::default(),
             after_lease: Default::default(),
+            side: Default::default(),
         };
         Ok(gpu)
     }
@@ -393,6 +396,19 @@ impl Gpu {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// `n` streams beside [`Gpu::stream`] (made on first use, then kept), for
+    /// kernels that run while the main stream copies: the device scan decodes
+    /// each part of its reads on one of them while the next parts upload.
+    /// Their work is ordered against the main stream only by events the
+    /// caller records and waits on, and by synchronising them.
+    pub fn side_streams(&self, n: usize) -> Result<Vec<Arc<CudaStream>>, DataFusionError> {
+        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
+        while side.len() < n {
+            side.push(self.ctx.new_stream().map_err(|e| cuda_err("cuStreamCreate", e))?);
+        }
+        Ok(side[..n].to_vec())
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {

@@ -797,8 +797,11 @@ impl<'a> StreamedUpload<'a> {
         if at.checked_add(src.len()).is_none_or(|end| end > self.dst.len()) {
             return Err(DataFusionError::Internal("streamed upload past its buffer".into()));
         }
+        if !page_locked {
+            return self.piece_copied(at, src, stats);
+        }
         let t = Instant::now();
-        if page_locked {
+        {
             let stream = &self.gpu.stream;
             let mut view = self.dst.slice.slice_mut(at..at + src.len());
             let (dptr, _record) = view.device_ptr_mut(stream);
@@ -808,12 +811,27 @@ impl<'a> StreamedUpload<'a> {
             unsafe { cudarc::driver::result::memcpy_htod_async(dptr, src, stream.cu_stream()) }
                 .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
             self.direct += src.len();
-        } else {
-            let mut inner = TransferStats::default();
-            self.gpu.upload_chunks_into(&[src], self.dst, at, &mut inner)?;
-            stats.staging_copy += inner.staging_copy;
-            stats.dma_wait += inner.dma_wait;
         }
+        self.bytes += src.len();
+        self.time += t.elapsed();
+        Ok(())
+    }
+
+    /// Copy `src` to `dst[at..at + src.len()]` through the pinned staging
+    /// buffers: `src` is free again when this returns (bytes made while the
+    /// upload goes on, such as pages decompressed on the host).
+    pub fn piece_copied(&mut self, at: usize, src: &[u8], stats: &mut TransferStats) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        if at.checked_add(src.len()).is_none_or(|end| end > self.dst.len()) {
+            return Err(DataFusionError::Internal("streamed upload past its buffer".into()));
+        }
+        let t = Instant::now();
+        let mut inner = TransferStats::default();
+        self.gpu.upload_chunks_into(&[src], self.dst, at, &mut inner)?;
+        stats.staging_copy += inner.staging_copy;
+        stats.dma_wait += inner.dma_wait;
         self.bytes += src.len();
         self.time += t.elapsed();
         Ok(())

@@ -8,9 +8,10 @@
 //! INT64, decimals of at most 18 digits stored as INT32 / INT64). NULL rows
 //! hold key 0 and a cleared validity bit (LSB-first 32-bit words, Arrow's layout).
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
 use super::pages::{
@@ -69,7 +70,7 @@ const ERR_DELTA_COUNT: u32 = 11;
 /// `PQ_DELTA_MAX_BLOCK`: larger DELTA block sizes are refused.
 const DELTA_MAX_BLOCK: u64 = 1 << 30;
 
-fn decode_error(code: u32) -> DataFusionError {
+pub(crate) fn decode_error(code: u32) -> DataFusionError {
     DataFusionError::External(error_message(code).into())
 }
 
@@ -94,39 +95,80 @@ pub fn decode_gpu(
     t: &PageTable,
     stats: &mut TransferStats,
 ) -> Result<DeviceDecoded> {
+    let rows = t.rows as usize;
+    let keys = gpu.alloc::<u64>(rows)?;
+    let valid = if t.def_max > 0 { Some(gpu.alloc_zeros::<u32>(rows.div_ceil(32))?) } else { None };
+    if t.pages.is_empty() || rows == 0 {
+        return Ok(DeviceDecoded { keys, valid, rows });
+    }
+    let err = gpu.alloc_zeros::<u32>(1)?;
+    let dummy_valid = gpu.alloc_zeros::<u32>(1)?;
+    let started = Instant::now();
+    let into = DecodeTargets {
+        keys: gpu.untracked_address(&keys),
+        valid: gpu.untracked_address(valid.as_ref().unwrap_or(&dummy_valid)),
+        err: gpu.untracked_address(&err),
+    };
+    let pages = gpu.upload(&t.flat(), stats)?;
+    // Every buffer is used on the main stream alone, in its order (so the untracked addresses are safe).
+    let scratch =
+        launch_decode(gpu, gpu.stream(), gpu.untracked_address(raw), gpu.untracked_address(&pages), t, &into)?;
+    let code = gpu.read_one(&err, 0, stats)?;
+    drop(scratch);
+    stats.kernel += started.elapsed();
+    if code != 0 {
+        return Err(decode_error(code));
+    }
+    Ok(DeviceDecoded { keys, valid, rows })
+}
+
+/// Where [`launch_decode`] writes, as device addresses: one key a row of the
+/// table's rows, the validity words (zeroed; one unused word for a required
+/// column), the error word (zeroed; the first failing page's code).
+pub struct DecodeTargets {
+    pub keys: u64,
+    pub valid: u64,
+    pub err: u64,
+}
+
+/// Queue the decode of `t`'s pages on `stream`: their bytes at device address
+/// `raw` (each page at its `src`), `pages` the device address of `t.flat()`,
+/// into `into` (each page at its `first_row`). The scratch is allocated on
+/// `stream` and returned: drop it once the decode is done (its memory is freed
+/// in `stream`'s order anyway, but its budget charge ends with it). Nothing is
+/// waited for (no copy from pageable memory either, which could wait on the
+/// stream): the caller orders the uploads of the bytes and the table before
+/// (an event), reads the error word after, and keeps every buffer alive until then.
+pub fn launch_decode(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    raw: u64,
+    pages: u64,
+    t: &PageTable,
+    into: &DecodeTargets,
+) -> Result<DecodeScratch> {
     if t.pages.iter().any(|p| p.codec > CODEC_SNAPPY) {
         return Err(DataFusionError::Internal(
             "setfusion device scan: a ZSTD, LZ4_RAW or GZIP page reached the device undecompressed".into(),
         ));
     }
-    let rows = t.rows as usize;
     let npages = t.pages.len() as u64;
-    let mut keys = gpu.alloc::<u64>(rows)?;
-    let mut valid = if t.def_max > 0 { Some(gpu.alloc_zeros::<u32>(rows.div_ceil(32))?) } else { None };
-    if npages == 0 || rows == 0 {
-        return Ok(DeviceDecoded { keys, valid, rows });
+    let mut scratch = DecodeScratch {
+        body: gpu.alloc_on::<u8>(stream, if npages == 0 { 0 } else { t.body_len as usize })?,
+        levels: gpu.alloc_zeros_on::<u32>(stream, if npages == 0 { 0 } else { t.lvl_words as usize })?,
+        idx: gpu.alloc_on::<u32>(stream, if npages == 0 { 0 } else { t.idx_len as usize })?,
+    };
+    if npages == 0 {
+        return Ok(scratch);
     }
-    let pages = gpu.upload(&t.flat(), stats)?;
-    let mut body = gpu.alloc::<u8>(t.body_len as usize)?;
-    let mut levels = gpu.alloc_zeros::<u32>(t.lvl_words as usize)?;
-    let mut idx = gpu.alloc::<u32>(t.idx_len as usize)?;
-    let mut err = gpu.alloc_zeros::<u32>(1)?;
-    let mut dummy_valid = gpu.alloc_zeros::<u32>(1)?;
-    let started = Instant::now();
+    let DecodeScratch { body, levels, idx } = &mut scratch;
     let per_page =
         LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let copy = gpu.function(&KERNEL, "pq_copy_pages")?;
-    // SAFETY: signature matches kernels/parquet_decode.cu; every page's src / dst range lies in `raw` / `body` (page_table built them).
-    unsafe {
-        gpu.stream()
-            .launch_builder(&copy)
-            .arg(&raw.slice)
-            .arg(&mut body.slice)
-            .arg(&pages.slice)
-            .arg(&npages)
-            .launch(per_page)
-    }
-    .map_err(|e| cuda_err("pq_copy_pages", e))?;
+    // SAFETY: signature matches kernels/parquet_decode.cu; every page's src / dst range lies in `raw` / `body`
+    // (page_table built them; the caller's `raw` holds the table's bytes).
+    unsafe { stream.launch_builder(&copy).arg(&raw).arg(&mut body.slice).arg(&pages).arg(&npages).launch(per_page) }
+        .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
         // One warp per page, 32 output bytes a step; one thread per page
         // (SETFUSION_SNAPPY_SERIAL=1) waits on L2 for every copied byte.
@@ -139,47 +181,46 @@ pub fn decode_gpu(
             let blocks = npages.div_ceil(warps as u64).min(1 << 20) as u32;
             LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 }
         };
-        // SAFETY: as above; `err` holds one word.
+        // SAFETY: as above; `into.err` addresses one word.
         unsafe {
-            gpu.stream()
+            stream
                 .launch_builder(&snappy)
-                .arg(&raw.slice)
+                .arg(&raw)
                 .arg(&mut body.slice)
-                .arg(&pages.slice)
+                .arg(&pages)
                 .arg(&npages)
-                .arg(&mut err.slice)
+                .arg(&into.err)
                 .launch(cfg)
         }
         .map_err(|e| cuda_err("pq_snappy", e))?;
     }
     let decode = gpu.function(&KERNEL, "pq_decode")?;
-    let valid_arg = match valid.as_mut() {
-        Some(v) => &mut v.slice,
-        None => &mut dummy_valid.slice,
-    };
     // SAFETY: as above; `levels` / `idx` hold the scratch page_table counted (DELTA pages' u64 at even,
-    // so 8-aligned, entries of the allocation), `keys` one
-    // key per row, `valid` one bit per row (or one unused word for required columns).
+    // so 8-aligned, entries of the allocation), `into.keys` one key per row of the table, `into.valid`
+    // one bit per row (or one unused word for required columns).
     unsafe {
-        gpu.stream()
+        stream
             .launch_builder(&decode)
             .arg(&body.slice)
-            .arg(&pages.slice)
+            .arg(&pages)
             .arg(&npages)
             .arg(&mut levels.slice)
             .arg(&mut idx.slice)
-            .arg(&mut keys.slice)
-            .arg(valid_arg)
-            .arg(&mut err.slice)
+            .arg(&into.keys)
+            .arg(&into.valid)
+            .arg(&into.err)
             .launch(per_page)
     }
     .map_err(|e| cuda_err("pq_decode", e))?;
-    let code = gpu.read_one(&err, 0, stats)?;
-    stats.kernel += started.elapsed();
-    if code != 0 {
-        return Err(decode_error(code));
-    }
-    Ok(DeviceDecoded { keys, valid, rows })
+    Ok(scratch)
+}
+
+/// A decode's scratch on the device ([`launch_decode`]): the pages'
+/// decompressed bodies, their validity levels and their index entries.
+pub struct DecodeScratch {
+    body: DeviceBuffer<u8>,
+    levels: DeviceBuffer<u32>,
+    idx: DeviceBuffer<u32>,
 }
 
 /// Two page tables decoded in one launch: `b`'s raw bytes lie at `b_raw_at`
@@ -469,6 +510,29 @@ pub const HOST_INFLATE_MIN: u64 = 256 << 10;
 /// there (the caller uploads the buffer right after `raw`). Corrupt pages
 /// fail as the device would.
 pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Result<super::pages::ChunkBytes> {
+    let (chosen, total) = pages_to_inflate(t, floor);
+    let mut out = super::pages::kept_buffer(total as usize);
+    if let Err(e) = inflate_into(t, raw, &chosen, out.as_mut_slice()) {
+        super::pages::give_back(out);
+        return Err(e);
+    }
+    move_inflated(t, &chosen, at);
+    Ok(out)
+}
+
+/// [`inflate_on_host`] into a buffer of its own (a part of the streamed scan:
+/// small, so it takes no kept read buffer), its pages reading from offset 0
+/// of it. Returns the bytes and the indices of the pages that now read from them.
+pub fn inflate_part_on_host(t: &mut PageTable, raw: &[u8], floor: u64) -> Result<(Vec<u8>, Vec<usize>)> {
+    let (chosen, total) = pages_to_inflate(t, floor);
+    let mut out = vec![0u8; total as usize];
+    inflate_into(t, raw, &chosen, &mut out)?;
+    move_inflated(t, &chosen, 0);
+    Ok((out, chosen))
+}
+
+/// The pages [`inflate_on_host`] takes, and their bodies' bytes.
+fn pages_to_inflate(t: &PageTable, floor: u64) -> (Vec<usize>, u64) {
     let mut sizes: Vec<u64> = t.pages.iter().filter(|p| p.codec == CODEC_SNAPPY).map(|p| p.dst_len).collect();
     let median = if sizes.is_empty() {
         0
@@ -481,11 +545,15 @@ pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Re
     };
     let chosen: Vec<usize> = (0..t.pages.len()).filter(|&i| on_host(&t.pages[i])).collect();
     let total: u64 = chosen.iter().map(|&i| t.pages[i].dst_len).sum();
-    let mut out = super::pages::kept_buffer(total as usize);
+    (chosen, total)
+}
+
+/// The `chosen` pages' bodies, decompressed back to back into `out` on the host threads.
+fn inflate_into(t: &PageTable, raw: &[u8], chosen: &[usize], out: &mut [u8]) -> Result<()> {
     // Each page's slice of `out`, filled in parallel.
     let mut jobs: Vec<(usize, &mut [u8])> = Vec::with_capacity(chosen.len());
-    let mut rest: &mut [u8] = out.as_mut_slice();
-    for &i in &chosen {
+    let mut rest: &mut [u8] = out;
+    for &i in chosen {
         let (mine, tail) = std::mem::take(&mut rest).split_at_mut(t.pages[i].dst_len as usize);
         jobs.push((i, mine));
         rest = tail;
@@ -498,19 +566,22 @@ pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Re
         }
     });
     drop(jobs);
-    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        super::pages::give_back(out);
-        return Err(e);
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
+}
+
+/// The `chosen` pages read as UNCOMPRESSED from `at` on, back to back.
+fn move_inflated(t: &mut PageTable, chosen: &[usize], at: u64) {
     let mut offset = at;
-    for &i in &chosen {
+    for &i in chosen {
         let p = &mut t.pages[i];
         p.src = offset;
         p.src_len = p.dst_len;
         p.codec = CODEC_NONE;
         offset += p.dst_len;
     }
-    Ok(out)
 }
 
 /// CPU twin of [`decode_gpu`]: the same keys and validity, the same errors.

@@ -4,12 +4,15 @@
 //! DELTA_BINARY_PACKED pages, v1 and v2, NULLs) on the device straight into
 //! the selection's 64-bit keys.
 //!
-//! The chunks are read on host threads in parts of 64 MiB, each uploaded
-//! while the next parts are read ([`read_and_upload`]); the read buffers are
+//! The chunks are read on host threads in parts of whole column chunks (64
+//! MiB or more), each uploaded while the next parts are read and decoded on
+//! the device's decode streams as soon as it is up ([`read_upload_decode`]),
+//! so reads, uploads and decodes overlap; the read buffers are
 //! kept for the next scan and page-locked in the background after their
 //! second, so later scans upload by DMA straight from them, with no staging
-//! copy. Both sides of a selection read from files are uploaded into one
-//! buffer and decoded in one launch ([`scan_pair_to_device`]). Pages of ZSTD,
+//! copy. Both sides of a selection read from files are read side by side
+//! into one device buffer ([`scan_pair_to_device`]; read ahead while the
+//! device starts, they are decoded in one launch). Pages of ZSTD,
 //! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
 //! decompressed on host threads first ([`decode::inflate_on_host`]): one warp
 //! decompresses one snappy page, so a launch lasts as long as its largest.
@@ -54,8 +57,11 @@ pub struct ScanReport {
     /// With `streamed`: only what the upload took after the reads ended.
     pub upload: Duration,
     pub decode: Duration,
-    /// Uploaded part by part while the reads went on ([`read_and_upload`]).
+    /// Uploaded part by part while the reads went on ([`read_upload_decode`]).
     pub streamed: bool,
+    /// Each part decoded while the next were read ([`read_upload_decode`]):
+    /// `decode` is then only what the decode took after the last upload.
+    pub decoded_while_read: bool,
     /// What the device column cache did ([`cache`]).
     pub cache: Option<CacheUse>,
     /// Row groups left out (the other side's key range, or the statistics against the input's filter), of all.
@@ -106,22 +112,23 @@ impl HostRead {
         let HostRead { plan, raw, inflated, table, read } = self;
         pages::give_back_to_device(raw, gpu);
         pages::give_back_to_device(inflated, gpu);
-        ScanReport {
-            rows: plan.rows,
-            bytes_read: plan.bytes,
-            bytes_decoded: plan.rows * 8,
-            pages: table.pages.len(),
-            read,
-            upload,
-            decode,
-            cache,
-            row_groups_pruned: plan.row_groups_pruned,
-            row_groups: plan.row_groups,
-            decoded_with_other,
-            filtered: None,
-            streamed: false,
-            row_groups_pruned_by_bloom_filters: 0,
-        }
+        ScanReport { cache, decoded_with_other, ..report_of(&plan, table.pages.len(), read, upload, decode) }
+    }
+}
+
+/// A scan's report from its plan and what it took.
+fn report_of(plan: &pages::ScanPlan, pages: usize, read: Duration, upload: Duration, decode: Duration) -> ScanReport {
+    ScanReport {
+        rows: plan.rows,
+        bytes_read: plan.bytes,
+        bytes_decoded: plan.rows * 8,
+        pages,
+        read,
+        upload,
+        decode,
+        row_groups_pruned: plan.row_groups_pruned,
+        row_groups: plan.row_groups,
+        ..Default::default()
     }
 }
 
@@ -240,9 +247,9 @@ pub struct PairSide<'a> {
 }
 
 /// Both sides of a selection read from their files onto the device, read
-/// and uploaded together ([`read_and_upload`]: one device buffer, the
-/// uploads overlapped with the reads) and decoded in one launch
-/// ([`decode::decode_gpu_pair`]: the sides' slowest pages overlap). With
+/// and uploaded together and decoded part by part while the reads go on
+/// ([`read_upload_decode`]: one device buffer, both sides' parts on the same
+/// decode streams). With
 /// `cache_limit` above 0 the column cache keeps what was decoded (the caller
 /// takes this path only when it holds neither side). `Err((side, why))` when
 /// a side's files hold something the device does not decode.
@@ -259,23 +266,56 @@ pub fn scan_pair_to_device(
     if let Some(read) = read {
         return scan_pair_read_ahead(gpu, sides, cache_limit, read, stats);
     }
-    let mut plans = Vec::with_capacity(2);
-    for (i, side) in sides.iter().enumerate() {
-        match pages::plan_scan_within(side.files, side.column, side.arrow, &side.keep)? {
+    let scanned = match scan_columns_to_device(gpu, &sides, cache_limit, stats)? {
+        Ok(x) => x,
+        Err(f) => return Ok(Err(f)),
+    };
+    let mut scanned = scanned.into_iter();
+    match (scanned.next(), scanned.next()) {
+        (Some(a), Some(b)) => Ok(Ok([a, b])),
+        _ => Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side went missing".into())),
+    }
+}
+
+/// Columns (of the same files or others) read from their files onto the
+/// device together: one pipeline of reads, uploads and decodes
+/// ([`read_upload_decode`]), so a column's reads overlap the others'
+/// uploads and decodes; each kept in the column cache (with `cache_limit`
+/// above 0). `Err((i, why))` when column `i`'s files hold something the
+/// device does not decode.
+pub fn scan_columns_to_device(
+    gpu: &Gpu,
+    columns: &[PairSide<'_>],
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
+    let mut plans = Vec::with_capacity(columns.len());
+    for (i, c) in columns.iter().enumerate() {
+        match pages::plan_scan_within(c.files, c.column, c.arrow, &c.keep)? {
             Ok(p) => plans.push(p),
             Err(f) => return Ok(Err((i, f))),
         }
     }
-    let b_raw_at = plans[0].bytes;
-    let (raw, hosts, upload) = match read_and_upload(gpu, plans, stats)? {
+    let scanned = match read_upload_decode(gpu, plans, pages::scan_part_bytes(), stats)? {
         Ok(x) => x,
         Err(f) => return Ok(Err(f)),
     };
-    let mut hosts = hosts.into_iter();
-    let (Some(a), Some(b)) = (hosts.next(), hosts.next()) else {
-        return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side went missing".into()));
-    };
-    decode_pair(gpu, raw, &sides, [a, b], b_raw_at, upload, true, cache_limit, stats)
+    Ok(Ok(columns
+        .iter()
+        .zip(scanned)
+        .map(|(c, (d, mut report))| {
+            report.cache = Some(keep_in_cache(gpu, c, &d, cache_limit));
+            (d, report)
+        })
+        .collect()))
+}
+
+/// A side's decoded keys into the column cache (with `cache_limit` above 0).
+fn keep_in_cache(gpu: &Gpu, side: &PairSide<'_>, d: &DeviceDecoded, cache_limit: usize) -> CacheUse {
+    match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
+        Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), d, cache_limit),
+        None => CacheUse::Off,
+    }
 }
 
 /// The paired scans' end: both sides decoded in one launch from `raw` (the
@@ -298,10 +338,7 @@ fn decode_pair(
     drop(raw);
     let [first, second] = sides;
     Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
-        let cache = match (cache_limit > 0).then(|| CacheKey::of(side.files, side.column, side.arrow)).flatten() {
-            Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), &d, cache_limit),
-            None => CacheUse::Off,
-        };
+        let cache = keep_in_cache(gpu, side, &d, cache_limit);
         let mut report = host.finish(gpu, upload, decode, Some(cache), true);
         report.streamed = streamed;
         (d, report)
@@ -334,23 +371,98 @@ fn scan_pair_read_ahead(
     decode_pair(gpu, raw, &sides, [a, b], a_len as u64, upload, false, cache_limit, stats)
 }
 
-/// Read the chunks of `plans` (one scan each) on the host threads, in parts
-/// ([`pages::read_chunks_in_parts`]; the plans side by side), each part
-/// uploaded into one device buffer while the next parts are read (straight
-/// from page-locked memory when the kept read buffers are locked: no staging
-/// copy, no wait). The buffer holds the plans' chunks back to back, then the
-/// pages [`decode::inflate_on_host`] decompressed on the host. Each page
-/// table addresses its own chunks from 0 and its inflated pages where they
-/// lie, less the chunks before its own (for [`pages::PageTable::append`] at
-/// those chunks' bytes). Returns the buffer, each plan's host part, and the
-/// upload time not hidden behind the reads. `Err((plan, why))`: a plan's
-/// files hold something the device does not decode.
+/// Streams the decode of a scan's parts runs on, in turn: a launch lasts as
+/// long as its largest page (one warp decompresses a snappy page), so a part
+/// alone fills a fraction of the device, and several parts' launches overlap.
+const DECODE_STREAMS: usize = 4;
+
+/// Reader threads a scan's parts are read by ([`pages::read_chunks_in_waves`];
+/// `SETFUSION_SCAN_READERS` to measure others).
+fn readers() -> usize {
+    crate::env::scan_readers().unwrap_or(2).clamp(1, 8)
+}
+
+/// One part of a scan's reads ([`pages::read_chunks_in_waves`]: whole column
+/// chunks), its pages walked and its large pages decompressed on the reader
+/// thread ([`decode::inflate_part_on_host`]).
+struct ReadPart<'a> {
+    plan: usize,
+    /// Offset in the plan's chunk bytes.
+    at: usize,
+    bytes: &'a [u8],
+    locked: bool,
+    /// The part's pages: `src` from the part's start, but the `moved` ones,
+    /// which read from the start of `inflated`.
+    table: pages::PageTable,
+    inflated: Vec<u8>,
+    moved: Vec<usize>,
+}
+
+/// `table`'s pages as they lie in the device buffer: the part's bytes at
+/// `part_at`, the `moved` pages' (inflated on the host) at `inflated_at`.
+fn place(mut table: pages::PageTable, moved: &[usize], part_at: usize, inflated_at: usize) -> pages::PageTable {
+    let mut moved = moved.iter().peekable();
+    for (i, p) in table.pages.iter_mut().enumerate() {
+        if moved.next_if_eq(&&i).is_some() {
+            p.src += inflated_at as u64;
+        } else {
+            p.src += part_at as u64;
+        }
+    }
+    table
+}
+
+/// A part whose inflated pages did not fit the device buffer's room.
+struct Deferred {
+    plan: usize,
+    part_at: usize,
+    table: pages::PageTable,
+    moved: Vec<usize>,
+    inflated: Vec<u8>,
+}
+
+/// Synchronises the decode streams when dropped, so that no decode still reads
+/// or writes a buffer the scan frees (on every path out, errors included).
+struct DecodesDone(Vec<std::sync::Arc<cudarc::driver::CudaStream>>);
+
+impl DecodesDone {
+    /// Wait for every stream (all of them, whatever fails); the first error.
+    fn wait(&self) -> Result<()> {
+        let mut first = Ok(());
+        for s in &self.0 {
+            if let Err(e) = s.synchronize() {
+                if first.is_ok() {
+                    first = Err(crate::gpu::cuda_err("stream synchronize", e));
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Drop for DecodesDone {
+    fn drop(&mut self) {
+        let _ = self.wait();
+    }
+}
+
+/// Read the chunks of `plans` (one scan each) on the host threads, in parts of
+/// whole column chunks ([`pages::read_chunks_in_waves`]; the plans side by
+/// side), each part uploaded while the next parts are read (straight from
+/// page-locked memory when the kept read buffers are locked), and decoded on
+/// the device as soon as it is up ([`decode::launch_decode`] on the decode
+/// streams, while the main stream uploads the next parts). The reader threads
+/// walk each part's page headers and decompress its large pages
+/// ([`decode::inflate_part_on_host`]); those land in the device buffer after
+/// every chunk. Returns each plan's keys and report, or `Err((plan, why))`
+/// when a plan's files hold something the device does not decode.
 #[allow(clippy::type_complexity)]
-fn read_and_upload(
+fn read_upload_decode(
     gpu: &Gpu,
     plans: Vec<pages::ScanPlan>,
+    part_bytes: usize,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<(crate::gpu::DeviceBuffer<u8>, Vec<HostRead>, Duration), (usize, Fallback)>> {
+) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
     let chunk_at: Vec<usize> = plans
         .iter()
         .scan(0usize, |at, p| {
@@ -361,7 +473,8 @@ fn read_and_upload(
         .collect();
     let total: usize = plans.iter().map(|p| p.bytes as usize).sum();
     // Room for the pages inflated on the host: ZSTD / LZ4_RAW / GZIP chunks'
-    // uncompressed sizes, and an eighth for large snappy pages (more grows the buffer).
+    // uncompressed sizes, and an eighth for large snappy pages (a part whose
+    // pages do not fit waits for the reads to end, and the buffer grows).
     // (At most twice the chunks: a footer's sizes are not trusted further.)
     let room = plans
         .iter()
@@ -373,22 +486,74 @@ fn read_and_upload(
         // Near the budget: the chunks alone (the inflated pages then grow the buffer).
         Err(_) => gpu.alloc::<u8>(total)?,
     };
+    // Each plan's keys and validity, and the decodes' error word.
+    let mut outs = Vec::with_capacity(plans.len());
+    for p in &plans {
+        let keys = gpu.alloc::<u64>(p.rows as usize)?;
+        let valid = if p.def_max > 0 { Some(gpu.alloc_zeros::<u32>((p.rows as usize).div_ceil(32))?) } else { None };
+        outs.push(DeviceDecoded { keys, valid, rows: p.rows as usize });
+    }
+    let err = gpu.alloc_zeros::<u32>(1)?;
+    let dummy_valid = gpu.alloc_zeros::<u32>(1)?;
+    let targets: Vec<decode::DecodeTargets> = outs
+        .iter()
+        .map(|o| decode::DecodeTargets {
+            keys: gpu.untracked_address(&o.keys),
+            valid: gpu.untracked_address(o.valid.as_ref().unwrap_or(&dummy_valid)),
+            err: gpu.untracked_address(&err),
+        })
+        .collect();
+    // Each launched part's page table and scratch on the device, kept until its decode is done
+    // (so the scratch's budget charge lasts as long as its memory is in use).
+    let mut flats: Vec<crate::gpu::DeviceBuffer<u64>> = Vec::new();
+    let mut scratch: Vec<decode::DecodeScratch> = Vec::new();
+    // The decode streams start after the buffers above exist (allocated and zeroed on the main stream).
+    // (Declared after every buffer the decodes use: dropped first, it waits for them on every path.)
+    let streams = DecodesDone(gpu.side_streams(DECODE_STREAMS)?);
+    let ready = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
+    for s in &streams.0 {
+        s.wait(&ready).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
+    }
+    let dev_addr = gpu.untracked_address(&dev);
+    let dev_len = dev.len();
     let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
-    let scoped = std::thread::scope(|s| -> Result<(Vec<(Result<()>, Duration)>, Instant)> {
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, &[u8], bool)>();
+    let mut pages_of = vec![0usize; plans.len()];
+    let mut launched = 0usize;
+    let mut inflated_at = total;
+    // Parts whose inflated pages did not fit the room: decoded once the buffer has grown.
+    let mut deferred: Vec<Deferred> = Vec::new();
+    let scoped = std::thread::scope(|s| -> Result<(Vec<(Result<Option<Fallback>>, Duration)>, Instant)> {
+        let (tx, rx) = std::sync::mpsc::channel::<ReadPart<'_>>();
         let readers: Vec<_> = plans
             .iter()
+            .enumerate()
             .zip(bufs.iter_mut())
-            .zip(&chunk_at)
-            .map(|((plan, buf), &at)| {
+            .map(|((i, plan), buf)| {
                 let tx = tx.clone();
                 s.spawn(move || {
                     let t = Instant::now();
-                    let read = pages::read_chunks_in_parts(plan, buf, pages::READ_PART, |off, part, locked| {
-                        // The uploader stops taking parts only on an error it reports itself.
-                        let _ = tx.send((at + off, part, locked));
-                        Ok(())
-                    });
+                    let fell_back = std::sync::Mutex::new(None);
+                    let read =
+                        pages::read_chunks_in_waves(plan, buf, part_bytes, readers(), &|at, bytes, locked, chunks| {
+                            let mut table = match pages::page_table_of(plan, chunks, bytes)? {
+                                Ok(t) => t,
+                                Err(f) => {
+                                    *fell_back.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                                    return Err(datafusion::error::DataFusionError::Internal("fell back".into()));
+                                }
+                            };
+                            let (inflated, moved) =
+                                decode::inflate_part_on_host(&mut table, bytes, decode::HOST_INFLATE_MIN)?;
+                            // The uploader stops taking parts only on an error it reports itself.
+                            let _ = tx.send(ReadPart { plan: i, at, bytes, locked, table, inflated, moved });
+                            Ok(())
+                        });
+                    let fell_back = fell_back.into_inner().unwrap_or_else(|e| e.into_inner());
+                    let read = match (read, fell_back) {
+                        (_, Some(f)) => Ok(Some(f)),
+                        (Err(e), None) => Err(e),
+                        (Ok(()), None) => Ok(None),
+                    };
                     (read, t.elapsed())
                 })
             })
@@ -396,15 +561,42 @@ fn read_and_upload(
         drop(tx);
         let ((failed, reads, reads_done), _, _) = gpu.streamed_upload(&mut dev, stats, |up, stats| {
             let mut failed = None;
-            for (at, part, locked) in rx {
-                if failed.is_none() {
-                    if let Err(e) = up.piece(at, part, locked, stats) {
-                        failed = Some(e);
-                    }
+            for part in rx {
+                if failed.is_some() {
+                    continue;
+                }
+                let upload_and_decode = || -> Result<()> {
+                    let (i, part_at) = (part.plan, chunk_at[part.plan] + part.at);
+                    up.piece(part_at, part.bytes, part.locked, stats)?;
+                    let ReadPart { table, inflated, moved, .. } = part;
+                    let table = if inflated.is_empty() {
+                        place(table, &moved, part_at, 0)
+                    } else if inflated_at + inflated.len() <= dev_len {
+                        up.piece_copied(inflated_at, &inflated, stats)?;
+                        let at = inflated_at;
+                        inflated_at += inflated.len();
+                        place(table, &moved, part_at, at)
+                    } else {
+                        deferred.push(Deferred { plan: i, part_at, table, moved, inflated });
+                        return Ok(());
+                    };
+                    pages_of[i] += table.pages.len();
+                    // Kept before the launch: a launch that fails half way may have queued kernels that read it.
+                    flats.push(gpu.upload(&table.flat(), stats)?);
+                    let flat = flats.last().map_or(0, |f| gpu.untracked_address(f));
+                    let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
+                    let stream = &streams.0[launched % DECODE_STREAMS];
+                    stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
+                    scratch.push(decode::launch_decode(gpu, stream, dev_addr, flat, &table, &targets[i])?);
+                    launched += 1;
+                    Ok(())
+                };
+                if let Err(e) = upload_and_decode() {
+                    failed = Some(e);
                 }
             }
             // Every reader has ended (their senders are gone).
-            let reads: Vec<(Result<()>, Duration)> = readers
+            let reads: Vec<(Result<Option<Fallback>>, Duration)> = readers
                 .into_iter()
                 .map(|r| {
                     r.join().unwrap_or_else(|_| {
@@ -424,74 +616,91 @@ fn read_and_upload(
             None => Ok((reads, reads_done)),
         }
     });
+    let give_back = |bufs: Vec<pages::ChunkBytes>| bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
     let (reads, reads_done) = match scoped {
         Ok(x) => x,
         Err(e) => {
-            give_back_all(gpu, bufs, Vec::new());
+            drop(streams);
+            give_back(bufs);
             return Err(e);
         }
     };
     let mut upload = reads_done.elapsed();
     let mut times = Vec::with_capacity(reads.len());
-    for (r, t) in reads {
-        if let Err(e) = r {
-            give_back_all(gpu, bufs, Vec::new());
-            return Err(e);
-        }
-        times.push(t);
-    }
-    // The page tables, and the large pages inflated on the host (after every chunk).
-    let mut hosts: Vec<HostRead> = Vec::with_capacity(plans.len());
-    let mut inflated_at = total;
-    let mut bufs = bufs.into_iter();
-    for (i, ((plan, t), at)) in plans.into_iter().zip(times).zip(chunk_at).enumerate() {
-        let Some(raw) = bufs.next() else { break };
-        let w = Instant::now();
-        let mut table = match pages::page_table(&plan, &raw)? {
-            Ok(t) => t,
-            Err(f) => {
-                give_back_all(gpu, std::iter::once(raw).chain(bufs), hosts);
+    for (i, (r, t)) in reads.into_iter().enumerate() {
+        match r {
+            Ok(None) => times.push(t),
+            Ok(Some(f)) => {
+                drop(streams);
+                give_back(bufs);
                 return Ok(Err((i, f)));
             }
-        };
-        let inflated =
-            match decode::inflate_on_host(&mut table, &raw, (inflated_at - at) as u64, decode::HOST_INFLATE_MIN) {
-                Ok(b) => b,
-                Err(e) => {
-                    give_back_all(gpu, std::iter::once(raw).chain(bufs), hosts);
-                    return Err(e);
-                }
-            };
-        inflated_at += inflated.len();
-        hosts.push(HostRead { plan, raw, inflated, table, read: t + w.elapsed() });
-    }
-    // The inflated pages after the chunks (a larger buffer when they outgrow the room left).
-    let t = Instant::now();
-    if inflated_at > dev.len() {
-        let mut grown = gpu.alloc::<u8>(inflated_at)?;
-        gpu.stream()
-            .memcpy_dtod(&dev.slice.slice(0..total), &mut grown.slice.slice_mut(0..total))
-            .map_err(|e| crate::gpu::cuda_err("cuMemcpyDtoD", e))?;
-        dev = grown;
-    }
-    let mut at = total;
-    for h in &hosts {
-        if !h.inflated.is_empty() {
-            gpu.upload_chunks_into(&[&h.inflated[..]], &mut dev, at, stats)?;
-            at += h.inflated.len();
+            Err(e) => {
+                drop(streams);
+                give_back(bufs);
+                return Err(e);
+            }
         }
     }
-    upload += t.elapsed();
-    Ok(Ok((dev, hosts, upload)))
-}
-
-/// Every read buffer of a scan that stops early, back to the pool.
-fn give_back_all(gpu: &Gpu, bufs: impl IntoIterator<Item = pages::ChunkBytes>, hosts: Vec<HostRead>) {
-    bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
-    for h in hosts {
-        pages::give_back_to_device(h.raw, gpu);
-        pages::give_back_to_device(h.inflated, gpu);
+    // Parts whose inflated pages did not fit: the buffer grows (once the decodes
+    // reading the old one are done), then they upload and decode.
+    if !deferred.is_empty() {
+        let t = Instant::now();
+        let grown = (|| -> Result<()> {
+            streams.wait()?;
+            let need = inflated_at + deferred.iter().map(|d| d.inflated.len()).sum::<usize>();
+            let mut bigger = gpu.alloc::<u8>(need)?;
+            gpu.stream()
+                .memcpy_dtod(&dev.slice.slice(0..inflated_at), &mut bigger.slice.slice_mut(0..inflated_at))
+                .map_err(|e| crate::gpu::cuda_err("cuMemcpyDtoD", e))?;
+            dev = bigger;
+            let dev_addr = gpu.untracked_address(&dev);
+            for Deferred { plan: i, part_at, table, moved, inflated } in std::mem::take(&mut deferred) {
+                gpu.upload_chunks_into(&[&inflated[..]], &mut dev, inflated_at, stats)?;
+                let table = place(table, &moved, part_at, inflated_at);
+                pages_of[i] += table.pages.len();
+                inflated_at += inflated.len();
+                flats.push(gpu.upload(&table.flat(), stats)?);
+                let flat = flats.last().map_or(0, |f| gpu.untracked_address(f));
+                let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
+                let stream = &streams.0[launched % DECODE_STREAMS];
+                stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
+                scratch.push(decode::launch_decode(gpu, stream, dev_addr, flat, &table, &targets[i])?);
+                launched += 1;
+            }
+            Ok(())
+        })();
+        if let Err(e) = grown {
+            drop(streams);
+            give_back(bufs);
+            return Err(e);
+        }
+        upload += t.elapsed();
     }
+    // What the decode took after the uploads, and whether a page failed.
+    let t = Instant::now();
+    let waited = streams.wait().and_then(|_| gpu.read_one(&err, 0, stats));
+    let decode = t.elapsed();
+    stats.kernel += decode;
+    drop(scratch);
+    give_back(bufs);
+    match waited {
+        Err(e) => return Err(e),
+        Ok(0) => {}
+        Ok(code) => return Err(decode::decode_error(code)),
+    }
+    drop(dev);
+    Ok(Ok(plans
+        .iter()
+        .zip(outs)
+        .zip(times)
+        .zip(pages_of)
+        .map(|(((plan, d), read), pages)| {
+            let report =
+                ScanReport { streamed: true, decoded_while_read: true, ..report_of(plan, pages, read, upload, decode) };
+            (d, report)
+        })
+        .collect()))
 }
 
 /// The device part of a scan read ahead on the host: the chunks uploaded and decoded.
@@ -510,7 +719,7 @@ fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(De
     Ok((decoded, host.finish(gpu, upload, t.elapsed(), None, false)))
 }
 
-/// One scan read and uploaded together ([`read_and_upload`]), then decoded.
+/// One scan read, uploaded and decoded together ([`read_upload_decode`]).
 fn read_to_device(
     gpu: &Gpu,
     files: &[ScanFile],
@@ -523,18 +732,14 @@ fn read_to_device(
         Ok(p) => p,
         Err(f) => return Ok(Err(f)),
     };
-    let (raw, hosts, upload) = match read_and_upload(gpu, vec![plan], stats)? {
-        Ok(x) => x,
-        Err((_, f)) => return Ok(Err(f)),
-    };
-    let Some(host) = hosts.into_iter().next() else {
-        return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: no scan read".into()));
-    };
-    let t = Instant::now();
-    let decoded = decode_gpu(gpu, &raw, &host.table, stats)?;
-    let mut report = host.finish(gpu, upload, t.elapsed(), None, false);
-    report.streamed = true;
-    Ok(Ok((decoded, report)))
+    match read_upload_decode(gpu, vec![plan], pages::scan_part_bytes(), stats)? {
+        Ok(scanned) => {
+            scanned.into_iter().next().map(Ok).ok_or_else(|| {
+                datafusion::error::DataFusionError::Internal("setfusion device scan: no scan read".into())
+            })
+        }
+        Err((_, f)) => Ok(Err(f)),
+    }
 }
 
 /// [`scan_to_device`]'s CPU twin: the same keys, decoded on the host.
@@ -680,6 +885,104 @@ mod tests {
                 pages::give_back(buf);
             }
             let _ = std::fs::remove_file(&path);
+        }
+    }
+
+    /// Each fixture case as a file of its own (in a folder of this process).
+    fn case_files(tag: &str) -> Vec<(super::fixtures::Case, Vec<ScanFile>)> {
+        let dir = std::env::temp_dir().join(format!("setfusion-pq-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        cases()
+            .into_iter()
+            .map(|case| {
+                let path = dir.join(format!("{}.parquet", case.name.replace(|c: char| !c.is_alphanumeric(), "_")));
+                std::fs::write(&path, write(&case).unwrap()).unwrap();
+                (case, vec![ScanFile { path, ranges: vec![] }])
+            })
+            .collect()
+    }
+
+    /// A scan read in parts of whole chunks ([`pages::read_chunks_in_waves`]),
+    /// each part's pages walked and its large pages inflated on their own
+    /// ([`pages::page_table_of`], [`decode::inflate_part_on_host`], no size
+    /// floor) and placed as [`read_upload_decode`] places them, decodes on the
+    /// CPU twin, part by part, to the whole scan's keys and validity.
+    #[test]
+    fn parts_decode_as_the_whole() {
+        let mut several = 0;
+        for (case, files) in case_files("waves") {
+            let plan = pages::plan_scan(&files, "k", &case.data_type).unwrap().unwrap();
+            let whole = pages::read_chunks(&plan).unwrap().into_vec();
+            let want = decode_cpu(&whole, &pages::page_table(&plan, &whole).unwrap().unwrap()).unwrap();
+            for part_bytes in [1usize, 4096, 1 << 30] {
+                let mut buf = pages::kept_buffer(plan.bytes as usize);
+                let got = std::sync::Mutex::new(Vec::new());
+                pages::read_chunks_in_waves(&plan, &mut buf, part_bytes, 3, &|at, bytes, _, chunks| {
+                    got.lock().unwrap().push((at, bytes.to_vec(), chunks));
+                    Ok(())
+                })
+                .unwrap();
+                pages::give_back(buf);
+                // Three readers hand parts over in any order.
+                let mut parts = got.into_inner().unwrap();
+                parts.sort_by_key(|p| p.0);
+                // The parts are the chunks, in order, each chunk in one part.
+                let mut next = 0;
+                for (at, bytes, chunks) in &parts {
+                    assert_eq!(chunks.start, next, "{}", case.name);
+                    assert!(chunks.end > chunks.start, "{}", case.name);
+                    assert_eq!(&whole[*at..*at + bytes.len()], &bytes[..], "{}", case.name);
+                    next = chunks.end;
+                }
+                assert_eq!(next, plan.chunk_count(), "{}", case.name);
+                several += usize::from(part_bytes == 1 && parts.len() > 1);
+                // The device buffer: the chunks, then each part's inflated pages.
+                let mut device = whole.clone();
+                let mut tables = Vec::new();
+                for (at, bytes, chunks) in &parts {
+                    let mut t = pages::page_table_of(&plan, chunks.clone(), bytes).unwrap().unwrap();
+                    let (inflated, moved) = decode::inflate_part_on_host(&mut t, bytes, 0).unwrap();
+                    tables.push(place(t, &moved, *at, device.len()));
+                    device.extend_from_slice(&inflated);
+                }
+                let mut got =
+                    Decoded { keys: vec![0; want.keys.len()], valid: want.valid.as_ref().map(|v| vec![0; v.len()]) };
+                for t in &tables {
+                    // Rows outside the part decode to key 0 and a clear bit.
+                    let d = decode_cpu(&device, t).unwrap();
+                    got.keys.iter_mut().zip(&d.keys).for_each(|(g, k)| *g |= *k);
+                    if let (Some(g), Some(v)) = (got.valid.as_mut(), &d.valid) {
+                        g.iter_mut().zip(v).for_each(|(g, w)| *g |= *w);
+                    }
+                }
+                assert_eq!(got, want, "{} in parts of {part_bytes} bytes", case.name);
+            }
+        }
+        assert!(several > 0, "no case has several column chunks");
+    }
+
+    /// The streamed scan ([`read_upload_decode`]: each part decoded on the
+    /// decode streams while the next are read) gives the CPU twin's keys and
+    /// validity, two scans side by side, with one chunk a part and all in one.
+    #[test]
+    fn streamed_scans_match_the_cpu_twin() {
+        let Some(g) = crate::gpu::test_gpu() else { return };
+        let all = case_files("streamed");
+        let mut stats = TransferStats::default();
+        for ((x, xf), (y, yf)) in all.iter().zip(all.iter().cycle().skip(1)) {
+            for part_bytes in [1usize, 1 << 30] {
+                let plans = vec![
+                    pages::plan_scan(xf, "k", &x.data_type).unwrap().unwrap(),
+                    pages::plan_scan(yf, "k", &y.data_type).unwrap().unwrap(),
+                ];
+                let got = read_upload_decode(&g, plans, part_bytes, &mut stats).unwrap().unwrap();
+                for ((d, r), (case, files)) in got.iter().zip([(x, xf), (y, yf)]) {
+                    let want = scan_to_host(files, "k", &case.data_type).unwrap().unwrap();
+                    let name = format!("{} beside {}, parts of {part_bytes} bytes", x.name, y.name);
+                    assert_eq!(decode::download_decoded(&g, d, &mut stats).unwrap(), want, "{name}");
+                    assert!(r.decoded_while_read && r.rows as usize == want.keys.len(), "{name}");
+                }
+            }
         }
     }
 

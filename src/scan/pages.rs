@@ -692,6 +692,16 @@ pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
 /// Bytes of each part of [`read_chunks_in_parts`].
 pub const READ_PART: usize = 64 << 20;
 
+/// Bytes of each part of the streamed device scan ([`read_chunks_in_waves`]):
+/// [`READ_PART`], or `SETFUSION_SCAN_PART_MB` (0: one part a scan).
+pub fn scan_part_bytes() -> usize {
+    match crate::env::scan_part_mb() {
+        Some(0) => usize::MAX,
+        Some(mb) => mb.saturating_mul(1 << 20),
+        None => READ_PART,
+    }
+}
+
 /// [`read_chunks`] into `chunks` (a [`kept_buffer`] of the plan's bytes) in
 /// parts of `part_bytes` (the scans use [`READ_PART`]), in order, each handed
 /// to `ready(offset, bytes, page_locked)` as soon as it is read (to be
@@ -712,6 +722,74 @@ pub fn read_chunks_in_parts<'a>(
         at += n;
     }
     Ok(())
+}
+
+/// [`read_chunks_in_parts`] with parts cut at column chunk boundaries (at
+/// least `part_bytes` each, but the last; a larger chunk is a part of its
+/// own), so that each part's pages can be walked and decoded on their own
+/// ([`page_table_of`]): `ready(offset, bytes, page_locked, chunks)`, with the
+/// part's chunk indices, as soon as the part is read. `readers` threads take
+/// the parts in turn (each part's read is one parallel loop on the host
+/// threads: with one reader, the threads would idle at the end of each part
+/// and while `ready` runs), so parts may be handed over out of order.
+pub fn read_chunks_in_waves<'a>(
+    plan: &ScanPlan,
+    chunks: &'a mut ChunkBytes,
+    part_bytes: usize,
+    readers: usize,
+    ready: &(dyn Fn(usize, &'a [u8], bool, std::ops::Range<usize>) -> Result<()> + Sync),
+) -> Result<()> {
+    let files = open_files(plan)?;
+    let locked = chunks.is_page_locked();
+    let mut rest: &'a mut [u8] = chunks.as_mut_slice();
+    let mut parts = Vec::new();
+    let (mut at, mut first) = (0usize, 0usize);
+    while first < plan.chunks.len() {
+        let (mut end, mut bytes) = (first, 0usize);
+        while end < plan.chunks.len() && (bytes < part_bytes.max(1) || end == first) {
+            bytes += plan.chunks[end].len as usize;
+            end += 1;
+        }
+        if bytes > rest.len() {
+            return Err(DataFusionError::Internal("setfusion device scan: the read buffer is short".into()));
+        }
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(bytes);
+        parts.push((at, part, first..end));
+        rest = tail;
+        at += bytes;
+        first = end;
+    }
+    let queue = std::sync::Mutex::new(parts.into_iter());
+    let failed = std::sync::Mutex::new(None);
+    let read_parts = || loop {
+        if failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+        let Some((at, part, chunks)) = next else { return };
+        let done = read_range(plan, &files, at as u64, part).and_then(|_| ready(at, part, locked, chunks));
+        if let Err(e) = done {
+            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+            return;
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..readers.max(1) {
+            s.spawn(read_parts);
+        }
+        read_parts();
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl ScanPlan {
+    /// The number of column chunks the plan reads.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
 }
 
 fn corrupt(what: String) -> DataFusionError {
@@ -831,15 +909,31 @@ fn encoding_name(e: i32) -> &'static str {
 
 /// The page table of `plan` over `raw` (its chunks back to back, from [`read_chunks`]).
 pub fn page_table(plan: &ScanPlan, raw: &[u8]) -> Result<std::result::Result<PageTable, Fallback>> {
-    let mut bases = Vec::with_capacity(plan.chunks.len());
+    page_table_of(plan, 0..plan.chunks.len(), raw)
+}
+
+/// The page table of the chunks `chunks` of `plan` alone (`raw`: their bytes
+/// back to back; the pages' `src` count from its start): a part of
+/// [`read_chunks_in_waves`], decoded on its own. Rows are the plan's (each
+/// page's `first_row` as in the whole table); the scratch offsets and
+/// dictionary indices count from the part's first page.
+pub fn page_table_of(
+    plan: &ScanPlan,
+    chunks: std::ops::Range<usize>,
+    raw: &[u8],
+) -> Result<std::result::Result<PageTable, Fallback>> {
+    let mut bases = Vec::with_capacity(chunks.len());
     let mut at = 0u64;
-    for c in &plan.chunks {
+    for c in &plan.chunks[chunks.clone()] {
         bases.push(at);
         at += c.len;
     }
-    let idx: Vec<usize> = (0..plan.chunks.len()).collect();
+    if at as usize != raw.len() {
+        return Err(DataFusionError::Internal("setfusion device scan: a part's bytes are not its chunks".into()));
+    }
+    let idx: Vec<usize> = (0..chunks.len()).collect();
     let walked = crate::gpu::par_map(&idx, 4, |&i| {
-        let (c, b) = (&plan.chunks[i], bases[i]);
+        let (c, b) = (&plan.chunks[chunks.start + i], bases[i]);
         walk_chunk(&raw[b as usize..(b + c.len) as usize], b, c, plan.width, plan.def_max)
     })?;
     let mut t = PageTable { rows: plan.rows, def_max: plan.def_max, ..Default::default() };
