@@ -378,7 +378,7 @@ const DECODE_STREAMS: usize = 4;
 
 /// Reader threads a scan's parts are read by ([`pages::read_chunks_in_waves`];
 /// `SETFUSION_SCAN_READERS` to measure others).
-fn readers() -> usize {
+fn reader_threads() -> usize {
     crate::env::scan_readers().unwrap_or(2).clamp(1, 8)
 }
 
@@ -421,15 +421,24 @@ struct Deferred {
     inflated: Vec<u8>,
 }
 
-/// Synchronises the decode streams when dropped, so that no decode still reads
-/// or writes a buffer the scan frees (on every path out, errors included).
-struct DecodesDone(Vec<std::sync::Arc<cudarc::driver::CudaStream>>);
+/// The decodes a streamed scan launched, on the device's decode streams.
+/// Dropped, it waits for them (on every path out, errors included, so that
+/// no decode still reads or writes a buffer the scan frees), then frees their
+/// page tables and scratch.
+struct Decodes {
+    streams: Vec<std::sync::Arc<cudarc::driver::CudaStream>>,
+    /// Each launched part's page table and scratch on the device, kept until its
+    /// decode is done (so the scratch's budget charge lasts as long as its memory is in use).
+    flats: Vec<crate::gpu::DeviceBuffer<u64>>,
+    scratch: Vec<decode::DecodeScratch>,
+    launched: usize,
+}
 
-impl DecodesDone {
+impl Decodes {
     /// Wait for every stream (all of them, whatever fails); the first error.
     fn wait(&self) -> Result<()> {
         let mut first = Ok(());
-        for s in &self.0 {
+        for s in &self.streams {
             if let Err(e) = s.synchronize() {
                 if first.is_ok() {
                     first = Err(crate::gpu::cuda_err("stream synchronize", e));
@@ -438,9 +447,31 @@ impl DecodesDone {
         }
         first
     }
+
+    /// Decode `table`'s pages (their bytes at device address `raw`) into
+    /// `into`, on the next decode stream, after the main stream's work queued
+    /// so far (the pages' upload among it).
+    fn launch(
+        &mut self,
+        gpu: &Gpu,
+        raw: u64,
+        table: &pages::PageTable,
+        into: &decode::DecodeTargets,
+        stats: &mut TransferStats,
+    ) -> Result<()> {
+        // Kept before the launch: a launch that fails half way may have queued kernels that read it.
+        self.flats.push(gpu.upload(&table.flat(), stats)?);
+        let flat = self.flats.last().map_or(0, |f| gpu.untracked_address(f));
+        let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
+        let stream = &self.streams[self.launched % self.streams.len()];
+        stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
+        self.scratch.push(decode::launch_decode(gpu, stream, raw, flat, table, into)?);
+        self.launched += 1;
+        Ok(())
+    }
 }
 
-impl Drop for DecodesDone {
+impl Drop for Decodes {
     fn drop(&mut self) {
         let _ = self.wait();
     }
@@ -503,22 +534,18 @@ fn read_upload_decode(
             err: gpu.untracked_address(&err),
         })
         .collect();
-    // Each launched part's page table and scratch on the device, kept until its decode is done
-    // (so the scratch's budget charge lasts as long as its memory is in use).
-    let mut flats: Vec<crate::gpu::DeviceBuffer<u64>> = Vec::new();
-    let mut scratch: Vec<decode::DecodeScratch> = Vec::new();
     // The decode streams start after the buffers above exist (allocated and zeroed on the main stream).
     // (Declared after every buffer the decodes use: dropped first, it waits for them on every path.)
-    let streams = DecodesDone(gpu.side_streams(DECODE_STREAMS)?);
+    let mut decodes =
+        Decodes { streams: gpu.side_streams(DECODE_STREAMS)?, flats: Vec::new(), scratch: Vec::new(), launched: 0 };
     let ready = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
-    for s in &streams.0 {
+    for s in &decodes.streams {
         s.wait(&ready).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
     }
     let dev_addr = gpu.untracked_address(&dev);
     let dev_len = dev.len();
     let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
     let mut pages_of = vec![0usize; plans.len()];
-    let mut launched = 0usize;
     let mut inflated_at = total;
     // Parts whose inflated pages did not fit the room: decoded once the buffer has grown.
     let mut deferred: Vec<Deferred> = Vec::new();
@@ -533,8 +560,12 @@ fn read_upload_decode(
                 s.spawn(move || {
                     let t = Instant::now();
                     let fell_back = std::sync::Mutex::new(None);
-                    let read =
-                        pages::read_chunks_in_waves(plan, buf, part_bytes, readers(), &|at, bytes, locked, chunks| {
+                    let read = pages::read_chunks_in_waves(
+                        plan,
+                        buf,
+                        part_bytes,
+                        reader_threads(),
+                        &|at, bytes, locked, chunks| {
                             let mut table = match pages::page_table_of(plan, chunks, bytes)? {
                                 Ok(t) => t,
                                 Err(f) => {
@@ -547,7 +578,8 @@ fn read_upload_decode(
                             // The uploader stops taking parts only on an error it reports itself.
                             let _ = tx.send(ReadPart { plan: i, at, bytes, locked, table, inflated, moved });
                             Ok(())
-                        });
+                        },
+                    );
                     let fell_back = fell_back.into_inner().unwrap_or_else(|e| e.into_inner());
                     let read = match (read, fell_back) {
                         (_, Some(f)) => Ok(Some(f)),
@@ -581,15 +613,7 @@ fn read_upload_decode(
                         return Ok(());
                     };
                     pages_of[i] += table.pages.len();
-                    // Kept before the launch: a launch that fails half way may have queued kernels that read it.
-                    flats.push(gpu.upload(&table.flat(), stats)?);
-                    let flat = flats.last().map_or(0, |f| gpu.untracked_address(f));
-                    let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
-                    let stream = &streams.0[launched % DECODE_STREAMS];
-                    stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
-                    scratch.push(decode::launch_decode(gpu, stream, dev_addr, flat, &table, &targets[i])?);
-                    launched += 1;
-                    Ok(())
+                    decodes.launch(gpu, dev_addr, &table, &targets[i], stats)
                 };
                 if let Err(e) = upload_and_decode() {
                     failed = Some(e);
@@ -620,7 +644,7 @@ fn read_upload_decode(
     let (reads, reads_done) = match scoped {
         Ok(x) => x,
         Err(e) => {
-            drop(streams);
+            drop(decodes);
             give_back(bufs);
             return Err(e);
         }
@@ -631,12 +655,12 @@ fn read_upload_decode(
         match r {
             Ok(None) => times.push(t),
             Ok(Some(f)) => {
-                drop(streams);
+                drop(decodes);
                 give_back(bufs);
                 return Ok(Err((i, f)));
             }
             Err(e) => {
-                drop(streams);
+                drop(decodes);
                 give_back(bufs);
                 return Err(e);
             }
@@ -647,7 +671,7 @@ fn read_upload_decode(
     if !deferred.is_empty() {
         let t = Instant::now();
         let grown = (|| -> Result<()> {
-            streams.wait()?;
+            decodes.wait()?;
             let need = inflated_at + deferred.iter().map(|d| d.inflated.len()).sum::<usize>();
             let mut bigger = gpu.alloc::<u8>(need)?;
             gpu.stream()
@@ -660,18 +684,12 @@ fn read_upload_decode(
                 let table = place(table, &moved, part_at, inflated_at);
                 pages_of[i] += table.pages.len();
                 inflated_at += inflated.len();
-                flats.push(gpu.upload(&table.flat(), stats)?);
-                let flat = flats.last().map_or(0, |f| gpu.untracked_address(f));
-                let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
-                let stream = &streams.0[launched % DECODE_STREAMS];
-                stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
-                scratch.push(decode::launch_decode(gpu, stream, dev_addr, flat, &table, &targets[i])?);
-                launched += 1;
+                decodes.launch(gpu, dev_addr, &table, &targets[i], stats)?;
             }
             Ok(())
         })();
         if let Err(e) = grown {
-            drop(streams);
+            drop(decodes);
             give_back(bufs);
             return Err(e);
         }
@@ -679,10 +697,10 @@ fn read_upload_decode(
     }
     // What the decode took after the uploads, and whether a page failed.
     let t = Instant::now();
-    let waited = streams.wait().and_then(|_| gpu.read_one(&err, 0, stats));
+    let waited = decodes.wait().and_then(|_| gpu.read_one(&err, 0, stats));
     let decode = t.elapsed();
     stats.kernel += decode;
-    drop(scratch);
+    drop(decodes);
     give_back(bufs);
     match waited {
         Err(e) => return Err(e),
