@@ -198,6 +198,12 @@ pub fn scan_part_mb() -> Option<usize> {
     parsed("SETFUSION_SCAN_PART_MB")
 }
 
+/// `SETFUSION_SCAN_COLUMNS_APART=1`: a filtered input's columns are read one
+/// after another (each its own pipeline) instead of together, to measure one against the other.
+pub fn scan_columns_apart() -> bool {
+    flag("SETFUSION_SCAN_COLUMNS_APART")
+}
+
 /// `SETFUSION_SCAN_READERS=N`: reader threads a device scan's parts are read by (default 2).
 pub fn scan_readers() -> Option<usize> {
     parsed("SETFUSION_SCAN_READERS")

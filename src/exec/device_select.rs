@@ -87,7 +87,8 @@ fn filtered_side(
         }
     }
     let cached = |name: &str, t: &DataType| cache_limit > 0 && crate::scan::is_cached(g, scan.files(), name, t);
-    let (hits, reads): (Vec<_>, Vec<_>) = names.into_iter().partition(|(n, t)| cached(n, t));
+    let apart = crate::env::scan_columns_apart();
+    let (hits, reads): (Vec<_>, Vec<_>) = names.into_iter().partition(|(n, t)| apart || cached(n, t));
     // (column, keys and report, read with the others)
     let mut got: Vec<(&str, (crate::scan::DeviceDecoded, ScanReport), bool)> = Vec::new();
     for (name, t) in hits {

@@ -296,7 +296,8 @@ pub fn scan_columns_to_device(
             Err(f) => return Ok(Err((i, f))),
         }
     }
-    let scanned = match read_upload_decode(gpu, plans, pages::scan_part_bytes(), stats)? {
+    let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
+    let scanned = match read_upload_decode(gpu, plans, part_bytes, stats)? {
         Ok(x) => x,
         Err(f) => return Ok(Err(f)),
     };
@@ -750,7 +751,8 @@ fn read_to_device(
         Ok(p) => p,
         Err(f) => return Ok(Err(f)),
     };
-    match read_upload_decode(gpu, vec![plan], pages::scan_part_bytes(), stats)? {
+    let part_bytes = pages::scan_part_bytes(plan.bytes);
+    match read_upload_decode(gpu, vec![plan], part_bytes, stats)? {
         Ok(scanned) => {
             scanned.into_iter().next().map(Ok).ok_or_else(|| {
                 datafusion::error::DataFusionError::Internal("setfusion device scan: no scan read".into())
