@@ -148,13 +148,11 @@ impl Pod for i64 {}
 impl Gpu {
     /// Allocate `len` zeroed elements, charged to the budget.
     pub fn alloc_zeros<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
-        let slice = self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| cuda_err("cuMemAlloc", e))?;
-        Ok(DeviceBuffer { slice, _charge: charge })
+        self.alloc_zeros_on(&self.stream, len)
     }
 
-    /// [`Gpu::alloc`] on `stream` (one of [`Gpu::side_streams`]): freed in
-    /// that stream's order, after the work queued there on it.
+    /// [`Gpu::alloc`] on `stream` (the main one, or one of [`Gpu::side_streams`]):
+    /// freed in that stream's order, after the work queued there on it.
     pub fn alloc_on<T: Pod>(&self, stream: &Arc<CudaStream>, len: usize) -> Result<DeviceBuffer<T>> {
         let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
         // SAFETY: the memory is uninitialised; every caller writes it (kernel or copy) before reading.
@@ -184,9 +182,6 @@ impl Gpu {
 
     /// Allocate `len` elements whose contents the caller will overwrite.
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let charge = self.budget.reserve(len.max(1) * std::mem::size_of::<T>())?;
-        // SAFETY: the memory is uninitialised; every caller writes it (kernel or copy) before reading.
-        let slice = unsafe { self.stream.alloc::<T>(len.max(1)) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
-        Ok(DeviceBuffer { slice, _charge: charge })
+        self.alloc_on(&self.stream, len)
     }
 }

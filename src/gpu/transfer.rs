@@ -791,14 +791,14 @@ impl<'a> StreamedUpload<'a> {
     /// that is not locked, claimed locked, is still copied right, by the
     /// driver's own staging).
     pub fn piece(&mut self, at: usize, src: &'a [u8], page_locked: bool, stats: &mut TransferStats) -> Result<()> {
+        if !page_locked {
+            return self.piece_copied(at, src, stats);
+        }
         if src.is_empty() {
             return Ok(());
         }
         if at.checked_add(src.len()).is_none_or(|end| end > self.dst.len()) {
             return Err(DataFusionError::Internal("streamed upload past its buffer".into()));
-        }
-        if !page_locked {
-            return self.piece_copied(at, src, stats);
         }
         let t = Instant::now();
         {

@@ -134,7 +134,7 @@ pub struct DecodeTargets {
 /// Queue the decode of `t`'s pages on `stream`: their bytes at device address
 /// `raw` (each page at its `src`), `pages` the device address of `t.flat()`,
 /// into `into` (each page at its `first_row`). The scratch is allocated on
-/// `stream` and returned: drop it once the decode is done (its memory is freed
+/// `stream` and returned (None for a table without pages): drop it once the decode is done (its memory is freed
 /// in `stream`'s order anyway, but its budget charge ends with it). Nothing is
 /// waited for (no copy from pageable memory either, which could wait on the
 /// stream): the caller orders the uploads of the bytes and the table before
@@ -146,21 +146,21 @@ pub fn launch_decode(
     pages: u64,
     t: &PageTable,
     into: &DecodeTargets,
-) -> Result<DecodeScratch> {
+) -> Result<Option<DecodeScratch>> {
     if t.pages.iter().any(|p| p.codec > CODEC_SNAPPY) {
         return Err(DataFusionError::Internal(
             "setfusion device scan: a ZSTD, LZ4_RAW or GZIP page reached the device undecompressed".into(),
         ));
     }
     let npages = t.pages.len() as u64;
-    let mut scratch = DecodeScratch {
-        body: gpu.alloc_on::<u8>(stream, if npages == 0 { 0 } else { t.body_len as usize })?,
-        levels: gpu.alloc_zeros_on::<u32>(stream, if npages == 0 { 0 } else { t.lvl_words as usize })?,
-        idx: gpu.alloc_on::<u32>(stream, if npages == 0 { 0 } else { t.idx_len as usize })?,
-    };
     if npages == 0 {
-        return Ok(scratch);
+        return Ok(None);
     }
+    let mut scratch = DecodeScratch {
+        body: gpu.alloc_on::<u8>(stream, t.body_len as usize)?,
+        levels: gpu.alloc_zeros_on::<u32>(stream, t.lvl_words as usize)?,
+        idx: gpu.alloc_on::<u32>(stream, t.idx_len as usize)?,
+    };
     let DecodeScratch { body, levels, idx } = &mut scratch;
     let per_page =
         LaunchConfig { grid_dim: (npages.min(1 << 20) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -212,7 +212,7 @@ pub fn launch_decode(
             .launch(per_page)
     }
     .map_err(|e| cuda_err("pq_decode", e))?;
-    Ok(scratch)
+    Ok(Some(scratch))
 }
 
 /// A decode's scratch on the device ([`launch_decode`]): the pages'

@@ -329,7 +329,6 @@ fn decode_pair(
     [a, b]: [HostRead; 2],
     b_raw_at: u64,
     upload: Duration,
-    streamed: bool,
     cache_limit: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
@@ -340,9 +339,7 @@ fn decode_pair(
     let [first, second] = sides;
     Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
         let cache = keep_in_cache(gpu, side, &d, cache_limit);
-        let mut report = host.finish(gpu, upload, decode, Some(cache), true);
-        report.streamed = streamed;
-        (d, report)
+        (d, host.finish(gpu, upload, decode, Some(cache), true))
     })))
 }
 
@@ -369,7 +366,7 @@ fn scan_pair_read_ahead(
     gpu.upload_chunks_into(&[&a.raw[..], &a.inflated[..]], &mut raw, 0, stats)?;
     gpu.upload_chunks_into(&[&b.raw[..], &b.inflated[..]], &mut raw, a_len, stats)?;
     let upload = t.elapsed();
-    decode_pair(gpu, raw, &sides, [a, b], a_len as u64, upload, false, cache_limit, stats)
+    decode_pair(gpu, raw, &sides, [a, b], a_len as u64, upload, cache_limit, stats)
 }
 
 /// Streams the decode of a scan's parts runs on, in turn: a launch lasts as
@@ -466,7 +463,7 @@ impl Decodes {
         let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
         let stream = &self.streams[self.launched % self.streams.len()];
         stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
-        self.scratch.push(decode::launch_decode(gpu, stream, raw, flat, table, into)?);
+        self.scratch.extend(decode::launch_decode(gpu, stream, raw, flat, table, into)?);
         self.launched += 1;
         Ok(())
     }
@@ -878,36 +875,6 @@ mod tests {
         assert!(delta_v1_pages > 0 && delta_v2_pages > 0, "DELTA pages: {delta_v1_pages} v1, {delta_v2_pages} v2");
     }
 
-    /// Chunks read in parts ([`pages::read_chunks_in_parts`], the streamed
-    /// device scan) are the bytes [`pages::read_chunks`] reads, each part handed
-    /// over once, in order, at its offset, whatever the part size.
-    #[test]
-    fn chunks_read_in_parts_are_the_chunks() {
-        for case in cases().into_iter().step_by(3) {
-            let dir = std::env::temp_dir().join(format!("setfusion-pq-parts-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join(format!("{}.parquet", case.name.replace(|c: char| !c.is_alphanumeric(), "_")));
-            std::fs::write(&path, write(&case).unwrap()).unwrap();
-            let files = [ScanFile { path: path.clone(), ranges: vec![] }];
-            let plan = pages::plan_scan(&files, "k", &case.data_type).unwrap().unwrap();
-            let whole = pages::read_chunks(&plan).unwrap().into_vec();
-            for part in [1usize, 7, 4096, 1 << 30] {
-                let mut buf = pages::kept_buffer(plan.bytes as usize);
-                let mut got = Vec::new();
-                pages::read_chunks_in_parts(&plan, &mut buf, part, |at, bytes, _| {
-                    assert_eq!(at, got.len(), "{}", case.name);
-                    assert!(bytes.len() <= part && !bytes.is_empty());
-                    got.extend_from_slice(bytes);
-                    Ok(())
-                })
-                .unwrap();
-                assert_eq!(got, whole, "{} part {part}", case.name);
-                pages::give_back(buf);
-            }
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-
     /// Each fixture case as a file of its own (in a folder of this process).
     fn case_files(tag: &str) -> Vec<(super::fixtures::Case, Vec<ScanFile>)> {
         let dir = std::env::temp_dir().join(format!("setfusion-pq-{tag}-{}", std::process::id()));
@@ -946,15 +913,18 @@ mod tests {
                 // Three readers hand parts over in any order.
                 let mut parts = got.into_inner().unwrap();
                 parts.sort_by_key(|p| p.0);
-                // The parts are the chunks, in order, each chunk in one part.
-                let mut next = 0;
+                // The parts are the chunks, in order, each chunk in one part, back to back.
+                let (mut next, mut end) = (0, 0);
                 for (at, bytes, chunks) in &parts {
+                    assert_eq!(*at, end, "{}", case.name);
+                    end += bytes.len();
                     assert_eq!(chunks.start, next, "{}", case.name);
                     assert!(chunks.end > chunks.start, "{}", case.name);
                     assert_eq!(&whole[*at..*at + bytes.len()], &bytes[..], "{}", case.name);
                     next = chunks.end;
                 }
                 assert_eq!(next, plan.chunk_count(), "{}", case.name);
+                assert_eq!(end, whole.len(), "{}", case.name);
                 several += usize::from(part_bytes == 1 && parts.len() > 1);
                 // The device buffer: the chunks, then each part's inflated pages.
                 let mut device = whole.clone();

@@ -689,7 +689,7 @@ pub fn read_chunks(plan: &ScanPlan) -> Result<ChunkBytes> {
     Ok(chunks)
 }
 
-/// Bytes of each part of [`read_chunks_in_parts`].
+/// Bytes of each part of [`read_chunks_in_waves`] (the most [`scan_part_bytes`] chooses).
 pub const READ_PART: usize = 64 << 20;
 
 /// Bytes of each part of the streamed device scan ([`read_chunks_in_waves`])
@@ -710,30 +710,9 @@ pub fn scan_part_bytes(total: u64) -> usize {
 pub const MIN_SCAN_PART: usize = 4 << 20;
 
 /// [`read_chunks`] into `chunks` (a [`kept_buffer`] of the plan's bytes) in
-/// parts of `part_bytes` (the scans use [`READ_PART`]), in order, each handed
-/// to `ready(offset, bytes, page_locked)` as soon as it is read (to be
-/// uploaded while the next part is read), and lent to it as long as `chunks`.
-pub fn read_chunks_in_parts<'a>(
-    plan: &ScanPlan,
-    chunks: &'a mut ChunkBytes,
-    part_bytes: usize,
-    mut ready: impl FnMut(usize, &'a [u8], bool) -> Result<()>,
-) -> Result<()> {
-    let files = open_files(plan)?;
-    let locked = chunks.is_page_locked();
-    let mut at = 0usize;
-    for part in chunks.as_mut_slice().chunks_mut(part_bytes.max(1)) {
-        read_range(plan, &files, at as u64, part)?;
-        let n = part.len();
-        ready(at, part, locked)?;
-        at += n;
-    }
-    Ok(())
-}
-
-/// [`read_chunks_in_parts`] with parts cut at column chunk boundaries (at
-/// least `part_bytes` each, but the last; a larger chunk is a part of its
-/// own), so that each part's pages can be walked and decoded on their own
+/// parts cut at column chunk boundaries (at least `part_bytes` each, but the
+/// last; a larger chunk is a part of its own), each lent to `ready` as long
+/// as `chunks` (to be uploaded while the next parts are read), so that each part's pages can be walked and decoded on their own
 /// ([`page_table_of`]): `ready(offset, bytes, page_locked, chunks)`, with the
 /// part's chunk indices, as soon as the part is read. `readers` threads take
 /// the parts in turn (each part's read is one parallel loop on the host
