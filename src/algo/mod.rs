@@ -42,6 +42,12 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
 pub static SET_SELECTION_KERNELS: [&KernelSource; 3] =
     [&crate::gpu::transfer::KERNEL, &select::bitmap::KERNEL, &select::hash::KERNEL];
 
+/// What a query planned onto the device loads while the device starts: the
+/// set selection's families, then the device Parquet scan's (else its first
+/// decode waits ~12 ms for it).
+pub static QUERY_KERNELS: [&KernelSource; 4] =
+    [&crate::gpu::transfer::KERNEL, &select::bitmap::KERNEL, &select::hash::KERNEL, &crate::scan::decode::KERNEL];
+
 /// A kernel family's self-check against its CPU twin (run by `setfusion doctor`).
 pub type SelfCheck = fn(&Gpu) -> Result<String>;
 

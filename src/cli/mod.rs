@@ -216,6 +216,7 @@ pub use crate::util::one_line;
 
 /// Entry point; returns the process exit code.
 pub async fn main_with_args(args: Vec<String>) -> i32 {
+    crate::util::trace("process: command line read");
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => return report_parse_error(&e, &args),
@@ -400,10 +401,12 @@ pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<
         .ok_or_else(|| DataFusionError::Configuration(format!("unknown SQL dialect {dialect_name}")))?;
     let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?;
     for stmt in statements {
+        crate::util::trace("statement: parsed");
         let plan = ctx.state().statement_to_plan(stmt).await?;
         let df = ctx.execute_logical_plan(plan).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let mut batches = df.collect().await?;
+        crate::util::trace("statement: collected");
         if batches.is_empty() && !schema.fields().is_empty() {
             batches.push(RecordBatch::new_empty(schema));
         }

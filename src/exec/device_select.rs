@@ -273,8 +273,7 @@ fn describe(which: &str, r: &ScanReport) -> String {
         if r.decoded_while_read { "decoded while read, then" } else { "decoded in" },
         r.decode.as_secs_f64() * 1e3,
         r.bytes_decoded as f64 / secs / 1e9,
-    ) + if r.decoded_with_other { " (both sides decoded in one launch)" } else { "" }
-        + &cache
+    ) + &cache
         + &filtered
 }
 
@@ -474,16 +473,19 @@ pub(crate) fn select_device_scanned(
         (Side::Device(p), Side::Device(b))
             if p.filter().is_none()
                 && b.filter().is_none()
+                && crate::env::scan_early()
                 && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
         {
-            Some([side(p, keep), side(b, None)].map(|s| {
-                crate::scan::ReadAhead::start(s.files.to_vec(), s.column.to_string(), s.arrow.clone(), s.keep)
-            }))
+            Some(crate::scan::ReadAhead::start(&[side(p, keep), side(b, None)]))
         }
         _ => None,
     };
+    if early.is_some() {
+        crate::util::trace("device scan: both sides read while the device starts");
+    }
     let device = gpu::gpu(cfg.device).map_err(gpu::GpuError::from)?;
     let g = hold_device(&device, cfg, selector.reservation.as_deref())?;
+    crate::util::trace("device scan: device held");
     let probe_side = match &probe {
         Side::Device(scan) => Some(*scan),
         Side::Host(..) => None,
@@ -549,12 +551,9 @@ pub(crate) fn select_device_scanned(
             // The build side's files are read on the host while the probe
             // side's are uploaded and decoded (unless the device holds its keys already).
             let ahead = match &build {
-                Side::Device(scan) if scan.filter().is_none() && !cached(scan) => Some(crate::scan::ReadAhead::start(
-                    scan.files().to_vec(),
-                    scan.column().to_string(),
-                    scan.data_type().clone(),
-                    crate::scan::Keep::default(),
-                )),
+                Side::Device(scan) if scan.filter().is_none() && !cached(scan) => {
+                    Some(crate::scan::ReadAhead::start(&[side(scan, None)]))
+                }
                 _ => None,
             };
             let keep = crate::scan::Keep::key_range(keep);
@@ -624,6 +623,7 @@ pub(crate) fn select_device_scanned(
         npc,
         &mut stats,
     )?;
+    crate::util::trace("device scan: selected");
     let sel = match probe_nulls {
         None => core,
         Some(nulls) => {

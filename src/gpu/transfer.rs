@@ -216,6 +216,7 @@ impl Gpu {
             let mk =
                 || unsafe { self.ctx.alloc_pinned::<u8>(STAGING_BYTES) }.map_err(|e| cuda_err("cuMemHostAlloc", e));
             *guard = Some(Staging { bufs: [mk()?, mk()?], pending: [None, None] });
+            crate::util::trace("device: staging buffers pinned");
         }
         Ok(guard)
     }

@@ -103,7 +103,7 @@ pub fn decide(
         let from_scratch = cost::not_started(&calibration);
         let d = cost::estimate(&candidate, &from_scratch, &calibration);
         if d.on_gpu() {
-            crate::gpu::start_in_background(cfg.device, &crate::algo::SET_SELECTION_KERNELS);
+            crate::gpu::start_for_query(cfg.device, &crate::algo::QUERY_KERNELS);
             return d;
         }
         // Would a started device win? Then it starts once this query has run.

@@ -11,8 +11,9 @@
 //! kept for the next scan and page-locked in the background after their
 //! second, so later scans upload by DMA straight from them, with no staging
 //! copy. Both sides of a selection read from files are read side by side
-//! into one device buffer ([`scan_pair_to_device`]; read ahead while the
-//! device starts, they are decoded in one launch). Pages of ZSTD,
+//! into one device buffer ([`scan_pair_to_device`]); in a fresh process they
+//! are read while the device starts ([`ReadAhead`]), and the parts read by
+//! then are uploaded and decoded as soon as it is there. Pages of ZSTD,
 //! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
 //! decompressed on host threads first ([`decode::inflate_on_host`]): one warp
 //! decompresses one snappy page, so a launch lasts as long as its largest.
@@ -69,8 +70,6 @@ pub struct ScanReport {
     pub row_groups: usize,
     /// Of `row_groups_pruned`: by bloom filters (the others by statistics or the key range).
     pub row_groups_pruned_by_bloom_filters: usize,
-    /// Decoded in one launch with the other side's pages (`decode` is the launch's).
-    pub decoded_with_other: bool,
     /// The input's filter, run on the device: the rows it kept, the time it took, the columns read for it.
     pub filtered: Option<(u64, Duration, usize)>,
 }
@@ -84,35 +83,6 @@ impl ScanReport {
         self.read += r.read;
         self.upload += r.upload;
         self.decode += r.decode;
-    }
-}
-
-/// A scan's host part: the plan, the column chunks' bytes, their page table,
-/// and the large pages decompressed on the host (uploaded right after the
-/// chunks: [`decode::inflate_on_host`]).
-pub struct HostRead {
-    plan: pages::ScanPlan,
-    raw: pages::ChunkBytes,
-    inflated: pages::ChunkBytes,
-    table: pages::PageTable,
-    read: Duration,
-}
-
-impl HostRead {
-    /// The scan's report once uploaded and decoded; the host buffers are
-    /// kept for the next scan (page-locked for `gpu` first).
-    fn finish(
-        self,
-        gpu: &Gpu,
-        upload: Duration,
-        decode: Duration,
-        cache: Option<CacheUse>,
-        decoded_with_other: bool,
-    ) -> ScanReport {
-        let HostRead { plan, raw, inflated, table, read } = self;
-        pages::give_back_to_device(raw, gpu);
-        pages::give_back_to_device(inflated, gpu);
-        ScanReport { cache, decoded_with_other, ..report_of(&plan, table.pages.len(), read, upload, decode) }
     }
 }
 
@@ -132,51 +102,185 @@ fn report_of(plan: &pages::ScanPlan, pages: usize, read: Duration, upload: Durat
     }
 }
 
-/// Plan the scan (the row groups `keep` leaves), read the chunks (parallel
-/// positioned reads) and walk their page headers.
-pub fn read_on_host(
-    files: &[ScanFile],
-    column: &str,
-    arrow: &DataType,
-    keep: &Keep,
-) -> Result<std::result::Result<HostRead, Fallback>> {
-    let t = Instant::now();
-    let plan = match pages::plan_scan_within(files, column, arrow, keep)? {
-        Ok(p) => p,
-        Err(f) => return Ok(Err(f)),
-    };
-    let raw = pages::read_chunks(&plan)?;
-    let mut table = match pages::page_table(&plan, &raw)? {
-        Ok(t) => t,
-        Err(f) => return Ok(Err(f)),
-    };
-    let inflated = match decode::inflate_on_host(&mut table, &raw, raw.len() as u64, decode::HOST_INFLATE_MIN) {
-        Ok(b) => b,
-        Err(e) => {
-            pages::give_back(raw);
-            return Err(e);
-        }
-    };
-    Ok(Ok(HostRead { plan, raw, inflated, table, read: t.elapsed() }))
+/// One column a [`ReadAhead`] reads: owned, since its reads outlive the caller's borrows.
+struct OwnedColumn {
+    files: Vec<ScanFile>,
+    column: String,
+    arrow: DataType,
+    keep: Keep,
 }
 
-/// [`read_on_host`] started on its own thread, so one side's files are read
-/// while the device decodes and uploads the other's.
-pub struct ReadAhead(std::thread::JoinHandle<Result<std::result::Result<HostRead, Fallback>>>);
+/// Each column's reads, as the reader threads end: `Ok(Some(why))` for a
+/// column whose files hold something the device does not decode; the time
+/// its reads took.
+type ReadOutcomes = Vec<(Result<Option<Fallback>>, Duration)>;
+
+/// A part read ahead, less its bytes (which stay in the column's read buffer).
+struct PartRead {
+    plan: usize,
+    at: usize,
+    len: usize,
+    table: pages::PageTable,
+    inflated: Vec<u8>,
+    moved: Vec<usize>,
+}
+
+/// What a [`ReadAhead`] read: the plans, each column's read buffer and parts.
+struct ReadAll {
+    plans: Vec<pages::ScanPlan>,
+    columns: Vec<(pages::ChunkBytes, Vec<PartRead>)>,
+    reads: ReadOutcomes,
+}
+
+/// Columns read on a thread of their own before the device is there (a
+/// fresh process reads both sides while the device starts; a warm one reads
+/// a side while the other uploads and decodes): planned, then read into the
+/// kept read buffers in parts whose pages are walked and whose large pages
+/// are decompressed on the reader threads, as the streamed scan does.
+/// [`ReadAhead::finish`] then uploads the parts (by DMA straight from a
+/// page-locked buffer) and decodes each on the decode streams
+/// ([`upload_decode_parts`]).
+pub struct ReadAhead(std::thread::JoinHandle<Result<std::result::Result<ReadAll, (usize, Fallback)>>>);
 
 impl ReadAhead {
-    /// Read the row groups `keep` leaves of `column` of `files`.
-    pub fn start(files: Vec<ScanFile>, column: String, arrow: DataType, keep: Keep) -> Self {
-        ReadAhead(std::thread::spawn(move || read_on_host(&files, &column, &arrow, &keep)))
+    /// Start reading `columns` (the row groups each one's `keep` leaves).
+    pub fn start(columns: &[PairSide<'_>]) -> Self {
+        let columns: Vec<OwnedColumn> = columns
+            .iter()
+            .map(|c| OwnedColumn {
+                files: c.files.to_vec(),
+                column: c.column.to_string(),
+                arrow: c.arrow.clone(),
+                keep: c.keep.clone(),
+            })
+            .collect();
+        ReadAhead(std::thread::spawn(move || {
+            let mut plans = Vec::with_capacity(columns.len());
+            for (i, c) in columns.iter().enumerate() {
+                match pages::plan_scan_within(&c.files, &c.column, &c.arrow, &c.keep)? {
+                    Ok(p) => plans.push(p),
+                    Err(f) => return Ok(Err((i, f))),
+                }
+            }
+            let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
+            let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
+            let (reads, parts): (ReadOutcomes, Vec<Vec<PartRead>>) = std::thread::scope(|s| {
+                let readers: Vec<_> = plans
+                    .iter()
+                    .enumerate()
+                    .zip(bufs.iter_mut())
+                    .map(|((i, plan), buf)| {
+                        s.spawn(move || {
+                            let (tx, rx) = std::sync::mpsc::channel();
+                            let read = read_column(plan, i, &tx, |ready| {
+                                pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
+                            });
+                            drop(tx);
+                            let parts = rx
+                                .into_iter()
+                                .map(|p: ReadPart<'_>| PartRead {
+                                    plan: p.plan,
+                                    at: p.at,
+                                    len: p.bytes.len(),
+                                    table: p.table,
+                                    inflated: p.inflated,
+                                    moved: p.moved,
+                                })
+                                .collect();
+                            (read, parts)
+                        })
+                    })
+                    .collect();
+                readers
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| ((Err(panicked("a read thread")), Duration::ZERO), Vec::new()))
+                    })
+                    .unzip()
+            });
+            Ok(Ok(ReadAll { plans, columns: bufs.into_iter().zip(parts).collect(), reads }))
+        }))
     }
 
-    fn join(self) -> Result<std::result::Result<HostRead, Fallback>> {
-        self.0.join().unwrap_or_else(|_| {
-            Err(datafusion::error::DataFusionError::Internal(
-                "setfusion device scan: the read-ahead thread panicked".into(),
-            ))
-        })
+    /// Upload and decode what was read onto `gpu`: each column's keys and
+    /// report, or `Err((column, why))` when a column's files hold something
+    /// the device does not decode.
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        self,
+        gpu: &Gpu,
+        stats: &mut TransferStats,
+    ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
+        let ReadAll { plans, columns, reads } = match self.0.join().map_err(|_| panicked("a read-ahead thread"))?? {
+            Ok(read) => read,
+            Err(f) => return Ok(Err(f)),
+        };
+        let (bufs, parts): (Vec<pages::ChunkBytes>, Vec<Vec<PartRead>>) = columns.into_iter().unzip();
+        let lent = bufs.iter().zip(parts).flat_map(|(buf, parts)| {
+            parts.into_iter().map(move |p| ReadPart {
+                plan: p.plan,
+                at: p.at,
+                bytes: &buf[p.at..p.at + p.len],
+                locked: buf.is_page_locked(),
+                table: p.table,
+                inflated: p.inflated,
+                moved: p.moved,
+            })
+        });
+        let scanned = upload_decode_parts(gpu, &plans, lent, || Ok(reads), stats);
+        bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+        scanned
     }
+}
+
+/// A reader thread's outcome, a panic made an error.
+fn joined(
+    h: std::thread::ScopedJoinHandle<'_, (Result<Option<Fallback>>, Duration)>,
+) -> (Result<Option<Fallback>>, Duration) {
+    h.join().unwrap_or_else(|_| (Err(panicked("a read thread")), Duration::ZERO))
+}
+
+fn missing(what: &str) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Internal(format!("setfusion device scan: {what} went missing"))
+}
+
+fn panicked(what: &str) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Internal(format!("setfusion device scan: {what} panicked"))
+}
+
+/// One column's reads on its reader thread: `read` reads the parts and
+/// hands each to the closure it is given, which walks the part's page
+/// headers, decompresses its large pages ([`decode::inflate_part_on_host`])
+/// and sends it to the uploader.
+fn read_column<'a>(
+    plan: &pages::ScanPlan,
+    i: usize,
+    tx: &std::sync::mpsc::Sender<ReadPart<'a>>,
+    read: impl FnOnce(&(dyn Fn(usize, &'a [u8], bool, std::ops::Range<usize>) -> Result<()> + Sync)) -> Result<()>,
+) -> (Result<Option<Fallback>>, Duration) {
+    let t = Instant::now();
+    let fell_back = std::sync::Mutex::new(None);
+    let read = read(&|at, bytes, locked, chunks| {
+        let mut table = match pages::page_table_of(plan, chunks, bytes)? {
+            Ok(t) => t,
+            Err(f) => {
+                *fell_back.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                return Err(datafusion::error::DataFusionError::Internal("fell back".into()));
+            }
+        };
+        let (inflated, moved) = decode::inflate_part_on_host(&mut table, bytes, decode::HOST_INFLATE_MIN)?;
+        // The uploader stops taking parts only on an error it reports itself.
+        let _ = tx.send(ReadPart { plan: i, at, bytes, locked, table, inflated, moved });
+        Ok(())
+    });
+    let fell_back = fell_back.into_inner().unwrap_or_else(|e| e.into_inner());
+    let read = match (read, fell_back) {
+        (_, Some(f)) => Ok(Some(f)),
+        (Err(e), None) => Err(e),
+        (Ok(()), None) => Ok(None),
+    };
+    crate::util::trace(&format!("device scan: column {i} of the scan read"));
+    (read, t.elapsed())
 }
 
 /// Is `column` of `files`, as they are now, in `gpu`'s column cache?
@@ -204,9 +308,9 @@ pub fn scan_to_device(
 ) -> Result<std::result::Result<(DeviceDecoded, ScanReport), Fallback>> {
     // Read ahead: upload and decode what was read; else read and upload together.
     let onto_device = |ahead: Option<ReadAhead>, stats: &mut TransferStats| match ahead {
-        Some(a) => Ok(match a.join()? {
-            Ok(host) => Ok(to_device(gpu, host, stats)?),
-            Err(f) => Err(f),
+        Some(a) => Ok(match a.finish(gpu, stats)? {
+            Ok(scanned) => Ok(scanned.into_iter().next().ok_or_else(|| missing("the side read ahead"))?),
+            Err((_, f)) => Err(f),
         }),
         None => read_to_device(gpu, files, column, arrow, keep, stats),
     };
@@ -254,26 +358,37 @@ pub struct PairSide<'a> {
 /// takes this path only when it holds neither side). `Err((side, why))` when
 /// a side's files hold something the device does not decode.
 ///
-/// `read`: both sides already being read on the host ([`ReadAhead`], started
-/// while the device was still starting): then they are uploaded once read.
+/// `read`: both sides already being read on the host ([`ReadAhead`] of the
+/// two, started while the device was still starting): then the parts read so
+/// far are uploaded and decoded at once, the rest as they come.
 pub fn scan_pair_to_device(
     gpu: &Gpu,
     sides: [PairSide<'_>; 2],
     cache_limit: usize,
-    read: Option<[ReadAhead; 2]>,
+    read: Option<ReadAhead>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
-    if let Some(read) = read {
-        return scan_pair_read_ahead(gpu, sides, cache_limit, read, stats);
-    }
-    let scanned = match scan_columns_to_device(gpu, &sides, cache_limit, stats)? {
-        Ok(x) => x,
-        Err(f) => return Ok(Err(f)),
+    let scanned = match read {
+        Some(read) => match read.finish(gpu, stats)? {
+            Ok(x) => sides
+                .iter()
+                .zip(x)
+                .map(|(side, (d, mut report))| {
+                    report.cache = Some(keep_in_cache(gpu, side, &d, cache_limit));
+                    (d, report)
+                })
+                .collect(),
+            Err(f) => return Ok(Err(f)),
+        },
+        None => match scan_columns_to_device(gpu, &sides, cache_limit, stats)? {
+            Ok(x) => x,
+            Err(f) => return Ok(Err(f)),
+        },
     };
     let mut scanned = scanned.into_iter();
     match (scanned.next(), scanned.next()) {
         (Some(a), Some(b)) => Ok(Ok([a, b])),
-        _ => Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side went missing".into())),
+        _ => Err(missing("a side")),
     }
 }
 
@@ -317,56 +432,6 @@ fn keep_in_cache(gpu: &Gpu, side: &PairSide<'_>, d: &DeviceDecoded, cache_limit:
         Some(key) => ColumnCache::of(gpu).put(gpu, key.within(side.keep.clone()), d, cache_limit),
         None => CacheUse::Off,
     }
-}
-
-/// The paired scans' end: both sides decoded in one launch from `raw` (the
-/// second side's bytes at `b_raw_at`), kept in the column cache, reported.
-#[allow(clippy::too_many_arguments)]
-fn decode_pair(
-    gpu: &Gpu,
-    raw: crate::gpu::DeviceBuffer<u8>,
-    sides: &[PairSide<'_>; 2],
-    [a, b]: [HostRead; 2],
-    b_raw_at: u64,
-    upload: Duration,
-    cache_limit: usize,
-    stats: &mut TransferStats,
-) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
-    let t = Instant::now();
-    let (da, db) = decode::decode_gpu_pair(gpu, &raw, &a.table, &b.table, b_raw_at, stats)?;
-    let decode = t.elapsed();
-    drop(raw);
-    let [first, second] = sides;
-    Ok(Ok([(first, a, da), (second, b, db)].map(|(side, host, d)| {
-        let cache = keep_in_cache(gpu, side, &d, cache_limit);
-        (d, host.finish(gpu, upload, decode, Some(cache), true))
-    })))
-}
-
-/// [`scan_pair_to_device`] of sides read ahead: each side's chunks and
-/// inflated pages ([`read_on_host`]) uploaded back to back into one buffer
-/// through the staging buffers, decoded in one launch.
-fn scan_pair_read_ahead(
-    gpu: &Gpu,
-    sides: [PairSide<'_>; 2],
-    cache_limit: usize,
-    read: [ReadAhead; 2],
-    stats: &mut TransferStats,
-) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
-    let [ra, rb] = read;
-    let (a, b) = (ra.join()?, rb.join()?);
-    let (a, b) = match (a, b) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(f), _) => return Ok(Err((0, f))),
-        (_, Err(f)) => return Ok(Err((1, f))),
-    };
-    let t = Instant::now();
-    let a_len = a.raw.len() + a.inflated.len();
-    let mut raw = gpu.alloc::<u8>(a_len + b.raw.len() + b.inflated.len())?;
-    gpu.upload_chunks_into(&[&a.raw[..], &a.inflated[..]], &mut raw, 0, stats)?;
-    gpu.upload_chunks_into(&[&b.raw[..], &b.inflated[..]], &mut raw, a_len, stats)?;
-    let upload = t.elapsed();
-    decode_pair(gpu, raw, &sides, [a, b], a_len as u64, upload, cache_limit, stats)
 }
 
 /// Streams the decode of a scan's parts runs on, in turn: a launch lasts as
@@ -430,6 +495,9 @@ struct Decodes {
     flats: Vec<crate::gpu::DeviceBuffer<u64>>,
     scratch: Vec<decode::DecodeScratch>,
     launched: usize,
+    /// The page tables' host side, copied on the decode streams (declared
+    /// last: dropped after the streams are waited for).
+    tables: crate::gpu::PinnedArena,
 }
 
 impl Decodes {
@@ -457,13 +525,16 @@ impl Decodes {
         into: &decode::DecodeTargets,
         stats: &mut TransferStats,
     ) -> Result<()> {
-        // Kept before the launch: a launch that fails half way may have queued kernels that read it.
-        self.flats.push(gpu.upload(&table.flat(), stats)?);
-        let flat = self.flats.last().map_or(0, |f| gpu.untracked_address(f));
-        let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
         let stream = &self.streams[self.launched % self.streams.len()];
+        // The page table is copied on the decode stream, before it waits for the
+        // part's upload: the main stream's copies stay queued (an upload through
+        // the staging buffers would wait for them, a whole part).
+        // Kept before the launch: a launch that fails half way may have queued kernels that read it.
+        let (flat, flat_addr) = gpu.upload_on(&mut self.tables, stream, &table.flat(), stats)?;
+        self.flats.push(flat);
+        let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
         stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
-        self.scratch.extend(decode::launch_decode(gpu, stream, raw, flat, table, into)?);
+        self.scratch.extend(decode::launch_decode(gpu, stream, raw, flat_addr, table, into)?);
         self.launched += 1;
         Ok(())
     }
@@ -477,19 +548,54 @@ impl Drop for Decodes {
 
 /// Read the chunks of `plans` (one scan each) on the host threads, in parts of
 /// whole column chunks ([`pages::read_chunks_in_waves`]; the plans side by
-/// side), each part uploaded while the next parts are read (straight from
-/// page-locked memory when the kept read buffers are locked), and decoded on
-/// the device as soon as it is up ([`decode::launch_decode`] on the decode
-/// streams, while the main stream uploads the next parts). The reader threads
-/// walk each part's page headers and decompress its large pages
-/// ([`decode::inflate_part_on_host`]); those land in the device buffer after
-/// every chunk. Returns each plan's keys and report, or `Err((plan, why))`
-/// when a plan's files hold something the device does not decode.
+/// side, into read buffers kept for the next scan), each part uploaded and
+/// decoded while the next parts are read ([`upload_decode_parts`]). Returns
+/// each plan's keys and report, or `Err((plan, why))` when a plan's files
+/// hold something the device does not decode.
 #[allow(clippy::type_complexity)]
 fn read_upload_decode(
     gpu: &Gpu,
     plans: Vec<pages::ScanPlan>,
     part_bytes: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
+    let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
+    let scanned = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<ReadPart<'_>>();
+        let readers: Vec<_> = plans
+            .iter()
+            .enumerate()
+            .zip(bufs.iter_mut())
+            .map(|((i, plan), buf)| {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    read_column(plan, i, &tx, |ready| {
+                        pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
+                    })
+                })
+            })
+            .collect();
+        drop(tx);
+        let join = || Ok(readers.into_iter().map(joined).collect());
+        upload_decode_parts(gpu, &plans, rx.into_iter(), join, stats)
+    });
+    bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+    scanned
+}
+
+/// The device half of a streamed scan: each part of `plans`' reads (from
+/// `parts`, in any order) uploaded on the main stream as it comes (straight
+/// from page-locked memory when it lies there), then decoded at once on one
+/// of the decode streams ([`decode::launch_decode`]) while the main stream
+/// uploads the next parts. Each part's large pages, decompressed on the host
+/// by its reader, land in the device buffer after every chunk. `join`: the
+/// readers' outcomes, once `parts` has ended.
+#[allow(clippy::type_complexity)]
+fn upload_decode_parts<'a>(
+    gpu: &Gpu,
+    plans: &[pages::ScanPlan],
+    parts: impl Iterator<Item = ReadPart<'a>>,
+    join: impl FnOnce() -> Result<ReadOutcomes>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
     let chunk_at: Vec<usize> = plans
@@ -517,7 +623,7 @@ fn read_upload_decode(
     };
     // Each plan's keys and validity, and the decodes' error word.
     let mut outs = Vec::with_capacity(plans.len());
-    for p in &plans {
+    for p in plans {
         let keys = gpu.alloc::<u64>(p.rows as usize)?;
         let valid = if p.def_max > 0 { Some(gpu.alloc_zeros::<u32>((p.rows as usize).div_ceil(32))?) } else { None };
         outs.push(DeviceDecoded { keys, valid, rows: p.rows as usize });
@@ -534,70 +640,35 @@ fn read_upload_decode(
         .collect();
     // The decode streams start after the buffers above exist (allocated and zeroed on the main stream).
     // (Declared after every buffer the decodes use: dropped first, it waits for them on every path.)
-    let mut decodes =
-        Decodes { streams: gpu.side_streams(DECODE_STREAMS)?, flats: Vec::new(), scratch: Vec::new(), launched: 0 };
+    let mut decodes = Decodes {
+        streams: gpu.side_streams(DECODE_STREAMS)?,
+        flats: Vec::new(),
+        scratch: Vec::new(),
+        launched: 0,
+        tables: gpu.pinned_arena(),
+    };
     let ready = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
     for s in &decodes.streams {
         s.wait(&ready).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
     }
+    crate::util::trace("device scan: device buffers allocated");
     let dev_addr = gpu.untracked_address(&dev);
     let dev_len = dev.len();
-    let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
     let mut pages_of = vec![0usize; plans.len()];
     let mut inflated_at = total;
     // Parts whose inflated pages did not fit the room: decoded once the buffer has grown.
     let mut deferred: Vec<Deferred> = Vec::new();
-    let scoped = std::thread::scope(|s| -> Result<(Vec<(Result<Option<Fallback>>, Duration)>, Instant)> {
-        let (tx, rx) = std::sync::mpsc::channel::<ReadPart<'_>>();
-        let readers: Vec<_> = plans
-            .iter()
-            .enumerate()
-            .zip(bufs.iter_mut())
-            .map(|((i, plan), buf)| {
-                let tx = tx.clone();
-                s.spawn(move || {
-                    let t = Instant::now();
-                    let fell_back = std::sync::Mutex::new(None);
-                    let read = pages::read_chunks_in_waves(
-                        plan,
-                        buf,
-                        part_bytes,
-                        reader_threads(),
-                        &|at, bytes, locked, chunks| {
-                            let mut table = match pages::page_table_of(plan, chunks, bytes)? {
-                                Ok(t) => t,
-                                Err(f) => {
-                                    *fell_back.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
-                                    return Err(datafusion::error::DataFusionError::Internal("fell back".into()));
-                                }
-                            };
-                            let (inflated, moved) =
-                                decode::inflate_part_on_host(&mut table, bytes, decode::HOST_INFLATE_MIN)?;
-                            // The uploader stops taking parts only on an error it reports itself.
-                            let _ = tx.send(ReadPart { plan: i, at, bytes, locked, table, inflated, moved });
-                            Ok(())
-                        },
-                    );
-                    let fell_back = fell_back.into_inner().unwrap_or_else(|e| e.into_inner());
-                    let read = match (read, fell_back) {
-                        (_, Some(f)) => Ok(Some(f)),
-                        (Err(e), None) => Err(e),
-                        (Ok(()), None) => Ok(None),
-                    };
-                    (read, t.elapsed())
-                })
-            })
-            .collect();
-        drop(tx);
+    let pageable = crate::env::scan_pageable();
+    let scoped = (|| -> Result<(ReadOutcomes, Instant)> {
         let ((failed, reads, reads_done), _, _) = gpu.streamed_upload(&mut dev, stats, |up, stats| {
             let mut failed = None;
-            for part in rx {
+            for part in parts {
                 if failed.is_some() {
                     continue;
                 }
                 let upload_and_decode = || -> Result<()> {
                     let (i, part_at) = (part.plan, chunk_at[part.plan] + part.at);
-                    up.piece(part_at, part.bytes, part.locked, stats)?;
+                    up.piece(part_at, part.bytes, part.locked || pageable, stats)?;
                     let ReadPart { table, inflated, moved, .. } = part;
                     let table = if inflated.is_empty() {
                         place(table, &moved, part_at, 0)
@@ -611,42 +682,31 @@ fn read_upload_decode(
                         return Ok(());
                     };
                     pages_of[i] += table.pages.len();
-                    decodes.launch(gpu, dev_addr, &table, &targets[i], stats)
+                    decodes.launch(gpu, dev_addr, &table, &targets[i], stats)?;
+                    crate::util::trace(&format!("device scan: part at {part_at} uploaded, its decode queued"));
+                    Ok(())
                 };
                 if let Err(e) = upload_and_decode() {
                     failed = Some(e);
                 }
             }
-            // Every reader has ended (their senders are gone).
-            let reads: Vec<(Result<Option<Fallback>>, Duration)> = readers
-                .into_iter()
-                .map(|r| {
-                    r.join().unwrap_or_else(|_| {
-                        (
-                            Err(datafusion::error::DataFusionError::Internal(
-                                "setfusion device scan: a read thread panicked".into(),
-                            )),
-                            Duration::ZERO,
-                        )
-                    })
-                })
-                .collect();
-            (failed, reads, Instant::now())
+            // Every reader has ended (the parts have).
+            (failed, join(), Instant::now())
         })?;
-        match failed {
-            Some(e) => Err(e),
-            None => Ok((reads, reads_done)),
+        match (failed, reads) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(reads)) if reads.len() != plans.len() => Err(missing("a read")),
+            (None, Ok(reads)) => Ok((reads, reads_done)),
         }
-    });
-    let give_back = |bufs: Vec<pages::ChunkBytes>| bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+    })();
     let (reads, reads_done) = match scoped {
         Ok(x) => x,
         Err(e) => {
             drop(decodes);
-            give_back(bufs);
             return Err(e);
         }
     };
+    crate::util::trace("device scan: parts read and uploaded");
     let mut upload = reads_done.elapsed();
     let mut times = Vec::with_capacity(reads.len());
     for (i, (r, t)) in reads.into_iter().enumerate() {
@@ -654,12 +714,10 @@ fn read_upload_decode(
             Ok(None) => times.push(t),
             Ok(Some(f)) => {
                 drop(decodes);
-                give_back(bufs);
                 return Ok(Err((i, f)));
             }
             Err(e) => {
                 drop(decodes);
-                give_back(bufs);
                 return Err(e);
             }
         }
@@ -688,7 +746,6 @@ fn read_upload_decode(
         })();
         if let Err(e) = grown {
             drop(decodes);
-            give_back(bufs);
             return Err(e);
         }
         upload += t.elapsed();
@@ -697,9 +754,9 @@ fn read_upload_decode(
     let t = Instant::now();
     let waited = decodes.wait().and_then(|_| gpu.read_one(&err, 0, stats));
     let decode = t.elapsed();
+    crate::util::trace("device scan: parts decoded");
     stats.kernel += decode;
     drop(decodes);
-    give_back(bufs);
     match waited {
         Err(e) => return Err(e),
         Ok(0) => {}
@@ -717,22 +774,6 @@ fn read_upload_decode(
             (d, report)
         })
         .collect()))
-}
-
-/// The device part of a scan read ahead on the host: the chunks uploaded and decoded.
-fn to_device(gpu: &Gpu, host: HostRead, stats: &mut TransferStats) -> Result<(DeviceDecoded, ScanReport)> {
-    let t = Instant::now();
-    let mut d_raw = gpu.alloc::<u8>(host.raw.len() + host.inflated.len())?;
-    let (raw, inflated, locked) = (&host.raw[..], &host.inflated[..], host.raw.is_page_locked());
-    gpu.streamed_upload(&mut d_raw, stats, |up, stats| {
-        up.piece(0, raw, locked, stats)?;
-        up.piece(raw.len(), inflated, false, stats)
-    })?
-    .0?;
-    let upload = t.elapsed();
-    let t = Instant::now();
-    let decoded = decode_gpu(gpu, &d_raw, &host.table, stats)?;
-    Ok((decoded, host.finish(gpu, upload, t.elapsed(), None, false)))
 }
 
 /// One scan read, uploaded and decoded together ([`read_upload_decode`]).
@@ -972,6 +1013,19 @@ mod tests {
                     assert_eq!(decode::download_decoded(&g, d, &mut stats).unwrap(), want, "{name}");
                     assert!(r.decoded_while_read && r.rows as usize == want.keys.len(), "{name}");
                 }
+            }
+            // Read ahead (a fresh process reads before the device is there).
+            let sides = [(x, xf), (y, yf)].map(|(case, files)| PairSide {
+                files,
+                column: "k",
+                arrow: &case.data_type,
+                keep: Keep::default(),
+            });
+            let got = ReadAhead::start(&sides).finish(&g, &mut stats).unwrap().unwrap();
+            for ((d, _), (case, files)) in got.iter().zip([(x, xf), (y, yf)]) {
+                let want = scan_to_host(files, "k", &case.data_type).unwrap().unwrap();
+                let name = format!("{} beside {}, read ahead", x.name, y.name);
+                assert_eq!(decode::download_decoded(&g, d, &mut stats).unwrap(), want, "{name}");
             }
         }
     }

@@ -729,6 +729,25 @@ pub fn read_chunks_in_waves<'a>(
     let locked = chunks.is_page_locked();
     let mut rest: &'a mut [u8] = chunks.as_mut_slice();
     let mut parts = Vec::new();
+    for (at, bytes, range) in part_ranges(plan, part_bytes) {
+        if bytes > rest.len() {
+            return Err(DataFusionError::Internal("setfusion device scan: the read buffer is short".into()));
+        }
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(bytes);
+        parts.push((at, part, range));
+        rest = tail;
+    }
+    in_turn(parts, readers, &|(at, part, range)| {
+        read_range(plan, &files, at as u64, part)?;
+        ready(at, part, locked, range)
+    })
+}
+
+/// The plan's chunks cut into parts at chunk boundaries, at least
+/// `part_bytes` each but the last (a larger chunk is a part of its own):
+/// (offset in the plan's bytes, bytes, chunk indices).
+fn part_ranges(plan: &ScanPlan, part_bytes: usize) -> Vec<(usize, usize, std::ops::Range<usize>)> {
+    let mut parts = Vec::new();
     let (mut at, mut first) = (0usize, 0usize);
     while first < plan.chunks.len() {
         let (mut end, mut bytes) = (first, 0usize);
@@ -736,34 +755,34 @@ pub fn read_chunks_in_waves<'a>(
             bytes += plan.chunks[end].len as usize;
             end += 1;
         }
-        if bytes > rest.len() {
-            return Err(DataFusionError::Internal("setfusion device scan: the read buffer is short".into()));
-        }
-        let (part, tail) = std::mem::take(&mut rest).split_at_mut(bytes);
-        parts.push((at, part, first..end));
-        rest = tail;
+        parts.push((at, bytes, first..end));
         at += bytes;
         first = end;
     }
-    let queue = std::sync::Mutex::new(parts.into_iter());
+    parts
+}
+
+/// `work` on each of `items`, taken in turn by `threads` threads (the
+/// caller's among them); the first error stops the others' next items.
+fn in_turn<P: Send>(items: Vec<P>, threads: usize, work: &(dyn Fn(P) -> Result<()> + Sync)) -> Result<()> {
+    let queue = std::sync::Mutex::new(items.into_iter());
     let failed = std::sync::Mutex::new(None);
-    let read_parts = || loop {
+    let take = || loop {
         if failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
             return;
         }
         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-        let Some((at, part, chunks)) = next else { return };
-        let done = read_range(plan, &files, at as u64, part).and_then(|_| ready(at, part, locked, chunks));
-        if let Err(e) = done {
+        let Some(item) = next else { return };
+        if let Err(e) = work(item) {
             failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
             return;
         }
     };
     std::thread::scope(|s| {
-        for _ in 1..readers.max(1) {
-            s.spawn(read_parts);
+        for _ in 1..threads.max(1) {
+            s.spawn(take);
         }
-        read_parts();
+        take();
     });
     match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(e) => Err(e),
