@@ -520,13 +520,36 @@ pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Re
     Ok(out)
 }
 
-/// [`inflate_on_host`] into a buffer of its own (a part of the streamed scan:
-/// small, so it takes no kept read buffer), its pages reading from offset 0
-/// of it. Returns the bytes and the indices of the pages that now read from them.
-pub fn inflate_part_on_host(t: &mut PageTable, raw: &[u8], floor: u64) -> Result<(Vec<u8>, Vec<usize>)> {
+/// A part's pages decompressed on the host ([`inflate_part_on_host`]): in
+/// the room its caller lent, or in bytes of their own.
+pub enum Inflated<'a> {
+    Lent(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+/// [`inflate_on_host`] for a part of the streamed scan, its pages reading
+/// from offset 0 of the bytes returned: those `room(bytes)` lends (a share of
+/// a kept buffer, so that no fresh memory is faulted in and the upload can
+/// read it in place), else bytes of its own. Returns the bytes and the
+/// indices of the pages that now read from them.
+pub fn inflate_part_on_host<'a>(
+    t: &mut PageTable,
+    raw: &[u8],
+    floor: u64,
+    room: impl FnOnce(usize) -> Option<&'a mut [u8]>,
+) -> Result<(Inflated<'a>, Vec<usize>)> {
     let (chosen, total) = pages_to_inflate(t, floor);
-    let mut out = vec![0u8; total as usize];
-    inflate_into(t, raw, &chosen, &mut out)?;
+    let out = match (total > 0).then(|| room(total as usize)).flatten() {
+        Some(lent) => {
+            inflate_into(t, raw, &chosen, lent)?;
+            Inflated::Lent(lent)
+        }
+        None => {
+            let mut own = vec![0u8; total as usize];
+            inflate_into(t, raw, &chosen, &mut own)?;
+            Inflated::Owned(own)
+        }
+    };
     move_inflated(t, &chosen, 0);
     Ok((out, chosen))
 }

@@ -115,20 +115,23 @@ struct OwnedColumn {
 /// its reads took.
 type ReadOutcomes = Vec<(Result<Option<Fallback>>, Duration)>;
 
-/// A part read ahead, less its bytes (which stay in the column's read buffer).
+/// A part read ahead, less its bytes (which stay in the column's read
+/// buffer) and its inflated pages lent from the column's [`InflateRoom`]
+/// (`lent`: their offset and length there; else `own`).
 struct PartRead {
     plan: usize,
     at: usize,
     len: usize,
     table: pages::PageTable,
-    inflated: Vec<u8>,
+    lent: Option<(usize, usize)>,
+    own: Vec<u8>,
     moved: Vec<usize>,
 }
 
-/// What a [`ReadAhead`] read: the plans, each column's read buffer and parts.
+/// What a [`ReadAhead`] read: the plans, each column's read buffer, inflate room and parts.
 struct ReadAll {
     plans: Vec<pages::ScanPlan>,
-    columns: Vec<(pages::ChunkBytes, Vec<PartRead>)>,
+    columns: Vec<((pages::ChunkBytes, pages::ChunkBytes), Vec<PartRead>)>,
     reads: ReadOutcomes,
 }
 
@@ -163,28 +166,39 @@ impl ReadAhead {
                 }
             }
             let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
-            let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
+            let mut bufs: Vec<(pages::ChunkBytes, pages::ChunkBytes)> = plans
+                .iter()
+                .map(|p| (pages::kept_buffer(p.bytes as usize), pages::kept_buffer(inflate_room(p))))
+                .collect();
             let (reads, parts): (ReadOutcomes, Vec<Vec<PartRead>>) = std::thread::scope(|s| {
                 let readers: Vec<_> = plans
                     .iter()
                     .enumerate()
                     .zip(bufs.iter_mut())
-                    .map(|((i, plan), buf)| {
+                    .map(|((i, plan), (buf, room))| {
                         s.spawn(move || {
                             let (tx, rx) = std::sync::mpsc::channel();
-                            let read = read_column(plan, i, &tx, |ready| {
+                            let room = InflateRoom::new(room);
+                            let read = read_column(plan, i, &room, &tx, |ready| {
                                 pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
                             });
                             drop(tx);
                             let parts = rx
                                 .into_iter()
-                                .map(|p: ReadPart<'_>| PartRead {
-                                    plan: p.plan,
-                                    at: p.at,
-                                    len: p.bytes.len(),
-                                    table: p.table,
-                                    inflated: p.inflated,
-                                    moved: p.moved,
+                                .map(|p: ReadPart<'_>| {
+                                    let (lent, own) = match p.inflated {
+                                        PartInflated::Lent { at, bytes, .. } => (Some((at, bytes.len())), Vec::new()),
+                                        PartInflated::Owned(own) => (None, own),
+                                    };
+                                    PartRead {
+                                        plan: p.plan,
+                                        at: p.at,
+                                        len: p.bytes.len(),
+                                        table: p.table,
+                                        lent,
+                                        own,
+                                        moved: p.moved,
+                                    }
                                 })
                                 .collect();
                             (read, parts)
@@ -215,20 +229,26 @@ impl ReadAhead {
             Ok(read) => read,
             Err(f) => return Ok(Err(f)),
         };
-        let (bufs, parts): (Vec<pages::ChunkBytes>, Vec<Vec<PartRead>>) = columns.into_iter().unzip();
-        let lent = bufs.iter().zip(parts).flat_map(|(buf, parts)| {
+        let (bufs, parts): (Vec<(pages::ChunkBytes, pages::ChunkBytes)>, Vec<Vec<PartRead>>) =
+            columns.into_iter().unzip();
+        let lent = bufs.iter().zip(parts).flat_map(|((buf, room), parts)| {
             parts.into_iter().map(move |p| ReadPart {
                 plan: p.plan,
                 at: p.at,
                 bytes: &buf[p.at..p.at + p.len],
                 locked: buf.is_page_locked(),
                 table: p.table,
-                inflated: p.inflated,
+                inflated: match p.lent {
+                    Some((at, len)) => {
+                        PartInflated::Lent { at, bytes: &room[at..at + len], locked: room.is_page_locked() }
+                    }
+                    None => PartInflated::Owned(p.own),
+                },
                 moved: p.moved,
             })
         });
         let scanned = upload_decode_parts(gpu, &plans, lent, || Ok(reads), stats);
-        bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+        bufs.into_iter().flat_map(|(b, r)| [b, r]).for_each(|b| pages::give_back_to_device(b, gpu));
         scanned
     }
 }
@@ -255,6 +275,7 @@ fn panicked(what: &str) -> datafusion::error::DataFusionError {
 fn read_column<'a>(
     plan: &pages::ScanPlan,
     i: usize,
+    room: &InflateRoom<'a>,
     tx: &std::sync::mpsc::Sender<ReadPart<'a>>,
     read: impl FnOnce(&(dyn Fn(usize, &'a [u8], bool, std::ops::Range<usize>) -> Result<()> + Sync)) -> Result<()>,
 ) -> (Result<Option<Fallback>>, Duration) {
@@ -268,7 +289,17 @@ fn read_column<'a>(
                 return Err(datafusion::error::DataFusionError::Internal("fell back".into()));
             }
         };
-        let (inflated, moved) = decode::inflate_part_on_host(&mut table, bytes, decode::HOST_INFLATE_MIN)?;
+        let mut lent_at = 0;
+        let (inflated, moved) = decode::inflate_part_on_host(&mut table, bytes, decode::HOST_INFLATE_MIN, |n| {
+            room.take(n).map(|(at, b)| {
+                lent_at = at;
+                b
+            })
+        })?;
+        let inflated = match inflated {
+            decode::Inflated::Lent(b) => PartInflated::Lent { at: lent_at, bytes: b, locked: room.locked },
+            decode::Inflated::Owned(v) => PartInflated::Owned(v),
+        };
         // The uploader stops taking parts only on an error it reports itself.
         let _ = tx.send(ReadPart { plan: i, at, bytes, locked, table, inflated, moved });
         Ok(())
@@ -457,8 +488,54 @@ struct ReadPart<'a> {
     /// The part's pages: `src` from the part's start, but the `moved` ones,
     /// which read from the start of `inflated`.
     table: pages::PageTable,
-    inflated: Vec<u8>,
+    inflated: PartInflated<'a>,
     moved: Vec<usize>,
+}
+
+/// A part's pages decompressed on the host: in its plan's [`InflateRoom`]
+/// (at `at` there), or in bytes of their own (empty: none).
+enum PartInflated<'a> {
+    Lent { at: usize, bytes: &'a [u8], locked: bool },
+    Owned(Vec<u8>),
+}
+
+/// The bytes a plan's pages decompressed on the host may take, per part,
+/// from a kept buffer (reused by the next scans, page-locked after its
+/// second, so the upload reads it in place): its share of the device
+/// buffer's room lies at the same offsets. A part that does not fit gets
+/// bytes of its own.
+struct InflateRoom<'a> {
+    rest: std::sync::Mutex<(usize, &'a mut [u8])>,
+    locked: bool,
+}
+
+impl<'a> InflateRoom<'a> {
+    fn new(buf: &'a mut pages::ChunkBytes) -> Self {
+        let locked = buf.is_page_locked();
+        InflateRoom { rest: std::sync::Mutex::new((0, buf.as_mut_slice())), locked }
+    }
+
+    /// `n` bytes of the room and their offset in it, if they are left.
+    fn take(&self, n: usize) -> Option<(usize, &'a mut [u8])> {
+        let mut rest = self.rest.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, left) = std::mem::take(&mut *rest);
+        if n > left.len() {
+            *rest = (at, left);
+            return None;
+        }
+        let (mine, tail) = left.split_at_mut(n);
+        *rest = (at + n, tail);
+        Some((at, mine))
+    }
+}
+
+/// The bytes of a plan's [`InflateRoom`] (and of its share of the device
+/// buffer): the ZSTD / LZ4_RAW / GZIP chunks' uncompressed sizes (at most
+/// twice the chunks: a footer's sizes are not trusted further), and an eighth
+/// of the chunks for large snappy pages.
+fn inflate_room(p: &pages::ScanPlan) -> usize {
+    let bytes = p.bytes as usize;
+    (p.host_inflated_bound as usize).min(2 * bytes).saturating_add(bytes / 8 + (1 << 20))
 }
 
 /// `table`'s pages as they lie in the device buffer: the part's bytes at
@@ -560,16 +637,18 @@ fn read_upload_decode(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
     let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
+    let mut rooms: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(inflate_room(p))).collect();
     let scanned = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<ReadPart<'_>>();
         let readers: Vec<_> = plans
             .iter()
             .enumerate()
-            .zip(bufs.iter_mut())
-            .map(|((i, plan), buf)| {
+            .zip(bufs.iter_mut().zip(rooms.iter_mut()))
+            .map(|((i, plan), (buf, room))| {
                 let tx = tx.clone();
                 s.spawn(move || {
-                    read_column(plan, i, &tx, |ready| {
+                    let room = InflateRoom::new(room);
+                    read_column(plan, i, &room, &tx, |ready| {
                         pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
                     })
                 })
@@ -579,7 +658,7 @@ fn read_upload_decode(
         let join = || Ok(readers.into_iter().map(joined).collect());
         upload_decode_parts(gpu, &plans, rx.into_iter(), join, stats)
     });
-    bufs.into_iter().for_each(|b| pages::give_back_to_device(b, gpu));
+    bufs.into_iter().chain(rooms).for_each(|b| pages::give_back_to_device(b, gpu));
     scanned
 }
 
@@ -607,15 +686,21 @@ fn upload_decode_parts<'a>(
         })
         .collect();
     let total: usize = plans.iter().map(|p| p.bytes as usize).sum();
-    // Room for the pages inflated on the host: ZSTD / LZ4_RAW / GZIP chunks'
-    // uncompressed sizes, and an eighth for large snappy pages (a part whose
-    // pages do not fit waits for the reads to end, and the buffer grows).
-    // (At most twice the chunks: a footer's sizes are not trusted further.)
-    let room = plans
+    // After the chunks, each plan's room for the pages inflated on the host
+    // ([`inflate_room`]: a part's pages lent a share of the plan's host room
+    // land at the same offset in its share here); pages in bytes of their
+    // own go after, in the order they come (a part whose pages do not fit
+    // waits for the reads to end, and the buffer grows).
+    let room_at: Vec<usize> = plans
         .iter()
-        .fold(0usize, |r, p| r.saturating_add(p.host_inflated_bound as usize))
-        .min(2 * total)
-        .saturating_add(total / 8 + (1 << 20));
+        .scan(total, |at, p| {
+            let mine = *at;
+            *at = at.saturating_add(inflate_room(p));
+            Some(mine)
+        })
+        .collect();
+    let rooms_end = plans.iter().fold(total, |at, p| at.saturating_add(inflate_room(p)));
+    let room = rooms_end - total;
     let mut dev = match gpu.alloc::<u8>(total.saturating_add(room)) {
         Ok(d) => d,
         // Near the budget: the chunks alone (the inflated pages then grow the buffer).
@@ -655,7 +740,9 @@ fn upload_decode_parts<'a>(
     let dev_addr = gpu.untracked_address(&dev);
     let dev_len = dev.len();
     let mut pages_of = vec![0usize; plans.len()];
-    let mut inflated_at = total;
+    // (Near the budget the buffer holds the chunks alone: every inflated page waits for it to grow.)
+    let rooms_fit = dev_len >= rooms_end;
+    let mut inflated_at = if rooms_fit { rooms_end } else { total };
     // Parts whose inflated pages did not fit the room: decoded once the buffer has grown.
     let mut deferred: Vec<Deferred> = Vec::new();
     let pageable = crate::env::scan_pageable();
@@ -670,16 +757,27 @@ fn upload_decode_parts<'a>(
                     let (i, part_at) = (part.plan, chunk_at[part.plan] + part.at);
                     up.piece(part_at, part.bytes, part.locked || pageable, stats)?;
                     let ReadPart { table, inflated, moved, .. } = part;
-                    let table = if inflated.is_empty() {
-                        place(table, &moved, part_at, 0)
-                    } else if inflated_at + inflated.len() <= dev_len {
-                        up.piece_copied(inflated_at, &inflated, stats)?;
-                        let at = inflated_at;
-                        inflated_at += inflated.len();
-                        place(table, &moved, part_at, at)
-                    } else {
-                        deferred.push(Deferred { plan: i, part_at, table, moved, inflated });
-                        return Ok(());
+                    let table = match inflated {
+                        PartInflated::Owned(own) if own.is_empty() => place(table, &moved, part_at, 0),
+                        PartInflated::Lent { at, bytes, locked } if rooms_fit => {
+                            let at = room_at[i] + at;
+                            up.piece(at, bytes, locked, stats)?;
+                            place(table, &moved, part_at, at)
+                        }
+                        PartInflated::Owned(own) if inflated_at + own.len() <= dev_len => {
+                            up.piece_copied(inflated_at, &own, stats)?;
+                            let at = inflated_at;
+                            inflated_at += own.len();
+                            place(table, &moved, part_at, at)
+                        }
+                        PartInflated::Lent { bytes, .. } => {
+                            deferred.push(Deferred { plan: i, part_at, table, moved, inflated: bytes.to_vec() });
+                            return Ok(());
+                        }
+                        PartInflated::Owned(inflated) => {
+                            deferred.push(Deferred { plan: i, part_at, table, moved, inflated });
+                            return Ok(());
+                        }
                     };
                     pages_of[i] += table.pages.len();
                     decodes.launch(gpu, dev_addr, &table, &targets[i], stats)?;
@@ -972,7 +1070,8 @@ mod tests {
                 let mut tables = Vec::new();
                 for (at, bytes, chunks) in &parts {
                     let mut t = pages::page_table_of(&plan, chunks.clone(), bytes).unwrap().unwrap();
-                    let (inflated, moved) = decode::inflate_part_on_host(&mut t, bytes, 0).unwrap();
+                    let (inflated, moved) = decode::inflate_part_on_host(&mut t, bytes, 0, |_| None).unwrap();
+                    let decode::Inflated::Owned(inflated) = inflated else { panic!("no room was lent") };
                     tables.push(place(t, &moved, *at, device.len()));
                     device.extend_from_slice(&inflated);
                 }
