@@ -1298,7 +1298,8 @@ mod tests {
     }
 
     /// Pins the composite hash the device reproduces (values from an
-    /// independent port of hash_bytes and hash_columns), through encoding:
+    /// independent port of hash_bytes and hash_columns:
+    /// `scripts/golden-hashes.py` prints them), through encoding:
     /// NULL slots hash as 0 / '' plus the NULL mask, floats canonically.
     #[test]
     fn column_hash_golden_values() {

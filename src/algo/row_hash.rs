@@ -1283,7 +1283,8 @@ mod tests {
         SetOp::ExceptAll,
     ];
 
-    /// Pins the hash function the device reproduces (values from an independent port).
+    /// Pins the hash function the device reproduces (values from an
+    /// independent port: `scripts/golden-hashes.py` prints them).
     #[test]
     fn cpu_hash_golden_values() {
         let rows: [&[u8]; 5] = [b"", b"a", b"abcdefgh", b"abcdefghi", b"setfusion row hash!"];

@@ -322,6 +322,7 @@ pub fn wait_started(ordinal: usize) {
 
 impl Gpu {
     fn open(ordinal: usize) -> Result<Self, Unavailable> {
+        crate::util::trace("device start: opening");
         // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Unavailable::NoDriver);
@@ -330,11 +331,14 @@ impl Gpu {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(Unavailable::NoNvrtc);
         }
+        crate::util::trace("device start: driver libraries found");
         let count = CudaContext::device_count().map_err(|e| Unavailable::DriverInit(e.to_string()))?;
         if ordinal as i32 >= count {
             return Err(Unavailable::NoDevice { ordinal, count });
         }
+        crate::util::trace("device start: driver initialised");
         let ctx = CudaContext::new(ordinal).map_err(|e| Unavailable::DriverInit(e.to_string()))?;
+        crate::util::trace("device start: context created");
         let err = |e: DriverError| Unavailable::DriverInit(e.to_string());
         let mut driver_version = 0i32;
         // SAFETY: plain out-parameter query on an initialised driver.

@@ -1129,34 +1129,6 @@ mod tests {
         }
     }
 
-    /// Two page tables appended ([`pages::PageTable::append`], the paired
-    /// device scan's one launch) decode, on the CPU twin, to each side's own
-    /// keys and validity at the rows `append` returns.
-    #[test]
-    fn appended_tables_decode_as_each_side() {
-        let all = cases();
-        for (x, y) in all.iter().zip(all.iter().cycle().skip(1)) {
-            let ((raw_a, ta), (raw_b, tb)) = (table_of(x).unwrap(), table_of(y).unwrap());
-            let (want_a, want_b) = (decode_cpu(&raw_a, &ta).unwrap(), decode_cpu(&raw_b, &tb).unwrap());
-            let mut t = ta.clone();
-            let row0 = t.append(&tb, raw_a.len() as u64) as usize;
-            assert_eq!(row0 % 32, 0);
-            assert!(row0 >= ta.rows as usize && row0 < ta.rows as usize + 32);
-            let raw = [raw_a.as_slice(), raw_b.as_slice()].concat();
-            let got = decode_cpu(&raw, &t).unwrap();
-            let (ra, rb) = (ta.rows as usize, tb.rows as usize);
-            assert_eq!(got.keys.len(), row0 + rb, "{} + {}", x.name, y.name);
-            assert_eq!(&got.keys[..ra], &want_a.keys[..], "{} + {}", x.name, y.name);
-            assert_eq!(&got.keys[row0..], &want_b.keys[..], "{} + {}", x.name, y.name);
-            if let Some(w) = &want_a.valid {
-                assert_eq!(&got.valid.as_ref().unwrap()[..ra.div_ceil(32)], &w[..], "{} + {}", x.name, y.name);
-            }
-            if let Some(w) = &want_b.valid {
-                assert_eq!(&got.valid.as_ref().unwrap()[row0 / 32..], &w[..], "{} + {}", x.name, y.name);
-            }
-        }
-    }
-
     /// Large pages decompressed on the host ([`decode::inflate_on_host`],
     /// no size floor) decode, from the chunks followed by the inflated bodies,
     /// as before; some case has such a page (a dictionary page beside small

@@ -323,33 +323,6 @@ pub struct PageTable {
 }
 
 impl PageTable {
-    /// Append `other`'s pages, whose raw bytes lie at `raw_at` of a shared
-    /// upload; its rows start at the returned row (this table's rows rounded
-    /// up to 32, so each table's validity words are its own).
-    pub fn append(&mut self, other: &PageTable, raw_at: u64) -> u64 {
-        let row0 = self.rows.next_multiple_of(32);
-        let first = self.pages.len() as u64;
-        // Even, so the other table's DELTA pages keep their u64 scratch aligned.
-        let idx0 = self.idx_len.next_multiple_of(2);
-        for &p in &other.pages {
-            self.pages.push(PqPage {
-                src: p.src + raw_at,
-                dst: p.dst + self.body_len,
-                first_row: p.first_row + row0,
-                dict: if p.dict == NO_DICT { NO_DICT } else { p.dict + first },
-                lvl_word: p.lvl_word + self.lvl_words,
-                idx_off: p.idx_off + idx0,
-                ..p
-            });
-        }
-        self.body_len += other.body_len;
-        self.lvl_words += other.lvl_words;
-        self.idx_len = idx0 + other.idx_len;
-        self.rows = row0 + other.rows;
-        self.def_max = self.def_max.max(other.def_max);
-        row0
-    }
-
     /// The table as the kernels read it.
     pub fn flat(&self) -> Vec<u64> {
         self.pages.iter().flat_map(|p| p.fields()).collect()
