@@ -1,4 +1,4 @@
-// Set-similarity join (sf-gSSJoin / fgssjoin style), see src/algo/ssjoin.rs.
+// Set-similarity join (sf-gSSJoin / fgssjoin style), see src/algo/ssjoin/ (gpu.rs launches it).
 //
 // Inputs on the device (uploaded once per join):
 //   r_off/r_tok   probe sets (CSR, token ids strictly increasing, sets by size)

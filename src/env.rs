@@ -204,20 +204,6 @@ pub fn scan_columns_apart() -> bool {
     flag("SETFUSION_SCAN_COLUMNS_APART")
 }
 
-/// `SETFUSION_SCAN_EARLY=0`: a query in a fresh process does not read its
-/// device-scanned sides while the device starts (it reads them once the device
-/// is there, streamed), to measure one against the other.
-pub fn scan_early() -> bool {
-    std::env::var("SETFUSION_SCAN_EARLY").map_or(true, |v| v != "0")
-}
-
-/// `SETFUSION_SCAN_PAGEABLE=1`: a device scan uploads parts of read buffers that are
-/// not page-locked (a fresh process's) by the driver's own copies instead of
-/// through setfusion's pinned staging buffers, to measure one against the other.
-pub fn scan_pageable() -> bool {
-    flag("SETFUSION_SCAN_PAGEABLE")
-}
-
 /// `SETFUSION_SCAN_READERS=N`: reader threads a device scan's parts are read by (default 2).
 pub fn scan_readers() -> Option<usize> {
     parsed("SETFUSION_SCAN_READERS")

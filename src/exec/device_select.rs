@@ -473,7 +473,6 @@ pub(crate) fn select_device_scanned(
         (Side::Device(p), Side::Device(b))
             if p.filter().is_none()
                 && b.filter().is_none()
-                && crate::env::scan_early()
                 && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
         {
             Some(crate::scan::ReadAhead::start(&[side(p, keep), side(b, None)]))

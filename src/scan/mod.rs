@@ -745,7 +745,6 @@ fn upload_decode_parts<'a>(
     let mut inflated_at = if rooms_fit { rooms_end } else { total };
     // Parts whose inflated pages did not fit the room: decoded once the buffer has grown.
     let mut deferred: Vec<Deferred> = Vec::new();
-    let pageable = crate::env::scan_pageable();
     let scoped = (|| -> Result<(ReadOutcomes, Instant)> {
         let ((failed, reads, reads_done), _, _) = gpu.streamed_upload(&mut dev, stats, |up, stats| {
             let mut failed = None;
@@ -755,7 +754,7 @@ fn upload_decode_parts<'a>(
                 }
                 let upload_and_decode = || -> Result<()> {
                     let (i, part_at) = (part.plan, chunk_at[part.plan] + part.at);
-                    up.piece(part_at, part.bytes, part.locked || pageable, stats)?;
+                    up.piece(part_at, part.bytes, part.locked, stats)?;
                     let ReadPart { table, inflated, moved, .. } = part;
                     let table = match inflated {
                         PartInflated::Owned(own) if own.is_empty() => place(table, &moved, part_at, 0),

@@ -85,7 +85,7 @@ impl SetOp {
 pub enum GpuStrategy {
     Hash,
     Bitmap,
-    /// Radix sort + Balanced Path (src/algo/sort_setops.rs).
+    /// Radix sort + Balanced Path (src/algo/select/sort.rs).
     Sort,
 }
 
