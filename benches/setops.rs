@@ -1,5 +1,5 @@
-//! `cargo bench --bench setops_bench`: see `setfusion::bench::setops`.
+//! `cargo bench --bench setops_bench`: see `setfusion_tools::bench::setops`.
 #[tokio::main]
 async fn main() -> datafusion::error::Result<()> {
-    setfusion::bench::setops::run().await
+    setfusion_tools::bench::setops::run().await
 }

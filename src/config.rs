@@ -248,7 +248,7 @@ setfusion_settings! {
         pub enabled: bool, default = true
         /// Set operations and semi / anti joins ask for both inputs hash-partitioned on their
         /// keys and decide each partition on its own (a Ballista cluster, where each task sees
-        /// one partition: `setfusion::distributed` turns it on). false: one selection over
+        /// one partition: `setfusion_ballista` turns it on). false: one selection over
         /// all input partitions at once (one process, one device sees every row).
         pub hash_partition_inputs: bool, default = false
         /// Under `auto`, work smaller than this stays on the CPU: estimated rows of both inputs

@@ -607,7 +607,7 @@ fn filter_fixed_width_pinned(
 /// offset of the first value) is set, in order, one 64-bit mask word at a
 /// time. The one loop behind the fixed-width output paths (and `setfusion
 /// bench filter`).
-pub(crate) fn for_each_kept<T: Copy>(values: &[T], mask: KeptBits<'_>, mut f: impl FnMut(T)) {
+pub fn for_each_kept<T: Copy>(values: &[T], mask: KeptBits<'_>, mut f: impl FnMut(T)) {
     let chunks = datafusion::arrow::util::bit_chunk_iterator::BitChunks::new(mask.0, mask.1, values.len());
     let mut word = |base: usize, mut m: u64| {
         while m != 0 {

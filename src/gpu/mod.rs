@@ -23,9 +23,10 @@ use datafusion::error::DataFusionError;
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
 pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use error::{is_out_of_memory, GpuError};
-pub(crate) use pool::{drop_later, for_each_mut, par_map};
+pub(crate) use pool::{drop_later, par_map};
+pub use pool::for_each_mut;
 pub use staging::{HostBytes, HostOut, PendingBuffer, PinnedArena, STAGING_HOST_BYTES};
-pub(crate) use transfer::copy_threads;
+pub use transfer::copy_threads;
 pub use transfer::{
     compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, count_kept_on_device, gpu_min_max,
     DeviceArray, StreamedUpload, TransferStats,

@@ -123,7 +123,7 @@ pub(crate) fn for_each_index(n: usize, f: &(dyn Fn(usize) + Sync)) {
 
 /// Run `f(i, &mut items[i])` for every item on the pool (each item is handed
 /// to exactly one task, so tasks may mutate their own item).
-pub(crate) fn for_each_mut<T: Send>(items: &mut [T], f: &(dyn Fn(usize, &mut T) + Sync)) {
+pub fn for_each_mut<T: Send>(items: &mut [T], f: &(dyn Fn(usize, &mut T) + Sync)) {
     let slots: Vec<Mutex<&mut T>> = items.iter_mut().map(Mutex::new).collect();
     for_each_index(slots.len(), &|i| f(i, &mut slots[i].lock().unwrap_or_else(|e| e.into_inner())));
 }

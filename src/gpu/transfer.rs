@@ -493,7 +493,7 @@ impl Gpu {
 
 /// Host threads for copies, packing and scans over key columns: one per core,
 /// at most 16 (beyond that the copies are bound by memory bandwidth).
-pub(crate) fn copy_threads() -> usize {
+pub fn copy_threads() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get()).min(16)
 }
 

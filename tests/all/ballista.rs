@@ -12,7 +12,7 @@
 //! leased while those queries ran; without one they fall back to the CPU.
 
 use datafusion::prelude::SessionConfig;
-use setfusion::distributed::{demo, remote_context, start_loopback_cluster};
+use setfusion_ballista::{demo, remote_context, start_loopback_cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn loopback_cluster_answers_like_one_process() {

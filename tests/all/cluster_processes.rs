@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use datafusion::prelude::{ParquetReadOptions, SessionConfig};
-use setfusion::distributed::{demo, process::free_ports, remote_context};
+use setfusion_ballista::{demo, process::free_ports, remote_context};
 
 /// Child processes, killed on drop.
 struct Children(Vec<Child>);
@@ -33,7 +33,7 @@ fn setfusion(args: &[&str]) -> Child {
 }
 
 fn wait_for_port(port: u16, what: &str, children: &mut Children) {
-    setfusion::distributed::process::wait_for_port(port, what, Duration::from_secs(120), &mut children.0)
+    setfusion_ballista::process::wait_for_port(port, what, Duration::from_secs(120), &mut children.0)
         .unwrap_or_else(|e| panic!("{e}"));
 }
 

@@ -8,14 +8,14 @@ use std::path::PathBuf;
 /// overrides it where the test binary runs away from its source tree (the GPU
 /// machine, see scripts/gpu-run.sh).
 pub fn crate_root() -> PathBuf {
-    setfusion::env::repo_root()
+    setfusion_tools::env::repo_root()
 }
 
 /// A test data file from `SETFUSION_DATA_DIR` (else `../shared/data`). A
 /// missing file fails the test, unless `SETFUSION_SKIP_MISSING_DATA=1`
 /// (then the test says it skips and returns None).
 pub fn data_file(name: &str) -> Option<String> {
-    let path = setfusion::env::data_dir().join(name);
+    let path = setfusion_tools::env::data_dir().join(name);
     match std::fs::read_to_string(&path) {
         Ok(text) => Some(text),
         Err(e) if std::env::var("SETFUSION_SKIP_MISSING_DATA").is_ok_and(|v| v == "1") => {
@@ -40,7 +40,7 @@ pub fn require_gpu() -> bool {
 /// `skipping gpu mode: <reason>` when they should be skipped. Panics when no
 /// GPU is usable and `SETFUSION_REQUIRE_GPU=1`.
 pub fn gpu_or_skip() -> Result<(), String> {
-    match setfusion::slt::gpu_mode_status() {
+    match setfusion_tools::slt::gpu_mode_status() {
         Ok(()) => Ok(()),
         Err(reason) if require_gpu() => panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {reason}"),
         Err(reason) => {

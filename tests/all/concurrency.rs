@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::prelude::SessionConfig;
-use setfusion::datagen;
+use setfusion_tools::datagen;
 
 use crate::common::{block_on, gpu_or_skip};
 

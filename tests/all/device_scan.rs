@@ -20,7 +20,7 @@ use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
-use setfusion::bench::tpch::canonical_rows;
+use setfusion_tools::bench::tpch::canonical_rows;
 
 use crate::common::{block_on, gpu_or_skip};
 

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use datafusion::prelude::{SessionConfig, SessionContext};
-use setfusion::datagen;
+use setfusion_tools::datagen;
 
 use crate::common::{block_on, gpu_or_skip, shared_device};
 

@@ -11,11 +11,11 @@ use crate::common::{block_on, gpu_or_skip};
 #[test]
 fn fuzz_small_run_agrees() {
     let _device = crate::common::shared_device();
-    let queries: usize = setfusion::env::fuzz_queries().unwrap_or(600);
+    let queries: usize = setfusion_tools::env::fuzz_queries().unwrap_or(600);
     let gpu = gpu_or_skip().is_ok();
     block_on(move || async move {
-        let opts = setfusion::fuzz::FuzzOptions { queries, seed: 20261124, max_rows: 50_000, gpu };
-        match setfusion::fuzz::run(&opts).await {
+        let opts = setfusion_tools::fuzz::FuzzOptions { queries, seed: 20261124, max_rows: 50_000, gpu };
+        match setfusion_tools::fuzz::run(&opts).await {
             Ok(r) => println!(
                 "fuzz: {} queries in {} rounds agree on {} ({} refused by plain DataFusion and setfusion alike)",
                 r.queries,

@@ -15,12 +15,12 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use setfusion::slt::{self, Mode};
+use setfusion_tools::slt::{self, Mode};
 
 use crate::common::{block_on, crate_root, gpu_or_skip};
 
 fn slt_files(dir: PathBuf) -> Vec<PathBuf> {
-    let filter = setfusion::env::slt_filter().unwrap_or_default();
+    let filter = setfusion_tools::env::slt_filter().unwrap_or_default();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -33,7 +33,7 @@ fn slt_files(dir: PathBuf) -> Vec<PathBuf> {
 
 fn run_sql_tests(mode: Mode) {
     let files = slt_files(crate_root().join("sql-tests"));
-    assert!(!files.is_empty() || setfusion::env::slt_filter().is_some(), "no sql-tests/*.slt files");
+    assert!(!files.is_empty() || setfusion_tools::env::slt_filter().is_some(), "no sql-tests/*.slt files");
     let failures = block_on(move || async move {
         let mut failures = vec![];
         for f in &files {
@@ -75,7 +75,7 @@ fn peer_test_files() -> std::path::PathBuf {
 /// path under `dir` (`joins.slt`, `string/string.slt`), as in
 /// EXPECTED_DIFFERENCES.txt; files or folders listed in `skipped` are left out.
 fn peer_files(dir: &std::path::Path, skipped: &HashSet<String>) -> Vec<(String, PathBuf)> {
-    let filter = setfusion::env::slt_filter().unwrap_or_default();
+    let filter = setfusion_tools::env::slt_filter().unwrap_or_default();
     let mut out = vec![];
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -135,7 +135,7 @@ fn run_peer_suites(mode: Mode) {
         .collect();
     let files = peer_files(&peer_test_files(), &skipped);
     assert!(
-        !files.is_empty() || setfusion::env::slt_filter().is_some(),
+        !files.is_empty() || setfusion_tools::env::slt_filter().is_some(),
         "no peer .slt files under {}",
         peer_test_files().display()
     );

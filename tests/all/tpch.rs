@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use datafusion::prelude::SessionContext;
-use setfusion::bench::tpch::{self, canonical_rows, expected_set_op, JOIN_QUERIES, QUERIES, SET_QUERIES};
+use setfusion_tools::bench::tpch::{self, canonical_rows, expected_set_op, JOIN_QUERIES, QUERIES, SET_QUERIES};
 
 use crate::common::{block_on, gpu_or_skip};
 

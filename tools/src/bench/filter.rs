@@ -108,7 +108,7 @@ pub fn run() -> Result<()> {
                             }
                             for i in lo..hi {
                                 let v = p[i].column(1).as_primitive::<Int64Type>().values();
-                                crate::exec::output_filter::for_each_kept(
+                                setfusion::exec::output_filter::for_each_kept(
                                     v,
                                     (m[i].values().values(), m[i].values().offset()),
                                     |x| buf.push(x),

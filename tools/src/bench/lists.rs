@@ -36,8 +36,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use rand::{Rng, SeedableRng};
 
-use crate::algo::multiset::{intersect_k, DeviceLists};
-use crate::gpu::TransferStats;
+use setfusion::algo::multiset::{intersect_k, DeviceLists};
+use setfusion::gpu::TransferStats;
 
 struct Args {
     rows: usize,
@@ -201,7 +201,7 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
     let (table, elements) = list_table(a)?;
     eprintln!("bench lists: {} rows, {elements} list elements generated in {:.1} s", a.rows, t.elapsed().as_secs_f64());
     let config = || SessionConfig::new().with_target_partitions(a.partitions).with_batch_size(a.batch_rows);
-    let gpu_ok = crate::gpu::gpu(0).is_ok();
+    let gpu_ok = setfusion::gpu::gpu(0).is_ok();
     let kind = if a.strings { "Utf8 (the integers written as strings)" } else { "INT" };
     writeln!(report, "### List functions: {} rows of two {kind} lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows).unwrap();
     writeln!(report, "| engine | query | time | sum of result lengths | vs array_intersect |").unwrap();
@@ -220,7 +220,7 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
             eprintln!("bench lists: no GPU, CPU rows only");
             break;
         }
-        let ctx = crate::context_with_config(config());
+        let ctx = setfusion::context_with_config(config());
         ctx.register_table("t", table.clone())?;
         ctx.sql(&format!("SET setfusion.strategy = '{strategy}'")).await?.collect().await?;
         let (t, n) = timed(&ctx, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
@@ -275,7 +275,7 @@ fn bench_kway(a: &Args, report: &mut String) -> Result<()> {
         ms(t_cpu) / a.queries.max(1) as f64
     )
     .unwrap();
-    if let Ok(g) = crate::gpu::gpu(0) {
+    if let Ok(g) = setfusion::gpu::gpu(0) {
         let lease = g.lease(0);
         let stats = &mut TransferStats::default();
         let t = Instant::now();

@@ -107,7 +107,7 @@ fn write_table(n: u64, codec: &str, name: &str) -> Result<PathBuf> {
 async fn session(n: u64, codec: &str, setfusion: bool) -> Result<SessionContext> {
     let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
     let config = SessionConfig::new().with_target_partitions(threads);
-    let ctx = if setfusion { crate::context_with_config(config) } else { SessionContext::new_with_config(config) };
+    let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
     for t in ["a", "b"] {
         let dir = table_dir(n, codec, t);
         ctx.register_parquet(t, dir.to_str().ok_or_else(|| exec_err("path"))?, ParquetReadOptions::default()).await?;
@@ -213,13 +213,13 @@ for sql in sys.stdin.read().split("\n"):
 
 /// The device scan alone on table a's keys: (end to end incl. file reads, upload + decode) GB/s of decoded keys.
 fn device_scan_rate(dir: &Path, runs: usize) -> std::result::Result<(f64, f64, String), String> {
-    let g = crate::gpu::gpu(0).map_err(|e| e.to_string())?;
-    let mut files: Vec<crate::scan::ScanFile> = std::fs::read_dir(dir)
+    let g = setfusion::gpu::gpu(0).map_err(|e| e.to_string())?;
+    let mut files: Vec<setfusion::scan::ScanFile> = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
-        .map(|path| crate::scan::ScanFile { path, ranges: vec![] })
+        .map(|path| setfusion::scan::ScanFile { path, ranges: vec![] })
         .collect();
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let (mut total, mut device) = (Vec::new(), Vec::new());
@@ -228,9 +228,9 @@ fn device_scan_rate(dir: &Path, runs: usize) -> std::result::Result<(f64, f64, S
     // operator holds the device (the kept read buffers are page-locked after it).
     for run in 0..=runs.max(1) {
         let _lease = g.lease(0);
-        let mut stats = crate::gpu::TransferStats::default();
+        let mut stats = setfusion::gpu::TransferStats::default();
         let t = Instant::now();
-        let (decoded, r) = match crate::scan::scan_to_device(
+        let (decoded, r) = match setfusion::scan::scan_to_device(
             &g,
             &files,
             "k",
@@ -278,7 +278,7 @@ pub async fn run(options: Options) -> Result<()> {
         return Ok(());
     }
     let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
-    let device = match crate::gpu::gpu(0) {
+    let device = match setfusion::gpu::gpu(0) {
         Ok(g) => format!("{} ({} SMs)", g.info().name, g.info().multiprocessors),
         Err(e) => format!("no GPU ({e})"),
     };

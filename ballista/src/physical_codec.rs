@@ -26,16 +26,16 @@ use datafusion_proto::protobuf::{self as proto, PhysicalExprNode};
 use prost::Message;
 
 use super::bad;
-use crate::algo::select::SetOp;
-use crate::algo::ssjoin::{Metric, Threshold};
-use crate::config::Strategy;
-use crate::exec::common::{Decision, NullMode, Reason, Unit};
-use crate::exec::declined::SetfusionDeclinedExec;
-use crate::exec::families::{FamiliesExec, Layout, Level};
-use crate::exec::mark_join::{MarkJoinExec, MarkKind, MarkOutput};
-use crate::exec::pair_filter::PairFilter;
-use crate::exec::set_select::SetSelectExec;
-use crate::exec::similarity_join::SimilarityJoinExec;
+use setfusion::algo::select::SetOp;
+use setfusion::algo::ssjoin::{Metric, Threshold};
+use setfusion::config::Strategy;
+use setfusion::exec::common::{Decision, NullMode, Reason, Unit};
+use setfusion::exec::declined::SetfusionDeclinedExec;
+use setfusion::exec::families::{FamiliesExec, Layout, Level};
+use setfusion::exec::mark_join::{MarkJoinExec, MarkKind, MarkOutput};
+use setfusion::exec::pair_filter::PairFilter;
+use setfusion::exec::set_select::SetSelectExec;
+use setfusion::exec::similarity_join::SimilarityJoinExec;
 
 /// Marks a setfusion node's bytes, so that decoding tells them from the
 /// wrapped codec's without trying to parse them first.
@@ -313,11 +313,11 @@ fn decode_backend(b: Option<BackendNode>, ctx: &TaskContext) -> Result<Decision>
     if b.gpu {
         return Ok(Decision::gpu(b.strategy.parse::<Strategy>()?, reason));
     }
-    let cfg = crate::config::SetfusionConfig::from_options(ctx.session_config().options());
+    let cfg = setfusion::config::SetfusionConfig::from_options(ctx.session_config().options());
     if matches!(reason, Reason::NoGpu(_))
         && cfg.enabled
         && cfg.strategy != Strategy::Cpu
-        && crate::gpu::available(cfg.device).is_ok()
+        && setfusion::gpu::available(cfg.device).is_ok()
     {
         return Ok(Decision::gpu(cfg.strategy, Reason::DeviceOnExecutor));
     }
@@ -730,7 +730,7 @@ mod tests {
     /// Every kind of reason, and both backends, survive the wire.
     #[test]
     fn decisions_round_trip() {
-        let task = crate::context().task_ctx();
+        let task = setfusion::context().task_ctx();
         let reasons = [
             Reason::Disabled,
             Reason::StrategyCpu,
@@ -758,8 +758,8 @@ mod tests {
     /// test process is that executor); any other CPU choice stays.
     #[test]
     fn a_plan_made_without_a_device_takes_the_executors() {
-        let gpu = crate::gpu::test_gpu();
-        let task = crate::context().task_ctx();
+        let gpu = setfusion::gpu::test_gpu();
+        let task = setfusion::context().task_ctx();
         let no_gpu = Decision::cpu(Reason::NoGpu("no CUDA driver".into()));
         let node = |d: &Decision| encode_backend(d);
         let decoded = decode_backend(Some(node(&no_gpu)), &task).unwrap();
@@ -770,14 +770,14 @@ mod tests {
         }
         let min_rows = Decision::cpu(Reason::BelowMinRows { count: 12, unit: Unit::Rows, min_rows: 100_000 });
         assert_eq!(decode_backend(Some(node(&min_rows)), &task).unwrap(), min_rows);
-        let strategy_cpu = crate::context();
+        let strategy_cpu = setfusion::context();
         strategy_cpu
             .state_ref()
             .write()
             .config_mut()
             .options_mut()
             .extensions
-            .get_mut::<crate::config::SetfusionConfig>()
+            .get_mut::<setfusion::config::SetfusionConfig>()
             .unwrap()
             .strategy = Strategy::Cpu;
         assert!(

@@ -24,7 +24,7 @@ use datafusion::object_store::{
 };
 use futures::stream::{self, BoxStream, StreamExt};
 
-use crate::config::Devices;
+use setfusion::config::Devices;
 
 fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
     DataFusionError::External(Box::new(e))
@@ -75,7 +75,7 @@ pub struct ExecutorOptions {
 pub async fn run_executor(options: ExecutorOptions) -> Result<()> {
     socket(&options.bind, options.port)?;
     if let Some(devices) = &options.devices {
-        crate::config::set_process_devices(devices.clone());
+        setfusion::config::set_process_devices(devices.clone());
     }
     let work_dir = match &options.work_dir {
         Some(d) => d.clone(),

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::median;
-use crate::algo::select::{self, GpuStrategy, SetOp};
-use crate::algo::sorted_intersect::SortedIntersect;
+use setfusion::algo::select::{self, GpuStrategy, SetOp};
+use setfusion::algo::sorted_intersect::SortedIntersect;
 use crate::datagen;
-use crate::gpu::{self, TransferStats};
+use setfusion::gpu::{self, TransferStats};
 use datafusion::error::Result;
 use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -58,14 +58,14 @@ struct Run {
 
 async fn run_once(ctx: &SessionContext, sql: &str) -> Result<Run> {
     let t = Instant::now();
-    crate::util::trace("query start");
+    setfusion::util::trace("query start");
     let df = ctx.sql(sql).await?;
-    crate::util::trace("logical plan optimized");
+    setfusion::util::trace("logical plan optimized");
     let plan = df.create_physical_plan().await?;
     let planned = t.elapsed();
     let batches = collect(plan.clone(), ctx.task_ctx()).await?;
     let time = t.elapsed();
-    crate::util::trace(&format!("query collected (planned after {:.2} ms)", planned.as_secs_f64() * 1e3));
+    setfusion::util::trace(&format!("query collected (planned after {:.2} ms)", planned.as_secs_f64() * 1e3));
     let rows = if batches.len() == 1 && batches[0].num_rows() == 1 && batches[0].num_columns() == 1 {
         datafusion::arrow::util::display::array_value_to_string(batches[0].column(0), 0).unwrap().parse().unwrap_or(1)
     } else {
@@ -116,7 +116,7 @@ pub async fn run() -> Result<()> {
     }
     eprintln!("generated 2 x {n} rows in {:.1} s", t.elapsed().as_secs_f64());
     let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(threads));
-    let sf = crate::context_with_config(SessionConfig::new().with_target_partitions(threads));
+    let sf = setfusion::context_with_config(SessionConfig::new().with_target_partitions(threads));
     for ctx in [&plain, &sf] {
         ctx.register_table("a", a.clone())?;
         ctx.register_table("b", b.clone())?;
@@ -215,11 +215,11 @@ pub async fn run() -> Result<()> {
         let bv: Vec<u32> = bv.windows(2).take_while(|w| w[0] < w[1]).map(|w| w[0]).collect();
         let mut stats = TransferStats::default();
         let mut si = SortedIntersect::upload(&g, &av, &bv, &mut stats)?;
-        let want = crate::algo::sorted_intersect::intersect_count_cpu(&av, &bv, None);
+        let want = setfusion::algo::sorted_intersect::intersect_count_cpu(&av, &bv, None);
         let keys = (av.len() + bv.len()) as f64;
         // Every instantiated tile shape; the report keeps them all.
         let mut shapes = Vec::new();
-        use crate::algo::sorted_intersect::{TILE_SHAPES, TILE_SHAPES_U32};
+        use setfusion::algo::sorted_intersect::{TILE_SHAPES, TILE_SHAPES_U32};
         for &shape in TILE_SHAPES.iter().chain(TILE_SHAPES_U32) {
             si = si.with_shape(shape);
             let mut times = Vec::new();

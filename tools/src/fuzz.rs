@@ -630,16 +630,16 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         let b = collect(&plain, &format!("SELECT {cols} FROM b")).await?;
         report.largest_table = report.largest_table.max(a.len()).max(b.len());
         let mut contexts = Vec::new();
-        let cpu = crate::context();
+        let cpu = setfusion::context();
         setup(&cpu, &stmts, &["SET setfusion.strategy = 'cpu'"]).await?;
         contexts.push(("cpu", cpu));
         // Default settings: the cost model's choices, DataFusion's own operators where they are right.
-        let default = crate::context();
+        let default = setfusion::context();
         setup(&default, &stmts, &[]).await?;
         contexts.push(("default", default));
         if gpu {
             for strategy in ["auto", "hash", "bitmap", "sort"] {
-                let g = crate::context();
+                let g = setfusion::context();
                 setup(&g, &stmts, &["SET setfusion.min_rows = 0", &format!("SET setfusion.strategy = '{strategy}'")])
                     .await?;
                 contexts.push((strategy, g));
@@ -848,7 +848,7 @@ async fn list_contexts(
     }
     let mut out = Vec::new();
     for (name, s) in settings {
-        let ctx = crate::context();
+        let ctx = setfusion::context();
         setup(&ctx, &[], &s).await?;
         register(&ctx)?;
         out.push((name, ctx));

@@ -16,7 +16,7 @@ use datafusion_proto::protobuf::PhysicalPlanNode;
 use prost::Message;
 
 use super::demo;
-use crate::exec::declined::SetfusionDeclinedExec;
+use setfusion::exec::declined::SetfusionDeclinedExec;
 
 /// A fresh directory with the demo tables (`rows` rows each).
 async fn tables(test: &str, rows: usize) -> PathBuf {
@@ -28,7 +28,7 @@ async fn tables(test: &str, rows: usize) -> PathBuf {
 
 /// A setfusion context over the demo tables with `settings` (`SET` statements).
 async fn context(dir: &PathBuf, settings: &[&str]) -> SessionContext {
-    let ctx = crate::context_with_config(SessionConfig::new().with_target_partitions(4));
+    let ctx = setfusion::context_with_config(SessionConfig::new().with_target_partitions(4));
     for s in settings {
         ctx.sql(s).await.unwrap().collect().await.unwrap();
     }
@@ -106,7 +106,7 @@ async fn declined_note_round_trips() {
     let scan = ctx.sql("SELECT k FROM r").await.unwrap().create_physical_plan().await.unwrap();
     let plan: Arc<dyn ExecutionPlan> = Arc::new(SetfusionDeclinedExec::new(
         scan,
-        crate::exec::common::Reason::BelowMinRows { count: 12, unit: crate::exec::common::Unit::Rows, min_rows: 100 },
+        setfusion::exec::common::Reason::BelowMinRows { count: 12, unit: setfusion::exec::common::Unit::Rows, min_rows: 100 },
     ));
     let back = physical_round_trip(plan.clone(), &ctx).unwrap();
     assert_eq!(plan_text(&back), plan_text(&plan));

@@ -38,19 +38,19 @@ use datafusion::prelude::SessionConfig;
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
-use crate::config::SetfusionConfig;
+use setfusion::config::SetfusionConfig;
 
 pub use logical_codec::SetfusionLogicalCodec;
 pub use physical_codec::SetfusionPhysicalCodec;
 
 /// setfusion's scalar function called `name` (or aliased so), if any.
 pub fn scalar_function(name: &str) -> Option<Arc<ScalarUDF>> {
-    crate::udf::functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
+    setfusion::udf::functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
 }
 
 /// setfusion's aggregate function called `name` (or aliased so), if any.
 pub fn aggregate_function(name: &str) -> Option<Arc<AggregateUDF>> {
-    crate::udf::aggregate_functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
+    setfusion::udf::aggregate_functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
 }
 
 /// Both codecs' error for bytes they cannot decode or a node they cannot encode.
@@ -119,21 +119,21 @@ pub fn ballista_config(config: SessionConfig) -> SessionConfig {
         .with_ballista_physical_extension_codec(physical_codec())
 }
 
-/// [`crate::install`] for Ballista: setfusion's functions, rules, planner and
+/// [`setfusion::install`] for Ballista: setfusion's functions, rules, planner and
 /// settings, with [`ballista_config`]'s codecs and distribution. A client
 /// passes the built state to `SessionContext::remote_with_state`; an
 /// executor takes its functions (`(&state).into()`).
 pub fn install_ballista(builder: SessionStateBuilder) -> SessionStateBuilder {
     let mut builder = builder;
     let config = builder.config().get_or_insert_with(SessionConfig::new).clone();
-    crate::install(builder.with_config(ballista_config(config)))
+    setfusion::install(builder.with_config(ballista_config(config)))
 }
 
 /// The scheduler's session for a client's settings: Ballista's default
 /// session with setfusion installed (`SchedulerConfig::override_session_builder`).
 pub fn session_builder(config: SessionConfig) -> Result<SessionState> {
     let state = ballista_core::utils::default_session_builder(ballista_config(config))?;
-    Ok(crate::install(SessionStateBuilder::new_from_existing(state)).build())
+    Ok(setfusion::install(SessionStateBuilder::new_from_existing(state)).build())
 }
 
 /// A scheduler process's configuration made setfusion-aware: its sessions
@@ -216,13 +216,13 @@ pub async fn remote_context(url: &str, config: SessionConfig) -> Result<datafusi
 /// Register setfusion's functions in `ctx` again: `remote_with_state` gives
 /// the client Ballista's function lists in place of the session's own.
 pub fn register_functions(ctx: &datafusion::prelude::SessionContext) {
-    for f in crate::udf::functions() {
+    for f in setfusion::udf::functions() {
         ctx.register_udf(f.as_ref().clone());
     }
-    for f in crate::udf::aggregate_functions() {
+    for f in setfusion::udf::aggregate_functions() {
         ctx.register_udaf(f.as_ref().clone());
     }
-    ctx.register_udtf(crate::udf::families::NAME, Arc::new(crate::udf::families::IntersectFamilies));
+    ctx.register_udtf(setfusion::udf::families::NAME, Arc::new(setfusion::udf::families::IntersectFamilies));
 }
 
 #[cfg(test)]

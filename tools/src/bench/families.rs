@@ -24,8 +24,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::algo::families::{self, Family, PairSpace};
-use crate::gpu::TransferStats;
+use setfusion::algo::families::{self, Family, PairSpace};
+use setfusion::gpu::TransferStats;
 
 /// `setfusion bench families`' options.
 #[derive(Debug, Clone, clap::Args)]
@@ -84,7 +84,7 @@ fn table(f: &Family) -> Result<Arc<MemTable>> {
 }
 
 async fn sql_time(f: &Family, g: &Family, cpu: bool, runs: usize) -> Result<(Duration, i64)> {
-    let ctx = crate::context();
+    let ctx = setfusion::context();
     ctx.register_table("f", table(f)?)?;
     ctx.register_table("g", table(g)?)?;
     ctx.sql(if cpu { "SET setfusion.strategy = 'cpu'" } else { "SET setfusion.min_rows = 0" }).await?.collect().await?;
@@ -101,7 +101,7 @@ async fn sql_time(f: &Family, g: &Family, cpu: bool, runs: usize) -> Result<(Dur
 
 pub async fn run(mut a: Options) -> Result<()> {
     a.runs = a.runs.max(1);
-    let gpu = crate::gpu::gpu(0).ok();
+    let gpu = setfusion::gpu::gpu(0).ok();
     if gpu.is_none() {
         println!("no GPU: CPU backend only");
     }

@@ -93,7 +93,7 @@ impl FromStr for Mode {
 
 /// Whether [`Mode::Gpu`] can run here: `Err(reason)` when no GPU is usable.
 pub fn gpu_mode_status() -> std::result::Result<(), String> {
-    crate::gpu::available(0).map_err(|e| e.to_string())
+    setfusion::gpu::available(0).map_err(|e| e.to_string())
 }
 
 /// The session of a mode. Target partitions are fixed at 4, as in
@@ -105,12 +105,12 @@ pub async fn session(mode: Mode) -> Result<SessionContext> {
             SessionStateBuilder::new().with_config(config).with_default_features().build(),
         ),
         Mode::Cpu => {
-            let ctx = crate::context_with_config(config);
+            let ctx = setfusion::context_with_config(config);
             ctx.sql("SET setfusion.strategy = 'cpu'").await?.collect().await?;
             ctx
         }
         Mode::Gpu => {
-            let ctx = crate::context_with_config(config);
+            let ctx = setfusion::context_with_config(config);
             ctx.sql("SET setfusion.min_rows = 0").await?.collect().await?;
             ctx
         }

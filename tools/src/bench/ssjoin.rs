@@ -36,12 +36,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::median;
-use crate::algo::ssjoin::reference::generate;
-use crate::algo::ssjoin::{
+use setfusion::algo::ssjoin::reference::generate;
+use setfusion::algo::ssjoin::{
     default_threads, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
-use crate::algo::ssjoin_prep::{device_input, preprocess, preprocess_gpu};
-use crate::gpu::TransferStats;
+use setfusion::algo::ssjoin_prep::{device_input, preprocess, preprocess_gpu};
+use setfusion::gpu::TransferStats;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
 
@@ -123,7 +123,7 @@ fn dblp() -> Option<RawSets> {
     let mut raw = RawSets::new();
     for line in text.lines() {
         let title = line.split_once('#').map(|(_, t)| t).unwrap_or(line);
-        let keys: Vec<u64> = crate::udf::qgram_tokens(&title.to_lowercase(), 3)
+        let keys: Vec<u64> = setfusion::udf::qgram_tokens(&title.to_lowercase(), 3)
             .into_iter()
             .map(|g| {
                 let n = dict.len() as u64;
@@ -194,7 +194,7 @@ fn self_join_sql(t: f64) -> String {
 /// A setfusion session with `settings` applied.
 fn session(rt: &tokio::runtime::Runtime, settings: &[&str]) -> datafusion::error::Result<SessionContext> {
     rt.block_on(async {
-        let ctx = crate::context();
+        let ctx = setfusion::context();
         for s in settings {
             ctx.sql(s).await?.collect().await?;
         }
@@ -246,7 +246,7 @@ fn time_sql(
 pub fn run(options: Options) {
     let args = settings(options);
     let threads = default_threads();
-    let gpu = crate::gpu::gpu(0);
+    let gpu = setfusion::gpu::gpu(0);
     let device = match &gpu {
         Ok(g) => g.info().name.clone(),
         Err(e) => format!("none ({e})"),

@@ -185,7 +185,7 @@ pub struct ExecutorArgs {
     pub work_dir: Option<PathBuf>,
     /// Its GPUs for sessions that name none (setfusion.devices), e.g. 0,1
     #[arg(long, value_name = "DEVICES", value_parser = parse_devices)]
-    pub devices: Option<crate::config::Devices>,
+    pub devices: Option<setfusion::config::Devices>,
 }
 
 /// `NAME=PATH` of `--table`.
@@ -208,15 +208,15 @@ fn parse_positive(s: &str) -> std::result::Result<usize, String> {
     s.parse().ok().filter(|&n| n > 0).ok_or_else(|| "expected a positive number".to_string())
 }
 
-fn parse_devices(s: &str) -> std::result::Result<crate::config::Devices, String> {
+fn parse_devices(s: &str) -> std::result::Result<setfusion::config::Devices, String> {
     s.parse().map_err(|e: DataFusionError| e.message().into_owned())
 }
 
-pub use crate::util::one_line;
+pub use setfusion::util::one_line;
 
 /// Entry point; returns the process exit code.
 pub async fn main_with_args(args: Vec<String>) -> i32 {
-    crate::util::trace("process: command line read");
+    setfusion::util::trace("process: command line read");
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => return report_parse_error(&e, &args),
@@ -322,7 +322,7 @@ async fn run_bench(bench: Bench) -> Result<()> {
 async fn run_sql_mode(args: SqlArgs) -> Result<i32> {
     let SqlArgs { tables, commands, files, format, cluster } = args;
     let ctx = match &cluster {
-        None => crate::context(),
+        None => setfusion::context(),
         Some(url) => cluster_context(url).await?,
     };
     for (name, path) in &tables {
@@ -401,12 +401,12 @@ pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<
         .ok_or_else(|| DataFusionError::Configuration(format!("unknown SQL dialect {dialect_name}")))?;
     let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?;
     for stmt in statements {
-        crate::util::trace("statement: parsed");
+        setfusion::util::trace("statement: parsed");
         let plan = ctx.state().statement_to_plan(stmt).await?;
         let df = ctx.execute_logical_plan(plan).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let mut batches = df.collect().await?;
-        crate::util::trace("statement: collected");
+        setfusion::util::trace("statement: collected");
         if batches.is_empty() && !schema.fields().is_empty() {
             batches.push(RecordBatch::new_empty(schema));
         }
@@ -499,8 +499,8 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 /// A client session on the Ballista cluster at `url` (`df://HOST:PORT`).
 #[cfg(feature = "ballista")]
 async fn cluster_context(url: &str) -> Result<SessionContext> {
-    let url = crate::distributed::process::cluster_url(url)?;
-    crate::distributed::remote_context(&url, datafusion::prelude::SessionConfig::new()).await
+    let url = setfusion_ballista::process::cluster_url(url)?;
+    setfusion_ballista::remote_context(&url, datafusion::prelude::SessionConfig::new()).await
 }
 
 #[cfg(not(feature = "ballista"))]
@@ -511,14 +511,14 @@ async fn cluster_context(_url: &str) -> Result<SessionContext> {
 /// Run a Ballista scheduler until the process ends.
 #[cfg(feature = "ballista")]
 async fn run_scheduler(options: SchedulerArgs) -> Result<i32> {
-    crate::distributed::process::run_scheduler(&options.bind, options.port).await?;
+    setfusion_ballista::process::run_scheduler(&options.bind, options.port).await?;
     Ok(0)
 }
 
 /// Run a Ballista executor until the process ends.
 #[cfg(feature = "ballista")]
 async fn run_executor(options: ExecutorArgs) -> Result<i32> {
-    use crate::distributed::process::ExecutorOptions;
+    use setfusion_ballista::process::ExecutorOptions;
     let ExecutorArgs {
         scheduler: (scheduler_host, scheduler_port),
         port,
@@ -530,7 +530,7 @@ async fn run_executor(options: ExecutorArgs) -> Result<i32> {
         devices,
     } = options;
     let data_dirs = if data_dirs.is_empty() { vec![std::env::current_dir()?] } else { data_dirs };
-    crate::distributed::process::run_executor(ExecutorOptions {
+    setfusion_ballista::process::run_executor(ExecutorOptions {
         bind,
         port,
         grpc_port: grpc_port.unwrap_or(port.wrapping_add(1)),
@@ -717,7 +717,7 @@ mod parse_tests {
                 assert_eq!((e.port, e.grpc_port, e.tasks, e.bind.as_str()), (50071, Some(50072), Some(2), "0.0.0.0"));
                 assert_eq!(e.data_dirs, [PathBuf::from("/data"), PathBuf::from("/more")]);
                 assert_eq!(e.work_dir, Some(PathBuf::from("/work")));
-                assert_eq!(e.devices, Some(crate::config::Devices::List(vec![0, 1])));
+                assert_eq!(e.devices, Some(setfusion::config::Devices::List(vec![0, 1])));
             }
             other => panic!("{other:?}"),
         }

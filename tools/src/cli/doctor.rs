@@ -2,7 +2,7 @@
 
 use datafusion::error::Result;
 
-use crate::gpu;
+use setfusion::gpu;
 
 /// One line saying which device setfusion will use, or why none.
 pub fn gpu_line() -> String {
@@ -25,7 +25,7 @@ pub fn gpu_line() -> String {
 /// (kernels from the disk cache) and print the times of its steps.
 pub fn start_probe() -> i32 {
     let t = std::time::Instant::now();
-    gpu::start_in_background(0, &crate::algo::SET_SELECTION_KERNELS);
+    gpu::start_in_background(0, &setfusion::algo::SET_SELECTION_KERNELS);
     gpu::wait_started(0);
     let started = t.elapsed();
     match (gpu::start_times(0), gpu::gpu(0)) {
@@ -102,7 +102,7 @@ pub async fn run() -> Result<i32> {
         g.budget().limit() as f64 / (1u64 << 30) as f64
     );
     let mut ok = true;
-    match g.compile_all(&crate::algo::kernel_sources()) {
+    match g.compile_all(&setfusion::algo::kernel_sources()) {
         Ok(list) => {
             for (family, t) in list {
                 println!("kernel {family}: compiled/loaded in {:.1} ms", t.as_secs_f64() * 1e3);
@@ -158,7 +158,7 @@ pub async fn run() -> Result<i32> {
         );
         // What a fresh scope of copy threads per 8M-key fill would cost here (the
         // persistent pool in src/gpu/pool.rs saves it once per fill).
-        let threads = crate::gpu::copy_threads();
+        let threads = setfusion::gpu::copy_threads();
         let t = std::time::Instant::now();
         for _ in 0..25 {
             std::thread::scope(|s| {
@@ -180,12 +180,12 @@ pub async fn run() -> Result<i32> {
         let (mut read, mut copy) = (f64::MAX, f64::MAX);
         for _ in 0..3 {
             let t = std::time::Instant::now();
-            crate::gpu::for_each_mut(&mut pieces, &|_, (src, _, sum)| {
+            setfusion::gpu::for_each_mut(&mut pieces, &|_, (src, _, sum)| {
                 *sum = src.iter().fold(0u64, |a, &x| a.wrapping_add(x))
             });
             read = read.min(t.elapsed().as_secs_f64());
             let t = std::time::Instant::now();
-            crate::gpu::for_each_mut(&mut pieces, &|_, (src, dst, _)| dst.copy_from_slice(src));
+            setfusion::gpu::for_each_mut(&mut pieces, &|_, (src, dst, _)| dst.copy_from_slice(src));
             copy = copy.min(t.elapsed().as_secs_f64());
         }
         std::hint::black_box(&pieces);
@@ -198,7 +198,7 @@ pub async fn run() -> Result<i32> {
     // The cost model's inputs (src/planner/cost.rs), for every later process.
     if let (Some((start_ms, _)), true) = (&start, upload_keys_gbps > 0.0) {
         let cal =
-            crate::planner::cost::Calibration { upload_gbps: upload_keys_gbps, start_ms: *start_ms, measured: true };
+            setfusion::planner::cost::Calibration { upload_gbps: upload_keys_gbps, start_ms: *start_ms, measured: true };
         match cal.save() {
             Ok(p) => println!(
                 "calibration saved to {} (upload {:.1} GB/s of keys, start {:.0} ms)",
@@ -209,7 +209,7 @@ pub async fn run() -> Result<i32> {
             Err(e) => println!("calibration not saved: {e}"),
         }
     }
-    for (family, check) in crate::algo::self_checks() {
+    for (family, check) in setfusion::algo::self_checks() {
         let _lock = g.lock_blocking();
         match check(&g) {
             Ok(msg) => println!("self-check {family}: ok ({msg})"),

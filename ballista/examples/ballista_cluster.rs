@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use setfusion::distributed::{demo, remote_context, start_loopback_cluster};
+use setfusion_ballista::{demo, remote_context, start_loopback_cluster};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -124,9 +124,9 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
             .spawn()
             .map_err(|e| DataFusionError::Execution(format!("starting {} {args:?}: {e}", bin.display())))
     };
-    let ports = setfusion::distributed::process::free_ports(1 + 2 * executors)?;
+    let ports = setfusion_ballista::process::free_ports(1 + 2 * executors)?;
     children.0.push(start(vec!["scheduler".into(), "--port".into(), ports[0].to_string()])?);
-    setfusion::distributed::process::wait_for_port(
+    setfusion_ballista::process::wait_for_port(
         ports[0],
         "the scheduler",
         Duration::from_secs(60),
@@ -149,7 +149,7 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.extend(["--data-dir".to_string(), data.display().to_string()]);
         children.0.push(start(args)?);
-        setfusion::distributed::process::wait_for_port(
+        setfusion_ballista::process::wait_for_port(
             flight,
             "an executor",
             Duration::from_secs(60),

@@ -123,7 +123,7 @@ pub async fn run() -> Result<()> {
     // 1. Exactness: SQL multiset semantics that DataFusion 55 gets wrong.
     let small = "CREATE TABLE x(v INT) AS VALUES (3),(3),(3),(1),(NULL),(NULL); CREATE TABLE y(v INT) AS VALUES (3),(1),(1),(NULL)";
     let plain = SessionContext::new();
-    let sf = crate::context();
+    let sf = setfusion::context();
     for ctx in [&plain, &sf] {
         for stmt in small.split(';') {
             ctx.sql(stmt).await?.collect().await?;
@@ -158,7 +158,7 @@ pub async fn run() -> Result<()> {
         };
         let df_ans = match async { plain.sql(sql).await?.collect().await }.await {
             Ok(b) => show(b)?,
-            Err(e) => format!("error: {}", crate::util::one_line(&e).chars().take(40).collect::<String>()),
+            Err(e) => format!("error: {}", setfusion::util::one_line(&e).chars().take(40).collect::<String>()),
         };
         let sf_ans = show(sf.sql(sql).await?.collect().await?)?;
         println!("{name:14} DataFusion: {df_ans:22} setfusion: {sf_ans}");
@@ -205,7 +205,7 @@ pub async fn run() -> Result<()> {
         "\n(\"same plan\": setfusion kept DataFusion's plan, so the times differ by noise only; \"noise\": the runs' \
          times overlap. `EXPLAIN ANALYZE <query>` in `setfusion` shows bytes moved, transfer and kernel time)"
     );
-    if crate::gpu::gpu(0).is_err() {
+    if setfusion::gpu::gpu(0).is_err() {
         print_gpu_figures(same_plans);
     }
     families(&sf).await

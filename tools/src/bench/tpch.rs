@@ -31,7 +31,7 @@ pub const TABLES: [&str; 8] = ["nation", "region", "part", "supplier", "partsupp
 
 macro_rules! tpch_query {
     ($n:literal) => {
-        (concat!("q", $n), include_str!(concat!("../../sql-tests/tpch/q", $n, ".sql")))
+        (concat!("q", $n), include_str!(concat!("../../../sql-tests/tpch/q", $n, ".sql")))
     };
 }
 
@@ -341,7 +341,7 @@ pub fn expected_set_op(op: &str, left: &[String], right: &[String]) -> Vec<Strin
 /// A session over the data: `setfusion` or plain DataFusion, `partitions` target partitions.
 pub async fn session(dir: &Path, setfusion: bool, partitions: usize, settings: &[&str]) -> Result<SessionContext> {
     let config = SessionConfig::new().with_target_partitions(partitions);
-    let ctx = if setfusion { crate::context_with_config(config) } else { SessionContext::new_with_config(config) };
+    let ctx = if setfusion { setfusion::context_with_config(config) } else { SessionContext::new_with_config(config) };
     for s in settings {
         ctx.sql(s).await?.collect().await?;
     }
@@ -569,7 +569,7 @@ pub async fn run(options: Options) -> Result<()> {
 }
 
 fn gpu_line() -> String {
-    match crate::gpu::gpu(0) {
+    match setfusion::gpu::gpu(0) {
         Ok(g) => g.info().name.clone(),
         Err(e) => format!("no GPU ({e})"),
     }

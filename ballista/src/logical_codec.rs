@@ -25,9 +25,9 @@ use datafusion_proto::logical_plan::{AsLogicalPlan, LogicalExtensionCodec};
 use datafusion_proto::protobuf::{LogicalExprNode, LogicalPlanNode};
 use prost::Message;
 
-use crate::exec::families::Level;
-use crate::planner::{MarkJoinNode, SetOpNode};
-use crate::udf::families::FamiliesTable;
+use setfusion::exec::families::Level;
+use setfusion::planner::{MarkJoinNode, SetOpNode};
+use setfusion::udf::families::FamiliesTable;
 
 use super::bad;
 use super::physical_codec::{encode_op, kind_name, parse_kind, parse_op};
