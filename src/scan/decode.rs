@@ -470,25 +470,24 @@ fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
 /// Snappy pages at least this large may be decompressed on the host ([`inflate_on_host`]).
 pub const HOST_INFLATE_MIN: u64 = 256 << 10;
 
-/// Decompress pages on host threads before the upload: every page of a codec
-/// the device does not decompress (ZSTD, LZ4_RAW, GZIP), and the large
-/// SNAPPY pages. A warp decompresses one snappy page at ~25 MB/s while the
-/// other pages keep the device busy, so a launch lasts as long as its
-/// largest page, where a core does 1-2 GB/s. (arrow-rs's defaults write a
-/// 1 MiB dictionary page before ~160 KB data pages: those dictionary pages
-/// were most of the launch.) Large: over twice the median snappy page and
-/// at least `floor` bytes, so files whose pages are all alike stay on the
-/// device. The bodies (levels and values) land back to back in the returned
-/// buffer; each such page then reads as UNCOMPRESSED from `at` + its offset
-/// there (the caller uploads the buffer right after `raw`). Corrupt pages
-/// fail as the device would.
-pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Result<super::pages::ChunkBytes> {
+/// Which pages are decompressed on host threads before the upload
+/// ([`inflate_part_on_host`]): every page of a codec the device does not
+/// decompress (ZSTD, LZ4_RAW, GZIP), and the large SNAPPY pages. A warp
+/// decompresses one snappy page at ~25 MB/s while the other pages keep the
+/// device busy, so a launch lasts as long as its largest page, where a core
+/// does 1-2 GB/s. (arrow-rs's defaults write a 1 MiB dictionary page before
+/// ~160 KB data pages: those dictionary pages were most of the launch.)
+/// Large: over twice the median snappy page and at least `floor` bytes, so
+/// files whose pages are all alike stay on the device.
+///
+/// This one, for fixtures, tests and the self-check, returns the pages'
+/// bodies (levels and values) back to back in bytes of their own; each such
+/// page then reads as UNCOMPRESSED from `at` + its offset there (the caller
+/// uploads them right after `raw`). Corrupt pages fail as the device would.
+pub fn inflate_on_host(t: &mut PageTable, raw: &[u8], at: u64, floor: u64) -> Result<Vec<u8>> {
     let (chosen, total) = pages_to_inflate(t, floor);
-    let mut out = super::pages::kept_buffer(total as usize);
-    if let Err(e) = inflate_into(t, raw, &chosen, out.as_mut_slice()) {
-        super::pages::give_back(out);
-        return Err(e);
-    }
+    let mut out = vec![0u8; total as usize];
+    inflate_into(t, raw, &chosen, &mut out)?;
     move_inflated(t, &chosen, at);
     Ok(out)
 }
@@ -500,7 +499,7 @@ pub enum Inflated<'a> {
     Owned(Vec<u8>),
 }
 
-/// [`inflate_on_host`] for a part of the streamed scan, its pages reading
+/// The pages [`inflate_on_host`] chooses, decompressed for a part of the streamed scan, its pages reading
 /// from offset 0 of the bytes returned: those `room(bytes)` lends (a share of
 /// a kept buffer, so that no fresh memory is faulted in and the upload can
 /// read it in place), else bytes of its own. Returns the bytes and the

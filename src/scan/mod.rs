@@ -15,7 +15,7 @@
 //! are read while the device starts ([`ReadAhead`]), and the parts read by
 //! then are uploaded and decoded as soon as it is there. Pages of ZSTD,
 //! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
-//! decompressed on host threads first ([`decode::inflate_on_host`]): one warp
+//! decompressed on host threads first ([`decode::inflate_part_on_host`]): one warp
 //! decompresses one snappy page, so a launch lasts as long as its largest.
 //!
 //! - [`pages`]: footers, column chunks, parallel reads (into buffers kept
@@ -115,23 +115,62 @@ struct OwnedColumn {
 /// its reads took.
 type ReadOutcomes = Vec<(Result<Option<Fallback>>, Duration)>;
 
-/// A part read ahead, less its bytes (which stay in the column's read
-/// buffer) and its inflated pages lent from the column's [`InflateRoom`]
-/// (`lent`: their offset and length there; else `own`).
+/// A part read ahead ([`ReadPart`] once the reads have ended): its bytes
+/// stay in the column's read buffer (`at`, `len`), its inflated pages in the
+/// column's [`InflateRoom`] or bytes of their own.
 struct PartRead {
     plan: usize,
     at: usize,
     len: usize,
     table: pages::PageTable,
-    lent: Option<(usize, usize)>,
-    own: Vec<u8>,
+    inflated: InflatedRead,
     moved: Vec<usize>,
 }
 
-/// What a [`ReadAhead`] read: the plans, each column's read buffer, inflate room and parts.
+/// Where a part read ahead keeps its pages decompressed on the host.
+enum InflatedRead {
+    /// At `at` in its column's inflate room, `len` bytes.
+    Lent { at: usize, len: usize },
+    /// Bytes of their own (empty: none).
+    Owned(Vec<u8>),
+}
+
+impl PartRead {
+    /// The part, less its borrows of the column's buffers.
+    fn of(p: ReadPart<'_>) -> Self {
+        let inflated = match p.inflated {
+            PartInflated::Lent { at, bytes, .. } => InflatedRead::Lent { at, len: bytes.len() },
+            PartInflated::Owned(own) => InflatedRead::Owned(own),
+        };
+        PartRead { plan: p.plan, at: p.at, len: p.bytes.len(), table: p.table, inflated, moved: p.moved }
+    }
+
+    /// The part again, borrowing its column's read buffer and inflate room.
+    fn lent<'a>(self, buf: &'a pages::ChunkBytes, room: &'a pages::ChunkBytes) -> ReadPart<'a> {
+        ReadPart {
+            plan: self.plan,
+            at: self.at,
+            bytes: &buf[self.at..self.at + self.len],
+            locked: buf.is_page_locked(),
+            table: self.table,
+            inflated: match self.inflated {
+                InflatedRead::Lent { at, len } => {
+                    PartInflated::Lent { at, bytes: &room[at..at + len], locked: room.is_page_locked() }
+                }
+                InflatedRead::Owned(own) => PartInflated::Owned(own),
+            },
+            moved: self.moved,
+        }
+    }
+}
+
+/// What a [`ReadAhead`] read: the plans, each column's read buffer and
+/// inflate room, the parts (of every column, as they came) and each column's outcome.
 struct ReadAll {
     plans: Vec<pages::ScanPlan>,
-    columns: Vec<((pages::ChunkBytes, pages::ChunkBytes), Vec<PartRead>)>,
+    bufs: Vec<pages::ChunkBytes>,
+    rooms: Vec<pages::ChunkBytes>,
+    parts: Vec<PartRead>,
     reads: ReadOutcomes,
 }
 
@@ -158,61 +197,24 @@ impl ReadAhead {
             })
             .collect();
         ReadAhead(std::thread::spawn(move || {
-            let mut plans = Vec::with_capacity(columns.len());
-            for (i, c) in columns.iter().enumerate() {
-                match pages::plan_scan_within(&c.files, &c.column, &c.arrow, &c.keep)? {
-                    Ok(p) => plans.push(p),
-                    Err(f) => return Ok(Err((i, f))),
-                }
-            }
-            let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
-            let mut bufs: Vec<(pages::ChunkBytes, pages::ChunkBytes)> = plans
+            let sides: Vec<PairSide<'_>> = columns
                 .iter()
-                .map(|p| (pages::kept_buffer(p.bytes as usize), pages::kept_buffer(inflate_room(p))))
+                .map(|c| PairSide { files: &c.files, column: &c.column, arrow: &c.arrow, keep: c.keep.clone() })
                 .collect();
-            let (reads, parts): (ReadOutcomes, Vec<Vec<PartRead>>) = std::thread::scope(|s| {
-                let readers: Vec<_> = plans
-                    .iter()
-                    .enumerate()
-                    .zip(bufs.iter_mut())
-                    .map(|((i, plan), (buf, room))| {
-                        s.spawn(move || {
-                            let (tx, rx) = std::sync::mpsc::channel();
-                            let room = InflateRoom::new(room);
-                            let read = read_column(plan, i, &room, &tx, |ready| {
-                                pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
-                            });
-                            drop(tx);
-                            let parts = rx
-                                .into_iter()
-                                .map(|p: ReadPart<'_>| {
-                                    let (lent, own) = match p.inflated {
-                                        PartInflated::Lent { at, bytes, .. } => (Some((at, bytes.len())), Vec::new()),
-                                        PartInflated::Owned(own) => (None, own),
-                                    };
-                                    PartRead {
-                                        plan: p.plan,
-                                        at: p.at,
-                                        len: p.bytes.len(),
-                                        table: p.table,
-                                        lent,
-                                        own,
-                                        moved: p.moved,
-                                    }
-                                })
-                                .collect();
-                            (read, parts)
-                        })
-                    })
-                    .collect();
-                readers
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| ((Err(panicked("a read thread")), Duration::ZERO), Vec::new()))
-                    })
-                    .unzip()
+            let plans = match plan_columns(&sides)? {
+                Ok(plans) => plans,
+                Err(f) => return Ok(Err(f)),
+            };
+            let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
+            let (mut bufs, mut rooms) = read_buffers(&plans);
+            let (reads, parts) = std::thread::scope(|s| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let readers = spawn_readers(s, &plans, &mut bufs, &mut rooms, part_bytes, tx);
+                // Until every reader has ended (each holds a sender).
+                let parts: Vec<PartRead> = rx.into_iter().map(PartRead::of).collect();
+                (readers.into_iter().map(joined).collect(), parts)
             });
-            Ok(Ok(ReadAll { plans, columns: bufs.into_iter().zip(parts).collect(), reads }))
+            Ok(Ok(ReadAll { plans, bufs, rooms, parts, reads }))
         }))
     }
 
@@ -225,30 +227,17 @@ impl ReadAhead {
         gpu: &Gpu,
         stats: &mut TransferStats,
     ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
-        let ReadAll { plans, columns, reads } = match self.0.join().map_err(|_| panicked("a read-ahead thread"))?? {
-            Ok(read) => read,
-            Err(f) => return Ok(Err(f)),
-        };
-        let (bufs, parts): (Vec<(pages::ChunkBytes, pages::ChunkBytes)>, Vec<Vec<PartRead>>) =
-            columns.into_iter().unzip();
-        let lent = bufs.iter().zip(parts).flat_map(|((buf, room), parts)| {
-            parts.into_iter().map(move |p| ReadPart {
-                plan: p.plan,
-                at: p.at,
-                bytes: &buf[p.at..p.at + p.len],
-                locked: buf.is_page_locked(),
-                table: p.table,
-                inflated: match p.lent {
-                    Some((at, len)) => {
-                        PartInflated::Lent { at, bytes: &room[at..at + len], locked: room.is_page_locked() }
-                    }
-                    None => PartInflated::Owned(p.own),
-                },
-                moved: p.moved,
-            })
+        let ReadAll { plans, bufs, rooms, parts, reads } =
+            match self.0.join().map_err(|_| panicked("a read-ahead thread"))?? {
+                Ok(read) => read,
+                Err(f) => return Ok(Err(f)),
+            };
+        let lent = parts.into_iter().map(|p| {
+            let plan = p.plan;
+            p.lent(&bufs[plan], &rooms[plan])
         });
         let scanned = upload_decode_parts(gpu, &plans, lent, || Ok(reads), stats);
-        bufs.into_iter().flat_map(|(b, r)| [b, r]).for_each(|b| pages::give_back_to_device(b, gpu));
+        bufs.into_iter().chain(rooms).for_each(|b| pages::give_back_to_device(b, gpu));
         scanned
     }
 }
@@ -258,6 +247,53 @@ fn joined(
     h: std::thread::ScopedJoinHandle<'_, (Result<Option<Fallback>>, Duration)>,
 ) -> (Result<Option<Fallback>>, Duration) {
     h.join().unwrap_or_else(|_| (Err(panicked("a read thread")), Duration::ZERO))
+}
+
+/// Each plan's scan (the row groups its side's `keep` leaves), or `Err((i,
+/// why))` for the first side whose files hold something the device does not decode.
+fn plan_columns(sides: &[PairSide<'_>]) -> Result<std::result::Result<Vec<pages::ScanPlan>, (usize, Fallback)>> {
+    let mut plans = Vec::with_capacity(sides.len());
+    for (i, c) in sides.iter().enumerate() {
+        match pages::plan_scan_within(c.files, c.column, c.arrow, &c.keep)? {
+            Ok(p) => plans.push(p),
+            Err(f) => return Ok(Err((i, f))),
+        }
+    }
+    Ok(Ok(plans))
+}
+
+/// Each plan's kept read buffer and inflate room ([`inflate_room`]).
+fn read_buffers(plans: &[pages::ScanPlan]) -> (Vec<pages::ChunkBytes>, Vec<pages::ChunkBytes>) {
+    plans.iter().map(|p| (pages::kept_buffer(p.bytes as usize), pages::kept_buffer(inflate_room(p)))).unzip()
+}
+
+/// A reader thread per plan, in `scope`: each reads its plan's chunks into
+/// its read buffer in parts of about `part_bytes` ([`pages::read_chunks_in_waves`],
+/// on [`reader_threads`] threads of its own), walks each part's pages,
+/// decompresses its large ones into the plan's inflate room ([`read_column`])
+/// and sends the part to `tx`. Each returns its plan's outcome and read time.
+fn spawn_readers<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    plans: &'env [pages::ScanPlan],
+    bufs: &'env mut [pages::ChunkBytes],
+    rooms: &'env mut [pages::ChunkBytes],
+    part_bytes: usize,
+    tx: std::sync::mpsc::Sender<ReadPart<'env>>,
+) -> Vec<std::thread::ScopedJoinHandle<'scope, (Result<Option<Fallback>>, Duration)>> {
+    plans
+        .iter()
+        .enumerate()
+        .zip(bufs.iter_mut().zip(rooms.iter_mut()))
+        .map(|((i, plan), (buf, room))| {
+            let tx = tx.clone();
+            scope.spawn(move || {
+                let room = InflateRoom::new(room);
+                read_column(plan, i, &room, &tx, |ready| {
+                    pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
+                })
+            })
+        })
+        .collect()
 }
 
 fn missing(what: &str) -> datafusion::error::DataFusionError {
@@ -435,13 +471,10 @@ pub fn scan_columns_to_device(
     cache_limit: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
-    let mut plans = Vec::with_capacity(columns.len());
-    for (i, c) in columns.iter().enumerate() {
-        match pages::plan_scan_within(c.files, c.column, c.arrow, &c.keep)? {
-            Ok(p) => plans.push(p),
-            Err(f) => return Ok(Err((i, f))),
-        }
-    }
+    let plans = match plan_columns(columns)? {
+        Ok(plans) => plans,
+        Err(f) => return Ok(Err(f)),
+    };
     let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
     let scanned = match read_upload_decode(gpu, plans, part_bytes, stats)? {
         Ok(x) => x,
@@ -536,6 +569,19 @@ impl<'a> InflateRoom<'a> {
 fn inflate_room(p: &pages::ScanPlan) -> usize {
     let bytes = p.bytes as usize;
     (p.host_inflated_bound as usize).min(2 * bytes).saturating_add(bytes / 8 + (1 << 20))
+}
+
+/// Where each of `sizes` starts when they are laid end to end from `start`, and where they end.
+fn end_to_end(start: usize, sizes: impl Iterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut at = start;
+    let starts = sizes
+        .map(|n| {
+            let mine = at;
+            at = at.saturating_add(n);
+            mine
+        })
+        .collect();
+    (starts, at)
 }
 
 /// `table`'s pages as they lie in the device buffer: the part's bytes at
@@ -636,25 +682,10 @@ fn read_upload_decode(
     part_bytes: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
-    let mut bufs: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(p.bytes as usize)).collect();
-    let mut rooms: Vec<pages::ChunkBytes> = plans.iter().map(|p| pages::kept_buffer(inflate_room(p))).collect();
+    let (mut bufs, mut rooms) = read_buffers(&plans);
     let scanned = std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel::<ReadPart<'_>>();
-        let readers: Vec<_> = plans
-            .iter()
-            .enumerate()
-            .zip(bufs.iter_mut().zip(rooms.iter_mut()))
-            .map(|((i, plan), (buf, room))| {
-                let tx = tx.clone();
-                s.spawn(move || {
-                    let room = InflateRoom::new(room);
-                    read_column(plan, i, &room, &tx, |ready| {
-                        pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
-                    })
-                })
-            })
-            .collect();
-        drop(tx);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let readers = spawn_readers(s, &plans, &mut bufs, &mut rooms, part_bytes, tx);
         let join = || Ok(readers.into_iter().map(joined).collect());
         upload_decode_parts(gpu, &plans, rx.into_iter(), join, stats)
     });
@@ -677,29 +708,13 @@ fn upload_decode_parts<'a>(
     join: impl FnOnce() -> Result<ReadOutcomes>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
-    let chunk_at: Vec<usize> = plans
-        .iter()
-        .scan(0usize, |at, p| {
-            let mine = *at;
-            *at += p.bytes as usize;
-            Some(mine)
-        })
-        .collect();
-    let total: usize = plans.iter().map(|p| p.bytes as usize).sum();
+    let (chunk_at, total) = end_to_end(0, plans.iter().map(|p| p.bytes as usize));
     // After the chunks, each plan's room for the pages inflated on the host
     // ([`inflate_room`]: a part's pages lent a share of the plan's host room
     // land at the same offset in its share here); pages in bytes of their
     // own go after, in the order they come (a part whose pages do not fit
     // waits for the reads to end, and the buffer grows).
-    let room_at: Vec<usize> = plans
-        .iter()
-        .scan(total, |at, p| {
-            let mine = *at;
-            *at = at.saturating_add(inflate_room(p));
-            Some(mine)
-        })
-        .collect();
-    let rooms_end = plans.iter().fold(total, |at, p| at.saturating_add(inflate_room(p)));
+    let (room_at, rooms_end) = end_to_end(total, plans.iter().map(inflate_room));
     let room = rooms_end - total;
     let mut dev = match gpu.alloc::<u8>(total.saturating_add(room)) {
         Ok(d) => d,

@@ -68,7 +68,7 @@ pub const KIND_V2: u64 = 2;
 pub const CODEC_NONE: u64 = 0;
 pub const CODEC_SNAPPY: u64 = 1;
 /// Codecs the device does not decompress: their pages are decompressed on
-/// host threads before the upload ([`super::decode::inflate_on_host`]).
+/// host threads before the upload ([`super::decode::inflate_part_on_host`]).
 pub const CODEC_ZSTD: u64 = 2;
 pub const CODEC_LZ4_RAW: u64 = 3;
 pub const CODEC_GZIP: u64 = 4;
@@ -262,7 +262,7 @@ pub struct ScanPlan {
     pub def_max: u64,
     /// Compressed bytes to read.
     pub bytes: u64,
-    /// At most the bytes [`super::decode::inflate_on_host`] makes of the
+    /// At most the bytes [`super::decode::inflate_part_on_host`] makes of the
     /// ZSTD, LZ4_RAW and GZIP chunks (their uncompressed sizes).
     pub host_inflated_bound: u64,
     /// Row groups left out by the [`Keep`] (key range or statistics), of all.
