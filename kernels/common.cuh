@@ -34,8 +34,8 @@ __device__ __forceinline__ void sf_store_bit(u32* words, u64 i, u64 n, bool bit)
 template <typename I> __device__ __forceinline__ I sf_min(I a, I b) { return a < b ? a : b; }
 template <typename I> __device__ __forceinline__ I sf_max(I a, I b) { return a > b ? a : b; }
 
-// First i in [0, n) with a[i] >= x (n if none).
-template <typename I> __device__ I sf_lower_bound_u64(const u64* a, I n, u64 x) {
+// First i in [0, n) with a[i] >= x (n if none), over any ordered values.
+template <typename T, typename I> __device__ __forceinline__ I sf_lower_bound(const T* a, I n, T x) {
     I lo = 0, hi = n;
     while (lo < hi) {
         const I mid = lo + ((hi - lo) >> 1);
@@ -43,6 +43,9 @@ template <typename I> __device__ I sf_lower_bound_u64(const u64* a, I n, u64 x) 
     }
     return lo;
 }
+
+// First i in [0, n) with a[i] >= x (n if none).
+template <typename I> __device__ I sf_lower_bound_u64(const u64* a, I n, u64 x) { return sf_lower_bound<u64, I>(a, n, x); }
 
 // First i in [0, n) with a[i] > x (n if none).
 template <typename I> __device__ I sf_upper_bound_u64(const u64* a, I n, u64 x) {
@@ -52,6 +55,20 @@ template <typename I> __device__ I sf_upper_bound_u64(const u64* a, I n, u64 x) 
         if (!(x < a[mid])) lo = mid + 1; else hi = mid;
     }
     return lo;
+}
+
+// Inclusive scan across the warp: lane i (threadIdx.x % 32) gets the sum of
+// the values of lanes 0..=i. Lanes past `lanes` take part but their sums are
+// unused; every lane of `mask` must call it (Kogge-Stone over __shfl_up_sync).
+template <typename T>
+__device__ __forceinline__ T sf_warp_inclusive_scan(T v, unsigned lanes = 32u, unsigned mask = 0xffffffffu) {
+    const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+    for (unsigned d = 1; d < lanes; d <<= 1) {
+        const T y = __shfl_up_sync(mask, v, d);
+        if (lane >= d) v += y;
+    }
+    return v;
 }
 
 // moderngpu BalancedPath<Duplicates = true>: where cross-diagonal `diag` of

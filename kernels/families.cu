@@ -28,16 +28,6 @@
 
 // FAM_THREADS comes from the host: a -D option from src/algo/families.rs.
 
-// The first index in list[0, n) whose value is >= x.
-__device__ __forceinline__ u32 fam_lower_bound(const u32* list, u32 n, u32 x) {
-    u32 lo = 0, hi = n;
-    while (lo < hi) {
-        const u32 mid = (lo + hi) >> 1;
-        if (list[mid] < x) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
 // The walk shared by fam_count and fam_fill: for each element of left set
 // `first + row` (in order), the right sets j >= from holding it; calls
 // body(e, j) once per (element, j) on some lane of the warp.
@@ -52,7 +42,7 @@ __device__ __forceinline__ void fam_walk(const u64* left_offsets, const u32* lef
         const u32 e = left_elements[x];
         const u32* list = inv_sets + inv_offsets[e];
         const u32 n = inv_offsets[e + 1] - inv_offsets[e];
-        const u32 start = from ? fam_lower_bound(list, n, from) : 0u;
+        const u32 start = from ? sf_lower_bound<u32, u32>(list, n, from) : 0u;
         for (u32 t = start + lane; t < n; t += 32) body(e, list[t]);
         __syncwarp();
     }
@@ -110,11 +100,7 @@ extern "C" __global__ void fam_compact(u32* matrix, u64 nrows, u64 k, const u64*
         const u32 c = j < k ? counts[j] : 0u;
         const unsigned nonempty = __ballot_sync(0xffffffffu, c != 0);
         // Inclusive warp scan of the counts.
-        u64 incl = c;
-        for (int off = 1; off < 32; off <<= 1) {
-            const u64 v = __shfl_up_sync(0xffffffffu, incl, off);
-            if (lane >= (u32)off) incl += v;
-        }
+        const u64 incl = sf_warp_inclusive_scan<u64>(c);
         if (c != 0) {
             const u64 number = pair + __popc(nonempty & ((1u << lane) - 1u));
             right[number] = (u32)j;

@@ -257,12 +257,7 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
             const bool on_chain = (chain >> lane) & 1;
             // Output offsets: a scan of the chain elements' lengths.
             const u32 mine = on_chain ? length : 0;
-            u32 incl = mine;
-#pragma unroll
-            for (u32 d = 1; d < lanes; d <<= 1) {
-                const u32 y = __shfl_up_sync(full, incl, d);
-                if (lane >= d) incl += y;
-            }
+            const u32 incl = sf_warp_inclusive_scan<u32>(mine, lanes, full);
             const u32 total = __shfl_sync(full, incl, lanes - 1);
             const u32 start = out + incl - mine;  // the element's first output byte
             const bool bad = on_chain && (used > n - q || start > cap || length > cap - start || (!literal && (offset == 0 || offset > start)));
@@ -591,10 +586,7 @@ __device__ u32 pq_delta_values(const u8* s, u64 vals, u64 len, u64 nonnull, u64 
                 const PqMini m = sh->minis[(i - done) / mini_values];
                 incl = m.min_delta + (m.bw ? pq_unpack64(s, len, m.at + (i - m.first) * m.bw, m.bw) : 0);
             }
-            for (u32 d = 1; d < 32; d <<= 1) {
-                const u64 y = __shfl_up_sync(0xffffffffu, incl, d);
-                if (lane >= d) incl += y;
-            }
+            incl = sf_warp_inclusive_scan<u64>(incl);
             u64* sums = sh->warp_sums[tile & 1];
             if (lane == 31 || threadIdx.x == blockDim.x - 1) sums[warp] = incl;
             __syncthreads();

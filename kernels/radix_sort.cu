@@ -61,14 +61,7 @@ template <typename K> __device__ __forceinline__ u32 rs_digit(K k, u32 shift, u3
 }
 
 // Warp-inclusive scan of one u32 per lane (all 32 lanes take part).
-__device__ __forceinline__ u32 rs_warp_inclusive(u32 v, u32 lane) {
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        const u32 y = __shfl_up_sync(RS_FULL, v, o);
-        if (lane >= o) v += y;
-    }
-    return v;
-}
+__device__ __forceinline__ u32 rs_warp_inclusive(u32 v, u32) { return sf_warp_inclusive_scan<u32>(v); }
 
 // ---------------------------------------------------------------- 1. histogram of every pass
 // hist[p * RS_RADIX + d] += number of keys whose digit p is d (hist pre-zeroed).

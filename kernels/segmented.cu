@@ -106,20 +106,12 @@ extern "C" __global__ void ms_gather_u32(const u32* at, const u32* idx, u32 n, u
 __device__ __forceinline__ u32 ms_block_exclusive(u32 v, u32* total) {
     __shared__ u32 warp_sums[MS_SCAN_THREADS / 32];
     u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 inc = v;
-    for (u32 o = 1; o < 32; o <<= 1) {
-        u32 y = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += y;
-    }
+    u32 inc = sf_warp_inclusive_scan<u32>(v);
     if (lane == 31) warp_sums[warp] = inc;
     __syncthreads();
     if (warp == 0) {
         u32 w = lane < MS_SCAN_THREADS / 32 ? warp_sums[lane] : 0;
-        u32 winc = w;
-        for (u32 o = 1; o < 32; o <<= 1) {
-            u32 y = __shfl_up_sync(0xffffffffu, winc, o);
-            if (lane >= o) winc += y;
-        }
+        u32 winc = sf_warp_inclusive_scan<u32>(w);
         if (lane < MS_SCAN_THREADS / 32) warp_sums[lane] = winc - w;
         if (lane == MS_SCAN_THREADS / 32 - 1) *total = winc;
     }

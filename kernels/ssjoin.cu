@@ -129,10 +129,7 @@ __device__ __forceinline__ u32 sf_insert(u32* keys, u32 mask, u32 h, u32 y) {
 // words of shared scratch. Ends with a barrier.
 __device__ __forceinline__ u32 sf_block_scan(u32 v, u32* wsum) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int d = 1; d < 32; d <<= 1) {
-        u32 n = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += n;
-    }
+    v = sf_warp_inclusive_scan<u32>(v);
     if (lane == 31) wsum[warp] = v;
     __syncthreads();
     for (int w = 0; w < warp; w++) v += wsum[w];

@@ -71,11 +71,7 @@ extern "C" __global__ void compact_kept(const u32* sel, u64 n, const u64* keys, 
     u64 w = (u64)blockIdx.x * SF_KEPT_WORDS + threadIdx.x;
     u32 bits = kept_word(sel, w, n);
     u32 c = __popc(bits), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 incl = c;
-    for (int o = 1; o < 32; o <<= 1) {
-        u32 y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= (u32)o) incl += y;
-    }
+    u32 incl = sf_warp_inclusive_scan<u32>(c);
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     u32 before = 0;

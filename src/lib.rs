@@ -12,6 +12,7 @@ pub mod config;
 pub mod env;
 pub mod exec;
 pub mod gpu;
+pub mod host;
 pub mod keys;
 pub mod planner;
 pub mod scan;
@@ -89,7 +90,7 @@ pub fn context_with_config(config: SessionConfig) -> SessionContext {
 mod layering {
     fn rank(module: &str) -> Option<u32> {
         Some(match module {
-            "env" | "util" | "config" => 0,
+            "env" | "util" | "config" | "host" => 0,
             "gpu" => 1,
             "keys" | "scan" => 2,
             "algo" => 3,
@@ -373,6 +374,30 @@ mod layering {
     /// children, and children use the parent's shared items, by design.
     /// Paths without `crate`/`super`/`self` (relative `use child::X` in a
     /// parent) are not seen; those only go from a parent to its children.
+    /// The library starts host threads in `host.rs` alone (issue 29): its
+    /// pool, its background thread, and the named threads of `host::scope` /
+    /// `host::spawn`. (The tools, which measure thread starts, may start their own.)
+    #[test]
+    fn host_threads_start_in_host_only() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut found = Vec::new();
+        for f in &files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+            if rel == "host.rs" {
+                continue;
+            }
+            let code = String::from_utf8(code_only(&std::fs::read_to_string(f).unwrap())).unwrap();
+            for (n, line) in code.lines().enumerate() {
+                if ["thread::scope", "thread::spawn", "thread::Builder"].iter().any(|s| line.contains(s)) {
+                    found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(found.is_empty(), "host threads started outside src/host.rs:\n{}", found.join("\n"));
+    }
+
     /// Every package of the workspace: the library, the tools and Ballista.
     #[test]
     fn no_import_cycle_between_files() {

@@ -126,12 +126,7 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
     };
     let ports = setfusion_ballista::process::free_ports(1 + 2 * executors)?;
     children.0.push(start(vec!["scheduler".into(), "--port".into(), ports[0].to_string()])?);
-    setfusion_ballista::process::wait_for_port(
-        ports[0],
-        "the scheduler",
-        Duration::from_secs(60),
-        &mut children.0,
-    )?;
+    setfusion_ballista::process::wait_for_port(ports[0], "the scheduler", Duration::from_secs(60), &mut children.0)?;
     let scheduler = format!("127.0.0.1:{}", ports[0]);
     for e in 0..executors {
         let (flight, grpc) = (ports[1 + 2 * e], ports[2 + 2 * e]);
@@ -149,12 +144,7 @@ fn start_processes(data: &std::path::Path, executors: usize, children: &mut Chil
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         args.extend(["--data-dir".to_string(), data.display().to_string()]);
         children.0.push(start(args)?);
-        setfusion_ballista::process::wait_for_port(
-            flight,
-            "an executor",
-            Duration::from_secs(60),
-            &mut children.0,
-        )?;
+        setfusion_ballista::process::wait_for_port(flight, "an executor", Duration::from_secs(60), &mut children.0)?;
     }
     Ok(format!("df://{scheduler}"))
 }

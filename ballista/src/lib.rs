@@ -50,7 +50,9 @@ pub fn scalar_function(name: &str) -> Option<Arc<ScalarUDF>> {
 
 /// setfusion's aggregate function called `name` (or aliased so), if any.
 pub fn aggregate_function(name: &str) -> Option<Arc<AggregateUDF>> {
-    setfusion::udf::aggregate_functions().into_iter().find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
+    setfusion::udf::aggregate_functions()
+        .into_iter()
+        .find(|f| f.name() == name || f.aliases().iter().any(|a| a == name))
 }
 
 /// Both codecs' error for bytes they cannot decode or a node they cannot encode.

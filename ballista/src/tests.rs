@@ -106,7 +106,11 @@ async fn declined_note_round_trips() {
     let scan = ctx.sql("SELECT k FROM r").await.unwrap().create_physical_plan().await.unwrap();
     let plan: Arc<dyn ExecutionPlan> = Arc::new(SetfusionDeclinedExec::new(
         scan,
-        setfusion::exec::common::Reason::BelowMinRows { count: 12, unit: setfusion::exec::common::Unit::Rows, min_rows: 100 },
+        setfusion::exec::common::Reason::BelowMinRows {
+            count: 12,
+            unit: setfusion::exec::common::Unit::Rows,
+            min_rows: 100,
+        },
     ));
     let back = physical_round_trip(plan.clone(), &ctx).unwrap();
     assert_eq!(plan_text(&back), plan_text(&plan));

@@ -325,9 +325,9 @@ pub fn pairs_cpu_with(space: &PairSpace, inv: &InvertedLists, rows: Range<usize>
     let parts: Vec<Mutex<Option<PairIntersections>>> = tasks.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let workers = threads().min(tasks.len()).max(1);
-    std::thread::scope(|s| {
+    crate::host::scope(|s| {
         for _ in 0..workers {
-            s.spawn(|| {
+            s.spawn("families", || {
                 let mut walk = Walk::new(space.right.len());
                 let mut buf = Vec::new();
                 loop {
@@ -416,9 +416,9 @@ impl Shards {
         let sorted: Vec<Mutex<Vec<(Box<[u32]>, u64)>>> = (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect();
         let inputs: Vec<Mutex<Vec<HashMap<u64, Vec<(Box<[u32]>, u64)>>>>> =
             by_shard.into_iter().map(Mutex::new).collect();
-        std::thread::scope(|s| {
+        crate::host::scope(|s| {
             for _ in 0..threads().min(SHARDS) {
-                s.spawn(|| loop {
+                s.spawn("families", || loop {
                     let t = next.fetch_add(1, Ordering::Relaxed);
                     if t >= SHARDS {
                         break;
@@ -485,10 +485,10 @@ pub fn distinct_cpu(space: &PairSpace) -> DistinctSets {
         (0..k).step_by(LEFT_SETS_PER_TASK).map(|s| s..(s + LEFT_SETS_PER_TASK).min(k)).collect();
     let next = AtomicUsize::new(0);
     let workers = threads().min(tasks.len()).max(1);
-    let parts: Vec<Shards> = std::thread::scope(|s| {
+    let parts: Vec<Shards> = crate::host::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
-                s.spawn(|| {
+                s.spawn("families", || {
                     let mut walk = Walk::new(space.right.len());
                     let mut buf = Vec::new();
                     let mut shards = Shards::new();
@@ -881,12 +881,12 @@ impl FlatDistinct {
         // Gathering the sets in order reads them at random: chunks of the order on all cores,
         // then one sequential concatenation (26M sets: 3.0-3.5 s on one H100 host core).
         let per = order.len().div_ceil(threads().max(1)).max(1 << 16);
-        let parts: Vec<(Vec<u32>, Vec<u32>, Vec<u64>)> = std::thread::scope(|s| {
+        let parts: Vec<(Vec<u32>, Vec<u32>, Vec<u64>)> = crate::host::scope(|s| {
             let handles: Vec<_> = order
                 .chunks(per)
                 .map(|chunk| {
                     let this = &self;
-                    s.spawn(move || {
+                    s.spawn("families", move || {
                         let (mut elems, mut lens, mut freqs) =
                             (Vec::new(), Vec::with_capacity(chunk.len()), Vec::with_capacity(chunk.len()));
                         for &d in chunk {

@@ -553,7 +553,7 @@ pub fn facts_cpu(j: &PairJoin<'_>) -> Result<Option<Vec<u8>>> {
     };
     let cols: Vec<HostColumn> = j.columns.iter().map(HostColumn::of).collect();
     let chunks: Vec<(usize, usize)> = (0..j.n).step_by(1 << 14).map(|s| (s, (s + (1 << 14)).min(j.n))).collect();
-    let parts = crate::gpu::par_map(&chunks, 1, |&(s, e)| {
+    let parts = crate::host::par_map(&chunks, 1, |&(s, e)| {
         let mut error = false;
         let facts: Vec<u8> = (s..e)
             .map(|p| {

@@ -40,6 +40,7 @@ use crate::algo::segmented::{
 };
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::gpu::{DeviceBuffer, Gpu, TransferStats};
+use crate::keys::ListColumn;
 
 /// A multiset operation on two sorted lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -203,32 +204,19 @@ pub fn unsorted_error<T: Debug>(func: &str, which: &str, row: usize, v: &[T], k:
     ))
 }
 
-/// One list argument: values cast to the key type, row ranges, list validity.
-struct ListSide {
-    /// None: a `DataType::Null` column (every row NULL).
-    values: Option<ArrayRef>,
-    ranges: Vec<(usize, usize)>,
-    nulls: Option<NullBuffer>,
+/// A list argument's rows as keys ([`ListColumn`] read with its elements
+/// cast to the key type: `ListColumn::new(array, &T::data_type())`).
+trait KeyRows {
+    /// Row `i`'s non-NULL elements into `out` (cleared first).
+    fn row<T: ListKey>(&self, i: usize, out: &mut Vec<T>);
+
+    /// Every row's non-NULL elements, back to back, and u32 offsets (rows + 1):
+    /// the values buffer itself when it holds no NULL and the rows are
+    /// contiguous (a plain or sliced List), else a gathered copy.
+    fn packed<T: ListKey>(&self, rows: usize) -> Result<(Cow<'_, [T]>, Vec<u32>)>;
 }
 
-impl ListSide {
-    fn new<T: ListKey>(array: &ArrayRef) -> Result<Self> {
-        let nulls = array.logical_nulls();
-        Ok(match crate::keys::list_parts(array)? {
-            None => Self { values: None, ranges: vec![(0, 0); array.len()], nulls },
-            Some((values, ranges)) => {
-                // Not `safe`: an unsigned value beyond i64 must fail, not become a NULL element.
-                let opts = CastOptions { safe: false, ..Default::default() };
-                Self { values: Some(cast_with_options(&values, &T::data_type(), &opts)?), ranges, nulls }
-            }
-        })
-    }
-
-    fn valid(&self, i: usize) -> bool {
-        self.values.is_some() && self.nulls.as_ref().is_none_or(|n| n.is_valid(i))
-    }
-
-    /// Row `i`'s non-NULL elements into `out` (cleared first).
+impl KeyRows for ListColumn {
     fn row<T: ListKey>(&self, i: usize, out: &mut Vec<T>) {
         out.clear();
         let Some(values) = &self.values else { return };
@@ -240,9 +228,6 @@ impl ListSide {
         }
     }
 
-    /// Every row's non-NULL elements, back to back, and u32 offsets (rows + 1):
-    /// the values buffer itself when it holds no NULL and the rows are
-    /// contiguous (a plain or sliced List), else a gathered copy.
     fn packed<T: ListKey>(&self, rows: usize) -> Result<(Cow<'_, [T]>, Vec<u32>)> {
         let Some(values) = &self.values else { return Ok((Cow::Owned(Vec::new()), vec![0; rows + 1])) };
         let v = T::values(values);
@@ -272,7 +257,7 @@ impl ListSide {
 }
 
 /// Rows whose lists are both non-NULL (the result's validity).
-fn both_valid(a: &ListSide, b: &ListSide, rows: usize) -> Option<NullBuffer> {
+fn both_valid(a: &ListColumn, b: &ListColumn, rows: usize) -> Option<NullBuffer> {
     if a.values.is_none() || b.values.is_none() {
         return Some(NullBuffer::new_null(rows));
     }
@@ -308,13 +293,13 @@ fn offsets_i32(offsets: Vec<usize>) -> Result<Vec<i32>> {
 pub fn list_op_cpu<T: ListKey>(op: ListOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
     check_lengths(a, b)?;
     let rows = a.len();
-    let (sa, sb) = (ListSide::new::<T>(a)?, ListSide::new::<T>(b)?);
+    let (sa, sb) = (ListColumn::new(a, &T::data_type())?, ListColumn::new(b, &T::data_type())?);
     let mut offsets = Vec::with_capacity(rows + 1);
     offsets.push(0usize);
     let mut values: Vec<T> = Vec::new();
     let (mut x, mut y) = (Vec::<T>::new(), Vec::<T>::new());
     for i in 0..rows {
-        if sa.valid(i) && sb.valid(i) {
+        if sa.is_valid(i) && sb.is_valid(i) {
             sa.row(i, &mut x);
             sb.row(i, &mut y);
             match op {
@@ -523,8 +508,8 @@ pub fn list_op_gpu<T: ListKey>(
 /// the rows' validity), done before the device is taken so that partitions
 /// prepare their batches in parallel while one of them holds the device.
 pub struct PreparedLists {
-    sa: ListSide,
-    sb: ListSide,
+    sa: ListColumn,
+    sb: ListColumn,
     nulls: Option<NullBuffer>,
     rows: usize,
 }
@@ -533,7 +518,7 @@ impl PreparedLists {
     pub fn new<T: ListKey>(a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
         check_lengths(a, b)?;
         let rows = a.len();
-        let (sa, sb) = (ListSide::new::<T>(a)?, ListSide::new::<T>(b)?);
+        let (sa, sb) = (ListColumn::new(a, &T::data_type())?, ListColumn::new(b, &T::data_type())?);
         let nulls = both_valid(&sa, &sb, rows);
         Ok(Self { sa, sb, nulls, rows })
     }
@@ -548,8 +533,8 @@ impl PreparedLists {
 fn list_op_device<T: ListKey>(
     gpu: &Gpu,
     op: ListOp,
-    sa: &ListSide,
-    sb: &ListSide,
+    sa: &ListColumn,
+    sb: &ListColumn,
     nulls: Option<NullBuffer>,
     rows: usize,
     stats: &mut TransferStats,

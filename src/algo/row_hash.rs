@@ -333,14 +333,14 @@ fn upload_arrays(gpu: &Gpu, arrays: &[ByteParts<'_>], wide: bool, stats: &mut Tr
     }
     let items: Vec<(&ByteParts<'_>, u64)> = arrays.iter().zip(bases).collect();
     let offsets = if wide {
-        let mut parts = crate::gpu::par_map(&items, 16, |(p, b)| Ok::<_, DataFusionError>(rebased::<u64>(p, *b)))?;
+        let mut parts = crate::host::par_map(&items, 16, |(p, b)| Ok::<_, DataFusionError>(rebased::<u64>(p, *b)))?;
         parts.push(vec![total]);
         DeviceOffsets::U64(gpu.upload_chunks(&parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), stats)?)
     } else {
         if total > u32::MAX as u64 {
             return Err(DataFusionError::Internal("row_hash: 32-bit offsets for more than 4 GiB of rows".into()));
         }
-        let mut parts = crate::gpu::par_map(&items, 16, |(p, b)| Ok::<_, DataFusionError>(rebased::<u32>(p, *b)))?;
+        let mut parts = crate::host::par_map(&items, 16, |(p, b)| Ok::<_, DataFusionError>(rebased::<u32>(p, *b)))?;
         parts.push(vec![total as u32]);
         DeviceOffsets::U32(gpu.upload_chunks(&parts.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), stats)?)
     };

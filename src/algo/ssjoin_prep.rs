@@ -16,13 +16,15 @@
 //! reference in the tests.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
 use super::ssjoin::{default_threads, RawSets, SetCollection};
-use crate::gpu::{cuda_err, for_each_mut, Gpu, TransferStats};
+use crate::gpu::{cuda_err, Gpu, TransferStats};
+use crate::host::for_each_mut;
 
 /// kernels/ssjoin_prep.cu, with its contract constants as `-D` options.
 pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
@@ -182,27 +184,6 @@ fn count_partition(entries: &mut [Entry], start: u128, end: u128) -> PartCount {
     let mut distinct: Vec<(u64, usize)> = (0..cap).filter(|&s| table[s] != 0).map(|s| (keys[s], s)).collect();
     distinct.sort_unstable();
     PartCount { table, distinct }
-}
-
-/// Tokens written by several tasks at once, each position by exactly one.
-struct TokenSink {
-    ptr: *mut u32,
-    len: usize,
-}
-
-// SAFETY: the sink only hands out writes to distinct positions (see `write`); the vector it points into outlives the tasks.
-unsafe impl Sync for TokenSink {}
-
-impl TokenSink {
-    /// Write `v` at `pos`.
-    /// # Safety
-    /// No other write to `pos` may happen while the sink is shared.
-    #[inline]
-    unsafe fn write(&self, pos: usize, v: u32) {
-        assert!(pos < self.len, "token position out of range");
-        // SAFETY: in bounds (checked); the caller guarantees that no other task writes `pos`.
-        unsafe { self.ptr.add(pos).write(v) }
-    }
 }
 
 /// Sets ordered by (size, id): a stable counting sort by size. Returns the
@@ -468,13 +449,16 @@ pub fn preprocess_with(r: &RawSets, s: Option<&RawSets>, threads: usize) -> (Set
         }
 
         // 5. Each occurrence's rank to its output position.
-        let sink = TokenSink { ptr: tokens.as_mut_ptr(), len: tokens.len() };
+        // Every task writes anywhere in the tokens, each position once (set i's j-th distinct
+        // element is the only one at first[i] + j): relaxed atomic stores, plain stores on
+        // x86, and the vectors convert in place (the same layout).
+        let sink: Vec<AtomicU32> = std::mem::take(&mut tokens).into_iter().map(AtomicU32::new).collect();
         for_each_mut(&mut counted, &|_, (ent, c)| {
             for e in ent.iter() {
-                // SAFETY: output positions are distinct: set i's j-th distinct element is the only one at first[i] + j.
-                unsafe { sink.write(e.pos as usize, c.table[e.key as usize]) };
+                sink[e.pos as usize].store(c.table[e.key as usize], Ordering::Relaxed);
             }
         });
+        tokens = sink.into_iter().map(AtomicU32::into_inner).collect();
     }
 
     // 6. Sort each output set's tokens; build the collections.
@@ -572,7 +556,7 @@ pub fn device_input<'a>(
         return Err(format!("a set of {n} elements (the device sorts at most {LARGE_SET})"));
     }
     let pieces: Vec<&[u64]> = colls.iter().flat_map(|c| set_elems(c).chunks(ELEMS_PER_TASK)).collect();
-    let ranges = crate::gpu::par_map(&pieces, 4, |p| {
+    let ranges = crate::host::par_map(&pieces, 4, |p| {
         Ok::<_, ()>(p.iter().fold((u64::MAX, 0u64), |(lo, hi), &e| (lo.min(e), hi.max(e))))
     })
     .unwrap_or_default();

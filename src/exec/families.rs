@@ -862,4 +862,32 @@ mod tests {
             check(&plan, "FamiliesExec", rows, true);
         }
     }
+
+    /// DataFusion's operator contract ([`crate::exec::node_contract::check`]),
+    /// at every level, of two families and of one with itself.
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        for strategy in crate::exec::node_contract::strategies() {
+            let (ctx, pool) = crate::exec::node_contract::session(
+                3,
+                &[
+                    &format!("SET setfusion.strategy = '{strategy}'"),
+                    "CREATE TABLE f AS SELECT v AS id, CASE WHEN v % 31 = 0 THEN NULL \
+                     ELSE [v % 13, v % 17, 1000 + v % 3] END AS elements FROM generate_series(0, 99) AS g(v)",
+                    "CREATE TABLE g AS SELECT v AS id, [v % 11, v % 19, 1000 + v % 5] AS elements \
+                     FROM generate_series(0, 79) AS g(v)",
+                ],
+            )
+            .await;
+            for sql in [
+                "SELECT * FROM intersect_families('f', 'g')",
+                "SELECT * FROM intersect_families('f', 'g', 'pairs')",
+                "SELECT * FROM intersect_families('f', 'g', 'all')",
+                "SELECT * FROM intersect_families('f', 'pairs')",
+            ] {
+                let rows = crate::exec::node_contract::check(&ctx, &pool, sql, "FamiliesExec").await;
+                assert!(!rows.is_empty(), "{strategy}: {sql}");
+            }
+        }
+    }
 }

@@ -942,7 +942,7 @@ impl Run {
         };
         // Probe rows in chunks on the copy threads; each chunk's pairs are bounded.
         let chunks: Vec<(usize, usize)> = (0..n).step_by(PROBE_CHUNK).map(|s| (s, (s + PROBE_CHUNK).min(n))).collect();
-        let results = crate::gpu::par_map(&chunks, 1, |&(s, e)| ctx.chunk(s, e))?;
+        let results = crate::host::par_map(&chunks, 1, |&(s, e)| ctx.chunk(s, e))?;
         let (mut matched, mut nonempty, mut has_null) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for (m, g, h) in results {
@@ -1179,6 +1179,35 @@ mod tests {
             let (plan, _) = run(&ctx, sql).await;
             // A mark for every row of `a`; the filter above keeps some.
             check(&plan, "MarkJoinExec", 2000, true);
+        }
+    }
+
+    /// DataFusion's operator contract ([`crate::exec::node_contract::check`]):
+    /// properties, partitions, memory, cancellation; uncorrelated and
+    /// correlated marks, three-valued (NULL keys on both sides).
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        for strategy in crate::exec::node_contract::strategies() {
+            let (ctx, pool) = crate::exec::node_contract::session(
+                3,
+                &[
+                    &format!("SET setfusion.strategy = '{strategy}'"),
+                    "SET setfusion.min_rows = 0",
+                    "CREATE TABLE a AS SELECT CASE WHEN v % 97 = 0 THEN NULL ELSE v % 70 END AS k, v \
+                     FROM generate_series(0, 1999) AS g(v)",
+                    "CREATE TABLE b AS SELECT CASE WHEN v % 50 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v % 300 AS v \
+                     FROM generate_series(0, 499) AS g(v)",
+                ],
+            )
+            .await;
+            for sql in [
+                "SELECT k, v, k IN (SELECT k FROM b) AS m FROM a",
+                "SELECT k, v FROM a WHERE k NOT IN (SELECT k FROM b) OR v < 10",
+                "SELECT k, v FROM a WHERE k IN (SELECT b.k FROM b WHERE b.v = a.v) OR v < 10",
+            ] {
+                let rows = crate::exec::node_contract::check(&ctx, &pool, sql, "MarkJoinExec").await;
+                assert!(!rows.is_empty(), "{strategy}: {sql}");
+            }
         }
     }
 }

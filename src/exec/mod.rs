@@ -184,6 +184,9 @@ pub(crate) fn fmt_projection_and_ran(
     Ok(())
 }
 
+#[cfg(test)]
+pub(crate) mod node_contract;
+
 /// What the operators' tests check of their metrics after a query: DataFusion's
 /// baseline metrics, each registered once.
 #[cfg(test)]

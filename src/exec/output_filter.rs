@@ -138,7 +138,7 @@ pub(crate) struct Chunk {
 
 /// Output groups per chunk: one per copy thread, so that a chunk keeps them busy.
 fn chunk_groups() -> usize {
-    crate::gpu::copy_threads().max(1)
+    crate::host::copy_threads().max(1)
 }
 
 /// Plan the output of every partition of the probe side (`parts`, whose bytes
@@ -167,7 +167,7 @@ pub(crate) fn plan_partitions(
     // Counted on the selection's bytes: a BooleanBuffer slice per batch would
     // bump one shared reference count from every thread (3.6 ms for 12,288 batches).
     let (bits, bits_at) = (selection.inner(), selection.offset());
-    let kept: Vec<usize> = crate::gpu::par_map(&flat, 256, |b| {
+    let kept: Vec<usize> = crate::host::par_map(&flat, 256, |b| {
         Ok::<_, DataFusionError>(bits.count_set_bits_offset(bits_at + b.first_row, b.batch.num_rows()))
     })?;
     crate::util::trace("filter: kept rows counted");
@@ -175,7 +175,7 @@ pub(crate) fn plan_partitions(
         let mut rows = vec![0; parts.len()];
         flat.iter().zip(&kept).for_each(|(b, k)| rows[b.partition] += k);
         drop(flat);
-        crate::gpu::drop_later(parts);
+        crate::host::drop_later(parts);
         return Ok(rows.into_iter().map(PartitionOutput::Rows).collect());
     }
     let columns: Vec<usize> = match &spec.columns {
@@ -335,7 +335,7 @@ impl Chunk {
         }
         reservation.try_grow(out.iter().map(|(_, n)| n).sum())?;
         drop(flat);
-        crate::gpu::drop_later(batches);
+        crate::host::drop_later(batches);
         let _ = reservation.try_shrink(input_bytes);
         shared.filter_time.add_duration(t.elapsed());
         Ok(out)
@@ -374,7 +374,7 @@ fn filter_groups(
         _ => None,
     };
     let mut results: Vec<Option<Result<Filtered>>> = groups.iter().map(|_| None).collect();
-    crate::gpu::for_each_mut(&mut results, &|g, slot| {
+    crate::host::for_each_mut(&mut results, &|g, slot| {
         let Group { first, end, kept_rows: rows, .. } = groups[g];
         let run = || -> Result<Filtered> {
             if rows == 0 {
@@ -560,7 +560,7 @@ fn filter_fixed_width_pinned(
             col = tail;
         }
     }
-    crate::gpu::for_each_mut(&mut slices, &|gi, dsts| {
+    crate::host::for_each_mut(&mut slices, &|gi, dsts| {
         let Group { first, end, .. } = groups[gi];
         let batches = group_batches(flat, kept, selection, first, end);
         for ((&c, &w), dst) in columns.iter().zip(widths).zip(dsts.iter_mut()) {

@@ -106,7 +106,7 @@ impl Selector {
         let (sel, ran) = self.select(cfg, &probe_enc, &build_enc)?;
         self.metrics.select_time.add_duration(t.elapsed());
         *self.ran.lock().unwrap() = Some(ran);
-        crate::gpu::drop_later((probe_enc, build_enc, probe_cols, build_cols));
+        crate::host::drop_later((probe_enc, build_enc, probe_cols, build_cols));
         if let Some(r) = &self.reservation {
             let _ = r.try_shrink(encoded);
         }
@@ -443,7 +443,7 @@ pub(crate) fn coerce_like(cols: Vec<ArrayRef>, types: &[DataType]) -> Result<Vec
 
 /// Evaluate key expressions on every batch: `out[b][k]` is key k of batch b.
 pub(crate) fn key_columns(batches: &[&RecordBatch], exprs: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
-    crate::gpu::par_map(batches, 128, |b| {
+    crate::host::par_map(batches, 128, |b| {
         exprs.iter().map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows()))).collect()
     })
 }

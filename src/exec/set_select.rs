@@ -858,7 +858,7 @@ impl Run {
     ) -> Result<Selected> {
         // The build side is done with: its bytes go back to the pool.
         let build_bytes: usize = build_parts.iter().flatten().map(batch_bytes).sum();
-        crate::gpu::drop_later(build_parts);
+        crate::host::drop_later(build_parts);
         let _ = memory.try_shrink(build_bytes.min(memory.size()));
         let device_keys = self.device_keys.lock().unwrap_or_else(|e| e.into_inner()).take();
         let key_column = self.key_from_device.zip(device_keys);
@@ -1117,5 +1117,35 @@ mod tests {
             batches[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().unwrap().value(0);
         assert!(count > 0);
         check(&plan, "SemiJoinExec", count as usize, true);
+    }
+
+    /// DataFusion's operator contract ([`crate::exec::node_contract::check`])
+    /// of the selection node, as set operation and as semi / anti join, with
+    /// NULL keys.
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        for strategy in crate::exec::node_contract::strategies() {
+            let (ctx, pool) = crate::exec::node_contract::session(
+                3,
+                &[
+                    &format!("SET setfusion.strategy = '{strategy}'"),
+                    "SET setfusion.min_rows = 0",
+                    "CREATE TABLE a AS SELECT CASE WHEN v % 97 = 0 THEN NULL ELSE v % 70 END AS k, v \
+                     FROM generate_series(0, 1999) AS g(v)",
+                    "CREATE TABLE b AS SELECT CASE WHEN v % 89 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v \
+                     FROM generate_series(0, 499) AS g(v)",
+                ],
+            )
+            .await;
+            for (sql, name) in [
+                ("SELECT k FROM a INTERSECT ALL SELECT k FROM b", "SetOpExec"),
+                ("SELECT k, v FROM a EXCEPT ALL SELECT k, v FROM b", "SetOpExec"),
+                ("SELECT k, v FROM a WHERE k IN (SELECT k FROM b)", "SemiJoinExec"),
+                ("SELECT k, v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)", "SemiJoinExec"),
+            ] {
+                let rows = crate::exec::node_contract::check(&ctx, &pool, sql, name).await;
+                assert!(!rows.is_empty(), "{strategy}: {sql}");
+            }
+        }
     }
 }

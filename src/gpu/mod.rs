@@ -9,7 +9,6 @@ mod budget;
 mod compile;
 mod error;
 mod packing;
-mod pool;
 mod staging;
 pub mod transfer;
 
@@ -23,10 +22,7 @@ use datafusion::error::DataFusionError;
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
 pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use error::{is_out_of_memory, GpuError};
-pub(crate) use pool::{drop_later, par_map};
-pub use pool::for_each_mut;
 pub use staging::{HostBytes, HostOut, PendingBuffer, PinnedArena, STAGING_HOST_BYTES};
-pub use transfer::copy_threads;
 pub use transfer::{
     compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, count_kept_on_device, gpu_min_max,
     DeviceArray, StreamedUpload, TransferStats,
@@ -193,7 +189,7 @@ fn start(ordinal: usize, preload: &'static [&'static KernelSource], urgent: bool
         map.insert(ordinal, start.clone());
         start
     };
-    let spawned = std::thread::Builder::new().name("setfusion-gpu-start".into()).spawn(move || {
+    let spawned = crate::host::spawn("gpu-start", move || {
         // Yield the cores to the query running beside the start: a one-query
         // process whose plan keeps DataFusion's operators must not slow down for
         // a device it will not use (measured 5-7% on 250 ms TPC-H queries at
@@ -242,7 +238,7 @@ impl Drop for Lease<'_> {
     fn drop(&mut self) {
         self.gpu.budget.set_limit(0);
         let tasks = std::mem::take(&mut *self.gpu.after_lease.lock().unwrap_or_else(|e| e.into_inner()));
-        tasks.into_iter().for_each(pool::later);
+        tasks.into_iter().for_each(crate::host::later);
     }
 }
 
@@ -401,7 +397,7 @@ impl Gpu {
         let kernels = self.load_set_selection_kernels();
         let t = std::time::Instant::now();
         drop(self.staging());
-        pool::warm_up();
+        crate::host::warm_up();
         (kernels, t.elapsed())
     }
 
@@ -471,7 +467,7 @@ impl Gpu {
         let mut waiting = self.after_lease.lock().unwrap_or_else(|e| e.into_inner());
         if self.exclusive.try_lock().is_ok() {
             drop(waiting);
-            pool::later(task);
+            crate::host::later(task);
         } else {
             waiting.push(task);
         }

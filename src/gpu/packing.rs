@@ -137,7 +137,7 @@ pub(super) fn pack_fill(pieces: &[&[u64]], n: usize, buf: &mut [u8], cap: usize,
     let per = work.len().div_ceil(threads * 4).max(1);
     let mut parts: Vec<&mut [Seg]> = work.chunks_mut(per).collect();
     let any_wide = std::sync::atomic::AtomicBool::new(false);
-    super::pool::for_each_mut(&mut parts, &|_, segs| {
+    crate::host::for_each_mut(&mut parts, &|_, segs| {
         if pack(segs) {
             any_wide.store(true, std::sync::atomic::Ordering::Relaxed);
         }
@@ -247,7 +247,7 @@ pub(super) fn parallel_gather<T: Copy + Send + Sync>(
         parts.push((base, mine));
         base += n;
     }
-    super::pool::for_each_mut(&mut parts, &|_, (lo, mine)| {
+    crate::host::for_each_mut(&mut parts, &|_, (lo, mine)| {
         let (lo, n) = (*lo, mine.len());
         // Copy the part of the concatenation [lo, lo + n) into `mine`.
         let (mut at, mut pos) = (0usize, 0usize);

@@ -239,7 +239,7 @@ impl Drop for HostBytes {
     fn drop(&mut self) {
         if let Some(ctx) = self.locked.take() {
             let mut buf = std::mem::take(&mut self.buf);
-            super::pool::later(move || {
+            crate::host::later(move || {
                 if ctx.bind_to_thread().is_err() {
                     std::mem::forget(buf);
                     return;

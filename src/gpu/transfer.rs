@@ -14,6 +14,7 @@ use super::packing::{decode_fill_cpu, pack_low};
 use super::packing::{pack_fill, parallel_gather, Cursor, PACK_DESC, PACK_FILL, PACK_SEG, PACK_SEGS};
 use super::staging::{Staging, STAGING_BYTES};
 use super::{cuda_err, DeviceBuffer, Gpu, HostOut, PendingBuffer, Pod};
+use crate::host::copy_threads;
 
 /// kernels/transfer.cu, with its contract constants as `-D` options.
 pub static KERNEL: super::KernelSource = super::KernelSource {
@@ -489,12 +490,6 @@ impl Gpu {
         stats.to_host += start.elapsed();
         Ok(out[0])
     }
-}
-
-/// Host threads for copies, packing and scans over key columns: one per core,
-/// at most 16 (beyond that the copies are bound by memory bandwidth).
-pub fn copy_threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get()).min(16)
 }
 
 /// [min, max] of `n` device keys (n > 0), by a reduction kernel.

@@ -47,16 +47,28 @@ fn rows_or_bound(
     if let Some(side) = kept_side(plan) {
         return rows_or_bound(plan.children()[side], ctx);
     }
-    let bounded = plan.name().starts_with("Aggregate")
-        || plan.name().starts_with("Projection")
-        || plan.name().starts_with("Filter")
-        || plan.name().starts_with("Repartition")
-        || plan.name().starts_with("Coalesce")
-        || plan.name().starts_with("Sort");
     match plan.children().as_slice() {
-        [child] if bounded => rows_or_bound(child, ctx),
+        [child] if at_most_its_input(plan) => rows_or_bound(child, ctx),
         _ => None,
     }
+}
+
+/// Nodes whose output rows are at most their one input's.
+fn at_most_its_input(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    use datafusion::physical_plan::aggregates::AggregateExec;
+    use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    use datafusion::physical_plan::repartition::RepartitionExec;
+    use datafusion::physical_plan::sorts::sort::SortExec;
+    use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+    plan.downcast_ref::<AggregateExec>().is_some()
+        || plan.downcast_ref::<ProjectionExec>().is_some()
+        || plan.downcast_ref::<FilterExec>().is_some()
+        || plan.downcast_ref::<RepartitionExec>().is_some()
+        || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || plan.downcast_ref::<SortExec>().is_some()
+        || plan.downcast_ref::<SortPreservingMergeExec>().is_some()
 }
 
 /// The child whose rows bound a node's output, for joins that only keep rows.

@@ -555,7 +555,7 @@ fn inflate_into(t: &PageTable, raw: &[u8], chosen: &[usize], out: &mut [u8]) -> 
     }
     let failed = std::sync::Mutex::new(None);
     let pages = &t.pages;
-    crate::gpu::for_each_mut(&mut jobs, &|_, (i, body)| {
+    crate::host::for_each_mut(&mut jobs, &|_, (i, body)| {
         if let Err(e) = page_body_into(raw, &pages[*i], body) {
             failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
         }

@@ -182,7 +182,8 @@ struct ReadAll {
 /// [`ReadAhead::finish`] then uploads the parts (by DMA straight from a
 /// page-locked buffer) and decodes each on the decode streams
 /// ([`upload_decode_parts`]).
-pub struct ReadAhead(std::thread::JoinHandle<Result<std::result::Result<ReadAll, (usize, Fallback)>>>);
+/// (The thread, or why it could not start.)
+pub struct ReadAhead(std::io::Result<std::thread::JoinHandle<Result<std::result::Result<ReadAll, (usize, Fallback)>>>>);
 
 impl ReadAhead {
     /// Start reading `columns` (the row groups each one's `keep` leaves).
@@ -196,7 +197,7 @@ impl ReadAhead {
                 keep: c.keep.clone(),
             })
             .collect();
-        ReadAhead(std::thread::spawn(move || {
+        ReadAhead(crate::host::spawn("scan-read-ahead", move || {
             let sides: Vec<PairSide<'_>> = columns
                 .iter()
                 .map(|c| PairSide { files: &c.files, column: &c.column, arrow: &c.arrow, keep: c.keep.clone() })
@@ -207,7 +208,7 @@ impl ReadAhead {
             };
             let part_bytes = pages::scan_part_bytes(plans.iter().map(|p| p.bytes).sum());
             let (mut bufs, mut rooms) = read_buffers(&plans);
-            let (reads, parts) = std::thread::scope(|s| {
+            let (reads, parts) = crate::host::scope(|s| {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let readers = spawn_readers(s, &plans, &mut bufs, &mut rooms, part_bytes, tx);
                 // Until every reader has ended (each holds a sender).
@@ -227,11 +228,15 @@ impl ReadAhead {
         gpu: &Gpu,
         stats: &mut TransferStats,
     ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
-        let ReadAll { plans, bufs, rooms, parts, reads } =
-            match self.0.join().map_err(|_| panicked("a read-ahead thread"))?? {
-                Ok(read) => read,
-                Err(f) => return Ok(Err(f)),
-            };
+        let ReadAll { plans, bufs, rooms, parts, reads } = match self
+            .0
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
+            .join()
+            .map_err(|_| panicked("a read-ahead thread"))??
+        {
+            Ok(read) => read,
+            Err(f) => return Ok(Err(f)),
+        };
         let lent = parts.into_iter().map(|p| {
             let plan = p.plan;
             p.lent(&bufs[plan], &rooms[plan])
@@ -273,7 +278,7 @@ fn read_buffers(plans: &[pages::ScanPlan]) -> (Vec<pages::ChunkBytes>, Vec<pages
 /// decompresses its large ones into the plan's inflate room ([`read_column`])
 /// and sends the part to `tx`. Each returns its plan's outcome and read time.
 fn spawn_readers<'scope, 'env>(
-    scope: &'scope std::thread::Scope<'scope, 'env>,
+    scope: &crate::host::Scoped<'scope, 'env>,
     plans: &'env [pages::ScanPlan],
     bufs: &'env mut [pages::ChunkBytes],
     rooms: &'env mut [pages::ChunkBytes],
@@ -286,7 +291,7 @@ fn spawn_readers<'scope, 'env>(
         .zip(bufs.iter_mut().zip(rooms.iter_mut()))
         .map(|((i, plan), (buf, room))| {
             let tx = tx.clone();
-            scope.spawn(move || {
+            scope.spawn("scan-column", move || {
                 let room = InflateRoom::new(room);
                 read_column(plan, i, &room, &tx, |ready| {
                     pages::read_chunks_in_waves(plan, buf, part_bytes, reader_threads(), ready)
@@ -683,7 +688,7 @@ fn read_upload_decode(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
     let (mut bufs, mut rooms) = read_buffers(&plans);
-    let scanned = std::thread::scope(|s| {
+    let scanned = crate::host::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel();
         let readers = spawn_readers(s, &plans, &mut bufs, &mut rooms, part_bytes, tx);
         let join = || Ok(readers.into_iter().map(joined).collect());

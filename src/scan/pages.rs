@@ -180,7 +180,7 @@ pub fn prune_row_groups(
         return Ok(None);
     }
     let literal_columns = if bloom_filters { pruning.literal_columns() } else { Vec::new() };
-    let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
+    let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
     let metrics = ExecutionPlanMetricsSet::new();
     let (mut by_statistics, mut by_bloom_filters) = (0usize, 0usize);
     let mut keep = Vec::with_capacity(files.len());
@@ -284,7 +284,7 @@ fn int_stats(rg: &parquet::file::metadata::RowGroupMetaData, ci: usize) -> Optio
 /// groups' statistics alone; None when a row group with values has none (or
 /// no file has a value).
 pub fn key_range(files: &[ScanFile], column: &str) -> Result<Option<(i64, i64)>> {
-    let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
+    let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
     let mut range: Option<(i64, i64)> = None;
     for meta in &footers {
         let schema = meta.file_metadata().schema_descr();
@@ -399,7 +399,7 @@ pub fn plan_scan_within(
     if !supported_type(arrow) {
         return fallback(format!("type {arrow}"));
     }
-    let footers = crate::gpu::par_map(files, 1, |f| read_footer(&f.path))?;
+    let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
     let mut chunks = Vec::new();
     let (mut rows, mut width, mut def_max, mut bytes, mut host_inflated_bound) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut row_groups, mut row_groups_pruned) = (0usize, 0usize);
@@ -562,7 +562,7 @@ fn keep(buf: HostBytes, uses: u32) {
         free.push((buf, uses));
     } else {
         drop(free);
-        crate::gpu::drop_later(buf);
+        crate::host::drop_later(buf);
     }
 }
 
@@ -639,7 +639,7 @@ fn read_range(plan: &ScanPlan, files: &[File], from: u64, out: &mut [u8]) -> Res
         chunk_at = chunk_end;
     }
     let failed = std::sync::Mutex::new(None);
-    crate::gpu::for_each_mut(&mut jobs, &|_, (f, at, piece)| {
+    crate::host::for_each_mut(&mut jobs, &|_, (f, at, piece)| {
         if let Err(e) = files[*f].read_exact_at(piece, *at) {
             *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{}: {e}", plan.files[*f].display()));
         }
@@ -751,9 +751,9 @@ fn in_turn<P: Send>(items: Vec<P>, threads: usize, work: &(dyn Fn(P) -> Result<(
             return;
         }
     };
-    std::thread::scope(|s| {
+    crate::host::scope(|s| {
         for _ in 1..threads.max(1) {
-            s.spawn(take);
+            s.spawn("scan-read", take);
         }
         take();
     });
@@ -910,7 +910,7 @@ pub fn page_table_of(
         return Err(DataFusionError::Internal("setfusion device scan: a part's bytes are not its chunks".into()));
     }
     let idx: Vec<usize> = (0..chunks.len()).collect();
-    let walked = crate::gpu::par_map(&idx, 4, |&i| {
+    let walked = crate::host::par_map(&idx, 4, |&i| {
         let (c, b) = (&plan.chunks[chunks.start + i], bases[i]);
         walk_chunk(&raw[b as usize..(b + c.len) as usize], b, c, plan.width, plan.def_max)
     })?;

@@ -62,8 +62,6 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Builder, ListBuilder, StringBuilder, UInt64Builder};
-use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::ScalarValue;
@@ -86,6 +84,7 @@ use crate::algo::segmented::ListKey;
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::config::SetfusionConfig;
 use crate::gpu::{self, TransferStats};
+use crate::keys::ListColumn;
 
 /// The scalar functions of this module (added to [`super::functions`]).
 pub fn scalar_functions() -> Vec<Arc<ScalarUDF>> {
@@ -215,39 +214,17 @@ pub fn result_list_type(class: ElementClass) -> DataType {
     DataType::new_list(elem, true)
 }
 
-/// A list column with its values cast to one element type.
-struct ListColumn {
-    /// None: a `DataType::Null` column.
-    values: Option<ArrayRef>,
-    ranges: Vec<(usize, usize)>,
-    nulls: Option<NullBuffer>,
-}
-
-impl ListColumn {
-    fn new(array: &ArrayRef, read_type: &DataType) -> Result<Self> {
-        let nulls = array.logical_nulls();
-        Ok(match crate::keys::list_parts(array)? {
-            None => Self { values: None, ranges: vec![(0, 0); array.len()], nulls },
-            Some((values, ranges)) => {
-                // Not `safe`: an unsigned value beyond i64 (mixed signed and
-                // unsigned lists) must fail, not silently become a NULL element.
-                let opts = CastOptions { safe: false, ..Default::default() };
-                Self { values: Some(cast_with_options(&values, read_type, &opts)?), ranges, nulls }
-            }
-        })
+/// Row `i`'s non-NULL elements of `column` into `out` (cleared first); false
+/// for a NULL list.
+fn list_row<T: ListElem>(column: &ListColumn, i: usize, out: &mut Vec<T>) -> bool {
+    out.clear();
+    let Some(values) = &column.values else { return false };
+    if !column.is_valid(i) {
+        return false;
     }
-
-    /// Row `i`'s non-NULL elements into `out` (cleared first); false for a NULL list.
-    fn row<T: ListElem>(&self, i: usize, out: &mut Vec<T>) -> bool {
-        out.clear();
-        let Some(values) = &self.values else { return false };
-        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
-            return false;
-        }
-        let (start, end) = self.ranges[i];
-        T::gather(values, start, end, out);
-        true
-    }
+    let (start, end) = column.ranges[i];
+    T::gather(values, start, end, out);
+    true
 }
 
 /// What a two-list function computes (the algorithm layer's [`ListOp`]).
@@ -350,7 +327,7 @@ fn evaluate_pair<T: ListElem>(op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<
     let mut rows: Vec<Option<Vec<T>>> = Vec::with_capacity(a.len());
     let (mut x, mut y) = (Vec::new(), Vec::new());
     for i in 0..a.len() {
-        let (valid_a, valid_b) = (ca.row(i, &mut x), cb.row(i, &mut y));
+        let (valid_a, valid_b) = (list_row(&ca, i, &mut x), list_row(&cb, i, &mut y));
         if !(valid_a && valid_b) {
             rows.push(None);
             continue;
@@ -504,7 +481,7 @@ impl<T: ListElem> IntersectAccumulator<T> {
         let mut lists: Vec<Vec<T>> = self.running.take().into_iter().collect();
         for i in 0..array.len() {
             let mut list = Vec::new();
-            if column.row(i, &mut list) {
+            if list_row(&column, i, &mut list) {
                 list.sort_unstable();
                 lists.push(list);
             }

@@ -309,9 +309,9 @@ fn select_streamed_bitmap(
 
 /// `acc` AND `next` (`and`) or `acc` OR `next`, bytewise on the copy threads.
 fn combine_words(acc: &mut [u8], next: &[u8], and: bool) {
-    let per = acc.len().div_ceil(crate::gpu::copy_threads()).max(1 << 20);
+    let per = acc.len().div_ceil(crate::host::copy_threads()).max(1 << 20);
     let mut pieces: Vec<&mut [u8]> = acc.chunks_mut(per).collect();
-    crate::gpu::for_each_mut(&mut pieces, &|i, piece| {
+    crate::host::for_each_mut(&mut pieces, &|i, piece| {
         let from = &next[i * per..i * per + piece.len()];
         for (a, b) in piece.iter_mut().zip(from) {
             *a = if and { *a & *b } else { *a | *b };
@@ -566,7 +566,7 @@ fn partitioned_by(
         total += n;
         split.mark_selected(p, &sel, &words);
     }
-    crate::gpu::drop_later(split.into_buckets());
+    crate::host::drop_later(split.into_buckets());
     Ok((words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np), total))
 }
 
@@ -589,7 +589,7 @@ impl<'a> KeySplit<'a> {
         let probe_pieces = pieces(probe);
         type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
         let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> =
-            crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
+            crate::host::par_map(&probe_pieces, 1, |(_, keys)| {
                 let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
                 let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
                 for (j, &key) in keys.iter().enumerate() {
@@ -622,7 +622,7 @@ impl<'a> KeySplit<'a> {
             })
             .collect();
         let ids: Vec<usize> = (0..self.probe_pieces.len()).collect();
-        let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&i| {
+        let Ok(_): Result<Vec<()>, Infallible> = crate::host::par_map(&ids, 1, |&i| {
             let first_row = self.probe_pieces[i].0;
             for (j, &off) in self.probe_buckets[i].1[p].iter().enumerate() {
                 if sel.value(starts[i] + j) {
@@ -668,12 +668,12 @@ pub(super) fn select_gpus_by_key(
     let mut devices: Vec<usize> = gpus.iter().map(|g| g.info().ordinal).collect();
     devices.sort_unstable();
     devices.dedup();
-    let results: Vec<Result<(Vec<String>, TransferStats)>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Vec<String>, TransferStats)>> = crate::host::scope(|s| {
         let handles: Vec<_> = devices
             .iter()
             .map(|&d| {
                 let (split, words) = (&split, &words);
-                s.spawn(move || {
+                s.spawn(&format!("device-{d}"), move || {
                     let mut st = TransferStats::default();
                     let mut ran = Vec::new();
                     for (p, g) in gpus.iter().enumerate().filter(|(_, g)| g.info().ordinal == d) {
@@ -698,7 +698,7 @@ pub(super) fn select_gpus_by_key(
         ran.extend(r);
         stats.add(&st);
     }
-    crate::gpu::drop_later(split.into_buckets());
+    crate::host::drop_later(split.into_buckets());
     ran.sort();
     Ok((
         words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), np),

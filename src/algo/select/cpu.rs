@@ -105,7 +105,7 @@ pub(super) fn bucket_keys(
     part: impl Fn(u64) -> usize + Sync,
 ) -> Vec<Vec<Vec<u64>>> {
     let Ok(buckets): Result<Vec<Vec<Vec<u64>>>, std::convert::Infallible> =
-        crate::gpu::par_map(pieces, 1, |(_, keys)| {
+        crate::host::par_map(pieces, 1, |(_, keys)| {
             let mut b: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
             for &k in *keys {
                 b[part(k)].push(k);
@@ -124,7 +124,7 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
     use std::sync::atomic::{AtomicU32, Ordering};
     let probe_len: usize = probe_chunks.iter().map(|c| c.len()).sum();
     let build_len: usize = build_chunks.iter().map(|c| c.len()).sum();
-    if crate::gpu::copy_threads() == 1 || probe_len + build_len < (1 << 16) {
+    if crate::host::copy_threads() == 1 || probe_len + build_len < (1 << 16) {
         let mut words = vec![0u32; probe_len.div_ceil(32)];
         let build = build_chunks.iter().flat_map(|c| c.iter().copied());
         let probe = probe_chunks.iter().flat_map(|c| c.iter().copied()).enumerate();
@@ -140,7 +140,7 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
     // (52M probe rows) the pairs cost ~600 MB of faults, ~0.15 s.
     let probe_pieces = pieces(probe_chunks);
     let Ok(probe_buckets): Result<Vec<Vec<Vec<u32>>>, Infallible> =
-        crate::gpu::par_map(&probe_pieces, 1, |(_, keys)| {
+        crate::host::par_map(&probe_pieces, 1, |(_, keys)| {
             let mut b: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
             for (j, &k) in keys.iter().enumerate() {
                 b[part(k)].push(j as u32);
@@ -149,7 +149,7 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
         });
     let words: Vec<AtomicU32> = (0..probe_len.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
     let ids: Vec<usize> = (0..parts).collect();
-    let Ok(_): Result<Vec<()>, Infallible> = crate::gpu::par_map(&ids, 1, |&p| {
+    let Ok(_): Result<Vec<()>, Infallible> = crate::host::par_map(&ids, 1, |&p| {
         let n = build_buckets.iter().map(|b| b[p].len()).sum();
         let build = build_buckets.iter().flat_map(|b| b[p].iter().copied());
         let probe = probe_buckets
@@ -161,6 +161,6 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
         });
         Ok(())
     });
-    crate::gpu::drop_later((build_buckets, probe_buckets));
+    crate::host::drop_later((build_buckets, probe_buckets));
     words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), probe_len)
 }

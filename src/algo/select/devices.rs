@@ -137,8 +137,8 @@ fn on_devices<'a>(
         return run(devices[0]);
     }
     let run = &run;
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = devices.iter().map(|&d| s.spawn(move || run(d))).collect();
+    let results: Vec<Result<()>> = crate::host::scope(|s| {
+        let handles: Vec<_> = devices.iter().map(|&d| s.spawn(&format!("device-{d}"), move || run(d))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
     });
     results.into_iter().collect()
@@ -150,9 +150,9 @@ fn merge_words(all: &[&[u32]]) -> (Vec<u32>, bool) {
     let words = all.iter().map(|w| w.len()).max().unwrap_or(0);
     let mut merged = vec![0u32; words];
     let clash = AtomicBool::new(false);
-    let per = words.div_ceil(crate::gpu::copy_threads() * 4).max(1 << 16);
+    let per = words.div_ceil(crate::host::copy_threads() * 4).max(1 << 16);
     let mut pieces: Vec<&mut [u32]> = merged.chunks_mut(per).collect();
-    crate::gpu::for_each_mut(&mut pieces, &|i, piece| {
+    crate::host::for_each_mut(&mut pieces, &|i, piece| {
         let base = i * per;
         let mut both = 0u32;
         for (j, w) in piece.iter_mut().enumerate() {
@@ -332,7 +332,7 @@ fn select_bitmap_rows(
         parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).presence)).collect();
     let repeated = parts.iter().any(|p| p.lock().unwrap_or_else(|e| e.into_inner()).repeated);
     let (presence, clash) = merge_words(&shares.iter().map(Vec::as_slice).collect::<Vec<_>>());
-    crate::gpu::drop_later(shares);
+    crate::host::drop_later(shares);
     if all_rule && (repeated || clash) {
         finish(parts, stats);
         return Ok(Err("a repeated build key: the ALL rules need counts".into()));
@@ -390,7 +390,7 @@ fn select_bitmap_rows(
         for p in 1..k {
             before.push(merge_words(&[before[p - 1].as_slice(), seen[p - 1].as_slice()]).0);
         }
-        crate::gpu::drop_later(seen);
+        crate::host::drop_later(seen);
         on_devices(&parts, ordinals, &|p, part| {
             if p == 0 || part.np == 0 {
                 return Ok(());

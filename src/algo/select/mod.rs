@@ -130,7 +130,7 @@ fn merge_ranges(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<(u64, u6
 pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
     let scan = |c: &[u64]| (!c.is_empty()).then(|| c.iter().fold((u64::MAX, 0u64), |(l, h), &k| (l.min(k), h.max(k))));
     let total: usize = chunks.iter().map(|c| c.len()).sum();
-    let threads = crate::gpu::copy_threads();
+    let threads = crate::host::copy_threads();
     if total < (1 << 22) || threads == 1 {
         return chunks.iter().fold(None, |acc, c| merge_ranges(acc, scan(c)));
     }
@@ -138,10 +138,10 @@ pub fn key_range_chunks(chunks: &[&[u64]]) -> Option<(u64, u64)> {
     let piece = total.div_ceil(threads * 4);
     let pieces: Vec<&[u64]> = chunks.iter().flat_map(|c| c.chunks(piece.max(1))).collect();
     let per = pieces.len().div_ceil(threads);
-    std::thread::scope(|s| {
+    crate::host::scope(|s| {
         let handles: Vec<_> = pieces
             .chunks(per.max(1))
-            .map(|ps| s.spawn(move || ps.iter().fold(None, |acc, c| merge_ranges(acc, scan(c)))))
+            .map(|ps| s.spawn("key-range", move || ps.iter().fold(None, |acc, c| merge_ranges(acc, scan(c)))))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).fold(None, merge_ranges)
     })

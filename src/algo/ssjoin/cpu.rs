@@ -20,10 +20,10 @@ where
 {
     let next = AtomicUsize::new(0);
     let threads = threads.clamp(1, n.div_ceil(chunk).max(1));
-    std::thread::scope(|scope| {
+    crate::host::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                scope.spawn(|| {
+                scope.spawn("ssjoin-cpu", || {
                     let mut st = init();
                     loop {
                         let start = next.fetch_add(chunk, Ordering::Relaxed);

@@ -204,8 +204,8 @@ pub(super) fn ssjoin_gpu_tuned(
     if !self_join {
         collection.extend([s_c.offsets.as_slice(), s_c.tokens.as_slice()]);
     }
-    let (plan, plan_time, uploaded) = std::thread::scope(|scope| {
-        let up = scope.spawn(|| -> Result<(crate::gpu::DeviceBuffer<u32>, TransferStats)> {
+    let (plan, plan_time, uploaded) = crate::host::scope(|scope| {
+        let up = scope.spawn("ssjoin-upload", || -> Result<(crate::gpu::DeviceBuffer<u32>, TransferStats)> {
             // A fresh thread has no current CUDA context.
             gpu.context().bind_to_thread().map_err(|e| cuda_err("bind CUDA context", e))?;
             let mut st = TransferStats::default();

@@ -147,7 +147,7 @@ impl PrefixIndex {
     /// are stable, so every list stays sorted by set position (what the
     /// window binary searches need) with no sort, exactly as a serial build.
     /// Both passes run as tasks on the host copy pool
-    /// ([`crate::gpu::for_each_mut`]); this thread lays out the index between
+    /// ([`crate::host::for_each_mut`]); this thread lays out the index between
     /// them (no barriers). `vocab` must exceed every prefix token.
     pub(super) fn build(
         s: &SetCollection,
@@ -189,12 +189,12 @@ impl PrefixIndex {
             // Both passes on the host copy pool (a fresh thread scope costs
             // ~0.5 ms on the GPU machine, a quarter of this whole plan).
             let mut parts: Vec<Option<IndexPart<E>>> = (0..threads).map(|_| None).collect();
-            crate::gpu::for_each_mut(&mut parts, &|i, slot| *slot = Some(part(i)));
+            crate::host::for_each_mut(&mut parts, &|i, slot| *slot = Some(part(i)));
             let parts: Vec<IndexPart<E>> =
                 parts.into_iter().map(|p| p.expect("for_each_mut runs every part")).collect();
             let mut jobs: Vec<Option<GatherJob>> =
                 Self::jobs(&parts, &shape, threads, off, out, pos).into_iter().map(Some).collect();
-            crate::gpu::for_each_mut(&mut jobs, &|_, job| {
+            crate::host::for_each_mut(&mut jobs, &|_, job| {
                 if let Some(job) = job.take() {
                     Self::gather(&parts, &shape, job);
                 }

@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::median;
-use setfusion::algo::select::{self, GpuStrategy, SetOp};
-use setfusion::algo::sorted_intersect::SortedIntersect;
 use crate::datagen;
-use setfusion::gpu::{self, TransferStats};
 use datafusion::error::Result;
 use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use setfusion::algo::select::{self, GpuStrategy, SetOp};
+use setfusion::algo::sorted_intersect::SortedIntersect;
+use setfusion::gpu::{self, TransferStats};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

@@ -36,14 +36,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::median;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::SessionContext;
 use setfusion::algo::ssjoin::reference::generate;
 use setfusion::algo::ssjoin::{
     default_threads, ssjoin_cpu_until, ssjoin_gpu, JoinStats, Metric, Pair, RawSets, SetCollection, Threshold,
 };
 use setfusion::algo::ssjoin_prep::{device_input, preprocess, preprocess_gpu};
 use setfusion::gpu::TransferStats;
-use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::prelude::SessionContext;
 
 struct Args {
     out: Option<String>,

@@ -158,7 +158,7 @@ pub async fn run() -> Result<i32> {
         );
         // What a fresh scope of copy threads per 8M-key fill would cost here (the
         // persistent pool in src/gpu/pool.rs saves it once per fill).
-        let threads = setfusion::gpu::copy_threads();
+        let threads = setfusion::host::copy_threads();
         let t = std::time::Instant::now();
         for _ in 0..25 {
             std::thread::scope(|s| {
@@ -180,12 +180,12 @@ pub async fn run() -> Result<i32> {
         let (mut read, mut copy) = (f64::MAX, f64::MAX);
         for _ in 0..3 {
             let t = std::time::Instant::now();
-            setfusion::gpu::for_each_mut(&mut pieces, &|_, (src, _, sum)| {
+            setfusion::host::for_each_mut(&mut pieces, &|_, (src, _, sum)| {
                 *sum = src.iter().fold(0u64, |a, &x| a.wrapping_add(x))
             });
             read = read.min(t.elapsed().as_secs_f64());
             let t = std::time::Instant::now();
-            setfusion::gpu::for_each_mut(&mut pieces, &|_, (src, dst, _)| dst.copy_from_slice(src));
+            setfusion::host::for_each_mut(&mut pieces, &|_, (src, dst, _)| dst.copy_from_slice(src));
             copy = copy.min(t.elapsed().as_secs_f64());
         }
         std::hint::black_box(&pieces);
@@ -197,8 +197,11 @@ pub async fn run() -> Result<i32> {
     }
     // The cost model's inputs (src/planner/cost.rs), for every later process.
     if let (Some((start_ms, _)), true) = (&start, upload_keys_gbps > 0.0) {
-        let cal =
-            setfusion::planner::cost::Calibration { upload_gbps: upload_keys_gbps, start_ms: *start_ms, measured: true };
+        let cal = setfusion::planner::cost::Calibration {
+            upload_gbps: upload_keys_gbps,
+            start_ms: *start_ms,
+            measured: true,
+        };
         match cal.save() {
             Ok(p) => println!(
                 "calibration saved to {} (upload {:.1} GB/s of keys, start {:.0} ms)",

@@ -30,6 +30,10 @@
 //! SQL equality on floats: -0.0 = 0.0, and every NaN equals every NaN
 //! (DataFusion's grouping semantics); values are normalised before encoding.
 
+pub mod lists;
+
+pub use lists::{list_parts, ListColumn};
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -218,7 +222,7 @@ pub fn encode(
 ) -> Result<KeyColumns> {
     let nulls = key_nulls(batches);
     if is_exact(types) {
-        let chunks = crate::gpu::par_map(batches, 128, |cols| exact_values(&cols[0]))?;
+        let chunks = crate::host::par_map(batches, 128, |cols| exact_values(&cols[0]))?;
         return Ok(KeyColumns { chunks, nulls, bytes: None });
     }
     if is_byte_column(types) {
@@ -275,7 +279,7 @@ pub fn encode_packed(
     }
     // Each batch's columns as 64-bit images (reinterpreted as i64: injective per type).
     let images = |side: &[Vec<ArrayRef>]| {
-        crate::gpu::par_map(side, 16, |cols| cols.iter().map(exact_values).collect::<Result<Vec<_>>>())
+        crate::host::par_map(side, 16, |cols| cols.iter().map(exact_values).collect::<Result<Vec<_>>>())
     };
     let (ai, bi) = (images(a)?, images(b)?);
     // (min, max) of each column's valid values, over both sides.
@@ -296,7 +300,7 @@ pub fn encode_packed(
             .collect()
     };
     let pairs: Vec<(&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)> = ai.iter().zip(a).chain(bi.iter().zip(b)).collect();
-    let found = crate::gpu::par_map(&pairs, 16, |p| Ok::<_, DataFusionError>(per_batch(*p)))?;
+    let found = crate::host::par_map(&pairs, 16, |p| Ok::<_, DataFusionError>(per_batch(*p)))?;
     for batch in found {
         for (c, f) in batch.into_iter().enumerate() {
             if let Some((lo, hi)) = f {
@@ -313,7 +317,7 @@ pub fn encode_packed(
     let mins: Vec<i64> = bounds.iter().map(|b| b.map_or(0, |(lo, _)| lo)).collect();
     let pack = |side: &[Vec<ArrayRef>], imgs: &[Vec<ScalarBuffer<u64>>]| -> Result<KeyColumns> {
         let pairs: Vec<(&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)> = imgs.iter().zip(side).collect();
-        let chunks = crate::gpu::par_map(&pairs, 16, |(imgs, cols)| {
+        let chunks = crate::host::par_map(&pairs, 16, |(imgs, cols)| {
             let n = cols.first().map_or(0, |c| c.len());
             let mut keys = vec![0u64; n];
             for (c, (v, col)) in imgs.iter().zip(cols.iter()).enumerate() {
@@ -604,7 +608,7 @@ impl ByteColumn {
             return Ok(());
         }
         let used: usize =
-            crate::gpu::par_map(&self.arrays, 16, |a| Ok::<_, DataFusionError>(views(a).map_or(0, |v| v.0)))?
+            crate::host::par_map(&self.arrays, 16, |a| Ok::<_, DataFusionError>(views(a).map_or(0, |v| v.0)))?
                 .iter()
                 .sum();
         let mut seen = std::collections::HashSet::new();
@@ -619,7 +623,7 @@ impl ByteColumn {
         if held <= 2 * used + (64 << 20) {
             return Ok(());
         }
-        self.arrays = crate::gpu::par_map(&self.arrays, 16, |a| {
+        self.arrays = crate::host::par_map(&self.arrays, 16, |a| {
             Ok::<ArrayRef, DataFusionError>(match a.data_type() {
                 DataType::Utf8View => Arc::new(a.as_string_view().gc()),
                 DataType::BinaryView => Arc::new(a.as_binary_view().gc()),
@@ -631,7 +635,7 @@ impl ByteColumn {
 
     /// [`hash_bytes`] of every value, array by array on the copy threads.
     fn hash_arrays(&self) -> Vec<Vec<u64>> {
-        let hashed = crate::gpu::par_map(&self.arrays, 16, |a| {
+        let hashed = crate::host::par_map(&self.arrays, 16, |a| {
             let p = parts_of(a);
             Ok::<_, std::convert::Infallible>((0..p.len()).map(|i| hash_bytes(p.value(i))).collect())
         });
@@ -712,15 +716,15 @@ impl ColumnKeys {
             .map(|c| {
                 let column: Vec<ArrayRef> = arrays.iter().map(|cols| cols[c].clone()).collect();
                 if is_exact(std::slice::from_ref(&types[c])) {
-                    Ok(KeyPart::Exact(crate::gpu::par_map(&column, 16, exact_image)?))
+                    Ok(KeyPart::Exact(crate::host::par_map(&column, 16, exact_image)?))
                 } else {
-                    let column = crate::gpu::par_map(&column, 16, empty_null_slots)?;
+                    let column = crate::host::par_map(&column, 16, empty_null_slots)?;
                     Ok(KeyPart::Bytes(KeyBytes::Values(ByteColumn::new(column)?)))
                 }
             })
             .collect::<Result<_>>()?;
         let null_masks = if arrays.iter().flatten().any(|a| a.logical_null_count() > 0) {
-            Some(crate::gpu::par_map(&arrays, 16, |cols| {
+            Some(crate::host::par_map(&arrays, 16, |cols| {
                 Ok::<_, DataFusionError>(ScalarBuffer::from(null_masks_of(cols)))
             })?)
         } else {
@@ -775,7 +779,7 @@ impl ColumnKeys {
                 (0..n).step_by(PIECE).map(move |lo| (b, lo, (lo + PIECE).min(n)))
             })
             .collect();
-        let hashed = crate::gpu::par_map(&pieces, 2, |&(b, lo, hi)| {
+        let hashed = crate::host::par_map(&pieces, 2, |&(b, lo, hi)| {
             Ok::<_, std::convert::Infallible>(self.hash_range(b, lo, hi))
         });
         match hashed {
@@ -1132,31 +1136,6 @@ pub fn exact_ids<'a>(build: RowSubset<'a>, probe: RowSubset<'a>) -> (Vec<u64>, V
     let b = build.iter().map(&mut id_of).collect();
     let p = probe.iter().map(&mut id_of).collect();
     (b, p)
-}
-
-/// A list column's element values and each row's [start, end) range into
-/// them; None for a `DataType::Null` column (every row a NULL list).
-pub fn list_parts(array: &ArrayRef) -> Result<Option<(ArrayRef, Vec<(usize, usize)>)>> {
-    let n = array.len();
-    Ok(Some(match array.data_type() {
-        DataType::Null => return Ok(None),
-        DataType::List(_) => {
-            let l = array.as_list::<i32>();
-            let o = l.value_offsets();
-            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
-        }
-        DataType::LargeList(_) => {
-            let l = array.as_list::<i64>();
-            let o = l.value_offsets();
-            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
-        }
-        DataType::FixedSizeList(_, _) => {
-            let l = array.as_fixed_size_list();
-            let w = l.value_length() as usize;
-            (l.values().clone(), (0..n).map(|i| (l.value_offset(i) as usize, l.value_offset(i) as usize + w)).collect())
-        }
-        other => return Err(DataFusionError::Plan(format!("expected a list column, got {other}"))),
-    }))
 }
 
 #[cfg(test)]

@@ -1,4 +1,12 @@
-//! Persistent host threads for the transfer paths' parallel loops.
+//! Host threads: the one place they start (issue 29). Three kinds:
+//!
+//! - the pool's persistent threads for parallel loops ([`for_each_mut`],
+//!   [`par_map`]), sized by [`copy_threads`];
+//! - the one background thread for work off the query's path ([`later`],
+//!   [`drop_later`]);
+//! - named threads for work that blocks or runs long beside the caller (file
+//!   reads, one thread per device, the device's start): [`scope`] with
+//!   [`Scoped::spawn`], and [`spawn`].
 //!
 //! Packing keys into pinned staging runs one parallel loop per 8M-key fill,
 //! two dozen fills per 100M-row query. Spawning and joining 16 scoped threads
@@ -60,7 +68,7 @@ fn pool() -> &'static Pool {
         // 32): each loop takes at most the copy threads (16), and two devices
         // packing at once (`setfusion.devices`) take different workers.
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get()).min(32);
-        for i in 0..cores.max(super::copy_threads()).saturating_sub(1) {
+        for i in 0..cores.max(copy_threads()).saturating_sub(1) {
             let (tx, rx) = channel::<Arc<Job>>();
             let spawned = std::thread::Builder::new().name(format!("setfusion-copy-{i}")).spawn(move || {
                 // Ends when the pool is gone.
@@ -76,6 +84,46 @@ fn pool() -> &'static Pool {
         }
         Pool { workers: Mutex::new(senders) }
     })
+}
+
+/// Host threads for copies, packing and scans over key columns: one per core,
+/// at most 16 (beyond that the copies are bound by memory bandwidth).
+pub fn copy_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).min(16)
+}
+
+/// Threads that run beside the caller and end before it returns
+/// ([`std::thread::scope`]), each started by [`Scoped::spawn`] with a name
+/// (`setfusion-<what>`, as debuggers and profilers show it).
+pub fn scope<'env, T>(f: impl for<'scope> FnOnce(&Scoped<'scope, 'env>) -> T) -> T {
+    std::thread::scope(|s| f(&Scoped(s)))
+}
+
+/// A [`scope`]'s handle for starting its threads.
+pub struct Scoped<'scope, 'env>(&'scope std::thread::Scope<'scope, 'env>);
+
+impl<'scope, 'env> Scoped<'scope, 'env> {
+    /// Run `f` on a thread named `setfusion-<what>`. A thread that cannot
+    /// start panics, as [`std::thread::Scope::spawn`] does.
+    pub fn spawn<T: Send + 'scope>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> T + Send + 'scope,
+    ) -> std::thread::ScopedJoinHandle<'scope, T> {
+        std::thread::Builder::new()
+            .name(format!("setfusion-{what}"))
+            .spawn_scoped(self.0, f)
+            .unwrap_or_else(|e| panic!("setfusion: cannot start a host thread ({what}): {e}"))
+    }
+}
+
+/// Run `f` on a new thread named `setfusion-<what>`, detached from the
+/// caller (who may join it); `Err` when the thread cannot start.
+pub fn spawn<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new().name(format!("setfusion-{what}")).spawn(f)
 }
 
 /// Start the pool's threads now (the device's background start does, so no
@@ -137,7 +185,7 @@ pub(crate) fn par_map<T: Sync, R: Send, E: Send>(
     per_thread: usize,
     f: impl Fn(&T) -> Result<R, E> + Sync,
 ) -> Result<Vec<R>, E> {
-    let threads = super::copy_threads().min(items.len() / per_thread.max(1)).max(1);
+    let threads = copy_threads().min(items.len() / per_thread.max(1)).max(1);
     if threads == 1 {
         return items.iter().map(f).collect();
     }

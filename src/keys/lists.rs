@@ -1,0 +1,67 @@
+//! The one reader of list columns (issue 29): every list argument or column
+//! (the multiset functions, `sorted_intersect`, the similarity join's sets,
+//! the families' sets) is read here into its element values and each row's
+//! range of them.
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::{cast_with_options, CastOptions};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::{DataFusionError, Result};
+
+/// A list column's element values and each row's [start, end) range into
+/// them; None for a `DataType::Null` column (every row a NULL list).
+pub fn list_parts(array: &ArrayRef) -> Result<Option<(ArrayRef, Vec<(usize, usize)>)>> {
+    let n = array.len();
+    Ok(Some(match array.data_type() {
+        DataType::Null => return Ok(None),
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let o = l.value_offsets();
+            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let o = l.value_offsets();
+            (l.values().clone(), (0..n).map(|i| (o[i] as usize, o[i + 1] as usize)).collect())
+        }
+        DataType::FixedSizeList(_, _) => {
+            let l = array.as_fixed_size_list();
+            let w = l.value_length() as usize;
+            (l.values().clone(), (0..n).map(|i| (l.value_offset(i) as usize, l.value_offset(i) as usize + w)).collect())
+        }
+        other => return Err(DataFusionError::Plan(format!("expected a list column, got {other}"))),
+    }))
+}
+
+/// A list column with its element values cast to one type: each row's range
+/// of them, and which rows are NULL lists.
+pub struct ListColumn {
+    /// None: a `DataType::Null` column (every row a NULL list).
+    pub values: Option<ArrayRef>,
+    /// Row `i`'s elements: `values[ranges[i].0..ranges[i].1]`.
+    pub ranges: Vec<(usize, usize)>,
+    /// The list column's own NULLs (logical).
+    pub nulls: Option<NullBuffer>,
+}
+
+impl ListColumn {
+    /// `array`'s lists with their elements cast to `element`. The cast is not
+    /// `safe`: a value the type cannot hold (an unsigned value beyond i64 in
+    /// mixed signed and unsigned lists) fails, never becomes a NULL element.
+    pub fn new(array: &ArrayRef, element: &DataType) -> Result<Self> {
+        let nulls = array.logical_nulls();
+        Ok(match list_parts(array)? {
+            None => Self { values: None, ranges: vec![(0, 0); array.len()], nulls },
+            Some((values, ranges)) => {
+                let opts = CastOptions { safe: false, ..Default::default() };
+                Self { values: Some(cast_with_options(&values, element, &opts)?), ranges, nulls }
+            }
+        })
+    }
+
+    /// Is row `i` a list (not NULL)?
+    pub fn is_valid(&self, i: usize) -> bool {
+        self.values.is_some() && self.nulls.as_ref().is_none_or(|n| n.is_valid(i))
+    }
+}
