@@ -12,7 +12,8 @@
 //   pq_decode      one block per data page: definition levels (RLE /
 //                  bit-packed hybrid, bit width 1) into validity bits, then
 //                  each non-NULL row's value (PLAIN, a dictionary index
-//                  looked up in its chunk's PLAIN dictionary page, or
+//                  looked up in its chunk's PLAIN dictionary page, an RLE
+//                  boolean, or
 //                  DELTA_BINARY_PACKED: deltas unpacked in parallel and
 //                  summed by a block-wide prefix sum into scratch first) as
 //                  a sign-extended 64-bit key at the page's output rows;
@@ -43,14 +44,15 @@ struct PqPage {
     u64 def_len;     // v2: definition level bytes
     u64 codec;       // 0 uncompressed, 1 snappy
     u64 kind;        // 0 dictionary page, 1 data page v1, 2 data page v2
-    u64 encoding;    // 0 PLAIN, 1 dictionary indices, 2 DELTA_BINARY_PACKED
+    u64 encoding;    // 0 PLAIN, 1 dictionary indices, 2 DELTA_BINARY_PACKED, 3 RLE (BOOLEAN: a 4-byte
+                     // length, then the RLE / bit-packed hybrid of bit width 1)
     u64 num_values;  // values of the page, NULLs included (one per row: flat columns only)
     u64 first_row;   // output row of the page's first value
     u64 dict;        // page table index of the chunk's dictionary page (~0: none)
     u64 def_max;     // 0 required column, 1 optional
-    u64 width;       // physical value bytes: 4 (INT32) or 8 (INT64)
+    u64 width;       // physical value bytes: 4 (INT32) or 8 (INT64); 0: BOOLEAN, one bit a value
     u64 lvl_word;    // first word of the page's validity scratch (def_max == 1)
-    u64 idx_off;     // first entry of the page's index scratch: dictionary indices (u32),
+    u64 idx_off;     // first entry of the page's index scratch: dictionary indices or RLE booleans (u32),
                      // or DELTA_BINARY_PACKED values (u64, two entries each; idx_off is even)
 };
 
@@ -441,6 +443,13 @@ __device__ __forceinline__ u64 pq_value(const u8* s, u64 width) {
     return v;
 }
 
+// PLAIN value i of a page whose values start at s: `width` bytes each, or
+// one bit each, LSB first (BOOLEAN, width 0).
+__device__ __forceinline__ u64 pq_plain(const u8* s, u64 i, u64 width) {
+    if (width == 0) return (s[i >> 3] >> (i & 7)) & 1;
+    return pq_value(s + i * width, width);
+}
+
 // DELTA_BINARY_PACKED (parquet-format Encodings.md): a header (block size, a
 // multiple of 128; miniblocks per block, each a multiple of 32 values; the
 // value count; the first value, zigzag), then blocks of a min delta (zigzag),
@@ -676,21 +685,33 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
         if (p.encoding == 2) {
             const u32 code = pq_delta_values(b, vals, len, nonnull, p.width, dv, &batch.delta);
             if (code) { if (threadIdx.x == 0) pq_fail(err, code); __syncthreads(); continue; }
-        } else if (p.encoding == 1) {
-            if (p.dict == ~0ULL || p.dict >= npages) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_NO_DICT); __syncthreads(); continue; }
-            const PqPage d = pages[p.dict];
-            dict = body + d.dst;
-            dict_n = d.num_values;
-            if (d.dst_len < dict_n * p.width) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES); __syncthreads(); continue; }
+        } else if (p.encoding == 1 || p.encoding == 3) {
+            // Dictionary indices, or RLE booleans, expanded into the index scratch.
+            u32 bw = 1;
+            u64 pos = vals, end = len;
+            if (p.encoding == 1) {
+                if (p.dict == ~0ULL || p.dict >= npages) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_NO_DICT); __syncthreads(); continue; }
+                const PqPage d = pages[p.dict];
+                dict = body + d.dst;
+                dict_n = d.num_values;
+                if (d.dst_len < dict_n * p.width) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES); __syncthreads(); continue; }
+                bw = vals < len ? b[vals] : 0;
+                if (nonnull > 0 && (vals >= len || bw > 32)) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_BIT_WIDTH); __syncthreads(); continue; }
+                pos = vals + 1;
+            } else {
+                // (A page of NULLs only reads no value: its length is not looked at, as in the CPU twin.)
+                const u64 l = vals + 4 <= len ? (u64)b[vals] | ((u64)b[vals + 1] << 8) | ((u64)b[vals + 2] << 16) | ((u64)b[vals + 3] << 24) : ~0ULL;
+                if (nonnull > 0 && (vals + 4 > len || l > len - vals - 4)) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES); __syncthreads(); continue; }
+                pos = vals + 4;
+                end = nonnull > 0 ? pos + l : len;
+            }
             u32* ix = idx + p.idx_off;
-            u32 bw = vals < len ? b[vals] : 0;
-            if (nonnull > 0 && (vals >= len || bw > 32)) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_BIT_WIDTH); __syncthreads(); continue; }
-            u64 pos = vals + 1, got = 0;
+            u64 got = 0;
             while (got < nonnull) {
                 if (threadIdx.x == 0) {
                     u64 k = 0;
                     while (k < PQ_RUNS && got < nonnull) {
-                        if (!pq_next_run(b, len, &pos, bw, got, nonnull, &runs[k]) || runs[k].count == 0) { status_s = PQ_ERR_VALUES; break; }
+                        if (!pq_next_run(b, end, &pos, bw, got, nonnull, &runs[k]) || runs[k].count == 0) { status_s = PQ_ERR_VALUES; break; }
                         got += runs[k].count;
                         ++k;
                     }
@@ -704,12 +725,12 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                 for (u64 k = 0; k < nr; ++k) {
                     const PqRun r = runs[k];
                     for (u64 j = threadIdx.x; j < r.count; j += blockDim.x)
-                        ix[r.first + j] = r.packed ? (bw == 0 ? 0 : pq_unpack(b, len, r.at + j * bw, bw)) : (u32)r.at;
+                        ix[r.first + j] = r.packed ? (bw == 0 ? 0 : pq_unpack(b, end, r.at + j * bw, bw)) : (u32)r.at;
                 }
                 __syncthreads();
             }
             if (status_s) { if (threadIdx.x == 0) pq_fail(err, (u32)status_s); __syncthreads(); continue; }
-        } else if (len < vals || (len - vals) / p.width < nonnull) {
+        } else if (len < vals || (p.width == 0 ? (len - vals) * 8 : (len - vals) / p.width) < nonnull) {
             if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES);
             __syncthreads();
             continue;
@@ -724,8 +745,10 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                     if (di >= dict_n) pq_fail(err, PQ_ERR_DICT_INDEX); else key = pq_value(dict + (u64)di * p.width, p.width);
                 } else if (p.encoding == 2) {
                     key = dv[i];
+                } else if (p.encoding == 3) {
+                    key = ix[i] & 1;
                 } else {
-                    key = pq_value(b + vals + i * p.width, p.width);
+                    key = pq_plain(b + vals, i, p.width);
                 }
                 out[p.first_row + i] = key;
             }
@@ -775,8 +798,10 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                         if (di >= dict_n) { pq_fail(err, PQ_ERR_DICT_INDEX); } else { key = pq_value(dict + (u64)di * p.width, p.width); }
                     } else if (p.encoding == 2) {
                         key = dv[rank];
+                    } else if (p.encoding == 3) {
+                        key = ix[rank] & 1;
                     } else {
-                        key = pq_value(b + vals + rank * p.width, p.width);
+                        key = pq_plain(b + vals, rank, p.width);
                     }
                     ++rank;
                 }

@@ -7,15 +7,18 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-fn flag(name: &str) -> bool {
+/// `name` is set to `1`.
+pub fn flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
 }
 
-fn parsed<T: FromStr>(name: &str) -> Option<T> {
+/// `name`'s value parsed as a `T` (None: unset or not a `T`).
+pub fn parsed<T: FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-fn path(name: &str) -> Option<PathBuf> {
+/// `name`'s value as a path.
+pub fn path(name: &str) -> Option<PathBuf> {
     std::env::var_os(name).map(PathBuf::from)
 }
 

@@ -64,6 +64,8 @@ pub struct DeviceScanExec {
     prune: Option<(SchemaRef, PhysicalExprRef)>,
     /// Prune by bloom filters too (the scan's `bloom_filter_on_read`, as DataFusion's scan).
     bloom_filters: bool,
+    /// Prune pages by the page index too (the scan's `enable_page_index`, as DataFusion's scan).
+    page_index: bool,
     /// The input's columns (file column, type), decoded by the device for
     /// the operator's output; None: only the key is read.
     payload: Option<Vec<(String, DataType)>>,
@@ -309,6 +311,7 @@ impl DeviceScanExec {
             })?);
         }
         let bloom_filters = source.table_parquet_options().global.bloom_filter_on_read;
+        let page_index = source.table_parquet_options().global.enable_page_index;
         let prune = prune
             .into_iter()
             .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as _)
@@ -366,6 +369,7 @@ impl DeviceScanExec {
             filter,
             prune,
             bloom_filters,
+            page_index,
             payload,
             ran: Arc::new(Mutex::new(None)),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -373,18 +377,23 @@ impl DeviceScanExec {
     }
 
     /// The row groups a filtered input reads: those whose statistics (and
-    /// bloom filters) allow a row its filters keep, as DataFusion's scan would
-    /// read (the other columns of the input are read with the same row
-    /// groups); and how many the bloom filters pruned.
-    pub fn row_groups_to_read(&self) -> Result<(crate::scan::Keep, usize)> {
+    /// bloom filters) allow a row its filters keep, and within them the rows
+    /// the page index leaves, as DataFusion's scan would read (the other
+    /// columns of the input are read with the same row groups and rows); and
+    /// what was pruned.
+    pub fn row_groups_to_read(&self) -> Result<(crate::scan::Keep, Option<crate::scan::pages::Pruned>)> {
         let pruned = match &self.prune {
             Some((schema, predicate)) => {
-                crate::scan::prune_row_groups(&self.files, schema, predicate, self.bloom_filters)?
+                crate::scan::prune_row_groups(&self.files, schema, predicate, self.bloom_filters, self.page_index)?
             }
             None => None,
         };
-        let by_bloom_filters = pruned.as_ref().map_or(0, |p| p.by_bloom_filters);
-        Ok((crate::scan::Keep { key_range: None, row_groups: pruned.map(|p| p.row_groups) }, by_bloom_filters))
+        let keep = crate::scan::Keep {
+            key_range: None,
+            row_groups: pruned.as_ref().map(|p| p.row_groups.clone()),
+            rows: pruned.as_ref().and_then(|p| p.rows.clone()),
+        };
+        Ok((keep, pruned))
     }
 
     /// The input's columns as file columns, when the device decodes them for the output.
@@ -479,7 +488,9 @@ impl ExecutionPlan for DeviceScanExec {
 mod tests {
     use std::sync::Arc;
 
-    use datafusion::arrow::array::{Array, AsArray, Date32Array, Int32Array, Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::array::{
+        Array, AsArray, BooleanArray, Date32Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    };
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use datafusion::physical_expr::expressions::Column;
     use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
@@ -489,7 +500,8 @@ mod tests {
     use super::DeviceScanExec;
     use crate::algo::join_filter::{pass_rows_cpu, RowColumn};
 
-    /// Two files of k BIGINT (NULLs), x INT (NULLs), d DATE, s VARCHAR, in several row groups.
+    /// Two files of k BIGINT (NULLs), x INT (NULLs), d DATE, s VARCHAR, b
+    /// BOOLEAN (NULLs), in several row groups.
     fn write_files(dir: &std::path::Path) {
         std::fs::create_dir_all(dir).unwrap();
         let schema = Arc::new(Schema::new(vec![
@@ -497,6 +509,7 @@ mod tests {
             Field::new("x", DataType::Int32, true),
             Field::new("d", DataType::Date32, false),
             Field::new("s", DataType::Utf8, false),
+            Field::new("b", DataType::Boolean, true),
         ]));
         for f in 0..2i64 {
             let n = 3000i64;
@@ -504,8 +517,12 @@ mod tests {
             let x: Int32Array = (0..n).map(|i| (i % 7 != 2).then_some(((i * 11) % 200) as i32 - 50)).collect();
             let d: Date32Array = (0..n).map(|i| Some(19000 + (i % 400) as i32)).collect();
             let s: StringArray = (0..n).map(|i| Some(format!("s{}", i % 5))).collect();
-            let batch =
-                RecordBatch::try_new(schema.clone(), vec![Arc::new(k), Arc::new(x), Arc::new(d), Arc::new(s)]).unwrap();
+            let b: BooleanArray = (0..n).map(|i| (i % 11 != 4).then_some(i % 3 == 0)).collect();
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(k), Arc::new(x), Arc::new(d), Arc::new(s), Arc::new(b)],
+            )
+            .unwrap();
             let props = WriterProperties::builder()
                 .set_max_row_group_row_count(Some(700))
                 .set_dictionary_enabled(f == 0)
@@ -569,6 +586,12 @@ mod tests {
                     "NOT (x BETWEEN -5 AND 20) AND k IS NOT NULL",
                     "k IS NULL OR x = 3",
                     "CAST(x AS BIGINT) * 3 < k",
+                    // BOOLEAN columns (NULLs among them), decoded by the device too.
+                    "b",
+                    "NOT b AND x > 0",
+                    "b IS NULL OR k < 0",
+                    "b = true OR x = 3",
+                    "b AND k IS NULL",
                 ] {
                     let sql = format!("SELECT k FROM t WHERE {filter}");
                     let df = ctx.sql(&sql).await.unwrap();

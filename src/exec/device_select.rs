@@ -18,6 +18,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 use super::device_scan::{DeviceScanExec, ScanFilter};
 use super::memory::hold_device;
 use super::selection::{coerce_like, forced_strategy, key_columns, Selector};
+use crate::algo::join_filter::{op, Instr};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
 use crate::gpu::{self, DeviceBuffer, Gpu, TransferStats};
@@ -71,8 +72,10 @@ fn filtered_side(
     cache_limit: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
-    // The row groups whose statistics allow a kept row; every column reads those.
-    let (keep, by_bloom_filters) = scan.row_groups_to_read()?;
+    // The row groups whose statistics allow a kept row, and the rows the page
+    // index leaves in them; every column reads those.
+    let (keep, pruned) = scan.row_groups_to_read()?;
+    let by_bloom_filters = pruned.as_ref().map_or(0, |p| p.by_bloom_filters);
     // Each column once (the key may be read by the filter too). Those not in
     // the column cache are read together, in one pipeline of reads, uploads
     // and decodes (`scan_columns_to_device`). (Read one after another, with
@@ -118,6 +121,7 @@ fn filtered_side(
                 row_groups: r.row_groups,
                 row_groups_pruned: r.row_groups_pruned,
                 row_groups_pruned_by_bloom_filters: by_bloom_filters,
+                rows_pruned_by_page_index: pruned.as_ref().map_or(0, |p| p.rows_pruned_by_page_index),
                 streamed: r.streamed,
                 decoded_while_read: r.decoded_while_read,
                 ..report
@@ -141,19 +145,40 @@ fn filtered_side(
         return Ok(Err("the filter's columns have different row counts".into()));
     }
     let column = |name: &str| decoded.iter().find(|(c, _)| *c == name).map(|(_, d)| (&d.keys, d.valid.as_ref()));
-    let cols: Vec<_> = filter.columns.iter().filter_map(|(name, _)| column(name)).collect();
+    let mut cols: Vec<_> = filter.columns.iter().filter_map(|(name, _)| column(name)).collect();
     let Some((key, key_valid)) = column(scan.column()) else {
         return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: the key column".into()));
     };
     let t = std::time::Instant::now();
+    // Rows the page index ruled out (their pages were not read) are dropped
+    // too, as DataFusion's scan never returns them: the programs AND "the
+    // row is selected", a column whose validity is the selection (its values,
+    // the key's, are not looked at).
+    let mask = match &keep.rows {
+        Some(rows) => {
+            let bits = rows.mask(keep.row_groups.as_deref());
+            if bits.len() != n.div_ceil(32) {
+                return Ok(Err(format!("the page index selects {} words of rows for {n} rows", bits.len())));
+            }
+            Some(g.upload(if bits.is_empty() { &[0u32][..] } else { &bits }, stats)?)
+        }
+        None => None,
+    };
+    let (keep_valid, keep_null) = match &mask {
+        Some(m) => {
+            cols.push((key, Some(m)));
+            (selected_only(&filter.keep_valid, cols.len() - 1), selected_only(&filter.keep_null, cols.len() - 1))
+        }
+        None => (filter.keep_valid.clone(), filter.keep_null.clone()),
+    };
     let overflow = "the filter's arithmetic overflows on the device; DataFusion's FilterExec evaluates it";
-    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &filter.keep_valid, stats)? else {
+    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &keep_valid, stats)? else {
         return Ok(Err(overflow.into()));
     };
     let (keys, m) = gpu::compact_kept_keys_on_device(g, key, &pass, n, stats)?;
     let (z, null_pass) = match key_valid {
         None => (0, None),
-        Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &filter.keep_null, stats)? {
+        Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &keep_null, stats)? {
             Some(pass) => {
                 let z = gpu::count_kept_on_device(g, &pass, n, stats)?;
                 (z, (z > 0).then_some(pass))
@@ -171,6 +196,15 @@ fn filtered_side(
     // The rows kept, for output columns read afterwards.
     let kept = Some(FilteredRows { valid: pass, null: null_pass, file_rows: n, keep });
     Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept }))
+}
+
+/// `prog` AND "column `selection` is not NULL" (a row the page index
+/// selects), tested last, so the program's stack grows by no more than the
+/// key test at its end already takes.
+pub(crate) fn selected_only(prog: &[Instr], selection: usize) -> Vec<Instr> {
+    let mut p = prog.to_vec();
+    p.extend([Instr::new(op::COL, selection as u32, 0), Instr::new(op::IS_NOT_NULL, 0, 0), Instr::new(op::AND, 0, 0)]);
+    p
 }
 
 /// Validity words (LSB first) as a NULL buffer of `n` rows; None without NULLs.
@@ -257,6 +291,14 @@ fn describe(which: &str, r: &ScanReport) -> String {
                 (true, b) => format!("their statistics and bloom filters against the filter ({b} by bloom filters)"),
             };
             format!(", {} of {} row groups pruned by {by}", r.row_groups_pruned, r.row_groups)
+        } else {
+            String::new()
+        }
+        + &if r.pages_pruned > 0 {
+            format!(
+                ", {} data pages not read ({} rows ruled out by the page index)",
+                r.pages_pruned, r.rows_pruned_by_page_index
+            )
         } else {
             String::new()
         };
@@ -423,6 +465,10 @@ fn decode_payload(
         let lanes: datafusion::arrow::buffer::ScalarBuffer<i64> = values.into();
         // The device's 64-bit lanes, narrowed or widened to the column's Arrow type.
         let array: ArrayRef = match t {
+            DataType::Boolean => Arc::new(datafusion::arrow::array::BooleanArray::new(
+                lanes.iter().map(|&v| v != 0).collect(),
+                kept_nulls,
+            )),
             DataType::Int64 => Arc::new(Int64Array::new(lanes, kept_nulls)),
             DataType::Int32 => Arc::new(Int32Array::new(lanes.iter().map(|&v| v as i32).collect(), kept_nulls)),
             DataType::Date32 => Arc::new(Date32Array::new(lanes.iter().map(|&v| v as i32).collect(), kept_nulls)),

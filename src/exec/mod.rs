@@ -184,36 +184,15 @@ pub(crate) fn fmt_projection_and_ran(
     Ok(())
 }
 
-#[cfg(test)]
-pub(crate) mod node_contract;
-
 /// What the operators' tests check of their metrics after a query: DataFusion's
-/// baseline metrics, each registered once.
+/// baseline metrics, each registered once (the SQL-driven ones are in
+/// `crate::operator_tests`, above the planner).
 #[cfg(test)]
 pub(crate) mod metrics_check {
     use std::collections::HashMap;
     use std::sync::Arc;
 
-    use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
-    use datafusion::prelude::SessionContext;
-
-    /// A setfusion session of `partitions` partitions, `settings` run on it
-    /// (SET statements, CREATE TABLEs).
-    pub(crate) async fn session(partitions: usize, settings: &[&str]) -> SessionContext {
-        let config = datafusion::prelude::SessionConfig::new().with_target_partitions(partitions);
-        let ctx = crate::context_with_config(config);
-        for s in settings {
-            ctx.sql(s).await.unwrap().collect().await.unwrap();
-        }
-        ctx
-    }
-
-    /// Run `sql`: the executed plan and the rows it returned.
-    pub(crate) async fn run(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, usize) {
-        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
-        let batches = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
-        (plan, batches.iter().map(|b| b.num_rows()).sum())
-    }
+    use datafusion::physical_plan::{displayable, ExecutionPlan};
 
     /// Every node named `name` in `plan` (at least one) reports `rows` output
     /// rows, output batches when it has rows, an elapsed_compute (and a

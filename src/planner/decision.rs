@@ -191,7 +191,7 @@ pub fn list_function(cfg: &SetfusionConfig, elements: usize, strings: bool) -> R
 /// nobody started starts now in the background (this batch stays on the CPU).
 fn readiness_starting(cfg: &SetfusionConfig) -> crate::gpu::Readiness {
     crate::gpu::readiness_if_started(cfg.device).unwrap_or_else(|| {
-        crate::gpu::start_in_background(cfg.device, &crate::algo::SET_SELECTION_KERNELS);
+        crate::gpu::start_in_background(cfg.device, crate::algo::SET_SELECTION_KERNELS);
         crate::gpu::Readiness::Starting(std::time::Duration::ZERO)
     })
 }

@@ -15,8 +15,8 @@ use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
 use super::pages::{
-    PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DELTA, ENC_DICT, KIND_DICT,
-    KIND_V2, NO_DICT,
+    PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DELTA, ENC_DICT,
+    ENC_RLE_BOOL, KIND_DICT, KIND_V2, NO_DICT,
 };
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
@@ -645,6 +645,21 @@ pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
             }
         } else if p.encoding == ENC_DELTA {
             values = delta_values(&b[vals..], nonnull, p.width).map_err(decode_error)?;
+        } else if p.encoding == ENC_RLE_BOOL {
+            if nonnull > 0 {
+                let l = b.get(vals..vals + 4).ok_or_else(|| decode_error(4))?;
+                let l = u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
+                let runs = b.get(vals + 4..vals + 4 + l).ok_or_else(|| decode_error(4))?;
+                let mut bits = Vec::with_capacity(nonnull);
+                Hybrid { s: runs, pos: 0, bw: 1 }.read(nonnull, &mut bits).ok_or_else(|| decode_error(4))?;
+                values.extend(bits.into_iter().map(|v| (v & 1) as u64));
+            }
+        } else if p.width == 0 {
+            // PLAIN booleans: one bit a value, LSB first.
+            if b.len() < vals || (b.len() - vals) * 8 < nonnull {
+                return Err(decode_error(4));
+            }
+            values.extend((0..nonnull).map(|i| ((b[vals + i / 8] >> (i % 8)) & 1) as u64));
         } else {
             if b.len() < vals || (b.len() - vals) / (p.width as usize) < nonnull {
                 return Err(decode_error(4));

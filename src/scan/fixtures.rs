@@ -2,19 +2,22 @@
 //! meets (dictionary on, off and falling back to PLAIN mid-chunk;
 //! DELTA_BINARY_PACKED; data pages v1 and v2; snappy and uncompressed; small
 //! and large pages; no, some and only NULLs; several row groups; INT32 /
-//! INT64 / DATE32 / DECIMAL(12, 2) and DECIMAL(9, 2); random values, values
+//! INT64 / DATE32 / DECIMAL(12, 2) and DECIMAL(9, 2); BOOLEAN, PLAIN and RLE; random values, values
 //! whose deltas wrap, constant columns and arithmetic sequences), for the
 //! decoder's tests and `doctor`'s self-check.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::error::{DataFusionError, Result};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding};
 use parquet::file::properties::{WriterProperties, WriterVersion};
+use parquet::schema::types::ColumnPath;
 
 use super::pages::{page_table, plan_scan, read_chunks, PageTable, ScanFile};
 
@@ -43,6 +46,8 @@ pub struct Case {
     pub period: usize,
     /// Data pages DELTA_BINARY_PACKED (`dictionary` off), not PLAIN.
     pub delta: bool,
+    /// BOOLEAN data pages RLE, not PLAIN.
+    pub rle: bool,
     pub pattern: Pattern,
 }
 
@@ -85,6 +90,7 @@ pub fn cases() -> Vec<Case> {
                         row_group_rows: [1 << 20, 1500, 4096][i % 3],
                         period: 0,
                         delta: false,
+                        rle: false,
                         pattern: Pattern::Random,
                     });
                     i += 1;
@@ -115,6 +121,7 @@ pub fn cases() -> Vec<Case> {
             row_group_rows: 1 << 20,
             period,
             delta: false,
+            rle: false,
             pattern: Pattern::Random,
         });
     }
@@ -140,6 +147,7 @@ pub fn cases() -> Vec<Case> {
                 row_group_rows: 4096,
                 period: 0,
                 delta: false,
+                rle: false,
                 pattern: Pattern::Random,
             });
         }
@@ -185,7 +193,43 @@ pub fn cases() -> Vec<Case> {
             row_group_rows,
             period: 0,
             delta: true,
+            rle: false,
             pattern,
+        });
+    }
+    // BOOLEAN (filter columns): PLAIN (bit-packed) and RLE pages, v1 and v2,
+    // every codec family, small pages (not a whole byte of values) and large,
+    // no, some and only NULLs, several row groups. (arrow-rs writes no
+    // dictionary for booleans.)
+    for (nulls, v2, rle, codec, page_rows, row_group_rows, distinct) in [
+        (0, false, false, Compression::SNAPPY, 1000, 4096, 2u64),
+        (30, false, false, Compression::UNCOMPRESSED, 61, 1500, 2),
+        (30, true, false, Compression::SNAPPY, 20_000, 1 << 20, 2),
+        (0, true, true, Compression::UNCOMPRESSED, 1000, 1500, 2),
+        (30, true, true, Compression::SNAPPY, 61, 4096, 2),
+        (30, false, true, Compression::ZSTD(Default::default()), 1000, 4096, 2),
+        // Long runs of one value (RLE runs, not bit-packed groups).
+        (0, false, true, Compression::SNAPPY, 20_000, 1 << 20, 1),
+        (100, true, true, Compression::UNCOMPRESSED, 1000, 1500, 2),
+        (100, false, false, Compression::SNAPPY, 1000, 4096, 2),
+    ] {
+        let i = out.len();
+        out.push(Case {
+            name: format!("Boolean rle={rle} v2={v2} codec={codec} nulls={nulls}% page_rows={page_rows} row_group_rows={row_group_rows} distinct={distinct}"),
+            data_type: DataType::Boolean,
+            rows: 3000 + 10_007 * (i % 3),
+            nulls,
+            distinct,
+            dictionary: false,
+            dict_fallback: false,
+            v2,
+            codec,
+            page_rows,
+            row_group_rows,
+            period: 0,
+            delta: false,
+            rle,
+            pattern: Pattern::Random,
         });
     }
     out
@@ -221,6 +265,9 @@ pub fn column(c: &Case) -> ArrayRef {
         }
     }
     match &c.data_type {
+        DataType::Boolean => {
+            Arc::new(BooleanArray::from(vals.iter().map(|v| v.map(|v| v & 1 == 1)).collect::<Vec<_>>()))
+        }
         DataType::Int64 => Arc::new(Int64Array::from(vals)),
         DataType::Int32 => Arc::new(Int32Array::from(vals.iter().map(|v| v.map(|v| v as i32)).collect::<Vec<_>>())),
         DataType::Date32 => {
@@ -256,6 +303,9 @@ pub fn write(c: &Case) -> Result<Vec<u8>> {
         .set_max_row_group_row_count(Some(c.row_group_rows))
         // v2 files otherwise take DELTA_BINARY_PACKED for integers without a dictionary: a case asks for it.
         .set_encoding(if c.delta { Encoding::DELTA_BINARY_PACKED } else { Encoding::PLAIN });
+    if c.rle {
+        props = props.set_column_encoding(ColumnPath::from("k"), Encoding::RLE);
+    }
     if c.dict_fallback {
         props = props.set_dictionary_page_size_limit(512);
     }

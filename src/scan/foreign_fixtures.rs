@@ -49,6 +49,7 @@ mod tests {
                     0
                 } else {
                     match a.data_type() {
+                        DataType::Boolean => a.as_boolean().value(i) as u64,
                         DataType::Int64 => a.as_primitive::<Int64Type>().value(i) as u64,
                         DataType::Int32 => a.as_primitive::<Int32Type>().value(i) as i64 as u64,
                         DataType::Date32 => a.as_primitive::<Date32Type>().value(i) as i64 as u64,

@@ -1,8 +1,8 @@
 //! The device Parquet scan (issue 27, first slice): one key column of
 //! Parquet files read on the host as raw column chunks, uploaded, and
 //! decompressed (SNAPPY) and decoded (PLAIN, dictionary and
-//! DELTA_BINARY_PACKED pages, v1 and v2, NULLs) on the device straight into
-//! the selection's 64-bit keys.
+//! DELTA_BINARY_PACKED pages, v1 and v2, NULLs; BOOLEAN pages PLAIN or RLE)
+//! on the device straight into the selection's 64-bit keys (booleans as 0 / 1).
 //!
 //! The chunks are read on host threads in parts of whole column chunks (64
 //! MiB or more), each uploaded while the next parts are read and decoded on
@@ -41,7 +41,7 @@ use datafusion::error::Result;
 
 pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded};
-pub use pages::{key_range, prune_row_groups, supported_type, Fallback, Keep, ScanFile};
+pub use pages::{key_range, prune_row_groups, supported_type, Fallback, Keep, RowSelections, ScanFile};
 
 use crate::gpu::{Gpu, TransferStats};
 
@@ -70,6 +70,10 @@ pub struct ScanReport {
     pub row_groups: usize,
     /// Of `row_groups_pruned`: by bloom filters (the others by statistics or the key range).
     pub row_groups_pruned_by_bloom_filters: usize,
+    /// Data pages not read: their rows the page index rules out (every column's).
+    pub pages_pruned: usize,
+    /// Rows of the row groups read that the page index rules out (the filter drops them).
+    pub rows_pruned_by_page_index: u64,
     /// The input's filter, run on the device: the rows it kept, the time it took, the columns read for it.
     pub filtered: Option<(u64, Duration, usize)>,
 }
@@ -80,6 +84,7 @@ impl ScanReport {
         self.bytes_read += r.bytes_read;
         self.bytes_decoded += r.bytes_decoded;
         self.pages += r.pages;
+        self.pages_pruned += r.pages_pruned;
         self.read += r.read;
         self.upload += r.upload;
         self.decode += r.decode;
@@ -98,6 +103,7 @@ fn report_of(plan: &pages::ScanPlan, pages: usize, read: Duration, upload: Durat
         decode,
         row_groups_pruned: plan.row_groups_pruned,
         row_groups: plan.row_groups,
+        pages_pruned: plan.pages_pruned,
         ..Default::default()
     }
 }
@@ -729,7 +735,13 @@ fn upload_decode_parts<'a>(
     // Each plan's keys and validity, and the decodes' error word.
     let mut outs = Vec::with_capacity(plans.len());
     for p in plans {
-        let keys = gpu.alloc::<u64>(p.rows as usize)?;
+        // The rows of pages left out (the page index) are never written: 0, as in the CPU twin
+        // (so a filter's checked arithmetic meets no stray value there; the filter drops those rows).
+        let keys = if p.pages_pruned > 0 {
+            gpu.alloc_zeros::<u64>(p.rows as usize)?
+        } else {
+            gpu.alloc::<u64>(p.rows as usize)?
+        };
         let valid = if p.def_max > 0 { Some(gpu.alloc_zeros::<u32>((p.rows as usize).div_ceil(32))?) } else { None };
         outs.push(DeviceDecoded { keys, valid, rows: p.rows as usize });
     }
@@ -923,7 +935,18 @@ pub fn scan_to_host(
     column: &str,
     arrow: &DataType,
 ) -> Result<std::result::Result<Decoded, Fallback>> {
-    let plan = match pages::plan_scan(files, column, arrow)? {
+    scan_to_host_within(files, column, arrow, &Keep::default())
+}
+
+/// [`scan_to_host`] of the row groups and rows `keep` leaves (the rows of
+/// the data pages it leaves out are 0, and NULL in an optional column).
+pub fn scan_to_host_within(
+    files: &[ScanFile],
+    column: &str,
+    arrow: &DataType,
+    keep: &Keep,
+) -> Result<std::result::Result<Decoded, Fallback>> {
+    let plan = match pages::plan_scan_within(files, column, arrow, keep)? {
         Ok(p) => p,
         Err(f) => return Ok(Err(f)),
     };
@@ -962,6 +985,7 @@ mod tests {
             let a = b.column(0);
             for i in 0..a.len() {
                 let v = match a.data_type() {
+                    DataType::Boolean => a.as_boolean().value(i) as u64,
                     DataType::Int64 => a.as_primitive::<Int64Type>().value(i) as u64,
                     DataType::Int32 => a.as_primitive::<Int32Type>().value(i) as i64 as u64,
                     DataType::Date32 => a.as_primitive::<Date32Type>().value(i) as i64 as u64,
@@ -988,6 +1012,7 @@ mod tests {
     fn cpu_twin_matches_arrow_reader() {
         let (mut dict_pages, mut plain_pages, mut v2_pages, mut snappy_pages, mut mixed_chunks) = (0, 0, 0, 0, 0);
         let (mut delta_v1_pages, mut delta_v2_pages) = (0, 0);
+        let (mut bool_plain_pages, mut bool_rle_v1_pages, mut bool_rle_v2_pages) = (0, 0, 0);
         for case in cases() {
             let (raw, table) = table_of(&case).unwrap();
             let mut got = decode_cpu(&raw, &table).unwrap();
@@ -1016,6 +1041,13 @@ mod tests {
                 } else {
                     assert!(!delta, "{}: {p:?}", case.name);
                 }
+                if case.data_type == DataType::Boolean && p.kind != pages::KIND_DICT {
+                    let want = if case.rle { pages::ENC_RLE_BOOL } else { pages::ENC_PLAIN };
+                    assert_eq!(p.encoding, want, "{}: {p:?}", case.name);
+                    bool_plain_pages += (p.encoding == pages::ENC_PLAIN) as usize;
+                    bool_rle_v1_pages += (p.encoding == pages::ENC_RLE_BOOL && p.kind == pages::KIND_V1) as usize;
+                    bool_rle_v2_pages += (p.encoding == pages::ENC_RLE_BOOL && p.kind == pages::KIND_V2) as usize;
+                }
             }
             if case.dict_fallback {
                 mixed_chunks += table.pages.windows(2).any(|w| {
@@ -1031,6 +1063,10 @@ mod tests {
         );
         assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
         assert!(delta_v1_pages > 0 && delta_v2_pages > 0, "DELTA pages: {delta_v1_pages} v1, {delta_v2_pages} v2");
+        assert!(
+            bool_plain_pages > 0 && bool_rle_v1_pages > 0 && bool_rle_v2_pages > 0,
+            "BOOLEAN pages: {bool_plain_pages} PLAIN, {bool_rle_v1_pages} RLE v1, {bool_rle_v2_pages} RLE v2"
+        );
     }
 
     /// Each fixture case as a file of its own (in a folder of this process).
@@ -1283,6 +1319,121 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// Within a row group, the page index leaves out the pages whose
+    /// statistics rule the filter out, as DataFusion's scan does: on a column
+    /// sorted across 2 row groups of 5000 rows and pages of 100 rows (v1 and
+    /// v2 pages, dictionary and PLAIN), `k BETWEEN 1234 AND 1456` reads row
+    /// group 0 only, and in it rows 1200..1500 (3 pages of each column, the
+    /// dictionary page too); every column's decoded rows there equal
+    /// arrow-rs's, the rows left out read as 0 / NULL, the selection's mask
+    /// is those rows, and fewer bytes are read. Without the page index
+    /// (DataFusion's `enable_page_index = false`) only row groups are pruned.
+    #[test]
+    fn the_page_index_prunes_pages_within_row_groups() {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{Field, Int64Type, Schema};
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{lit, BinaryExpr, Column};
+        use datafusion::physical_expr::PhysicalExprRef;
+        use parquet::file::properties::{WriterProperties, WriterVersion};
+        use std::sync::Arc;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("p", DataType::Int64, true),
+        ]));
+        let dir = std::env::temp_dir().join(format!("setfusion-pq-pageindex-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = Vec::new();
+        for f in 0..2 {
+            let k: Vec<i64> = (0..10_000).collect();
+            let p: Vec<Option<i64>> = (0..10_000).map(|i: i64| (i % 7 != 0).then_some(i % 50)).collect();
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(p))],
+            )
+            .unwrap();
+            let props = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(5000))
+                .set_data_page_row_count_limit(100)
+                .set_write_batch_size(100)
+                .set_dictionary_enabled(f == 0)
+                .set_writer_version(if f == 1 { WriterVersion::PARQUET_2_0 } else { WriterVersion::PARQUET_1_0 })
+                .build();
+            let path = dir.join(format!("part-{f}.parquet"));
+            let mut w = parquet::arrow::ArrowWriter::try_new(
+                std::fs::File::create(&path).unwrap(),
+                schema.clone(),
+                Some(props),
+            )
+            .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            files.push(ScanFile { path, ranges: vec![] });
+        }
+        let cmp = |op: Operator, v: i64| -> PhysicalExprRef {
+            Arc::new(BinaryExpr::new(Arc::new(Column::new("k", 0)), op, lit(v)))
+        };
+        let between: PhysicalExprRef =
+            Arc::new(BinaryExpr::new(cmp(Operator::GtEq, 1234), Operator::And, cmp(Operator::LtEq, 1456)));
+        let pruned = pages::prune_row_groups(&files, &schema, &between, false, true).unwrap().unwrap();
+        assert_eq!(*pruned.row_groups, vec![vec![true, false], vec![true, false]]);
+        let rows = pruned.rows.clone().expect("pages pruned");
+        for f in 0..2 {
+            assert_eq!(rows.0[f][0], (5000, Some(vec![(1200, 1500)])), "file {f}");
+        }
+        assert_eq!(pruned.rows_pruned_by_page_index, 2 * 4700);
+        let keep = Keep { key_range: None, row_groups: Some(pruned.row_groups.clone()), rows: Some(rows.clone()) };
+        // The mask: rows 1200..1500 of each file's first row group (5000 rows a file).
+        let mask = rows.mask(keep.row_groups.as_deref());
+        assert_eq!(mask.len(), 10_000usize.div_ceil(32));
+        for r in 0..10_000usize {
+            let want = (1200..1500).contains(&(r % 5000));
+            assert_eq!(mask[r / 32] >> (r % 32) & 1 == 1, want, "row {r}");
+        }
+        let whole = Keep { key_range: None, row_groups: Some(pruned.row_groups.clone()), rows: None };
+        for column in ["k", "p"] {
+            let plan = pages::plan_scan_within(&files, column, &DataType::Int64, &keep).unwrap().unwrap();
+            let all = pages::plan_scan_within(&files, column, &DataType::Int64, &whole).unwrap().unwrap();
+            assert_eq!((plan.rows, plan.pages_pruned, all.pages_pruned), (10_000, 2 * 47, 0), "{column}");
+            assert!(plan.bytes < all.bytes, "{column}: {} bytes read of {}", plan.bytes, all.bytes);
+            let got = scan_to_host_within(&files, column, &DataType::Int64, &keep).unwrap().unwrap();
+            let full = scan_to_host_within(&files, column, &DataType::Int64, &whole).unwrap().unwrap();
+            for r in 0..10_000usize {
+                let valid = |d: &Decoded| d.valid.as_ref().is_none_or(|v| v[r / 32] >> (r % 32) & 1 == 1);
+                if mask[r / 32] >> (r % 32) & 1 == 1 {
+                    assert_eq!((got.keys[r], valid(&got)), (full.keys[r], valid(&full)), "{column} row {r}");
+                } else {
+                    assert_eq!(got.keys[r], 0, "{column} row {r}");
+                    assert!(got.valid.is_none() || !valid(&got), "{column} row {r}");
+                }
+            }
+            // The decoded rows are arrow-rs's (the row group read: the first 5000 of each file).
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(&files[0].path).unwrap(),
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+            let ci = if column == "k" { 0 } else { 1 };
+            let first: Vec<Option<i64>> = reader
+                .flat_map(|b| {
+                    let b = b.unwrap();
+                    let a = b.column(ci).as_primitive::<Int64Type>().clone();
+                    (0..a.len()).map(move |i| a.is_valid(i).then(|| a.value(i))).collect::<Vec<_>>()
+                })
+                .take(5000)
+                .collect();
+            for r in 1200..1500 {
+                let v = got.valid.as_ref().is_none_or(|v| v[r / 32] >> (r % 32) & 1 == 1);
+                assert_eq!(v.then_some(got.keys[r] as i64), first[r], "{column} row {r}");
+            }
+        }
+        // enable_page_index = false: the row groups alone.
+        let no_pages = pages::prune_row_groups(&files, &schema, &between, false, false).unwrap().unwrap();
+        assert!(no_pages.rows.is_none() && no_pages.rows_pruned_by_page_index == 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A filter's row groups are chosen by their statistics and bloom filters
     /// as DataFusion prunes them: on a column sorted across 10 row groups
     /// `k < 2500` reads 3 (in both files); a predicate no statistics decide, or
@@ -1335,21 +1486,28 @@ mod tests {
         let cmp = |c: &str, i: usize, op: Operator, v: i64| -> PhysicalExprRef {
             Arc::new(BinaryExpr::new(Arc::new(Column::new(c, i)), op, lit(v)))
         };
-        let kept = pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::Lt, 2500), true).unwrap().unwrap();
+        let kept =
+            pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::Lt, 2500), true, true).unwrap().unwrap();
         let three: Vec<bool> = (0..10).map(|g| g < 3).collect();
         assert_eq!(*kept.row_groups, vec![three.clone(), three]);
         assert_eq!((kept.by_statistics, kept.by_bloom_filters), (14, 0));
         // p's values are spread over every row group: nothing to prune.
-        assert!(pages::prune_row_groups(&files, &schema, &cmp("p", 1, Operator::Gt, 500), true).unwrap().is_none());
-        assert!(pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::GtEq, 0), true).unwrap().is_none());
+        assert!(pages::prune_row_groups(&files, &schema, &cmp("p", 1, Operator::Gt, 500), true, true)
+            .unwrap()
+            .is_none());
+        assert!(pages::prune_row_groups(&files, &schema, &cmp("k", 0, Operator::GtEq, 0), true, true)
+            .unwrap()
+            .is_none());
         // q = 1000: no statistics rule a row group out, the bloom filters rule out the odd ones.
         let q = cmp("q", 2, Operator::Eq, 1000);
-        let by_bloom = pages::prune_row_groups(&files, &schema, &q, true).unwrap().unwrap();
+        let by_bloom = pages::prune_row_groups(&files, &schema, &q, true, true).unwrap().unwrap();
         let even: Vec<bool> = (0..10).map(|g| g % 2 == 0).collect();
         assert_eq!(*by_bloom.row_groups, vec![even.clone(), even]);
         assert_eq!((by_bloom.by_statistics, by_bloom.by_bloom_filters), (0, 10));
-        assert!(pages::prune_row_groups(&files, &schema, &q, false).unwrap().is_none());
-        let keep = Keep { key_range: None, row_groups: Some(kept.row_groups) };
+        assert!(pages::prune_row_groups(&files, &schema, &q, false, true).unwrap().is_none());
+        // One page a row group: the page index prunes nothing more.
+        assert!(kept.rows.is_none() && by_bloom.rows.is_none());
+        let keep = Keep { key_range: None, row_groups: Some(kept.row_groups), rows: None };
         for (column, def_max) in [("k", 0), ("p", 1)] {
             let plan = pages::plan_scan_within(&files, column, &DataType::Int64, &keep).unwrap().unwrap();
             assert_eq!((plan.rows, plan.row_groups, plan.row_groups_pruned, plan.def_max), (6000, 20, 14, def_max));

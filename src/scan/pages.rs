@@ -8,7 +8,7 @@
 //! DataFusion's pruning predicate for the input's filter rules out
 //! ([`prune_row_groups`]: the row groups' statistics and bloom filters, as DataFusion's own
 //! Parquet scan prunes them). Data pages may be PLAIN, dictionary-encoded or
-//! DELTA_BINARY_PACKED (v1 and v2). What the device cannot decode is reported
+//! DELTA_BINARY_PACKED (v1 and v2); BOOLEAN pages PLAIN or RLE. What the device cannot decode is reported
 //! as a [`Fallback`] reason, never decoded wrongly.
 
 use std::fs::File;
@@ -78,6 +78,9 @@ pub const ENC_DICT: u64 = 1;
 /// DELTA_BINARY_PACKED: the page's values are decoded into its index scratch
 /// first, as u64 (two u32 entries a page value, from an even `idx_off`).
 pub const ENC_DELTA: u64 = 2;
+/// RLE booleans: a 4-byte length, then the RLE / bit-packed hybrid of bit
+/// width 1, expanded into the page's index scratch (one u32 entry a value).
+pub const ENC_RLE_BOOL: u64 = 3;
 /// No dictionary page.
 pub const NO_DICT: u64 = u64::MAX;
 
@@ -143,12 +146,59 @@ pub struct Keep {
     /// Per file (in the scan's order), whether each row group may hold a row
     /// the input's filter keeps ([`prune_row_groups`]); None: every one may.
     pub row_groups: Option<Arc<Vec<Vec<bool>>>>,
+    /// Within the row groups read, the rows the page index leaves
+    /// ([`prune_row_groups`]); None: every row. Each column reads only the
+    /// data pages that hold one of them, and the rows outside them are
+    /// dropped by the filter (their values in the decoded columns are
+    /// undefined: [`RowSelections::mask`]).
+    pub rows: Option<Arc<RowSelections>>,
+}
+
+/// The rows of each row group the page index leaves, per file (in the
+/// scan's order): the row group's row count, and its selected row ranges
+/// `[start, end)` (None: all its rows).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct RowSelections(pub Vec<Vec<(u64, Option<Vec<(u64, u64)>>)>>);
+
+impl RowSelections {
+    /// The ranges of row group `rg` of file `file` (None: every row).
+    fn of(&self, file: usize, rg: usize) -> Option<&[(u64, u64)]> {
+        self.0.get(file)?.get(rg)?.1.as_deref()
+    }
+
+    /// The selected rows as bits (LSB first, 32-bit words) over the rows of
+    /// the row groups `row_groups` leaves (all: None), in the scan's order:
+    /// the rows a device-decoded column of that `Keep` holds.
+    pub fn mask(&self, row_groups: Option<&Vec<Vec<bool>>>) -> Vec<u32> {
+        let mut bits: Vec<u32> = Vec::new();
+        let mut at = 0u64;
+        let set = |bits: &mut Vec<u32>, from: u64, to: u64| {
+            bits.resize(to.div_ceil(32) as usize, 0);
+            for r in from..to {
+                bits[(r / 32) as usize] |= 1 << (r % 32);
+            }
+        };
+        for (f, groups) in self.0.iter().enumerate() {
+            for (g, (rows, ranges)) in groups.iter().enumerate() {
+                if row_groups.is_some_and(|k| k.get(f).and_then(|l| l.get(g)) == Some(&false)) {
+                    continue;
+                }
+                match ranges {
+                    None => set(&mut bits, at, at + rows),
+                    Some(ranges) => ranges.iter().for_each(|&(a, b)| set(&mut bits, at + a, at + b.min(*rows))),
+                }
+                at += rows;
+            }
+        }
+        bits.resize(at.div_ceil(32) as usize, 0);
+        bits
+    }
 }
 
 impl Keep {
     /// Only the row groups that may hold a key in `range` (None: all).
     pub fn key_range(range: Option<(i64, i64)>) -> Self {
-        Keep { key_range: range, row_groups: None }
+        Keep { key_range: range, row_groups: None, rows: None }
     }
 }
 
@@ -158,16 +208,22 @@ impl Keep {
 /// statistics (`PruningPredicate`, `RowGroupAccessPlanFilter::prune_by_statistics`)
 /// and, with `bloom_filters` (DataFusion's `bloom_filter_on_read`), by the
 /// bloom filters of the columns the predicate compares with literals
-/// (`prune_by_bloom_filters`, read for the row groups the statistics left).
+/// (`prune_by_bloom_filters`, read for the row groups the statistics left)
+/// and, with `page_index` (DataFusion's `enable_page_index`), by the page
+/// index of the columns single-column conjuncts read
+/// (`PagePruningAccessPlanFilter`, where the files have one): within a row
+/// group, the rows of pages whose statistics rule a conjunct out.
 /// None when nothing is pruned (or the predicate cannot prune).
 pub fn prune_row_groups(
     files: &[ScanFile],
     file_schema: &SchemaRef,
     predicate: &PhysicalExprRef,
     bloom_filters: bool,
+    page_index: bool,
 ) -> Result<Option<Pruned>> {
     use datafusion::datasource::physical_plan::parquet::{
-        BloomFilterStatistics, ParquetAccessPlan, ParquetFileMetrics, RowGroupAccessPlanFilter,
+        BloomFilterStatistics, PagePruningAccessPlanFilter, ParquetAccessPlan, ParquetFileMetrics, RowGroupAccess,
+        RowGroupAccessPlanFilter,
     };
     use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
     use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -180,10 +236,14 @@ pub fn prune_row_groups(
         return Ok(None);
     }
     let literal_columns = if bloom_filters { pruning.literal_columns() } else { Vec::new() };
+    let pages = page_index
+        .then(|| PagePruningAccessPlanFilter::new(predicate, file_schema.clone()))
+        .filter(|p| p.filter_number() > 0);
     let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
     let metrics = ExecutionPlanMetricsSet::new();
-    let (mut by_statistics, mut by_bloom_filters) = (0usize, 0usize);
+    let (mut by_statistics, mut by_bloom_filters, mut by_page_index) = (0usize, 0usize, 0u64);
     let mut keep = Vec::with_capacity(files.len());
+    let mut selections = Vec::with_capacity(files.len());
     for (file, meta) in files.iter().zip(&footers) {
         let groups = meta.row_groups();
         let mut access = RowGroupAccessPlanFilter::new(ParquetAccessPlan::new_all(groups.len()));
@@ -220,34 +280,134 @@ pub fn prune_row_groups(
             access.prune_by_bloom_filters(&pruning, &file_metrics, &filters);
             by_bloom_filters += after_statistics - access.remaining_row_group_count();
         }
-        let plan = access.build();
+        let mut plan = access.build();
+        // The page index, read only where a row group is left to prune within
+        // (a file without one, or one that fails to read, prunes nothing, as in DataFusion).
+        if let Some(pages) = pages.as_ref().filter(|_| plan.row_group_index_iter().next().is_some()) {
+            if let Ok(indexed) = read_footer_with(&file.path, parquet::file::metadata::PageIndexPolicy::Optional) {
+                if indexed.offset_index().is_some() && indexed.column_index().is_some() {
+                    plan = pages.prune_plan_with_page_index(plan, file_schema, schema, &indexed, &file_metrics);
+                }
+            }
+        }
+        let mut rows = Vec::with_capacity(groups.len());
+        for (g, access) in plan.inner().iter().enumerate() {
+            let n = groups[g].num_rows().max(0) as u64;
+            let ranges = match access {
+                RowGroupAccess::Selection(sel) => {
+                    let mut ranges = Vec::new();
+                    let mut at = 0u64;
+                    for s in sel.iter() {
+                        let end = at + s.row_count as u64;
+                        if !s.skip && end > at {
+                            ranges.push((at, end.min(n)));
+                        }
+                        at = end;
+                    }
+                    let selected: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+                    by_page_index += n.saturating_sub(selected);
+                    (selected < n).then_some(ranges)
+                }
+                _ => None,
+            };
+            rows.push((n, ranges));
+        }
         keep.push((0..groups.len()).map(|i| plan.should_scan(i)).collect::<Vec<bool>>());
+        selections.push(rows);
     }
-    Ok((by_statistics + by_bloom_filters > 0).then(|| Pruned {
+    let any_selection = selections.iter().flatten().any(|(_, r)| r.is_some());
+    Ok((by_statistics + by_bloom_filters > 0 || any_selection).then(|| Pruned {
         row_groups: Arc::new(keep),
         by_statistics,
         by_bloom_filters,
+        rows: any_selection.then(|| Arc::new(RowSelections(selections))),
+        rows_pruned_by_page_index: by_page_index,
     }))
 }
 
 /// What [`prune_row_groups`] left: per file, whether each row group is
-/// read; and how many were pruned by their statistics and by bloom filters.
+/// read, and the rows of each the page index leaves; and how many were
+/// pruned by their statistics, by bloom filters and by the page index.
 #[derive(Debug, Clone)]
 pub struct Pruned {
     pub row_groups: Arc<Vec<Vec<bool>>>,
     pub by_statistics: usize,
     pub by_bloom_filters: usize,
+    /// The rows the page index leaves in the row groups read (None: it pruned none).
+    pub rows: Option<Arc<RowSelections>>,
+    /// Rows of the row groups read that the page index rules out.
+    pub rows_pruned_by_page_index: u64,
 }
 
-/// One column chunk to read.
+/// One column chunk to read: its pieces back to back (`len` bytes).
 #[derive(Debug, Clone)]
 struct Chunk {
     file: usize,
-    offset: u64,
+    pieces: Vec<Piece>,
     len: u64,
     codec: u64,
     first_row: u64,
     rows: u64,
+}
+
+/// A byte range of a column chunk to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    /// Where it starts in the file.
+    offset: u64,
+    len: u64,
+    /// None: the whole chunk (its pages walked from its first row). Some(r):
+    /// whole pages, the first of which starts at row r of the chunk (the
+    /// dictionary page alone: Some(0)); the page index left the rest out.
+    first_row: Option<u64>,
+}
+
+/// The pieces of a column chunk at `offset` (`len` bytes) that hold the rows
+/// `ranges` select, by its page locations (the offset index): the dictionary
+/// page ahead of the first data page, and each run of adjacent data pages
+/// that holds a selected row; and how many data pages are left out. None:
+/// the offset index does not describe the chunk (the whole chunk is read).
+fn selected_pieces(
+    offset: u64,
+    len: u64,
+    rows: u64,
+    locations: &[parquet::file::page_index::offset_index::PageLocation],
+    ranges: &[(u64, u64)],
+) -> Option<(Vec<Piece>, usize)> {
+    let first = locations.first()?;
+    let start = u64::try_from(first.offset).ok()?;
+    if start < offset || start > offset + len {
+        return None;
+    }
+    let mut pieces = Vec::new();
+    if start > offset {
+        pieces.push(Piece { offset, len: start - offset, first_row: Some(0) });
+    }
+    let mut skipped = 0;
+    for (i, loc) in locations.iter().enumerate() {
+        let (at, size, row) = (
+            u64::try_from(loc.offset).ok()?,
+            u64::try_from(loc.compressed_page_size).ok()?,
+            u64::try_from(loc.first_row_index).ok()?,
+        );
+        let row_end = match locations.get(i + 1) {
+            Some(next) => u64::try_from(next.first_row_index).ok()?,
+            None => rows,
+        };
+        if at < offset || at + size > offset + len || row_end < row {
+            return None;
+        }
+        if !ranges.iter().any(|&(a, b)| a < row_end && row < b) {
+            skipped += 1;
+            continue;
+        }
+        match pieces.last_mut() {
+            // Right after the last piece (so the page after its last one): one piece, walked in order.
+            Some(last) if last.offset + last.len == at => last.len += size,
+            _ => pieces.push(Piece { offset: at, len: size, first_row: Some(row) }),
+        }
+    }
+    Some((pieces, skipped))
 }
 
 /// The scan of one key column over files: what to read and how to decode it.
@@ -256,7 +416,7 @@ pub struct ScanPlan {
     pub files: Vec<PathBuf>,
     chunks: Vec<Chunk>,
     pub rows: u64,
-    /// Physical value bytes (4 or 8).
+    /// Physical value bytes (4 or 8; 0: BOOLEAN, one bit a value).
     pub width: u64,
     /// 1 when the column is optional (may hold NULLs).
     pub def_max: u64,
@@ -268,6 +428,8 @@ pub struct ScanPlan {
     /// Row groups left out by the [`Keep`] (key range or statistics), of all.
     pub row_groups_pruned: usize,
     pub row_groups: usize,
+    /// Data pages left out by the [`Keep`]'s row selections (the page index).
+    pub pages_pruned: usize,
 }
 
 /// Row group `rg`'s (min, max, null count) of its column `ci`, as the keys' signed 64-bit values.
@@ -315,8 +477,8 @@ pub struct PageTable {
     pub body_len: u64,
     /// Validity scratch words (pages of optional columns).
     pub lvl_words: u64,
-    /// u32 index scratch entries: one a value of dictionary-encoded data
-    /// pages, two a value of DELTA_BINARY_PACKED pages (from an even entry).
+    /// u32 index scratch entries: one a value of dictionary-encoded and RLE
+    /// boolean data pages, two a value of DELTA_BINARY_PACKED pages (from an even entry).
     pub idx_len: u64,
     pub rows: u64,
     pub def_max: u64,
@@ -337,6 +499,8 @@ fn type_mismatch(descr: &parquet::schema::types::ColumnDescriptor, arrow: &DataT
     use parquet::basic::ConvertedType;
     let (physical, logical) = (descr.physical_type(), descr.logical_type_ref());
     let ok = match (arrow, physical, logical) {
+        // (BOOLEAN has no logical or converted type to check.)
+        (DataType::Boolean, PhysicalType::BOOLEAN, _) => true,
         (_, _, None) => match (arrow, physical, descr.converted_type()) {
             (DataType::Int64, PhysicalType::INT64, ConvertedType::NONE | ConvertedType::INT_64) => true,
             (DataType::Int32, PhysicalType::INT32, ConvertedType::NONE | ConvertedType::INT_32) => true,
@@ -368,14 +532,20 @@ fn type_mismatch(descr: &parquet::schema::types::ColumnDescriptor, arrow: &DataT
 
 /// Can the device scan take a column of this Arrow type at all?
 pub fn supported_type(t: &DataType) -> bool {
-    matches!(t, DataType::Int32 | DataType::Int64 | DataType::Date32)
+    matches!(t, DataType::Boolean | DataType::Int32 | DataType::Int64 | DataType::Date32)
         || matches!(t, DataType::Decimal128(p, _) if *p <= 18)
 }
 
 fn read_footer(path: &PathBuf) -> Result<ParquetMetaData> {
+    read_footer_with(path, parquet::file::metadata::PageIndexPolicy::Skip)
+}
+
+/// The footer, and the page index as `policy` says.
+fn read_footer_with(path: &PathBuf, policy: parquet::file::metadata::PageIndexPolicy) -> Result<ParquetMetaData> {
     let f = File::open(path)
         .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))?;
     ParquetMetaDataReader::new()
+        .with_page_index_policy(policy)
         .parse_and_finish(&f)
         .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))
 }
@@ -399,10 +569,20 @@ pub fn plan_scan_within(
     if !supported_type(arrow) {
         return fallback(format!("type {arrow}"));
     }
-    let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
+    // Files whose rows the page index selects: their offset index too (where the pages lie).
+    let selects =
+        |fi: usize| keep.rows.as_ref().is_some_and(|r| r.0.get(fi).is_some_and(|g| g.iter().any(|x| x.1.is_some())));
+    let indexed: Vec<usize> = (0..files.len()).collect();
+    let footers = crate::host::par_map(&indexed, 1, |&fi| {
+        if selects(fi) {
+            read_footer_with(&files[fi].path, parquet::file::metadata::PageIndexPolicy::Optional)
+        } else {
+            read_footer(&files[fi].path)
+        }
+    })?;
     let mut chunks = Vec::new();
     let (mut rows, mut width, mut def_max, mut bytes, mut host_inflated_bound) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut row_groups, mut row_groups_pruned) = (0usize, 0usize);
+    let (mut row_groups, mut row_groups_pruned, mut pages_pruned) = (0usize, 0usize, 0usize);
     for (fi, (file, meta)) in files.iter().zip(&footers).enumerate() {
         if !file.ranges.is_empty() {
             let size = std::fs::metadata(&file.path).map(|m| m.len()).unwrap_or(0);
@@ -429,7 +609,11 @@ pub fn plan_scan_within(
         if let Some(why) = type_mismatch(&descr, arrow) {
             return fallback(why);
         }
-        width = if descr.physical_type() == PhysicalType::INT32 { 4 } else { 8 };
+        width = match descr.physical_type() {
+            PhysicalType::BOOLEAN => 0,
+            PhysicalType::INT32 => 4,
+            _ => 8,
+        };
         def_max = def_max.max(descr.max_def_level() as u64);
         let listed = keep.row_groups.as_ref().map(|k| k.get(fi).map(Vec::as_slice).unwrap_or_default());
         if listed.is_some_and(|l| l.len() != meta.row_groups().len()) {
@@ -457,9 +641,22 @@ pub fn plan_scan_within(
                 Compression::GZIP(_) => CODEC_GZIP,
                 other => return fallback(format!("codec {other}")),
             };
-            let (offset, len) = cc.byte_range();
-            chunks.push(Chunk { file: fi, offset, len, codec, first_row: rows, rows: rg.num_rows() as u64 });
-            rows += rg.num_rows() as u64;
+            let (offset, mut len) = cc.byte_range();
+            let n = rg.num_rows() as u64;
+            let mut pieces = vec![Piece { offset, len, first_row: None }];
+            if let Some(ranges) = keep.rows.as_ref().and_then(|r| r.of(fi, rgi)) {
+                // Only the pages that hold a selected row (the whole chunk without an offset index).
+                let locations = meta.offset_index().and_then(|o| o.get(rgi)).and_then(|c| c.get(ci));
+                if let Some((p, skipped)) =
+                    locations.and_then(|l| selected_pieces(offset, len, n, l.page_locations(), ranges))
+                {
+                    len = p.iter().map(|p| p.len).sum();
+                    pieces = p;
+                    pages_pruned += skipped;
+                }
+            }
+            chunks.push(Chunk { file: fi, pieces, len, codec, first_row: rows, rows: n });
+            rows += n;
             bytes += len;
             if codec > CODEC_SNAPPY {
                 host_inflated_bound += cc.uncompressed_size().max(0) as u64;
@@ -476,6 +673,7 @@ pub fn plan_scan_within(
         host_inflated_bound,
         row_groups_pruned,
         row_groups,
+        pages_pruned,
     }))
 }
 
@@ -626,17 +824,17 @@ fn read_range(plan: &ScanPlan, files: &[File], from: u64, out: &mut [u8]) -> Res
     const PIECE: usize = 4 << 20;
     let mut jobs: Vec<(usize, u64, &mut [u8])> = Vec::new();
     let mut rest: &mut [u8] = out;
-    let (mut chunk_at, mut pos) = (0u64, from);
-    for c in &plan.chunks {
-        let chunk_end = chunk_at + c.len;
-        while pos < chunk_end && !rest.is_empty() {
-            let n = ((chunk_end - pos) as usize).min(PIECE).min(rest.len());
+    let (mut piece_at, mut pos) = (0u64, from);
+    for (file, p) in plan.chunks.iter().flat_map(|c| c.pieces.iter().map(move |p| (c.file, p))) {
+        let piece_end = piece_at + p.len;
+        while pos < piece_end && !rest.is_empty() {
+            let n = ((piece_end - pos) as usize).min(PIECE).min(rest.len());
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            jobs.push((c.file, c.offset + (pos - chunk_at), piece));
+            jobs.push((file, p.offset + (pos - piece_at), piece));
             pos += n as u64;
             rest = tail;
         }
-        chunk_at = chunk_end;
+        piece_at = piece_end;
     }
     let failed = std::sync::Mutex::new(None);
     crate::host::for_each_mut(&mut jobs, &|_, (f, at, piece)| {
@@ -774,8 +972,9 @@ fn corrupt(what: String) -> DataFusionError {
     DataFusionError::External(format!("setfusion device scan: {what}").into())
 }
 
-/// Walk one chunk's page headers (`raw`: the chunk's bytes, at `base` in the
-/// buffer the device gets). Dictionary references are chunk-local here.
+/// Walk one chunk's page headers (`raw`: the chunk's pieces back to back,
+/// at `base` in the buffer the device gets), piece by piece. Dictionary
+/// references are chunk-local here.
 fn walk_chunk(
     raw: &[u8],
     base: u64,
@@ -784,14 +983,46 @@ fn walk_chunk(
     def_max: u64,
 ) -> Result<std::result::Result<Vec<PqPage>, Fallback>> {
     let mut pages = Vec::new();
-    let (mut pos, mut values) = (0usize, 0u64);
     let mut dict = NO_DICT;
-    while pos < raw.len() && values < c.rows {
+    let mut piece_at = 0usize;
+    for piece in &c.pieces {
+        let end = piece_at + piece.len as usize;
+        if end > raw.len() {
+            return Err(corrupt("a column chunk's pieces run past its bytes".into()));
+        }
+        match walk_piece(&raw[..end], piece_at, base, c, piece, width, def_max, &mut dict, &mut pages)? {
+            Ok(()) => {}
+            Err(f) => return Ok(Err(f)),
+        }
+        piece_at = end;
+    }
+    Ok(Ok(pages))
+}
+
+/// [`walk_chunk`]'s walk of one piece: `raw[at..]` (to its end).
+#[allow(clippy::too_many_arguments)]
+fn walk_piece(
+    raw: &[u8],
+    at: usize,
+    base: u64,
+    c: &Chunk,
+    piece: &Piece,
+    width: u64,
+    def_max: u64,
+    dict: &mut u64,
+    pages: &mut Vec<PqPage>,
+) -> Result<std::result::Result<(), Fallback>> {
+    let (mut pos, mut values) = (at, piece.first_row.unwrap_or(0));
+    // A whole chunk ends with its last row (anything after is not a page of it).
+    while pos < raw.len() && (piece.first_row.is_some() || values < c.rows) {
         let (h, hlen) = read_page_header(&raw[pos..])?;
         let body = pos + hlen;
         let size = h.compressed_size as usize;
         if body + size > raw.len() {
-            return Err(corrupt(format!("page at byte {} of a column chunk runs past it", c.offset + pos as u64)));
+            return Err(corrupt(format!(
+                "page at byte {} of a column chunk runs past it",
+                piece.offset as usize + (pos - at)
+            )));
         }
         let mut p = PqPage {
             src: base + body as u64,
@@ -799,13 +1030,16 @@ fn walk_chunk(
             dst_len: h.uncompressed_size as u64,
             codec: c.codec,
             num_values: h.num_values as u64,
-            dict,
+            dict: *dict,
             def_max,
             width,
             ..Default::default()
         };
         match h.page_type {
             thrift::DICTIONARY_PAGE => {
+                if width == 0 {
+                    return fallback("a dictionary of BOOLEAN values");
+                }
                 if h.encoding != thrift::PLAIN && h.encoding != thrift::PLAIN_DICTIONARY {
                     return fallback(format!("dictionary page encoding {}", h.encoding));
                 }
@@ -814,17 +1048,18 @@ fn walk_chunk(
                 }
                 p.kind = KIND_DICT;
                 p.dict = NO_DICT;
-                dict = pages.len() as u64;
+                *dict = pages.len() as u64;
             }
             thrift::DATA_PAGE | thrift::DATA_PAGE_V2 => {
                 p.encoding = match h.encoding {
                     thrift::PLAIN => ENC_PLAIN,
-                    thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY if dict != NO_DICT => ENC_DICT,
+                    thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY if *dict != NO_DICT => ENC_DICT,
                     thrift::PLAIN_DICTIONARY | thrift::RLE_DICTIONARY => {
                         return Err(corrupt("dictionary-encoded page without a dictionary".into()))
                     }
-                    // Every column the scan takes is INT32 or INT64 (type_mismatch), the types DELTA_BINARY_PACKED encodes.
-                    thrift::DELTA_BINARY_PACKED => ENC_DELTA,
+                    // Every other column the scan takes is INT32 or INT64 (type_mismatch), the types DELTA_BINARY_PACKED encodes.
+                    thrift::DELTA_BINARY_PACKED if width > 0 => ENC_DELTA,
+                    thrift::RLE if width == 0 => ENC_RLE_BOOL,
                     e => return fallback(format!("encoding {}", encoding_name(e))),
                 };
                 if h.page_type == thrift::DATA_PAGE {
@@ -851,6 +1086,9 @@ fn walk_chunk(
                 }
                 p.first_row = c.first_row + values;
                 values += p.num_values;
+                if values > c.rows {
+                    return Err(corrupt(format!("column chunk holds more values than its {} rows", c.rows)));
+                }
             }
             thrift::INDEX_PAGE => {
                 pos = body + size;
@@ -864,10 +1102,13 @@ fn walk_chunk(
         pages.push(p);
         pos = body + size;
     }
-    if values != c.rows {
+    if piece.first_row.is_none() && values != c.rows {
         return Err(corrupt(format!("column chunk holds {values} values for {} rows", c.rows)));
     }
-    Ok(Ok(pages))
+    if piece.first_row.is_some() && pos != raw.len() {
+        return Err(corrupt("a page runs past the pages the offset index locates".into()));
+    }
+    Ok(Ok(()))
 }
 
 fn encoding_name(e: i32) -> &'static str {
@@ -932,7 +1173,7 @@ pub fn page_table_of(
                     p.lvl_word = t.lvl_words;
                     t.lvl_words += p.num_values.div_ceil(32);
                 }
-                if p.encoding == ENC_DICT {
+                if p.encoding == ENC_DICT || p.encoding == ENC_RLE_BOOL {
                     p.idx_off = t.idx_len;
                     t.idx_len += p.num_values;
                 }

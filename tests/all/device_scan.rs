@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Int32Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{BooleanArray, Int32Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use parquet::arrow::ArrowWriter;
@@ -25,7 +25,8 @@ use setfusion_tools::bench::tpch::canonical_rows;
 use crate::common::{block_on, gpu_or_skip};
 
 /// Write `files` Parquet files of `rows` rows each under `dir` (k BIGINT with
-/// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT), file i with its own writer options.
+/// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT; f BOOLEAN with NULLs), file i with its own
+/// writer options.
 /// `codec`: every file's; None: snappy and uncompressed files mixed.
 fn write_table(
     dir: &Path,
@@ -41,6 +42,7 @@ fn write_table(
         Field::new("k", DataType::Int64, null_every > 0),
         Field::new("k32", DataType::Int32, true),
         Field::new("p", DataType::Int64, false),
+        Field::new("f", DataType::Boolean, true),
     ]));
     let mut x = seed;
     for f in 0..files {
@@ -52,9 +54,16 @@ fn write_table(
             (0..rows).map(|i| (null_every == 0 || i % null_every != 3).then(|| next() % domain - domain / 4)).collect();
         let k32: Vec<Option<i32>> = k.iter().map(|v| v.map(|v| (v % 5000) as i32)).collect();
         let p: Vec<i64> = (0..rows as i64).map(|i| i * 3 + f as i64).collect();
+        let flag: BooleanArray =
+            k.iter().enumerate().map(|(i, v)| (i % 17 != 5).then(|| v.map_or(i % 2 == 0, |v| v % 3 == 0))).collect();
         let batch = RecordBatch::try_new(
             schema.clone(),
-            vec![Arc::new(Int64Array::from(k)), Arc::new(Int32Array::from(k32)), Arc::new(Int64Array::from(p))],
+            vec![
+                Arc::new(Int64Array::from(k)),
+                Arc::new(Int32Array::from(k32)),
+                Arc::new(Int64Array::from(p)),
+                Arc::new(flag),
+            ],
         )
         .unwrap();
         let props = WriterProperties::builder()
@@ -65,6 +74,8 @@ fn write_table(
             .set_data_page_row_count_limit(700)
             .set_max_row_group_row_count(Some(2500))
             .set_encoding(Encoding::PLAIN)
+            // v2 files' booleans RLE, v1 files' PLAIN (bit-packed).
+            .set_column_encoding("f".into(), if f % 2 == 1 { Encoding::RLE } else { Encoding::PLAIN })
             .build();
         let file = std::fs::File::create(dir.join(format!("part-{f}.parquet"))).unwrap();
         let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
@@ -152,7 +163,23 @@ const QUERIES: &[&str] = &[
     "SELECT p FROM a WHERE p < 5000 AND NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
     "SELECT p FROM a WHERE k32 > 10 AND k NOT IN (SELECT k FROM b_no_nulls)",
     "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)",
+    // BOOLEAN columns: filters, an output column, a key (PLAIN and RLE pages, NULLs).
+    BOOLEAN_FILTERED,
+    "SELECT count(*) FROM a WHERE NOT f AND k NOT IN (SELECT k FROM b_no_nulls WHERE f IS NOT NULL)",
+    "SELECT k, f FROM a WHERE k IN (SELECT k FROM b WHERE f OR p < 100)",
+    "SELECT count(*) FROM (SELECT f FROM a INTERSECT SELECT f FROM b)",
+    "SELECT f, k32 FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+    // The page index: p rises with the row, so a range of it reads one page of a row group.
+    PAGE_PRUNED,
+    "SELECT k, p FROM a WHERE p < 1500 AND k NOT IN (SELECT k FROM b_no_nulls WHERE p > 14000 OR k32 IS NULL)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE p BETWEEN 2000 AND 2200 OR p = 9001 INTERSECT SELECT k FROM b)",
 ];
+
+/// A filter the page index prunes pages by (and row groups by their statistics).
+const PAGE_PRUNED: &str = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p BETWEEN 3000 AND 3600)";
+
+/// A filter over a BOOLEAN column on both sides.
+const BOOLEAN_FILTERED: &str = "SELECT count(*) FROM a WHERE f AND k IN (SELECT k FROM b WHERE f)";
 
 /// A filtered probe side whose (non-NULL) column is output.
 const FILTERED_OUTPUT: &str = "SELECT sum(p), count(*) FROM a WHERE p > 10 AND k IN (SELECT k FROM b)";
@@ -245,6 +272,17 @@ fn device_scan_answers_equal_host_scan() {
                 let analyzed = explain(&device, sql, true).await;
                 assert!(!analyzed.contains("fell back"), "{analyzed}");
             }
+            // BOOLEAN filter columns are decoded and evaluated by the device.
+            let plan = explain(&device, BOOLEAN_FILTERED, false).await;
+            assert_eq!(plan.matches("DeviceScanExec: column=k").count(), 2, "{plan}");
+            assert_eq!(plan.matches("filter=f@").count(), 2, "{plan}");
+            let analyzed = explain(&device, BOOLEAN_FILTERED, true).await;
+            assert!(analyzed.matches("filtered on the device").count() == 2, "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            // The page index: pages of the build side's row group that the filter rules out are not read.
+            let analyzed = explain(&device, PAGE_PRUNED, true).await;
+            assert!(analyzed.contains("data pages not read") && analyzed.contains("by the page index"), "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
             // An output column that may hold NULLs under a filter: the host reads that input.
             let analyzed = explain(&device, "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", true).await;
             assert!(analyzed.contains("fell back to the host: probe side: output column k32"), "{analyzed}");

@@ -3,21 +3,9 @@
 //! caching), so a test harness that sets one before the call sees it.
 
 use std::path::PathBuf;
-use std::str::FromStr;
 
+use setfusion::env::{flag, parsed, path};
 pub use setfusion::env::{require_gpu, user_cache_dir};
-
-fn flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1")
-}
-
-fn parsed<T: FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-fn path(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name).map(PathBuf::from)
-}
 
 /// `SETFUSION_TPCH_DIR`: where `bench tpch` caches its Parquet files (else `~/.cache/setfusion/tpch`).
 pub fn tpch_dir() -> PathBuf {

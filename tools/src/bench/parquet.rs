@@ -1,12 +1,13 @@
 //! `setfusion bench parquet [--runs N] [--codecs snappy,zstd] [--no-fresh]`:
-//! issue 27's four queries (and one with a filter the device runs) over two BIGINT tables of N rows (100M, or
+//! issue 27's four queries (and three with filters the device runs: two columns, a BOOLEAN, a range the
+//! page index prunes) over two BIGINT tables of N rows (100M, or
 //! `SETFUSION_BENCH_ROWS`) written as Parquet (1M-row groups; snappy, and
 //! zstd) under `SETFUSION_PARQUET_DIR` (else `~/.cache/setfusion/parquet`):
 //! DataFusion and setfusion in fresh processes and warm (medians), DuckDB
 //! where python3 can `import duckdb` (warm, in one process), and the device
 //! scan's decoded GB/s on table a's keys.
 //!
-//! Table a: k = (i * 2654435761) % 400M, p = i; table b: k = (i * 40503 + 7) % 400M
+//! Table a: k = (i * 2654435761) % 400M, p = i, f = i % 3 != 0; table b: k = (i * 40503 + 7) % 400M
 //! (the keys of `bench setops`), i = 1..=N.
 
 use std::fmt::Write as _;
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::array::{BooleanArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
@@ -33,6 +34,10 @@ pub const QUERIES: &[(&str, &str)] = &[
     ("NOT IN, sum(p)", "SELECT sum(p) FROM a WHERE k NOT IN (SELECT k FROM b)"),
     // A filter over two columns of the probe side (about half its rows pass): run on the device.
     ("IN, filtered", "SELECT count(*) FROM a WHERE k < 4 * p AND k IN (SELECT k FROM b)"),
+    // A BOOLEAN column as the probe side's filter (two thirds of its rows pass).
+    ("IN, boolean filter", "SELECT count(*) FROM a WHERE f AND k IN (SELECT k FROM b)"),
+    // A range of p, which rises with the row: row groups pruned by their statistics, pages by the page index.
+    ("IN, p range", "SELECT count(*) FROM a WHERE p BETWEEN 40000000 AND 42500000 AND k IN (SELECT k FROM b)"),
 ];
 
 const ROW_GROUP: usize = 1 << 20;
@@ -50,10 +55,11 @@ fn table_dir(n: u64, codec: &str, table: &str) -> PathBuf {
     crate::env::parquet_bench_dir().join(format!("{n}")).join(codec).join(table)
 }
 
-/// Write table `name` (a: k, p; b: k) of `n` rows as Parquet files, once.
+/// Write table `name` (a: k, p, f; b: k) of `n` rows as Parquet files, once.
 fn write_table(n: u64, codec: &str, name: &str) -> Result<PathBuf> {
     let dir = table_dir(n, codec, name);
-    if dir.join("done").exists() {
+    // (`done`: the tables before `f` was added, written again.)
+    if dir.join("done-f").exists() {
         return Ok(dir);
     }
     std::fs::create_dir_all(&dir)?;
@@ -62,6 +68,7 @@ fn write_table(n: u64, codec: &str, name: &str) -> Result<PathBuf> {
     let mut fields = vec![Field::new("k", DataType::Int64, false)];
     if payload {
         fields.push(Field::new("p", DataType::Int64, false));
+        fields.push(Field::new("f", DataType::Boolean, false));
     }
     let schema = Arc::new(Schema::new(fields));
     let files = (n as usize).div_ceil(ROW_GROUP * 4).clamp(1, 16);
@@ -87,6 +94,7 @@ fn write_table(n: u64, codec: &str, name: &str) -> Result<PathBuf> {
                             vec![Arc::new(Int64Array::from_iter_values((i..j).map(key)))];
                         if payload {
                             cols.push(Arc::new(Int64Array::from_iter_values((i..j).map(|x| x as i64))));
+                            cols.push(Arc::new(BooleanArray::from_iter((i..j).map(|x| Some(x % 3 != 0)))));
                         }
                         w.write(&RecordBatch::try_new(schema.clone(), cols)?)?;
                         i = j;
@@ -99,7 +107,7 @@ fn write_table(n: u64, codec: &str, name: &str) -> Result<PathBuf> {
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(exec_err("writer thread panicked")))).collect()
     });
     written.into_iter().collect::<Result<Vec<()>>>()?;
-    std::fs::write(dir.join("done"), b"")?;
+    std::fs::write(dir.join("done-f"), b"")?;
     eprintln!("wrote {name} ({n} rows, {codec}, {files} files) in {:.1} s", t.elapsed().as_secs_f64());
     Ok(dir)
 }

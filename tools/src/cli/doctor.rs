@@ -25,7 +25,7 @@ pub fn gpu_line() -> String {
 /// (kernels from the disk cache) and print the times of its steps.
 pub fn start_probe() -> i32 {
     let t = std::time::Instant::now();
-    gpu::start_in_background(0, &setfusion::algo::SET_SELECTION_KERNELS);
+    gpu::start_in_background(0, setfusion::algo::SET_SELECTION_KERNELS);
     gpu::wait_started(0);
     let started = t.elapsed();
     match (gpu::start_times(0), gpu::gpu(0)) {

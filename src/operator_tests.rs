@@ -1,0 +1,436 @@
+//! Every setfusion operator checked through SQL, in sessions with setfusion
+//! installed (issue 29): DataFusion's baseline metrics, each registered once,
+//! and what the operator keeps of DataFusion's contract for an
+//! `ExecutionPlan` (its properties, its partitions, cancellation and the
+//! memory it reserves). The planner builds the nodes, so these tests sit
+//! above it, at the crate's top, not beside the operators in `exec`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::execution::memory_pool::{TrackConsumersPool, UnboundedMemoryPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::{collect, collect_partitioned, displayable, ExecutionPlan, ExecutionPlanProperties};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
+
+/// The first node named `name` in `plan`.
+fn find(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Arc<dyn ExecutionPlan> {
+    let mut nodes = vec![plan.clone()];
+    while let Some(node) = nodes.pop() {
+        if node.name() == name {
+            return node;
+        }
+        nodes.extend(node.children().into_iter().cloned());
+    }
+    panic!("no {name} in\n{}", displayable(plan.as_ref()).indent(true))
+}
+
+/// Each row of `batches` as text, sorted (a multiset to compare).
+fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut rows = Vec::new();
+    for b in batches {
+        let columns: Vec<ArrayFormatter<'_>> =
+            b.columns().iter().map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap()).collect();
+        rows.extend(
+            (0..b.num_rows()).map(|r| columns.iter().map(|c| c.value(r).to_string()).collect::<Vec<_>>().join("|")),
+        );
+    }
+    rows.sort();
+    rows
+}
+
+/// The session's memory pool, which knows each reservation's name.
+type Pool = Arc<TrackConsumersPool<UnboundedMemoryPool>>;
+
+/// A setfusion session of `partitions` partitions whose memory pool tracks
+/// its consumers, `settings` run on it (SET statements, CREATE TABLEs).
+async fn session(partitions: usize, settings: &[&str]) -> (SessionContext, Pool) {
+    let pool: Pool = Arc::new(TrackConsumersPool::new(UnboundedMemoryPool::default(), 5.try_into().unwrap()));
+    let runtime = RuntimeEnvBuilder::new().with_memory_pool(pool.clone()).build_arc().unwrap();
+    let config = SessionConfig::new().with_target_partitions(partitions);
+    let builder = SessionStateBuilder::new().with_config(config).with_runtime_env(runtime).with_default_features();
+    let ctx = SessionContext::new_with_state(crate::install(builder).build());
+    for s in settings {
+        ctx.sql(s).await.unwrap().collect().await.unwrap();
+    }
+    (ctx, pool)
+}
+
+/// The bytes the operator's reservations (named `name`, as the operators
+/// name theirs) hold, once every reservation that is going away has gone (a
+/// cancelled task releases its own as it ends), or what they still hold after
+/// a few seconds. (DataFusion's own nodes below may keep theirs until the plan
+/// is dropped: a CollectLeft hash join keeps its build side.)
+async fn settled_reservations(pool: &Pool, name: &str) -> usize {
+    let held = || pool.metrics().iter().filter(|m| m.name == name).map(|m| m.reserved).sum::<usize>();
+    let t = Instant::now();
+    while held() > 0 && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held()
+}
+
+/// Check the node named `name` in `sql`'s plan on `ctx`; returns its rows
+/// (sorted, as text).
+///
+/// - **Properties**: its partition count, ordering, emission type and
+///   boundedness are those of the node rebuilt over the same children
+///   (computed from the node's fields, not from an execution), and its
+///   properties' schema is its schema.
+/// - **Partitions**: it answers on exactly that many partitions, each
+///   batch of its schema, and the partitions together give the rows of the
+///   whole node collected at once.
+/// - **Memory**: once an execution ends, the operator's reservations hold
+///   nothing.
+/// - **Cancellation**: every partition started, one batch taken, then all
+///   dropped, the reservations are released, and the next execution
+///   answers the same rows.
+///
+/// (Each execution plans the query again: DataFusion's RepartitionExec
+/// executes once per plan.)
+async fn contract(ctx: &SessionContext, pool: &Pool, sql: &str, name: &str) -> Vec<String> {
+    // A fresh plan for each execution: DataFusion's RepartitionExec runs once per plan.
+    let planned = || async {
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        find(&plan, name)
+    };
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let node = find(&plan, name);
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    let partitions = node.output_partitioning().partition_count();
+
+    // Properties.
+    let recompute = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+    let rebuilt = node.clone().replace_children(node.children().into_iter().cloned().collect(), recompute).unwrap();
+    // (Partitioning's `==` holds no UnknownPartitioning equal to another: its text, then.)
+    let partitioning = |p: &Arc<dyn ExecutionPlan>| format!("{:?}", p.output_partitioning());
+    assert_eq!(partitioning(&rebuilt), partitioning(&node), "{name}: partitioning\n{text}");
+    assert_eq!(rebuilt.output_ordering(), node.output_ordering(), "{name}: ordering\n{text}");
+    assert_eq!(rebuilt.pipeline_behavior(), node.pipeline_behavior(), "{name}: emission\n{text}");
+    assert_eq!(rebuilt.boundedness(), node.boundedness(), "{name}: boundedness\n{text}");
+    assert_eq!(node.properties().eq_properties.schema(), &node.schema(), "{name}: schema\n{text}");
+
+    // Partitions, and memory after each execution.
+    let task: Arc<TaskContext> = ctx.task_ctx();
+    let whole = collect(node.clone(), task.clone()).await.unwrap();
+    assert_eq!(settled_reservations(pool, name).await, 0, "{name}: memory still reserved after collect\n{text}");
+    let parts = collect_partitioned(planned().await, task.clone()).await.unwrap();
+    assert_eq!(parts.len(), partitions, "{name}: partitions\n{text}");
+    for b in parts.iter().flatten() {
+        assert_eq!(b.schema(), node.schema(), "{name}: a batch's schema\n{text}");
+    }
+    let rows = sorted_rows(&whole);
+    assert_eq!(sorted_rows(&parts.concat()), rows, "{name}: partitions vs whole\n{text}");
+    assert_eq!(settled_reservations(pool, name).await, 0, "{name}: memory still reserved after the partitions\n{text}");
+
+    // Cancellation.
+    let cancelled = planned().await;
+    let mut streams: Vec<_> = (0..partitions).map(|p| cancelled.execute(p, task.clone()).unwrap()).collect();
+    if let Some(first) = streams.first_mut() {
+        let _ = first.next().await;
+    }
+    drop(streams);
+    drop(cancelled);
+    assert_eq!(settled_reservations(pool, name).await, 0, "{name}: memory still reserved after cancellation\n{text}");
+    let again = collect(planned().await, task).await.unwrap();
+    assert_eq!(sorted_rows(&again), rows, "{name}: the execution after a cancelled one\n{text}");
+    assert_eq!(settled_reservations(pool, name).await, 0, "{name}: memory still reserved\n{text}");
+    rows
+}
+
+/// The strategies (`setfusion.strategy`) the operators' contract tests run
+/// under: the CPU backend, and the device's hash tables where a device is
+/// present (else a printed reason).
+fn strategies() -> Vec<&'static str> {
+    let mut s = vec!["cpu"];
+    if crate::gpu::test_gpu().is_some() {
+        s.push("hash");
+    }
+    s
+}
+
+/// [`contract`] of the node each of `queries` (SQL, node name) plans, under
+/// every strategy of [`strategies`], in a session of 3 partitions with
+/// `tables` made on it (after `SET setfusion.strategy` and
+/// `setfusion.min_rows = 0`); every query answers some rows.
+async fn contract_under_every_strategy(tables: &[&str], queries: &[(&str, &str)]) {
+    for strategy in strategies() {
+        let mut settings = vec![format!("SET setfusion.strategy = '{strategy}'"), "SET setfusion.min_rows = 0".into()];
+        settings.extend(tables.iter().map(|t| t.to_string()));
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        let (ctx, pool) = session(3, &settings).await;
+        for (sql, name) in queries {
+            let rows = contract(&ctx, &pool, sql, name).await;
+            assert!(!rows.is_empty(), "{strategy}: {sql}");
+        }
+    }
+}
+
+/// Run `sql`: the executed plan and the rows it returned.
+async fn run(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, usize) {
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let batches = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+    (plan, batches.iter().map(|b| b.num_rows()).sum())
+}
+
+/// The set selection: `SetOpExec` and `SemiJoinExec`.
+mod set_select {
+    use super::{contract_under_every_strategy, run, session};
+    use crate::exec::metrics_check::check;
+
+    /// DataFusion's baseline metrics per output partition, including the row
+    /// count path (count(*)), and the execution's metrics once, though three
+    /// partitions share it.
+    #[tokio::test]
+    async fn metrics_are_registered_once() {
+        let (ctx, _pool) = session(
+            3,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 1999) AS g(v)",
+                "CREATE TABLE b AS SELECT v * 3 % 90 AS k, v FROM generate_series(0, 499) AS g(v)",
+            ],
+        )
+        .await;
+        for (sql, name) in [
+            ("SELECT k FROM a INTERSECT ALL SELECT k FROM b", "SetOpExec"),
+            ("SELECT k, v FROM a EXCEPT SELECT k, v FROM b", "SetOpExec"),
+            ("SELECT k, v FROM a WHERE k IN (SELECT k FROM b)", "SemiJoinExec"),
+        ] {
+            let (plan, rows) = run(&ctx, sql).await;
+            assert!(rows > 0, "{sql}");
+            check(&plan, name, rows, true);
+        }
+        let sql = "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b)";
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let batches = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await.unwrap();
+        let count =
+            batches[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().unwrap().value(0);
+        assert!(count > 0);
+        check(&plan, "SemiJoinExec", count as usize, true);
+    }
+
+    /// DataFusion's operator contract ([`super::contract`])
+    /// of the selection node, as set operation and as semi / anti join, with
+    /// NULL keys.
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        contract_under_every_strategy(
+            &[
+                "CREATE TABLE a AS SELECT CASE WHEN v % 97 = 0 THEN NULL ELSE v % 70 END AS k, v \
+                     FROM generate_series(0, 1999) AS g(v)",
+                "CREATE TABLE b AS SELECT CASE WHEN v % 89 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v \
+                     FROM generate_series(0, 499) AS g(v)",
+            ],
+            &[
+                ("SELECT k FROM a INTERSECT ALL SELECT k FROM b", "SetOpExec"),
+                ("SELECT k, v FROM a EXCEPT ALL SELECT k, v FROM b", "SetOpExec"),
+                ("SELECT k, v FROM a WHERE k IN (SELECT k FROM b)", "SemiJoinExec"),
+                ("SELECT k, v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)", "SemiJoinExec"),
+            ],
+        )
+        .await;
+    }
+}
+
+/// `MarkJoinExec`.
+mod mark_join {
+    use super::{contract_under_every_strategy, run, session};
+    use crate::exec::metrics_check::check;
+
+    /// DataFusion's baseline metrics per partition, and the execution's
+    /// metrics once, though a correlated IN runs three selections (group,
+    /// key, NULL key).
+    #[tokio::test]
+    async fn metrics_are_registered_once() {
+        let (ctx, _pool) = session(
+            3,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 1999) AS g(v)",
+                "CREATE TABLE b AS SELECT CASE WHEN v % 50 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v % 300 AS v \
+                 FROM generate_series(0, 499) AS g(v)",
+            ],
+        )
+        .await;
+        for sql in [
+            "SELECT k, v FROM a WHERE k IN (SELECT k FROM b) OR v < 10",
+            "SELECT k, v FROM a WHERE k IN (SELECT b.k FROM b WHERE b.v = a.v) OR v < 10",
+        ] {
+            let (plan, _) = run(&ctx, sql).await;
+            // A mark for every row of `a`; the filter above keeps some.
+            check(&plan, "MarkJoinExec", 2000, true);
+        }
+    }
+
+    /// DataFusion's operator contract ([`super::contract`]):
+    /// properties, partitions, memory, cancellation; uncorrelated and
+    /// correlated marks, three-valued (NULL keys on both sides).
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        contract_under_every_strategy(
+            &[
+                "CREATE TABLE a AS SELECT CASE WHEN v % 97 = 0 THEN NULL ELSE v % 70 END AS k, v \
+                     FROM generate_series(0, 1999) AS g(v)",
+                "CREATE TABLE b AS SELECT CASE WHEN v % 50 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v % 300 AS v \
+                     FROM generate_series(0, 499) AS g(v)",
+            ],
+            &[
+                ("SELECT k, v, k IN (SELECT k FROM b) AS m FROM a", "MarkJoinExec"),
+                ("SELECT k, v FROM a WHERE k NOT IN (SELECT k FROM b) OR v < 10", "MarkJoinExec"),
+                ("SELECT k, v FROM a WHERE k IN (SELECT b.k FROM b WHERE b.v = a.v) OR v < 10", "MarkJoinExec"),
+            ],
+        )
+        .await;
+    }
+}
+
+/// `SimilarityJoinExec`.
+mod similarity_join {
+    use super::{contract_under_every_strategy, find, run, session, sorted_rows};
+    use crate::exec::metrics_check::check;
+
+    #[tokio::test]
+    async fn metrics_are_datafusions() {
+        let (ctx, _pool) = session(
+            2,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE t AS SELECT v AS id, [v % 5, v % 7, v % 11, 100] AS s FROM generate_series(0, 299) AS g(v)",
+            ],
+        )
+        .await;
+        let (plan, rows) =
+            run(&ctx, "SELECT x.id, y.id FROM t x JOIN t y ON x.id < y.id AND jaccard(x.s, y.s) >= 0.5").await;
+        assert!(rows > 0);
+        check(&plan, "SimilarityJoinExec", rows, true);
+    }
+
+    /// DataFusion's operator contract ([`super::contract`]),
+    /// a self join and a join of two tables, NULL lists and elements among them.
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        contract_under_every_strategy(
+            &[
+                "CREATE TABLE t AS SELECT v AS id, CASE WHEN v % 41 = 0 THEN NULL \
+                     ELSE [v % 5, v % 7, v % 11, 100, CASE WHEN v % 3 = 0 THEN NULL ELSE 7 END] END AS s \
+                     FROM generate_series(0, 299) AS g(v)",
+                "CREATE TABLE u AS SELECT v AS id, [v % 6, v % 7, 100] AS s FROM generate_series(0, 199) AS g(v)",
+            ],
+            &[
+                (
+                    "SELECT x.id, y.id FROM t x JOIN t y ON x.id < y.id AND jaccard(x.s, y.s) >= 0.5",
+                    "SimilarityJoinExec",
+                ),
+                ("SELECT t.id, u.id FROM t JOIN u ON overlap(t.s, u.s) >= 3", "SimilarityJoinExec"),
+            ],
+        )
+        .await;
+    }
+
+    /// Two in-memory tables of one shape (schema and row counts) are two
+    /// tables, not a self join: the answer is DataFusion's own (setfusion off).
+    #[tokio::test]
+    async fn different_tables_of_one_shape_are_not_a_self_join() {
+        let (ctx, _pool) = session(
+            2,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "SET setfusion.min_rows = 0",
+                "CREATE TABLE t AS SELECT v AS id, [v % 5, v % 7, 100] AS s FROM generate_series(0, 59) AS g(v)",
+                "CREATE TABLE u AS SELECT v AS id, [v % 3, v % 4, 200] AS s FROM generate_series(0, 59) AS g(v)",
+            ],
+        )
+        .await;
+        let sql = "SELECT t.id, u.id FROM t JOIN u ON jaccard(t.s, u.s) >= 0.5";
+        let answer = |ctx: &datafusion::prelude::SessionContext| {
+            let ctx = ctx.clone();
+            async move { sorted_rows(&ctx.sql(sql).await.unwrap().collect().await.unwrap()) }
+        };
+        let (plan, _) = run(&ctx, sql).await;
+        find(&plan, "SimilarityJoinExec");
+        let got = answer(&ctx).await;
+        ctx.sql("SET setfusion.enabled = false").await.unwrap().collect().await.unwrap();
+        assert_eq!(got, answer(&ctx).await);
+    }
+}
+
+/// `FamiliesExec`.
+mod families {
+    use super::{contract_under_every_strategy, run, session};
+    use crate::exec::metrics_check::check;
+
+    #[tokio::test]
+    async fn metrics_are_datafusions() {
+        let (ctx, _pool) = session(
+            2,
+            &[
+                "SET setfusion.strategy = 'cpu'",
+                "CREATE TABLE f AS SELECT v AS id, [v % 13, v % 17, 1000 + v % 3] AS elements \
+                 FROM generate_series(0, 99) AS g(v)",
+                "CREATE TABLE g AS SELECT v AS id, [v % 11, v % 19, 1000 + v % 5] AS elements \
+                 FROM generate_series(0, 79) AS g(v)",
+            ],
+        )
+        .await;
+        for level in ["pairs", "distinct"] {
+            let (plan, rows) = run(&ctx, &format!("SELECT * FROM intersect_families('f', 'g', '{level}')")).await;
+            assert!(rows > 0, "{level}");
+            check(&plan, "FamiliesExec", rows, true);
+        }
+    }
+
+    /// DataFusion's operator contract ([`super::contract`]),
+    /// at every level, of two families and of one with itself.
+    #[tokio::test]
+    async fn keeps_the_operator_contract() {
+        contract_under_every_strategy(
+            &[
+                "CREATE TABLE f AS SELECT v AS id, CASE WHEN v % 31 = 0 THEN NULL \
+                     ELSE [v % 13, v % 17, 1000 + v % 3] END AS elements FROM generate_series(0, 99) AS g(v)",
+                "CREATE TABLE g AS SELECT v AS id, [v % 11, v % 19, 1000 + v % 5] AS elements \
+                     FROM generate_series(0, 79) AS g(v)",
+            ],
+            &[
+                ("SELECT * FROM intersect_families('f', 'g')", "FamiliesExec"),
+                ("SELECT * FROM intersect_families('f', 'g', 'pairs')", "FamiliesExec"),
+                ("SELECT * FROM intersect_families('f', 'g', 'all')", "FamiliesExec"),
+                ("SELECT * FROM intersect_families('f', 'pairs')", "FamiliesExec"),
+            ],
+        )
+        .await;
+    }
+}
+
+/// `SetfusionDeclinedExec`.
+mod declined {
+    use super::{run, session};
+    use crate::exec::metrics_check::check;
+
+    /// Declined (fewer rows than `setfusion.min_rows`), the node passes its
+    /// input's rows on and counts them.
+    #[tokio::test]
+    async fn metrics_are_datafusions() {
+        let (ctx, _pool) = session(
+            2,
+            &[
+                "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 999) AS g(v)",
+                "CREATE TABLE b AS SELECT v * 3 % 90 AS k FROM generate_series(0, 199) AS g(v)",
+            ],
+        )
+        .await;
+        let (plan, rows) = run(&ctx, "SELECT k, v FROM a WHERE k IN (SELECT k FROM b)").await;
+        assert!(rows > 0);
+        check(&plan, "SetfusionDeclinedExec", rows, false);
+    }
+}
