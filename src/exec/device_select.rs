@@ -363,6 +363,7 @@ pub(crate) struct FilteredRows {
 /// that its array owns; one with NULLs comes back whole and is filtered on the
 /// host. A filtered side's column is first put in its keys' order (the rows
 /// its filter kept, NULL keys last: `filtered`), which needs it without NULLs.
+/// Otherwise the columns are read from the row groups the keys were (`keep`).
 /// `Ok(Err(why))`: the host reads the input. `ready`: columns already
 /// decoded (read with the keys, of every row the keys' scan read).
 #[allow(clippy::too_many_arguments)]
@@ -372,6 +373,7 @@ fn decode_payload(
     needed: &[usize],
     selection: &BooleanBuffer,
     filtered: Option<&FilteredRows>,
+    keep: &crate::scan::Keep,
     mut ready: Vec<(String, crate::scan::DeviceDecoded)>,
     cache_limit: usize,
     stats: &mut TransferStats,
@@ -382,8 +384,8 @@ fn decode_payload(
         return Ok(Err("a filtered input without its filter's rows".into()));
     }
     let rows = selection.len();
-    // A filtered side's columns are read from the row groups its keys were.
-    let keep = filtered.map(|f| f.keep.clone()).unwrap_or_default();
+    // The columns are read from the row groups (and rows) the keys were.
+    let keep = filtered.map_or_else(|| keep.clone(), |f| f.keep.clone());
     let mut out = Vec::with_capacity(needed.len());
     for &i in needed {
         let Some((name, t)) = columns.get(i) else { return Ok(Err(format!("no output column {i}"))) };
@@ -498,18 +500,25 @@ pub(crate) fn select_device_scanned(
     // probe row groups outside the build side's key range (from its files'
     // statistics) are not read, as DataFusion's dynamic filter would prune
     // them; row groups with NULL keys are always read (INTERSECT keeps NULLs).
-    // (Not when the probe side's columns are output: they are read whole.)
-    let keep = match (&probe, &build) {
+    // Where the probe side's columns are output, they are read from the same
+    // row groups as its keys (chosen by the key's statistics), so the
+    // payload of row groups no row of which can be kept is never read.
+    let probe_keep = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
-            if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll)
-                && (payload.is_none() || p.payload().is_none()) =>
+            if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
         {
-            crate::scan::key_range(b.files(), b.column()).unwrap_or(None)
+            match crate::scan::key_range(b.files(), b.column()).unwrap_or(None) {
+                Some(range) if payload.is_some() && p.payload().is_some() => crate::scan::Keep {
+                    row_groups: crate::scan::pages::row_groups_in_key_range(p.files(), p.column(), range)
+                        .unwrap_or(None),
+                    ..Default::default()
+                },
+                range => crate::scan::Keep::key_range(range),
+            }
         }
-        _ => None,
+        _ => crate::scan::Keep::default(),
     };
-    fn side(s: &DeviceScanExec, range: Option<(i64, i64)>) -> crate::scan::PairSide<'_> {
-        let keep = crate::scan::Keep::key_range(range);
+    fn side(s: &DeviceScanExec, keep: crate::scan::Keep) -> crate::scan::PairSide<'_> {
         crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
     }
     // The device still starting (a query in a fresh process): both sides'
@@ -521,7 +530,7 @@ pub(crate) fn select_device_scanned(
                 && b.filter().is_none()
                 && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
         {
-            Some(crate::scan::ReadAhead::start(&[side(p, keep), side(b, None)]))
+            Some(crate::scan::ReadAhead::start(&[side(p, probe_keep.clone()), side(b, Default::default())]))
         }
         _ => None,
     };
@@ -549,7 +558,7 @@ pub(crate) fn select_device_scanned(
         (Side::Device(p), Side::Device(b))
             if early.is_some() || (!cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none()) =>
         {
-            let sides = [side(p, keep), side(b, None)];
+            let sides = [side(p, probe_keep.clone()), side(b, Default::default())];
             // The probe side's output columns (not in the column cache, not the key) are read with the
             // keys, in the same pipeline, rather than after the selection.
             let outputs: Vec<crate::scan::PairSide<'_>> = match (payload, p.payload(), &early) {
@@ -561,7 +570,7 @@ pub(crate) fn select_device_scanned(
                         files: p.files(),
                         column: name,
                         arrow: t,
-                        keep: crate::scan::Keep::default(),
+                        keep: probe_keep.clone(),
                     })
                     .collect(),
                 _ => Vec::new(),
@@ -597,12 +606,11 @@ pub(crate) fn select_device_scanned(
             // side's are uploaded and decoded (unless the device holds its keys already).
             let ahead = match &build {
                 Side::Device(scan) if scan.filter().is_none() && !cached(scan) => {
-                    Some(crate::scan::ReadAhead::start(&[side(scan, None)]))
+                    Some(crate::scan::ReadAhead::start(&[side(scan, Default::default())]))
                 }
                 _ => None,
             };
-            let keep = crate::scan::Keep::key_range(keep);
-            let probe = match side_keys(&g, probe, key_type, &keep, cfg.cache_limit.0, None, &mut stats)? {
+            let probe = match side_keys(&g, probe, key_type, &probe_keep, cfg.cache_limit.0, None, &mut stats)? {
                 Ok(k) => k,
                 Err(why) => return Ok(Err(format!("probe side: {why}"))),
             };
@@ -639,6 +647,7 @@ pub(crate) fn select_device_scanned(
                     needed,
                     &selection,
                     probe_kept.as_ref(),
+                    &probe_keep,
                     ready,
                     cfg.cache_limit.0,
                     stats,

@@ -469,6 +469,35 @@ pub fn key_range(files: &[ScanFile], column: &str) -> Result<Option<(i64, i64)>>
     Ok(range)
 }
 
+/// Per file, whether each row group of `column` may hold a key in `range`
+/// (or a NULL: the same rule as [`Keep::key_range`] in [`plan_scan_within`]),
+/// as a [`Keep`] every column of the files can be read with (its rows stay
+/// aligned); None when every row group may.
+pub fn row_groups_in_key_range(
+    files: &[ScanFile],
+    column: &str,
+    (lo, hi): (i64, i64),
+) -> Result<Option<Arc<Vec<Vec<bool>>>>> {
+    let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
+    let mut pruned = false;
+    let mut keep = Vec::with_capacity(files.len());
+    for meta in &footers {
+        let schema = meta.file_metadata().schema_descr();
+        let ci = (0..schema.num_columns()).find(|&i| schema.column(i).path().parts() == [column]);
+        let groups: Vec<bool> = meta
+            .row_groups()
+            .iter()
+            .map(|rg| match ci.and_then(|ci| int_stats(rg, ci)) {
+                Some((min, max, Some(0))) => !(max < lo || min > hi),
+                _ => true,
+            })
+            .collect();
+        pruned |= groups.iter().any(|k| !k);
+        keep.push(groups);
+    }
+    Ok(pruned.then(|| Arc::new(keep)))
+}
+
 /// The page table over the raw chunk bytes, and the device scratch it needs.
 #[derive(Debug, Clone, Default)]
 pub struct PageTable {

@@ -93,6 +93,8 @@ fn data() -> PathBuf {
         write_table(&dir.join("b_no_nulls"), 2, 5000, 3, 20_000, 0, None);
         write_table(&dir.join("b_zstd"), 2, 3000, 4, 20_000, 0, Some(Compression::ZSTD(ZstdLevel::default())));
         write_table(&dir.join("b_lz4"), 2, 3000, 5, 20_000, 0, Some(Compression::LZ4));
+        // p of c: 0..1500, within a's first row group of each file.
+        write_table(&dir.join("c"), 1, 500, 6, 20_000, 0, None);
         dir
     })
     .clone()
@@ -104,7 +106,7 @@ async fn session(dir: &Path, settings: &[&str], setfusion: bool) -> SessionConte
     for s in settings {
         ctx.sql(s).await.unwrap().collect().await.unwrap();
     }
-    for t in ["a", "b", "b_no_nulls", "b_zstd", "b_lz4"] {
+    for t in ["a", "b", "b_no_nulls", "b_zstd", "b_lz4", "c"] {
         ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
     }
     ctx
@@ -173,7 +175,14 @@ const QUERIES: &[&str] = &[
     PAGE_PRUNED,
     "SELECT k, p FROM a WHERE p < 1500 AND k NOT IN (SELECT k FROM b_no_nulls WHERE p > 14000 OR k32 IS NULL)",
     "SELECT count(*) FROM (SELECT k FROM a WHERE p BETWEEN 2000 AND 2200 OR p = 9001 INTERSECT SELECT k FROM b)",
+    // Output columns of the row groups the build side's key range leaves only (p rises with the row).
+    KEY_RANGE_OUTPUT,
+    "SELECT k32, p FROM a WHERE EXISTS (SELECT 1 FROM c WHERE c.p = a.p)",
+    "SELECT p FROM a INTERSECT SELECT p FROM c",
 ];
+
+/// A probe side whose columns are output, its row groups chosen by the build side's key range.
+const KEY_RANGE_OUTPUT: &str = "SELECT k, p FROM a WHERE p IN (SELECT p FROM c)";
 
 /// A filter the page index prunes pages by (and row groups by their statistics).
 const PAGE_PRUNED: &str = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p BETWEEN 3000 AND 3600)";
@@ -285,6 +294,10 @@ fn device_scan_answers_equal_host_scan() {
             let analyzed = explain(&uncached, PAGE_PRUNED, true).await;
             assert!(analyzed.contains("data pages not read") && analyzed.contains("by the page index"), "{analyzed}");
             assert!(!analyzed.contains("fell back"), "{analyzed}");
+            // Output columns are read from the row groups the build side's key range leaves (6 of 9 pruned).
+            let analyzed = explain(&uncached, KEY_RANGE_OUTPUT, true).await;
+            assert!(analyzed.contains("6 of 9 row groups pruned by the build side's key range"), "{analyzed}");
+            assert!(analyzed.contains("output=[k, p]") && !analyzed.contains("fell back"), "{analyzed}");
             // An output column that may hold NULLs under a filter: the host reads that input.
             let analyzed = explain(&device, "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", true).await;
             assert!(analyzed.contains("fell back to the host: probe side: output column k32"), "{analyzed}");
