@@ -156,6 +156,16 @@ fn strategies() -> Vec<&'static str> {
     s
 }
 
+/// A session of `partitions` partitions on the CPU backend, every operator
+/// setfusion's (`setfusion.min_rows = 0`), with `tables` made on it.
+async fn cpu_session(partitions: usize, tables: &[&str]) -> SessionContext {
+    let settings: Vec<&str> = ["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"]
+        .into_iter()
+        .chain(tables.iter().copied())
+        .collect();
+    session(partitions, &settings).await.0
+}
+
 /// [`contract`] of the node each of `queries` (SQL, node name) plans, under
 /// every strategy of [`strategies`], in a session of 3 partitions with
 /// `tables` made on it (after `SET setfusion.strategy` and
@@ -182,7 +192,7 @@ async fn run(ctx: &SessionContext, sql: &str) -> (Arc<dyn ExecutionPlan>, usize)
 
 /// The set selection: `SetOpExec` and `SemiJoinExec`.
 mod set_select {
-    use super::{contract_under_every_strategy, run, session};
+    use super::{contract_under_every_strategy, cpu_session, run};
     use crate::exec::metrics_check::check;
 
     /// DataFusion's baseline metrics per output partition, including the row
@@ -190,11 +200,9 @@ mod set_select {
     /// partitions share it.
     #[tokio::test]
     async fn metrics_are_registered_once() {
-        let (ctx, _pool) = session(
+        let ctx = cpu_session(
             3,
             &[
-                "SET setfusion.strategy = 'cpu'",
-                "SET setfusion.min_rows = 0",
                 "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 1999) AS g(v)",
                 "CREATE TABLE b AS SELECT v * 3 % 90 AS k, v FROM generate_series(0, 499) AS g(v)",
             ],
@@ -243,7 +251,7 @@ mod set_select {
 
 /// `MarkJoinExec`.
 mod mark_join {
-    use super::{contract_under_every_strategy, run, session};
+    use super::{contract_under_every_strategy, cpu_session, run};
     use crate::exec::metrics_check::check;
 
     /// DataFusion's baseline metrics per partition, and the execution's
@@ -251,11 +259,9 @@ mod mark_join {
     /// key, NULL key).
     #[tokio::test]
     async fn metrics_are_registered_once() {
-        let (ctx, _pool) = session(
+        let ctx = cpu_session(
             3,
             &[
-                "SET setfusion.strategy = 'cpu'",
-                "SET setfusion.min_rows = 0",
                 "CREATE TABLE a AS SELECT v % 70 AS k, v FROM generate_series(0, 1999) AS g(v)",
                 "CREATE TABLE b AS SELECT CASE WHEN v % 50 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v % 300 AS v \
                  FROM generate_series(0, 499) AS g(v)",
@@ -296,16 +302,14 @@ mod mark_join {
 
 /// `SimilarityJoinExec`.
 mod similarity_join {
-    use super::{contract_under_every_strategy, find, run, session, sorted_rows};
+    use super::{contract_under_every_strategy, cpu_session, find, run, sorted_rows};
     use crate::exec::metrics_check::check;
 
     #[tokio::test]
     async fn metrics_are_datafusions() {
-        let (ctx, _pool) = session(
+        let ctx = cpu_session(
             2,
             &[
-                "SET setfusion.strategy = 'cpu'",
-                "SET setfusion.min_rows = 0",
                 "CREATE TABLE t AS SELECT v AS id, [v % 5, v % 7, v % 11, 100] AS s FROM generate_series(0, 299) AS g(v)",
             ],
         )
@@ -342,11 +346,9 @@ mod similarity_join {
     /// tables, not a self join: the answer is DataFusion's own (setfusion off).
     #[tokio::test]
     async fn different_tables_of_one_shape_are_not_a_self_join() {
-        let (ctx, _pool) = session(
+        let ctx = cpu_session(
             2,
             &[
-                "SET setfusion.strategy = 'cpu'",
-                "SET setfusion.min_rows = 0",
                 "CREATE TABLE t AS SELECT v AS id, [v % 5, v % 7, 100] AS s FROM generate_series(0, 59) AS g(v)",
                 "CREATE TABLE u AS SELECT v AS id, [v % 3, v % 4, 200] AS s FROM generate_series(0, 59) AS g(v)",
             ],

@@ -1319,6 +1319,36 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// A selection's mask sets exactly the selected rows of the row groups
+    /// read (ranges at and off word boundaries, whole row groups, row groups
+    /// left out, empty ranges), as a bit-by-bit reference does.
+    #[test]
+    fn row_selection_masks_are_the_selected_rows() {
+        let groups = vec![
+            vec![(100, Some(vec![(0, 5), (31, 33), (40, 100)])), (70, None), (64, Some(vec![(32, 64)]))],
+            vec![(1000, Some(vec![(3, 3), (7, 993)])), (33, Some(vec![]))],
+        ];
+        let rows = pages::RowSelections(groups.clone());
+        for keep in [None, Some(vec![vec![true, false, true], vec![true, true]])] {
+            let mut want: Vec<bool> = Vec::new();
+            for (f, file) in groups.iter().enumerate() {
+                for (g, (n, ranges)) in file.iter().enumerate() {
+                    if keep.as_ref().is_some_and(|k: &Vec<Vec<bool>>| !k[f][g]) {
+                        continue;
+                    }
+                    want.extend(
+                        (0..*n).map(|r| ranges.as_ref().is_none_or(|rs| rs.iter().any(|&(a, b)| a <= r && r < b))),
+                    );
+                }
+            }
+            let got = rows.mask(keep.as_ref());
+            assert_eq!(got.len(), want.len().div_ceil(32), "{keep:?}");
+            for (r, w) in want.iter().enumerate() {
+                assert_eq!(got[r / 32] >> (r % 32) & 1 == 1, *w, "row {r} {keep:?}");
+            }
+        }
+    }
+
     /// Within a row group, the page index leaves out the pages whose
     /// statistics rule the filter out, as DataFusion's scan does: on a column
     /// sorted across 2 row groups of 5000 rows and pages of 100 rows (v1 and

@@ -172,10 +172,25 @@ impl RowSelections {
     pub fn mask(&self, row_groups: Option<&Vec<Vec<bool>>>) -> Vec<u32> {
         let mut bits: Vec<u32> = Vec::new();
         let mut at = 0u64;
+        // Rows [from, to): bit by bit up to a word boundary, then whole words (a
+        // selection of most of 100M rows would otherwise cost 100M bit sets).
         let set = |bits: &mut Vec<u32>, from: u64, to: u64| {
-            bits.resize(to.div_ceil(32) as usize, 0);
-            for r in from..to {
+            let need = to.div_ceil(32) as usize;
+            if bits.len() < need {
+                bits.resize(need, 0);
+            }
+            let mut r = from;
+            while r < to && r % 32 != 0 {
                 bits[(r / 32) as usize] |= 1 << (r % 32);
+                r += 1;
+            }
+            while r + 32 <= to {
+                bits[(r / 32) as usize] = u32::MAX;
+                r += 32;
+            }
+            while r < to {
+                bits[(r / 32) as usize] |= 1 << (r % 32);
+                r += 1;
             }
         };
         for (f, groups) in self.0.iter().enumerate() {
