@@ -385,7 +385,7 @@ mod families {
             ],
         )
         .await;
-        for level in ["pairs", "distinct"] {
+        for level in ["pairs", "distinct", "counts"] {
             let (plan, rows) = run(&ctx, &format!("SELECT * FROM intersect_families('f', 'g', '{level}')")).await;
             assert!(rows > 0, "{level}");
             check(&plan, "FamiliesExec", rows, true);
@@ -408,9 +408,45 @@ mod families {
                 ("SELECT * FROM intersect_families('f', 'g', 'pairs')", "FamiliesExec"),
                 ("SELECT * FROM intersect_families('f', 'g', 'all')", "FamiliesExec"),
                 ("SELECT * FROM intersect_families('f', 'pairs')", "FamiliesExec"),
+                ("SELECT * FROM intersect_families('f', 'g', 'counts')", "FamiliesExec"),
+                ("SELECT * FROM intersect_families('f', 'counts')", "FamiliesExec"),
             ],
         )
         .await;
+    }
+
+    /// The `counts` level is the size of every non-empty pair's intersection
+    /// that `pairs` materialises, for two families and the self form, on the
+    /// CPU and (where there is one) the GPU.
+    #[tokio::test]
+    async fn counts_are_the_sizes_of_the_pairs() {
+        for setting in ["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"] {
+            let (ctx, _pool) = session(
+                2,
+                &[
+                    setting,
+                    "CREATE TABLE f AS SELECT v % 150 AS id, CASE WHEN v % 37 = 0 THEN NULL \
+                     ELSE [v % 13, v % 17, 1000 + v % 3, v * 7 % 101, v % 5] END AS elements \
+                     FROM generate_series(0, 299) AS g(v)",
+                    "CREATE TABLE g AS SELECT v AS id, [v % 11, v % 19, 1000 + v % 5, v % 3] AS elements \
+                     FROM generate_series(0, 199) AS g(v)",
+                ],
+            )
+            .await;
+            for args in ["'f', 'g'", "'f'"] {
+                let rows = |sql: String| {
+                    let ctx = ctx.clone();
+                    async move { super::sorted_rows(&ctx.sql(&sql).await.unwrap().collect().await.unwrap()) }
+                };
+                let counts = rows(format!("SELECT left_id, right_id, overlap FROM intersect_families({args}, 'counts')")).await;
+                let pairs = rows(format!(
+                    "SELECT left_id, right_id, CAST(cardinality(elements) AS BIGINT) FROM intersect_families({args}, 'pairs')"
+                ))
+                .await;
+                assert!(!counts.is_empty(), "{setting} {args}");
+                assert_eq!(counts, pairs, "{setting} {args}");
+            }
+        }
     }
 }
 

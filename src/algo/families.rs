@@ -921,6 +921,45 @@ impl FlatDistinct {
     }
 }
 
+/// The intersection sizes of the pairs of left sets `rows`, on the device by
+/// the right family's inverted lists (`fam_count`, seed 004's sf-gSSJoin
+/// counting): a row-major `rows.len() x k_right` matrix whose entries outside
+/// the pair space (the self form's j < `first_right(i)`) are 0. Slices of
+/// left sets whose count matrices fit the budget run one after another.
+pub fn pair_counts_gpu(
+    gpu: &Gpu,
+    space: &PairSpace,
+    inv: &InvertedLists,
+    rows: Range<usize>,
+    ts: &mut TransferStats,
+) -> Result<Vec<u32>> {
+    let k = space.right.len();
+    let mut out = vec![0u32; rows.len() * k];
+    if rows.is_empty() || k == 0 {
+        return Ok(out);
+    }
+    let dev = DeviceFamilies::upload(gpu, space, inv, ts)?;
+    let (k_u, self_u) = (k as u64, dev.self_form as u32);
+    for r in slices(gpu, space, rows.clone(), resident_bytes(space, inv)) {
+        let (first, nrows) = (r.start as u64, r.len() as u64);
+        let matrix = gpu.alloc_zeros::<u32>(r.len() * k)?;
+        let started = Instant::now();
+        let f = gpu.function(&KERNEL, "fam_count")?;
+        let mut b = gpu.stream().launch_builder(&f);
+        b.arg(&dev.left_offsets.slice).arg(&dev.left_elements.slice).arg(&first).arg(&nrows);
+        b.arg(&dev.right_from.slice).arg(&self_u).arg(&dev.inv_offsets.slice).arg(&dev.inv_sets.slice).arg(&k_u);
+        b.arg(&matrix.slice);
+        // SAFETY: matches fam_count in kernels/families.cu; matrix holds nrows * k counters; the left rows,
+        // right_from (one entry per left set in the self form) and the inverted lists are the uploaded families'.
+        unsafe { b.launch(warp_grid(r.len())) }.map_err(|e| cuda_err("families fam_count", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        let at = (r.start - rows.start) * k;
+        gpu.download_into(&matrix, &mut out[at..at + r.len() * k], ts)?;
+    }
+    Ok(out)
+}
+
 /// Left-set slices whose pair matrices fit the device budget.
 fn slices(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, resident: usize) -> Vec<Range<usize>> {
     let budget = gpu.budget().available().saturating_sub(resident);

@@ -2,10 +2,12 @@
 //! signature. Each `kernels/X.cu` has one launcher module: `select::hash`
 //! (hash_setops), `select::bitmap` (bitmap_setops), `select::sort`
 //! (sort_setops), and the module of the family's own name for the rest
-//! (`transfer.cu`'s is `crate::gpu::transfer`).
+//! (`transfer.cu`'s is `crate::gpu::transfer`, `overlap_bitmap.cu`'s is
+//! `overlap`).
 pub mod families;
 pub mod join_filter;
 pub mod multiset;
+pub mod overlap;
 pub mod radix_sort;
 pub mod row_hash;
 pub mod segmented;
@@ -29,6 +31,7 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
         &row_hash::KERNEL,
         &join_filter::KERNEL,
         &families::KERNEL,
+        &overlap::KERNEL,
         &sorted_intersect::KERNEL,
         &segmented::KERNEL,
         &multiset::KERNEL,
@@ -55,6 +58,7 @@ pub fn self_checks() -> Vec<(&'static str, SelfCheck)> {
     vec![
         ("families", families::self_check as SelfCheck),
         ("multiset", multiset::self_check as SelfCheck),
+        ("overlap_bitmap", overlap::self_check as SelfCheck),
         ("hash_setops + bitmap_setops", select::self_check as SelfCheck),
         ("join_filter", join_filter::self_check as SelfCheck),
         ("radix_sort", radix_sort::self_check as SelfCheck),

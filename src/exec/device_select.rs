@@ -201,7 +201,7 @@ fn filtered_side(
 /// `prog` AND "column `selection` is not NULL" (a row the page index
 /// selects), tested last, so the program's stack grows by no more than the
 /// key test at its end already takes.
-pub(crate) fn selected_only(prog: &[Instr], selection: usize) -> Vec<Instr> {
+fn selected_only(prog: &[Instr], selection: usize) -> Vec<Instr> {
     let mut p = prog.to_vec();
     p.extend([Instr::new(op::COL, selection as u32, 0), Instr::new(op::IS_NOT_NULL, 0, 0), Instr::new(op::AND, 0, 0)]);
     p
@@ -500,21 +500,14 @@ pub(crate) fn select_device_scanned(
     // probe row groups outside the build side's key range (from its files'
     // statistics) are not read, as DataFusion's dynamic filter would prune
     // them; row groups with NULL keys are always read (INTERSECT keeps NULLs).
-    // Where the probe side's columns are output, they are read from the same
-    // row groups as its keys (chosen by the key's statistics), so the
-    // payload of row groups no row of which can be kept is never read.
+    // The probe side's output columns are read with the same `Keep`, pruned
+    // by the key's statistics, so the payload of row groups no row of which
+    // can be kept is never read.
     let probe_keep = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
             if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
         {
-            match crate::scan::key_range(b.files(), b.column()).unwrap_or(None) {
-                Some(range) if payload.is_some() && p.payload().is_some() => crate::scan::Keep {
-                    row_groups: crate::scan::pages::row_groups_in_key_range(p.files(), p.column(), range)
-                        .unwrap_or(None),
-                    ..Default::default()
-                },
-                range => crate::scan::Keep::key_range(range),
-            }
+            crate::scan::Keep::key_range(p.column(), crate::scan::key_range(b.files(), b.column()).unwrap_or(None))
         }
         _ => crate::scan::Keep::default(),
     };

@@ -13,7 +13,11 @@
 //!   size, then elements;
 //! * `pairs` (I_r): `left_id`, `right_id`, `elements` for every non-empty
 //!   intersection, in input order of the left then right sets;
-//! * `all` (I_c): the same with the empty intersections.
+//! * `all` (I_c): the same with the empty intersections;
+//! * `counts` (seed 004's MISI): `left_id`, `right_id`, `overlap` (BIGINT,
+//!   the size of the intersection) for every non-empty intersection, in the
+//!   same order as `pairs`, without materialising the elements
+//!   ([`crate::algo::overlap`] chooses inverted lists or bitmaps).
 //!
 //! With one input (the self form) the pairs are those with left id < right
 //! id (rows with a NULL id pair with nothing), in id order.
@@ -52,6 +56,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::algo::families::{self, DistinctSets, Family, PairIntersections, PairSpace};
+use crate::algo::overlap;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::common::{decide_at_run_time, Decision, Reason, Unit};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
@@ -67,6 +72,8 @@ pub enum Level {
     Pairs,
     /// I_c: every pair's intersection, empty ones included.
     All,
+    /// The size of every non-empty pair's intersection.
+    Counts,
 }
 
 impl Level {
@@ -75,8 +82,10 @@ impl Level {
             "distinct" => Ok(Level::Distinct),
             "pairs" => Ok(Level::Pairs),
             "all" => Ok(Level::All),
+            "counts" => Ok(Level::Counts),
             other => Err(DataFusionError::Plan(format!(
-                "intersect_families: unknown level '{other}': expected 'distinct' (the default), 'pairs' or 'all'"
+                "intersect_families: unknown level '{other}': expected 'distinct' (the default), 'pairs', 'all' or \
+                 'counts'"
             ))),
         }
     }
@@ -86,6 +95,7 @@ impl Level {
             Level::Distinct => "distinct",
             Level::Pairs => "pairs",
             Level::All => "all",
+            Level::Counts => "counts",
         }
     }
 }
@@ -182,6 +192,11 @@ fn output_schema(level: Level, left_id: &DataType, right_id: &DataType, element:
             Field::new("left_id", left_id.clone(), true),
             Field::new("right_id", right_id.clone(), true),
             Field::new("elements", list, false),
+        ]),
+        Level::Counts => Schema::new(vec![
+            Field::new("left_id", left_id.clone(), true),
+            Field::new("right_id", right_id.clone(), true),
+            Field::new("overlap", DataType::Int64, false),
         ]),
     })
 }
@@ -702,23 +717,43 @@ impl Run {
                     }
                 }
             }
+            Level::Counts => {
+                // The inverted lists, built once, if a round needs them (the bitmaps do not).
+                let inv = std::sync::OnceLock::new();
+                let cpu = |rows: Range<usize>| {
+                    overlap::counts_cpu(&space, inv.get_or_init(|| families::InvertedLists::of_space(&space)), rows)
+                };
+                let mut at = 0;
+                let mut gpu_failed: Option<String> = None;
+                while at < lf.len() {
+                    let end = round_end(&space, at);
+                    let (counts, ran) = match (&backend, &gpu_failed) {
+                        (Ok(()), None) => match counts_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts) {
+                            Ok((c, method)) => (c, format!("gpu by {}", method.name())),
+                            Err(e) => {
+                                gpu_failed = Some(e.to_string());
+                                (cpu(at..end), format!("cpu (GPU failed: {e})"))
+                            }
+                        },
+                        (Ok(()), Some(e)) => (cpu(at..end), format!("cpu (GPU failed: {e})")),
+                        (Err(why), _) => (cpu(at..end), format!("cpu ({why})")),
+                    };
+                    *self.ran.lock().unwrap() =
+                        Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
+                    let batches = self.count_batches(&space, &counts, at..end, &l.ids, right_ids, batch_size)?;
+                    if !batches.into_iter().try_fold(true, |go, b| if go { send(b) } else { Ok(false) })? {
+                        break;
+                    }
+                    at = end;
+                }
+            }
             Level::Pairs | Level::All => {
                 // The right family's inverted lists, built once for every round.
                 let inv = families::InvertedLists::of_space(&space);
                 let mut at = 0;
                 let mut gpu_failed: Option<String> = None;
                 'rounds: while at < lf.len() {
-                    // A round: left sets until PAIRS_PER_ROUND pairs.
-                    let mut end = at + 1;
-                    let mut n = space.pair_count(at..end);
-                    while end < lf.len() {
-                        let next = space.pair_count(end..end + 1);
-                        if n + next > PAIRS_PER_ROUND {
-                            break;
-                        }
-                        n += next;
-                        end += 1;
-                    }
+                    let end = round_end(&space, at);
                     let part = match (&backend, &gpu_failed) {
                         (Ok(()), None) => match pairs_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts) {
                             Ok(p) => p,
@@ -749,6 +784,40 @@ impl Run {
         self.device.record(&ts);
         crate::util::trace(&format!("intersect_families: done in {:.1} ms", started.elapsed().as_secs_f64() * 1e3));
         Ok(())
+    }
+
+    /// Output batches of one round's non-empty counts (`counts`: a row of
+    /// the right family's length per left set of `rows`).
+    fn count_batches(
+        &self,
+        space: &PairSpace,
+        counts: &[u32],
+        rows: Range<usize>,
+        left_ids: &ArrayRef,
+        right_ids: &ArrayRef,
+        batch_size: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        let k = space.right.len();
+        let (mut li, mut ri, mut n): (Vec<u32>, Vec<u32>, Vec<i64>) = (Vec::new(), Vec::new(), Vec::new());
+        for (r, i) in rows.enumerate() {
+            for j in space.first_right(i)..k {
+                let c = counts[r * k + j];
+                if c > 0 {
+                    li.push(i as u32);
+                    ri.push(j as u32);
+                    n.push(c as i64);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for start in (0..li.len()).step_by(batch_size) {
+            let end = (start + batch_size).min(li.len());
+            let lid = take(left_ids.as_ref(), &UInt32Array::from(li[start..end].to_vec()), None)?;
+            let rid = take(right_ids.as_ref(), &UInt32Array::from(ri[start..end].to_vec()), None)?;
+            let overlap: ArrayRef = Arc::new(Int64Array::from(n[start..end].to_vec()));
+            out.push(RecordBatch::try_new(self.schema.clone(), vec![lid, rid, overlap])?);
+        }
+        Ok(out)
     }
 
     fn distinct_batches(&self, domain: &Domain, d: &DistinctSets, batch_size: usize) -> Result<Vec<RecordBatch>> {
@@ -813,6 +882,35 @@ impl Run {
         }
         Ok(out)
     }
+}
+
+/// The end of the round of left sets from `at`: left sets until
+/// [`PAIRS_PER_ROUND`] pairs (at least one).
+fn round_end(space: &PairSpace, at: usize) -> usize {
+    let mut end = at + 1;
+    let mut n = space.pair_count(at..end);
+    while end < space.left.len() {
+        let next = space.pair_count(end..end + 1);
+        if n + next > PAIRS_PER_ROUND {
+            break;
+        }
+        n += next;
+        end += 1;
+    }
+    end
+}
+
+fn counts_on_gpu(
+    cfg: &SetfusionConfig,
+    memory: &MemoryReservation,
+    space: &PairSpace,
+    inv: &std::sync::OnceLock<families::InvertedLists>,
+    rows: Range<usize>,
+    ts: &mut TransferStats,
+) -> Result<(Vec<u32>, overlap::OverlapMethod)> {
+    let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
+    let lease = hold_device(&g, cfg, Some(memory))?;
+    overlap::counts_gpu(&lease, space, inv, rows, None, ts)
 }
 
 fn distinct_on_gpu(

@@ -1542,6 +1542,13 @@ mod tests {
             let plan = pages::plan_scan_within(&files, column, &DataType::Int64, &keep).unwrap().unwrap();
             assert_eq!((plan.rows, plan.row_groups, plan.row_groups_pruned, plan.def_max), (6000, 20, 14, def_max));
         }
+        // A key range on k prunes every column by k's statistics (p's and q's
+        // own would rule out nothing), so payload columns stay aligned with the keys.
+        let by_key = Keep::key_range("k", Some((3500, 5200)));
+        for column in ["k", "p", "q"] {
+            let plan = pages::plan_scan_within(&files, column, &DataType::Int64, &by_key).unwrap().unwrap();
+            assert_eq!((plan.rows, plan.row_groups_pruned), (6000, 14), "{column}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

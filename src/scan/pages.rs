@@ -140,9 +140,10 @@ pub struct ScanFile {
 /// stay aligned.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Keep {
-    /// Only the row groups whose key statistics show a NULL or a value in
-    /// this range (signed 64-bit key values, both ends included).
-    pub key_range: Option<(i64, i64)>,
+    /// Only the row groups whose statistics of the key column show a NULL
+    /// or a value in its range; every column read with this `Keep` is
+    /// pruned by the key's statistics, so payload columns stay aligned.
+    pub key_range: Option<KeyRange>,
     /// Per file (in the scan's order), whether each row group may hold a row
     /// the input's filter keeps ([`prune_row_groups`]); None: every one may.
     pub row_groups: Option<Arc<Vec<Vec<bool>>>>,
@@ -152,6 +153,27 @@ pub struct Keep {
     /// dropped by the filter (their values in the decoded columns are
     /// undefined: [`RowSelections::mask`]).
     pub rows: Option<Arc<RowSelections>>,
+}
+
+/// A key column and the range of keys a row group must be able to hold
+/// (signed 64-bit key values, both ends included) to be read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyRange {
+    pub column: String,
+    pub lo: i64,
+    pub hi: i64,
+}
+
+impl KeyRange {
+    /// May row group `rg` hold a key in the range, or a NULL? `ci`: the key
+    /// column's index in its file (None: not there, so it may). Without
+    /// statistics, or with a NULL count that is not 0, it may.
+    fn may_hold_key(&self, rg: &parquet::file::metadata::RowGroupMetaData, ci: Option<usize>) -> bool {
+        match ci.and_then(|ci| int_stats(rg, ci)) {
+            Some((min, max, Some(0))) => !(max < self.lo || min > self.hi),
+            _ => true,
+        }
+    }
 }
 
 /// The rows of each row group the page index leaves, per file (in the
@@ -211,9 +233,11 @@ impl RowSelections {
 }
 
 impl Keep {
-    /// Only the row groups that may hold a key in `range` (None: all).
-    pub fn key_range(range: Option<(i64, i64)>) -> Self {
-        Keep { key_range: range, row_groups: None, rows: None }
+    /// Only the row groups whose statistics of the key `column` show it may
+    /// hold a key in `range` (None: all).
+    pub fn key_range(column: &str, range: Option<(i64, i64)>) -> Self {
+        let key_range = range.map(|(lo, hi)| KeyRange { column: column.to_string(), lo, hi });
+        Keep { key_range, row_groups: None, rows: None }
     }
 }
 
@@ -272,9 +296,7 @@ pub fn prune_row_groups(
         let columns: Vec<(String, usize)> = literal_columns
             .iter()
             .filter_map(|name| {
-                (0..schema.num_columns())
-                    .find(|&i| schema.column(i).path().parts() == [name.as_str()])
-                    .map(|i| (name.clone(), i))
+                column_index(schema, name).map(|i| (name.clone(), i))
             })
             .collect();
         if !columns.is_empty() && after_statistics > 0 {
@@ -448,6 +470,11 @@ pub struct ScanPlan {
 }
 
 /// Row group `rg`'s (min, max, null count) of its column `ci`, as the keys' signed 64-bit values.
+/// The index of the top-level (not nested) leaf column `name` in a file's schema.
+fn column_index(schema: &parquet::schema::types::SchemaDescriptor, name: &str) -> Option<usize> {
+    (0..schema.num_columns()).find(|&i| schema.column(i).path().parts() == [name])
+}
+
 fn int_stats(rg: &parquet::file::metadata::RowGroupMetaData, ci: usize) -> Option<(i64, i64, Option<u64>)> {
     use parquet::file::statistics::Statistics;
     match rg.column(ci).statistics()? {
@@ -465,11 +492,7 @@ pub fn key_range(files: &[ScanFile], column: &str) -> Result<Option<(i64, i64)>>
     let mut range: Option<(i64, i64)> = None;
     for meta in &footers {
         let schema = meta.file_metadata().schema_descr();
-        let Some(ci) = (0..schema.num_columns()).find(|&i| {
-            let column_i = schema.column(i);
-            let parts = column_i.path().parts();
-            parts.len() == 1 && parts[0] == column
-        }) else {
+        let Some(ci) = column_index(schema, column) else {
             return Ok(None);
         };
         for rg in meta.row_groups() {
@@ -482,35 +505,6 @@ pub fn key_range(files: &[ScanFile], column: &str) -> Result<Option<(i64, i64)>>
         }
     }
     Ok(range)
-}
-
-/// Per file, whether each row group of `column` may hold a key in `range`
-/// (or a NULL: the same rule as [`Keep::key_range`] in [`plan_scan_within`]),
-/// as a [`Keep`] every column of the files can be read with (its rows stay
-/// aligned); None when every row group may.
-pub fn row_groups_in_key_range(
-    files: &[ScanFile],
-    column: &str,
-    (lo, hi): (i64, i64),
-) -> Result<Option<Arc<Vec<Vec<bool>>>>> {
-    let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
-    let mut pruned = false;
-    let mut keep = Vec::with_capacity(files.len());
-    for meta in &footers {
-        let schema = meta.file_metadata().schema_descr();
-        let ci = (0..schema.num_columns()).find(|&i| schema.column(i).path().parts() == [column]);
-        let groups: Vec<bool> = meta
-            .row_groups()
-            .iter()
-            .map(|rg| match ci.and_then(|ci| int_stats(rg, ci)) {
-                Some((min, max, Some(0))) => !(max < lo || min > hi),
-                _ => true,
-            })
-            .collect();
-        pruned |= groups.iter().any(|k| !k);
-        keep.push(groups);
-    }
-    Ok(pruned.then(|| Arc::new(keep)))
 }
 
 /// The page table over the raw chunk bytes, and the device scratch it needs.
@@ -640,12 +634,10 @@ pub fn plan_scan_within(
             }
         }
         let schema = meta.file_metadata().schema_descr();
-        let Some(ci) = (0..schema.num_columns()).find(|&i| {
-            let parts = schema.column(i).path().parts().to_vec();
-            parts.len() == 1 && parts[0] == column
-        }) else {
+        let Some(ci) = column_index(schema, column) else {
             return fallback(format!("column {column} is nested or missing in {}", file.path.display()));
         };
+        let key_ci = keep.key_range.as_ref().and_then(|k| column_index(schema, &k.column));
         let descr = schema.column(ci);
         if descr.max_rep_level() > 0 || descr.max_def_level() > 1 {
             return fallback(format!("nested column {column}"));
@@ -670,11 +662,9 @@ pub fn plan_scan_within(
                 row_groups_pruned += 1;
                 continue;
             }
-            if let (Some((lo, hi)), Some((min, max, Some(0)))) = (keep.key_range, int_stats(rg, ci)) {
-                if max < lo || min > hi {
-                    row_groups_pruned += 1;
-                    continue;
-                }
+            if keep.key_range.as_ref().is_some_and(|k| !k.may_hold_key(rg, key_ci)) {
+                row_groups_pruned += 1;
+                continue;
             }
             let cc = rg.column(ci);
             let codec = match cc.compression() {

@@ -9,6 +9,7 @@
 //! SELECT * FROM intersect_families('f', 'g');                 -- distinct sets, frequency
 //! SELECT * FROM intersect_families('f', 'g', 'pairs');        -- left_id, right_id, elements
 //! SELECT * FROM intersect_families('prescriptions', 'pairs'); -- self form, left id < right id
+//! SELECT * FROM intersect_families('sets', 'counts');         -- left_id, right_id, overlap (MISI)
 //! ```
 
 use std::sync::Arc;
@@ -37,7 +38,7 @@ impl TableFunctionImpl for IntersectFamilies {
         let usage = || {
             DataFusionError::Plan(format!(
                 "{NAME}: expected {NAME}('F', 'G' [, level]) or {NAME}('F' [, level]) with table names and level \
-                 'distinct' (default), 'pairs' or 'all' as string literals"
+                 'distinct' (default), 'pairs', 'all' or 'counts' as string literals"
             ))
         };
         let strings: Vec<String> = args

@@ -45,7 +45,7 @@ pub struct Options {
 }
 
 /// The "similar" families: see the module documentation.
-fn similar(k: usize, seed: u64) -> (Family, Family) {
+pub(crate) fn similar(k: usize, seed: u64) -> (Family, Family) {
     let mut next = families::tests_data::xorshift(seed);
     let mut fam = |k: usize| {
         // Each family has its own 50 base sets.
@@ -83,7 +83,7 @@ fn table(f: &Family) -> Result<Arc<MemTable>> {
     Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }
 
-async fn sql_time(f: &Family, g: &Family, cpu: bool, runs: usize) -> Result<(Duration, i64)> {
+pub(crate) async fn sql_time(f: &Family, g: &Family, cpu: bool, runs: usize) -> Result<(Duration, i64)> {
     let ctx = setfusion::context();
     ctx.register_table("f", table(f)?)?;
     ctx.register_table("g", table(g)?)?;

@@ -5,6 +5,7 @@ pub mod families;
 pub mod filter;
 pub mod lists;
 pub mod parquet;
+pub mod seeds;
 pub mod setops;
 pub mod ssjoin;
 pub mod tpch;

@@ -146,6 +146,11 @@ pub enum Bench {
     /// Environment: SSJOIN_BENCH_OUT (default for --out), SSJOIN_BENCH_NLJ_SETS (sets of the nested-loop
     /// reference, default 4,000), SETFUSION_DATA_DIR (where dblp_t_18k.txt is).
     Ssjoin(crate::bench::ssjoin::Options),
+    /// The seed documents' benchmark cases on setfusion's code paths, one markdown table per seed
+    ///
+    /// Each row: the case, the paper's figure and hardware, setfusion's figure here, the ratio, and whether the
+    /// answers match the baselines'. --quick runs small sizes in well under a minute (CI runs it).
+    Seeds(crate::bench::seeds::Options),
 }
 
 /// `setfusion scheduler`'s options.
@@ -315,6 +320,10 @@ async fn run_bench(bench: Bench) -> Result<()> {
         Bench::Ssjoin(options) => std::thread::spawn(move || crate::bench::ssjoin::run(options))
             .join()
             .map_err(|_| DataFusionError::Execution("ssjoin benchmark panicked".into())),
+        // It starts runtimes of its own (SQL cases): run it on a plain thread.
+        Bench::Seeds(options) => std::thread::spawn(move || crate::bench::seeds::run(options))
+            .join()
+            .map_err(|_| DataFusionError::Execution("seeds benchmark panicked".into()))?,
     }
 }
 
@@ -735,6 +744,8 @@ mod parse_tests {
     fn benchmarks() {
         assert!(matches!(bench(&["bench", "setops"]), Bench::Setops));
         assert!(matches!(bench(&["bench", "filter"]), Bench::Filter));
+        let Bench::Seeds(s) = bench(&["bench", "seeds", "--quick", "--seeds", "001,004"]) else { panic!() };
+        assert!(s.quick && s.seeds == ["001", "004"] && s.runs == 3);
 
         let Bench::Tpch(t) = bench(&[
             "bench",

@@ -1,0 +1,359 @@
+//! Overlap counts: |x ∩ y| for every pair of sets of two families, or of one
+//! family with itself (seed 004's MISI, "multiple-input set intersection").
+//! The `intersect_families(..., 'counts')` level of
+//! [`crate::exec::families`] runs it.
+//!
+//! Two device methods, chosen by [`choose`] from their work and the seed's
+//! memory rules (its case B6):
+//! * [`OverlapMethod::InvertedLists`] (seed 004's sf-gSSJoin, threshold 0):
+//!   for each element of a left set, +1 for every right set in its inverted
+//!   list ([`families::pair_counts_gpu`]); work Σ df_left(e)·df_right(e).
+//!   Its index grows with the input only, so it always fits; it suits small,
+//!   sparse sets (the seed's real datasets).
+//! * [`OverlapMethod::Bitmaps`] (the seed's BI, for large dense sets): every
+//!   set a bitmap over the universe, counts by a tiled popcount GEMM
+//!   (kernels/overlap_bitmap.cu); work pairs × universe / 32 words, at
+//!   regular addresses. Bitmaps take universe / 8 bytes a set, so the
+//!   universe is cut into chunks whose bitmaps fit the budget (the seed's
+//!   BI-naive refuses at 10^9 elements; chunks make it tile instead).
+//!
+//! Seed 004's IP variants are not built: their diagonals take O(k² · blocks)
+//! memory, and for sets of 10^6 their per-pair merges lose to the bitmaps.
+//!
+//! [`counts_cpu`] is the CPU twin (inverted lists on the host's threads).
+
+use std::ops::Range;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::error::Result;
+
+use crate::algo::families::{self, InvertedLists, PairSpace};
+use crate::gpu::{cuda_err, Gpu, TransferStats};
+
+/// kernels/overlap_bitmap.cu.
+pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "overlap_bitmap",
+    source: include_str!("../../kernels/overlap_bitmap.cu"),
+    defines: crate::gpu::no_defines,
+};
+
+/// How [`counts_gpu`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverlapMethod {
+    InvertedLists,
+    Bitmaps,
+}
+
+impl OverlapMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            OverlapMethod::InvertedLists => "inverted lists",
+            OverlapMethod::Bitmaps => "bitmaps",
+        }
+    }
+}
+
+/// Word pairs (AND + popc in the GEMM) that cost as much as one inverted-list
+/// increment: the GEMM reads shared memory and popc's at a quarter of the
+/// integer rate, regularly; an increment is a dependent walk of a list and a
+/// scattered read-modify-write of the count row.
+const WORD_PAIRS_PER_INCREMENT: u64 = 16;
+
+/// Pairs sampled by [`estimate_increments`].
+const SAMPLED_PAIRS: u64 = 64;
+
+/// The inverted-list increments of the pairs of left sets `rows` (the sum of
+/// their overlaps), estimated from [`SAMPLED_PAIRS`] pairs spread evenly over
+/// the pair space, merged on the host (exact when there are no more pairs).
+/// Cheap where the inverted lists would not be: 10^9 elements take seconds
+/// to index.
+pub fn estimate_increments(space: &PairSpace, rows: Range<usize>) -> u64 {
+    let pairs = space.pair_count(rows.clone());
+    if pairs == 0 {
+        return 0;
+    }
+    let k = space.right.len();
+    let step = pairs.div_ceil(SAMPLED_PAIRS).max(1);
+    let (mut sum, mut sampled) = (0u64, 0u64);
+    let (mut at, mut next) = (0u64, 0u64);
+    for i in rows {
+        let from = space.first_right(i).min(k);
+        let n = (k - from) as u64;
+        while next < at + n {
+            let j = from + (next - at) as usize;
+            sum += crate::algo::sorted_intersect::intersect_count_cpu(space.left.set(i), space.right.set(j), None);
+            sampled += 1;
+            next += step;
+        }
+        at += n;
+    }
+    (sum as f64 * pairs as f64 / sampled.max(1) as f64).round() as u64
+}
+
+/// The method with the least work: inverted lists cost an increment per
+/// shared element of a pair ([`estimate_increments`]), bitmaps a word pair
+/// per 32 ids of the universe per pair, [`WORD_PAIRS_PER_INCREMENT`] of
+/// which cost one increment.
+pub fn choose(space: &PairSpace, rows: Range<usize>) -> OverlapMethod {
+    let word_pairs = space.pair_count(rows.clone()).saturating_mul(universe(space).div_ceil(32) as u64);
+    if word_pairs < estimate_increments(space, rows).saturating_mul(WORD_PAIRS_PER_INCREMENT) {
+        OverlapMethod::Bitmaps
+    } else {
+        OverlapMethod::InvertedLists
+    }
+}
+
+/// Element ids lie below this.
+fn universe(space: &PairSpace) -> usize {
+    space.left.domain().max(space.right.domain())
+}
+
+/// CPU twin of [`counts_gpu`]: the counts of the pairs of left sets `rows`, a
+/// row-major `rows.len() x k_right` matrix (0 outside the pair space), by the
+/// right family's inverted lists, the rows spread over the host's threads.
+pub fn counts_cpu(space: &PairSpace, inv: &InvertedLists, rows: Range<usize>) -> Vec<u32> {
+    let k = space.right.len();
+    let mut out = vec![0u32; rows.len() * k];
+    if k == 0 || rows.is_empty() {
+        return out;
+    }
+    let per = rows.len().div_ceil(crate::host::copy_threads().max(1) * 4).max(1);
+    let mut parts: Vec<(usize, &mut [u32])> =
+        out.chunks_mut(per * k).enumerate().map(|(c, part)| (rows.start + c * per, part)).collect();
+    crate::host::for_each_mut(&mut parts, &|_, (first, part)| {
+        for (r, row) in part.chunks_mut(k).enumerate() {
+            let i = *first + r;
+            let from = space.first_right(i) as u32;
+            for &e in space.left.set(i) {
+                let e = e as usize;
+                if e + 1 >= inv.offsets.len() {
+                    continue;
+                }
+                for &j in &inv.sets[inv.offsets[e] as usize..inv.offsets[e + 1] as usize] {
+                    if j >= from {
+                        row[j as usize] += 1;
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+/// The counts of the pairs of left sets `rows` on the device (the same matrix
+/// as [`counts_cpu`]), by `method` or the one [`choose`] picks; returns the
+/// method that ran. `inv`: the right family's inverted lists, built here
+/// when the method needs them and they are not yet.
+pub fn counts_gpu(
+    gpu: &Gpu,
+    space: &PairSpace,
+    inv: &OnceLock<InvertedLists>,
+    rows: Range<usize>,
+    method: Option<OverlapMethod>,
+    ts: &mut TransferStats,
+) -> Result<(Vec<u32>, OverlapMethod)> {
+    let method = method.unwrap_or_else(|| choose(space, rows.clone()));
+    let counts = match method {
+        OverlapMethod::InvertedLists => {
+            let inv = inv.get_or_init(|| InvertedLists::of_space(space));
+            families::pair_counts_gpu(gpu, space, inv, rows, ts)?
+        }
+        OverlapMethod::Bitmaps => bitmap_counts_gpu(gpu, space, rows, ts)?,
+    };
+    Ok((counts, method))
+}
+
+/// Threads of a block of both bitmap kernels (the GEMM's 64 x 64 tile needs 256).
+const THREADS: u32 = 256;
+/// The GEMM's tile of counts, and the words it stages at a time (OVL_TILE, OVL_KWORDS).
+const TILE: usize = 64;
+const KWORDS: usize = 32;
+
+/// [`counts_gpu`] by bitmaps: the universe in chunks of `words` 32-bit words
+/// a set, as many as the budget holds for the left rows' and the right
+/// sets' bitmaps (one set of bitmaps in the self form over every row).
+fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<Vec<u32>> {
+    let (nl, k) = (rows.len(), space.right.len());
+    if nl == 0 || k == 0 {
+        return Ok(vec![0u32; nl * k]);
+    }
+    let self_form = space.right_from.is_some();
+    // The self form over every row: the left bitmaps are the right ones.
+    let shared = self_form && rows == (0..space.left.len());
+    let upload = |f: &families::Family, ts: &mut TransferStats| -> Result<_> {
+        let offs: Vec<u64> = f.offsets.iter().map(|&o| o as u64).collect();
+        let elements: &[u32] = if f.elements.is_empty() { &[0] } else { &f.elements };
+        Ok((gpu.upload(&offs, ts)?, gpu.upload(elements, ts)?))
+    };
+    let left = upload(space.left, ts)?;
+    let right = if self_form { None } else { Some(upload(space.right, ts)?) };
+    let counts = gpu.alloc_zeros::<u32>(nl * k)?;
+    let rows_of_bitmaps = if shared { k } else { nl + k };
+    let total_words = universe(space).div_ceil(32).max(1);
+    let words = (gpu.budget().available() / 2 / (rows_of_bitmaps * 4)).min(total_words.next_multiple_of(KWORDS));
+    if words < KWORDS {
+        return Err(crate::gpu::GpuError::over_budget(
+            format!("overlap bitmaps of {rows_of_bitmaps} sets"),
+            rows_of_bitmaps * KWORDS * 4 * 2,
+            gpu.budget().available(),
+        )
+        .into());
+    }
+    let words = words / KWORDS * KWORDS;
+    let mut left_bits = gpu.alloc_zeros::<u32>(if shared { 0 } else { nl * words }.max(1))?;
+    let mut right_bits = gpu.alloc_zeros::<u32>(k * words)?;
+    let stream = gpu.stream();
+    let set_bits = gpu.function(&KERNEL, "ovl_bits")?;
+    let popc = gpu.function(&KERNEL, "ovl_popc")?;
+    let sms = gpu.info().multiprocessors.max(1) as usize;
+    let started = Instant::now();
+    let (words_u, nl_u, k_u, self_u) = (words as u64, nl as u64, k as u64, self_form as u32);
+    let (left_offset, zero) = (rows.start as u64, 0u64);
+    let mut lo = 0usize;
+    while lo < universe(space) {
+        let lo_u = lo as u32;
+        let bits_of = |(offs, elems): &(crate::gpu::DeviceBuffer<u64>, crate::gpu::DeviceBuffer<u32>),
+                       first: u64,
+                       n: u64,
+                       bits: &crate::gpu::DeviceBuffer<u32>|
+         -> Result<()> {
+            let mut b = stream.launch_builder(&set_bits);
+            b.arg(&offs.slice).arg(&elems.slice).arg(&first).arg(&n).arg(&lo_u).arg(&words_u).arg(&bits.slice);
+            let grid = (n as usize).clamp(1, sms * 16) as u32;
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: matches ovl_bits in kernels/overlap_bitmap.cu; sets first..first + n are the uploaded
+            // family's (offsets hold one more entry); bits holds n rows of `words` zeroed words.
+            unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovl_bits", e))?;
+            Ok(())
+        };
+        if lo > 0 {
+            stream.memset_zeros(&mut right_bits.slice).map_err(|e| cuda_err("overlap memset", e))?;
+            if !shared {
+                stream.memset_zeros(&mut left_bits.slice).map_err(|e| cuda_err("overlap memset", e))?;
+            }
+        }
+        bits_of(right.as_ref().unwrap_or(&left), 0, k_u, &right_bits)?;
+        if !shared {
+            bits_of(&left, left_offset, nl_u, &left_bits)?;
+        }
+        let l = if shared { &right_bits } else { &left_bits };
+        let mut b = stream.launch_builder(&popc);
+        b.arg(&l.slice).arg(&right_bits.slice).arg(&words_u).arg(&nl_u).arg(&k_u).arg(&self_u);
+        b.arg(if shared { &zero } else { &left_offset }).arg(&zero).arg(&counts.slice).arg(&k_u);
+        let cfg = LaunchConfig {
+            grid_dim: (k.div_ceil(TILE) as u32, nl.div_ceil(TILE) as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches ovl_popc; both bitmaps hold their rows of `words` words, counts nl * k counters.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovl_popc", e))?;
+        lo += words * 32;
+    }
+    gpu.synchronize()?;
+    ts.kernel += started.elapsed();
+    let mut out = gpu.download(&counts, nl * k, ts)?;
+    if self_form {
+        // The GEMM covers whole tiles: clear the pairs outside the space.
+        for (r, row) in out.chunks_mut(k).enumerate() {
+            let from = space.first_right(rows.start + r).min(k);
+            row[..from].iter_mut().for_each(|c| *c = 0);
+        }
+    }
+    Ok(out)
+}
+
+/// Doctor self-check: both device methods equal the CPU twin on random
+/// families, two-family and self form, with a small budget forcing chunks.
+pub fn self_check(gpu: &Gpu) -> Result<String> {
+    let mut checked = 0;
+    for (k, max_len, domain, seed) in [(7, 20, 50, 1u64), (150, 300, 5_000, 2), (70, 2_000, 100_000, 3)] {
+        let (f, g) = families::tests_data::random(k, k + 3, max_len, domain, seed);
+        let from: Vec<u32> = (1..=f.len() as u32).collect();
+        for space in [
+            PairSpace { left: &f, right: &g, right_from: None },
+            PairSpace { left: &f, right: &f, right_from: Some(&from) },
+        ] {
+            let inv = OnceLock::new();
+            let n = space.left.len();
+            for rows in [0..n, n / 3..n] {
+                let want = counts_cpu(&space, inv.get_or_init(|| InvertedLists::of_space(&space)), rows.clone());
+                for method in [OverlapMethod::InvertedLists, OverlapMethod::Bitmaps] {
+                    let (got, _) = counts_gpu(gpu, &space, &inv, rows.clone(), Some(method), &mut TransferStats::default())?;
+                    if got != want {
+                        return Err(datafusion::error::DataFusionError::Internal(format!(
+                            "overlap counts by {} differ from the CPU twin (k {k}, rows {rows:?}, self {})",
+                            method.name(),
+                            space.right_from.is_some()
+                        )));
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    Ok(format!("overlap: {checked} count matrices equal to the CPU twin"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every pair's overlap by merging the two sets (sets are sorted and distinct).
+    fn brute(space: &PairSpace, rows: Range<usize>) -> Vec<u32> {
+        let k = space.right.len();
+        let mut out = vec![0u32; rows.len() * k];
+        for (r, i) in rows.enumerate() {
+            for j in space.first_right(i)..k {
+                let (a, b) = (space.left.set(i), space.right.set(j));
+                out[r * k + j] = a.iter().filter(|x| b.binary_search(x).is_ok()).count() as u32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn cpu_counts_are_every_pairs_overlap() {
+        for (k, k2, max_len, domain, seed) in
+            [(0, 3, 5, 10, 1u64), (5, 0, 5, 10, 2), (6, 9, 30, 40, 7), (11, 11, 30, 40, 8), (40, 33, 60, 90, 3), (90, 90, 200, 5_000, 4)]
+        {
+            let (f, g) = families::tests_data::random(k, k2, max_len, domain, seed);
+            let from: Vec<u32> = (1..=f.len() as u32).collect();
+            for space in [
+                PairSpace { left: &f, right: &g, right_from: None },
+                PairSpace { left: &f, right: &f, right_from: Some(&from) },
+            ] {
+                let inv = InvertedLists::of_space(&space);
+                let n = space.left.len();
+                for rows in [0..n, n / 2..n, 0..0] {
+                    assert_eq!(counts_cpu(&space, &inv, rows.clone()), brute(&space, rows.clone()), "k {k} rows {rows:?}");
+                }
+                // Up to 64 pairs, every pair is sampled: the estimate is exact.
+                if space.pair_count(0..n) <= SAMPLED_PAIRS {
+                    let total: u64 = counts_cpu(&space, &inv, 0..n).iter().map(|&c| c as u64).sum();
+                    assert_eq!(estimate_increments(&space, 0..n), total, "an increment per shared element of a pair");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_cheaper_method_is_chosen() {
+        // Few, large, overlapping sets over a small universe: bitmaps.
+        let (f, g) = families::tests_data::random(20, 20, 2_000, 3_000, 5);
+        let space = PairSpace { left: &f, right: &g, right_from: None };
+        assert_eq!(choose(&space, 0..20), OverlapMethod::Bitmaps);
+        // Many small sets over a large universe: inverted lists.
+        let (f, g) = families::tests_data::random(2_000, 2_000, 8, 1_000_000, 6);
+        let space = PairSpace { left: &f, right: &g, right_from: None };
+        assert_eq!(choose(&space, 0..2_000), OverlapMethod::InvertedLists);
+    }
+
+    #[test]
+    fn gpu_counts_equal_the_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let lease = gpu.lease(0);
+        println!("{}", self_check(&lease).unwrap());
+    }
+}

@@ -1,0 +1,324 @@
+//! Seed 004 (Bellas & Gounaris: large set intersection on GPUs), cases B3-B7
+//! of its digest (B1-B2 are seed 002's). The paper ran on a Titan XP (12 GB)
+//! with an i7 5820k; its bar heights are not in the text, only its ratios.
+//! Like the paper, every technique here computes the intersection's count.
+
+use datafusion::error::Result;
+use setfusion::algo::select::{select_gpu, GpuStrategy, SetOp};
+use setfusion::algo::sorted_intersect::{intersect_count_cpu, sorted_intersect_with, IntersectMethod, SortedIntersect};
+use setfusion::algo::families::{Family, InvertedLists, PairSpace};
+use setfusion::algo::overlap::{self, OverlapMethod};
+use setfusion::gpu::{Gpu, TransferStats};
+use std::sync::OnceLock;
+
+use super::data::{sorted_set, Dist, Rng};
+use super::{block_on, ms, times, Answers, Bench, Row, Table};
+
+pub(crate) fn table(b: &Bench) -> Result<Table> {
+    let mut t = Table::new("Seed 004: large set intersection, SISI and MISI (Bellas & Gounaris; Titan XP + i7 5820k)");
+    t.notes.push(
+        "sets of unique, sorted uint32 drawn until n are distinct: normal (mean E/2, sigma E/8), uniform, zipf \
+         (exponent 1, continuous: x = floor(E^u) - 1); the two sets of a pair are drawn independently"
+            .into(),
+    );
+    t.notes.push(
+        "GPU (transfers and allocations included, the count back on the host): setfusion's merge-path sorted \
+         intersection (the paper's IP) and its hash selection (keys widened to u64, timed); CPU on one thread as \
+         the paper's: the merge (std::set_intersection), galloping (standing in for the SIMD intersection, not \
+         implemented) and a bitmap of the universe (boost::dynamic_bitset, allocation included)"
+            .into(),
+    );
+    let (universes, sizes): (&[u64], &[usize]) =
+        if b.quick { (&[1_000_000], &[10_000]) } else { (&[1_000_000_000, 100_000_000], &[10_000_000, 1_000_000]) };
+    for dist in [Dist::Normal, Dist::Uniform, Dist::Zipf] {
+        for &e in universes {
+            for &n in sizes {
+                t.rows.push(sisi(b, dist, e, n)?);
+            }
+        }
+    }
+    let misi_cases: &[(u64, usize, usize)] =
+        if b.quick { &[(100_000, 40, 2_000)] } else { &[(100_000_000, 1_000, 1_000_000), (1_000_000_000, 1_000, 1_000_000)] };
+    for &(e, k, n) in misi_cases {
+        t.rows.push(misi(b, e, k, n)?);
+    }
+    let (e, k, n) = if b.quick { (100_000, 40, 2_000) } else { (10_000_000, 1_000, 100_000) };
+    t.rows.push(misi_sql(b, e, k, n)?);
+    t.rows.push(Row::not_run(
+        "B5 MISI real: ENRON, ORKUT, TWITTER (largest 10,000 sets)",
+        "sf-gssjoin best, ~147x the best CPU",
+        "the datasets are not in ../shared/data and the GPU machine has no network",
+    ));
+    t.rows.push(Row::new(
+        "B6 memory limits",
+        "reject or tile BI-naive at E = 10^9 (k x 125 MB), IP diagonals at k = 10000, sf-gssjoin at E = 10^9",
+        "bitmaps tile the universe into chunks that fit the budget (B4 at 10^9: 125 GB of bitmaps in chunks); \
+         the inverted lists take 4 bytes an element (fit wherever the sets do); IP's diagonals are not built",
+    ));
+    t.rows.push(Row::new(
+        "B7 a larger GPU",
+        "12 GB Titan XP",
+        "every SISI pair above fits the device in one piece (2 x 10^7 uint32 = 80 MB)",
+    ));
+    Ok(t)
+}
+
+/// `k` sets of `n` distinct elements drawn from zipf over `universe`, as a
+/// family (the sets are drawn on the host's threads).
+fn zipf_family(universe: u64, k: usize, n: usize) -> Family {
+    let mut sets: Vec<Vec<u32>> = vec![Vec::new(); k];
+    setfusion::host::for_each_mut(&mut sets, &|i, set| *set = sorted_set(Dist::Zipf, universe, n, 1_000 + i as u64));
+    let mut f = Family { offsets: Vec::with_capacity(k + 1), elements: Vec::with_capacity(k * n) };
+    f.offsets.push(0);
+    for set in &sets {
+        f.elements.extend_from_slice(set);
+        f.offsets.push(f.elements.len());
+    }
+    f
+}
+
+/// B4: MISI over `k` zipf sets: every pair's overlap count (pairs i < j) by
+/// both device methods, the one `choose` picks, and the best single-threaded
+/// CPU technique measured on a sample of pairs (the full all-pairs CPU run
+/// takes hours at this size) scaled to every pair.
+fn misi(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
+    let name = format!("zipf-10^{}-10^{}, k = {k}", universe.ilog10(), n.ilog10());
+    let started = std::time::Instant::now();
+    let f = zipf_family(universe, k, n);
+    let made = started.elapsed().as_secs_f64();
+    let from: Vec<u32> = (1..=k as u32).collect();
+    let space = PairSpace { left: &f, right: &f, right_from: Some(&from) };
+    let pairs = space.pair_count(0..k);
+    // The single-threaded CPU techniques on sampled pairs.
+    let mut rng = Rng::new(k as u64);
+    let sample: Vec<(usize, usize)> = (0..200)
+        .map(|_| {
+            let i = rng.below(k as u64 - 1) as usize;
+            (i, i + 1 + rng.below((k - 1 - i) as u64) as usize)
+        })
+        .collect();
+    let (t_merge, merged) = b.time(false, || {
+        Ok(sample.iter().map(|&(i, j)| intersect_count_cpu(f.set(i), f.set(j), None)).collect::<Vec<u64>>())
+    })?;
+    let (t_bitmap, probed) = b.time(false, || {
+        // BI-dynamic on the host: set i's bitmap, set j's elements probed (the bitmap's build counted once per i).
+        Ok(sample.iter().map(|&(i, j)| bitmap_count(f.set(i), f.set(j), universe)).collect::<Vec<u64>>())
+    })?;
+    let per_pair = |t: f64| t / sample.len() as f64;
+    let cpu = [("merge", per_pair(t_merge)), ("bitmap", per_pair(t_bitmap))];
+    let best = cpu.iter().copied().fold(("", f64::INFINITY), |m, c| if c.1 < m.1 { c } else { m });
+    let mut answers = Answers::check(merged == probed, || "CPU merge and bitmap differ".into());
+    let mut ours = vec![format!(
+        "{pairs} pairs; CPU (one thread, {} sampled pairs scaled): merge {}, bitmap {}",
+        sample.len(),
+        ms(cpu[0].1 * pairs as f64),
+        ms(cpu[1].1 * pairs as f64)
+    )];
+    let mut ratio = "-".to_string();
+    if let Some(gpu) = &b.gpu {
+        let inv = OnceLock::new();
+        let t0 = std::time::Instant::now();
+        let chosen = overlap::choose(&space, 0..k);
+        let t_choose = t0.elapsed().as_secs_f64() * 1e3;
+        let mut results = Vec::new();
+        for method in [OverlapMethod::Bitmaps, OverlapMethod::InvertedLists] {
+            if method == OverlapMethod::InvertedLists {
+                let t0 = std::time::Instant::now();
+                inv.get_or_init(|| InvertedLists::of_space(&space));
+                ours.push(format!("inverted lists built on the host in {}", ms(t0.elapsed().as_secs_f64() * 1e3)));
+            }
+            let (t, (counts, _)) = b.time(true, || {
+                overlap::counts_gpu(&gpu.lease(0), &space, &inv, 0..k, Some(method), &mut TransferStats::default())
+            })?;
+            ours.push(format!("GPU {} {}", method.name(), ms(t)));
+            results.push((method, t, counts));
+        }
+        let same = results[0].2 == results[1].2;
+        let sampled_ok = sample.iter().zip(&merged).all(|(&(i, j), &m)| results[0].2[i * k + j] as u64 == m);
+        answers = answers.and(Answers::check(same && sampled_ok, || "GPU methods or sampled pairs differ".into()));
+        let t_chosen = results.iter().find(|r| r.0 == chosen).map_or(f64::NAN, |r| r.1);
+        ours.push(format!("chosen: {} ({} to choose)", chosen.name(), ms(t_choose)));
+        ratio = format!(
+            "{} the best CPU ({}, one thread) by the chosen method",
+            times(best.1 * pairs as f64, t_chosen + t_choose),
+            best.0
+        );
+    }
+    if b.quick {
+        // The CPU twin over every pair.
+        let inv = InvertedLists::of_space(&space);
+        let all = overlap::counts_cpu(&space, &inv, 0..k);
+        let ok = sample.iter().zip(&merged).all(|(&(i, j), &m)| all[i * k + j] as u64 == m);
+        answers = answers.and(Answers::check(ok, || "the CPU twin differs from the merge".into()));
+    }
+    ours.push(format!("(sets drawn in {made:.1} s)"));
+    Ok(Row::new(
+        format!("B4 MISI {name}"),
+        "BI-dynamic best, ~35x the best CPU; sf-gssjoin second (out of memory at 10^9); IP-OBS ~80% faster than OBS; \
+         seconds to thousands of seconds",
+        ours.join("; "),
+    )
+    .ratio(ratio)
+    .answers(answers))
+}
+
+/// B4 from SQL: `intersect_families('s', 'counts')` over a table of `k` zipf
+/// sets (one row a set, BIGINT lists), on the GPU and the CPU backend.
+fn misi_sql(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
+    use datafusion::arrow::array::{Array, Int64Array, ListArray, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    let f = zipf_family(universe, k, n);
+    let lists = ListArray::from_iter_primitive::<Int64Type, _, _>(
+        (0..k).map(|i| Some(f.set(i).iter().map(|&e| Some(e as i64)))),
+    );
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("elements", lists.data_type().clone(), true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![std::sync::Arc::new(Int64Array::from_iter_values(0..k as i64)), std::sync::Arc::new(lists)],
+    )?;
+    let query = "SELECT count(*), sum(overlap) FROM intersect_families('s', 'counts')";
+    let run = |setting: &'static str| -> Result<(f64, String)> {
+        block_on(async {
+            let ctx = setfusion::context();
+            let table = datafusion::datasource::MemTable::try_new(schema.clone(), vec![vec![batch.clone()]])?;
+            ctx.register_table("s", std::sync::Arc::new(table))?;
+            ctx.sql(setting).await?.collect().await?;
+            if !b.quick {
+                ctx.sql(query).await?.collect().await?;
+            }
+            let mut times = Vec::new();
+            let mut answer = String::new();
+            for _ in 0..b.runs.max(1) {
+                let t = std::time::Instant::now();
+                let out = ctx.sql(query).await?.collect().await?;
+                times.push(t.elapsed());
+                answer = datafusion::arrow::util::pretty::pretty_format_batches(&out)?.to_string();
+            }
+            Ok((crate::bench::median(times).as_secs_f64() * 1e3, answer))
+        })
+    };
+    let (t_cpu, a_cpu) = run("SET setfusion.strategy = 'cpu'")?;
+    let mut ours = format!("CPU backend (all host threads) {}", ms(t_cpu));
+    let mut answers = Answers::Unchecked;
+    let mut ratio = "-".to_string();
+    if b.gpu.is_some() {
+        let (t_gpu, a_gpu) = run("SET setfusion.min_rows = 0")?;
+        ours = format!("GPU {}; {ours}", ms(t_gpu));
+        answers = Answers::check(a_gpu == a_cpu, || "GPU and CPU answers differ".into());
+        ratio = format!("{} the CPU backend", times(t_cpu, t_gpu));
+    }
+    Ok(Row::new(
+        format!("B4 MISI from SQL, zipf-10^{}-10^{}, k = {k}", universe.ilog10(), n.ilog10()),
+        "no figure (the paper times kernels, not queries)",
+        format!("`{query}`: {ours}"),
+    )
+    .ratio(ratio)
+    .answers(answers))
+}
+
+/// The count of `a ∩ b` on the device by the sorted (merge path) kernel.
+fn gpu_sorted_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
+    let mut stats = TransferStats::default();
+    SortedIntersect::upload(gpu, a, b, &mut stats)?.run(gpu, None, &mut stats)
+}
+
+/// The count of `a ∩ b` on the device by the hash selection (keys widened to u64).
+fn gpu_hash_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
+    let widen = |v: &[u32]| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
+    let (wa, wb) = (widen(a), widen(b));
+    Ok(select_gpu(gpu, GpuStrategy::Hash, SetOp::Semi, &wa, &wb, &mut TransferStats::default())?.count_set_bits() as u64)
+}
+
+/// boost::dynamic_bitset used as BI-dynamic: a's bits over the universe, b's elements tested.
+fn bitmap_count(a: &[u32], b: &[u32], universe: u64) -> u64 {
+    let mut bits = vec![0u64; universe.div_ceil(64) as usize];
+    for &x in a {
+        bits[(x / 64) as usize] |= 1 << (x % 64);
+    }
+    b.iter().filter(|&&x| bits[(x / 64) as usize] >> (x % 64) & 1 == 1).count() as u64
+}
+
+/// `SELECT cardinality(sorted_intersect(a, b)) FROM t` over one row of two
+/// BIGINT lists, on the GPU or (`cpu`) the CPU backend: the median time of
+/// the query (planning included) and its answer.
+fn sql_sorted_intersect(b: &Bench, a: &[u32], bb: &[u32], cpu: bool) -> Result<(f64, u64)> {
+    use datafusion::arrow::array::{Array, ListArray, RecordBatch};
+    use datafusion::arrow::datatypes::{Field, Int64Type, Schema};
+    let list = |v: &[u32]| ListArray::from_iter_primitive::<Int64Type, _, _>([Some(v.iter().map(|&x| Some(x as i64)))]);
+    let (la, lb) = (list(a), list(bb));
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("a", la.data_type().clone(), true),
+        Field::new("b", lb.data_type().clone(), true),
+    ]));
+    let batch = RecordBatch::try_new(schema.clone(), vec![std::sync::Arc::new(la), std::sync::Arc::new(lb)])?;
+    block_on(async {
+        let ctx = setfusion::context();
+        ctx.register_table("t", std::sync::Arc::new(datafusion::datasource::MemTable::try_new(schema, vec![vec![batch]])?))?;
+        let setting = if cpu { "SET setfusion.strategy = 'cpu'" } else { "SET setfusion.min_rows = 0" };
+        ctx.sql(setting).await?.collect().await?;
+        let query = "SELECT cardinality(sorted_intersect(a, b)) FROM t";
+        if !cpu && !b.quick {
+            ctx.sql(query).await?.collect().await?;
+        }
+        let mut times = Vec::new();
+        let mut answer = 0;
+        for _ in 0..b.runs.max(1) {
+            let t = std::time::Instant::now();
+            let out = ctx.sql(query).await?.collect().await?;
+            times.push(t.elapsed());
+            answer = out[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::UInt64Array>().map_or(u64::MAX, |c| c.value(0));
+        }
+        Ok((crate::bench::median(times).as_secs_f64() * 1e3, answer))
+    })
+}
+
+/// One SISI dataset, `dist`-E-n.
+fn sisi(b: &Bench, dist: Dist, universe: u64, n: usize) -> Result<Row> {
+    let name = format!("{}-10^{}-10^{}", dist.name(), universe.ilog10(), n.ilog10());
+    let a = sorted_set(dist, universe, n, universe ^ n as u64);
+    let bb = sorted_set(dist, universe, n, (universe ^ n as u64).wrapping_mul(3) + 1);
+    let (t_merge, want) = b.time(false, || Ok(intersect_count_cpu(&a, &bb, None)))?;
+    let (t_gallop, gallop) = b.time(false, || Ok(sorted_intersect_with(IntersectMethod::Gallop, &a, &bb).len() as u64))?;
+    let (t_bitmap, bitmap) = b.time(false, || Ok(bitmap_count(&a, &bb, universe)))?;
+    let mut answers = Answers::check(gallop == want && bitmap == want, || format!("CPU: {want} / {gallop} / {bitmap}"));
+    let cpu = [("merge", t_merge), ("galloping", t_gallop), ("bitmap", t_bitmap)];
+    let best = cpu.iter().copied().fold(("", f64::INFINITY), |m, c| if c.1 < m.1 { c } else { m });
+    let mut ours = format!(
+        "|A ∩ B| = {want}; CPU merge {}, galloping {}, bitmap {}",
+        ms(t_merge),
+        ms(t_gallop),
+        ms(t_bitmap)
+    );
+    let mut ratio = "-".to_string();
+    if let Some(r) = b.on_gpu(|g| {
+        let sorted = b.time(true, || gpu_sorted_count(g, &a, &bb))?;
+        let hash = b.time(true, || gpu_hash_count(g, &a, &bb))?;
+        Ok((sorted, hash))
+    }) {
+        let ((t_sorted, c_sorted), (t_hash, c_hash)) = r?;
+        ours = format!("GPU sorted {}, hash {}; {ours}", ms(t_sorted), ms(t_hash));
+        answers = answers.and(Answers::check(c_sorted == want && c_hash == want, || {
+            format!("GPU sorted {c_sorted}, hash {c_hash}, CPU {want}")
+        }));
+        ratio = format!("{} the best CPU ({})", times(best.1, t_sorted.min(t_hash)), best.0);
+    }
+    // The same pair from SQL: one row of two lists, `sorted_intersect` (GTWJ on the device).
+    let (t_sql_cpu, c_sql_cpu) = sql_sorted_intersect(b, &a, &bb, true)?;
+    answers = answers.and(Answers::check(c_sql_cpu == want, || format!("SQL on the CPU: {c_sql_cpu}")));
+    ours += &format!("; from SQL (`sorted_intersect`): CPU {}", ms(t_sql_cpu));
+    if b.gpu.is_some() {
+        let (t_sql, c_sql) = sql_sorted_intersect(b, &a, &bb, false)?;
+        answers = answers.and(Answers::check(c_sql == want, || format!("SQL on the GPU: {c_sql}")));
+        ours += &format!(", GPU {}", ms(t_sql));
+    }
+    Ok(Row::new(
+        format!("B3 SISI {name}"),
+        "IP / IP-OBS best: ~2.3x the best CPU on average, up to 2.92x; all times 0-100 ms",
+        ours,
+    )
+    .ratio(ratio)
+    .answers(answers))
+}
