@@ -3,8 +3,8 @@
 //! The `intersect_families(..., 'counts')` level of
 //! [`crate::exec::families`] runs it.
 //!
-//! Two device methods, chosen by [`choose`] from their work and the seed's
-//! memory rules (its case B6):
+//! Two device methods, chosen by [`choose`] from their estimated time (work
+//! times measured unit costs) and the seed's memory rules (its case B6):
 //! * [`OverlapMethod::InvertedLists`] (seed 004's sf-gSSJoin, threshold 0):
 //!   for each element of a left set, +1 for every right set in its inverted
 //!   list ([`families::pair_counts_gpu`]); work Σ df_left(e)·df_right(e).
@@ -55,20 +55,17 @@ impl OverlapMethod {
     }
 }
 
-/// Word pairs (AND + popc in the GEMM) that cost as much as one inverted-list
-/// increment: the GEMM reads shared memory and popc's at a quarter of the
-/// integer rate, regularly; an increment is a dependent walk of a list and a
-/// scattered read-modify-write of the count row.
-const WORD_PAIRS_PER_INCREMENT: u64 = 16;
-
-/// Pairs sampled by [`estimate_increments`].
+/// Pairs sampled by [`estimate_increments`], and elements of a pair's
+/// smaller set looked up in the larger.
 const SAMPLED_PAIRS: u64 = 64;
+const SAMPLED_ELEMENTS: usize = 1024;
 
 /// The inverted-list increments of the pairs of left sets `rows` (the sum of
 /// their overlaps), estimated from [`SAMPLED_PAIRS`] pairs spread evenly over
-/// the pair space, merged on the host (exact when there are no more pairs).
+/// the pair space, each from [`SAMPLED_ELEMENTS`] elements of its smaller set
+/// searched in the larger (exact for up to that many pairs of sets that small).
 /// Cheap where the inverted lists would not be: 10^9 elements take seconds
-/// to index.
+/// to index, and a merge of two sets of 10^6 takes ~20 ms.
 pub fn estimate_increments(space: &PairSpace, rows: Range<usize>) -> u64 {
     let pairs = space.pair_count(rows.clone());
     if pairs == 0 {
@@ -76,29 +73,48 @@ pub fn estimate_increments(space: &PairSpace, rows: Range<usize>) -> u64 {
     }
     let k = space.right.len();
     let step = pairs.div_ceil(SAMPLED_PAIRS).max(1);
-    let (mut sum, mut sampled) = (0u64, 0u64);
+    let (mut sum, mut sampled) = (0f64, 0u64);
     let (mut at, mut next) = (0u64, 0u64);
     for i in rows {
         let from = space.first_right(i).min(k);
         let n = (k - from) as u64;
         while next < at + n {
             let j = from + (next - at) as usize;
-            sum += crate::algo::sorted_intersect::intersect_count_cpu(space.left.set(i), space.right.set(j), None);
+            let (a, b) = (space.left.set(i), space.right.set(j));
+            let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+            let stride = small.len().div_ceil(SAMPLED_ELEMENTS).max(1);
+            let hits = small.iter().step_by(stride).filter(|x| large.binary_search(x).is_ok()).count();
+            sum += hits as f64 * small.len() as f64 / small.len().div_ceil(stride).max(1) as f64;
             sampled += 1;
             next += step;
         }
         at += n;
     }
-    (sum as f64 * pairs as f64 / sampled.max(1) as f64).round() as u64
+    (sum * pairs as f64 / sampled.max(1) as f64).round() as u64
 }
 
-/// The method with the least work: inverted lists cost an increment per
-/// shared element of a pair ([`estimate_increments`]), bitmaps a word pair
-/// per 32 ids of the universe per pair, [`WORD_PAIRS_PER_INCREMENT`] of
-/// which cost one increment.
-pub fn choose(space: &PairSpace, rows: Range<usize>) -> OverlapMethod {
-    let word_pairs = space.pair_count(rows.clone()).saturating_mul(universe(space).div_ceil(32) as u64);
-    if word_pairs < estimate_increments(space, rows).saturating_mul(WORD_PAIRS_PER_INCREMENT) {
+/// Device time per unit of work, measured on an H100 (`setfusion bench
+/// seeds`, MISI over 1,000 zipf sets of 10^6): an inverted-list increment,
+/// a word pair of the popcount GEMM, and an element indexed into inverted
+/// lists on the host (single-threaded, random access over the universe).
+const PS_PER_INCREMENT: f64 = 28.0;
+const PS_PER_WORD_PAIR: f64 = 1.0;
+const PS_PER_INDEXED_ELEMENT: f64 = 40_000.0;
+
+/// The estimated seconds of each method: (inverted lists, bitmaps). The
+/// inverted lists' time includes indexing the right family on the host
+/// unless `indexed`.
+pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) -> (f64, f64) {
+    let word_pairs = space.pair_count(rows.clone()) as f64 * universe(space).div_ceil(32) as f64;
+    let index = if indexed { 0.0 } else { space.right.elements.len() as f64 * PS_PER_INDEXED_ELEMENT };
+    let inverted = estimate_increments(space, rows) as f64 * PS_PER_INCREMENT + index;
+    (inverted * 1e-12, word_pairs * PS_PER_WORD_PAIR * 1e-12)
+}
+
+/// The method with the least estimated time ([`estimate_seconds`]).
+pub fn choose(space: &PairSpace, rows: Range<usize>, indexed: bool) -> OverlapMethod {
+    let (inverted, bitmaps) = estimate_seconds(space, rows, indexed);
+    if bitmaps < inverted {
         OverlapMethod::Bitmaps
     } else {
         OverlapMethod::InvertedLists
@@ -154,7 +170,7 @@ pub fn counts_gpu(
     method: Option<OverlapMethod>,
     ts: &mut TransferStats,
 ) -> Result<(Vec<u32>, OverlapMethod)> {
-    let method = method.unwrap_or_else(|| choose(space, rows.clone()));
+    let method = method.unwrap_or_else(|| choose(space, rows.clone(), inv.get().is_some()));
     let counts = match method {
         OverlapMethod::InvertedLists => {
             let inv = inv.get_or_init(|| InvertedLists::of_space(space));
@@ -179,6 +195,16 @@ fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut 
     if nl == 0 || k == 0 {
         return Ok(vec![0u32; nl * k]);
     }
+    // SETFUSION_TRACE: each phase's time (the device synchronised after it).
+    let mut last = Instant::now();
+    let mut phase = |what: &str| -> Result<()> {
+        if crate::env::trace() {
+            gpu.synchronize()?;
+            eprintln!("overlap bitmaps: {what}: {:.1} ms", last.elapsed().as_secs_f64() * 1e3);
+            last = Instant::now();
+        }
+        Ok(())
+    };
     let self_form = space.right_from.is_some();
     // The self form over every row: the left bitmaps are the right ones.
     let shared = self_form && rows == (0..space.left.len());
@@ -202,9 +228,11 @@ fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut 
         .into());
     }
     let words = words / KWORDS * KWORDS;
-    let mut left_bits = gpu.alloc_zeros::<u32>(if shared { 0 } else { nl * words }.max(1))?;
-    let mut right_bits = gpu.alloc_zeros::<u32>(k * words)?;
+    // ovl_bits writes every word of every row of a chunk: no zeroing.
+    let left_bits = gpu.alloc::<u32>(if shared { 0 } else { nl * words }.max(1))?;
+    let right_bits = gpu.alloc::<u32>(k * words)?;
     let stream = gpu.stream();
+    phase(&format!("uploaded and allocated ({words} words a set, {rows_of_bitmaps} bitmaps)"))?;
     let set_bits = gpu.function(&KERNEL, "ovl_bits")?;
     let popc = gpu.function(&KERNEL, "ovl_popc")?;
     let sms = gpu.info().multiprocessors.max(1) as usize;
@@ -224,31 +252,32 @@ fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut 
             let grid = (n as usize).clamp(1, sms * 16) as u32;
             let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: matches ovl_bits in kernels/overlap_bitmap.cu; sets first..first + n are the uploaded
-            // family's (offsets hold one more entry); bits holds n rows of `words` zeroed words.
+            // family's (offsets hold one more entry); bits holds n rows of `words` words, all written.
             unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovl_bits", e))?;
             Ok(())
         };
-        if lo > 0 {
-            stream.memset_zeros(&mut right_bits.slice).map_err(|e| cuda_err("overlap memset", e))?;
-            if !shared {
-                stream.memset_zeros(&mut left_bits.slice).map_err(|e| cuda_err("overlap memset", e))?;
-            }
-        }
         bits_of(right.as_ref().unwrap_or(&left), 0, k_u, &right_bits)?;
         if !shared {
             bits_of(&left, left_offset, nl_u, &left_bits)?;
         }
+        phase(&format!("bits of the chunk from {lo}"))?;
         let l = if shared { &right_bits } else { &left_bits };
+        // Split the words across blocks until about 8 blocks an SM (a thousand sets make ~130 tiles).
+        let tiles = k.div_ceil(TILE) * nl.div_ceil(TILE);
+        let splits = (sms * 8).div_ceil(tiles).clamp(1, (words / KWORDS).clamp(1, 65_535));
+        let split_u = (words.div_ceil(splits).next_multiple_of(KWORDS)) as u64;
         let mut b = stream.launch_builder(&popc);
         b.arg(&l.slice).arg(&right_bits.slice).arg(&words_u).arg(&nl_u).arg(&k_u).arg(&self_u);
-        b.arg(if shared { &zero } else { &left_offset }).arg(&zero).arg(&counts.slice).arg(&k_u);
+        b.arg(if shared { &zero } else { &left_offset }).arg(&zero).arg(&counts.slice).arg(&k_u).arg(&split_u);
         let cfg = LaunchConfig {
-            grid_dim: (k.div_ceil(TILE) as u32, nl.div_ceil(TILE) as u32, 1),
+            grid_dim: (k.div_ceil(TILE) as u32, nl.div_ceil(TILE) as u32, words.div_ceil(split_u as usize) as u32),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches ovl_popc; both bitmaps hold their rows of `words` words, counts nl * k counters.
+        // SAFETY: matches ovl_popc; both bitmaps hold their rows of `words` words, counts nl * k counters;
+        // the z blocks cover the words in splits of `split_u`.
         unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovl_popc", e))?;
+        phase(&format!("popcount GEMM, {splits} split(s) of the words"))?;
         lo += words * 32;
     }
     gpu.synchronize()?;
@@ -329,7 +358,8 @@ mod tests {
                 for rows in [0..n, n / 2..n, 0..0] {
                     assert_eq!(counts_cpu(&space, &inv, rows.clone()), brute(&space, rows.clone()), "k {k} rows {rows:?}");
                 }
-                // Up to 64 pairs, every pair is sampled: the estimate is exact.
+                // Up to 64 pairs of sets of up to 1024 elements, every element of every pair is sampled:
+                // the estimate is exact.
                 if space.pair_count(0..n) <= SAMPLED_PAIRS {
                     let total: u64 = counts_cpu(&space, &inv, 0..n).iter().map(|&c| c as u64).sum();
                     assert_eq!(estimate_increments(&space, 0..n), total, "an increment per shared element of a pair");
@@ -343,11 +373,11 @@ mod tests {
         // Few, large, overlapping sets over a small universe: bitmaps.
         let (f, g) = families::tests_data::random(20, 20, 2_000, 3_000, 5);
         let space = PairSpace { left: &f, right: &g, right_from: None };
-        assert_eq!(choose(&space, 0..20), OverlapMethod::Bitmaps);
+        assert_eq!(choose(&space, 0..20, false), OverlapMethod::Bitmaps);
         // Many small sets over a large universe: inverted lists.
         let (f, g) = families::tests_data::random(2_000, 2_000, 8, 1_000_000, 6);
         let space = PairSpace { left: &f, right: &g, right_from: None };
-        assert_eq!(choose(&space, 0..2_000), OverlapMethod::InvertedLists);
+        assert_eq!(choose(&space, 0..2_000, true), OverlapMethod::InvertedLists);
     }
 
     #[test]

@@ -888,8 +888,8 @@ mod parse_tests {
     fn every_subcommand_answers_help_with_a_description() {
         let mut paths = Vec::new();
         command_paths(&Cli::command(), Vec::new(), &mut paths);
-        // The top level, demo, doctor, slt, fuzz, bench and its 7, scheduler, executor.
-        assert_eq!(paths.len(), 15, "{paths:?}");
+        // The top level, demo, doctor, slt, fuzz, bench and its 8, scheduler, executor.
+        assert_eq!(paths.len(), 16, "{paths:?}");
         for path in paths {
             for flag in ["--help", "-h"] {
                 let line: Vec<&str> =

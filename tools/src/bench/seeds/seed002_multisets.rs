@@ -129,7 +129,7 @@ fn demo(b: &Bench) -> Result<Row> {
     let identities = u == 200 - i && s == 200 - 2 * i && d == 100 - i;
     Ok(Row::new(
         "B1 demo, N = 100, keys 0..99",
-        "∩ 50, Δ 100 on its random data; |∪| = |A|+|B|−|∩|, |Δ| = |A|+|B|−2|∩|",
+        "∩ 50, Δ 100 on its random data; size(∪) = size(A) + size(B) − size(∩), size(Δ) = size(A) + size(B) − 2 size(∩)",
         format!("∩ {i}, ∪ {u}, − {d}, Δ {s}"),
     )
     .answers(answers.and(Answers::check(identities, || "size identities".into()))))
