@@ -93,22 +93,27 @@ pub fn estimate_increments(space: &PairSpace, rows: Range<usize>) -> u64 {
     (sum * pairs as f64 / sampled.max(1) as f64).round() as u64
 }
 
-/// Device time per unit of work, measured on an H100 (`setfusion bench
-/// seeds`, MISI over 1,000 zipf sets of 10^6): an inverted-list increment,
-/// a word pair of the popcount GEMM, and an element indexed into inverted
-/// lists on the host (single-threaded, random access over the universe).
+/// Time per unit of work, measured on an H100 (`setfusion bench seeds`,
+/// MISI over 1,000 zipf sets of 10^6, SETFUSION_TRACE): an inverted-list
+/// increment on the device (2.4-2.5 s for 0.7-1.0 x 10^11); an element
+/// indexed into inverted lists on the host's threads (3.7-7.3 s for 10^9);
+/// a word pair of the popcount GEMM (0.57 s for 1.56 x 10^12); and an
+/// element uploaded, with its set's bitmap allocated (~1.4 s for 10^9).
 const PS_PER_INCREMENT: f64 = 28.0;
-const PS_PER_WORD_PAIR: f64 = 1.0;
-const PS_PER_INDEXED_ELEMENT: f64 = 40_000.0;
+const PS_PER_INDEXED_ELEMENT: f64 = 5_000.0;
+const PS_PER_WORD_PAIR: f64 = 0.4;
+const PS_PER_BITMAP_ELEMENT: f64 = 1_500.0;
 
 /// The estimated seconds of each method: (inverted lists, bitmaps). The
 /// inverted lists' time includes indexing the right family on the host
 /// unless `indexed`.
 pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) -> (f64, f64) {
     let word_pairs = space.pair_count(rows.clone()) as f64 * universe(space).div_ceil(32) as f64;
-    let index = if indexed { 0.0 } else { space.right.elements.len() as f64 * PS_PER_INDEXED_ELEMENT };
+    let elements = space.right.elements.len() as f64;
+    let index = if indexed { 0.0 } else { elements * PS_PER_INDEXED_ELEMENT };
     let inverted = estimate_increments(space, rows) as f64 * PS_PER_INCREMENT + index;
-    (inverted * 1e-12, word_pairs * PS_PER_WORD_PAIR * 1e-12)
+    let bitmaps = word_pairs * PS_PER_WORD_PAIR + elements * PS_PER_BITMAP_ELEMENT;
+    (inverted * 1e-12, bitmaps * 1e-12)
 }
 
 /// The method with the least estimated time ([`estimate_seconds`]).
@@ -121,7 +126,8 @@ pub fn choose(space: &PairSpace, rows: Range<usize>, indexed: bool) -> OverlapMe
     }
 }
 
-/// Element ids lie below this.
+/// Element ids lie below this (a scan of both families' elements: 10^9
+/// take ~0.65 s a family, so callers compute it once).
 fn universe(space: &PairSpace) -> usize {
     space.left.domain().max(space.right.domain())
 }
@@ -217,7 +223,9 @@ fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut 
     let right = if self_form { None } else { Some(upload(space.right, ts)?) };
     let counts = gpu.alloc_zeros::<u32>(nl * k)?;
     let rows_of_bitmaps = if shared { k } else { nl + k };
-    let total_words = universe(space).div_ceil(32).max(1);
+    // The largest element of both families (a scan of every element: once, not per chunk).
+    let ids = universe(space);
+    let total_words = ids.div_ceil(32).max(1);
     let words = (gpu.budget().available() / 2 / (rows_of_bitmaps * 4)).min(total_words.next_multiple_of(KWORDS));
     if words < KWORDS {
         return Err(crate::gpu::GpuError::over_budget(
@@ -240,7 +248,7 @@ fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut 
     let (words_u, nl_u, k_u, self_u) = (words as u64, nl as u64, k as u64, self_form as u32);
     let (left_offset, zero) = (rows.start as u64, 0u64);
     let mut lo = 0usize;
-    while lo < universe(space) {
+    while lo < ids {
         let lo_u = lo as u32;
         let bits_of = |(offs, elems): &(crate::gpu::DeviceBuffer<u64>, crate::gpu::DeviceBuffer<u32>),
                        first: u64,
