@@ -394,6 +394,17 @@ pub(crate) mod data {
         out
     }
 
+    /// u32 keys in setfusion's u64 key layout, on the host's threads.
+    pub fn widen(v: &[u32]) -> Vec<u64> {
+        let mut out = vec![0u64; v.len()];
+        let chunk = v.len().div_ceil(64).max(1 << 16);
+        let mut parts: Vec<(usize, &mut [u64])> = out.chunks_mut(chunk).enumerate().map(|(i, c)| (i * chunk, c)).collect();
+        setfusion::host::for_each_mut(&mut parts, &|_, (at, c)| {
+            c.iter_mut().zip(&v[*at..]).for_each(|(o, &x)| *o = x as u64);
+        });
+        out
+    }
+
     /// A parallel sort standing in for tbb::parallel_sort: runs sorted on the
     /// host's threads, then merged pairwise, a round at a time, in parallel.
     pub fn parallel_sort<T: Copy + Ord + Send + Sync + Default>(v: &mut Vec<T>) {

@@ -9,7 +9,7 @@ use setfusion::algo::select::{select_cpu, select_gpu, select_gpu_auto, GpuStrate
 use setfusion::algo::sorted_intersect::{intersect_count_cpu, SortedIntersect};
 use setfusion::gpu::{Gpu, TransferStats};
 
-use super::data::{overlapping_pair, overlapping_sizes, parallel_sort, Rng};
+use super::data::{overlapping_pair, overlapping_sizes, parallel_sort, widen, Rng};
 use super::{ms, times, Answers, Bench, Row, Table};
 
 pub(crate) fn table(b: &Bench) -> Result<Table> {
@@ -196,17 +196,6 @@ fn gpu_hash(gpu: &Gpu, build: &[u32], probe: &[u32]) -> Result<u64> {
     let (wb, wp) = (widen(build), widen(probe));
     let sel = select_gpu(gpu, GpuStrategy::Hash, SetOp::Semi, &wb, &wp, &mut TransferStats::default())?;
     Ok(sel.count_set_bits() as u64)
-}
-
-/// u32 keys in setfusion's u64 key layout, on the host's threads.
-fn widen(v: &[u32]) -> Vec<u64> {
-    let mut out = vec![0u64; v.len()];
-    let chunk = v.len().div_ceil(64).max(1 << 16);
-    let mut parts: Vec<(usize, &mut [u64])> = out.chunks_mut(chunk).enumerate().map(|(i, c)| (i * chunk, c)).collect();
-    setfusion::host::for_each_mut(&mut parts, &|_, (at, c)| {
-        c.iter_mut().zip(&v[*at..]).for_each(|(o, &x)| *o = x as u64);
-    });
-    out
 }
 
 /// B3 (sorted) / B4 (unsorted): two sets of n, each common fraction.

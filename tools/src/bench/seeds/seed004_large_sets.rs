@@ -11,7 +11,7 @@ use setfusion::algo::overlap::{self, OverlapMethod};
 use setfusion::gpu::{Gpu, TransferStats};
 use std::sync::OnceLock;
 
-use super::data::{sorted_set, Dist, Rng};
+use super::data::{sorted_set, widen, Dist, Rng};
 use super::{block_on, ms, times, Answers, Bench, Row, Table};
 
 pub(crate) fn table(b: &Bench) -> Result<Table> {
@@ -249,7 +249,6 @@ fn gpu_sorted_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
 
 /// The count of `a ∩ b` on the device by the hash selection (keys widened to u64).
 fn gpu_hash_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
-    let widen = |v: &[u32]| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
     let (wa, wb) = (widen(a), widen(b));
     Ok(select_gpu(gpu, GpuStrategy::Hash, SetOp::Semi, &wa, &wb, &mut TransferStats::default())?.count_set_bits() as u64)
 }
