@@ -16,6 +16,53 @@ __device__ __forceinline__ u64 sf_mix64(u64 x) {
     return x;
 }
 
+// ---- keys::hash_bytes on the device (row_hash's string keys, and the
+// Parquet decoder's BYTE_ARRAY keys, hash the same way).
+#define SF_HASH_K 0x9E3779B97F4A7C15ULL
+
+__device__ __forceinline__ u64 sf_rotl(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// The 8 bytes at byte position `pos` of a padded, 8-aligned buffer, little-endian.
+__device__ __forceinline__ u64 sf_load8(const u64* __restrict__ words, u64 pos) {
+    u64 w = pos >> 3;
+    unsigned sh = (unsigned)(pos & 7) * 8;
+    u64 lo = words[w];
+    if (sh == 0) return lo;
+    return (lo >> sh) | (words[w + 1] << (64 - sh));
+}
+
+// keys::hash_bytes over the bytes [start, start + len) of an 8-aligned buffer
+// whose word after the last byte may be read (its bytes are masked off).
+__device__ __forceinline__ u64 sf_hash_bytes(const u64* __restrict__ words, u64 start, u64 len) {
+    u64 h = (len * SF_HASH_K) ^ 0x243F6A8885A308D3ULL;
+    u64 end = start + len;
+    u64 pos = start;
+    unsigned sh = (unsigned)(start & 7) * 8;
+    if (len >= 8) {
+        // Rolling window: every full chunk needs one new aligned word. `cur`
+        // holds the word containing `pos`; the word after it contains byte
+        // pos + 7 < end when sh != 0, and is the next chunk's word otherwise,
+        // so it is read in bounds in both cases.
+        u64 w = pos >> 3;
+        u64 cur = words[w];
+        while (pos + 8 <= end) {
+            u64 next = words[w + 1];
+            u64 v = sh == 0 ? cur : (cur >> sh) | (next << (64 - sh));
+            h = sf_rotl((h ^ v) * SF_HASH_K, 29);
+            cur = next;
+            ++w;
+            pos += 8;
+        }
+    }
+    u64 r = end - pos;  // 0..7 tail bytes, zero-padded like the CPU twin
+    u64 tail = 0;
+    if (r) tail = sf_load8(words, pos) & (~0ULL >> (64 - 8 * r));
+    h = (h ^ tail) * SF_HASH_K;
+    h ^= h >> 32;
+    h *= 0xD6E8FEB86659FD93ULL;
+    return h ^ (h >> 32);
+}
+
 // Grid-stride loop over [0, n rounded up to 32): every lane of a warp runs the
 // same iterations, so the body may use warp votes (rows i >= n are padding).
 #define SF_FOR_WARPS(i, n) for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (((u64)(n) + 31) & ~31ULL); i += (u64)gridDim.x * blockDim.x)

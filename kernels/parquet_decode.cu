@@ -9,6 +9,8 @@
 //   pq_snappy      one warp per SNAPPY page (or pq_snappy_serial, one thread
 //                  per page, under SETFUSION_SNAPPY_SERIAL=1): the raw snappy
 //                  stream after the v2 levels decompressed into `body`;
+//   pq_byte_dicts  one block per BYTE_ARRAY dictionary page: its values
+//                  located (thread 0 walks their lengths) and hashed;
 //   pq_decode      one block per data page: definition levels (RLE /
 //                  bit-packed hybrid, bit width 1) into validity bits, then
 //                  each non-NULL row's value (PLAIN, a dictionary index
@@ -17,7 +19,12 @@
 //                  DELTA_BINARY_PACKED: deltas unpacked in parallel and
 //                  summed by a block-wide prefix sum into scratch first) as
 //                  a sign-extended 64-bit key at the page's output rows;
-//                  NULL rows get key 0 and no validity bit.
+//                  NULL rows get key 0 and no validity bit. A BYTE_ARRAY
+//                  value's key is keys::hash_bytes of its bytes, and its
+//                  span (device address, length) is written beside it, so
+//                  the selection can prove that equal hashes mean equal
+//                  strings (kernels/row_hash.cu, verify_check_spans) while
+//                  the bytes stay where the decoder left them.
 // Every loop over a block's work strides by blockDim, and the serial parts run
 // on thread 0 between __syncthreads, so the same code runs on the host with one
 // thread (scripts/kernels-on-host). Errors never fault: the first problem's
@@ -50,11 +57,17 @@ struct PqPage {
     u64 first_row;   // output row of the page's first value
     u64 dict;        // page table index of the chunk's dictionary page (~0: none)
     u64 def_max;     // 0 required column, 1 optional
-    u64 width;       // physical value bytes: 4 (INT32) or 8 (INT64); 0: BOOLEAN, one bit a value
+    u64 width;       // physical value bytes: 4 (INT32) or 8 (INT64); 0: BOOLEAN, one bit a value;
+                     // PQ_BYTES: BYTE_ARRAY, a 4-byte little-endian length before each value
     u64 lvl_word;    // first word of the page's validity scratch (def_max == 1)
     u64 idx_off;     // first entry of the page's index scratch: dictionary indices or RLE booleans (u32),
-                     // or DELTA_BINARY_PACKED values (u64, two entries each; idx_off is even)
+                     // or DELTA_BINARY_PACKED values (u64, two entries each; idx_off is even); BYTE_ARRAY:
+                     // PLAIN data pages, each value's byte position in the body (u32); dictionary pages,
+                     // from an even idx_off, 2 u64 a value of spans, then a u64 hash a value
 };
+
+// PqPage::width of BYTE_ARRAY columns.
+#define PQ_BYTES 16
 
 #define PQ_ERR_SNAPPY 1
 #define PQ_ERR_SNAPPY_SIZE 2
@@ -612,10 +625,86 @@ __device__ u32 pq_delta_values(const u8* s, u64 vals, u64 len, u64 nonnull, u64 
     return 0;
 }
 
+// A 4-byte little-endian length at s.
+__device__ __forceinline__ u64 pq_le32(const u8* s) {
+    return (u64)s[0] | ((u64)s[1] << 8) | ((u64)s[2] << 16) | ((u64)s[3] << 24);
+}
+
+// keys::hash_bytes of the bytes at device address a (len of them).
+__device__ __forceinline__ u64 pq_hash_at(u64 a, u64 len) { return sf_hash_bytes((const u64*)(a & ~7ULL), a & 7, len); }
+
+// One block per BYTE_ARRAY dictionary page: its values located (thread 0
+// walks their lengths: each value's start depends on every length before it)
+// and hashed by the block, into the page's index scratch read as u64 from
+// its even idx_off: 2 n words of spans (the value's device address, its
+// length), then n hashes. A value running past the page sets the error code;
+// it and the entries after it are (0, 0) with hash 0.
+extern "C" __global__ void pq_byte_dicts(const u8* body, const PqPage* pages, u64 npages, u32* idx, u32* err) {
+    __shared__ u64 walked_s;
+    for (u64 pi = blockIdx.x; pi < npages; pi += gridDim.x) {
+        const PqPage p = pages[pi];
+        if (p.kind != 0 || p.width != PQ_BYTES) continue;
+        const u8* b = body + p.dst;
+        const u64 n = p.num_values, len = p.dst_len;
+        u64* spans = (u64*)(idx + p.idx_off);
+        u64* hashes = spans + 2 * n;
+        if (threadIdx.x == 0) {
+            u64 pos = 0, k = 0;
+            for (; k < n; ++k) {
+                if (len - pos < 4) break;
+                const u64 l = pq_le32(b + pos);
+                if (l > len - pos - 4) break;
+                spans[2 * k] = (u64)(b + pos + 4);
+                spans[2 * k + 1] = l;
+                pos += 4 + l;
+            }
+            if (k < n) pq_fail(err, PQ_ERR_VALUES);
+            walked_s = k;
+        }
+        __syncthreads();
+        const u64 walked = walked_s;
+        for (u64 k = threadIdx.x; k < n; k += blockDim.x) {
+            if (k < walked) {
+                hashes[k] = pq_hash_at(spans[2 * k], spans[2 * k + 1]);
+            } else {
+                spans[2 * k] = 0;
+                spans[2 * k + 1] = 0;
+                hashes[k] = 0;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Value v of a BYTE_ARRAY data page as row `row`'s key (its hash), its span
+// written at spans[2 row]: PLAIN, the value at byte ix[v] of the page body b
+// (its length in the 4 bytes before); dictionary-encoded, entry ix[v] of the
+// dictionary page's spans and hashes (dspans, dict_n entries).
+__device__ __forceinline__ u64 pq_byte_key(u64 encoding, const u8* b, const u32* ix, u64 v, const u64* dspans,
+                                           u64 dict_n, u64* spans, u64 row, u32* err) {
+    u64 a, l, h;
+    if (encoding == 1) {
+        const u32 di = ix[v];
+        if (di >= dict_n) { pq_fail(err, PQ_ERR_DICT_INDEX); return 0; }
+        a = dspans[2 * di];
+        l = dspans[2 * di + 1];
+        h = dspans[2 * dict_n + di];
+    } else {
+        const u8* s = b + ix[v];
+        l = pq_le32(s - 4);
+        a = (u64)s;
+        h = pq_hash_at(a, l);
+    }
+    spans[2 * row] = a;
+    spans[2 * row + 1] = l;
+    return h;
+}
+
 // One block per page. levels: validity scratch (zeroed), one bit per value of
 // pages with def_max; idx: dictionary index scratch; out: keys of every row;
-// valid: validity words of every row (zeroed; written only for optional columns).
-extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 npages, u32* levels, u32* idx, u64* out, u32* valid, u32* err) {
+// valid: validity words of every row (zeroed; written only for optional columns);
+// spans: BYTE_ARRAY columns, two words a row (zeroed; NULL rows stay (0, 0)).
+extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 npages, u32* levels, u32* idx, u64* out, u32* valid, u64* spans, u32* err) {
     __shared__ PqBatch batch;
     PqRun* const runs = batch.runs;
     __shared__ u64 nruns_s, nonnull_s, got_s, status_s;
@@ -679,6 +768,7 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
         const u64 nonnull = nonnull_s;
         // Dictionary indices of the non-NULL values, expanded into idx scratch.
         const u8* dict = 0;
+        const u64* dspans = 0;
         u64 dict_n = 0;
         // DELTA_BINARY_PACKED values, decoded into the index scratch (only for such pages: idx_off is even there).
         u64* const dv = p.encoding == 2 ? (u64*)(idx + p.idx_off) : 0;
@@ -694,7 +784,8 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                 const PqPage d = pages[p.dict];
                 dict = body + d.dst;
                 dict_n = d.num_values;
-                if (d.dst_len < dict_n * p.width) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES); __syncthreads(); continue; }
+                dspans = (const u64*)(idx + d.idx_off);
+                if (p.width != PQ_BYTES && d.dst_len < dict_n * p.width) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES); __syncthreads(); continue; }
                 bw = vals < len ? b[vals] : 0;
                 if (nonnull > 0 && (vals >= len || bw > 32)) { if (threadIdx.x == 0) pq_fail(err, PQ_ERR_BIT_WIDTH); __syncthreads(); continue; }
                 pos = vals + 1;
@@ -730,6 +821,22 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                 __syncthreads();
             }
             if (status_s) { if (threadIdx.x == 0) pq_fail(err, (u32)status_s); __syncthreads(); continue; }
+        } else if (p.width == PQ_BYTES) {
+            // PLAIN byte arrays: each value's start, walked on thread 0.
+            if (threadIdx.x == 0) {
+                u32* ix = idx + p.idx_off;
+                u64 pos = vals, k = 0;
+                for (; k < nonnull && pos <= len; ++k) {
+                    if (len - pos < 4) break;
+                    const u64 l = pq_le32(b + pos);
+                    if (l > len - pos - 4) break;
+                    ix[k] = (u32)(pos + 4);
+                    pos += 4 + l;
+                }
+                status_s = k < nonnull ? PQ_ERR_VALUES : 0;
+            }
+            __syncthreads();
+            if (status_s) { if (threadIdx.x == 0) pq_fail(err, (u32)status_s); __syncthreads(); continue; }
         } else if (len < vals || (p.width == 0 ? (len - vals) * 8 : (len - vals) / p.width) < nonnull) {
             if (threadIdx.x == 0) pq_fail(err, PQ_ERR_VALUES);
             __syncthreads();
@@ -740,7 +847,9 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
             // No NULL in the page: value i is row i's, written coalesced.
             for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
                 u64 key = 0;
-                if (p.encoding == 1) {
+                if (p.width == PQ_BYTES) {
+                    key = pq_byte_key(p.encoding, b, ix, i, dspans, dict_n, spans, p.first_row + i, err);
+                } else if (p.encoding == 1) {
                     const u32 di = ix[i];
                     if (di >= dict_n) pq_fail(err, PQ_ERR_DICT_INDEX); else key = pq_value(dict + (u64)di * p.width, p.width);
                 } else if (p.encoding == 2) {
@@ -793,7 +902,9 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
                 u64 key = 0;
                 const bool ok = (bits >> j) & 1;
                 if (ok) {
-                    if (p.encoding == 1) {
+                    if (p.width == PQ_BYTES) {
+                        key = pq_byte_key(p.encoding, b, ix, rank, dspans, dict_n, spans, row, err);
+                    } else if (p.encoding == 1) {
                         const u32 di = ix[rank];
                         if (di >= dict_n) { pq_fail(err, PQ_ERR_DICT_INDEX); } else { key = pq_value(dict + (u64)di * p.width, p.width); }
                     } else if (p.encoding == 2) {

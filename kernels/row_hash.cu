@@ -12,6 +12,8 @@
 //   words, so inline bytes are read like any others.
 // - fixed: row i is the 8-byte little-endian word vals[i] (an exact key
 //   column's 64-bit image, or the NULL masks below); no offsets array.
+// - spans: row i is at a device address of its own (a Parquet BYTE_ARRAY
+//   value in the decoder's page bodies), verified only (RhSpans).
 // Each row becomes one
 // 64-bit hash, bit-identical to `keys::hash_bytes` (src/keys.rs, its CPU twin),
 // so the hash-table kernels can select on it. A hash is only a candidate
@@ -41,49 +43,7 @@
 #include "common.cuh"
 
 // RH_EMPTY and RH_NO_ROW come from the host: -D options from src/algo/row_hash.rs.
-#define RH_K 0x9E3779B97F4A7C15ULL
-
-__device__ __forceinline__ u64 rh_rotl(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
-
-// The 8 bytes at byte position `pos` of a padded, 8-aligned buffer, little-endian.
-__device__ __forceinline__ u64 rh_load8(const u64* __restrict__ words, u64 pos) {
-    u64 w = pos >> 3;
-    unsigned sh = (unsigned)(pos & 7) * 8;
-    u64 lo = words[w];
-    if (sh == 0) return lo;
-    return (lo >> sh) | (words[w + 1] << (64 - sh));
-}
-
-// keys::hash_bytes over data[start .. start + len).
-__device__ __forceinline__ u64 rh_hash_row(const u64* __restrict__ words, u64 start, u64 len) {
-    u64 h = (len * RH_K) ^ 0x243F6A8885A308D3ULL;
-    u64 end = start + len;
-    u64 pos = start;
-    unsigned sh = (unsigned)(start & 7) * 8;
-    if (len >= 8) {
-        // Rolling window: every full chunk needs one new aligned word. `cur`
-        // holds the word containing `pos`; the word after it contains byte
-        // pos + 7 < end when sh != 0, and is the next chunk's word otherwise,
-        // so it is read in bounds in both cases.
-        u64 w = pos >> 3;
-        u64 cur = words[w];
-        while (pos + 8 <= end) {
-            u64 next = words[w + 1];
-            u64 v = sh == 0 ? cur : (cur >> sh) | (next << (64 - sh));
-            h = rh_rotl((h ^ v) * RH_K, 29);
-            cur = next;
-            ++w;
-            pos += 8;
-        }
-    }
-    u64 r = end - pos;  // 0..7 tail bytes, zero-padded like the CPU twin
-    u64 tail = 0;
-    if (r) tail = rh_load8(words, pos) & (~0ULL >> (64 - 8 * r));
-    h = (h ^ tail) * RH_K;
-    h ^= h >> 32;
-    h *= 0xD6E8FEB86659FD93ULL;
-    return h ^ (h >> 32);
-}
+#define RH_K SF_HASH_K
 
 // Where a row's bytes are: a padded word array, the byte position in it, the length.
 struct RhRow {
@@ -131,10 +91,23 @@ struct RhFixed {
     __device__ __forceinline__ RhRow row(u64 i) const { return RhRow{vals, 8 * i, 8}; }
 };
 
+// Spans layout: row i's bytes lie anywhere in device memory, at the address
+// spans[2i] (its length spans[2i + 1]), each in a buffer padded so that the
+// word after its last byte may be read: a BYTE_ARRAY key's value where the
+// Parquet decoder left it (kernels/parquet_decode.cu). A NULL row is (0, 0)
+// and reads nothing.
+struct RhSpans {
+    const u64* spans;
+    __device__ __forceinline__ RhRow row(u64 i) const {
+        u64 a = spans[2 * i];
+        return RhRow{(const u64*)(a & ~7ULL), a & 7, spans[2 * i + 1]};
+    }
+};
+
 // keys::hash_exact: keys::hash_bytes of v's 8 little-endian bytes.
 __device__ __forceinline__ u64 rh_hash_u64(u64 v) {
     u64 h = (8 * RH_K) ^ 0x243F6A8885A308D3ULL;
-    h = rh_rotl((h ^ v) * RH_K, 29);
+    h = sf_rotl((h ^ v) * RH_K, 29);
     h = h * RH_K;  // the empty tail
     h ^= h >> 32;
     h *= 0xD6E8FEB86659FD93ULL;
@@ -143,13 +116,13 @@ __device__ __forceinline__ u64 rh_hash_u64(u64 v) {
 
 // keys::COLUMNS_SEED and keys::hash_columns_step.
 #define RH_SEED 0x452821E638D01377ULL
-__device__ __forceinline__ u64 rh_step(u64 h, u64 column_hash) { return rh_rotl((h ^ column_hash) * RH_K, 29); }
+__device__ __forceinline__ u64 rh_step(u64 h, u64 column_hash) { return sf_rotl((h ^ column_hash) * RH_K, 29); }
 
 template <typename S>
 __device__ __forceinline__ void rh_hash_rows(S side, u64 n, u64* __restrict__ out) {
     SF_FOR(i, n) {
         RhRow r = side.row(i);
-        out[i] = rh_hash_row(r.words, r.start, r.len);
+        out[i] = sf_hash_bytes(r.words, r.start, r.len);
     }
 }
 
@@ -176,7 +149,7 @@ template <typename S>
 __device__ __forceinline__ void rh_combine_rows(S side, u64 n, u64* __restrict__ acc) {
     SF_FOR(i, n) {
         RhRow r = side.row(i);
-        acc[i] = rh_step(acc[i], rh_hash_row(r.words, r.start, r.len));
+        acc[i] = rh_step(acc[i], sf_hash_bytes(r.words, r.start, r.len));
     }
 }
 extern "C" __global__ void combine_rows_u32(const u32* offsets, const u64* words, u64 n, u64* acc) {
@@ -250,11 +223,11 @@ extern "C" __global__ void verify_insert(const u64* bh, u64 nb, const u64* ph, u
 __device__ __forceinline__ bool rh_rows_equal(const u64* __restrict__ wa, u64 sa, const u64* __restrict__ wb, u64 sb, u64 len) {
     u64 i = 0;
     for (; i + 8 <= len; i += 8)
-        if (rh_load8(wa, sa + i) != rh_load8(wb, sb + i)) return false;
+        if (sf_load8(wa, sa + i) != sf_load8(wb, sb + i)) return false;
     u64 r = len - i;
     if (r == 0) return true;
     u64 m = ~0ULL >> (64 - 8 * r);
-    return ((rh_load8(wa, sa + i) ^ rh_load8(wb, sb + i)) & m) == 0;
+    return ((sf_load8(wa, sa + i) ^ sf_load8(wb, sb + i)) & m) == 0;
 }
 
 // Pass 2 (a separate launch, so every representative is final): each row
@@ -301,6 +274,11 @@ extern "C" __global__ void verify_check_views(const u64* bh, u64 nb, const u64* 
 extern "C" __global__ void verify_check_fixed(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
                                               const u32* reps, u64 mask, const u64* b_vals, const u64* p_vals, u32* flag) {
     rh_verify_check(bh, nb, ph, np, keys, reps, mask, RhFixed{b_vals}, RhFixed{p_vals}, flag);
+}
+
+extern "C" __global__ void verify_check_spans(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
+                                              const u32* reps, u64 mask, const u64* b_spans, const u64* p_spans, u32* flag) {
+    rh_verify_check(bh, nb, ph, np, keys, reps, mask, RhSpans{b_spans}, RhSpans{p_spans}, flag);
 }
 
 // Fill n words of a buffer with a value (the table's empty markers).

@@ -33,19 +33,25 @@ int main(int argc, char** argv) {
         vector<u32> want_valid = load<u32>(p + "/valid.bin");
         const u64 rows = meta[0], npages = table.size() / 16;
         const PqPage* pg = (const PqPage*)table.data();
-        vector<unsigned char> body(meta[1] + 1, 0xcd);
+        vector<u64> body_words((meta[1] + 16) / 8 + 1, 0xcdcdcdcdcdcdcdcdULL);
+        unsigned char* body = (unsigned char*)body_words.data();
+        vector<u64> spans(2 * rows + 2, 0);
         vector<u32> levels(meta[2] + 1, 0), idx(meta[3] + 1, 0xdeadbeef), valid(rows / 32 + 2, 0);
         vector<u64> keys(rows + 1, 0x5a5a5a5a5a5a5a5aULL);
         u32 err = 0;
         blockDim.x = 1;
-        pq_copy_pages(raw.data(), body.data(), pg, npages);
-        pq_snappy_serial(raw.data(), body.data(), pg, npages, &err);
+        pq_copy_pages(raw.data(), body, pg, npages);
+        pq_snappy_serial(raw.data(), body, pg, npages, &err);
         blockDim.x = lanes;
         std::barrier<> bar(lanes);
         warp_barrier = &bar;
         vector<std::thread> ts;
         for (unsigned t = 0; t < lanes; ++t)
-            ts.emplace_back([&, t] { threadIdx.x = t; pq_decode(body.data(), pg, npages, levels.data(), idx.data(), keys.data(), valid.data(), &err); });
+            ts.emplace_back([&, t] { threadIdx.x = t; pq_byte_dicts(body, pg, npages, idx.data(), &err); });
+        for (auto& t : ts) t.join();
+        ts.clear();
+        for (unsigned t = 0; t < lanes; ++t)
+            ts.emplace_back([&, t] { threadIdx.x = t; pq_decode(body, pg, npages, levels.data(), idx.data(), keys.data(), valid.data(), spans.data(), &err); });
         for (auto& t : ts) t.join();
         if (err) { printf("case %llu: error code %u\n", c, err); return 1; }
         if (keys[rows] != 0x5a5a5a5a5a5a5a5aULL) { printf("case %llu: keys overrun\n", c); return 1; }

@@ -2,7 +2,8 @@
 // block of one thread: shim.h) over page tables written by the Rust tests
 // (files written by arrow-rs, decoded by arrow-rs's reader for the expected
 // keys; see parquet.sh), in the launcher's order: pq_copy_pages, pq_snappy,
-// pq_decode (pq_snappy with one lane and a 128-byte ring, so pages wrap it
+// pq_byte_dicts, pq_decode (BYTE_ARRAY spans checked against each row's
+// hash: the span's bytes hash to the key), (pq_snappy with one lane and a 128-byte ring, so pages wrap it
 // and reach past it; pq_snappy_serial's output is compared too). Then flips bytes of every case's pages and checks that the
 // kernels end with an error code or the same keys as the CPU twin's rules
 // allow, without reading or writing out of bounds (run under ASan + UBSan);
@@ -35,8 +36,12 @@ struct Out { vector<u64> keys; vector<u32> valid; u32 err; };
 
 static Out run(const vector<unsigned char>& raw, const vector<u64>& table, u64 rows, u64 body_len, u64 lvl_words, u64 idx_len, u64 def_max) {
     u64 npages = table.size() / 16;
-    vector<unsigned char> body(body_len + 1, 0xcd);
+    // (+16: a string's hash reads whole words, up to the one after its last byte, as on the device.)
+    vector<u64> body_words((body_len + 16) / 8 + 1, 0xcdcdcdcdcdcdcdcdULL);
+    unsigned char* body_bytes = (unsigned char*)body_words.data();
+    vector<unsigned char> body(body_bytes, body_bytes + body_len + 16);
     vector<u32> levels(lvl_words + 1, 0), idx(idx_len + 1, 0xdeadbeef), valid(rows / 32 + 2, 0);
+    vector<u64> spans(2 * rows + 2, 0);
     Out o;
     o.keys.assign(rows + 1, 0x5a5a5a5a5a5a5a5aULL);
     o.err = 0;
@@ -48,8 +53,20 @@ static Out run(const vector<unsigned char>& raw, const vector<u64>& table, u64 r
     pq_snappy_serial(raw.data(), serial_body.data(), pages, npages, &serial_err);
     if ((o.err != 0) != (serial_err != 0)) { printf("pq_snappy error %u, pq_snappy_serial error %u\n", o.err, serial_err); exit(1); }
     if (!o.err && body != serial_body) { printf("pq_snappy and pq_snappy_serial decompress differently\n"); exit(1); }
-    pq_decode(body.data(), pages, npages, levels.data(), idx.data(), o.keys.data(), valid.data(), &o.err);
+    // The body as 8-aligned words (the hash reads aligned words).
+    memcpy(body_words.data(), body.data(), body.size());
+    pq_byte_dicts(body_bytes, pages, npages, idx.data(), &o.err);
+    pq_decode(body_bytes, pages, npages, levels.data(), idx.data(), o.keys.data(), valid.data(), spans.data(), &o.err);
     if (o.keys[rows] != 0x5a5a5a5a5a5a5a5aULL) { printf("keys overrun\n"); exit(1); }
+    if (!o.err) {
+        // Every BYTE_ARRAY row's span lies in the body and hashes to its key; NULL rows are (0, 0).
+        for (u64 r = 0; r < rows; ++r) {
+            const u64 a = spans[2 * r], l = spans[2 * r + 1];
+            if (a == 0 && l == 0) continue;
+            if (a < (u64)body_bytes || a + l > (u64)body_bytes + body_len) { printf("row %llu: span outside the body\n", r); exit(1); }
+            if (sf_hash_bytes((const u64*)(a & ~7ULL), a & 7, l) != o.keys[r]) { printf("row %llu: span's bytes do not hash to the key\n", r); exit(1); }
+        }
+    }
     o.keys.resize(rows);
     valid.resize(def_max ? (rows + 31) / 32 : 0);
     o.valid = valid;

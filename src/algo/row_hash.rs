@@ -504,46 +504,12 @@ fn verify_parts_on_device(
     if parts.iter().any(|(b, p)| b.len() != nb || p.len() != np) {
         return Err(DataFusionError::Internal("row_hash: key parts of different lengths".into()));
     }
-    let n = nb + np;
-    if n == 0 {
-        return Ok(true);
-    }
-    if n >= NO_ROW as usize {
-        return Err(DataFusionError::NotImplemented("row_hash: verification of 2^32 rows or more".into()));
-    }
-    let cap = verify_capacity(n);
-    let (mask, slots) = ((cap - 1) as u64, (cap + 1) as u64);
-    let keys = gpu.alloc::<u64>(cap + 1)?;
-    let reps = gpu.alloc::<u32>(cap + 1)?;
-    let flag = gpu.alloc_zeros::<u32>(1)?;
+    let Some(table) = VerifyTable::build(gpu, build_hashes, nb, probe_hashes, np)? else { return Ok(true) };
+    let VerifyTable { keys, reps, flag, mask, .. } = &table;
     let (nb64, np64) = (nb as u64, np as u64);
     let stream = gpu.stream();
-    let started = Instant::now();
-    let f = gpu.function(&KERNEL, "fill_u64")?;
-    // SAFETY: signature matches kernels/row_hash.cu; keys holds cap + 1 entries.
-    unsafe { stream.launch_builder(&f).arg(&keys.slice).arg(&slots).arg(&EMPTY_KEY).launch(launch_cfg(gpu, cap + 1)) }
-        .map_err(|e| cuda_err("row_hash fill", e))?;
-    let f = gpu.function(&KERNEL, "fill_u32")?;
-    // SAFETY: as above, for reps.
-    unsafe { stream.launch_builder(&f).arg(&reps.slice).arg(&slots).arg(&NO_ROW).launch(launch_cfg(gpu, cap + 1)) }
-        .map_err(|e| cuda_err("row_hash fill", e))?;
-    let f = gpu.function(&KERNEL, "verify_insert")?;
-    // SAFETY: hashes hold nb and np entries; the table holds cap + 1 slots with mask = cap - 1.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&build_hashes.slice)
-            .arg(&nb64)
-            .arg(&probe_hashes.slice)
-            .arg(&np64)
-            .arg(&keys.slice)
-            .arg(&reps.slice)
-            .arg(&mask)
-            .launch(launch_cfg(gpu, n))
-    }
-    .map_err(|e| cuda_err("row_hash verify insert", e))?;
     let (b, p) = (&build_hashes.slice, &probe_hashes.slice);
-    let cfg = launch_cfg(gpu, n);
+    let cfg = launch_cfg(gpu, nb + np);
     for &(build, probe) in parts {
         match (build, probe) {
             (
@@ -551,7 +517,8 @@ fn verify_parts_on_device(
                 DeviceRows::Offsets { offsets: DeviceOffsets::U32(po), data: pd, .. },
             ) => {
                 let f = gpu.function(&KERNEL, "verify_check_u32")?;
-                // SAFETY: as above; each side's offsets hold n + 1 entries within its padded data.
+                // SAFETY: signature matches kernels/row_hash.cu; hashes hold nb and np entries, the table
+                // cap + 1 slots (mask = cap - 1); each side's offsets hold n + 1 entries within its padded data.
                 unsafe {
                     stream
                         .launch_builder(&f)
@@ -561,7 +528,7 @@ fn verify_parts_on_device(
                         .arg(&np64)
                         .arg(&keys.slice)
                         .arg(&reps.slice)
-                        .arg(&mask)
+                        .arg(mask)
                         .arg(&bo.slice)
                         .arg(&bd.slice)
                         .arg(&po.slice)
@@ -585,7 +552,7 @@ fn verify_parts_on_device(
                         .arg(&np64)
                         .arg(&keys.slice)
                         .arg(&reps.slice)
-                        .arg(&mask)
+                        .arg(mask)
                         .arg(&bo.slice)
                         .arg(&bd.slice)
                         .arg(&po.slice)
@@ -625,7 +592,7 @@ fn verify_parts_on_device(
                         .arg(&np64)
                         .arg(&keys.slice)
                         .arg(&reps.slice)
-                        .arg(&mask)
+                        .arg(mask)
                         .arg(&bv.slice)
                         .arg(&br.slice)
                         .arg(bn)
@@ -654,7 +621,7 @@ fn verify_parts_on_device(
                         .arg(&np64)
                         .arg(&keys.slice)
                         .arg(&reps.slice)
-                        .arg(&mask)
+                        .arg(mask)
                         .arg(&bv.slice)
                         .arg(&pv.slice)
                         .arg(&flag.slice)
@@ -665,9 +632,114 @@ fn verify_parts_on_device(
         }
         .map_err(|e| cuda_err("row_hash verify check", e))?;
     }
-    gpu.synchronize()?;
-    stats.kernel += started.elapsed();
-    Ok(gpu.read_one(&flag, 0, stats)? == 0)
+    table.collision_free(gpu, stats)
+}
+
+/// Device verification of a BYTE_ARRAY key that the Parquet decoder left on
+/// the device ([`crate::scan::DeviceStrings`]: each row's span, its key the
+/// hash of its bytes): `true` when equal hashes mean equal bytes over both
+/// sides (NULL rows are empty spans with key 0). Waits for the device.
+pub fn spans_collision_free(
+    gpu: &Gpu,
+    (build_hashes, build_spans, nb): (&DeviceBuffer<u64>, &DeviceBuffer<u64>, usize),
+    (probe_hashes, probe_spans, np): (&DeviceBuffer<u64>, &DeviceBuffer<u64>, usize),
+    stats: &mut TransferStats,
+) -> Result<bool> {
+    if build_spans.len() < 2 * nb || probe_spans.len() < 2 * np {
+        return Err(DataFusionError::Internal("row_hash: fewer spans than rows".into()));
+    }
+    let Some(table) = VerifyTable::build(gpu, build_hashes, nb, probe_hashes, np)? else { return Ok(true) };
+    let (nb64, np64) = (nb as u64, np as u64);
+    let f = gpu.function(&KERNEL, "verify_check_spans")?;
+    // SAFETY: signature matches kernels/row_hash.cu; hashes hold nb and np entries, the table cap + 1 slots
+    // (mask = cap - 1); spans two words a row, each a decoded value's address and length in page bodies
+    // the caller keeps alive and padded (DeviceStrings), or (0, 0).
+    unsafe {
+        gpu.stream()
+            .launch_builder(&f)
+            .arg(&build_hashes.slice)
+            .arg(&nb64)
+            .arg(&probe_hashes.slice)
+            .arg(&np64)
+            .arg(&table.keys.slice)
+            .arg(&table.reps.slice)
+            .arg(&table.mask)
+            .arg(&build_spans.slice)
+            .arg(&probe_spans.slice)
+            .arg(&table.flag.slice)
+            .launch(launch_cfg(gpu, nb + np))
+    }
+    .map_err(|e| cuda_err("row_hash verify check", e))?;
+    table.collision_free(gpu, stats)
+}
+
+/// The verification's table of representatives over both sides' hashes
+/// (`verify_insert` done: each hash's slot holds its smallest row), and the
+/// collision flag the checks raise.
+struct VerifyTable {
+    keys: DeviceBuffer<u64>,
+    reps: DeviceBuffer<u32>,
+    flag: DeviceBuffer<u32>,
+    mask: u64,
+    started: Instant,
+}
+
+impl VerifyTable {
+    /// The table over `nb` build and `np` probe hashes; None when there are none.
+    fn build(
+        gpu: &Gpu,
+        build_hashes: &DeviceBuffer<u64>,
+        nb: usize,
+        probe_hashes: &DeviceBuffer<u64>,
+        np: usize,
+    ) -> Result<Option<Self>> {
+        let n = nb + np;
+        if n == 0 {
+            return Ok(None);
+        }
+        if n >= NO_ROW as usize {
+            return Err(DataFusionError::NotImplemented("row_hash: verification of 2^32 rows or more".into()));
+        }
+        let cap = verify_capacity(n);
+        let (mask, slots) = ((cap - 1) as u64, (cap + 1) as u64);
+        let keys = gpu.alloc::<u64>(cap + 1)?;
+        let reps = gpu.alloc::<u32>(cap + 1)?;
+        let flag = gpu.alloc_zeros::<u32>(1)?;
+        let (nb64, np64) = (nb as u64, np as u64);
+        let stream = gpu.stream();
+        let started = Instant::now();
+        let f = gpu.function(&KERNEL, "fill_u64")?;
+        // SAFETY: signature matches kernels/row_hash.cu; keys holds cap + 1 entries.
+        unsafe { stream.launch_builder(&f).arg(&keys.slice).arg(&slots).arg(&EMPTY_KEY).launch(launch_cfg(gpu, cap + 1)) }
+            .map_err(|e| cuda_err("row_hash fill", e))?;
+        let f = gpu.function(&KERNEL, "fill_u32")?;
+        // SAFETY: as above, for reps.
+        unsafe { stream.launch_builder(&f).arg(&reps.slice).arg(&slots).arg(&NO_ROW).launch(launch_cfg(gpu, cap + 1)) }
+            .map_err(|e| cuda_err("row_hash fill", e))?;
+        let f = gpu.function(&KERNEL, "verify_insert")?;
+        // SAFETY: hashes hold nb and np entries; the table holds cap + 1 slots with mask = cap - 1.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&build_hashes.slice)
+                .arg(&nb64)
+                .arg(&probe_hashes.slice)
+                .arg(&np64)
+                .arg(&keys.slice)
+                .arg(&reps.slice)
+                .arg(&mask)
+                .launch(launch_cfg(gpu, n))
+        }
+        .map_err(|e| cuda_err("row_hash verify insert", e))?;
+        Ok(Some(Self { keys, reps, flag, mask, started }))
+    }
+
+    /// Wait for the checks; `true` when none raised the flag.
+    fn collision_free(&self, gpu: &Gpu, stats: &mut TransferStats) -> Result<bool> {
+        gpu.synchronize()?;
+        stats.kernel += self.started.elapsed();
+        Ok(gpu.read_one(&self.flag, 0, stats)? == 0)
+    }
 }
 
 /// The GPU path for hash-encoded keys: hash both sides on the device, verify
@@ -1399,6 +1471,40 @@ mod tests {
             let (bh, ph) = hashes.split_at(cut);
             let got = verify_slices_gpu(&gpu, b, bh, p, ph, &mut TransferStats::default()).unwrap();
             assert_eq!(got, verify_cpu(&hashes, &offsets, &data), "case {case}");
+        }
+    }
+
+    /// Spans (the Parquet decoder's layout: each row's own device address and
+    /// length) verify as the CPU twin does, forced collisions included.
+    #[test]
+    fn gpu_span_verify_matches_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        let mut stats = TransferStats::default();
+        for case in 0..30 {
+            let (offsets, mut data) = random_rows(200 + case, rng.random_range(2..3000));
+            let mut hashes = hash_rows_cpu(&offsets, &data);
+            if case % 2 == 1 {
+                let m = rng.random_range(1..50u64);
+                for h in &mut hashes {
+                    *h = *h % m;
+                }
+            }
+            let n = offsets.len() - 1;
+            // Padded as the decoder's bodies are: the word after the last byte may be read.
+            data.extend_from_slice(&[0u8; 16]);
+            let bytes = gpu.upload(&data, &mut stats).unwrap();
+            let base = gpu.untracked_address(&bytes);
+            let spans: Vec<u64> =
+                (0..n).flat_map(|i| [base + offsets[i] as u64, (offsets[i + 1] - offsets[i]) as u64]).collect();
+            let cut = rng.random_range(0..=n);
+            let up = |v: &[u64]| gpu.upload(if v.is_empty() { &[0u64][..] } else { v }, &mut TransferStats::default());
+            let (bh, ph) = (up(&hashes[..cut]).unwrap(), up(&hashes[cut..]).unwrap());
+            let (bs, ps) = (up(&spans[..2 * cut]).unwrap(), up(&spans[2 * cut..]).unwrap());
+            let got = spans_collision_free(&gpu, (&bh, &bs, cut), (&ph, &ps, n - cut), &mut stats).unwrap();
+            let want = verify_cpu(&hashes, &offsets, &data[..offsets[n]]);
+            assert_eq!(got, want, "case {case}");
         }
     }
 

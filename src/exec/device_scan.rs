@@ -201,21 +201,22 @@ impl ScanFilter {
 impl DeviceScanExec {
     /// A device scan of `key` (an expression over `input`'s output) for
     /// `input`, or the reason there can be none.
-    /// With `payload`, the input's rows are output too: the device decodes
-    /// every column of `input` (none may be computed or of a type it does not
-    /// decode), and the operator builds its output from them.
+    /// With `payload` (the columns of `input` the operator outputs), the
+    /// input's rows are output too: the device decodes those columns (none of
+    /// the input's may be computed; those output must be of a type it
+    /// decodes), and the operator builds its output from them.
     pub fn try_from_input(
         input: &Arc<dyn ExecutionPlan>,
         key: &PhysicalExprRef,
         key_type: &DataType,
-        payload: bool,
+        payload: Option<&[usize]>,
     ) -> std::result::Result<Self, String> {
         let Some(col) = key.downcast_ref::<Column>() else { return Err(format!("key {key} is not a column")) };
         let data_type = input.schema().field(col.index()).data_type().clone();
         if &data_type != key_type {
             return Err(format!("key type {data_type} is coerced to {key_type}"));
         }
-        if !crate::scan::supported_type(&data_type) {
+        if !crate::scan::supported_key_type(&data_type) {
             return Err(format!("type {data_type}"));
         }
         // Follow the key column down to the scan, gathering the filters on the way.
@@ -321,7 +322,7 @@ impl DeviceScanExec {
             .map(|&i| (file_schema.field(i).name().clone(), file_schema.field(i).data_type().clone()))
             .collect();
         let filter = ScanFilter::compile(predicates, columns, (field.name(), &data_type))?;
-        let payload = if payload {
+        let payload = if let Some(output) = payload {
             let schema = input.schema();
             let columns = schema
                 .fields()
@@ -331,7 +332,8 @@ impl DeviceScanExec {
                     let (n, at) = follow_down(input.clone(), i, None)?;
                     let file = if Arc::ptr_eq(&n, &node) { file_index(at)? } else { return Err("a column".into()) };
                     let in_file = file_schema.field(file);
-                    if !crate::scan::supported_type(f.data_type()) || in_file.data_type() != f.data_type() {
+                    let decoded = crate::scan::supported_type(f.data_type()) || !output.contains(&i);
+                    if !decoded || in_file.data_type() != f.data_type() {
                         return Err(format!("{} of type {}", f.name(), f.data_type()));
                     }
                     Ok((in_file.name().clone(), f.data_type().clone()))
@@ -597,7 +599,7 @@ mod tests {
                     let df = ctx.sql(&sql).await.unwrap();
                     let plan = df.clone().create_physical_plan().await.unwrap();
                     let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
-                    let scan = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false)
+                    let scan = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, None)
                         .unwrap_or_else(|why| panic!("{sql} (pushdown {pushdown}): {why}"));
                     let mut want: Vec<Option<i64>> = df
                         .collect()
@@ -618,13 +620,13 @@ mod tests {
                     let sql = format!("SELECT k FROM t WHERE {filter}");
                     let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
                     let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
-                    let got = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false).map(|_| ());
+                    let got = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, None).map(|_| ());
                     assert!(matches!(&got, Err(w) if w.contains(why)), "{sql}: {got:?}");
                 }
                 // No filter: none to apply.
                 let plan = ctx.sql("SELECT k FROM t").await.unwrap().create_physical_plan().await.unwrap();
                 let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
-                assert!(DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false)
+                assert!(DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, None)
                     .unwrap()
                     .filter()
                     .is_none());
@@ -643,7 +645,7 @@ mod tests {
         ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
         let plan = ctx.sql("SELECT k FROM t WHERE x > 10").await.unwrap().create_physical_plan().await.unwrap();
         let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));
-        let scan = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, false).unwrap();
+        let scan = DeviceScanExec::try_from_input(&plan, &key, &DataType::Int64, None).unwrap();
         let scan: Arc<dyn datafusion::physical_plan::ExecutionPlan> = Arc::new(scan);
         let batches = datafusion::physical_plan::collect(scan.clone(), ctx.task_ctx()).await.unwrap();
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();

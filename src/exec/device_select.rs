@@ -43,6 +43,38 @@ struct SideKeys {
     report: Option<ScanReport>,
     /// A filtered side: the file rows its filter kept, in its keys' order.
     kept: Option<FilteredRows>,
+    /// A string key: its rows' hashes and bytes as decoded, for the proof
+    /// that equal hashes mean equal strings ([`prove_string_keys`]).
+    strings: Option<StringKeys>,
+}
+
+/// A BYTE_ARRAY key's rows as the device decoded them (all of them, before a
+/// filter compacted the keys): each row's hash and where its bytes lie.
+struct StringKeys {
+    /// None: the side's `keys` themselves (no filter compacted them).
+    hashes: Option<DeviceBuffer<u64>>,
+    strings: crate::scan::DeviceStrings,
+    rows: usize,
+}
+
+/// For string keys: prove on the device that equal hashes mean equal bytes
+/// over both sides' values, so the selection may run on the hashes. Then the
+/// bytes are freed. `Ok(Some(why))`: the host must compare them (a side
+/// without its bytes on the device, or two strings that share a hash).
+fn prove_string_keys(
+    g: &Gpu,
+    probe: &mut SideKeys,
+    build: &mut SideKeys,
+    stats: &mut TransferStats,
+) -> Result<Option<String>> {
+    let (Some(p), Some(b)) = (probe.strings.take(), build.strings.take()) else {
+        return Ok(Some("string keys: a side's bytes are not on the device".into()));
+    };
+    fn rows<'a>(k: &'a StringKeys, s: &'a SideKeys) -> (&'a DeviceBuffer<u64>, &'a DeviceBuffer<u64>, usize) {
+        (k.hashes.as_ref().unwrap_or(&s.keys), &k.strings.spans, k.rows)
+    }
+    let proved = crate::algo::row_hash::spans_collision_free(g, rows(&b, build), rows(&p, probe), stats)?;
+    Ok((!proved).then(|| "string keys: two different strings share a 64-bit hash; the host compares them".into()))
 }
 
 impl SideKeys {
@@ -195,7 +227,12 @@ fn filtered_side(
     });
     // The rows kept, for output columns read afterwards.
     let kept = Some(FilteredRows { valid: pass, null: null_pass, file_rows: n, keep });
-    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept }))
+    // A string key's hashes and bytes of every row read, for the proof.
+    let strings = decoded.into_iter().find(|(c, _)| *c == scan.column()).and_then(|(_, d)| {
+        let crate::scan::DeviceDecoded { keys, strings, rows, .. } = d;
+        strings.map(|strings| StringKeys { hashes: Some(keys), strings, rows })
+    });
+    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept, strings }))
 }
 
 /// `prog` AND "column `selection` is not NULL" (a row the page index
@@ -252,7 +289,7 @@ fn side_keys(
                 }
                 None => None,
             };
-            Ok(Ok(SideKeys { keys, n, nulls, report: None, kept: None }))
+            Ok(Ok(SideKeys { keys, n, nulls, report: None, kept: None, strings: None }))
         }
     }
 }
@@ -268,7 +305,8 @@ fn device_side(
         Some(valid) => null_buffer(g.download(&valid, n.div_ceil(32), stats)?, n).map(|b| (b, Some(valid))),
         None => None,
     };
-    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report), kept: None })
+    let strings = decoded.strings.map(|strings| StringKeys { hashes: None, strings, rows: n });
+    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report), kept: None, strings })
 }
 
 fn describe(which: &str, r: &ScanReport) -> String {
@@ -414,7 +452,7 @@ fn decode_payload(
                     if at + m > rows {
                         return Ok(Err(format!("column {name}: more kept rows than keys")));
                     }
-                    parts.push((crate::scan::DeviceDecoded { keys, valid: None, rows: m }, selection.slice(at, m)));
+                    parts.push((crate::scan::DeviceDecoded { keys, valid: None, rows: m, strings: None }, selection.slice(at, m)));
                     at += m;
                 }
                 if at != rows {
@@ -503,6 +541,11 @@ pub(crate) fn select_device_scanned(
     // The probe side's output columns are read with the same `Keep`, pruned
     // by the key's statistics, so the payload of row groups no row of which
     // can be kept is never read.
+    if crate::scan::is_byte_type(key_type) && (matches!(probe, Side::Host(..)) || matches!(build, Side::Host(..))) {
+        return Ok(Err("string keys: the device reads both sides or neither (their hashes are proved against \
+                       the bytes there)"
+            .into()));
+    }
     let probe_keep = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
             if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
@@ -656,6 +699,12 @@ pub(crate) fn select_device_scanned(
     };
     if let Some((sel, ran)) = selector.decided_by_nulls(n, build.n, nb) {
         return with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);
+    }
+    let mut build = build;
+    if crate::scan::is_byte_type(key_type) {
+        if let Some(why) = prove_string_keys(&g, &mut probe, &mut build, &mut stats)? {
+            return Ok(Err(why));
+        }
     }
     let probe_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     let (probe_core, npc) = probe.core(&g, &mut stats)?;

@@ -170,6 +170,10 @@ pub struct Candidate<'a> {
     pub key_types: &'a [DataType],
     /// Threads DataFusion's operator would use (target partitions).
     pub threads: usize,
+    /// Both inputs are Parquet scans the device scan may read: string keys are
+    /// then decoded and hashed on the device, with no host encoding and no host
+    /// output filter ([`crate::exec::device_scan`]).
+    pub device_read: bool,
 }
 
 /// Keys DataFusion compares as more than one fixed-width value.
@@ -266,7 +270,7 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Deci
     let row_encoded = row_encoded(c.key_types);
     let host_ms = if row_encoded {
         n * GPU_WIDE_HOST_NS / 1e6
-    } else if strings {
+    } else if strings && !c.device_read {
         n * GPU_STRING_HOST_NS / 1e6
     } else {
         0.0
@@ -279,6 +283,8 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Deci
         "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}, {rival} ~{cpu_ms:.1} ms on {} threads{cal_note}",
         if row_encoded {
             ", keys row-encoded on the host"
+        } else if strings && c.device_read {
+            ", string keys read, decoded and hashed by the device"
         } else if strings {
             ", string keys hashed on the device"
         } else if columns {
@@ -426,7 +432,7 @@ mod tests {
     use std::time::Duration;
 
     fn cand(op: SetOp, rows: usize, types: &[DataType]) -> Candidate<'_> {
-        Candidate { op, rows: Some(rows), key_types: types, threads: 16 }
+        Candidate { op, rows: Some(rows), key_types: types, threads: 16, device_read: false }
     }
 
     #[test]
@@ -469,6 +475,10 @@ mod tests {
         // and a semi join with DataFusion on few threads.
         let s = [DataType::Utf8View];
         assert!(!gpu(estimate(&cand(SetOp::Semi, 18_000_000, &s), &Readiness::Ready, &cal)));
+        // Both inputs Parquet, read by the device scan: the host neither encodes
+        // the keys nor filters the output, and the semi join goes to the GPU.
+        let read = Candidate { device_read: true, ..cand(SetOp::Semi, 18_000_000, &s) };
+        assert!(gpu(estimate(&read, &Readiness::Ready, &cal)));
         assert!(!gpu(estimate(&cand(SetOp::Semi, 1_800_000, &s), &Readiness::Ready, &cal)));
         assert!(!gpu(estimate(&cand(SetOp::Semi, 100_000, &s), &Readiness::Ready, &cal)));
         assert!(gpu(estimate(&cand(SetOp::IntersectDistinct, 20_000_000, &s), &Readiness::Ready, &cal)));

@@ -97,7 +97,12 @@ pub fn decide(
     }
     // Costed as encoded: a dictionary as its values (string dictionaries as views).
     let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
-    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads };
+    // One string key over two Parquet inputs: the device scan may read both (it decides, and says why not).
+    let device_read = cfg.device_scan
+        && matches!(encoded.as_slice(), [t] if crate::scan::is_byte_type(t))
+        && super::device_scan::reads_parquet(a)
+        && super::device_scan::reads_parquet(b);
+    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read };
     let calibration = cost::Calibration::current();
     let Some(readiness) = started else {
         let from_scratch = cost::not_started(&calibration);

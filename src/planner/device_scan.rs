@@ -29,7 +29,7 @@ use crate::exec::set_select::SetSelectExec;
 pub struct DeviceScanRule;
 
 /// Does the subtree read Parquet files?
-fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut found = false;
     let _ = plan.apply(|p| {
         if p.downcast_ref::<DataSourceExec>().and_then(|d| d.downcast_to_file_source::<ParquetSource>()).is_some() {
@@ -51,6 +51,9 @@ impl DeviceScanRule {
         let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
         let mut reasons = Vec::new();
         let mut new_children = children.clone();
+        // Both sides' keys are encoded as the probe side's type.
+        let Some(key) = node.probe_keys().first() else { return Ok(Transformed::no(plan)) };
+        let key_type = crate::keys::key_type(&key.data_type(&children[0].schema())?);
         for (i, (side, keys)) in [("probe", node.probe_keys()), ("build", node.build_keys())].into_iter().enumerate() {
             if !reads_parquet(&children[i]) || children[i].downcast_ref::<DeviceScanExec>().is_some() {
                 continue;
@@ -60,15 +63,26 @@ impl DeviceScanRule {
             } else if keys.len() != 1 {
                 Err(format!("{} key columns", keys.len()))
             } else {
-                // Both sides' keys are encoded as the probe side's type. A side
-                // whose rows are output (the probe side) has its columns decoded too.
-                let key_type = crate::keys::key_type(&node.probe_keys()[0].data_type(&children[0].schema())?);
-                DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type, !node.keys_only(i == 0))
+                // A side whose rows are output (the probe side) has the columns the
+                // operator outputs (its projection's, or all) decoded too.
+                let output: Option<Vec<usize>> = (!node.keys_only(i == 0)).then(|| {
+                    node.projection().map_or_else(|| (0..children[i].schema().fields().len()).collect(), <[usize]>::to_vec)
+                });
+                DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type, output.as_deref())
             };
             match why {
                 Ok(scan) => new_children[i] = Arc::new(scan),
                 Err(why) => reasons.push(format!("{side}: {why}")),
             }
+        }
+        // String keys are hashed, and the hashes proved against the bytes where
+        // they lie: on the device for both sides, or on the host for both.
+        let scanned = |c: &Arc<dyn ExecutionPlan>| c.downcast_ref::<DeviceScanExec>().is_some();
+        if crate::scan::is_byte_type(&key_type) && !new_children.iter().all(scanned) {
+            if new_children.iter().any(scanned) {
+                reasons.push("string keys: the device reads both sides or neither".into());
+            }
+            new_children = children.clone();
         }
         let note = (!reasons.is_empty()).then(|| reasons.join("; "));
         let changed = new_children.iter().zip(&children).any(|(a, b)| !Arc::ptr_eq(a, b));

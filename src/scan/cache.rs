@@ -42,6 +42,11 @@ impl CacheKey {
     /// The key of `column` of `files` as they are now; None when a file
     /// cannot be inspected (it is then never cached).
     pub fn of(files: &[ScanFile], column: &str, data_type: &DataType) -> Option<Self> {
+        // A string column's keys are hashes, trusted only beside the bytes that
+        // prove them (proved anew for each query's two sides): not kept.
+        if super::is_byte_type(data_type) {
+            return None;
+        }
         let files = files
             .iter()
             .map(|f| {
@@ -198,7 +203,7 @@ impl ColumnCache {
             None => None,
         };
         match (keys, valid.transpose()) {
-            (Ok(keys), Ok(valid)) => Ok(Some(DeviceDecoded { keys, valid, rows: entry.rows })),
+            (Ok(keys), Ok(valid)) => Ok(Some(DeviceDecoded { keys, valid, rows: entry.rows, strings: None })),
             _ => Ok(None),
         }
     }
@@ -274,7 +279,7 @@ mod tests {
         let mut stats = crate::gpu::TransferStats::default();
         let decoded = |rows: usize, stats: &mut crate::gpu::TransferStats| {
             let keys: Vec<u64> = (0..rows as u64).collect();
-            DeviceDecoded { keys: g.upload(&keys, stats).unwrap(), valid: None, rows }
+            DeviceDecoded { keys: g.upload(&keys, stats).unwrap(), valid: None, rows, strings: None }
         };
         let (fa, fb) = (file(&dir, "a.parquet", b"a"), file(&dir, "b.parquet", b"b"));
         let (ka, kb) = (

@@ -3,6 +3,11 @@
 //! raw chunk bytes and the [`PageTable`]. Data pages are PLAIN,
 //! dictionary-encoded or DELTA_BINARY_PACKED ([`delta_values`]).
 //!
+//! BYTE_ARRAY (string / binary) keys are `keys::hash_bytes` of their bytes;
+//! on the device each row's span (where its bytes lie in the decoder's page
+//! bodies, kept with the keys: [`DeviceStrings`]) lets the selection prove
+//! that equal hashes mean equal values before it trusts them.
+//!
 //! Keys are the host's exact encoding of the column's Arrow type (see
 //! `keys::is_exact`): the value sign-extended to 64 bits (INT32, DATE32,
 //! INT64, decimals of at most 18 digits stored as INT32 / INT64). NULL rows
@@ -16,7 +21,7 @@ use datafusion::error::{DataFusionError, Result};
 
 use super::pages::{
     PageTable, PqPage, CODEC_GZIP, CODEC_LZ4_RAW, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, ENC_DELTA, ENC_DICT,
-    ENC_RLE_BOOL, KIND_DICT, KIND_V2, NO_DICT,
+    ENC_RLE_BOOL, KIND_DICT, KIND_V2, NO_DICT, WIDTH_BYTES,
 };
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
 
@@ -86,6 +91,30 @@ pub struct DeviceDecoded {
     pub keys: DeviceBuffer<u64>,
     pub valid: Option<DeviceBuffer<u32>>,
     pub rows: usize,
+    /// A BYTE_ARRAY column: where each row's bytes lie (its key is their hash).
+    pub strings: Option<DeviceStrings>,
+}
+
+/// A BYTE_ARRAY column's values on the device, as the decoder left them:
+/// two words a row (the value's device address and its length; a NULL row,
+/// or one the page index left out, is (0, 0)), pointing into the page bodies
+/// held here (each padded so the word after a value's last byte may be
+/// read: `verify_check_spans` in kernels/row_hash.cu reads whole words).
+pub struct DeviceStrings {
+    pub spans: DeviceBuffer<u64>,
+    bodies: Vec<DeviceBuffer<u8>>,
+}
+
+impl DeviceStrings {
+    /// Spans of `rows` rows (zeroed), the bodies they will point into added later ([`Self::hold`]).
+    pub fn zeroed(gpu: &Gpu, rows: usize) -> Result<Self> {
+        Ok(Self { spans: gpu.alloc_zeros::<u64>(2 * rows.max(1))?, bodies: Vec::new() })
+    }
+
+    /// Keep a decode's page bodies, which the spans point into.
+    pub fn hold(&mut self, scratch: DecodeScratch) {
+        self.bodies.push(scratch.body);
+    }
 }
 
 /// Decode `t`'s pages of `raw` on the device (`raw`: the same bytes, uploaded).
@@ -98,8 +127,9 @@ pub fn decode_gpu(
     let rows = t.rows as usize;
     let keys = gpu.alloc::<u64>(rows)?;
     let valid = if t.def_max > 0 { Some(gpu.alloc_zeros::<u32>(rows.div_ceil(32))?) } else { None };
+    let mut strings = if t.holds_bytes() { Some(DeviceStrings::zeroed(gpu, rows)?) } else { None };
     if t.pages.is_empty() || rows == 0 {
-        return Ok(DeviceDecoded { keys, valid, rows });
+        return Ok(DeviceDecoded { keys, valid, rows, strings });
     }
     let err = gpu.alloc_zeros::<u32>(1)?;
     let dummy_valid = gpu.alloc_zeros::<u32>(1)?;
@@ -108,27 +138,34 @@ pub fn decode_gpu(
         keys: gpu.untracked_address(&keys),
         valid: gpu.untracked_address(valid.as_ref().unwrap_or(&dummy_valid)),
         err: gpu.untracked_address(&err),
+        spans: strings.as_ref().map_or(0, |s| gpu.untracked_address(&s.spans)),
     };
     let pages = gpu.upload(&t.flat(), stats)?;
     // Every buffer is used on the main stream alone, in its order (so the untracked addresses are safe).
     let scratch =
         launch_decode(gpu, gpu.stream(), gpu.untracked_address(raw), gpu.untracked_address(&pages), t, &into)?;
     let code = gpu.read_one(&err, 0, stats)?;
-    drop(scratch);
+    match (&mut strings, scratch) {
+        (Some(s), Some(scratch)) => s.hold(scratch),
+        (_, scratch) => drop(scratch),
+    }
     stats.kernel += started.elapsed();
     if code != 0 {
         return Err(decode_error(code));
     }
-    Ok(DeviceDecoded { keys, valid, rows })
+    Ok(DeviceDecoded { keys, valid, rows, strings })
 }
 
 /// Where [`launch_decode`] writes, as device addresses: one key a row of the
 /// table's rows, the validity words (zeroed; one unused word for a required
-/// column), the error word (zeroed; the first failing page's code).
+/// column), the error word (zeroed; the first failing page's code), and for
+/// a BYTE_ARRAY column its rows' spans (zeroed, two words a row; 0 otherwise:
+/// [`DeviceStrings`]).
 pub struct DecodeTargets {
     pub keys: u64,
     pub valid: u64,
     pub err: u64,
+    pub spans: u64,
 }
 
 /// Queue the decode of `t`'s pages on `stream`: their bytes at device address
@@ -156,8 +193,12 @@ pub fn launch_decode(
     if npages == 0 {
         return Ok(None);
     }
+    if t.holds_bytes() && into.spans == 0 {
+        return Err(DataFusionError::Internal("setfusion device scan: BYTE_ARRAY pages without spans to write".into()));
+    }
     let mut scratch = DecodeScratch {
-        body: gpu.alloc_on::<u8>(stream, t.body_len as usize)?,
+        // Two spare words: a string's hash reads whole words, up to the one after its last byte.
+        body: gpu.alloc_on::<u8>(stream, t.body_len as usize + 16)?,
         levels: gpu.alloc_zeros_on::<u32>(stream, t.lvl_words as usize)?,
         idx: gpu.alloc_on::<u32>(stream, t.idx_len as usize)?,
     };
@@ -194,10 +235,27 @@ pub fn launch_decode(
         }
         .map_err(|e| cuda_err("pq_snappy", e))?;
     }
+    if t.pages.iter().any(|p| p.kind == KIND_DICT && p.width == WIDTH_BYTES) {
+        let dicts = gpu.function(&KERNEL, "pq_byte_dicts")?;
+        // SAFETY: signature matches kernels/parquet_decode.cu; each BYTE_ARRAY dictionary page's 6 u32 entries
+        // a value of `idx` from an even idx_off lie in the scratch page_table counted; `into.err` is one word.
+        unsafe {
+            stream
+                .launch_builder(&dicts)
+                .arg(&body.slice)
+                .arg(&pages)
+                .arg(&npages)
+                .arg(&mut idx.slice)
+                .arg(&into.err)
+                .launch(per_page)
+        }
+        .map_err(|e| cuda_err("pq_byte_dicts", e))?;
+    }
     let decode = gpu.function(&KERNEL, "pq_decode")?;
     // SAFETY: as above; `levels` / `idx` hold the scratch page_table counted (DELTA pages' u64 at even,
     // so 8-aligned, entries of the allocation), `into.keys` one key per row of the table, `into.valid`
-    // one bit per row (or one unused word for required columns).
+    // one bit per row (or one unused word for required columns), `into.spans` two words per row of a
+    // BYTE_ARRAY column (checked above; never written for other columns).
     unsafe {
         stream
             .launch_builder(&decode)
@@ -208,6 +266,7 @@ pub fn launch_decode(
             .arg(&mut idx.slice)
             .arg(&into.keys)
             .arg(&into.valid)
+            .arg(&into.spans)
             .arg(&into.err)
             .launch(per_page)
     }
@@ -218,6 +277,7 @@ pub fn launch_decode(
 /// A decode's scratch on the device ([`launch_decode`]): the pages'
 /// decompressed bodies, their validity levels and their index entries.
 pub struct DecodeScratch {
+    /// Kept by a BYTE_ARRAY column's [`DeviceStrings`] once the decode is done.
     body: DeviceBuffer<u8>,
     levels: DeviceBuffer<u32>,
     idx: DeviceBuffer<u32>,
@@ -579,6 +639,32 @@ fn move_inflated(t: &mut PageTable, chosen: &[usize], at: u64) {
     }
 }
 
+/// The first `n` BYTE_ARRAY values of `s` (each a 4-byte little-endian
+/// length, then its bytes); None when one runs past the end.
+fn byte_values(s: &[u8], n: usize) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::with_capacity(n);
+    let mut pos = 0usize;
+    for _ in 0..n {
+        let l = s.get(pos..pos + 4)?;
+        let l = u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
+        out.push(s.get(pos + 4..(pos + 4).checked_add(l)?)?);
+        pos += 4 + l;
+    }
+    Some(out)
+}
+
+/// A dictionary-encoded page's `nonnull` indices (its values from `vals`: a
+/// bit width byte, then the RLE / bit-packed hybrid).
+fn dictionary_indices(b: &[u8], vals: usize, nonnull: usize) -> Result<Vec<u32>> {
+    let bw = *b.get(vals).ok_or_else(|| decode_error(6))? as u32;
+    if bw > 32 {
+        return Err(decode_error(6));
+    }
+    let mut idx = Vec::with_capacity(nonnull);
+    Hybrid { s: &b[vals + 1..], pos: 0, bw }.read(nonnull, &mut idx).ok_or_else(|| decode_error(4))?;
+    Ok(idx)
+}
+
 /// CPU twin of [`decode_gpu`]: the same keys and validity, the same errors.
 pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
     let rows = t.rows as usize;
@@ -617,7 +703,22 @@ pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
         };
         let nonnull = present.iter().filter(|&&x| x).count();
         let mut values: Vec<u64> = Vec::with_capacity(nonnull);
-        if p.encoding == ENC_DICT {
+        if p.width == WIDTH_BYTES && p.encoding == ENC_DICT {
+            if p.dict == NO_DICT || p.dict as usize >= t.pages.len() {
+                return Err(decode_error(7));
+            }
+            let d = &t.pages[p.dict as usize];
+            let dict = byte_values(&bodies[p.dict as usize], d.num_values as usize).ok_or_else(|| decode_error(4))?;
+            if nonnull > 0 {
+                for i in dictionary_indices(b, vals, nonnull)? {
+                    let v = dict.get(i as usize).ok_or_else(|| decode_error(5))?;
+                    values.push(crate::keys::hash_bytes(v));
+                }
+            }
+        } else if p.width == WIDTH_BYTES && p.encoding == super::pages::ENC_PLAIN {
+            let plain = byte_values(&b[vals.min(b.len())..], nonnull).ok_or_else(|| decode_error(4))?;
+            values.extend(plain.into_iter().map(crate::keys::hash_bytes));
+        } else if p.encoding == ENC_DICT {
             if p.dict == NO_DICT || p.dict as usize >= t.pages.len() {
                 return Err(decode_error(7));
             }
@@ -629,13 +730,7 @@ pub fn decode_cpu(raw: &[u8], t: &PageTable) -> Result<Decoded> {
                 return Err(decode_error(4));
             }
             if nonnull > 0 {
-                let bw = *b.get(vals).ok_or_else(|| decode_error(6))? as u32;
-                if bw > 32 {
-                    return Err(decode_error(6));
-                }
-                let mut idx = Vec::with_capacity(nonnull);
-                Hybrid { s: &b[vals + 1..], pos: 0, bw }.read(nonnull, &mut idx).ok_or_else(|| decode_error(4))?;
-                for i in idx {
+                for i in dictionary_indices(b, vals, nonnull)? {
                     if i as u64 >= d.num_values {
                         return Err(decode_error(5));
                     }

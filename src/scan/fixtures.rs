@@ -2,7 +2,8 @@
 //! meets (dictionary on, off and falling back to PLAIN mid-chunk;
 //! DELTA_BINARY_PACKED; data pages v1 and v2; snappy and uncompressed; small
 //! and large pages; no, some and only NULLs; several row groups; INT32 /
-//! INT64 / DATE32 / DECIMAL(12, 2) and DECIMAL(9, 2); BOOLEAN, PLAIN and RLE; random values, values
+//! INT64 / DATE32 / DECIMAL(12, 2) and DECIMAL(9, 2); BOOLEAN, PLAIN and RLE; strings and binary
+//! (BYTE_ARRAY: empty, short and long values, PLAIN and dictionary); random values, values
 //! whose deltas wrap, constant columns and arithmetic sequences), for the
 //! decoder's tests and `doctor`'s self-check.
 
@@ -10,7 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch,
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch,
+    StringArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::error::{DataFusionError, Result};
@@ -232,7 +234,55 @@ pub fn cases() -> Vec<Case> {
             pattern: Pattern::Random,
         });
     }
+    // BYTE_ARRAY keys (strings, binary): dictionary (falling back to PLAIN
+    // mid-chunk too) and PLAIN, v1 and v2, every codec family, small and large
+    // pages, no, some and only NULLs; values from empty to 60 bytes (see [`column`]).
+    for (j, (dictionary, dict_fallback, v2, codec, nulls, page_rows, distinct)) in [
+        (true, false, false, Compression::SNAPPY, 0, 1000, 300u64),
+        (true, false, true, Compression::UNCOMPRESSED, 30, 64, 1000),
+        (false, false, false, Compression::UNCOMPRESSED, 30, 1000, 1 << 40),
+        (false, false, true, Compression::SNAPPY, 0, 20_000, 1 << 40),
+        (true, true, false, Compression::SNAPPY, 30, 1000, 1 << 40),
+        (true, true, true, Compression::UNCOMPRESSED, 0, 1000, 1 << 40),
+        (true, false, false, Compression::ZSTD(Default::default()), 30, 1000, 1000),
+        (false, false, true, Compression::LZ4_RAW, 30, 1000, 1 << 40),
+        (true, false, true, Compression::SNAPPY, 100, 1000, 1000),
+        (false, false, false, Compression::SNAPPY, 100, 64, 1000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data_type = if j % 3 == 2 { DataType::Binary } else { DataType::Utf8 };
+        out.push(Case {
+            name: format!("{data_type} dict={dictionary} fallback={dict_fallback} v2={v2} codec={codec} nulls={nulls}% page_rows={page_rows}"),
+            data_type,
+            rows: 3000 + 4001 * (j % 3),
+            nulls,
+            distinct,
+            dictionary,
+            dict_fallback,
+            v2,
+            codec,
+            page_rows,
+            row_group_rows: [1 << 20, 1500, 4096][j % 3],
+            period: 0,
+            delta: false,
+            rle: false,
+            pattern: Pattern::Random,
+        });
+    }
     out
+}
+
+/// A string fixture value: empty for one value in eleven, else 1 to 60
+/// bytes (past the 8-byte words the hash reads, and past 12, Arrow's inline
+/// view length), distinct for distinct `v`.
+fn text(v: i64) -> String {
+    let len = v.unsigned_abs() % 11;
+    if len == 0 {
+        return String::new();
+    }
+    format!("{v}{}", "abcdefghij".repeat(1 + (v.unsigned_abs() as usize / 11) % 5)).chars().take(60).collect()
 }
 
 /// The case's column (named `k`), deterministic.
@@ -280,6 +330,12 @@ pub fn column(c: &Case) -> ArrayRef {
             .with_precision_and_scale(*p, *s)
             .expect("valid decimal"),
         ),
+        DataType::Utf8 => Arc::new(StringArray::from(vals.iter().map(|v| v.map(text)).collect::<Vec<_>>())),
+        // Binary: the string's bytes with a byte no UTF-8 string holds.
+        DataType::Binary => {
+            let bytes: Vec<Option<Vec<u8>>> = vals.iter().map(|v| v.map(|v| [text(v).as_bytes(), &[0xff]].concat())).collect();
+            Arc::new(BinaryArray::from(bytes.iter().map(|v| v.as_deref()).collect::<Vec<_>>()))
+        }
         other => unreachable!("fixture type {other}"),
     }
 }

@@ -40,8 +40,10 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
 
 pub use cache::{CacheKey, CacheUse, ColumnCache};
-pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded};
-pub use pages::{key_range, prune_row_groups, supported_type, Fallback, Keep, RowSelections, ScanFile};
+pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded, DeviceStrings};
+pub use pages::{
+    is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback, Keep, RowSelections, ScanFile,
+};
 
 use crate::gpu::{Gpu, TransferStats};
 
@@ -627,7 +629,8 @@ struct Decodes {
     /// Each launched part's page table and scratch on the device, kept until its
     /// decode is done (so the scratch's budget charge lasts as long as its memory is in use).
     flats: Vec<crate::gpu::DeviceBuffer<u64>>,
-    scratch: Vec<decode::DecodeScratch>,
+    /// Each launch's plan and scratch (a BYTE_ARRAY plan's keys then keep its bodies).
+    scratch: Vec<(usize, decode::DecodeScratch)>,
     launched: usize,
     /// The page tables' host side, copied on the decode streams (declared
     /// last: dropped after the streams are waited for).
@@ -649,14 +652,14 @@ impl Decodes {
     }
 
     /// Decode `table`'s pages (their bytes at device address `raw`) into
-    /// `into`, on the next decode stream, after the main stream's work queued
+    /// `into` (plan `plan`'s), on the next decode stream, after the main stream's work queued
     /// so far (the pages' upload among it).
     fn launch(
         &mut self,
         gpu: &Gpu,
         raw: u64,
         table: &pages::PageTable,
-        into: &decode::DecodeTargets,
+        (plan, into): (usize, &decode::DecodeTargets),
         stats: &mut TransferStats,
     ) -> Result<()> {
         let stream = &self.streams[self.launched % self.streams.len()];
@@ -668,7 +671,7 @@ impl Decodes {
         self.flats.push(flat);
         let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
         stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
-        self.scratch.extend(decode::launch_decode(gpu, stream, raw, flat_addr, table, into)?);
+        self.scratch.extend(decode::launch_decode(gpu, stream, raw, flat_addr, table, into)?.map(|s| (plan, s)));
         self.launched += 1;
         Ok(())
     }
@@ -743,7 +746,12 @@ fn upload_decode_parts<'a>(
             gpu.alloc::<u64>(p.rows as usize)?
         };
         let valid = if p.def_max > 0 { Some(gpu.alloc_zeros::<u32>((p.rows as usize).div_ceil(32))?) } else { None };
-        outs.push(DeviceDecoded { keys, valid, rows: p.rows as usize });
+        let strings = if p.width == pages::WIDTH_BYTES {
+            Some(decode::DeviceStrings::zeroed(gpu, p.rows as usize)?)
+        } else {
+            None
+        };
+        outs.push(DeviceDecoded { keys, valid, rows: p.rows as usize, strings });
     }
     let err = gpu.alloc_zeros::<u32>(1)?;
     let dummy_valid = gpu.alloc_zeros::<u32>(1)?;
@@ -753,6 +761,7 @@ fn upload_decode_parts<'a>(
             keys: gpu.untracked_address(&o.keys),
             valid: gpu.untracked_address(o.valid.as_ref().unwrap_or(&dummy_valid)),
             err: gpu.untracked_address(&err),
+            spans: o.strings.as_ref().map_or(0, |s| gpu.untracked_address(&s.spans)),
         })
         .collect();
     // The decode streams start after the buffers above exist (allocated and zeroed on the main stream).
@@ -811,7 +820,7 @@ fn upload_decode_parts<'a>(
                         }
                     };
                     pages_of[i] += table.pages.len();
-                    decodes.launch(gpu, dev_addr, &table, &targets[i], stats)?;
+                    decodes.launch(gpu, dev_addr, &table, (i, &targets[i]), stats)?;
                     crate::util::trace(&format!("device scan: part at {part_at} uploaded, its decode queued"));
                     Ok(())
                 };
@@ -869,7 +878,7 @@ fn upload_decode_parts<'a>(
                 let table = place(table, &moved, part_at, inflated_at);
                 pages_of[i] += table.pages.len();
                 inflated_at += inflated.len();
-                decodes.launch(gpu, dev_addr, &table, &targets[i], stats)?;
+                decodes.launch(gpu, dev_addr, &table, (i, &targets[i]), stats)?;
             }
             Ok(())
         })();
@@ -885,6 +894,14 @@ fn upload_decode_parts<'a>(
     let decode = t.elapsed();
     crate::util::trace("device scan: parts decoded");
     stats.kernel += decode;
+    if waited.is_ok() {
+        // Done: a BYTE_ARRAY column's spans point into its parts' page bodies, which its keys now keep.
+        for (plan, scratch) in std::mem::take(&mut decodes.scratch) {
+            if let Some(strings) = outs.get_mut(plan).and_then(|o| o.strings.as_mut()) {
+                strings.hold(scratch);
+            }
+        }
+    }
     drop(decodes);
     match waited {
         Err(e) => return Err(e),
@@ -990,6 +1007,10 @@ mod tests {
                     DataType::Int32 => a.as_primitive::<Int32Type>().value(i) as i64 as u64,
                     DataType::Date32 => a.as_primitive::<Date32Type>().value(i) as i64 as u64,
                     DataType::Decimal128(..) => a.as_primitive::<Decimal128Type>().value(i) as i64 as u64,
+                    DataType::Utf8 => crate::keys::hash_bytes(a.as_string::<i32>().value(i).as_bytes()),
+                    DataType::Utf8View => crate::keys::hash_bytes(a.as_string_view().value(i).as_bytes()),
+                    DataType::Binary => crate::keys::hash_bytes(a.as_binary::<i32>().value(i)),
+                    DataType::BinaryView => crate::keys::hash_bytes(a.as_binary_view().value(i)),
                     t => panic!("{t}"),
                 };
                 keys.push(if a.is_valid(i) { v } else { 0 });
@@ -1313,9 +1334,32 @@ mod tests {
         let why = pages::plan_scan(&files, "k", &DataType::Int32).unwrap().unwrap_err();
         assert!(why.0.contains("schema adaptation"), "{why}");
         let why = pages::plan_scan(&files, "k", &DataType::Utf8).unwrap().unwrap_err();
-        assert!(why.0.contains("type Utf8"), "{why}");
+        assert!(why.0.contains("schema adaptation: Utf8 from Parquet INT64"), "{why}");
+        let why = pages::plan_scan(&files, "k", &DataType::Float64).unwrap().unwrap_err();
+        assert!(why.0.contains("type Float64"), "{why}");
         let why = pages::plan_scan(&files, "nope", &DataType::Int64).unwrap().unwrap_err();
         assert!(why.0.contains("nested or missing"), "{why}");
+        let _ = std::fs::remove_file(&path);
+        // Strings in DELTA_BYTE_ARRAY pages (each value a suffix of the one
+        // before: a sequential walk per page): planned, refused at the page.
+        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+            datafusion::arrow::datatypes::Field::new("s", DataType::Utf8, false),
+        ]));
+        let strings = datafusion::arrow::array::StringArray::from(vec!["apple", "apricot", "banana"]);
+        let batch = datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(strings)]).unwrap();
+        let props = WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .set_encoding(parquet::basic::Encoding::DELTA_BYTE_ARRAY)
+            .build();
+        let mut buf = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        std::fs::write(&path, buf).unwrap();
+        let plan = pages::plan_scan(&files, "s", &DataType::Utf8).unwrap().unwrap();
+        let raw = pages::read_chunks(&plan).unwrap();
+        let why = pages::page_table(&plan, &raw).unwrap().unwrap_err();
+        assert!(why.0.contains("encoding DELTA_BYTE_ARRAY"), "{why}");
         let _ = std::fs::remove_file(&path);
     }
 

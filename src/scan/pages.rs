@@ -83,6 +83,10 @@ pub const ENC_DELTA: u64 = 2;
 pub const ENC_RLE_BOOL: u64 = 3;
 /// No dictionary page.
 pub const NO_DICT: u64 = u64::MAX;
+/// `PqPage::width` of BYTE_ARRAY columns (the kernel's `PQ_BYTES`): each
+/// value's key is `keys::hash_bytes` of its bytes, and its span (where the
+/// decoder left it on the device) is kept for the exact comparison.
+pub const WIDTH_BYTES: u64 = 16;
 
 impl PqPage {
     pub fn fields(&self) -> [u64; 16] {
@@ -453,7 +457,7 @@ pub struct ScanPlan {
     pub files: Vec<PathBuf>,
     chunks: Vec<Chunk>,
     pub rows: u64,
-    /// Physical value bytes (4 or 8; 0: BOOLEAN, one bit a value).
+    /// Physical value bytes (4 or 8; 0: BOOLEAN, one bit a value; [`WIDTH_BYTES`]: BYTE_ARRAY).
     pub width: u64,
     /// 1 when the column is optional (may hold NULLs).
     pub def_max: u64,
@@ -469,11 +473,12 @@ pub struct ScanPlan {
     pub pages_pruned: usize,
 }
 
-/// Row group `rg`'s (min, max, null count) of its column `ci`, as the keys' signed 64-bit values.
 /// The index of the top-level (not nested) leaf column `name` in a file's schema.
 fn column_index(schema: &parquet::schema::types::SchemaDescriptor, name: &str) -> Option<usize> {
     (0..schema.num_columns()).find(|&i| schema.column(i).path().parts() == [name])
 }
+
+/// Row group `rg`'s (min, max, null count) of its column `ci`, as the keys' signed 64-bit values.
 
 fn int_stats(rg: &parquet::file::metadata::RowGroupMetaData, ci: usize) -> Option<(i64, i64, Option<u64>)> {
     use parquet::file::statistics::Statistics;
@@ -523,6 +528,11 @@ pub struct PageTable {
 }
 
 impl PageTable {
+    /// Are these a BYTE_ARRAY column's pages (keys hashed, spans written)?
+    pub fn holds_bytes(&self) -> bool {
+        self.pages.iter().any(|p| p.width == WIDTH_BYTES)
+    }
+
     /// The table as the kernels read it.
     pub fn flat(&self) -> Vec<u64> {
         self.pages.iter().flat_map(|p| p.fields()).collect()
@@ -539,6 +549,15 @@ fn type_mismatch(descr: &parquet::schema::types::ColumnDescriptor, arrow: &DataT
     let ok = match (arrow, physical, logical) {
         // (BOOLEAN has no logical or converted type to check.)
         (DataType::Boolean, PhysicalType::BOOLEAN, _) => true,
+        // Strings: UTF8 (or JSON / ENUM, whose bytes are the strings); binary: no annotation.
+        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, PhysicalType::BYTE_ARRAY, l) => match l {
+            Some(LogicalType::String | LogicalType::Json | LogicalType::Enum) => true,
+            Some(_) => false,
+            None => matches!(descr.converted_type(), ConvertedType::UTF8 | ConvertedType::JSON | ConvertedType::ENUM),
+        },
+        (DataType::Binary | DataType::LargeBinary | DataType::BinaryView, PhysicalType::BYTE_ARRAY, None) => {
+            descr.converted_type() == ConvertedType::NONE
+        }
         (_, _, None) => match (arrow, physical, descr.converted_type()) {
             (DataType::Int64, PhysicalType::INT64, ConvertedType::NONE | ConvertedType::INT_64) => true,
             (DataType::Int32, PhysicalType::INT32, ConvertedType::NONE | ConvertedType::INT_32) => true,
@@ -568,10 +587,24 @@ fn type_mismatch(descr: &parquet::schema::types::ColumnDescriptor, arrow: &DataT
     })
 }
 
-/// Can the device scan take a column of this Arrow type at all?
+/// Can the device scan take a column of this Arrow type at all (as a key,
+/// a filter's column or an output column)?
 pub fn supported_type(t: &DataType) -> bool {
     matches!(t, DataType::Boolean | DataType::Int32 | DataType::Int64 | DataType::Date32)
         || matches!(t, DataType::Decimal128(p, _) if *p <= 18)
+}
+
+/// Is this a string / binary type, which the device scan takes as a key
+/// alone (hashed, compared exactly on the device; not yet as a filter's or
+/// an output column)?
+pub fn is_byte_type(t: &DataType) -> bool {
+    use DataType::*;
+    matches!(t, Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView)
+}
+
+/// Can the device scan take a key column of this Arrow type?
+pub fn supported_key_type(t: &DataType) -> bool {
+    supported_type(t) || is_byte_type(t)
 }
 
 fn read_footer(path: &PathBuf) -> Result<ParquetMetaData> {
@@ -604,7 +637,7 @@ pub fn plan_scan_within(
     arrow: &DataType,
     keep: &Keep,
 ) -> Result<std::result::Result<ScanPlan, Fallback>> {
-    if !supported_type(arrow) {
+    if !supported_key_type(arrow) {
         return fallback(format!("type {arrow}"));
     }
     // Files whose rows the page index selects: their offset index too (where the pages lie).
@@ -648,6 +681,7 @@ pub fn plan_scan_within(
         width = match descr.physical_type() {
             PhysicalType::BOOLEAN => 0,
             PhysicalType::INT32 => 4,
+            PhysicalType::BYTE_ARRAY => WIDTH_BYTES,
             _ => 8,
         };
         def_max = def_max.max(descr.max_def_level() as u64);
@@ -1092,7 +1126,7 @@ fn walk_piece(
                         return Err(corrupt("dictionary-encoded page without a dictionary".into()))
                     }
                     // Every other column the scan takes is INT32 or INT64 (type_mismatch), the types DELTA_BINARY_PACKED encodes.
-                    thrift::DELTA_BINARY_PACKED if width > 0 => ENC_DELTA,
+                    thrift::DELTA_BINARY_PACKED if width == 4 || width == 8 => ENC_DELTA,
                     thrift::RLE if width == 0 => ENC_RLE_BOOL,
                     e => return fallback(format!("encoding {}", encoding_name(e))),
                 };
@@ -1207,7 +1241,8 @@ pub fn page_table_of(
                     p.lvl_word = t.lvl_words;
                     t.lvl_words += p.num_values.div_ceil(32);
                 }
-                if p.encoding == ENC_DICT || p.encoding == ENC_RLE_BOOL {
+                // (BYTE_ARRAY PLAIN pages: each value's start in the body.)
+                if p.encoding == ENC_DICT || p.encoding == ENC_RLE_BOOL || (p.width == WIDTH_BYTES && p.encoding == ENC_PLAIN) {
                     p.idx_off = t.idx_len;
                     t.idx_len += p.num_values;
                 }
@@ -1215,6 +1250,11 @@ pub fn page_table_of(
                     p.idx_off = t.idx_len.next_multiple_of(2);
                     t.idx_len = p.idx_off + 2 * p.num_values;
                 }
+            }
+            if p.kind == KIND_DICT && p.width == WIDTH_BYTES {
+                // Each value's span (address, length) and hash, as u64 from an even entry.
+                p.idx_off = t.idx_len.next_multiple_of(2);
+                t.idx_len = p.idx_off + 6 * p.num_values;
             }
             t.pages.push(p);
         }

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{BooleanArray, Int32Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use parquet::arrow::ArrowWriter;
@@ -25,7 +25,8 @@ use setfusion_tools::bench::tpch::canonical_rows;
 use crate::common::{block_on, gpu_or_skip};
 
 /// Write `files` Parquet files of `rows` rows each under `dir` (k BIGINT with
-/// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT; f BOOLEAN with NULLs), file i with its own
+/// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT; f BOOLEAN with NULLs; s VARCHAR, NULL
+/// where k is, empty or up to 24 bytes), file i with its own
 /// writer options.
 /// `codec`: every file's; None: snappy and uncompressed files mixed.
 fn write_table(
@@ -43,6 +44,7 @@ fn write_table(
         Field::new("k32", DataType::Int32, true),
         Field::new("p", DataType::Int64, false),
         Field::new("f", DataType::Boolean, true),
+        Field::new("s", DataType::Utf8, null_every > 0),
     ]));
     let mut x = seed;
     for f in 0..files {
@@ -54,6 +56,10 @@ fn write_table(
             (0..rows).map(|i| (null_every == 0 || i % null_every != 3).then(|| next() % domain - domain / 4)).collect();
         let k32: Vec<Option<i32>> = k.iter().map(|v| v.map(|v| (v % 5000) as i32)).collect();
         let p: Vec<i64> = (0..rows as i64).map(|i| i * 3 + f as i64).collect();
+        let text: Vec<Option<String>> = k
+            .iter()
+            .map(|v| v.map(|v| if v % 7 == 0 { String::new() } else { format!("s{}{}", v % 3000, "x".repeat(v.rem_euclid(13) as usize)) }))
+            .collect();
         let flag: BooleanArray =
             k.iter().enumerate().map(|(i, v)| (i % 17 != 5).then(|| v.map_or(i % 2 == 0, |v| v % 3 == 0))).collect();
         let batch = RecordBatch::try_new(
@@ -63,6 +69,7 @@ fn write_table(
                 Arc::new(Int32Array::from(k32)),
                 Arc::new(Int64Array::from(p)),
                 Arc::new(flag),
+                Arc::new(StringArray::from(text)),
             ],
         )
         .unwrap();
@@ -179,7 +186,18 @@ const QUERIES: &[&str] = &[
     KEY_RANGE_OUTPUT,
     "SELECT k32, p FROM a WHERE EXISTS (SELECT 1 FROM c WHERE c.p = a.p)",
     "SELECT p FROM a INTERSECT SELECT p FROM c",
+    // String keys (dictionary and PLAIN pages, NULLs, empty strings): hashed by the device, proved there.
+    STRING_IN,
+    "SELECT k, p FROM a WHERE s IN (SELECT s FROM b WHERE p > 100)",
+    "SELECT count(*) FROM a WHERE s NOT IN (SELECT s FROM b_no_nulls)",
+    "SELECT sum(p) FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.s = a.s)",
+    "SELECT count(*) FROM a WHERE EXISTS (SELECT 1 FROM b_zstd WHERE b_zstd.s = a.s)",
+    "SELECT count(*) FROM (SELECT s FROM a INTERSECT SELECT s FROM b)",
+    "SELECT count(*) FROM a WHERE s IN (SELECT s FROM (VALUES ('s1'), ('s17xxxx'), ('')) t(s))",
 ];
+
+/// A semi join on string keys, both sides read by the device.
+const STRING_IN: &str = "SELECT count(*) FROM a WHERE s IN (SELECT s FROM b)";
 
 /// A probe side whose columns are output, its row groups chosen by the build side's key range.
 const KEY_RANGE_OUTPUT: &str = "SELECT k, p FROM a WHERE p IN (SELECT p FROM c)";
@@ -201,6 +219,7 @@ const ALL_QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a WHERE k32 < 3000 EXCEPT ALL SELECT k FROM b WHERE k IS NULL OR p > 20)",
     "SELECT k FROM a INTERSECT ALL SELECT k FROM b",
     "SELECT k32 FROM a EXCEPT ALL SELECT k32 FROM b",
+    "SELECT count(*) FROM (SELECT s FROM a INTERSECT ALL SELECT s FROM b)",
 ];
 
 #[test]
@@ -298,6 +317,16 @@ fn device_scan_answers_equal_host_scan() {
             let analyzed = explain(&uncached, KEY_RANGE_OUTPUT, true).await;
             assert!(analyzed.contains("6 of 9 row groups pruned by the build side's key range"), "{analyzed}");
             assert!(analyzed.contains("output=[k, p]") && !analyzed.contains("fell back"), "{analyzed}");
+            // String keys: both sides read, decoded and hashed by the device, the hashes proved there.
+            let plan = explain(&device, STRING_IN, false).await;
+            assert_eq!(plan.matches("DeviceScanExec: column=s").count(), 2, "{plan}");
+            let analyzed = explain(&uncached, STRING_IN, true).await;
+            assert!(analyzed.contains("device scan probe:") && !analyzed.contains("fell back"), "{analyzed}");
+            // ... both or neither: a side that is not a Parquet scan leaves the other to DataFusion's scan.
+            let values = "SELECT count(*) FROM a WHERE s IN (SELECT s FROM (VALUES ('s1'), ('')) t(s))";
+            let plan = explain(&device, values, false).await;
+            assert!(!plan.contains("DeviceScanExec"), "{plan}");
+            assert!(plan.contains("string keys: the device reads both sides or neither"), "{plan}");
             // An output column that may hold NULLs under a filter: the host reads that input.
             let analyzed = explain(&device, "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", true).await;
             assert!(analyzed.contains("fell back to the host: probe side: output column k32"), "{analyzed}");
