@@ -366,6 +366,9 @@ pub(crate) struct DeviceSelected {
     pub reports: Vec<(String, ScanReport)>,
     /// The output columns of the kept probe rows (the device decoded them).
     pub payload: Option<Vec<ArrayRef>>,
+    /// The build side's rows (after its filter), and of them those with a NULL key.
+    pub build_rows: usize,
+    pub build_nulls: usize,
 }
 
 /// A selection's bits as the device's 32-bit words, uploaded.
@@ -666,6 +669,7 @@ pub(crate) fn select_device_scanned(
     selector.metrics.device.input_rows.add(probe.n + build.n);
     let n = probe.n;
     let (m, nb) = (probe.null_count(), build.null_count());
+    let build_rows = build.n;
     // The probe side's output columns, decoded once the selection is known.
     let mut probe = probe;
     let probe_kept = probe.kept.take();
@@ -695,7 +699,7 @@ pub(crate) fn select_device_scanned(
             _ => None,
         };
         selector.metrics.device.record(stats);
-        Ok(Ok(DeviceSelected { selection, ran, reports: reports.clone(), payload }))
+        Ok(Ok(DeviceSelected { selection, ran, reports: reports.clone(), payload, build_rows, build_nulls: nb }))
     };
     if let Some((sel, ran)) = selector.decided_by_nulls(n, build.n, nb) {
         return with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);

@@ -23,6 +23,13 @@
 //! The output keeps the probe side's partitions, order and equivalences: the
 //! mark is appended to each probe batch as it came.
 //!
+//! Device scan: where the marks come from one key selection (a correlated
+//! EXISTS on one key, or an uncorrelated IN) and the subquery side is a
+//! Parquet scan, that side may be a [`DeviceScanExec`]: its keys (under its
+//! filters) are read and decoded by the device, which selects the probe rows
+//! against them and counts its rows and NULL keys, so the subquery side never
+//! becomes Arrow batches on the host ([`single_build_key`]).
+//!
 //! Memory: one `MemoryConsumer` per execution reserves both collected inputs
 //! and the encoded keys; once the marks are computed, each partition's probe
 //! batches and their marks are reserved until its stream forms their output
@@ -61,6 +68,7 @@ use crate::algo::join_filter::{self, PairColumn, PairJoin, Programs};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
 use crate::exec::common::{input_context, Backend, Decision, NullMode};
+use crate::exec::device_scan::DeviceScanExec;
 use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
 use crate::exec::memory::{
     array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun,
@@ -126,6 +134,26 @@ pub struct MarkJoinExec {
     dynamic_filter: Option<DynamicKeyFilter>,
     /// Output at most this many rows per partition (a LIMIT absorbed by the node).
     fetch: Option<usize>,
+    /// Why the subquery side, a Parquet scan, is not read by the device (EXPLAIN).
+    scan_note: Option<String>,
+}
+
+/// The one key pair (probe, build) whose selection decides every mark, when
+/// there is one: a correlated EXISTS on one key, or an uncorrelated IN,
+/// without a residual filter. Else why not (a device scan of the subquery
+/// side reads this key alone).
+fn single_build_key(
+    on: &[(PhysicalExprRef, PhysicalExprRef)],
+    in_keys: &Option<(PhysicalExprRef, PhysicalExprRef)>,
+    filter: &Option<PairFilter>,
+) -> std::result::Result<(PhysicalExprRef, PhysicalExprRef), String> {
+    if filter.is_some() {
+        return Err("a residual filter (its columns are read on the host)".into());
+    }
+    match (on, in_keys) {
+        ([(p, b)], None) | ([], Some((p, b))) => Ok((p.clone(), b.clone())),
+        _ => Err(format!("{} correlation keys beside the IN key", on.len())),
+    }
 }
 
 impl MarkJoinExec {
@@ -189,7 +217,26 @@ impl MarkJoinExec {
             broadcast_build: false,
             dynamic_filter: None,
             fetch: None,
+            scan_note: None,
         })
+    }
+
+    /// The key pair (probe, build) a device scan of the subquery side would
+    /// read, or why there is none ([`single_build_key`]; not on a cluster,
+    /// whose tasks see one partition each).
+    pub fn device_scan_keys(&self) -> std::result::Result<(PhysicalExprRef, PhysicalExprRef), String> {
+        if self.broadcast_build {
+            return Err("inputs in one partition (a cluster)".into());
+        }
+        single_build_key(&self.on, &self.in_keys, &self.filter)
+    }
+
+    /// This node over another subquery side (its device scan), with the note
+    /// EXPLAIN shows when the device does not read it.
+    pub fn with_build_scan(&self, build: Arc<dyn ExecutionPlan>, note: Option<String>) -> Result<Self> {
+        let mut exec = self.rebuilt(self.probe.clone(), build)?;
+        exec.scan_note = note;
+        Ok(exec)
     }
 
     /// The dynamic filter this node can publish: the build (subquery) side
@@ -224,6 +271,7 @@ impl MarkJoinExec {
         exec.output = self.output;
         exec.dynamic_filter = self.dynamic_filter.clone();
         exec.fetch = self.fetch;
+        exec.scan_note = self.scan_note.clone();
         Ok(exec)
     }
 
@@ -319,6 +367,9 @@ impl DisplayAs for MarkJoinExec {
             }
         }
         write!(f, ", {}", self.decision)?;
+        if let Some(note) = &self.scan_note {
+            write!(f, ", device_scan=\"{note}\"")?;
+        }
         if self.broadcast_build {
             write!(f, ", inputs=single partition")?;
         }
@@ -438,6 +489,7 @@ impl ExecutionPlan for MarkJoinExec {
             elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
             dynamic_filter: self.dynamic_filter.clone(),
+            scan_fell_back: None,
         };
         let (fetch, output, schema) = (self.fetch, self.output, self.schema.clone());
         let broadcast = self.broadcast_build;
@@ -531,6 +583,8 @@ struct Run {
     ran: Arc<Mutex<Option<String>>>,
     /// The dynamic filter published into the build input before it is read.
     dynamic_filter: Option<DynamicKeyFilter>,
+    /// Why the device could not read the device-scanned subquery side after all.
+    scan_fell_back: Option<String>,
 }
 
 /// Per probe row: a row of the group has its key / the group is not empty /
@@ -555,25 +609,53 @@ impl Run {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
         let memory = reservation(&context, "MarkJoinExec");
-        let sides = [&self.probe, &self.build];
+        let (probe_plan, build_plan) = (self.probe.clone(), self.build.clone());
+        let sides = [&probe_plan, &build_plan];
         let ranges = [
             probe_partition.map_or(0..self.probe.output_partitioning().partition_count(), |p| p..p + 1),
             0..self.build.output_partitioning().partition_count(),
         ];
-        let [probe_parts, build_parts] = dynamic_filter::collect_both(
-            self.dynamic_filter.as_ref(),
-            sides,
-            context.session_config().options(),
-            |i| collect_partitions_reserved(sides[i].clone(), ranges[i].clone(), inputs.clone(), &memory),
-        )
-        .await?;
+        let (probe_parts, build_parts, facts) = if probe_partition.is_none() && self.scanned_build().is_some() {
+            // The subquery side is read by the device: only the probe side is collected.
+            let probe_parts =
+                collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?;
+            self.memory = Some(memory.clone());
+            self.metrics.note_memory(&memory);
+            let at = cfg.clone();
+            let (run, probe_parts, facts) = super::off_runtime(move || {
+                let facts = self.facts_scanned(&at, &probe_parts)?;
+                Ok((self, probe_parts, facts))
+            })
+            .await?;
+            self = run;
+            match facts {
+                Ok(facts) => (probe_parts, Vec::new(), Some(facts)),
+                Err(reason) => {
+                    // The host reads it after all (the scan node runs DataFusion's scan).
+                    self.scan_fell_back = Some(reason);
+                    let build_parts =
+                        collect_partitions_reserved(build_plan.clone(), ranges[1].clone(), inputs.clone(), &memory)
+                            .await?;
+                    (probe_parts, build_parts, None)
+                }
+            }
+        } else {
+            let [probe_parts, build_parts] = dynamic_filter::collect_both(
+                self.dynamic_filter.as_ref(),
+                sides,
+                context.session_config().options(),
+                |i| collect_partitions_reserved(sides[i].clone(), ranges[i].clone(), inputs.clone(), &memory),
+            )
+            .await?;
+            (probe_parts, build_parts, None)
+        };
         crate::util::trace("mark join: inputs collected");
         self.memory = Some(memory.clone());
         self.metrics.note_memory(&memory);
         super::off_runtime(move || {
             let (elapsed_compute, metrics) = (self.elapsed_compute.clone(), self.metrics.clone());
             let _timer = elapsed_compute.timer();
-            let out = self.mark_and_output(&cfg, probe_parts, build_parts)?;
+            let out = self.mark_and_output(&cfg, probe_parts, build_parts, facts)?;
             // Each partition's probe batches and marks are reserved on their own until
             // the stream returns them; then the inputs' reservation is released.
             let parts = out
@@ -599,25 +681,39 @@ impl Run {
         .await
     }
 
-    /// Each probe batch with its marks, over the collected inputs (synchronous: see [`super::off_runtime`]).
+    /// Each probe batch with its marks, over the collected inputs, or with
+    /// `facts` already computed (the subquery side read by the device)
+    /// (synchronous: see [`super::off_runtime`]).
     fn mark_and_output(
         self,
         cfg: &SetfusionConfig,
         probe_parts: Vec<Vec<RecordBatch>>,
         build_parts: Vec<Vec<RecordBatch>>,
+        facts: Option<GroupFacts>,
     ) -> Result<Vec<Vec<Marked>>> {
-        let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
-        let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
-        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
-        let nb: usize = build.iter().map(|b| b.num_rows()).sum();
-        self.metrics.device.input_rows.add(n + nb);
-        let facts = if n == 0 {
-            let none = BooleanBuffer::new_unset(0);
-            GroupFacts { matched: none.clone(), nonempty: none, has_null: None, probe_null: None }
-        } else if self.filter.is_some() {
-            self.facts_filtered(cfg, &probe, &build)?
-        } else {
-            self.facts_keyed(cfg, &probe, &build, n, nb)?
+        let facts = match facts {
+            Some(facts) => facts,
+            None => {
+                let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
+                let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
+                let n: usize = probe.iter().map(|b| b.num_rows()).sum();
+                let nb: usize = build.iter().map(|b| b.num_rows()).sum();
+                self.metrics.device.input_rows.add(n + nb);
+                let facts = if n == 0 {
+                    let none = BooleanBuffer::new_unset(0);
+                    GroupFacts { matched: none.clone(), nonempty: none, has_null: None, probe_null: None }
+                } else if self.filter.is_some() {
+                    self.facts_filtered(cfg, &probe, &build)?
+                } else {
+                    self.facts_keyed(cfg, &probe, &build, n, nb)?
+                };
+                if let Some(reason) = &self.scan_fell_back {
+                    if let Some(r) = self.ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                        r.push_str(&format!(", device scan fell back to the host: {reason}"));
+                    }
+                }
+                facts
+            }
         };
         crate::util::trace("mark join: group facts computed");
         let mark = match self.kind {
@@ -672,6 +768,59 @@ impl Run {
         let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
         Ok(sel)
+    }
+
+    /// The subquery side's device scan and the probe key it is selected
+    /// against, where the device reads it ([`single_build_key`]).
+    fn scanned_build(&self) -> Option<(&DeviceScanExec, PhysicalExprRef)> {
+        let scan = self.build.downcast_ref::<DeviceScanExec>()?;
+        let (probe_key, _) = single_build_key(&self.on, &self.in_keys, &self.filter).ok()?;
+        (self.backend == Backend::Gpu).then_some((scan, probe_key))
+    }
+
+    /// The group facts with the subquery side's keys read by the device: one
+    /// semi selection of the probe keys against them (EXISTS: the group is
+    /// not empty; IN: the key is matched), the subquery's row and NULL key
+    /// counts from its scan (IN: the group is every row). `Ok(Err(why))`:
+    /// the host must read the subquery side.
+    fn facts_scanned(
+        &self,
+        cfg: &SetfusionConfig,
+        probe_parts: &[Vec<RecordBatch>],
+    ) -> Result<std::result::Result<GroupFacts, String>> {
+        let Some((scan, probe_key)) = self.scanned_build() else { return Ok(Err("no device scan".into())) };
+        let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
+        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
+        let key_type = keys::key_type(&probe_key.data_type(&self.probe.schema())?);
+        let mut selector =
+            Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend, self.metrics.clone(), Default::default());
+        selector.reservation = self.memory.clone();
+        let host = super::device_select::Side::Host(probe.clone(), probe_key.clone());
+        let device = super::device_select::Side::Device(scan);
+        let selected = match super::device_select::select_device_scanned(&selector, cfg, host, device, &key_type, None) {
+            Ok(Ok(s)) => s,
+            Ok(Err(why)) => return Ok(Err(why)),
+            Err(e) => return Ok(Err(crate::util::one_line(&e))),
+        };
+        for (_, report) in &selected.reports {
+            let cache = report.cache.map(|c| format!(", {c}")).unwrap_or_default();
+            scan.set_ran(format!("{} rows, {:.1} MB of pages{cache}", report.rows, report.bytes_read as f64 / 1e6));
+        }
+        *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("key: {}", selected.ran));
+        let sel = selected.selection;
+        if self.in_keys.is_none() {
+            // EXISTS on one correlation key: a row of the group exists.
+            return Ok(Ok(GroupFacts { matched: sel.clone(), nonempty: sel, has_null: None, probe_null: None }));
+        }
+        // Uncorrelated IN: every probe row's group is the whole subquery.
+        let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
+        let probe_key_cols = key_columns(&probe, std::slice::from_ref(&probe_key))?;
+        Ok(Ok(GroupFacts {
+            matched: if selected.build_rows == 0 { constant(false) } else { sel },
+            nonempty: constant(selected.build_rows > 0),
+            has_null: (selected.build_nulls > 0).then(|| constant(true)),
+            probe_null: null_bits(probe_key_cols.iter().map(|k| &k[0]), n),
+        }))
     }
 
     /// The group facts from key selections alone (no residual filter).

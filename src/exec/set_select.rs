@@ -751,7 +751,7 @@ impl Run {
             &key_type,
             needed.as_deref(),
         );
-        let super::device_select::DeviceSelected { selection, ran, reports, payload } = match outcome {
+        let super::device_select::DeviceSelected { selection, ran, reports, payload, .. } = match outcome {
             Ok(Ok(r)) => r,
             // Device trouble or files the device does not decode: the host reads those inputs.
             Ok(Err(reason)) => return Ok(DeviceOutcome::Fallback { reason, probe_parts, build_parts }),

@@ -10,6 +10,11 @@
 //! with DataFusion's scan gets its reason in the operator's EXPLAIN line
 //! (`device_scan="..."`); inputs that are not Parquet scans, operators on the
 //! CPU backend and `setfusion.device_scan = false` leave the plan as it was.
+//!
+//! A `MarkJoinExec` on the GPU backend whose marks come from one key
+//! selection (a correlated EXISTS on one key, an uncorrelated IN; no residual
+//! filter) gets its subquery side read by the device the same way, keys only;
+//! its probe side's rows are output with their marks and stay with the host.
 
 use std::sync::Arc;
 
@@ -23,6 +28,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::config::SetfusionConfig;
 use crate::exec::device_scan::DeviceScanExec;
+use crate::exec::mark_join::MarkJoinExec;
 use crate::exec::set_select::SetSelectExec;
 
 #[derive(Debug, Default)]
@@ -42,7 +48,47 @@ pub(crate) fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
 }
 
 impl DeviceScanRule {
+    /// A mark join's subquery side read by the device, or the reason in its EXPLAIN line.
+    fn rewrite_mark_join(
+        plan: &Arc<dyn ExecutionPlan>,
+        node: &MarkJoinExec,
+        cfg: &SetfusionConfig,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let children = plan.children();
+        let (Some(&probe), Some(&build)) = (children.first(), children.get(1)) else { return Ok(None) };
+        if !cfg.device_scan || !node.decision().on_gpu() || !reads_parquet(build) {
+            return Ok(None);
+        }
+        if build.downcast_ref::<DeviceScanExec>().is_some() {
+            return Ok(None);
+        }
+        let scan = match node.device_scan_keys() {
+            Err(why) => Err(why),
+            Ok((probe_key, build_key)) => {
+                let key_type = crate::keys::key_type(&probe_key.data_type(&probe.schema())?);
+                if crate::scan::is_byte_type(&key_type) {
+                    Err("string keys: the device reads both sides or neither, and the probe side's rows are output \
+                         with their marks"
+                        .to_string())
+                } else {
+                    DeviceScanExec::try_from_input(build, &build_key, &key_type, None)
+                }
+            }
+        };
+        let rebuilt = match scan {
+            Ok(scan) => node.with_build_scan(Arc::new(scan), None)?,
+            Err(why) => node.with_build_scan(build.clone(), Some(format!("build: {why}")))?,
+        };
+        Ok(Some(Arc::new(rebuilt)))
+    }
+
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if let Some(mark) = plan.downcast_ref::<MarkJoinExec>() {
+            return Ok(match Self::rewrite_mark_join(&plan, mark, cfg)? {
+                Some(p) => Transformed::yes(p),
+                None => Transformed::no(plan),
+            });
+        }
         let Some(node) = plan.downcast_ref::<SetSelectExec>() else { return Ok(Transformed::no(plan)) };
         // Only the GPU backend reads keys on the device; a disabled scan leaves the plan (and EXPLAIN) as it was.
         if !cfg.device_scan || !node.decision().on_gpu() {

@@ -211,6 +211,25 @@ const BOOLEAN_FILTERED: &str = "SELECT count(*) FROM a WHERE f AND k IN (SELECT 
 /// A filtered probe side whose (non-NULL) column is output.
 const FILTERED_OUTPUT: &str = "SELECT sum(p), count(*) FROM a WHERE p > 10 AND k IN (SELECT k FROM b)";
 
+/// Marks (IN / EXISTS under OR, in a SELECT list): DataFusion answers some of
+/// these wrongly, so they are compared with setfusion's host scan. The
+/// subquery side is read by the device where one key decides the marks.
+const MARK_QUERIES: &[&str] = &[
+    MARK_NOT_IN,
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_no_nulls) OR p < 100",
+    "SELECT count(*) FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k) OR p > 9000",
+    "SELECT count(*) FROM a WHERE NOT EXISTS (SELECT 1 FROM b_zstd WHERE b_zstd.k32 = a.k32) OR p < 10",
+    "SELECT k, p, k IN (SELECT k FROM b WHERE p > 100) AS m FROM a",
+    // Only NULL keys in the subquery, and an empty subquery.
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE k IS NULL) OR p = 1",
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE p < 0) OR p = 3",
+    // A string key: the host reads the subquery side (EXPLAIN says why).
+    "SELECT count(*) FROM a WHERE s NOT IN (SELECT s FROM b) OR p > 5000",
+];
+
+/// NOT IN under OR: an uncorrelated IN mark, NULL keys on both sides.
+const MARK_NOT_IN: &str = "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
+
 const ALL_QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a INTERSECT ALL SELECT k FROM b)",
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b)",
@@ -237,7 +256,7 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(rows(&host, sql).await, want, "host scan: {sql}");
             assert_eq!(rows(&device, sql).await, want, "device scan: {sql}");
         }
-        for sql in ALL_QUERIES {
+        for sql in ALL_QUERIES.iter().chain(MARK_QUERIES) {
             let want = rows(&host, sql).await;
             assert_eq!(rows(&device, sql).await, want, "device scan: {sql}");
         }
@@ -327,6 +346,13 @@ fn device_scan_answers_equal_host_scan() {
             let plan = explain(&device, values, false).await;
             assert!(!plan.contains("DeviceScanExec"), "{plan}");
             assert!(plan.contains("string keys: the device reads both sides or neither"), "{plan}");
+            // A mark join's subquery side is read by the device (keys only, the marks' NULLs exact).
+            let plan = explain(&device, MARK_NOT_IN, false).await;
+            assert!(plan.contains("MarkJoinExec") && plan.matches("DeviceScanExec").count() == 1, "{plan}");
+            let analyzed = explain(&uncached, MARK_NOT_IN, true).await;
+            assert!(analyzed.contains("device scan build:") && !analyzed.contains("fell back"), "{analyzed}");
+            let plan = explain(&device, MARK_QUERIES[7], false).await;
+            assert!(plan.contains("device_scan=\"build: string keys"), "{plan}");
             // An output column that may hold NULLs under a filter: the host reads that input.
             let analyzed = explain(&device, "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", true).await;
             assert!(analyzed.contains("fell back to the host: probe side: output column k32"), "{analyzed}");
