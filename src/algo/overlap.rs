@@ -108,7 +108,12 @@ const PS_PER_BITMAP_ELEMENT: f64 = 1_500.0;
 /// inverted lists' time includes indexing the right family on the host
 /// unless `indexed`.
 pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) -> (f64, f64) {
-    let word_pairs = space.pair_count(rows.clone()) as f64 * universe(space).div_ceil(32) as f64;
+    estimate_seconds_over(space, rows, indexed, space.domain())
+}
+
+/// [`estimate_seconds`] with the ids' domain already known.
+fn estimate_seconds_over(space: &PairSpace, rows: Range<usize>, indexed: bool, domain: usize) -> (f64, f64) {
+    let word_pairs = space.pair_count(rows.clone()) as f64 * domain.div_ceil(32) as f64;
     let elements = space.right.elements.len() as f64;
     let index = if indexed { 0.0 } else { elements * PS_PER_INDEXED_ELEMENT };
     let inverted = estimate_increments(space, rows) as f64 * PS_PER_INCREMENT + index;
@@ -118,18 +123,17 @@ pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) ->
 
 /// The method with the least estimated time ([`estimate_seconds`]).
 pub fn choose(space: &PairSpace, rows: Range<usize>, indexed: bool) -> OverlapMethod {
-    let (inverted, bitmaps) = estimate_seconds(space, rows, indexed);
+    choose_over(space, rows, indexed, space.domain())
+}
+
+/// [`choose`] with the ids' domain already known.
+fn choose_over(space: &PairSpace, rows: Range<usize>, indexed: bool, domain: usize) -> OverlapMethod {
+    let (inverted, bitmaps) = estimate_seconds_over(space, rows, indexed, domain);
     if bitmaps < inverted {
         OverlapMethod::Bitmaps
     } else {
         OverlapMethod::InvertedLists
     }
-}
-
-/// Element ids lie below this (a scan of both families' elements: 10^9
-/// take ~0.65 s a family, so callers compute it once).
-fn universe(space: &PairSpace) -> usize {
-    space.left.domain().max(space.right.domain())
 }
 
 /// CPU twin of [`counts_gpu`]: the counts of the pairs of left sets `rows`, a
@@ -176,13 +180,16 @@ pub fn counts_gpu(
     method: Option<OverlapMethod>,
     ts: &mut TransferStats,
 ) -> Result<(Vec<u32>, OverlapMethod)> {
-    let method = method.unwrap_or_else(|| choose(space, rows.clone(), inv.get().is_some()));
+    // The ids' domain (a scan of every element) at most once, for the choice, the lists and the bitmaps.
+    let domain = std::cell::OnceCell::new();
+    let domain = || *domain.get_or_init(|| space.domain());
+    let method = method.unwrap_or_else(|| choose_over(space, rows.clone(), inv.get().is_some(), domain()));
     let counts = match method {
         OverlapMethod::InvertedLists => {
-            let inv = inv.get_or_init(|| InvertedLists::of_space(space));
+            let inv = inv.get_or_init(|| InvertedLists::of(space.right, domain()));
             families::pair_counts_gpu(gpu, space, inv, rows, ts)?
         }
-        OverlapMethod::Bitmaps => bitmap_counts_gpu(gpu, space, rows, ts)?,
+        OverlapMethod::Bitmaps => bitmap_counts_gpu(gpu, space, rows, domain(), ts)?,
     };
     Ok((counts, method))
 }
@@ -196,7 +203,14 @@ const KWORDS: usize = 32;
 /// [`counts_gpu`] by bitmaps: the universe in chunks of `words` 32-bit words
 /// a set, as many as the budget holds for the left rows' and the right
 /// sets' bitmaps (one set of bitmaps in the self form over every row).
-fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut TransferStats) -> Result<Vec<u32>> {
+/// `ids`: every element id lies below it ([`PairSpace::domain`]).
+fn bitmap_counts_gpu(
+    gpu: &Gpu,
+    space: &PairSpace,
+    rows: Range<usize>,
+    ids: usize,
+    ts: &mut TransferStats,
+) -> Result<Vec<u32>> {
     let (nl, k) = (rows.len(), space.right.len());
     if nl == 0 || k == 0 {
         return Ok(vec![0u32; nl * k]);
@@ -223,8 +237,6 @@ fn bitmap_counts_gpu(gpu: &Gpu, space: &PairSpace, rows: Range<usize>, ts: &mut 
     let right = if self_form { None } else { Some(upload(space.right, ts)?) };
     let counts = gpu.alloc_zeros::<u32>(nl * k)?;
     let rows_of_bitmaps = if shared { k } else { nl + k };
-    // The largest element of both families (a scan of every element: once, not per chunk).
-    let ids = universe(space);
     let total_words = ids.div_ceil(32).max(1);
     let words = (gpu.budget().available() / 2 / (rows_of_bitmaps * 4)).min(total_words.next_multiple_of(KWORDS));
     if words < KWORDS {

@@ -71,6 +71,21 @@ pub fn decide(
     key_types: &[DataType],
     threads: usize,
 ) -> Decision {
+    decide_reading(cfg, op, a, b, key_types, threads, false)
+}
+
+/// [`decide`], where `device_read` says the device scan will read both
+/// inputs (their keys, and the kept side's output columns): string keys then
+/// cost no host encoding and no host output filter.
+pub fn decide_reading(
+    cfg: &SetfusionConfig,
+    op: SetOp,
+    a: &Arc<dyn ExecutionPlan>,
+    b: &Arc<dyn ExecutionPlan>,
+    key_types: &[DataType],
+    threads: usize,
+    device_read: bool,
+) -> Decision {
     if let Some(reason) = forced_cpu(cfg, key_types) {
         return Decision::cpu(reason);
     }
@@ -97,11 +112,6 @@ pub fn decide(
     }
     // Costed as encoded: a dictionary as its values (string dictionaries as views).
     let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
-    // One string key over two Parquet inputs: the device scan may read both (it decides, and says why not).
-    let device_read = cfg.device_scan
-        && matches!(encoded.as_slice(), [t] if crate::scan::is_byte_type(t))
-        && super::device_scan::reads_parquet(a)
-        && super::device_scan::reads_parquet(b);
     let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read };
     let calibration = cost::Calibration::current();
     let Some(readiness) = started else {

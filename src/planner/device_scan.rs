@@ -35,7 +35,7 @@ use crate::exec::set_select::SetSelectExec;
 pub struct DeviceScanRule;
 
 /// Does the subtree read Parquet files?
-pub(crate) fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
+fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut found = false;
     let _ = plan.apply(|p| {
         if p.downcast_ref::<DataSourceExec>().and_then(|d| d.downcast_to_file_source::<ParquetSource>()).is_some() {

@@ -100,7 +100,18 @@ impl SemiJoinRule {
             j.on.into_iter().map(|(l, r)| if keep_left { (l, r) } else { (r, l) }).unzip();
         let schema = keep.schema();
         let types: Vec<_> = keep_keys.iter().map(|k| k.data_type(&schema)).collect::<Result<_>>()?;
-        let decision = super::decision::decide(cfg, op, &keep, &other, &types, threads);
+        // One string key: will the device scan read both inputs (the kept side's
+        // output columns too)? The same test the device scan rule makes.
+        let device_read = cfg.device_scan
+            && matches!(types.as_slice(), [t] if crate::scan::is_byte_type(&crate::keys::key_type(t)))
+            && {
+                use crate::exec::device_scan::DeviceScanExec;
+                let key_type = crate::keys::key_type(&types[0]);
+                let output: Vec<usize> = j.projection.clone().unwrap_or_else(|| (0..schema.fields().len()).collect());
+                DeviceScanExec::try_from_input(&keep, &keep_keys[0], &key_type, Some(&output)).is_ok()
+                    && DeviceScanExec::try_from_input(&other, &other_keys[0], &key_type, None).is_ok()
+            };
+        let decision = super::decision::decide_reading(cfg, op, &keep, &other, &types, threads, device_read);
         if !decision.on_gpu() && cfg.strategy != Strategy::Cpu {
             // DataFusion's join is right and, by the decision, not slower: keep it, saying why.
             crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join: {}", j.join_type, decision.reason));
