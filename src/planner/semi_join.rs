@@ -8,9 +8,10 @@
 //! is kept (it is the better CPU implementation), unless `setfusion.strategy =
 //! cpu` asks for setfusion's CPU backend explicitly (tests, benchmarks).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::Transformed;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinType, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -75,6 +76,7 @@ impl SemiJoinRule {
         plan: Arc<dyn ExecutionPlan>,
         cfg: &SetfusionConfig,
         threads: usize,
+        used: &ColumnsUsed,
     ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         if let Some(d) = plan.downcast_ref::<SetfusionDeclinedExec>() {
             // Planned twice (a subtree DataFusion planned for a set operation is
@@ -107,9 +109,18 @@ impl SemiJoinRule {
             && {
                 use crate::exec::device_scan::DeviceScanExec;
                 let key_type = crate::keys::key_type(&types[0]);
-                let output: Vec<usize> = j.projection.clone().unwrap_or_else(|| (0..schema.fields().len()).collect());
-                DeviceScanExec::try_from_input(&keep, &keep_keys[0], &key_type, Some(&output)).is_ok()
-                    && DeviceScanExec::try_from_input(&other, &other_keys[0], &key_type, None).is_ok()
+                // The join's own projection, else the columns the projection above it reads, else all.
+                let output: Vec<usize> = j
+                    .projection
+                    .clone()
+                    .or_else(|| used.get(&node_address(&plan)).cloned())
+                    .unwrap_or_else(|| (0..schema.fields().len()).collect());
+                let kept = DeviceScanExec::try_from_input(&keep, &keep_keys[0], &key_type, Some(&output));
+                let other = DeviceScanExec::try_from_input(&other, &other_keys[0], &key_type, None);
+                if let Err(why) = kept.as_ref().and(other.as_ref()) {
+                    crate::util::trace(&format!("string keys stay with the host: {why}"));
+                }
+                kept.is_ok() && other.is_ok()
             };
         let decision = super::decision::decide_reading(cfg, op, &keep, &other, &types, threads, device_read);
         if !decision.on_gpu() && cfg.strategy != Strategy::Cpu {
@@ -197,11 +208,46 @@ impl SemiJoinRule {
     }
 }
 
+/// The output columns of a join that the projection right above it reads, by the join node's address.
+type ColumnsUsed = HashMap<usize, Vec<usize>>;
+
+fn node_address(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    Arc::as_ptr(plan) as *const () as usize
+}
+
+/// For each hash join under a projection (before DataFusion embeds the
+/// projection in the join): the join's output columns the projection reads.
+/// A string key that is not output can then be read by the device scan.
+fn columns_used_above_joins(plan: &Arc<dyn ExecutionPlan>) -> ColumnsUsed {
+    use datafusion::physical_expr::expressions::Column;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    let mut used = ColumnsUsed::new();
+    let _ = plan.apply(|node| {
+        if let Some(p) = node.downcast_ref::<ProjectionExec>() {
+            if p.input().downcast_ref::<HashJoinExec>().is_some() {
+                let mut columns = std::collections::BTreeSet::new();
+                for e in p.expr() {
+                    let _ = e.expr.apply(|x| {
+                        if let Some(c) = x.downcast_ref::<Column>() {
+                            columns.insert(c.index());
+                        }
+                        Ok(TreeNodeRecursion::Continue)
+                    });
+                }
+                used.insert(node_address(p.input()), columns.into_iter().collect());
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    used
+}
+
 impl PhysicalOptimizerRule for SemiJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         crate::util::trace("physical rule setfusion_semi_join");
         let threads = config.execution.target_partitions;
-        super::rewrite_when_enabled(plan, config, |p, cfg| Self::rewrite(p, cfg, threads))
+        let used = columns_used_above_joins(&plan);
+        super::rewrite_when_enabled(plan, config, |p, cfg| Self::rewrite(p, cfg, threads, &used))
     }
     fn name(&self) -> &str {
         "setfusion_semi_join"
