@@ -6,6 +6,12 @@
 //! non-NULL keys compacted on the device form the keyed core, NULL rows are
 //! decided around it), and the keyed core runs on the resident keys
 //! ([`crate::algo::select::select_resident`]).
+//!
+//! String keys are hashes: the device reads both sides or neither, and
+//! [`prove_string_keys`] proves over both sides' decoded bytes that equal
+//! hashes mean equal strings before the selection trusts them. A mark join
+//! uses the same selection with its probe side on the host
+//! (`MarkJoinExec`'s subquery side read by the device).
 
 use std::sync::Arc;
 

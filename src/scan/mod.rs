@@ -2,7 +2,9 @@
 //! Parquet files read on the host as raw column chunks, uploaded, and
 //! decompressed (SNAPPY) and decoded (PLAIN, dictionary and
 //! DELTA_BINARY_PACKED pages, v1 and v2, NULLs; BOOLEAN pages PLAIN or RLE)
-//! on the device straight into the selection's 64-bit keys (booleans as 0 / 1).
+//! on the device straight into the selection's 64-bit keys (booleans as 0 / 1;
+//! BYTE_ARRAY strings and binary as the hash of their bytes, each row's span
+//! kept beside it for the exact proof: [`DeviceStrings`]).
 //!
 //! The chunks are read on host threads in parts of whole column chunks (64
 //! MiB or more), each uploaded while the next parts are read and decoded on
