@@ -826,7 +826,7 @@ extern "C" __global__ void pq_decode(const u8* body, const PqPage* pages, u64 np
             if (threadIdx.x == 0) {
                 u32* ix = idx + p.idx_off;
                 u64 pos = vals, k = 0;
-                for (; k < nonnull && pos <= len; ++k) {
+                for (; k < nonnull; ++k) {
                     if (len - pos < 4) break;
                     const u64 l = pq_le32(b + pos);
                     if (l > len - pos - 4) break;

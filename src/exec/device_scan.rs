@@ -421,7 +421,9 @@ impl DeviceScanExec {
         &self.input
     }
     /// Record what the device scan did (shown by EXPLAIN ANALYZE).
-    pub fn set_ran(&self, what: String) {
+    pub fn set_ran(&self, report: &crate::scan::ScanReport) {
+        let cache = report.cache.map(|c| format!(", {c}")).unwrap_or_default();
+        let what = format!("{} rows, {:.1} MB of pages{cache}", report.rows, report.bytes_read as f64 / 1e6);
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(what);
     }
 }

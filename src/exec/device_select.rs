@@ -543,6 +543,11 @@ pub(crate) fn select_device_scanned(
     key_type: &DataType,
     payload: Option<&[usize]>,
 ) -> Result<std::result::Result<DeviceSelected, String>> {
+    if crate::scan::is_byte_type(key_type) && (matches!(probe, Side::Host(..)) || matches!(build, Side::Host(..))) {
+        return Ok(Err("string keys: the device reads both sides or neither (their hashes are proved against \
+                       the bytes there)"
+            .into()));
+    }
     // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL]),
     // probe row groups outside the build side's key range (from its files'
     // statistics) are not read, as DataFusion's dynamic filter would prune
@@ -550,11 +555,6 @@ pub(crate) fn select_device_scanned(
     // The probe side's output columns are read with the same `Keep`, pruned
     // by the key's statistics, so the payload of row groups no row of which
     // can be kept is never read.
-    if crate::scan::is_byte_type(key_type) && (matches!(probe, Side::Host(..)) || matches!(build, Side::Host(..))) {
-        return Ok(Err("string keys: the device reads both sides or neither (their hashes are proved against \
-                       the bytes there)"
-            .into()));
-    }
     let probe_keep = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
             if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>

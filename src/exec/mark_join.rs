@@ -619,8 +619,8 @@ impl Run {
             // The subquery side is read by the device: only the probe side is collected.
             let probe_parts =
                 collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?;
+            // (Its peak is noted below, with whatever the host reads after a fallback.)
             self.memory = Some(memory.clone());
-            self.metrics.note_memory(&memory);
             let at = cfg.clone();
             let (run, probe_parts, facts) = super::off_runtime(move || {
                 let facts = self.facts_scanned(&at, &probe_parts)?;
@@ -802,9 +802,8 @@ impl Run {
             Ok(Err(why)) => return Ok(Err(why)),
             Err(e) => return Ok(Err(crate::util::one_line(&e))),
         };
-        for (_, report) in &selected.reports {
-            let cache = report.cache.map(|c| format!(", {c}")).unwrap_or_default();
-            scan.set_ran(format!("{} rows, {:.1} MB of pages{cache}", report.rows, report.bytes_read as f64 / 1e6));
+        if let Some((_, report)) = selected.reports.iter().find(|(which, _)| which == "build") {
+            scan.set_ran(report);
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("key: {}", selected.ran));
         let sel = selected.selection;

@@ -763,8 +763,7 @@ impl Run {
         for (which, report) in &reports {
             let plan = if which == "probe" { &self.probe } else { &self.build };
             if let Some(scan) = plan.downcast_ref::<DeviceScanExec>() {
-                let cache = report.cache.map(|c| format!(", {c}")).unwrap_or_default();
-                scan.set_ran(format!("{} rows, {:.1} MB of pages{cache}", report.rows, report.bytes_read as f64 / 1e6));
+                scan.set_ran(report);
             }
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
