@@ -438,7 +438,8 @@ mod families {
                     let ctx = ctx.clone();
                     async move { super::sorted_rows(&ctx.sql(&sql).await.unwrap().collect().await.unwrap()) }
                 };
-                let counts = rows(format!("SELECT left_id, right_id, overlap FROM intersect_families({args}, 'counts')")).await;
+                let counts =
+                    rows(format!("SELECT left_id, right_id, overlap FROM intersect_families({args}, 'counts')")).await;
                 let pairs = rows(format!(
                     "SELECT left_id, right_id, CAST(cardinality(elements) AS BIGINT) FROM intersect_families({args}, 'pairs')"
                 ))

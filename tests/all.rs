@@ -37,5 +37,7 @@ mod plan_citizenship;
 mod slt_suites;
 #[path = "all/ssjoin.rs"]
 mod ssjoin;
+#[path = "all/tools_units.rs"]
+mod tools_units;
 #[path = "all/tpch.rs"]
 mod tpch;

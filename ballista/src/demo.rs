@@ -1,5 +1,5 @@
 //! The loopback cluster's data and queries, shared by
-//! `examples/ballista_cluster.rs`, the cluster test and its timing: small
+//! `setfusion bench cluster`, the cluster test and its timing: small
 //! Parquet tables (several files each, so that scans have several
 //! partitions), with duplicate keys and NULLs, and the queries that put each
 //! distributed setfusion operator to work.

@@ -1279,7 +1279,9 @@ mod tests {
 
     #[test]
     fn parallel_inverted_lists_equal_the_serial_ones() {
-        for (k, max_len, domain, seed) in [(1, 5, 10, 1u64), (50, 500, 2_000, 2), (300, 3_000, 200_000, 3), (40, 0, 10, 4)] {
+        for (k, max_len, domain, seed) in
+            [(1, 5, 10, 1u64), (50, 500, 2_000, 2), (300, 3_000, 200_000, 3), (40, 0, 10, 4)]
+        {
             let (f, _) = tests_data::random(k, 1, max_len, domain, seed);
             let d = f.domain() + 3;
             assert_eq!(InvertedLists::of_parallel(&f, d), InvertedLists::of_serial(&f, d), "k {k} domain {domain}");

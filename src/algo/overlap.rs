@@ -329,7 +329,8 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             for rows in [0..n, n / 3..n] {
                 let want = counts_cpu(&space, inv.get_or_init(|| InvertedLists::of_space(&space)), rows.clone());
                 for method in [OverlapMethod::InvertedLists, OverlapMethod::Bitmaps] {
-                    let (got, _) = counts_gpu(gpu, &space, &inv, rows.clone(), Some(method), &mut TransferStats::default())?;
+                    let (got, _) =
+                        counts_gpu(gpu, &space, &inv, rows.clone(), Some(method), &mut TransferStats::default())?;
                     if got != want {
                         return Err(datafusion::error::DataFusionError::Internal(format!(
                             "overlap counts by {} differ from the CPU twin (k {k}, rows {rows:?}, self {})",
@@ -364,9 +365,14 @@ mod tests {
 
     #[test]
     fn cpu_counts_are_every_pairs_overlap() {
-        for (k, k2, max_len, domain, seed) in
-            [(0, 3, 5, 10, 1u64), (5, 0, 5, 10, 2), (6, 9, 30, 40, 7), (11, 11, 30, 40, 8), (40, 33, 60, 90, 3), (90, 90, 200, 5_000, 4)]
-        {
+        for (k, k2, max_len, domain, seed) in [
+            (0, 3, 5, 10, 1u64),
+            (5, 0, 5, 10, 2),
+            (6, 9, 30, 40, 7),
+            (11, 11, 30, 40, 8),
+            (40, 33, 60, 90, 3),
+            (90, 90, 200, 5_000, 4),
+        ] {
             let (f, g) = families::tests_data::random(k, k2, max_len, domain, seed);
             let from: Vec<u32> = (1..=f.len() as u32).collect();
             for space in [
@@ -376,7 +382,11 @@ mod tests {
                 let inv = InvertedLists::of_space(&space);
                 let n = space.left.len();
                 for rows in [0..n, n / 2..n, 0..0] {
-                    assert_eq!(counts_cpu(&space, &inv, rows.clone()), brute(&space, rows.clone()), "k {k} rows {rows:?}");
+                    assert_eq!(
+                        counts_cpu(&space, &inv, rows.clone()),
+                        brute(&space, rows.clone()),
+                        "k {k} rows {rows:?}"
+                    );
                 }
                 // Up to 64 pairs of sets of up to 1024 elements, every element of every pair is sampled:
                 // the estimate is exact.

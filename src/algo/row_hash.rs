@@ -710,8 +710,10 @@ impl VerifyTable {
         let started = Instant::now();
         let f = gpu.function(&KERNEL, "fill_u64")?;
         // SAFETY: signature matches kernels/row_hash.cu; keys holds cap + 1 entries.
-        unsafe { stream.launch_builder(&f).arg(&keys.slice).arg(&slots).arg(&EMPTY_KEY).launch(launch_cfg(gpu, cap + 1)) }
-            .map_err(|e| cuda_err("row_hash fill", e))?;
+        unsafe {
+            stream.launch_builder(&f).arg(&keys.slice).arg(&slots).arg(&EMPTY_KEY).launch(launch_cfg(gpu, cap + 1))
+        }
+        .map_err(|e| cuda_err("row_hash fill", e))?;
         let f = gpu.function(&KERNEL, "fill_u32")?;
         // SAFETY: as above, for reps.
         unsafe { stream.launch_builder(&f).arg(&reps.slice).arg(&slots).arg(&NO_ROW).launch(launch_cfg(gpu, cap + 1)) }

@@ -403,6 +403,77 @@ pub(crate) struct FilteredRows {
     keep: crate::scan::Keep,
 }
 
+/// Late materialization's grain: the selection marks rows kept in blocks of
+/// this many (whole 32-bit words of a row mask); a data page holds a block or more.
+const LATE_BLOCK: u64 = 4096;
+
+/// Do the kept rows of `selection` lie in more than half of its blocks of
+/// [`LATE_BLOCK`] rows (in its own order)? Then late materialization would
+/// leave little unread, and it is not tried: this look stops as soon as it
+/// knows, so a dense selection costs a fraction of a scan of its bits.
+fn kept_in_most_blocks(selection: &BooleanBuffer) -> bool {
+    let (n, block) = (selection.len(), LATE_BLOCK as usize);
+    let blocks = n.div_ceil(block);
+    let (mut hit, mut missed) = (0usize, 0usize);
+    for b in 0..blocks {
+        if selection.slice(b * block, block.min(n - b * block)).count_set_bits() > 0 {
+            hit += 1;
+        } else {
+            missed += 1;
+        }
+        if hit * 2 > blocks {
+            return true;
+        }
+        if missed * 2 >= blocks {
+            return false;
+        }
+    }
+    false
+}
+
+/// Per block of [`LATE_BLOCK`] rows of the probe side's file rows (those its
+/// `Keep` leaves, as its columns are decoded), whether the selection keeps a
+/// row of it. `selection` is over the side's keys: for a filtered side, the
+/// rows its filter kept with a non-NULL key, then those with a NULL key
+/// (`filtered`), mapped back to file rows here. None: the rows do not add up.
+fn kept_blocks(
+    g: &Gpu,
+    selection: &BooleanBuffer,
+    filtered: Option<&FilteredRows>,
+    stats: &mut TransferStats,
+) -> Result<Option<Vec<bool>>> {
+    let block = LATE_BLOCK as usize;
+    let any = |from: usize, len: usize| len > 0 && selection.slice(from, len).count_set_bits() > 0;
+    let Some(f) = filtered else {
+        let n = selection.len();
+        return Ok(Some((0..n.div_ceil(block)).map(|b| any(b * block, block.min(n - b * block))).collect()));
+    };
+    let words = f.file_rows.div_ceil(32);
+    let valid = g.download(&f.valid, words, stats)?;
+    let null = match &f.null {
+        Some(d) => Some(g.download(d, words, stats)?),
+        None => None,
+    };
+    let count = |w: &[u32]| w.iter().map(|w| w.count_ones() as usize).sum::<usize>();
+    let valid_rows = count(&valid);
+    if valid_rows + null.as_deref().map_or(0, count) != selection.len() {
+        return Ok(None);
+    }
+    // The ranks of a block's kept rows among the valid ones, then among the NULL-keyed ones.
+    let per = block / 32;
+    let (mut rank_valid, mut rank_null) = (0usize, valid_rows);
+    let mut out = Vec::with_capacity(words.div_ceil(per));
+    for b in 0..words.div_ceil(per) {
+        let span = b * per..((b + 1) * per).min(words);
+        let in_valid = count(&valid[span.clone()]);
+        let in_null = null.as_deref().map_or(0, |n| count(&n[span]));
+        out.push(any(rank_valid, in_valid) || any(rank_null, in_null));
+        rank_valid += in_valid;
+        rank_null += in_null;
+    }
+    Ok(Some(out))
+}
+
 /// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`],
 /// in that order) of the rows `selection` keeps, decoded on the device (each
 /// through the column cache) and brought back as Arrow arrays. A column
@@ -413,6 +484,11 @@ pub(crate) struct FilteredRows {
 /// Otherwise the columns are read from the row groups the keys were (`keep`).
 /// `Ok(Err(why))`: the host reads the input. `ready`: columns already
 /// decoded (read with the keys, of every row the keys' scan read).
+///
+/// Late materialization: a column read from the files now (not in the
+/// column cache) reads only the data pages that hold a kept row, where the
+/// kept rows lie in at most half of the blocks of [`LATE_BLOCK`] rows; it
+/// is not cached then. The note says how many pages that left unread.
 #[allow(clippy::too_many_arguments)]
 fn decode_payload(
     g: &Gpu,
@@ -424,7 +500,7 @@ fn decode_payload(
     mut ready: Vec<(String, crate::scan::DeviceDecoded)>,
     cache_limit: usize,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
+) -> Result<std::result::Result<(Vec<ArrayRef>, Option<String>), String>> {
     use datafusion::arrow::array::{Date32Array, Decimal128Array, Int32Array, Int64Array};
     let Some(columns) = scan.payload() else { return Ok(Err("no payload columns".into())) };
     if scan.filter().is_some() && filtered.is_none() {
@@ -433,15 +509,42 @@ fn decode_payload(
     let rows = selection.len();
     // The columns are read from the row groups (and rows) the keys were.
     let keep = filtered.map_or_else(|| keep.clone(), |f| f.keep.clone());
+    // The `Keep` of the kept rows' pages: decided at the first column read from the files.
+    let mut narrowed: Option<Option<crate::scan::Keep>> = None;
+    let (mut late_pages, mut late_unread) = (0usize, 0usize);
     let mut out = Vec::with_capacity(needed.len());
     for &i in needed {
         let Some((name, t)) = columns.get(i) else { return Ok(Err(format!("no output column {i}"))) };
         let d = match ready.iter().position(|(n, _)| n == name) {
             Some(at) => ready.swap_remove(at).1,
-            None => match crate::scan::scan_to_device(g, scan.files(), name, t, &keep, cache_limit, None, stats)? {
-                Ok((d, _)) => d,
-                Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
-            },
+            None => {
+                let whole = cache_limit > 0 && crate::scan::is_cached_within(g, scan.files(), name, t, &keep);
+                if !whole && narrowed.is_none() {
+                    // A selection with kept rows in most of its own blocks is not tried (a filtered
+                    // side's are blocks of the rows its filter kept, whose pages the filter's pruning
+                    // chose), so a dense selection costs no download and a short look.
+                    let blocks =
+                        if kept_in_most_blocks(selection) { None } else { kept_blocks(g, selection, filtered, stats)? };
+                    narrowed = Some(match blocks {
+                        Some(blocks) if blocks.iter().filter(|&&b| b).count() * 2 <= blocks.len() => {
+                            keep.narrowed_to_blocks(scan.files(), LATE_BLOCK, &blocks)?
+                        }
+                        _ => None,
+                    });
+                }
+                let late = narrowed.as_ref().and_then(Option::as_ref).filter(|_| !whole);
+                let (read, limit) = late.map_or((&keep, cache_limit), |k| (k, 0));
+                match crate::scan::scan_to_device(g, scan.files(), name, t, read, limit, None, stats)? {
+                    Ok((d, r)) => {
+                        if late.is_some() {
+                            late_pages += r.pages + r.pages_pruned;
+                            late_unread += r.pages_pruned;
+                        }
+                        d
+                    }
+                    Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
+                }
+            }
         };
         // The column's rows in the selection's order, as segments of device
         // values, each with its part of the selection.
@@ -461,7 +564,10 @@ fn decode_payload(
                     if at + m > rows {
                         return Ok(Err(format!("column {name}: more kept rows than keys")));
                     }
-                    parts.push((crate::scan::DeviceDecoded { keys, valid: None, rows: m, strings: None }, selection.slice(at, m)));
+                    parts.push((
+                        crate::scan::DeviceDecoded { keys, valid: None, rows: m, strings: None },
+                        selection.slice(at, m),
+                    ));
                     at += m;
                 }
                 if at != rows {
@@ -529,7 +635,9 @@ fn decode_payload(
         };
         out.push(array);
     }
-    Ok(Ok(out))
+    let note = (late_pages > 0)
+        .then(|| format!("payload of the kept rows only: {late_unread} of {late_pages} data pages not read"));
+    Ok(Ok((out, note)))
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -683,7 +791,7 @@ pub(crate) fn select_device_scanned(
         Some(s) if payload.is_some() => Some(*s),
         _ => None,
     };
-    let mut with_payload = |selection: BooleanBuffer, ran: String, stats: &mut TransferStats| {
+    let mut with_payload = |selection: BooleanBuffer, mut ran: String, stats: &mut TransferStats| {
         let payload = match (probe_scan, payload) {
             (Some(scan), Some(needed)) => {
                 let ready = std::mem::take(&mut prefetched);
@@ -698,7 +806,12 @@ pub(crate) fn select_device_scanned(
                     cfg.cache_limit.0,
                     stats,
                 )? {
-                    Ok(arrays) => Some(arrays),
+                    Ok((arrays, note)) => {
+                        if let Some(note) = note {
+                            ran = format!("{ran}; {note}");
+                        }
+                        Some(arrays)
+                    }
                     Err(why) => return Ok(Err(format!("probe side: {why}"))),
                 }
             }

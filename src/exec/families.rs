@@ -727,17 +727,15 @@ impl Run {
                 let mut gpu_failed: Option<String> = None;
                 while at < lf.len() {
                     let end = round_end(&space, at);
-                    let (counts, ran) = match (&backend, &gpu_failed) {
-                        (Ok(()), None) => match counts_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts) {
-                            Ok((c, method)) => (c, format!("gpu by {}", method.name())),
-                            Err(e) => {
-                                gpu_failed = Some(e.to_string());
-                                (cpu(at..end), format!("cpu (GPU failed: {e})"))
-                            }
+                    let (counts, ran) = round_on(
+                        &backend,
+                        &mut gpu_failed,
+                        || {
+                            let (c, method) = counts_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts)?;
+                            Ok((c, format!("gpu by {}", method.name())))
                         },
-                        (Ok(()), Some(e)) => (cpu(at..end), format!("cpu (GPU failed: {e})")),
-                        (Err(why), _) => (cpu(at..end), format!("cpu ({why})")),
-                    };
+                        || cpu(at..end),
+                    );
                     *self.ran.lock().unwrap() =
                         Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
                     let batches = self.count_batches(&space, &counts, at..end, &l.ids, right_ids, batch_size)?;
@@ -754,21 +752,12 @@ impl Run {
                 let mut gpu_failed: Option<String> = None;
                 'rounds: while at < lf.len() {
                     let end = round_end(&space, at);
-                    let part = match (&backend, &gpu_failed) {
-                        (Ok(()), None) => match pairs_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts) {
-                            Ok(p) => p,
-                            Err(e) => {
-                                gpu_failed = Some(e.to_string());
-                                families::pairs_cpu_with(&space, &inv, at..end)
-                            }
-                        },
-                        _ => families::pairs_cpu_with(&space, &inv, at..end),
-                    };
-                    let ran = match (&backend, &gpu_failed) {
-                        (Ok(()), None) => "gpu".to_string(),
-                        (Ok(()), Some(e)) => format!("cpu (GPU failed: {e})"),
-                        (Err(why), _) => format!("cpu ({why})"),
-                    };
+                    let (part, ran) = round_on(
+                        &backend,
+                        &mut gpu_failed,
+                        || Ok((pairs_on_gpu(cfg, memory, &space, &inv, at..end, &mut ts)?, "gpu".to_string())),
+                        || families::pairs_cpu_with(&space, &inv, at..end),
+                    );
                     *self.ran.lock().unwrap() =
                         Some(format!("{ran}, {} sets x {} sets, {pairs} pairs", lf.len(), rf.len()));
                     for b in self.pair_batches(&space, &domain, &part, at..end, &l.ids, right_ids, batch_size)? {
@@ -898,6 +887,29 @@ fn round_end(space: &PairSpace, at: usize) -> usize {
         end += 1;
     }
     end
+}
+
+/// One round of a pairs or counts level and what ran it: on the GPU (`gpu`
+/// gives the label) while `backend` allows it and no round has failed there,
+/// else on the CPU. A GPU failure is kept, so the later rounds go to the CPU
+/// at once, and the label says why.
+fn round_on<T, R: std::fmt::Display>(
+    backend: &std::result::Result<(), R>,
+    gpu_failed: &mut Option<String>,
+    gpu: impl FnOnce() -> Result<(T, String)>,
+    cpu: impl FnOnce() -> T,
+) -> (T, String) {
+    if backend.is_ok() && gpu_failed.is_none() {
+        match gpu() {
+            Ok(done) => return done,
+            Err(e) => *gpu_failed = Some(e.to_string()),
+        }
+    }
+    let why = match backend {
+        Err(why) => why.to_string(),
+        Ok(()) => format!("GPU failed: {}", gpu_failed.as_deref().unwrap_or_default()),
+    };
+    (cpu(), format!("cpu ({why})"))
 }
 
 fn counts_on_gpu(

@@ -797,7 +797,8 @@ impl Run {
         selector.reservation = self.memory.clone();
         let host = super::device_select::Side::Host(probe.clone(), probe_key.clone());
         let device = super::device_select::Side::Device(scan);
-        let selected = match super::device_select::select_device_scanned(&selector, cfg, host, device, &key_type, None) {
+        let selected = match super::device_select::select_device_scanned(&selector, cfg, host, device, &key_type, None)
+        {
             Ok(Ok(s)) => s,
             Ok(Err(why)) => return Ok(Err(why)),
             Err(e) => return Ok(Err(crate::util::one_line(&e))),

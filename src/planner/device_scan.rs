@@ -112,7 +112,8 @@ impl DeviceScanRule {
                 // A side whose rows are output (the probe side) has the columns the
                 // operator outputs (its projection's, or all) decoded too.
                 let output: Option<Vec<usize>> = (!node.keys_only(i == 0)).then(|| {
-                    node.projection().map_or_else(|| (0..children[i].schema().fields().len()).collect(), <[usize]>::to_vec)
+                    node.projection()
+                        .map_or_else(|| (0..children[i].schema().fields().len()).collect(), <[usize]>::to_vec)
                 });
                 DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type, output.as_deref())
             };

@@ -11,8 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch,
-    StringArray,
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::error::{DataFusionError, Result};
@@ -333,7 +332,8 @@ pub fn column(c: &Case) -> ArrayRef {
         DataType::Utf8 => Arc::new(StringArray::from(vals.iter().map(|v| v.map(text)).collect::<Vec<_>>())),
         // Binary: the string's bytes with a byte no UTF-8 string holds.
         DataType::Binary => {
-            let bytes: Vec<Option<Vec<u8>>> = vals.iter().map(|v| v.map(|v| [text(v).as_bytes(), &[0xff]].concat())).collect();
+            let bytes: Vec<Option<Vec<u8>>> =
+                vals.iter().map(|v| v.map(|v| [text(v).as_bytes(), &[0xff]].concat())).collect();
             Arc::new(BinaryArray::from(bytes.iter().map(|v| v.as_deref()).collect::<Vec<_>>()))
         }
         other => unreachable!("fixture type {other}"),

@@ -44,7 +44,8 @@ use datafusion::error::Result;
 pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded, DeviceStrings};
 pub use pages::{
-    is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback, Keep, RowSelections, ScanFile,
+    is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback, Keep, RowSelections,
+    ScanFile,
 };
 
 use crate::gpu::{Gpu, TransferStats};
@@ -367,7 +368,12 @@ fn read_column<'a>(
 
 /// Is `column` of `files`, as they are now, in `gpu`'s column cache?
 pub fn is_cached(gpu: &Gpu, files: &[ScanFile], column: &str, arrow: &DataType) -> bool {
-    CacheKey::of(files, column, arrow).is_some_and(|k| ColumnCache::of(gpu).holds(&k))
+    is_cached_within(gpu, files, column, arrow, &Keep::default())
+}
+
+/// Is `column` of `files`, as they are now, read with `keep`, in `gpu`'s column cache?
+pub fn is_cached_within(gpu: &Gpu, files: &[ScanFile], column: &str, arrow: &DataType, keep: &Keep) -> bool {
+    CacheKey::of(files, column, arrow).is_some_and(|k| ColumnCache::of(gpu).holds(&k.within(keep.clone())))
 }
 
 /// Read `column` of `files` (read by DataFusion as `arrow`) onto `gpu` as
@@ -1344,9 +1350,12 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         // Strings in DELTA_BYTE_ARRAY pages (each value a suffix of the one
         // before: a sequential walk per page): planned, refused at the page.
-        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
-            datafusion::arrow::datatypes::Field::new("s", DataType::Utf8, false),
-        ]));
+        let schema =
+            Arc::new(datafusion::arrow::datatypes::Schema::new(vec![datafusion::arrow::datatypes::Field::new(
+                "s",
+                DataType::Utf8,
+                false,
+            )]));
         let strings = datafusion::arrow::array::StringArray::from(vec!["apple", "apricot", "banana"]);
         let batch = datafusion::arrow::array::RecordBatch::try_new(schema.clone(), vec![Arc::new(strings)]).unwrap();
         let props = WriterProperties::builder()
@@ -1502,6 +1511,37 @@ mod tests {
             for r in 1200..1500 {
                 let v = got.valid.as_ref().is_none_or(|v| v[r / 32] >> (r % 32) & 1 == 1);
                 assert_eq!(v.then_some(got.keys[r] as i64), first[r], "{column} row {r}");
+            }
+        }
+        // Late materialization: of the 10,000 rows `whole` leaves (5000 a
+        // file), blocks of 4096 with block 1 kept (rows 4096..8192) read rows
+        // 4096..5000 of file 0 and 0..3192 of file 1, so 40 + 18 pages are
+        // not read and those rows decode as arrow-rs's; within the page
+        // index's selection (`keep`) file 0 keeps no row (one page is read)
+        // and file 1 rows 1200..1500. Every block kept: nothing narrowed.
+        let blocks = [false, true, false];
+        let late = whole.narrowed_to_blocks(&files, 4096, &blocks).unwrap().expect("narrowed");
+        let late_rows = late.rows.clone().unwrap();
+        assert_eq!(
+            (&late_rows.0[0][0], &late_rows.0[1][0]),
+            (&(5000, Some(vec![(4096, 5000)])), &(5000, Some(vec![(0, 3192)])))
+        );
+        assert_eq!(late.row_groups, whole.row_groups);
+        let within = keep.narrowed_to_blocks(&files, 4096, &blocks).unwrap().expect("narrowed");
+        let within_rows = within.rows.unwrap();
+        assert_eq!(
+            (&within_rows.0[0][0], &within_rows.0[1][0]),
+            (&(5000, Some(vec![(0, 1)])), &(5000, Some(vec![(1200, 1500)])))
+        );
+        assert!(whole.narrowed_to_blocks(&files, 4096, &[true; 3]).unwrap().is_none());
+        for column in ["k", "p"] {
+            let plan = pages::plan_scan_within(&files, column, &DataType::Int64, &late).unwrap().unwrap();
+            assert_eq!((plan.rows, plan.pages_pruned), (10_000, 40 + 18), "{column}");
+            let got = scan_to_host_within(&files, column, &DataType::Int64, &late).unwrap().unwrap();
+            let full = scan_to_host_within(&files, column, &DataType::Int64, &whole).unwrap().unwrap();
+            for r in 4096..8192usize {
+                let valid = |d: &Decoded| d.valid.as_ref().is_none_or(|v| v[r / 32] >> (r % 32) & 1 == 1);
+                assert_eq!((got.keys[r], valid(&got)), (full.keys[r], valid(&full)), "{column} row {r}");
             }
         }
         // enable_page_index = false: the row groups alone.

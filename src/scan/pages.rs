@@ -243,6 +243,86 @@ impl Keep {
         let key_range = range.map(|(lo, hi)| KeyRange { column: column.to_string(), lo, hi });
         Keep { key_range, row_groups: None, rows: None }
     }
+
+    /// Late materialization: this `Keep` narrowed to the blocks of rows
+    /// `kept` marks (`block` rows each, over the rows this `Keep` leaves, in
+    /// the scan's order), so a column read with it reads only the data pages
+    /// that hold a row of such a block. The rows stay where they were (a
+    /// column read with either `Keep` has the same rows), but the values of
+    /// rows outside the marked blocks are undefined. None when nothing would
+    /// be left out, or when a footer no longer matches this `Keep`.
+    pub fn narrowed_to_blocks(&self, files: &[ScanFile], block: u64, kept: &[bool]) -> Result<Option<Keep>> {
+        let footers = crate::host::par_map(files, 1, |f| read_footer(&f.path))?;
+        let mut at = 0u64;
+        let mut narrowed = false;
+        let mut selections = Vec::with_capacity(files.len());
+        for (fi, meta) in footers.iter().enumerate() {
+            let schema = meta.file_metadata().schema_descr();
+            let key_ci = self.key_range.as_ref().and_then(|k| column_index(schema, &k.column));
+            let listed = self.row_groups.as_ref().map(|k| k.get(fi).map(Vec::as_slice).unwrap_or_default());
+            if listed.is_some_and(|l| l.len() != meta.row_groups().len()) {
+                return Ok(None);
+            }
+            let mut groups = Vec::with_capacity(meta.row_groups().len());
+            for (rgi, rg) in meta.row_groups().iter().enumerate() {
+                let n = rg.num_rows().max(0) as u64;
+                let read = !listed.is_some_and(|l| !l[rgi])
+                    && !self.key_range.as_ref().is_some_and(|k| !k.may_hold_key(rg, key_ci));
+                if !read || n == 0 {
+                    groups.push((n, None));
+                    continue;
+                }
+                // The marked blocks over this row group's rows [at, at + n), as its own row ranges.
+                let mut ranges: Vec<(u64, u64)> = Vec::new();
+                for b in at / block..(at + n).div_ceil(block) {
+                    if !kept.get(b as usize).copied().unwrap_or(true) {
+                        continue;
+                    }
+                    let (lo, hi) = ((b * block).max(at) - at, ((b + 1) * block).min(at + n) - at);
+                    match ranges.last_mut() {
+                        Some(last) if last.1 == lo => last.1 = hi,
+                        _ => ranges.push((lo, hi)),
+                    }
+                }
+                // Within the page index's selection, where there is one (the rows outside it are never kept).
+                if let Some(before) = self.rows.as_ref().and_then(|r| r.of(fi, rgi)) {
+                    ranges = intersect_ranges(&ranges, before);
+                }
+                // A row group without a kept row still reads one page (every
+                // chunk the decode walks holds a page).
+                if ranges.is_empty() {
+                    ranges.push((0, 1));
+                }
+                let all = ranges == [(0, n)];
+                narrowed |= !all;
+                groups.push((n, (!all).then_some(ranges)));
+                at += n;
+            }
+            selections.push(groups);
+        }
+        Ok(narrowed.then(|| Keep {
+            key_range: self.key_range.clone(),
+            row_groups: self.row_groups.clone(),
+            rows: Some(Arc::new(RowSelections(selections))),
+        }))
+    }
+}
+
+/// The rows in both of two sorted lists of disjoint ranges `[start, end)`.
+fn intersect_ranges(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (lo, hi) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if lo < hi {
+            out.push((lo, hi));
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
 }
 
 /// The row groups of `files` that may hold a row `predicate` (over
@@ -297,12 +377,8 @@ pub fn prune_row_groups(
         by_statistics += groups.len() - after_statistics;
         // The literal columns' bloom filters, for the row groups left (a column
         // without one, or one that fails to read, prunes nothing, as in DataFusion).
-        let columns: Vec<(String, usize)> = literal_columns
-            .iter()
-            .filter_map(|name| {
-                column_index(schema, name).map(|i| (name.clone(), i))
-            })
-            .collect();
+        let columns: Vec<(String, usize)> =
+            literal_columns.iter().filter_map(|name| column_index(schema, name).map(|i| (name.clone(), i))).collect();
         if !columns.is_empty() && after_statistics > 0 {
             let f = File::open(&file.path).map_err(|e| {
                 DataFusionError::External(format!("setfusion device scan: {}: {e}", file.path.display()).into())
@@ -1242,7 +1318,10 @@ pub fn page_table_of(
                     t.lvl_words += p.num_values.div_ceil(32);
                 }
                 // (BYTE_ARRAY PLAIN pages: each value's start in the body.)
-                if p.encoding == ENC_DICT || p.encoding == ENC_RLE_BOOL || (p.width == WIDTH_BYTES && p.encoding == ENC_PLAIN) {
+                if p.encoding == ENC_DICT
+                    || p.encoding == ENC_RLE_BOOL
+                    || (p.width == WIDTH_BYTES && p.encoding == ENC_PLAIN)
+                {
                     p.idx_off = t.idx_len;
                     t.idx_len += p.num_values;
                 }

@@ -58,7 +58,15 @@ fn write_table(
         let p: Vec<i64> = (0..rows as i64).map(|i| i * 3 + f as i64).collect();
         let text: Vec<Option<String>> = k
             .iter()
-            .map(|v| v.map(|v| if v % 7 == 0 { String::new() } else { format!("s{}{}", v % 3000, "x".repeat(v.rem_euclid(13) as usize)) }))
+            .map(|v| {
+                v.map(|v| {
+                    if v % 7 == 0 {
+                        String::new()
+                    } else {
+                        format!("s{}{}", v % 3000, "x".repeat(v.rem_euclid(13) as usize))
+                    }
+                })
+            })
             .collect();
         let flag: BooleanArray =
             k.iter().enumerate().map(|(i, v)| (i % 17 != 5).then(|| v.map_or(i % 2 == 0, |v| v % 3 == 0))).collect();
@@ -505,6 +513,84 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
             let analyzed =
                 explain(&device, "SELECT count(*) FROM big WHERE k NOT IN (SELECT k FROM small)", true).await;
             assert!(!analyzed.contains("pruned by the build side"), "{analyzed}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// Late materialization: a filtered probe side's output column is read, once
+/// the selection is known, only from the data pages that hold a kept row.
+/// On a sorted column of one row group in pages of 1000 rows, the 500 keys
+/// the build side matches lie in one block of 4096 rows, so 35 of the 40
+/// pages of the output column are not read; where the kept rows fill most
+/// blocks, every page is read. Answers equal DataFusion's.
+#[test]
+fn payload_pages_of_rejected_rows_are_not_read() {
+    let _device = crate::common::shared_device();
+    let gpu = gpu_or_skip().is_ok();
+    let dir = std::env::temp_dir().join(format!("setfusion-device-late-test-{}", std::process::id()));
+    let write = |name: &str, keys: std::ops::Range<i64>| {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("p", DataType::Int64, false),
+        ]));
+        let k: Vec<i64> = keys.collect();
+        let p: Vec<i64> = k.iter().map(|v| v * 3).collect();
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(p))])
+                .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(40_000))
+            .set_data_page_row_count_limit(1000)
+            .set_write_batch_size(1000)
+            .set_dictionary_enabled(false)
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let file = std::fs::File::create(dir.join(name).join("part-0.parquet")).unwrap();
+        let mut w = ArrowWriter::try_new(file, schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    write("wide", 0..40_000);
+    write("few", 30_000..30_500);
+    let sparse = "SELECT k, p FROM wide WHERE p >= 0 AND k IN (SELECT k FROM few)";
+    let dense = "SELECT p FROM wide WHERE p < 93000 AND NOT EXISTS (SELECT 1 FROM few WHERE few.k = wide.k)";
+    block_on(move || async move {
+        let open = |setfusion: bool| {
+            let dir = dir.clone();
+            async move {
+                let ctx = if setfusion {
+                    let ctx = setfusion::context_with_config(SessionConfig::new().with_target_partitions(4));
+                    for s in ["SET setfusion.min_rows = 0", "SET setfusion.cache_limit = 0"] {
+                        ctx.sql(s).await.unwrap().collect().await.unwrap();
+                    }
+                    ctx
+                } else {
+                    SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4))
+                };
+                for t in ["wide", "few"] {
+                    ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default())
+                        .await
+                        .unwrap();
+                }
+                ctx
+            }
+        };
+        let (plain, device) = (open(false).await, open(true).await);
+        for sql in [sparse, dense] {
+            assert_eq!(rows(&device, sql).await, rows(&plain, sql).await, "{sql}");
+        }
+        assert_eq!(rows(&device, sparse).await.len(), 500);
+        if gpu {
+            let analyzed = explain(&device, sparse, true).await;
+            assert!(analyzed.contains("payload of the kept rows only: 35 of 40 data pages not read"), "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            let analyzed = explain(&device, dense, true).await;
+            assert!(
+                !analyzed.contains("payload of the kept rows only") && !analyzed.contains("fell back"),
+                "{analyzed}"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     });

@@ -1,6 +1,8 @@
 //! Benchmark programs. Each is run by `cargo bench --bench <name>` (thin
 //! wrappers in `benches/`) and by `setfusion bench <name>`, so the release
 //! CLI alone can benchmark on a machine without a Rust toolchain.
+#[cfg(feature = "ballista")]
+pub mod cluster;
 pub mod families;
 pub mod filter;
 pub mod lists;

@@ -20,7 +20,7 @@ const RUNS: usize = 3;
 /// side, warm medians of 5 (BENCHMARKS.md, section 1, "Final run", commit
 /// 4d89427): (query, DataFusion ms, setfusion ms, speedup as published there,
 /// from the unrounded times).
-const H100_SETOPS: &[(&str, f64, f64, f64)] = &[
+pub const H100_SETOPS: &[(&str, f64, f64, f64)] = &[
     ("INTERSECT", 2641.3, 52.3, 50.5),
     ("EXCEPT", 2836.6, 54.2, 52.3),
     ("INTERSECT ALL", 1441.1, 44.0, 32.8),
@@ -33,7 +33,7 @@ const H100_SETOPS: &[(&str, f64, f64, f64)] = &[
 
 /// Some timed runs of one query.
 #[derive(Debug, Clone)]
-struct Timings(Vec<Duration>);
+pub struct Timings(pub Vec<Duration>);
 
 impl Timings {
     fn median(&self) -> Duration {
@@ -51,7 +51,7 @@ impl Timings {
 
 /// The speedup column: a ratio only where the two sides ran different plans
 /// and their run times do not overlap; otherwise the difference is noise.
-fn speedup_cell(datafusion: &Timings, setfusion: &Timings, same_plan: bool) -> String {
+pub fn speedup_cell(datafusion: &Timings, setfusion: &Timings, same_plan: bool) -> String {
     if same_plan {
         return "same plan".into();
     }
@@ -64,7 +64,7 @@ fn speedup_cell(datafusion: &Timings, setfusion: &Timings, same_plan: bool) -> S
 /// The lines of a physical plan that do work: setfusion's pass-through
 /// `SetfusionDeclinedExec` (which only says why it kept DataFusion's operator)
 /// left out, each line trimmed of its indentation.
-fn working_plan(plan_text: &str) -> Vec<String> {
+pub fn working_plan(plan_text: &str) -> Vec<String> {
     plan_text
         .lines()
         .map(str::trim)
@@ -247,42 +247,4 @@ async fn families(ctx: &SessionContext) -> Result<()> {
     }
     println!("  {} distinct sets: {}", line.len(), line.join(" "));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ms(v: &[u64]) -> Timings {
-        Timings(v.iter().map(|&m| Duration::from_millis(m)).collect())
-    }
-
-    #[test]
-    fn speedups_are_shown_only_for_different_plans_beyond_noise() {
-        assert_eq!(speedup_cell(&ms(&[100, 90, 110]), &ms(&[10, 11, 9]), true), "same plan");
-        // A 0.7x from runs whose times overlap is noise, not a slowdown.
-        assert_eq!(speedup_cell(&ms(&[70, 100, 72]), &ms(&[101, 99, 98]), false), "noise");
-        assert_eq!(speedup_cell(&ms(&[100, 90, 110]), &ms(&[10, 11, 9]), false), "10.0x");
-        assert_eq!(speedup_cell(&ms(&[10, 11, 9]), &ms(&[100, 90, 110]), false), "0.1x");
-    }
-
-    #[test]
-    fn a_declined_marker_leaves_the_plan_the_same() {
-        let datafusion = "ProjectionExec: expr=[count(Int64(1))@0]\n  HashJoinExec: mode=Partitioned, join_type=LeftSemi\n    DataSourceExec\n";
-        let setfusion = "ProjectionExec: expr=[count(Int64(1))@0]\n  SetfusionDeclinedExec: kept DataFusion's operator below, reason=\"min_rows\"\n    HashJoinExec: mode=Partitioned, join_type=LeftSemi\n      DataSourceExec\n";
-        assert_eq!(working_plan(datafusion), working_plan(setfusion));
-        assert_ne!(
-            working_plan(datafusion),
-            working_plan("ProjectionExec: expr=[count(Int64(1))@0]\n  SemiJoinExec\n")
-        );
-    }
-
-    #[test]
-    fn the_gpu_figures_name_the_demo_queries() {
-        for (name, datafusion_ms, setfusion_ms, speedup) in H100_SETOPS {
-            assert!(datagen::SET_QUERIES.iter().any(|(q, _)| q == name), "{name}");
-            // The published speedup is the ratio of the times before they were rounded.
-            assert!((datafusion_ms / setfusion_ms - speedup).abs() < 0.15, "{name}");
-        }
-    }
 }

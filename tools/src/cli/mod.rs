@@ -151,6 +151,10 @@ pub enum Bench {
     /// Each row: the case, the paper's figure and hardware, setfusion's figure here, the ratio, and whether the
     /// answers match the baselines'. --quick runs small sizes in well under a minute (CI runs it).
     Seeds(crate::bench::seeds::Options),
+    /// setfusion on a Ballista cluster on loopback ports (in this process, or --processes): answers checked
+    /// against one process, and timed
+    #[cfg(feature = "ballista")]
+    Cluster(crate::bench::cluster::Options),
 }
 
 /// `setfusion scheduler`'s options.
@@ -219,6 +223,25 @@ fn parse_devices(s: &str) -> std::result::Result<setfusion::config::Devices, Str
 
 pub use setfusion::util::one_line;
 
+/// The `setfusion` binary's `main`: the command line of this process run on
+/// a multi-threaded runtime, then the process exits with its code. It lives
+/// here, not in the binary, so the binary instantiates no async code of its
+/// own and its build is little more than a link (it took a minute or more of
+/// a first build on two cores).
+pub fn main() -> ! {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("setfusion: cannot start the async runtime: {e}");
+            setfusion::gpu::exit_process(1)
+        }
+    };
+    let code = runtime.block_on(main_with_args(std::env::args().collect()));
+    // The process ends here, the runtime still up (as under #[tokio::main]):
+    // its drop would wait for blocking tasks the exit makes moot.
+    setfusion::gpu::exit_process(code)
+}
+
 /// Entry point; returns the process exit code.
 pub async fn main_with_args(args: Vec<String>) -> i32 {
     setfusion::util::trace("process: command line read");
@@ -259,7 +282,7 @@ fn report_parse_error(e: &clap::Error, args: &[String]) -> i32 {
 
 /// Clap's error as one line: its message and tips (without the usage block),
 /// then where to read more, e.g. `(see setfusion bench tpch --help)`.
-fn parse_error_line(e: &clap::Error, args: &[String]) -> String {
+pub fn parse_error_line(e: &clap::Error, args: &[String]) -> String {
     let text = e.render().to_string();
     let mut parts = Vec::new();
     let mut command = subcommand_path(args);
@@ -324,6 +347,8 @@ async fn run_bench(bench: Bench) -> Result<()> {
         Bench::Seeds(options) => std::thread::spawn(move || crate::bench::seeds::run(options))
             .join()
             .map_err(|_| DataFusionError::Execution("seeds benchmark panicked".into()))?,
+        #[cfg(feature = "ballista")]
+        Bench::Cluster(options) => crate::bench::cluster::run(options).await,
     }
 }
 
@@ -424,7 +449,7 @@ pub async fn run_sql(ctx: &SessionContext, sql: &str, format: Format) -> Result<
     Ok(())
 }
 
-fn print_batches(out: &mut dyn Write, batches: &[RecordBatch], format: Format) -> Result<()> {
+pub fn print_batches(out: &mut dyn Write, batches: &[RecordBatch], format: Format) -> Result<()> {
     match format {
         Format::Table => {
             if batches.iter().any(|b| b.num_columns() > 0) {
@@ -562,418 +587,4 @@ async fn run_scheduler(_options: SchedulerArgs) -> Result<i32> {
 #[cfg(not(feature = "ballista"))]
 async fn run_executor(_options: ExecutorArgs) -> Result<i32> {
     Err(DataFusionError::Configuration("executor: this setfusion was built without the `ballista` feature".into()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::Int64Array;
-
-    /// A reader that went away: every write fails with EPIPE.
-    struct ClosedPipe;
-    impl Write for ClosedPipe {
-        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-            Err(std::io::ErrorKind::BrokenPipe.into())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Err(std::io::ErrorKind::BrokenPipe.into())
-        }
-    }
-
-    #[test]
-    fn a_closed_pipe_is_recognised_in_every_format() {
-        let batch = RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
-        for format in [Format::Table, Format::Csv, Format::Json] {
-            let e = print_batches(&mut ClosedPipe, std::slice::from_ref(&batch), format).expect_err("writes fail");
-            assert!(is_broken_pipe(&e), "{format:?}: {e}");
-        }
-        assert!(!is_broken_pipe(&DataFusionError::Plan("x".into())));
-        assert!(!is_broken_pipe(&DataFusionError::IoError(std::io::ErrorKind::NotFound.into())));
-    }
-}
-
-/// The command line's grammar: what parses, what answers `--help`, what is refused.
-#[cfg(test)]
-mod parse_tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    fn argv(line: &[&str]) -> Vec<String> {
-        std::iter::once("setfusion").chain(line.iter().copied()).map(String::from).collect()
-    }
-
-    fn parse(line: &[&str]) -> Cli {
-        Cli::try_parse_from(argv(line)).unwrap_or_else(|e| panic!("{line:?}: {}", parse_error_line(&e, &argv(line))))
-    }
-
-    fn refused(line: &[&str]) -> clap::Error {
-        match Cli::try_parse_from(std::iter::once("setfusion").chain(line.iter().copied())) {
-            Ok(cli) => panic!("{line:?} parsed: {cli:?}"),
-            Err(e) => e,
-        }
-    }
-
-    fn bench(line: &[&str]) -> Bench {
-        match parse(line).command {
-            Some(Command::Bench { bench }) => bench,
-            other => panic!("{line:?}: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn the_grammar_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn sql_mode() {
-        let cli = parse(&[
-            "-t",
-            "a=a.parquet",
-            "--table",
-            "b=/data/b",
-            "-c",
-            "SELECT 1",
-            "--command",
-            "-- a comment\nSELECT 2",
-            "-f",
-            "q.sql",
-            "--file",
-            "r.sql",
-            "--format",
-            "csv",
-        ]);
-        assert!(cli.command.is_none());
-        let s = cli.sql;
-        assert_eq!(s.tables, [("a".to_string(), PathBuf::from("a.parquet")), ("b".into(), PathBuf::from("/data/b"))]);
-        assert_eq!(s.commands, ["SELECT 1", "-- a comment\nSELECT 2"]);
-        assert_eq!(s.files, [PathBuf::from("q.sql"), PathBuf::from("r.sql")]);
-        assert_eq!(s.format, Format::Csv);
-        assert_eq!(s.cluster, None);
-
-        let s = parse(&["--cluster", "df://127.0.0.1:50050", "--table", "a=x=y.csv", "-c", "SELECT 1"]).sql;
-        assert_eq!(s.cluster.as_deref(), Some("df://127.0.0.1:50050"));
-        assert_eq!(s.tables, [("a".to_string(), PathBuf::from("x=y.csv"))]);
-        assert_eq!(s.format, Format::Table);
-
-        // No argument at all: the REPL (or statements from a pipe).
-        let cli = parse(&[]);
-        assert!(cli.command.is_none() && cli.sql.commands.is_empty() && cli.sql.files.is_empty());
-        assert_eq!(parse(&["--format", "json"]).sql.format, Format::Json);
-    }
-
-    #[test]
-    fn subcommands() {
-        assert!(matches!(parse(&["demo"]).command, Some(Command::Demo)));
-        assert!(matches!(parse(&["doctor"]).command, Some(Command::Doctor(DoctorArgs { start_probe: false }))));
-        assert!(matches!(
-            parse(&["doctor", "--start-probe"]).command,
-            Some(Command::Doctor(DoctorArgs { start_probe: true }))
-        ));
-        match parse(&["slt", "a.slt", "sql-tests/b.slt"]).command {
-            Some(Command::Slt(SltArgs { files })) => {
-                assert_eq!(files, [PathBuf::from("a.slt"), PathBuf::from("sql-tests/b.slt")])
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["fuzz", "--queries", "10000", "--seed", "20261124", "--max-rows", "100000", "--cpu-only"]).command
-        {
-            Some(Command::Fuzz(f)) => {
-                let o = crate::fuzz::FuzzOptions::from(f);
-                assert_eq!((o.queries, o.seed, o.max_rows, o.gpu), (10_000, 20_261_124, 100_000, false));
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["fuzz"]).command {
-            Some(Command::Fuzz(f)) => {
-                let (o, d) = (crate::fuzz::FuzzOptions::from(f), crate::fuzz::FuzzOptions::default());
-                assert_eq!((o.queries, o.seed, o.max_rows, o.gpu), (d.queries, d.seed, d.max_rows, d.gpu));
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["scheduler", "--port", "50060", "--bind", "0.0.0.0"]).command {
-            Some(Command::Scheduler(s)) => assert_eq!((s.port, s.bind.as_str()), (50060, "0.0.0.0")),
-            other => panic!("{other:?}"),
-        }
-        match parse(&["scheduler"]).command {
-            Some(Command::Scheduler(s)) => assert_eq!((s.port, s.bind.as_str()), (50050, "127.0.0.1")),
-            other => panic!("{other:?}"),
-        }
-        let line = [
-            "executor",
-            "--scheduler",
-            "10.0.0.1:50070",
-            "--port",
-            "50071",
-            "--grpc-port",
-            "50072",
-            "--tasks",
-            "2",
-            "--data-dir",
-            "/data",
-            "--data-dir",
-            "/more",
-            "--work-dir",
-            "/work",
-            "--devices",
-            "0,1",
-            "--bind",
-            "0.0.0.0",
-        ];
-        match parse(&line).command {
-            Some(Command::Executor(e)) => {
-                assert_eq!(e.scheduler, ("10.0.0.1".to_string(), 50070));
-                assert_eq!((e.port, e.grpc_port, e.tasks, e.bind.as_str()), (50071, Some(50072), Some(2), "0.0.0.0"));
-                assert_eq!(e.data_dirs, [PathBuf::from("/data"), PathBuf::from("/more")]);
-                assert_eq!(e.work_dir, Some(PathBuf::from("/work")));
-                assert_eq!(e.devices, Some(setfusion::config::Devices::List(vec![0, 1])));
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(&["executor"]).command {
-            Some(Command::Executor(e)) => {
-                assert_eq!(e.scheduler, ("127.0.0.1".to_string(), 50050));
-                assert_eq!((e.port, e.grpc_port, e.tasks, e.devices), (50051, None, None, None));
-                assert!(e.data_dirs.is_empty() && e.work_dir.is_none());
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn benchmarks() {
-        assert!(matches!(bench(&["bench", "setops"]), Bench::Setops));
-        assert!(matches!(bench(&["bench", "filter"]), Bench::Filter));
-        let Bench::Seeds(s) = bench(&["bench", "seeds", "--quick", "--seeds", "001,004"]) else { panic!() };
-        assert!(s.quick && s.seeds == ["001", "004"] && s.runs == 3);
-
-        let Bench::Tpch(t) = bench(&[
-            "bench",
-            "tpch",
-            "--sf",
-            "10",
-            "--runs",
-            "3",
-            "--queries",
-            "q4,q16,q21",
-            "--out",
-            "t.md",
-            "--svg",
-            "c.svg",
-        ]) else {
-            panic!()
-        };
-        assert_eq!((t.sf, t.runs, t.queries.as_slice()), (10.0, 3, ["q4", "q16", "q21"].map(String::from).as_slice()));
-        assert_eq!((t.out, t.svg), (Some(PathBuf::from("t.md")), Some(PathBuf::from("c.svg"))));
-        let Bench::Tpch(t) = bench(&["bench", "tpch", "--sf", "10", "--chart-from", "a.md,b.md", "--svg", "c.svg"])
-        else {
-            panic!()
-        };
-        assert_eq!(t.chart_from, [PathBuf::from("a.md"), PathBuf::from("b.md")]);
-        // The fresh-process child the benchmark starts (`fresh_process`).
-        let Bench::Tpch(t) = bench(&["bench", "tpch", "--sf", "0.1", "--one", "q4", "--engine", "datafusion"]) else {
-            panic!()
-        };
-        assert_eq!((t.sf, t.one.as_deref(), t.engine.as_str()), (0.1, Some("q4"), "datafusion"));
-        let Bench::Tpch(t) = bench(&["bench", "tpch"]) else { panic!() };
-        assert_eq!((t.sf, t.runs, t.queries.len(), t.one), (1.0, 5, 0, None));
-
-        let Bench::Parquet(p) = bench(&["bench", "parquet", "--runs", "3", "--codecs", "snappy", "--no-fresh"]) else {
-            panic!()
-        };
-        assert_eq!((p.runs, p.codecs.as_slice(), p.no_fresh), (Some(3), ["snappy".to_string()].as_slice(), true));
-        let Bench::Parquet(p) = bench(&["bench", "parquet"]) else { panic!() };
-        assert_eq!(
-            (p.runs, p.codecs.as_slice(), p.no_fresh),
-            (None, ["snappy", "zstd"].map(String::from).as_slice(), false)
-        );
-        let Bench::Parquet(p) = bench(&["bench", "parquet", "--one", "in", "--engine", "setfusion", "--codec", "zstd"])
-        else {
-            panic!()
-        };
-        assert_eq!((p.one.as_deref(), p.engine.as_str(), p.codec.as_str()), (Some("in"), "setfusion", "zstd"));
-
-        let Bench::Families(f) = bench(&[
-            "bench",
-            "families",
-            "--sizes",
-            "5000,10000",
-            "--kinds",
-            "uniform",
-            "--cpu-max",
-            "8000",
-            "--runs",
-            "2",
-        ]) else {
-            panic!()
-        };
-        assert_eq!(
-            (f.sizes.as_slice(), f.kinds.as_slice()),
-            ([5000, 10000].as_slice(), ["uniform".to_string()].as_slice())
-        );
-        assert_eq!((f.cpu_max, f.runs), (8000, 2));
-        let Bench::Families(f) = bench(&["bench", "families"]) else { panic!() };
-        assert_eq!((f.sizes.len(), f.kinds.len(), f.cpu_max, f.runs), (4, 2, 10_000, 3));
-
-        let Bench::Lists(l) = bench(&[
-            "bench",
-            "lists",
-            "--rows",
-            "200000",
-            "--batch-rows",
-            "4096",
-            "--max-len",
-            "50",
-            "--queries",
-            "10",
-            "--terms",
-            "8",
-            "--max-list",
-            "5000",
-            "--domain",
-            "100",
-            "--partitions",
-            "4",
-            "--skip-kway",
-            "--strings",
-        ]) else {
-            panic!()
-        };
-        assert_eq!((l.rows, l.batch_rows, l.max_len, l.queries, l.terms), (200_000, 4096, 50, 10, 8));
-        assert_eq!((l.max_list, l.domain, l.partitions), (5000, 100, 4));
-        assert!(l.skip_kway && l.strings && !l.skip_rows);
-
-        let Bench::Ssjoin(s) = bench(&[
-            "bench",
-            "ssjoin",
-            "--collections",
-            "uniform,ZIPF",
-            "--sets",
-            "100000",
-            "--thresholds",
-            "0.5,0.6",
-            "--reps",
-            "3",
-            "--no-nlj",
-            "--no-cpu",
-            "--cpu-timeout-s",
-            "2.5",
-            "--out",
-            "s.md",
-        ]) else {
-            panic!()
-        };
-        assert_eq!(s.collections, ["uniform", "ZIPF"]);
-        assert_eq!(
-            (s.sets.as_slice(), s.thresholds.as_slice(), s.reps),
-            ([100_000].as_slice(), [0.5, 0.6].as_slice(), 3)
-        );
-        assert!(s.no_nlj && s.no_cpu && !s.quick);
-        assert_eq!((s.cpu_timeout, s.out.as_deref()), (Some(std::time::Duration::from_millis(2500)), Some("s.md")));
-        let Bench::Ssjoin(s) = bench(&["bench", "ssjoin", "--quick"]) else { panic!() };
-        assert!(s.quick && s.collections.len() == 3 && s.thresholds.len() == 5 && s.cpu_timeout.is_none());
-    }
-
-    /// Every subcommand path of the grammar, e.g. `["bench", "tpch"]`.
-    fn command_paths(cmd: &clap::Command, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
-        out.push(prefix.clone());
-        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
-            let mut path = prefix.clone();
-            path.push(sub.get_name().to_string());
-            command_paths(sub, path, out);
-        }
-    }
-
-    #[test]
-    fn every_subcommand_answers_help_with_a_description() {
-        let mut paths = Vec::new();
-        command_paths(&Cli::command(), Vec::new(), &mut paths);
-        // The top level, demo, doctor, slt, fuzz, bench and its 8, scheduler, executor.
-        assert_eq!(paths.len(), 16, "{paths:?}");
-        for path in paths {
-            for flag in ["--help", "-h"] {
-                let line: Vec<&str> =
-                    std::iter::once("setfusion").chain(path.iter().map(String::as_str)).chain([flag]).collect();
-                let e = Cli::try_parse_from(&line).expect_err("help is an early exit");
-                assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{line:?}: {e}");
-                let help = e.render().to_string();
-                assert!(help.contains("Usage: setfusion"), "{line:?}: {help}");
-                // The first line describes the command.
-                assert!(
-                    help.lines().next().is_some_and(|l| l.len() > 10 && !l.starts_with("Usage")),
-                    "{line:?}: {help}"
-                );
-            }
-        }
-        let help = refused(&["bench", "tpch", "--help"]).render().to_string();
-        for option in ["--sf", "--runs", "--queries", "--out", "--svg", "--chart-from"] {
-            assert!(help.contains(option), "{option}: {help}");
-        }
-        assert!(!help.contains("--one"), "the child's options stay hidden: {help}");
-        assert_eq!(refused(&["--version"]).kind(), ErrorKind::DisplayVersion);
-    }
-
-    #[test]
-    fn bad_input_is_refused_in_one_line() {
-        let cases: &[(&[&str], &str)] = &[
-            (&["--format", "xml"], "xml"),
-            (&["--table", "nope"], "NAME=PATH"),
-            (&["--table", "=x.csv"], "NAME=PATH"),
-            (&["-c"], "-c"),
-            (&["--bogus"], "--bogus"),
-            (&["--table", "a=a.csv", "demo"], "demo"),
-            (&["demo", "extra"], "extra"),
-            (&["doctor", "--start"], "--start"),
-            (&["slt"], "FILE.slt"),
-            (&["fuzz", "--queries", "many"], "many"),
-            (&["fuzz", "--seed", "-1"], "-1"),
-            (&["bench"], ""),
-            (&["bench", "nope"], "nope"),
-            (&["bench", "tpch", "--sf", "x"], "--sf"),
-            (&["bench", "tpch", "--sf", "0"], "positive"),
-            (&["bench", "tpch", "--bogus"], "--bogus"),
-            (&["bench", "tpch", "--chart-from", "a.md"], "--svg"),
-            (&["bench", "parquet", "--codecs", "snappy,lz4"], "lz4"),
-            (&["bench", "families", "--kinds", "odd"], "odd"),
-            (&["bench", "families", "--sizes", "5000,x"], "x"),
-            (&["bench", "lists", "--rows"], "--rows"),
-            (&["bench", "ssjoin", "--thresholds", "0.5,1.5"], "1.5"),
-            (&["bench", "ssjoin", "--reps", "0"], "--reps"),
-            (&["bench", "ssjoin", "--quick", "--sets", "5"], "--sets"),
-            (&["bench", "ssjoin", "--collections", "dblp,web"], "web"),
-            (&["bench", "ssjoin", "--cpu-timeout-s", "-3"], "-3"),
-            (&["bench", "ssjoin", "--cpu-timeout-s", "0"], "positive"),
-            (&["bench", "setops", "--rows", "5"], "--rows"),
-            (&["scheduler", "--port", "99999"], "99999"),
-            (&["executor", "--scheduler", "nohost"], "HOST:PORT"),
-            (&["executor", "--scheduler", "h:port"], "not a port"),
-            (&["executor", "--tasks", "0"], "positive"),
-            (&["executor", "--devices", "0,x"], "0,x"),
-            (&["executor", "--grpc-port", "-1"], "-1"),
-        ];
-        for (line, needle) in cases {
-            let e = refused(line);
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                continue; // `setfusion bench`: the list of benchmarks, on stderr, status 1.
-            }
-            let msg = parse_error_line(&e, &argv(line));
-            assert!(!msg.contains('\n'), "{line:?}: {msg}");
-            assert!(msg.contains(needle), "{line:?}: {msg}");
-            assert!(msg.contains("(see setfusion") && msg.ends_with("--help)"), "{line:?}: {msg}");
-        }
-        for line in [&["bench", "tpch", "--bogus"][..], &["bench", "tpch", "--sf", "x"]] {
-            let msg = parse_error_line(&refused(line), &argv(line));
-            assert!(msg.ends_with("(see setfusion bench tpch --help)"), "{line:?}: {msg}");
-        }
-    }
-
-    #[tokio::test]
-    async fn exit_codes() {
-        let args = |line: &[&str]| std::iter::once("setfusion").chain(line.iter().copied()).map(String::from).collect();
-        assert_eq!(main_with_args(args(&["bench", "tpch", "--help"])).await, 0);
-        assert_eq!(main_with_args(args(&["bench", "tpch", "--bogus"])).await, 1);
-        assert_eq!(main_with_args(args(&["bench"])).await, 1);
-        assert_eq!(main_with_args(args(&["--format", "csv", "-c", "SELECT 1 AS x"])).await, 0);
-        assert_eq!(main_with_args(args(&["-c", "SELECT * FROM no_such_table"])).await, 1);
-    }
 }

@@ -393,33 +393,3 @@ pub fn df_value_validator(normalizer: sqllogictest::Normalizer, actual: &[Vec<St
     }
     normalized_actual == normalized_expected
 }
-
-#[cfg(test)]
-mod tests {
-    use super::big_decimal_to_str as b;
-
-    #[test]
-    fn decimal_strings() {
-        assert_eq!(b("0.110", 12), "0.11");
-        assert_eq!(b("0.011", 12), "0.011");
-        assert_eq!(b("1.1", 12), "1.1");
-        assert_eq!(b("11", 12), "11");
-        assert_eq!(b("110", 12), "110");
-        assert_eq!(b("0", 12), "0");
-        assert_eq!(b("-0", 12), "0");
-        assert_eq!(b("-0.00", 2), "0");
-        assert_eq!(b("-1.10", 2), "-1.1");
-        assert_eq!(b("0.12345678901234567890123456789012345678", 12), "0.123456789012");
-        assert_eq!(b("-0.12345678901234567890123456789012345678", 12), "-0.123456789012");
-        assert_eq!(b("1.0000000000011", 12), "1.000000000001");
-        assert_eq!(b("1.0000000000011", 13), "1.0000000000011");
-        assert_eq!(b("0.0000000000005", 12), "0");
-        assert_eq!(b("0.0000000000015", 12), "0.000000000002");
-        assert_eq!(b("0.00000000000051", 12), "0.000000000001");
-        assert_eq!(b("9.9999999999999", 12), "10");
-        assert_eq!(b("-9.9999999999999", 12), "-10");
-        assert_eq!(b("0.30000000000000004", 12), "0.3");
-        assert_eq!(b("123.45", 2), "123.45");
-        assert_eq!(b("100000000000000000000", 12), "100000000000000000000");
-    }
-}

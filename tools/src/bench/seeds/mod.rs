@@ -105,7 +105,7 @@ impl Bench {
 
 /// Whether setfusion's answers agreed with the baselines'.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Answers {
+pub enum Answers {
     Match,
     /// What differed (fails the run).
     Differ(String),
@@ -136,7 +136,7 @@ impl Answers {
 
 /// One case's row.
 #[derive(Debug, Clone)]
-pub(crate) struct Row {
+pub struct Row {
     pub case: String,
     /// The paper's figure and its hardware.
     pub paper: String,
@@ -148,7 +148,13 @@ pub(crate) struct Row {
 
 impl Row {
     pub fn new(case: impl Into<String>, paper: impl Into<String>, ours: impl Into<String>) -> Row {
-        Row { case: case.into(), paper: paper.into(), ours: ours.into(), ratio: "-".into(), answers: Answers::Unchecked }
+        Row {
+            case: case.into(),
+            paper: paper.into(),
+            ours: ours.into(),
+            ratio: "-".into(),
+            answers: Answers::Unchecked,
+        }
     }
 
     pub fn ratio(mut self, ratio: impl Into<String>) -> Row {
@@ -168,7 +174,7 @@ impl Row {
 }
 
 /// One seed's table.
-pub(crate) struct Table {
+pub struct Table {
     pub title: String,
     /// The data recipe and the parameters the seed leaves open.
     pub notes: Vec<String>,
@@ -188,7 +194,8 @@ impl Table {
         if !self.notes.is_empty() {
             s += "\n";
         }
-        s += "| case | the paper (its hardware) | setfusion (this machine) | ratio | answers |\n|---|---|---|---|---|\n";
+        s +=
+            "| case | the paper (its hardware) | setfusion (this machine) | ratio | answers |\n|---|---|---|---|---|\n";
         for r in &self.rows {
             let answers = match &r.answers {
                 Answers::Match => "match".to_string(),
@@ -228,7 +235,7 @@ pub(crate) fn times(a: f64, b: f64) -> String {
 }
 
 /// Every seed's table for `options`; an error if an answer differed.
-pub(crate) fn tables(options: &Options) -> Result<Vec<Table>> {
+pub fn tables(options: &Options) -> Result<Vec<Table>> {
     let gpu = if options.cpu_only { None } else { setfusion::gpu::gpu(0).ok() };
     let b = Bench { gpu, quick: options.quick, runs: if options.quick { 1 } else { options.runs.max(1) } };
     let mut out = Vec::new();
@@ -268,7 +275,7 @@ pub fn run(options: Options) -> Result<()> {
 }
 
 /// Data recipes the seeds share.
-pub(crate) mod data {
+pub mod data {
     /// A bijection of u32 (murmur3's finaliser): distinct inputs give
     /// distinct, well-spread outputs.
     pub fn mix32(mut x: u32) -> u32 {
@@ -398,7 +405,8 @@ pub(crate) mod data {
     pub fn widen(v: &[u32]) -> Vec<u64> {
         let mut out = vec![0u64; v.len()];
         let chunk = v.len().div_ceil(64).max(1 << 16);
-        let mut parts: Vec<(usize, &mut [u64])> = out.chunks_mut(chunk).enumerate().map(|(i, c)| (i * chunk, c)).collect();
+        let mut parts: Vec<(usize, &mut [u64])> =
+            out.chunks_mut(chunk).enumerate().map(|(i, c)| (i * chunk, c)).collect();
         setfusion::host::for_each_mut(&mut parts, &|_, (at, c)| {
             c.iter_mut().zip(&v[*at..]).for_each(|(o, &x)| *o = x as u64);
         });
@@ -435,42 +443,5 @@ pub(crate) mod data {
             width *= 2;
         }
         *v = src;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `bench seeds --quick` without a GPU (CI): every seed's cases run, in
-    /// small sizes, and every answer matches (a mismatch is an error).
-    #[test]
-    fn quick_seeds_run_and_their_answers_match() {
-        let options = Options { quick: true, ..Options::default() };
-        let tables = tables(&options).expect("bench seeds --quick");
-        assert_eq!(tables.len(), 5);
-        for t in &tables {
-            assert!(!t.rows.is_empty(), "{}", t.title);
-            let md = t.markdown();
-            assert!(!md.contains("DIFFER"), "{md}");
-        }
-    }
-
-    #[test]
-    fn data_recipes_hold_what_they_say() {
-        let (a, b) = data::overlapping_pair(10_000, 1_000);
-        let sa: std::collections::HashSet<u32> = a.iter().copied().collect();
-        assert_eq!(sa.len(), 10_000);
-        assert_eq!(b.iter().filter(|x| sa.contains(x)).count(), 1_000);
-        for dist in [data::Dist::Normal, data::Dist::Uniform, data::Dist::Zipf] {
-            let s = data::sorted_set(dist, 1 << 20, 5_000, 7);
-            assert_eq!(s.len(), 5_000);
-            assert!(s.windows(2).all(|w| w[0] < w[1]), "{dist:?}");
-        }
-        let mut v: Vec<u32> = data::unique_u32(0, 100_000);
-        let mut want = v.clone();
-        want.sort_unstable();
-        data::parallel_sort(&mut v);
-        assert_eq!(v, want);
     }
 }

@@ -79,10 +79,9 @@ fn families_case(b: &Bench, kind: &str, k: usize, cpu_max: usize) -> Result<Row>
         let cpu = families::distinct_cpu(&space);
         answers = match &gpu_result {
             Some(d) => Answers::check(*d == cpu, || format!("k = {k}: GPU and CPU sets differ")),
-            None => Answers::check(
-                cpu.len() as u64 <= space.pair_count(0..f.len()),
-                || "more distinct sets than pairs".into(),
-            ),
+            None => Answers::check(cpu.len() as u64 <= space.pair_count(0..f.len()), || {
+                "more distinct sets than pairs".into()
+            }),
         };
     }
     let paper = PAPER_GPU_MS.iter().find(|p| p.0 == k);
@@ -117,7 +116,13 @@ fn modes(b: &Bench) -> Result<Vec<Row>> {
             Row::new(
                 format!("B4 chunked, k = {k}"),
                 "no figure (the paper describes the mode)",
-                format!("{} slices under a {} MiB limit: {}, against one pass's {} slice(s)", slices, limit >> 20, ms(t), whole.1),
+                format!(
+                    "{} slices under a {} MiB limit: {}, against one pass's {} slice(s)",
+                    slices,
+                    limit >> 20,
+                    ms(t),
+                    whole.1
+                ),
             )
             .answers(Answers::check(sliced == cpu && whole.0 == cpu, || "sliced sets differ from the CPU's".into()))
         }
@@ -134,8 +139,7 @@ fn modes(b: &Bench) -> Result<Vec<Row>> {
         Answers::Unchecked
     };
     let mut ours = format!("{} pairs, {} distinct sets; CPU {}", own.pair_count(0..f.len()), cpu_self.len(), ms(t_cpu));
-    if let Some(r) = b.on_gpu(|gpu| b.time(true, || families::distinct_gpu(gpu, &own, &mut TransferStats::default())))
-    {
+    if let Some(r) = b.on_gpu(|gpu| b.time(true, || families::distinct_gpu(gpu, &own, &mut TransferStats::default()))) {
         let (t, (d, _)) = r?;
         ours += &format!("; GPU {}", ms(t));
         answers = answers.and(Answers::check(d == cpu_self, || "self mode: GPU differs from CPU".into()));

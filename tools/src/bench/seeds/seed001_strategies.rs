@@ -132,7 +132,12 @@ fn sort_case(b: &Bench, n: usize, pairs: bool) -> Result<Row> {
         )?
     };
     parts.push(format!("CPU std sort {}, parallel sort {}", ms(t_std), ms(t_par)));
-    let case = format!("B{} sort {}, n = 2^{}", if pairs { 2 } else { 1 }, if pairs { "key + value" } else { "keys" }, n.trailing_zeros());
+    let case = format!(
+        "B{} sort {}, n = 2^{}",
+        if pairs { 2 } else { 1 },
+        if pairs { "key + value" } else { "keys" },
+        n.trailing_zeros()
+    );
     let paper = match (pairs, n) {
         (false, 1_048_576) => "1M: MISCB 8.37 ms, BSL 9.33, tbb 26 ms, std::sort 101 ms",
         (false, 16_777_216) => "16M: MISCB 150 ms, BSL 182, tbb 470 ms, std::sort 1917 ms",
@@ -211,7 +216,8 @@ fn symmetric_case(b: &Bench, n: usize, fractions: &[f64], sorted: bool) -> Resul
             parallel_sort(&mut bb);
         }
         let mut parts: Vec<String> = Vec::new();
-        let gpu = b.on_gpu(|gpu| b.time(true, || if sorted { gpu_sorted(gpu, &a, &bb) } else { gpu_hash(gpu, &a, &bb) }));
+        let gpu =
+            b.on_gpu(|gpu| b.time(true, || if sorted { gpu_sorted(gpu, &a, &bb) } else { gpu_hash(gpu, &a, &bb) }));
         if let Some(r) = gpu {
             let (t, count) = r?;
             parts.push(format!("GPU {}", ms(t)));
@@ -335,7 +341,15 @@ fn out_of_core_case(b: &Bench, n: usize) -> Result<Row> {
     let (wa, wb) = (widen(&a), widen(&bb));
     let (t_hash, (sel, ran)) = b.time(false, || {
         let g = gpu.lease(0);
-        let (sel, ran, _) = select_gpu_auto(&g, None, SetOp::Semi, &[wa.as_slice()], &[wb.as_slice()], false, &mut TransferStats::default())?;
+        let (sel, ran, _) = select_gpu_auto(
+            &g,
+            None,
+            SetOp::Semi,
+            &[wa.as_slice()],
+            &[wb.as_slice()],
+            false,
+            &mut TransferStats::default(),
+        )?;
         Ok((sel.count_set_bits(), ran))
     })?;
     drop((wa, wb));

@@ -124,8 +124,12 @@ fn demo(b: &Bench) -> Result<Row> {
     let (a, bb) = (rows_of(&[va.clone()]), rows_of(&[vb.clone()]));
     let answers = check_rows(b, &a, &bb)?;
     let n = |op: MultisetOp| multiset_op(op, &va, &vb).len();
-    let (i, u, d, s) =
-        (n(MultisetOp::IntersectAll), n(MultisetOp::UnionAll), n(MultisetOp::ExceptAll), n(MultisetOp::SymmetricDifference));
+    let (i, u, d, s) = (
+        n(MultisetOp::IntersectAll),
+        n(MultisetOp::UnionAll),
+        n(MultisetOp::ExceptAll),
+        n(MultisetOp::SymmetricDifference),
+    );
     let identities = u == 200 - i && s == 200 - 2 * i && d == 100 - i;
     Ok(Row::new(
         "B1 demo, N = 100, keys 0..99",
@@ -185,19 +189,18 @@ fn throughput(b: &Bench, count: usize, int64: bool) -> Result<Row> {
         let (t_cpu, want) = b.time(false, || Ok(multiset_op(op, &va, &vb)))?;
         let rate = |t: f64| count as f64 / (t / 1e3) / 1e6;
         let mut cell = format!("{}: ", symbol(op));
-        if let Some(r) =
-            b.on_gpu(|g| b.time(true, || list_op_gpu::<i64>(g, ListOp::Multiset(op), &a, &bb, &mut TransferStats::default())))
-        {
+        if let Some(r) = b.on_gpu(|g| {
+            b.time(true, || list_op_gpu::<i64>(g, ListOp::Multiset(op), &a, &bb, &mut TransferStats::default()))
+        }) {
             let (t, got) = r?;
             let gbs = (width * (count + want.len())) as f64 / (t / 1e3) / 1e9;
             cell += &format!("GPU {:.0} M/s ({gbs:.1} GB/s, {}), ", rate(t), ms(t));
             answers = answers.and(Answers::check(values_of(&got, 0) == want, || format!("{} GPU", op.sql_name())));
             ratios.push(format!("{} {}", symbol(op), times(t_cpu, t)));
         } else {
-            answers = answers.and(Answers::check(
-                want.len() == by_counting(op, &va, &vb).len(),
-                || format!("{} CPU", op.sql_name()),
-            ));
+            answers = answers.and(Answers::check(want.len() == by_counting(op, &va, &vb).len(), || {
+                format!("{} CPU", op.sql_name())
+            }));
         }
         cell += &format!("CPU {:.0} M/s", rate(t_cpu));
         cells.push(cell);

@@ -153,13 +153,39 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
     ));
     let scale = if b.quick { 10 } else { 1 };
     let vals: &[u32] = &[50, 100, 500, 1000, 5000, 10000];
-    t.rows.push(val_sweep(b, "C1", 50_000 / scale, 50_000 / scale, vals, "time and comparisons rise with Val, skipped cells fall; best at 100")?);
-    t.rows.push(val_sweep(b, "C2", 1_000 / scale, 100_000 / scale, vals, "best time at Val 100-500, fewest comparisons at 100")?);
+    t.rows.push(val_sweep(
+        b,
+        "C1",
+        50_000 / scale,
+        50_000 / scale,
+        vals,
+        "time and comparisons rise with Val, skipped cells fall; best at 100",
+    )?);
+    t.rows.push(val_sweep(
+        b,
+        "C2",
+        1_000 / scale,
+        100_000 / scale,
+        vals,
+        "best time at Val 100-500, fewest comparisons at 100",
+    )?);
     for n in [1_000, 5_000, 10_000, 25_000, 50_000] {
-        t.rows.push(variants(b, "C3", n / scale, n / scale, "time SvS > Naive > Inoue > GTWJ, GTWJ100 fastest and fewest comparisons")?);
+        t.rows.push(variants(
+            b,
+            "C3",
+            n / scale,
+            n / scale,
+            "time SvS > Naive > Inoue > GTWJ, GTWJ100 fastest and fewest comparisons",
+        )?);
     }
     for n in [1_000, 2_500, 5_000, 10_000] {
-        t.rows.push(variants(b, "C4", n / scale, 50_000 / scale, "GTWJ100 fastest; SvS, Naive, Inoue slowest first; baselines touch every cell")?);
+        t.rows.push(variants(
+            b,
+            "C4",
+            n / scale,
+            50_000 / scale,
+            "GTWJ100 fastest; SvS, Naive, Inoue slowest first; baselines touch every cell",
+        )?);
     }
     t.rows.push(gtwj50_vs_100(scale));
     t.rows.push(Row::not_run(
@@ -177,7 +203,10 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
 }
 
 fn lists(na: usize, nb: usize) -> (Vec<u32>, Vec<u32>) {
-    (sorted_set(Dist::Uniform, UNIVERSE, na, na as u64 * 31 + 1), sorted_set(Dist::Uniform, UNIVERSE, nb, nb as u64 * 17 + 2))
+    (
+        sorted_set(Dist::Uniform, UNIVERSE, na, na as u64 * 31 + 1),
+        sorted_set(Dist::Uniform, UNIVERSE, nb, nb as u64 * 17 + 2),
+    )
 }
 
 /// The answers every model and setfusion's CPU twins give, against the merge.
@@ -200,7 +229,8 @@ fn gpu_gtwj(b: &Bench, a: &[u32], bb: &[u32]) -> Option<Result<(f64, usize)>> {
     };
     let (la, lb) = (row(a), row(bb));
     b.on_gpu(|g| {
-        let (t, out) = b.time(true, || list_op_gpu::<i64>(g, ListOp::SortedIntersect, &la, &lb, &mut TransferStats::default()))?;
+        let (t, out) =
+            b.time(true, || list_op_gpu::<i64>(g, ListOp::SortedIntersect, &la, &lb, &mut TransferStats::default()))?;
         let l = out.as_list::<i32>();
         Ok((t, if l.is_null(0) { 0 } else { l.value(0).len() }))
     })
@@ -220,7 +250,8 @@ fn val_sweep(b: &Bench, case: &str, na: usize, nb: usize, vals: &[u32], paper: &
             ms(t)
         ));
     }
-    Ok(Row::new(format!("{case} Val sweep, {na} / {nb}"), paper, cells.join("; ")).answers(check(&a, &bb, vals, want.out)))
+    Ok(Row::new(format!("{case} Val sweep, {na} / {nb}"), paper, cells.join("; "))
+        .answers(check(&a, &bb, vals, want.out)))
 }
 
 fn variants(b: &Bench, case: &str, na: usize, nb: usize, paper: &str) -> Result<Row> {

@@ -4,10 +4,10 @@
 //! Like the paper, every technique here computes the intersection's count.
 
 use datafusion::error::Result;
-use setfusion::algo::select::{select_gpu, GpuStrategy, SetOp};
-use setfusion::algo::sorted_intersect::{intersect_count_cpu, sorted_intersect_with, IntersectMethod, SortedIntersect};
 use setfusion::algo::families::{Family, InvertedLists, PairSpace};
 use setfusion::algo::overlap::{self, OverlapMethod};
+use setfusion::algo::select::{select_gpu, GpuStrategy, SetOp};
+use setfusion::algo::sorted_intersect::{intersect_count_cpu, sorted_intersect_with, IntersectMethod, SortedIntersect};
 use setfusion::gpu::{Gpu, TransferStats};
 use std::sync::OnceLock;
 
@@ -42,8 +42,11 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
             }
         }
     }
-    let misi_cases: &[(u64, usize, usize)] =
-        if b.quick { &[(100_000, 40, 2_000)] } else { &[(100_000_000, 1_000, 1_000_000), (1_000_000_000, 1_000, 1_000_000)] };
+    let misi_cases: &[(u64, usize, usize)] = if b.quick {
+        &[(100_000, 40, 2_000)]
+    } else {
+        &[(100_000_000, 1_000, 1_000_000), (1_000_000_000, 1_000, 1_000_000)]
+    };
     for &(e, k, n) in misi_cases {
         if wanted(&format!("MISI zipf-10^{}-10^{}", e.ilog10(), n.ilog10())) {
             t.rows.push(misi(b, e, k, n)?);
@@ -250,7 +253,8 @@ fn gpu_sorted_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
 /// The count of `a ∩ b` on the device by the hash selection (keys widened to u64).
 fn gpu_hash_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
     let (wa, wb) = (widen(a), widen(b));
-    Ok(select_gpu(gpu, GpuStrategy::Hash, SetOp::Semi, &wa, &wb, &mut TransferStats::default())?.count_set_bits() as u64)
+    Ok(select_gpu(gpu, GpuStrategy::Hash, SetOp::Semi, &wa, &wb, &mut TransferStats::default())?.count_set_bits()
+        as u64)
 }
 
 /// boost::dynamic_bitset used as BI-dynamic: a's bits over the universe, b's elements tested.
@@ -277,7 +281,10 @@ fn sql_sorted_intersect(b: &Bench, a: &[u32], bb: &[u32], cpu: bool) -> Result<(
     let batch = RecordBatch::try_new(schema.clone(), vec![std::sync::Arc::new(la), std::sync::Arc::new(lb)])?;
     block_on(async {
         let ctx = setfusion::context();
-        ctx.register_table("t", std::sync::Arc::new(datafusion::datasource::MemTable::try_new(schema, vec![vec![batch]])?))?;
+        ctx.register_table(
+            "t",
+            std::sync::Arc::new(datafusion::datasource::MemTable::try_new(schema, vec![vec![batch]])?),
+        )?;
         let setting = if cpu { "SET setfusion.strategy = 'cpu'" } else { "SET setfusion.min_rows = 0" };
         ctx.sql(setting).await?.collect().await?;
         let query = "SELECT cardinality(sorted_intersect(a, b)) FROM t";
@@ -290,7 +297,11 @@ fn sql_sorted_intersect(b: &Bench, a: &[u32], bb: &[u32], cpu: bool) -> Result<(
             let t = std::time::Instant::now();
             let out = ctx.sql(query).await?.collect().await?;
             times.push(t.elapsed());
-            answer = out[0].column(0).as_any().downcast_ref::<datafusion::arrow::array::UInt64Array>().map_or(u64::MAX, |c| c.value(0));
+            answer = out[0]
+                .column(0)
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                .map_or(u64::MAX, |c| c.value(0));
         }
         Ok((crate::bench::median(times).as_secs_f64() * 1e3, answer))
     })
@@ -302,7 +313,8 @@ fn sisi(b: &Bench, dist: Dist, universe: u64, n: usize) -> Result<Row> {
     let a = sorted_set(dist, universe, n, universe ^ n as u64);
     let bb = sorted_set(dist, universe, n, (universe ^ n as u64).wrapping_mul(3) + 1);
     let (t_merge, want) = b.time(false, || Ok(intersect_count_cpu(&a, &bb, None)))?;
-    let (t_gallop, gallop) = b.time(false, || Ok(sorted_intersect_with(IntersectMethod::Gallop, &a, &bb).len() as u64))?;
+    let (t_gallop, gallop) =
+        b.time(false, || Ok(sorted_intersect_with(IntersectMethod::Gallop, &a, &bb).len() as u64))?;
     let (t_bitmap, bitmap) = b.time(false, || Ok(bitmap_count(&a, &bb, universe)))?;
     let mut answers = Answers::check(gallop == want && bitmap == want, || format!("CPU: {want} / {gallop} / {bitmap}"));
     let cpu = [("merge", t_merge), ("galloping", t_gallop), ("bitmap", t_bitmap)];

@@ -1,17 +1,11 @@
-//! setfusion on a Ballista cluster in one process: a scheduler and two
-//! executors on loopback ports (no Docker, no network), small Parquet tables,
-//! and the set operations, IN / NOT IN and a similarity join run through the
-//! cluster, each answer checked against one process and timed.
-//!
-//! ```text
-//! cargo run --release --example ballista_cluster [-- ROWS [RUNS [processes [EXECUTORS]]]]
-//! ```
-//!
-//! ROWS (default 20000) rows per key table; RUNS (default 1) runs of each
-//! query on each side, of which the median time is printed. With `processes`
-//! the scheduler and EXECUTORS (default 2) executors are separate processes
-//! started from the `setfusion` binary beside this example's
-//! (`target/release/setfusion`, or `SETFUSION_BIN`), as a user starts them.
+//! `setfusion bench cluster`: setfusion on a Ballista cluster. A scheduler and
+//! executors on loopback ports (no Docker, no network), in this process or,
+//! with `--processes`, as separate `setfusion scheduler` / `setfusion
+//! executor` processes started from this binary as a user starts them; small
+//! Parquet tables; the set operations, IN / NOT IN and a similarity join run
+//! through the cluster, each answer checked against one process and timed.
+//! (It was `ballista/examples/ballista_cluster.rs`, a binary of its own that
+//! every `cargo test` built.)
 
 use std::time::{Duration, Instant};
 
@@ -19,27 +13,27 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use setfusion_ballista::{demo, remote_context, start_loopback_cluster};
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut number = |what: &str, default: usize| -> Result<usize> {
-        match args.next() {
-            None => Ok(default),
-            Some(a) => {
-                a.parse().map_err(|_| DataFusionError::Configuration(format!("{what}: expected a number, got '{a}'")))
-            }
-        }
-    };
-    let rows = number("ROWS", 20_000)?;
-    let runs = number("RUNS", 1)?.max(1);
-    let processes = args.next().is_some_and(|a| a == "processes");
-    let executors = match args.next() {
-        None => 2,
-        Some(a) => {
-            a.parse().map_err(|_| DataFusionError::Configuration(format!("EXECUTORS: expected a number, got '{a}'")))?
-        }
-    };
+/// `setfusion bench cluster`'s options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Rows per key table
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    pub rows: usize,
+    /// Runs of each query on each side (the median is printed); 0 counts as 1
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub runs: usize,
+    /// The scheduler and the executors as separate processes of this binary
+    #[arg(long)]
+    pub processes: bool,
+    /// Executors (two task slots each)
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub executors: usize,
+}
 
+/// Run the benchmark; an error when an answer differs from one process's.
+pub async fn run(options: Options) -> Result<()> {
+    let Options { rows, runs, processes, executors } = options;
+    let runs = runs.max(1);
     let dir = std::env::temp_dir().join(format!("setfusion-ballista-cluster-{}", std::process::id()));
     demo::write_tables(&dir, rows).await?;
 
@@ -111,12 +105,7 @@ impl Drop for Children {
 /// `setfusion scheduler` and `executors` `setfusion executor` processes on
 /// free loopback ports, reading files under `data`; returns the cluster's URL.
 fn start_processes(data: &std::path::Path, executors: usize, children: &mut Children) -> Result<String> {
-    let bin = match std::env::var_os("SETFUSION_BIN") {
-        Some(b) => std::path::PathBuf::from(b),
-        None => {
-            std::env::current_exe()?.parent().and_then(|d| d.parent()).map(|d| d.join("setfusion")).unwrap_or_default()
-        }
-    };
+    let bin = std::env::current_exe()?;
     let start = |args: Vec<String>| {
         std::process::Command::new(&bin)
             .args(&args)
