@@ -52,6 +52,9 @@ struct SideKeys {
     /// A string key: its rows' hashes and bytes as decoded, for the proof
     /// that equal hashes mean equal strings ([`prove_string_keys`]).
     strings: Option<StringKeys>,
+    /// A filtered side's output columns its filter decoded (over its file
+    /// rows), kept for the payload so they are not read again.
+    outputs: Vec<(String, crate::scan::DeviceDecoded)>,
 }
 
 /// A BYTE_ARRAY key's rows as the device decoded them (all of them, before a
@@ -103,10 +106,12 @@ impl SideKeys {
 /// keys compacted there, the NULL keys' rows last. `Ok(Err(why))`: the host
 /// reads the input (files the device does not decode, or arithmetic that
 /// overflows, which DataFusion's FilterExec raises or wraps as it does).
+/// The filter's columns named in `outputs` are kept for the payload.
 fn filtered_side(
     g: &Gpu,
     scan: &DeviceScanExec,
     filter: &ScanFilter,
+    outputs: &[String],
     cache_limit: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
@@ -233,12 +238,18 @@ fn filtered_side(
     });
     // The rows kept, for output columns read afterwards.
     let kept = Some(FilteredRows { valid: pass, null: null_pass, file_rows: n, keep });
-    // A string key's hashes and bytes of every row read, for the proof.
-    let strings = decoded.into_iter().find(|(c, _)| *c == scan.column()).and_then(|(_, d)| {
-        let crate::scan::DeviceDecoded { keys, strings, rows, .. } = d;
-        strings.map(|strings| StringKeys { hashes: Some(keys), strings, rows })
-    });
-    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept, strings }))
+    // A string key's hashes and bytes of every row read, for the proof; the
+    // output columns the filter read, for the payload (read once, not twice).
+    let (mut strings, mut ready) = (None, Vec::new());
+    for (name, d) in decoded {
+        if name == scan.column() && d.strings.is_some() {
+            let crate::scan::DeviceDecoded { keys, strings: bytes, rows, .. } = d;
+            strings = bytes.map(|bytes| StringKeys { hashes: Some(keys), strings: bytes, rows });
+        } else if outputs.iter().any(|o| o == name) {
+            ready.push((name.to_string(), d));
+        }
+    }
+    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept, strings, outputs: ready }))
 }
 
 /// `prog` AND "column `selection` is not NULL" (a row the page index
@@ -260,13 +271,14 @@ fn side_keys(
     side: Side<'_>,
     key_type: &DataType,
     keep: &crate::scan::Keep,
+    outputs: &[String],
     cache_limit: usize,
     ahead: Option<crate::scan::ReadAhead>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
     match side {
         Side::Device(scan) if scan.filter().is_some() => {
-            filtered_side(g, scan, scan.filter().expect("checked"), cache_limit, stats)
+            filtered_side(g, scan, scan.filter().expect("checked"), outputs, cache_limit, stats)
         }
         Side::Device(scan) => match crate::scan::scan_to_device(
             g,
@@ -295,7 +307,7 @@ fn side_keys(
                 }
                 None => None,
             };
-            Ok(Ok(SideKeys { keys, n, nulls, report: None, kept: None, strings: None }))
+            Ok(Ok(SideKeys { keys, n, nulls, report: None, kept: None, strings: None, outputs: Vec::new() }))
         }
     }
 }
@@ -312,7 +324,7 @@ fn device_side(
         None => None,
     };
     let strings = decoded.strings.map(|strings| StringKeys { hashes: None, strings, rows: n });
-    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report), kept: None, strings })
+    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report), kept: None, strings, outputs: Vec::new() })
 }
 
 fn describe(which: &str, r: &ScanReport) -> String {
@@ -763,12 +775,21 @@ pub(crate) fn select_device_scanned(
                 }
                 _ => None,
             };
-            let probe = match side_keys(&g, probe, key_type, &probe_keep, cfg.cache_limit.0, None, &mut stats)? {
-                Ok(k) => k,
-                Err(why) => return Ok(Err(format!("probe side: {why}"))),
+            // The output columns a filtered probe side's filter reads too are kept from it.
+            let outputs: Vec<String> = match (payload, probe_side.and_then(|s| s.payload())) {
+                (Some(needed), Some(columns)) => {
+                    needed.iter().filter_map(|&i| columns.get(i)).map(|(name, _)| name.clone()).collect()
+                }
+                _ => Vec::new(),
             };
+            let mut probe =
+                match side_keys(&g, probe, key_type, &probe_keep, &outputs, cfg.cache_limit.0, None, &mut stats)? {
+                    Ok(k) => k,
+                    Err(why) => return Ok(Err(format!("probe side: {why}"))),
+                };
+            prefetched = std::mem::take(&mut probe.outputs);
             let all = crate::scan::Keep::default();
-            let build = match side_keys(&g, build, key_type, &all, cfg.cache_limit.0, ahead, &mut stats)? {
+            let build = match side_keys(&g, build, key_type, &all, &[], cfg.cache_limit.0, ahead, &mut stats)? {
                 Ok(k) => k,
                 Err(why) => return Ok(Err(format!("build side: {why}"))),
             };
