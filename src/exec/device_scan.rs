@@ -404,6 +404,20 @@ impl DeviceScanExec {
     }
 
     /// The filter the device applies to the rows before taking their keys (None: every row).
+    /// The decompressed bytes of the pages this scan inflates on host threads
+    /// (its key, filter and output columns: [`crate::scan::host_inflated_bytes`]).
+    pub fn host_inflated_bytes(&self) -> u64 {
+        let mut columns: Vec<&str> = vec![self.column()];
+        let filter = self.filter().map(|f| f.columns.as_slice()).unwrap_or_default();
+        let payload = self.payload().unwrap_or_default();
+        for (name, _) in filter.iter().chain(payload) {
+            if !columns.contains(&name.as_str()) {
+                columns.push(name);
+            }
+        }
+        crate::scan::host_inflated_bytes(self.files(), &columns)
+    }
+
     pub fn filter(&self) -> Option<&ScanFilter> {
         self.filter.as_ref()
     }

@@ -174,7 +174,22 @@ pub struct Candidate<'a> {
     /// then decoded and hashed on the device, with no host encoding and no host
     /// output filter ([`crate::exec::device_scan`]).
     pub device_read: bool,
+    /// Decompressed page bytes of the inputs' Parquet files that are
+    /// inflated on host threads (ZSTD and the like) before setfusion's
+    /// selection can start; DataFusion inflates them inside its pipelined
+    /// scan and join ([`HOST_INFLATE_NS`]).
+    pub host_inflated_bytes: u64,
 }
+
+/// Host inflation of ZSTD (and GZIP, LZ4_RAW) pages, ns per decompressed
+/// byte on one thread, counted against setfusion only: its inputs are read
+/// (and inflated) before its selection starts, while DataFusion's scan
+/// inflates them inside its pipelined join. Measured on an H200 host with 16
+/// threads (DataFusion-written zstd files, 100M rows, two columns): 1.6 GB
+/// read and inflated in ~283 ms, then ~80 ms to upload and decode; 4 ns a
+/// byte a thread (4 GB/s on 16) covers both. Without it the model chose the
+/// GPU there and lost (0.87-0.93x warm, BENCHMARKS section 25).
+const HOST_INFLATE_NS: f64 = 4.0;
 
 /// Keys DataFusion compares as more than one fixed-width value.
 fn wide(types: &[DataType]) -> bool {
@@ -277,10 +292,16 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Deci
     };
     // Column-hashed keys: the string path's launches and synchronisations, and more (one pass a column).
     let fixed_ms = if strings || columns { GPU_STRING_FIXED_MS } else { GPU_FIXED_MS };
-    let gpu_ms = start_left + fixed_ms + transfer_ms + host_ms;
+    let inflate_ms = c.host_inflated_bytes as f64 * HOST_INFLATE_NS / threads / 1e6;
+    let gpu_ms = start_left + fixed_ms + transfer_ms + host_ms + inflate_ms;
+    let inflating = if inflate_ms > 0.0 {
+        format!(" incl. {inflate_ms:.0} ms of zstd pages inflated first")
+    } else {
+        String::new()
+    };
     let cal_note = if cal.measured { "" } else { ", uncalibrated (run setfusion doctor)" };
     let what = format!(
-        "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}, {rival} ~{cpu_ms:.1} ms on {} threads{cal_note}",
+        "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}{inflating}, {rival} ~{cpu_ms:.1} ms on {} threads{cal_note}",
         if row_encoded {
             ", keys row-encoded on the host"
         } else if strings && c.device_read {
@@ -432,7 +453,7 @@ mod tests {
     use std::time::Duration;
 
     fn cand(op: SetOp, rows: usize, types: &[DataType]) -> Candidate<'_> {
-        Candidate { op, rows: Some(rows), key_types: types, threads: 16, device_read: false }
+        Candidate { op, rows: Some(rows), key_types: types, threads: 16, device_read: false, host_inflated_bytes: 0 }
     }
 
     #[test]
@@ -484,6 +505,16 @@ mod tests {
         assert!(gpu(estimate(&cand(SetOp::IntersectDistinct, 20_000_000, &s), &Readiness::Ready, &cal)));
         let few_threads = Candidate { threads: 4, ..cand(SetOp::Semi, 20_000_000, &s) };
         assert!(gpu(estimate(&few_threads, &Readiness::Ready, &cal)));
+        // zstd inputs inflated on the host first: 101M rows whose three columns
+        // (2.4 GB) must be inflated stay with DataFusion (measured 0.92x on the
+        // device); the same join over snappy files, or over 200M rows of keys
+        // alone (1.6 GB; DataFusion's join is the larger cost there: 5.7x), the GPU.
+        let zstd = |rows, bytes| Candidate { host_inflated_bytes: bytes, ..cand(SetOp::Semi, rows, &int) };
+        assert!(!gpu(estimate(&zstd(101_000_000, 2_400_000_000), &Readiness::Ready, &cal)));
+        assert!(gpu(estimate(&zstd(101_000_000, 0), &Readiness::Ready, &cal)));
+        assert!(gpu(estimate(&zstd(200_000_000, 1_600_000_000), &Readiness::Ready, &cal)));
+        let why = estimate(&zstd(101_000_000, 2_400_000_000), &Readiness::Ready, &cal).reason.to_string();
+        assert!(why.contains("of zstd pages inflated first"), "{why}");
         // Composite keys with a wide decimal are row-encoded on the host: they lose to DataFusion at any size.
         let rc = [DataType::Utf8, DataType::Decimal128(38, 2)];
         assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &rc), &Readiness::Ready, &cal)));

@@ -71,12 +71,14 @@ pub fn decide(
     key_types: &[DataType],
     threads: usize,
 ) -> Decision {
-    decide_reading(cfg, op, a, b, key_types, threads, false)
+    decide_reading(cfg, op, a, b, key_types, threads, false, 0)
 }
 
 /// [`decide`], where `device_read` says the device scan will read both
 /// inputs (their keys, and the kept side's output columns): string keys then
-/// cost no host encoding and no host output filter.
+/// cost no host encoding and no host output filter. `host_inflated_bytes`:
+/// the inputs' Parquet pages inflated on host threads before the selection
+/// ([`cost::Candidate::host_inflated_bytes`]).
 pub fn decide_reading(
     cfg: &SetfusionConfig,
     op: SetOp,
@@ -85,6 +87,7 @@ pub fn decide_reading(
     key_types: &[DataType],
     threads: usize,
     device_read: bool,
+    host_inflated_bytes: u64,
 ) -> Decision {
     if let Some(reason) = forced_cpu(cfg, key_types) {
         return Decision::cpu(reason);
@@ -112,7 +115,7 @@ pub fn decide_reading(
     }
     // Costed as encoded: a dictionary as its values (string dictionaries as views).
     let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
-    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read };
+    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read, host_inflated_bytes };
     let calibration = cost::Calibration::current();
     let Some(readiness) = started else {
         let from_scratch = cost::not_started(&calibration);

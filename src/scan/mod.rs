@@ -44,8 +44,8 @@ use datafusion::error::Result;
 pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded, DeviceStrings};
 pub use pages::{
-    is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback, Keep, RowSelections,
-    ScanFile,
+    host_inflated_bytes, is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback, Keep,
+    RowSelections, ScanFile,
 };
 
 use crate::gpu::{Gpu, TransferStats};
@@ -1547,6 +1547,54 @@ mod tests {
         // enable_page_index = false: the row groups alone.
         let no_pages = pages::prune_row_groups(&files, &schema, &between, false, false).unwrap().unwrap();
         assert!(no_pages.rows.is_none() && no_pages.rows_pruned_by_page_index == 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The pages the host inflates before a selection: a zstd file's columns
+    /// count their decompressed sizes (the named ones only), snappy and
+    /// uncompressed files nothing, a missing file nothing.
+    #[test]
+    fn host_inflated_bytes_count_zstd_pages_only() {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use parquet::basic::{Compression, ZstdLevel};
+        use parquet::file::properties::WriterProperties;
+        use std::sync::Arc;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("p", DataType::Int64, false),
+        ]));
+        let dir = std::env::temp_dir().join(format!("setfusion-pq-inflated-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, codec: Compression| {
+            let k: Vec<i64> = (0..50_000).map(|i| i * 7919 % 100_003).collect();
+            let p: Vec<i64> = (0..50_000).collect();
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(p))],
+            )
+            .unwrap();
+            let props = WriterProperties::builder().set_compression(codec).set_dictionary_enabled(false).build();
+            let path = dir.join(name);
+            let mut w = parquet::arrow::ArrowWriter::try_new(
+                std::fs::File::create(&path).unwrap(),
+                schema.clone(),
+                Some(props),
+            )
+            .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            ScanFile { path, ranges: vec![] }
+        };
+        let zstd = write("z.parquet", Compression::ZSTD(ZstdLevel::default()));
+        let snappy = write("s.parquet", Compression::SNAPPY);
+        let plain = write("u.parquet", Compression::UNCOMPRESSED);
+        let one = pages::host_inflated_bytes(std::slice::from_ref(&zstd), &["k"]);
+        let both = pages::host_inflated_bytes(std::slice::from_ref(&zstd), &["k", "p", "not_there"]);
+        assert!(one >= 400_000 && both >= 2 * 400_000 && both > one, "{one} {both}");
+        assert_eq!(pages::host_inflated_bytes(&[snappy, plain], &["k", "p"]), 0);
+        let missing = ScanFile { path: dir.join("missing.parquet"), ranges: vec![] };
+        assert_eq!(pages::host_inflated_bytes(&[missing, zstd], &["k"]), one);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -308,6 +308,30 @@ impl Keep {
     }
 }
 
+/// The decompressed bytes of `columns`' pages in `files` that the device
+/// scan inflates on host threads before its selection can start (ZSTD,
+/// GZIP, LZ4_RAW and the like; SNAPPY pages the device inflates itself), by
+/// the footers' column chunk sizes. A file whose footer cannot be read
+/// counts nothing (the scan reports it when it runs).
+pub fn host_inflated_bytes(files: &[ScanFile], columns: &[&str]) -> u64 {
+    let footers = crate::host::par_map(files, 1, |f| Ok::<_, DataFusionError>(read_footer(&f.path).ok()));
+    let Ok(footers) = footers else { return 0 };
+    let mut bytes = 0u64;
+    for meta in footers.iter().flatten() {
+        let schema = meta.file_metadata().schema_descr();
+        let indexes: Vec<usize> = columns.iter().filter_map(|c| column_index(schema, c)).collect();
+        for rg in meta.row_groups() {
+            for &ci in &indexes {
+                let cc = rg.column(ci);
+                if !matches!(cc.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
+                    bytes += cc.uncompressed_size().max(0) as u64;
+                }
+            }
+        }
+    }
+    bytes
+}
+
 /// The rows in both of two sorted lists of disjoint ranges `[start, end)`.
 fn intersect_ranges(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let (mut i, mut j, mut out) = (0, 0, Vec::new());
