@@ -419,6 +419,11 @@ pub(crate) struct FilteredRows {
 /// this many (whole 32-bit words of a row mask); a data page holds a block or more.
 const LATE_BLOCK: u64 = 4096;
 
+/// Does `selection` keep a row of its rows `from .. from + len`?
+fn keeps_any(selection: &BooleanBuffer, from: usize, len: usize) -> bool {
+    len > 0 && selection.slice(from, len).count_set_bits() > 0
+}
+
 /// Do the kept rows of `selection` lie in more than half of its blocks of
 /// [`LATE_BLOCK`] rows (in its own order)? Then late materialization would
 /// leave little unread, and it is not tried: this look stops as soon as it
@@ -428,7 +433,7 @@ fn kept_in_most_blocks(selection: &BooleanBuffer) -> bool {
     let blocks = n.div_ceil(block);
     let (mut hit, mut missed) = (0usize, 0usize);
     for b in 0..blocks {
-        if selection.slice(b * block, block.min(n - b * block)).count_set_bits() > 0 {
+        if keeps_any(selection, b * block, block.min(n - b * block)) {
             hit += 1;
         } else {
             missed += 1;
@@ -455,7 +460,7 @@ fn kept_blocks(
     stats: &mut TransferStats,
 ) -> Result<Option<Vec<bool>>> {
     let block = LATE_BLOCK as usize;
-    let any = |from: usize, len: usize| len > 0 && selection.slice(from, len).count_set_bits() > 0;
+    let any = |from: usize, len: usize| keeps_any(selection, from, len);
     let Some(f) = filtered else {
         let n = selection.len();
         return Ok(Some((0..n.div_ceil(block)).map(|b| any(b * block, block.min(n - b * block))).collect()));
