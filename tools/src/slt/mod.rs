@@ -429,7 +429,18 @@ pub async fn compare_with_plain(path: &Path, mode: Mode) -> Result<PeerReport> {
         let sql = sql_of(&record).map(str::to_string);
         let loc = location_of(&record);
         let p = plain.run_async(record.clone()).await;
-        let s = sf.run_async(record).await;
+        let mut s = sf.run_async(record.clone()).await;
+        // DataFusion's spill tests give a few hundred KB to partitions that
+        // race for it; who loses depends on the scheduler, in plain DataFusion
+        // as much as under setfusion. A record that passed in plain and lost
+        // that race here is run again, at most twice, before it counts.
+        for _ in 0..2 {
+            let lost_pool_race = matches!(&s, Err(e) if e.kind().to_string().contains("Resources exhausted"));
+            if !(lost_pool_race && matches!(p, Ok(RecordOutput::Query { .. }))) {
+                break;
+            }
+            s = sf.run_async(record.clone()).await;
+        }
         let (Some(sql), Some((file, line))) = (sql, loc) else { continue };
         let diff = |error: String| PeerDiff { file: test_file_key(Path::new(&file)), line, sql: sql.clone(), error };
         match (p, s) {
