@@ -298,6 +298,45 @@ mod mark_join {
         )
         .await;
     }
+
+    /// The same contract with the subquery side broadcast (as on a Ballista
+    /// cluster): the probe side keeps its partitions, each marked against the
+    /// whole subquery, collected once; its reservation is released with the
+    /// last partition's run, or on cancellation.
+    #[tokio::test]
+    async fn keeps_the_operator_contract_with_the_subquery_broadcast() {
+        use datafusion::physical_plan::ExecutionPlanProperties;
+        let tables = [
+            "SET setfusion.hash_partition_inputs = true",
+            "CREATE TABLE a AS SELECT CASE WHEN v % 97 = 0 THEN NULL ELSE v % 70 END AS k, v \
+                 FROM generate_series(0, 1999) AS g(v)",
+            "CREATE TABLE b AS SELECT CASE WHEN v % 50 = 0 THEN NULL ELSE v * 3 % 90 END AS k, v % 300 AS v \
+                 FROM generate_series(0, 499) AS g(v)",
+        ];
+        let queries = [
+            ("SELECT k, v, k IN (SELECT k FROM b) AS m FROM a", "MarkJoinExec"),
+            ("SELECT k, v FROM a WHERE k NOT IN (SELECT k FROM b) OR v < 10", "MarkJoinExec"),
+            ("SELECT k, v FROM a WHERE k IN (SELECT b.k FROM b WHERE b.v = a.v) OR v < 10", "MarkJoinExec"),
+            ("SELECT k, v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.v > a.v)", "MarkJoinExec"),
+        ];
+        let ctx = cpu_session(3, &tables).await;
+        let plain = cpu_session(3, &tables[1..]).await;
+        for (sql, _) in queries {
+            let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+            let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string();
+            let mark = super::find(&plan, "MarkJoinExec");
+            assert!(text.contains("subquery=broadcast"), "{sql}:\n{text}");
+            assert!(mark.output_partitioning().partition_count() > 1, "{sql}: the probe side in one partition\n{text}");
+            assert_eq!(mark.children()[1].output_partitioning().partition_count(), 1, "{sql}:\n{text}");
+            // The marks of one selection over everything.
+            let rows = |ctx: &datafusion::prelude::SessionContext| {
+                let ctx = ctx.clone();
+                async move { super::sorted_rows(&ctx.sql(sql).await.unwrap().collect().await.unwrap()) }
+            };
+            assert_eq!(rows(&ctx).await, rows(&plain).await, "{sql}");
+        }
+        contract_under_every_strategy(&tables, &queries).await;
+    }
 }
 
 /// `SimilarityJoinExec`.

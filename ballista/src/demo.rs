@@ -27,6 +27,8 @@ pub const QUERIES: &[(&str, &str)] = &[
     ("in", "SELECT k, v FROM r WHERE k IN (SELECT k FROM t)"),
     ("not in", "SELECT k, v FROM r WHERE k NOT IN (SELECT k FROM t WHERE k < 500)"),
     ("in under or", "SELECT k, v, k IN (SELECT k FROM t) OR v > 990 AS m FROM r"),
+    ("exists with a filter", "SELECT k, v FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > r.v)"),
+    ("not exists with a filter", "SELECT k, v FROM r WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > r.v)"),
     ("similarity join", "SELECT a.id, b.id FROM docs_a a JOIN docs_b b ON jaccard(a.elements, b.elements) >= 0.8"),
 ];
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::error::Result;
-use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_proto::bytes::{
     logical_plan_from_bytes_with_extension_codec, logical_plan_to_bytes_with_extension_codec,
@@ -189,12 +189,20 @@ async fn hash_partitioned_inputs_stay_exact() {
     for (name, sql) in demo::QUERIES {
         let plan = partitioned.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         let text = plan_text(&plan);
-        // NOT IN and the mark join (IN under OR) read everything in every partition; the
+        // NOT IN reads everything in every partition; the mark joins (IN under OR, EXISTS
+        // with a filter) broadcast their subquery side to each probe partition; the
         // similarity join has one partition.
-        let decided_per_partition = !["not in", "in under or", "similarity join"].contains(name);
+        let mark_join = ["in under or", "exists with a filter", "not exists with a filter"].contains(name);
+        let decided_per_partition = !mark_join && !["not in", "similarity join"].contains(name);
         if decided_per_partition {
             assert!(text.contains(", partitioned"), "{name}: not partitioned:\n{text}");
             assert!(text.contains("RepartitionExec: partitioning=Hash"), "{name}: no hash repartition:\n{text}");
+        }
+        if mark_join && text.contains("MarkJoinExec") {
+            assert!(text.contains("subquery=broadcast"), "{name}: subquery side not broadcast:\n{text}");
+            let mark = find(&plan, "MarkJoinExec").expect("a MarkJoinExec");
+            assert_eq!(mark.children()[1].output_partitioning().partition_count(), 1, "{name}:\n{text}");
+            assert!(mark.output_partitioning().partition_count() > 1, "{name}: probe side in one partition:\n{text}");
         }
         let want = demo::sorted_rows(&whole, sql).await.unwrap();
         assert!(!want.is_empty(), "{name}: empty answer");

@@ -2,6 +2,14 @@
 //! file imports from another operator's (issue 29): the planner's choices every
 //! operator is built with ([`Decision`], [`NullMode`]) and the task context
 //! their inputs are executed with ([`input_context`]).
+//!
+//! One shape is shared by the operators rather than written here: each keeps
+//! what it was planned with (inputs, key expressions, the [`Decision`], the
+//! dynamic filter it publishes) in one `...Spec` behind an `Arc`, which the
+//! node and every execution's private `Run` both hold. An execution reads the
+//! node's choices, never a copy of them; the `Run` adds only its own state
+//! (metrics, reservation, what ran). See `SetSelectSpec`, `MarkJoinSpec`,
+//! `SimilaritySpec` and `FamiliesSpec`.
 
 use std::fmt;
 use std::sync::Arc;

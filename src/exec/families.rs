@@ -223,14 +223,8 @@ pub fn families_schema(
 /// The operator. See the module documentation.
 #[derive(Debug)]
 pub struct FamiliesExec {
-    left: Arc<dyn ExecutionPlan>,
-    /// None: the self form.
-    right: Option<Arc<dyn ExecutionPlan>>,
-    left_layout: Layout,
-    right_layout: Layout,
-    level: Level,
-    element: DataType,
-    schema: SchemaRef,
+    /// What every execution reads, shared with it (see `exec::common`).
+    spec: Arc<FamiliesSpec>,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     ran: Arc<Mutex<Option<String>>>,
@@ -253,13 +247,7 @@ impl FamiliesExec {
             Boundedness::Bounded,
         ));
         Ok(Self {
-            left,
-            right,
-            left_layout,
-            right_layout,
-            level,
-            element,
-            schema,
+            spec: Arc::new(FamiliesSpec { left, right, left_layout, right_layout, level, element, schema }),
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             ran: Arc::new(Mutex::new(None)),
@@ -270,14 +258,14 @@ impl FamiliesExec {
 impl FamiliesExec {
     /// The layouts of the left and right families (the right one is the left's in the self form).
     pub fn layouts(&self) -> (Layout, Layout) {
-        (self.left_layout, self.right_layout)
+        (self.spec.left_layout, self.spec.right_layout)
     }
     pub fn level(&self) -> Level {
-        self.level
+        self.spec.level
     }
     /// The self form (one family joined with itself, left id < right id)?
     pub fn is_self_join(&self) -> bool {
-        self.right.is_none()
+        self.spec.right.is_none()
     }
 }
 
@@ -286,8 +274,8 @@ impl DisplayAs for FamiliesExec {
         write!(
             f,
             "FamiliesExec: level={}, form={}",
-            self.level.name(),
-            if self.right.is_some() { "two families" } else { "self (left id < right id)" }
+            self.spec.level.name(),
+            if self.spec.right.is_some() { "two families" } else { "self (left id < right id)" }
         )?;
         write!(f, ", backend=gpu when one is usable and there are at least setfusion.min_rows pairs, else cpu")?;
         super::fmt_projection_and_ran(f, t, &None, &self.ran)
@@ -304,7 +292,7 @@ impl ExecutionPlan for FamiliesExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        std::iter::once(&self.left).chain(self.right.as_ref()).collect()
+        std::iter::once(&self.spec.left).chain(self.spec.right.as_ref()).collect()
     }
 
     /// The families are read whole: each input in one partition (a Ballista
@@ -316,8 +304,14 @@ impl ExecutionPlan for FamiliesExec {
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let mut it = children.into_iter();
         let left = it.next().ok_or_else(|| DataFusionError::Internal("FamiliesExec needs its inputs".into()))?;
-        let right = if self.right.is_some() { it.next() } else { None };
-        Ok(Arc::new(FamiliesExec::try_new(left, right, self.left_layout, self.right_layout, self.level)?))
+        let right = if self.spec.right.is_some() { it.next() } else { None };
+        Ok(Arc::new(FamiliesExec::try_new(
+            left,
+            right,
+            self.spec.left_layout,
+            self.spec.right_layout,
+            self.spec.level,
+        )?))
     }
 
     fn apply_expressions(
@@ -335,20 +329,14 @@ impl ExecutionPlan for FamiliesExec {
         }
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let run = Run {
-            left: self.left.clone(),
-            right: self.right.clone(),
-            left_layout: self.left_layout,
-            right_layout: self.right_layout,
-            level: self.level,
-            element: self.element.clone(),
-            schema: self.schema.clone(),
+            spec: self.spec.clone(),
             // One partition: each execution is partition 0's own.
             device: DeviceMetrics::new(&self.metrics, Some(partition)),
             peak_memory: super::execution_peak_memory(&self.metrics, Some(partition)),
             elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
         };
-        let schema = self.schema.clone();
+        let schema = self.spec.schema.clone();
         let fut = async move {
             let rx = run.start(context).await?;
             let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
@@ -590,14 +578,22 @@ impl Domain {
 /// stream holds at once (the pair matrix on the device, output on the host).
 const PAIRS_PER_ROUND: u64 = 1 << 26;
 
-struct Run {
+/// The node's inputs and choices, shared by the node and its executions.
+#[derive(Debug)]
+struct FamiliesSpec {
     left: Arc<dyn ExecutionPlan>,
+    /// None: the self form.
     right: Option<Arc<dyn ExecutionPlan>>,
     left_layout: Layout,
     right_layout: Layout,
     level: Level,
     element: DataType,
     schema: SchemaRef,
+}
+
+/// One execution: the node's spec and the execution's own state.
+struct Run {
+    spec: Arc<FamiliesSpec>,
     device: DeviceMetrics,
     /// The peak of the execution's memory reservation.
     peak_memory: Gauge,
@@ -627,8 +623,8 @@ impl Run {
                 Ok::<_, DataFusionError>(b)
             }
         };
-        let left = collect(self.left.clone()).await?;
-        let right = match &self.right {
+        let left = collect(self.spec.left.clone()).await?;
+        let right = match &self.spec.right {
             Some(r) => Some(collect(r.clone()).await?),
             None => None,
         };
@@ -656,9 +652,9 @@ impl Run {
     ) -> Result<()> {
         let started = Instant::now();
         let compute = std::cell::RefCell::new(self.elapsed_compute.timer());
-        let l = Sets::read(left, self.left_layout, &self.element)?;
+        let l = Sets::read(left, self.spec.left_layout, &self.spec.element)?;
         let (l, r, from) = match right {
-            Some(rb) => (l, Some(Sets::read(rb, self.right_layout, &self.element)?), None),
+            Some(rb) => (l, Some(Sets::read(rb, self.spec.right_layout, &self.spec.element)?), None),
             None => {
                 let (sorted, from) = l.in_id_order()?;
                 (sorted, None, Some(from))
@@ -691,7 +687,7 @@ impl Run {
         };
         let mut ts = TransferStats::default();
         let mut notes: Vec<String> = Vec::new();
-        match self.level {
+        match self.spec.level {
             Level::Distinct => {
                 let d = match &backend {
                     Ok(()) => match distinct_on_gpu(cfg, memory, &space, &mut ts) {
@@ -804,7 +800,7 @@ impl Run {
             let lid = take(left_ids.as_ref(), &UInt32Array::from(li[start..end].to_vec()), None)?;
             let rid = take(right_ids.as_ref(), &UInt32Array::from(ri[start..end].to_vec()), None)?;
             let overlap: ArrayRef = Arc::new(Int64Array::from(n[start..end].to_vec()));
-            out.push(RecordBatch::try_new(self.schema.clone(), vec![lid, rid, overlap])?);
+            out.push(RecordBatch::try_new(self.spec.schema.clone(), vec![lid, rid, overlap])?);
         }
         Ok(out)
     }
@@ -814,9 +810,9 @@ impl Run {
         for start in (0..d.len()).step_by(batch_size) {
             let end = (start + batch_size).min(d.len());
             let offs = &d.offsets[start..=end];
-            let list = domain.list(&self.element, offs, &d.elements[offs[0]..offs[end - start]])?;
+            let list = domain.list(&self.spec.element, offs, &d.elements[offs[0]..offs[end - start]])?;
             let freq = Int64Array::from_iter_values(d.frequency[start..end].iter().map(|&f| f as i64));
-            out.push(RecordBatch::try_new(self.schema.clone(), vec![list, Arc::new(freq)])?);
+            out.push(RecordBatch::try_new(self.spec.schema.clone(), vec![list, Arc::new(freq)])?);
         }
         Ok(out)
     }
@@ -837,7 +833,7 @@ impl Run {
         let mut li: Vec<u32> = Vec::new();
         let mut ri: Vec<u32> = Vec::new();
         let mut which: Vec<Option<usize>> = Vec::new();
-        if self.level == Level::All {
+        if self.spec.level == Level::All {
             let mut p = 0;
             for i in rows {
                 for j in space.first_right(i)..space.right.len() {
@@ -864,10 +860,10 @@ impl Run {
                 }
                 offsets.push(elems.len());
             }
-            let list = domain.list(&self.element, &offsets, &elems)?;
+            let list = domain.list(&self.spec.element, &offsets, &elems)?;
             let lid = take(left_ids.as_ref(), &UInt32Array::from(li[start..end].to_vec()), None)?;
             let rid = take(right_ids.as_ref(), &UInt32Array::from(ri[start..end].to_vec()), None)?;
-            out.push(RecordBatch::try_new(self.schema.clone(), vec![lid, rid, list])?);
+            out.push(RecordBatch::try_new(self.spec.schema.clone(), vec![lid, rid, list])?);
         }
         Ok(out)
     }

@@ -71,7 +71,7 @@ use crate::exec::common::{input_context, Backend, Decision, NullMode};
 use crate::exec::device_scan::DeviceScanExec;
 use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
 use crate::exec::memory::{
-    array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Parts, SharedRun,
+    array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Execution, Parts, SharedRun,
 };
 use crate::exec::pair_filter::{self, PairFilter};
 use crate::exec::selection::{key_columns, Metrics, Selector};
@@ -103,6 +103,36 @@ pub type DeviceFilter = std::result::Result<Arc<Programs>, String>;
 /// The operator. See the module documentation.
 #[derive(Debug)]
 pub struct MarkJoinExec {
+    /// What every execution reads, shared with it (see `exec::common`).
+    spec: Arc<MarkJoinSpec>,
+    output: MarkOutput,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    result: Arc<SharedRun<Parts<(Vec<(Marked, usize)>, MemoryReservation)>>>,
+    ran: Arc<Mutex<Option<String>>>,
+    /// On a Ballista cluster: the subquery side is broadcast. It is asked for
+    /// in one partition (a task sees only its own partition of a shuffled
+    /// input, where a mark needs the whole subquery, its NULLs and its row
+    /// count), while the probe side keeps its partitions: each partition is
+    /// marked on its own (`run(.., Some(p))`), by its own task on a cluster.
+    broadcast_build: bool,
+    /// With `broadcast_build`: the subquery side, collected once per plan
+    /// instance and shared by the partitions' runs (one process executes
+    /// every partition of one instance, and a re-executed RepartitionExec
+    /// would give each run only part of the rows: misses would become wrong
+    /// marks). On a cluster each task decodes its own instance and collects
+    /// the whole subquery from the shuffle.
+    broadcast: Arc<SharedRun<BroadcastBuild>>,
+    /// Output at most this many rows per partition (a LIMIT absorbed by the node).
+    fetch: Option<usize>,
+    /// Why the subquery side, a Parquet scan, is not read by the device (EXPLAIN).
+    scan_note: Option<String>,
+}
+
+/// The node's inputs and choices, shared by the node and its executions.
+#[derive(Debug, Clone)]
+struct MarkJoinSpec {
     kind: MarkKind,
     probe: Arc<dyn ExecutionPlan>,
     build: Arc<dyn ExecutionPlan>,
@@ -113,29 +143,11 @@ pub struct MarkJoinExec {
     filter: Option<PairFilter>,
     /// The filter compiled for the device, or why it does not compile.
     device_filter: Option<DeviceFilter>,
-    output: MarkOutput,
     /// The planner's choice (`planner::decision`), shown in EXPLAIN.
     decision: Decision,
-    schema: SchemaRef,
-    cache: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-    result: Arc<SharedRun<Parts<(Vec<(Marked, usize)>, MemoryReservation)>>>,
-    ran: Arc<Mutex<Option<String>>>,
-    /// On a Ballista cluster: ask for each input in one partition (a task
-    /// executes one partition of the operator and sees only its own partition
-    /// of a shuffled input, where a mark needs the whole subquery). Each
-    /// execution then marks its own probe partitions (`run(.., Some(p))`).
-    /// Keeping the probe side partitioned with the subquery broadcast (issue
-    /// 30 item 3) needs the subquery collected once for all partitions: a
-    /// re-executed RepartitionExec gives each execution only part of its
-    /// rows, which turned misses into wrong marks in one process.
-    broadcast_build: bool,
-    /// The dynamic filter this node publishes into its build input, once a scan below accepted it.
+    /// The dynamic filter this node publishes into its build input, once a
+    /// scan below accepted it (published before the build input is read).
     dynamic_filter: Option<DynamicKeyFilter>,
-    /// Output at most this many rows per partition (a LIMIT absorbed by the node).
-    fetch: Option<usize>,
-    /// Why the subquery side, a Parquet scan, is not read by the device (EXPLAIN).
-    scan_note: Option<String>,
 }
 
 /// The one key pair (probe, build) whose selection decides every mark, when
@@ -200,22 +212,25 @@ impl MarkJoinExec {
             }
         };
         Ok(Self {
-            kind,
-            probe,
-            build,
-            on,
-            in_keys,
-            filter,
-            device_filter,
+            spec: Arc::new(MarkJoinSpec {
+                kind,
+                probe,
+                build,
+                on,
+                in_keys,
+                filter,
+                device_filter,
+                decision,
+                dynamic_filter: None,
+            }),
             output: MarkOutput::Mark,
-            decision,
             schema,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             result: Arc::new(SharedRun::new()),
             ran: Arc::new(Mutex::new(None)),
             broadcast_build: false,
-            dynamic_filter: None,
+            broadcast: Arc::new(SharedRun::new()),
             fetch: None,
             scan_note: None,
         })
@@ -228,13 +243,13 @@ impl MarkJoinExec {
         if self.broadcast_build {
             return Err("inputs in one partition (a cluster)".into());
         }
-        single_build_key(&self.on, &self.in_keys, &self.filter)
+        single_build_key(&self.spec.on, &self.spec.in_keys, &self.spec.filter)
     }
 
     /// This node over another subquery side (its device scan), with the note
     /// EXPLAIN shows when the device does not read it.
     pub fn with_build_scan(&self, build: Arc<dyn ExecutionPlan>, note: Option<String>) -> Result<Self> {
-        let mut exec = self.rebuilt(self.probe.clone(), build)?;
+        let mut exec = self.rebuilt(self.spec.probe.clone(), build)?;
         exec.scan_note = note;
         Ok(exec)
     }
@@ -251,25 +266,32 @@ impl MarkJoinExec {
         if self.broadcast_build {
             return None;
         }
-        let (probe_keys, build_keys): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
-        KeyFilterPlan::new(FilteredInput::Build, &self.probe, &self.build, &probe_keys, &build_keys, KeepNulls::Never)
+        let (probe_keys, build_keys): (Vec<_>, Vec<_>) = self.spec.on.iter().cloned().unzip();
+        KeyFilterPlan::new(
+            FilteredInput::Build,
+            &self.spec.probe,
+            &self.spec.build,
+            &probe_keys,
+            &build_keys,
+            KeepNulls::Never,
+        )
     }
 
     /// This node over other inputs, keeping its settings, dynamic filter and fetch.
     fn rebuilt(&self, probe: Arc<dyn ExecutionPlan>, build: Arc<dyn ExecutionPlan>) -> Result<Self> {
         let mut exec = MarkJoinExec::try_new(
-            self.kind,
+            self.spec.kind,
             probe,
             build,
-            self.on.clone(),
-            self.in_keys.clone(),
-            self.filter.clone(),
+            self.spec.on.clone(),
+            self.spec.in_keys.clone(),
+            self.spec.filter.clone(),
             &self.mark_name(),
-            self.decision.clone(),
+            self.spec.decision.clone(),
         )?
         .with_broadcast_build(self.broadcast_build);
         exec.output = self.output;
-        exec.dynamic_filter = self.dynamic_filter.clone();
+        Arc::make_mut(&mut exec.spec).dynamic_filter = self.spec.dynamic_filter.clone();
         exec.fetch = self.fetch;
         exec.scan_note = self.scan_note.clone();
         Ok(exec)
@@ -300,20 +322,20 @@ impl MarkJoinExec {
     }
 
     pub fn kind(&self) -> MarkKind {
-        self.kind
+        self.spec.kind
     }
     pub fn decision(&self) -> &Decision {
-        &self.decision
+        &self.spec.decision
     }
 
     pub fn on(&self) -> &[(PhysicalExprRef, PhysicalExprRef)] {
-        &self.on
+        &self.spec.on
     }
     pub fn in_keys(&self) -> Option<&(PhysicalExprRef, PhysicalExprRef)> {
-        self.in_keys.as_ref()
+        self.spec.in_keys.as_ref()
     }
     pub fn filter(&self) -> Option<&PairFilter> {
-        self.filter.as_ref()
+        self.spec.filter.as_ref()
     }
     pub fn output(&self) -> MarkOutput {
         self.output
@@ -323,7 +345,7 @@ impl MarkJoinExec {
     /// instead of every row with its mark; an error unless the node was made
     /// without a mark column (`mark_name` "").
     pub fn with_output(mut self, output: MarkOutput) -> Result<Self> {
-        if output != MarkOutput::Mark && self.schema.fields().len() != self.probe.schema().fields().len() {
+        if output != MarkOutput::Mark && self.schema.fields().len() != self.spec.probe.schema().fields().len() {
             return Err(DataFusionError::Plan("setfusion: a semi / anti mark join has no mark column".into()));
         }
         self.output = output;
@@ -341,7 +363,7 @@ impl MarkJoinExec {
 
 impl DisplayAs for MarkJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let kind = match self.kind {
+        let kind = match self.spec.kind {
             MarkKind::In => "in",
             MarkKind::Exists => "exists",
         };
@@ -350,30 +372,30 @@ impl DisplayAs for MarkJoinExec {
             MarkOutput::Semi => write!(f, "MarkJoinExec: kind=semi")?,
             MarkOutput::Anti => write!(f, "MarkJoinExec: kind=anti")?,
         }
-        if let Some((p, b)) = &self.in_keys {
+        if let Some((p, b)) = &self.spec.in_keys {
             write!(f, ", key=({p}, {b})")?;
         }
-        if !self.on.is_empty() {
-            let on: Vec<String> = self.on.iter().map(|(p, b)| format!("({p}, {b})")).collect();
+        if !self.spec.on.is_empty() {
+            let on: Vec<String> = self.spec.on.iter().map(|(p, b)| format!("({p}, {b})")).collect();
             write!(f, ", on=[{}]", on.join(", "))?;
         }
-        if let Some(filter) = &self.filter {
+        if let Some(filter) = &self.spec.filter {
             write!(f, ", filter={}", filter.expr)?;
-            if let (Backend::Gpu, Some(d)) = (self.decision.backend, &self.device_filter) {
+            if let (Backend::Gpu, Some(d)) = (self.spec.decision.backend, &self.spec.device_filter) {
                 match d {
                     Ok(_) => write!(f, ", filter_on=device")?,
                     Err(why) => write!(f, ", filter_on=host (\"{why}\")")?,
                 }
             }
         }
-        write!(f, ", {}", self.decision)?;
+        write!(f, ", {}", self.spec.decision)?;
         if let Some(note) = &self.scan_note {
             write!(f, ", device_scan=\"{note}\"")?;
         }
         if self.broadcast_build {
-            write!(f, ", inputs=single partition")?;
+            write!(f, ", subquery=broadcast")?;
         }
-        if let Some(d) = &self.dynamic_filter {
+        if let Some(d) = &self.spec.dynamic_filter {
             write!(f, ", dynamic_filter={}", d.plan.input.name())?;
         }
         if let Some(fetch) = self.fetch {
@@ -393,7 +415,7 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.probe, &self.build]
+        vec![&self.spec.probe, &self.spec.build]
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
@@ -405,17 +427,17 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        let each =
+        let build =
             if self.broadcast_build { Distribution::SinglePartition } else { Distribution::UnspecifiedDistribution };
-        vec![each.clone(), each]
+        vec![Distribution::UnspecifiedDistribution, build]
     }
 
     fn apply_expressions(
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        let keys = self.on.iter().chain(&self.in_keys).flat_map(|(p, b)| [p, b]);
-        super::visit_exprs(keys.chain(self.filter.as_ref().map(|f| &f.expr)), f)
+        let keys = self.spec.on.iter().chain(&self.spec.in_keys).flat_map(|(p, b)| [p, b]);
+        super::visit_exprs(keys.chain(self.spec.filter.as_ref().map(|f| &f.expr)), f)
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -434,7 +456,7 @@ impl ExecutionPlan for MarkJoinExec {
             parent_filters,
             config,
             self.key_filter_plan().as_ref(),
-            self.dynamic_filter.as_ref(),
+            self.spec.dynamic_filter.as_ref(),
         )
     }
 
@@ -446,8 +468,8 @@ impl ExecutionPlan for MarkJoinExec {
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         let updated = match dynamic_filter::accepted(&result, self.key_filter_plan().as_ref()) {
             Some(filter) => {
-                let mut exec = self.rebuilt(self.probe.clone(), self.build.clone())?;
-                exec.dynamic_filter = Some(filter);
+                let mut exec = self.rebuilt(self.spec.probe.clone(), self.spec.build.clone())?;
+                Arc::make_mut(&mut exec.spec).dynamic_filter = Some(filter);
                 Some(Arc::new(exec) as Arc<dyn ExecutionPlan>)
             }
             None => None,
@@ -466,7 +488,7 @@ impl ExecutionPlan for MarkJoinExec {
     }
 
     fn with_fetch(&self, fetch: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
-        let mut exec = self.rebuilt(self.probe.clone(), self.build.clone()).ok()?;
+        let mut exec = self.rebuilt(self.spec.probe.clone(), self.spec.build.clone()).ok()?;
         exec.fetch = fetch;
         Some(Arc::new(exec))
     }
@@ -475,32 +497,24 @@ impl ExecutionPlan for MarkJoinExec {
         let execution = self.result.join(partition);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let mut run = Run {
+            spec: self.spec.clone(),
             memory: None,
-            kind: self.kind,
-            probe: self.probe.clone(),
-            build: self.build.clone(),
-            on: self.on.clone(),
-            in_keys: self.in_keys.clone(),
-            filter: self.filter.clone(),
-            device_filter: self.device_filter.clone(),
-            backend: self.decision.backend,
             // Registered below by the partition that runs the execution.
             metrics: Metrics::default(),
             elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
-            dynamic_filter: self.dynamic_filter.clone(),
             scan_fell_back: None,
         };
         let (fetch, output, schema) = (self.fetch, self.output, self.schema.clone());
-        let broadcast = self.broadcast_build;
+        let broadcast = self.broadcast_build.then(|| self.broadcast.join(partition));
         let metrics = self.metrics.clone();
         let elapsed_compute = baseline.elapsed_compute().clone();
         let fut = async move {
             // Broadcast: this partition's own run over its probe partition; else one run for all,
             // whose metrics (registered once) name no partition: see `DeviceMetrics::new`.
-            let (parts, index) = if broadcast {
+            let (parts, index) = if let Some(build) = broadcast {
                 run.metrics = Metrics::new(&metrics, Some(partition));
-                (Arc::new(run.run(context, Some(partition)).await?), 0)
+                (Arc::new(run.run(context, Some((partition, build))).await?), 0)
             } else {
                 let parts = execution
                     .get(move || {
@@ -565,26 +579,54 @@ fn form_output(
 
 /// One execution (all partitions).
 struct Run {
+    spec: Arc<MarkJoinSpec>,
     /// The execution's memory reservation (set when it starts).
     memory: Option<Arc<MemoryReservation>>,
-    kind: MarkKind,
-    probe: Arc<dyn ExecutionPlan>,
-    build: Arc<dyn ExecutionPlan>,
-    on: Vec<(PhysicalExprRef, PhysicalExprRef)>,
-    in_keys: Option<(PhysicalExprRef, PhysicalExprRef)>,
-    filter: Option<PairFilter>,
-    device_filter: Option<DeviceFilter>,
-    backend: Backend,
     /// The execution's metrics, shared by its selections.
     metrics: Metrics,
     /// The elapsed_compute of the partition that runs the execution (its
     /// marks count there, as DataFusion's hash join counts its shared build side).
     elapsed_compute: Time,
     ran: Arc<Mutex<Option<String>>>,
-    /// The dynamic filter published into the build input before it is read.
-    dynamic_filter: Option<DynamicKeyFilter>,
     /// Why the device could not read the device-scanned subquery side after all.
     scan_fell_back: Option<String>,
+}
+
+/// A broadcast subquery side: collected once for a plan instance's probe
+/// partitions, each of which takes one share; the last to take its share
+/// leaves the collection to the shares, so that it (and its reservation) is
+/// released when the last run is done with it.
+struct BroadcastBuild {
+    held: Mutex<Option<Arc<CollectedBuild>>>,
+    /// The probe partitions that have not taken their share yet.
+    remaining: Mutex<usize>,
+}
+
+/// The subquery side's batches (its one partition) and the reservation they hold.
+struct CollectedBuild {
+    parts: Vec<Vec<RecordBatch>>,
+    memory: Arc<MemoryReservation>,
+}
+
+impl BroadcastBuild {
+    fn new(build: CollectedBuild, probe_partitions: usize) -> Self {
+        Self { held: Mutex::new(Some(Arc::new(build))), remaining: Mutex::new(probe_partitions) }
+    }
+
+    /// One probe partition's share. A partition takes its share once per
+    /// execution (`SharedRun::join` starts a new one when a partition comes again).
+    fn take_share(&self) -> Result<Arc<CollectedBuild>> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut remaining = self.remaining.lock().unwrap_or_else(|e| e.into_inner());
+        let share = held.clone().ok_or_else(|| {
+            DataFusionError::Internal("MarkJoinExec: a broadcast subquery side was shared out more than once".into())
+        })?;
+        *remaining = remaining.saturating_sub(1);
+        if *remaining == 0 {
+            *held = None;
+        }
+        Ok(share)
+    }
 }
 
 /// Per probe row: a row of the group has its key / the group is not empty /
@@ -600,20 +642,24 @@ struct GroupFacts {
 }
 
 impl Run {
-    /// Mark every probe partition, or only `probe_partition` (broadcast).
+    /// Mark every probe partition, or, broadcast, only the given probe
+    /// partition against the subquery side its plan instance collects once.
     async fn run(
         mut self,
         context: Arc<TaskContext>,
-        probe_partition: Option<usize>,
+        broadcast: Option<(usize, Arc<Execution<BroadcastBuild>>)>,
     ) -> Result<Parts<(Vec<(Marked, usize)>, MemoryReservation)>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let inputs = input_context(&context);
         let memory = reservation(&context, "MarkJoinExec");
-        let (probe_plan, build_plan) = (self.probe.clone(), self.build.clone());
+        let probe_partition = broadcast.as_ref().map(|(p, _)| *p);
+        // The broadcast subquery side this run holds until its marks are computed.
+        let mut build_share: Option<Arc<CollectedBuild>> = None;
+        let (probe_plan, build_plan) = (self.spec.probe.clone(), self.spec.build.clone());
         let sides = [&probe_plan, &build_plan];
         let ranges = [
-            probe_partition.map_or(0..self.probe.output_partitioning().partition_count(), |p| p..p + 1),
-            0..self.build.output_partitioning().partition_count(),
+            probe_partition.map_or(0..self.spec.probe.output_partitioning().partition_count(), |p| p..p + 1),
+            0..self.spec.build.output_partitioning().partition_count(),
         ];
         let (probe_parts, build_parts, facts) = if probe_partition.is_none() && self.scanned_build().is_some() {
             // The subquery side is read by the device: only the probe side is collected.
@@ -639,9 +685,26 @@ impl Run {
                     (probe_parts, build_parts, None)
                 }
             }
+        } else if let Some((_, shared)) = &broadcast {
+            let probe_parts =
+                collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?;
+            let (plan, range, inputs, context) =
+                (build_plan.clone(), ranges[1].clone(), inputs.clone(), context.clone());
+            let probe_count = self.spec.probe.output_partitioning().partition_count();
+            let share = shared
+                .get(|| async move {
+                    let memory = reservation(&context, "MarkJoinExec");
+                    let parts = collect_partitions_reserved(plan, range, inputs, &memory).await?;
+                    Ok(BroadcastBuild::new(CollectedBuild { parts, memory }, probe_count))
+                })
+                .await?
+                .take_share()?;
+            let build_parts = share.parts.clone();
+            build_share = Some(share);
+            (probe_parts, build_parts, None)
         } else {
             let [probe_parts, build_parts] = dynamic_filter::collect_both(
-                self.dynamic_filter.as_ref(),
+                self.spec.dynamic_filter.as_ref(),
                 sides,
                 context.session_config().options(),
                 |i| collect_partitions_reserved(sides[i].clone(), ranges[i].clone(), inputs.clone(), &memory),
@@ -673,9 +736,14 @@ impl Run {
                     Ok((sized, r))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            // The inputs and the marks' reservations, all held at this point.
-            metrics.peak_memory.set_max(memory.size() + parts.iter().map(|(_, r)| r.size()).sum::<usize>());
+            // The inputs (a broadcast subquery side included) and the marks' reservations, all
+            // held at this point.
+            let broadcast_bytes = build_share.as_ref().map_or(0, |b| b.memory.size());
+            metrics
+                .peak_memory
+                .set_max(memory.size() + broadcast_bytes + parts.iter().map(|(_, r)| r.size()).sum::<usize>());
             memory.free();
+            drop(build_share);
             Ok(Parts::new(parts))
         })
         .await
@@ -702,7 +770,7 @@ impl Run {
                 let facts = if n == 0 {
                     let none = BooleanBuffer::new_unset(0);
                     GroupFacts { matched: none.clone(), nonempty: none, has_null: None, probe_null: None }
-                } else if self.filter.is_some() {
+                } else if self.spec.filter.is_some() {
                     self.facts_filtered(cfg, &probe, &build)?
                 } else {
                     self.facts_keyed(cfg, &probe, &build, n, nb)?
@@ -716,7 +784,7 @@ impl Run {
             }
         };
         crate::util::trace("mark join: group facts computed");
-        let mark = match self.kind {
+        let mark = match self.spec.kind {
             MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
             MarkKind::In => {
                 // NULL exactly when not matched, the group is not empty, and the
@@ -762,8 +830,13 @@ impl Run {
         let Some(first) = probe.first() else { return Ok(BooleanBuffer::new_unset(0)) };
         let types: Vec<DataType> = first.iter().map(|c| keys::key_type(c.data_type())).collect();
         let said = Arc::new(Mutex::new(None));
-        let mut selector =
-            Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend, self.metrics.clone(), said.clone());
+        let mut selector = Selector::new(
+            SetOp::Semi,
+            NullMode::NeverEqual,
+            self.spec.decision.backend,
+            self.metrics.clone(),
+            said.clone(),
+        );
         selector.reservation = self.memory.clone();
         let sel = selector.select_columns(cfg, probe.to_vec(), build.to_vec(), &types)?;
         ran.extend(said.lock().unwrap().take().map(|r| format!("{what}: {r}")));
@@ -773,9 +846,9 @@ impl Run {
     /// The subquery side's device scan and the probe key it is selected
     /// against, where the device reads it ([`single_build_key`]).
     fn scanned_build(&self) -> Option<(&DeviceScanExec, PhysicalExprRef)> {
-        let scan = self.build.downcast_ref::<DeviceScanExec>()?;
-        let (probe_key, _) = single_build_key(&self.on, &self.in_keys, &self.filter).ok()?;
-        (self.backend == Backend::Gpu).then_some((scan, probe_key))
+        let scan = self.spec.build.downcast_ref::<DeviceScanExec>()?;
+        let (probe_key, _) = single_build_key(&self.spec.on, &self.spec.in_keys, &self.spec.filter).ok()?;
+        (self.spec.decision.backend == Backend::Gpu).then_some((scan, probe_key))
     }
 
     /// The group facts with the subquery side's keys read by the device: one
@@ -791,9 +864,14 @@ impl Run {
         let Some((scan, probe_key)) = self.scanned_build() else { return Ok(Err("no device scan".into())) };
         let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
-        let key_type = keys::key_type(&probe_key.data_type(&self.probe.schema())?);
-        let mut selector =
-            Selector::new(SetOp::Semi, NullMode::NeverEqual, self.backend, self.metrics.clone(), Default::default());
+        let key_type = keys::key_type(&probe_key.data_type(&self.spec.probe.schema())?);
+        let mut selector = Selector::new(
+            SetOp::Semi,
+            NullMode::NeverEqual,
+            self.spec.decision.backend,
+            self.metrics.clone(),
+            Default::default(),
+        );
         selector.reservation = self.memory.clone();
         let host = super::device_select::Side::Host(probe.clone(), probe_key.clone());
         let device = super::device_select::Side::Device(scan);
@@ -808,7 +886,7 @@ impl Run {
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("key: {}", selected.ran));
         let sel = selected.selection;
-        if self.in_keys.is_none() {
+        if self.spec.in_keys.is_none() {
             // EXISTS on one correlation key: a row of the group exists.
             return Ok(Ok(GroupFacts { matched: sel.clone(), nonempty: sel, has_null: None, probe_null: None }));
         }
@@ -832,18 +910,18 @@ impl Run {
         n: usize,
         nb: usize,
     ) -> Result<GroupFacts> {
-        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.spec.on.iter().cloned().unzip();
         let probe_on = key_columns(probe, &probe_on)?;
         let build_on = key_columns(build, &build_on)?;
         let mut ran = Vec::new();
         let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
         // The group is not empty: an uncorrelated subquery has one group, the whole build side.
-        let nonempty = if self.on.is_empty() {
+        let nonempty = if self.spec.on.is_empty() {
             constant(nb > 0)
         } else {
             self.semi(cfg, "group", &probe_on, &build_on, &mut ran)?
         };
-        let Some((probe_key, build_key)) = &self.in_keys else {
+        let Some((probe_key, build_key)) = &self.spec.in_keys else {
             *self.ran.lock().unwrap() =
                 Some(if ran.is_empty() { "constant (uncorrelated EXISTS)".into() } else { ran.join("; ") });
             return Ok(GroupFacts { matched: nonempty.clone(), nonempty, has_null: None, probe_null: None });
@@ -867,7 +945,7 @@ impl Run {
         let build_nulls: usize = build_key_cols.iter().map(|k| k[0].null_count()).sum();
         let has_null = if build_nulls == 0 {
             None
-        } else if self.on.is_empty() {
+        } else if self.spec.on.is_empty() {
             Some(constant(true))
         } else {
             // The build rows whose key is NULL, by batch: the groups holding one.
@@ -902,7 +980,7 @@ impl Run {
     ) -> Result<GroupFacts> {
         let mut groups = None;
         let mut why = None;
-        if self.backend == Backend::Gpu {
+        if self.spec.decision.backend == Backend::Gpu {
             match self.facts_filtered_gpu(cfg, probe, build) {
                 Ok(DeviceOutcome::Facts(facts, ran)) => {
                     *self.ran.lock().unwrap() = Some(ran);
@@ -926,11 +1004,11 @@ impl Run {
         probe: &[&RecordBatch],
         build: &[&RecordBatch],
     ) -> Result<std::result::Result<Option<(keys::KeyColumns, keys::KeyColumns)>, String>> {
-        if self.on.is_empty() {
+        if self.spec.on.is_empty() {
             return Ok(Ok(None));
         }
-        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
-        let (ps, bs) = (self.probe.schema(), self.build.schema());
+        let (probe_on, build_on): (Vec<_>, Vec<_>) = self.spec.on.iter().cloned().unzip();
+        let (ps, bs) = (self.spec.probe.schema(), self.spec.build.schema());
         let types: Vec<DataType> = probe_on.iter().map(|e| e.data_type(&ps)).collect::<Result<_>>()?;
         let build_types: Vec<DataType> = build_on.iter().map(|e| e.data_type(&bs)).collect::<Result<_>>()?;
         if types != build_types || !types.iter().all(|t| keys::is_exact(std::slice::from_ref(t))) {
@@ -959,7 +1037,7 @@ impl Run {
             Ok(k) => k,
             Err(reason) => return Ok(DeviceOutcome::Host(reason)),
         };
-        let device_filter = self.device_filter.as_ref().expect("a filter");
+        let device_filter = self.spec.device_filter.as_ref().expect("a filter");
         if let (Err(reason), None) = (device_filter, &keys) {
             // Nothing for the device to do: no groups to find, no filter it can evaluate.
             return Ok(DeviceOutcome::Host(format!("no correlation keys, and {reason}")));
@@ -982,7 +1060,7 @@ impl Run {
                 return Ok(DeviceOutcome::Groups(groups?, reason.clone()));
             }
         };
-        let filter = self.filter.as_ref().expect("a filter");
+        let filter = self.spec.filter.as_ref().expect("a filter");
         let mut columns = filter
             .columns
             .iter()
@@ -993,7 +1071,7 @@ impl Run {
             })
             .collect::<Result<Vec<_>>>()?;
         let mut probe_null = None;
-        if let Some((p, b)) = &self.in_keys {
+        if let Some((p, b)) = &self.spec.in_keys {
             let pk = key_columns(probe, std::slice::from_ref(p))?;
             let bk = key_columns(build, std::slice::from_ref(b))?;
             probe_null = null_bits(pk.iter().map(|k| &k[0]), n);
@@ -1027,7 +1105,7 @@ impl Run {
         groups: Option<CandidateGroups>,
         why: Option<String>,
     ) -> Result<GroupFacts> {
-        let filter = self.filter.as_ref().expect("called with a filter");
+        let filter = self.spec.filter.as_ref().expect("called with a filter");
         // One array per column over all batches (an empty array of the type when there are none).
         let concat_all = |arrays: Vec<ArrayRef>, data_type: DataType| -> Result<ArrayRef> {
             if arrays.is_empty() {
@@ -1048,13 +1126,13 @@ impl Run {
         let column = |batches: &[&RecordBatch], i: usize, schema: &SchemaRef| -> Result<ArrayRef> {
             concat_all(batches.iter().map(|b| b.column(i).clone()).collect(), schema.field(i).data_type().clone())
         };
-        let (probe_schema, build_schema) = (self.probe.schema(), self.build.schema());
+        let (probe_schema, build_schema) = (self.spec.probe.schema(), self.spec.build.schema());
         let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let nb: usize = build.iter().map(|b| b.num_rows()).sum();
         let groups = match groups {
             Some(g) => g,
             None => {
-                let (probe_on, build_on): (Vec<_>, Vec<_>) = self.on.iter().cloned().unzip();
+                let (probe_on, build_on): (Vec<_>, Vec<_>) = self.spec.on.iter().cloned().unzip();
                 CandidateGroups::new(
                     &concat_side(probe, &probe_on, &probe_schema)?,
                     &concat_side(build, &build_on, &build_schema)?,
@@ -1062,7 +1140,7 @@ impl Run {
                 )?
             }
         };
-        let (probe_key, build_key) = match &self.in_keys {
+        let (probe_key, build_key) = match &self.spec.in_keys {
             Some((p, b)) => (
                 Some(concat_side(probe, std::slice::from_ref(p), &probe_schema)?.remove(0)),
                 Some(concat_side(build, std::slice::from_ref(b), &build_schema)?.remove(0)),

@@ -81,19 +81,8 @@ struct Selected {
 /// The operator. See the module documentation.
 #[derive(Debug)]
 pub struct SetSelectExec {
-    op: SetOp,
-    /// The side whose rows are output.
-    probe: Arc<dyn ExecutionPlan>,
-    /// The side that is only looked up.
-    build: Arc<dyn ExecutionPlan>,
-    probe_keys: Vec<PhysicalExprRef>,
-    build_keys: Vec<PhysicalExprRef>,
-    nulls: NullMode,
-    /// The planner's choice (`planner::decision`), shown in EXPLAIN.
-    decision: Decision,
-    /// Optional projection of the kept side's columns.
-    projection: Option<Vec<usize>>,
-    schema: SchemaRef,
+    /// What every execution reads, shared with it (see `exec::common`).
+    spec: Arc<SetSelectSpec>,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     result: Arc<SharedRun<Selected>>,
@@ -108,10 +97,30 @@ pub struct SetSelectExec {
     /// partition instead (a Ballista task may see only its own partition of
     /// an input, where this node needs every partition of both).
     single_partition_inputs: bool,
-    /// The dynamic filter this node publishes into one input, once a scan below accepted it.
-    dynamic_filter: Option<DynamicKeyFilter>,
     /// Output at most this many rows per partition (a LIMIT absorbed by the node).
     fetch: Option<usize>,
+}
+
+/// The node's inputs and choices, shared by the node and its executions.
+#[derive(Debug, Clone)]
+struct SetSelectSpec {
+    op: SetOp,
+    /// The side whose rows are output.
+    probe: Arc<dyn ExecutionPlan>,
+    /// The side that is only looked up.
+    build: Arc<dyn ExecutionPlan>,
+    probe_keys: Vec<PhysicalExprRef>,
+    build_keys: Vec<PhysicalExprRef>,
+    nulls: NullMode,
+    /// The planner's choice (`planner::decision`), shown in EXPLAIN.
+    decision: Decision,
+    /// Optional projection of the kept side's columns.
+    projection: Option<Vec<usize>>,
+    /// The node's output schema.
+    schema: SchemaRef,
+    /// The dynamic filter this node publishes into one input, once a scan
+    /// below accepted it (published before that input is read).
+    dynamic_filter: Option<DynamicKeyFilter>,
 }
 
 impl SetSelectExec {
@@ -149,15 +158,18 @@ impl SetSelectExec {
         };
         let cache = Arc::new(PlanProperties::new(eq, partitioning, EmissionType::Final, Boundedness::Bounded));
         Ok(Self {
-            op,
-            probe,
-            build,
-            probe_keys,
-            build_keys,
-            nulls,
-            decision,
-            projection,
-            schema,
+            spec: Arc::new(SetSelectSpec {
+                op,
+                probe,
+                build,
+                probe_keys,
+                build_keys,
+                nulls,
+                decision,
+                projection,
+                schema,
+                dynamic_filter: None,
+            }),
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             result: Arc::new(SharedRun::new()),
@@ -165,7 +177,6 @@ impl SetSelectExec {
             scan_note: None,
             partitioned: false,
             single_partition_inputs: false,
-            dynamic_filter: None,
             fetch: None,
         })
     }
@@ -179,18 +190,18 @@ impl SetSelectExec {
         projection: Option<Vec<usize>>,
     ) -> Result<Self> {
         let mut exec = SetSelectExec::try_new(
-            self.op,
+            self.spec.op,
             probe,
             build,
-            self.probe_keys.clone(),
-            self.build_keys.clone(),
-            self.nulls,
-            self.decision.clone(),
+            self.spec.probe_keys.clone(),
+            self.spec.build_keys.clone(),
+            self.spec.nulls,
+            self.spec.decision.clone(),
             projection,
         )?
         .with_scan_note(self.scan_note.clone())
         .with_partitioned_inputs(self.partitioned_inputs_requested())?;
-        exec.dynamic_filter = self.dynamic_filter.clone();
+        Arc::make_mut(&mut exec.spec).dynamic_filter = self.spec.dynamic_filter.clone();
         exec.fetch = self.fetch;
         Ok(exec)
     }
@@ -208,12 +219,13 @@ impl SetSelectExec {
         if self.partitioned {
             return None;
         }
-        let equal_nulls = if self.nulls == NullMode::Equal { KeepNulls::WhenSourceHasNull } else { KeepNulls::Never };
-        let (input, nulls) = match (self.op, self.nulls) {
+        let equal_nulls =
+            if self.spec.nulls == NullMode::Equal { KeepNulls::WhenSourceHasNull } else { KeepNulls::Never };
+        let (input, nulls) = match (self.spec.op, self.spec.nulls) {
             (SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll, _) => (FilteredInput::Probe, equal_nulls),
             (SetOp::Anti, NullMode::NullAware) => {
-                let schema = self.probe.schema();
-                if self.probe_keys.iter().any(|k| k.nullable(&schema).unwrap_or(true)) {
+                let schema = self.spec.probe.schema();
+                if self.spec.probe_keys.iter().any(|k| k.nullable(&schema).unwrap_or(true)) {
                     return None;
                 }
                 (FilteredInput::Build, KeepNulls::Always)
@@ -221,18 +233,28 @@ impl SetSelectExec {
             (SetOp::Anti | SetOp::ExceptDistinct | SetOp::ExceptAll, _) => (FilteredInput::Build, equal_nulls),
         };
         match input {
-            FilteredInput::Probe => {
-                KeyFilterPlan::new(input, &self.build, &self.probe, &self.build_keys, &self.probe_keys, nulls)
-            }
-            FilteredInput::Build => {
-                KeyFilterPlan::new(input, &self.probe, &self.build, &self.probe_keys, &self.build_keys, nulls)
-            }
+            FilteredInput::Probe => KeyFilterPlan::new(
+                input,
+                &self.spec.build,
+                &self.spec.probe,
+                &self.spec.build_keys,
+                &self.spec.probe_keys,
+                nulls,
+            ),
+            FilteredInput::Build => KeyFilterPlan::new(
+                input,
+                &self.spec.probe,
+                &self.spec.build,
+                &self.spec.probe_keys,
+                &self.spec.build_keys,
+                nulls,
+            ),
         }
     }
 
     /// The dynamic filter a scan below accepted, if any.
     pub fn dynamic_filter(&self) -> Option<&DynamicKeyFilter> {
-        self.dynamic_filter.as_ref()
+        self.spec.dynamic_filter.as_ref()
     }
 
     /// Ask for both inputs hash-partitioned on the keys and decide each
@@ -241,12 +263,12 @@ impl SetSelectExec {
     /// needs the whole subquery everywhere: such a node keeps reading all
     /// partitions at once.
     pub fn with_partitioned_inputs(mut self, partitioned: bool) -> Result<Self> {
-        let (probe_schema, build_schema) = (self.probe.schema(), self.build.schema());
+        let (probe_schema, build_schema) = (self.spec.probe.schema(), self.spec.build.schema());
         let mut same_types = true;
-        for (p, b) in self.probe_keys.iter().zip(&self.build_keys) {
+        for (p, b) in self.spec.probe_keys.iter().zip(&self.spec.build_keys) {
             same_types &= p.data_type(&probe_schema)? == b.data_type(&build_schema)?;
         }
-        self.partitioned = partitioned && same_types && self.nulls != NullMode::NullAware;
+        self.partitioned = partitioned && same_types && self.spec.nulls != NullMode::NullAware;
         self.single_partition_inputs = partitioned && !self.partitioned;
         Ok(self)
     }
@@ -260,22 +282,22 @@ impl SetSelectExec {
         self.partitioned || self.single_partition_inputs
     }
     pub fn probe_keys(&self) -> &[PhysicalExprRef] {
-        &self.probe_keys
+        &self.spec.probe_keys
     }
     pub fn build_keys(&self) -> &[PhysicalExprRef] {
-        &self.build_keys
+        &self.spec.build_keys
     }
     pub fn nulls(&self) -> NullMode {
-        self.nulls
+        self.spec.nulls
     }
     pub fn projection(&self) -> Option<&[usize]> {
-        self.projection.as_deref()
+        self.spec.projection.as_deref()
     }
 
     /// The input partitions `execute(partition)` reads: (probe, build).
     fn input_partitions(&self, partition: usize) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>)> {
-        let probe_n = self.probe.output_partitioning().partition_count();
-        let build_n = self.build.output_partitioning().partition_count();
+        let probe_n = self.spec.probe.output_partitioning().partition_count();
+        let build_n = self.spec.build.output_partitioning().partition_count();
         if !self.partitioned {
             return Ok((0..probe_n, 0..build_n));
         }
@@ -300,55 +322,55 @@ impl SetSelectExec {
     /// Could a device scan read this input's keys (the build side; the probe
     /// side when only the count of kept rows is output)?
     pub fn keys_only(&self, probe: bool) -> bool {
-        !probe || self.schema.fields().is_empty()
+        !probe || self.spec.schema.fields().is_empty()
     }
 
     pub fn op(&self) -> SetOp {
-        self.op
+        self.spec.op
     }
     pub fn decision(&self) -> &Decision {
-        &self.decision
+        &self.spec.decision
     }
 
     fn is_join(&self) -> bool {
-        matches!(self.op, SetOp::Semi | SetOp::Anti)
+        matches!(self.spec.op, SetOp::Semi | SetOp::Anti)
     }
 
     /// The kept side's column whose kept values the GPU backend can send back
     /// instead of the host cutting them out of the batches: the only key, a
     /// plain column of a 64-bit type whose key is its own bits, and output.
     fn key_column_in_output(&self) -> Option<usize> {
-        let [key] = self.probe_keys.as_slice() else { return None };
+        let [key] = self.spec.probe_keys.as_slice() else { return None };
         let col = key.downcast_ref::<datafusion::physical_expr::expressions::Column>()?;
-        let field = self.probe.schema().fields().get(col.index())?.clone();
+        let field = self.spec.probe.schema().fields().get(col.index())?.clone();
         let own_bits = keys::key_is_own_bits(field.data_type());
-        let output =
-            !self.schema.fields().is_empty() && self.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
-        (own_bits && output && self.decision.on_gpu()).then_some(col.index())
+        let output = !self.spec.schema.fields().is_empty()
+            && self.spec.projection.as_ref().is_none_or(|p| p.contains(&col.index()));
+        (own_bits && output && self.spec.decision.on_gpu()).then_some(col.index())
     }
 }
 
 impl DisplayAs for SetSelectExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let keys: Vec<String> =
-            self.probe_keys.iter().zip(&self.build_keys).map(|(a, b)| format!("({a}, {b})")).collect();
-        write!(f, "{}: op={}", self.name(), self.op.name())?;
+            self.spec.probe_keys.iter().zip(&self.spec.build_keys).map(|(a, b)| format!("({a}, {b})")).collect();
+        write!(f, "{}: op={}", self.name(), self.spec.op.name())?;
         if self.is_join() {
             write!(f, ", on=[{}]", keys.join(", "))?;
         } else {
-            write!(f, ", columns={}", self.probe_keys.len())?;
+            write!(f, ", columns={}", self.spec.probe_keys.len())?;
         }
-        match self.nulls {
+        match self.spec.nulls {
             NullMode::NeverEqual => {}
             NullMode::Equal if !self.is_join() => {}
             NullMode::Equal => write!(f, ", nulls_equal")?,
             NullMode::NullAware => write!(f, ", null_aware")?,
         }
-        write!(f, ", {}", self.decision)?;
+        write!(f, ", {}", self.spec.decision)?;
         if self.partitioned {
             write!(f, ", partitioned")?;
         }
-        if let Some(d) = &self.dynamic_filter {
+        if let Some(d) = &self.spec.dynamic_filter {
             write!(f, ", dynamic_filter={}", d.plan.input.name())?;
         }
         if let Some(fetch) = self.fetch {
@@ -357,7 +379,7 @@ impl DisplayAs for SetSelectExec {
         if let Some(note) = &self.scan_note {
             write!(f, ", device_scan=\"{note}\"")?;
         }
-        super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
+        super::fmt_projection_and_ran(f, t, &self.spec.projection, &self.ran)
     }
 }
 
@@ -375,7 +397,7 @@ impl ExecutionPlan for SetSelectExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.probe, &self.build]
+        vec![&self.spec.probe, &self.spec.build]
     }
 
     /// Kept rows leave in their input order, partition by partition.
@@ -390,8 +412,8 @@ impl ExecutionPlan for SetSelectExec {
             false if self.single_partition_inputs => vec![Distribution::SinglePartition; 2],
             false => vec![Distribution::UnspecifiedDistribution; 2],
             true => vec![
-                Distribution::KeyPartitioned(self.probe_keys.clone()),
-                Distribution::KeyPartitioned(self.build_keys.clone()),
+                Distribution::KeyPartitioned(self.spec.probe_keys.clone()),
+                Distribution::KeyPartitioned(self.spec.build_keys.clone()),
             ],
         }
     }
@@ -406,12 +428,12 @@ impl ExecutionPlan for SetSelectExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        super::visit_exprs(self.probe_keys.iter().chain(&self.build_keys), f)
+        super::visit_exprs(self.spec.probe_keys.iter().chain(&self.spec.build_keys), f)
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let (probe, build) = super::two_children(children, "SetSelectExec")?;
-        Ok(Arc::new(self.rebuilt(probe, build, self.projection.clone())?))
+        Ok(Arc::new(self.rebuilt(probe, build, self.spec.projection.clone())?))
     }
 
     fn gather_filters_for_pushdown(
@@ -425,7 +447,7 @@ impl ExecutionPlan for SetSelectExec {
             parent_filters,
             config,
             self.key_filter_plan().as_ref(),
-            self.dynamic_filter.as_ref(),
+            self.spec.dynamic_filter.as_ref(),
         )
     }
 
@@ -437,8 +459,9 @@ impl ExecutionPlan for SetSelectExec {
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         let updated = match dynamic_filter::accepted(&result, self.key_filter_plan().as_ref()) {
             Some(filter) => {
-                let mut exec = self.rebuilt(self.probe.clone(), self.build.clone(), self.projection.clone())?;
-                exec.dynamic_filter = Some(filter);
+                let mut exec =
+                    self.rebuilt(self.spec.probe.clone(), self.spec.build.clone(), self.spec.projection.clone())?;
+                Arc::make_mut(&mut exec.spec).dynamic_filter = Some(filter);
                 Some(Arc::new(exec) as Arc<dyn ExecutionPlan>)
             }
             None => None,
@@ -457,7 +480,8 @@ impl ExecutionPlan for SetSelectExec {
     }
 
     fn with_fetch(&self, fetch: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
-        let mut exec = self.rebuilt(self.probe.clone(), self.build.clone(), self.projection.clone()).ok()?;
+        let mut exec =
+            self.rebuilt(self.spec.probe.clone(), self.spec.build.clone(), self.spec.projection.clone()).ok()?;
         exec.fetch = fetch;
         Some(Arc::new(exec))
     }
@@ -472,24 +496,19 @@ impl ExecutionPlan for SetSelectExec {
             (self.result.join(partition), partition)
         };
         let mut run = Run {
+            spec: self.spec.clone(),
             probe_partitions,
             build_partitions,
             name: self.name().to_string(),
-            probe: self.probe.clone(),
-            build: self.build.clone(),
-            probe_keys: self.probe_keys.clone(),
-            build_keys: self.build_keys.clone(),
-            dynamic_filter: self.dynamic_filter.clone(),
-            output: match &self.projection {
-                _ if self.schema.fields().is_empty() => OutputColumns::RowCount,
+            output: match &self.spec.projection {
+                _ if self.spec.schema.fields().is_empty() => OutputColumns::RowCount,
                 None => OutputColumns::All,
                 Some(p) => OutputColumns::Columns(p.clone()),
             },
-            schema: self.schema.clone(),
             selector: Selector {
-                op: self.op,
-                nulls: self.nulls,
-                backend: self.decision.backend,
+                op: self.spec.op,
+                nulls: self.spec.nulls,
+                backend: self.spec.decision.backend,
                 key_from_device: self.key_column_in_output(),
                 device_keys: Mutex::new(None),
                 // Registered below by the partition that runs the execution.
@@ -505,7 +524,7 @@ impl ExecutionPlan for SetSelectExec {
         let metrics_partition = self.partitioned.then_some(partition);
         let elapsed_compute = baseline.elapsed_compute().clone();
         let fetch = self.fetch;
-        let schema = self.schema.clone();
+        let schema = self.spec.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
         let fut = async move {
             let sel = execution
@@ -543,7 +562,7 @@ impl ExecutionPlan for SetSelectExec {
         let stream = futures::stream::once(fut).try_flatten();
         // Rows are counted as they leave, after the fetch's limit.
         let stream = super::observed(dynamic_filter::limit_stream(stream.boxed(), fetch), baseline);
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.spec.schema.clone(), stream)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -561,32 +580,25 @@ impl EmbeddedProjection for SetSelectExec {
     /// `projection` indexes this node's output columns; it is composed with
     /// the node's own projection of the kept side.
     fn with_projection(&self, projection: Option<Vec<usize>>) -> Result<Self> {
-        let composed = match (&self.projection, projection) {
+        let composed = match (&self.spec.projection, projection) {
             (Some(own), Some(p)) => Some(p.iter().map(|&i| own[i]).collect()),
             (None, p) => p,
             (own, None) => own.clone(),
         };
-        self.rebuilt(self.probe.clone(), self.build.clone(), composed)
+        self.rebuilt(self.spec.probe.clone(), self.spec.build.clone(), composed)
     }
 }
 
 /// One execution of the operator (all partitions).
 struct Run {
+    spec: Arc<SetSelectSpec>,
     /// The operator's name, for its memory consumer.
     name: String,
     /// The input partitions read (all of them unless partitioned).
     probe_partitions: std::ops::Range<usize>,
     build_partitions: std::ops::Range<usize>,
-    probe: Arc<dyn ExecutionPlan>,
-    build: Arc<dyn ExecutionPlan>,
-    probe_keys: Vec<PhysicalExprRef>,
-    build_keys: Vec<PhysicalExprRef>,
-    /// The dynamic filter published into one input before that input is read.
-    dynamic_filter: Option<DynamicKeyFilter>,
     /// The probe side's columns to output.
     output: OutputColumns,
-    /// The operator's output schema.
-    schema: SchemaRef,
     selector: Selector,
     /// The elapsed_compute of the partition that runs the execution: the
     /// execution's own work (selection, output planning) counts there, as
@@ -613,11 +625,11 @@ impl Run {
     /// side whose batches are not output (the build side; the probe side
     /// under a row count), with one key, on the GPU backend.
     fn device_scanned(&self, probe: bool) -> Option<&DeviceScanExec> {
-        let plan = if probe { &self.probe } else { &self.build };
+        let plan = if probe { &self.spec.probe } else { &self.spec.build };
         let scan = plan.downcast_ref::<DeviceScanExec>()?;
         // The probe side's rows are output: the device decodes its columns too.
         let keys_only = !probe || self.output == OutputColumns::RowCount || scan.payload().is_some();
-        (keys_only && self.backend == Backend::Gpu && self.probe_keys.len() == 1).then_some(scan)
+        (keys_only && self.backend == Backend::Gpu && self.spec.probe_keys.len() == 1).then_some(scan)
     }
 
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
@@ -643,12 +655,12 @@ impl Run {
         if device_probe || device_build {
             // The device reads a scanned side itself, so no host scan waits on
             // this node's dynamic filter: it is left complete and unnarrowed.
-            if let Some(filter) = &run.dynamic_filter {
+            if let Some(filter) = &run.spec.dynamic_filter {
                 filter.give_up();
             }
             let (p, b) = futures::try_join!(
-                collect(&run.probe, run.probe_partitions.clone(), device_probe),
-                collect(&run.build, run.build_partitions.clone(), device_build)
+                collect(&run.spec.probe, run.probe_partitions.clone(), device_probe),
+                collect(&run.spec.build, run.build_partitions.clone(), device_build)
             )?;
             run.selector.reservation = Some(memory.clone());
             run.metrics.note_memory(&memory);
@@ -674,15 +686,15 @@ impl Run {
         }
         let (probe_parts, build_parts) = if device_probe || device_build {
             futures::try_join!(
-                collect(&run.probe, run.probe_partitions.clone(), probe_parts.is_some()),
-                collect(&run.build, run.build_partitions.clone(), build_parts.is_some())
+                collect(&run.spec.probe, run.probe_partitions.clone(), probe_parts.is_some()),
+                collect(&run.spec.build, run.build_partitions.clone(), build_parts.is_some())
             )
             .map(|(p, b)| (probe_parts.or(p).unwrap_or_default(), build_parts.or(b).unwrap_or_default()))?
         } else {
-            let sides = [(&run.probe, &run.probe_partitions), (&run.build, &run.build_partitions)];
+            let sides = [(&run.spec.probe, &run.probe_partitions), (&run.spec.build, &run.build_partitions)];
             let [p, b] = dynamic_filter::collect_both(
-                run.dynamic_filter.as_ref(),
-                [&run.probe, &run.build],
+                run.spec.dynamic_filter.as_ref(),
+                [&run.spec.probe, &run.spec.build],
                 context.session_config().options(),
                 |i| collect_partitions_reserved(sides[i].0.clone(), sides[i].1.clone(), inputs.clone(), &memory),
             )
@@ -710,7 +722,7 @@ impl Run {
 
     /// One input for the device selection: its collected batches, or its device scan.
     fn side<'a>(&'a self, parts: &'a Option<Vec<Vec<RecordBatch>>>, probe: bool) -> Option<Side<'a>> {
-        let expr = if probe { &self.probe_keys[0] } else { &self.build_keys[0] };
+        let expr = if probe { &self.spec.probe_keys[0] } else { &self.spec.build_keys[0] };
         match parts {
             Some(parts) => Some(Side::Host(parts.iter().flatten().collect(), expr.clone())),
             None => self.device_scanned(probe).map(Side::Device),
@@ -727,7 +739,7 @@ impl Run {
         batch_size: usize,
         memory: &Arc<datafusion::execution::memory_pool::MemoryReservation>,
     ) -> Result<DeviceOutcome> {
-        let key_type = keys::key_type(&self.probe_keys[0].data_type(&self.probe.schema())?);
+        let key_type = keys::key_type(&self.spec.probe_keys[0].data_type(&self.spec.probe.schema())?);
         if (probe_parts.is_none() && self.device_scanned(true).is_none())
             || (build_parts.is_none() && self.device_scanned(false).is_none())
         {
@@ -740,7 +752,7 @@ impl Run {
         // The probe side's columns the output needs, when the device decodes them.
         let needed: Option<Vec<usize>> = match (&probe_parts, &self.output) {
             (Some(_), _) | (None, OutputColumns::RowCount) => None,
-            (None, OutputColumns::All) => Some((0..self.probe.schema().fields().len()).collect()),
+            (None, OutputColumns::All) => Some((0..self.spec.probe.schema().fields().len()).collect()),
             (None, OutputColumns::Columns(c)) => Some(c.clone()),
         };
         let outcome = super::device_select::select_device_scanned(
@@ -761,7 +773,7 @@ impl Run {
         };
         self.metrics.select_time.add_duration(t.elapsed());
         for (which, report) in &reports {
-            let plan = if which == "probe" { &self.probe } else { &self.build };
+            let plan = if which == "probe" { &self.spec.probe } else { &self.spec.build };
             if let Some(scan) = plan.downcast_ref::<DeviceScanExec>() {
                 scan.set_ran(report);
             }
@@ -803,7 +815,7 @@ impl Run {
                         let len = step.min(end - at);
                         let columns = arrays.iter().map(|a| a.slice(at, len)).collect();
                         let options = RecordBatchOptions::new().with_row_count(Some(len));
-                        Ok(RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)?)
+                        Ok(RecordBatch::try_new_with_options(self.spec.schema.clone(), columns, &options)?)
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Ok(PartitionOutput::Batches(batches))
@@ -828,14 +840,15 @@ impl Run {
         let selection = if probe_rows == 0 {
             BooleanBuffer::new_unset(0)
         } else {
-            let probe_schema = self.probe.schema();
+            let probe_schema = self.spec.probe.schema();
             let types: Vec<DataType> = self
+                .spec
                 .probe_keys
                 .iter()
                 .map(|k| Ok(keys::key_type(&k.data_type(&probe_schema)?)))
                 .collect::<Result<_>>()?;
-            let probe_cols = key_columns(&probe_batches, &self.probe_keys)?;
-            let build_cols = key_columns(&build_batches, &self.build_keys)?;
+            let probe_cols = key_columns(&probe_batches, &self.spec.probe_keys)?;
+            let build_cols = key_columns(&build_batches, &self.spec.build_keys)?;
             crate::util::trace("key columns evaluated");
             self.select_columns(cfg, probe_cols, build_cols, &types)?
         };

@@ -55,20 +55,8 @@ use crate::gpu;
 /// The operator. See the module documentation.
 #[derive(Debug)]
 pub struct SimilarityJoinExec {
-    left: Arc<dyn ExecutionPlan>,
-    right: Arc<dyn ExecutionPlan>,
-    /// The set expression over the left input's schema.
-    left_set: PhysicalExprRef,
-    /// The set expression over the right input's schema.
-    right_set: PhysicalExprRef,
-    threshold: Threshold,
-    /// Other conjuncts of the join filter, applied to the pairs.
-    residual: Option<JoinFilter>,
-    /// Projection of the joined (left ++ right) columns.
-    projection: Option<Vec<usize>>,
-    /// The planner's choice (`planner::decision::decide_similarity`), shown in EXPLAIN.
-    decision: Decision,
-    schema: SchemaRef,
+    /// What every execution reads, shared with it (see `exec::common`).
+    spec: Arc<SimilaritySpec>,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     ran: Arc<Mutex<Option<String>>>,
@@ -101,15 +89,17 @@ impl SimilarityJoinExec {
             Boundedness::Bounded,
         ));
         Ok(Self {
-            left,
-            right,
-            left_set,
-            right_set,
-            threshold,
-            residual,
-            projection,
-            decision,
-            schema,
+            spec: Arc::new(SimilaritySpec {
+                left,
+                right,
+                left_set,
+                right_set,
+                threshold,
+                residual,
+                projection,
+                decision,
+                schema,
+            }),
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
             ran: Arc::new(Mutex::new(None)),
@@ -117,38 +107,38 @@ impl SimilarityJoinExec {
     }
 
     pub fn threshold(&self) -> Threshold {
-        self.threshold
+        self.spec.threshold
     }
     pub fn decision(&self) -> &Decision {
-        &self.decision
+        &self.spec.decision
     }
     pub fn set_exprs(&self) -> (&PhysicalExprRef, &PhysicalExprRef) {
-        (&self.left_set, &self.right_set)
+        (&self.spec.left_set, &self.spec.right_set)
     }
     pub fn residual(&self) -> Option<&JoinFilter> {
-        self.residual.as_ref()
+        self.spec.residual.as_ref()
     }
     pub fn projection(&self) -> Option<&[usize]> {
-        self.projection.as_deref()
+        self.spec.projection.as_deref()
     }
 }
 
 impl DisplayAs for SimilarityJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let op = if self.threshold.strict { ">" } else { ">=" };
+        let op = if self.spec.threshold.strict { ">" } else { ">=" };
         write!(
             f,
             "SimilarityJoinExec: metric={}, on=({}, {}), threshold {op} {}",
-            self.threshold.metric.name(),
-            self.left_set,
-            self.right_set,
-            self.threshold.value
+            self.spec.threshold.metric.name(),
+            self.spec.left_set,
+            self.spec.right_set,
+            self.spec.threshold.value
         )?;
-        if let Some(r) = &self.residual {
+        if let Some(r) = &self.spec.residual {
             write!(f, ", filter={}", r.expression())?;
         }
-        write!(f, ", {}", self.decision)?;
-        super::fmt_projection_and_ran(f, t, &self.projection, &self.ran)
+        write!(f, ", {}", self.spec.decision)?;
+        super::fmt_projection_and_ran(f, t, &self.spec.projection, &self.ran)
     }
 }
 
@@ -162,7 +152,7 @@ impl ExecutionPlan for SimilarityJoinExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.left, &self.right]
+        vec![&self.spec.left, &self.spec.right]
     }
 
     /// Both inputs are read whole. Said so that a Ballista task, which
@@ -178,7 +168,9 @@ impl ExecutionPlan for SimilarityJoinExec {
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         super::visit_exprs(
-            [&self.left_set, &self.right_set].into_iter().chain(self.residual.as_ref().map(|r| r.expression())),
+            [&self.spec.left_set, &self.spec.right_set]
+                .into_iter()
+                .chain(self.spec.residual.as_ref().map(|r| r.expression())),
             f,
         )
     }
@@ -188,12 +180,12 @@ impl ExecutionPlan for SimilarityJoinExec {
         Ok(Arc::new(SimilarityJoinExec::try_new(
             left,
             right,
-            self.left_set.clone(),
-            self.right_set.clone(),
-            self.threshold,
-            self.residual.clone(),
-            self.projection.clone(),
-            self.decision.clone(),
+            self.spec.left_set.clone(),
+            self.spec.right_set.clone(),
+            self.spec.threshold,
+            self.spec.residual.clone(),
+            self.spec.projection.clone(),
+            self.spec.decision.clone(),
         )?))
     }
 
@@ -203,15 +195,7 @@ impl ExecutionPlan for SimilarityJoinExec {
         }
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let run = Run {
-            left: self.left.clone(),
-            right: self.right.clone(),
-            left_set: self.left_set.clone(),
-            right_set: self.right_set.clone(),
-            threshold: self.threshold,
-            residual: self.residual.clone(),
-            projection: self.projection.clone(),
-            backend: self.decision.backend,
-            schema: self.schema.clone(),
+            spec: self.spec.clone(),
             // One partition: each execution is partition 0's own.
             metrics: Metrics::new(&self.metrics, partition),
             elapsed_compute: baseline.elapsed_compute().clone(),
@@ -219,7 +203,7 @@ impl ExecutionPlan for SimilarityJoinExec {
         };
         let fut = run.run(context);
         let stream = futures::stream::once(fut).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), super::observed(stream.boxed(), baseline))))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.spec.schema.clone(), super::observed(stream.boxed(), baseline))))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -249,16 +233,28 @@ impl Metrics {
     }
 }
 
-struct Run {
+/// The node's inputs and choices, shared by the node and its executions.
+#[derive(Debug)]
+struct SimilaritySpec {
     left: Arc<dyn ExecutionPlan>,
     right: Arc<dyn ExecutionPlan>,
+    /// The set expression over the left input's schema.
     left_set: PhysicalExprRef,
+    /// The set expression over the right input's schema.
     right_set: PhysicalExprRef,
     threshold: Threshold,
+    /// Other conjuncts of the join filter, applied to the pairs.
     residual: Option<JoinFilter>,
+    /// Projection of the joined (left ++ right) columns.
     projection: Option<Vec<usize>>,
-    backend: Backend,
+    /// The planner's choice (`planner::decision::decide_similarity`), shown in EXPLAIN.
+    decision: Decision,
     schema: SchemaRef,
+}
+
+/// One execution: the node's spec and the execution's own state.
+struct Run {
+    spec: Arc<SimilaritySpec>,
     metrics: Metrics,
     /// The join and the forming of its output batches (not the inputs' collection).
     elapsed_compute: Time,
@@ -427,7 +423,7 @@ impl Run {
     async fn run(self, context: Arc<TaskContext>) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         let batch_size = context.session_config().batch_size().max(1);
-        let (ls, rs) = (self.left.schema(), self.right.schema());
+        let (ls, rs) = (self.spec.left.schema(), self.spec.right.schema());
         let memory = reservation(&context, "SimilarityJoinExec");
         // The collected parts' bytes, then their concatenation's.
         let concat = |schema: &SchemaRef, parts: Vec<Vec<RecordBatch>>| -> Result<RecordBatch> {
@@ -438,16 +434,16 @@ impl Run {
             let _ = memory.try_shrink(parts_bytes);
             Ok(b)
         };
-        let (left, right) = if same_rows(&self.left, &self.right) {
+        let (left, right) = if same_rows(&self.spec.left, &self.spec.right) {
             // A self join whose sides differ only in partitioning: read once, so the
             // sets line up row for row and the join runs as a self join.
-            let lp = collect_reserved(strip_partitioning(&self.left), context.clone(), &memory).await?;
+            let lp = collect_reserved(strip_partitioning(&self.spec.left), context.clone(), &memory).await?;
             let left = concat(&ls, lp)?;
             (left.clone(), left)
         } else {
             let (lp, rp) = futures::try_join!(
-                collect_reserved(self.left.clone(), context.clone(), &memory),
-                collect_reserved(self.right.clone(), context.clone(), &memory)
+                collect_reserved(self.spec.left.clone(), context.clone(), &memory),
+                collect_reserved(self.spec.right.clone(), context.clone(), &memory)
             )?;
             (concat(&ls, lp)?, concat(&rs, rp)?)
         };
@@ -458,14 +454,14 @@ impl Run {
         }
         crate::util::trace("similarity join: inputs collected");
         let evaluating = self.elapsed_compute.timer();
-        let la = self.left_set.evaluate(&left)?.into_array(left.num_rows())?;
-        let ra = self.right_set.evaluate(&right)?.into_array(right.num_rows())?;
+        let la = self.spec.left_set.evaluate(&left)?.into_array(left.num_rows())?;
+        let ra = self.spec.right_set.evaluate(&right)?.into_array(right.num_rows())?;
         evaluating.done();
 
         let timer = Instant::now();
-        let thr = self.threshold;
-        let skip_diagonal = self.residual.as_ref().is_some_and(|f| rejects_diagonal(f, &left, &right));
-        let backend = self.backend;
+        let thr = self.spec.threshold;
+        let skip_diagonal = self.spec.residual.as_ref().is_some_and(|f| rejects_diagonal(f, &left, &right));
+        let backend = self.spec.decision.backend;
         let cfg2 = cfg.clone();
         let held = memory.clone();
         let elapsed_compute = self.elapsed_compute.clone();
@@ -530,7 +526,7 @@ impl Run {
         *self.ran.lock().unwrap() = Some(ran);
 
         let nl = ls.fields().len();
-        let cols: Vec<usize> = match &self.projection {
+        let cols: Vec<usize> = match &self.spec.projection {
             Some(p) => p.clone(),
             None => (0..nl + rs.fields().len()).collect(),
         };
@@ -539,8 +535,8 @@ impl Run {
         self.metrics.peak_memory.set_max(memory.size());
         let (lidx, ridx) = (Arc::new(lidx), Arc::new(ridx));
         let elapsed_compute = self.elapsed_compute.clone();
-        let residual = self.residual.clone();
-        let schema = self.schema.clone();
+        let residual = self.spec.residual.clone();
+        let schema = self.spec.schema.clone();
         let starts = (0..lidx.len()).step_by(batch_size);
         let out = futures::stream::iter(starts).filter_map(move |start| {
             // `memory` lives as long as the stream: released when it is consumed or dropped.

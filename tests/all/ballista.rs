@@ -54,10 +54,10 @@ async fn loopback_cluster_answers_like_one_process() {
                     "SELECT k, v FROM r WHERE k IN (SELECT k FROM t)",
                     &["SemiJoinExec: op=semi", "setfusion.strategy = cpu", "partitioning=Hash([k@0], 4)"][..],
                 ),
-                // The mark join takes each input in one partition.
+                // The mark join broadcasts its subquery side; its probe side stays partitioned.
                 (
                     "SELECT k, v, k IN (SELECT k FROM t) OR v > 990 AS m FROM r",
-                    &["MarkJoinExec: kind=in", "inputs=single partition"][..],
+                    &["MarkJoinExec: kind=in", "subquery=broadcast"][..],
                 ),
             ] {
                 let batches = cluster.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
