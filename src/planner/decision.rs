@@ -71,14 +71,23 @@ pub fn decide(
     key_types: &[DataType],
     threads: usize,
 ) -> Decision {
-    decide_reading(cfg, op, a, b, key_types, threads, false, 0)
+    decide_reading(cfg, op, a, b, key_types, threads, Reading::default())
 }
 
-/// [`decide`], where `device_read` says the device scan will read both
-/// inputs (their keys, and the kept side's output columns): string keys then
-/// cost no host encoding and no host output filter. `host_inflated_bytes`:
-/// the inputs' Parquet pages inflated on host threads before the selection
-/// ([`cost::Candidate::host_inflated_bytes`]).
+/// How an operator's inputs would be read, as the device scan rule would
+/// read them (`planner::device_scan::reading`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reading {
+    /// The device scan reads both inputs (their keys, and the kept side's
+    /// output columns): string keys then cost no host encoding and no host
+    /// output filter.
+    pub device_read: bool,
+    /// The inputs' Parquet pages inflated on host threads before the
+    /// selection ([`cost::Candidate::host_inflated_bytes`]).
+    pub host_inflated_bytes: u64,
+}
+
+/// [`decide`], with the inputs read as `reading` says.
 pub fn decide_reading(
     cfg: &SetfusionConfig,
     op: SetOp,
@@ -86,9 +95,9 @@ pub fn decide_reading(
     b: &Arc<dyn ExecutionPlan>,
     key_types: &[DataType],
     threads: usize,
-    device_read: bool,
-    host_inflated_bytes: u64,
+    reading: Reading,
 ) -> Decision {
+    let Reading { device_read, host_inflated_bytes } = reading;
     if let Some(reason) = forced_cpu(cfg, key_types) {
         return Decision::cpu(reason);
     }

@@ -18,14 +18,17 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
+use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::decision::Reading;
 use crate::config::SetfusionConfig;
 use crate::exec::device_scan::DeviceScanExec;
 use crate::exec::mark_join::MarkJoinExec;
@@ -33,6 +36,34 @@ use crate::exec::set_select::SetSelectExec;
 
 #[derive(Debug, Default)]
 pub struct DeviceScanRule;
+
+/// One input as the rule would read it: the plan, its key, and the columns
+/// it outputs (None: keys only).
+pub(super) type ReadSide<'a> = (&'a Arc<dyn ExecutionPlan>, &'a PhysicalExprRef, Option<&'a [usize]>);
+
+/// How the rule would read `sides` (every input the device may read; one key
+/// each, of `key_type`), for the operator's decision, made before the rule
+/// runs: whether the device reads them all (string keys need both sides), and
+/// the bytes of their Parquet pages host threads inflate first (zstd, gzip,
+/// lz4), read from the files' footers.
+pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadSide<'_>]) -> Reading {
+    if !cfg.device_scan || sides.is_empty() {
+        return Reading::default();
+    }
+    let key_type = crate::keys::key_type(key_type);
+    let scans: Vec<std::result::Result<DeviceScanExec, String>> = sides
+        .iter()
+        .map(|(input, key, output)| DeviceScanExec::try_from_input(input, key, &key_type, *output))
+        .collect();
+    let strings = crate::scan::is_byte_type(&key_type);
+    if let (true, Some(Err(why))) = (strings, scans.iter().find(|s| s.is_err())) {
+        crate::util::trace(&format!("string keys stay with the host: {why}"));
+    }
+    Reading {
+        device_read: strings && scans.iter().all(|s| s.is_ok()),
+        host_inflated_bytes: scans.iter().flatten().map(DeviceScanExec::host_inflated_bytes).sum(),
+    }
+}
 
 /// Does the subtree read Parquet files?
 fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
@@ -156,5 +187,90 @@ impl PhysicalOptimizerRule for DeviceScanRule {
     }
     fn schema_check(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+    use datafusion::physical_expr::PhysicalExprRef;
+    use datafusion::prelude::{ParquetReadOptions, SessionContext};
+    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::file::properties::WriterProperties;
+
+    use super::reading;
+    use crate::config::SetfusionConfig;
+
+    /// A Parquet file of `k` (BIGINT), `p` (BIGINT) and `s` (VARCHAR) under `codec`.
+    fn write(dir: &std::path::Path, name: &str, codec: Compression) -> String {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("p", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let n = 40_000i64;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i * 7919 % 100_003))),
+                Arc::new(Int64Array::from_iter_values(0..n)),
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("s{}", i % 977)))),
+            ],
+        )
+        .unwrap();
+        let path = dir.join(name);
+        let props = WriterProperties::builder().set_compression(codec).build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path.display().to_string()
+    }
+
+    /// The decision's inputs before the rule runs: zstd pages count as host
+    /// inflation (only the columns read: the key, and the output columns of a
+    /// side whose rows are output), snappy pages do not; string keys are read
+    /// by the device only where every side can be; nothing without the device scan.
+    #[tokio::test]
+    async fn reading_counts_the_pages_the_host_inflates() {
+        let dir = std::env::temp_dir().join(format!("setfusion-reading-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ctx = SessionContext::new();
+        let zstd = write(&dir, "z.parquet", Compression::ZSTD(ZstdLevel::default()));
+        let snappy = write(&dir, "s.parquet", Compression::SNAPPY);
+        ctx.register_parquet("z", &zstd, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("s", &snappy, ParquetReadOptions::default()).await.unwrap();
+        let plan = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move { ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap() }
+        };
+        let (z, s) = (plan("SELECT k, p, s FROM z").await, plan("SELECT k, p, s FROM s").await);
+        let col = |name: &str, i: usize| -> PhysicalExprRef { Arc::new(Column::new(name, i)) };
+        let (k, text) = (col("k", 0), col("s", 2));
+        let cfg = SetfusionConfig::default();
+        let int = DataType::Int64;
+
+        let keys_only = reading(&cfg, &int, &[(&z, &k, None)]);
+        assert!(keys_only.host_inflated_bytes > 0, "{keys_only:?}");
+        assert!(!keys_only.device_read, "integer keys cost the same either way");
+        let with_output = reading(&cfg, &int, &[(&z, &k, Some(&[0, 1])), (&s, &k, None)]);
+        assert!(with_output.host_inflated_bytes > keys_only.host_inflated_bytes, "{with_output:?}");
+        assert_eq!(reading(&cfg, &int, &[(&s, &k, Some(&[0, 1]))]).host_inflated_bytes, 0);
+
+        // (The type as the plan reads it: DataFusion reads Parquet strings as views.)
+        let string = s.schema().field(2).data_type().clone();
+        let strings = reading(&cfg, &string, &[(&s, &text, None), (&z, &text, None)]);
+        assert!(strings.device_read && strings.host_inflated_bytes > 0, "{strings:?}");
+        // A side the device cannot read (a key coerced to another type) keeps string keys on the host.
+        let coerced = reading(&cfg, &string, &[(&s, &text, None), (&s, &k, None)]);
+        assert!(!coerced.device_read, "{coerced:?}");
+
+        let off = SetfusionConfig { device_scan: false, ..SetfusionConfig::default() };
+        assert_eq!(reading(&off, &int, &[(&z, &k, None)]), Default::default());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -102,33 +102,21 @@ impl SemiJoinRule {
             j.on.into_iter().map(|(l, r)| if keep_left { (l, r) } else { (r, l) }).unzip();
         let schema = keep.schema();
         let types: Vec<_> = keep_keys.iter().map(|k| k.data_type(&schema)).collect::<Result<_>>()?;
-        // One key over Parquet inputs: will the device scan read both (the kept
-        // side's output columns too)? The same test the device scan rule makes.
-        // A string key is then costed without host work; pages the host must
-        // inflate first (zstd) are costed against the GPU.
-        let (device_read, host_inflated_bytes) = match types.as_slice() {
-            [t] if cfg.device_scan => {
-                use crate::exec::device_scan::DeviceScanExec;
-                let key_type = crate::keys::key_type(t);
+        // One key over Parquet inputs: how the device scan rule would read them
+        // (the kept side's output columns too).
+        let reading = match (keep_keys.as_slice(), other_keys.as_slice(), types.as_slice()) {
+            ([kk], [ok], [t]) => {
                 // The join's own projection, else the columns the projection above it reads, else all.
                 let output: Vec<usize> = j
                     .projection
                     .clone()
                     .or_else(|| used.get(&node_address(&plan)).cloned())
                     .unwrap_or_else(|| (0..schema.fields().len()).collect());
-                let kept = DeviceScanExec::try_from_input(&keep, &keep_keys[0], &key_type, Some(&output));
-                let read = DeviceScanExec::try_from_input(&other, &other_keys[0], &key_type, None);
-                let strings = crate::scan::is_byte_type(&key_type);
-                if let (true, Err(why)) = (strings, kept.as_ref().and(read.as_ref())) {
-                    crate::util::trace(&format!("string keys stay with the host: {why}"));
-                }
-                let inflated = [kept.as_ref().ok(), read.as_ref().ok()].into_iter().flatten();
-                (strings && kept.is_ok() && read.is_ok(), inflated.map(DeviceScanExec::host_inflated_bytes).sum())
+                super::device_scan::reading(cfg, t, &[(&keep, kk, Some(&output)), (&other, ok, None)])
             }
-            _ => (false, 0),
+            _ => Default::default(),
         };
-        let decision =
-            super::decision::decide_reading(cfg, op, &keep, &other, &types, threads, device_read, host_inflated_bytes);
+        let decision = super::decision::decide_reading(cfg, op, &keep, &other, &types, threads, reading);
         if !decision.on_gpu() && cfg.strategy != Strategy::Cpu {
             // DataFusion's join is right and, by the decision, not slower: keep it, saying why.
             crate::util::trace(&format!("setfusion keeps DataFusion's {:?} join: {}", j.join_type, decision.reason));
