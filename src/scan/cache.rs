@@ -20,18 +20,18 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::UNIX_EPOCH;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
 
+use super::pages::FileStamp;
 use super::{DeviceDecoded, Keep, ScanFile};
 use crate::gpu::{DeviceBuffer, Gpu};
 
 /// What identifies one cached column: every file as it is on disk now.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
-    files: Vec<(PathBuf, u64, u128, Vec<(u64, u64)>)>,
+    files: Vec<(PathBuf, FileStamp, Vec<(u64, u64)>)>,
     column: String,
     data_type: DataType,
     /// The row groups the scan read.
@@ -49,11 +49,7 @@ impl CacheKey {
         }
         let files = files
             .iter()
-            .map(|f| {
-                let meta = std::fs::metadata(&f.path).ok()?;
-                let modified = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
-                Some((f.path.clone(), meta.len(), modified, f.ranges.clone()))
-            })
+            .map(|f| Some((f.path.clone(), FileStamp::of_path(&f.path)?, f.ranges.clone())))
             .collect::<Option<Vec<_>>>()?;
         Some(Self { files, column: column.to_string(), data_type: data_type.clone(), keep: Keep::default() })
     }
@@ -70,7 +66,7 @@ impl CacheKey {
             && self.data_type == other.data_type
             && self.keep == other.keep
             && self.files.len() == other.files.len()
-            && self.files.iter().zip(&other.files).all(|(a, b)| a.0 == b.0 && a.3 == b.3)
+            && self.files.iter().zip(&other.files).all(|(a, b)| a.0 == b.0 && a.2 == b.2)
     }
 }
 

@@ -2,7 +2,8 @@
 //! to the raw bytes of its column chunks and one page table entry per page
 //! ([`PqPage`], the contract of `kernels/parquet_decode.cu`).
 //!
-//! Footers are read with the parquet crate; every row group of the files is
+//! Footers are read with the parquet crate, and kept parsed while a file
+//! stays as it is (`footer_cache`); every row group of the files is
 //! read except those a [`Keep`] rules out: the other side's key range (for
 //! the operators whose unmatched rows are dropped), and the row groups
 //! DataFusion's pruning predicate for the input's filter rules out
@@ -707,18 +708,139 @@ pub fn supported_key_type(t: &DataType) -> bool {
     supported_type(t) || is_byte_type(t)
 }
 
-fn read_footer(path: &PathBuf) -> Result<ParquetMetaData> {
+fn read_footer(path: &PathBuf) -> Result<Arc<ParquetMetaData>> {
     read_footer_with(path, parquet::file::metadata::PageIndexPolicy::Skip)
 }
 
-/// The footer, and the page index as `policy` says.
-fn read_footer_with(path: &PathBuf, policy: parquet::file::metadata::PageIndexPolicy) -> Result<ParquetMetaData> {
-    let f = File::open(path)
-        .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))?;
-    ParquetMetaDataReader::new()
-        .with_page_index_policy(policy)
-        .parse_and_finish(&f)
-        .map_err(|e| DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into()))
+/// The footer, and the page index as `policy` says (`Skip`: none; otherwise
+/// the one the file has), from the [`footer_cache`] when the file is as it was.
+fn read_footer_with(path: &PathBuf, policy: parquet::file::metadata::PageIndexPolicy) -> Result<Arc<ParquetMetaData>> {
+    let err = |e: &dyn std::fmt::Display| {
+        DataFusionError::External(format!("setfusion device scan: {}: {e}", path.display()).into())
+    };
+    let f = File::open(path).map_err(|e| err(&e))?;
+    let with_index = policy != parquet::file::metadata::PageIndexPolicy::Skip;
+    let stamp = FileStamp::of(&f);
+    if let Some(meta) = stamp.and_then(|s| footer_cache::get(path, s, with_index)) {
+        return Ok(meta);
+    }
+    let meta = Arc::new(
+        ParquetMetaDataReader::new().with_page_index_policy(policy).parse_and_finish(&f).map_err(|e| err(&e))?,
+    );
+    if let Some(s) = stamp {
+        footer_cache::put(path, s, with_index, meta.clone());
+    }
+    Ok(meta)
+}
+
+/// A file as it is on disk now: its size and modification time (what the
+/// device column cache keys a file by, too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct FileStamp {
+    len: u64,
+    modified_ns: u128,
+}
+
+impl FileStamp {
+    /// None when the file's time cannot be read (it is then never cached).
+    fn of(f: &File) -> Option<Self> {
+        Self::from_metadata(&f.metadata().ok()?)
+    }
+
+    /// [`FileStamp::of`] the file at `path`.
+    pub(super) fn of_path(path: &std::path::Path) -> Option<Self> {
+        Self::from_metadata(&std::fs::metadata(path).ok()?)
+    }
+
+    fn from_metadata(meta: &std::fs::Metadata) -> Option<Self> {
+        let modified_ns = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+        Some(Self { len: meta.len(), modified_ns })
+    }
+}
+
+/// Parsed footers, kept between the reads of one query (its planning and its
+/// scans read a file's footer several times) and between queries: a file's
+/// footer is parsed again only when its size or modification time changed.
+/// A footer with its page index serves a read without one. Bounded by the
+/// footers' own memory ([`ParquetMetaData::memory_size`]), least recently
+/// used first out.
+mod footer_cache {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use parquet::file::metadata::ParquetMetaData;
+
+    use super::FileStamp;
+
+    /// The parsed footers' memory kept at most.
+    pub(super) const LIMIT_BYTES: usize = 256 << 20;
+
+    struct Entry {
+        stamp: FileStamp,
+        with_index: bool,
+        meta: Arc<ParquetMetaData>,
+        bytes: usize,
+        used: u64,
+    }
+
+    #[derive(Default)]
+    struct Cache {
+        entries: HashMap<PathBuf, Entry>,
+        bytes: usize,
+        clock: u64,
+    }
+
+    fn cache() -> &'static Mutex<Cache> {
+        static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+        CACHE.get_or_init(Default::default)
+    }
+
+    /// The footer of `path` as it is now (`stamp`), with its page index if `with_index`.
+    pub(super) fn get(path: &Path, stamp: FileStamp, with_index: bool) -> Option<Arc<ParquetMetaData>> {
+        let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+        c.clock += 1;
+        let clock = c.clock;
+        let e = c.entries.get_mut(path)?;
+        if e.stamp != stamp || (with_index && !e.with_index) {
+            return None;
+        }
+        e.used = clock;
+        Some(e.meta.clone())
+    }
+
+    /// Keep `meta`, the footer of `path` as it is at `stamp`.
+    pub(super) fn put(path: &Path, stamp: FileStamp, with_index: bool, meta: Arc<ParquetMetaData>) {
+        let bytes = meta.memory_size();
+        if bytes > LIMIT_BYTES / 4 {
+            return;
+        }
+        let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+        c.clock += 1;
+        let used = c.clock;
+        if let Some(old) = c.entries.get(path) {
+            // A footer with its page index is not replaced by one without (of the same file as it is).
+            if old.stamp == stamp && old.with_index && !with_index {
+                return;
+            }
+        }
+        if let Some(old) = c.entries.insert(path.to_path_buf(), Entry { stamp, with_index, meta, bytes, used }) {
+            c.bytes -= old.bytes;
+        }
+        c.bytes += bytes;
+        while c.bytes > LIMIT_BYTES {
+            let Some(oldest) = c.entries.iter().min_by_key(|(_, e)| e.used).map(|(p, _)| p.clone()) else { break };
+            if let Some(e) = c.entries.remove(&oldest) {
+                c.bytes -= e.bytes;
+            }
+        }
+    }
+
+    /// How many footers are kept (tests).
+    #[cfg(test)]
+    pub(super) fn len() -> usize {
+        cache().lock().unwrap_or_else(|e| e.into_inner()).entries.len()
+    }
 }
 
 /// Plan the scan of `column` (a top-level column read as `arrow`) over `files`.
@@ -1363,4 +1485,49 @@ pub fn page_table_of(
         }
     }
     Ok(Ok(t))
+}
+
+#[cfg(test)]
+mod footer_cache_tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use parquet::file::metadata::PageIndexPolicy;
+
+    use super::{read_footer, read_footer_with};
+
+    fn write(path: &std::path::Path, rows: i64) {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..rows))]).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+
+    /// A file's footer is parsed once while the file stays as it is; a footer
+    /// with its page index serves reads without one, not the other way round;
+    /// a rewritten file is read again.
+    #[test]
+    fn footers_are_parsed_once_per_version_of_a_file() {
+        let dir = std::env::temp_dir().join(format!("setfusion-footer-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.parquet");
+        write(&path, 1000);
+        let first = read_footer(&path).unwrap();
+        assert!(Arc::ptr_eq(&first, &read_footer(&path).unwrap()), "the second read parsed again");
+        assert!(super::footer_cache::len() >= 1);
+        let indexed = read_footer_with(&path, PageIndexPolicy::Optional).unwrap();
+        assert!(!Arc::ptr_eq(&first, &indexed), "a footer without its page index served a read asking for it");
+        assert!(indexed.column_index().is_some() && indexed.offset_index().is_some());
+        assert!(Arc::ptr_eq(&indexed, &read_footer(&path).unwrap()), "the indexed footer did not serve a plain read");
+        assert!(Arc::ptr_eq(&indexed, &read_footer_with(&path, PageIndexPolicy::Optional).unwrap()));
+
+        write(&path, 2500);
+        let rewritten = read_footer(&path).unwrap();
+        assert_eq!(rewritten.file_metadata().num_rows(), 2500, "a rewritten file's old footer was served");
+        assert!(Arc::ptr_eq(&rewritten, &read_footer(&path).unwrap()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
