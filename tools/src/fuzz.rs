@@ -27,7 +27,9 @@
 //! with a GPU, `min_rows = 0` under auto and hash.
 //!
 //! Every query runs on the CPU backend (`strategy = cpu`), with default
-//! settings (the cost model's choices) and, where a GPU is usable, on the GPU
+//! settings (the cost model's choices), on the CPU backend with
+//! `hash_partition_inputs` (as on a cluster: partitioned set operations,
+//! broadcast mark joins; set-operator rounds only) and, where a GPU is usable, on the GPU
 //! backend under each strategy (auto, hash, bitmap, sort); each answer is compared with a reference evaluator written here
 //! from SQL's rules (hash counting over the rows DataFusion read back from
 //! the tables, three-valued logic). A mismatch is returned as the seed,
@@ -598,7 +600,10 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
 pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let gpu = opts.gpu && crate::slt::gpu_mode_status().is_ok();
-    let mut report = FuzzReport { backends: vec!["cpu".into(), "default settings".into()], ..Default::default() };
+    let mut report = FuzzReport {
+        backends: vec!["cpu".into(), "default settings".into(), "cpu/partitioned (set operators only)".into()],
+        ..Default::default()
+    };
     if gpu {
         report.backends.extend(["gpu/auto", "gpu/hash", "gpu/bitmap", "gpu/sort"].map(String::from));
     }
@@ -637,6 +642,12 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         let default = setfusion::context();
         setup(&default, &stmts, &[]).await?;
         contexts.push(("default", default));
+        // As on a Ballista cluster: set operations and semi joins over hash-partitioned
+        // inputs, each partition on its own; mark joins with the subquery side broadcast.
+        let partitioned = setfusion::context();
+        setup(&partitioned, &stmts, &["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"])
+            .await?;
+        contexts.push(("cpu/partitioned", partitioned));
         if gpu {
             for strategy in ["auto", "hash", "bitmap", "sort"] {
                 let g = setfusion::context();
