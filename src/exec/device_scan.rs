@@ -512,7 +512,6 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use datafusion::physical_expr::expressions::Column;
     use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-    use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
 
     use super::DeviceScanExec;
@@ -545,10 +544,7 @@ mod tests {
                 .set_max_row_group_row_count(Some(700))
                 .set_dictionary_enabled(f == 0)
                 .build();
-            let file = std::fs::File::create(dir.join(format!("part-{f}.parquet"))).unwrap();
-            let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).unwrap();
-            w.write(&batch).unwrap();
-            w.close().unwrap();
+            crate::scan::fixtures::write_file(&dir.join(format!("part-{f}.parquet")), &batch, props).unwrap();
         }
     }
 

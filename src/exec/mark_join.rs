@@ -597,9 +597,9 @@ struct Run {
 /// leaves the collection to the shares, so that it (and its reservation) is
 /// released when the last run is done with it.
 struct BroadcastBuild {
-    held: Mutex<Option<Arc<CollectedBuild>>>,
-    /// The probe partitions that have not taken their share yet.
-    remaining: Mutex<usize>,
+    /// The collection while some probe partition has not taken its share yet,
+    /// and how many have not.
+    shares: Mutex<(Option<Arc<CollectedBuild>>, usize)>,
 }
 
 /// The subquery side's batches (its one partition) and the reservation they hold.
@@ -610,14 +610,14 @@ struct CollectedBuild {
 
 impl BroadcastBuild {
     fn new(build: CollectedBuild, probe_partitions: usize) -> Self {
-        Self { held: Mutex::new(Some(Arc::new(build))), remaining: Mutex::new(probe_partitions) }
+        Self { shares: Mutex::new((Some(Arc::new(build)), probe_partitions)) }
     }
 
     /// One probe partition's share. A partition takes its share once per
     /// execution (`SharedRun::join` starts a new one when a partition comes again).
     fn take_share(&self) -> Result<Arc<CollectedBuild>> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let mut remaining = self.remaining.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let (held, remaining) = &mut *shares;
         let share = held.clone().ok_or_else(|| {
             DataFusionError::Internal("MarkJoinExec: a broadcast subquery side was shared out more than once".into())
         })?;

@@ -214,7 +214,7 @@ mod tests {
         ]));
         let n = 40_000i64;
         let batch = RecordBatch::try_new(
-            schema.clone(),
+            schema,
             vec![
                 Arc::new(Int64Array::from_iter_values((0..n).map(|i| i * 7919 % 100_003))),
                 Arc::new(Int64Array::from_iter_values(0..n)),
@@ -224,10 +224,7 @@ mod tests {
         .unwrap();
         let path = dir.join(name);
         let props = WriterProperties::builder().set_compression(codec).build();
-        let mut w =
-            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props)).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        crate::scan::fixtures::write_file(&path, &batch, props).unwrap();
         path.display().to_string()
     }
 

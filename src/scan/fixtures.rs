@@ -372,6 +372,15 @@ pub fn write(c: &Case) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Write `batch` as one Parquet file at `path` with arrow-rs's writer under
+/// `props` (the tests' files with writer options of their own).
+pub fn write_file(path: &std::path::Path, batch: &RecordBatch, props: WriterProperties) -> Result<()> {
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path)?, batch.schema(), Some(props))?;
+    w.write(batch)?;
+    w.close()?;
+    Ok(())
+}
+
 /// A file path for this process's fixture of `name`.
 fn temp_path(tag: &str) -> PathBuf {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -1445,14 +1445,7 @@ mod tests {
                 .set_writer_version(if f == 1 { WriterVersion::PARQUET_2_0 } else { WriterVersion::PARQUET_1_0 })
                 .build();
             let path = dir.join(format!("part-{f}.parquet"));
-            let mut w = parquet::arrow::ArrowWriter::try_new(
-                std::fs::File::create(&path).unwrap(),
-                schema.clone(),
-                Some(props),
-            )
-            .unwrap();
-            w.write(&batch).unwrap();
-            w.close().unwrap();
+            fixtures::write_file(&path, &batch, props).unwrap();
             files.push(ScanFile { path, ranges: vec![] });
         }
         let cmp = |op: Operator, v: i64| -> PhysicalExprRef {
@@ -1576,14 +1569,7 @@ mod tests {
             .unwrap();
             let props = WriterProperties::builder().set_compression(codec).set_dictionary_enabled(false).build();
             let path = dir.join(name);
-            let mut w = parquet::arrow::ArrowWriter::try_new(
-                std::fs::File::create(&path).unwrap(),
-                schema.clone(),
-                Some(props),
-            )
-            .unwrap();
-            w.write(&batch).unwrap();
-            w.close().unwrap();
+            fixtures::write_file(&path, &batch, props).unwrap();
             ScanFile { path, ranges: vec![] }
         };
         let zstd = write("z.parquet", Compression::ZSTD(ZstdLevel::default()));
@@ -1637,14 +1623,7 @@ mod tests {
                 .set_column_bloom_filter_enabled("q".into(), true)
                 .build();
             let path = dir.join(format!("part-{f}.parquet"));
-            let mut w = parquet::arrow::ArrowWriter::try_new(
-                std::fs::File::create(&path).unwrap(),
-                schema.clone(),
-                Some(props),
-            )
-            .unwrap();
-            w.write(&batch).unwrap();
-            w.close().unwrap();
+            fixtures::write_file(&path, &batch, props).unwrap();
             files.push(ScanFile { path, ranges: vec![] });
         }
         let cmp = |c: &str, i: usize, op: Operator, v: i64| -> PhysicalExprRef {

@@ -1499,9 +1499,10 @@ mod footer_cache_tests {
 
     fn write(path: &std::path::Path, rows: i64) {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-        let batch =
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..rows))]).unwrap();
-        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..rows))]).unwrap();
+        // (Not `fixtures::write_file`: fixtures reads through this file, and files do not import each other.)
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
     }
