@@ -16,8 +16,10 @@
 // 64-bit hash of their elements in an open-addressing table (fam_group) and
 // verifies each pair against its group's first pair exactly
 // (fam_group_verify); a mismatch is a hash collision, which the host resolves.
-// fam_group_compact and fam_gather then lay the distinct sets out for the
-// host, which orders them.
+// fam_group_compact and fam_gather lay the distinct sets out, fam_order_keys
+// and a radix sort order them by (size, leading elements), and, when one
+// slice holds every pair, fam_out_order and fam_out_values write the output
+// columns in that order (the host orders only the sets whose keys tie).
 //
 // A warp per left set (rather than the paper's thread per matrix entry of
 // the intersection with a binary search) keeps each row's writes in one warp:
@@ -217,5 +219,39 @@ extern "C" __global__ void fam_order_keys(u64 groups, const u64* group_pos, cons
         for (u32 x = 0; x < cap && x < len; ++x) key |= (u64)set[x] << (48 - (x + 1) * bits);
         keys[g] = key;
         order[g] = (u32)g;
+    }
+}
+
+// The output of the distinct level, in the order of the sorted keys: the i-th
+// set's size and frequency (out_len, out_freq). A set whose key equals the
+// one before while it is longer than a key holds (cap elements) ties with it:
+// ties[0] counts those i, and the first tie_cap of them land in tie_at (in
+// no order); the host orders the runs they make.
+extern "C" __global__ void fam_out_order(u64 groups, const u32* order, const u32* group_len, const u64* group_freq,
+                                         const u64* keys, u32 cap, u32* out_len, u64* out_freq, u64* ties,
+                                         u32* tie_at, u64 tie_cap) {
+    SF_FOR(i, groups) {
+        const u32 g = order[i];
+        const u32 len = group_len[g];
+        out_len[i] = len;
+        out_freq[i] = group_freq[g];
+        if (i > 0 && len > cap && keys[i] == keys[i - 1]) {
+            const u64 t = atomicAdd(ties, 1ULL);
+            if (t < tie_cap) tie_at[t] = (u32)i;
+        }
+    }
+}
+
+// The i-th set's elements at its output offset (an exclusive scan of
+// out_len), as the caller's values: values[out_offsets[i] + x] =
+// id_values[element id] ^ flip (flip turns order-preserving keys of signed
+// integers back into their two's complement bits).
+extern "C" __global__ void fam_out_values(u64 groups, const u32* order, const u64* group_pos, const u32* out_offsets,
+                                          const u32* gathered, const u64* id_values, u64 flip, u64* values) {
+    SF_FOR(i, groups) {
+        const u32* set = gathered + group_pos[order[i]];
+        const u32 at = out_offsets[i];
+        const u32 len = out_offsets[i + 1] - at;
+        for (u32 x = 0; x < len; ++x) values[(u64)at + x] = id_values[set[x]] ^ flip;
     }
 }

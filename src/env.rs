@@ -101,3 +101,16 @@ pub fn scan_columns_apart() -> bool {
 pub fn scan_readers() -> Option<usize> {
     parsed("SETFUSION_SCAN_READERS")
 }
+
+/// `SETFUSION_FAMILIES_HOST_OUTPUT=1`: the distinct level of
+/// `intersect_families` downloads its sets and orders them on the host, as
+/// before the device laid out the output columns (for comparing the two).
+pub fn families_host_output() -> bool {
+    flag("SETFUSION_FAMILIES_HOST_OUTPUT")
+}
+
+/// `SETFUSION_PACK_MIN_SEGMENTS=N`: fills of fewer than N segments of 65,536
+/// keys are packed by one thread (default 4; the earlier rule was 16).
+pub fn pack_min_segments() -> usize {
+    parsed("SETFUSION_PACK_MIN_SEGMENTS").unwrap_or(4)
+}

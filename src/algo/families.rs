@@ -46,6 +46,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, TransferStats};
@@ -185,6 +186,136 @@ impl DistinctSets {
 
     pub fn set(&self, p: usize) -> &[u32] {
         &self.elements[self.offsets[p]..self.offsets[p + 1]]
+    }
+}
+
+/// I as output columns, in I's order: set `p` is
+/// `values()[offsets()[p]..offsets()[p + 1]]` (i32 offsets, `len + 1` of
+/// them; u64 values, the caller's image of each element id) with frequency
+/// `frequency()[p]`. Arrow buffers, so output arrays take them as they are.
+#[derive(Debug, Clone)]
+pub struct DistinctColumns {
+    pub offsets: Buffer,
+    pub values: Buffer,
+    pub frequency: Buffer,
+    pub len: usize,
+}
+
+impl DistinctColumns {
+    pub fn from_vecs(offsets: Vec<i32>, values: Vec<u64>, frequency: Vec<u64>) -> Result<Self> {
+        let len = frequency.len();
+        if offsets.len() != len + 1 || offsets.last().map(|&o| o as usize) != Some(values.len()) {
+            return Err(DataFusionError::Internal("families: output columns of different lengths".into()));
+        }
+        Ok(Self {
+            offsets: Buffer::from_vec(offsets),
+            values: Buffer::from_vec(values),
+            frequency: Buffer::from_vec(frequency),
+            len,
+        })
+    }
+
+    pub fn offsets(&self) -> &[i32] {
+        &self.offsets.typed_data::<i32>()[..self.len + 1]
+    }
+
+    pub fn values(&self) -> &[u64] {
+        let offsets = self.offsets();
+        &self.values.typed_data::<u64>()[..offsets[self.len] as usize]
+    }
+
+    pub fn frequency(&self) -> &[u64] {
+        &self.frequency.typed_data::<u64>()[..self.len]
+    }
+
+    pub fn set(&self, p: usize) -> &[u64] {
+        let o = self.offsets();
+        &self.values()[o[p] as usize..o[p + 1] as usize]
+    }
+}
+
+/// Most tied neighbours whose positions `fam_out_order` hands back; beyond
+/// them the host finds the runs from every set's key.
+const TIE_MARKS: usize = 1 << 20;
+
+/// The runs `[start, end)` of sets whose ordering keys tie, from the tied
+/// positions (ascending): position `i` ties set `i` to set `i - 1`.
+fn tie_runs_of_marks(marks: &[u32]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &i in marks {
+        let i = i as usize;
+        match runs.last_mut() {
+            Some(run) if run.1 == i => run.1 = i + 1,
+            _ => runs.push((i - 1, i + 1)),
+        }
+    }
+    runs
+}
+
+/// The same runs from every set's key and size: equal keys of sets longer
+/// than a key's `cap` elements.
+fn tie_runs_of_keys(keys: &[u64], lens: &[u32], cap: u32) -> Vec<(usize, usize)> {
+    let marks: Vec<u32> =
+        (1..keys.len()).filter(|&i| lens[i] > cap && keys[i] == keys[i - 1]).map(|i| i as u32).collect();
+    tie_runs_of_marks(&marks)
+}
+
+/// The sets of each run (see [`tie_runs_of_marks`]) ordered in place by
+/// (size, values ^ `flip`), as [`FlatDistinct::into_sorted`] orders ties. The
+/// columns as in [`DistinctColumns`]: a run's sets keep their place in the
+/// columns as a block, so only the run is rewritten.
+fn order_ties(offsets: &mut [i32], values: &mut [u64], frequency: &mut [u64], runs: &[(usize, usize)], flip: u64) {
+    for &(start, end) in runs {
+        let lo = offsets[start] as usize;
+        let region: Vec<u64> = values[lo..offsets[end] as usize].to_vec();
+        let bounds: Vec<usize> = offsets[start..=end].iter().map(|&o| o as usize - lo).collect();
+        let freqs: Vec<u64> = frequency[start..end].to_vec();
+        let set = |i: usize| &region[bounds[i]..bounds[i + 1]];
+        let mut run: Vec<usize> = (0..end - start).collect();
+        run.sort_unstable_by(|&a, &b| {
+            let (x, y) = (set(a), set(b));
+            x.len().cmp(&y.len()).then_with(|| x.iter().map(|v| v ^ flip).cmp(y.iter().map(|v| v ^ flip)))
+        });
+        let mut at = lo;
+        for (k, &i) in run.iter().enumerate() {
+            values[at..at + set(i).len()].copy_from_slice(set(i));
+            at += set(i).len();
+            offsets[start + k + 1] = at as i32;
+            frequency[start + k] = freqs[i];
+        }
+    }
+}
+
+/// What [`distinct_gpu_columns`] returns: output columns, or the sets by id.
+#[derive(Debug, Clone)]
+pub enum DistinctOut {
+    Columns(DistinctColumns),
+    Sets(DistinctSets),
+}
+
+impl DistinctOut {
+    pub fn len(&self) -> usize {
+        match self {
+            DistinctOut::Columns(c) => c.len,
+            DistinctOut::Sets(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// As [`DistinctSets`], values read as element ids (columns written with
+    /// the identity as `id_values` and no flip).
+    pub fn into_sets(self) -> DistinctSets {
+        match self {
+            DistinctOut::Sets(s) => s,
+            DistinctOut::Columns(c) => DistinctSets {
+                offsets: c.offsets().iter().map(|&o| o as usize).collect(),
+                elements: c.values().iter().map(|&v| v as u32).collect(),
+                frequency: c.frequency().to_vec(),
+            },
+        }
     }
 }
 
@@ -828,12 +959,13 @@ impl Slice {
         Ok(PairIntersections { left, right, offsets, elements })
     }
 
-    /// Duplicate removal on the device: returns the slice's distinct sets
-    /// with frequencies (unordered), or `None` on a hash collision.
-    fn distinct(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<Option<FlatDistinct>> {
+    /// Duplicate removal on the device: the slice's distinct sets with
+    /// frequencies, ordered by their keys, left on the device; `None` on a
+    /// hash collision.
+    fn distinct(&self, gpu: &Gpu, ts: &mut TransferStats) -> Result<Option<Groups>> {
         let n = self.pairs;
         if n == 0 {
-            return Ok(Some(FlatDistinct::default()));
+            return Ok(Some(Groups::default()));
         }
         let stream = gpu.stream();
         let slots = (2 * n).next_power_of_two();
@@ -913,18 +1045,146 @@ impl Slice {
         gpu.synchronize()?;
         ts.kernel += started.elapsed();
         trace_step("device order", started);
-        let started = Instant::now();
-        let flat = FlatDistinct {
-            pos: gpu.download(&group_pos, groups, ts)?,
-            len: gpu.download(&group_pair, groups, ts)?,
-            freq: gpu.download(&group_freq, groups, ts)?,
-            elements: gpu.download(&gathered, total, ts)?,
-            keys: gpu.download(&keys, groups, ts)?,
-            order: gpu.download(&order, groups, ts)?,
+        Ok(Some(Groups {
+            on_device: Some(DeviceGroups {
+                pos: group_pos,
+                len: group_pair,
+                freq: group_freq,
+                elements: gathered,
+                keys,
+                order,
+            }),
+            groups,
+            total,
             key_elements: 48 / bits,
+        }))
+    }
+}
+
+/// A slice's distinct sets on the device: set `d` is
+/// `elements[pos[d]..pos[d] + len[d]]` with frequency `freq[d]`; `keys`
+/// ascending and `order` the sets in that order (see [`FlatDistinct`]).
+struct DeviceGroups {
+    pos: DeviceBuffer<u64>,
+    len: DeviceBuffer<u32>,
+    freq: DeviceBuffer<u64>,
+    elements: DeviceBuffer<u32>,
+    keys: DeviceBuffer<u64>,
+    order: DeviceBuffer<u32>,
+}
+
+/// [`DeviceGroups`] with their sizes (`on_device` None: no set).
+#[derive(Default)]
+struct Groups {
+    on_device: Option<DeviceGroups>,
+    groups: usize,
+    total: usize,
+    key_elements: u32,
+}
+
+impl Groups {
+    /// The sets on the host, for the duplicate removal across slices.
+    fn download(self, gpu: &Gpu, ts: &mut TransferStats) -> Result<FlatDistinct> {
+        let Some(d) = self.on_device else { return Ok(FlatDistinct::default()) };
+        let (groups, started) = (self.groups, Instant::now());
+        let flat = FlatDistinct {
+            pos: gpu.download(&d.pos, groups, ts)?,
+            len: gpu.download(&d.len, groups, ts)?,
+            freq: gpu.download(&d.freq, groups, ts)?,
+            elements: gpu.download(&d.elements, self.total, ts)?,
+            keys: gpu.download(&d.keys, groups, ts)?,
+            order: gpu.download(&d.order, groups, ts)?,
+            key_elements: self.key_elements,
         };
         trace_step("download", started);
-        Ok(Some(flat))
+        Ok(flat)
+    }
+
+    /// The output columns, in order, written by the device and downloaded
+    /// once into pinned memory that Arrow buffers own: no host pass over the
+    /// sets, but for ordering those whose keys tie ([`DistinctColumns::order_ties`]).
+    /// Element id `e` is output as `id_values[e] ^ flip`.
+    fn columns(self, gpu: &Gpu, id_values: &[u64], flip: u64, ts: &mut TransferStats) -> Result<DistinctColumns> {
+        let Some(d) = self.on_device else { return DistinctColumns::from_vecs(vec![0], Vec::new(), Vec::new()) };
+        let (n, total) = (self.groups, self.total);
+        if total > i32::MAX as usize || id_values.is_empty() {
+            return Err(DataFusionError::Internal(format!("families: {total} elements do not fit i32 offsets")));
+        }
+        let stream = gpu.stream();
+        let started = Instant::now();
+        let out_len = gpu.alloc::<u32>(n)?;
+        let out_freq = gpu.alloc::<u64>(n)?;
+        let ties = gpu.alloc_zeros::<u64>(1)?;
+        let tie_cap = n.min(TIE_MARKS);
+        let tie_at = gpu.alloc::<u32>(tie_cap)?;
+        let (n_u, cap, tie_cap_u) = (n as u64, self.key_elements, tie_cap as u64);
+        let f = gpu.function(&KERNEL, "fam_out_order")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&n_u).arg(&d.order.slice).arg(&d.len.slice).arg(&d.freq.slice).arg(&d.keys.slice).arg(&cap);
+        b.arg(&out_len.slice).arg(&out_freq.slice).arg(&ties.slice).arg(&tie_at.slice).arg(&tie_cap_u);
+        // SAFETY: matches fam_out_order; order, len, freq, keys, out_len and out_freq hold n entries, tie_at
+        // tie_cap (the kernel writes no more).
+        unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_out_order", e))?;
+        let offsets = super::segmented::exclusive_scan(gpu, &out_len, n)?;
+        let out_len_kept = out_len;
+        let ids = gpu.upload(id_values, ts)?;
+        let values = gpu.alloc::<u64>(total.max(1))?;
+        let f = gpu.function(&KERNEL, "fam_out_values")?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&n_u).arg(&d.order.slice).arg(&d.pos.slice).arg(&offsets.slice).arg(&d.elements.slice);
+        b.arg(&ids.slice).arg(&flip).arg(&values.slice);
+        // SAFETY: matches fam_out_values; offsets hold n + 1 entries whose last is `total` (the sum of the
+        // sets' sizes, the length of values), every element id is below the domain, the length of id_values.
+        unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_out_values", e))?;
+        gpu.synchronize()?;
+        ts.kernel += started.elapsed();
+        trace_step("output columns", started);
+        let started = Instant::now();
+        let ties = gpu.read_one(&ties, 0, ts)?;
+        let (ob, vb, fb) = ((n + 1) * 4, total * 8, n * 8);
+        let (mut oh, mut vh, mut fh) = (gpu.host_output(ob)?, gpu.host_output(vb)?, gpu.host_output(fb)?);
+        // SAFETY: the three are pinned (host_output) and untouched until the synchronisation below.
+        unsafe {
+            gpu.download_async_into(&offsets, n + 1, oh.as_mut_slice()?)?;
+            gpu.download_async_into(&values, total, vh.as_mut_slice()?)?;
+            gpu.download_async_into(&out_freq, n, fh.as_mut_slice()?)?;
+        }
+        gpu.synchronize()?;
+        ts.bytes_to_host += ob + vb + fb;
+        ts.to_host += started.elapsed();
+        trace_step("download", started);
+        if ties > 0 {
+            let started = Instant::now();
+            let ties = ties as usize;
+            let runs = if ties <= tie_cap {
+                // The marks alone (a few thousand at k = 50,000): their runs.
+                let mut at = gpu.download(&tie_at, ties, ts)?;
+                at.sort_unstable();
+                tie_runs_of_marks(&at)
+            } else {
+                let keys = gpu.download(&d.keys, n, ts)?;
+                let lens = gpu.download(&out_len_kept, n, ts)?;
+                tie_runs_of_keys(&keys, &lens, cap)
+            };
+            let (o, v, f) = (oh.as_mut_slice()?, vh.as_mut_slice()?, fh.as_mut_slice()?);
+            // SAFETY: pinned memory is page aligned, the DMA above wrote these lengths, and every bit
+            // pattern is a valid i32 / u64.
+            let (o, v, f) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(o.as_mut_ptr() as *mut i32, n + 1),
+                    std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u64, total),
+                    std::slice::from_raw_parts_mut(f.as_mut_ptr() as *mut u64, n),
+                )
+            };
+            order_ties(o, v, f, &runs, flip);
+            trace_step(&format!("host order of {ties} tied neighbours"), started);
+        }
+        Ok(DistinctColumns {
+            offsets: oh.into_buffer(ob)?,
+            values: vh.into_buffer(vb)?,
+            frequency: fh.into_buffer(fb)?,
+            len: n,
+        })
     }
 }
 
@@ -1072,7 +1332,7 @@ fn for_each_slice(
     inv: &InvertedLists,
     rows: Range<usize>,
     ts: &mut TransferStats,
-    per_slice: &mut dyn FnMut(&Gpu, Slice, &mut TransferStats) -> Result<()>,
+    per_slice: &mut dyn FnMut(&Gpu, Slice, bool, &mut TransferStats) -> Result<()>,
 ) -> Result<usize> {
     let started = Instant::now();
     let dev = DeviceFamilies::upload(gpu, space, inv, ts)?;
@@ -1083,7 +1343,9 @@ fn for_each_slice(
     while let Some(r) = todo.pop() {
         match run_slice(gpu, &dev, r.clone(), ts) {
             Ok(slice) => {
-                per_slice(gpu, slice, ts)?;
+                // The only slice: the first to run, and none left.
+                let only = done == 0 && todo.is_empty();
+                per_slice(gpu, slice, only, ts)?;
                 done += 1;
             }
             Err(e) if crate::gpu::is_out_of_memory(&e) && r.len() > 1 => {
@@ -1119,27 +1381,48 @@ pub fn pairs_gpu_with(
     if rows.is_empty() || space.right.is_empty() {
         return Ok(all);
     }
-    for_each_slice(gpu, space, inv, rows, ts, &mut |gpu, slice, ts| {
+    for_each_slice(gpu, space, inv, rows, ts, &mut |gpu, slice, _, ts| {
         all.append(&slice.download(gpu, ts)?);
         Ok(())
     })?;
     Ok(all)
 }
 
-/// I with frequencies, on the device (GPU twin of [`distinct_cpu`]). Returns
-/// the sets and the number of slices.
+/// I with frequencies, on the device (GPU twin of [`distinct_cpu`]), as
+/// [`DistinctSets`] of element ids. Returns the sets and the number of slices.
 pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Result<(DistinctSets, usize)> {
+    let ids: Vec<u64> = (0..space.domain() as u64).collect();
+    let (out, n) = distinct_gpu_columns(gpu, space, &ids, 0, ts)?;
+    Ok((out.into_sets(), n))
+}
+
+/// I with frequencies, on the device. When one slice holds every pair and no
+/// hash collides, as output columns the device lays out in I's order (element
+/// id `e` as `id_values[e] ^ flip`; `id_values` ascending, one per id below
+/// the domain); else as [`DistinctSets`] of element ids, the slices' sets
+/// merged on the host. Returns the number of slices too.
+pub fn distinct_gpu_columns(
+    gpu: &Gpu,
+    space: &PairSpace,
+    id_values: &[u64],
+    flip: u64,
+    ts: &mut TransferStats,
+) -> Result<(DistinctOut, usize)> {
     let started = Instant::now();
     let inv = InvertedLists::of_space(space);
     trace_step("inverted lists", started);
     if space.left.is_empty() || space.right.is_empty() {
-        return Ok((DistinctSets { offsets: vec![0], ..Default::default() }, 0));
+        return Ok((DistinctOut::Sets(DistinctSets { offsets: vec![0], ..Default::default() }), 0));
     }
     let mut parts: Vec<FlatDistinct> = Vec::new();
+    let mut columns: Option<DistinctColumns> = None;
     let mut collided = Shards::new();
-    let n = for_each_slice(gpu, space, &inv, 0..space.left.len(), ts, &mut |gpu, slice, ts| {
+    let n = for_each_slice(gpu, space, &inv, 0..space.left.len(), ts, &mut |gpu, slice, only, ts| {
         match slice.distinct(gpu, ts)? {
-            Some(flat) => parts.push(flat),
+            Some(groups) if only && groups.total <= i32::MAX as usize && !crate::env::families_host_output() => {
+                columns = Some(groups.columns(gpu, id_values, flip, ts)?)
+            }
+            Some(groups) => parts.push(groups.download(gpu, ts)?),
             None => {
                 // A 64-bit hash collision inside the slice: group its pairs exactly on the host.
                 let pairs = slice.download(gpu, ts)?;
@@ -1150,12 +1433,15 @@ pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Res
         }
         Ok(())
     })?;
+    if let Some(c) = columns {
+        return Ok((DistinctOut::Columns(c), n));
+    }
     let collisions = collided.shards.iter().any(|m| !m.is_empty());
     if parts.len() == 1 && !collisions {
         let started = Instant::now();
         let sorted = parts.pop().unwrap_or_default().into_sorted();
         trace_step("host order", started);
-        return Ok((sorted, n));
+        return Ok((DistinctOut::Sets(sorted), n));
     }
     // The final duplicate removal across slices.
     for flat in &parts {
@@ -1163,7 +1449,7 @@ pub fn distinct_gpu(gpu: &Gpu, space: &PairSpace, ts: &mut TransferStats) -> Res
             collided.add(flat.set(d), flat.freq[d]);
         }
     }
-    Ok((Shards::merge(vec![collided]), n))
+    Ok((DistinctOut::Sets(Shards::merge(vec![collided])), n))
 }
 
 /// `doctor`'s check: the device matches the CPU twin on the paper's figure 1
@@ -1335,6 +1621,51 @@ mod tests {
         }
     }
 
+    /// The host's share of the device's ordering: runs of sets whose keys tie
+    /// come out by (size, values), the frequencies with their sets; runs of
+    /// sets within a key's reach keep their order; a flip orders signed values.
+    #[test]
+    fn tied_keys_are_ordered_by_size_then_values() {
+        let minus_one = u64::MAX; // -1 as an Int64's bits
+        let sets: [(&[u64], u64, u64); 6] = [
+            (&[9], 1, 10),
+            (&[5, 7, 8], 2, 20),
+            (&[5, 6, 9], 2, 21),
+            (&[5, 6, 8], 2, 22),
+            (&[4, 0], 3, 30),
+            (&[4, minus_one], 3, 31),
+        ];
+        let keys: Vec<u64> = sets.iter().map(|s| s.1).collect();
+        let ordered = |cap: u32, flip: u64| -> Vec<(Vec<u64>, u64)> {
+            let (mut offsets, mut values) = (vec![0i32], Vec::new());
+            for (set, _, _) in &sets {
+                values.extend_from_slice(set);
+                offsets.push(values.len() as i32);
+            }
+            let mut frequency: Vec<u64> = sets.iter().map(|s| s.2).collect();
+            let lens: Vec<u32> = sets.iter().map(|s| s.0.len() as u32).collect();
+            let runs = tie_runs_of_keys(&keys, &lens, cap);
+            order_ties(&mut offsets, &mut values, &mut frequency, &runs, flip);
+            let c = DistinctColumns::from_vecs(offsets, values, frequency).unwrap();
+            (0..c.len).map(|p| (c.set(p).to_vec(), c.frequency()[p])).collect()
+        };
+        let head = [(vec![9], 10), (vec![5, 6, 8], 22), (vec![5, 6, 9], 21), (vec![5, 7, 8], 20)];
+        // cap 1 (a key holds one element): both runs are ordered here, unsigned.
+        let got = ordered(1, 0);
+        assert_eq!(got[..4], head[..]);
+        assert_eq!(got[4..], [(vec![4, 0], 30), (vec![4, minus_one], 31)][..]);
+        // Signed (flip): -1 comes before 0.
+        let got = ordered(1, 1 << 63);
+        assert_eq!(got[..4], head[..]);
+        assert_eq!(got[4..], [(vec![4, minus_one], 31), (vec![4, 0], 30)][..]);
+        // cap 2: two-element sets are whole in their keys, so their run keeps its order.
+        assert_eq!(ordered(2, 1 << 63)[4..], [(vec![4, 0], 30), (vec![4, minus_one], 31)][..]);
+        // The device's marks (positions tied to the set before): consecutive marks make one run.
+        assert_eq!(tie_runs_of_marks(&[2, 3, 5, 9, 10, 11]), vec![(1, 4), (4, 6), (8, 12)]);
+        assert_eq!(tie_runs_of_keys(&keys, &[1, 3, 3, 3, 2, 2], 1), vec![(1, 4), (4, 6)]);
+        assert!(tie_runs_of_marks(&[]).is_empty());
+    }
+
     #[test]
     fn gpu_matches_cpu_twin() {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
@@ -1357,6 +1688,22 @@ mod tests {
                 );
                 let (d, _) = distinct_gpu(&lease, &space, &mut ts).unwrap();
                 assert_eq!(d, distinct_cpu(&space), "seed {seed}");
+            }
+        }
+        // Long intersections over a small domain (many keys tie: the host orders those runs), and the
+        // output columns with a signed value image: the CPU twin's sets, mapped, in the same order.
+        for (seed, domain) in [(21u64, 24u32), (22, 40)] {
+            let (f, g) = random(400, 300, 40, domain, seed);
+            let space = PairSpace { left: &f, right: &g, right_from: None };
+            let cpu = distinct_cpu(&space);
+            assert_eq!(distinct_gpu(&lease, &space, &mut ts).unwrap().0, cpu, "ties, seed {seed}");
+            let image: Vec<u64> = (0..space.domain() as u64).map(|i| (i * 3) ^ (1 << 63)).collect();
+            let (out, n) = distinct_gpu_columns(&lease, &space, &image, 1 << 63, &mut ts).unwrap();
+            let DistinctOut::Columns(c) = out else { panic!("one slice gives columns") };
+            assert_eq!((n, c.len, c.frequency()), (1, cpu.len(), cpu.frequency.as_slice()));
+            for p in 0..cpu.len() {
+                let want: Vec<u64> = cpu.set(p).iter().map(|&e| (e as u64) * 3).collect();
+                assert_eq!(c.set(p), want.as_slice(), "set {p}, seed {seed}");
             }
         }
         // Forced slicing: a budget that holds a few left sets' pair matrix at a time.

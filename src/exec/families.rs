@@ -55,7 +55,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use crate::algo::families::{self, DistinctSets, Family, PairIntersections, PairSpace};
+use crate::algo::families::{self, DistinctColumns, DistinctOut, DistinctSets, Family, PairIntersections, PairSpace};
 use crate::algo::overlap;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::common::{decide_at_run_time, Decision, Reason, Unit};
@@ -538,19 +538,38 @@ impl Domain {
     }
 
     /// A family of the sets' elements that lie in the domain, as dense ids.
-    fn family(&self, sets: &Sets) -> Family {
-        let mut f =
-            Family { offsets: Vec::with_capacity(sets.offsets.len()), elements: Vec::with_capacity(sets.keys.len()) };
+    /// Blocks of sets on the host's threads (100,000 sets of ~125 elements:
+    /// ~250 ms on one thread), each set's ids sorted (when its keys were not)
+    /// and without repeats.
+    fn family(&self, sets: &Sets) -> Result<Family> {
+        const BLOCK: usize = 4096;
+        let n = sets.len();
+        let blocks: Vec<usize> = (0..n).step_by(BLOCK).collect();
+        let parts = crate::host::par_map(&blocks, 1, |&lo| -> Result<(Vec<u32>, Vec<usize>)> {
+            let (mut elements, mut lens, mut ids) = (Vec::new(), Vec::with_capacity(BLOCK), Vec::new());
+            for s in lo..(lo + BLOCK).min(n) {
+                ids.clear();
+                ids.extend(sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|&k| self.id(k)));
+                if !ids.is_sorted() {
+                    ids.sort_unstable();
+                }
+                ids.dedup();
+                elements.extend_from_slice(&ids);
+                lens.push(ids.len());
+            }
+            Ok((elements, lens))
+        })?;
+        let mut f = Family { offsets: Vec::with_capacity(n + 1), elements: Vec::with_capacity(sets.keys.len()) };
         f.offsets.push(0);
-        for s in 0..sets.len() {
-            let mut ids: Vec<u32> =
-                sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|&k| self.id(k)).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            f.elements.extend(ids);
-            f.offsets.push(f.elements.len());
+        for (elements, lens) in parts {
+            let mut at = f.elements.len();
+            f.offsets.extend(lens.iter().map(|&l| {
+                at += l;
+                at
+            }));
+            f.elements.extend_from_slice(&elements);
         }
-        f
+        Ok(f)
     }
 
     /// The output list array of sets given as dense ids.
@@ -661,13 +680,15 @@ impl Run {
             }
         };
         let domain = Domain::shared(&l.keys, r.as_ref().map_or(&l.keys, |r| &r.keys));
-        let lf = domain.family(&l);
+        let lf = domain.family(&l)?;
         let rf = match &r {
-            Some(r) => domain.family(r),
+            Some(r) => domain.family(r)?,
             None => lf.clone(),
         };
         let right_ids = r.as_ref().map_or(&l.ids, |r| &r.ids);
         let space = PairSpace { left: &lf, right: &rf, right_from: from.as_deref() };
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        crate::util::trace(&format!("intersect_families: sets read and mapped to the domain in {:.1} ms", ms(started)));
         let pairs = space.pair_count(0..lf.len());
         // The pair count is known only now: the one runtime rule (`planner::decision` decides everything
         // else at plan time); the device itself is taken below. Err: why the CPU.
@@ -689,25 +710,40 @@ impl Run {
         let mut notes: Vec<String> = Vec::new();
         match self.spec.level {
             Level::Distinct => {
+                let flip = if self.spec.element == DataType::UInt64 { 0 } else { 1 << 63 };
                 let d = match &backend {
-                    Ok(()) => match distinct_on_gpu(cfg, memory, &space, &mut ts) {
+                    Ok(()) => match distinct_on_gpu(cfg, memory, &space, &domain.keys, flip, &mut ts) {
                         Ok((d, slices)) => {
-                            notes.push(format!("gpu in {slices} slice(s)"));
+                            let laid_out = matches!(d, DistinctOut::Columns(_));
+                            notes.push(format!(
+                                "gpu in {slices} slice(s){}",
+                                if laid_out { ", output laid out on the device" } else { "" }
+                            ));
                             d
                         }
                         Err(e) => {
                             notes.push(format!("cpu (GPU failed: {e})"));
-                            families::distinct_cpu(&space)
+                            DistinctOut::Sets(families::distinct_cpu(&space))
                         }
                     },
                     Err(why) => {
                         notes.push(format!("cpu ({why})"));
-                        families::distinct_cpu(&space)
+                        DistinctOut::Sets(families::distinct_cpu(&space))
                     }
                 };
                 *self.ran.lock().unwrap() =
                     Some(format!("{}, {} sets x {} sets, {} distinct", notes.join("; "), lf.len(), rf.len(), d.len()));
-                for b in self.distinct_batches(&domain, &d, batch_size)? {
+                let made = Instant::now();
+                let batches = match &d {
+                    DistinctOut::Sets(d) => self.distinct_batches(&domain, d, batch_size)?,
+                    DistinctOut::Columns(c) => column_batches(&self.spec.schema, &self.spec.element, c, batch_size)?,
+                };
+                crate::util::trace(&format!(
+                    "intersect_families: {} output batches in {:.1} ms",
+                    batches.len(),
+                    ms(made)
+                ));
+                for b in batches {
                     if !send(b)? {
                         break;
                     }
@@ -869,6 +905,33 @@ impl Run {
     }
 }
 
+/// Output batches of the distinct sets the device laid out, made on the
+/// host's threads: each batch's own copy of its rows (batches that shared the
+/// whole output's buffers would each count all of it against the memory pool).
+fn column_batches(
+    schema: &SchemaRef,
+    element: &DataType,
+    c: &DistinctColumns,
+    batch_size: usize,
+) -> Result<Vec<RecordBatch>> {
+    let (offsets, values, frequency) = (c.offsets(), c.values(), c.frequency());
+    let field = Arc::new(Field::new("item", element.clone(), false));
+    let starts: Vec<usize> = (0..c.len).step_by(batch_size).collect();
+    crate::host::par_map(&starts, 8, |&start| {
+        let end = (start + batch_size).min(c.len);
+        let base = offsets[start];
+        let offs: Vec<i32> = offsets[start..=end].iter().map(|&o| o - base).collect();
+        let vals = &values[base as usize..offsets[end] as usize];
+        let vals: ArrayRef = match element {
+            DataType::UInt64 => Arc::new(UInt64Array::from(vals.to_vec())),
+            _ => Arc::new(Int64Array::from_iter_values(vals.iter().map(|&v| v as i64))),
+        };
+        let list = ListArray::try_new(field.clone(), OffsetBuffer::new(ScalarBuffer::from(offs)), vals, None)?;
+        let freq = Int64Array::from_iter_values(frequency[start..end].iter().map(|&f| f as i64));
+        Ok(RecordBatch::try_new(schema.clone(), vec![Arc::new(list), Arc::new(freq)])?)
+    })
+}
+
 /// The end of the round of left sets from `at`: left sets until
 /// [`PAIRS_PER_ROUND`] pairs (at least one).
 fn round_end(space: &PairSpace, at: usize) -> usize {
@@ -921,15 +984,19 @@ fn counts_on_gpu(
     overlap::counts_gpu(&lease, space, inv, rows, None, ts)
 }
 
+/// The distinct level on the device: element ids output as their keys
+/// (`keys`, the domain's, ascending) `^ flip`.
 fn distinct_on_gpu(
     cfg: &SetfusionConfig,
     memory: &MemoryReservation,
     space: &PairSpace,
+    keys: &[u64],
+    flip: u64,
     ts: &mut TransferStats,
-) -> Result<(DistinctSets, usize)> {
+) -> Result<(DistinctOut, usize)> {
     let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
     let lease = hold_device(&g, cfg, Some(memory))?;
-    families::distinct_gpu(&lease, space, ts)
+    families::distinct_gpu_columns(&lease, space, keys, flip, ts)
 }
 
 fn pairs_on_gpu(
@@ -943,4 +1010,30 @@ fn pairs_on_gpu(
     let g = gpu::gpu(cfg.device).map_err(crate::gpu::GpuError::from)?;
     let lease = hold_device(&g, cfg, Some(memory))?;
     families::pairs_gpu_with(&lease, space, inv, rows, ts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device's output columns become batches of their own rows, values
+    /// as the element type (an Int64's bits, or UInt64), offsets from 0.
+    #[test]
+    fn laid_out_columns_become_batches() {
+        let c =
+            DistinctColumns::from_vecs(vec![0, 1, 3, 3, 6], vec![7, u64::MAX, 2, 1, 2, 3], vec![5, 1, 2, 9]).unwrap();
+        for element in [DataType::Int64, DataType::UInt64] {
+            let schema = output_schema(Level::Distinct, &DataType::Int64, &DataType::Int64, &element);
+            let batches = column_batches(&schema, &element, &c, 3).unwrap();
+            assert_eq!(batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![3, 1]);
+            let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+            let minus_one = if element == DataType::Int64 { "-1" } else { "18446744073709551615" };
+            for want in ["[7]", &format!("[{minus_one}, 2]"), "[]", "[1, 2, 3]"] {
+                assert!(text.contains(want), "{element}: {want} in {text}");
+            }
+            let list = batches[1].column(0).as_list::<i32>();
+            assert_eq!(list.value_offsets(), &[0, 3], "{element}: offsets start at 0 in every batch");
+            assert_eq!(batches[1].column(1).as_primitive::<Int64Type>().value(0), 9);
+        }
+    }
 }
