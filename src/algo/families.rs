@@ -1057,6 +1057,7 @@ impl Slice {
             groups,
             total,
             key_elements: 48 / bits,
+            domain: self.domain,
         }))
     }
 }
@@ -1080,6 +1081,8 @@ struct Groups {
     groups: usize,
     total: usize,
     key_elements: u32,
+    /// The element domain's size (element ids lie below it).
+    domain: usize,
 }
 
 impl Groups {
@@ -1102,13 +1105,18 @@ impl Groups {
 
     /// The output columns, in order, written by the device and downloaded
     /// once into pinned memory that Arrow buffers own: no host pass over the
-    /// sets, but for ordering those whose keys tie ([`DistinctColumns::order_ties`]).
-    /// Element id `e` is output as `id_values[e] ^ flip`.
+    /// sets, but for ordering those whose keys tie ([`order_ties`]). Element
+    /// id `e` is output as `id_values[e] ^ flip`; the caller keeps `total`
+    /// within i32 offsets.
     fn columns(self, gpu: &Gpu, id_values: &[u64], flip: u64, ts: &mut TransferStats) -> Result<DistinctColumns> {
         let Some(d) = self.on_device else { return DistinctColumns::from_vecs(vec![0], Vec::new(), Vec::new()) };
         let (n, total) = (self.groups, self.total);
-        if total > i32::MAX as usize || id_values.is_empty() {
-            return Err(DataFusionError::Internal(format!("families: {total} elements do not fit i32 offsets")));
+        if id_values.len() < self.domain {
+            return Err(DataFusionError::Internal(format!(
+                "families: {} output values for a domain of {} element ids",
+                id_values.len(),
+                self.domain
+            )));
         }
         let stream = gpu.stream();
         let started = Instant::now();
@@ -1126,7 +1134,6 @@ impl Groups {
         // tie_cap (the kernel writes no more).
         unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_out_order", e))?;
         let offsets = super::segmented::exclusive_scan(gpu, &out_len, n)?;
-        let out_len_kept = out_len;
         let ids = gpu.upload(id_values, ts)?;
         let values = gpu.alloc::<u64>(total.max(1))?;
         let f = gpu.function(&KERNEL, "fam_out_values")?;
@@ -1134,7 +1141,8 @@ impl Groups {
         b.arg(&n_u).arg(&d.order.slice).arg(&d.pos.slice).arg(&offsets.slice).arg(&d.elements.slice);
         b.arg(&ids.slice).arg(&flip).arg(&values.slice);
         // SAFETY: matches fam_out_values; offsets hold n + 1 entries whose last is `total` (the sum of the
-        // sets' sizes, the length of values), every element id is below the domain, the length of id_values.
+        // sets' sizes, the length of values), every element id is below the domain, checked above to be at
+        // most the length of id_values.
         unsafe { b.launch(thread_grid(gpu, n)) }.map_err(|e| cuda_err("families fam_out_values", e))?;
         gpu.synchronize()?;
         ts.kernel += started.elapsed();
@@ -1163,7 +1171,7 @@ impl Groups {
                 tie_runs_of_marks(&at)
             } else {
                 let keys = gpu.download(&d.keys, n, ts)?;
-                let lens = gpu.download(&out_len_kept, n, ts)?;
+                let lens = gpu.download(&out_len, n, ts)?;
                 tie_runs_of_keys(&keys, &lens, cap)
             };
             let (o, v, f) = (oh.as_mut_slice()?, vh.as_mut_slice()?, fh.as_mut_slice()?);

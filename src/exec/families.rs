@@ -360,10 +360,13 @@ struct Sets {
     keys: Vec<u64>,
 }
 
-/// Order-preserving u64 key of an Int64 (the sign bit flipped, so that
-/// unsigned order is signed order).
+/// The sign bit: flipped, an Int64's bits become an order-preserving u64 key
+/// (unsigned order is signed order), and back.
+const SIGN: u64 = 1 << 63;
+
+/// Order-preserving u64 key of an Int64.
 fn signed_key(x: i64) -> u64 {
-    (x as u64) ^ (1 << 63)
+    (x as u64) ^ SIGN
 }
 
 impl Sets {
@@ -576,9 +579,7 @@ impl Domain {
     fn list(&self, element: &DataType, offsets: &[usize], ids: &[u32]) -> Result<ArrayRef> {
         let values: ArrayRef = match element {
             DataType::UInt64 => Arc::new(UInt64Array::from_iter_values(ids.iter().map(|&i| self.keys[i as usize]))),
-            _ => {
-                Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| (self.keys[i as usize] ^ (1 << 63)) as i64)))
-            }
+            _ => Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| (self.keys[i as usize] ^ SIGN) as i64))),
         };
         let base = offsets[0];
         let offs: Vec<i32> = offsets
@@ -710,7 +711,7 @@ impl Run {
         let mut notes: Vec<String> = Vec::new();
         match self.spec.level {
             Level::Distinct => {
-                let flip = if self.spec.element == DataType::UInt64 { 0 } else { 1 << 63 };
+                let flip = if self.spec.element == DataType::UInt64 { 0 } else { SIGN };
                 let d = match &backend {
                     Ok(()) => match distinct_on_gpu(cfg, memory, &space, &domain.keys, flip, &mut ts) {
                         Ok((d, slices)) => {

@@ -413,18 +413,20 @@ impl Gpu {
             };
             staging.wait(0, stats)?;
             staging.wait(1, stats)?;
-            let piece = (64 << 20) / size;
+            // Elements of one piece: a staging buffer's worth.
+            let piece = STAGING_BYTES / size;
             let pieces = len.div_ceil(piece);
+            let span = |p: usize| (p * piece, ((p + 1) * piece).min(len));
             let mut done: [Option<cudarc::driver::CudaEvent>; 2] = [None, None];
             // Queue piece p's DMA into staging buffer p % 2 and record its event.
             let queue = |staging: &mut Staging, p: usize| -> Result<cudarc::driver::CudaEvent> {
-                let (lo, hi) = (p * piece, ((p + 1) * piece).min(len));
+                let (lo, hi) = span(p);
                 let pinned = staging.bufs[p % 2].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
                 let view = src.slice.slice(lo..hi);
                 let (sptr, _record) = view.device_ptr(&self.stream);
-                // SAFETY: the pinned buffer holds at least 64 MiB (hi - lo elements), and the host
-                // reads it only after the event recorded below completes; `sptr` addresses hi - lo
-                // elements of `src`.
+                // SAFETY: the pinned buffer holds STAGING_BYTES (at least hi - lo elements), and the
+                // host reads it only after the event recorded below completes; `sptr` addresses
+                // hi - lo elements of `src`.
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
                         &mut pinned[..(hi - lo) * size],
@@ -446,7 +448,7 @@ impl Gpu {
                     ev.synchronize().map_err(|e| cuda_err("download event", e))?;
                     stats.dma_wait += w.elapsed();
                 }
-                let (lo, hi) = (p * piece, ((p + 1) * piece).min(len));
+                let (lo, hi) = span(p);
                 let pinned = staging.bufs[p % 2].as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
                 // SAFETY: the buffer is page aligned and its first (hi - lo) * size bytes were just
                 // written by the DMA waited for above.
@@ -795,7 +797,7 @@ mod tests {
         let offs = gpu.download(d.offsets.as_ref().unwrap(), 20, &mut stats).unwrap();
         assert_eq!(offs, strings.to_data().buffers()[0].as_slice());
         // A large upload goes through several staging fills, a large download through both staging
-        // buffers in 64 MiB pieces (160 MB: three, the last one short; 72 MB: two; 800 KB: none).
+        // buffers in pieces of a buffer's size (160 MB: three, the last one short; 72 MB: two; 800 KB: none).
         let big: Vec<u64> = (0..20_000_000u64).map(|i| i * 7).collect();
         let d = gpu.upload(&big, &mut stats).unwrap();
         let back = gpu.download(&d, big.len(), &mut stats).unwrap();
