@@ -50,6 +50,11 @@ pub static QUERY_KERNELS: [&KernelSource; 4] =
 /// The families a device's background start loads: the set selection's.
 pub static SET_SELECTION_KERNELS: &[&KernelSource] = QUERY_KERNELS.split_at(3).0;
 
+/// What a similarity join planned onto the device loads while the device
+/// starts: the transfers', the join's and its preprocessing's families.
+pub static SIMILARITY_KERNELS: [&KernelSource; 3] =
+    [&crate::gpu::transfer::KERNEL, &ssjoin::gpu::KERNEL, &ssjoin_prep::KERNEL];
+
 /// A kernel family's self-check against its CPU twin (run by `setfusion doctor`).
 pub type SelfCheck = fn(&Gpu) -> Result<String>;
 

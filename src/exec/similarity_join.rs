@@ -46,7 +46,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
-use crate::config::SetfusionConfig;
+use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::common::{Backend, Decision};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
@@ -264,8 +264,11 @@ struct Run {
 /// Preprocess the raw sets and run the join on the chosen backend: the GPU
 /// backend preprocesses on the device where that path takes the inputs
 /// ([`ssjoin_prep::preprocess_for_gpu`]); device trouble falls back to the
-/// CPU. Returns the first collection (a self join's caller needs its sizes),
-/// the pairs and where they were computed.
+/// CPU. A GPU chosen by the cost model (`strategy = auto`) on a device that
+/// is still starting is not waited for ([`join_while_device_starts`]) unless
+/// the sets are too many to preprocess on the host meanwhile
+/// ([`HOST_PREP_MAX_ELEMENTS`]); an explicit GPU strategy waits. Returns the first collection (a self join's
+/// caller needs its sizes), the pairs and where they were computed.
 pub fn join_raw_sets(
     backend: Backend,
     cfg: &SetfusionConfig,
@@ -275,16 +278,21 @@ pub fn join_raw_sets(
     thr: Threshold,
     stats: &mut JoinStats,
 ) -> (ssjoin::SetCollection, Vec<Pair>, String) {
-    let cpu_join = |rc: &ssjoin::SetCollection, sc: Option<&ssjoin::SetCollection>, stats: &mut JoinStats| {
-        ssjoin::ssjoin_cpu_with(rc, sc, thr, ssjoin::default_threads(), stats)
-    };
     let on_cpu = |stats: &mut JoinStats, why: String| {
         let (rc, sc) = ssjoin_prep::preprocess(r, s);
-        let pairs = cpu_join(&rc, sc.as_ref(), stats);
+        let pairs = cpu_join(&rc, sc.as_ref(), thr, stats);
         (rc, pairs, why)
     };
     match backend {
         Backend::Cpu => on_cpu(stats, "cpu".into()),
+        Backend::Gpu
+            if cfg.strategy == Strategy::Auto
+                && !device_ready_or_starts(cfg.device)
+                && r.elems.len() + s.map_or(0, |s| s.elems.len()) < HOST_PREP_MAX_ELEMENTS =>
+        {
+            let ready = || matches!(gpu::readiness(cfg.device), gpu::Readiness::Ready);
+            join_while_device_starts(cfg, memory, r, s, thr, stats, &ready)
+        }
         Backend::Gpu => {
             let g = match gpu::gpu(cfg.device) {
                 Ok(g) => g,
@@ -300,18 +308,126 @@ pub fn join_raw_sets(
             drop(lease);
             match out {
                 Ok(pairs) => {
-                    stats.candidates += st.candidates;
-                    stats.results += st.results;
-                    stats.blocks += st.blocks;
-                    stats.transfer.add(&st.transfer);
+                    stats.add(&st);
                     let ran = format!("gpu in {} probe block(s), {prep}", st.blocks);
                     (rc, pairs, ran)
                 }
                 Err(e) => {
-                    let pairs = cpu_join(&rc, sc.as_ref(), stats);
+                    let pairs = cpu_join(&rc, sc.as_ref(), thr, stats);
                     (rc, pairs, format!("cpu (GPU failed: {e})"))
                 }
             }
+        }
+    }
+}
+
+/// The CPU backend's join of preprocessed collections, on all threads.
+fn cpu_join(
+    rc: &ssjoin::SetCollection,
+    sc: Option<&ssjoin::SetCollection>,
+    thr: Threshold,
+    stats: &mut JoinStats,
+) -> Vec<Pair> {
+    ssjoin::ssjoin_cpu_with(rc, sc, thr, ssjoin::default_threads(), stats)
+}
+
+/// Is device `ordinal` ready (or unusable: the caller's device path then
+/// reports why)? A device nobody started (a plan built in another process,
+/// such as a Ballista executor's) starts now, in the background.
+fn device_ready_or_starts(ordinal: usize) -> bool {
+    match gpu::readiness_if_started(ordinal) {
+        Some(gpu::Readiness::Starting(_)) => false,
+        Some(_) => true,
+        None => {
+            gpu::start_for_query(ordinal, &crate::algo::SIMILARITY_KERNELS);
+            false
+        }
+    }
+}
+
+/// Sets of this many elements or more wait for a starting device rather
+/// than being preprocessed on the host: that alone would outlast the start
+/// (1M sets of 30 elements took 1.76 s on the H100 host's 16 threads, the
+/// device's preprocessing ~0.1 s; BENCHMARKS section 2), while the
+/// DBLP-sized collections (1.2M-5.9M elements) are preprocessed within it.
+const HOST_PREP_MAX_ELEMENTS: usize = 16 << 20;
+
+/// The GPU join's fixed cost once the device is up (upload, launches, the
+/// pairs' download), ms: the 100k-set and DBLP joins took 1.9-7.2 ms on the
+/// H100 (BENCHMARKS section 2).
+const GPU_JOIN_FIXED_MS: f64 = 5.0;
+/// The GPU join's speed over the CPU join's, at least, on joins long enough
+/// to matter: 9.7-37x where the CPU join took 24 ms or more, 1.4-5x on the
+/// 3-16 ms joins of high thresholds (BENCHMARKS section 2). The fixed cost
+/// above covers the short ones.
+const GPU_JOIN_MIN_SPEEDUP: f64 = 4.0;
+
+/// Should a CPU join that has run `elapsed_ms` and handed out `done` of its
+/// probe side's elements stop for the device, now ready? When the work left
+/// (extrapolated from the work done) takes longer than the whole join would
+/// on the device. Nothing done yet: the plan's choice, the device, stands.
+fn device_finishes_first(elapsed_ms: f64, done: f64) -> bool {
+    if done <= 0.0 {
+        return true;
+    }
+    let left_ms = elapsed_ms * (1.0 - done) / done;
+    left_ms > GPU_JOIN_FIXED_MS + (elapsed_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP
+}
+
+/// The join the cost model gave the device, while the device is still
+/// starting (a fresh process: ~250-600 ms of driver and context start). The
+/// host preprocesses the sets and joins them meanwhile, and hands the rest to
+/// the device only once the device is ready and would finish first
+/// ([`device_finishes_first`]); a join the host finishes before that never
+/// waits for the device. `ready` says whether the device is up. So a fresh process's similarity join is never much
+/// slower than the CPU backend's, however high its threshold (issue 31: at
+/// Jaccard 0.9 a fresh process lost 0.69x waiting for the device), and a
+/// long join still ends on the device.
+fn join_while_device_starts(
+    cfg: &SetfusionConfig,
+    memory: Option<&MemoryReservation>,
+    r: &RawSets,
+    s: Option<&RawSets>,
+    thr: Threshold,
+    stats: &mut JoinStats,
+    ready: &(dyn Fn() -> bool + Sync),
+) -> (ssjoin::SetCollection, Vec<Pair>, String) {
+    let began = Instant::now();
+    let (rc, sc) = ssjoin_prep::preprocess(r, s);
+    let prepared = Instant::now();
+    // Decided once, by the first worker to see the device ready.
+    let switch: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let give_up = |done: f64| match switch.get() {
+        Some(&s) => s,
+        None if !ready() => false,
+        None => *switch.get_or_init(|| device_finishes_first(prepared.elapsed().as_secs_f64() * 1e3, done)),
+    };
+    let mut host = JoinStats::default();
+    if let Some(pairs) = ssjoin::ssjoin_cpu_until(&rc, sc.as_ref(), thr, ssjoin::default_threads(), &mut host, &give_up)
+    {
+        stats.add(&host);
+        let ran = format!(
+            "cpu while the device started (preprocessed and joined on the host in {:.0} ms)",
+            began.elapsed().as_secs_f64() * 1e3
+        );
+        return (rc, pairs, ran);
+    }
+    let handed =
+        format!("the host's join stopped {:.0} ms in, once the device was ready", began.elapsed().as_secs_f64() * 1e3);
+    let device = gpu::gpu(cfg.device).map_err(|e| e.to_string()).and_then(|g| {
+        let lease = hold_device(&g, cfg, memory).map_err(|e| crate::util::one_line(&e))?;
+        let mut st = JoinStats::default();
+        let pairs = ssjoin::ssjoin_gpu(&lease, &rc, sc.as_ref(), thr, &mut st).map_err(|e| e.to_string())?;
+        Ok((pairs, st))
+    });
+    match device {
+        Ok((pairs, st)) => {
+            stats.add(&st);
+            (rc, pairs, format!("gpu in {} probe block(s), preprocessed on the host; {handed}", st.blocks))
+        }
+        Err(e) => {
+            let pairs = cpu_join(&rc, sc.as_ref(), thr, stats);
+            (rc, pairs, format!("cpu (GPU failed: {e}; {handed})"))
         }
     }
 }
@@ -596,5 +712,60 @@ impl Run {
         });
         crate::util::trace("similarity join: pairs ready");
         Ok(out.boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::ssjoin::Metric;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_device_takes_over_only_where_it_finishes_first() {
+        // Nothing joined yet: the plan's choice stands.
+        assert!(device_finishes_first(0.0, 0.0));
+        // A tenth done in 40 ms: 360 ms left on the host against ~105 on the device.
+        assert!(device_finishes_first(40.0, 0.1));
+        // Nine tenths done: 4.4 ms left, the device's fixed cost alone is more.
+        assert!(!device_finishes_first(40.0, 0.9));
+        // Half done in 2 ms: 2 ms left, under the device's fixed cost.
+        assert!(!device_finishes_first(2.0, 0.5));
+    }
+
+    /// A join on a device still starting answers as the host's join, whether
+    /// the device never becomes ready, is ready at once, or becomes ready
+    /// midway (then the device joins everything; without a GPU, the host).
+    #[test]
+    fn a_join_while_the_device_starts_answers_as_the_host() {
+        let raw = crate::algo::ssjoin::reference::generate(3000, true, 7);
+        let thr = Threshold::new(Metric::Jaccard, 0.5);
+        let (rc, _) = ssjoin_prep::preprocess(&raw, None);
+        let want = sorted(ssjoin::ssjoin_cpu(&rc, None, thr));
+        assert!(!want.is_empty());
+        let gpu = gpu::test_gpu();
+        let cfg = SetfusionConfig::default();
+        let asked = AtomicUsize::new(0);
+        let never = || false;
+        let at_once = || true;
+        let midway = || asked.fetch_add(1, Ordering::Relaxed) >= 3;
+        for (name, ready) in
+            [("never", &never as &(dyn Fn() -> bool + Sync)), ("at once", &at_once), ("midway", &midway)]
+        {
+            let mut stats = JoinStats::default();
+            let (_, pairs, ran) = join_while_device_starts(&cfg, None, &raw, None, thr, &mut stats, ready);
+            assert_eq!(sorted(pairs), want, "{name}: {ran}");
+            match name {
+                "never" => assert!(ran.starts_with("cpu while the device started"), "{ran}"),
+                "at once" if gpu.is_some() => assert!(ran.starts_with("gpu"), "{ran}"),
+                _ => assert!(ran.starts_with("gpu") || ran.starts_with("cpu ("), "{name}: {ran}"),
+            }
+        }
+    }
+
+    fn sorted(pairs: Vec<Pair>) -> Vec<Pair> {
+        let mut v: Vec<Pair> = pairs.iter().map(|p| (p.0.min(p.1), p.0.max(p.1), p.2)).collect();
+        v.sort_unstable();
+        v
     }
 }

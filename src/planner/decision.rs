@@ -175,10 +175,18 @@ pub fn decide_filtered(
     }
 }
 
-/// The similarity join's backend: settings, the device (waited for while it
-/// starts), `min_rows` on the estimated rows of both inputs, then, under
-/// `auto`, the similarity cost model ([`cost::similarity_estimate`]) on the
-/// threshold and the estimated pairs (its size floor off when `min_rows = 0`).
+/// The similarity join's backend: settings, the device, `min_rows` on the
+/// estimated rows of both inputs, then, under `auto`, the similarity cost
+/// model ([`cost::similarity_estimate`]) on the threshold and the estimated
+/// pairs (its size floor off when `min_rows = 0`).
+///
+/// Only an explicit GPU strategy opens the device here and waits for it.
+/// Under `auto`, a device nobody started is not waited for at planning: a
+/// GPU choice starts it in the background, beside the scans and the sets'
+/// encoding, and the join itself does not wait for a start that is not done
+/// ([`crate::exec::similarity_join::join_raw_sets`]: the host joins
+/// meanwhile). Before, planning opened the device, so a fresh process paid
+/// the whole start (~250-600 ms) before its first scan.
 pub fn decide_similarity(
     cfg: &SetfusionConfig,
     threshold: &Threshold,
@@ -188,18 +196,31 @@ pub fn decide_similarity(
     if let Some(reason) = forced_cpu(cfg, &[]) {
         return Decision::cpu(reason);
     }
-    if let Err(e) = crate::gpu::available(cfg.device) {
+    let forced = cfg.strategy != Strategy::Auto;
+    let started =
+        if forced { Some(crate::gpu::readiness(cfg.device)) } else { crate::gpu::readiness_if_started(cfg.device) };
+    if let Some(crate::gpu::Readiness::Unavailable(e)) = &started {
         return Decision::cpu(Reason::NoGpu(e.to_string()));
     }
     let rows = super::estimated_input_rows(left, right);
     if let Some(reason) = rows.and_then(|n| below_min_rows(cfg, n as u64, Unit::Rows)) {
         return Decision::cpu(reason);
     }
-    if cfg.strategy != Strategy::Auto {
+    if forced {
         return Decision::gpu(cfg.strategy, Reason::StrategyForced(cfg.strategy));
     }
     let pairs = super::estimated_rows(left).zip(super::estimated_rows(right)).map(|(l, r)| l as f64 * r as f64);
-    cost::similarity_estimate(threshold, pairs, cfg.min_rows > 0)
+    let d = cost::similarity_estimate(threshold, pairs, cfg.min_rows > 0);
+    match (d.on_gpu(), started, d.reason) {
+        (true, None, Reason::CostModel(why)) => {
+            crate::gpu::start_for_query(cfg.device, &crate::algo::SIMILARITY_KERNELS);
+            Decision::gpu(
+                Strategy::Auto,
+                Reason::CostModel(format!("{why}; the device starts now, and the host joins until it is ready")),
+            )
+        }
+        (_, _, reason) => Decision { reason, ..d },
+    }
 }
 
 /// The device for one batch of a list function (`set_intersect_all` and

@@ -58,20 +58,25 @@ pub fn ssjoin_cpu_with(
     threads: usize,
     stats: &mut JoinStats,
 ) -> Vec<Pair> {
-    ssjoin_cpu_until(r, s, thr, threads, stats, None).unwrap_or_default()
+    ssjoin_cpu_until(r, s, thr, threads, stats, &|_| false).unwrap_or_default()
 }
 
-/// [`ssjoin_cpu_with`] that gives up (None) once `deadline` has passed; the
-/// workers check it between chunks of 64 probes (the benchmark's CPU cap).
+/// [`ssjoin_cpu_with`] that gives up (None) once `give_up(done)` says so.
+/// The workers ask between chunks of 64 probes; `done` is the share of the
+/// probe side's elements handed out so far (later probes are larger sets,
+/// so elements say more about the work left than sets do). Callers: the
+/// benchmark's CPU cap (a deadline), and the similarity join's run on the
+/// host while the device starts (it stops once the device would finish first).
 pub fn ssjoin_cpu_until(
     r: &SetCollection,
     s: Option<&SetCollection>,
     thr: Threshold,
     threads: usize,
     stats: &mut JoinStats,
-    deadline: Option<Instant>,
+    give_up: &(dyn Fn(f64) -> bool + Sync),
 ) -> Option<Vec<Pair>> {
     let expired = std::sync::atomic::AtomicBool::new(false);
+    let elements = (*r.offsets.last().unwrap_or(&0)).max(1) as f64;
     let started = Instant::now();
     let plan = Plan::new(r, s, thr, true, threads);
     stats.plan += started.elapsed();
@@ -101,11 +106,9 @@ pub fn ssjoin_cpu_until(
             alpha: Vec::new(),
         },
         |start, end, st| {
-            if let Some(d) = deadline {
-                if expired.load(Ordering::Relaxed) || Instant::now() >= d {
-                    expired.store(true, Ordering::Relaxed);
-                    return;
-                }
+            if expired.load(Ordering::Relaxed) || give_up(r.offsets[start] as f64 / elements) {
+                expired.store(true, Ordering::Relaxed);
+                return;
             }
             for x in start..end {
                 let a = r.size(x);

@@ -513,3 +513,15 @@ pub struct JoinStats {
     pub plan: std::time::Duration,
     pub transfer: TransferStats,
 }
+
+impl JoinStats {
+    /// Count another run's counters into these (EXPLAIN ANALYZE's sums).
+    pub fn add(&mut self, other: &JoinStats) {
+        self.candidates += other.candidates;
+        self.results += other.results;
+        self.blocks += other.blocks;
+        self.hits += other.hits;
+        self.plan += other.plan;
+        self.transfer.add(&other.transfer);
+    }
+}

@@ -19,19 +19,21 @@ pub(crate) fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
 }
 
 /// Run this binary with `args` in `runs` fresh processes, each printing
-/// `ms=<query time> rows=<n>`; the median time and the rows. A child past
-/// `limit` is killed and fails the measurement.
+/// `ms=<query time> rows=<n>` (and optionally a `ran=<note>` line); the
+/// median time, the rows and the last child's note. A child past `limit` is
+/// killed and fails the measurement.
 pub(crate) fn fresh_runs(
     args: &[String],
     name: &str,
     runs: usize,
     limit: std::time::Duration,
-) -> datafusion::error::Result<(std::time::Duration, usize)> {
+) -> datafusion::error::Result<(std::time::Duration, usize, String)> {
     use datafusion::error::DataFusionError;
     let exec_err = |m: String| DataFusionError::Execution(m);
     let exe = std::env::current_exe()?;
     let mut times = Vec::new();
     let mut rows = 0;
+    let mut note = String::new();
     for _ in 0..runs {
         let child = std::process::Command::new(&exe)
             .args(args)
@@ -61,7 +63,8 @@ pub(crate) fn fresh_runs(
         let mut parts = line.split_whitespace();
         let t: f64 = parts.next().and_then(|p| p[3..].parse().ok()).unwrap_or(f64::NAN);
         rows = parts.next().and_then(|p| p[5..].parse().ok()).unwrap_or(0);
+        note = text.lines().find_map(|l| l.strip_prefix("ran=")).unwrap_or_default().to_string();
         times.push(std::time::Duration::from_secs_f64(t / 1e3));
     }
-    Ok((median(times), rows))
+    Ok((median(times), rows, note))
 }

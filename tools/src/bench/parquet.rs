@@ -345,7 +345,7 @@ pub async fn run(options: Options) -> Result<()> {
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-                super::fresh_runs(&args, name, a.runs, CHILD_LIMIT).map(|(t, _)| t)
+                super::fresh_runs(&args, name, a.runs, CHILD_LIMIT).map(|(t, _, _)| t)
             };
             let (df_fresh, sf_fresh) = (fresh(false)?, fresh(true)?);
             let analyzed = sf.sql(&format!("EXPLAIN ANALYZE {sql}")).await?.collect().await?;

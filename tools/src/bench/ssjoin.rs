@@ -30,6 +30,11 @@
 //! DataFusion's own nested-loop plan (setfusion disabled) and the SQL
 //! similarity join run on the first 4,000 sets of the smallest collection
 //! (DBLP; `SSJOIN_BENCH_NLJ_SETS` changes it) at 0.9.
+//!
+//! `--fresh` times what a user's first query feels instead: the SQL self
+//! join over a Parquet file of each collection, in one-query processes, the
+//! CPU backend against setfusion's defaults (`dblp5`: each DBLP set five
+//! times, 90k sets).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,6 +59,9 @@ struct Args {
     thresholds: Vec<f64>,
     cpu_timeout: Option<Duration>,
     cpu: bool,
+    fresh: bool,
+    one: Option<std::path::PathBuf>,
+    engine: String,
 }
 
 /// `setfusion bench ssjoin`' options (`cargo bench --bench ssjoin -- ...` takes the same).
@@ -71,8 +79,8 @@ pub struct Options {
     /// Leave out DataFusion's own nested-loop plan and the SQL similarity join on the first sets at 0.9
     #[arg(long)]
     pub no_nlj: bool,
-    /// The collections to join (the DBLP collection ignores --sets)
-    #[arg(long, value_name = "NAME,..", value_delimiter = ',', value_parser = ["dblp", "uniform", "zipf"], ignore_case = true, default_values = ["dblp", "uniform", "zipf"])]
+    /// The collections to join (dblp5: each DBLP set five times; the DBLP collections ignore --sets)
+    #[arg(long, value_name = "NAME,..", value_delimiter = ',', value_parser = ["dblp", "dblp5", "uniform", "zipf"], ignore_case = true, default_values = ["dblp", "uniform", "zipf"])]
     pub collections: Vec<String>,
     /// Sizes of the generated collections
     #[arg(long, value_name = "N,..", value_delimiter = ',', default_values_t = [100_000, 1_000_000])]
@@ -86,6 +94,15 @@ pub struct Options {
     /// Skip the CPU backend
     #[arg(long)]
     pub no_cpu: bool,
+    /// Instead: the SQL self join from Parquet in fresh processes, the CPU backend against setfusion's default (`auto`)
+    #[arg(long)]
+    pub fresh: bool,
+    /// The fresh-process run of one query over this file (the parent starts these)
+    #[arg(long, value_name = "FILE.parquet", hide = true)]
+    pub one: Option<std::path::PathBuf>,
+    /// --one's engine: `cpu` (the CPU backend), `wait` (the GPU backend, waited for), else setfusion's default
+    #[arg(long, hide = true, default_value = "auto")]
+    pub engine: String,
 }
 
 /// A Jaccard threshold: in (0, 1].
@@ -112,6 +129,9 @@ fn settings(o: Options) -> Args {
         thresholds: o.thresholds,
         cpu_timeout: o.cpu_timeout,
         cpu: !o.no_cpu,
+        fresh: o.fresh,
+        one: o.one,
+        engine: o.engine,
     }
 }
 
@@ -242,29 +262,34 @@ fn time_sql(
     })
 }
 
-/// Run the benchmark (see the module docs).
-pub fn run(options: Options) {
-    let args = settings(options);
-    let threads = default_threads();
-    let gpu = setfusion::gpu::gpu(0);
-    let device = match &gpu {
-        Ok(g) => g.info().name.clone(),
-        Err(e) => format!("none ({e})"),
-    };
+/// The collections `args` asks for, each made when called (1M sets take ~1 GB each).
+type Datasets = Vec<(String, Box<dyn Fn() -> Option<RawSets>>)>;
+
+/// The collections `args` asks for, by name, generated lazily.
+fn datasets(args: &Args) -> Datasets {
     let want = |c: &str| args.collections.iter().any(|x| x == c);
-    // Collections are generated lazily, one at a time (1M sets take ~1 GB each).
-    let mut datasets: Vec<(String, Box<dyn Fn() -> Option<RawSets>>)> = vec![];
-    if want("dblp") {
-        datasets.push((
-            "DBLP-18k 3-grams".into(),
-            Box::new(|| {
-                let d = dblp();
-                if d.is_none() {
-                    eprintln!("dblp_t_18k.txt not found: skipping DBLP");
-                }
-                d
-            }),
-        ));
+    let mut datasets: Datasets = vec![];
+    for (name, copies) in [("dblp", 1), ("dblp5", 5)] {
+        if want(name) {
+            let label =
+                if copies == 1 { "DBLP-18k 3-grams".to_string() } else { format!("DBLP-18k 3-grams x{copies}") };
+            datasets.push((
+                label,
+                Box::new(move || {
+                    let Some(d) = dblp() else {
+                        eprintln!("dblp_t_18k.txt not found: skipping DBLP");
+                        return None;
+                    };
+                    let mut raw = RawSets::new();
+                    for _ in 0..copies {
+                        for i in 0..d.len() {
+                            raw.push(d.set(i).to_vec());
+                        }
+                    }
+                    Some(raw)
+                }),
+            ));
+        }
     }
     for &n in &args.sets {
         let label = if n % 1000 == 0 { format!("{}k", n / 1000) } else { n.to_string() };
@@ -275,6 +300,30 @@ pub fn run(options: Options) {
             datasets.push((format!("ZIPF-{label}"), Box::new(move || Some(generate(n, true, 13 + n as u64)))));
         }
     }
+    datasets
+}
+
+/// Run the benchmark (see the module docs).
+pub fn run(options: Options) {
+    let args = settings(options);
+    if let Some(file) = &args.one {
+        let t = args.thresholds.first().copied().unwrap_or(0.5);
+        if let Err(e) = run_one(file, t, &args.engine) {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.fresh {
+        return run_fresh(&args);
+    }
+    let threads = default_threads();
+    let gpu = setfusion::gpu::gpu(0);
+    let device = match &gpu {
+        Ok(g) => g.info().name.clone(),
+        Err(e) => format!("none ({e})"),
+    };
+    let datasets = datasets(&args);
     let cpu_note = match (args.cpu, args.cpu_timeout) {
         (false, _) => " The CPU backend was not run (--no-cpu).".to_string(),
         (true, Some(d)) => format!(
@@ -348,7 +397,10 @@ pub fn run(options: Options) {
             let cpu = if args.cpu {
                 timed(args.reps, || {
                     cst = JoinStats::default();
-                    ssjoin_cpu_until(&c, None, thr, threads, &mut cst, args.cpu_timeout.map(|d| Instant::now() + d))
+                    let deadline = args.cpu_timeout.map(|d| Instant::now() + d);
+                    ssjoin_cpu_until(&c, None, thr, threads, &mut cst, &|_| {
+                        deadline.is_some_and(|d| Instant::now() >= d)
+                    })
                 })
             } else {
                 None
@@ -473,6 +525,111 @@ pub fn run(options: Options) {
 }
 
 /// DataFusion's nested-loop plan vs the SQL similarity join, at 0.9.
+/// One query in this (fresh) process: the self join of `file` at `t`,
+/// printing `ms=<query time> rows=<pair count>` and `ran=<the operator's report>`.
+fn run_one(file: &std::path::Path, t: f64, engine: &str) -> datafusion::error::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let settings: &[&str] = match engine {
+        "cpu" => &["SET setfusion.strategy = 'cpu'"],
+        // The device, opened at planning and waited for (how `auto` ran before it stopped waiting).
+        "wait" => &["SET setfusion.strategy = 'hash'"],
+        _ => &[],
+    };
+    let ctx = session(&rt, settings)?;
+    let path = file.to_string_lossy().to_string();
+    rt.block_on(ctx.register_parquet("d", &path, datafusion::prelude::ParquetReadOptions::default()))?;
+    let (took, count, ran) = time_sql(&rt, &ctx, &self_join_sql(t), 1)?;
+    println!("ms={:.3} rows={count}", took.as_secs_f64() * 1e3);
+    println!("ran={ran}");
+    Ok(())
+}
+
+/// The longest a fresh one-query process may run.
+const CHILD_LIMIT: Duration = Duration::from_secs(300);
+
+/// `--fresh`: each collection written once as Parquet (`d(id, g)`, under
+/// `SETFUSION_PARQUET_DIR`), then its SQL self join at each threshold in
+/// `--reps` fresh processes of the CPU backend and of setfusion's default
+/// (`auto`: the cost model, the device started only for a GPU plan, the host
+/// joining until it is ready). Pair counts are checked equal.
+fn run_fresh(args: &Args) {
+    let dir = crate::env::parquet_bench_dir().join("ssjoin");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("cannot create {}: {e}", dir.display());
+        return;
+    }
+    let mut md = format!(
+        "# Set-similarity join from Parquet, fresh processes\n\n`{}` over one Parquet file per collection; each cell the median of {} one-query process(es) (the query's time: planning, scan, set encoding, preprocessing, join, count; the device starts inside the query's process). CPU = `setfusion.strategy = 'cpu'`; setfusion = its defaults; GPU waited = `setfusion.strategy = 'hash'` (the device opened at planning and waited for, as the default did before it stopped waiting).\n\n| dataset | sets | t | pairs | CPU ms | setfusion ms | speedup | GPU waited ms | setfusion ran |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        self_join_sql(0.5).replace("0.5", "t"),
+        args.reps,
+    );
+    for (name, make) in datasets(args) {
+        let Some(raw) = make() else { continue };
+        let file = dir.join(format!("{}.parquet", name.to_lowercase().replace([' ', '-'], "_")));
+        if let Err(e) = write_parquet(&file, &table(&raw)) {
+            eprintln!("writing {}: {e}", file.display());
+            return;
+        }
+        for &t in &args.thresholds {
+            let run = |engine: &str| {
+                let child: Vec<String> = [
+                    "bench",
+                    "ssjoin",
+                    "--one",
+                    &file.to_string_lossy(),
+                    "--thresholds",
+                    &t.to_string(),
+                    "--engine",
+                    engine,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                super::fresh_runs(&child, &name, args.reps, CHILD_LIMIT)
+            };
+            let waited = match run("wait") {
+                Ok((w, _, _)) => ms(w),
+                Err(e) => e.to_string(),
+            };
+            let line = match (run("cpu"), run("auto")) {
+                (Ok((c, cp, _)), Ok((g, gp, ran))) => {
+                    let pairs = if cp == gp { cp.to_string() } else { format!("MISMATCH {cp} / {gp}") };
+                    format!(
+                        "| {name} | {} | {t} | {pairs} | {} | {} | {:.2}x | {waited} | {ran} |\n",
+                        raw.len(),
+                        ms(c),
+                        ms(g),
+                        c.as_secs_f64() / g.as_secs_f64()
+                    )
+                }
+                (c, g) => format!(
+                    "| {name} | {} | {t} | - | {} | {} | - | {waited} | - |\n",
+                    raw.len(),
+                    c.map_or_else(|e| e.to_string(), |r| ms(r.0)),
+                    g.map_or_else(|e| e.to_string(), |r| ms(r.0))
+                ),
+            };
+            eprint!("{line}");
+            md += &line;
+        }
+    }
+    println!("{md}");
+    if let Some(path) = &args.out {
+        if let Err(e) = std::fs::write(path, &md) {
+            eprintln!("writing {path}: {e}");
+        }
+    }
+}
+
+/// Write `batch` as one Parquet file (the writer's defaults).
+fn write_parquet(path: &std::path::Path, batch: &RecordBatch) -> datafusion::error::Result<()> {
+    let file = std::fs::File::create(path)?;
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
+    w.write(batch)?;
+    w.close()?;
+    Ok(())
+}
+
 fn nested_loop_section(name: &str, raw: &RawSets) -> String {
     let batch = table(raw);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();

@@ -446,7 +446,7 @@ fn fresh_process(name: &str, setfusion: bool, sf: f64, runs: usize) -> Result<(D
     .iter()
     .map(|s| s.to_string())
     .collect();
-    super::fresh_runs(&args, name, runs, CHILD_LIMIT)
+    super::fresh_runs(&args, name, runs, CHILD_LIMIT).map(|(t, rows, _)| (t, rows))
 }
 
 /// One measured line of the report.
