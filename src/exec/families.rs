@@ -584,34 +584,60 @@ struct Domain {
 impl Domain {
     /// Domain reduction (the paper's phase A): the keys in both `a` and `b`.
     fn shared(a: &[u64], b: &[u64]) -> Domain {
-        let (lo, hi) = a.iter().chain(b).fold((u64::MAX, 0u64), |(lo, hi), &k| (lo.min(k), hi.max(k)));
+        // Blocks of both key lists, for the host's threads.
+        const BLOCK: usize = 1 << 18;
+        let blocks: Vec<(bool, &[u64])> =
+            a.chunks(BLOCK).map(|c| (true, c)).chain(b.chunks(BLOCK).map(|c| (false, c))).collect();
+        let spans = crate::host::par_map(&blocks, 1, |(_, c)| {
+            Ok::<_, DataFusionError>(c.iter().fold((u64::MAX, 0u64), |(lo, hi), &k| (lo.min(k), hi.max(k))))
+        })
+        .expect("infallible");
+        let (lo, hi) = spans.into_iter().fold((u64::MAX, 0u64), |(lo, hi), (l, h)| (lo.min(l), hi.max(h)));
         let inputs = (a.len() + b.len()) as u64;
         if lo <= hi && hi - lo < 4 * inputs + (1 << 20) {
-            // Dense keys (the usual case: ids of a vocabulary): flags over the span.
+            // Dense keys (the usual case: ids of a vocabulary): each side's presence
+            // bits over the span, set by blocks on the host's threads (12.5M keys took
+            // ~33 ms on one thread of the H100 host) and OR-ed together.
             let span = (hi - lo + 1) as usize;
-            let mut flags = vec![0u8; span];
-            for &k in a {
-                flags[(k - lo) as usize] = 1;
-            }
-            for &k in b {
-                let f = &mut flags[(k - lo) as usize];
-                if *f == 1 {
-                    *f = 2;
+            let words = span.div_ceil(64);
+            let presence = |side: bool| -> Vec<u64> {
+                let mine: Vec<&[u64]> = blocks.iter().filter(|(s, _)| *s == side).map(|(_, c)| *c).collect();
+                // One bitmap per group of blocks, OR-ed after: at most a thread's worth,
+                // and never more bitmap words than the side has keys.
+                let keys: usize = mine.iter().map(|c| c.len()).sum();
+                let groups = (keys / words).clamp(1, crate::host::copy_threads());
+                let groups: Vec<&[&[u64]]> = mine.chunks(mine.len().div_ceil(groups).max(1)).collect();
+                let bitmaps = crate::host::par_map(&groups, 1, |g| {
+                    let mut bits = vec![0u64; words];
+                    for c in g.iter() {
+                        for &k in c.iter() {
+                            let i = (k - lo) as usize;
+                            bits[i / 64] |= 1 << (i % 64);
+                        }
+                    }
+                    Ok::<_, DataFusionError>(bits)
+                })
+                .expect("infallible");
+                bitmaps
+                    .into_iter()
+                    .reduce(|mut x, y| {
+                        x.iter_mut().zip(&y).for_each(|(x, y)| *x |= y);
+                        x
+                    })
+                    .unwrap_or_else(|| vec![0u64; words])
+            };
+            let (in_a, in_b) = (presence(true), presence(false));
+            let mut keys = Vec::new();
+            let mut table = vec![u32::MAX; span];
+            for (w, (&x, &y)) in in_a.iter().zip(&in_b).enumerate() {
+                let mut both = x & y;
+                while both != 0 {
+                    let i = w * 64 + both.trailing_zeros() as usize;
+                    table[i] = keys.len() as u32;
+                    keys.push(lo + i as u64);
+                    both &= both - 1;
                 }
             }
-            let mut keys = Vec::new();
-            let table: Vec<u32> = flags
-                .iter()
-                .enumerate()
-                .map(|(i, &f)| {
-                    if f == 2 {
-                        keys.push(lo + i as u64);
-                        keys.len() as u32 - 1
-                    } else {
-                        u32::MAX
-                    }
-                })
-                .collect();
             return Domain { keys, table: Some((lo, table)) };
         }
         let distinct = |v: &[u64]| {
@@ -1130,6 +1156,27 @@ mod tests {
 
     /// The device's output columns become batches of their own rows, values
     /// as the element type (an Int64's bits, or UInt64), offsets from 0.
+    /// The domain holds exactly the keys of both sides, ascending, and maps
+    /// each to its position: dense spans (presence bits) and sparse ones.
+    #[test]
+    fn the_domain_is_the_keys_of_both_sides() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for (n, span) in [(0usize, 10u64), (10, 5), (3000, 2000), (700_000, 100_000), (5000, 1 << 40)] {
+            let a: Vec<u64> = (0..n).map(|_| 7 + rng.random_range(0..span)).collect();
+            let b: Vec<u64> = (0..n / 2 + 1).map(|_| 7 + rng.random_range(0..span)).collect();
+            let d = Domain::shared(&a, &b);
+            let (sa, sb): (std::collections::BTreeSet<u64>, std::collections::BTreeSet<u64>) =
+                (a.iter().copied().collect(), b.iter().copied().collect());
+            let want: Vec<u64> = sa.intersection(&sb).copied().collect();
+            assert_eq!(d.keys, want, "n = {n}, span = {span}");
+            for (i, &k) in want.iter().enumerate() {
+                assert_eq!(d.id(k), Some(i as u32));
+            }
+            assert!(a.iter().chain(&b).filter(|k| !sb.contains(k) || !sa.contains(k)).all(|&k| d.id(k).is_none()));
+        }
+    }
+
     #[test]
     fn laid_out_columns_become_batches() {
         let c =
