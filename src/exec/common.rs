@@ -152,8 +152,9 @@ pub fn below_min_rows(cfg: &SetfusionConfig, count: u64, unit: Unit) -> Option<R
     (count < cfg.min_rows as u64).then_some(Reason::BelowMinRows { count, unit, min_rows: cfg.min_rows as u64 })
 }
 
-/// The one decision made at run time, for work whose size is only known
-/// then: the `families` operator's pairs (counted from its inputs' sets) and
+/// The decision made at run time, for work whose size is only known
+/// then (the other run-time rule, [`device_finishes_first`], only hands a
+/// planned GPU join over once the device is up): the `families` operator's pairs (counted from its inputs' sets) and
 /// the list functions' elements (a batch at a time). `planner::decision` is
 /// where everything else is decided; this function lives here, beside the
 /// types, because the families operator (`exec`) may not import the planner.
@@ -195,6 +196,33 @@ pub fn decide_at_run_time(
     }
 }
 
+/// The device join's fixed cost on a device that has just started (a fresh
+/// process's first join: its first device allocations, the upload, the
+/// launches, the pairs' download), ms. Measured on the H100: UNIFORM-100k at
+/// Jaccard 0.5, handed over 56 ms into the host's work, ended ~54 ms later,
+/// against 5 ms for the same join warm; at 5 ms, joins of 5-10 ms on the host
+/// were handed over and lost 7-30 ms (BENCHMARKS section 28).
+const GPU_JOIN_FIXED_MS: f64 = 50.0;
+/// The GPU join's speed over the CPU join's, at least, on joins long enough
+/// to matter: 9.7-37x where the CPU join took 24 ms or more, 1.4-5x on the
+/// 3-16 ms joins of high thresholds (BENCHMARKS section 2). The fixed cost
+/// above covers the short ones.
+const GPU_JOIN_MIN_SPEEDUP: f64 = 4.0;
+
+/// The other run-time rule: should the similarity join's host join (run
+/// while the device started, `exec::similarity_join`), having run
+/// `elapsed_ms` and handed out `done` of its probe side's elements, stop for
+/// the device, now ready? Yes when the work left (extrapolated from the work
+/// done) takes longer than the whole join would on a just-started device.
+/// Nothing done yet: the plan's choice, the device, stands.
+pub fn device_finishes_first(elapsed_ms: f64, done: f64) -> bool {
+    if done <= 0.0 {
+        return true;
+    }
+    let left_ms = elapsed_ms * (1.0 - done) / done;
+    left_ms > GPU_JOIN_FIXED_MS + (elapsed_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP
+}
+
 /// NULL semantics of the keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NullMode {
@@ -231,4 +259,23 @@ pub(crate) fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
         context.window_functions().clone(),
         context.runtime_env(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_takes_over_only_where_it_finishes_first() {
+        // Nothing joined yet: the plan's choice stands.
+        assert!(device_finishes_first(0.0, 0.0));
+        // A tenth done in 40 ms: 360 ms left on the host against ~150 on the device.
+        assert!(device_finishes_first(40.0, 0.1));
+        // Nine tenths done: 4.4 ms left, the device's fixed cost alone is more.
+        assert!(!device_finishes_first(40.0, 0.9));
+        // Half done in 2 ms: 2 ms left, under the device's fixed cost.
+        assert!(!device_finishes_first(2.0, 0.5));
+        // A tenth done in 5 ms: 45 ms left, less than a just-started device needs.
+        assert!(!device_finishes_first(5.0, 0.1));
+    }
 }

@@ -47,7 +47,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::{Backend, Decision};
+use crate::exec::common::{device_finishes_first, Backend, Decision};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu;
@@ -352,31 +352,6 @@ fn device_ready_or_starts(ordinal: usize) -> bool {
 /// device's preprocessing ~0.1 s; BENCHMARKS section 2), while the
 /// DBLP-sized collections (1.2M-5.9M elements) are preprocessed within it.
 const HOST_PREP_MAX_ELEMENTS: usize = 16 << 20;
-
-/// The device join's fixed cost on a device that has just started (a fresh
-/// process's first join: its first device allocations, the upload, the
-/// launches, the pairs' download), ms. Measured on the H100: UNIFORM-100k at
-/// Jaccard 0.5, handed over 56 ms into the host's work, ended ~54 ms later,
-/// against 5 ms for the same join warm; at 5 ms, joins of 5-10 ms on the host
-/// were handed over and lost 7-30 ms (BENCHMARKS section 28).
-const GPU_JOIN_FIXED_MS: f64 = 50.0;
-/// The GPU join's speed over the CPU join's, at least, on joins long enough
-/// to matter: 9.7-37x where the CPU join took 24 ms or more, 1.4-5x on the
-/// 3-16 ms joins of high thresholds (BENCHMARKS section 2). The fixed cost
-/// above covers the short ones.
-const GPU_JOIN_MIN_SPEEDUP: f64 = 4.0;
-
-/// Should a CPU join that has run `elapsed_ms` and handed out `done` of its
-/// probe side's elements stop for the device, now ready? When the work left
-/// (extrapolated from the work done) takes longer than the whole join would
-/// on the device. Nothing done yet: the plan's choice, the device, stands.
-fn device_finishes_first(elapsed_ms: f64, done: f64) -> bool {
-    if done <= 0.0 {
-        return true;
-    }
-    let left_ms = elapsed_ms * (1.0 - done) / done;
-    left_ms > GPU_JOIN_FIXED_MS + (elapsed_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP
-}
 
 /// The join the cost model gave the device, while the device is still
 /// starting (a fresh process: ~250-600 ms of driver and context start). The
@@ -724,20 +699,6 @@ mod tests {
     use super::*;
     use crate::algo::ssjoin::Metric;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[test]
-    fn the_device_takes_over_only_where_it_finishes_first() {
-        // Nothing joined yet: the plan's choice stands.
-        assert!(device_finishes_first(0.0, 0.0));
-        // A tenth done in 40 ms: 360 ms left on the host against ~150 on the device.
-        assert!(device_finishes_first(40.0, 0.1));
-        // Nine tenths done: 4.4 ms left, the device's fixed cost alone is more.
-        assert!(!device_finishes_first(40.0, 0.9));
-        // Half done in 2 ms: 2 ms left, under the device's fixed cost.
-        assert!(!device_finishes_first(2.0, 0.5));
-        // A tenth done in 5 ms: 45 ms left, less than a just-started device needs.
-        assert!(!device_finishes_first(5.0, 0.1));
-    }
 
     /// A join on a device still starting answers as the host's join, whether
     /// the device never becomes ready, is ready at once (the device joins

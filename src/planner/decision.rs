@@ -11,7 +11,10 @@
 //! not know: the list functions' batches ([`list_function`], [`k_way`]) and
 //! the `families` operator's pairs, both through the one runtime rule
 //! [`decide_at_run_time`] (which lives beside the types in `exec::common`,
-//! since the families operator may not import the planner).
+//! since the families operator may not import the planner). Beside it there,
+//! [`crate::exec::common::device_finishes_first`] says when a similarity
+//! join planned onto a device that was still starting, and begun on the
+//! host meanwhile, is handed to the device.
 //!
 //! The order of the rules, for every caller: settings and key types that
 //! rule the GPU out ([`forced_cpu`]); no usable device; a forced GPU
