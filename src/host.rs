@@ -1,7 +1,7 @@
 //! Host threads: the one place they start (issue 29). Three kinds:
 //!
 //! - the pool's persistent threads for parallel loops ([`for_each_mut`],
-//!   [`par_map`]), sized by [`copy_threads`];
+//!   [`par_map`], [`parallel_gather`]), sized by [`copy_threads`];
 //! - the one background thread for work off the query's path ([`later`],
 //!   [`drop_later`]);
 //! - named threads for work that blocks or runs long beside the caller (file
@@ -197,6 +197,55 @@ pub(crate) fn par_map<T: Sync, R: Send, E: Send>(
         out.extend(r.expect("for_each_mut runs every task")?);
     }
     Ok(out)
+}
+
+/// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
+pub(crate) fn parallel_gather<T: Copy + Send + Sync>(
+    pieces: &[&[T]],
+    dst: &mut [T],
+    threads: usize,
+    observe: &(dyn Fn(&[T]) + Sync),
+) {
+    let total = dst.len();
+    // At least 2 MiB per thread: small uploads (a similarity join's 11 MB
+    // collection) pay more for spawning 16 threads than they save, and compete
+    // with the host work they overlap.
+    let threads = threads.min((total * std::mem::size_of::<T>()) >> 21);
+    if threads <= 1 || total < (1 << 20) {
+        let mut at = 0;
+        for p in pieces {
+            dst[at..at + p.len()].copy_from_slice(p);
+            observe(p);
+            at += p.len();
+        }
+        return;
+    }
+    let per = total.div_ceil(threads);
+    let mut parts = Vec::with_capacity(threads);
+    let (mut rest, mut base) = (dst, 0usize);
+    while !rest.is_empty() {
+        let n = per.min(rest.len());
+        let (mine, tail) = rest.split_at_mut(n);
+        rest = tail;
+        parts.push((base, mine));
+        base += n;
+    }
+    for_each_mut(&mut parts, &|_, (lo, mine)| {
+        let (lo, n) = (*lo, mine.len());
+        // Copy the part of the concatenation [lo, lo + n) into `mine`.
+        let (mut at, mut pos) = (0usize, 0usize);
+        for p in pieces {
+            let (p_lo, p_hi) = (pos, pos + p.len());
+            pos = p_hi;
+            let (a, b) = (p_lo.max(lo), p_hi.min(lo + n));
+            if a < b {
+                let src = &p[a - p_lo..b - p_lo];
+                mine[at..at + (b - a)].copy_from_slice(src);
+                observe(src);
+                at += b - a;
+            }
+        }
+    });
 }
 
 /// Drop `x` on a background thread. A 100M-row input is thousands of Arrow

@@ -586,9 +586,8 @@ impl Domain {
     fn shared(a: &[u64], b: &[u64]) -> Domain {
         // Blocks of both key lists, for the host's threads.
         const BLOCK: usize = 1 << 18;
-        let blocks: Vec<(bool, &[u64])> =
-            a.chunks(BLOCK).map(|c| (true, c)).chain(b.chunks(BLOCK).map(|c| (false, c))).collect();
-        let spans = crate::host::par_map(&blocks, 1, |(_, c)| {
+        let blocks: Vec<&[u64]> = a.chunks(BLOCK).chain(b.chunks(BLOCK)).collect();
+        let spans = crate::host::par_map(&blocks, 1, |c| {
             Ok::<_, DataFusionError>(c.iter().fold((u64::MAX, 0u64), |(lo, hi), &k| (lo.min(k), hi.max(k))))
         })
         .expect("infallible");
@@ -596,24 +595,20 @@ impl Domain {
         let inputs = (a.len() + b.len()) as u64;
         if lo <= hi && hi - lo < 4 * inputs + (1 << 20) {
             // Dense keys (the usual case: ids of a vocabulary): each side's presence
-            // bits over the span, set by blocks on the host's threads (12.5M keys took
-            // ~33 ms on one thread of the H100 host) and OR-ed together.
+            // bits over the span, set by parts of its keys on the host's threads
+            // (12.5M keys took ~33 ms on one thread of the H100 host) and OR-ed together.
             let span = (hi - lo + 1) as usize;
             let words = span.div_ceil(64);
-            let presence = |side: bool| -> Vec<u64> {
-                let mine: Vec<&[u64]> = blocks.iter().filter(|(s, _)| *s == side).map(|(_, c)| *c).collect();
-                // One bitmap per group of blocks, OR-ed after: at most a thread's worth,
-                // and never more bitmap words than the side has keys.
-                let keys: usize = mine.iter().map(|c| c.len()).sum();
-                let groups = (keys / words).clamp(1, crate::host::copy_threads());
-                let groups: Vec<&[&[u64]]> = mine.chunks(mine.len().div_ceil(groups).max(1)).collect();
-                let bitmaps = crate::host::par_map(&groups, 1, |g| {
+            let presence = |keys: &[u64]| -> Vec<u64> {
+                // One bitmap per part, OR-ed after: at most a thread's worth of
+                // parts, and never more bitmap words than the side has keys.
+                let parts = (keys.len() / words).clamp(1, crate::host::copy_threads());
+                let parts: Vec<&[u64]> = keys.chunks(keys.len().div_ceil(parts).max(1)).collect();
+                let bitmaps = crate::host::par_map(&parts, 1, |part| {
                     let mut bits = vec![0u64; words];
-                    for c in g.iter() {
-                        for &k in c.iter() {
-                            let i = (k - lo) as usize;
-                            bits[i / 64] |= 1 << (i % 64);
-                        }
+                    for &k in part.iter() {
+                        let i = (k - lo) as usize;
+                        bits[i / 64] |= 1 << (i % 64);
                     }
                     Ok::<_, DataFusionError>(bits)
                 })
@@ -626,7 +621,7 @@ impl Domain {
                     })
                     .unwrap_or_else(|| vec![0u64; words])
             };
-            let (in_a, in_b) = (presence(true), presence(false));
+            let (in_a, in_b) = (presence(a), presence(b));
             let mut keys = Vec::new();
             let mut table = vec![u32::MAX; span];
             for (w, (&x, &y)) in in_a.iter().zip(&in_b).enumerate() {
@@ -695,9 +690,9 @@ impl Domain {
             }
             Ok((elements, lens))
         })?;
-        // The offsets in one pass over the lengths; then each block's elements
-        // copied to their place on the host's threads (one thread copying
-        // 50 MB at k = 50,000 was most of this step).
+        // The offsets in one pass over the lengths; then the blocks' elements
+        // gathered on the host's threads (one thread copying 50 MB at
+        // k = 50,000 was most of this step).
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
         let mut at = 0;
@@ -707,15 +702,9 @@ impl Domain {
                 at
             }));
         }
+        let pieces: Vec<&[u32]> = parts.iter().map(|(part, _)| part.as_slice()).collect();
         let mut elements = vec![0u32; at];
-        let mut places: Vec<(&[u32], &mut [u32])> = Vec::with_capacity(parts.len());
-        let mut rest = elements.as_mut_slice();
-        for (part, _) in &parts {
-            let (place, tail) = rest.split_at_mut(part.len());
-            places.push((part, place));
-            rest = tail;
-        }
-        crate::host::for_each_mut(&mut places, &|_, (part, place)| place.copy_from_slice(part));
+        crate::host::parallel_gather(&pieces, &mut elements, crate::host::copy_threads(), &|_| {});
         Ok(Family { offsets, elements })
     }
 
@@ -1167,8 +1156,6 @@ fn pairs_on_gpu(
 mod tests {
     use super::*;
 
-    /// The device's output columns become batches of their own rows, values
-    /// as the element type (an Int64's bits, or UInt64), offsets from 0.
     /// The domain holds exactly the keys of both sides, ascending, and maps
     /// each to its position: dense spans (presence bits) and sparse ones.
     #[test]
@@ -1190,6 +1177,8 @@ mod tests {
         }
     }
 
+    /// The device's output columns become batches of their own rows, values
+    /// as the element type (an Int64's bits, or UInt64), offsets from 0.
     #[test]
     fn laid_out_columns_become_batches() {
         let c =

@@ -11,10 +11,11 @@ use datafusion::error::{DataFusionError, Result};
 
 #[cfg(test)]
 use super::packing::{decode_fill_cpu, pack_low};
-use super::packing::{pack_fill, parallel_gather, Cursor, PACK_DESC, PACK_FILL, PACK_SEG, PACK_SEGS};
+use super::packing::{pack_fill, Cursor, PACK_DESC, PACK_FILL, PACK_SEG, PACK_SEGS};
 use super::staging::{Staging, STAGING_BYTES};
 use super::{cuda_err, DeviceBuffer, Gpu, HostOut, PendingBuffer, Pod};
 use crate::host::copy_threads;
+use crate::host::parallel_gather;
 
 /// kernels/transfer.cu, with its contract constants as `-D` options.
 pub static KERNEL: super::KernelSource = super::KernelSource {

@@ -213,17 +213,14 @@ pub fn decide_similarity(
         return Decision::gpu(cfg.strategy, Reason::StrategyForced(cfg.strategy));
     }
     let pairs = super::estimated_rows(left).zip(super::estimated_rows(right)).map(|(l, r)| l as f64 * r as f64);
-    let d = cost::similarity_estimate(threshold, pairs, cfg.min_rows > 0);
-    match (d.on_gpu(), started, d.reason) {
-        (true, None, Reason::CostModel(why)) => {
-            crate::gpu::start_for_query(cfg.device, &crate::algo::SIMILARITY_KERNELS);
-            Decision::gpu(
-                Strategy::Auto,
-                Reason::CostModel(format!("{why}; the device starts now, and the host joins until it is ready")),
-            )
+    let mut d = cost::similarity_estimate(threshold, pairs, cfg.min_rows > 0);
+    if d.on_gpu() && started.is_none() {
+        crate::gpu::start_for_query(cfg.device, &crate::algo::SIMILARITY_KERNELS);
+        if let Reason::CostModel(why) = &mut d.reason {
+            why.push_str("; the device starts now, and the host joins until it is ready");
         }
-        (_, _, reason) => Decision { reason, ..d },
     }
+    d
 }
 
 /// The device for one batch of a list function (`set_intersect_all` and
