@@ -10,8 +10,9 @@
 //! String keys are hashes: the device reads both sides or neither, and
 //! [`prove_string_keys`] proves over both sides' decoded bytes that equal
 //! hashes mean equal strings before the selection trusts them. A mark join
-//! uses the same selection with its probe side on the host
-//! (`MarkJoinExec`'s subquery side read by the device).
+//! uses the same selection (`MarkJoinExec`'s subquery side read by the
+//! device, its probe side too where the device decodes its columns: then
+//! every probe row's columns come back, [`ProbeOutput::every_row`]).
 
 use std::sync::Arc;
 
@@ -375,14 +376,25 @@ fn describe(which: &str, r: &ScanReport) -> String {
         + &filtered
 }
 
+/// The probe side's columns the device decodes for the output (indices into
+/// [`DeviceScanExec::payload`]), and whose rows: the kept ones (a semi join,
+/// a set operation), or every row (a mark join, which outputs each probe row
+/// with its mark).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProbeOutput<'a> {
+    pub columns: &'a [usize],
+    pub every_row: bool,
+}
+
 /// The selection of every probe row, what ran, each device scan's report,
-/// and the probe side's output columns of the kept rows, decoded by the
-/// device (when asked for).
+/// and the probe side's output columns (of the rows [`ProbeOutput`] says),
+/// decoded by the device (when asked for).
 pub(crate) struct DeviceSelected {
     pub selection: BooleanBuffer,
     pub ran: String,
     pub reports: Vec<(String, ScanReport)>,
-    /// The output columns of the kept probe rows (the device decoded them).
+    /// The output columns of the probe rows asked for (the device decoded them),
+    /// in the selection's order.
     pub payload: Option<Vec<ArrayRef>>,
     /// The build side's rows (after its filter), and of them those with a NULL key.
     pub build_rows: usize,
@@ -593,15 +605,18 @@ fn decode_payload(
                 parts
             }
         };
-        // Without NULLs: the kept values only, compacted on the device. With
-        // them: every value, filtered on the host with the validity.
+        // Every row kept: every value, as it is. Without NULLs: the kept
+        // values only, compacted on the device. With them: every value,
+        // filtered on the host with the validity.
         let mut pieces: Vec<(datafusion::arrow::buffer::Buffer, Option<NullBuffer>)> = Vec::new();
         for (d, sel) in &segments {
             let nulls = match &d.valid {
                 Some(v) => null_buffer(g.download(v, d.rows.div_ceil(32), stats)?, d.rows),
                 None => None,
             };
+            let every_row = sel.len() == d.rows && sel.count_set_bits() == d.rows;
             pieces.push(match nulls {
+                _ if every_row => (g.download_to_arrow(&d.keys, d.rows, stats)?.wait()?, nulls),
                 None => {
                     let d_sel = upload_bits(g, sel, stats)?;
                     let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &d_sel, d.rows, stats)?;
@@ -666,23 +681,25 @@ pub(crate) fn select_device_scanned(
     probe: Side<'_>,
     build: Side<'_>,
     key_type: &DataType,
-    payload: Option<&[usize]>,
+    output: Option<ProbeOutput<'_>>,
 ) -> Result<std::result::Result<DeviceSelected, String>> {
+    let payload = output.map(|o| o.columns);
+    let every_row = output.is_some_and(|o| o.every_row);
     if crate::scan::is_byte_type(key_type) && (matches!(probe, Side::Host(..)) || matches!(build, Side::Host(..))) {
         return Ok(Err("string keys: the device reads both sides or neither (their hashes are proved against \
                        the bytes there)"
             .into()));
     }
-    // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL]),
-    // probe row groups outside the build side's key range (from its files'
-    // statistics) are not read, as DataFusion's dynamic filter would prune
-    // them; row groups with NULL keys are always read (INTERSECT keeps NULLs).
-    // The probe side's output columns are read with the same `Keep`, pruned
-    // by the key's statistics, so the payload of row groups no row of which
-    // can be kept is never read.
+    // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL];
+    // not a mark join's, which outputs every row), probe row groups outside
+    // the build side's key range (from its files' statistics) are not read,
+    // as DataFusion's dynamic filter would prune them; row groups with NULL
+    // keys are always read (INTERSECT keeps NULLs). The probe side's output
+    // columns are read with the same `Keep`, pruned by the key's statistics,
+    // so the payload of row groups no row of which can be kept is never read.
     let probe_keep = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
-            if matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
+            if !every_row && matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll) =>
         {
             crate::scan::Keep::key_range(p.column(), crate::scan::key_range(b.files(), b.column()).unwrap_or(None))
         }
@@ -813,6 +830,28 @@ pub(crate) fn select_device_scanned(
     // The probe side's output columns, decoded once the selection is known.
     let mut probe = probe;
     let probe_kept = probe.kept.take();
+    // An output column that is the key of an unfiltered probe side is taken
+    // from its decoded keys (copied on the device: the selection consumes
+    // them), not read and decoded a second time. Both were decoded from the
+    // same rows (`probe_keep`) into the same 64-bit lanes.
+    if let (Some(scan), Some(needed), None) = (probe_side, payload, &probe_kept) {
+        let outputs_key = scan.payload().is_some_and(|columns| {
+            needed.iter().filter_map(|&i| columns.get(i)).any(|(name, _)| name == scan.column())
+        });
+        let ready = prefetched.iter().any(|(name, _)| name == scan.column());
+        if outputs_key && !ready && probe.strings.is_none() && !crate::scan::is_byte_type(key_type) {
+            let valid = match &probe.nulls {
+                Some((_, Some(v))) => Some(g.copy_on_device(v, probe.n.div_ceil(32))?),
+                Some((_, None)) => None,
+                None => None,
+            };
+            if probe.nulls.is_none() || valid.is_some() {
+                let keys = g.copy_on_device(&probe.keys, probe.n)?;
+                let decoded = crate::scan::DeviceDecoded { keys, valid, rows: probe.n, strings: None };
+                prefetched.push((scan.column().to_string(), decoded));
+            }
+        }
+    }
     let probe_scan = match &probe_side {
         Some(s) if payload.is_some() => Some(*s),
         _ => None,
@@ -821,11 +860,12 @@ pub(crate) fn select_device_scanned(
         let payload = match (probe_scan, payload) {
             (Some(scan), Some(needed)) => {
                 let ready = std::mem::take(&mut prefetched);
+                let rows = if every_row { BooleanBuffer::new_set(selection.len()) } else { selection.clone() };
                 match decode_payload(
                     &g,
                     scan,
                     needed,
-                    &selection,
+                    &rows,
                     probe_kept.as_ref(),
                     &probe_keep,
                     ready,

@@ -28,7 +28,12 @@
 //! Parquet scan, that side may be a [`DeviceScanExec`]: its keys (under its
 //! filters) are read and decoded by the device, which selects the probe rows
 //! against them and counts its rows and NULL keys, so the subquery side never
-//! becomes Arrow batches on the host ([`single_build_key`]).
+//! becomes Arrow batches on the host ([`single_build_key`]). The probe side
+//! may be one too (its columns decoded by the device for the output): then
+//! its key never exists on the host either, and its columns come back from
+//! the device, every row in the order of its keys, cut into the probe side's
+//! partitions of consecutive rows (the planner allows it only where the
+//! probe side promises no order or hash partitioning).
 //!
 //! Memory: one `MemoryConsumer` per execution reserves both collected inputs
 //! and the encoded keys; once the marks are computed, each partition's probe
@@ -246,10 +251,15 @@ impl MarkJoinExec {
         single_build_key(&self.spec.on, &self.spec.in_keys, &self.spec.filter)
     }
 
-    /// This node over another subquery side (its device scan), with the note
-    /// EXPLAIN shows when the device does not read it.
-    pub fn with_build_scan(&self, build: Arc<dyn ExecutionPlan>, note: Option<String>) -> Result<Self> {
-        let mut exec = self.rebuilt(self.spec.probe.clone(), build)?;
+    /// This node over other inputs (their device scans), with the note
+    /// EXPLAIN shows where the device does not read an input.
+    pub fn with_scans(
+        &self,
+        probe: Arc<dyn ExecutionPlan>,
+        build: Arc<dyn ExecutionPlan>,
+        note: Option<String>,
+    ) -> Result<Self> {
+        let mut exec = self.rebuilt(probe, build)?;
         exec.scan_note = note;
         Ok(exec)
     }
@@ -662,23 +672,35 @@ impl Run {
             0..self.spec.build.output_partitioning().partition_count(),
         ];
         let (probe_parts, build_parts, facts) = if probe_partition.is_none() && self.scanned_build().is_some() {
-            // The subquery side is read by the device: only the probe side is collected.
-            let probe_parts =
-                collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?;
+            // The subquery side is read by the device: only the probe side is
+            // collected, unless the device reads it too.
+            let probe_parts = match self.scanned_probe() {
+                Some(_) => None,
+                None => Some(
+                    collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?,
+                ),
+            };
             // (Its peak is noted below, with whatever the host reads after a fallback.)
             self.memory = Some(memory.clone());
             let at = cfg.clone();
             let (run, probe_parts, facts) = super::off_runtime(move || {
-                let facts = self.facts_scanned(&at, &probe_parts)?;
+                let facts = self.facts_scanned(&at, probe_parts.as_deref())?;
                 Ok((self, probe_parts, facts))
             })
             .await?;
             self = run;
             match facts {
-                Ok(facts) => (probe_parts, Vec::new(), Some(facts)),
+                Ok((facts, device_rows)) => (probe_parts.or(device_rows).unwrap_or_default(), Vec::new(), Some(facts)),
                 Err(reason) => {
-                    // The host reads it after all (the scan node runs DataFusion's scan).
+                    // The host reads them after all (a scan node runs DataFusion's scan).
                     self.scan_fell_back = Some(reason);
+                    let probe_parts = match probe_parts {
+                        Some(parts) => parts,
+                        None => {
+                            collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory)
+                                .await?
+                        }
+                    };
                     let build_parts =
                         collect_partitions_reserved(build_plan.clone(), ranges[1].clone(), inputs.clone(), &memory)
                             .await?;
@@ -851,20 +873,30 @@ impl Run {
         (self.spec.decision.backend == Backend::Gpu).then_some((scan, probe_key))
     }
 
+    /// The probe side's device scan, where the device reads the subquery
+    /// side and decodes the probe side's columns for the output.
+    fn scanned_probe(&self) -> Option<&DeviceScanExec> {
+        let scan = self.spec.probe.downcast_ref::<DeviceScanExec>()?;
+        (scan.payload().is_some() && self.scanned_build().is_some()).then_some(scan)
+    }
+
     /// The group facts with the subquery side's keys read by the device: one
     /// semi selection of the probe keys against them (EXISTS: the group is
     /// not empty; IN: the key is matched), the subquery's row and NULL key
-    /// counts from its scan (IN: the group is every row). `Ok(Err(why))`:
-    /// the host must read the subquery side.
+    /// counts from its scan (IN: the group is every row). The probe side is
+    /// `probe_parts`, or, None, read by the device too: then its rows come
+    /// back as the probe side's partitions, in the order of the selection.
+    /// `Ok(Err(why))`: the host must read the device-scanned sides.
+    #[allow(clippy::type_complexity)]
     fn facts_scanned(
         &self,
         cfg: &SetfusionConfig,
-        probe_parts: &[Vec<RecordBatch>],
-    ) -> Result<std::result::Result<GroupFacts, String>> {
+        probe_parts: Option<&[Vec<RecordBatch>]>,
+    ) -> Result<std::result::Result<(GroupFacts, Option<Vec<Vec<RecordBatch>>>), String>> {
+        use super::device_select::{select_device_scanned, ProbeOutput, Side};
         let Some((scan, probe_key)) = self.scanned_build() else { return Ok(Err("no device scan".into())) };
-        let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
-        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
-        let key_type = keys::key_type(&probe_key.data_type(&self.spec.probe.schema())?);
+        let probe_schema = self.spec.probe.schema();
+        let key_type = keys::key_type(&probe_key.data_type(&probe_schema)?);
         let mut selector = Selector::new(
             SetOp::Semi,
             NullMode::NeverEqual,
@@ -873,32 +905,62 @@ impl Run {
             Default::default(),
         );
         selector.reservation = self.memory.clone();
-        let host = super::device_select::Side::Host(probe.clone(), probe_key.clone());
-        let device = super::device_select::Side::Device(scan);
-        let selected = match super::device_select::select_device_scanned(&selector, cfg, host, device, &key_type, None)
-        {
+        let every_column: Vec<usize> = (0..probe_schema.fields().len()).collect();
+        let (probe_side, output) = match (probe_parts, self.scanned_probe()) {
+            (Some(parts), _) => (Side::Host(parts.iter().flatten().collect(), probe_key.clone()), None),
+            (None, Some(probe)) => (Side::Device(probe), Some(ProbeOutput { columns: &every_column, every_row: true })),
+            (None, None) => return Ok(Err("the probe side has no device scan".into())),
+        };
+        let device = Side::Device(scan);
+        let selected = match select_device_scanned(&selector, cfg, probe_side, device, &key_type, output) {
             Ok(Ok(s)) => s,
             Ok(Err(why)) => return Ok(Err(why)),
             Err(e) => return Ok(Err(crate::util::one_line(&e))),
         };
-        if let Some((_, report)) = selected.reports.iter().find(|(which, _)| which == "build") {
-            scan.set_ran(report);
+        for (which, report) in &selected.reports {
+            let plan = if which == "probe" { &self.spec.probe } else { &self.spec.build };
+            if let Some(scan) = plan.downcast_ref::<DeviceScanExec>() {
+                scan.set_ran(report);
+            }
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("key: {}", selected.ran));
+        // The probe rows: the host's batches, or the columns the device sent back.
+        let device_rows = match (probe_parts, selected.payload) {
+            (Some(_), _) => None,
+            (None, Some(columns)) => {
+                if let Some(m) = &self.memory {
+                    m.try_grow(columns.iter().map(|c| c.get_array_memory_size()).sum())?;
+                }
+                let partitions = self.spec.probe.output_partitioning().partition_count();
+                Some(super::output_filter::consecutive_batches(&probe_schema, &columns, partitions)?)
+            }
+            (None, None) => return Ok(Err("the probe side's columns did not come back from the device".into())),
+        };
+        let probe: Vec<&RecordBatch> =
+            device_rows.as_deref().or(probe_parts).unwrap_or_default().iter().flatten().collect();
+        let n: usize = probe.iter().map(|b| b.num_rows()).sum();
         let sel = selected.selection;
+        if sel.len() != n {
+            return Err(DataFusionError::Internal(format!(
+                "setfusion mark join: a selection of {} rows for {n} probe rows",
+                sel.len()
+            )));
+        }
         if self.spec.in_keys.is_none() {
             // EXISTS on one correlation key: a row of the group exists.
-            return Ok(Ok(GroupFacts { matched: sel.clone(), nonempty: sel, has_null: None, probe_null: None }));
+            let facts = GroupFacts { matched: sel.clone(), nonempty: sel, has_null: None, probe_null: None };
+            return Ok(Ok((facts, device_rows)));
         }
         // Uncorrelated IN: every probe row's group is the whole subquery.
         let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
         let probe_key_cols = key_columns(&probe, std::slice::from_ref(&probe_key))?;
-        Ok(Ok(GroupFacts {
+        let facts = GroupFacts {
             matched: if selected.build_rows == 0 { constant(false) } else { sel },
             nonempty: constant(selected.build_rows > 0),
             has_null: (selected.build_nulls > 0).then(|| constant(true)),
             probe_null: null_bits(probe_key_cols.iter().map(|k| &k[0]), n),
-        }))
+        };
+        Ok(Ok((facts, device_rows)))
     }
 
     /// The group facts from key selections alone (no residual filter).

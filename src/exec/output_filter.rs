@@ -39,6 +39,34 @@ pub(crate) const OUTPUT_BATCH_ROWS: usize = 1 << 17;
 /// sparse selections still spread over the copy threads.
 pub(crate) const GROUP_INPUT_ROWS: usize = 1 << 20;
 
+/// Columns of equal length (in `schema`'s order) as `partitions` partitions
+/// of consecutive rows, each in batches of [`OUTPUT_BATCH_ROWS`] rows (slices
+/// of the columns, no copy): the output of an operator whose rows the device
+/// decoded (`DeviceScanExec` payloads).
+pub(crate) fn consecutive_batches(
+    schema: &SchemaRef,
+    columns: &[ArrayRef],
+    partitions: usize,
+) -> Result<Vec<Vec<RecordBatch>>> {
+    let rows = columns.first().map_or(0, |a| a.len());
+    let partitions = partitions.max(1);
+    let per = rows.div_ceil(partitions).max(1);
+    (0..partitions)
+        .map(|p| {
+            let (start, end) = ((p * per).min(rows), ((p + 1) * per).min(rows));
+            (start..end)
+                .step_by(OUTPUT_BATCH_ROWS)
+                .map(|at| {
+                    let len = OUTPUT_BATCH_ROWS.min(end - at);
+                    let sliced = columns.iter().map(|a| a.slice(at, len)).collect();
+                    let options = RecordBatchOptions::new().with_row_count(Some(len));
+                    Ok(RecordBatch::try_new_with_options(schema.clone(), sliced, &options)?)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// How the output is formed, for one execution.
 pub(crate) struct OutputSpec {
     /// The probe side's output columns.

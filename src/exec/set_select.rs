@@ -761,7 +761,7 @@ impl Run {
             probe,
             build,
             &key_type,
-            needed.as_deref(),
+            needed.as_deref().map(|columns| super::device_select::ProbeOutput { columns, every_row: false }),
         );
         let super::device_select::DeviceSelected { selection, ran, reports, payload, .. } = match outcome {
             Ok(Ok(r)) => r,
@@ -799,28 +799,10 @@ impl Run {
     }
 
     /// The output from the kept probe rows' columns the device sent back
-    /// (`arrays`, in output order): the probe side's partitions of consecutive
-    /// rows, in batches of `OUTPUT_BATCH_ROWS` (slices of the arrays).
+    /// (`arrays`, in output order): the probe side's partitions of consecutive rows.
     fn payload_outputs(&self, arrays: Vec<ArrayRef>) -> Result<Vec<PartitionOutput>> {
-        let rows = arrays.first().map_or(0, |a| a.len());
-        let partitions = self.probe_partitions.len().max(1);
-        let per = rows.div_ceil(partitions).max(1);
-        let step = super::output_filter::OUTPUT_BATCH_ROWS;
-        (0..partitions)
-            .map(|p| {
-                let (start, end) = ((p * per).min(rows), ((p + 1) * per).min(rows));
-                let batches = (start..end)
-                    .step_by(step)
-                    .map(|at| {
-                        let len = step.min(end - at);
-                        let columns = arrays.iter().map(|a| a.slice(at, len)).collect();
-                        let options = RecordBatchOptions::new().with_row_count(Some(len));
-                        Ok(RecordBatch::try_new_with_options(self.spec.schema.clone(), columns, &options)?)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(PartitionOutput::Batches(batches))
-            })
-            .collect()
+        let parts = super::output_filter::consecutive_batches(&self.spec.schema, &arrays, self.probe_partitions.len())?;
+        Ok(parts.into_iter().map(PartitionOutput::Batches).collect())
     }
 
     /// The selection and the output filter over the collected inputs (synchronous: see [`super::off_runtime`]).

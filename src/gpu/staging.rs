@@ -45,6 +45,11 @@ pub(super) type PinnedFree = Arc<Mutex<Vec<PinnedHostSlice<u8>>>>;
 /// At most this many pinned buffers wait for reuse (freeing one costs no more than the pinning saved).
 pub(super) const PINNED_KEEP: usize = 4;
 
+/// The size of a new pinned buffer for `bytes`: 16 MiB multiples, so sizes recur.
+fn pinned_size(bytes: usize) -> usize {
+    bytes.max(1).next_multiple_of(16 << 20)
+}
+
 /// Owner of a pinned buffer inside an Arrow [`Buffer`]: gives it back to the
 /// device's pool when the last array using it is dropped.
 pub(super) struct PinnedOwner {
@@ -123,18 +128,36 @@ impl Gpu {
     /// A pinned buffer of at least `bytes` bytes: the smallest one in the pool
     /// that holds them, else a new one (16 MiB multiples, so sizes recur).
     pub(super) fn pinned_from_pool(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
-        let reused = {
-            let mut free = self.pinned_free.lock().unwrap_or_else(|e| e.into_inner());
-            let best =
-                free.iter().enumerate().filter(|(_, b)| b.len() >= bytes).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
-        };
-        match reused {
+        match self.pinned_reused(bytes) {
             Some(b) => Ok(b),
             // SAFETY: the caller writes the bytes it hands out before anything reads them.
-            None => unsafe { self.ctx.alloc_pinned::<u8>(bytes.max(1).next_multiple_of(16 << 20)) }
-                .map_err(|e| cuda_err("cuMemHostAlloc", e)),
+            None => {
+                unsafe { self.ctx.alloc_pinned::<u8>(pinned_size(bytes)) }.map_err(|e| cuda_err("cuMemHostAlloc", e))
+            }
         }
+    }
+
+    /// The smallest pinned buffer in the pool that holds `bytes`, if any.
+    pub(super) fn pinned_reused(&self, bytes: usize) -> Option<PinnedHostSlice<u8>> {
+        let mut free = self.pinned_free.lock().unwrap_or_else(|e| e.into_inner());
+        let best =
+            free.iter().enumerate().filter(|(_, b)| b.len() >= bytes).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+        best.map(|i| free.swap_remove(i))
+    }
+
+    /// Pin a buffer of `bytes` for the pool on the background thread, off the
+    /// query's path, so that the next download of this size finds one.
+    pub(super) fn pin_for_later(&self, bytes: usize) {
+        let (ctx, free) = (self.ctx.clone(), self.pinned_free.clone());
+        crate::host::later(move || {
+            // SAFETY: the pool hands the buffer only to callers that write its bytes before anything reads them.
+            if let Ok(buf) = unsafe { ctx.alloc_pinned::<u8>(pinned_size(bytes)) } {
+                let mut free = free.lock().unwrap_or_else(|e| e.into_inner());
+                if free.len() < PINNED_KEEP {
+                    free.push(buf);
+                }
+            }
+        });
     }
 
     /// Host memory for query output that the host fills: pinned buffers from

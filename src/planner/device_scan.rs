@@ -13,8 +13,9 @@
 //!
 //! A `MarkJoinExec` on the GPU backend whose marks come from one key
 //! selection (a correlated EXISTS on one key, an uncorrelated IN; no residual
-//! filter) gets its subquery side read by the device the same way, keys only;
-//! its probe side's rows are output with their marks and stay with the host.
+//! filter) gets its subquery side read by the device the same way, keys only.
+//! Its probe side, whose every row is output with its mark, is read by the
+//! device too where it can decode all its columns ([`mark_probe_scan`]).
 
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use super::decision::Reading;
 use crate::config::SetfusionConfig;
@@ -78,8 +79,46 @@ fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
     found
 }
 
+/// The device scan of a mark join's probe side (`key`: its key, of
+/// `key_type`), whose every row is output with its mark: every column
+/// decoded by the device, or why not. The rows come back in the order of the
+/// device's keys (a filtered input's NULL keys last) and are cut into
+/// partitions of consecutive rows, so an input that promises an order or a
+/// hash partitioning stays with DataFusion's scan; so does one whose pages
+/// host threads inflate (zstd, gzip, lz4), which DataFusion's scan decodes as
+/// fast as the device's round trip, and a filtered input whose output
+/// columns may hold NULLs (the device puts only NULL-free columns in a
+/// filter's order).
+fn mark_probe_scan(
+    probe: &Arc<dyn ExecutionPlan>,
+    key: &PhysicalExprRef,
+    key_type: &DataType,
+) -> std::result::Result<DeviceScanExec, String> {
+    if probe.output_ordering().is_some() {
+        return Err("its rows are output in an order the device scan does not keep".into());
+    }
+    if matches!(probe.output_partitioning(), Partitioning::Hash(..)) {
+        return Err("its rows are output hash-partitioned".into());
+    }
+    let schema = probe.schema();
+    let every_column: Vec<usize> = (0..schema.fields().len()).collect();
+    let scan = DeviceScanExec::try_from_input(probe, key, key_type, Some(&every_column))?;
+    if scan.filter().is_some() {
+        if let Some(f) = schema.fields().iter().find(|f| f.is_nullable()) {
+            return Err(format!("a filtered input whose output column {} may hold NULLs", f.name()));
+        }
+    }
+    if scan.host_inflated_bytes() > 0 {
+        return Err("its pages are inflated on host threads (zstd, gzip or lz4), where DataFusion's scan \
+                    decodes them as fast"
+            .into());
+    }
+    Ok(scan)
+}
+
 impl DeviceScanRule {
-    /// A mark join's subquery side read by the device, or the reason in its EXPLAIN line.
+    /// A mark join's subquery side (and probe side) read by the device, or
+    /// the reasons in its EXPLAIN line.
     fn rewrite_mark_join(
         plan: &Arc<dyn ExecutionPlan>,
         node: &MarkJoinExec,
@@ -90,10 +129,11 @@ impl DeviceScanRule {
         if !cfg.device_scan || !node.decision().on_gpu() || !reads_parquet(build) {
             return Ok(None);
         }
-        if build.downcast_ref::<DeviceScanExec>().is_some() {
+        let scanned = |c: &Arc<dyn ExecutionPlan>| c.downcast_ref::<DeviceScanExec>().is_some();
+        if scanned(build) || scanned(probe) {
             return Ok(None);
         }
-        let scan = match node.device_scan_keys() {
+        let keys = match node.device_scan_keys() {
             Err(why) => Err(why),
             Ok((probe_key, build_key)) => {
                 let key_type = crate::keys::key_type(&probe_key.data_type(&probe.schema())?);
@@ -102,15 +142,27 @@ impl DeviceScanRule {
                          with their marks"
                         .to_string())
                 } else {
-                    DeviceScanExec::try_from_input(build, &build_key, &key_type, None)
+                    Ok((probe_key, build_key, key_type))
                 }
             }
         };
-        let rebuilt = match scan {
-            Ok(scan) => node.with_build_scan(Arc::new(scan), None)?,
-            Err(why) => node.with_build_scan(build.clone(), Some(format!("build: {why}")))?,
+        let (probe_key, build_key, key_type) = match keys {
+            Ok(k) => k,
+            Err(why) => {
+                let rebuilt = node.with_scans(probe.clone(), build.clone(), Some(format!("build: {why}")))?;
+                return Ok(Some(Arc::new(rebuilt)));
+            }
         };
-        Ok(Some(Arc::new(rebuilt)))
+        let (new_build, new_probe, note): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>, Option<String>) =
+            match DeviceScanExec::try_from_input(build, &build_key, &key_type, None) {
+                Err(why) => (build.clone(), probe.clone(), Some(format!("build: {why}"))),
+                Ok(scan) if !reads_parquet(probe) => (Arc::new(scan), probe.clone(), None),
+                Ok(scan) => match mark_probe_scan(probe, &probe_key, &key_type) {
+                    Ok(p) => (Arc::new(scan), Arc::new(p), None),
+                    Err(why) => (Arc::new(scan), probe.clone(), Some(format!("probe: {why}"))),
+                },
+            };
+        Ok(Some(Arc::new(node.with_scans(new_probe, new_build, note)?)))
     }
 
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
@@ -198,11 +250,11 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_expr::PhysicalExprRef;
-    use datafusion::prelude::{ParquetReadOptions, SessionContext};
+    use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
     use parquet::basic::{Compression, ZstdLevel};
     use parquet::file::properties::WriterProperties;
 
-    use super::reading;
+    use super::{mark_probe_scan, reading};
     use crate::config::SetfusionConfig;
 
     /// A Parquet file of `k` (BIGINT), `p` (BIGINT) and `s` (VARCHAR) under `codec`.
@@ -268,6 +320,61 @@ mod tests {
 
         let off = SetfusionConfig { device_scan: false, ..SetfusionConfig::default() };
         assert_eq!(reading(&off, &int, &[(&z, &k, None)]), Default::default());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A mark join's probe side, whose every row is output with its mark, is
+    /// read by the device only where its rows can come back as they must:
+    /// any order, no hash partitioning, no page the host inflates first, and
+    /// under a filter no column that may hold NULLs. Each refusal says why.
+    #[tokio::test]
+    async fn a_mark_joins_probe_side_is_read_where_every_row_can_come_back() {
+        let dir = std::env::temp_dir().join(format!("setfusion-mark-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ctx = SessionContext::new();
+        let snappy = write(&dir, "s.parquet", Compression::SNAPPY);
+        let zstd = write(&dir, "z.parquet", Compression::ZSTD(ZstdLevel::default()));
+        let nullable = dir.join("n.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("p", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..5000)),
+                Arc::new(Int64Array::from_iter((0..5000).map(|i| (i % 7 != 0).then_some(i)))),
+            ],
+        )
+        .unwrap();
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        crate::scan::fixtures::write_file(&nullable, &batch, props).unwrap();
+        let sorted = ParquetReadOptions::default().file_sort_order(vec![vec![col("k").sort(true, false)]]);
+        ctx.register_parquet("s", &snappy, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("z", &zstd, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("n", nullable.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("o", &snappy, sorted).await.unwrap();
+        let plan = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move { ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap() }
+        };
+        let k: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let int = DataType::Int64;
+        let why =
+            |r: std::result::Result<crate::exec::device_scan::DeviceScanExec, String>| r.err().unwrap_or_default();
+
+        let every_row = mark_probe_scan(&plan("SELECT k, p FROM s").await, &k, &int).unwrap();
+        assert_eq!(every_row.payload().map(<[_]>::len), Some(2));
+        let filtered = mark_probe_scan(&plan("SELECT k, p FROM s WHERE p > 5").await, &k, &int).unwrap();
+        assert!(filtered.filter().is_some());
+        // NULLs without a filter come back with their rows; under one they keep the host scan.
+        assert!(mark_probe_scan(&plan("SELECT k, p FROM n").await, &k, &int).is_ok());
+        let refused = why(mark_probe_scan(&plan("SELECT k, p FROM n WHERE k > 5").await, &k, &int));
+        assert!(refused.contains("output column p may hold NULLs"), "{refused}");
+        let refused = why(mark_probe_scan(&plan("SELECT k, p FROM z").await, &k, &int));
+        assert!(refused.contains("inflated on host threads"), "{refused}");
+        let refused = why(mark_probe_scan(&plan("SELECT k, p FROM o").await, &k, &int));
+        assert!(refused.contains("in an order"), "{refused}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

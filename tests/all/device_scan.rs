@@ -233,7 +233,21 @@ const MARK_QUERIES: &[&str] = &[
     "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE p < 0) OR p = 3",
     // A string key: the host reads the subquery side (EXPLAIN says why).
     "SELECT count(*) FROM a WHERE s NOT IN (SELECT s FROM b) OR p > 5000",
+    // The probe side read by the device too (every row output with its mark): filtered
+    // (c's columns hold no NULL), zstd (left to DataFusion's scan, with the reason), an
+    // INT key, marks in a SELECT list over every column.
+    MARK_FILTERED_PROBE,
+    MARK_ZSTD_PROBE,
+    "SELECT k32, p, k32 IN (SELECT k32 FROM b) AS m FROM a",
+    "SELECT *, EXISTS (SELECT 1 FROM b_no_nulls WHERE b_no_nulls.k = a.k) AS m FROM a",
 ];
+
+/// A mark join whose probe side is filtered (its output columns hold no NULL).
+const MARK_FILTERED_PROBE: &str = "SELECT count(*), sum(p) FROM (SELECT * FROM c WHERE p > 100) c \
+     WHERE k NOT IN (SELECT k FROM b_no_nulls) OR p < 600";
+
+/// A mark join whose probe side's pages are zstd: DataFusion's scan reads it.
+const MARK_ZSTD_PROBE: &str = "SELECT count(*) FROM b_zstd WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
 
 /// NOT IN under OR: an uncorrelated IN mark, NULL keys on both sides.
 const MARK_NOT_IN: &str = "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
@@ -354,11 +368,26 @@ fn device_scan_answers_equal_host_scan() {
             let plan = explain(&device, values, false).await;
             assert!(!plan.contains("DeviceScanExec"), "{plan}");
             assert!(plan.contains("string keys: the device reads both sides or neither"), "{plan}");
-            // A mark join's subquery side is read by the device (keys only, the marks' NULLs exact).
+            // A mark join's subquery side is read by the device (keys only, the marks' NULLs exact),
+            // and its probe side, every row output with its mark (the key's NULLs among them).
             let plan = explain(&device, MARK_NOT_IN, false).await;
-            assert!(plan.contains("MarkJoinExec") && plan.matches("DeviceScanExec").count() == 1, "{plan}");
+            assert!(plan.contains("MarkJoinExec") && plan.matches("DeviceScanExec").count() == 2, "{plan}");
+            assert!(plan.contains("output=[k, p]"), "{plan}");
             let analyzed = explain(&uncached, MARK_NOT_IN, true).await;
-            assert!(analyzed.contains("device scan build:") && !analyzed.contains("fell back"), "{analyzed}");
+            assert!(analyzed.contains("device scan probe:") && analyzed.contains("build:"), "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            let analyzed = explain(&uncached, MARK_FILTERED_PROBE, true).await;
+            assert_eq!(analyzed.matches("DeviceScanExec").count(), 2, "{analyzed}");
+            assert!(analyzed.contains("filtered on the device") && !analyzed.contains("fell back"), "{analyzed}");
+            let plan = explain(&device, MARK_ZSTD_PROBE, false).await;
+            assert!(plan.contains("device_scan=\"probe: its pages are inflated on host threads"), "{plan}");
+            assert_eq!(plan.matches("DeviceScanExec").count(), 1, "{plan}");
+            // A filtered probe side whose output columns may hold NULLs stays with DataFusion's scan.
+            let nullable =
+                "SELECT count(*) FROM (SELECT * FROM a WHERE p > 100) a WHERE k NOT IN (SELECT k FROM b) OR p < 600";
+            assert_eq!(rows(&device, nullable).await, rows(&host, nullable).await);
+            let plan = explain(&device, nullable, false).await;
+            assert!(plan.contains("probe: a filtered input whose output column k may hold NULLs"), "{plan}");
             let plan = explain(&device, MARK_QUERIES[7], false).await;
             assert!(plan.contains("device_scan=\"build: string keys"), "{plan}");
             // An output column that may hold NULLs under a filter: the host reads that input.

@@ -5,7 +5,8 @@
 //! zstd) under `SETFUSION_PARQUET_DIR` (else `~/.cache/setfusion/parquet`):
 //! DataFusion and setfusion in fresh processes and warm (medians), DuckDB
 //! where python3 can `import duckdb` (warm, in one process), and the device
-//! scan's decoded GB/s on table a's keys.
+//! scan's decoded GB/s on table a's keys. `SETFUSION_BENCH_ONLY=a,b` runs
+//! only the queries whose names contain one of these.
 //!
 //! Table a: k = (i * 2654435761) % 400M, p = i, f = i % 3 != 0; table b: k = (i * 40503 + 7) % 400M
 //! (the keys of `bench setops`), i = 1..=N.
@@ -39,7 +40,7 @@ pub const QUERIES: &[(&str, &str)] = &[
     // A range of p, which rises with the row: row groups pruned by their statistics, pages by the page index.
     ("IN, p range", "SELECT count(*) FROM a WHERE p BETWEEN 40000000 AND 42500000 AND k IN (SELECT k FROM b)"),
     // NOT IN under OR: a mark join (DataFusion's two-valued answer is wrong where the subquery holds a NULL);
-    // the subquery side is read by the device, the probe side's rows by the host.
+    // both sides are read by the device, the probe side's rows coming back with their marks.
     ("NOT IN under OR", "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b) OR p < 1000000"),
 ];
 
@@ -313,7 +314,11 @@ pub async fn run(options: Options) -> Result<()> {
         }
         writeln!(report, "| query | answer | DuckDB ms | DataFusion fresh / warm ms | setfusion fresh / warm / cached ms | vs DataFusion fresh / warm / cached | vs DuckDB fresh / warm | setfusion's device scan (warm, no cache) |").unwrap();
         writeln!(report, "|---|---|---|---|---|---|---|---|").unwrap();
+        let only = crate::env::bench_only();
         for (qi, (name, sql)) in QUERIES.iter().enumerate() {
+            if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+                continue;
+            }
             let (_, df_answer) = time_query(&plain, sql).await?;
             let (_, sf_answer) = time_query(&sf, sql).await?;
             let (_, cached_answer) = time_query(&cached, sql).await?;
