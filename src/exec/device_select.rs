@@ -708,16 +708,38 @@ pub(crate) fn select_device_scanned(
     fn side(s: &DeviceScanExec, keep: crate::scan::Keep) -> crate::scan::PairSide<'_> {
         crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
     }
+    // The probe side's output columns but its key (which its decoded keys
+    // give), as they are read: `cached` says which the column cache holds.
+    let output_sides = |cached: &dyn Fn(&str, &DataType) -> bool| -> Vec<crate::scan::PairSide<'_>> {
+        let (Side::Device(p), Some(needed)) = (&probe, payload) else { return Vec::new() };
+        let columns = p.payload().unwrap_or_default();
+        needed
+            .iter()
+            .filter_map(|&i| columns.get(i))
+            .filter(|(name, t)| name != p.column() && !cached(name, t))
+            .map(|(name, t)| crate::scan::PairSide {
+                files: p.files(),
+                column: name,
+                arrow: t,
+                keep: probe_keep.clone(),
+            })
+            .collect()
+    };
     // The device still starting (a query in a fresh process): both sides'
     // files are read on the host meanwhile, not after (the device's column
-    // cache is empty then, so they go the paired way below).
+    // cache is empty then, so they go the paired way below); so are the
+    // output columns of a probe side whose every row is output (a mark
+    // join's), all of whose pages are read anyway.
+    let early_outputs = if every_row { output_sides(&|_, _| false) } else { Vec::new() };
     let early = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
             if p.filter().is_none()
                 && b.filter().is_none()
                 && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
         {
-            Some(crate::scan::ReadAhead::start(&[side(p, probe_keep.clone()), side(b, Default::default())]))
+            let sides = [side(p, probe_keep.clone()), side(b, Default::default())];
+            let columns: Vec<crate::scan::PairSide<'_>> = sides.into_iter().chain(early_outputs.clone()).collect();
+            Some(crate::scan::ReadAhead::start(&columns))
         }
         _ => None,
     };
@@ -748,19 +770,9 @@ pub(crate) fn select_device_scanned(
             let sides = [side(p, probe_keep.clone()), side(b, Default::default())];
             // The probe side's output columns (not in the column cache, not the key) are read with the
             // keys, in the same pipeline, rather than after the selection.
-            let outputs: Vec<crate::scan::PairSide<'_>> = match (payload, p.payload(), &early) {
-                (Some(needed), Some(columns), None) => needed
-                    .iter()
-                    .filter_map(|&i| columns.get(i))
-                    .filter(|(name, t)| name != p.column() && !cached_column(p, name, t))
-                    .map(|(name, t)| crate::scan::PairSide {
-                        files: p.files(),
-                        column: name,
-                        arrow: t,
-                        keep: probe_keep.clone(),
-                    })
-                    .collect(),
-                _ => Vec::new(),
+            let outputs = match &early {
+                Some(_) => early_outputs,
+                None => output_sides(&|name, t| cached_column(p, name, t)),
             };
             if outputs.is_empty() {
                 match crate::scan::scan_pair_to_device(&g, sides, cfg.cache_limit.0, early, &mut stats)? {
@@ -770,7 +782,11 @@ pub(crate) fn select_device_scanned(
             } else {
                 let names: Vec<String> = outputs.iter().map(|c| c.column.to_string()).collect();
                 let columns: Vec<_> = sides.into_iter().chain(outputs).collect();
-                match crate::scan::scan_columns_to_device(&g, &columns, cfg.cache_limit.0, &mut stats)? {
+                let scanned = match early {
+                    Some(read) => crate::scan::finish_read_ahead(&g, &columns, cfg.cache_limit.0, read, &mut stats)?,
+                    None => crate::scan::scan_columns_to_device(&g, &columns, cfg.cache_limit.0, &mut stats)?,
+                };
+                match scanned {
                     Ok(scanned) => {
                         let mut scanned = scanned.into_iter();
                         let (Some(dp), Some(db)) = (scanned.next(), scanned.next()) else {

@@ -145,11 +145,14 @@ impl Gpu {
         best.map(|i| free.swap_remove(i))
     }
 
-    /// Pin a buffer of `bytes` for the pool on the background thread, off the
-    /// query's path, so that the next download of this size finds one.
+    /// Pin a buffer of `bytes` for the pool on the background thread once
+    /// the operator's lease ends, so that the next download of this size
+    /// finds one. (Pinned beside the query, on the H200 host two 800 MB
+    /// buffers held the query's own downloads up by ~600 ms: the driver
+    /// serialises them.)
     pub(super) fn pin_for_later(&self, bytes: usize) {
         let (ctx, free) = (self.ctx.clone(), self.pinned_free.clone());
-        crate::host::later(move || {
+        self.after_lease(Box::new(move || {
             // SAFETY: the pool hands the buffer only to callers that write its bytes before anything reads them.
             if let Ok(buf) = unsafe { ctx.alloc_pinned::<u8>(pinned_size(bytes)) } {
                 let mut free = free.lock().unwrap_or_else(|e| e.into_inner());
@@ -157,7 +160,7 @@ impl Gpu {
                     free.push(buf);
                 }
             }
-        });
+        }));
     }
 
     /// Host memory for query output that the host fills: pinned buffers from

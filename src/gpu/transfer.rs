@@ -475,10 +475,10 @@ impl Gpu {
     ///
     /// A large download that no pooled buffer holds (the first of its size in
     /// a process) comes through the staging buffers into ordinary memory
-    /// instead, and a pinned buffer of its size is made for the next one off
-    /// the query's path: pinning costs more than the copy (two downloads of
-    /// 800 MB in a fresh process, a mark join's columns: ~930 ms for the query
-    /// against 160 ms warm, on an H200 host).
+    /// instead, and a pinned buffer of its size is made for the next one once
+    /// the operator's lease ends: pinning costs more than the copy (two
+    /// downloads of 800 MB in a fresh process, a mark join's columns: ~930 ms
+    /// for the query against 160 ms warm, on an H200 host).
     pub fn download_to_arrow<T: Pod + ArrowNativeType>(
         &self,
         src: &DeviceBuffer<T>,

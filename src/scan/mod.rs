@@ -431,6 +431,7 @@ pub fn scan_to_device(
 
 /// One side of [`scan_pair_to_device`]: its files, the column, its type as
 /// DataFusion reads it, and the row groups it reads.
+#[derive(Clone)]
 pub struct PairSide<'a> {
     pub files: &'a [ScanFile],
     pub column: &'a str,
@@ -457,27 +458,43 @@ pub fn scan_pair_to_device(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<[(DeviceDecoded, ScanReport); 2], (usize, Fallback)>> {
     let scanned = match read {
-        Some(read) => match read.finish(gpu, stats)? {
-            Ok(x) => sides
-                .iter()
-                .zip(x)
-                .map(|(side, (d, mut report))| {
-                    report.cache = Some(keep_in_cache(gpu, side, &d, cache_limit));
-                    (d, report)
-                })
-                .collect(),
-            Err(f) => return Ok(Err(f)),
-        },
-        None => match scan_columns_to_device(gpu, &sides, cache_limit, stats)? {
-            Ok(x) => x,
-            Err(f) => return Ok(Err(f)),
-        },
+        Some(read) => finish_read_ahead(gpu, &sides, cache_limit, read, stats)?,
+        None => scan_columns_to_device(gpu, &sides, cache_limit, stats)?,
+    };
+    let scanned = match scanned {
+        Ok(x) => x,
+        Err(f) => return Ok(Err(f)),
     };
     let mut scanned = scanned.into_iter();
     match (scanned.next(), scanned.next()) {
         (Some(a), Some(b)) => Ok(Ok([a, b])),
         _ => Err(missing("a side")),
     }
+}
+
+/// `columns`, being read on the host ([`ReadAhead::start`] of the same
+/// columns, started while the device was still starting), onto the device:
+/// the parts read so far are uploaded and decoded at once, the rest as they
+/// come; each kept in the column cache (with `cache_limit` above 0).
+/// `Err((i, why))` when column `i`'s files hold something the device does
+/// not decode.
+pub fn finish_read_ahead(
+    gpu: &Gpu,
+    columns: &[PairSide<'_>],
+    cache_limit: usize,
+    read: ReadAhead,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
+    Ok(read.finish(gpu, stats)?.map(|scanned| {
+        columns
+            .iter()
+            .zip(scanned)
+            .map(|(c, (d, mut report))| {
+                report.cache = Some(keep_in_cache(gpu, c, &d, cache_limit));
+                (d, report)
+            })
+            .collect()
+    }))
 }
 
 /// Columns (of the same files or others) read from their files onto the
