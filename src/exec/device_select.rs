@@ -856,12 +856,13 @@ pub(crate) fn select_device_scanned(
         });
         let ready = prefetched.iter().any(|(name, _)| name == scan.column());
         if outputs_key && !ready && probe.strings.is_none() && !crate::scan::is_byte_type(key_type) {
+            // (Validity on the host alone means a filtered side's order: not these rows.)
             let valid = match &probe.nulls {
-                Some((_, Some(v))) => Some(g.copy_on_device(v, probe.n.div_ceil(32))?),
+                None => Some(None),
+                Some((_, Some(v))) => Some(Some(g.copy_on_device(v, probe.n.div_ceil(32))?)),
                 Some((_, None)) => None,
-                None => None,
             };
-            if probe.nulls.is_none() || valid.is_some() {
+            if let Some(valid) = valid {
                 let keys = g.copy_on_device(&probe.keys, probe.n)?;
                 let decoded = crate::scan::DeviceDecoded { keys, valid, rows: probe.n, strings: None };
                 prefetched.push((scan.column().to_string(), decoded));

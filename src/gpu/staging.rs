@@ -130,11 +130,14 @@ impl Gpu {
     pub(super) fn pinned_from_pool(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
         match self.pinned_reused(bytes) {
             Some(b) => Ok(b),
-            // SAFETY: the caller writes the bytes it hands out before anything reads them.
-            None => {
-                unsafe { self.ctx.alloc_pinned::<u8>(pinned_size(bytes)) }.map_err(|e| cuda_err("cuMemHostAlloc", e))
-            }
+            None => self.pinned_new(bytes),
         }
+    }
+
+    /// A new pinned buffer of at least `bytes` bytes (for the pool once its owner drops it).
+    pub(super) fn pinned_new(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
+        // SAFETY: the caller writes the bytes it hands out before anything reads them.
+        unsafe { self.ctx.alloc_pinned::<u8>(pinned_size(bytes)) }.map_err(|e| cuda_err("cuMemHostAlloc", e))
     }
 
     /// The smallest pinned buffer in the pool that holds `bytes`, if any.

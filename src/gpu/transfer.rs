@@ -495,7 +495,7 @@ impl Gpu {
                 self.pin_for_later(bytes);
                 return Ok(PendingBuffer::ready(datafusion::arrow::buffer::Buffer::from_vec(out)));
             }
-            None => self.pinned_from_pool(bytes)?,
+            None => self.pinned_new(bytes)?,
         };
         let pinned = buf.as_mut_slice().map_err(|e| cuda_err("pinned buffer", e))?;
         if bytes > 0 {

@@ -146,22 +146,18 @@ impl DeviceScanRule {
                 }
             }
         };
-        let (probe_key, build_key, key_type) = match keys {
-            Ok(k) => k,
-            Err(why) => {
-                let rebuilt = node.with_scans(probe.clone(), build.clone(), Some(format!("build: {why}")))?;
-                return Ok(Some(Arc::new(rebuilt)));
-            }
+        let scan = keys.and_then(|(probe_key, build_key, key_type)| {
+            DeviceScanExec::try_from_input(build, &build_key, &key_type, None).map(|s| (s, probe_key, key_type))
+        });
+        let (new_build, new_probe, note): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>, Option<String>) = match scan
+        {
+            Err(why) => (build.clone(), probe.clone(), Some(format!("build: {why}"))),
+            Ok((scan, ..)) if !reads_parquet(probe) => (Arc::new(scan), probe.clone(), None),
+            Ok((scan, probe_key, key_type)) => match mark_probe_scan(probe, &probe_key, &key_type) {
+                Ok(p) => (Arc::new(scan), Arc::new(p), None),
+                Err(why) => (Arc::new(scan), probe.clone(), Some(format!("probe: {why}"))),
+            },
         };
-        let (new_build, new_probe, note): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>, Option<String>) =
-            match DeviceScanExec::try_from_input(build, &build_key, &key_type, None) {
-                Err(why) => (build.clone(), probe.clone(), Some(format!("build: {why}"))),
-                Ok(scan) if !reads_parquet(probe) => (Arc::new(scan), probe.clone(), None),
-                Ok(scan) => match mark_probe_scan(probe, &probe_key, &key_type) {
-                    Ok(p) => (Arc::new(scan), Arc::new(p), None),
-                    Err(why) => (Arc::new(scan), probe.clone(), Some(format!("probe: {why}"))),
-                },
-            };
         Ok(Some(Arc::new(node.with_scans(new_probe, new_build, note)?)))
     }
 

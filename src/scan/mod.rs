@@ -485,16 +485,24 @@ pub fn finish_read_ahead(
     read: ReadAhead,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<(DeviceDecoded, ScanReport)>, (usize, Fallback)>> {
-    Ok(read.finish(gpu, stats)?.map(|scanned| {
-        columns
-            .iter()
-            .zip(scanned)
-            .map(|(c, (d, mut report))| {
-                report.cache = Some(keep_in_cache(gpu, c, &d, cache_limit));
-                (d, report)
-            })
-            .collect()
-    }))
+    Ok(read.finish(gpu, stats)?.map(|scanned| kept_in_cache(gpu, columns, scanned, cache_limit)))
+}
+
+/// Each column's decoded keys into the column cache ([`keep_in_cache`]), its report saying so.
+fn kept_in_cache(
+    gpu: &Gpu,
+    columns: &[PairSide<'_>],
+    scanned: Vec<(DeviceDecoded, ScanReport)>,
+    cache_limit: usize,
+) -> Vec<(DeviceDecoded, ScanReport)> {
+    columns
+        .iter()
+        .zip(scanned)
+        .map(|(c, (d, mut report))| {
+            report.cache = Some(keep_in_cache(gpu, c, &d, cache_limit));
+            (d, report)
+        })
+        .collect()
 }
 
 /// Columns (of the same files or others) read from their files onto the
@@ -518,14 +526,7 @@ pub fn scan_columns_to_device(
         Ok(x) => x,
         Err(f) => return Ok(Err(f)),
     };
-    Ok(Ok(columns
-        .iter()
-        .zip(scanned)
-        .map(|(c, (d, mut report))| {
-            report.cache = Some(keep_in_cache(gpu, c, &d, cache_limit));
-            (d, report)
-        })
-        .collect()))
+    Ok(Ok(kept_in_cache(gpu, columns, scanned, cache_limit)))
 }
 
 /// A side's decoded keys into the column cache (with `cache_limit` above 0).
