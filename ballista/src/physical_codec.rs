@@ -487,6 +487,10 @@ impl SetfusionPhysicalCodec {
             })));
         }
         if let Some(e) = node.downcast_ref::<MarkJoinExec>() {
+            if e.filter_above().is_some() {
+                // Only the device scan rule absorbs one, over inputs a cluster never gets (its scans).
+                return Err(bad("a MarkJoinExec with the filter above it absorbed is not sent to executors"));
+            }
             let filter = match e.filter() {
                 Some(f) => Some(exprs.encode_filter(&f.expr, f.columns.iter().copied(), &f.schema)?),
                 None => None,

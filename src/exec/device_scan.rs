@@ -482,6 +482,24 @@ impl ExecutionPlan for DeviceScanExec {
             Err(DataFusionError::Internal("DeviceScanExec has no children".into()))
         }
     }
+    /// The input this node stands for is reset too (DataFusion's scans keep
+    /// per-execution state): it runs when the host reads the input.
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = datafusion::physical_plan::execution_plan::reset_plan_states(self.input.clone())?;
+        Ok(Arc::new(Self {
+            input,
+            files: self.files.clone(),
+            column: self.column.clone(),
+            data_type: self.data_type.clone(),
+            filter: self.filter.clone(),
+            prune: self.prune.clone(),
+            bloom_filters: self.bloom_filters,
+            page_index: self.page_index,
+            payload: self.payload.clone(),
+            ran: Arc::new(Mutex::new(None)),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
     /// The key column is read as is: no expression of its own.
     fn apply_expressions(
         &self,

@@ -380,10 +380,13 @@ fn describe(which: &str, r: &ScanReport) -> String {
 /// [`DeviceScanExec::payload`]), and whose rows: the kept ones (a semi join,
 /// a set operation), or every row (a mark join, which outputs each probe row
 /// with its mark).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub(crate) struct ProbeOutput<'a> {
     pub columns: &'a [usize],
     pub every_row: bool,
+    /// With `every_row`: the filter and projection over the marked rows the
+    /// device runs, so only the rows it keeps come back.
+    pub filter: Option<&'a MarkedRowsFilter<'a>>,
 }
 
 /// The selection of every probe row, what ran, each device scan's report,
@@ -396,6 +399,9 @@ pub(crate) struct DeviceSelected {
     /// The output columns of the probe rows asked for (the device decoded them),
     /// in the selection's order.
     pub payload: Option<Vec<ArrayRef>>,
+    /// With [`ProbeOutput::filter`], where the device ran it: the rows it
+    /// kept (`payload` is then their projected columns).
+    pub filtered_rows: Option<usize>,
     /// The build side's rows (after its filter), and of them those with a NULL key.
     pub build_rows: usize,
     pub build_nulls: usize,
@@ -503,23 +509,143 @@ fn kept_blocks(
     Ok(Some(out))
 }
 
+/// One output column of the probe side on the device: its rows in the
+/// selection's order, as segments of decoded values (a filtered side's
+/// NULL-keyed rows form a second one), each with its part of the selection.
+struct PayloadColumn {
+    name: String,
+    data_type: DataType,
+    segments: Vec<(crate::scan::DeviceDecoded, BooleanBuffer)>,
+}
+
 /// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`],
 /// in that order) of the rows `selection` keeps, decoded on the device (each
 /// through the column cache) and brought back as Arrow arrays. A column
 /// without NULLs is compacted on the device and downloaded into pinned memory
 /// that its array owns; one with NULLs comes back whole and is filtered on the
-/// host. A filtered side's column is first put in its keys' order (the rows
-/// its filter kept, NULL keys last: `filtered`), which needs it without NULLs.
-/// Otherwise the columns are read from the row groups the keys were (`keep`).
-/// `Ok(Err(why))`: the host reads the input. `ready`: columns already
-/// decoded (read with the keys, of every row the keys' scan read).
+/// host. `Ok(Err(why))`: the host reads the input. See [`payload_on_device`]
+/// for the reading.
+#[allow(clippy::too_many_arguments)]
+fn decode_payload(
+    g: &Gpu,
+    scan: &DeviceScanExec,
+    needed: &[usize],
+    selection: &BooleanBuffer,
+    filtered: Option<&FilteredRows>,
+    keep: &crate::scan::Keep,
+    ready: Vec<(String, crate::scan::DeviceDecoded)>,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(Vec<ArrayRef>, Option<String>), String>> {
+    let (columns, note) =
+        match payload_on_device(g, scan, needed, selection, filtered, keep, ready, cache_limit, stats)? {
+            Ok(c) => c,
+            Err(why) => return Ok(Err(why)),
+        };
+    let mut out = Vec::with_capacity(columns.len());
+    for column in columns {
+        let mut pieces = Vec::with_capacity(column.segments.len());
+        for (d, sel) in &column.segments {
+            pieces.push(kept_values(g, d, sel, None, stats)?);
+        }
+        let (values, kept_nulls) = if pieces.len() == 1 {
+            pieces.pop().expect("one piece")
+        } else {
+            // A filtered side's NULL-keyed rows after the others (no NULL in the column here).
+            let mut all: Vec<u8> = Vec::with_capacity(pieces.iter().map(|(b, _)| b.len()).sum());
+            for (b, _) in &pieces {
+                all.extend_from_slice(b.as_slice());
+            }
+            (Buffer::from_vec(all), None)
+        };
+        match lanes_to_array(&column.name, &column.data_type, values, kept_nulls)? {
+            Ok(array) => out.push(array),
+            Err(why) => return Ok(Err(why)),
+        }
+    }
+    Ok(Ok((out, note)))
+}
+
+/// The values of the rows `sel` keeps of one decoded column, as the device's
+/// 64-bit lanes in a host buffer, with their validity. Every row kept: every
+/// value, as it is. Without NULLs: the kept values only, compacted on the
+/// device (by `d_sel`, the selection's words there, uploaded when None).
+/// With them: every value, filtered on the host with the validity.
+fn kept_values(
+    g: &Gpu,
+    d: &crate::scan::DeviceDecoded,
+    sel: &BooleanBuffer,
+    d_sel: Option<&DeviceBuffer<u32>>,
+    stats: &mut TransferStats,
+) -> Result<(Buffer, Option<NullBuffer>)> {
+    use datafusion::arrow::array::{BooleanArray, Int64Array};
+    let nulls = match &d.valid {
+        Some(v) => null_buffer(g.download(v, d.rows.div_ceil(32), stats)?, d.rows),
+        None => None,
+    };
+    let every_row = sel.len() == d.rows && sel.count_set_bits() == d.rows;
+    Ok(match nulls {
+        _ if every_row => (g.download_to_arrow(&d.keys, d.rows, stats)?.wait()?, nulls),
+        None => {
+            let uploaded = match d_sel {
+                Some(_) => None,
+                None => Some(upload_bits(g, sel, stats)?),
+            };
+            let words = d_sel.or(uploaded.as_ref()).expect("one of the two");
+            let (pending, _) = gpu::compact_kept_keys(g, &d.keys, words, d.rows, stats)?;
+            (pending.wait()?, None)
+        }
+        Some(nulls) => {
+            let all = g.download_to_arrow(&d.keys, d.rows, stats)?.wait()?;
+            let all = Int64Array::new(all.into(), Some(nulls));
+            let kept = datafusion::arrow::compute::filter(&all, &BooleanArray::new(sel.clone(), None))?;
+            let Some(kept) = kept.as_any().downcast_ref::<Int64Array>().cloned() else {
+                return Err(datafusion::error::DataFusionError::Internal(
+                    "setfusion device scan: filtering an Int64 array gave another type".into(),
+                ));
+            };
+            let (_, values, nulls) = kept.into_parts();
+            (values.into_inner(), nulls)
+        }
+    })
+}
+
+/// The device's 64-bit lanes (`values`), narrowed or widened to the column's
+/// Arrow type. `Ok(Err(why))`: a type the device scan does not output.
+fn lanes_to_array(
+    name: &str,
+    t: &DataType,
+    values: Buffer,
+    nulls: Option<NullBuffer>,
+) -> Result<std::result::Result<ArrayRef, String>> {
+    use datafusion::arrow::array::{BooleanArray, Date32Array, Decimal128Array, Int32Array, Int64Array};
+    let lanes: datafusion::arrow::buffer::ScalarBuffer<i64> = values.into();
+    Ok(Ok(match t {
+        DataType::Boolean => Arc::new(BooleanArray::new(lanes.iter().map(|&v| v != 0).collect(), nulls)),
+        DataType::Int64 => Arc::new(Int64Array::new(lanes, nulls)),
+        DataType::Int32 => Arc::new(Int32Array::new(lanes.iter().map(|&v| v as i32).collect(), nulls)),
+        DataType::Date32 => Arc::new(Date32Array::new(lanes.iter().map(|&v| v as i32).collect(), nulls)),
+        DataType::Decimal128(p, sc) => Arc::new(
+            Decimal128Array::new(lanes.iter().map(|&v| v as i128).collect(), nulls)
+                .with_precision_and_scale(*p, *sc)?,
+        ),
+        other => return Ok(Err(format!("column {name} of type {other}"))),
+    }))
+}
+
+/// The probe side's columns `needed` decoded on the device, in the
+/// selection's order ([`PayloadColumn`]). A filtered side's column is put in
+/// its keys' order (the rows its filter kept, NULL keys last: `filtered`),
+/// which needs it without NULLs. Otherwise the columns are read from the row
+/// groups the keys were (`keep`). `ready`: columns already decoded (read
+/// with the keys, of every row the keys' scan read).
 ///
 /// Late materialization: a column read from the files now (not in the
 /// column cache) reads only the data pages that hold a kept row, where the
 /// kept rows lie in at most half of the blocks of [`LATE_BLOCK`] rows; it
 /// is not cached then. The note says how many pages that left unread.
 #[allow(clippy::too_many_arguments)]
-fn decode_payload(
+fn payload_on_device(
     g: &Gpu,
     scan: &DeviceScanExec,
     needed: &[usize],
@@ -529,8 +655,7 @@ fn decode_payload(
     mut ready: Vec<(String, crate::scan::DeviceDecoded)>,
     cache_limit: usize,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<(Vec<ArrayRef>, Option<String>), String>> {
-    use datafusion::arrow::array::{Date32Array, Decimal128Array, Int32Array, Int64Array};
+) -> Result<std::result::Result<(Vec<PayloadColumn>, Option<String>), String>> {
     let Some(columns) = scan.payload() else { return Ok(Err("no payload columns".into())) };
     if scan.filter().is_some() && filtered.is_none() {
         return Ok(Err("a filtered input without its filter's rows".into()));
@@ -575,8 +700,6 @@ fn decode_payload(
                 }
             }
         };
-        // The column's rows in the selection's order, as segments of device
-        // values, each with its part of the selection.
         let segments: Vec<(crate::scan::DeviceDecoded, BooleanBuffer)> = match filtered {
             None => vec![(d, selection.clone())],
             Some(f) => {
@@ -605,71 +728,100 @@ fn decode_payload(
                 parts
             }
         };
-        // Every row kept: every value, as it is. Without NULLs: the kept
-        // values only, compacted on the device. With them: every value,
-        // filtered on the host with the validity.
-        let mut pieces: Vec<(datafusion::arrow::buffer::Buffer, Option<NullBuffer>)> = Vec::new();
-        for (d, sel) in &segments {
-            let nulls = match &d.valid {
-                Some(v) => null_buffer(g.download(v, d.rows.div_ceil(32), stats)?, d.rows),
-                None => None,
-            };
-            let every_row = sel.len() == d.rows && sel.count_set_bits() == d.rows;
-            pieces.push(match nulls {
-                _ if every_row => (g.download_to_arrow(&d.keys, d.rows, stats)?.wait()?, nulls),
-                None => {
-                    let d_sel = upload_bits(g, sel, stats)?;
-                    let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &d_sel, d.rows, stats)?;
-                    (pending.wait()?, None)
-                }
-                Some(nulls) => {
-                    let all = g.download_to_arrow(&d.keys, d.rows, stats)?.wait()?;
-                    let all = Int64Array::new(all.into(), Some(nulls));
-                    let kept = datafusion::arrow::compute::filter(
-                        &all,
-                        &datafusion::arrow::array::BooleanArray::new(sel.clone(), None),
-                    )?;
-                    let Some(kept) = kept.as_any().downcast_ref::<Int64Array>().cloned() else {
-                        return Err(datafusion::error::DataFusionError::Internal(
-                            "setfusion device scan: filtering an Int64 array gave another type".into(),
-                        ));
-                    };
-                    let (_, values, nulls) = kept.into_parts();
-                    (values.into_inner(), nulls)
-                }
-            });
-        }
-        let (values, kept_nulls) = if pieces.len() == 1 {
-            pieces.pop().expect("one piece")
-        } else {
-            // A filtered side's NULL-keyed rows after the others (no NULL in the column here).
-            let mut all: Vec<u8> = Vec::with_capacity(pieces.iter().map(|(b, _)| b.len()).sum());
-            for (b, _) in &pieces {
-                all.extend_from_slice(b.as_slice());
-            }
-            (datafusion::arrow::buffer::Buffer::from_vec(all), None)
-        };
-        let lanes: datafusion::arrow::buffer::ScalarBuffer<i64> = values.into();
-        // The device's 64-bit lanes, narrowed or widened to the column's Arrow type.
-        let array: ArrayRef = match t {
-            DataType::Boolean => Arc::new(datafusion::arrow::array::BooleanArray::new(
-                lanes.iter().map(|&v| v != 0).collect(),
-                kept_nulls,
-            )),
-            DataType::Int64 => Arc::new(Int64Array::new(lanes, kept_nulls)),
-            DataType::Int32 => Arc::new(Int32Array::new(lanes.iter().map(|&v| v as i32).collect(), kept_nulls)),
-            DataType::Date32 => Arc::new(Date32Array::new(lanes.iter().map(|&v| v as i32).collect(), kept_nulls)),
-            DataType::Decimal128(p, sc) => Arc::new(
-                Decimal128Array::new(lanes.iter().map(|&v| v as i128).collect(), kept_nulls)
-                    .with_precision_and_scale(*p, *sc)?,
-            ),
-            other => return Ok(Err(format!("column {name} of type {other}"))),
-        };
-        out.push(array);
+        out.push(PayloadColumn { name: name.clone(), data_type: t.clone(), segments });
     }
     let note = (late_pages > 0)
         .then(|| format!("payload of the kept rows only: {late_unread} of {late_pages} data pages not read"));
     Ok(Ok((out, note)))
+}
+
+/// The filter and projection over a mark join's marked probe rows that the
+/// device runs where it decodes every probe row ([`ProbeOutput::every_row`]):
+/// only the rows the filter keeps come back, and of them only the projected
+/// columns (none, for a `count(*)` above).
+pub(crate) struct MarkedRowsFilter<'a> {
+    /// The row program (`join_filter`'s) over the output columns, in
+    /// [`ProbeOutput::columns`]' order, then the mark (column `columns.len()`).
+    pub program: &'a [Instr],
+    /// The columns output, by the program's column numbers (the mark's included).
+    pub projection: &'a [usize],
+    /// Every probe row's mark from the selection of its key (in the keys'
+    /// order), the probe keys' NULLs, the build side's rows and NULL keys.
+    #[allow(clippy::type_complexity)]
+    pub mark: &'a (dyn Fn(&BooleanBuffer, Option<&NullBuffer>, usize, usize) -> datafusion::arrow::array::BooleanArray
+             + Sync),
+}
+
+/// The marked rows `filter` keeps, decoded by the device (`columns`, every
+/// probe row, one segment each) with their `mark`: the program run over the
+/// columns and the mark there, the kept rows' projected columns brought back,
+/// and how many rows it kept. `Ok(Err(why))`: the host evaluates the filter
+/// (checked arithmetic overflowed: DataFusion's expression raises or wraps).
+fn filter_marked_rows(
+    g: &Gpu,
+    columns: &[PayloadColumn],
+    mark: &datafusion::arrow::array::BooleanArray,
+    filter: &MarkedRowsFilter<'_>,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(Vec<ArrayRef>, usize), String>> {
+    use datafusion::arrow::array::Array;
+    let n = mark.len();
+    let mut program_columns: Vec<(&DeviceBuffer<u64>, Option<&DeviceBuffer<u32>>)> = Vec::new();
+    for c in columns {
+        match c.segments.as_slice() {
+            [(d, _)] if d.rows == n => program_columns.push((&d.keys, d.valid.as_ref())),
+            _ => return Ok(Err(format!("column {} is not one run of {n} rows", c.name))),
+        }
+    }
+    let mark_lanes = gpu::bits_to_lanes(g, &upload_bits(g, mark.values(), stats)?, n)?;
+    let mark_valid = match mark.nulls() {
+        Some(nulls) => Some(upload_bits(g, nulls.inner(), stats)?),
+        None => None,
+    };
+    program_columns.push((&mark_lanes, mark_valid.as_ref()));
+    crate::util::trace("filter above: marks on the device");
+    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &program_columns, n, filter.program, stats)? else {
+        return Ok(Err("the filter's arithmetic overflows on the device".into()));
+    };
+    let kept = gpu::count_kept_on_device(g, &pass, n, stats)?;
+    crate::util::trace("filter above: rows passed and counted");
+    drop(program_columns);
+    // The pass bits on the host, once, where a column is filtered there.
+    let mut pass_bits: Option<BooleanBuffer> = None;
+    let mut host_pass = |stats: &mut TransferStats| -> Result<BooleanBuffer> {
+        if pass_bits.is_none() {
+            let words = g.download(&pass, n.div_ceil(32), stats)?;
+            pass_bits = Some(BooleanBuffer::new(Buffer::from_vec(words), 0, n));
+        }
+        Ok(pass_bits.clone().expect("set above"))
+    };
+    let mut out = Vec::with_capacity(filter.projection.len());
+    for &j in filter.projection {
+        let Some(column) = columns.get(j) else {
+            // The mark itself.
+            let bits = host_pass(stats)?;
+            let selected = datafusion::arrow::array::BooleanArray::new(bits, None);
+            out.push(datafusion::arrow::compute::filter(mark, &selected)?);
+            continue;
+        };
+        let d = &column.segments[0].0;
+        let (values, nulls) = match &d.valid {
+            None if kept < n => {
+                let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &pass, n, stats)?;
+                (pending.wait()?, None)
+            }
+            None => (g.download_to_arrow(&d.keys, n, stats)?.wait()?, None),
+            Some(_) => {
+                let sel = host_pass(stats)?;
+                kept_values(g, d, &sel, Some(&pass), stats)?
+            }
+        };
+        match lanes_to_array(&column.name, &column.data_type, values, nulls)? {
+            Ok(array) => out.push(array),
+            Err(why) => return Ok(Err(why)),
+        }
+    }
+    Ok(Ok((out, kept)))
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -873,22 +1025,38 @@ pub(crate) fn select_device_scanned(
         Some(s) if payload.is_some() => Some(*s),
         _ => None,
     };
+    let row_filter = output.and_then(|o| o.filter).filter(|_| every_row);
+    let probe_key_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     let mut with_payload = |selection: BooleanBuffer, mut ran: String, stats: &mut TransferStats| {
+        let mut filtered_rows = None;
         let payload = match (probe_scan, payload) {
             (Some(scan), Some(needed)) => {
                 let ready = std::mem::take(&mut prefetched);
                 let rows = if every_row { BooleanBuffer::new_set(selection.len()) } else { selection.clone() };
-                match decode_payload(
-                    &g,
-                    scan,
-                    needed,
-                    &rows,
-                    probe_kept.as_ref(),
-                    &probe_keep,
-                    ready,
-                    cfg.cache_limit.0,
-                    stats,
-                )? {
+                let (kept, keep, limit) = (probe_kept.as_ref(), &probe_keep, cfg.cache_limit.0);
+                let arrays = match row_filter {
+                    // The marked rows filtered on the device: only those kept come back.
+                    Some(filter) => {
+                        match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
+                            Ok((columns, note)) => {
+                                crate::util::trace("filter above: its columns decoded");
+                                let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
+                                match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
+                                    Ok((arrays, kept_rows)) => {
+                                        ran =
+                                            format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
+                                        filtered_rows = Some(kept_rows);
+                                        Ok((arrays, note))
+                                    }
+                                    Err(why) => Err(why),
+                                }
+                            }
+                            Err(why) => Err(why),
+                        }
+                    }
+                    None => decode_payload(&g, scan, needed, &rows, kept, keep, ready, limit, stats)?,
+                };
+                match arrays {
                     Ok((arrays, note)) => {
                         if let Some(note) = note {
                             ran = format!("{ran}; {note}");
@@ -901,7 +1069,15 @@ pub(crate) fn select_device_scanned(
             _ => None,
         };
         selector.metrics.device.record(stats);
-        Ok(Ok(DeviceSelected { selection, ran, reports: reports.clone(), payload, build_rows, build_nulls: nb }))
+        Ok(Ok(DeviceSelected {
+            selection,
+            ran,
+            reports: reports.clone(),
+            payload,
+            filtered_rows,
+            build_rows,
+            build_nulls: nb,
+        }))
     };
     if let Some((sel, ran)) = selector.decided_by_nulls(n, build.n, nb) {
         return with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);

@@ -35,6 +35,14 @@
 //! partitions of consecutive rows (the planner allows it only where the
 //! probe side promises no order or hash partitioning).
 //!
+//! Filter above: with both sides read by the device, the node may absorb the
+//! `FilterExec` over its marked rows (and that filter's projection, and a
+//! projection of columns between them): [`FilterAbove`]. The device runs the
+//! filter over the decoded probe columns and the marks, and only the kept
+//! rows' projected columns come back (none, for a `count(*)` above); the
+//! host, where the device cannot (a fallback, an overflow), evaluates
+//! DataFusion's predicate over each marked batch as `FilterExec` would.
+//!
 //! Memory: one `MemoryConsumer` per execution reserves both collected inputs
 //! and the encoded keys; once the marks are computed, each partition's probe
 //! batches and their marks are reserved until its stream forms their output
@@ -45,7 +53,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::compute::{concat, take};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -102,6 +110,20 @@ pub enum MarkOutput {
     Anti,
 }
 
+/// The `FilterExec` (with its projection) above a mark join, absorbed by it:
+/// the node outputs the marked rows the predicate keeps, projected.
+#[derive(Debug)]
+pub struct FilterAbove {
+    /// The predicate over the marked rows (the probe columns, then the mark).
+    pub predicate: PhysicalExprRef,
+    /// The predicate as the device's row program, over the same columns.
+    program: Vec<join_filter::Instr>,
+    /// The output columns, by their index among the marked rows' columns.
+    pub projection: Vec<usize>,
+    /// The marked rows' schema (the node's own without the filter above).
+    marked_schema: SchemaRef,
+}
+
 /// A residual filter's device programs, or why the device cannot evaluate it.
 pub type DeviceFilter = std::result::Result<Arc<Programs>, String>;
 
@@ -133,6 +155,9 @@ pub struct MarkJoinExec {
     fetch: Option<usize>,
     /// Why the subquery side, a Parquet scan, is not read by the device (EXPLAIN).
     scan_note: Option<String>,
+    /// The filter above, absorbed (then `schema` and `cache` are the
+    /// replaced `FilterExec`'s).
+    filter_above: Option<Arc<FilterAbove>>,
 }
 
 /// The node's inputs and choices, shared by the node and its executions.
@@ -153,6 +178,23 @@ struct MarkJoinSpec {
     /// The dynamic filter this node publishes into its build input, once a
     /// scan below accepted it (published before the build input is read).
     dynamic_filter: Option<DynamicKeyFilter>,
+}
+
+impl MarkJoinSpec {
+    /// The subquery side's device scan and the probe key it is selected
+    /// against, where the device reads it ([`single_build_key`]).
+    fn scanned_build(&self) -> Option<(&DeviceScanExec, PhysicalExprRef)> {
+        let scan = self.build.downcast_ref::<DeviceScanExec>()?;
+        let (probe_key, _) = single_build_key(&self.on, &self.in_keys, &self.filter).ok()?;
+        (self.decision.backend == Backend::Gpu).then_some((scan, probe_key))
+    }
+
+    /// The probe side's device scan, where the device reads the subquery
+    /// side and decodes the probe side's columns for the output.
+    fn scanned_probe(&self) -> Option<&DeviceScanExec> {
+        let scan = self.probe.downcast_ref::<DeviceScanExec>()?;
+        (scan.payload().is_some() && self.scanned_build().is_some()).then_some(scan)
+    }
 }
 
 /// The one key pair (probe, build) whose selection decides every mark, when
@@ -238,7 +280,56 @@ impl MarkJoinExec {
             broadcast: Arc::new(SharedRun::new()),
             fetch: None,
             scan_note: None,
+            filter_above: None,
         })
+    }
+
+    /// This node with the `FilterExec` above it absorbed: `above` (a
+    /// `FilterExec`, or a projection over one, whose output it takes over:
+    /// schema and properties), `predicate` over this node's output, and the
+    /// output columns among them. Err: why not (the device cannot evaluate
+    /// the predicate, or the node is not one whose every marked row the
+    /// device decodes).
+    pub fn with_filter_above(
+        &self,
+        above: &Arc<dyn ExecutionPlan>,
+        predicate: PhysicalExprRef,
+        projection: Vec<usize>,
+    ) -> std::result::Result<Self, String> {
+        if self.output != MarkOutput::Mark
+            || self.filter_above.is_some()
+            || self.fetch.is_some()
+            || self.broadcast_build
+        {
+            return Err("not a mark join that outputs every marked row".into());
+        }
+        if self.spec.scanned_probe().is_none() {
+            return Err("the probe side is not read by the device".into());
+        }
+        let marked = self.schema.clone();
+        let filter = PairFilter {
+            expr: predicate.clone(),
+            columns: (0..marked.fields().len()).map(|i| (true, i)).collect(),
+            schema: marked.clone(),
+        };
+        let program = pair_filter::compile(&filter, None)?.filter;
+        let projected = marked.project(&projection).map_err(|e| e.to_string())?;
+        let schema = above.schema();
+        let types = |s: &Schema| s.fields().iter().map(|f| f.data_type().clone()).collect::<Vec<_>>();
+        if types(&projected) != types(schema.as_ref()) {
+            return Err("the filter's output columns are not the marked rows' columns".into());
+        }
+        let mut exec =
+            self.rebuilt(self.spec.probe.clone(), self.spec.build.clone()).map_err(|e| crate::util::one_line(&e))?;
+        exec.filter_above = Some(Arc::new(FilterAbove { predicate, program, projection, marked_schema: marked }));
+        exec.schema = schema;
+        exec.cache = above.properties().clone();
+        Ok(exec)
+    }
+
+    /// The absorbed filter above, if any.
+    pub fn filter_above(&self) -> Option<&FilterAbove> {
+        self.filter_above.as_deref()
     }
 
     /// The key pair (probe, build) a device scan of the subquery side would
@@ -304,6 +395,11 @@ impl MarkJoinExec {
         Arc::make_mut(&mut exec.spec).dynamic_filter = self.spec.dynamic_filter.clone();
         exec.fetch = self.fetch;
         exec.scan_note = self.scan_note.clone();
+        if let Some(above) = &self.filter_above {
+            exec.filter_above = Some(above.clone());
+            exec.schema = self.schema.clone();
+            exec.cache = self.cache.clone();
+        }
         Ok(exec)
     }
 
@@ -355,7 +451,9 @@ impl MarkJoinExec {
     /// instead of every row with its mark; an error unless the node was made
     /// without a mark column (`mark_name` "").
     pub fn with_output(mut self, output: MarkOutput) -> Result<Self> {
-        if output != MarkOutput::Mark && self.schema.fields().len() != self.spec.probe.schema().fields().len() {
+        if output != MarkOutput::Mark
+            && (self.filter_above.is_some() || self.schema.fields().len() != self.spec.probe.schema().fields().len())
+        {
             return Err(DataFusionError::Plan("setfusion: a semi / anti mark join has no mark column".into()));
         }
         self.output = output;
@@ -364,8 +462,9 @@ impl MarkJoinExec {
 
     /// The mark column's name ("" for a semi / anti join, which outputs none).
     pub fn mark_name(&self) -> String {
+        let marked = self.filter_above.as_ref().map_or(&self.schema, |a| &a.marked_schema);
         match self.output {
-            MarkOutput::Mark => self.schema.fields().last().map(|f| f.name().clone()).unwrap_or_default(),
+            MarkOutput::Mark => marked.fields().last().map(|f| f.name().clone()).unwrap_or_default(),
             MarkOutput::Semi | MarkOutput::Anti => String::new(),
         }
     }
@@ -407,6 +506,11 @@ impl DisplayAs for MarkJoinExec {
         }
         if let Some(d) = &self.spec.dynamic_filter {
             write!(f, ", dynamic_filter={}", d.plan.input.name())?;
+        }
+        if let Some(above) = &self.filter_above {
+            let marked = above.marked_schema.fields();
+            let names: Vec<&str> = above.projection.iter().map(|&i| marked[i].name().as_str()).collect();
+            write!(f, ", filter_above={} (on the device), output=[{}]", above.predicate, names.join(", "))?;
         }
         if let Some(fetch) = self.fetch {
             write!(f, ", fetch={fetch}")?;
@@ -514,8 +618,12 @@ impl ExecutionPlan for MarkJoinExec {
             elapsed_compute: baseline.elapsed_compute().clone(),
             ran: self.ran.clone(),
             scan_fell_back: None,
+            filter_above: self.filter_above.clone(),
+            schema: self.schema.clone(),
+            output_partitions: self.cache.output_partitioning().partition_count(),
         };
         let (fetch, output, schema) = (self.fetch, self.output, self.schema.clone());
+        let above = self.filter_above.clone();
         let broadcast = self.broadcast_build.then(|| self.broadcast.join(partition));
         let metrics = self.metrics.clone();
         let elapsed_compute = baseline.elapsed_compute().clone();
@@ -541,7 +649,7 @@ impl ExecutionPlan for MarkJoinExec {
             // Each probe batch's bytes are reserved until its output is formed and returned.
             let formed = batches.into_iter().map(move |((b, mark), bytes)| {
                 let _timer = elapsed_compute.timer();
-                let out = form_output(output, &schema, b, mark);
+                let out = form_output(output, above.as_deref(), &schema, b, mark);
                 if let Some(m) = &memory {
                     let _ = m.try_shrink(bytes);
                 }
@@ -560,27 +668,43 @@ impl ExecutionPlan for MarkJoinExec {
     }
 }
 
-/// A probe batch with its slice of the mark column.
-type Marked = (RecordBatch, BooleanArray);
+/// A probe batch with its slice of the mark column, or (None) an output
+/// batch the device formed (the rows the filter above kept).
+type Marked = (RecordBatch, Option<BooleanArray>);
 
 /// The bytes a [`Marked`] holds: its slices of the probe's buffers and the mark.
 fn marked_bytes((b, mark): &Marked) -> usize {
-    slice_bytes(b) + array_slice_bytes(mark)
+    slice_bytes(b) + mark.as_ref().map_or(0, |m| array_slice_bytes(m))
 }
 
 /// One output batch from a probe batch and its marks: the batch with the mark
-/// appended; for semi (anti) output, its rows whose mark is TRUE (FALSE; an
-/// EXISTS mark is never NULL). None when no row is kept.
+/// appended (and, with a filter above, the rows its predicate keeps,
+/// projected, as `FilterExec` forms them); for semi (anti) output, its rows
+/// whose mark is TRUE (FALSE; an EXISTS mark is never NULL). None when no row
+/// is kept. A batch without a mark is output as it is.
 fn form_output(
     output: MarkOutput,
+    above: Option<&FilterAbove>,
     schema: &SchemaRef,
     b: RecordBatch,
-    mark: BooleanArray,
+    mark: Option<BooleanArray>,
 ) -> Result<Option<RecordBatch>> {
+    let Some(mark) = mark else { return Ok((b.num_rows() > 0).then_some(b)) };
     if output == MarkOutput::Mark {
         let mut columns = b.columns().to_vec();
         columns.push(Arc::new(mark));
-        return Ok(Some(RecordBatch::try_new(schema.clone(), columns)?));
+        let Some(above) = above else { return Ok(Some(RecordBatch::try_new(schema.clone(), columns)?)) };
+        let marked = RecordBatch::try_new(above.marked_schema.clone(), columns)?;
+        let kept = datafusion::physical_plan::filter::batch_filter(&marked, &above.predicate)?;
+        let projected = kept.project(&above.projection)?;
+        let options = RecordBatchOptions::new().with_row_count(Some(projected.num_rows()));
+        let out = RecordBatch::try_new_with_options(schema.clone(), projected.columns().to_vec(), &options)?;
+        crate::util::trace(&format!(
+            "mark join: the filter above kept {} of {} rows",
+            out.num_rows(),
+            marked.num_rows()
+        ));
+        return Ok((out.num_rows() > 0).then_some(out));
     }
     let keep = if output == MarkOutput::Semi { mark.values().clone() } else { !mark.values() };
     let kept = datafusion::arrow::compute::filter_record_batch(&b, &BooleanArray::new(keep, None))?;
@@ -600,6 +724,13 @@ struct Run {
     ran: Arc<Mutex<Option<String>>>,
     /// Why the device could not read the device-scanned subquery side after all.
     scan_fell_back: Option<String>,
+    /// The node's filter above, which the device runs where it reads both sides.
+    filter_above: Option<Arc<FilterAbove>>,
+    /// The node's output schema.
+    schema: SchemaRef,
+    /// The node's output partitions (with a filter above, the replaced
+    /// node's: a round-robin repartition under the filter is absorbed too).
+    output_partitions: usize,
 }
 
 /// A broadcast subquery side: collected once for a plan instance's probe
@@ -639,6 +770,69 @@ impl BroadcastBuild {
     }
 }
 
+/// What a device-scanned subquery side gave: the group facts with the probe
+/// rows the device sent back (None: the host's), or the output itself (the
+/// rows the filter above kept, projected, per probe partition).
+enum Scanned {
+    Facts(GroupFacts, Option<Vec<Vec<RecordBatch>>>),
+    Formed(Vec<Vec<RecordBatch>>),
+}
+
+/// Batches dealt round-robin into `partitions` partitions (as the
+/// `RepartitionExec` a filter above absorbed did).
+fn deal<T>(parts: Vec<Vec<T>>, partitions: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = (0..partitions.max(1)).map(|_| Vec::new()).collect();
+    for (i, b) in parts.into_iter().flatten().enumerate() {
+        let at = i % out.len();
+        out[at].push(b);
+    }
+    out
+}
+
+/// The group facts of a single key selection `sel` against a device-scanned
+/// subquery side of `build_rows` rows, `build_nulls` of them with a NULL key
+/// (`probe_null`: the probe rows whose key is NULL). EXISTS on one
+/// correlation key: the group is the matched rows. Uncorrelated IN: every
+/// probe row's group is the whole subquery.
+fn scanned_facts(
+    kind: MarkKind,
+    sel: BooleanBuffer,
+    build_rows: usize,
+    build_nulls: usize,
+    probe_null: Option<BooleanBuffer>,
+) -> GroupFacts {
+    if kind == MarkKind::Exists {
+        return GroupFacts { matched: sel.clone(), nonempty: sel, has_null: None, probe_null: None };
+    }
+    let n = sel.len();
+    let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
+    GroupFacts {
+        matched: if build_rows == 0 { constant(false) } else { sel },
+        nonempty: constant(build_rows > 0),
+        has_null: (build_nulls > 0).then(|| constant(true)),
+        probe_null,
+    }
+}
+
+/// The mark of every probe row from its group's facts, by SQL's rules (see
+/// the module documentation).
+fn mark_array(kind: MarkKind, facts: GroupFacts) -> BooleanArray {
+    match kind {
+        MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
+        MarkKind::In => {
+            // NULL exactly when not matched, the group is not empty, and the
+            // probe key or a group key is NULL.
+            let either = match (facts.probe_null, facts.has_null) {
+                (None, None) => None,
+                (Some(a), None) | (None, Some(a)) => Some(a),
+                (Some(a), Some(b)) => Some(&a | &b),
+            };
+            let nulls = either.map(|e| NullBuffer::new(!&(&(&!&facts.matched & &facts.nonempty) & &e)));
+            BooleanArray::new(facts.matched, nulls)
+        }
+    }
+}
+
 /// Per probe row: a row of the group has its key / the group is not empty /
 /// the group holds a NULL key (IN only).
 struct GroupFacts {
@@ -671,10 +865,10 @@ impl Run {
             probe_partition.map_or(0..self.spec.probe.output_partitioning().partition_count(), |p| p..p + 1),
             0..self.spec.build.output_partitioning().partition_count(),
         ];
-        let (probe_parts, build_parts, facts) = if probe_partition.is_none() && self.scanned_build().is_some() {
+        let (probe_parts, build_parts, facts) = if probe_partition.is_none() && self.spec.scanned_build().is_some() {
             // The subquery side is read by the device: only the probe side is
             // collected, unless the device reads it too.
-            let probe_parts = match self.scanned_probe() {
+            let probe_parts = match self.spec.scanned_probe() {
                 Some(_) => None,
                 None => Some(
                     collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?,
@@ -690,7 +884,10 @@ impl Run {
             .await?;
             self = run;
             match facts {
-                Ok((facts, device_rows)) => (probe_parts.or(device_rows).unwrap_or_default(), Vec::new(), Some(facts)),
+                Ok(Scanned::Facts(facts, device_rows)) => {
+                    (probe_parts.or(device_rows).unwrap_or_default(), Vec::new(), Some(Scanned::Facts(facts, None)))
+                }
+                Ok(formed @ Scanned::Formed(_)) => (Vec::new(), Vec::new(), Some(formed)),
                 Err(reason) => {
                     // The host reads them after all (a scan node runs DataFusion's scan).
                     self.scan_fell_back = Some(reason);
@@ -740,7 +937,14 @@ impl Run {
         super::off_runtime(move || {
             let (elapsed_compute, metrics) = (self.elapsed_compute.clone(), self.metrics.clone());
             let _timer = elapsed_compute.timer();
+            // A filter above may have taken over a round-robin repartition's partitions: the
+            // marked batches are dealt out to them.
+            let dealt = self.filter_above.as_ref().map(|_| self.output_partitions);
             let out = self.mark_and_output(&cfg, probe_parts, build_parts, facts)?;
+            let out = match dealt {
+                Some(partitions) if out.len() != partitions => deal(out, partitions),
+                _ => out,
+            };
             // Each partition's probe batches and marks are reserved on their own until
             // the stream returns them; then the inputs' reservation is released.
             let parts = out
@@ -772,17 +976,20 @@ impl Run {
     }
 
     /// Each probe batch with its marks, over the collected inputs, or with
-    /// `facts` already computed (the subquery side read by the device)
-    /// (synchronous: see [`super::off_runtime`]).
+    /// the facts already computed (the subquery side read by the device), or
+    /// the output the device formed as it is (synchronous: see [`super::off_runtime`]).
     fn mark_and_output(
         self,
         cfg: &SetfusionConfig,
         probe_parts: Vec<Vec<RecordBatch>>,
         build_parts: Vec<Vec<RecordBatch>>,
-        facts: Option<GroupFacts>,
+        scanned: Option<Scanned>,
     ) -> Result<Vec<Vec<Marked>>> {
-        let facts = match facts {
-            Some(facts) => facts,
+        let facts = match scanned {
+            Some(Scanned::Formed(parts)) => {
+                return Ok(parts.into_iter().map(|part| part.into_iter().map(|b| (b, None)).collect()).collect());
+            }
+            Some(Scanned::Facts(facts, _)) => facts,
             None => {
                 let probe: Vec<&RecordBatch> = probe_parts.iter().flatten().collect();
                 let build: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
@@ -806,20 +1013,7 @@ impl Run {
             }
         };
         crate::util::trace("mark join: group facts computed");
-        let mark = match self.spec.kind {
-            MarkKind::Exists => BooleanArray::new(facts.nonempty, None),
-            MarkKind::In => {
-                // NULL exactly when not matched, the group is not empty, and the
-                // probe key or a group key is NULL.
-                let either = match (facts.probe_null, facts.has_null) {
-                    (None, None) => None,
-                    (Some(a), None) | (None, Some(a)) => Some(a),
-                    (Some(a), Some(b)) => Some(&a | &b),
-                };
-                let nulls = either.map(|e| NullBuffer::new(!&(&(&!&facts.matched & &facts.nonempty) & &e)));
-                BooleanArray::new(facts.matched, nulls)
-            }
-        };
+        let mark = mark_array(self.spec.kind, facts);
         crate::util::trace("mark join: mark computed");
         // Each probe batch with its slice of the mark; the output is formed as the stream returns it.
         let mut at = 0;
@@ -830,7 +1024,7 @@ impl Run {
                     .map(|b| {
                         let m = mark.slice(at, b.num_rows());
                         at += b.num_rows();
-                        (b, m)
+                        (b, Some(m))
                     })
                     .collect()
             })
@@ -865,36 +1059,22 @@ impl Run {
         Ok(sel)
     }
 
-    /// The subquery side's device scan and the probe key it is selected
-    /// against, where the device reads it ([`single_build_key`]).
-    fn scanned_build(&self) -> Option<(&DeviceScanExec, PhysicalExprRef)> {
-        let scan = self.spec.build.downcast_ref::<DeviceScanExec>()?;
-        let (probe_key, _) = single_build_key(&self.spec.on, &self.spec.in_keys, &self.spec.filter).ok()?;
-        (self.spec.decision.backend == Backend::Gpu).then_some((scan, probe_key))
-    }
-
-    /// The probe side's device scan, where the device reads the subquery
-    /// side and decodes the probe side's columns for the output.
-    fn scanned_probe(&self) -> Option<&DeviceScanExec> {
-        let scan = self.spec.probe.downcast_ref::<DeviceScanExec>()?;
-        (scan.payload().is_some() && self.scanned_build().is_some()).then_some(scan)
-    }
-
     /// The group facts with the subquery side's keys read by the device: one
     /// semi selection of the probe keys against them (EXISTS: the group is
     /// not empty; IN: the key is matched), the subquery's row and NULL key
     /// counts from its scan (IN: the group is every row). The probe side is
     /// `probe_parts`, or, None, read by the device too: then its rows come
-    /// back as the probe side's partitions, in the order of the selection.
+    /// back as the probe side's partitions, in the order of the selection;
+    /// with a filter above, the device runs it over them and their marks, and
+    /// only the output comes back ([`Scanned::Formed`]).
     /// `Ok(Err(why))`: the host must read the device-scanned sides.
-    #[allow(clippy::type_complexity)]
     fn facts_scanned(
         &self,
         cfg: &SetfusionConfig,
         probe_parts: Option<&[Vec<RecordBatch>]>,
-    ) -> Result<std::result::Result<(GroupFacts, Option<Vec<Vec<RecordBatch>>>), String>> {
-        use super::device_select::{select_device_scanned, ProbeOutput, Side};
-        let Some((scan, probe_key)) = self.scanned_build() else { return Ok(Err("no device scan".into())) };
+    ) -> Result<std::result::Result<Scanned, String>> {
+        use super::device_select::{select_device_scanned, MarkedRowsFilter, ProbeOutput, Side};
+        let Some((scan, probe_key)) = self.spec.scanned_build() else { return Ok(Err("no device scan".into())) };
         let probe_schema = self.spec.probe.schema();
         let key_type = keys::key_type(&probe_key.data_type(&probe_schema)?);
         let mut selector = Selector::new(
@@ -905,10 +1085,42 @@ impl Run {
             Default::default(),
         );
         selector.reservation = self.memory.clone();
-        let every_column: Vec<usize> = (0..probe_schema.fields().len()).collect();
-        let (probe_side, output) = match (probe_parts, self.scanned_probe()) {
+        let width = probe_schema.fields().len();
+        // The probe columns the device decodes: every one, or those the filter above reads or outputs.
+        let (decoded, program, projection) = match &self.filter_above {
+            None => ((0..width).collect::<Vec<usize>>(), Vec::new(), Vec::new()),
+            Some(above) => {
+                let read = above.program.iter().filter(|i| i.op == join_filter::op::COL).map(|i| i.arg as usize);
+                let mut decoded: Vec<usize> =
+                    read.chain(above.projection.iter().copied()).filter(|&c| c < width).collect();
+                decoded.sort_unstable();
+                decoded.dedup();
+                // Column numbers among the decoded ones (the mark last).
+                let at = |c: usize| decoded.iter().position(|&d| d == c).unwrap_or(decoded.len());
+                let program = above
+                    .program
+                    .iter()
+                    .map(|i| match i.op {
+                        join_filter::op::COL => join_filter::Instr::new(i.op, at(i.arg as usize) as u32, i.imm),
+                        _ => *i,
+                    })
+                    .collect();
+                let projection = above.projection.iter().map(|&c| at(c)).collect();
+                (decoded, program, projection)
+            }
+        };
+        let kind = self.spec.kind;
+        let mark = move |sel: &BooleanBuffer, probe_nulls: Option<&NullBuffer>, rows: usize, nulls: usize| {
+            let probe_null = probe_nulls.map(|n| !n.inner());
+            mark_array(kind, scanned_facts(kind, sel.clone(), rows, nulls, probe_null))
+        };
+        let marked_rows = MarkedRowsFilter { program: &program, projection: &projection, mark: &mark };
+        let filter = self.filter_above.as_ref().map(|_| &marked_rows);
+        let (probe_side, output) = match (probe_parts, self.spec.scanned_probe()) {
             (Some(parts), _) => (Side::Host(parts.iter().flatten().collect(), probe_key.clone()), None),
-            (None, Some(probe)) => (Side::Device(probe), Some(ProbeOutput { columns: &every_column, every_row: true })),
+            (None, Some(probe)) => {
+                (Side::Device(probe), Some(ProbeOutput { columns: &decoded, every_row: true, filter }))
+            }
             (None, None) => return Ok(Err("the probe side has no device scan".into())),
         };
         let device = Side::Device(scan);
@@ -924,15 +1136,31 @@ impl Run {
             }
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("key: {}", selected.ran));
+        let partitions = self.spec.probe.output_partitioning().partition_count();
+        let reserve = |columns: &[ArrayRef]| -> Result<()> {
+            if let Some(m) = &self.memory {
+                m.try_grow(columns.iter().map(|c| c.get_array_memory_size()).sum())?;
+            }
+            Ok(())
+        };
+        // The output itself: the rows the filter above kept, projected, by the device.
+        if let (Some(rows), Some(columns)) = (selected.filtered_rows, &selected.payload) {
+            reserve(columns)?;
+            let parts = super::output_filter::consecutive_batches(&self.schema, columns, rows, self.output_partitions)?;
+            crate::util::trace("mark join: the filter above's rows formed");
+            return Ok(Ok(Scanned::Formed(parts)));
+        }
+        if self.filter_above.is_some() && probe_parts.is_none() {
+            // Only the filter's columns came back, not every probe column: the host reads the input.
+            return Ok(Err(format!("the filter above was not run on the device ({})", selected.ran)));
+        }
         // The probe rows: the host's batches, or the columns the device sent back.
         let device_rows = match (probe_parts, selected.payload) {
             (Some(_), _) => None,
             (None, Some(columns)) => {
-                if let Some(m) = &self.memory {
-                    m.try_grow(columns.iter().map(|c| c.get_array_memory_size()).sum())?;
-                }
-                let partitions = self.spec.probe.output_partitioning().partition_count();
-                Some(super::output_filter::consecutive_batches(&probe_schema, &columns, partitions)?)
+                reserve(&columns)?;
+                let rows = columns.first().map_or(0, |c| c.len());
+                Some(super::output_filter::consecutive_batches(&probe_schema, &columns, rows, partitions)?)
             }
             (None, None) => return Ok(Err("the probe side's columns did not come back from the device".into())),
         };
@@ -946,21 +1174,12 @@ impl Run {
                 sel.len()
             )));
         }
-        if self.spec.in_keys.is_none() {
-            // EXISTS on one correlation key: a row of the group exists.
-            let facts = GroupFacts { matched: sel.clone(), nonempty: sel, has_null: None, probe_null: None };
-            return Ok(Ok((facts, device_rows)));
-        }
-        // Uncorrelated IN: every probe row's group is the whole subquery.
-        let constant = |v: bool| if v { BooleanBuffer::new_set(n) } else { BooleanBuffer::new_unset(n) };
-        let probe_key_cols = key_columns(&probe, std::slice::from_ref(&probe_key))?;
-        let facts = GroupFacts {
-            matched: if selected.build_rows == 0 { constant(false) } else { sel },
-            nonempty: constant(selected.build_rows > 0),
-            has_null: (selected.build_nulls > 0).then(|| constant(true)),
-            probe_null: null_bits(probe_key_cols.iter().map(|k| &k[0]), n),
+        let probe_null = match self.spec.in_keys {
+            None => None,
+            Some(_) => null_bits(key_columns(&probe, std::slice::from_ref(&probe_key))?.iter().map(|k| &k[0]), n),
         };
-        Ok(Ok((facts, device_rows)))
+        let facts = scanned_facts(kind, sel, selected.build_rows, selected.build_nulls, probe_null);
+        Ok(Ok(Scanned::Facts(facts, device_rows)))
     }
 
     /// The group facts from key selections alone (no residual filter).

@@ -39,16 +39,19 @@ pub(crate) const OUTPUT_BATCH_ROWS: usize = 1 << 17;
 /// sparse selections still spread over the copy threads.
 pub(crate) const GROUP_INPUT_ROWS: usize = 1 << 20;
 
-/// Columns of equal length (in `schema`'s order) as `partitions` partitions
-/// of consecutive rows, each in batches of [`OUTPUT_BATCH_ROWS`] rows (slices
-/// of the columns, no copy): the output of an operator whose rows the device
-/// decoded (`DeviceScanExec` payloads).
+/// Columns of `rows` rows each (in `schema`'s order; none, for rows without
+/// columns) as `partitions` partitions of consecutive rows, each in batches of
+/// [`OUTPUT_BATCH_ROWS`] rows (slices of the columns, no copy): the output of
+/// an operator whose rows the device decoded (`DeviceScanExec` payloads).
 pub(crate) fn consecutive_batches(
     schema: &SchemaRef,
     columns: &[ArrayRef],
+    rows: usize,
     partitions: usize,
 ) -> Result<Vec<Vec<RecordBatch>>> {
-    let rows = columns.first().map_or(0, |a| a.len());
+    if columns.iter().any(|a| a.len() != rows) {
+        return Err(DataFusionError::Internal(format!("consecutive_batches: a column not of {rows} rows")));
+    }
     let partitions = partitions.max(1);
     let per = rows.div_ceil(partitions).max(1);
     (0..partitions)

@@ -761,7 +761,11 @@ impl Run {
             probe,
             build,
             &key_type,
-            needed.as_deref().map(|columns| super::device_select::ProbeOutput { columns, every_row: false }),
+            needed.as_deref().map(|columns| super::device_select::ProbeOutput {
+                columns,
+                every_row: false,
+                filter: None,
+            }),
         );
         let super::device_select::DeviceSelected { selection, ran, reports, payload, .. } = match outcome {
             Ok(Ok(r)) => r,
@@ -781,7 +785,8 @@ impl Run {
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
         if let (None, Some(arrays)) = (&probe_parts, payload) {
             // The device sent the kept rows' output columns: they are the output.
-            let outputs = self.payload_outputs(arrays)?;
+            let rows = arrays.first().map_or_else(|| selection.count_set_bits(), |a| a.len());
+            let outputs = self.payload_outputs(arrays, rows)?;
             memory.free();
             return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(outputs) }));
         }
@@ -800,8 +805,9 @@ impl Run {
 
     /// The output from the kept probe rows' columns the device sent back
     /// (`arrays`, in output order): the probe side's partitions of consecutive rows.
-    fn payload_outputs(&self, arrays: Vec<ArrayRef>) -> Result<Vec<PartitionOutput>> {
-        let parts = super::output_filter::consecutive_batches(&self.spec.schema, &arrays, self.probe_partitions.len())?;
+    fn payload_outputs(&self, arrays: Vec<ArrayRef>, rows: usize) -> Result<Vec<PartitionOutput>> {
+        let partitions = self.probe_partitions.len();
+        let parts = super::output_filter::consecutive_batches(&self.spec.schema, &arrays, rows, partitions)?;
         Ok(parts.into_iter().map(PartitionOutput::Batches).collect())
     }
 

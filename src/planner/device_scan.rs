@@ -16,6 +16,9 @@
 //! filter) gets its subquery side read by the device the same way, keys only.
 //! Its probe side, whose every row is output with its mark, is read by the
 //! device too where it can decode all its columns ([`mark_probe_scan`]).
+//! Then the `FilterExec` above it (through a projection of its columns) is
+//! absorbed by the join where the device can evaluate its predicate
+//! ([`absorb_filter_above`]): only the rows it keeps come back from the device.
 
 use std::sync::Arc;
 
@@ -25,8 +28,12 @@ use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use super::decision::Reading;
@@ -116,6 +123,70 @@ fn mark_probe_scan(
     Ok(scan)
 }
 
+/// A `FilterExec` over a mark join whose both sides the device reads
+/// (directly, or through projections of columns and round-robin
+/// repartitions), absorbed by
+/// the join with its projection: the device evaluates the predicate over the
+/// decoded probe columns and the marks, and brings back only the kept rows'
+/// output columns. None: the plan stays (a fetch on the filter, another
+/// input, or a predicate the device cannot evaluate; the join says which).
+fn absorb_filter_above(plan: &Arc<dyn ExecutionPlan>, filter: &FilterExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    if filter.fetch().is_some() {
+        return Ok(None);
+    }
+    // Down to the join through projections of columns and round-robin
+    // repartitions (which only move whole batches): the join's column under
+    // each of the filter input's columns.
+    let mut node = filter.input().clone();
+    let mut columns: Vec<usize> = (0..node.schema().fields().len()).collect();
+    let join = loop {
+        if node.downcast_ref::<MarkJoinExec>().is_some() {
+            break node;
+        }
+        let next = if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+            let below: Option<Vec<usize>> = projection
+                .projection_expr()
+                .iter()
+                .map(|e| e.expr.downcast_ref::<Column>().map(Column::index))
+                .collect();
+            let Some(below) = below else { return Ok(None) };
+            columns = columns.iter().map(|&c| below[c]).collect();
+            projection.input().clone()
+        } else if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
+            if !matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_)) || repartition.preserve_order() {
+                return Ok(None);
+            }
+            repartition.input().clone()
+        } else {
+            return Ok(None);
+        };
+        node = next;
+    };
+    let Some(join) = join.downcast_ref::<MarkJoinExec>() else { return Ok(None) };
+    let joined = join.schema();
+    let predicate = filter
+        .predicate()
+        .clone()
+        .transform(|e| {
+            Ok(match e.downcast_ref::<Column>().and_then(|c| columns.get(c.index())) {
+                Some(&at) => Transformed::yes(Arc::new(Column::new(joined.field(at).name(), at)) as PhysicalExprRef),
+                None => Transformed::no(e),
+            })
+        })?
+        .data;
+    let output: Vec<usize> = match filter.projection() {
+        Some(p) => p.iter().filter_map(|&i| columns.get(i).copied()).collect(),
+        None => columns.clone(),
+    };
+    match join.with_filter_above(plan, predicate, output) {
+        Ok(absorbed) => Ok(Some(Arc::new(absorbed))),
+        Err(why) => {
+            crate::util::trace(&format!("the filter above the mark join stays: {why}"));
+            Ok(None)
+        }
+    }
+}
+
 impl DeviceScanRule {
     /// A mark join's subquery side (and probe side) read by the device, or
     /// the reasons in its EXPLAIN line.
@@ -162,6 +233,15 @@ impl DeviceScanRule {
     }
 
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if let Some(filter) = plan.downcast_ref::<FilterExec>() {
+            if !cfg.device_scan {
+                return Ok(Transformed::no(plan));
+            }
+            return Ok(match absorb_filter_above(&plan, filter)? {
+                Some(p) => Transformed::yes(p),
+                None => Transformed::no(plan),
+            });
+        }
         if let Some(mark) = plan.downcast_ref::<MarkJoinExec>() {
             return Ok(match Self::rewrite_mark_join(&plan, mark, cfg)? {
                 Some(p) => Transformed::yes(p),
@@ -371,6 +451,152 @@ mod tests {
         assert!(refused.contains("inflated on host threads"), "{refused}");
         let refused = why(mark_probe_scan(&plan("SELECT k, p FROM o").await, &k, &int));
         assert!(refused.contains("in an order"), "{refused}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The `FilterExec` above a mark join whose both sides the device reads
+    /// is absorbed by the join (through a projection of its columns, with the
+    /// filter's own projection, none for a `count(*)`), and a predicate the
+    /// device cannot evaluate is not. The absorbed node answers as the
+    /// `FilterExec` did, three-valued marks and NULL columns included: on the
+    /// device where there is one, else on the host (the device path falls back).
+    #[tokio::test]
+    async fn the_filter_above_a_device_read_mark_join_is_absorbed() {
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{binary, lit, not, BinaryExpr};
+        use datafusion::physical_optimizer::PhysicalOptimizerRule;
+        use datafusion::physical_plan::filter::FilterExecBuilder;
+        use datafusion::physical_plan::projection::ProjectionExec;
+        use datafusion::physical_plan::ExecutionPlan;
+
+        use crate::config::Strategy;
+        use crate::exec::common::{Decision, Reason};
+        use crate::exec::device_scan::DeviceScanExec;
+        use crate::exec::mark_join::{MarkJoinExec, MarkKind};
+
+        let dir = std::env::temp_dir().join(format!("setfusion-filter-above-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let table = |name: &str, rows: i64, null_every: i64, seed: i64| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int64, true),
+                Field::new("p", DataType::Int64, true),
+            ]));
+            let key = |i: i64| (i % null_every != 1).then_some((i * 7919 + seed) % 3001);
+            let batch = RecordBatch::try_new(
+                schema,
+                vec![
+                    Arc::new(Int64Array::from_iter((0..rows).map(key))),
+                    Arc::new(Int64Array::from_iter((0..rows).map(|i| (i % 11 != 5).then_some(i)))),
+                ],
+            )
+            .unwrap();
+            let path = dir.join(format!("{name}.parquet"));
+            let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+            crate::scan::fixtures::write_file(&path, &batch, props).unwrap();
+            path.display().to_string()
+        };
+        let ctx = crate::context();
+        let (a, b, b_clean) = (table("a", 6000, 97, 3), table("b", 2500, 401, 11), table("c", 2500, i64::MAX, 11));
+        ctx.register_parquet("a", &a, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("b", &b, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("c", &b_clean, ParquetReadOptions::default()).await.unwrap();
+        let plan = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move { ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap() }
+        };
+        let k: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let int = DataType::Int64;
+        let probe: Arc<dyn ExecutionPlan> =
+            Arc::new(mark_probe_scan(&plan("SELECT k, p FROM a").await, &k, &int).unwrap());
+        let options = ctx.state().config_options().clone();
+        for subquery in ["SELECT k FROM b", "SELECT k FROM c"] {
+            let build = plan(subquery).await;
+            let build: Arc<dyn ExecutionPlan> =
+                Arc::new(DeviceScanExec::try_from_input(&build, &k, &int, None).unwrap());
+            let decision = Decision::gpu(Strategy::Auto, Reason::MinRowsZero);
+            let join: Arc<dyn ExecutionPlan> = Arc::new(
+                MarkJoinExec::try_new(
+                    MarkKind::In,
+                    probe.clone(),
+                    build,
+                    vec![],
+                    Some((k.clone(), k.clone())),
+                    None,
+                    "mark",
+                    decision,
+                )
+                .unwrap(),
+            );
+            // [p, mark, k] over the join's [k, p, mark].
+            let columns = [("p", 1), ("mark", 2), ("k", 0)];
+            let exprs: Vec<(PhysicalExprRef, String)> =
+                columns.iter().map(|&(n, i)| (Arc::new(Column::new(n, i)) as PhysicalExprRef, n.to_string())).collect();
+            let projected: Arc<dyn ExecutionPlan> = Arc::new(ProjectionExec::try_new(exprs, join.clone()).unwrap());
+            let schema = projected.schema();
+            let c = |n: &str| -> PhysicalExprRef { Arc::new(Column::new_with_schema(n, &schema).unwrap()) };
+            let p_below = binary(c("p"), Operator::Lt, lit(1000i64), &schema).unwrap();
+            let cases: Vec<(PhysicalExprRef, Option<Vec<usize>>, bool)> = vec![
+                // NOT mark OR p < 1000, count(*): no column out.
+                (Arc::new(BinaryExpr::new(not(c("mark")).unwrap(), Operator::Or, p_below.clone())), Some(vec![]), true),
+                // mark OR p IS NULL, the mark and k out (NULL marks dropped, NULL p kept).
+                (
+                    Arc::new(BinaryExpr::new(
+                        c("mark"),
+                        Operator::Or,
+                        Arc::new(datafusion::physical_expr::expressions::IsNullExpr::new(c("p"))),
+                    )),
+                    Some(vec![1, 2]),
+                    true,
+                ),
+                // Every column out.
+                (p_below.clone(), None, true),
+                // A predicate the device does not evaluate (%): the plan stays.
+                (
+                    binary(c("p"), Operator::Modulo, lit(3i64), &schema)
+                        .map(|m| binary(m, Operator::Eq, lit(1i64), &schema).unwrap())
+                        .unwrap(),
+                    Some(vec![0]),
+                    false,
+                ),
+            ];
+            for (predicate, projection, absorbed) in cases {
+                let filter: Arc<dyn ExecutionPlan> = Arc::new(
+                    FilterExecBuilder::new(predicate.clone(), projected.clone())
+                        .apply_projection(projection.clone())
+                        .unwrap()
+                        .build()
+                        .unwrap(),
+                );
+                let rewritten = super::DeviceScanRule.optimize(filter.clone(), &options).unwrap();
+                let node = rewritten.downcast_ref::<MarkJoinExec>();
+                assert_eq!(node.is_some(), absorbed, "{predicate} {projection:?}");
+                if let Some(node) = node {
+                    assert!(node.filter_above().is_some());
+                    assert_eq!(rewritten.schema(), filter.schema());
+                }
+                let rows = |plan: Arc<dyn ExecutionPlan>| {
+                    let task = ctx.task_ctx();
+                    async move {
+                        let batches = datafusion::physical_plan::collect(plan, task).await.unwrap();
+                        let n: usize = batches.iter().map(|b| b.num_rows()).sum();
+                        let mut text: Vec<String> = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                            .unwrap()
+                            .to_string()
+                            .lines()
+                            .skip(3)
+                            .map(str::to_string)
+                            .collect();
+                        text.sort();
+                        (n, text)
+                    }
+                };
+                // (Both plans share their scans, whose state a first execution uses up.)
+                let reset = datafusion::physical_plan::execution_plan::reset_plan_states;
+                let want = rows(reset(filter.clone()).unwrap()).await;
+                assert!(want.0 > 0, "{predicate}");
+                assert_eq!(rows(reset(rewritten).unwrap()).await, want, "{subquery}: {predicate} {projection:?}");
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

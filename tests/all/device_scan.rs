@@ -240,7 +240,15 @@ const MARK_QUERIES: &[&str] = &[
     MARK_ZSTD_PROBE,
     "SELECT k32, p, k32 IN (SELECT k32 FROM b) AS m FROM a",
     "SELECT *, EXISTS (SELECT 1 FROM b_no_nulls WHERE b_no_nulls.k = a.k) AS m FROM a",
+    // The filter above absorbed by the join and run on the device: over the mark and a column
+    // (NULL marks dropped), the mark and a column with NULLs output.
+    MARK_FILTER_ABOVE,
+    "SELECT k32, m FROM (SELECT k32, p, k IN (SELECT k FROM b_no_nulls) AS m FROM a) t WHERE m OR k32 IS NULL",
 ];
+
+/// A filter over the mark and a probe column whose output is the column and the mark.
+const MARK_FILTER_ABOVE: &str =
+    "SELECT p, m FROM (SELECT p, k NOT IN (SELECT k FROM b) AS m FROM a) t WHERE m OR p < 100";
 
 /// A mark join whose probe side is filtered (its output columns hold no NULL).
 const MARK_FILTERED_PROBE: &str = "SELECT count(*), sum(p) FROM (SELECT * FROM c WHERE p > 100) c \
@@ -376,6 +384,17 @@ fn device_scan_answers_equal_host_scan() {
             let analyzed = explain(&uncached, MARK_NOT_IN, true).await;
             assert!(analyzed.contains("device scan probe:") && analyzed.contains("build:"), "{analyzed}");
             assert!(!analyzed.contains("fell back"), "{analyzed}");
+            // The filter above (NOT mark OR p > 5000) run on the device: no FilterExec, no column back.
+            for (sql, output) in [(MARK_NOT_IN, "output=[]"), (MARK_FILTER_ABOVE, "output=[p, ")] {
+                let plan = explain(&device, sql, false).await;
+                assert!(
+                    plan.contains("filter_above=") && plan.contains(output) && !plan.contains("FilterExec"),
+                    "{plan}"
+                );
+                let analyzed = explain(&uncached, sql, true).await;
+                assert!(analyzed.contains("the filter above run on the device"), "{analyzed}");
+                assert!(!analyzed.contains("fell back"), "{analyzed}");
+            }
             let analyzed = explain(&uncached, MARK_FILTERED_PROBE, true).await;
             assert_eq!(analyzed.matches("DeviceScanExec").count(), 2, "{analyzed}");
             assert!(analyzed.contains("filtered on the device") && !analyzed.contains("fell back"), "{analyzed}");
