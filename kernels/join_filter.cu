@@ -126,10 +126,17 @@ struct JfRowData {
     const u32* const* validity;
 };
 
+// A column's address with its lowest bit set holds bits (LSB-first 32-bit
+// words), read as 0 or 1: a mark the host computed, never widened to lanes.
 __device__ __forceinline__ u64 jf_load(const JfRowData& d, u32 col, u64 row, bool& null) {
     const u32* bits = d.validity[col];
     null = bits != nullptr && !((bits[row >> 5] >> (row & 31)) & 1);
-    return d.values[col][row];
+    const u64* v = d.values[col];
+    if ((unsigned long long)v & 1ULL) {
+        const u32* w = (const u32*)((unsigned long long)v & ~1ULL);
+        return (w[row >> 5] >> (row & 31)) & 1u;
+    }
+    return v[row];
 }
 
 // Which row of column `col` an instruction reads: the probe or the build row of the pair.

@@ -84,9 +84,3 @@ extern "C" __global__ void compact_kept(const u32* sel, u64 n, const u64* keys, 
     }
 }
 
-// A bit column as 64-bit lanes (0 or 1 each): a mark computed on the host,
-// read by the row programs of kernels/join_filter.cu, which take every column
-// as lanes.
-extern "C" __global__ void bits_to_lanes(const u32* bits, u64 n, u64* out) {
-    SF_FOR(i, n) { out[i] = (bits[i >> 5] >> (i & 31)) & 1u; }
-}

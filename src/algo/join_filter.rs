@@ -850,16 +850,22 @@ pub fn facts_gpu(gpu: &Gpu, j: &PairJoin<'_>, stats: &mut TransferStats) -> Resu
 
 /// [`pass_rows_cpu`] on the device: the pass bits of the table's `n` rows
 /// (`kernels/join_filter.cu`'s `jf_pass_rows`), left on the device; None
-/// when checked arithmetic overflowed on some row.
+/// when checked arithmetic overflowed on some row. `bit_columns` follow
+/// `columns` in the program's numbering: values of 0 or 1 held as bits
+/// (LSB-first 32-bit words, e.g. a mark), read as its twin reads their lanes.
 pub fn pass_rows_gpu(
     gpu: &Gpu,
     columns: &[(&DeviceBuffer<u64>, Option<&DeviceBuffer<u32>>)],
+    bit_columns: &[(&DeviceBuffer<u32>, Option<&DeviceBuffer<u32>>)],
     n: usize,
     prog: &[Instr],
     stats: &mut TransferStats,
 ) -> Result<Option<DeviceBuffer<u32>>> {
     use cudarc::driver::DevicePtr;
-    if columns.iter().any(|(v, valid)| v.len() < n || valid.is_some_and(|w| w.len() < n.div_ceil(32))) {
+    let words = n.div_ceil(32);
+    if columns.iter().any(|(v, valid)| v.len() < n || valid.is_some_and(|w| w.len() < words))
+        || bit_columns.iter().any(|(v, valid)| v.len() < words || valid.is_some_and(|w| w.len() < words))
+    {
         return Err(DataFusionError::Internal("row filter: a column shorter than the table".into()));
     }
     let mut pass = gpu.alloc_zeros::<u32>(n.div_ceil(32).max(1))?;
@@ -870,9 +876,12 @@ pub fn pass_rows_gpu(
     // The columns' device addresses, read by the kernel through two pointer arrays.
     let mut guards = Vec::with_capacity(columns.len() * 2);
     let (mut values, mut validity) = (Vec::with_capacity(columns.len() + 1), Vec::with_capacity(columns.len() + 1));
-    for (v, valid) in columns {
-        let (ptr, g) = v.slice.device_ptr(stream);
-        values.push(ptr);
+    // A bit column's address is tagged (its lowest bit set): the kernel reads
+    // its bits (device addresses are at least 256-byte aligned).
+    let lanes = columns.iter().map(|(v, valid)| (v.slice.device_ptr(stream), 0u64, *valid));
+    let bits = bit_columns.iter().map(|(v, valid)| (v.slice.device_ptr(stream), 1u64, *valid));
+    for ((ptr, g), tag, valid) in lanes.chain(bits) {
+        values.push(ptr | tag);
         guards.push(g);
         validity.push(match valid {
             Some(w) => {
@@ -1168,6 +1177,9 @@ fn row_filter_check(gpu: &Gpu, rng: &mut tests_data::Rng) -> Result<usize> {
         ],
         vec![col(0), lit(5), ins(op::EQ_I, 0), ins(op::NOT, 0), col(1), ins(op::IS_NOT_NULL, 0), ins(op::AND, 0)],
         vec![col(2), lit(1 << 40), ins(op::MUL_I, 3), lit(0), ins(op::GT_I, 0)],
+        // Column 3 is held as bits on the device (a mark), as lanes by the twin.
+        vec![col(3), ins(op::NOT, 0), col(0), lit(3), ins(op::GT_I, 0), ins(op::OR, 0)],
+        vec![col(3), col(1), lit(0), ins(op::LT_I, 0), ins(op::AND, 0)],
     ];
     let mut checked = 0;
     for n in [0usize, 1, 31, 33, 5000] {
@@ -1178,9 +1190,18 @@ fn row_filter_check(gpu: &Gpu, rng: &mut tests_data::Rng) -> Result<usize> {
                 (values, valid)
             })
             .collect();
-        let host: Vec<RowColumn> =
+        // The bit column: bits and validity words, its lanes for the twin.
+        let mark_words: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next() as u32).collect();
+        let mark_valid: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next() as u32 | 0x0303_0303).collect();
+        let mark_lanes: Vec<u64> = (0..n).map(|r| (mark_words[r / 32] >> (r % 32)) as u64 & 1).collect();
+        let mut host: Vec<RowColumn> =
             columns.iter().map(|(v, b)| RowColumn { values: v, validity: b.as_deref() }).collect();
+        host.push(RowColumn { values: &mark_lanes, validity: Some(&mark_valid) });
         let mut stats = TransferStats::default();
+        let one = |w: &[u32]| if w.is_empty() { vec![0u32] } else { w.to_vec() };
+        let d_mark = gpu.upload(&one(&mark_words), &mut stats)?;
+        let d_mark_valid = gpu.upload(&one(&mark_valid), &mut stats)?;
+        let bit_refs = [(&d_mark, (n > 0).then_some(&d_mark_valid))];
         let device: Vec<(DeviceBuffer<u64>, Option<DeviceBuffer<u32>>)> = columns
             .iter()
             .map(|(v, b)| {
@@ -1198,7 +1219,7 @@ fn row_filter_check(gpu: &Gpu, rng: &mut tests_data::Rng) -> Result<usize> {
             host.into_iter().map(|c| if n == 0 { RowColumn { validity: None, ..c } } else { c }).collect();
         for (i, prog) in programs.iter().enumerate() {
             let cpu = pass_rows_cpu(&host, n, prog)?;
-            let dev = match pass_rows_gpu(gpu, &refs, n, prog, &mut stats)? {
+            let dev = match pass_rows_gpu(gpu, &refs, &bit_refs, n, prog, &mut stats)? {
                 Some(bits) => Some(gpu.download(&bits, n.div_ceil(32), &mut stats)?),
                 None => None,
             };

@@ -216,13 +216,13 @@ fn filtered_side(
         None => (filter.keep_valid.clone(), filter.keep_null.clone()),
     };
     let overflow = "the filter's arithmetic overflows on the device; DataFusion's FilterExec evaluates it";
-    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &keep_valid, stats)? else {
+    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &cols, &[], n, &keep_valid, stats)? else {
         return Ok(Err(overflow.into()));
     };
     let (keys, m) = gpu::compact_kept_keys_on_device(g, key, &pass, n, stats)?;
     let (z, null_pass) = match key_valid {
         None => (0, None),
-        Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, n, &keep_null, stats)? {
+        Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, &[], n, &keep_null, stats)? {
             Some(pass) => {
                 let z = gpu::count_kept_on_device(g, &pass, n, stats)?;
                 (z, (z > 0).then_some(pass))
@@ -773,14 +773,16 @@ fn filter_marked_rows(
             _ => return Ok(Err(format!("column {} is not one run of {n} rows", c.name))),
         }
     }
-    let mark_lanes = gpu::bits_to_lanes(g, &upload_bits(g, mark.values(), stats)?, n)?;
+    // The marks as a bit column (the program reads its bits), after the others.
+    let mark_bits = upload_bits(g, mark.values(), stats)?;
     let mark_valid = match mark.nulls() {
         Some(nulls) => Some(upload_bits(g, nulls.inner(), stats)?),
         None => None,
     };
-    program_columns.push((&mark_lanes, mark_valid.as_ref()));
+    let marks = [(&mark_bits, mark_valid.as_ref())];
     crate::util::trace("filter above: marks on the device");
-    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &program_columns, n, filter.program, stats)? else {
+    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &program_columns, &marks, n, filter.program, stats)?
+    else {
         return Ok(Err("the filter's arithmetic overflows on the device".into()));
     };
     let kept = gpu::count_kept_on_device(g, &pass, n, stats)?;

@@ -24,8 +24,8 @@ pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, Ker
 pub use error::{is_out_of_memory, GpuError};
 pub use staging::{HostBytes, HostOut, PendingBuffer, PinnedArena, STAGING_HOST_BYTES};
 pub use transfer::{
-    bits_to_lanes, bits_to_lanes_cpu, compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device,
-    count_kept_on_device, gpu_min_max, DeviceArray, StreamedUpload, TransferStats,
+    compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, count_kept_on_device, gpu_min_max,
+    DeviceArray, StreamedUpload, TransferStats,
 };
 
 /// Why the GPU backend cannot be used.

@@ -686,32 +686,6 @@ pub fn count_kept_on_device(gpu: &Gpu, sel: &DeviceBuffer<u32>, n: usize, stats:
     Ok(kept_counts(gpu, sel, n, stats)?.iter().map(|&c| c as usize).sum())
 }
 
-/// A bit column (`n` bits, LSB-first 32-bit words) as 64-bit lanes of 0 or 1
-/// on the device (`kernels/transfer.cu`: bits_to_lanes), the form in which
-/// the row programs read a column. CPU twin: [`bits_to_lanes_cpu`].
-pub fn bits_to_lanes(gpu: &Gpu, bits: &DeviceBuffer<u32>, n: usize) -> Result<DeviceBuffer<u64>> {
-    let mut out = gpu.alloc::<u64>(n.max(1))?;
-    if n == 0 {
-        return Ok(out);
-    }
-    if bits.len() < n.div_ceil(32) {
-        return Err(DataFusionError::Internal("bits_to_lanes: fewer words than bits".into()));
-    }
-    let f = gpu.function(&KERNEL, "bits_to_lanes")?;
-    let n64 = n as u64;
-    // SAFETY: signature matches kernels/transfer.cu; `bits` holds ceil(n / 32) words (checked), `out` n lanes.
-    unsafe {
-        gpu.stream().launch_builder(&f).arg(&bits.slice).arg(&n64).arg(&mut out.slice).launch(gpu.grid_stride(n, 8))
-    }
-    .map_err(|e| cuda_err("bits_to_lanes", e))?;
-    Ok(out)
-}
-
-/// CPU twin of [`bits_to_lanes`].
-pub fn bits_to_lanes_cpu(bits: &BooleanBuffer) -> Vec<u64> {
-    bits.iter().map(u64::from).collect()
-}
-
 /// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.
 pub fn compact_kept_keys_cpu(keys: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
     sel.set_indices().map(|i| keys[i]).collect()
@@ -770,28 +744,6 @@ mod tests {
         // Domain 4e8 < 2^31: every segment is narrow around its first key.
         assert!(!pack_fill(&[&narrow[..]], narrow.len(), buf, PACK_FILL, 2));
         assert_eq!(decode_fill_cpu(buf, narrow.len(), PACK_FILL), narrow);
-    }
-
-    /// Bits as lanes on the device equal their CPU twin: lengths around word
-    /// boundaries, and none.
-    #[test]
-    fn bits_to_lanes_matches_cpu_twin() {
-        let Some(gpu) = crate::gpu::test_gpu() else { return };
-        let _lock = gpu.lock_blocking();
-        let mut stats = TransferStats::default();
-        for n in [0usize, 1, 31, 32, 33, 1000, 1 << 20] {
-            let bits: BooleanBuffer = (0..n).map(|i| (i * 7919) % 5 < 2).collect();
-            let words: Vec<u32> = bits
-                .sliced()
-                .as_slice()
-                .chunks(4)
-                .map(|c| c.iter().rev().fold(0u32, |w, &b| w << 8 | b as u32))
-                .chain(std::iter::once(0))
-                .collect();
-            let d = gpu.upload(&words, &mut stats).unwrap();
-            let lanes = super::bits_to_lanes(&gpu, &d, n).unwrap();
-            assert_eq!(gpu.download(&lanes, n, &mut stats).unwrap(), super::bits_to_lanes_cpu(&bits), "{n} bits");
-        }
     }
 
     #[test]
