@@ -518,30 +518,16 @@ struct PayloadColumn {
     segments: Vec<(crate::scan::DeviceDecoded, BooleanBuffer)>,
 }
 
-/// The probe side's columns `needed` (of its payload: [`DeviceScanExec::payload`],
-/// in that order) of the rows `selection` keeps, decoded on the device (each
-/// through the column cache) and brought back as Arrow arrays. A column
-/// without NULLs is compacted on the device and downloaded into pinned memory
-/// that its array owns; one with NULLs comes back whole and is filtered on the
-/// host. `Ok(Err(why))`: the host reads the input. See [`payload_on_device`]
-/// for the reading.
-#[allow(clippy::too_many_arguments)]
-fn decode_payload(
+/// The probe side's output columns decoded on the device
+/// ([`payload_on_device`]), each of the rows its selection keeps, brought back
+/// as Arrow arrays. A column without NULLs is compacted on the device and
+/// downloaded into pinned memory that its array owns; one with NULLs comes
+/// back whole and is filtered on the host. `Ok(Err(why))`: the host reads the input.
+fn download_payload(
     g: &Gpu,
-    scan: &DeviceScanExec,
-    needed: &[usize],
-    selection: &BooleanBuffer,
-    filtered: Option<&FilteredRows>,
-    keep: &crate::scan::Keep,
-    ready: Vec<(String, crate::scan::DeviceDecoded)>,
-    cache_limit: usize,
+    columns: Vec<PayloadColumn>,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<(Vec<ArrayRef>, Option<String>), String>> {
-    let (columns, note) =
-        match payload_on_device(g, scan, needed, selection, filtered, keep, ready, cache_limit, stats)? {
-            Ok(c) => c,
-            Err(why) => return Ok(Err(why)),
-        };
+) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
     let mut out = Vec::with_capacity(columns.len());
     for column in columns {
         let mut pieces = Vec::with_capacity(column.segments.len());
@@ -563,7 +549,7 @@ fn decode_payload(
             Err(why) => return Ok(Err(why)),
         }
     }
-    Ok(Ok((out, note)))
+    Ok(Ok(out))
 }
 
 /// The values of the rows `sel` keeps of one decoded column, as the device's
@@ -915,7 +901,7 @@ pub(crate) fn select_device_scanned(
         cfg.cache_limit.0 > 0 && crate::scan::is_cached(&g, s.files(), column, t)
     };
     let cached = |s: &DeviceScanExec| cached_column(s, s.column(), s.data_type());
-    // Output columns read with the keys (name, decoded), for `decode_payload`.
+    // Output columns read with the keys (name, decoded), for `payload_on_device`.
     let mut prefetched: Vec<(String, crate::scan::DeviceDecoded)> = Vec::new();
     let (probe, build) = match (&probe, &build) {
         (Side::Device(p), Side::Device(b))
@@ -1036,27 +1022,24 @@ pub(crate) fn select_device_scanned(
                 let ready = std::mem::take(&mut prefetched);
                 let rows = if every_row { BooleanBuffer::new_set(selection.len()) } else { selection.clone() };
                 let (kept, keep, limit) = (probe_kept.as_ref(), &probe_keep, cfg.cache_limit.0);
-                let arrays = match row_filter {
+                let arrays = match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
+                    Err(why) => Err(why),
                     // The marked rows filtered on the device: only those kept come back.
-                    Some(filter) => {
-                        match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
-                            Ok((columns, note)) => {
-                                crate::util::trace("filter above: its columns decoded");
-                                let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
-                                match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
-                                    Ok((arrays, kept_rows)) => {
-                                        ran =
-                                            format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
-                                        filtered_rows = Some(kept_rows);
-                                        Ok((arrays, note))
-                                    }
-                                    Err(why) => Err(why),
+                    Ok((columns, note)) => match row_filter {
+                        Some(filter) => {
+                            crate::util::trace("filter above: its columns decoded");
+                            let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
+                            match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
+                                Ok((arrays, kept_rows)) => {
+                                    ran = format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
+                                    filtered_rows = Some(kept_rows);
+                                    Ok((arrays, note))
                                 }
+                                Err(why) => Err(why),
                             }
-                            Err(why) => Err(why),
                         }
-                    }
-                    None => decode_payload(&g, scan, needed, &rows, kept, keep, ready, limit, stats)?,
+                        None => download_payload(&g, columns, stats)?.map(|arrays| (arrays, note)),
+                    },
                 };
                 match arrays {
                     Ok((arrays, note)) => {
