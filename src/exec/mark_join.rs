@@ -699,11 +699,6 @@ fn form_output(
         let projected = kept.project(&above.projection)?;
         let options = RecordBatchOptions::new().with_row_count(Some(projected.num_rows()));
         let out = RecordBatch::try_new_with_options(schema.clone(), projected.columns().to_vec(), &options)?;
-        crate::util::trace(&format!(
-            "mark join: the filter above kept {} of {} rows",
-            out.num_rows(),
-            marked.num_rows()
-        ));
         return Ok((out.num_rows() > 0).then_some(out));
     }
     let keep = if output == MarkOutput::Semi { mark.values().clone() } else { !mark.values() };
