@@ -84,3 +84,39 @@ extern "C" __global__ void compact_kept(const u32* sel, u64 n, const u64* keys, 
     }
 }
 
+
+// The aggregates of the kept rows of one decoded column of signed 64-bit
+// lanes, so a count / sum / min / max over a selection's rows never brings
+// the rows back: out = {rows kept with a value, their wrapping sum, min,
+// max}, preset to {0, 0, INT64_MAX, INT64_MIN}. A row counts where its
+// selection bit is set and (with has_valid) its validity bit too. A warp
+// reduction, then one atomic of each per warp.
+extern "C" __global__ void reduce_kept(const u32* sel, const u32* valid, u64 has_valid, u64 n, const i64* values,
+                                       u64* out) {
+    u64 count = 0, sum = 0;
+    i64 lo = 0x7fffffffffffffffLL, hi = -0x7fffffffffffffffLL - 1;
+    SF_FOR(i, n) {
+        u32 w = sel[i >> 5];
+        if (has_valid) w &= valid[i >> 5];
+        if ((w >> (i & 31)) & 1u) {
+            i64 v = values[i];
+            count++;
+            sum += (u64)v;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        count += __shfl_down_sync(0xffffffffu, count, o);
+        sum += __shfl_down_sync(0xffffffffu, sum, o);
+        i64 l2 = __shfl_down_sync(0xffffffffu, lo, o), h2 = __shfl_down_sync(0xffffffffu, hi, o);
+        lo = l2 < lo ? l2 : lo;
+        hi = h2 > hi ? h2 : hi;
+    }
+    if ((threadIdx.x & 31) == 0 && count > 0) {
+        atomicAdd(&out[0], count);
+        atomicAdd(&out[1], sum);
+        atomicMin((long long*)&out[2], (long long)lo);
+        atomicMax((long long*)&out[3], (long long)hi);
+    }
+}

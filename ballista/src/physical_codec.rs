@@ -475,6 +475,10 @@ impl SetfusionPhysicalCodec {
     /// The message for a setfusion operator; None for any other node.
     fn encode_node(&self, node: &Arc<dyn ExecutionPlan>, exprs: &Exprs) -> Result<Option<ExecNode>> {
         if let Some(e) = node.downcast_ref::<SetSelectExec>() {
+            if e.aggregate_above().is_some() {
+                // Only the device scan rule absorbs one, over inputs a cluster never gets (its scans).
+                return Err(bad("a selection with the aggregate above it absorbed is not sent to executors"));
+            }
             return Ok(Some(ExecNode::SetSelect(SetSelectNode {
                 op: op_name(e.op()).into(),
                 probe_keys: exprs.encode_all(e.probe_keys())?,

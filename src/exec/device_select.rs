@@ -28,7 +28,7 @@ use super::selection::{coerce_like, forced_strategy, key_columns, Selector};
 use crate::algo::join_filter::{op, Instr};
 use crate::algo::select::SetOp;
 use crate::config::SetfusionConfig;
-use crate::gpu::{self, DeviceBuffer, Gpu, TransferStats};
+use crate::gpu::{self, DeviceBuffer, Gpu, KeptAggregates, TransferStats};
 use crate::keys;
 use crate::scan::ScanReport;
 
@@ -387,6 +387,9 @@ pub(crate) struct ProbeOutput<'a> {
     /// With `every_row`: the filter and projection over the marked rows the
     /// device runs, so only the rows it keeps come back.
     pub filter: Option<&'a MarkedRowsFilter<'a>>,
+    /// The columns' kept rows reduced on the device ([`gpu::reduce_kept`]:
+    /// an aggregate above), not brought back.
+    pub reduce: bool,
 }
 
 /// The selection of every probe row, what ran, each device scan's report,
@@ -402,6 +405,9 @@ pub(crate) struct DeviceSelected {
     /// With [`ProbeOutput::filter`], where the device ran it: the rows it
     /// kept (`payload` is then their projected columns).
     pub filtered_rows: Option<usize>,
+    /// With [`ProbeOutput::reduce`], where the device ran it: each output
+    /// column's kept rows' aggregates (`payload` is then empty).
+    pub reduced: Option<Vec<KeptAggregates>>,
     /// The build side's rows (after its filter), and of them those with a NULL key.
     pub build_rows: usize,
     pub build_nulls: usize,
@@ -410,16 +416,47 @@ pub(crate) struct DeviceSelected {
 /// A selection's bits as the device's 32-bit words, uploaded.
 fn upload_bits(g: &Gpu, bits: &BooleanBuffer, stats: &mut TransferStats) -> Result<DeviceBuffer<u32>> {
     let bytes = bits.sliced();
-    let words: Vec<u32> = bytes
-        .as_slice()
-        .chunks(4)
-        .map(|c| {
-            let mut w = [0u8; 4];
-            w[..c.len()].copy_from_slice(c);
-            u32::from_le_bytes(w)
-        })
-        .collect();
-    g.upload(if words.is_empty() { &[0u32][..] } else { &words }, stats)
+    let bytes = bytes.as_slice();
+    let whole = bytes.len() / 4 * 4;
+    let mut words: Vec<u32> = Vec::with_capacity(bytes.len().div_ceil(4).max(1));
+    words.extend(bytes[..whole].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    if whole < bytes.len() || words.is_empty() {
+        let mut w = [0u8; 4];
+        w[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+        words.push(u32::from_le_bytes(w));
+    }
+    g.upload(&words, stats)
+}
+
+/// Each output column's kept rows' aggregates, reduced on the device
+/// ([`gpu::reduce_kept`]): four numbers a column come back, not its rows.
+/// A selection's words are uploaded once for every column of its segment.
+/// `Ok(Err(why))`: a segment whose selection is not one bit a row.
+fn reduce_payload(
+    g: &Gpu,
+    columns: &[PayloadColumn],
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<KeptAggregates>, String>> {
+    let mut words: Vec<Option<DeviceBuffer<u32>>> = Vec::new();
+    let mut out = Vec::with_capacity(columns.len());
+    for column in columns {
+        let mut agg = KeptAggregates::EMPTY;
+        for (i, (d, sel)) in column.segments.iter().enumerate() {
+            if sel.len() != d.rows {
+                return Ok(Err(format!("column {}: {} rows, a selection of {}", column.name, d.rows, sel.len())));
+            }
+            if words.len() <= i {
+                words.resize_with(i + 1, || None);
+            }
+            if words[i].is_none() {
+                words[i] = Some(upload_bits(g, sel, stats)?);
+            }
+            let sel_words = words[i].as_ref().expect("uploaded above");
+            agg = agg.merge(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), sel_words, d.rows, stats)?);
+        }
+        out.push(agg);
+    }
+    Ok(Ok(out))
 }
 
 /// A filtered side's rows in the order its keys have: the file rows its
@@ -825,6 +862,7 @@ pub(crate) fn select_device_scanned(
 ) -> Result<std::result::Result<DeviceSelected, String>> {
     let payload = output.map(|o| o.columns);
     let every_row = output.is_some_and(|o| o.every_row);
+    let reduce = output.is_some_and(|o| o.reduce);
     if crate::scan::is_byte_type(key_type) && (matches!(probe, Side::Host(..)) || matches!(build, Side::Host(..))) {
         return Ok(Err("string keys: the device reads both sides or neither (their hashes are proved against \
                        the bytes there)"
@@ -1017,6 +1055,7 @@ pub(crate) fn select_device_scanned(
     let probe_key_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     let mut with_payload = |selection: BooleanBuffer, mut ran: String, stats: &mut TransferStats| {
         let mut filtered_rows = None;
+        let mut reduced = None;
         let payload = match (probe_scan, payload) {
             (Some(scan), Some(needed)) => {
                 let ready = std::mem::take(&mut prefetched);
@@ -1038,6 +1077,15 @@ pub(crate) fn select_device_scanned(
                                 Err(why) => Err(why),
                             }
                         }
+                        // An aggregate above: the kept rows reduced on the device.
+                        None if reduce => match reduce_payload(&g, &columns, stats)? {
+                            Ok(aggregates) => {
+                                ran = format!("{ran}; the aggregate above reduced on the device");
+                                reduced = Some(aggregates);
+                                Ok((Vec::new(), note))
+                            }
+                            Err(why) => Err(why),
+                        },
                         None => download_payload(&g, columns, stats)?.map(|arrays| (arrays, note)),
                     },
                 };
@@ -1060,6 +1108,7 @@ pub(crate) fn select_device_scanned(
             reports: reports.clone(),
             payload,
             filtered_rows,
+            reduced,
             build_rows,
             build_nulls: nb,
         }))

@@ -1114,7 +1114,7 @@ impl Run {
         let (probe_side, output) = match (probe_parts, self.spec.scanned_probe()) {
             (Some(parts), _) => (Side::Host(parts.iter().flatten().collect(), probe_key.clone()), None),
             (None, Some(probe)) => {
-                (Side::Device(probe), Some(ProbeOutput { columns: &decoded, every_row: true, filter }))
+                (Side::Device(probe), Some(ProbeOutput { columns: &decoded, every_row: true, filter, reduce: false }))
             }
             (None, None) => return Ok(Err("the probe side has no device scan".into())),
         };

@@ -5,6 +5,7 @@ pub mod device_scan;
 mod device_select;
 pub mod dynamic_filter;
 pub mod families;
+pub mod kept_aggregate;
 pub mod mark_join;
 pub mod memory;
 pub mod output_filter;

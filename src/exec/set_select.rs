@@ -65,6 +65,7 @@ use super::common::{input_context, Backend, Decision, NullMode};
 use super::device_scan::DeviceScanExec;
 use super::device_select::Side;
 use super::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
+use super::kept_aggregate::{AggregateAbove, Folding};
 use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts, SharedRun};
 #[cfg(test)]
 use super::output_filter::filter_all;
@@ -76,6 +77,15 @@ use super::selection::{key_columns, Metrics, Selector};
 /// number of kept rows; each partition's stream takes its own.
 struct Selected {
     outputs: Parts<PartitionOutput>,
+    /// With an aggregate above, its row where the device computed it (the
+    /// outputs are then empty); else the outputs are folded into it.
+    aggregated: Option<RecordBatch>,
+}
+
+impl Selected {
+    fn outputs(outputs: Vec<PartitionOutput>) -> Self {
+        Selected { outputs: Parts::new(outputs), aggregated: None }
+    }
 }
 
 /// The operator. See the module documentation.
@@ -99,6 +109,9 @@ pub struct SetSelectExec {
     single_partition_inputs: bool,
     /// Output at most this many rows per partition (a LIMIT absorbed by the node).
     fetch: Option<usize>,
+    /// The aggregate above, absorbed ([`SetSelectExec::with_aggregate_above`]):
+    /// the node outputs its one row.
+    aggregate_above: Option<Arc<AggregateAbove>>,
 }
 
 /// The node's inputs and choices, shared by the node and its executions.
@@ -178,6 +191,7 @@ impl SetSelectExec {
             partitioned: false,
             single_partition_inputs: false,
             fetch: None,
+            aggregate_above: None,
         })
     }
 
@@ -203,7 +217,49 @@ impl SetSelectExec {
         .with_partitioned_inputs(self.partitioned_inputs_requested())?;
         Arc::make_mut(&mut exec.spec).dynamic_filter = self.spec.dynamic_filter.clone();
         exec.fetch = self.fetch;
+        if let Some(above) = &self.aggregate_above {
+            exec.aggregate_above = Some(above.clone());
+            exec.cache = self.cache.clone();
+        }
         Ok(exec)
+    }
+
+    /// This node with the aggregate above it absorbed: `above` (the
+    /// aggregate's final node, whose output it takes over: schema and
+    /// properties) and what it computes. Err: why not (the node is not one
+    /// whose kept rows the device reads: a GPU backend, its probe side a
+    /// device scan, all partitions at once, no fetch).
+    pub fn with_aggregate_above(
+        &self,
+        above: &Arc<dyn ExecutionPlan>,
+        aggregate: AggregateAbove,
+    ) -> std::result::Result<Self, String> {
+        if self.aggregate_above.is_some() || self.fetch.is_some() || self.partitioned_inputs_requested() {
+            return Err("a selection with a fetch, an aggregate or partitioned inputs".into());
+        }
+        if !self.spec.decision.on_gpu() || self.spec.probe_keys.len() != 1 {
+            return Err("not a selection on the GPU backend over one key".into());
+        }
+        let Some(scan) = self.spec.probe.downcast_ref::<DeviceScanExec>() else {
+            return Err("the kept side is not read by the device".into());
+        };
+        if scan.payload().is_none() && !self.spec.schema.fields().is_empty() {
+            return Err("the kept side's output columns are not decoded by the device".into());
+        }
+        if aggregate.schema().as_ref() != above.schema().as_ref() {
+            return Err("the aggregate's output is not its node's".into());
+        }
+        let mut exec = self
+            .rebuilt(self.spec.probe.clone(), self.spec.build.clone(), self.spec.projection.clone())
+            .map_err(|e| crate::util::one_line(&e))?;
+        exec.aggregate_above = Some(Arc::new(aggregate));
+        exec.cache = above.properties().clone();
+        Ok(exec)
+    }
+
+    /// The absorbed aggregate above, if any.
+    pub fn aggregate_above(&self) -> Option<&AggregateAbove> {
+        self.aggregate_above.as_deref()
     }
 
     /// The dynamic filter this node can publish, as DataFusion's hash join
@@ -379,6 +435,9 @@ impl DisplayAs for SetSelectExec {
         if let Some(note) = &self.scan_note {
             write!(f, ", device_scan=\"{note}\"")?;
         }
+        if let Some(above) = &self.aggregate_above {
+            write!(f, ", aggregate_above=[{}]", above.names().join(", "))?;
+        }
         super::fmt_projection_and_ran(f, t, &self.spec.projection, &self.ran)
     }
 }
@@ -480,6 +539,9 @@ impl ExecutionPlan for SetSelectExec {
     }
 
     fn with_fetch(&self, fetch: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        if self.aggregate_above.is_some() {
+            return None;
+        }
         let mut exec =
             self.rebuilt(self.spec.probe.clone(), self.spec.build.clone(), self.spec.projection.clone()).ok()?;
         exec.fetch = fetch;
@@ -488,6 +550,11 @@ impl ExecutionPlan for SetSelectExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let (probe_partitions, build_partitions) = self.input_partitions(partition)?;
+        // With an aggregate above, the one output partition reads every part.
+        if self.aggregate_above.is_some() && partition != 0 {
+            return Err(DataFusionError::Internal(format!("{}: no partition {partition}", self.name())));
+        }
+        let parts = probe_partitions.len();
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         // Partitioned, each partition is an execution of its own, output as its part 0.
         let (execution, part) = if self.partitioned {
@@ -505,6 +572,7 @@ impl ExecutionPlan for SetSelectExec {
                 None => OutputColumns::All,
                 Some(p) => OutputColumns::Columns(p.clone()),
             },
+            aggregate: self.aggregate_above.clone(),
             selector: Selector {
                 op: self.spec.op,
                 nulls: self.spec.nulls,
@@ -526,6 +594,8 @@ impl ExecutionPlan for SetSelectExec {
         let fetch = self.fetch;
         let schema = self.spec.schema.clone();
         let batch_size = context.session_config().batch_size().max(1);
+        let aggregate = self.aggregate_above.clone();
+        let ran = self.ran.clone();
         let fut = async move {
             let sel = execution
                 .get(move || {
@@ -534,35 +604,36 @@ impl ExecutionPlan for SetSelectExec {
                 })
                 .await?;
             crate::util::trace(&format!("partition {partition} ready"));
+            if let Some(above) = aggregate {
+                // The aggregate's row: the device's, or every part's output folded into it here.
+                let row = match &sel.aggregated {
+                    Some(row) => row.clone(),
+                    None => {
+                        let mut folding = Folding::new(&above);
+                        for p in 0..parts {
+                            let mut batches = part_stream(sel.outputs.take(p), &schema, batch_size, &elapsed_compute);
+                            while let Some(batch) = batches.next().await {
+                                let batch = batch?;
+                                let _timer = elapsed_compute.timer();
+                                folding.add(&batch)?;
+                            }
+                        }
+                        if let Some(r) = ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                            r.push_str("; the aggregate above folded on the host");
+                        }
+                        folding.finish()?
+                    }
+                };
+                return Ok::<_, DataFusionError>(futures::stream::iter(vec![Ok(row)]).boxed());
+            }
             let part = sel.outputs.take(part);
             drop(sel);
-            let _timer = elapsed_compute.timer();
-            let out: Vec<Result<RecordBatch>> = match part {
-                Some(PartitionOutput::Chunks { chunks, reservation }) => {
-                    return Ok::<_, DataFusionError>(stream_chunks(chunks, reservation, elapsed_compute.clone()));
-                }
-                Some(PartitionOutput::Batches(batches)) => batches.into_iter().map(Ok).collect(),
-                Some(PartitionOutput::Rows(rows)) => {
-                    // No column is read above (count(*)): row counts only, nothing filtered. Batches
-                    // stay at batch_size rows: the aggregate above materialises a literal per row,
-                    // and small arrays are reused by the allocator where huge ones page-fault.
-                    (0..rows)
-                        .step_by(batch_size)
-                        .map(|at| {
-                            let options = RecordBatchOptions::new().with_row_count(Some(batch_size.min(rows - at)));
-                            RecordBatch::try_new_with_options(schema.clone(), vec![], &options)
-                                .map_err(DataFusionError::from)
-                        })
-                        .collect()
-                }
-                None => Vec::new(),
-            };
-            Ok(futures::stream::iter(out).boxed())
+            Ok(part_stream(part, &schema, batch_size, &elapsed_compute))
         };
         let stream = futures::stream::once(fut).try_flatten();
         // Rows are counted as they leave, after the fetch's limit.
         let stream = super::observed(dynamic_filter::limit_stream(stream.boxed(), fetch), baseline);
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.spec.schema.clone(), stream)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), stream)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -572,6 +643,9 @@ impl ExecutionPlan for SetSelectExec {
     /// Absorb a column-only projection above (e.g. the empty one under
     /// count(*)): fewer columns are filtered, none at all for an empty one.
     fn try_swapping_with_projection(&self, projection: &ProjectionExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if self.aggregate_above.is_some() {
+            return Ok(None);
+        }
         try_embed_projection(projection, self)
     }
 }
@@ -589,6 +663,37 @@ impl EmbeddedProjection for SetSelectExec {
     }
 }
 
+/// One part of the selection's output as a stream of batches: filtered
+/// chunks (as the stream is read), batches, or rows without columns.
+fn part_stream(
+    part: Option<PartitionOutput>,
+    schema: &SchemaRef,
+    batch_size: usize,
+    elapsed_compute: &Time,
+) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
+    let _timer = elapsed_compute.timer();
+    let out: Vec<Result<RecordBatch>> = match part {
+        Some(PartitionOutput::Chunks { chunks, reservation }) => {
+            return stream_chunks(chunks, reservation, elapsed_compute.clone());
+        }
+        Some(PartitionOutput::Batches(batches)) => batches.into_iter().map(Ok).collect(),
+        Some(PartitionOutput::Rows(rows)) => {
+            // No column is read above (count(*)): row counts only, nothing filtered. Batches
+            // stay at batch_size rows: the aggregate above materialises a literal per row,
+            // and small arrays are reused by the allocator where huge ones page-fault.
+            (0..rows)
+                .step_by(batch_size)
+                .map(|at| {
+                    let options = RecordBatchOptions::new().with_row_count(Some(batch_size.min(rows - at)));
+                    RecordBatch::try_new_with_options(schema.clone(), vec![], &options).map_err(DataFusionError::from)
+                })
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    futures::stream::iter(out).boxed()
+}
+
 /// One execution of the operator (all partitions).
 struct Run {
     spec: Arc<SetSelectSpec>,
@@ -599,6 +704,9 @@ struct Run {
     build_partitions: std::ops::Range<usize>,
     /// The probe side's columns to output.
     output: OutputColumns,
+    /// The aggregate above, absorbed: where the device reads the kept rows'
+    /// columns, it reduces them instead of sending them back.
+    aggregate: Option<Arc<AggregateAbove>>,
     selector: Selector,
     /// The elapsed_compute of the partition that runs the execution: the
     /// execution's own work (selection, output planning) counts there, as
@@ -765,9 +873,10 @@ impl Run {
                 columns,
                 every_row: false,
                 filter: None,
+                reduce: self.aggregate.is_some(),
             }),
         );
-        let super::device_select::DeviceSelected { selection, ran, reports, payload, .. } = match outcome {
+        let super::device_select::DeviceSelected { selection, ran, reports, payload, reduced, .. } = match outcome {
             Ok(Ok(r)) => r,
             // Device trouble or files the device does not decode: the host reads those inputs.
             Ok(Err(reason)) => return Ok(DeviceOutcome::Fallback { reason, probe_parts, build_parts }),
@@ -783,12 +892,28 @@ impl Run {
             }
         }
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
+        // An aggregate above, over the columns the device reduced or (none read) the kept rows' number.
+        if let (Some(above), None) = (&self.aggregate, &probe_parts) {
+            let row = match (&reduced, &needed) {
+                (Some(aggregates), _) => Some(above.batch(selection.count_set_bits() as u64, &|c| {
+                    aggregates.get(c).copied().unwrap_or(crate::gpu::KeptAggregates::EMPTY)
+                })?),
+                (None, None) => {
+                    Some(above.batch(selection.count_set_bits() as u64, &|_| crate::gpu::KeptAggregates::EMPTY)?)
+                }
+                (None, Some(_)) => None,
+            };
+            if let Some(row) = row {
+                memory.free();
+                return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(Vec::new()), aggregated: Some(row) }));
+            }
+        }
         if let (None, Some(arrays)) = (&probe_parts, payload) {
             // The device sent the kept rows' output columns: they are the output.
             let rows = arrays.first().map_or_else(|| selection.count_set_bits(), |a| a.len());
             let outputs = self.payload_outputs(arrays, rows)?;
             memory.free();
-            return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(outputs) }));
+            return Ok(DeviceOutcome::Done(Selected::outputs(outputs)));
         }
         let Some(probe_parts) = probe_parts else {
             // The probe side was never on the host: its output is a row count (see device_scanned).
@@ -797,7 +922,7 @@ impl Run {
                 .map(|p| PartitionOutput::Rows(if p == 0 { kept } else { 0 }))
                 .collect();
             memory.free();
-            return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(outputs) }));
+            return Ok(DeviceOutcome::Done(Selected::outputs(outputs)));
         };
         self.finish(cfg, probe_parts, build_parts.unwrap_or_default(), selection, batch_size, memory)
             .map(DeviceOutcome::Done)
@@ -881,7 +1006,7 @@ impl Run {
         // What is left (the encoded keys' estimate is already returned) goes back to the pool.
         memory.free();
         crate::util::trace("output planned");
-        Ok(Selected { outputs: Parts::new(outputs) })
+        Ok(Selected::outputs(outputs))
     }
 }
 

@@ -686,6 +686,85 @@ pub fn count_kept_on_device(gpu: &Gpu, sel: &DeviceBuffer<u32>, n: usize, stats:
     Ok(kept_counts(gpu, sel, n, stats)?.iter().map(|&c| c as usize).sum())
 }
 
+/// The aggregates of one column's kept rows ([`reduce_kept`]): how many of
+/// them hold a value, and the wrapping sum, min and max of those values (as
+/// DataFusion's `sum` of 64-bit integers wraps). `min` / `max` mean nothing
+/// while `values` is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeptAggregates {
+    pub values: u64,
+    pub sum: i64,
+    pub min: i64,
+    pub max: i64,
+}
+
+impl KeptAggregates {
+    /// No row kept.
+    pub const EMPTY: KeptAggregates = KeptAggregates { values: 0, sum: 0, min: i64::MAX, max: i64::MIN };
+
+    /// The aggregates of two disjoint sets of rows together.
+    pub fn merge(self, o: KeptAggregates) -> KeptAggregates {
+        KeptAggregates {
+            values: self.values + o.values,
+            sum: self.sum.wrapping_add(o.sum),
+            min: self.min.min(o.min),
+            max: self.max.max(o.max),
+        }
+    }
+}
+
+/// The aggregates of the rows of `values` (n signed 64-bit lanes: decoded
+/// keys or columns) whose bit is set in the selection `sel` and, where given,
+/// in `valid` (ceil(n / 32) words each), reduced on the device
+/// (`kernels/transfer.cu`: reduce_kept) so only four numbers come back. CPU
+/// twin: [`reduce_kept_cpu`].
+pub fn reduce_kept(
+    gpu: &Gpu,
+    values: &DeviceBuffer<u64>,
+    valid: Option<&DeviceBuffer<u32>>,
+    sel: &DeviceBuffer<u32>,
+    n: usize,
+    stats: &mut TransferStats,
+) -> Result<KeptAggregates> {
+    if n == 0 {
+        return Ok(KeptAggregates::EMPTY);
+    }
+    let t = Instant::now();
+    let f = gpu.function(&KERNEL, "reduce_kept")?;
+    let e = KeptAggregates::EMPTY;
+    let mut out = gpu.upload(&[0u64, 0, e.min as u64, e.max as u64], stats)?;
+    let (n64, has_valid) = (n as u64, valid.is_some() as u64);
+    // (Without validity the selection stands in for it: the kernel does not read it.)
+    let valid = valid.unwrap_or(sel);
+    // SAFETY: signature matches kernels/transfer.cu; `sel` and `valid` hold ceil(n / 32) words, `values` n lanes, `out` four.
+    unsafe {
+        gpu.stream()
+            .launch_builder(&f)
+            .arg(&sel.slice)
+            .arg(&valid.slice)
+            .arg(&has_valid)
+            .arg(&n64)
+            .arg(&values.slice)
+            .arg(&mut out.slice)
+            .launch(gpu.grid_stride(n, 8))
+    }
+    .map_err(|e| cuda_err("reduce_kept", e))?;
+    let v = gpu.download(&out, 4, stats)?;
+    stats.kernel += t.elapsed();
+    Ok(KeptAggregates { values: v[0], sum: v[1] as i64, min: v[2] as i64, max: v[3] as i64 })
+}
+
+/// CPU twin of [`reduce_kept`], over a host column: the rows set in `sel`
+/// (and in `valid`, where given).
+pub fn reduce_kept_cpu(values: &[i64], valid: Option<&BooleanBuffer>, sel: &BooleanBuffer) -> KeptAggregates {
+    let one = |i: usize| {
+        let v = values[i];
+        KeptAggregates { values: 1, sum: v, min: v, max: v }
+    };
+    let kept = |i: &usize| valid.is_none_or(|v| v.value(*i));
+    sel.set_indices().filter(kept).map(one).fold(KeptAggregates::EMPTY, KeptAggregates::merge)
+}
+
 /// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.
 pub fn compact_kept_keys_cpu(keys: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
     sel.set_indices().map(|i| keys[i]).collect()

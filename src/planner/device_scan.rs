@@ -19,6 +19,11 @@
 //! Then the `FilterExec` above it (through a projection of its columns) is
 //! absorbed by the join where the device can evaluate its predicate
 //! ([`absorb_filter_above`]): only the rows it keeps come back from the device.
+//!
+//! An aggregate without grouping (`count`, `sum`, `min`, `max`) over a
+//! selection whose kept side the device reads is absorbed by the selection
+//! ([`absorb_aggregate_above`]): the device reduces the kept rows' columns,
+//! and only the aggregates' row comes back.
 
 use std::sync::Arc;
 
@@ -31,6 +36,8 @@ use datafusion::error::Result;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -39,6 +46,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use super::decision::Reading;
 use crate::config::SetfusionConfig;
 use crate::exec::device_scan::DeviceScanExec;
+use crate::exec::kept_aggregate::AggregateAbove;
 use crate::exec::mark_join::MarkJoinExec;
 use crate::exec::set_select::SetSelectExec;
 
@@ -123,6 +131,96 @@ fn mark_probe_scan(
     Ok(scan)
 }
 
+/// The node of type `T` under `node`, through projections of columns and
+/// round-robin repartitions (which only move whole batches), with its column
+/// under each of `node`'s columns. None: another node is in between.
+fn down_to<T: ExecutionPlan>(node: &Arc<dyn ExecutionPlan>) -> Option<(Arc<dyn ExecutionPlan>, Vec<usize>)> {
+    let mut node = node.clone();
+    let mut columns: Vec<usize> = (0..node.schema().fields().len()).collect();
+    loop {
+        if node.downcast_ref::<T>().is_some() {
+            return Some((node, columns));
+        }
+        let next = if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+            let below: Option<Vec<usize>> = projection
+                .projection_expr()
+                .iter()
+                .map(|e| e.expr.downcast_ref::<Column>().map(Column::index))
+                .collect();
+            let below = below?;
+            columns = columns.iter().map(|&c| below[c]).collect();
+            projection.input().clone()
+        } else if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
+            if !matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_)) || repartition.preserve_order() {
+                return None;
+            }
+            repartition.input().clone()
+        } else {
+            return None;
+        };
+        node = next;
+    }
+}
+
+/// An aggregate without grouping (`count`, `sum`, `min`, `max`) over a set
+/// selection whose kept side the device reads, absorbed by the selection
+/// ([`SetSelectExec::with_aggregate_above`]): the device reduces the kept
+/// rows' columns where it decoded them, and nothing but the aggregates' row
+/// comes back. `plan`: the aggregate's top node, `Single` over one
+/// partition, or `Final` over the `Partial` one (through a
+/// `CoalescePartitionsExec`). None: the plan stays (grouping, another
+/// function, another input; the trace says why).
+fn absorb_aggregate_above(
+    plan: &Arc<dyn ExecutionPlan>,
+    top: &AggregateExec,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    if !top.group_expr().is_empty() {
+        return Ok(None);
+    }
+    let reading: Arc<dyn ExecutionPlan> = match top.mode() {
+        AggregateMode::Single if top.input().output_partitioning().partition_count() == 1 => plan.clone(),
+        AggregateMode::Final => {
+            let mut below = top.input().clone();
+            if let Some(coalesce) = below.downcast_ref::<CoalescePartitionsExec>() {
+                if coalesce.fetch().is_some() {
+                    return Ok(None);
+                }
+                below = coalesce.input().clone();
+            }
+            match below.downcast_ref::<AggregateExec>() {
+                Some(partial)
+                    if *partial.mode() == AggregateMode::Partial
+                        && partial.group_expr().is_empty()
+                        && partial.aggr_expr().len() == top.aggr_expr().len() =>
+                {
+                    below
+                }
+                _ => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    let Some(reading) = reading.downcast_ref::<AggregateExec>() else { return Ok(None) };
+    let Some((selection, columns)) = down_to::<SetSelectExec>(reading.input()) else { return Ok(None) };
+    let Some(selection) = selection.downcast_ref::<SetSelectExec>() else { return Ok(None) };
+    let above = AggregateAbove::try_new(
+        reading.aggr_expr(),
+        reading.filter_expr(),
+        &reading.input_schema(),
+        &columns,
+        &selection.schema(),
+        plan.schema(),
+    )
+    .and_then(|above| selection.with_aggregate_above(plan, above));
+    match above {
+        Ok(absorbed) => Ok(Some(Arc::new(absorbed))),
+        Err(why) => {
+            crate::util::trace(&format!("the aggregate above the selection stays: {why}"));
+            Ok(None)
+        }
+    }
+}
+
 /// A `FilterExec` over a mark join whose both sides the device reads
 /// (directly, or through projections of columns and round-robin
 /// repartitions), absorbed by
@@ -134,34 +232,7 @@ fn absorb_filter_above(plan: &Arc<dyn ExecutionPlan>, filter: &FilterExec) -> Re
     if filter.fetch().is_some() {
         return Ok(None);
     }
-    // Down to the join through projections of columns and round-robin
-    // repartitions (which only move whole batches): the join's column under
-    // each of the filter input's columns.
-    let mut node = filter.input().clone();
-    let mut columns: Vec<usize> = (0..node.schema().fields().len()).collect();
-    let join = loop {
-        if node.downcast_ref::<MarkJoinExec>().is_some() {
-            break node;
-        }
-        let next = if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
-            let below: Option<Vec<usize>> = projection
-                .projection_expr()
-                .iter()
-                .map(|e| e.expr.downcast_ref::<Column>().map(Column::index))
-                .collect();
-            let Some(below) = below else { return Ok(None) };
-            columns = columns.iter().map(|&c| below[c]).collect();
-            projection.input().clone()
-        } else if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
-            if !matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_)) || repartition.preserve_order() {
-                return Ok(None);
-            }
-            repartition.input().clone()
-        } else {
-            return Ok(None);
-        };
-        node = next;
-    };
+    let Some((join, columns)) = down_to::<MarkJoinExec>(filter.input()) else { return Ok(None) };
     let Some(join) = join.downcast_ref::<MarkJoinExec>() else { return Ok(None) };
     let joined = join.schema();
     let predicate = filter
@@ -233,6 +304,15 @@ impl DeviceScanRule {
     }
 
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+            if !cfg.device_scan {
+                return Ok(Transformed::no(plan));
+            }
+            return Ok(match absorb_aggregate_above(&plan, aggregate)? {
+                Some(p) => Transformed::yes(p),
+                None => Transformed::no(plan),
+            });
+        }
         if let Some(filter) = plan.downcast_ref::<FilterExec>() {
             if !cfg.device_scan {
                 return Ok(Transformed::no(plan));
@@ -356,6 +436,19 @@ mod tests {
         path.display().to_string()
     }
 
+    /// `batch` as the snappy Parquet file `name`.parquet under `dir`; its path.
+    fn snappy_file(dir: &std::path::Path, name: &str, batch: &RecordBatch) -> String {
+        let path = dir.join(format!("{name}.parquet"));
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        crate::scan::fixtures::write_file(&path, batch, props).unwrap();
+        path.display().to_string()
+    }
+
+    /// The physical plan of `sql` in `ctx`.
+    async fn physical(ctx: &SessionContext, sql: &str) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+        ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap()
+    }
+
     /// The decision's inputs before the rule runs: zstd pages count as host
     /// inflation (only the columns read: the key, and the output columns of a
     /// side whose rows are output), snappy pages do not; string keys are read
@@ -369,10 +462,7 @@ mod tests {
         let snappy = write(&dir, "s.parquet", Compression::SNAPPY);
         ctx.register_parquet("z", &zstd, ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("s", &snappy, ParquetReadOptions::default()).await.unwrap();
-        let plan = |sql: &'static str| {
-            let ctx = ctx.clone();
-            async move { ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap() }
-        };
+        let plan = |sql: &'static str| physical(&ctx, sql);
         let (z, s) = (plan("SELECT k, p, s FROM z").await, plan("SELECT k, p, s FROM s").await);
         let col = |name: &str, i: usize| -> PhysicalExprRef { Arc::new(Column::new(name, i)) };
         let (k, text) = (col("k", 0), col("s", 2));
@@ -430,10 +520,7 @@ mod tests {
         ctx.register_parquet("z", &zstd, ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("n", nullable.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("o", &snappy, sorted).await.unwrap();
-        let plan = |sql: &'static str| {
-            let ctx = ctx.clone();
-            async move { ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap() }
-        };
+        let plan = |sql: &'static str| physical(&ctx, sql);
         let k: PhysicalExprRef = Arc::new(Column::new("k", 0));
         let int = DataType::Int64;
         let why =
@@ -490,20 +577,14 @@ mod tests {
                 ],
             )
             .unwrap();
-            let path = dir.join(format!("{name}.parquet"));
-            let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
-            crate::scan::fixtures::write_file(&path, &batch, props).unwrap();
-            path.display().to_string()
+            snappy_file(&dir, name, &batch)
         };
         let ctx = crate::context();
         let (a, b, b_clean) = (table("a", 6000, 97, 3), table("b", 2500, 401, 11), table("c", 2500, i64::MAX, 11));
         ctx.register_parquet("a", &a, ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("b", &b, ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("c", &b_clean, ParquetReadOptions::default()).await.unwrap();
-        let plan = |sql: &'static str| {
-            let ctx = ctx.clone();
-            async move { ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap() }
-        };
+        let plan = |sql: &'static str| physical(&ctx, sql);
         let k: PhysicalExprRef = Arc::new(Column::new("k", 0));
         let int = DataType::Int64;
         let probe: Arc<dyn ExecutionPlan> =
@@ -595,6 +676,157 @@ mod tests {
                 let want = rows(reset(filter.clone()).unwrap()).await;
                 assert!(want.0 > 0, "{predicate}");
                 assert_eq!(rows(reset(rewritten).unwrap()).await, want, "{subquery}: {predicate} {projection:?}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    /// An aggregate without grouping over a selection whose kept side the
+    /// device reads is absorbed by the selection (`count(*)`, `count`, `sum`
+    /// of BIGINT and of INT cast, `min`, `max`, NULLs among the values), and
+    /// answers as DataFusion's aggregate did: reduced on the device where
+    /// there is one, else folded on the host. Grouping or another function
+    /// leaves the plan alone.
+    #[tokio::test]
+    async fn the_aggregate_above_a_device_read_selection_is_absorbed() {
+        use datafusion::functions_aggregate::average::avg_udaf;
+        use datafusion::functions_aggregate::count::count_udaf;
+        use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
+        use datafusion::functions_aggregate::sum::sum_udaf;
+        use datafusion::physical_expr::aggregate::{AggregateExprBuilder, AggregateFunctionExpr};
+        use datafusion::physical_expr::expressions::{lit, CastExpr};
+        use datafusion::physical_optimizer::PhysicalOptimizerRule;
+        use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
+        use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+        use datafusion::physical_plan::ExecutionPlan;
+
+        use crate::algo::select::SetOp;
+        use crate::config::Strategy;
+        use crate::exec::common::{Decision, NullMode, Reason};
+        use crate::exec::device_scan::DeviceScanExec;
+        use crate::exec::set_select::SetSelectExec;
+
+        let dir = std::env::temp_dir().join(format!("setfusion-aggregate-above-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let table = |name: &str, rows: i64, seed: i64| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int64, true),
+                Field::new("p", DataType::Int64, true),
+                Field::new("q", DataType::Int32, true),
+            ]));
+            let batch = RecordBatch::try_new(
+                schema,
+                vec![
+                    Arc::new(Int64Array::from_iter(
+                        (0..rows).map(|i| (i % 89 != 1).then_some((i * 7919 + seed) % 3001)),
+                    )),
+                    Arc::new(Int64Array::from_iter((0..rows).map(|i| (i % 11 != 5).then_some(i * 1_000_003 - 40_000)))),
+                    Arc::new(datafusion::arrow::array::Int32Array::from_iter(
+                        (0..rows).map(|i| (i % 13 != 2).then_some((i as i32) * 7 - 9000)),
+                    )),
+                ],
+            )
+            .unwrap();
+            snappy_file(&dir, name, &batch)
+        };
+        let ctx = crate::context();
+        let (a, b) = (table("a", 6000, 3), table("b", 2500, 11));
+        ctx.register_parquet("a", &a, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("b", &b, ParquetReadOptions::default()).await.unwrap();
+        let plan = |sql: &'static str| physical(&ctx, sql);
+        let k: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let int = DataType::Int64;
+        let probe: Arc<dyn ExecutionPlan> = Arc::new(
+            DeviceScanExec::try_from_input(&plan("SELECT k, p, q FROM a").await, &k, &int, Some(&[0, 1, 2])).unwrap(),
+        );
+        let build: Arc<dyn ExecutionPlan> =
+            Arc::new(DeviceScanExec::try_from_input(&plan("SELECT k FROM b").await, &k, &int, None).unwrap());
+        let options = ctx.state().config_options().clone();
+        let decision = Decision::gpu(Strategy::Auto, Reason::MinRowsZero);
+        for (op, nulls) in [(SetOp::Semi, NullMode::NeverEqual), (SetOp::Anti, NullMode::NeverEqual)] {
+            // The selection outputs [q, p] of the kept rows.
+            let selection: Arc<dyn ExecutionPlan> = Arc::new(
+                SetSelectExec::try_new(
+                    op,
+                    probe.clone(),
+                    build.clone(),
+                    vec![k.clone()],
+                    vec![k.clone()],
+                    nulls,
+                    decision.clone(),
+                    Some(vec![2, 1]),
+                )
+                .unwrap(),
+            );
+            let schema = selection.schema();
+            let c = |n: &str| -> PhysicalExprRef { Arc::new(Column::new_with_schema(n, &schema).unwrap()) };
+            let aggregate = |f, arg: PhysicalExprRef, name: &str| -> Arc<AggregateFunctionExpr> {
+                Arc::new(AggregateExprBuilder::new(f, vec![arg]).schema(schema.clone()).alias(name).build().unwrap())
+            };
+            let q_wide: PhysicalExprRef = Arc::new(CastExpr::new(c("q"), DataType::Int64, None));
+            let cases: Vec<(Vec<Arc<AggregateFunctionExpr>>, bool)> = vec![
+                (
+                    vec![
+                        aggregate(count_udaf(), lit(1i64), "count(*)"),
+                        aggregate(sum_udaf(), c("p"), "sum(p)"),
+                        aggregate(count_udaf(), c("p"), "count(p)"),
+                        aggregate(min_udaf(), c("q"), "min(q)"),
+                        aggregate(max_udaf(), c("p"), "max(p)"),
+                        aggregate(sum_udaf(), q_wide, "sum(q)"),
+                    ],
+                    true,
+                ),
+                (vec![aggregate(count_udaf(), lit(1i64), "count(*)")], true),
+                (
+                    vec![aggregate(avg_udaf(), Arc::new(CastExpr::new(c("p"), DataType::Float64, None)), "avg(p)")],
+                    false,
+                ),
+            ];
+            for (aggregates, absorbed) in cases {
+                let n = aggregates.len();
+                let none = PhysicalGroupBy::new_single(vec![]);
+                let partial = Arc::new(
+                    AggregateExec::try_new(
+                        AggregateMode::Partial,
+                        none.clone(),
+                        aggregates.clone(),
+                        vec![None; n],
+                        selection.clone(),
+                        schema.clone(),
+                    )
+                    .unwrap(),
+                );
+                let top: Arc<dyn ExecutionPlan> = Arc::new(
+                    AggregateExec::try_new(
+                        AggregateMode::Final,
+                        none,
+                        aggregates.clone(),
+                        vec![None; n],
+                        Arc::new(CoalescePartitionsExec::new(partial)),
+                        schema.clone(),
+                    )
+                    .unwrap(),
+                );
+                let rewritten = super::DeviceScanRule.optimize(top.clone(), &options).unwrap();
+                let node = rewritten.downcast_ref::<SetSelectExec>();
+                assert_eq!(node.is_some(), absorbed, "{op:?} {aggregates:?}");
+                if let Some(node) = node {
+                    assert!(node.aggregate_above().is_some());
+                    assert_eq!(rewritten.schema(), top.schema());
+                    assert_eq!(rewritten.properties().partitioning.partition_count(), 1);
+                }
+                let rows = |plan: Arc<dyn ExecutionPlan>| {
+                    let task = ctx.task_ctx();
+                    async move {
+                        let batches = datafusion::physical_plan::collect(plan, task).await.unwrap();
+                        datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string()
+                    }
+                };
+                // (Both plans share their scans, whose state a first execution uses up.)
+                let reset = datafusion::physical_plan::execution_plan::reset_plan_states;
+                let want = rows(reset(top.clone()).unwrap()).await;
+                assert_eq!(rows(reset(rewritten.clone()).unwrap()).await, want, "{op:?}");
+                // Executed again, the same answer.
+                assert_eq!(rows(reset(rewritten).unwrap()).await, want, "{op:?}, again");
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -202,6 +202,11 @@ const QUERIES: &[&str] = &[
     "SELECT count(*) FROM a WHERE EXISTS (SELECT 1 FROM b_zstd WHERE b_zstd.s = a.s)",
     "SELECT count(*) FROM (SELECT s FROM a INTERSECT SELECT s FROM b)",
     "SELECT count(*) FROM a WHERE s IN (SELECT s FROM (VALUES ('s1'), ('s17xxxx'), ('')) t(s))",
+    // Aggregates absorbed by the selection (no row kept: counts 0, the rest NULL).
+    AGGREGATE_ABOVE,
+    "SELECT sum(p), min(k), max(k32), count(k32) FROM a WHERE k IN (SELECT k FROM b WHERE p < 0)",
+    "SELECT count(*), sum(k) FROM (SELECT k FROM a INTERSECT SELECT k FROM b)",
+    "SELECT max(p), sum(k32) FROM a WHERE p > 10 AND k NOT IN (SELECT k FROM b_no_nulls)",
 ];
 
 /// A semi join on string keys, both sides read by the device.
@@ -215,6 +220,10 @@ const PAGE_PRUNED: &str = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WH
 
 /// A filter over a BOOLEAN column on both sides.
 const BOOLEAN_FILTERED: &str = "SELECT count(*) FROM a WHERE f AND k IN (SELECT k FROM b WHERE f)";
+
+/// Aggregates the selection absorbs over columns with NULLs, INT and BIGINT, string keys.
+const AGGREGATE_ABOVE: &str = "SELECT count(*), count(k), sum(k32), min(k32), max(k), min(p) FROM a \
+     WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.s = a.s)";
 
 /// A filtered probe side whose (non-NULL) column is output.
 const FILTERED_OUTPUT: &str = "SELECT sum(p), count(*) FROM a WHERE p > 10 AND k IN (SELECT k FROM b)";
@@ -339,6 +348,21 @@ fn device_scan_answers_equal_host_scan() {
             assert!(plan.contains("output=[k, p]"), "{plan}");
             let analyzed = explain(&device, QUERIES[5], true).await;
             assert!(!analyzed.contains("fell back"), "{analyzed}");
+            // The aggregate above (count, sum, min, max without grouping) absorbed by the selection
+            // and reduced on the device: no AggregateExec left, nothing but its row back (a
+            // filtered probe side's two segments, string keys among them).
+            let no_cache = session(&dir, &["SET setfusion.min_rows = 0", "SET setfusion.cache_limit = 0"], true).await;
+            for sql in [QUERIES[5], QUERIES[6], FILTERED_OUTPUT, AGGREGATE_ABOVE] {
+                let plan = explain(&device, sql, false).await;
+                assert!(plan.contains("aggregate_above=[") && !plan.contains("AggregateExec"), "{plan}");
+                let analyzed = explain(&no_cache, sql, true).await;
+                assert!(analyzed.contains("the aggregate above reduced on the device"), "{analyzed}");
+                assert!(!analyzed.contains("fell back"), "{analyzed}");
+            }
+            // Grouping leaves DataFusion's aggregate in place.
+            let grouped = "SELECT k32, sum(p) FROM a WHERE k IN (SELECT k FROM b) GROUP BY k32";
+            let plan = explain(&device, grouped, false).await;
+            assert!(plan.contains("AggregateExec") && !plan.contains("aggregate_above"), "{plan}");
             // Output and filtered: the device puts the output column in its keys' order
             // (NULL keys last: NOT EXISTS outputs those rows too).
             for sql in

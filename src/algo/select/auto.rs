@@ -19,7 +19,10 @@ use super::{
     bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool,
     GpuStrategy, SetOp,
 };
-use crate::gpu::{compact_kept_keys, compact_kept_keys_cpu, DeviceBuffer, Gpu, PendingBuffer, TransferStats};
+use crate::gpu::{
+    compact_kept_keys, compact_kept_keys_cpu, reduce_kept, reduce_kept_cpu, DeviceBuffer, Gpu, PendingBuffer,
+    TransferStats,
+};
 use crate::util::trace;
 
 /// Device bytes a strategy needs for these inputs (used to plan partitions).
@@ -792,7 +795,43 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             compacted += 1;
         }
     }
-    Ok(format!("{checked} op/strategy/input combinations and {compacted} kept-key compactions match the CPU twin"))
+    // The kept rows' aggregates: with and without a validity, extreme values (the sum wraps).
+    let mut reduced = 0;
+    for n in [0usize, 1, 33, 8193, 1_000_003] {
+        for (density, with_valid) in [(0.0, false), (0.3, true), (1.0, false), (1.0, true)] {
+            let values: Vec<i64> = (0..n)
+                .map(|i| match i % 97 {
+                    0 => i64::MAX,
+                    1 => i64::MIN,
+                    _ => rng.random_range(-1_000_000_000_000i64..1_000_000_000_000),
+                })
+                .collect();
+            let sel = BooleanBuffer::from_iter((0..n).map(|_| rng.random_bool(density)));
+            let valid = with_valid.then(|| BooleanBuffer::from_iter((0..n).map(|_| rng.random_bool(0.8))));
+            let mut stats = TransferStats::default();
+            let lanes: Vec<u64> = values.iter().map(|&v| v as u64).collect();
+            let d_values = gpu.upload(if n == 0 { &[0u64][..] } else { &lanes }, &mut stats)?;
+            // (A device buffer holds one word at least.)
+            let words = |b: &BooleanBuffer| if n == 0 { vec![0u32] } else { bool_to_words(b) };
+            let d_sel = gpu.upload(&words(&sel), &mut stats)?;
+            let d_valid = match &valid {
+                Some(v) => Some(gpu.upload(&words(v), &mut stats)?),
+                None => None,
+            };
+            let got = reduce_kept(gpu, &d_values, d_valid.as_ref(), &d_sel, n, &mut stats)?;
+            let want = reduce_kept_cpu(&values, valid.as_ref(), &sel);
+            if got != want {
+                return Err(DataFusionError::Execution(format!(
+                    "kept rows' aggregates self-check failed: {n} rows, density {density}: {got:?}, want {want:?}"
+                )));
+            }
+            reduced += 1;
+        }
+    }
+    Ok(format!(
+        "{checked} op/strategy/input combinations, {compacted} kept-key compactions and {reduced} kept-row \
+         reductions match the CPU twin"
+    ))
 }
 
 #[cfg(test)]
