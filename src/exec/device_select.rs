@@ -773,20 +773,29 @@ pub(crate) struct MarkedRowsFilter<'a> {
     #[allow(clippy::type_complexity)]
     pub mark: &'a (dyn Fn(&BooleanBuffer, Option<&NullBuffer>, usize, usize) -> datafusion::arrow::array::BooleanArray
              + Sync),
+    /// An aggregate above the filter: the kept rows' projected columns are
+    /// reduced on the device ([`gpu::reduce_kept`]), not brought back.
+    pub reduce: bool,
 }
+
+/// The rows a filter above kept: their projected columns (brought back), or
+/// with [`MarkedRowsFilter::reduce`] those columns' aggregates (reduced on
+/// the device), and how many rows it kept.
+type FilteredOutput = (Vec<ArrayRef>, Option<Vec<KeptAggregates>>, usize);
 
 /// The marked rows `filter` keeps, decoded by the device (`columns`, every
 /// probe row, one segment each) with their `mark`: the program run over the
-/// columns and the mark there, the kept rows' projected columns brought back,
-/// and how many rows it kept. `Ok(Err(why))`: the host evaluates the filter
-/// (checked arithmetic overflowed: DataFusion's expression raises or wraps).
+/// columns and the mark there, the kept rows' projected columns brought back
+/// (or reduced), and how many rows it kept. `Ok(Err(why))`: the host
+/// evaluates the filter (checked arithmetic overflowed: DataFusion's
+/// expression raises or wraps; the mark itself aggregated).
 fn filter_marked_rows(
     g: &Gpu,
     columns: &[PayloadColumn],
     mark: &datafusion::arrow::array::BooleanArray,
     filter: &MarkedRowsFilter<'_>,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<(Vec<ArrayRef>, usize), String>> {
+) -> Result<std::result::Result<FilteredOutput, String>> {
     use datafusion::arrow::array::Array;
     let n = mark.len();
     let mut program_columns: Vec<(&DeviceBuffer<u64>, Option<&DeviceBuffer<u32>>)> = Vec::new();
@@ -811,6 +820,15 @@ fn filter_marked_rows(
     let kept = gpu::count_kept_on_device(g, &pass, n, stats)?;
     crate::util::trace("filter above: rows passed and counted");
     drop(program_columns);
+    if filter.reduce {
+        let mut aggregates = Vec::with_capacity(filter.projection.len());
+        for &j in filter.projection {
+            let Some(column) = columns.get(j) else { return Ok(Err("the mark is aggregated".into())) };
+            let d = &column.segments[0].0;
+            aggregates.push(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), &pass, n, stats)?);
+        }
+        return Ok(Ok((Vec::new(), Some(aggregates), kept)));
+    }
     // The pass bits on the host, once, where a column is filtered there.
     let mut pass_bits: Option<BooleanBuffer> = None;
     let mut host_pass = |stats: &mut TransferStats| -> Result<BooleanBuffer> {
@@ -846,7 +864,7 @@ fn filter_marked_rows(
             Err(why) => return Ok(Err(why)),
         }
     }
-    Ok(Ok((out, kept)))
+    Ok(Ok((out, None, kept)))
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -1069,9 +1087,13 @@ pub(crate) fn select_device_scanned(
                             crate::util::trace("filter above: its columns decoded");
                             let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
                             match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
-                                Ok((arrays, kept_rows)) => {
+                                Ok((arrays, aggregates, kept_rows)) => {
                                     ran = format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
+                                    if aggregates.is_some() {
+                                        ran = format!("{ran}; the aggregate above reduced on the device");
+                                    }
                                     filtered_rows = Some(kept_rows);
+                                    reduced = aggregates;
                                     Ok((arrays, note))
                                 }
                                 Err(why) => Err(why),

@@ -42,6 +42,10 @@
 //! rows' projected columns come back (none, for a `count(*)` above); the
 //! host, where the device cannot (a fallback, an overflow), evaluates
 //! DataFusion's predicate over each marked batch as `FilterExec` would.
+//! Above such a filter, an aggregate without grouping over the kept rows'
+//! columns (not the mark) may be absorbed too ([`MarkJoinExec::with_aggregate_above`]):
+//! the device reduces the kept rows' columns, and only the aggregates' row
+//! comes back; the host folds the filtered batches where the device did not.
 //!
 //! Memory: one `MemoryConsumer` per execution reserves both collected inputs
 //! and the encoded keys; once the marks are computed, each partition's probe
@@ -83,6 +87,7 @@ use crate::config::SetfusionConfig;
 use crate::exec::common::{input_context, Backend, Decision, NullMode};
 use crate::exec::device_scan::DeviceScanExec;
 use crate::exec::dynamic_filter::{self, DynamicKeyFilter, FilteredInput, KeepNulls, KeyFilterPlan};
+use crate::exec::kept_aggregate::{AggregateAbove, Folding};
 use crate::exec::memory::{
     array_slice_bytes, collect_partitions_reserved, hold_device, reservation, slice_bytes, Execution, Parts, SharedRun,
 };
@@ -111,8 +116,9 @@ pub enum MarkOutput {
 }
 
 /// The `FilterExec` (with its projection) above a mark join, absorbed by it:
-/// the node outputs the marked rows the predicate keeps, projected.
-#[derive(Debug)]
+/// the node outputs the marked rows the predicate keeps, projected (or, with
+/// an aggregate above absorbed too, their aggregates' row).
+#[derive(Debug, Clone)]
 pub struct FilterAbove {
     /// The predicate over the marked rows (the probe columns, then the mark).
     pub predicate: PhysicalExprRef,
@@ -122,6 +128,10 @@ pub struct FilterAbove {
     pub projection: Vec<usize>,
     /// The marked rows' schema (the node's own without the filter above).
     marked_schema: SchemaRef,
+    /// The kept rows' projected schema (the `FilterExec`'s output).
+    rows_schema: SchemaRef,
+    /// The aggregate above, absorbed: the node outputs its one row.
+    aggregate: Option<Arc<AggregateAbove>>,
 }
 
 /// A residual filter's device programs, or why the device cannot evaluate it.
@@ -321,15 +331,57 @@ impl MarkJoinExec {
         }
         let mut exec =
             self.rebuilt(self.spec.probe.clone(), self.spec.build.clone()).map_err(|e| crate::util::one_line(&e))?;
-        exec.filter_above = Some(Arc::new(FilterAbove { predicate, program, projection, marked_schema: marked }));
+        let rows_schema = schema.clone();
+        let filter =
+            FilterAbove { predicate, program, projection, marked_schema: marked, rows_schema, aggregate: None };
+        exec.filter_above = Some(Arc::new(filter));
         exec.schema = schema;
         exec.cache = above.properties().clone();
         Ok(exec)
     }
 
+    /// This node, with its filter above absorbed, with the aggregate above
+    /// that absorbed too: `above` (the aggregate's final node, whose output it
+    /// takes over: schema and properties) and what it computes, over the
+    /// filter's output columns but the mark. Err: why not.
+    pub fn with_aggregate_above(
+        &self,
+        above: &Arc<dyn ExecutionPlan>,
+        aggregate: AggregateAbove,
+    ) -> std::result::Result<Self, String> {
+        let Some(filter) = &self.filter_above else { return Err("no filter above absorbed".into()) };
+        if filter.aggregate.is_some() || self.fetch.is_some() || self.broadcast_build {
+            return Err("a mark join with a fetch, an aggregate or a broadcast subquery side".into());
+        }
+        let mark = filter.marked_schema.fields().len() - 1;
+        if aggregate.columns_read().iter().any(|&c| filter.projection.get(c).is_none_or(|&m| m == mark)) {
+            return Err("an aggregate over the mark".into());
+        }
+        if aggregate.schema().as_ref() != above.schema().as_ref() {
+            return Err("the aggregate's output is not its node's".into());
+        }
+        let mut exec =
+            self.rebuilt(self.spec.probe.clone(), self.spec.build.clone()).map_err(|e| crate::util::one_line(&e))?;
+        exec.filter_above = Some(Arc::new(FilterAbove { aggregate: Some(Arc::new(aggregate)), ..(**filter).clone() }));
+        exec.schema = above.schema();
+        exec.cache = above.properties().clone();
+        Ok(exec)
+    }
+
+    /// The absorbed aggregate above (over the absorbed filter), if any.
+    pub fn aggregate_above(&self) -> Option<&AggregateAbove> {
+        self.filter_above.as_ref().and_then(|f| f.aggregate.as_deref())
+    }
+
     /// The absorbed filter above, if any.
     pub fn filter_above(&self) -> Option<&FilterAbove> {
         self.filter_above.as_deref()
+    }
+
+    /// The schema of the rows the node forms: the filter above's output where
+    /// one is absorbed (an aggregate above folds them), else its own.
+    fn rows_schema(&self) -> SchemaRef {
+        self.filter_above.as_ref().map_or_else(|| self.schema.clone(), |a| a.rows_schema.clone())
     }
 
     /// The key pair (probe, build) a device scan of the subquery side would
@@ -511,6 +563,9 @@ impl DisplayAs for MarkJoinExec {
             let marked = above.marked_schema.fields();
             let names: Vec<&str> = above.projection.iter().map(|&i| marked[i].name().as_str()).collect();
             write!(f, ", filter_above={} (on the device), output=[{}]", above.predicate, names.join(", "))?;
+            if let Some(aggregate) = &above.aggregate {
+                write!(f, ", aggregate_above=[{}]", aggregate.names().join(", "))?;
+            }
         }
         if let Some(fetch) = self.fetch {
             write!(f, ", fetch={fetch}")?;
@@ -619,11 +674,12 @@ impl ExecutionPlan for MarkJoinExec {
             ran: self.ran.clone(),
             scan_fell_back: None,
             filter_above: self.filter_above.clone(),
-            schema: self.schema.clone(),
+            schema: self.rows_schema(),
             output_partitions: self.cache.output_partitioning().partition_count(),
         };
-        let (fetch, output, schema) = (self.fetch, self.output, self.schema.clone());
+        let (fetch, output, schema) = (self.fetch, self.output, self.rows_schema());
         let above = self.filter_above.clone();
+        let ran = self.ran.clone();
         let broadcast = self.broadcast_build.then(|| self.broadcast.join(partition));
         let metrics = self.metrics.clone();
         let elapsed_compute = baseline.elapsed_compute().clone();
@@ -646,6 +702,34 @@ impl ExecutionPlan for MarkJoinExec {
                 Some(part) => (part.0, Some(part.1)),
                 None => (Vec::new(), None),
             };
+            if let Some(aggregate) = above.as_ref().and_then(|a| a.aggregate.clone()) {
+                // The aggregate's row: the device's, or the filtered rows folded into it here.
+                let mut folding = Folding::new(&aggregate);
+                let mut row = None;
+                for ((b, mark), bytes) in batches {
+                    if mark.is_none() && Arc::ptr_eq(&b.schema(), aggregate.schema()) {
+                        row = Some(b);
+                        continue;
+                    }
+                    let _timer = elapsed_compute.timer();
+                    if let Some(kept) = form_output(output, above.as_deref(), &schema, b, mark)? {
+                        folding.add(&kept)?;
+                    }
+                    if let Some(m) = &memory {
+                        let _ = m.try_shrink(bytes);
+                    }
+                }
+                let row = match row {
+                    Some(row) => row,
+                    None => {
+                        if let Some(r) = ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                            r.push_str("; the aggregate above folded on the host");
+                        }
+                        folding.finish()?
+                    }
+                };
+                return Ok::<_, DataFusionError>(futures::stream::iter(vec![Ok(row)]).boxed());
+            }
             // Each probe batch's bytes are reserved until its output is formed and returned.
             let formed = batches.into_iter().map(move |((b, mark), bytes)| {
                 let _timer = elapsed_compute.timer();
@@ -655,7 +739,7 @@ impl ExecutionPlan for MarkJoinExec {
                 }
                 out
             });
-            Ok::<_, DataFusionError>(futures::stream::iter(formed.filter_map(|r| r.transpose())))
+            Ok(futures::stream::iter(formed.filter_map(|r| r.transpose())).boxed())
         };
         let stream = futures::stream::once(fut).try_flatten();
         // Rows are counted as they leave, after the fetch's limit.
@@ -1109,7 +1193,9 @@ impl Run {
             let probe_null = probe_nulls.map(|n| !n.inner());
             mark_array(kind, scanned_facts(kind, sel.clone(), rows, nulls, probe_null))
         };
-        let marked_rows = MarkedRowsFilter { program: &program, projection: &projection, mark: &mark };
+        let aggregate = self.filter_above.as_ref().and_then(|a| a.aggregate.clone());
+        let marked_rows =
+            MarkedRowsFilter { program: &program, projection: &projection, mark: &mark, reduce: aggregate.is_some() };
         let filter = self.filter_above.as_ref().map(|_| &marked_rows);
         let (probe_side, output) = match (probe_parts, self.spec.scanned_probe()) {
             (Some(parts), _) => (Side::Host(parts.iter().flatten().collect(), probe_key.clone()), None),
@@ -1138,6 +1224,13 @@ impl Run {
             }
             Ok(())
         };
+        // The output itself: the aggregates' row over the rows the filter above kept, by the device.
+        if let (Some(rows), Some(reduced), Some(aggregate)) = (selected.filtered_rows, &selected.reduced, &aggregate) {
+            let of = |c: usize| reduced.get(c).copied().unwrap_or(crate::gpu::KeptAggregates::EMPTY);
+            let row = aggregate.batch(rows as u64, &of)?;
+            crate::util::trace("mark join: the aggregate above's row formed");
+            return Ok(Ok(Scanned::Formed(vec![vec![row]])));
+        }
         // The output itself: the rows the filter above kept, projected, by the device.
         if let (Some(rows), Some(columns)) = (selected.filtered_rows, &selected.payload) {
             reserve(columns)?;

@@ -201,19 +201,28 @@ fn absorb_aggregate_above(
         _ => return Ok(None),
     };
     let Some(reading) = reading.downcast_ref::<AggregateExec>() else { return Ok(None) };
-    let Some((selection, columns)) = down_to::<SetSelectExec>(reading.input()) else { return Ok(None) };
-    let Some(selection) = selection.downcast_ref::<SetSelectExec>() else { return Ok(None) };
-    let above = AggregateAbove::try_new(
-        reading.aggr_expr(),
-        reading.filter_expr(),
-        &reading.input_schema(),
-        &columns,
-        &selection.schema(),
-        plan.schema(),
-    )
-    .and_then(|above| selection.with_aggregate_above(plan, above));
+    let below = down_to::<SetSelectExec>(reading.input()).or_else(|| down_to::<MarkJoinExec>(reading.input()));
+    let Some((node, columns)) = below else { return Ok(None) };
+    let aggregate = |node: &Arc<dyn ExecutionPlan>| {
+        AggregateAbove::try_new(
+            reading.aggr_expr(),
+            reading.filter_expr(),
+            &reading.input_schema(),
+            &columns,
+            &node.schema(),
+            plan.schema(),
+        )
+    };
+    let above: std::result::Result<Arc<dyn ExecutionPlan>, String> =
+        if let Some(selection) = node.downcast_ref::<SetSelectExec>() {
+            aggregate(&node).and_then(|a| selection.with_aggregate_above(plan, a)).map(|n| Arc::new(n) as _)
+        } else if let Some(join) = node.downcast_ref::<MarkJoinExec>() {
+            aggregate(&node).and_then(|a| join.with_aggregate_above(plan, a)).map(|n| Arc::new(n) as _)
+        } else {
+            return Ok(None);
+        };
     match above {
-        Ok(absorbed) => Ok(Some(Arc::new(absorbed))),
+        Ok(absorbed) => Ok(Some(absorbed)),
         Err(why) => {
             crate::util::trace(&format!("the aggregate above the selection stays: {why}"));
             Ok(None)
@@ -442,6 +451,41 @@ mod tests {
         let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
         crate::scan::fixtures::write_file(&path, batch, props).unwrap();
         path.display().to_string()
+    }
+
+    /// `aggregates` without grouping over `input`, as DataFusion plans them
+    /// over several partitions: `Final` over `CoalescePartitionsExec` over `Partial`.
+    fn aggregated(
+        input: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        aggregates: Vec<Arc<datafusion::physical_expr::aggregate::AggregateFunctionExpr>>,
+    ) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+        use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
+        use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+        let (n, schema, none) = (aggregates.len(), input.schema(), PhysicalGroupBy::new_single(vec![]));
+        let partial = AggregateExec::try_new(
+            AggregateMode::Partial,
+            none.clone(),
+            aggregates.clone(),
+            vec![None; n],
+            input,
+            schema.clone(),
+        )
+        .unwrap();
+        let coalesced = Arc::new(CoalescePartitionsExec::new(Arc::new(partial)));
+        Arc::new(
+            AggregateExec::try_new(AggregateMode::Final, none, aggregates, vec![None; n], coalesced, schema).unwrap(),
+        )
+    }
+
+    /// The aggregate function `f` of `arg` over rows of `schema`, named `name`.
+    fn aggregate_of(
+        f: Arc<datafusion::logical_expr::AggregateUDF>,
+        arg: PhysicalExprRef,
+        name: &str,
+        schema: &datafusion::arrow::datatypes::SchemaRef,
+    ) -> Arc<datafusion::physical_expr::aggregate::AggregateFunctionExpr> {
+        use datafusion::physical_expr::aggregate::AggregateExprBuilder;
+        Arc::new(AggregateExprBuilder::new(f, vec![arg]).schema(schema.clone()).alias(name).build().unwrap())
     }
 
     /// The physical plan of `sql` in `ctx`.
@@ -677,9 +721,49 @@ mod tests {
                 assert!(want.0 > 0, "{predicate}");
                 assert_eq!(rows(reset(rewritten).unwrap()).await, want, "{subquery}: {predicate} {projection:?}");
             }
+            // The aggregate above the absorbed filter ([p, k] out): absorbed too, unless it reads the mark.
+            use datafusion::functions_aggregate::count::count_udaf;
+            use datafusion::functions_aggregate::min_max::max_udaf;
+            use datafusion::functions_aggregate::sum::sum_udaf;
+            for (projection, absorbed) in [(vec![0, 2], true), (vec![1, 0], false)] {
+                let filter: Arc<dyn ExecutionPlan> = Arc::new(
+                    FilterExecBuilder::new(p_below.clone(), projected.clone())
+                        .apply_projection(Some(projection.clone()))
+                        .unwrap()
+                        .build()
+                        .unwrap(),
+                );
+                let rows_schema = filter.schema();
+                let c = |i: usize| -> PhysicalExprRef { Arc::new(Column::new(rows_schema.field(i).name(), i)) };
+                let of = |f, arg, name: &str| aggregate_of(f, arg, name, &rows_schema);
+                let top = aggregated(
+                    filter,
+                    vec![
+                        of(count_udaf(), lit(1i64), "count(*)"),
+                        of(sum_udaf(), c(1 - absorbed as usize), "sum(p)"),
+                        of(count_udaf(), c(absorbed as usize), "count(x)"),
+                        of(max_udaf(), c(1 - absorbed as usize), "max(p)"),
+                    ],
+                );
+                let rewritten = super::DeviceScanRule.optimize(top.clone(), &options).unwrap();
+                let node = rewritten.downcast_ref::<MarkJoinExec>();
+                assert_eq!(node.is_some_and(|n| n.aggregate_above().is_some()), absorbed, "{projection:?}");
+                assert_eq!(rewritten.schema(), top.schema());
+                let collect = |plan: Arc<dyn ExecutionPlan>| {
+                    let task = ctx.task_ctx();
+                    async move {
+                        let batches = datafusion::physical_plan::collect(plan, task).await.unwrap();
+                        datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string()
+                    }
+                };
+                let reset = datafusion::physical_plan::execution_plan::reset_plan_states;
+                let want = collect(reset(top.clone()).unwrap()).await;
+                assert_eq!(collect(reset(rewritten).unwrap()).await, want, "{subquery}: {projection:?}");
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+
     /// An aggregate without grouping over a selection whose kept side the
     /// device reads is absorbed by the selection (`count(*)`, `count`, `sum`
     /// of BIGINT and of INT cast, `min`, `max`, NULLs among the values), and
@@ -692,11 +776,9 @@ mod tests {
         use datafusion::functions_aggregate::count::count_udaf;
         use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
         use datafusion::functions_aggregate::sum::sum_udaf;
-        use datafusion::physical_expr::aggregate::{AggregateExprBuilder, AggregateFunctionExpr};
+        use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
         use datafusion::physical_expr::expressions::{lit, CastExpr};
         use datafusion::physical_optimizer::PhysicalOptimizerRule;
-        use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
-        use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
         use datafusion::physical_plan::ExecutionPlan;
 
         use crate::algo::select::SetOp;
@@ -759,9 +841,7 @@ mod tests {
             );
             let schema = selection.schema();
             let c = |n: &str| -> PhysicalExprRef { Arc::new(Column::new_with_schema(n, &schema).unwrap()) };
-            let aggregate = |f, arg: PhysicalExprRef, name: &str| -> Arc<AggregateFunctionExpr> {
-                Arc::new(AggregateExprBuilder::new(f, vec![arg]).schema(schema.clone()).alias(name).build().unwrap())
-            };
+            let aggregate = |f, arg: PhysicalExprRef, name: &str| aggregate_of(f, arg, name, &schema);
             let q_wide: PhysicalExprRef = Arc::new(CastExpr::new(c("q"), DataType::Int64, None));
             let cases: Vec<(Vec<Arc<AggregateFunctionExpr>>, bool)> = vec![
                 (
@@ -782,30 +862,7 @@ mod tests {
                 ),
             ];
             for (aggregates, absorbed) in cases {
-                let n = aggregates.len();
-                let none = PhysicalGroupBy::new_single(vec![]);
-                let partial = Arc::new(
-                    AggregateExec::try_new(
-                        AggregateMode::Partial,
-                        none.clone(),
-                        aggregates.clone(),
-                        vec![None; n],
-                        selection.clone(),
-                        schema.clone(),
-                    )
-                    .unwrap(),
-                );
-                let top: Arc<dyn ExecutionPlan> = Arc::new(
-                    AggregateExec::try_new(
-                        AggregateMode::Final,
-                        none,
-                        aggregates.clone(),
-                        vec![None; n],
-                        Arc::new(CoalescePartitionsExec::new(partial)),
-                        schema.clone(),
-                    )
-                    .unwrap(),
-                );
+                let top = aggregated(selection.clone(), aggregates.clone());
                 let rewritten = super::DeviceScanRule.optimize(top.clone(), &options).unwrap();
                 let node = rewritten.downcast_ref::<SetSelectExec>();
                 assert_eq!(node.is_some(), absorbed, "{op:?} {aggregates:?}");

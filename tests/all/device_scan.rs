@@ -252,8 +252,13 @@ const MARK_QUERIES: &[&str] = &[
     // The filter above absorbed by the join and run on the device: over the mark and a column
     // (NULL marks dropped), the mark and a column with NULLs output.
     MARK_FILTER_ABOVE,
+    MARK_AGGREGATE_ABOVE,
     "SELECT k32, m FROM (SELECT k32, p, k IN (SELECT k FROM b_no_nulls) AS m FROM a) t WHERE m OR k32 IS NULL",
 ];
+
+/// Aggregates over the rows a filter above a mark join keeps (columns with NULLs, INT and BIGINT).
+const MARK_AGGREGATE_ABOVE: &str =
+    "SELECT count(*), sum(p), max(k32), count(k), min(k) FROM a WHERE k NOT IN (SELECT k FROM b) OR p < 100";
 
 /// A filter over the mark and a probe column whose output is the column and the mark.
 const MARK_FILTER_ABOVE: &str =
@@ -419,6 +424,12 @@ fn device_scan_answers_equal_host_scan() {
                 assert!(analyzed.contains("the filter above run on the device"), "{analyzed}");
                 assert!(!analyzed.contains("fell back"), "{analyzed}");
             }
+            // The aggregate above that filter absorbed too and reduced on the device.
+            let plan = explain(&device, MARK_AGGREGATE_ABOVE, false).await;
+            assert!(plan.contains("aggregate_above=[") && !plan.contains("AggregateExec"), "{plan}");
+            let analyzed = explain(&uncached, MARK_AGGREGATE_ABOVE, true).await;
+            assert!(analyzed.contains("the aggregate above reduced on the device"), "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
             let analyzed = explain(&uncached, MARK_FILTERED_PROBE, true).await;
             assert_eq!(analyzed.matches("DeviceScanExec").count(), 2, "{analyzed}");
             assert!(analyzed.contains("filtered on the device") && !analyzed.contains("fell back"), "{analyzed}");
