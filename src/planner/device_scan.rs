@@ -174,8 +174,12 @@ fn absorb_aggregate_above(
     plan: &Arc<dyn ExecutionPlan>,
     top: &AggregateExec,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let stays = |why: &str| {
+        crate::util::trace(&format!("the aggregate above stays: {why}"));
+        Ok(None)
+    };
     if !top.group_expr().is_empty() {
-        return Ok(None);
+        return stays("grouping");
     }
     let reading: Arc<dyn ExecutionPlan> = match top.mode() {
         AggregateMode::Single if top.input().output_partitioning().partition_count() == 1 => plan.clone(),
@@ -183,7 +187,7 @@ fn absorb_aggregate_above(
             let mut below = top.input().clone();
             if let Some(coalesce) = below.downcast_ref::<CoalescePartitionsExec>() {
                 if coalesce.fetch().is_some() {
-                    return Ok(None);
+                    return stays("a fetch");
                 }
                 below = coalesce.input().clone();
             }
@@ -195,14 +199,18 @@ fn absorb_aggregate_above(
                 {
                     below
                 }
-                _ => return Ok(None),
+                _ => return stays(&format!("{} under the final aggregate", below.name())),
             }
         }
-        _ => return Ok(None),
+        // (The partial one is read from the final one above it.)
+        AggregateMode::Partial => return Ok(None),
+        mode => return stays(&format!("mode {mode:?}")),
     };
     let Some(reading) = reading.downcast_ref::<AggregateExec>() else { return Ok(None) };
     let below = down_to::<SetSelectExec>(reading.input()).or_else(|| down_to::<MarkJoinExec>(reading.input()));
-    let Some((node, columns)) = below else { return Ok(None) };
+    let Some((node, columns)) = below else {
+        return stays(&format!("{} under the aggregate", reading.input().name()));
+    };
     let aggregate = |node: &Arc<dyn ExecutionPlan>| {
         AggregateAbove::try_new(
             reading.aggr_expr(),
@@ -224,7 +232,7 @@ fn absorb_aggregate_above(
     match above {
         Ok(absorbed) => Ok(Some(absorbed)),
         Err(why) => {
-            crate::util::trace(&format!("the aggregate above the selection stays: {why}"));
+            crate::util::trace(&format!("the aggregate above stays: {why}"));
             Ok(None)
         }
     }
