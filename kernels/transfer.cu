@@ -84,7 +84,6 @@ extern "C" __global__ void compact_kept(const u32* sel, u64 n, const u64* keys, 
     }
 }
 
-
 // The aggregates of the kept rows of one decoded column of signed 64-bit
 // lanes, so a count / sum / min / max over a selection's rows never brings
 // the rows back: out = {rows kept with a value, their wrapping sum, min,

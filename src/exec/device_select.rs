@@ -430,28 +430,32 @@ fn upload_bits(g: &Gpu, bits: &BooleanBuffer, stats: &mut TransferStats) -> Resu
 
 /// Each output column's kept rows' aggregates, reduced on the device
 /// ([`gpu::reduce_kept`]): four numbers a column come back, not its rows.
-/// A selection's words are uploaded once for every column of its segment.
-/// `Ok(Err(why))`: a segment whose selection is not one bit a row.
+/// Every column has the same segments of the selection ([`payload_on_device`]),
+/// so each segment's words are uploaded once, from the first column's.
+/// `Ok(Err(why))`: a column whose segments are not those.
 fn reduce_payload(
     g: &Gpu,
     columns: &[PayloadColumn],
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<KeptAggregates>, String>> {
-    let mut words: Vec<Option<DeviceBuffer<u32>>> = Vec::new();
+    let Some(first) = columns.first() else { return Ok(Ok(Vec::new())) };
+    let words: Vec<(usize, DeviceBuffer<u32>)> =
+        first.segments.iter().map(|(_, sel)| Ok((sel.len(), upload_bits(g, sel, stats)?))).collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(columns.len());
     for column in columns {
+        if column.segments.len() != words.len() {
+            return Ok(Err(format!(
+                "column {}: {} segments, the first column {}",
+                column.name,
+                column.segments.len(),
+                words.len()
+            )));
+        }
         let mut agg = KeptAggregates::EMPTY;
-        for (i, (d, sel)) in column.segments.iter().enumerate() {
-            if sel.len() != d.rows {
-                return Ok(Err(format!("column {}: {} rows, a selection of {}", column.name, d.rows, sel.len())));
+        for ((d, _), (bits, sel_words)) in column.segments.iter().zip(&words) {
+            if *bits != d.rows {
+                return Ok(Err(format!("column {}: {} rows, a selection of {bits}", column.name, d.rows)));
             }
-            if words.len() <= i {
-                words.resize_with(i + 1, || None);
-            }
-            if words[i].is_none() {
-                words[i] = Some(upload_bits(g, sel, stats)?);
-            }
-            let sel_words = words[i].as_ref().expect("uploaded above");
             agg = agg.merge(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), sel_words, d.rows, stats)?);
         }
         out.push(agg);

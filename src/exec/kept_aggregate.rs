@@ -167,14 +167,15 @@ impl AggregateAbove {
     }
 
     /// The output row from the kept rows' number and each column's
-    /// aggregates (`of_column`, by the selection's output column).
-    pub(crate) fn batch(&self, rows: u64, of_column: &dyn Fn(usize) -> KeptAggregates) -> Result<RecordBatch> {
+    /// aggregates (`columns[c]`: the selection's output column c; a column
+    /// past the slice's end holds no value).
+    pub(crate) fn row(&self, rows: u64, columns: &[KeptAggregates]) -> Result<RecordBatch> {
         let arrays: Vec<ArrayRef> = self
             .aggregates
             .iter()
             .zip(self.schema.fields())
             .map(|(&a, field)| -> Result<ArrayRef> {
-                let agg = a.column().map_or(KeptAggregates::EMPTY, of_column);
+                let agg = a.column().and_then(|c| columns.get(c).copied()).unwrap_or(KeptAggregates::EMPTY);
                 let value = |v: i64| (agg.values > 0).then_some(v);
                 Ok(match a {
                     KeptAggregate::Rows => Arc::new(Int64Array::from(vec![rows as i64])),
@@ -234,34 +235,35 @@ fn column_aggregates(array: &ArrayRef) -> KeptAggregates {
 pub(crate) struct Folding<'a> {
     above: &'a AggregateAbove,
     rows: u64,
-    /// Per column read ([`AggregateAbove::columns_read`]), its aggregates so far.
-    columns: Vec<(usize, KeptAggregates)>,
+    /// The columns the aggregates read ([`AggregateAbove::columns_read`]).
+    read: Vec<usize>,
+    /// Per output column, its aggregates so far (of the columns read).
+    columns: Vec<KeptAggregates>,
 }
 
 impl<'a> Folding<'a> {
     pub(crate) fn new(above: &'a AggregateAbove) -> Self {
-        let columns = above.columns_read().into_iter().map(|c| (c, KeptAggregates::EMPTY)).collect();
-        Folding { above, rows: 0, columns }
+        let read = above.columns_read();
+        let columns = vec![KeptAggregates::EMPTY; read.last().map_or(0, |&c| c + 1)];
+        Folding { above, rows: 0, read, columns }
     }
 
     /// One batch of the selection's output.
     pub(crate) fn add(&mut self, batch: &RecordBatch) -> Result<()> {
         self.rows += batch.num_rows() as u64;
-        for (c, agg) in &mut self.columns {
-            let Some(array) = batch.columns().get(*c) else {
+        for &c in &self.read {
+            let Some(array) = batch.columns().get(c) else {
                 return Err(DataFusionError::Internal(format!(
                     "setfusion: an absorbed aggregate's column {c} missing"
                 )));
             };
-            *agg = agg.merge(column_aggregates(array));
+            self.columns[c] = self.columns[c].merge(column_aggregates(array));
         }
         Ok(())
     }
 
     pub(crate) fn finish(self) -> Result<RecordBatch> {
-        let columns = self.columns;
-        let of = |c: usize| columns.iter().find(|(at, _)| *at == c).map_or(KeptAggregates::EMPTY, |(_, a)| *a);
-        self.above.batch(self.rows, &of)
+        self.above.row(self.rows, &self.columns)
     }
 }
 

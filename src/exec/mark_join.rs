@@ -1226,8 +1226,7 @@ impl Run {
         };
         // The output itself: the aggregates' row over the rows the filter above kept, by the device.
         if let (Some(rows), Some(reduced), Some(aggregate)) = (selected.filtered_rows, &selected.reduced, &aggregate) {
-            let of = |c: usize| reduced.get(c).copied().unwrap_or(crate::gpu::KeptAggregates::EMPTY);
-            let row = aggregate.batch(rows as u64, &of)?;
+            let row = aggregate.row(rows as u64, reduced)?;
             crate::util::trace("mark join: the aggregate above's row formed");
             return Ok(Ok(Scanned::Formed(vec![vec![row]])));
         }

@@ -894,13 +894,10 @@ impl Run {
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(ran);
         // An aggregate above, over the columns the device reduced or (none read) the kept rows' number.
         if let (Some(above), None) = (&self.aggregate, &probe_parts) {
+            let kept = selection.count_set_bits() as u64;
             let row = match (&reduced, &needed) {
-                (Some(aggregates), _) => Some(above.batch(selection.count_set_bits() as u64, &|c| {
-                    aggregates.get(c).copied().unwrap_or(crate::gpu::KeptAggregates::EMPTY)
-                })?),
-                (None, None) => {
-                    Some(above.batch(selection.count_set_bits() as u64, &|_| crate::gpu::KeptAggregates::EMPTY)?)
-                }
+                (Some(aggregates), _) => Some(above.row(kept, aggregates)?),
+                (None, None) => Some(above.row(kept, &[])?),
                 (None, Some(_)) => None,
             };
             if let Some(row) = row {

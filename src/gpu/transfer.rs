@@ -729,6 +729,10 @@ pub fn reduce_kept(
     if n == 0 {
         return Ok(KeptAggregates::EMPTY);
     }
+    let words = n.div_ceil(32);
+    if values.len() < n || sel.len() < words || valid.is_some_and(|v| v.len() < words) {
+        return Err(DataFusionError::Internal("reduce_kept: a column or selection shorter than its rows".into()));
+    }
     let t = Instant::now();
     let f = gpu.function(&KERNEL, "reduce_kept")?;
     let e = KeptAggregates::EMPTY;
@@ -736,7 +740,7 @@ pub fn reduce_kept(
     let (n64, has_valid) = (n as u64, valid.is_some() as u64);
     // (Without validity the selection stands in for it: the kernel does not read it.)
     let valid = valid.unwrap_or(sel);
-    // SAFETY: signature matches kernels/transfer.cu; `sel` and `valid` hold ceil(n / 32) words, `values` n lanes, `out` four.
+    // SAFETY: signature matches kernels/transfer.cu; `sel` and `valid` hold ceil(n / 32) words and `values` n lanes (checked), `out` four.
     unsafe {
         gpu.stream()
             .launch_builder(&f)

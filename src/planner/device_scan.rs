@@ -181,60 +181,54 @@ fn absorb_aggregate_above(
     if !top.group_expr().is_empty() {
         return stays("grouping");
     }
-    let reading: Arc<dyn ExecutionPlan> = match top.mode() {
-        AggregateMode::Single if top.input().output_partitioning().partition_count() == 1 => plan.clone(),
+    // The aggregate that reads the rows: the top one, or the partial one under it.
+    let partial: Arc<dyn ExecutionPlan>;
+    let reading: &AggregateExec = match top.mode() {
+        AggregateMode::Single if top.input().output_partitioning().partition_count() == 1 => top,
         AggregateMode::Final => {
-            let mut below = top.input().clone();
-            if let Some(coalesce) = below.downcast_ref::<CoalescePartitionsExec>() {
-                if coalesce.fetch().is_some() {
-                    return stays("a fetch");
-                }
-                below = coalesce.input().clone();
-            }
-            match below.downcast_ref::<AggregateExec>() {
-                Some(partial)
-                    if *partial.mode() == AggregateMode::Partial
-                        && partial.group_expr().is_empty()
-                        && partial.aggr_expr().len() == top.aggr_expr().len() =>
+            partial = match top.input().downcast_ref::<CoalescePartitionsExec>() {
+                Some(coalesce) if coalesce.fetch().is_some() => return stays("a fetch"),
+                Some(coalesce) => coalesce.input().clone(),
+                None => top.input().clone(),
+            };
+            match partial.downcast_ref::<AggregateExec>() {
+                Some(p)
+                    if *p.mode() == AggregateMode::Partial
+                        && p.group_expr().is_empty()
+                        && p.aggr_expr().len() == top.aggr_expr().len() =>
                 {
-                    below
+                    p
                 }
-                _ => return stays(&format!("{} under the final aggregate", below.name())),
+                _ => return stays(&format!("{} under the final aggregate", partial.name())),
             }
         }
         // (The partial one is read from the final one above it.)
         AggregateMode::Partial => return Ok(None),
         mode => return stays(&format!("mode {mode:?}")),
     };
-    let Some(reading) = reading.downcast_ref::<AggregateExec>() else { return Ok(None) };
     let below = down_to::<SetSelectExec>(reading.input()).or_else(|| down_to::<MarkJoinExec>(reading.input()));
     let Some((node, columns)) = below else {
         return stays(&format!("{} under the aggregate", reading.input().name()));
     };
-    let aggregate = |node: &Arc<dyn ExecutionPlan>| {
-        AggregateAbove::try_new(
-            reading.aggr_expr(),
-            reading.filter_expr(),
-            &reading.input_schema(),
-            &columns,
-            &node.schema(),
-            plan.schema(),
-        )
-    };
-    let above: std::result::Result<Arc<dyn ExecutionPlan>, String> =
-        if let Some(selection) = node.downcast_ref::<SetSelectExec>() {
-            aggregate(&node).and_then(|a| selection.with_aggregate_above(plan, a)).map(|n| Arc::new(n) as _)
-        } else if let Some(join) = node.downcast_ref::<MarkJoinExec>() {
-            aggregate(&node).and_then(|a| join.with_aggregate_above(plan, a)).map(|n| Arc::new(n) as _)
-        } else {
-            return Ok(None);
-        };
-    match above {
+    let schema = node.schema();
+    let absorbed = AggregateAbove::try_new(
+        reading.aggr_expr(),
+        reading.filter_expr(),
+        &reading.input_schema(),
+        &columns,
+        &schema,
+        plan.schema(),
+    )
+    .and_then(|above| match node.downcast_ref::<SetSelectExec>() {
+        Some(selection) => selection.with_aggregate_above(plan, above).map(|n| Arc::new(n) as Arc<dyn ExecutionPlan>),
+        None => match node.downcast_ref::<MarkJoinExec>() {
+            Some(join) => join.with_aggregate_above(plan, above).map(|n| Arc::new(n) as Arc<dyn ExecutionPlan>),
+            None => Err(format!("{} under the aggregate", node.name())),
+        },
+    });
+    match absorbed {
         Ok(absorbed) => Ok(Some(absorbed)),
-        Err(why) => {
-            crate::util::trace(&format!("the aggregate above stays: {why}"));
-            Ok(None)
-        }
+        Err(why) => stays(&why),
     }
 }
 
