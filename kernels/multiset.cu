@@ -42,14 +42,6 @@
 // The star flag of a tile start in parts[] (the rest is the row-local A index).
 #define MS_BP_STAR (1ULL << 63)
 
-// tiles[r] = number of Balanced Path tiles of row r (0 when its result is NULL).
-extern "C" __global__ void ms_bp_row_tiles(const u32* aoff, const u32* boff, const unsigned char* valid, u32 rows, u32* tiles) {
-    SF_FOR(r, rows) {
-        u64 inputs = (u64)(aoff[r + 1] - aoff[r]) + (boff[r + 1] - boff[r]);
-        tiles[r] = valid[r] ? (u32)((inputs + MS_BP_VT - 1) / MS_BP_VT) : 0;
-    }
-}
-
 // parts[t] = where tile t starts: the row-local A index at which the row's
 // cross-diagonal k * MS_BP_VT (k: the tile's number within its row) meets the
 // row's Balanced Path, with MS_BP_STAR when the diagonal is starred.

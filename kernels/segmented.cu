@@ -23,23 +23,10 @@ extern "C" __global__ void ms_xor(const u64* in, u64 n, u64 flip, u64* out) {
     SF_FOR(i, n) out[i] = in[i] ^ flip;
 }
 
-// mm[0] = min, mm[1] = max of v[0, n) (mm preset to (~0, 0)).
-extern "C" __global__ void ms_min_max(const u64* v, u64 n, u64* mm) {
-    u64 lo = ~0ULL, hi = 0;
-    SF_FOR(i, n) {
-        u64 x = v[i];
-        lo = x < lo ? x : lo;
-        hi = x > hi ? x : hi;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        u64 a = __shfl_down_sync(0xffffffffu, lo, o), b = __shfl_down_sync(0xffffffffu, hi, o);
-        lo = a < lo ? a : lo;
-        hi = b > hi ? b : hi;
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicMin((unsigned long long*)&mm[0], (unsigned long long)lo);
-        atomicMax((unsigned long long*)&mm[1], (unsigned long long)hi);
-    }
+// keys[i] = base + in[i]: a batch's key images sent in 32 bits as their
+// offsets from the batch's smallest image (src/algo/multiset.rs PreparedLists).
+extern "C" __global__ void ms_widen(const u32* in, u64 n, u64 base, u64* keys) {
+    SF_FOR(i, n) keys[i] = base + (u64)in[i];
 }
 
 // seg[j] = r for every j in [off[r], off[r + 1]): one warp per row.
@@ -48,14 +35,6 @@ extern "C" __global__ void ms_seg_ids(const u32* off, u32 rows, u32* seg) {
         u32 r = (u32)(t >> 5), lane = (u32)(t & 31);
         u32 e = off[r + 1];
         for (u32 j = off[r] + lane; j < e; j += 32) seg[j] = r;
-    }
-}
-
-// *first = the smallest i with v[i] > v[i + 1] inside one valid row (preset ~0).
-extern "C" __global__ void ms_first_descent(const u64* v, const u32* seg, const unsigned char* valid, u64 n, u64* first) {
-    SF_FOR(i, n > 0 ? n - 1 : 0) {
-        if (seg[i] == seg[i + 1] && v[i] > v[i + 1] && valid[seg[i]])
-            atomicMin((unsigned long long*)first, (unsigned long long)i);
     }
 }
 

@@ -64,9 +64,12 @@ template <class Walk> static Result count_then_fill(u32 n, const vector<u32>& it
 }
 
 static Result run_bp(int op, Side& A, Side& B, vector<unsigned char>& valid, u32 rows, u64 flip) {
-    vector<u32> row_tiles(rows + 1);
-    ms_bp_row_tiles(A.off.data(), B.off.data(), valid.data(), rows, row_tiles.data());
-    row_tiles.resize(rows);
+    // Tiles per row as the host lays them out (src/algo/list_pack.rs): NULL rows keep no element.
+    vector<u32> row_tiles(rows);
+    for (u32 r = 0; r < rows; ++r) {
+        u64 inputs = (u64)(A.off[r + 1] - A.off[r]) + (B.off[r + 1] - B.off[r]);
+        row_tiles[r] = valid[r] ? (u32)((inputs + MS_BP_VT - 1) / MS_BP_VT) : 0;
+    }
     vector<u32> tileoff = excl_scan(row_tiles);
     u32 nt = tileoff[rows];
     vector<u32> tilerow = seg_ids(tileoff, rows);

@@ -6,6 +6,7 @@
 //! `overlap`).
 pub mod families;
 pub mod join_filter;
+pub mod list_pack;
 pub mod multiset;
 pub mod overlap;
 pub mod radix_sort;

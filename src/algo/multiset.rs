@@ -22,7 +22,6 @@
 //! i64 / u64 for integers and `String` for strings (compared as strings, i.e.
 //! by UTF-8 bytes), so results are sorted in the element type's own order.
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -35,11 +34,13 @@ use datafusion::arrow::compute::{cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, UInt64Type};
 use datafusion::error::{DataFusionError, Result};
 
+use crate::algo::list_pack;
+pub use crate::keys::{inline_bytes, inline_key, INLINE_STRING_BYTES};
 use crate::algo::segmented::{
     self, count_then_fill, exclusive_scan, launch_err, DeviceListPair, DeviceSide, ListKey, RowItems, SegmentedResult,
 };
 use crate::algo::sorted_intersect::sorted_intersect;
-use crate::gpu::{DeviceBuffer, Gpu, TransferStats};
+use crate::gpu::{DeviceBuffer, Gpu, PinnedLoan, TransferStats};
 use crate::keys::ListColumn;
 
 /// A multiset operation on two sorted lists.
@@ -209,11 +210,6 @@ pub fn unsorted_error<T: Debug>(func: &str, which: &str, row: usize, v: &[T], k:
 trait KeyRows {
     /// Row `i`'s non-NULL elements into `out` (cleared first).
     fn row<T: ListKey>(&self, i: usize, out: &mut Vec<T>);
-
-    /// Every row's non-NULL elements, back to back, and u32 offsets (rows + 1):
-    /// the values buffer itself when it holds no NULL and the rows are
-    /// contiguous (a plain or sliced List), else a gathered copy.
-    fn packed<T: ListKey>(&self, rows: usize) -> Result<(Cow<'_, [T]>, Vec<u32>)>;
 }
 
 impl KeyRows for ListColumn {
@@ -226,33 +222,6 @@ impl KeyRows for ListColumn {
             None => out.extend_from_slice(&v[s..e]),
             Some(nb) => out.extend((s..e).filter(|&j| nb.is_valid(j)).map(|j| v[j])),
         }
-    }
-
-    fn packed<T: ListKey>(&self, rows: usize) -> Result<(Cow<'_, [T]>, Vec<u32>)> {
-        let Some(values) = &self.values else { return Ok((Cow::Owned(Vec::new()), vec![0; rows + 1])) };
-        let v = T::values(values);
-        let contiguous = self.ranges.windows(2).all(|w| w[0].1 == w[1].0);
-        let total: usize = self.ranges.iter().map(|(s, e)| e - s).sum();
-        if total >= u32::MAX as usize {
-            return Err(DataFusionError::Plan(format!(
-                "list functions on the GPU: {total} elements in one batch exceed 2^32 - 1"
-            )));
-        }
-        if contiguous && values.null_count() == 0 {
-            let base = self.ranges.first().map_or(0, |r| r.0);
-            let end = self.ranges.last().map_or(0, |r| r.1);
-            let mut offsets: Vec<u32> = self.ranges.iter().map(|r| (r.0 - base) as u32).collect();
-            offsets.push((end - base) as u32);
-            return Ok((Cow::Borrowed(&v[base..end]), offsets));
-        }
-        let (mut out, mut offsets, mut row) = (Vec::with_capacity(total), Vec::with_capacity(rows + 1), Vec::new());
-        offsets.push(0u32);
-        for i in 0..rows {
-            self.row(i, &mut row);
-            out.extend_from_slice(&row);
-            offsets.push(out.len() as u32);
-        }
-        Ok((Cow::Owned(out), offsets))
     }
 }
 
@@ -332,13 +301,25 @@ pub fn list_op_cpu<T: ListKey>(op: ListOp, a: &ArrayRef, b: &ArrayRef) -> Result
 /// [`StringRanks::strings`] maps a result back. NULL elements are dropped
 /// (every rule ignores them); NULL lists stay NULL. The CPU twin is the
 /// per-row string path of the list functions (`udf::multiset`).
+///
+/// Where every string of the batch is at most [`INLINE_STRING_BYTES`] bytes
+/// (codes, tags, words, numbers as text), no string is looked up: each one's
+/// number is the string itself ([`inline_key`]: its bytes from the top, then
+/// its length), which orders as the bytes do, and the result decodes from it.
 pub struct StringRanks {
     /// List<UInt64> of ranks, the first argument's rows.
     pub a: ArrayRef,
     /// The second argument's rows.
     pub b: ArrayRef,
+    decode: RankDecode,
+}
+
+/// How a rank maps back to its string.
+enum RankDecode {
     /// The distinct strings, ascending (LargeUtf8): rank r is `sorted[r]`.
-    sorted: ArrayRef,
+    Sorted(ArrayRef),
+    /// The rank is the string's [`inline_key`].
+    Inline,
 }
 
 /// A string array of any of Arrow's three layouts, read without a downcast per element.
@@ -387,6 +368,20 @@ impl StringRanks {
             Ok((values, ranges))
         };
         let ((va, ra), (vb, rb)) = (parts(a)?, parts(b)?);
+        if list_pack::strings_fit_inline(a, b)? {
+            let side = |values: &ArrayRef, ranges: &[(usize, usize)], nulls| {
+                let strings = Strings::of(values);
+                let (mut keys, mut offsets) = (Vec::new(), Vec::with_capacity(ranges.len() + 1));
+                offsets.push(0usize);
+                for &(start, end) in ranges {
+                    keys.extend((start..end).filter_map(|j| strings.get(j)).map(|v| inline_key(v.as_bytes())));
+                    offsets.push(keys.len());
+                }
+                u64::list(offsets_i32(offsets)?, keys, nulls)
+            };
+            let (la, lb) = (side(&va, &ra, a.logical_nulls())?, side(&vb, &rb, b.logical_nulls())?);
+            return Ok(Self { a: la, b: lb, decode: RankDecode::Inline });
+        }
         let mut ids: datafusion::common::HashMap<&str, u32> = Default::default();
         let mut distinct: Vec<&str> = Vec::new();
         // Each side's numbers (one per non-NULL element) and row offsets.
@@ -418,7 +413,11 @@ impl StringRanks {
         let list = |(numbers, offsets): (Vec<u32>, Vec<usize>), nulls| {
             u64::list(offsets_i32(offsets)?, numbers.into_iter().map(|id| rank[id as usize]).collect(), nulls)
         };
-        Ok(Self { a: list(side_a, a.logical_nulls())?, b: list(side_b, b.logical_nulls())?, sorted })
+        Ok(Self {
+            a: list(side_a, a.logical_nulls())?,
+            b: list(side_b, b.logical_nulls())?,
+            decode: RankDecode::Sorted(sorted),
+        })
     }
 
     /// A List<UInt64> of ranks (the integer rules' answer on `a` and `b`) as
@@ -426,9 +425,29 @@ impl StringRanks {
     pub fn strings(&self, ranks: &ArrayRef) -> Result<ArrayRef> {
         use datafusion::arrow::compute::{cast, take};
         let l = ranks.as_list::<i32>();
-        let values = cast(&take(&self.sorted, l.values(), None)?, &DataType::Utf8)?;
+        let values: ArrayRef = match &self.decode {
+            RankDecode::Sorted(sorted) => cast(&take(sorted, l.values(), None)?, &DataType::Utf8)?,
+            RankDecode::Inline => return Self::inline_strings(ranks),
+        };
         let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
         Ok(Arc::new(ListArray::try_new(field, l.offsets().clone(), values, l.nulls().cloned())?))
+    }
+}
+
+impl StringRanks {
+    /// A List<UInt64> of [`inline_key`]s as the List<Utf8> of their strings.
+    pub fn inline_strings(keys: &ArrayRef) -> Result<ArrayRef> {
+        let l = keys.as_list::<i32>();
+        let keys = l.values().as_primitive::<UInt64Type>().values();
+        let mut out = datafusion::arrow::array::StringBuilder::with_capacity(keys.len(), keys.len() * 4);
+        let mut buf = [0u8; 8];
+        for &k in keys.iter() {
+            let s = std::str::from_utf8(inline_bytes(k, &mut buf))
+                .map_err(|e| DataFusionError::Internal(format!("string ranks: an inline key decodes to {e}")))?;
+            out.append_value(s);
+        }
+        let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
+        Ok(Arc::new(ListArray::try_new(field, l.offsets().clone(), Arc::new(out.finish()), l.nulls().cloned())?))
     }
 }
 
@@ -485,15 +504,17 @@ fn kernel_code(op: MultisetOp) -> i32 {
 
 /// `op` on two list columns of integers as segmented kernels: the same
 /// inputs and result as [`list_op_cpu`] (including `sorted_intersect`'s
-/// error for the first unsorted row). Per side ([`segmented::DeviceSide`]):
-/// upload the values (the Arrow buffer itself when it has no NULL element)
-/// and offsets; keys to their u64 image; a segment id per element. For `set_*`: a device radix sort of
-/// (segment, key) unless every row is already ascending, then each row's
-/// merge by Balanced Path tiles ([`balanced_path_segmented`],
-/// kernels/multiset.cu). For `sorted_intersect`: the order check, then GTWJ
-/// sequence skipping per row ([`crate::algo::sorted_intersect::gtwj_segmented`],
-/// kernels/sorted_intersect.cu). Both count, scan, then write the result,
-/// which is downloaded with its offsets.
+/// error for the first unsorted row). The host packs the batch
+/// ([`PreparedLists::new`]: [`crate::algo::list_pack`]), then, per side
+/// ([`segmented::DeviceSide`]): one DMA of the keys (32-bit offsets from the
+/// batch's smallest image, widened on the device) and offsets, a segment id
+/// per element. For `set_*`: a device radix sort of (segment, key) unless the
+/// host found every row ascending, then each row's merge by Balanced Path
+/// tiles ([`balanced_path_segmented`], kernels/multiset.cu). For
+/// `sorted_intersect`: GTWJ sequence skipping per row
+/// ([`crate::algo::sorted_intersect::gtwj_segmented`],
+/// kernels/sorted_intersect.cu). Both count, scan, then write the result into
+/// the host's bound of its length; its offsets, then its values, come back.
 pub fn list_op_gpu<T: ListKey>(
     gpu: &Gpu,
     op: ListOp,
@@ -501,134 +522,122 @@ pub fn list_op_gpu<T: ListKey>(
     b: &ArrayRef,
     stats: &mut TransferStats,
 ) -> Result<ArrayRef> {
-    PreparedLists::new::<T>(a, b)?.run::<T>(gpu, op, stats)
+    PreparedLists::new::<T>(gpu, op, a, b)?.run::<T>(gpu, stats)
 }
 
-/// The host's part of [`list_op_gpu`] (casting the values to the key type,
-/// the rows' validity), done before the device is taken so that partitions
-/// prepare their batches in parallel while one of them holds the device.
+/// The host's part of [`list_op_gpu`], done before the device is taken so
+/// that partitions prepare their batches in parallel while one of them holds
+/// the device: the batch read and packed into a pinned buffer lent by the
+/// device's pool ([`crate::algo::list_pack`]).
 pub struct PreparedLists {
-    sa: ListColumn,
-    sb: ListColumn,
-    nulls: Option<NullBuffer>,
-    rows: usize,
+    op: ListOp,
+    plan: list_pack::Plan,
+    /// None: no valid row keeps an element (the result is empty and NULL rows).
+    loan: Option<PinnedLoan>,
+    /// `sorted_intersect` over an unsorted row: the inputs, for the CPU twin's error.
+    unsorted: Option<(ArrayRef, ArrayRef)>,
 }
 
 impl PreparedLists {
-    pub fn new<T: ListKey>(a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
+    pub fn new<T: ListKey>(gpu: &Gpu, op: ListOp, a: &ArrayRef, b: &ArrayRef) -> Result<Self> {
         check_lengths(a, b)?;
-        let rows = a.len();
-        let (sa, sb) = (ListColumn::new(a, &T::data_type())?, ListColumn::new(b, &T::data_type())?);
-        let nulls = both_valid(&sa, &sb, rows);
-        Ok(Self { sa, sb, nulls, rows })
+        let (tiles, bound) = match op {
+            ListOp::Multiset(rule) => (
+                Some(BALANCED_PATH_VT),
+                match rule {
+                    MultisetOp::IntersectAll => list_pack::RowBound::Min,
+                    MultisetOp::ExceptAll => list_pack::RowBound::First,
+                    MultisetOp::UnionAll | MultisetOp::SymmetricDifference => list_pack::RowBound::Sum,
+                },
+            ),
+            ListOp::SortedIntersect => (None, list_pack::RowBound::Min),
+        };
+        let (plan, loan) = list_pack::pack::<T, LoanBytes>(a, b, tiles, bound, |bytes| Ok(LoanBytes(gpu.pinned_loan(bytes)?)))?;
+        let unsorted = (op == ListOp::SortedIntersect && !(plan.sides[0].ascending && plan.sides[1].ascending))
+            .then(|| (a.clone(), b.clone()));
+        Ok(Self { op, plan, loan: loan.map(|l| l.0), unsorted })
+    }
+
+    /// `sorted_intersect` over a row that is not ascending ([`PreparedLists::run`]
+    /// then answers with the CPU twin's error, which string callers word themselves).
+    pub fn is_unsorted(&self) -> bool {
+        self.unsorted.is_some()
     }
 
     /// The device's part of [`list_op_gpu`] (`T` as given to [`PreparedLists::new`]).
-    pub fn run<T: ListKey>(self, gpu: &Gpu, op: ListOp, stats: &mut TransferStats) -> Result<ArrayRef> {
-        let Self { sa, sb, nulls, rows } = self;
-        list_op_device::<T>(gpu, op, &sa, &sb, nulls, rows, stats)
+    pub fn run<T: ListKey>(self, gpu: &Gpu, stats: &mut TransferStats) -> Result<ArrayRef> {
+        let Self { op, plan, loan, unsorted } = self;
+        if let Some((a, b)) = unsorted {
+            // The CPU twin finds the first unsorted row and words the error.
+            return list_op_cpu::<T>(op, &a, &b);
+        }
+        let rows = plan.rows;
+        let Some(mut loan) = loan else {
+            return T::list(vec![0; rows + 1], Vec::new(), plan.nulls);
+        };
+        let l = plan.layout;
+        let frame = (plan.base, plan.max);
+        let valid = gpu.upload_loaned::<u8>(&mut loan, 0, rows, stats)?;
+        let side = |loan: &mut PinnedLoan, s: usize, stats: &mut TransferStats| {
+            let n = plan.sides[s].n();
+            DeviceSide::from_loan(gpu, loan, l.keys[s], n, plan.wide, plan.base, l.offsets[s], rows, stats)
+        };
+        let mut da = side(&mut loan, 0, stats)?;
+        let mut db = side(&mut loan, 1, stats)?;
+        let started = Instant::now();
+        let tiles = match (op, l.tiles) {
+            (ListOp::Multiset(_), Some(at)) => {
+                if !plan.sides[0].ascending {
+                    da.sort_segments(gpu, rows, frame)?;
+                }
+                if !plan.sides[1].ascending {
+                    db.sort_segments(gpu, rows, frame)?;
+                }
+                let offsets = gpu.upload_loaned::<u32>(&mut loan, at, rows + 1, stats)?;
+                let n = plan.tiles.as_ref().and_then(|t| t.last()).map_or(0, |&t| t as usize);
+                Some(RowItems::from_offsets(gpu, offsets, rows, n)?)
+            }
+            _ => None,
+        };
+        let pair = DeviceListPair { a: da, b: db, valid, rows };
+        let result = match (op, tiles) {
+            (ListOp::Multiset(rule), Some(tiles)) => balanced_path_segmented::<T>(gpu, rule, &pair, &tiles, plan.bound)?,
+            _ => crate::algo::sorted_intersect::gtwj_segmented::<T>(gpu, &pair, plan.bound, stats)?,
+        };
+        gpu.synchronize()?;
+        stats.kernel += started.elapsed();
+        let (offsets, values) = result.download(gpu, rows, stats)?;
+        drop(loan);
+        T::list(offsets.into_iter().map(|o| o as i32).collect(), values, plan.nulls)
     }
 }
 
-fn list_op_device<T: ListKey>(
-    gpu: &Gpu,
-    op: ListOp,
-    sa: &ListColumn,
-    sb: &ListColumn,
-    nulls: Option<NullBuffer>,
-    rows: usize,
-    stats: &mut TransferStats,
-) -> Result<ArrayRef> {
-    if rows == 0 || nulls.as_ref().is_some_and(|n| n.null_count() == rows) {
-        return T::list(vec![0; rows + 1], Vec::new(), nulls);
+/// A pinned loan as the packer's byte buffer.
+struct LoanBytes(PinnedLoan);
+
+impl AsMut<[u8]> for LoanBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // A fresh loan has no copy in flight, so this does not wait; its length is at least the size asked for.
+        self.0.as_mut_slice().unwrap_or(&mut [])
     }
-    if rows >= u32::MAX as usize {
-        return Err(DataFusionError::Plan(format!("list functions on the GPU: {rows} rows exceed 2^32 - 1")));
-    }
-    let (va, oa) = sa.packed::<T>(rows)?;
-    let (vb, ob) = sb.packed::<T>(rows)?;
-    if va.len() + vb.len() >= u32::MAX as usize {
-        // Positions in a row's merge (and its output) are u32 on the device.
-        return Err(DataFusionError::Plan(format!(
-            "list functions on the GPU: {} elements in one batch exceed 2^32 - 1",
-            va.len() + vb.len()
-        )));
-    }
-    let valid_host: Vec<u8> = (0..rows).map(|i| nulls.as_ref().is_none_or(|n| n.is_valid(i)) as u8).collect();
-    let valid = gpu.upload(&valid_host, stats)?;
-    let mut da = DeviceSide::upload(gpu, &va, &oa, stats)?;
-    let mut db = DeviceSide::upload(gpu, &vb, &ob, stats)?;
-    let started = Instant::now();
-    match op {
-        ListOp::SortedIntersect => {
-            let fa = da.first_descent(gpu, &valid, stats)?;
-            let fb = db.first_descent(gpu, &valid, stats)?;
-            let row_of = |offsets: &[u32], i: usize| offsets.partition_point(|&o| o as usize <= i) - 1;
-            let ra = fa.map(|i| row_of(&oa, i));
-            let rb = fb.map(|i| row_of(&ob, i));
-            // The CPU's order: the first bad row, its first argument before its second.
-            let first_bad = match (ra, rb) {
-                (Some(x), Some(y)) if y < x => Some(("second", y, &vb, &ob, fb)),
-                (Some(x), _) => Some(("first", x, &va, &oa, fa)),
-                (None, Some(y)) => Some(("second", y, &vb, &ob, fb)),
-                (None, None) => None,
-            };
-            if let Some((which, r, v, o, Some(i))) = first_bad {
-                let row = &v[o[r] as usize..o[r + 1] as usize];
-                return Err(unsorted_error(op.name(), which, r, row, i - o[r] as usize));
-            }
-        }
-        ListOp::Multiset(_) => {
-            if da.first_descent(gpu, &valid, stats)?.is_some() {
-                da.sort_segments(gpu, rows, stats)?;
-            }
-            if db.first_descent(gpu, &valid, stats)?.is_some() {
-                db.sort_segments(gpu, rows, stats)?;
-            }
-        }
-    }
-    let pair = DeviceListPair { a: da, b: db, valid, rows };
-    let result = match op {
-        ListOp::SortedIntersect => crate::algo::sorted_intersect::gtwj_segmented::<T>(gpu, &pair, stats)?,
-        ListOp::Multiset(rule) => balanced_path_segmented::<T>(gpu, rule, &pair, stats)?,
-    };
-    gpu.synchronize()?;
-    stats.kernel += started.elapsed();
-    let values = gpu.download(&result.values, result.total, stats)?;
-    let offsets = gpu.download(&result.offsets, rows + 1, stats)?;
-    T::list(offsets.into_iter().map(|o| o as i32).collect(), values, nulls)
 }
 
 /// The multiset rule `rule` on every valid row of two device sides whose
 /// rows are sorted, by segmented Balanced Path (kernels/multiset.cu): each
-/// row's merge is cut into tiles of [`BALANCED_PATH_VT`] inputs (+-1) that
-/// never cross a row, one thread per tile; a tile's start is where its
-/// cross-diagonal meets the row's Balanced Path, so every key-rank pair lies
-/// in one tile; each thread runs the serial set op over its tile, first to
-/// count, then (after a scan) to write.
+/// row's merge is cut into `tiles` of [`BALANCED_PATH_VT`] inputs (+-1) that
+/// never cross a row (laid out by the host, [`crate::algo::list_pack`]), one
+/// thread per tile; a tile's start is where its cross-diagonal meets the
+/// row's Balanced Path, so every key-rank pair lies in one tile; each thread
+/// runs the serial set op over its tile, first to count, then (after a scan)
+/// to write, into a result of `bound` entries.
 fn balanced_path_segmented<T: ListKey>(
     gpu: &Gpu,
     rule: MultisetOp,
     pair: &DeviceListPair,
-    stats: &mut TransferStats,
+    tiles: &RowItems,
+    bound: usize,
 ) -> Result<SegmentedResult<T>> {
     let (stream, rows) = (gpu.stream(), pair.rows);
-    let rows32 = rows as u32;
-    let row_tiles = gpu.alloc::<u32>(rows)?;
-    let f = gpu.function(&KERNEL, "ms_bp_row_tiles")?;
-    // SAFETY: signature matches kernels/multiset.cu; offsets hold rows + 1 entries, valid and row_tiles rows.
-    unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&pair.a.offsets.slice)
-            .arg(&pair.b.offsets.slice)
-            .arg(&pair.valid.slice)
-            .arg(&rows32)
-            .arg(&row_tiles.slice)
-            .launch(gpu.grid_stride(rows, 32))
-    }
-    .map_err(launch_err("ms_bp_row_tiles"))?;
-    let tiles = RowItems::from_counts(gpu, &row_tiles, rows, stats)?;
     let nt32 = tiles.n as u32;
     let parts = gpu.alloc::<u64>(tiles.n)?;
     let f = gpu.function(&KERNEL, "ms_bp_partition")?;
@@ -639,14 +648,14 @@ fn balanced_path_segmented<T: ListKey>(
     unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_partition"))?;
     let code = kernel_code(rule);
     let f = gpu.function(&KERNEL, "ms_bp_walk")?;
-    count_then_fill(gpu, &tiles, rows, stats, |pass| {
+    count_then_fill(gpu, tiles, rows, bound, |pass| {
         let (null, flip) = (0u64, T::FLIP);
         let mut l = stream.launch_builder(&f);
         l.arg(&code);
         pair.push_sides(&mut l);
         l.arg(&tiles.offsets.slice).arg(&tiles.rows_of.slice).arg(&parts.slice).arg(&nt32);
         pass.push(&mut l, &null, &flip);
-        // SAFETY: as for ms_bp_partition; counts hold tiles.n entries, starts tiles.n + 1 and values (T, 8 bytes) every tile's outputs.
+        // SAFETY: as for ms_bp_partition; counts hold tiles.n entries, starts tiles.n + 1 and values (T, 8 bytes) `bound`, at least every tile's outputs.
         unsafe { l.launch(gpu.grid_stride(tiles.n, 32)) }.map_err(launch_err("ms_bp_walk"))?;
         Ok(())
     })

@@ -40,6 +40,8 @@ pub trait ListKey: Pod + Ord + Debug {
     fn values(array: &ArrayRef) -> &[Self];
     /// A List array from its parts.
     fn list(offsets: Vec<i32>, values: Vec<Self>, nulls: Option<NullBuffer>) -> Result<ArrayRef>;
+    /// The value whose key image is `image` (`bits ^ FLIP` back).
+    fn from_image(image: u64) -> Self;
 }
 
 macro_rules! list_key {
@@ -57,6 +59,9 @@ macro_rules! list_key {
                 let values = Arc::new(PrimitiveArray::<$arrow>::new(ScalarBuffer::from(values), None));
                 let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
                 Ok(Arc::new(ListArray::try_new(field, offsets, values, nulls)?))
+            }
+            fn from_image(image: u64) -> Self {
+                (image ^ $flip) as $t
             }
         }
     };
@@ -142,11 +147,34 @@ fn row_starts(
     Ok(out)
 }
 
-/// A segmented result on the device: row offsets (rows + 1) and values.
+/// A segmented result on the device: row offsets (rows + 1) and values,
+/// whose buffer holds `bound` entries (the host's upper bound of the total,
+/// so no count is read back before the fill).
 pub(crate) struct SegmentedResult<T> {
     pub(crate) offsets: DeviceBuffer<u32>,
     pub(crate) values: DeviceBuffer<T>,
-    pub(crate) total: usize,
+    pub(crate) bound: usize,
+}
+
+impl<T: ListKey> SegmentedResult<T> {
+    /// The result's row offsets, then its values: two downloads, the first
+    /// of which gives the second its length.
+    pub(crate) fn download(&self, gpu: &Gpu, rows: usize, stats: &mut TransferStats) -> Result<(Vec<u32>, Vec<T>)> {
+        let offsets = gpu.download(&self.offsets, rows + 1, stats)?;
+        let total = offsets[rows] as usize;
+        if total > self.bound {
+            return Err(DataFusionError::Internal(format!(
+                "list function: {total} result elements over the bound of {}",
+                self.bound
+            )));
+        }
+        if total > i32::MAX as usize {
+            return Err(DataFusionError::Execution(
+                "list function: the result batch holds more than 2^31 - 1 elements".into(),
+            ));
+        }
+        Ok((offsets, gpu.download(&self.values, total, stats)?))
+    }
 }
 
 /// Work items (Balanced Path tiles, GTWJ sequences) numbered row after row:
@@ -158,6 +186,12 @@ pub(crate) struct RowItems {
 }
 
 impl RowItems {
+    /// Items numbered by `offsets` (rows + 1 entries, ending at `n`), known on the host.
+    pub(crate) fn from_offsets(gpu: &Gpu, offsets: DeviceBuffer<u32>, rows: usize, n: usize) -> Result<Self> {
+        let rows_of = segment_ids(gpu, &offsets, rows, n)?;
+        Ok(Self { offsets, rows_of, n })
+    }
+
     /// `counts[r]` items for each of the `rows` rows.
     pub(crate) fn from_counts(
         gpu: &Gpu,
@@ -195,27 +229,23 @@ impl<'a, T> Pass<'a, T> {
 
 /// Count-then-fill over `items`: `walk(Pass::Count)` counts each item's
 /// outputs, a scan gives each item's (and so each row's) first output, and
-/// `walk(Pass::Fill)` writes them into the result.
+/// `walk(Pass::Fill)` writes them into a result of `bound` entries (at least
+/// the total, which the host knows from the rows' lengths; nothing is read
+/// back in between).
 pub(crate) fn count_then_fill<T: ListKey>(
     gpu: &Gpu,
     items: &RowItems,
     rows: usize,
-    stats: &mut TransferStats,
+    bound: usize,
     walk: impl Fn(Pass<'_, T>) -> Result<()>,
 ) -> Result<SegmentedResult<T>> {
     let counts = gpu.alloc::<u32>(items.n)?;
     walk(Pass::Count(&counts))?;
     let starts = exclusive_scan(gpu, &counts, items.n)?;
-    let total = gpu.read_one(&starts, items.n, stats)? as usize;
-    if total > i32::MAX as usize {
-        return Err(DataFusionError::Execution(
-            "list function: the result batch holds more than 2^31 - 1 elements".into(),
-        ));
-    }
     let offsets = row_starts(gpu, &starts, &items.offsets, rows)?;
-    let values = gpu.alloc::<T>(total)?;
+    let values = gpu.alloc::<T>(bound)?;
     walk(Pass::Fill(&starts, &values))?;
-    Ok(SegmentedResult { offsets, values, total })
+    Ok(SegmentedResult { offsets, values, bound })
 }
 
 /// Both list arguments of a batch on the device, with the rows' validity.
@@ -280,81 +310,56 @@ pub(crate) struct DeviceSide {
 }
 
 impl DeviceSide {
-    /// Upload one side: its values as their u64 key image, its row offsets,
-    /// and a segment id per element.
-    pub(crate) fn upload<T: ListKey>(
+    /// One side from a batch packed on the host ([`crate::algo::multiset::PreparedLists`]):
+    /// `n` keys at byte `keys_at` of `loan`, each its u64 key image (`wide`)
+    /// or the image less `base` in 32 bits, and `rows + 1` u32 offsets at
+    /// `offsets_at`; queued on the device with a segment id per element.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_loan(
         gpu: &Gpu,
-        values: &[T],
-        offsets: &[u32],
+        loan: &mut crate::gpu::PinnedLoan,
+        keys_at: usize,
+        n: usize,
+        wide: bool,
+        base: u64,
+        offsets_at: usize,
+        rows: usize,
         stats: &mut TransferStats,
     ) -> Result<Self> {
-        let n = values.len();
-        let rows = offsets.len() - 1;
-        let raw = gpu.upload(values, stats)?;
-        let offsets = gpu.upload(offsets, stats)?;
-        let keys = gpu.alloc::<u64>(n)?;
-        let (n64, flip) = (n as u64, T::FLIP);
-        if n > 0 {
-            let f = gpu.function(&KERNEL, "ms_xor")?;
-            // SAFETY: raw (T, 8 bytes) and keys hold n 8-byte elements; the kernel reads raw as u64 bits.
-            unsafe {
-                gpu.stream()
-                    .launch_builder(&f)
-                    .arg(&raw.slice)
-                    .arg(&n64)
-                    .arg(&flip)
-                    .arg(&keys.slice)
-                    .launch(gpu.grid_stride(n, 32))
+        let offsets = gpu.upload_loaned::<u32>(loan, offsets_at, rows + 1, stats)?;
+        let keys = if wide {
+            gpu.upload_loaned::<u64>(loan, keys_at, n, stats)?
+        } else {
+            let narrow = gpu.upload_loaned::<u32>(loan, keys_at, n, stats)?;
+            let keys = gpu.alloc::<u64>(n)?;
+            if n > 0 {
+                let f = gpu.function(&KERNEL, "ms_widen")?;
+                let n64 = n as u64;
+                // SAFETY: signature matches kernels/segmented.cu; narrow and keys hold n entries.
+                unsafe {
+                    gpu.stream()
+                        .launch_builder(&f)
+                        .arg(&narrow.slice)
+                        .arg(&n64)
+                        .arg(&base)
+                        .arg(&keys.slice)
+                        .launch(gpu.grid_stride(n, 32))
+                }
+                .map_err(launch_err("ms_widen"))?;
             }
-            .map_err(launch_err("ms_xor"))?;
-        }
+            keys
+        };
         let seg = segment_ids(gpu, &offsets, rows, n)?;
         Ok(Self { keys, offsets, seg, n })
     }
 
-    /// The first element index i with keys[i] > keys[i + 1] in one valid row.
-    pub(crate) fn first_descent(
-        &self,
-        gpu: &Gpu,
-        valid: &DeviceBuffer<u8>,
-        stats: &mut TransferStats,
-    ) -> Result<Option<usize>> {
-        if self.n < 2 {
-            return Ok(None);
-        }
-        let first = gpu.upload(&[u64::MAX], stats)?;
-        let f = gpu.function(&KERNEL, "ms_first_descent")?;
-        let n64 = self.n as u64;
-        // SAFETY: keys and seg hold n entries, valid one byte per row, first one word.
-        unsafe {
-            gpu.stream()
-                .launch_builder(&f)
-                .arg(&self.keys.slice)
-                .arg(&self.seg.slice)
-                .arg(&valid.slice)
-                .arg(&n64)
-                .arg(&first.slice)
-                .launch(gpu.grid_stride(self.n, 32))
-        }
-        .map_err(launch_err("ms_first_descent"))?;
-        let i = gpu.read_one(&first, 0, stats)?;
-        Ok((i != u64::MAX).then_some(i as usize))
-    }
-
-    /// Sort every segment on the device (radix sort of composite keys).
-    pub(crate) fn sort_segments(&mut self, gpu: &Gpu, rows: usize, stats: &mut TransferStats) -> Result<()> {
+    /// Sort every segment on the device (radix sort of composite keys), its
+    /// keys' images lying in [min, max] (known on the host, so nothing is read back).
+    pub(crate) fn sort_segments(&mut self, gpu: &Gpu, rows: usize, (min, max): (u64, u64)) -> Result<()> {
         let n = self.n;
         let stream = gpu.stream();
         let n64 = n as u64;
-        let mm = gpu.upload(&[u64::MAX, 0u64], stats)?;
-        let f = gpu.function(&KERNEL, "ms_min_max")?;
-        // SAFETY: keys hold n entries, mm two words preset to (max, 0).
-        unsafe {
-            stream.launch_builder(&f).arg(&self.keys.slice).arg(&n64).arg(&mm.slice).launch(gpu.grid_stride(n, 8))
-        }
-        .map_err(launch_err("ms_min_max"))?;
-        let mm = gpu.download(&mm, 2, stats)?;
-        let (min, range) = (mm[0], mm[1].wrapping_sub(mm[0]));
+        let range = max.saturating_sub(min);
         let kbits = 64 - range.leading_zeros();
         let sbits = id_bits(rows);
         let compose = gpu.function(&KERNEL, "ms_compose")?;

@@ -379,6 +379,7 @@ pub fn intersect_count_gpu_shaped<T: SortedKey>(
 pub(crate) fn gtwj_segmented<T: ListKey>(
     gpu: &Gpu,
     pair: &DeviceListPair,
+    bound: usize,
     stats: &mut TransferStats,
 ) -> Result<SegmentedResult<T>> {
     let (stream, rows) = (gpu.stream(), pair.rows);
@@ -435,7 +436,7 @@ pub(crate) fn gtwj_segmented<T: ListKey>(
     }
     let nseq32 = seqs.n as u32;
     let f = gpu.function(&KERNEL, "si_gtwj_walk")?;
-    count_then_fill(gpu, &seqs, rows, stats, |pass| {
+    count_then_fill(gpu, &seqs, rows, bound, |pass| {
         let (null, flip) = (0u64, T::FLIP);
         let mut l = stream.launch_builder(&f);
         pair.push_sides(&mut l);

@@ -22,7 +22,7 @@ use datafusion::error::DataFusionError;
 pub use budget::{DeviceBuffer, MemoryBudget, Pod, Reservation};
 pub use compile::{check_compiles, no_defines, prefixed, setfusion_cache_dir, KernelSource};
 pub use error::{is_out_of_memory, GpuError};
-pub use staging::{HostBytes, HostOut, PendingBuffer, PinnedArena, STAGING_HOST_BYTES};
+pub use staging::{HostBytes, HostOut, PendingBuffer, PinnedArena, PinnedLoan, STAGING_HOST_BYTES};
 pub use transfer::{
     compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, count_kept_on_device, gpu_min_max,
     reduce_kept, reduce_kept_cpu, DeviceArray, KeptAggregates, StreamedUpload, TransferStats,

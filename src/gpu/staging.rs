@@ -42,8 +42,21 @@ impl Staging {
 /// Pinned host buffers given back by the Arrow arrays that owned them.
 pub(super) type PinnedFree = Arc<Mutex<Vec<PinnedHostSlice<u8>>>>;
 
-/// At most this many pinned buffers wait for reuse (freeing one costs no more than the pinning saved).
-pub(super) const PINNED_KEEP: usize = 4;
+/// At most this many pinned buffers wait for reuse (freeing one costs no more than the pinning saved)...
+pub(super) const PINNED_KEEP: usize = 32;
+/// ... holding at most this many bytes together (the list functions lend one
+/// buffer to each partition preparing a batch, so 16 partitions keep 16).
+pub(super) const PINNED_KEEP_BYTES: usize = 4 << 30;
+
+/// Put `buf` back into the pool unless the pool holds enough already (then
+/// it is freed).
+pub(super) fn give_back(free: &PinnedFree, buf: PinnedHostSlice<u8>) {
+    let mut free = free.lock().unwrap_or_else(|e| e.into_inner());
+    let held: usize = free.iter().map(|b| b.len()).sum();
+    if free.len() < PINNED_KEEP && held + buf.len() <= PINNED_KEEP_BYTES {
+        free.push(buf);
+    }
+}
 
 /// The size of a new pinned buffer for `bytes`: 16 MiB multiples, so sizes recur.
 fn pinned_size(bytes: usize) -> usize {
@@ -60,10 +73,53 @@ pub(super) struct PinnedOwner {
 impl Drop for PinnedOwner {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-            if free.len() < PINNED_KEEP {
-                free.push(buf);
+            give_back(&self.free, buf);
+        }
+    }
+}
+
+/// A pinned buffer lent from the pool: filled on the host, outside the
+/// device lock, then copied to the device in one DMA per piece
+/// ([`Gpu::upload_loaned`]) with no staging copy. Dropped, it waits for the
+/// copies out of it, then goes back to the pool.
+pub struct PinnedLoan {
+    buf: Option<PinnedHostSlice<u8>>,
+    free: PinnedFree,
+    /// The event after the last copy out of it.
+    copied: Option<CudaEvent>,
+}
+
+impl PinnedLoan {
+    /// The bytes to fill (at least the size asked for).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.wait()?;
+        match self.buf.as_mut() {
+            Some(b) => b.as_mut_slice().map_err(|e| cuda_err("pinned buffer", e)),
+            None => Err(DataFusionError::Internal("pinned loan already returned".into())),
+        }
+    }
+
+    /// Wait for the copies out of the buffer.
+    fn wait(&mut self) -> Result<()> {
+        if let Some(ev) = self.copied.take() {
+            ev.synchronize().map_err(|e| cuda_err("pinned loan event", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PinnedLoan {
+    fn drop(&mut self) {
+        // A copy still reading the buffer must finish before anyone else may write it;
+        // if the wait fails the buffer is leaked rather than reused.
+        if self.wait().is_err() {
+            if let Some(buf) = self.buf.take() {
+                std::mem::forget(buf);
             }
+            return;
+        }
+        if let Some(buf) = self.buf.take() {
+            give_back(&self.free, buf);
         }
     }
 }
@@ -158,12 +214,57 @@ impl Gpu {
         self.after_lease(Box::new(move || {
             // SAFETY: the pool hands the buffer only to callers that write its bytes before anything reads them.
             if let Ok(buf) = unsafe { ctx.alloc_pinned::<u8>(pinned_size(bytes)) } {
-                let mut free = free.lock().unwrap_or_else(|e| e.into_inner());
-                if free.len() < PINNED_KEEP {
-                    free.push(buf);
-                }
+                give_back(&free, buf);
             }
         }));
+    }
+
+    /// A pinned buffer of at least `bytes` bytes lent from the pool (see [`PinnedLoan`]).
+    pub fn pinned_loan(&self, bytes: usize) -> Result<PinnedLoan> {
+        Ok(PinnedLoan { buf: Some(self.pinned_from_pool(bytes)?), free: self.pinned_free.clone(), copied: None })
+    }
+
+    /// `len` elements of `T` at byte `at` of `loan` in a new device buffer:
+    /// one DMA queued on the main stream, not waited for (work queued after
+    /// it reads the copy; the loan waits for it before its bytes are reused).
+    pub fn upload_loaned<T: super::Pod>(
+        &self,
+        loan: &mut PinnedLoan,
+        at: usize,
+        len: usize,
+        stats: &mut TransferStats,
+    ) -> Result<super::DeviceBuffer<T>> {
+        use cudarc::driver::DevicePtrMut;
+        let t = Instant::now();
+        let mut dst = self.alloc::<T>(len)?;
+        let bytes = len * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(dst);
+        }
+        let Some(buf) = loan.buf.as_ref() else {
+            return Err(DataFusionError::Internal("pinned loan already returned".into()));
+        };
+        if at % std::mem::align_of::<T>() != 0 || at + bytes > buf.len() {
+            return Err(DataFusionError::Internal(format!(
+                "upload_loaned: bytes {at}..{} of a {}-byte loan",
+                at + bytes,
+                buf.len()
+            )));
+        }
+        let host = buf.as_ptr().map_err(|e| cuda_err("pinned buffer", e))?;
+        // SAFETY: `host` addresses the loan's pinned bytes, of which at..at + bytes are in bounds (checked above).
+        let src: &[u8] = unsafe { std::slice::from_raw_parts(host.add(at), bytes) };
+        {
+            let (dptr, _record) = dst.slice.device_ptr_mut(&self.stream);
+            // SAFETY: `src` is pinned memory the loan keeps unwritten and allocated until the
+            // event recorded below completes (its drop and as_mut_slice wait); `dptr` addresses `len` elements.
+            unsafe { cudarc::driver::result::memcpy_htod_async(dptr, src, self.stream.cu_stream()) }
+                .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
+        }
+        loan.copied = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
+        stats.bytes_to_device += bytes;
+        stats.to_device += t.elapsed();
+        Ok(dst)
     }
 
     /// Host memory for query output that the host fills: pinned buffers from
@@ -364,11 +465,8 @@ impl Drop for PinnedArena {
             std::mem::forget(std::mem::take(&mut self.bufs));
             return;
         }
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         for b in self.bufs.drain(..) {
-            if free.len() < PINNED_KEEP {
-                free.push(b);
-            }
+            give_back(&self.free, b);
         }
     }
 }

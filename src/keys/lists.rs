@@ -65,3 +65,29 @@ impl ListColumn {
         self.values.is_some() && self.nulls.as_ref().is_none_or(|n| n.is_valid(i))
     }
 }
+
+/// The longest string [`inline_key`] holds.
+pub const INLINE_STRING_BYTES: usize = 7;
+
+/// A string of at most [`INLINE_STRING_BYTES`] bytes as a u64 that orders as
+/// the bytes do: byte i in bits 63 - 8i down to 56 - 8i, zeros after the
+/// last, and the length in the low byte (so "ab" < "ab\0" < "ab\0\0": a
+/// prefix padded with zeros ties with the longer string's NUL bytes, and the
+/// length breaks the tie the way byte order does).
+pub fn inline_key(bytes: &[u8]) -> u64 {
+    let mut k = bytes.len() as u64;
+    // Callers check the length (a longer string would lose its tail here).
+    for (i, &x) in bytes.iter().take(INLINE_STRING_BYTES).enumerate() {
+        k |= (x as u64) << (56 - 8 * i);
+    }
+    k
+}
+
+/// The bytes [`inline_key`] packed into `key`, written into `out`.
+pub fn inline_bytes(key: u64, out: &mut [u8; 8]) -> &[u8] {
+    let len = ((key & 0xff) as usize).min(INLINE_STRING_BYTES);
+    for (i, b) in out.iter_mut().enumerate().take(len) {
+        *b = (key >> (56 - 8 * i)) as u8;
+    }
+    &out[..len]
+}

@@ -32,7 +32,7 @@
 
 pub mod lists;
 
-pub use lists::{list_parts, ListColumn};
+pub use lists::{inline_bytes, inline_key, list_parts, ListColumn, INLINE_STRING_BYTES};
 
 use std::collections::HashMap;
 use std::sync::Arc;

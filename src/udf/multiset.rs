@@ -278,12 +278,15 @@ impl ScalarUDFImpl for ListPairUdf {
 /// that runs out of memory hands the batch back to the CPU.
 fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
     if let Ok((g, _)) = crate::planner::decision::list_function(cfg, list_elements(a)? + list_elements(b)?, false) {
-        // The host's share before the device is taken (partitions prepare in parallel).
-        let prepared = PreparedLists::new::<T>(a, b)?;
-        let lease = g.lease(cfg.memory_limit.0);
-        match prepared.run::<T>(&lease, op, &mut TransferStats::default()) {
-            Err(e) if gpu::is_out_of_memory(&e) => {}
-            other => return other,
+        // The host's share before the device is taken (partitions pack their batches in
+        // parallel); a batch it cannot pack (a cast the CPU twin refuses too, no pinned
+        // memory) goes to the CPU twin, which answers or words the error.
+        if let Ok(prepared) = PreparedLists::new::<T>(&g, op, a, b) {
+            let lease = g.lease(cfg.memory_limit.0);
+            match prepared.run::<T>(&lease, &mut TransferStats::default()) {
+                Err(e) if gpu::is_out_of_memory(&e) => {}
+                other => return other,
+            }
         }
     }
     list_op_cpu::<T>(op, a, b)
@@ -303,12 +306,27 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
     if null_typed {
         return evaluate_pair::<String>(op, a, b); // every row NULL
     }
-    let ranked = StringRanks::new(a, b)?;
     let elements = list_elements(a)? + list_elements(b)?;
-    let device = crate::planner::decision::list_function(cfg, elements, true).ok().and_then(|(g, _)| {
-        let prepared = PreparedLists::new::<u64>(&ranked.a, &ranked.b).ok()?;
+    let mut chosen = crate::planner::decision::list_function(cfg, elements, true).ok();
+    if let (Some((g, _)), true) = (&chosen, crate::algo::list_pack::strings_fit_inline(a, b)?) {
+        // Short strings go to the device as their inline keys, packed straight from the
+        // strings (no ranking, no intermediate lists); a failure leaves them to the CPU.
+        if let Ok(prepared) = PreparedLists::new::<u64>(g, op, a, b) {
+            if prepared.is_unsorted() {
+                return evaluate_pair::<String>(op, a, b); // the string path words the error
+            }
+            let lease = g.lease(cfg.memory_limit.0);
+            if let Ok(keys) = prepared.run::<u64>(&lease, &mut TransferStats::default()) {
+                return StringRanks::inline_strings(&keys);
+            }
+        }
+        chosen = None;
+    }
+    let ranked = StringRanks::new(a, b)?;
+    let device = chosen.and_then(|(g, _)| {
+        let prepared = PreparedLists::new::<u64>(&g, op, &ranked.a, &ranked.b).ok()?;
         let lease = g.lease(cfg.memory_limit.0);
-        prepared.run::<u64>(&lease, op, &mut TransferStats::default()).ok()
+        prepared.run::<u64>(&lease, &mut TransferStats::default()).ok()
     });
     let out = match device {
         Some(out) => Ok(out),
@@ -558,10 +576,17 @@ mod tests {
         let stats = &mut TransferStats::default();
         let mut rng = rand::rngs::StdRng::seed_from_u64(1717);
         let union = PairOp::Multiset(MultisetOp::UnionAll);
-        for domain in [1i64, 7, 300, 100_000] {
+        // Short strings take the inline keys; a long one sends the batch to the ranks; NUL bytes
+        // and empty strings test the inline keys' tie on padding.
+        let spellings: [fn(&str) -> String; 3] = [
+            |s| s.to_string(),
+            |s| if s.ends_with('3') { format!("élément n° {s}") } else { s.to_string() },
+            |s| s.replace('1', "\0").replace('2', ""),
+        ];
+        for (domain, spell) in [1i64, 7, 300, 100_000].into_iter().flat_map(|d| spellings.iter().map(move |f| (d, f))) {
             for op in ListOp::ALL {
-                let mut a = random_string_list_column(&mut rng, 200, 40, domain, true);
-                let mut b = random_string_list_column(&mut rng, 200, 40, domain, true);
+                let mut a = respell(&random_string_list_column(&mut rng, 200, 40, domain, true), *spell);
+                let mut b = respell(&random_string_list_column(&mut rng, 200, 40, domain, true), *spell);
                 if op == PairOp::SortedIntersect {
                     // a ∪ a is a sorted (NULL elements dropped).
                     a = evaluate_pair::<String>(union, &a, &a).unwrap();
@@ -575,6 +600,12 @@ mod tests {
                     let _lock = g.lock_blocking();
                     let got = ranked.strings(&list_op_gpu::<u64>(g, op, &ranked.a, &ranked.b, stats).unwrap()).unwrap();
                     assert_eq!(got.to_data(), want.to_data(), "{op:?}, domain {domain}: ranks on the GPU");
+                    if crate::algo::list_pack::strings_fit_inline(&a, &b).unwrap() {
+                        // Packed straight from the strings, as evaluate_strings does.
+                        let keys = list_op_gpu::<u64>(g, op, &a, &b, stats).unwrap();
+                        let got = StringRanks::inline_strings(&keys).unwrap();
+                        assert_eq!(got.to_data(), want.to_data(), "{op:?}, domain {domain}: inline keys on the GPU");
+                    }
                 }
             }
         }
@@ -587,6 +618,33 @@ mod tests {
                 (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string(), "{op:?} forced"),
                 (got, want) => panic!("{op:?} forced: {got:?} against {want:?}"),
             }
+        }
+    }
+
+    /// A List<Utf8> column with every string mapped by `f`.
+    fn respell(col: &ArrayRef, f: fn(&str) -> String) -> ArrayRef {
+        use datafusion::arrow::array::StringArray;
+        let l = col.as_list::<i32>();
+        let values: StringArray = l.values().as_string::<i32>().iter().map(|v| v.map(f)).collect();
+        let field = Arc::new(datafusion::arrow::datatypes::Field::new_list_field(DataType::Utf8, true));
+        Arc::new(
+            datafusion::arrow::array::ListArray::try_new(field, l.offsets().clone(), Arc::new(values), l.nulls().cloned())
+                .unwrap(),
+        )
+    }
+
+    /// Inline keys order as the bytes do, and decode to them.
+    #[test]
+    fn inline_string_keys_order_as_bytes() {
+        use crate::algo::multiset::{inline_bytes, inline_key};
+        let mut words: Vec<&[u8]> =
+            vec![b"", b"\0", b"\0\0", b"a", b"a\0", b"a\0\0", b"ab", b"abc", b"abcdefg", b"b", b"\xff", b"zz\xff\xff"];
+        words.sort();
+        let keys: Vec<u64> = words.iter().map(|w| inline_key(w)).collect();
+        assert!(keys.windows(2).all(|k| k[0] < k[1]), "{keys:x?}");
+        let mut buf = [0u8; 8];
+        for (w, k) in words.iter().zip(&keys) {
+            assert_eq!(inline_bytes(*k, &mut buf), *w);
         }
     }
 
