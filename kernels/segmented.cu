@@ -29,6 +29,41 @@ extern "C" __global__ void ms_widen(const u32* in, u64 n, u64 base, u64* keys) {
     SF_FOR(i, n) keys[i] = base + (u64)in[i];
 }
 
+// Every row of at most MS_ROW_SORT_MAX keys sorted ascending in place, one
+// block per row: the row in shared memory, padded with ~0 to a power of two,
+// a bitonic sort, the first n keys written back (a real ~0 key ties with the
+// padding, so the first n are still the row's keys). The launcher takes this
+// path only when no row is longer (else the radix sort of composite keys,
+// whose passes grow with the keys' bits: 8-byte string keys need ~8).
+extern "C" __global__ void __launch_bounds__(256) ms_row_sort(u64* keys, const u32* off, u32 rows) {
+    __shared__ u64 row[MS_ROW_SORT_MAX];
+    for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
+        u32 base = off[r], n = off[r + 1] - base;
+        if (n < 2) continue;  // n is the block's own, so every thread skips together
+        u32 p = 1;
+        while (p < n) p <<= 1;
+        for (u32 i = threadIdx.x; i < p; i += blockDim.x) row[i] = i < n ? keys[base + i] : ~0ULL;
+        __syncthreads();
+        for (u32 k = 2; k <= p; k <<= 1) {
+            for (u32 j = k >> 1; j > 0; j >>= 1) {
+                for (u32 i = threadIdx.x; i < p; i += blockDim.x) {
+                    u32 x = i ^ j;
+                    if (x > i) {
+                        u64 a = row[i], b = row[x];
+                        if ((a > b) == ((i & k) == 0)) {
+                            row[i] = b;
+                            row[x] = a;
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) keys[base + i] = row[i];
+        __syncthreads();
+    }
+}
+
 // seg[j] = r for every j in [off[r], off[r + 1]): one warp per row.
 extern "C" __global__ void ms_seg_ids(const u32* off, u32 rows, u32* seg) {
     SF_FOR(t, (u64)rows * 32) {

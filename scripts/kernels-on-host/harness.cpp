@@ -12,6 +12,9 @@
 #ifndef SI_GTWJ_SEQ_LOG2
 #define SI_GTWJ_SEQ_LOG2 3
 #endif
+#ifndef MS_ROW_SORT_MAX
+#define MS_ROW_SORT_MAX 2048
+#endif
 #include "kernels_host.h"
 #include <vector>
 #include <map>
@@ -108,8 +111,27 @@ static Result run_gtwj(Side& A, Side& B, vector<unsigned char>& valid, u32 rows,
     });
 }
 
+// ms_row_sort (one block per row) against std::sort, rows up to MS_ROW_SORT_MAX, ~0 keys among them.
+static void check_row_sort(std::mt19937_64& rng) {
+    for (int round = 0; round < 120; ++round) {
+        u32 rows = 1 + rng() % 12;
+        vector<u32> off{0};
+        vector<u64> keys;
+        for (u32 r = 0; r < rows; ++r) {
+            u32 n = rng() % (round % 2 ? 40 : MS_ROW_SORT_MAX + 1);
+            for (u32 j = 0; j < n; ++j) keys.push_back(round % 3 == 0 ? ~0ULL - rng() % 3 : rng() % 50);
+            off.push_back(keys.size());
+        }
+        vector<u64> want = keys;
+        for (u32 r = 0; r < rows; ++r) std::sort(want.begin() + off[r], want.begin() + off[r + 1]);
+        ms_row_sort(keys.data(), off.data(), rows);
+        if (keys != want) { printf("ms_row_sort: round %d differs\n", round); exit(1); }
+    }
+}
+
 int main() {
     std::mt19937_64 rng(15);
+    check_row_sort(rng);
     const u32 lens[] = {0, 1, 2, 3, MS_BP_VT - 1, MS_BP_VT, MS_BP_VT + 1, 2 * MS_BP_VT + 1, 40, 100, 1000, 3000};
     const u64 lo_hi[][2] = {{0, 0}, {0, 2}, {0, 7}, {100, 160}, {0, 5000}, {1ULL << 40, (1ULL << 40) + 1000000}, {0, ~0ULL}, {~0ULL - 40, ~0ULL}};
     long checked = 0, nonempty = 0;

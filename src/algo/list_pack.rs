@@ -34,7 +34,7 @@ use datafusion::arrow::datatypes::{
 use datafusion::error::{DataFusionError, Result};
 
 use crate::algo::segmented::ListKey;
-use crate::keys::{inline_key, INLINE_STRING_BYTES};
+use crate::keys::{inline_key_in, inline_key_of_view, INLINE_STRING_BYTES};
 
 /// An upper bound of one row's result length from its two lists' lengths
 /// (m, n): the rules' own maxima.
@@ -73,6 +73,11 @@ impl SideFacts {
     /// Kept elements.
     pub fn n(&self) -> usize {
         self.offsets.last().map_or(0, |&o| o as usize)
+    }
+
+    /// The longest row's kept elements.
+    pub fn longest(&self) -> usize {
+        self.offsets.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
     }
 }
 
@@ -208,17 +213,19 @@ macro_rules! with_images {
             }
             DataType::Utf8 => {
                 let v = values.as_string::<i32>();
-                let $img = |j: usize| inline_key(v.value(j).as_bytes()) ^ flip;
+                let (o, data) = (v.value_offsets(), v.value_data());
+                let $img = |j: usize| inline_key_in(data, o[j] as usize, o[j + 1] as usize) ^ flip;
                 $body
             }
             DataType::LargeUtf8 => {
                 let v = values.as_string::<i64>();
-                let $img = |j: usize| inline_key(v.value(j).as_bytes()) ^ flip;
+                let (o, data) = (v.value_offsets(), v.value_data());
+                let $img = |j: usize| inline_key_in(data, o[j] as usize, o[j + 1] as usize) ^ flip;
                 $body
             }
             DataType::Utf8View => {
-                let v = values.as_string_view();
-                let $img = |j: usize| inline_key(v.value(j).as_bytes()) ^ flip;
+                let views = values.as_string_view().views();
+                let $img = |j: usize| inline_key_of_view(views[j]) ^ flip;
                 $body
             }
             other => Err(DataFusionError::Internal(format!("list packing: unexpected element type {other}"))),
@@ -564,7 +571,7 @@ mod tests {
         let a = words(vec![Some("b"), None, Some("a\0"), Some(""), Some("zzzzzzz")], &[2, 3]);
         let b = words(vec![Some("a"), Some("é")], &[1, 1]);
         let (plan, buf) = pack::<u64, Vec<u8>>(&a, &b, Some(16), RowBound::Sum, |n| Ok(vec![0; n])).unwrap();
-        let key = |w: &str| inline_key(w.as_bytes());
+        let key = |w: &str| crate::keys::inline_key(w.as_bytes());
         assert_eq!(unpack::<u64>(&plan, &buf.unwrap(), 0), vec![vec![key("b")], vec![key("a\0"), key(""), key("zzzzzzz")]]);
         assert!(!plan.sides[0].ascending && plan.sides[1].ascending);
         let long = words(vec![Some("abcdefgh")], &[1]);

@@ -588,10 +588,10 @@ impl PreparedLists {
         let tiles = match (op, l.tiles) {
             (ListOp::Multiset(_), Some(at)) => {
                 if !plan.sides[0].ascending {
-                    da.sort_segments(gpu, rows, frame)?;
+                    da.sort_segments(gpu, rows, frame, plan.sides[0].longest())?;
                 }
                 if !plan.sides[1].ascending {
-                    db.sort_segments(gpu, rows, frame)?;
+                    db.sort_segments(gpu, rows, frame, plan.sides[1].longest())?;
                 }
                 let offsets = gpu.upload_loaned::<u32>(&mut loan, at, rows + 1, stats)?;
                 let n = plan.tiles.as_ref().and_then(|t| t.last()).map_or(0, |&t| t as usize);

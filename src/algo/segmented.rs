@@ -21,12 +21,22 @@ use datafusion::error::{DataFusionError, Result};
 use crate::algo::radix_sort;
 use crate::gpu::{cuda_err, DeviceBuffer, Gpu, Pod, TransferStats};
 
-/// kernels/segmented.cu (no `-D` contract: its scan tile is its own).
+/// kernels/segmented.cu, with the longest row `ms_row_sort` sorts as `-D`
+/// (its scan tile is its own).
 pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
     family: "segmented",
     source: include_str!("../../kernels/segmented.cu"),
-    defines: crate::gpu::no_defines,
+    defines: segmented_defines,
 };
+
+/// The longest row the block-per-row sort takes (`MS_ROW_SORT_MAX`): 2,048
+/// keys are 16 KiB of shared memory, and the list functions' rows are
+/// mostly far shorter.
+pub const ROW_SORT_MAX: usize = 2048;
+
+fn segmented_defines() -> Vec<(String, u64)> {
+    vec![("MS_ROW_SORT_MAX".into(), ROW_SORT_MAX as u64)]
+}
 
 /// An integer element type of the list functions: i64 (signed and mixed
 /// integer lists) or u64 (unsigned). Device keys are its order-preserving
@@ -353,12 +363,31 @@ impl DeviceSide {
         Ok(Self { keys, offsets, seg, n })
     }
 
-    /// Sort every segment on the device (radix sort of composite keys), its
-    /// keys' images lying in [min, max] (known on the host, so nothing is read back).
-    pub(crate) fn sort_segments(&mut self, gpu: &Gpu, rows: usize, (min, max): (u64, u64)) -> Result<()> {
+    /// Sort every segment on the device, its keys' images lying in [min, max]
+    /// and no row longer than `longest` (both known on the host, so nothing is
+    /// read back): one block per row in shared memory when every row fits
+    /// ([`ROW_SORT_MAX`]), else a radix sort of composite keys.
+    pub(crate) fn sort_segments(
+        &mut self,
+        gpu: &Gpu,
+        rows: usize,
+        (min, max): (u64, u64),
+        longest: usize,
+    ) -> Result<()> {
         let n = self.n;
         let stream = gpu.stream();
         let n64 = n as u64;
+        if longest <= ROW_SORT_MAX {
+            let f = gpu.function(&KERNEL, "ms_row_sort")?;
+            let rows32 = rows as u32;
+            let blocks = rows.clamp(1, 65_535) as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: signature matches kernels/segmented.cu; keys hold n entries, offsets rows + 1 ending at n,
+            // and no row is longer than MS_ROW_SORT_MAX (checked above).
+            unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&self.offsets.slice).arg(&rows32).launch(cfg) }
+                .map_err(launch_err("ms_row_sort"))?;
+            return Ok(());
+        }
         let range = max.saturating_sub(min);
         let kbits = 64 - range.leading_zeros();
         let sbits = id_bits(rows);

@@ -32,7 +32,9 @@
 
 pub mod lists;
 
-pub use lists::{inline_bytes, inline_key, list_parts, ListColumn, INLINE_STRING_BYTES};
+pub use lists::{
+    inline_bytes, inline_key, inline_key_in, inline_key_of_view, list_parts, ListColumn, INLINE_STRING_BYTES,
+};
 
 use std::collections::HashMap;
 use std::sync::Arc;
