@@ -155,3 +155,26 @@ template <typename I> __device__ I sf_balanced_path(const u64* a, I na, const u6
     }
     return ai;
 }
+
+// Ascending bitonic sort of s[0..p), p a power of two, by the whole block;
+// s is written before the call and read after it (both sides synchronise).
+template <typename T>
+__device__ void block_bitonic_sort(T* s, u32 p) {
+    __syncthreads();
+    for (u32 k = 2; k <= p; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 i = threadIdx.x; i < p; i += blockDim.x) {
+                u32 l = i ^ j;
+                if (l > i) {
+                    T a = s[i], b = s[l];
+                    bool up = (i & k) == 0;
+                    if ((a > b) == up) {
+                        s[i] = b;
+                        s[l] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}

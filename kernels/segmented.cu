@@ -43,22 +43,7 @@ extern "C" __global__ void __launch_bounds__(256) ms_row_sort(u64* keys, const u
         u32 p = 1;
         while (p < n) p <<= 1;
         for (u32 i = threadIdx.x; i < p; i += blockDim.x) row[i] = i < n ? keys[base + i] : ~0ULL;
-        __syncthreads();
-        for (u32 k = 2; k <= p; k <<= 1) {
-            for (u32 j = k >> 1; j > 0; j >>= 1) {
-                for (u32 i = threadIdx.x; i < p; i += blockDim.x) {
-                    u32 x = i ^ j;
-                    if (x > i) {
-                        u64 a = row[i], b = row[x];
-                        if ((a > b) == ((i & k) == 0)) {
-                            row[i] = b;
-                            row[x] = a;
-                        }
-                    }
-                }
-                __syncthreads();
-            }
-        }
+        block_bitonic_sort(row, p);
         for (u32 i = threadIdx.x; i < n; i += blockDim.x) keys[base + i] = row[i];
         __syncthreads();
     }

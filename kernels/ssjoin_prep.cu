@@ -32,29 +32,6 @@ __device__ __forceinline__ void insertion_sort(T* a, u32 n) {
     }
 }
 
-// Ascending bitonic sort of s[0..p), p a power of two, by the whole block;
-// s is written before the call and read after it (both sides synchronise).
-template <typename T>
-__device__ void block_bitonic_sort(T* s, u32 p) {
-    __syncthreads();
-    for (u32 k = 2; k <= p; k <<= 1) {
-        for (u32 j = k >> 1; j > 0; j >>= 1) {
-            for (u32 i = threadIdx.x; i < p; i += blockDim.x) {
-                u32 l = i ^ j;
-                if (l > i) {
-                    T a = s[i], b = s[l];
-                    bool up = (i & k) == 0;
-                    if ((a > b) == up) {
-                        s[i] = b;
-                        s[l] = a;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    }
-}
-
 extern "C" __global__ void dedup_count_small(u64* elems, const u64* offs, u64 n_sets, u64 lo, u32* df, u32* sizes) {
     SF_FOR(i, n_sets) {
         u64 a = offs[i];
