@@ -339,6 +339,21 @@ impl<'a> Strings<'a> {
         }
     }
 
+    /// String j's [`inline_key`] (at most [`INLINE_STRING_BYTES`] bytes), read with one load.
+    fn inline_key(&self, j: usize) -> u64 {
+        match self {
+            Self::Utf8(s) => {
+                let o = s.value_offsets();
+                crate::keys::inline_key_in(s.value_data(), o[j] as usize, o[j + 1] as usize)
+            }
+            Self::Large(s) => {
+                let o = s.value_offsets();
+                crate::keys::inline_key_in(s.value_data(), o[j] as usize, o[j + 1] as usize)
+            }
+            Self::View(s) => crate::keys::inline_key_of_view(s.views()[j]),
+        }
+    }
+
     fn get(&self, j: usize) -> Option<&'a str> {
         match self {
             Self::Utf8(s) => s.is_valid(j).then(|| s.value(j)),
@@ -374,7 +389,7 @@ impl StringRanks {
                 let (mut keys, mut offsets) = (Vec::new(), Vec::with_capacity(ranges.len() + 1));
                 offsets.push(0usize);
                 for &(start, end) in ranges {
-                    keys.extend((start..end).filter_map(|j| strings.get(j)).map(|v| inline_key(v.as_bytes())));
+                    keys.extend((start..end).filter(|&j| values.is_valid(j)).map(|j| strings.inline_key(j)));
                     offsets.push(keys.len());
                 }
                 u64::list(offsets_i32(offsets)?, keys, nulls)
