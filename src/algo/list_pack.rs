@@ -81,10 +81,11 @@ impl SideFacts {
     }
 }
 
-/// Byte positions of the packed parts (each 16-aligned).
+/// Byte positions of the packed parts (each 16-aligned), after one validity
+/// byte per row at 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
-    /// One validity byte per row at 0.
+    /// Each side's row offsets (rows + 1 u32).
     pub offsets: [usize; 2],
     /// Balanced Path tile offsets (rows + 1 u32), when asked for.
     pub tiles: Option<usize>,
@@ -277,10 +278,7 @@ fn scan_side(
                 hi = hi.max(x);
                 n += 1;
             };
-            match elem_nulls {
-                None => (s..e).for_each(|j| visit(img(j))),
-                Some(nb) => (s..e).filter(|&j| nb.is_valid(j)).for_each(|j| visit(img(j))),
-            }
+            present(s, e, elem_nulls).for_each(|j| visit(img(j)));
         }
         if n >= u32::MAX as usize {
             return Err(DataFusionError::Plan(format!(
@@ -316,11 +314,13 @@ fn write_side(
         if valid[r] == 0 {
             continue;
         }
-        match elem_nulls {
-            None => (s..e).for_each(|j| put(img(j))),
-            Some(nb) => (s..e).filter(|&j| nb.is_valid(j)).for_each(|j| put(img(j))),
-        }
+        present(s, e, elem_nulls).for_each(|j| put(img(j)));
     }
+}
+
+/// The indices of `s..e` whose element is not NULL (the order both passes visit).
+fn present(s: usize, e: usize, elem_nulls: Option<&NullBuffer>) -> impl Iterator<Item = usize> + '_ {
+    (s..e).filter(move |&j| elem_nulls.is_none_or(|nb| nb.is_valid(j)))
 }
 
 fn element_nulls(values: &ArrayRef) -> Option<&NullBuffer> {

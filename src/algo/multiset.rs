@@ -447,9 +447,7 @@ impl StringRanks {
         let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
         Ok(Arc::new(ListArray::try_new(field, l.offsets().clone(), values, l.nulls().cloned())?))
     }
-}
 
-impl StringRanks {
     /// A List<UInt64> of [`inline_key`]s as the List<Utf8> of their strings.
     pub fn inline_strings(keys: &ArrayRef) -> Result<ArrayRef> {
         let l = keys.as_list::<i32>();
@@ -523,8 +521,9 @@ fn kernel_code(op: MultisetOp) -> i32 {
 /// ([`PreparedLists::new`]: [`crate::algo::list_pack`]), then, per side
 /// ([`segmented::DeviceSide`]): one DMA of the keys (32-bit offsets from the
 /// batch's smallest image, widened on the device) and offsets, a segment id
-/// per element. For `set_*`: a device radix sort of (segment, key) unless the
-/// host found every row ascending, then each row's merge by Balanced Path
+/// per element. For `set_*`: each unsorted side's rows sorted on the device
+/// ([`segmented::DeviceSide::sort_segments`]: one block per row in shared
+/// memory, or a radix sort of (segment, key) when a row is longer), then each row's merge by Balanced Path
 /// tiles ([`balanced_path_segmented`], kernels/multiset.cu). For
 /// `sorted_intersect`: GTWJ sequence skipping per row
 /// ([`crate::algo::sorted_intersect::gtwj_segmented`],
