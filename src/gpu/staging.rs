@@ -192,8 +192,20 @@ impl Gpu {
 
     /// A new pinned buffer of at least `bytes` bytes (for the pool once its owner drops it).
     pub(super) fn pinned_new(&self, bytes: usize) -> Result<PinnedHostSlice<u8>> {
+        let t = Instant::now();
         // SAFETY: the caller writes the bytes it hands out before anything reads them.
-        unsafe { self.ctx.alloc_pinned::<u8>(pinned_size(bytes)) }.map_err(|e| cuda_err("cuMemHostAlloc", e))
+        let buf =
+            unsafe { self.ctx.alloc_pinned::<u8>(pinned_size(bytes)) }.map_err(|e| cuda_err("cuMemHostAlloc", e))?;
+        if crate::env::trace() {
+            let mb = |b: usize| b as f64 / 1e6;
+            crate::util::trace(&format!(
+                "pinned {:.1} MB anew in {:.2} ms (the pool held {:.1} MB)",
+                mb(buf.len()),
+                t.elapsed().as_secs_f64() * 1e3,
+                mb(self.pinned_free.lock().map_or(0, |f| f.iter().map(|b| b.len()).sum()))
+            ));
+        }
+        Ok(buf)
     }
 
     /// The smallest pinned buffer in the pool that holds `bytes`, if any.

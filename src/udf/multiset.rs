@@ -60,6 +60,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Instant;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Builder, ListBuilder, StringBuilder, UInt64Builder};
 use datafusion::arrow::datatypes::{DataType, Int64Type, UInt64Type};
@@ -83,7 +84,8 @@ use crate::algo::multiset::{
 use crate::algo::segmented::ListKey;
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::config::SetfusionConfig;
-use crate::gpu::{self, TransferStats};
+use crate::gpu::{self, Gpu, TransferStats};
+use crate::util::trace;
 use crate::keys::ListColumn;
 
 /// The scalar functions of this module (added to [`super::functions`]).
@@ -281,9 +283,9 @@ fn evaluate_integers<T: ListKey>(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef
         // The host's share before the device is taken (partitions pack their batches in
         // parallel); a batch it cannot pack (a cast the CPU twin refuses too, no pinned
         // memory) goes to the CPU twin, which answers or words the error.
+        let packing = Instant::now();
         if let Ok(prepared) = PreparedLists::new::<T>(&g, op, a, b) {
-            let lease = g.lease(cfg.memory_limit.0);
-            match prepared.run::<T>(&lease, &mut TransferStats::default()) {
+            match run_prepared::<T>(&g, cfg, prepared, packing) {
                 Err(e) if gpu::is_out_of_memory(&e) => {}
                 other => return other,
             }
@@ -311,22 +313,28 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
     if let (Some((g, _)), true) = (&chosen, crate::algo::list_pack::strings_fit_inline(a, b)?) {
         // Short strings go to the device as their inline keys, packed straight from the
         // strings (no ranking, no intermediate lists); a failure leaves them to the CPU.
+        let packing = Instant::now();
         if let Ok(prepared) = PreparedLists::new::<u64>(g, op, a, b) {
             if prepared.is_unsorted() {
                 return evaluate_pair::<String>(op, a, b); // the string path words the error
             }
-            let lease = g.lease(cfg.memory_limit.0);
-            if let Ok(keys) = prepared.run::<u64>(&lease, &mut TransferStats::default()) {
-                return StringRanks::inline_strings(&keys);
+            // The strings are built after the device is given back.
+            if let Ok(keys) = run_prepared::<u64>(g, cfg, prepared, packing) {
+                let building = Instant::now();
+                let out = StringRanks::inline_strings(&keys);
+                if crate::env::trace() {
+                    trace(&format!("list batch: strings built in {:.2} ms", ms(building.elapsed())));
+                }
+                return out;
             }
         }
         chosen = None;
     }
     let ranked = StringRanks::new(a, b)?;
     let device = chosen.and_then(|(g, _)| {
+        let packing = Instant::now();
         let prepared = PreparedLists::new::<u64>(&g, op, &ranked.a, &ranked.b).ok()?;
-        let lease = g.lease(cfg.memory_limit.0);
-        prepared.run::<u64>(&lease, &mut TransferStats::default()).ok()
+        run_prepared::<u64>(&g, cfg, prepared, packing).ok()
     });
     let out = match device {
         Some(out) => Ok(out),
@@ -337,6 +345,39 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
         Err(_) if op == PairOp::SortedIntersect => evaluate_pair::<String>(op, a, b),
         Err(e) => Err(e),
     }
+}
+
+/// A packed batch's device part under a lease of the device, given back
+/// before the caller builds anything from the result. With SETFUSION_TRACE,
+/// one line a batch: how long packing (since `packing`), waiting for the
+/// device and holding it took.
+fn run_prepared<T: ListKey>(g: &Gpu, cfg: &SetfusionConfig, prepared: PreparedLists, packing: Instant) -> Result<ArrayRef> {
+    let packed = packing.elapsed();
+    let waiting = Instant::now();
+    let lease = g.lease(cfg.memory_limit.0);
+    let (waited, holding) = (waiting.elapsed(), Instant::now());
+    let mut stats = TransferStats::default();
+    let out = prepared.run::<T>(&lease, &mut stats);
+    drop(lease);
+    if crate::env::trace() {
+        trace(&format!(
+            "list batch: packed {:.2} ms, waited {:.2} ms, held the device {:.2} ms \
+             (to device {:.1} MB in {:.2} ms, kernels {:.2} ms, to host {:.1} MB in {:.2} ms)",
+            ms(packed),
+            ms(waited),
+            ms(holding.elapsed()),
+            stats.bytes_to_device as f64 / 1e6,
+            ms(stats.to_device),
+            ms(stats.kernel),
+            stats.bytes_to_host as f64 / 1e6,
+            ms(stats.to_host)
+        ));
+    }
+    out
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// The per-row CPU path of the two-list functions.
