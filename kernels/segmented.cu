@@ -29,6 +29,47 @@ extern "C" __global__ void ms_widen(const u32* in, u64 n, u64 base, u64* keys) {
     SF_FOR(i, n) keys[i] = base + (u64)in[i];
 }
 
+// A raw batch's values (their own Arrow bytes, src/algo/list_pack.rs) made
+// into key images: keys[i] = image(value i) ^ flip, the values `width` bytes
+// each (1, 2, 4 or 8), sign-extended when is_signed.
+extern "C" __global__ void ms_images(const unsigned char* in, u64 n, u32 width, u32 is_signed, u64 flip, u64* keys) {
+    SF_FOR(i, n) {
+        u64 v;
+        if (width == 1) v = is_signed ? (u64)(i64)((const signed char*)in)[i] : (u64)in[i];
+        else if (width == 2) v = is_signed ? (u64)(i64)((const short*)in)[i] : (u64)((const unsigned short*)in)[i];
+        else if (width == 4) v = is_signed ? (u64)(i64)((const int*)in)[i] : (u64)((const u32*)in)[i];
+        else v = ((const u64*)in)[i];
+        keys[i] = v ^ flip;
+    }
+}
+
+// The inline key of a string of at most 7 bytes (src/keys/lists.rs
+// inline_key: its bytes from the top byte down, its length in the low byte,
+// which orders as the bytes do): n strings data[off[i], off[i + 1]).
+extern "C" __global__ void ms_inline_keys(const u32* off, const unsigned char* data, u64 n, u64 flip, u64* keys) {
+    SF_FOR(i, n) {
+        u32 s = off[i], len = off[i + 1] - s;
+        if (len > 7) len = 7;  // the host refuses longer strings; never read past them
+        u64 k = len;
+        for (u32 b = 0; b < len; ++b) k |= (u64)data[s + b] << (56 - 8 * b);
+        keys[i] = k ^ flip;
+    }
+}
+
+// The same keys from Utf8View views (16 bytes: the length in bytes 0-3, a
+// short string's bytes from byte 4), two u64 words a view, little-endian.
+extern "C" __global__ void ms_view_keys(const u64* views, u64 n, u64 flip, u64* keys) {
+    SF_FOR(i, n) {
+        u64 lo = views[2 * i], hi = views[2 * i + 1];
+        u32 len = (u32)lo;
+        if (len > 7) len = 7;
+        u64 bytes = (lo >> 32) | (hi << 32);  // view bytes 4..11: the string's first 8
+        u64 k = len;
+        for (u32 b = 0; b < len; ++b) k |= ((bytes >> (8 * b)) & 0xff) << (56 - 8 * b);
+        keys[i] = k ^ flip;
+    }
+}
+
 // Every row of at most MS_ROW_SORT_MAX keys sorted ascending in place, one
 // block per row: the row in shared memory, padded with ~0 to a power of two,
 // a bitonic sort, the first n keys written back (a real ~0 key ties with the

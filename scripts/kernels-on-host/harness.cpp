@@ -20,6 +20,7 @@
 #include <map>
 #include <random>
 #include <algorithm>
+#include <string>
 using std::vector;
 
 static vector<u32> excl_scan(const vector<u32>& v) {
@@ -129,9 +130,63 @@ static void check_row_sort(std::mt19937_64& rng) {
     }
 }
 
+// ms_images / ms_inline_keys / ms_view_keys (a raw batch's values made into
+// key images) against the rules written out here: integers sign- or
+// zero-extended, strings of at most 7 bytes as their bytes from the top byte
+// down with the length in the low byte, from offsets and data or from views.
+static void check_raw_images(std::mt19937_64& rng) {
+    const long long ints[] = {0, 1, -1, 127, -128, 255, 32767, -32768, 65535, 2147483647LL, -2147483648LL, 4294967295LL, 123456789012LL, -5};
+    for (u32 width : {1u, 2u, 4u, 8u}) {
+        for (u32 is_signed : {0u, 1u}) {
+            vector<unsigned char> in;
+            vector<u64> want;
+            for (long long v : ints) {
+                for (u32 b = 0; b < width; ++b) in.push_back((unsigned char)((unsigned long long)v >> (8 * b)));
+                u64 bits = width == 8 ? (u64)v : ((u64)v & ((1ULL << (8 * width)) - 1));
+                bool neg = is_signed && width < 8 && (bits >> (8 * width - 1)) & 1;
+                if (neg) bits |= ~0ULL << (8 * width);
+                want.push_back(bits ^ (1ULL << 63));
+            }
+            vector<u64> got(want.size());
+            ms_images(in.data(), want.size(), width, is_signed, 1ULL << 63, got.data());
+            if (got != want) { printf("ms_images: width %u signed %u differs\n", width, is_signed); exit(1); }
+        }
+    }
+    for (int round = 0; round < 50; ++round) {
+        u32 n = rng() % 40;
+        vector<u32> off{0};
+        vector<unsigned char> data;
+        vector<u64> views, want;
+        for (u32 i = 0; i < n; ++i) {
+            u32 len = rng() % 8;
+            u64 key = len, view_bytes = 0;
+            for (u32 b = 0; b < len; ++b) {
+                unsigned char c = round % 2 ? (unsigned char)(rng() % 256) : (unsigned char)('a' + rng() % 3);
+                data.push_back(c);
+                key |= (u64)c << (56 - 8 * b);
+                view_bytes |= (u64)c << (8 * b);
+            }
+            off.push_back(data.size());
+            want.push_back(key);
+            views.push_back((u64)len | (view_bytes << 32));  // bytes 0-3 the length, 4-7 the first four
+            views.push_back(view_bytes >> 32);                // bytes 8-15: the rest (zero padded)
+        }
+        vector<u64> got(n), got_views(n);
+        ms_inline_keys(off.data(), data.data(), n, 0, got.data());
+        ms_view_keys(views.data(), n, 0, got_views.data());
+        if (got != want || got_views != want) { printf("inline keys: round %d differs\n", round); exit(1); }
+        for (u32 i = 1; i < n; ++i) {
+            // The keys order as the strings' bytes do.
+            std::string x((const char*)data.data() + off[i - 1], off[i] - off[i - 1]), y((const char*)data.data() + off[i], off[i + 1] - off[i]);
+            if ((x < y) != (want[i - 1] < want[i]) && x != y) { printf("inline keys: order differs\n"); exit(1); }
+        }
+    }
+}
+
 int main() {
     std::mt19937_64 rng(15);
     check_row_sort(rng);
+    check_raw_images(rng);
     const u32 lens[] = {0, 1, 2, 3, MS_BP_VT - 1, MS_BP_VT, MS_BP_VT + 1, 2 * MS_BP_VT + 1, 40, 100, 1000, 3000};
     const u64 lo_hi[][2] = {{0, 0}, {0, 2}, {0, 7}, {100, 160}, {0, 5000}, {1ULL << 40, (1ULL << 40) + 1000000}, {0, ~0ULL}, {~0ULL - 40, ~0ULL}};
     long checked = 0, nonempty = 0;

@@ -520,8 +520,9 @@ fn kernel_code(op: MultisetOp) -> i32 {
 /// error for the first unsorted row). The host packs the batch
 /// ([`PreparedLists::new`]: [`crate::algo::list_pack`]), then, per side
 /// ([`segmented::DeviceSide`]): one DMA of the keys (32-bit offsets from the
-/// batch's smallest image, widened on the device) and offsets, a segment id
-/// per element. For `set_*`: each unsorted side's rows sorted on the device
+/// batch's smallest image, widened on the device; in a raw batch the values'
+/// own bytes, made into images on the device) and offsets, a segment id per
+/// element. For `set_*`: each unsorted side's rows sorted on the device
 /// ([`segmented::DeviceSide::sort_segments`]: one block per row in shared
 /// memory, or a radix sort of (segment, key) when a row is longer), then each row's merge by Balanced Path
 /// tiles ([`balanced_path_segmented`], kernels/multiset.cu). For
@@ -594,7 +595,10 @@ impl PreparedLists {
         let valid = gpu.upload_loaned::<u8>(&mut loan, 0, rows, stats)?;
         let side = |loan: &mut PinnedLoan, s: usize, stats: &mut TransferStats| {
             let n = plan.sides[s].n();
-            DeviceSide::from_loan(gpu, loan, l.keys[s], n, plan.wide, plan.base, l.offsets[s], rows, stats)
+            match l.raw {
+                Some(raw) => DeviceSide::from_loan_raw(gpu, loan, raw[s], l.keys[s], n, l.offsets[s], rows, T::FLIP, stats),
+                None => DeviceSide::from_loan(gpu, loan, l.keys[s], n, plan.wide, plan.base, l.offsets[s], rows, stats),
+            }
         };
         let mut da = side(&mut loan, 0, stats)?;
         let mut db = side(&mut loan, 1, stats)?;
@@ -1362,6 +1366,49 @@ mod tests {
         // All-NULL (DataType::Null) side.
         let nulls: ArrayRef = Arc::new(datafusion::arrow::array::NullArray::new(3));
         assert_eq!(list_op_gpu::<i64>(&gpu, ListOp::ALL[2], &a, &nulls, stats).unwrap().null_count(), 3);
+        // Raw batches (no NULL element): NULL rows that keep elements, a row longer than the
+        // block sort (the integers' range), Int32 and UInt16 values sent in their own bytes.
+        use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+        let lens = [3usize, 0, 2500, 4, 7, 1];
+        let total: usize = lens.iter().sum();
+        let list = |values: ArrayRef, lens: Vec<usize>, valid: Vec<bool>| -> ArrayRef {
+            let field = Arc::new(Field::new_list_field(values.data_type().clone(), true));
+            Arc::new(ListArray::new(field, OffsetBuffer::from_lengths(lens), values, Some(NullBuffer::from(valid))))
+        };
+        let vals: ArrayRef = Arc::new(Int32Array::from_iter_values((0..total).map(|i| ((i * 7919) % 97) as i32 - 40)));
+        let a = list(vals.clone(), lens.to_vec(), vec![true, true, true, false, true, true]);
+        let b = list(vals, lens.iter().rev().copied().collect(), vec![true, false, true, true, true, true]);
+        let u16s: ArrayRef = Arc::new(datafusion::arrow::array::UInt16Array::from_iter_values((0..total).map(|i| (i % 61) as u16)));
+        let (ua, ub) = (list(u16s.clone(), lens.to_vec(), vec![true; 6]), list(u16s, lens.iter().rev().copied().collect(), vec![true, true, false, true, true, true]));
+        for op in ListOp::ALL.into_iter().take(4) {
+            let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
+            assert!(got == list_op_cpu::<i64>(op, &a, &b).unwrap(), "{op:?} raw Int32");
+            let got = list_op_gpu::<u64>(&gpu, op, &ua, &ub, stats).unwrap();
+            assert!(got == list_op_cpu::<u64>(op, &ua, &ub).unwrap(), "{op:?} raw UInt16");
+        }
+        // Raw strings (Utf8, LargeUtf8, Utf8View of at most 7 bytes): the device's inline keys
+        // give the CPU twin's result over the host's inline keys.
+        let words = ["", "a", "b", "zzzzzzz", "\u{e9}", "ab", "a\0", "q"];
+        let n_words: Vec<&str> = (0..total).map(|i| words[(i * 31 + i / 7) % words.len()]).collect();
+        let keys: ArrayRef = Arc::new(datafusion::arrow::array::UInt64Array::from_iter_values(
+            n_words.iter().map(|w| crate::keys::inline_key(w.as_bytes())),
+        ));
+        let valid_a = vec![true, true, true, false, true, true];
+        let valid_b = vec![true, false, true, true, true, true];
+        let rev: Vec<usize> = lens.iter().rev().copied().collect();
+        let (ka, kb) = (list(keys.clone(), lens.to_vec(), valid_a.clone()), list(keys, rev.clone(), valid_b.clone()));
+        let string_values: [ArrayRef; 3] = [
+            Arc::new(datafusion::arrow::array::StringArray::from(n_words.clone())),
+            Arc::new(datafusion::arrow::array::LargeStringArray::from(n_words.clone())),
+            Arc::new(datafusion::arrow::array::StringViewArray::from(n_words.clone())),
+        ];
+        for values in string_values {
+            let (sa, sb) = (list(values.clone(), lens.to_vec(), valid_a.clone()), list(values, rev.clone(), valid_b.clone()));
+            for op in ListOp::ALL.into_iter().take(4) {
+                let got = list_op_gpu::<u64>(&gpu, op, &sa, &sb, stats).unwrap();
+                assert!(got == list_op_cpu::<u64>(op, &ka, &kb).unwrap(), "{op:?} raw strings {}", sa.data_type());
+            }
+        }
     }
 
     /// A column whose rows have very different lengths (0 to 5,000: one or

@@ -311,6 +311,68 @@ fn id_bits(count: usize) -> u32 {
     }
 }
 
+/// A side's values sent in their own Arrow bytes (a raw batch,
+/// [`crate::algo::list_pack`]), made into u64 key images on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawImages {
+    /// Integers of `width` bytes (1, 2, 4 or 8), sign-extended when `signed`
+    /// (`ms_images`).
+    Ints { width: usize, signed: bool },
+    /// Strings of at most 7 bytes as their inline keys (`ms_inline_keys`):
+    /// `n + 1` u32 offsets from 0 at byte `offsets_at`, then `bytes` bytes of
+    /// string data where the values go.
+    Strings { offsets_at: usize, bytes: usize },
+    /// Utf8View views (16 bytes each) of strings of at most 7 bytes, as their
+    /// inline keys (`ms_view_keys`).
+    Views,
+}
+
+impl RawImages {
+    /// Bytes of `n` values where the values go (the strings' data for `Strings`).
+    pub fn value_bytes(self, n: usize) -> usize {
+        match self {
+            RawImages::Ints { width, .. } => n * width,
+            RawImages::Strings { bytes, .. } => bytes,
+            RawImages::Views => n * 16,
+        }
+    }
+
+    /// The CPU twin of the image kernels: the key images (`^ flip`) of `n`
+    /// values whose bytes are `values` (and, for strings, whose u32 offsets
+    /// are `offsets`).
+    pub fn images_cpu(self, values: &[u8], offsets: &[u8], n: usize, flip: u64) -> Vec<u64> {
+        let word = |b: &[u8], w: usize, i: usize| -> u64 {
+            let mut x = [0u8; 8];
+            x[..w].copy_from_slice(&b[w * i..w * i + w]);
+            u64::from_le_bytes(x)
+        };
+        (0..n)
+            .map(|i| {
+                let image = match self {
+                    RawImages::Ints { width, signed } => {
+                        let v = word(values, width, i);
+                        let shift = 64 - 8 * width as u32;
+                        if signed && shift > 0 {
+                            (((v << shift) as i64) >> shift) as u64
+                        } else {
+                            v
+                        }
+                    }
+                    RawImages::Strings { .. } => {
+                        let (s, e) = (word(offsets, 4, i) as usize, word(offsets, 4, i + 1) as usize);
+                        crate::keys::inline_key(&values[s..e])
+                    }
+                    RawImages::Views => {
+                        let view = u128::from_le_bytes(values[16 * i..16 * i + 16].try_into().unwrap_or([0; 16]));
+                        crate::keys::inline_key_of_view(view)
+                    }
+                };
+                image ^ flip
+            })
+            .collect()
+    }
+}
+
 /// One side on the device: u64 keys, offsets (rows + 1), segment id per element.
 pub(crate) struct DeviceSide {
     pub(crate) keys: DeviceBuffer<u64>,
@@ -359,6 +421,77 @@ impl DeviceSide {
             }
             keys
         };
+        let seg = segment_ids(gpu, &offsets, rows, n)?;
+        Ok(Self { keys, offsets, seg, n })
+    }
+
+    /// One side from a raw batch ([`crate::algo::list_pack`]): `n` values in
+    /// their own bytes at byte `values_at` of `loan` (see [`RawImages`]), made
+    /// into key images (`^ flip`) on the device, and `rows + 1` u32 offsets at
+    /// `offsets_at`; queued with a segment id per element.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_loan_raw(
+        gpu: &Gpu,
+        loan: &mut crate::gpu::PinnedLoan,
+        raw: RawImages,
+        values_at: usize,
+        n: usize,
+        offsets_at: usize,
+        rows: usize,
+        flip: u64,
+        stats: &mut TransferStats,
+    ) -> Result<Self> {
+        let offsets = gpu.upload_loaned::<u32>(loan, offsets_at, rows + 1, stats)?;
+        let keys = gpu.alloc::<u64>(n)?;
+        if n > 0 {
+            let n64 = n as u64;
+            let grid = gpu.grid_stride(n, 32);
+            let stream = gpu.stream();
+            match raw {
+                RawImages::Ints { width, signed } => {
+                    let v = gpu.upload_loaned::<u8>(loan, values_at, n * width, stats)?;
+                    let f = gpu.function(&KERNEL, "ms_images")?;
+                    let (w, sg) = (width as u32, signed as u32);
+                    // SAFETY: signature matches kernels/segmented.cu; v holds n values of `width` bytes, keys n entries.
+                    unsafe {
+                        stream
+                            .launch_builder(&f)
+                            .arg(&v.slice)
+                            .arg(&n64)
+                            .arg(&w)
+                            .arg(&sg)
+                            .arg(&flip)
+                            .arg(&keys.slice)
+                            .launch(grid)
+                    }
+                    .map_err(launch_err("ms_images"))?;
+                }
+                RawImages::Strings { offsets_at: so, bytes } => {
+                    let o = gpu.upload_loaned::<u32>(loan, so, n + 1, stats)?;
+                    let d = gpu.upload_loaned::<u8>(loan, values_at, bytes, stats)?;
+                    let f = gpu.function(&KERNEL, "ms_inline_keys")?;
+                    // SAFETY: signature matches; o holds n + 1 offsets within d's `bytes`, keys n entries.
+                    unsafe {
+                        stream
+                            .launch_builder(&f)
+                            .arg(&o.slice)
+                            .arg(&d.slice)
+                            .arg(&n64)
+                            .arg(&flip)
+                            .arg(&keys.slice)
+                            .launch(grid)
+                    }
+                    .map_err(launch_err("ms_inline_keys"))?;
+                }
+                RawImages::Views => {
+                    let v = gpu.upload_loaned::<u64>(loan, values_at, 2 * n, stats)?;
+                    let f = gpu.function(&KERNEL, "ms_view_keys")?;
+                    // SAFETY: signature matches; v holds n 16-byte views, keys n entries.
+                    unsafe { stream.launch_builder(&f).arg(&v.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid) }
+                        .map_err(launch_err("ms_view_keys"))?;
+                }
+            }
+        }
         let seg = segment_ids(gpu, &offsets, rows, n)?;
         Ok(Self { keys, offsets, seg, n })
     }

@@ -47,10 +47,14 @@
 //! * `hash`, `bitmap` or `sort`: the device whenever one is usable;
 //! * a device out of memory hands the batch back to the CPU.
 //!
-//! String lists run as ranks on either path: the batch's distinct strings
-//! are numbered in byte order ([`StringRanks`], on the host), the integer
-//! rules run on the numbers (segmented kernels or per row) and the result
-//! maps back; the cost rule counts the ranking on both sides.
+//! String lists whose strings all have at most 7 bytes go to the device as
+//! their inline keys (the bytes themselves, which order as the strings do;
+//! made on the device from the strings' own bytes when no element is NULL,
+//! [`crate::algo::list_pack`]) and the result is decoded from the keys.
+//! Other string lists run as ranks on either path: the batch's distinct
+//! strings are numbered in byte order ([`StringRanks`], on the host), the
+//! integer rules run on the numbers (segmented kernels or per row) and the
+//! result maps back; the cost rule counts the ranking on both sides.
 //! `set_intersect_agg` over integers intersects on the device by the
 //! session's settings ([`intersect_integer_lists`]: under `auto` from
 //! [`crate::planner::decision::KWAY_GPU_MIN_ELEMENTS`] elements a batch). An aggregate's accumulator
