@@ -38,6 +38,7 @@ use crate::algo::list_pack;
 pub use crate::keys::{inline_bytes, inline_key, INLINE_STRING_BYTES};
 use crate::algo::segmented::{
     self, count_then_fill, exclusive_scan, launch_err, DeviceListPair, DeviceSide, ListKey, RowItems, SegmentedResult,
+    SideForm, SideParts,
 };
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::gpu::{DeviceBuffer, Gpu, PinnedLoan, TransferStats};
@@ -551,6 +552,42 @@ pub struct PreparedLists {
     loan: Option<PinnedLoan>,
     /// `sorted_intersect` over an unsorted row: the inputs, for the CPU twin's error.
     unsorted: Option<(ArrayRef, ArrayRef)>,
+    /// The batch's parts already queued for the device ([`PreparedLists::upload_ahead`]).
+    ahead: Option<BatchParts>,
+}
+
+/// A packed batch's parts on the device (or on their way there).
+struct BatchParts {
+    valid: DeviceBuffer<u8>,
+    sides: [SideParts; 2],
+    tiles: Option<DeviceBuffer<u32>>,
+}
+
+impl BatchParts {
+    /// Queue every part's copy from `loan` on `stream`.
+    fn upload(
+        gpu: &Gpu,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        plan: &list_pack::Plan,
+        loan: &mut PinnedLoan,
+        stats: &mut TransferStats,
+    ) -> Result<Self> {
+        let (l, rows) = (&plan.layout, plan.rows);
+        let valid = gpu.upload_loaned_on::<u8>(stream, loan, 0, rows, stats)?;
+        let mut side = |s: usize| {
+            let form = match l.raw {
+                Some(raw) => SideForm::Raw(raw[s]),
+                None => SideForm::Packed { wide: plan.wide },
+            };
+            SideParts::upload(gpu, stream, loan, (l.offsets[s], l.keys[s]), rows, plan.sides[s].n(), form, stats)
+        };
+        let sides = [side(0)?, side(1)?];
+        let tiles = match l.tiles {
+            Some(at) => Some(gpu.upload_loaned_on::<u32>(stream, loan, at, rows + 1, stats)?),
+            None => None,
+        };
+        Ok(Self { valid, sides, tiles })
+    }
 }
 
 impl PreparedLists {
@@ -570,7 +607,22 @@ impl PreparedLists {
         let (plan, loan) = list_pack::pack::<T, LoanBytes>(a, b, tiles, bound, |bytes| Ok(LoanBytes(gpu.pinned_loan(bytes)?)))?;
         let unsorted = (op == ListOp::SortedIntersect && !(plan.sides[0].ascending && plan.sides[1].ascending))
             .then(|| (a.clone(), b.clone()));
-        Ok(Self { op, plan, loan: loan.map(|l| l.0), unsorted })
+        Ok(Self { op, plan, loan: loan.map(|l| l.0), unsorted, ahead: None })
+    }
+
+    /// Queue the batch's copies to the device now, on the device's stream for
+    /// copies ahead of a lease ([`Gpu::ahead_stream`]), so that they overlap
+    /// the kernels of the batch that holds the device; [`PreparedLists::run`]
+    /// then only waits for them. Device memory is charged now: callers do
+    /// this only under the default budget, and a batch whose copies do not
+    /// fit (or fail) is copied under its lease as before.
+    pub fn upload_ahead(&mut self, gpu: &Gpu, stats: &mut TransferStats) {
+        let (Some(loan), None) = (self.loan.as_mut(), &self.unsorted) else { return };
+        if gpu.budget().used() + self.plan.layout.bytes > gpu.budget().limit() / 8 {
+            return;
+        }
+        let Ok(stream) = gpu.ahead_stream() else { return };
+        self.ahead = BatchParts::upload(gpu, &stream, &self.plan, loan, stats).ok();
     }
 
     /// `sorted_intersect` over a row that is not ascending ([`PreparedLists::run`]
@@ -581,7 +633,7 @@ impl PreparedLists {
 
     /// The device's part of [`list_op_gpu`] (`T` as given to [`PreparedLists::new`]).
     pub fn run<T: ListKey>(self, gpu: &Gpu, stats: &mut TransferStats) -> Result<ArrayRef> {
-        let Self { op, plan, loan, unsorted } = self;
+        let Self { op, plan, loan, unsorted, ahead } = self;
         if let Some((a, b)) = unsorted {
             // The CPU twin finds the first unsorted row and words the error.
             return list_op_cpu::<T>(op, &a, &b);
@@ -590,28 +642,23 @@ impl PreparedLists {
         let Some(mut loan) = loan else {
             return T::list(vec![0; rows + 1], Vec::new(), plan.nulls);
         };
-        let l = plan.layout;
         let frame = (plan.base, plan.max);
-        let valid = gpu.upload_loaned::<u8>(&mut loan, 0, rows, stats)?;
-        let side = |loan: &mut PinnedLoan, s: usize, stats: &mut TransferStats| {
-            let n = plan.sides[s].n();
-            match l.raw {
-                Some(raw) => DeviceSide::from_loan_raw(gpu, loan, raw[s], l.keys[s], n, l.offsets[s], rows, T::FLIP, stats),
-                None => DeviceSide::from_loan(gpu, loan, l.keys[s], n, plan.wide, plan.base, l.offsets[s], rows, stats),
-            }
+        let parts = match ahead {
+            Some(parts) => parts,
+            None => BatchParts::upload(gpu, gpu.stream(), &plan, &mut loan, stats)?,
         };
-        let mut da = side(&mut loan, 0, stats)?;
-        let mut db = side(&mut loan, 1, stats)?;
+        let BatchParts { valid, sides: [pa, pb], tiles: tile_offsets } = parts;
+        let mut da = DeviceSide::from_parts(gpu, pa, plan.sides[0].n(), rows, plan.base, T::FLIP)?;
+        let mut db = DeviceSide::from_parts(gpu, pb, plan.sides[1].n(), rows, plan.base, T::FLIP)?;
         let started = Instant::now();
-        let tiles = match (op, l.tiles) {
-            (ListOp::Multiset(_), Some(at)) => {
+        let tiles = match (op, tile_offsets) {
+            (ListOp::Multiset(_), Some(offsets)) => {
                 if !plan.sides[0].ascending {
                     da.sort_segments(gpu, rows, frame, plan.sides[0].longest())?;
                 }
                 if !plan.sides[1].ascending {
                     db.sort_segments(gpu, rows, frame, plan.sides[1].longest())?;
                 }
-                let offsets = gpu.upload_loaned::<u32>(&mut loan, at, rows + 1, stats)?;
                 let n = plan.tiles.as_ref().and_then(|t| t.last()).map_or(0, |&t| t as usize);
                 Some(RowItems::from_offsets(gpu, offsets, rows, n)?)
             }
@@ -1408,6 +1455,37 @@ mod tests {
                 let got = list_op_gpu::<u64>(&gpu, op, &sa, &sb, stats).unwrap();
                 assert!(got == list_op_cpu::<u64>(op, &ka, &kb).unwrap(), "{op:?} raw strings {}", sa.data_type());
             }
+        }
+    }
+
+    /// Batches whose copies were queued on the ahead stream before the
+    /// device was taken (as partitions do), several at once, then run one
+    /// after another: each equals the CPU twin, raw and packed batches alike.
+    #[test]
+    fn gpu_batches_uploaded_ahead_match_cpu_twin() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let stats = &mut TransferStats::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let op = ListOp::Multiset(MultisetOp::IntersectAll);
+        let batches: Vec<(ArrayRef, ArrayRef)> = (0..6)
+            .map(|i| {
+                let null_elements = i % 3 == 2; // the packed path
+                let a = random_list_column(&mut rng, 3000, 300, 1 << (4 + i), null_elements);
+                let b = random_list_column(&mut rng, 3000, 300, 1 << (4 + i), null_elements);
+                (a, b)
+            })
+            .collect();
+        let mut prepared: Vec<PreparedLists> = Vec::new();
+        for (a, b) in &batches {
+            let mut p = PreparedLists::new::<i64>(&gpu, op, a, b).unwrap();
+            p.upload_ahead(&gpu, stats);
+            assert!(p.ahead.is_some(), "the copies were queued ahead");
+            prepared.push(p);
+        }
+        for (p, (a, b)) in prepared.into_iter().zip(&batches) {
+            let lease = gpu.lease(0);
+            let got = p.run::<i64>(&lease, stats).unwrap();
+            assert!(got == list_op_cpu::<i64>(op, a, b).unwrap());
         }
     }
 

@@ -373,6 +373,71 @@ impl RawImages {
     }
 }
 
+/// A side's values as they reached the device, before they are key images.
+pub(crate) enum SideValues {
+    /// 32-bit offsets from the batch's smallest image.
+    Narrow(DeviceBuffer<u32>),
+    /// Whole u64 images.
+    Wide(DeviceBuffer<u64>),
+    /// Raw integers: bytes, width, signed.
+    Ints(DeviceBuffer<u8>, usize, bool),
+    /// Raw strings: u32 offsets from 0 (n + 1), bytes.
+    Strings(DeviceBuffer<u32>, DeviceBuffer<u8>),
+    /// Raw Utf8View views (two u64 words each).
+    Views(DeviceBuffer<u64>),
+}
+
+/// How a side's values travel in its batch's loan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SideForm {
+    /// Packed keys: whole u64 images when `wide`, else 32-bit offsets.
+    Packed { wide: bool },
+    /// The values' own bytes.
+    Raw(RawImages),
+}
+
+/// One side of a packed batch on the device (or on its way there): row
+/// offsets and values, copied from the batch's pinned loan.
+pub(crate) struct SideParts {
+    pub(crate) offsets: DeviceBuffer<u32>,
+    pub(crate) values: SideValues,
+}
+
+impl SideParts {
+    /// Queue the side's copies on `stream`: `rows + 1` u32 offsets at byte
+    /// `offsets_at` of `loan`, and at `values_at` its `n` values in `form`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn upload(
+        gpu: &Gpu,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        loan: &mut crate::gpu::PinnedLoan,
+        (offsets_at, values_at): (usize, usize),
+        rows: usize,
+        n: usize,
+        form: SideForm,
+        stats: &mut TransferStats,
+    ) -> Result<Self> {
+        let offsets = gpu.upload_loaned_on::<u32>(stream, loan, offsets_at, rows + 1, stats)?;
+        let values = match form {
+            SideForm::Packed { wide: true } => SideValues::Wide(gpu.upload_loaned_on(stream, loan, values_at, n, stats)?),
+            SideForm::Packed { wide: false } => {
+                SideValues::Narrow(gpu.upload_loaned_on(stream, loan, values_at, n, stats)?)
+            }
+            SideForm::Raw(RawImages::Ints { width, signed }) => {
+                SideValues::Ints(gpu.upload_loaned_on(stream, loan, values_at, n * width, stats)?, width, signed)
+            }
+            SideForm::Raw(RawImages::Strings { offsets_at: so, bytes }) => SideValues::Strings(
+                gpu.upload_loaned_on(stream, loan, so, n + 1, stats)?,
+                gpu.upload_loaned_on(stream, loan, values_at, bytes, stats)?,
+            ),
+            SideForm::Raw(RawImages::Views) => {
+                SideValues::Views(gpu.upload_loaned_on(stream, loan, values_at, 2 * n, stats)?)
+            }
+        };
+        Ok(Self { offsets, values })
+    }
+}
+
 /// One side on the device: u64 keys, offsets (rows + 1), segment id per element.
 pub(crate) struct DeviceSide {
     pub(crate) keys: DeviceBuffer<u64>,
@@ -382,116 +447,72 @@ pub(crate) struct DeviceSide {
 }
 
 impl DeviceSide {
-    /// One side from a batch packed on the host ([`crate::algo::multiset::PreparedLists`]):
-    /// `n` keys at byte `keys_at` of `loan`, each its u64 key image (`wide`)
-    /// or the image less `base` in 32 bits, and `rows + 1` u32 offsets at
-    /// `offsets_at`; queued on the device with a segment id per element.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn from_loan(
-        gpu: &Gpu,
-        loan: &mut crate::gpu::PinnedLoan,
-        keys_at: usize,
-        n: usize,
-        wide: bool,
-        base: u64,
-        offsets_at: usize,
-        rows: usize,
-        stats: &mut TransferStats,
-    ) -> Result<Self> {
-        let offsets = gpu.upload_loaned::<u32>(loan, offsets_at, rows + 1, stats)?;
-        let keys = if wide {
-            gpu.upload_loaned::<u64>(loan, keys_at, n, stats)?
-        } else {
-            let narrow = gpu.upload_loaned::<u32>(loan, keys_at, n, stats)?;
-            let keys = gpu.alloc::<u64>(n)?;
-            if n > 0 {
-                let f = gpu.function(&KERNEL, "ms_widen")?;
-                let n64 = n as u64;
-                // SAFETY: signature matches kernels/segmented.cu; narrow and keys hold n entries.
-                unsafe {
-                    gpu.stream()
-                        .launch_builder(&f)
-                        .arg(&narrow.slice)
-                        .arg(&n64)
-                        .arg(&base)
-                        .arg(&keys.slice)
-                        .launch(gpu.grid_stride(n, 32))
+    /// One side from its parts on the device ([`SideParts`]): `n` key images
+    /// made from the packed keys (widened from 32-bit offsets over `base`, or
+    /// taken as they are) or from the raw values (`^ flip`), and a segment id
+    /// per element.
+    pub(crate) fn from_parts(gpu: &Gpu, parts: SideParts, n: usize, rows: usize, base: u64, flip: u64) -> Result<Self> {
+        let SideParts { offsets, values } = parts;
+        let keys = match values {
+            SideValues::Wide(keys) => keys,
+            other => {
+                let keys = gpu.alloc::<u64>(n)?;
+                if n > 0 {
+                    let n64 = n as u64;
+                    let grid = gpu.grid_stride(n, 32);
+                    let stream = gpu.stream();
+                    let (name, launched) = match &other {
+                        SideValues::Narrow(narrow) => {
+                            let f = gpu.function(&KERNEL, "ms_widen")?;
+                            // SAFETY: signature matches kernels/segmented.cu; narrow and keys hold n entries.
+                            ("ms_widen", unsafe {
+                                stream.launch_builder(&f).arg(&narrow.slice).arg(&n64).arg(&base).arg(&keys.slice).launch(grid)
+                            })
+                        }
+                        SideValues::Ints(v, width, signed) => {
+                            let f = gpu.function(&KERNEL, "ms_images")?;
+                            let (w, sg) = (*width as u32, *signed as u32);
+                            // SAFETY: signature matches; v holds n values of `width` bytes, keys n entries.
+                            ("ms_images", unsafe {
+                                stream
+                                    .launch_builder(&f)
+                                    .arg(&v.slice)
+                                    .arg(&n64)
+                                    .arg(&w)
+                                    .arg(&sg)
+                                    .arg(&flip)
+                                    .arg(&keys.slice)
+                                    .launch(grid)
+                            })
+                        }
+                        SideValues::Strings(o, d) => {
+                            let f = gpu.function(&KERNEL, "ms_inline_keys")?;
+                            // SAFETY: signature matches; o holds n + 1 offsets within d's bytes, keys n entries.
+                            ("ms_inline_keys", unsafe {
+                                stream
+                                    .launch_builder(&f)
+                                    .arg(&o.slice)
+                                    .arg(&d.slice)
+                                    .arg(&n64)
+                                    .arg(&flip)
+                                    .arg(&keys.slice)
+                                    .launch(grid)
+                            })
+                        }
+                        SideValues::Views(v) => {
+                            let f = gpu.function(&KERNEL, "ms_view_keys")?;
+                            // SAFETY: signature matches; v holds n 16-byte views, keys n entries.
+                            ("ms_view_keys", unsafe {
+                                stream.launch_builder(&f).arg(&v.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid)
+                            })
+                        }
+                        SideValues::Wide(_) => unreachable!("taken above"),
+                    };
+                    launched.map_err(launch_err(name))?;
                 }
-                .map_err(launch_err("ms_widen"))?;
+                keys
             }
-            keys
         };
-        let seg = segment_ids(gpu, &offsets, rows, n)?;
-        Ok(Self { keys, offsets, seg, n })
-    }
-
-    /// One side from a raw batch ([`crate::algo::list_pack`]): `n` values in
-    /// their own bytes at byte `values_at` of `loan` (see [`RawImages`]), made
-    /// into key images (`^ flip`) on the device, and `rows + 1` u32 offsets at
-    /// `offsets_at`; queued with a segment id per element.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn from_loan_raw(
-        gpu: &Gpu,
-        loan: &mut crate::gpu::PinnedLoan,
-        raw: RawImages,
-        values_at: usize,
-        n: usize,
-        offsets_at: usize,
-        rows: usize,
-        flip: u64,
-        stats: &mut TransferStats,
-    ) -> Result<Self> {
-        let offsets = gpu.upload_loaned::<u32>(loan, offsets_at, rows + 1, stats)?;
-        let keys = gpu.alloc::<u64>(n)?;
-        if n > 0 {
-            let n64 = n as u64;
-            let grid = gpu.grid_stride(n, 32);
-            let stream = gpu.stream();
-            match raw {
-                RawImages::Ints { width, signed } => {
-                    let v = gpu.upload_loaned::<u8>(loan, values_at, n * width, stats)?;
-                    let f = gpu.function(&KERNEL, "ms_images")?;
-                    let (w, sg) = (width as u32, signed as u32);
-                    // SAFETY: signature matches kernels/segmented.cu; v holds n values of `width` bytes, keys n entries.
-                    unsafe {
-                        stream
-                            .launch_builder(&f)
-                            .arg(&v.slice)
-                            .arg(&n64)
-                            .arg(&w)
-                            .arg(&sg)
-                            .arg(&flip)
-                            .arg(&keys.slice)
-                            .launch(grid)
-                    }
-                    .map_err(launch_err("ms_images"))?;
-                }
-                RawImages::Strings { offsets_at: so, bytes } => {
-                    let o = gpu.upload_loaned::<u32>(loan, so, n + 1, stats)?;
-                    let d = gpu.upload_loaned::<u8>(loan, values_at, bytes, stats)?;
-                    let f = gpu.function(&KERNEL, "ms_inline_keys")?;
-                    // SAFETY: signature matches; o holds n + 1 offsets within d's `bytes`, keys n entries.
-                    unsafe {
-                        stream
-                            .launch_builder(&f)
-                            .arg(&o.slice)
-                            .arg(&d.slice)
-                            .arg(&n64)
-                            .arg(&flip)
-                            .arg(&keys.slice)
-                            .launch(grid)
-                    }
-                    .map_err(launch_err("ms_inline_keys"))?;
-                }
-                RawImages::Views => {
-                    let v = gpu.upload_loaned::<u64>(loan, values_at, 2 * n, stats)?;
-                    let f = gpu.function(&KERNEL, "ms_view_keys")?;
-                    // SAFETY: signature matches; v holds n 16-byte views, keys n entries.
-                    unsafe { stream.launch_builder(&f).arg(&v.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid) }
-                        .map_err(launch_err("ms_view_keys"))?;
-                }
-            }
-        }
         let seg = segment_ids(gpu, &offsets, rows, n)?;
         Ok(Self { keys, offsets, seg, n })
     }

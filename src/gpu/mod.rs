@@ -90,6 +90,8 @@ pub struct Gpu {
     after_lease: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     /// Streams beside `stream` for work that overlaps its copies ([`Gpu::side_streams`]).
     side: Mutex<Vec<Arc<CudaStream>>>,
+    /// The stream of copies queued before their operator's lease ([`Gpu::ahead_stream`]).
+    ahead: OnceLock<Arc<CudaStream>>,
 }
 
 impl fmt::Debug for Gpu {
@@ -384,6 +386,7 @@ impl Gpu {
             leases: Default::default(),
             after_lease: Default::default(),
             side: Default::default(),
+            ahead: OnceLock::new(),
         };
         Ok(gpu)
     }
@@ -431,6 +434,19 @@ impl Gpu {
             side.push(self.ctx.new_stream().map_err(|e| cuda_err("cuStreamCreate", e))?);
         }
         Ok(side[..n].to_vec())
+    }
+
+    /// The stream for copies a partition queues before it takes the device
+    /// (the list functions' batches, [`crate::gpu::Gpu::upload_loaned_on`]), so
+    /// that one batch's DMA overlaps another's kernels. Work on the main stream
+    /// that reads such a copy waits for it (cudarc's events per buffer), and
+    /// the buffers are freed on this stream after those reads.
+    pub fn ahead_stream(&self) -> Result<Arc<CudaStream>, DataFusionError> {
+        if let Some(s) = self.ahead.get() {
+            return Ok(s.clone());
+        }
+        let made = self.ctx.new_stream().map_err(|e| cuda_err("cuStreamCreate", e))?;
+        Ok(self.ahead.get_or_init(|| made).clone())
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {

@@ -246,9 +246,23 @@ impl Gpu {
         len: usize,
         stats: &mut TransferStats,
     ) -> Result<super::DeviceBuffer<T>> {
+        self.upload_loaned_on(&self.stream, loan, at, len, stats)
+    }
+
+    /// [`Gpu::upload_loaned`] on `stream`, whose order the new buffer's
+    /// allocation, copy and (later) free follow; work on other streams that
+    /// reads the buffer waits for the copy (cudarc's events per buffer).
+    pub fn upload_loaned_on<T: super::Pod>(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        loan: &mut PinnedLoan,
+        at: usize,
+        len: usize,
+        stats: &mut TransferStats,
+    ) -> Result<super::DeviceBuffer<T>> {
         use cudarc::driver::DevicePtrMut;
         let t = Instant::now();
-        let mut dst = self.alloc::<T>(len)?;
+        let mut dst = self.alloc_on::<T>(stream, len)?;
         let bytes = len * std::mem::size_of::<T>();
         if bytes == 0 {
             return Ok(dst);
@@ -267,13 +281,14 @@ impl Gpu {
         // SAFETY: `host` addresses the loan's pinned bytes, of which at..at + bytes are in bounds (checked above).
         let src: &[u8] = unsafe { std::slice::from_raw_parts(host.add(at), bytes) };
         {
-            let (dptr, _record) = dst.slice.device_ptr_mut(&self.stream);
+            let (dptr, _record) = dst.slice.device_ptr_mut(stream);
             // SAFETY: `src` is pinned memory the loan keeps unwritten and allocated until the
             // event recorded below completes (its drop and as_mut_slice wait); `dptr` addresses `len` elements.
-            unsafe { cudarc::driver::result::memcpy_htod_async(dptr, src, self.stream.cu_stream()) }
+            unsafe { cudarc::driver::result::memcpy_htod_async(dptr, src, stream.cu_stream()) }
                 .map_err(|e| cuda_err("cuMemcpyHtoDAsync", e))?;
         }
-        loan.copied = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
+        // (Every part of a loan goes on one stream, so the last event covers them all.)
+        loan.copied = Some(stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
         stats.bytes_to_device += bytes;
         stats.to_device += t.elapsed();
         Ok(dst)

@@ -351,16 +351,22 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
     }
 }
 
-/// A packed batch's device part under a lease of the device, given back
+/// A packed batch's device part under a lease of the device, its copies
+/// queued before the lease where the budget allows, the device given back
 /// before the caller builds anything from the result. With SETFUSION_TRACE,
 /// one line a batch: how long packing (since `packing`), waiting for the
 /// device and holding it took.
-fn run_prepared<T: ListKey>(g: &Gpu, cfg: &SetfusionConfig, prepared: PreparedLists, packing: Instant) -> Result<ArrayRef> {
+fn run_prepared<T: ListKey>(g: &Gpu, cfg: &SetfusionConfig, mut prepared: PreparedLists, packing: Instant) -> Result<ArrayRef> {
     let packed = packing.elapsed();
+    let mut stats = TransferStats::default();
+    if cfg.memory_limit.0 == 0 {
+        // The batch's copies overlap the kernels of the batch that holds the device (only
+        // under the default budget: they are charged before the lease sets the session's).
+        prepared.upload_ahead(g, &mut stats);
+    }
     let waiting = Instant::now();
     let lease = g.lease(cfg.memory_limit.0);
     let (waited, holding) = (waiting.elapsed(), Instant::now());
-    let mut stats = TransferStats::default();
     let out = prepared.run::<T>(&lease, &mut stats);
     drop(lease);
     if crate::env::trace() {
