@@ -160,11 +160,8 @@ impl Side {
                     DataType::UInt64 | DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => T::FLIP == 0,
                     _ => false,
                 };
-                if longest_string(&values).is_some_and(|l| l > INLINE_STRING_BYTES) {
-                    return Err(DataFusionError::Internal(format!(
-                        "list packing: strings of more than {INLINE_STRING_BYTES} bytes have no inline key"
-                    )));
-                }
+                // (Strings are checked to fit their inline keys where the keys are made: in
+                // plan_sides, or in write_raw's pass over the strings.)
                 let values = if native {
                     values
                 } else {
@@ -250,6 +247,11 @@ macro_rules! with_images {
             other => Err(DataFusionError::Internal(format!("list packing: unexpected element type {other}"))),
         }
     }};
+}
+
+/// The refusal of a string longer than an inline key holds.
+fn long_strings() -> DataFusionError {
+    DataFusionError::Internal(format!("list packing: strings of more than {INLINE_STRING_BYTES} bytes have no inline key"))
 }
 
 /// Do both list columns hold only strings (Utf8, LargeUtf8, Utf8View) of at
@@ -357,6 +359,11 @@ fn plan_sides<T: ListKey>(sa: &Side, sb: &Side, rows: usize, tiles_vt: Option<u3
     if rows >= u32::MAX as usize {
         return Err(DataFusionError::Plan(format!("list functions on the GPU: {rows} rows exceed 2^32 - 1")));
     }
+    for side in [sa, sb] {
+        if side.values.as_ref().and_then(longest_string).is_some_and(|l| l > INLINE_STRING_BYTES) {
+            return Err(long_strings());
+        }
+    }
     let (nulls, valid) = result_rows(sa, sb, rows);
     let scan = |s: &Side| -> Result<SideFacts> {
         match &s.values {
@@ -429,8 +436,8 @@ impl Places {
 
 /// The elements `start..end` of a side's values that a raw batch sends (its
 /// rows follow one another), and how, when the side can travel raw: no NULL
-/// element, values of an integer type or strings (of at most 7 bytes, which
-/// [`Side::read`] checked).
+/// element, values of an integer type or strings (their lengths checked by
+/// [`write_raw`]: at most 7 bytes).
 fn raw_side(side: &Side) -> Option<(usize, usize, RawImages)> {
     let values = side.values.as_ref()?;
     if element_nulls(values).is_some() || !side.ranges.windows(2).all(|w| w[0].1 == w[1].0) {
@@ -598,25 +605,39 @@ fn write_raw(plan: &Plan, raw: [RawImages; 2], sa: &Side, sb: &Side, out: &mut [
                 dst.copy_from_slice(&data.buffers()[0].as_slice()[from..from + n * width]);
             }
             RawImages::Views => {
-                let views = values.as_string_view().views().inner().as_slice();
-                dst.copy_from_slice(&views[16 * start..16 * end]);
+                // Copied with their lengths checked in the same pass.
+                let mut longest = 0u32;
+                for (d, v) in dst.chunks_exact_mut(16).zip(&values.as_string_view().views()[start..end]) {
+                    longest = longest.max(*v as u32);
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+                if longest as usize > INLINE_STRING_BYTES {
+                    return Err(long_strings());
+                }
             }
             RawImages::Strings { offsets_at, .. } => {
-                // Offsets rebased to the span's first string, as u32.
+                // Offsets rebased to the span's first string, as u32, the strings' lengths
+                // checked in the same pass.
                 macro_rules! strings {
                     ($o:ty) => {{
                         let v = values.as_string::<$o>();
                         let (o, data) = (&v.value_offsets()[start..=end], v.value_data());
                         dst.copy_from_slice(&data[o[0] as usize..o[n] as usize]);
-                        let first = o[0];
+                        let (first, mut prev, mut longest) = (o[0], o[0], 0);
                         for (d, &x) in out[offsets_at..offsets_at + 4 * (n + 1)].chunks_exact_mut(4).zip(o) {
+                            longest = longest.max(x - prev);
+                            prev = x;
                             d.copy_from_slice(&((x - first) as u32).to_ne_bytes());
                         }
+                        longest as usize
                     }};
                 }
-                match values.data_type() {
+                let longest = match values.data_type() {
                     DataType::LargeUtf8 => strings!(i64),
                     _ => strings!(i32),
+                };
+                if longest > INLINE_STRING_BYTES {
+                    return Err(long_strings());
                 }
             }
         }
@@ -793,6 +814,10 @@ mod tests {
         let long = words(vec![Some("abcdefgh")], &[1]);
         assert!(strings_fit_inline(&a, &b).unwrap() && !strings_fit_inline(&a, &long).unwrap());
         assert!(pack::<u64, Vec<u8>>(&long, &long, None, RowBound::Min, |n| Ok(vec![0; n])).is_err());
+        // ... on the raw path too (checked in its pass over the strings), and as views.
+        assert!(pack::<u64, Vec<u8>>(&long, &long, Some(16), RowBound::Min, |n| Ok(vec![0; n])).is_err());
+        let long_views = list_of(Arc::new(datafusion::arrow::array::StringViewArray::from(vec!["abcdefgh"])), &[1], None);
+        assert!(pack::<u64, Vec<u8>>(&long_views, &long_views, Some(16), RowBound::Min, |n| Ok(vec![0; n])).is_err());
         // Sorted rows are found ascending; a NULL-typed argument makes every row NULL.
         let sorted = list_of(Arc::new(Int32Array::from(vec![1, 2, 2, 5, -3, 0])), &[4, 2], None);
         let (plan, _) = pack::<i64, Vec<u8>>(&sorted, &sorted, None, RowBound::Min, |n| Ok(vec![0; n])).unwrap();

@@ -314,10 +314,10 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
     }
     let elements = list_elements(a)? + list_elements(b)?;
     let mut chosen = crate::planner::decision::list_function(cfg, elements, true).ok();
+    let packing = Instant::now(); // (the traced packing includes the strings' length check)
     if let (Some((g, _)), true) = (&chosen, crate::algo::list_pack::strings_fit_inline(a, b)?) {
         // Short strings go to the device as their inline keys, packed straight from the
         // strings (no ranking, no intermediate lists); a failure leaves them to the CPU.
-        let packing = Instant::now();
         if let Ok(prepared) = PreparedLists::new::<u64>(g, op, a, b) {
             if prepared.is_unsorted() {
                 return evaluate_pair::<String>(op, a, b); // the string path words the error
