@@ -660,14 +660,18 @@ mod tests {
                 }
             }
         }
+        // The function itself, the device forced: short strings (inline keys, raw without NULL
+        // elements, packed with them) and long ones (refused by the packing, then ranked).
         let forced = SetfusionConfig { strategy: Strategy::Sort, ..SetfusionConfig::default() };
-        let a = random_string_list_column(&mut rng, 50, 20, 30, false);
-        let b = random_string_list_column(&mut rng, 50, 20, 30, false);
-        for op in ListOp::ALL {
-            match (evaluate_strings(&forced, op, &a, &b), evaluate_pair::<String>(op, &a, &b)) {
-                (Ok(got), Ok(want)) => assert_eq!(got.to_data(), want.to_data(), "{op:?} forced"),
-                (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string(), "{op:?} forced"),
-                (got, want) => panic!("{op:?} forced: {got:?} against {want:?}"),
+        for (null_elements, spell) in [(false, spellings[0]), (true, spellings[0]), (false, spellings[1]), (true, spellings[1])] {
+            let a = respell(&random_string_list_column(&mut rng, 50, 20, 30, null_elements), spell);
+            let b = respell(&random_string_list_column(&mut rng, 50, 20, 30, null_elements), spell);
+            for op in ListOp::ALL {
+                match (evaluate_strings(&forced, op, &a, &b), evaluate_pair::<String>(op, &a, &b)) {
+                    (Ok(got), Ok(want)) => assert_eq!(got.to_data(), want.to_data(), "{op:?} forced"),
+                    (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string(), "{op:?} forced"),
+                    (got, want) => panic!("{op:?} forced: {got:?} against {want:?}"),
+                }
             }
         }
     }
