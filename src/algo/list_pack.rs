@@ -22,7 +22,6 @@
 //!   Balanced Path tiles, and an upper bound of the result's length (the fill
 //!   allocates it without reading the count back).
 //!
-//!
 //! A **raw batch** skips the per-element work for the multiset rules (whose
 //! device path can sort every row): when neither side has a NULL element and
 //! each side's rows follow one another in its values (List, LargeList,
@@ -175,6 +174,12 @@ impl Side {
 
     fn is_valid(&self, i: usize) -> bool {
         self.values.is_some() && self.nulls.as_ref().is_none_or(|n| n.is_valid(i))
+    }
+
+    /// The values from the first row's start to the last row's end (all of a
+    /// raw batch's side: its rows follow one another).
+    fn span(&self) -> (usize, usize) {
+        (self.ranges.first().map_or(0, |r| r.0), self.ranges.last().map_or(0, |r| r.1))
     }
 }
 
@@ -443,7 +448,7 @@ fn raw_side(side: &Side) -> Option<(usize, usize, RawImages)> {
     if element_nulls(values).is_some() || !side.ranges.windows(2).all(|w| w[0].1 == w[1].0) {
         return None;
     }
-    let (start, end) = (side.ranges.first().map_or(0, |r| r.0), side.ranges.last().map_or(0, |r| r.1));
+    let (start, end) = side.span();
     let ints = |width: usize, signed: bool| Some(RawImages::Ints { width, signed });
     let raw = match values.data_type() {
         DataType::Int8 => ints(1, true),
@@ -595,7 +600,7 @@ fn write_raw(plan: &Plan, raw: [RawImages; 2], sa: &Side, sb: &Side, out: &mut [
     write_rows(plan, out)?;
     for (s, side) in [sa, sb].into_iter().enumerate() {
         let Some(values) = &side.values else { continue };
-        let (start, end) = (side.ranges.first().map_or(0, |r| r.0), side.ranges.last().map_or(0, |r| r.1));
+        let (start, end) = side.span();
         let (n, at) = (end - start, plan.layout.keys[s]);
         let dst = &mut out[at..at + raw[s].value_bytes(n)];
         match raw[s] {

@@ -622,7 +622,14 @@ impl PreparedLists {
             return;
         }
         let Ok(stream) = gpu.ahead_stream() else { return };
-        self.ahead = BatchParts::upload(gpu, &stream, &self.plan, loan, stats).ok();
+        match BatchParts::upload(gpu, &stream, &self.plan, loan, stats) {
+            Ok(parts) => self.ahead = Some(parts),
+            // Parts copied before the failure may still be reading the loan, which `run`
+            // copies again on the main stream (whose event alone the loan then waits for).
+            Err(_) => {
+                let _ = stream.synchronize();
+            }
+        }
     }
 
     /// `sorted_intersect` over a row that is not ascending ([`PreparedLists::run`]

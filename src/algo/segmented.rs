@@ -387,6 +387,58 @@ pub(crate) enum SideValues {
     Views(DeviceBuffer<u64>),
 }
 
+impl SideValues {
+    /// Queue the kernel that writes the `n` (> 0) values' key images into
+    /// `keys`: widened over `base`, or made from the raw values (`^ flip`).
+    /// Whole images need none.
+    fn launch_images(&self, gpu: &Gpu, n: usize, base: u64, flip: u64, keys: &DeviceBuffer<u64>) -> Result<()> {
+        let n64 = n as u64;
+        let grid = gpu.grid_stride(n, 32);
+        let stream = gpu.stream();
+        let (name, launched) = match self {
+            SideValues::Wide(_) => return Ok(()),
+            SideValues::Narrow(narrow) => {
+                let f = gpu.function(&KERNEL, "ms_widen")?;
+                // SAFETY: signature matches kernels/segmented.cu; narrow and keys hold n entries.
+                ("ms_widen", unsafe {
+                    stream.launch_builder(&f).arg(&narrow.slice).arg(&n64).arg(&base).arg(&keys.slice).launch(grid)
+                })
+            }
+            SideValues::Ints(v, width, signed) => {
+                let f = gpu.function(&KERNEL, "ms_images")?;
+                let (w, sg) = (*width as u32, *signed as u32);
+                // SAFETY: signature matches; v holds n values of `width` bytes, keys n entries.
+                ("ms_images", unsafe {
+                    stream
+                        .launch_builder(&f)
+                        .arg(&v.slice)
+                        .arg(&n64)
+                        .arg(&w)
+                        .arg(&sg)
+                        .arg(&flip)
+                        .arg(&keys.slice)
+                        .launch(grid)
+                })
+            }
+            SideValues::Strings(o, d) => {
+                let f = gpu.function(&KERNEL, "ms_inline_keys")?;
+                // SAFETY: signature matches; o holds n + 1 offsets within d's bytes, keys n entries.
+                ("ms_inline_keys", unsafe {
+                    stream.launch_builder(&f).arg(&o.slice).arg(&d.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid)
+                })
+            }
+            SideValues::Views(v) => {
+                let f = gpu.function(&KERNEL, "ms_view_keys")?;
+                // SAFETY: signature matches; v holds n 16-byte views, keys n entries.
+                ("ms_view_keys", unsafe {
+                    stream.launch_builder(&f).arg(&v.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid)
+                })
+            }
+        };
+        launched.map(|_| ()).map_err(launch_err(name))
+    }
+}
+
 /// How a side's values travel in its batch's loan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SideForm {
@@ -458,57 +510,7 @@ impl DeviceSide {
             other => {
                 let keys = gpu.alloc::<u64>(n)?;
                 if n > 0 {
-                    let n64 = n as u64;
-                    let grid = gpu.grid_stride(n, 32);
-                    let stream = gpu.stream();
-                    let (name, launched) = match &other {
-                        SideValues::Narrow(narrow) => {
-                            let f = gpu.function(&KERNEL, "ms_widen")?;
-                            // SAFETY: signature matches kernels/segmented.cu; narrow and keys hold n entries.
-                            ("ms_widen", unsafe {
-                                stream.launch_builder(&f).arg(&narrow.slice).arg(&n64).arg(&base).arg(&keys.slice).launch(grid)
-                            })
-                        }
-                        SideValues::Ints(v, width, signed) => {
-                            let f = gpu.function(&KERNEL, "ms_images")?;
-                            let (w, sg) = (*width as u32, *signed as u32);
-                            // SAFETY: signature matches; v holds n values of `width` bytes, keys n entries.
-                            ("ms_images", unsafe {
-                                stream
-                                    .launch_builder(&f)
-                                    .arg(&v.slice)
-                                    .arg(&n64)
-                                    .arg(&w)
-                                    .arg(&sg)
-                                    .arg(&flip)
-                                    .arg(&keys.slice)
-                                    .launch(grid)
-                            })
-                        }
-                        SideValues::Strings(o, d) => {
-                            let f = gpu.function(&KERNEL, "ms_inline_keys")?;
-                            // SAFETY: signature matches; o holds n + 1 offsets within d's bytes, keys n entries.
-                            ("ms_inline_keys", unsafe {
-                                stream
-                                    .launch_builder(&f)
-                                    .arg(&o.slice)
-                                    .arg(&d.slice)
-                                    .arg(&n64)
-                                    .arg(&flip)
-                                    .arg(&keys.slice)
-                                    .launch(grid)
-                            })
-                        }
-                        SideValues::Views(v) => {
-                            let f = gpu.function(&KERNEL, "ms_view_keys")?;
-                            // SAFETY: signature matches; v holds n 16-byte views, keys n entries.
-                            ("ms_view_keys", unsafe {
-                                stream.launch_builder(&f).arg(&v.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid)
-                            })
-                        }
-                        SideValues::Wide(_) => unreachable!("taken above"),
-                    };
-                    launched.map_err(launch_err(name))?;
+                    other.launch_images(gpu, n, base, flip, &keys)?;
                 }
                 keys
             }
