@@ -256,7 +256,9 @@ macro_rules! with_images {
 
 /// The refusal of a string longer than an inline key holds.
 fn long_strings() -> DataFusionError {
-    DataFusionError::Internal(format!("list packing: strings of more than {INLINE_STRING_BYTES} bytes have no inline key"))
+    DataFusionError::Internal(format!(
+        "list packing: strings of more than {INLINE_STRING_BYTES} bytes have no inline key"
+    ))
 }
 
 /// Do both list columns hold only strings (Utf8, LargeUtf8, Utf8View) of at
@@ -515,7 +517,9 @@ fn plan_raw<T: ListKey>(sa: &Side, sb: &Side, rows: usize, vt: u32, bound: RowBo
             let range = |side: &Side, (s, e): (usize, usize)| -> Result<Option<(u64, u64)>> {
                 let values = side.values.as_ref().expect("a raw side has values");
                 with_images!(values, T, |img| Ok::<_, DataFusionError>(
-                    (s..e).map(img).fold(None, |m: Option<(u64, u64)>, x| Some(m.map_or((x, x), |(l, h)| (l.min(x), h.max(x)))))
+                    (s..e)
+                        .map(img)
+                        .fold(None, |m: Option<(u64, u64)>, x| Some(m.map_or((x, x), |(l, h)| (l.min(x), h.max(x)))))
                 ))
             };
             match (range(sa, (ra.0, ra.1))?, range(sb, (rb.0, rb.1))?) {
@@ -539,7 +543,8 @@ fn plan_raw<T: ListKey>(sa: &Side, sb: &Side, rows: usize, vt: u32, bound: RowBo
     };
     let ((ka, xa), (kb, xb)) = (place(ra), place(rb));
     let layout = Layout { offsets, tiles: tiles_at, keys: [ka, kb], raw: Some([xa, xb]), bytes: at.0 };
-    let plan = Plan { rows, nulls, valid, sides, base, max, wide: true, tiles: Some(tiles), bound: bound_total, layout };
+    let plan =
+        Plan { rows, nulls, valid, sides, base, max, wide: true, tiles: Some(tiles), bound: bound_total, layout };
     Ok(Some(plan))
 }
 
@@ -745,16 +750,27 @@ mod tests {
     }
 
     /// Lists of `kind` 0-3 (Int32, Int16, UInt32, Int64) whose elements are NULL with probability `null_elements`.
-    fn random_lists_with(rng: &mut rand::rngs::StdRng, rows: usize, kind: u32, domain: i64, null_elements: f64) -> ArrayRef {
-        let lens: Vec<usize> = (0..rows).map(|_| if rng.random_bool(0.1) { 0 } else { rng.random_range(0..40) }).collect();
+    fn random_lists_with(
+        rng: &mut rand::rngs::StdRng,
+        rows: usize,
+        kind: u32,
+        domain: i64,
+        null_elements: f64,
+    ) -> ArrayRef {
+        let lens: Vec<usize> =
+            (0..rows).map(|_| if rng.random_bool(0.1) { 0 } else { rng.random_range(0..40) }).collect();
         let n: usize = lens.iter().sum();
         let present = |rng: &mut rand::rngs::StdRng| !rng.random_bool(null_elements);
         let values: ArrayRef = match kind {
             0 => Arc::new(Int32Array::from_iter(
                 (0..n).map(|_| present(rng).then(|| rng.random_range(-domain..domain) as i32)),
             )),
-            1 => Arc::new(Int16Array::from_iter((0..n).map(|_| present(rng).then(|| rng.random_range(-300..300) as i16)))),
-            2 => Arc::new(UInt32Array::from_iter((0..n).map(|_| present(rng).then(|| rng.random_range(0..domain) as u32)))),
+            1 => Arc::new(Int16Array::from_iter(
+                (0..n).map(|_| present(rng).then(|| rng.random_range(-300..300) as i16)),
+            )),
+            2 => Arc::new(UInt32Array::from_iter(
+                (0..n).map(|_| present(rng).then(|| rng.random_range(0..domain) as u32)),
+            )),
             _ => Arc::new(datafusion::arrow::array::Int64Array::from_iter(
                 (0..n).map(|_| present(rng).then(|| rng.random_range(-domain..domain))),
             )),
@@ -799,7 +815,8 @@ mod tests {
             let kind = round % 4;
             let domain = if round % 3 == 0 { i64::MAX / 2 } else { 50 };
             let rows = 1 + rng.random_range(0..60);
-            let (a, b) = (random_lists(&mut rng, rows + 2, kind, domain), random_lists(&mut rng, rows + 2, kind, domain));
+            let (a, b) =
+                (random_lists(&mut rng, rows + 2, kind, domain), random_lists(&mut rng, rows + 2, kind, domain));
             let (a, b) = (a.slice(1, rows), b.slice(2, rows));
             if kind == 2 {
                 check::<u64>(&a, &b);
@@ -814,14 +831,18 @@ mod tests {
         let b = words(vec![Some("a"), Some("é")], &[1, 1]);
         let (plan, buf) = pack::<u64, Vec<u8>>(&a, &b, Some(16), RowBound::Sum, |n| Ok(vec![0; n])).unwrap();
         let key = |w: &str| crate::keys::inline_key(w.as_bytes());
-        assert_eq!(unpack::<u64>(&plan, &buf.unwrap(), 0), vec![vec![key("b")], vec![key("a\0"), key(""), key("zzzzzzz")]]);
+        assert_eq!(
+            unpack::<u64>(&plan, &buf.unwrap(), 0),
+            vec![vec![key("b")], vec![key("a\0"), key(""), key("zzzzzzz")]]
+        );
         assert!(!plan.sides[0].ascending && plan.sides[1].ascending);
         let long = words(vec![Some("abcdefgh")], &[1]);
         assert!(strings_fit_inline(&a, &b).unwrap() && !strings_fit_inline(&a, &long).unwrap());
         assert!(pack::<u64, Vec<u8>>(&long, &long, None, RowBound::Min, |n| Ok(vec![0; n])).is_err());
         // ... on the raw path too (checked in its pass over the strings), and as views.
         assert!(pack::<u64, Vec<u8>>(&long, &long, Some(16), RowBound::Min, |n| Ok(vec![0; n])).is_err());
-        let long_views = list_of(Arc::new(datafusion::arrow::array::StringViewArray::from(vec!["abcdefgh"])), &[1], None);
+        let long_views =
+            list_of(Arc::new(datafusion::arrow::array::StringViewArray::from(vec!["abcdefgh"])), &[1], None);
         assert!(pack::<u64, Vec<u8>>(&long_views, &long_views, Some(16), RowBound::Min, |n| Ok(vec![0; n])).is_err());
         // Sorted rows are found ascending; a NULL-typed argument makes every row NULL.
         let sorted = list_of(Arc::new(Int32Array::from(vec![1, 2, 2, 5, -3, 0])), &[4, 2], None);
@@ -853,8 +874,10 @@ mod tests {
         for round in 0..16u32 {
             let kind = round % 4;
             let rows = 1 + rng.random_range(0..50);
-            let (a, b) =
-                (random_lists_with(&mut rng, rows + 3, kind, 100, 0.0), random_lists_with(&mut rng, rows + 3, kind, 100, 0.0));
+            let (a, b) = (
+                random_lists_with(&mut rng, rows + 3, kind, 100, 0.0),
+                random_lists_with(&mut rng, rows + 3, kind, 100, 0.0),
+            );
             let (a, b) = (a.slice(1, rows), b.slice(3, rows));
             check::<i64>(&a, &b);
             assert!(raw(&a, &b, true), "round {round}");

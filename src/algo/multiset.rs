@@ -35,7 +35,6 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, UInt64Type};
 use datafusion::error::{DataFusionError, Result};
 
 use crate::algo::list_pack;
-pub use crate::keys::{inline_bytes, inline_key, INLINE_STRING_BYTES};
 use crate::algo::segmented::{
     self, count_then_fill, exclusive_scan, launch_err, DeviceListPair, DeviceSide, ListKey, RowItems, SegmentedResult,
     SideForm, SideParts,
@@ -43,6 +42,7 @@ use crate::algo::segmented::{
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::gpu::{DeviceBuffer, Gpu, PinnedLoan, TransferStats};
 use crate::keys::ListColumn;
+pub use crate::keys::{inline_bytes, inline_key, INLINE_STRING_BYTES};
 
 /// A multiset operation on two sorted lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -604,7 +604,8 @@ impl PreparedLists {
             ),
             ListOp::SortedIntersect => (None, list_pack::RowBound::Min),
         };
-        let (plan, loan) = list_pack::pack::<T, LoanBytes>(a, b, tiles, bound, |bytes| Ok(LoanBytes(gpu.pinned_loan(bytes)?)))?;
+        let (plan, loan) =
+            list_pack::pack::<T, LoanBytes>(a, b, tiles, bound, |bytes| Ok(LoanBytes(gpu.pinned_loan(bytes)?)))?;
         let unsorted = (op == ListOp::SortedIntersect && !(plan.sides[0].ascending && plan.sides[1].ascending))
             .then(|| (a.clone(), b.clone()));
         Ok(Self { op, plan, loan: loan.map(|l| l.0), unsorted, ahead: None })
@@ -673,7 +674,9 @@ impl PreparedLists {
         };
         let pair = DeviceListPair { a: da, b: db, valid, rows };
         let result = match (op, tiles) {
-            (ListOp::Multiset(rule), Some(tiles)) => balanced_path_segmented::<T>(gpu, rule, &pair, &tiles, plan.bound)?,
+            (ListOp::Multiset(rule), Some(tiles)) => {
+                balanced_path_segmented::<T>(gpu, rule, &pair, &tiles, plan.bound)?
+            }
             _ => crate::algo::sorted_intersect::gtwj_segmented::<T>(gpu, &pair, plan.bound, stats)?,
         };
         gpu.synchronize()?;
@@ -1432,8 +1435,12 @@ mod tests {
         let vals: ArrayRef = Arc::new(Int32Array::from_iter_values((0..total).map(|i| ((i * 7919) % 97) as i32 - 40)));
         let a = list(vals.clone(), lens.to_vec(), vec![true, true, true, false, true, true]);
         let b = list(vals, lens.iter().rev().copied().collect(), vec![true, false, true, true, true, true]);
-        let u16s: ArrayRef = Arc::new(datafusion::arrow::array::UInt16Array::from_iter_values((0..total).map(|i| (i % 61) as u16)));
-        let (ua, ub) = (list(u16s.clone(), lens.to_vec(), vec![true; 6]), list(u16s, lens.iter().rev().copied().collect(), vec![true, true, false, true, true, true]));
+        let u16s: ArrayRef =
+            Arc::new(datafusion::arrow::array::UInt16Array::from_iter_values((0..total).map(|i| (i % 61) as u16)));
+        let (ua, ub) = (
+            list(u16s.clone(), lens.to_vec(), vec![true; 6]),
+            list(u16s, lens.iter().rev().copied().collect(), vec![true, true, false, true, true, true]),
+        );
         for op in ListOp::ALL.into_iter().take(4) {
             let got = list_op_gpu::<i64>(&gpu, op, &a, &b, stats).unwrap();
             assert!(got == list_op_cpu::<i64>(op, &a, &b).unwrap(), "{op:?} raw Int32");
@@ -1457,7 +1464,8 @@ mod tests {
             Arc::new(datafusion::arrow::array::StringViewArray::from(n_words.clone())),
         ];
         for values in string_values {
-            let (sa, sb) = (list(values.clone(), lens.to_vec(), valid_a.clone()), list(values, rev.clone(), valid_b.clone()));
+            let (sa, sb) =
+                (list(values.clone(), lens.to_vec(), valid_a.clone()), list(values, rev.clone(), valid_b.clone()));
             for op in ListOp::ALL.into_iter().take(4) {
                 let got = list_op_gpu::<u64>(&gpu, op, &sa, &sb, stats).unwrap();
                 assert!(got == list_op_cpu::<u64>(op, &ka, &kb).unwrap(), "{op:?} raw strings {}", sa.data_type());

@@ -424,7 +424,14 @@ impl SideValues {
                 let f = gpu.function(&KERNEL, "ms_inline_keys")?;
                 // SAFETY: signature matches; o holds n + 1 offsets within d's bytes, keys n entries.
                 ("ms_inline_keys", unsafe {
-                    stream.launch_builder(&f).arg(&o.slice).arg(&d.slice).arg(&n64).arg(&flip).arg(&keys.slice).launch(grid)
+                    stream
+                        .launch_builder(&f)
+                        .arg(&o.slice)
+                        .arg(&d.slice)
+                        .arg(&n64)
+                        .arg(&flip)
+                        .arg(&keys.slice)
+                        .launch(grid)
                 })
             }
             SideValues::Views(v) => {
@@ -471,7 +478,9 @@ impl SideParts {
     ) -> Result<Self> {
         let offsets = gpu.upload_loaned_on::<u32>(stream, loan, offsets_at, rows + 1, stats)?;
         let values = match form {
-            SideForm::Packed { wide: true } => SideValues::Wide(gpu.upload_loaned_on(stream, loan, values_at, n, stats)?),
+            SideForm::Packed { wide: true } => {
+                SideValues::Wide(gpu.upload_loaned_on(stream, loan, values_at, n, stats)?)
+            }
             SideForm::Packed { wide: false } => {
                 SideValues::Narrow(gpu.upload_loaned_on(stream, loan, values_at, n, stats)?)
             }
@@ -540,8 +549,10 @@ impl DeviceSide {
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: signature matches kernels/segmented.cu; keys hold n entries, offsets rows + 1 ending at n,
             // and no row is longer than MS_ROW_SORT_MAX (checked above).
-            unsafe { stream.launch_builder(&f).arg(&self.keys.slice).arg(&self.offsets.slice).arg(&rows32).launch(cfg) }
-                .map_err(launch_err("ms_row_sort"))?;
+            unsafe {
+                stream.launch_builder(&f).arg(&self.keys.slice).arg(&self.offsets.slice).arg(&rows32).launch(cfg)
+            }
+            .map_err(launch_err("ms_row_sort"))?;
             return Ok(());
         }
         let range = max.saturating_sub(min);

@@ -89,8 +89,8 @@ use crate::algo::segmented::ListKey;
 use crate::algo::sorted_intersect::sorted_intersect;
 use crate::config::SetfusionConfig;
 use crate::gpu::{self, Gpu, TransferStats};
-use crate::util::trace;
 use crate::keys::ListColumn;
+use crate::util::trace;
 
 /// The scalar functions of this module (added to [`super::functions`]).
 pub fn scalar_functions() -> Vec<Arc<ScalarUDF>> {
@@ -356,7 +356,12 @@ fn evaluate_strings(cfg: &SetfusionConfig, op: PairOp, a: &ArrayRef, b: &ArrayRe
 /// before the caller builds anything from the result. With SETFUSION_TRACE,
 /// one line a batch: how long packing (since `packing`), waiting for the
 /// device and holding it took.
-fn run_prepared<T: ListKey>(g: &Gpu, cfg: &SetfusionConfig, mut prepared: PreparedLists, packing: Instant) -> Result<ArrayRef> {
+fn run_prepared<T: ListKey>(
+    g: &Gpu,
+    cfg: &SetfusionConfig,
+    mut prepared: PreparedLists,
+    packing: Instant,
+) -> Result<ArrayRef> {
     let packed = packing.elapsed();
     let mut stats = TransferStats::default();
     if cfg.memory_limit.0 == 0 {
@@ -663,7 +668,9 @@ mod tests {
         // The function itself, the device forced: short strings (inline keys, raw without NULL
         // elements, packed with them) and long ones (refused by the packing, then ranked).
         let forced = SetfusionConfig { strategy: Strategy::Sort, ..SetfusionConfig::default() };
-        for (null_elements, spell) in [(false, spellings[0]), (true, spellings[0]), (false, spellings[1]), (true, spellings[1])] {
+        for (null_elements, spell) in
+            [(false, spellings[0]), (true, spellings[0]), (false, spellings[1]), (true, spellings[1])]
+        {
             let a = respell(&random_string_list_column(&mut rng, 50, 20, 30, null_elements), spell);
             let b = respell(&random_string_list_column(&mut rng, 50, 20, 30, null_elements), spell);
             for op in ListOp::ALL {
@@ -683,8 +690,13 @@ mod tests {
         let values: StringArray = l.values().as_string::<i32>().iter().map(|v| v.map(f)).collect();
         let field = Arc::new(datafusion::arrow::datatypes::Field::new_list_field(DataType::Utf8, true));
         Arc::new(
-            datafusion::arrow::array::ListArray::try_new(field, l.offsets().clone(), Arc::new(values), l.nulls().cloned())
-                .unwrap(),
+            datafusion::arrow::array::ListArray::try_new(
+                field,
+                l.offsets().clone(),
+                Arc::new(values),
+                l.nulls().cloned(),
+            )
+            .unwrap(),
         )
     }
 
