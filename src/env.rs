@@ -84,6 +84,13 @@ pub fn snappy_serial() -> bool {
     flag("SETFUSION_SNAPPY_SERIAL")
 }
 
+/// `SETFUSION_DEVICE_ZSTD=0`: the device scan inflates ZSTD pages on host
+/// threads before the upload, as it did before `kernels/zstd.cu` (to measure
+/// one against the other); otherwise the device decompresses them.
+pub fn device_zstd() -> bool {
+    std::env::var("SETFUSION_DEVICE_ZSTD").map_or(true, |v| v != "0")
+}
+
 /// `SETFUSION_SCAN_PART_MB=N`: the device scan reads, uploads and decodes in
 /// parts of N MiB of column chunks (default 64); 0 reads each side whole
 /// before decoding it, to measure the overlap against its absence.

@@ -25,6 +25,7 @@ fi
   echo '#include "warp_shim.h"'
   sed '/#pragma once/d' "$root/kernels/common.cuh"
   sed '/#include "common.cuh"/d' "$root/kernels/parquet_decode.cu"
+  sed '/#include "common.cuh"/d' "$root/kernels/zstd.cu"
 } > "$out/kernels_host.h"
 cp "$here/warp_shim.h" "$here/parquet_warp_harness.cpp" "$out/"
 cd "$out"
@@ -33,5 +34,5 @@ echo -n "pq_snappy as a warp of $lanes lanes: " && ./harness fixtures "$lanes" 0
 # pq_decode by a block of LANES threads, of 32 (one full warp) and of 96 (three
 # warps: DELTA's scan over the warps' sums) over every case.
 cp "$here/parquet_decode_warp_harness.cpp" .
-g++ -O2 -std=c++20 -w -pthread -o decode_harness parquet_decode_warp_harness.cpp
+g++ -O2 -std=c++20 -w -pthread -DZS_WARPS=1 -o decode_harness parquet_decode_warp_harness.cpp
 for n in "$lanes" 32 96; do echo -n "pq_decode as a block of $n threads: " && ./decode_harness fixtures "$n"; done

@@ -22,10 +22,11 @@ fi
   echo 'static inline int __popc(unsigned x) { return __builtin_popcount(x); }'
   sed '/#pragma once/d' "$root/kernels/common.cuh"
   sed '/#include "common.cuh"/d' "$root/kernels/parquet_decode.cu"
+  sed '/#include "common.cuh"/d' "$root/kernels/zstd.cu"
 } > "$out/kernels_host.h"
 cp "$here/shim.h" "$here/parquet_harness.cpp" "$out/"
 cd "$out"
-g++ -O2 -std=c++17 -w -o harness parquet_harness.cpp
+g++ -O2 -std=c++17 -w -DZS_WARPS=1 -o harness parquet_harness.cpp
 echo -n "parquet_decode: " && ./harness fixtures
-g++ -O1 -g -std=c++17 -w -D_GLIBCXX_SANITIZE_VECTOR -fsanitize=address,undefined -fno-sanitize-recover=undefined -o harness_san parquet_harness.cpp
+g++ -O1 -g -std=c++17 -w -DZS_WARPS=1 -D_GLIBCXX_SANITIZE_VECTOR -fsanitize=address,undefined -fno-sanitize-recover=undefined -o harness_san parquet_harness.cpp
 echo -n "parquet_decode under sanitizers: " && ./harness_san fixtures

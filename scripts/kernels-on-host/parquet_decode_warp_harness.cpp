@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
         blockDim.x = 1;
         pq_copy_pages(raw.data(), body, pg, npages);
         pq_snappy_serial(raw.data(), body, pg, npages, &err);
+        zs_pages(raw.data(), body, table.data(), npages, 16, 2, &err);
         blockDim.x = lanes;
         std::barrier<> bar(lanes);
         warp_barrier = &bar;

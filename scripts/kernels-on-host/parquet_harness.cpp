@@ -1,7 +1,7 @@
 // Runs kernels/parquet_decode.cu's real kernels serially on the host (one
 // block of one thread: shim.h) over page tables written by the Rust tests
 // (files written by arrow-rs, decoded by arrow-rs's reader for the expected
-// keys; see parquet.sh), in the launcher's order: pq_copy_pages, pq_snappy,
+// keys; see parquet.sh), in the launcher's order: pq_copy_pages, pq_snappy, zs_pages (zstd.cu),
 // pq_byte_dicts, pq_decode (BYTE_ARRAY spans checked against each row's
 // hash: the span's bytes hash to the key), (pq_snappy with one lane and a 128-byte ring, so pages wrap it
 // and reach past it; pq_snappy_serial's output is compared too). Then flips bytes of every case's pages and checks that the
@@ -53,6 +53,8 @@ static Out run(const vector<unsigned char>& raw, const vector<u64>& table, u64 r
     pq_snappy_serial(raw.data(), serial_body.data(), pages, npages, &serial_err);
     if ((o.err != 0) != (serial_err != 0)) { printf("pq_snappy error %u, pq_snappy_serial error %u\n", o.err, serial_err); exit(1); }
     if (!o.err && body != serial_body) { printf("pq_snappy and pq_snappy_serial decompress differently\n"); exit(1); }
+    // kernels/zstd.cu's ZSTD pages, as the launcher runs it after pq_snappy.
+    zs_pages(raw.data(), body.data(), table.data(), npages, 16, 2, &o.err);
     // The body as 8-aligned words (the hash reads aligned words).
     memcpy(body_words.data(), body.data(), body.size());
     pq_byte_dicts(body_bytes, pages, npages, idx.data(), &o.err);

@@ -60,8 +60,8 @@ pub(super) type ReadSide<'a> = (&'a Arc<dyn ExecutionPlan>, &'a PhysicalExprRef,
 /// How the rule would read `sides` (every input the device may read; one key
 /// each, of `key_type`), for the operator's decision, made before the rule
 /// runs: whether the device reads them all (string keys need both sides), and
-/// the bytes of their Parquet pages host threads inflate first (zstd, gzip,
-/// lz4), read from the files' footers.
+/// the bytes of their Parquet pages host threads inflate first (gzip, lz4;
+/// zstd only under `SETFUSION_DEVICE_ZSTD=0`), read from the files' footers.
 pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadSide<'_>]) -> Reading {
     if !cfg.device_scan || sides.is_empty() {
         return Reading::default();
@@ -100,7 +100,7 @@ fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// device's keys (a filtered input's NULL keys last) and are cut into
 /// partitions of consecutive rows, so an input that promises an order or a
 /// hash partitioning stays with DataFusion's scan; so does one whose pages
-/// host threads inflate (zstd, gzip, lz4), which DataFusion's scan decodes as
+/// host threads inflate (gzip, lz4: `pages::inflated_on_host`), which DataFusion's scan decodes as
 /// fast as the device's round trip, and a filtered input whose output
 /// columns may hold NULLs (the device puts only NULL-free columns in a
 /// filter's order).
@@ -124,7 +124,7 @@ fn mark_probe_scan(
         }
     }
     if scan.host_inflated_bytes() > 0 {
-        return Err("its pages are inflated on host threads (zstd, gzip or lz4), where DataFusion's scan \
+        return Err("its pages are inflated on host threads (gzip or lz4), where DataFusion's scan \
                     decodes them as fast"
             .into());
     }
@@ -418,7 +418,7 @@ mod tests {
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_expr::PhysicalExprRef;
     use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
-    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::basic::Compression;
     use parquet::file::properties::WriterProperties;
 
     use super::{mark_probe_scan, reading};
@@ -495,7 +495,7 @@ mod tests {
         ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap()
     }
 
-    /// The decision's inputs before the rule runs: zstd pages count as host
+    /// The decision's inputs before the rule runs: gzip pages count as host
     /// inflation (only the columns read: the key, and the output columns of a
     /// side whose rows are output), snappy pages do not; string keys are read
     /// by the device only where every side can be; nothing without the device scan.
@@ -504,9 +504,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("setfusion-reading-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ctx = SessionContext::new();
-        let zstd = write(&dir, "z.parquet", Compression::ZSTD(ZstdLevel::default()));
+        let gzip = write(&dir, "z.parquet", Compression::GZIP(Default::default()));
         let snappy = write(&dir, "s.parquet", Compression::SNAPPY);
-        ctx.register_parquet("z", &zstd, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("z", &gzip, ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("s", &snappy, ParquetReadOptions::default()).await.unwrap();
         let plan = |sql: &'static str| physical(&ctx, sql);
         let (z, s) = (plan("SELECT k, p, s FROM z").await, plan("SELECT k, p, s FROM s").await);
@@ -545,7 +545,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let ctx = SessionContext::new();
         let snappy = write(&dir, "s.parquet", Compression::SNAPPY);
-        let zstd = write(&dir, "z.parquet", Compression::ZSTD(ZstdLevel::default()));
+        let gzip = write(&dir, "z.parquet", Compression::GZIP(Default::default()));
         let nullable = dir.join("n.parquet");
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -563,7 +563,7 @@ mod tests {
         crate::scan::fixtures::write_file(&nullable, &batch, props).unwrap();
         let sorted = ParquetReadOptions::default().file_sort_order(vec![vec![col("k").sort(true, false)]]);
         ctx.register_parquet("s", &snappy, ParquetReadOptions::default()).await.unwrap();
-        ctx.register_parquet("z", &zstd, ParquetReadOptions::default()).await.unwrap();
+        ctx.register_parquet("z", &gzip, ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("n", nullable.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
         ctx.register_parquet("o", &snappy, sorted).await.unwrap();
         let plan = |sql: &'static str| physical(&ctx, sql);

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use datafusion::error::{DataFusionError, Result};
 
 use super::pages::{
@@ -50,7 +50,18 @@ pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
     defines,
 };
 
-/// The kernel's error codes (`PQ_ERR_*`), as messages.
+/// kernels/zstd.cu: ZSTD pages decompressed on the device, one warp a page.
+pub static ZSTD_KERNEL: crate::gpu::KernelSource =
+    crate::gpu::KernelSource { family: "zstd", source: include_str!("../../kernels/zstd.cu"), defines: zstd_defines };
+
+/// zs_pages's warps per block (`ZS_WARPS`: each keeps ~11 KB of tables and ring in shared memory).
+const ZSTD_WARPS: u32 = 4;
+
+fn zstd_defines() -> Vec<(String, u64)> {
+    vec![("ZS_WARPS".to_string(), ZSTD_WARPS as u64)]
+}
+
+/// The kernels' error codes (`PQ_ERR_*`, `ZS_ERR_*`), as messages.
 fn error_message(code: u32) -> String {
     let what = match code {
         1 => "corrupt snappy stream",
@@ -64,6 +75,9 @@ fn error_message(code: u32) -> String {
         9 => "ZSTD, LZ4_RAW or GZIP page of the wrong decompressed size",
         ERR_DELTA => "corrupt DELTA_BINARY_PACKED values (header, block or miniblock sizes, bit width, or truncated)",
         ERR_DELTA_COUNT => "DELTA_BINARY_PACKED value count differs from the page's non-NULL rows",
+        12 => "corrupt ZSTD page",
+        13 => "ZSTD page of the wrong decompressed size",
+        14 => "ZSTD page that needs a dictionary",
         _ => "unknown decode error",
     };
     format!("setfusion device scan: {what} (code {code})")
@@ -184,9 +198,9 @@ pub fn launch_decode(
     t: &PageTable,
     into: &DecodeTargets,
 ) -> Result<Option<DecodeScratch>> {
-    if t.pages.iter().any(|p| p.codec > CODEC_SNAPPY) {
+    if t.pages.iter().any(|p| p.codec > CODEC_ZSTD) {
         return Err(DataFusionError::Internal(
-            "setfusion device scan: a ZSTD, LZ4_RAW or GZIP page reached the device undecompressed".into(),
+            "setfusion device scan: an LZ4_RAW or GZIP page reached the device undecompressed".into(),
         ));
     }
     let npages = t.pages.len() as u64;
@@ -235,6 +249,9 @@ pub fn launch_decode(
         }
         .map_err(|e| cuda_err("pq_snappy", e))?;
     }
+    if t.pages.iter().any(|p| p.codec == CODEC_ZSTD) {
+        launch_zstd(gpu, stream, raw, &mut body.slice, pages, npages, into.err)?;
+    }
     if t.pages.iter().any(|p| p.kind == KIND_DICT && p.width == WIDTH_BYTES) {
         let dicts = gpu.function(&KERNEL, "pq_byte_dicts")?;
         // SAFETY: signature matches kernels/parquet_decode.cu; each BYTE_ARRAY dictionary page's 6 u32 entries
@@ -272,6 +289,86 @@ pub fn launch_decode(
     }
     .map_err(|e| cuda_err("pq_decode", e))?;
     Ok(Some(scratch))
+}
+
+/// Queue `zs_pages` on `stream`: every ZSTD page of the page table at device
+/// address `pages` (`npages` entries) decompressed from `raw` into `body`,
+/// one warp a page, after the page's never compressed levels (copied by
+/// `pq_copy_pages`); the first failure's code into the word at `err`.
+pub fn launch_zstd(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    raw: u64,
+    body: &mut CudaSlice<u8>,
+    pages: u64,
+    npages: u64,
+    err: u64,
+) -> Result<()> {
+    let f = gpu.function(&ZSTD_KERNEL, "zs_pages")?;
+    let blocks = npages.div_ceil(ZSTD_WARPS as u64).min(1 << 20) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * ZSTD_WARPS, 1, 1), shared_mem_bytes: 0 };
+    let (stride, codec) = (PqPage::WORDS as u64, CODEC_ZSTD);
+    // SAFETY: signature matches kernels/zstd.cu's zs_pages; the table holds `npages` entries of `stride` words
+    // whose first five are PqPage's src / src_len / dst / dst_len / levels_len and whose seventh is its codec, every
+    // ZSTD page's ranges lie in `raw` / `body` (page_table built them), and `err` addresses one word.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&raw)
+            .arg(body)
+            .arg(&pages)
+            .arg(&npages)
+            .arg(&stride)
+            .arg(&codec)
+            .arg(&err)
+            .launch(cfg)
+    }
+    .map_err(|e| cuda_err("zs_pages", e))?;
+    Ok(())
+}
+
+/// `runs` (each one or more ZSTD frames and its decompressed length)
+/// decompressed by `zs_pages` alone, as pages of one table (for its tests).
+pub fn zstd_on_device(gpu: &Gpu, runs: &[(&[u8], usize)]) -> Result<Vec<Vec<u8>>> {
+    let mut raw = Vec::new();
+    let mut pages = Vec::new();
+    let mut body_len = 0u64;
+    for (z, n) in runs {
+        let page = PqPage {
+            src: raw.len() as u64,
+            src_len: z.len() as u64,
+            dst: body_len,
+            dst_len: *n as u64,
+            codec: CODEC_ZSTD,
+            kind: KIND_DICT,
+            ..Default::default()
+        };
+        raw.extend_from_slice(z);
+        body_len += (*n as u64).div_ceil(8) * 8;
+        pages.push(page);
+    }
+    let mut stats = TransferStats::default();
+    let d_raw = gpu.upload(&raw, &mut stats)?;
+    let table: Vec<u64> = pages.iter().flat_map(|p| p.fields()).collect();
+    let d_table = gpu.upload(&table, &mut stats)?;
+    let mut body = gpu.alloc_zeros::<u8>(body_len.max(1) as usize)?;
+    let err = gpu.alloc_zeros::<u32>(1)?;
+    // Every buffer is used on the main stream alone, in its order.
+    launch_zstd(
+        gpu,
+        gpu.stream(),
+        gpu.untracked_address(&d_raw),
+        &mut body.slice,
+        gpu.untracked_address(&d_table),
+        pages.len() as u64,
+        gpu.untracked_address(&err),
+    )?;
+    let code = gpu.read_one(&err, 0, &mut stats)?;
+    if code != 0 {
+        return Err(decode_error(code));
+    }
+    let bytes = gpu.download(&body, body_len.max(1) as usize, &mut stats)?;
+    Ok(pages.iter().map(|p| bytes[p.dst as usize..(p.dst + p.dst_len) as usize].to_vec()).collect())
 }
 
 /// A decode's scratch on the device ([`launch_decode`]): the pages'
@@ -596,7 +693,8 @@ fn pages_to_inflate(t: &PageTable, floor: u64) -> (Vec<usize>, u64) {
         *sizes.select_nth_unstable(mid).1
     };
     let on_host = |p: &PqPage| {
-        p.codec > CODEC_SNAPPY || (p.codec == CODEC_SNAPPY && p.dst_len > 2 * median && p.dst_len >= floor)
+        super::pages::inflated_on_host(p.codec)
+            || (p.codec == CODEC_SNAPPY && p.dst_len > 2 * median && p.dst_len >= floor)
     };
     let chosen: Vec<usize> = (0..t.pages.len()).filter(|&i| on_host(&t.pages[i])).collect();
     let total: u64 = chosen.iter().map(|&i| t.pages[i].dst_len).sum();
@@ -793,8 +891,10 @@ pub fn download_decoded(gpu: &Gpu, d: &DeviceDecoded, stats: &mut TransferStats)
 pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut pages = 0;
     let mut rows = 0;
+    let mut zstd = 0;
     for case in super::fixtures::cases() {
         let (raw, table) = device_table_of(&case)?;
+        zstd += table.pages.iter().filter(|p| p.codec == CODEC_ZSTD).count();
         let want = decode_cpu(&raw, &table)?;
         let mut stats = TransferStats::default();
         let d_raw = gpu.upload(&raw, &mut stats)?;
@@ -825,5 +925,5 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             )));
         }
     }
-    Ok(format!("{pages} pages, {rows} rows decoded, equal to the CPU twin; the cases with {inflated} larger pages decompressed on the host, equal too"))
+    Ok(format!("{pages} pages ({zstd} of them ZSTD, decompressed by zstd.cu), {rows} rows decoded, equal to the CPU twin; the cases with {inflated} larger pages decompressed on the host, equal too"))
 }

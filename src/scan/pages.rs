@@ -68,11 +68,36 @@ pub const KIND_V2: u64 = 2;
 /// `PqPage::codec` values.
 pub const CODEC_NONE: u64 = 0;
 pub const CODEC_SNAPPY: u64 = 1;
+/// Decompressed on the device (`kernels/zstd.cu`) unless
+/// `SETFUSION_DEVICE_ZSTD=0` ([`inflated_on_host`]).
+pub const CODEC_ZSTD: u64 = 2;
 /// Codecs the device does not decompress: their pages are decompressed on
 /// host threads before the upload ([`super::decode::inflate_part_on_host`]).
-pub const CODEC_ZSTD: u64 = 2;
 pub const CODEC_LZ4_RAW: u64 = 3;
 pub const CODEC_GZIP: u64 = 4;
+
+/// Are a codec's pages decompressed on host threads before the upload? The
+/// device decompresses SNAPPY and ZSTD (the latter unless
+/// `SETFUSION_DEVICE_ZSTD=0`); LZ4_RAW and GZIP go through the host.
+pub fn inflated_on_host(codec: u64) -> bool {
+    match codec {
+        CODEC_NONE | CODEC_SNAPPY => false,
+        CODEC_ZSTD => !crate::env::device_zstd(),
+        _ => true,
+    }
+}
+
+/// A footer's codec as the page table says it (None: one the scan does not read).
+fn codec_of(c: Compression) -> Option<u64> {
+    match c {
+        Compression::UNCOMPRESSED => Some(CODEC_NONE),
+        Compression::SNAPPY => Some(CODEC_SNAPPY),
+        Compression::ZSTD(_) => Some(CODEC_ZSTD),
+        Compression::LZ4_RAW => Some(CODEC_LZ4_RAW),
+        Compression::GZIP(_) => Some(CODEC_GZIP),
+        _ => None,
+    }
+}
 /// `PqPage::encoding` values.
 pub const ENC_PLAIN: u64 = 0;
 pub const ENC_DICT: u64 = 1;
@@ -90,7 +115,10 @@ pub const NO_DICT: u64 = u64::MAX;
 pub const WIDTH_BYTES: u64 = 16;
 
 impl PqPage {
-    pub fn fields(&self) -> [u64; 16] {
+    /// Words of an entry of the kernels' page table ([`PageTable::flat`]).
+    pub const WORDS: usize = 16;
+
+    pub fn fields(&self) -> [u64; Self::WORDS] {
         [
             self.src,
             self.src_len,
@@ -310,8 +338,8 @@ impl Keep {
 }
 
 /// The decompressed bytes of `columns`' pages in `files` that the device
-/// scan inflates on host threads before its selection can start (ZSTD,
-/// GZIP, LZ4_RAW and the like; SNAPPY pages the device inflates itself), by
+/// scan inflates on host threads before its selection can start
+/// ([`inflated_on_host`]: GZIP, LZ4_RAW and the like), by
 /// the footers' column chunk sizes. A file whose footer cannot be read
 /// counts nothing (the scan reports it when it runs).
 pub fn host_inflated_bytes(files: &[ScanFile], columns: &[&str]) -> u64 {
@@ -324,7 +352,7 @@ pub fn host_inflated_bytes(files: &[ScanFile], columns: &[&str]) -> u64 {
         for rg in meta.row_groups() {
             for &ci in &indexes {
                 let cc = rg.column(ci);
-                if !matches!(cc.compression(), Compression::UNCOMPRESSED | Compression::SNAPPY) {
+                if codec_of(cc.compression()).is_some_and(inflated_on_host) {
                     bytes += cc.uncompressed_size().max(0) as u64;
                 }
             }
@@ -565,7 +593,7 @@ pub struct ScanPlan {
     /// Compressed bytes to read.
     pub bytes: u64,
     /// At most the bytes [`super::decode::inflate_part_on_host`] makes of the
-    /// ZSTD, LZ4_RAW and GZIP chunks (their uncompressed sizes).
+    /// chunks [`inflated_on_host`] (their uncompressed sizes).
     pub host_inflated_bound: u64,
     /// Row groups left out by the [`Keep`] (key range or statistics), of all.
     pub row_groups_pruned: usize,
@@ -923,13 +951,8 @@ pub fn plan_scan_within(
                 continue;
             }
             let cc = rg.column(ci);
-            let codec = match cc.compression() {
-                Compression::UNCOMPRESSED => CODEC_NONE,
-                Compression::SNAPPY => CODEC_SNAPPY,
-                Compression::ZSTD(_) => CODEC_ZSTD,
-                Compression::LZ4_RAW => CODEC_LZ4_RAW,
-                Compression::GZIP(_) => CODEC_GZIP,
-                other => return fallback(format!("codec {other}")),
+            let Some(codec) = codec_of(cc.compression()) else {
+                return fallback(format!("codec {}", cc.compression()));
             };
             let (offset, mut len) = cc.byte_range();
             let n = rg.num_rows() as u64;
@@ -948,7 +971,7 @@ pub fn plan_scan_within(
             chunks.push(Chunk { file: fi, pieces, len, codec, first_row: rows, rows: n });
             rows += n;
             bytes += len;
-            if codec > CODEC_SNAPPY {
+            if inflated_on_host(codec) {
                 host_inflated_bound += cc.uncompressed_size().max(0) as u64;
             }
         }

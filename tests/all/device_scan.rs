@@ -108,6 +108,7 @@ fn data() -> PathBuf {
         write_table(&dir.join("b_no_nulls"), 2, 5000, 3, 20_000, 0, None);
         write_table(&dir.join("b_zstd"), 2, 3000, 4, 20_000, 0, Some(Compression::ZSTD(ZstdLevel::default())));
         write_table(&dir.join("b_lz4"), 2, 3000, 5, 20_000, 0, Some(Compression::LZ4));
+        write_table(&dir.join("b_gzip"), 2, 3000, 7, 20_000, 0, Some(Compression::GZIP(Default::default())));
         // p of c: 0..1500, within a's first row group of each file.
         write_table(&dir.join("c"), 1, 500, 6, 20_000, 0, None);
         dir
@@ -121,7 +122,7 @@ async fn session(dir: &Path, settings: &[&str], setfusion: bool) -> SessionConte
     for s in settings {
         ctx.sql(s).await.unwrap().collect().await.unwrap();
     }
-    for t in ["a", "b", "b_no_nulls", "b_zstd", "b_lz4", "c"] {
+    for t in ["a", "b", "b_no_nulls", "b_zstd", "b_lz4", "b_gzip", "c"] {
         ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
     }
     ctx
@@ -270,6 +271,8 @@ const MARK_FILTERED_PROBE: &str = "SELECT count(*), sum(p) FROM (SELECT * FROM c
 
 /// A mark join whose probe side's pages are zstd: DataFusion's scan reads it.
 const MARK_ZSTD_PROBE: &str = "SELECT count(*) FROM b_zstd WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
+/// A probe side whose pages host threads inflate (gzip).
+const MARK_GZIP_PROBE: &str = "SELECT count(*) FROM b_gzip WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
 
 /// NOT IN under OR: an uncorrelated IN mark, NULL keys on both sides.
 const MARK_NOT_IN: &str = "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
@@ -338,7 +341,7 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
             let analyzed = explain(&device, QUERIES[0], true).await;
             assert!(analyzed.contains("device scan probe:") && analyzed.contains("build:"), "{analyzed}");
-            // A zstd input is read by the device (its pages decompressed on host threads).
+            // A zstd input is read by the device (its pages decompressed by kernels/zstd.cu).
             let analyzed = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd)", true).await;
             assert!(analyzed.contains("build: 6000 rows") && !analyzed.contains("fell back"), "{analyzed}");
             // Hadoop-framed LZ4 is planned for the device and read by the host, with the reason.
@@ -433,9 +436,13 @@ fn device_scan_answers_equal_host_scan() {
             let analyzed = explain(&uncached, MARK_FILTERED_PROBE, true).await;
             assert_eq!(analyzed.matches("DeviceScanExec").count(), 2, "{analyzed}");
             assert!(analyzed.contains("filtered on the device") && !analyzed.contains("fell back"), "{analyzed}");
-            let plan = explain(&device, MARK_ZSTD_PROBE, false).await;
+            let plan = explain(&device, MARK_GZIP_PROBE, false).await;
             assert!(plan.contains("device_scan=\"probe: its pages are inflated on host threads"), "{plan}");
             assert_eq!(plan.matches("DeviceScanExec").count(), 1, "{plan}");
+            assert_eq!(rows(&device, MARK_GZIP_PROBE).await, rows(&host, MARK_GZIP_PROBE).await);
+            // A zstd probe side is not refused for its codec (the device decompresses its pages).
+            let plan = explain(&device, MARK_ZSTD_PROBE, false).await;
+            assert!(!plan.contains("inflated on host threads"), "{plan}");
             // A filtered probe side whose output columns may hold NULLs stays with DataFusion's scan.
             let nullable =
                 "SELECT count(*) FROM (SELECT * FROM a WHERE p > 100) a WHERE k NOT IN (SELECT k FROM b) OR p < 600";
