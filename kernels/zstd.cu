@@ -41,10 +41,8 @@
 typedef unsigned char u8;
 typedef unsigned short u16;
 
-// Warps per block (each with its own tables and ring).
-#ifndef ZS_WARPS
-#define ZS_WARPS 4
-#endif
+// ZS_WARPS (warps per block, each with its own tables and ring) comes from
+// src/scan/decode.rs.
 // Output bytes each warp keeps in shared memory (a power of two).
 #ifndef ZS_RING
 #define ZS_RING 1024
@@ -114,6 +112,11 @@ struct ZsWarp {
     u32 seq_ml[ZS_BATCH + 1], seq_off[ZS_BATCH + 1];
     u32 lit_at[ZS_BATCH + 2], out_at[ZS_BATCH + 2];  // batch-relative starts; [k]: the totals
     u8 ring[ZS_RING];
+    // Each slot of the ring holds the last position of its slot written, for
+    // every position from here on (a batch longer than the ring writes its
+    // literals before its matches, so some slots then hold an earlier
+    // position than the last: the ring starts over after it).
+    u32 ring_from;
     // The task.
     u32 task, fail;
     u32 nseq;                           // sequences in the batch (the last-literals one included)
@@ -759,10 +762,12 @@ __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes
         if (ml == 0) continue;
         const u32 d = sh.seq_off[j];
         const u32 m = o0 + sh.out_at[j + 1] - ml;
-        // The ring holds a source byte unless a later position of its slot
+        // The ring holds a source byte unless another position of its slot
         // was written since: one after it in the batch (the literals went
-        // first), or one before it in the batch written by an earlier match.
-        const bool ring = (u64)m - d + ZS_RING >= (u64)o0 + total && (u64)m - d + (d < ml ? d : ml) <= (u64)o0 + ZS_RING;
+        // first), one before it in the batch written by an earlier match, or
+        // one of an earlier batch longer than the ring (ring_from).
+        const bool ring = m - d >= sh.ring_from && (u64)m - d + ZS_RING >= (u64)o0 + total &&
+                          (u64)m - d + (d < ml ? d : ml) <= (u64)o0 + ZS_RING;
         for (u32 base = 0; base < ml; base += lanes) {
             const u32 u = base + lane;
             u8 v = 0;
@@ -778,6 +783,7 @@ __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes
             __syncwarp();
         }
     }
+    if (lane == 0 && total > ZS_RING) sh.ring_from = o0 + total;
 }
 
 // The frames at src[0..slen) into dst[0..dlen), by one warp.
@@ -786,7 +792,10 @@ __device__ void zs_run(ZsWarp& sh, const u8* src, u32 slen, u8* dst, u32 dlen, u
     st.ip = 0;
     st.o = 0;
     st.phase = ZS_PHASE_FRAME;
-    if (lane == 0) sh.fail = 0;
+    if (lane == 0) {
+        sh.fail = 0;
+        sh.ring_from = 0;
+    }
     __syncwarp();
     for (;;) {
         if (lane == 0) zs_step(sh, st, src, slen, dlen);

@@ -26,6 +26,8 @@ import random, struct
 r = random.Random(7)
 def w(name, b): open("data/" + name, "wb").write(b)
 w("keys", b"".join(struct.pack("<q", r.randrange(0, 400_000_000)) for _ in range(40000)))
+# Batches longer than the ring, then matches reaching back before them (level 19).
+w("keys100k", b"".join(struct.pack("<q", r.randrange(0, 400_000_000)) for _ in range(100000)))
 w("sorted", b"".join(struct.pack("<q", v) for v in sorted(r.randrange(0, 10**12) for _ in range(30000))))
 w("small32", b"".join(struct.pack("<i", r.randrange(-50, 50)) for _ in range(50000)))
 words = ["set", "fusion", "parquet", "zstd", "warp", "literal", "match", "offset", "the", "a"]
@@ -46,6 +48,9 @@ for f in data/*; do
   zstd -q -f -3 -C "$f" -o "$f.c.zst"; echo "$f.c.zst $f" >> list
   zstd -q -f --ultra -22 "$f" -o "$f.22.zst"; echo "$f.22.zst $f" >> list
 done
+# ZS_FIXTURES: the GPU test's frames of the zstd crate too (their list, as
+# SETFUSION_WRITE_ZSTD_FIXTURES=DIR cargo test --release --lib write_zstd_fixtures writes it).
+if [ -n "${ZS_FIXTURES:-}" ]; then cat "$ZS_FIXTURES/list" >> list; fi
 # Two frames back to back.
 cat data/keys data/text > data/two; cat data/keys.3.zst data/text.1.zst > data/two.zst; echo "data/two.zst data/two" >> list
 g++ -O2 -std=c++20 -w -pthread -DZS_WARPS=1 -o harness zstd_harness.cpp

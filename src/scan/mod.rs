@@ -1310,13 +1310,9 @@ mod tests {
         vec![keys, sorted, small, text, noise, vec![0u8; 400_000], Vec::new(), b"x".to_vec(), b"hello".to_vec()]
     }
 
-    /// kernels/zstd.cu against the zstd crate: every input at levels 1, 3, 9
-    /// and 19, one with a checksum, two frames in one page; damaged frames
-    /// fail or decode, never fault, and a page with room for one byte more
-    /// than its frames fails.
-    #[test]
-    fn gpu_zstd_pages_match_the_zstd_crate() {
-        let Some(g) = crate::gpu::test_gpu() else { return };
+    /// Every input of [`zstd_test_inputs`] as frames of the zstd crate at
+    /// levels 1, 3, 9 and 19, one with a checksum, and two frames in one run.
+    fn zstd_test_frames() -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut frames: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         for data in zstd_test_inputs() {
             for level in [1, 3, 9, 19] {
@@ -1329,6 +1325,33 @@ mod tests {
         frames.push((enc.finish().unwrap(), frames[0].1.clone()));
         let two = [frames[1].0.clone(), frames[13].0.clone()].concat();
         frames.push((two, [frames[1].1.clone(), frames[13].1.clone()].concat()));
+        frames
+    }
+
+    /// With `SETFUSION_WRITE_ZSTD_FIXTURES=DIR`: the GPU test's frames and
+    /// their originals as files, and their list, for scripts/kernels-on-host/zstd.sh.
+    #[test]
+    fn write_zstd_fixtures() {
+        let Some(dir) = std::env::var_os("SETFUSION_WRITE_ZSTD_FIXTURES") else { return };
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut list = String::new();
+        for (i, (z, d)) in zstd_test_frames().iter().enumerate() {
+            let (zp, dp) = (dir.join(format!("crate{i}.zst")), dir.join(format!("crate{i}")));
+            std::fs::write(&zp, z).unwrap();
+            std::fs::write(&dp, d).unwrap();
+            list += &format!("{} {}\n", zp.display(), dp.display());
+        }
+        std::fs::write(dir.join("list"), list).unwrap();
+    }
+
+    /// kernels/zstd.cu against the zstd crate ([`zstd_test_frames`]); damaged
+    /// frames fail or decode, never fault, and a run with room for one byte
+    /// more than its frames fails.
+    #[test]
+    fn gpu_zstd_pages_match_the_zstd_crate() {
+        let Some(g) = crate::gpu::test_gpu() else { return };
+        let frames = zstd_test_frames();
         let runs: Vec<(&[u8], usize)> = frames.iter().map(|(z, d)| (z.as_slice(), d.len())).collect();
         let got = decode::zstd_on_device(&g, &runs).unwrap();
         for (i, ((_, want), got)) in frames.iter().zip(&got).enumerate() {
