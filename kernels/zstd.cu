@@ -48,6 +48,8 @@ typedef unsigned short u16;
 #define ZS_RING 1024
 #endif
 #define ZS_BATCH 32
+// Literal bytes each lane copies a step.
+#define ZS_LIT_STEP 4
 // The host harness's trace of where a run failed.
 #ifndef ZS_TRACE_FAIL
 #define ZS_TRACE_FAIL()
@@ -168,9 +170,14 @@ __device__ __forceinline__ void zs_refill(ZsBits& b) {
     b.top = ((b.pos + 7) >> 3) << 3;
     const i64 hi = b.top >> 3;
     u64 c = 0;
-    for (int k = 1; k <= 8; ++k) {
-        const i64 j = hi - k;
-        c = (c << 8) | (u64)((j >= 0 && j < b.len) ? b.s[j] : 0);
+    if (hi >= 8 && hi <= b.len) {
+        const u8* p = b.s + hi - 8;
+        for (int k = 7; k >= 0; --k) c = (c << 8) | p[k];
+    } else {
+        for (int k = 1; k <= 8; ++k) {
+            const i64 j = hi - k;
+            c = (c << 8) | (u64)((j >= 0 && j < b.len) ? b.s[j] : 0);
+        }
     }
     b.c = c;
 }
@@ -651,56 +658,68 @@ __device__ void zs_step(ZsWarp& sh, ZsState& st, const u8* src, u32 slen, u32 dl
         sh.lit0 = st.lit_at + (st.lit_kind == ZS_LIT_RLE ? 0 : st.lit_pos);
         sh.lit_byte = st.lit_byte;
         sh.out0 = st.o;
-        while (k < ZS_BATCH && st.done < st.nseq) {
-            const ZsFse el = sh.ll[st.sll], eo = sh.of[st.sof], em = sh.ml[st.sml];
-            if (el.sym > 35 || em.sym > 52 || eo.sym > 31) ZS_FAIL(ZS_ERR_CORRUPT);
-            const u32 ofv = (1u << eo.sym) + zs_read(st.bits, eo.sym);
-            const u32 mlv = ZS_ML_BASE[em.sym] + zs_read(st.bits, ZS_ML_BITS[em.sym]);
-            const u32 llv = ZS_LL_BASE[el.sym] + zs_read(st.bits, ZS_LL_BITS[el.sym]);
-            st.done++;
-            if (st.done < st.nseq) {
-                st.sll = el.base + zs_read(st.bits, el.bits);
-                st.sml = em.base + zs_read(st.bits, em.bits);
-                st.sof = eo.base + zs_read(st.bits, eo.bits);
-            }
-            u32 off;
-            if (ofv > 3) {
-                off = ofv - 3;
-                st.rep[2] = st.rep[1];
-                st.rep[1] = st.rep[0];
-                st.rep[0] = off;
-            } else {
-                const u32 idx = ofv - 1 + (llv == 0);
-                if (idx == 0) {
-                    off = st.rep[0];
-                } else if (idx == 1) {
-                    off = st.rep[1];
-                    st.rep[1] = st.rep[0];
-                    st.rep[0] = off;
-                } else if (idx == 2) {
-                    off = st.rep[2];
-                    st.rep[2] = st.rep[1];
-                    st.rep[1] = st.rep[0];
-                    st.rep[0] = off;
-                } else {
-                    off = st.rep[0] - 1;
-                    st.rep[2] = st.rep[1];
-                    st.rep[1] = st.rep[0];
-                    st.rep[0] = off;
+        {
+            // The loop's state in registers (st, passed by reference, may live in local memory).
+            ZsBits b = st.bits;
+            u32 sll = st.sll, sof = st.sof, sml = st.sml, r0 = st.rep[0], r1 = st.rep[1], r2 = st.rep[2];
+            u32 done = st.done, o = st.o, lit_pos = st.lit_pos;
+            const u32 nseq = st.nseq, lit_n = st.lit_n, frame_start = st.frame_start;
+            while (k < ZS_BATCH && done < nseq) {
+                const ZsFse el = sh.ll[sll], eo = sh.of[sof], em = sh.ml[sml];
+                if (el.sym > 35 || em.sym > 52 || eo.sym > 31) ZS_FAIL(ZS_ERR_CORRUPT);
+                const u32 ofv = (1u << eo.sym) + zs_read(b, eo.sym);
+                const u32 mlv = ZS_ML_BASE[em.sym] + zs_read(b, ZS_ML_BITS[em.sym]);
+                const u32 llv = ZS_LL_BASE[el.sym] + zs_read(b, ZS_LL_BITS[el.sym]);
+                done++;
+                if (done < nseq) {
+                    sll = el.base + zs_read(b, el.bits);
+                    sml = em.base + zs_read(b, em.bits);
+                    sof = eo.base + zs_read(b, eo.bits);
                 }
+                u32 off;
+                if (ofv > 3) {
+                    off = ofv - 3;
+                    r2 = r1;
+                    r1 = r0;
+                    r0 = off;
+                } else {
+                    const u32 idx = ofv - 1 + (llv == 0);
+                    if (idx == 0) {
+                        off = r0;
+                    } else if (idx == 1) {
+                        off = r1;
+                        r1 = r0;
+                        r0 = off;
+                    } else {
+                        off = idx == 2 ? r2 : r0 - 1;
+                        r2 = r1;
+                        r1 = r0;
+                        r0 = off;
+                    }
+                }
+                if (llv > lit_n - lit_pos) ZS_FAIL(ZS_ERR_CORRUPT);
+                if ((u64)llv + mlv > dlen - o) ZS_FAIL(ZS_ERR_SIZE);
+                if (off == 0 || off > o + llv - frame_start) ZS_FAIL(ZS_ERR_CORRUPT);
+                sh.lit_at[k] = lit;
+                sh.out_at[k] = out;
+                sh.seq_ml[k] = mlv;
+                sh.seq_off[k] = off;
+                lit += llv;
+                out += llv + mlv;
+                lit_pos += llv;
+                o += llv + mlv;
+                k++;
             }
-            if (llv > st.lit_n - st.lit_pos) ZS_FAIL(ZS_ERR_CORRUPT);
-            if ((u64)llv + mlv > dlen - st.o) ZS_FAIL(ZS_ERR_SIZE);
-            if (off == 0 || off > st.o + llv - st.frame_start) ZS_FAIL(ZS_ERR_CORRUPT);
-            sh.lit_at[k] = lit;
-            sh.out_at[k] = out;
-            sh.seq_ml[k] = mlv;
-            sh.seq_off[k] = off;
-            lit += llv;
-            out += llv + mlv;
-            st.lit_pos += llv;
-            st.o += llv + mlv;
-            k++;
+            st.bits = b;
+            st.sll = sll;
+            st.sof = sof;
+            st.sml = sml;
+            st.rep[0] = r0;
+            st.rep[1] = r1;
+            st.rep[2] = r2;
+            st.done = done;
+            st.o = o;
+            st.lit_pos = lit_pos;
         }
         if (st.done == st.nseq) {
             if (st.nseq > 0 && st.bits.pos != 0) ZS_FAIL(ZS_ERR_CORRUPT);
@@ -735,25 +754,31 @@ __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes
     const u32 k = sh.nseq, o0 = sh.out0, kind = sh.lit_kind, lit0 = sh.lit0;
     const u8 rle = (u8)sh.lit_byte;
     const u32 L = sh.lit_at[k], total = sh.out_at[k];
-    for (u32 base = 0; base < L; base += lanes) {
-        const u32 t = base + lane;
-        u8 v = 0;
-        u32 at = 0;
-        if (t < L) {
-            // The last sequence whose literals start at or before t.
-            u32 lo = 0, hi = k;  // lit_at[lo] <= t < lit_at[hi]
-            while (hi - lo > 1) {
-                const u32 mid = (lo + hi) >> 1;
-                if (sh.lit_at[mid] <= t) lo = mid;
-                else hi = mid;
+    // ZS_LIT_STEP literal bytes a lane a step, all loaded before any is stored
+    // (a store lands at most on its own byte's place: on bytes already read).
+    for (u32 base = 0; base < L; base += ZS_LIT_STEP * lanes) {
+        u8 v[ZS_LIT_STEP];
+        u32 at[ZS_LIT_STEP];
+        for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
+            const u32 t = base + r * lanes + lane;
+            if (t < L) {
+                // The last sequence whose literals start at or before t.
+                u32 lo = 0, hi = k;  // lit_at[lo] <= t < lit_at[hi]
+                while (hi - lo > 1) {
+                    const u32 mid = (lo + hi) >> 1;
+                    if (sh.lit_at[mid] <= t) lo = mid;
+                    else hi = mid;
+                }
+                at[r] = o0 + sh.out_at[lo] + (t - sh.lit_at[lo]);
+                v[r] = kind == ZS_LIT_RLE ? rle : kind == ZS_LIT_SRC ? src[lit0 + t] : dst[lit0 + t];
             }
-            at = o0 + sh.out_at[lo] + (t - sh.lit_at[lo]);
-            v = kind == ZS_LIT_RLE ? rle : kind == ZS_LIT_SRC ? src[lit0 + t] : dst[lit0 + t];
         }
         __syncwarp();
-        if (t < L) {
-            dst[at] = v;
-            sh.ring[at & (ZS_RING - 1)] = v;
+        for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
+            if (base + r * lanes + lane < L) {
+                dst[at[r]] = v[r];
+                sh.ring[at[r] & (ZS_RING - 1)] = v[r];
+            }
         }
         __syncwarp();
     }
