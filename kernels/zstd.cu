@@ -16,15 +16,20 @@
 //     still to come, this block's remaining literals among them, fill the
 //     space after it), so no scratch is needed. A run whose output does not
 //     end exactly at dlen fails, and only such a run could break that order.
-//   - each batch of sequences: all its literal bytes copied first, 32 a step
-//     (each byte finds its sequence by a search over the batch's starts),
-//     then its matches in order, each by the whole warp: output byte u of a
-//     match of offset d reads position m - d + (u mod d) (u itself when
-//     d >= length), so every byte of a match is copied in one step whatever
-//     the overlap. Sources the ring of the output in shared memory still
-//     holds are read from it (integer columns' matches are mostly a few
-//     bytes back: their high zero bytes), the rest from `body`; every step
-//     loads, syncs, then stores.
+//   - each batch of sequences: all its literal bytes copied first, 4 a lane
+//     a step (each byte finds its sequence by a search over the batch's
+//     starts), then its matches in order, each by the whole warp: output
+//     byte u of a match of offset d reads position m - d + (u mod d) (u
+//     itself when d >= length), so every byte of a match is copied in one
+//     step whatever the overlap. Every step loads, syncs, then stores.
+//   - output goes to a ring in shared memory (ZS_RING bytes a warp), flushed
+//     to `body` in coalesced stores when a batch would not fit beside what it
+//     holds: matches read their sources from it (integer columns' are mostly
+//     a few bytes back: their high zero bytes) or, before the flushed point,
+//     from `body`. A batch longer than the ring is written to `body`
+//     directly. (Not yet fast: 100M integer keys take ~223 ms on an H200,
+//     as they did when every byte went to `body`; where the time goes is
+//     not known yet. The device scan uses it under SETFUSION_DEVICE_ZSTD=1.)
 //   - raw and RLE blocks, and each block's last literals, are batches of one
 //     sequence with no match.
 // Offsets are 32-bit (a Parquet page is at most 2 GiB). Errors never fault:
@@ -45,7 +50,7 @@ typedef unsigned short u16;
 // src/scan/decode.rs.
 // Output bytes each warp keeps in shared memory (a power of two).
 #ifndef ZS_RING
-#define ZS_RING 1024
+#define ZS_RING 4096
 #endif
 #define ZS_BATCH 32
 // Literal bytes each lane copies a step.
@@ -114,11 +119,8 @@ struct ZsWarp {
     u32 seq_ml[ZS_BATCH + 1], seq_off[ZS_BATCH + 1];
     u32 lit_at[ZS_BATCH + 2], out_at[ZS_BATCH + 2];  // batch-relative starts; [k]: the totals
     u8 ring[ZS_RING];
-    // Each slot of the ring holds the last position of its slot written, for
-    // every position from here on (a batch longer than the ring writes its
-    // literals before its matches, so some slots then hold an earlier
-    // position than the last: the ring starts over after it).
-    u32 ring_from;
+    // Output before `flushed` is in dst; [flushed, written) only in the ring.
+    u32 flushed, written;
     // The task.
     u32 task, fail;
     u32 nseq;                           // sequences in the batch (the last-literals one included)
@@ -749,11 +751,26 @@ __device__ void zs_step(ZsWarp& sh, ZsState& st, const u8* src, u32 slen, u32 dl
 #undef ZS_FAIL
 }
 
+// Ring positions [sh.flushed, to) written to dst, by the whole warp.
+__device__ __forceinline__ void zs_flush(ZsWarp& sh, u8* dst, u32 to, u32 lane, u32 lanes) {
+    for (u32 p = sh.flushed + lane; p < to; p += lanes) dst[p] = sh.ring[p & (ZS_RING - 1)];
+    __syncwarp();
+    if (lane == 0) sh.flushed = to;
+    __syncwarp();
+}
+
 // The warp runs a batch: its literal bytes, then its matches in order.
+// Output goes to the ring, where positions [flushed, o0 + total) each keep a
+// slot of their own (the ring is flushed to dst first when they would not
+// fit); matches read sources before `flushed` from dst. A batch longer than
+// the ring is written to dst directly (after the ring is flushed).
 __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes) {
     const u32 k = sh.nseq, o0 = sh.out0, kind = sh.lit_kind, lit0 = sh.lit0;
     const u8 rle = (u8)sh.lit_byte;
     const u32 L = sh.lit_at[k], total = sh.out_at[k];
+    if ((u64)o0 + total - sh.flushed > ZS_RING) zs_flush(sh, dst, o0, lane, lanes);
+    const bool direct = total > ZS_RING;
+    const u32 flushed = sh.flushed;
     // ZS_LIT_STEP literal bytes a lane a step, all loaded before any is stored
     // (a store lands at most on its own byte's place: on bytes already read).
     for (u32 base = 0; base < L; base += ZS_LIT_STEP * lanes) {
@@ -776,8 +793,8 @@ __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes
         __syncwarp();
         for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
             if (base + r * lanes + lane < L) {
-                dst[at[r]] = v[r];
-                sh.ring[at[r] & (ZS_RING - 1)] = v[r];
+                if (direct) dst[at[r]] = v[r];
+                else sh.ring[at[r] & (ZS_RING - 1)] = v[r];
             }
         }
         __syncwarp();
@@ -787,28 +804,25 @@ __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes
         if (ml == 0) continue;
         const u32 d = sh.seq_off[j];
         const u32 m = o0 + sh.out_at[j + 1] - ml;
-        // The ring holds a source byte unless another position of its slot
-        // was written since: one after it in the batch (the literals went
-        // first), one before it in the batch written by an earlier match, or
-        // one of an earlier batch longer than the ring (ring_from).
-        const bool ring = m - d >= sh.ring_from && (u64)m - d + ZS_RING >= (u64)o0 + total &&
-                          (u64)m - d + (d < ml ? d : ml) <= (u64)o0 + ZS_RING;
         for (u32 base = 0; base < ml; base += lanes) {
             const u32 u = base + lane;
             u8 v = 0;
             if (u < ml) {
                 const u32 from = m - d + (d < ml ? u % d : u);
-                v = ring ? sh.ring[from & (ZS_RING - 1)] : dst[from];
+                v = (direct || from < flushed) ? dst[from] : sh.ring[from & (ZS_RING - 1)];
             }
             __syncwarp();
             if (u < ml) {
-                dst[m + u] = v;
-                sh.ring[(m + u) & (ZS_RING - 1)] = v;
+                if (direct) dst[m + u] = v;
+                else sh.ring[(m + u) & (ZS_RING - 1)] = v;
             }
             __syncwarp();
         }
     }
-    if (lane == 0 && total > ZS_RING) sh.ring_from = o0 + total;
+    if (lane == 0) {
+        if (direct) sh.flushed = o0 + total;
+        sh.written = o0 + total;
+    }
 }
 
 // The frames at src[0..slen) into dst[0..dlen), by one warp.
@@ -819,7 +833,8 @@ __device__ void zs_run(ZsWarp& sh, const u8* src, u32 slen, u8* dst, u32 dlen, u
     st.phase = ZS_PHASE_FRAME;
     if (lane == 0) {
         sh.fail = 0;
-        sh.ring_from = 0;
+        sh.flushed = 0;
+        sh.written = 0;
     }
     __syncwarp();
     for (;;) {
@@ -840,6 +855,7 @@ __device__ void zs_run(ZsWarp& sh, const u8* src, u32 slen, u8* dst, u32 dlen, u
         __syncwarp();
         if (failed) break;
     }
+    if (!sh.fail) zs_flush(sh, dst, sh.written, lane, lanes);
     if (lane == 0 && sh.fail) atomicMax(err, sh.fail);
     __syncwarp();
 }

@@ -7,7 +7,8 @@
 # with its original; damaged frames must fail or stay inside their buffers
 # (one lane, once more under AddressSanitizer + UBSan). Lanes: 1, 4 and 32
 # (level 3 frames), undamaged; rings of 64
-# bytes (most matches read `body`) and 1024. Needs g++, python3 and zstd.
+# bytes (flushed often, most batches written to `body` directly) and 4096.
+# Needs g++, python3 and zstd.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/../.."
@@ -54,11 +55,11 @@ if [ -n "${ZS_FIXTURES:-}" ]; then cat "$ZS_FIXTURES/list" >> list; fi
 # Two frames back to back.
 cat data/keys data/text > data/two; cat data/keys.3.zst data/text.1.zst > data/two.zst; echo "data/two.zst data/two" >> list
 g++ -O2 -std=c++20 -w -pthread -DZS_WARPS=1 -o harness zstd_harness.cpp
-echo -n "zs_pages, ring 1024, 1 lane: " && ./harness list 1
-echo -n "zs_pages, ring 1024, 4 lanes: " && ./harness list 4 undamaged
+echo -n "zs_pages, ring 4096, 1 lane: " && ./harness list 1
+echo -n "zs_pages, ring 4096, 4 lanes: " && ./harness list 4 undamaged
 # A whole emulated warp is slow (a barrier a step): level 3 frames, undamaged.
 grep '\.3\.zst' list > list3
-echo -n "zs_pages, ring 1024, 32 lanes: " && ./harness list3 32 undamaged
+echo -n "zs_pages, ring 4096, 32 lanes: " && ./harness list3 32 undamaged
 g++ -O2 -std=c++20 -w -pthread -DZS_WARPS=1 -DZS_RING=64 -o harness64 zstd_harness.cpp
 echo -n "zs_pages, ring 64, 4 lanes: " && ./harness64 list 4 undamaged
 g++ -O1 -g -std=c++20 -w -pthread -DZS_WARPS=1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -o harness_san zstd_harness.cpp

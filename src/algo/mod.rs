@@ -46,13 +46,8 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
 /// What a query planned onto the device loads while the device starts: the
 /// set selection's families ([`SET_SELECTION_KERNELS`], first), then the
 /// device Parquet scan's (else its first decode waits ~12 ms for it).
-pub static QUERY_KERNELS: [&KernelSource; 5] = [
-    &crate::gpu::transfer::KERNEL,
-    &select::bitmap::KERNEL,
-    &select::hash::KERNEL,
-    &crate::scan::decode::KERNEL,
-    &crate::scan::decode::ZSTD_KERNEL,
-];
+pub static QUERY_KERNELS: [&KernelSource; 4] =
+    [&crate::gpu::transfer::KERNEL, &select::bitmap::KERNEL, &select::hash::KERNEL, &crate::scan::decode::KERNEL];
 
 /// The families a device's background start loads: the set selection's.
 pub static SET_SELECTION_KERNELS: &[&KernelSource] = QUERY_KERNELS.split_at(3).0;

@@ -60,8 +60,8 @@ pub(super) type ReadSide<'a> = (&'a Arc<dyn ExecutionPlan>, &'a PhysicalExprRef,
 /// How the rule would read `sides` (every input the device may read; one key
 /// each, of `key_type`), for the operator's decision, made before the rule
 /// runs: whether the device reads them all (string keys need both sides), and
-/// the bytes of their Parquet pages host threads inflate first (gzip, lz4;
-/// zstd only under `SETFUSION_DEVICE_ZSTD=0`), read from the files' footers.
+/// the bytes of their Parquet pages host threads inflate first (zstd, gzip,
+/// lz4: `pages::inflated_on_host`), read from the files' footers.
 pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadSide<'_>]) -> Reading {
     if !cfg.device_scan || sides.is_empty() {
         return Reading::default();
@@ -100,7 +100,7 @@ fn reads_parquet(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// device's keys (a filtered input's NULL keys last) and are cut into
 /// partitions of consecutive rows, so an input that promises an order or a
 /// hash partitioning stays with DataFusion's scan; so does one whose pages
-/// host threads inflate (gzip, lz4: `pages::inflated_on_host`), which DataFusion's scan decodes as
+/// host threads inflate (zstd, gzip, lz4: `pages::inflated_on_host`), which DataFusion's scan decodes as
 /// fast as the device's round trip, and a filtered input whose output
 /// columns may hold NULLs (the device puts only NULL-free columns in a
 /// filter's order).
@@ -124,7 +124,7 @@ fn mark_probe_scan(
         }
     }
     if scan.host_inflated_bytes() > 0 {
-        return Err("its pages are inflated on host threads (gzip or lz4), where DataFusion's scan \
+        return Err("its pages are inflated on host threads (zstd, gzip or lz4), where DataFusion's scan \
                     decodes them as fast"
             .into());
     }
