@@ -55,10 +55,6 @@ typedef unsigned short u16;
 #define ZS_BATCH 32
 // Literal bytes each lane copies a step.
 #define ZS_LIT_STEP 4
-// The host harness's trace of where a run failed.
-#ifndef ZS_TRACE_FAIL
-#define ZS_TRACE_FAIL()
-#endif
 
 #ifdef __CUDA_ARCH__
 #define ZS_LANES 32u
@@ -448,7 +444,6 @@ __device__ __forceinline__ void zs_literal_batch(ZsWarp& sh, ZsState& st, u32 ki
 __device__ void zs_step(ZsWarp& sh, ZsState& st, const u8* src, u32 slen, u32 dlen) {
 #define ZS_FAIL(code)      \
     do {                   \
-        ZS_TRACE_FAIL();   \
         sh.fail = (code);  \
         sh.task = ZS_TASK_DONE; \
         return;            \

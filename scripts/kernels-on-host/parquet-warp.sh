@@ -19,7 +19,7 @@ trap 'rm -rf "$out"' EXIT
 mkdir -p "$out/fixtures"
 # PQ_FIXTURES: a folder of fixtures already written (skips the cargo step).
 if [ -n "${PQ_FIXTURES:-}" ]; then cp -r "$PQ_FIXTURES"/. "$out/fixtures/"; else
-  (cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+  (cd "$root" && SETFUSION_DEVICE_ZSTD=1 SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
 fi
 {
   echo '#include "warp_shim.h"'
@@ -29,7 +29,7 @@ fi
 } > "$out/kernels_host.h"
 cp "$here/warp_shim.h" "$here/parquet_warp_harness.cpp" "$out/"
 cd "$out"
-g++ -O2 -std=c++20 -w -pthread -DPQ_SNAPPY_RING=128 -o harness parquet_warp_harness.cpp
+g++ -O2 -std=c++20 -w -pthread -DPQ_SNAPPY_RING=128 -DZS_WARPS=1 -o harness parquet_warp_harness.cpp
 echo -n "pq_snappy as a warp of $lanes lanes: " && ./harness fixtures "$lanes" 0 "$step"
 # pq_decode by a block of LANES threads, of 32 (one full warp) and of 96 (three
 # warps: DELTA's scan over the warps' sums) over every case.

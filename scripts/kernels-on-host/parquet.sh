@@ -12,9 +12,10 @@ root="$here/../.."
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 mkdir -p "$out/fixtures"
-# PQ_FIXTURES: a folder of fixtures already written (skips the cargo step).
+# PQ_FIXTURES: a folder of fixtures already written (skips the cargo step; write
+# them with SETFUSION_DEVICE_ZSTD=1, so that their ZSTD pages reach zs_pages).
 if [ -n "${PQ_FIXTURES:-}" ]; then cp -r "$PQ_FIXTURES"/. "$out/fixtures/"; else
-  (cd "$root" && SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
+  (cd "$root" && SETFUSION_DEVICE_ZSTD=1 SETFUSION_WRITE_PQ_FIXTURES="$out/fixtures" cargo test --release --lib scan::tests::write_kernel_fixtures -- --nocapture >/dev/null)
 fi
 {
   echo '#include "shim.h"'
