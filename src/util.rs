@@ -12,6 +12,12 @@ pub fn trace(what: &str) {
     }
 }
 
+/// Is SETFUSION_TRACE set? (A trace point that must wait for the device
+/// to say when its work ended asks first, so an untraced run never waits.)
+pub fn tracing() -> bool {
+    crate::env::trace()
+}
+
 /// One line, for stderr and EXPLAIN: DataFusion errors can span lines.
 pub fn one_line(e: &DataFusionError) -> String {
     e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")

@@ -428,6 +428,19 @@ fn upload_bits(g: &Gpu, bits: &BooleanBuffer, stats: &mut TransferStats) -> Resu
     g.upload(&words, stats)
 }
 
+/// The selection's words already on the device (`on_device`: the bits the
+/// selection computed there) where a column's one segment is the whole
+/// selection (an unfiltered probe side), so they need no upload.
+fn whole_selection<'a>(
+    segments: &[(crate::scan::DeviceDecoded, BooleanBuffer)],
+    on_device: Option<&'a DeviceBuffer<u32>>,
+) -> Option<&'a DeviceBuffer<u32>> {
+    match (segments, on_device) {
+        ([(_, sel)], Some(words)) if words.len() >= sel.len().div_ceil(32) => Some(words),
+        _ => None,
+    }
+}
+
 /// Each output column's kept rows' aggregates, reduced on the device
 /// ([`gpu::reduce_kept`]): four numbers a column come back, not its rows.
 /// Every column has the same segments of the selection ([`payload_on_device`]),
@@ -436,11 +449,21 @@ fn upload_bits(g: &Gpu, bits: &BooleanBuffer, stats: &mut TransferStats) -> Resu
 fn reduce_payload(
     g: &Gpu,
     columns: &[PayloadColumn],
+    on_device: Option<&DeviceBuffer<u32>>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<KeptAggregates>, String>> {
     let Some(first) = columns.first() else { return Ok(Ok(Vec::new())) };
-    let words: Vec<(usize, DeviceBuffer<u32>)> =
-        first.segments.iter().map(|(_, sel)| Ok((sel.len(), upload_bits(g, sel, stats)?))).collect::<Result<_>>()?;
+    let uploaded: Vec<(usize, DeviceBuffer<u32>)> = match whole_selection(&first.segments, on_device) {
+        Some(_) => Vec::new(),
+        None => {
+            first.segments.iter().map(|(_, sel)| Ok((sel.len(), upload_bits(g, sel, stats)?))).collect::<Result<_>>()?
+        }
+    };
+    let words: Vec<(usize, &DeviceBuffer<u32>)> = match whole_selection(&first.segments, on_device) {
+        Some(w) => vec![(first.segments[0].1.len(), w)],
+        None => uploaded.iter().map(|(n, w)| (*n, w)).collect(),
+    };
+    crate::util::trace("device select: selection words on the device");
     let mut out = Vec::with_capacity(columns.len());
     for column in columns {
         if column.segments.len() != words.len() {
@@ -456,7 +479,7 @@ fn reduce_payload(
             if *bits != d.rows {
                 return Ok(Err(format!("column {}: {} rows, a selection of {bits}", column.name, d.rows)));
             }
-            agg = agg.merge(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), sel_words, d.rows, stats)?);
+            agg = agg.merge(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), *sel_words, d.rows, stats)?);
         }
         out.push(agg);
     }
@@ -567,13 +590,15 @@ struct PayloadColumn {
 fn download_payload(
     g: &Gpu,
     columns: Vec<PayloadColumn>,
+    on_device: Option<&DeviceBuffer<u32>>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
     let mut out = Vec::with_capacity(columns.len());
     for column in columns {
         let mut pieces = Vec::with_capacity(column.segments.len());
+        let words = whole_selection(&column.segments, on_device);
         for (d, sel) in &column.segments {
-            pieces.push(kept_values(g, d, sel, None, stats)?);
+            pieces.push(kept_values(g, d, sel, words, stats)?);
         }
         let (values, kept_nulls) = if pieces.len() == 1 {
             pieces.pop().expect("one piece")
@@ -1075,7 +1100,12 @@ pub(crate) fn select_device_scanned(
     };
     let row_filter = output.and_then(|o| o.filter).filter(|_| every_row);
     let probe_key_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
-    let mut with_payload = |selection: BooleanBuffer, mut ran: String, stats: &mut TransferStats| {
+    // `on_device`: the selection's words where the device holds them (none
+    // where the host made the selection or added the NULL-keyed rows to it).
+    let mut with_payload = |selection: BooleanBuffer,
+                            on_device: Option<DeviceBuffer<u32>>,
+                            mut ran: String,
+                            stats: &mut TransferStats| {
         let mut filtered_rows = None;
         let mut reduced = None;
         let payload = match (probe_scan, payload) {
@@ -1104,7 +1134,10 @@ pub(crate) fn select_device_scanned(
                             }
                         }
                         // An aggregate above: the kept rows reduced on the device.
-                        None if reduce => match reduce_payload(&g, &columns, stats)? {
+                        None if reduce => match {
+                            crate::util::trace("device select: output columns placed");
+                            reduce_payload(&g, &columns, on_device.as_ref(), stats)?
+                        } {
                             Ok(aggregates) => {
                                 ran = format!("{ran}; the aggregate above reduced on the device");
                                 reduced = Some(aggregates);
@@ -1112,7 +1145,7 @@ pub(crate) fn select_device_scanned(
                             }
                             Err(why) => Err(why),
                         },
-                        None => download_payload(&g, columns, stats)?.map(|arrays| (arrays, note)),
+                        None => download_payload(&g, columns, on_device.as_ref(), stats)?.map(|arrays| (arrays, note)),
                     },
                 };
                 match arrays {
@@ -1127,6 +1160,7 @@ pub(crate) fn select_device_scanned(
             }
             _ => None,
         };
+        crate::util::trace("device select: output done");
         selector.metrics.device.record(stats);
         Ok(Ok(DeviceSelected {
             selection,
@@ -1140,7 +1174,7 @@ pub(crate) fn select_device_scanned(
         }))
     };
     if let Some((sel, ran)) = selector.decided_by_nulls(n, build.n, nb) {
-        return with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);
+        return with_payload(sel, None, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);
     }
     let mut build = build;
     if crate::scan::is_byte_type(key_type) {
@@ -1151,7 +1185,7 @@ pub(crate) fn select_device_scanned(
     let probe_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     let (probe_core, npc) = probe.core(&g, &mut stats)?;
     let (build_core, nbc) = build.core(&g, &mut stats)?;
-    let (core, ran) = crate::algo::select::select_resident(
+    let (core, core_words, ran) = crate::algo::select::select_resident(
         &g,
         forced_strategy(cfg, false),
         selector.op,
@@ -1162,12 +1196,12 @@ pub(crate) fn select_device_scanned(
         &mut stats,
     )?;
     crate::util::trace("device scan: selected");
-    let sel = match probe_nulls {
-        None => core,
+    let (sel, on_device) = match probe_nulls {
+        None => (core, core_words),
         Some(nulls) => {
             let idx: Vec<u32> = nulls.valid_indices().map(|i| i as u32).collect();
-            selector.with_null_rows(&core, n, &idx, &|i| nulls.is_null(i), (m, nb))
+            (selector.with_null_rows(&core, n, &idx, &|i| nulls.is_null(i), (m, nb)), None)
         }
     };
-    with_payload(sel, format!("{ran}; device scan {}", notes.join("; ")), &mut stats)
+    with_payload(sel, on_device, format!("{ran}; device scan {}", notes.join("; ")), &mut stats)
 }

@@ -457,6 +457,27 @@ impl Gpu {
         &self.budget
     }
 
+    /// The stream-ordered pool's memory, for traces: (reserved from the
+    /// device, in use by allocations) bytes; None without the pool.
+    pub fn pool_bytes(&self) -> Option<(u64, u64)> {
+        use cudarc::driver::sys::{self, CUmemPool_attribute as A};
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let (mut reserved, mut used) = (0u64, 0u64);
+        // SAFETY: out-parameter queries on this initialised device's default pool.
+        unsafe {
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) != sys::CUresult::CUDA_SUCCESS {
+                return None;
+            }
+            let at = |a: A, v: &mut u64| sys::cuMemPoolGetAttribute(pool, a, v as *mut u64 as *mut std::ffi::c_void);
+            if at(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut reserved) != sys::CUresult::CUDA_SUCCESS
+                || at(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &mut used) != sys::CUresult::CUDA_SUCCESS
+            {
+                return None;
+            }
+        }
+        Some((reserved, used))
+    }
+
     /// Take the device for one operator's run. Held across awaits.
     pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.exclusive.lock().await

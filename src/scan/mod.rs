@@ -537,10 +537,14 @@ fn keep_in_cache(gpu: &Gpu, side: &PairSide<'_>, d: &DeviceDecoded, cache_limit:
     }
 }
 
-/// Streams the decode of a scan's parts runs on, in turn: a launch lasts as
-/// long as its largest page (one warp decompresses a snappy page), so a part
-/// alone fills a fraction of the device, and several parts' launches overlap.
-const DECODE_STREAMS: usize = 4;
+/// Streams the decode of a scan's parts runs on: a launch lasts as long as
+/// its largest page (one warp decompresses a snappy page: 7-8 ms for a part of
+/// ~580 pages of 124 KB on the H200, whatever its size), so a part alone fills
+/// a fraction of the device, and several parts' launches overlap. Each part
+/// goes to a stream with nothing left to run ([`Decodes::launch`]): with four
+/// in turn, the last parts of a 3-column scan waited for earlier launches on
+/// theirs, 15-23 ms of decode after the reads.
+const DECODE_STREAMS: usize = 8;
 
 /// Reader threads a scan's parts are read by ([`pages::read_chunks_in_waves`];
 /// `SETFUSION_SCAN_READERS` to measure others).
@@ -602,9 +606,10 @@ impl<'a> InflateRoom<'a> {
 }
 
 /// The bytes of a plan's [`InflateRoom`] (and of its share of the device
-/// buffer): the ZSTD / LZ4_RAW / GZIP chunks' uncompressed sizes (at most
-/// twice the chunks: a footer's sizes are not trusted further), and an eighth
-/// of the chunks for large snappy pages.
+/// buffer): the ZSTD / LZ4_RAW / GZIP chunks' uncompressed sizes and room
+/// for the other chunks' dictionary pages ([`pages::ScanPlan::host_inflated_bound`];
+/// at most twice the chunks: a footer's sizes are not trusted further), and
+/// an eighth of the chunks for large snappy pages.
 fn inflate_room(p: &pages::ScanPlan) -> usize {
     let bytes = p.bytes as usize;
     (p.host_inflated_bound as usize).min(2 * bytes).saturating_add(bytes / 8 + (1 << 20))
@@ -658,9 +663,40 @@ struct Decodes {
     /// Each launch's plan and scratch (a BYTE_ARRAY plan's keys then keep its bodies).
     scratch: Vec<(usize, decode::DecodeScratch)>,
     launched: usize,
+    /// Per stream, the launch number of its last part and an event after it.
+    last: Vec<Option<(usize, cudarc::driver::CudaEvent)>>,
     /// The page tables' host side, copied on the decode streams (declared
     /// last: dropped after the streams are waited for).
     tables: crate::gpu::PinnedArena,
+    /// With SETFUSION_TRACE: an event on the main stream when the decodes
+    /// began, and each launch's pages, start and end events on its stream.
+    timing: Option<DecodeTimes>,
+}
+
+/// [`Decodes::timing`].
+struct DecodeTimes {
+    began: cudarc::driver::CudaEvent,
+    launches: Vec<(usize, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
+}
+
+impl DecodeTimes {
+    fn start(gpu: &Gpu) -> Option<Self> {
+        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let began = gpu.stream().record_event(timed).ok()?;
+        Some(DecodeTimes { began, launches: Vec::new() })
+    }
+
+    /// Trace each launch's span on the device, in ms after the decodes began.
+    fn report(&self) {
+        let at = |e: &cudarc::driver::CudaEvent| self.began.elapsed_ms(e).unwrap_or(f32::NAN);
+        for (i, (pages, start, end)) in self.launches.iter().enumerate() {
+            crate::util::trace(&format!(
+                "device scan: decode {i} ({pages} pages) ran on the device from +{:.2} to +{:.2} ms",
+                at(start),
+                at(end)
+            ));
+        }
+    }
 }
 
 impl Decodes {
@@ -678,8 +714,9 @@ impl Decodes {
     }
 
     /// Decode `table`'s pages (their bytes at device address `raw`) into
-    /// `into` (plan `plan`'s), on the next decode stream, after the main stream's work queued
-    /// so far (the pages' upload among it).
+    /// `into` (plan `plan`'s), on a decode stream with nothing left to run
+    /// (else the one whose last part came first), after the main stream's
+    /// work queued so far (the pages' upload among it).
     fn launch(
         &mut self,
         gpu: &Gpu,
@@ -688,7 +725,11 @@ impl Decodes {
         (plan, into): (usize, &decode::DecodeTargets),
         stats: &mut TransferStats,
     ) -> Result<()> {
-        let stream = &self.streams[self.launched % self.streams.len()];
+        // A stream whose parts are all decoded, else the one whose last part came first.
+        let idle = self.last.iter().position(|l| l.as_ref().is_none_or(|(_, e)| e.is_complete()));
+        let oldest = || (0..self.last.len()).min_by_key(|&i| self.last[i].as_ref().map_or(0, |(n, _)| *n));
+        let on = idle.or_else(oldest).unwrap_or(0);
+        let stream = &self.streams[on];
         // The page table is copied on the decode stream, before it waits for the
         // part's upload: the main stream's copies stay queued (an upload through
         // the staging buffers would wait for them, a whole part).
@@ -697,7 +738,14 @@ impl Decodes {
         self.flats.push(flat);
         let done = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
         stream.wait(&done).map_err(|e| crate::gpu::cuda_err("stream wait", e))?;
+        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.timing.as_ref().and_then(|_| stream.record_event(timed).ok());
         self.scratch.extend(decode::launch_decode(gpu, stream, raw, flat_addr, table, into)?.map(|s| (plan, s)));
+        if let (Some(t), Some(start), Ok(end)) = (self.timing.as_mut(), start, stream.record_event(timed)) {
+            t.launches.push((table.pages.len(), start, end));
+        }
+        let after = stream.record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
+        self.last[on] = Some((self.launched, after));
         self.launched += 1;
         Ok(())
     }
@@ -756,11 +804,28 @@ fn upload_decode_parts<'a>(
     // waits for the reads to end, and the buffer grows).
     let (room_at, rooms_end) = end_to_end(total, plans.iter().map(inflate_room));
     let room = rooms_end - total;
+    if crate::util::tracing() {
+        let (reserved, used) = gpu.pool_bytes().unwrap_or_default();
+        crate::util::trace(&format!(
+            "device scan: the pool holds {:.2} GB, {:.2} GB of it in use",
+            reserved as f64 / 1e9,
+            used as f64 / 1e9
+        ));
+    }
     let mut dev = match gpu.alloc::<u8>(total.saturating_add(room)) {
         Ok(d) => d,
         // Near the budget: the chunks alone (the inflated pages then grow the buffer).
         Err(_) => gpu.alloc::<u8>(total)?,
     };
+    if crate::util::tracing() {
+        let (reserved, used) = gpu.pool_bytes().unwrap_or_default();
+        crate::util::trace(&format!(
+            "device scan: page buffer allocated ({:.2} GB; the pool holds {:.2} GB, {:.2} GB of it in use)",
+            dev.len() as f64 / 1e9,
+            reserved as f64 / 1e9,
+            used as f64 / 1e9
+        ));
+    }
     // Each plan's keys and validity, and the decodes' error word.
     let mut outs = Vec::with_capacity(plans.len());
     for p in plans {
@@ -779,6 +844,7 @@ fn upload_decode_parts<'a>(
         };
         outs.push(DeviceDecoded { keys, valid, rows: p.rows as usize, strings });
     }
+    crate::util::trace("device scan: output buffers allocated");
     let err = gpu.alloc_zeros::<u32>(1)?;
     let dummy_valid = gpu.alloc_zeros::<u32>(1)?;
     let targets: Vec<decode::DecodeTargets> = outs
@@ -797,7 +863,9 @@ fn upload_decode_parts<'a>(
         flats: Vec::new(),
         scratch: Vec::new(),
         launched: 0,
+        last: (0..DECODE_STREAMS).map(|_| None).collect(),
         tables: gpu.pinned_arena(),
+        timing: if crate::util::tracing() { DecodeTimes::start(gpu) } else { None },
     };
     let ready = gpu.stream().record_event(None).map_err(|e| crate::gpu::cuda_err("event record", e))?;
     for s in &decodes.streams {
@@ -871,6 +939,11 @@ fn upload_decode_parts<'a>(
         }
     };
     crate::util::trace("device scan: parts read and uploaded");
+    if crate::util::tracing() {
+        // Trace only: when the queued uploads ended on the device (the decodes may still run).
+        let _ = gpu.stream().synchronize();
+        crate::util::trace("device scan: uploads landed");
+    }
     let mut upload = reads_done.elapsed();
     let mut times = Vec::with_capacity(reads.len());
     for (i, (r, t)) in reads.into_iter().enumerate() {
@@ -919,6 +992,9 @@ fn upload_decode_parts<'a>(
     let waited = decodes.wait().and_then(|_| gpu.read_one(&err, 0, stats));
     let decode = t.elapsed();
     crate::util::trace("device scan: parts decoded");
+    if let Some(t) = &decodes.timing {
+        t.report();
+    }
     stats.kernel += decode;
     if waited.is_ok() {
         // Done: a BYTE_ARRAY column's spans point into its parts' page bodies, which its keys now keep.

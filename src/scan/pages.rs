@@ -592,8 +592,10 @@ pub struct ScanPlan {
     pub def_max: u64,
     /// Compressed bytes to read.
     pub bytes: u64,
-    /// At most the bytes [`super::decode::inflate_part_on_host`] makes of the
-    /// chunks [`inflated_on_host`] (their uncompressed sizes).
+    /// Room for what [`super::decode::inflate_part_on_host`] makes: the
+    /// uncompressed sizes of the chunks [`inflated_on_host`] (a bound), and
+    /// an estimate of the other chunks' dictionary pages (the footer gives
+    /// their compressed span, not their size).
     pub host_inflated_bound: u64,
     /// Row groups left out by the [`Keep`] (key range or statistics), of all.
     pub row_groups_pruned: usize,
@@ -973,6 +975,16 @@ pub fn plan_scan_within(
             bytes += len;
             if inflated_on_host(codec) {
                 host_inflated_bound += cc.uncompressed_size().max(0) as u64;
+            } else if let Some(dict) = cc.dictionary_page_offset() {
+                // A device-decompressed chunk's dictionary page is often the one page of
+                // it the host inflates (over twice the median page: arrow-rs writes
+                // 1 MiB dictionaries before falling back to PLAIN). Room for it at twice
+                // the chunk's own ratio: a part whose inflated pages find no room waits
+                // for every earlier decode (on the H200, 5 of 13 parts of a 100M-key IN
+                // did, 15-20 ms after the reads).
+                let span = (cc.data_page_offset() - dict).clamp(0, cc.compressed_size().max(0)) as f64;
+                let ratio = (cc.uncompressed_size().max(1) as f64 / cc.compressed_size().max(1) as f64).max(1.0);
+                host_inflated_bound += (2.0 * ratio * span) as u64;
             }
         }
     }
@@ -1043,15 +1055,40 @@ pub(crate) fn kept_buffer(len: usize) -> ChunkBytes {
     if len == 0 {
         return ChunkBytes { buf: HostBytes::zeroed(0), len: 0, uses: 0 };
     }
-    let kept = {
-        let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
-        let best =
-            free.iter().enumerate().filter(|(_, b)| b.0.len() >= len).min_by_key(|(_, b)| b.0.len()).map(|(i, _)| i);
-        best.map(|i| free.swap_remove(i))
+    // While a lock pass holds kept buffers, wait for them (a few tens of ms,
+    // once) rather than fault in a new one: that one would be locked a query
+    // later in turn, and each of the next scans would find another missing.
+    let waits_until = std::time::Instant::now() + LOCK_PASS_WAIT;
+    let kept = loop {
+        let kept = {
+            let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.0.len() >= len)
+                .min_by_key(|(_, b)| b.0.len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        if kept.is_some()
+            || !LOCK_PASS_HOLDS.load(std::sync::atomic::Ordering::Acquire)
+            || std::time::Instant::now() > waits_until
+        {
+            break kept;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
     };
-    let (buf, uses) = kept.unwrap_or_else(|| (HostBytes::zeroed(len), 0));
+    let (buf, uses) = kept.unwrap_or_else(|| {
+        crate::util::trace(&format!("device scan: a new read buffer of {:.1} MB (none kept fits)", len as f64 / 1e6));
+        (HostBytes::zeroed(len), 0)
+    });
     ChunkBytes { buf, len, uses }
 }
+
+/// Set while a lock pass ([`lock_kept_buffers`]) holds kept buffers out of
+/// the pool; [`kept_buffer`] waits for them up to [`LOCK_PASS_WAIT`].
+static LOCK_PASS_HOLDS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+const LOCK_PASS_WAIT: std::time::Duration = std::time::Duration::from_millis(400);
 
 /// Keep a scan's buffer for the next one (or free it on a background thread
 /// when enough wait already).
@@ -1073,6 +1110,7 @@ fn keep(buf: HostBytes, uses: u32) {
         free.push((buf, uses));
     } else {
         drop(free);
+        crate::util::trace(&format!("device scan: a read buffer of {:.1} MB not kept", buf.len() as f64 / 1e6));
         crate::host::drop_later(buf);
     }
 }
@@ -1098,25 +1136,35 @@ pub fn give_back_to_device(bytes: ChunkBytes, gpu: &crate::gpu::Gpu) {
     }
 }
 
-/// Page-lock the kept buffers that served two scans or more, one at a time
-/// (each out of the pool only while it is locked; one that fails to lock
-/// goes back as it was, still a good buffer to read into).
+/// Page-lock the kept buffers that served two scans or more, all of them
+/// out of the pool for the pass ([`LOCK_PASS_HOLDS`]).
 fn lock_kept_buffers(ctx: &Arc<cudarc::driver::CudaContext>) {
-    let mut failed = Vec::new();
-    loop {
-        let next = {
-            let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
-            let i = free.iter().position(|(b, uses)| *uses >= 2 && !b.is_page_locked() && !b.is_empty());
-            i.map(|i| free.swap_remove(i))
-        };
-        let Some((mut buf, uses)) = next else { break };
-        if buf.page_lock(ctx).is_ok() {
-            keep(buf, uses);
-        } else {
-            failed.push((buf, uses));
-        }
+    // Every buffer due is taken at once and given back at once: a query that
+    // starts meanwhile waits for the pass in [`kept_buffer`]. (One buffer at a
+    // time, a 3-column scan on the H200 found one of its six buffers missing in
+    // each of its next six queries: each faulted in a new one, staged it, and
+    // the lock ran beside the query.)
+    let due: Vec<(HostBytes, u32)> = {
+        let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+        let (due, rest) = std::mem::take(&mut *free)
+            .into_iter()
+            .partition(|(b, uses)| *uses >= 2 && !b.is_page_locked() && !b.is_empty());
+        *free = rest;
+        LOCK_PASS_HOLDS.store(true, std::sync::atomic::Ordering::Release);
+        due
+    };
+    for (mut buf, uses) in due {
+        let t = std::time::Instant::now();
+        // A buffer that fails to lock goes back as it was, still a good buffer to read into.
+        let _ = buf.page_lock(ctx);
+        crate::util::trace(&format!(
+            "device scan: a kept read buffer of {:.1} MB page-locked in {:.1} ms",
+            buf.len() as f64 / 1e6,
+            t.elapsed().as_secs_f64() * 1e3
+        ));
+        keep(buf, uses);
     }
-    failed.into_iter().for_each(|(b, uses)| keep(b, uses));
+    LOCK_PASS_HOLDS.store(false, std::sync::atomic::Ordering::Release);
 }
 
 /// The plan's files, open.

@@ -466,8 +466,9 @@ pub fn select_gpu_auto(
 /// The selection over keys already on the device (the device Parquet scan's
 /// decoded keys, or uploaded ones): their domain reduced on the device, the
 /// strategy picked as [`select_gpu_auto`] picks it, one bit per probe row
-/// downloaded. Keys over the device budget are an error (out of memory): the
-/// caller takes the host path, which partitions.
+/// downloaded; the same bits stay on the device too (None for no probe row),
+/// for work on the kept rows there. Keys over the device budget are an error
+/// (out of memory): the caller takes the host path, which partitions.
 pub fn select_resident(
     gpu: &Gpu,
     forced: Option<GpuStrategy>,
@@ -477,9 +478,9 @@ pub fn select_resident(
     probe: DeviceBuffer<u64>,
     np: usize,
     stats: &mut TransferStats,
-) -> Result<(BooleanBuffer, String)> {
+) -> Result<(BooleanBuffer, Option<DeviceBuffer<u32>>, String)> {
     if np == 0 {
-        return Ok((BooleanBuffer::new_unset(0), "gpu (empty input)".into()));
+        return Ok((BooleanBuffer::new_unset(0), None, "gpu (empty input)".into()));
     }
     let range = |keys: &DeviceBuffer<u64>, n: usize, stats: &mut TransferStats| -> Result<Option<(u64, u64)>> {
         if n == 0 {
@@ -503,7 +504,7 @@ pub fn select_resident(
     let resident = ResidentSelect::from_device(build, nb, probe, np, range);
     let out = resident.run(gpu, strategy, op, stats)?;
     let sel = download_selection(gpu, &out, np, stats)?;
-    Ok((sel, format!("gpu/{}", strategy.name())))
+    Ok((sel, Some(out), format!("gpu/{}", strategy.name())))
 }
 
 /// Run [`select_gpu`] in key-hash partitions small enough for the budget.
