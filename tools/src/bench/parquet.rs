@@ -181,6 +181,7 @@ import sys, time, statistics
 import duckdb
 a, b, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 con = duckdb.connect()
+con.execute("SET enable_progress_bar = false")
 con.execute(f"CREATE VIEW a AS SELECT * FROM read_parquet('{a}/*.parquet')")
 con.execute(f"CREATE VIEW b AS SELECT * FROM read_parquet('{b}/*.parquet')")
 for sql in sys.stdin.read().split("\n"):
@@ -210,7 +211,9 @@ for sql in sys.stdin.read().split("\n"):
     }
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let times: Vec<f64> = text.lines().filter_map(|l| l.strip_prefix("ms=")).filter_map(|v| v.parse().ok()).collect();
+    // (A line may carry other output before its time: DuckDB's progress bar ends in a carriage return.)
+    let times: Vec<f64> =
+        text.lines().filter_map(|l| l.rsplit_once("ms=")).filter_map(|(_, v)| v.trim().parse().ok()).collect();
     if times.len() != QUERIES.len() {
         let err = String::from_utf8_lossy(&out.stderr);
         let why = err.lines().last().unwrap_or("no output").to_string();
