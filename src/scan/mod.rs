@@ -804,28 +804,23 @@ fn upload_decode_parts<'a>(
     // waits for the reads to end, and the buffer grows).
     let (room_at, rooms_end) = end_to_end(total, plans.iter().map(inflate_room));
     let room = rooms_end - total;
-    if crate::util::tracing() {
-        let (reserved, used) = gpu.pool_bytes().unwrap_or_default();
-        crate::util::trace(&format!(
-            "device scan: the pool holds {:.2} GB, {:.2} GB of it in use",
-            reserved as f64 / 1e9,
-            used as f64 / 1e9
-        ));
-    }
+    // (Traced: a large allocation that must grow the pool takes milliseconds.)
+    let trace_pool = |what: &str| {
+        if crate::util::tracing() {
+            let (reserved, used) = gpu.pool_bytes().unwrap_or_default();
+            let (reserved, used) = (reserved as f64 / 1e9, used as f64 / 1e9);
+            crate::util::trace(&format!(
+                "device scan: {what}; the pool holds {reserved:.2} GB, {used:.2} GB of it in use"
+            ));
+        }
+    };
+    trace_pool("allocating the page buffer");
     let mut dev = match gpu.alloc::<u8>(total.saturating_add(room)) {
         Ok(d) => d,
         // Near the budget: the chunks alone (the inflated pages then grow the buffer).
         Err(_) => gpu.alloc::<u8>(total)?,
     };
-    if crate::util::tracing() {
-        let (reserved, used) = gpu.pool_bytes().unwrap_or_default();
-        crate::util::trace(&format!(
-            "device scan: page buffer allocated ({:.2} GB; the pool holds {:.2} GB, {:.2} GB of it in use)",
-            dev.len() as f64 / 1e9,
-            reserved as f64 / 1e9,
-            used as f64 / 1e9
-        ));
-    }
+    trace_pool(&format!("page buffer allocated ({:.2} GB)", dev.len() as f64 / 1e9));
     // Each plan's keys and validity, and the decodes' error word.
     let mut outs = Vec::with_capacity(plans.len());
     for p in plans {

@@ -1144,6 +1144,14 @@ fn lock_kept_buffers(ctx: &Arc<cudarc::driver::CudaContext>) {
     // time, a 3-column scan on the H200 found one of its six buffers missing in
     // each of its next six queries: each faulted in a new one, staged it, and
     // the lock ran beside the query.)
+    // Cleared however the pass ends (a panic too), so no scan waits for it in vain.
+    struct Holds;
+    impl Drop for Holds {
+        fn drop(&mut self) {
+            LOCK_PASS_HOLDS.store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+    let _holds = Holds;
     let due: Vec<(HostBytes, u32)> = {
         let mut free = FREE_BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
         let (due, rest) = std::mem::take(&mut *free)
@@ -1164,7 +1172,6 @@ fn lock_kept_buffers(ctx: &Arc<cudarc::driver::CudaContext>) {
         ));
         keep(buf, uses);
     }
-    LOCK_PASS_HOLDS.store(false, std::sync::atomic::Ordering::Release);
 }
 
 /// The plan's files, open.
