@@ -453,15 +453,17 @@ fn reduce_payload(
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<KeptAggregates>, String>> {
     let Some(first) = columns.first() else { return Ok(Ok(Vec::new())) };
-    let uploaded: Vec<(usize, DeviceBuffer<u32>)> = match whole_selection(&first.segments, on_device) {
-        Some(_) => Vec::new(),
-        None => {
-            first.segments.iter().map(|(_, sel)| Ok((sel.len(), upload_bits(g, sel, stats)?))).collect::<Result<_>>()?
-        }
-    };
+    let uploaded: Vec<(usize, DeviceBuffer<u32>)>;
     let words: Vec<(usize, &DeviceBuffer<u32>)> = match whole_selection(&first.segments, on_device) {
         Some(w) => vec![(first.segments[0].1.len(), w)],
-        None => uploaded.iter().map(|(n, w)| (*n, w)).collect(),
+        None => {
+            uploaded = first
+                .segments
+                .iter()
+                .map(|(_, sel)| Ok((sel.len(), upload_bits(g, sel, stats)?)))
+                .collect::<Result<_>>()?;
+            uploaded.iter().map(|(n, w)| (*n, w)).collect()
+        }
     };
     crate::util::trace("device select: selection words on the device");
     let mut out = Vec::with_capacity(columns.len());
@@ -1134,10 +1136,7 @@ pub(crate) fn select_device_scanned(
                             }
                         }
                         // An aggregate above: the kept rows reduced on the device.
-                        None if reduce => match {
-                            crate::util::trace("device select: output columns placed");
-                            reduce_payload(&g, &columns, on_device.as_ref(), stats)?
-                        } {
+                        None if reduce => match reduce_payload(&g, &columns, on_device.as_ref(), stats)? {
                             Ok(aggregates) => {
                                 ran = format!("{ran}; the aggregate above reduced on the device");
                                 reduced = Some(aggregates);

@@ -884,7 +884,6 @@ impl Run {
                 return Ok(DeviceOutcome::Fallback { reason: crate::util::one_line(&e), probe_parts, build_parts })
             }
         };
-        crate::util::trace("set select: the device's outcome back");
         self.metrics.select_time.add_duration(t.elapsed());
         for (which, report) in &reports {
             let plan = if which == "probe" { &self.spec.probe } else { &self.spec.build };
