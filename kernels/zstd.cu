@@ -16,20 +16,23 @@
 //     still to come, this block's remaining literals among them, fill the
 //     space after it), so no scratch is needed. A run whose output does not
 //     end exactly at dlen fails, and only such a run could break that order.
-//   - each batch of sequences: all its literal bytes copied first, 4 a lane
-//     a step (each byte finds its sequence by a search over the batch's
-//     starts), then its matches in order, each by the whole warp: output
-//     byte u of a match of offset d reads position m - d + (u mod d) (u
-//     itself when d >= length), so every byte of a match is copied in one
-//     step whatever the overlap. Every step loads, syncs, then stores.
+//   - each batch of sequences (lane 0 decodes them with one bit-reader
+//     check per field group and its checks gathered into flags tested once
+//     a batch): its output a byte a lane a step, in order; a literal byte
+//     reads its literal, a match byte its source, which is either final
+//     (before the step) or another lane's byte of the step, found by
+//     pointer jumping (zs_batch). A batch of literals alone is copied
+//     ZS_LIT_STEP bytes a lane a step.
 //   - output goes to a ring in shared memory (ZS_RING bytes a warp), flushed
 //     to `body` in coalesced stores when a batch would not fit beside what it
 //     holds: matches read their sources from it (integer columns' are mostly
 //     a few bytes back: their high zero bytes) or, before the flushed point,
 //     from `body`. A batch longer than the ring is written to `body`
-//     directly. (Not yet fast: 100M integer keys take ~223 ms on an H200,
-//     as they did when every byte went to `body`; where the time goes is
-//     not known yet. The device scan uses it under SETFUSION_DEVICE_ZSTD=1.)
+//     directly. One 160 KB page of integer keys (~19K sequences) takes ~7.9
+//     ms alone on an H200 (lane 0's sequences ~3.7 of it, the batches ~3.4,
+//     Huffman ~0.8); 5000 pages in one launch 33.5 ms, 23.9 GB/s of output
+//     (benches/cuda/page_decompress_bench.cu). The device scan uses it by
+//     default (SETFUSION_DEVICE_ZSTD=0: host threads inflate instead).
 //   - raw and RLE blocks, and each block's last literals, are batches of one
 //     sequence with no match.
 // Offsets are 32-bit (a Parquet page is at most 2 GiB). Errors never fault:
@@ -146,50 +149,88 @@ __device__ __forceinline__ u32 zs_fwd(const u8* s, u32 len, u32 bit, u32 n) {
 }
 
 // A backward bit stream (Huffman streams, FSE streams): bits are read from
-// the end down, zeros below the start. `c` holds bits [top - 64, top).
+// the end down, zeros below the start. Positions are 32-bit (a stream lies
+// in one block: at most 128 KiB). `c` holds bits [lo, lo + 64); a refill
+// leaves at least 57 of them at or below `pos`, so a caller may take up to
+// 57 bits after `zs_fill` without another check.
 struct ZsBits {
     const u8* s;
-    i64 len, pos, top;
+    int len, pos, lo;
     u64 c;
 };
 
 // Starts `b` at the stream's last set bit (its end marker); false if the last byte is 0.
 __device__ __forceinline__ bool zs_bits_init(ZsBits& b, const u8* s, u32 len) {
     b.s = s;
-    b.len = len;
-    b.top = 1ll << 62;  // the first peek refills
+    b.len = (int)len;
     b.c = 0;
     if (len == 0 || s[len - 1] == 0) return false;
-    b.pos = (i64)len * 8 - 8 + zs_highbit(s[len - 1]);
+    b.pos = (int)len * 8 - 8 + (int)zs_highbit(s[len - 1]);
+    b.lo = b.pos + 1;  // the first peek refills
     return true;
 }
 
-__device__ __forceinline__ void zs_refill(ZsBits& b) {
-    b.top = ((b.pos + 7) >> 3) << 3;
-    const i64 hi = b.top >> 3;
-    u64 c = 0;
-    if (hi >= 8 && hi <= b.len) {
-        const u8* p = b.s + hi - 8;
-        for (int k = 7; k >= 0; --k) c = (c << 8) | p[k];
-    } else {
-        for (int k = 1; k <= 8; ++k) {
-            const i64 j = hi - k;
-            c = (c << 8) | (u64)((j >= 0 && j < b.len) ? b.s[j] : 0);
-        }
+// The little-endian u64 of s[at..at + 8), bytes outside [0, len) zero. Inside
+// the stream it takes the two aligned words around it where both lie in the
+// stream (one where it is aligned), else byte by byte: nothing outside the
+// stream is read.
+__device__ __forceinline__ u64 zs_le64(const u8* s, int len, int at) {
+    if (at >= 0 && at + 8 <= len) {
+        const u8* p = s + at;
+        const unsigned long long addr = (unsigned long long)p;
+        const u32 sh = (u32)(addr & 7) * 8;
+        const u64* a = (const u64*)(addr & ~7ull);
+        if (sh == 0) return *a;
+        if ((const u8*)a >= s && (const u8*)(a + 2) <= s + len) return (a[0] >> sh) | (a[1] << (64 - sh));
+        u64 v = 0;
+        for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
+        return v;
     }
-    b.c = c;
+    u64 v = 0;
+    for (int k = 7; k >= 0; --k) {
+        const int j = at + k;
+        v = (v << 8) | (u64)((j >= 0 && j < len) ? s[j] : 0);
+    }
+    return v;
+}
+
+__device__ __forceinline__ void zs_refill(ZsBits& b) {
+    const int hi = (b.pos + 7) >> 3;  // (arithmetic: below the start too)
+    b.lo = hi * 8 - 64;
+    b.c = zs_le64(b.s, b.len, hi - 8);
+}
+
+// At least 57 bits at or below pos in `c`.
+__device__ __forceinline__ void zs_fill(ZsBits& b) {
+    if (b.pos - b.lo < 57) zs_refill(b);
+}
+
+// At least n <= 57 bits at or below pos in `c`.
+__device__ __forceinline__ void zs_need(ZsBits& b, u32 n) {
+    if (b.pos - b.lo < (int)n) zs_refill(b);
+}
+
+// The n <= 32 bits below pos, without consuming them or checking `c` holds them.
+__device__ __forceinline__ u32 zs_look(const ZsBits& b, u32 n) {
+    return n ? (u32)((b.c >> (u32)(b.pos - (int)n - b.lo)) & ((1ull << n) - 1)) : 0;
 }
 
 // The n <= 32 bits below pos, without consuming them.
 __device__ __forceinline__ u32 zs_peek(ZsBits& b, u32 n) {
-    const i64 lo = b.pos - n;
-    if (lo < b.top - 64) zs_refill(b);
-    return n ? (u32)((b.c >> (lo - (b.top - 64))) & ((1ull << n) - 1)) : 0;
+    if (b.pos - (int)n < b.lo) zs_refill(b);
+    return zs_look(b, n);
 }
 
 __device__ __forceinline__ u32 zs_read(ZsBits& b, u32 n) {
     const u32 v = zs_peek(b, n);
-    b.pos -= n;
+    b.pos -= (int)n;
+    return v;
+}
+
+// zs_read of bits `c` already holds (zs_fill or zs_need made sure of them).
+__device__ __forceinline__ u32 zs_take(ZsBits& b, u32 n) {
+    const u32 v = zs_look(b, n);
+    b.pos -= (int)n;
     return v;
 }
 
@@ -366,13 +407,24 @@ __device__ u32 zs_read_huf(ZsWarp& sh, const u8* s, u32 len, u32* log) {
 }
 
 // One Huffman stream of n symbols into out; false unless it is consumed exactly.
+// A fill serves five symbols (codes of at most ZS_HUF_MAX = 11 bits).
 __device__ bool zs_huf_stream(const u16* huf, u32 log, const u8* s, u32 len, u8* out, u32 n) {
     ZsBits b;
     if (!zs_bits_init(b, s, len)) return false;
-    for (u32 i = 0; i < n; ++i) {
+    u32 i = 0;
+    for (; i + 5 <= n; i += 5) {
+        zs_fill(b);
+#pragma unroll
+        for (u32 k = 0; k < 5; ++k) {
+            const u32 e = huf[zs_look(b, log)];
+            out[i + k] = (u8)(e >> 4);
+            b.pos -= (int)(e & 15);
+        }
+    }
+    for (; i < n; ++i) {
         const u32 e = huf[zs_peek(b, log)];
         out[i] = (u8)(e >> 4);
-        b.pos -= e & 15;
+        b.pos -= (int)(e & 15);
     }
     return b.pos == 0;
 }
@@ -661,42 +713,42 @@ __device__ void zs_step(ZsWarp& sh, ZsState& st, const u8* src, u32 slen, u32 dl
             u32 sll = st.sll, sof = st.sof, sml = st.sml, r0 = st.rep[0], r1 = st.rep[1], r2 = st.rep[2];
             u32 done = st.done, o = st.o, lit_pos = st.lit_pos;
             const u32 nseq = st.nseq, lit_n = st.lit_n, frame_start = st.frame_start;
+            // Checks are gathered into `bad` and tested once after the loop (a bad
+            // sequence only makes bad values here; the batch never runs then).
+            u32 bad_corrupt = 0, bad_size = 0;
             while (k < ZS_BATCH && done < nseq) {
                 const ZsFse el = sh.ll[sll], eo = sh.of[sof], em = sh.ml[sml];
-                if (el.sym > 35 || em.sym > 52 || eo.sym > 31) ZS_FAIL(ZS_ERR_CORRUPT);
-                const u32 ofv = (1u << eo.sym) + zs_read(b, eo.sym);
-                const u32 mlv = ZS_ML_BASE[em.sym] + zs_read(b, ZS_ML_BITS[em.sym]);
-                const u32 llv = ZS_LL_BASE[el.sym] + zs_read(b, ZS_LL_BITS[el.sym]);
+                // The symbols are within their tables' (zs_build_fse takes at most max_sym).
+                const u32 ls = sf_min<u32>(el.sym, 35), ms = sf_min<u32>(em.sym, 52), os = sf_min<u32>(eo.sym, 31);
+                const u32 mlb = ZS_ML_BITS[ms], llb = ZS_LL_BITS[ls];
+                // One check for the offset's and match length's extra bits (at most 31 + 16), one for
+                // the literal length's, one for the three states' (at most 9 + 9 + 8).
+                zs_need(b, os + mlb);
+                const u32 ofv = (1u << os) + zs_take(b, os);
+                const u32 mlv = ZS_ML_BASE[ms] + zs_take(b, mlb);
+                zs_need(b, llb);
+                const u32 llv = ZS_LL_BASE[ls] + zs_take(b, llb);
                 done++;
-                if (done < nseq) {
-                    sll = el.base + zs_read(b, el.bits);
-                    sml = em.base + zs_read(b, em.bits);
-                    sof = eo.base + zs_read(b, eo.bits);
-                }
-                u32 off;
-                if (ofv > 3) {
-                    off = ofv - 3;
-                    r2 = r1;
-                    r1 = r0;
-                    r0 = off;
-                } else {
-                    const u32 idx = ofv - 1 + (llv == 0);
-                    if (idx == 0) {
-                        off = r0;
-                    } else if (idx == 1) {
-                        off = r1;
-                        r1 = r0;
-                        r0 = off;
-                    } else {
-                        off = idx == 2 ? r2 : r0 - 1;
-                        r2 = r1;
-                        r1 = r0;
-                        r0 = off;
-                    }
-                }
-                if (llv > lit_n - lit_pos) ZS_FAIL(ZS_ERR_CORRUPT);
-                if ((u64)llv + mlv > dlen - o) ZS_FAIL(ZS_ERR_SIZE);
-                if (off == 0 || off > o + llv - frame_start) ZS_FAIL(ZS_ERR_CORRUPT);
+                // The next states; the last sequence's are not in the stream, so its bits are given back.
+                const u32 sb = (u32)el.bits + em.bits + eo.bits;
+                zs_need(b, sb);
+                const u32 nll = el.base + zs_take(b, el.bits);
+                const u32 nml = em.base + zs_take(b, em.bits);
+                const u32 nof = eo.base + zs_take(b, eo.bits);
+                const bool more = done < nseq;
+                sll = more ? nll : sll;
+                sml = more ? nml : sml;
+                sof = more ? nof : sof;
+                b.pos += more ? 0 : (int)sb;
+                // Repeat offsets (RFC 8878 3.1.1.5): idx 0-2 a repeat, 3 the first less one, 4 a new offset.
+                const u32 idx = ofv > 3 ? 4 : ofv - 1 + (llv == 0);
+                const u32 off = idx == 4 ? ofv - 3 : idx == 0 ? r0 : idx == 1 ? r1 : idx == 2 ? r2 : r0 - 1;
+                const u32 n2 = idx >= 2 ? r1 : r2, n1 = idx >= 1 ? r0 : r1;
+                r0 = off;
+                r1 = n1;
+                r2 = n2;
+                bad_corrupt |= (u32)(llv > lit_n - lit_pos) | (u32)(off == 0) | (u32)(off > o + llv - frame_start);
+                bad_size |= (u32)(llv + mlv > dlen - o);
                 sh.lit_at[k] = lit;
                 sh.out_at[k] = out;
                 sh.seq_ml[k] = mlv;
@@ -707,6 +759,8 @@ __device__ void zs_step(ZsWarp& sh, ZsState& st, const u8* src, u32 slen, u32 dl
                 o += llv + mlv;
                 k++;
             }
+            if (bad_corrupt) ZS_FAIL(ZS_ERR_CORRUPT);
+            if (bad_size) ZS_FAIL(ZS_ERR_SIZE);
             st.bits = b;
             st.sll = sll;
             st.sof = sof;
@@ -754,62 +808,83 @@ __device__ __forceinline__ void zs_flush(ZsWarp& sh, u8* dst, u32 to, u32 lane, 
     __syncwarp();
 }
 
-// The warp runs a batch: its literal bytes, then its matches in order.
-// Output goes to the ring, where positions [flushed, o0 + total) each keep a
-// slot of their own (the ring is flushed to dst first when they would not
-// fit); matches read sources before `flushed` from dst. A batch longer than
-// the ring is written to dst directly (after the ring is flushed).
+// The warp runs a batch. Output goes to the ring, where positions
+// [flushed, o0 + total) each keep a slot of their own (the ring is flushed to
+// dst first when they would not fit); sources before `flushed` are read from
+// dst. A batch longer than the ring is written to dst directly (after the
+// ring is flushed).
+//
+// A batch of literals alone (raw and RLE blocks, a block's last literals)
+// is copied ZS_LIT_STEP bytes a lane a step. Any other batch is written a
+// byte a lane a step, in order (integer columns' sequences are a few literal
+// bytes and a short match each: one step covers several sequences, where a
+// step a match took ~270 ns a sequence on an H200): each byte finds its
+// sequence by a search over the batch's output starts; a literal byte reads
+// its literal, a match byte u of a match at m with offset d reads position
+// m - d + (u mod d) (u itself when d >= the match's length), which is before
+// m: final output when it is before the step (ring or dst), else another
+// lane's byte of this step, found by pointer jumping over shuffles (a chain
+// of at most lanes - 1 hops, strictly backwards).
 __device__ void zs_batch(ZsWarp& sh, const u8* src, u8* dst, u32 lane, u32 lanes) {
     const u32 k = sh.nseq, o0 = sh.out0, kind = sh.lit_kind, lit0 = sh.lit0;
     const u8 rle = (u8)sh.lit_byte;
-    const u32 L = sh.lit_at[k], total = sh.out_at[k];
+    const u32 total = sh.out_at[k];
     if ((u64)o0 + total - sh.flushed > ZS_RING) zs_flush(sh, dst, o0, lane, lanes);
     const bool direct = total > ZS_RING;
     const u32 flushed = sh.flushed;
-    // ZS_LIT_STEP literal bytes a lane a step, all loaded before any is stored
-    // (a store lands at most on its own byte's place: on bytes already read).
-    for (u32 base = 0; base < L; base += ZS_LIT_STEP * lanes) {
-        u8 v[ZS_LIT_STEP];
-        u32 at[ZS_LIT_STEP];
-        for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
-            const u32 t = base + r * lanes + lane;
-            if (t < L) {
-                // The last sequence whose literals start at or before t.
-                u32 lo = 0, hi = k;  // lit_at[lo] <= t < lit_at[hi]
-                while (hi - lo > 1) {
-                    const u32 mid = (lo + hi) >> 1;
-                    if (sh.lit_at[mid] <= t) lo = mid;
-                    else hi = mid;
-                }
-                at[r] = o0 + sh.out_at[lo] + (t - sh.lit_at[lo]);
-                v[r] = kind == ZS_LIT_RLE ? rle : kind == ZS_LIT_SRC ? src[lit0 + t] : dst[lit0 + t];
-            }
-        }
-        __syncwarp();
-        for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
-            if (base + r * lanes + lane < L) {
-                if (direct) dst[at[r]] = v[r];
-                else sh.ring[at[r] & (ZS_RING - 1)] = v[r];
-            }
-        }
-        __syncwarp();
-    }
-    for (u32 j = 0; j < k; ++j) {
-        const u32 ml = sh.seq_ml[j];
-        if (ml == 0) continue;
-        const u32 d = sh.seq_off[j];
-        const u32 m = o0 + sh.out_at[j + 1] - ml;
-        for (u32 base = 0; base < ml; base += lanes) {
-            const u32 u = base + lane;
-            u8 v = 0;
-            if (u < ml) {
-                const u32 from = m - d + (d < ml ? u % d : u);
-                v = (direct || from < flushed) ? dst[from] : sh.ring[from & (ZS_RING - 1)];
+    if (k == 1 && sh.seq_ml[0] == 0) {
+        // Literals alone: all of a step's bytes loaded before any is stored
+        // (a store lands at most on its own byte's place: on bytes already read).
+        for (u32 base = 0; base < total; base += ZS_LIT_STEP * lanes) {
+            u8 v[ZS_LIT_STEP];
+            for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
+                const u32 t = base + r * lanes + lane;
+                if (t < total) v[r] = kind == ZS_LIT_RLE ? rle : kind == ZS_LIT_SRC ? src[lit0 + t] : dst[lit0 + t];
             }
             __syncwarp();
-            if (u < ml) {
-                if (direct) dst[m + u] = v;
-                else sh.ring[(m + u) & (ZS_RING - 1)] = v;
+            for (u32 r = 0; r < ZS_LIT_STEP; ++r) {
+                const u32 t = base + r * lanes + lane;
+                if (t < total) {
+                    if (direct) dst[o0 + t] = v[r];
+                    else sh.ring[(o0 + t) & (ZS_RING - 1)] = v[r];
+                }
+            }
+            __syncwarp();
+        }
+    } else {
+        const u32 full = 0xffffffffu;
+        for (u32 s0 = 0; s0 < total; s0 += lanes) {
+            const u32 r = s0 + lane, x = o0 + r;
+            const bool active = r < total;
+            // v | 1 << 31 once this lane has its byte, else the lane that has it.
+            u32 got = 1u << 31;
+            if (active) {
+                // The last sequence whose output starts at or before r (sequences of no
+                // output, a block's empty last literals, start where the next one does).
+                u32 lo = 0, hi = k;  // out_at[lo] <= r < out_at[hi]
+                while (hi - lo > 1) {
+                    const u32 mid = (lo + hi) >> 1;
+                    if (sh.out_at[mid] <= r) lo = mid;
+                    else hi = mid;
+                }
+                const u32 ml = sh.seq_ml[lo], end = sh.out_at[lo + 1];
+                if (r + ml < end) {
+                    const u32 t = sh.lit_at[lo] + (r - sh.out_at[lo]);
+                    got |= kind == ZS_LIT_RLE ? rle : kind == ZS_LIT_SRC ? src[lit0 + t] : dst[lit0 + t];
+                } else {
+                    const u32 d = sh.seq_off[lo], m = o0 + end - ml, u = x - m;
+                    const u32 from = m - d + (d < ml ? u % d : u);
+                    if (from < o0 + s0) got |= (direct || from < flushed) ? dst[from] : sh.ring[from & (ZS_RING - 1)];
+                    else got = from - (o0 + s0);
+                }
+            }
+            while (__ballot_sync(full, !(got >> 31)) != 0) {
+                const u32 there = __shfl_sync(full, got, got & 31);
+                if (!(got >> 31)) got = there;
+            }
+            if (active) {
+                if (direct) dst[x] = (u8)got;
+                else sh.ring[x & (ZS_RING - 1)] = (u8)got;
             }
             __syncwarp();
         }

@@ -124,7 +124,7 @@ fn mark_probe_scan(
         }
     }
     if scan.host_inflated_bytes() > 0 {
-        return Err("its pages are inflated on host threads (zstd, gzip or lz4), where DataFusion's scan \
+        return Err("its pages are inflated on host threads (gzip, lz4, or zstd under SETFUSION_DEVICE_ZSTD=0), where DataFusion's scan \
                     decodes them as fast"
             .into());
     }

@@ -925,7 +925,7 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             )));
         }
     }
-    // kernels/zstd.cu (the scan's under SETFUSION_DEVICE_ZSTD=1) on frames of the zstd crate.
+    // kernels/zstd.cu (the scan's unless SETFUSION_DEVICE_ZSTD=0) on frames of the zstd crate.
     let keys: Vec<u8> =
         (0..50_000u64).flat_map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 400_000_000).to_le_bytes()).collect();
     let frames = [1, 19]

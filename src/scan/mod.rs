@@ -1339,8 +1339,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cases.bin"), u64s(&[all.len() as u64])).unwrap();
         for (i, case) in all.iter().enumerate() {
-            // The kernels see pages the host inflates decompressed already (ZSTD ones too, unless
-            // SETFUSION_DEVICE_ZSTD=1: the scripts set it, so that zstd.cu runs on them).
+            // The kernels see pages the host inflates decompressed already (ZSTD ones too under
+            // SETFUSION_DEVICE_ZSTD=0; the scripts set it to 1, so that zstd.cu runs on them).
             let (raw, table) = decode::device_table_of(case).unwrap();
             let want = decode_cpu(&raw, &table).unwrap();
             assert_eq!(want.keys, arrow_keys(write(case).unwrap()).keys, "{}", case.name);

@@ -68,8 +68,8 @@ pub const KIND_V2: u64 = 2;
 /// `PqPage::codec` values.
 pub const CODEC_NONE: u64 = 0;
 pub const CODEC_SNAPPY: u64 = 1;
-/// Decompressed on host threads, or on the device (`kernels/zstd.cu`) under
-/// `SETFUSION_DEVICE_ZSTD=1` ([`inflated_on_host`]).
+/// Decompressed on the device (`kernels/zstd.cu`), or on host threads under
+/// `SETFUSION_DEVICE_ZSTD=0` ([`inflated_on_host`]).
 pub const CODEC_ZSTD: u64 = 2;
 /// Codecs the device does not decompress: their pages are decompressed on
 /// host threads before the upload ([`super::decode::inflate_part_on_host`]).
@@ -77,8 +77,8 @@ pub const CODEC_LZ4_RAW: u64 = 3;
 pub const CODEC_GZIP: u64 = 4;
 
 /// Are a codec's pages decompressed on host threads before the upload? The
-/// device decompresses SNAPPY, and ZSTD under `SETFUSION_DEVICE_ZSTD=1`;
-/// LZ4_RAW, GZIP and (by default) ZSTD go through the host.
+/// device decompresses SNAPPY and ZSTD (the latter unless
+/// `SETFUSION_DEVICE_ZSTD=0`); LZ4_RAW and GZIP go through the host.
 pub fn inflated_on_host(codec: u64) -> bool {
     match codec {
         CODEC_NONE | CODEC_SNAPPY => false,

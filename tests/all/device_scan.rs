@@ -341,8 +341,8 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
             let analyzed = explain(&device, QUERIES[0], true).await;
             assert!(analyzed.contains("device scan probe:") && analyzed.contains("build:"), "{analyzed}");
-            // A zstd input is read by the device (its pages decompressed on host threads, or by
-            // kernels/zstd.cu under SETFUSION_DEVICE_ZSTD=1).
+            // A zstd input is read by the device (its pages decompressed by kernels/zstd.cu, or on
+            // host threads under SETFUSION_DEVICE_ZSTD=0).
             let analyzed = explain(&device, "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd)", true).await;
             assert!(analyzed.contains("build: 6000 rows") && !analyzed.contains("fell back"), "{analyzed}");
             // Hadoop-framed LZ4 is planned for the device and read by the host, with the reason.
