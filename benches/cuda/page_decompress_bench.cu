@@ -49,15 +49,17 @@ int main(int argc, char** argv) {
     const char* name = "pq_snappy";
     const u64 codec = 1;
     const unsigned warps = PQ_SNAPPY_WARPS;
-    cudaFuncAttributes fa; CK(cudaFuncGetAttributes(&fa, pq_snappy));
-    int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, pq_snappy, 32 * warps, 0));
+    const void* kernel = (const void*)pq_snappy;
 #else
     const char* name = "zs_pages";
     const u64 codec = 2;
     const unsigned warps = ZS_WARPS;
-    cudaFuncAttributes fa; CK(cudaFuncGetAttributes(&fa, zs_pages));
-    int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, zs_pages, 32 * warps, 0));
+    const void* kernel = (const void*)zs_pages;
 #endif
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, kernel));
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32 * warps, 0));
     printf("%s: %d registers, %zu B local, %zu B shared a block, %d blocks (%d warps) an SM\n", name, fa.numRegs,
            fa.localSizeBytes, fa.sharedSizeBytes, occ, occ * warps);
     for (int a = 2; a < argc; ++a) {

@@ -403,10 +403,10 @@ impl DeviceScanExec {
         self.payload.as_deref()
     }
 
-    /// The filter the device applies to the rows before taking their keys (None: every row).
-    /// The decompressed bytes of the pages this scan inflates on host threads
-    /// (its key, filter and output columns: [`crate::scan::host_inflated_bytes`]).
-    pub fn host_inflated_bytes(&self) -> u64 {
+    /// The decompressed bytes of the pages this scan inflates on host threads,
+    /// and of the ZSTD pages the device decompresses (its key, filter and
+    /// output columns: [`crate::scan::inflated_bytes`]).
+    pub fn inflated_bytes(&self) -> crate::scan::InflatedBytes {
         let mut columns: Vec<&str> = vec![self.column()];
         let filter = self.filter().map(|f| f.columns.as_slice()).unwrap_or_default();
         let payload = self.payload().unwrap_or_default();
@@ -415,7 +415,7 @@ impl DeviceScanExec {
                 columns.push(name);
             }
         }
-        crate::scan::host_inflated_bytes(self.files(), &columns)
+        crate::scan::inflated_bytes(self.files(), &columns)
     }
 
     pub fn filter(&self) -> Option<&ScanFilter> {

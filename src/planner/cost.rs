@@ -175,10 +175,11 @@ pub struct Candidate<'a> {
     /// output filter ([`crate::exec::device_scan`]).
     pub device_read: bool,
     /// Decompressed page bytes of the inputs' Parquet files that are
-    /// inflated on host threads (ZSTD and the like) before setfusion's
-    /// selection can start; DataFusion inflates them inside its pipelined
-    /// scan and join ([`HOST_INFLATE_NS`]).
-    pub host_inflated_bytes: u64,
+    /// inflated on host threads (GZIP and the like) before setfusion's
+    /// selection can start, and those of the ZSTD pages the device
+    /// decompresses; DataFusion inflates both inside its pipelined scan and
+    /// join ([`HOST_INFLATE_NS`], [`DEVICE_ZSTD_NS`]).
+    pub inflated: crate::scan::InflatedBytes,
 }
 
 /// Host inflation of ZSTD (and GZIP, LZ4_RAW) pages, ns per decompressed
@@ -193,6 +194,15 @@ pub struct Candidate<'a> {
 /// is light (a 1M-key build side) and lost (0.87-0.93x warm, BENCHMARKS
 /// section 25).
 const HOST_INFLATE_NS: f64 = 4.0;
+
+/// The device's ZSTD decoder (`kernels/zstd.cu`, one warp a page), ns per
+/// decompressed byte, and its fixed cost, ms: a launch lasts at least one
+/// page's decode, 7.9 ms for 20,000 BIGINT keys alone on an H200, and the
+/// scan's launches decoded two columns of 100M keys (1.6 GB) in ~165 ms
+/// beside the reads (~10 GB/s; BENCHMARKS section 36). DataFusion inflates
+/// the same pages on its threads ([`HOST_INFLATE_NS`]).
+const DEVICE_ZSTD_NS: f64 = 0.1;
+const DEVICE_ZSTD_FIXED_MS: f64 = 8.0;
 
 /// Keys DataFusion compares as more than one fixed-width value.
 fn wide(types: &[DataType]) -> bool {
@@ -295,17 +305,27 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Deci
     };
     // Column-hashed keys: the string path's launches and synchronisations, and more (one pass a column).
     let fixed_ms = if strings || columns { GPU_STRING_FIXED_MS } else { GPU_FIXED_MS };
-    let inflate_ms = c.host_inflated_bytes as f64 * HOST_INFLATE_NS / threads / 1e6;
-    let own_ms = start_left + fixed_ms + transfer_ms + host_ms;
-    let gpu_ms = own_ms + inflate_ms;
-    // The rival inflates the pages too: DataFusion beside its join, setfusion's
-    // CPU backend (which collects its inputs first) before it.
-    let rival_ms = if exact_only { cpu_ms + inflate_ms } else { cpu_ms.max(inflate_ms) };
-    let inflating = if inflate_ms > 0.0 {
-        format!(" incl. {inflate_ms:.0} ms of zstd pages inflated first")
+    let inflate_ms = c.inflated.host as f64 * HOST_INFLATE_NS / threads / 1e6;
+    let device_zstd_ms = if c.inflated.device_zstd > 0 {
+        DEVICE_ZSTD_FIXED_MS + c.inflated.device_zstd as f64 * DEVICE_ZSTD_NS / 1e6
     } else {
-        String::new()
+        0.0
     };
+    // (The device's zstd decoding is setfusion's own work: the margin applies to it.)
+    let own_ms = start_left + fixed_ms + transfer_ms + host_ms + device_zstd_ms;
+    let gpu_ms = own_ms + inflate_ms;
+    // The rival inflates the pages too (the device's ZSTD pages on its
+    // threads): DataFusion beside its join, setfusion's CPU backend (which
+    // collects its inputs first) before it.
+    let rival_inflate_ms = (c.inflated.host + c.inflated.device_zstd) as f64 * HOST_INFLATE_NS / threads / 1e6;
+    let rival_ms = if exact_only { cpu_ms + rival_inflate_ms } else { cpu_ms.max(rival_inflate_ms) };
+    let mut inflating = String::new();
+    if inflate_ms > 0.0 {
+        inflating += &format!(" incl. {inflate_ms:.0} ms of pages inflated first on host threads");
+    }
+    if device_zstd_ms > 0.0 {
+        inflating += &format!(" incl. {device_zstd_ms:.0} ms of zstd pages decompressed on the device");
+    }
     let cal_note = if cal.measured { "" } else { ", uncalibrated (run setfusion doctor)" };
     let what = format!(
         "~{rows} rows{}: GPU ~{gpu_ms:.1} ms{starting}{inflating}, {rival} ~{rival_ms:.1} ms on {} threads{cal_note}",
@@ -464,7 +484,14 @@ mod tests {
     use std::time::Duration;
 
     fn cand(op: SetOp, rows: usize, types: &[DataType]) -> Candidate<'_> {
-        Candidate { op, rows: Some(rows), key_types: types, threads: 16, device_read: false, host_inflated_bytes: 0 }
+        Candidate {
+            op,
+            rows: Some(rows),
+            key_types: types,
+            threads: 16,
+            device_read: false,
+            inflated: Default::default(),
+        }
     }
 
     #[test]
@@ -516,20 +543,32 @@ mod tests {
         assert!(gpu(estimate(&cand(SetOp::IntersectDistinct, 20_000_000, &s), &Readiness::Ready, &cal)));
         let few_threads = Candidate { threads: 4, ..cand(SetOp::Semi, 20_000_000, &s) };
         assert!(gpu(estimate(&few_threads, &Readiness::Ready, &cal)));
-        // zstd inputs inflated on the host first: a 100M-row probe side against
+        let host = |bytes| crate::scan::InflatedBytes { host: bytes, device_zstd: 0 };
+        let device = |bytes| crate::scan::InflatedBytes { host: 0, device_zstd: bytes };
+        // Pages inflated on the host first (zstd under SETFUSION_DEVICE_ZSTD=0, gzip): a 100M-row probe side against
         // 1M keys whose three columns (2.4 GB) must be inflated stays with
         // DataFusion, whose light join hides under the inflation (measured
         // 0.92x on the device); the same join over snappy files goes to the
         // GPU, and so do 100M x 100M joins, whose DataFusion join outweighs
         // the inflation (IN 8.8x measured; NOT IN with its payload below).
-        let zstd = |rows, bytes| Candidate { host_inflated_bytes: bytes, ..cand(SetOp::Semi, rows, &int) };
+        let zstd = |rows, bytes| Candidate { inflated: host(bytes), ..cand(SetOp::Semi, rows, &int) };
         assert!(!gpu(estimate(&zstd(101_000_000, 2_400_000_000), &Readiness::Ready, &cal)));
         assert!(gpu(estimate(&zstd(101_000_000, 0), &Readiness::Ready, &cal)));
         assert!(gpu(estimate(&zstd(200_000_000, 1_600_000_000), &Readiness::Ready, &cal)));
-        let not_in = Candidate { host_inflated_bytes: 2_400_000_000, ..cand(SetOp::Anti, 200_000_000, &int) };
+        let not_in = Candidate { inflated: host(2_400_000_000), ..cand(SetOp::Anti, 200_000_000, &int) };
         assert!(gpu(estimate(&not_in, &Readiness::Ready, &cal)));
         let why = estimate(&zstd(101_000_000, 2_400_000_000), &Readiness::Ready, &cal).reason.to_string();
-        assert!(why.contains("of zstd pages inflated first"), "{why}");
+        assert!(why.contains("of pages inflated first on host threads"), "{why}");
+        // zstd pages decompressed by the device: 100M x 100M goes to the GPU
+        // (IN 12.2x measured), and so does the probe side above, whose pages
+        // DataFusion must inflate on its threads; 1M x 1M keys stay with
+        // DataFusion (a launch lasts at least one page's decode, ~8 ms).
+        let on_device = |rows, bytes| Candidate { inflated: device(bytes), ..cand(SetOp::Semi, rows, &int) };
+        assert!(gpu(estimate(&on_device(200_000_000, 1_600_000_000), &Readiness::Ready, &cal)));
+        assert!(gpu(estimate(&on_device(101_000_000, 2_400_000_000), &Readiness::Ready, &cal)));
+        assert!(!gpu(estimate(&on_device(2_000_000, 16_000_000), &Readiness::Ready, &cal)));
+        let why = estimate(&on_device(2_000_000, 16_000_000), &Readiness::Ready, &cal).reason.to_string();
+        assert!(why.contains("of zstd pages decompressed on the device"), "{why}");
         // Composite keys with a wide decimal are row-encoded on the host: they lose to DataFusion at any size.
         let rc = [DataType::Utf8, DataType::Decimal128(38, 2)];
         assert!(!gpu(estimate(&cand(SetOp::Semi, 200_000_000, &rc), &Readiness::Ready, &cal)));

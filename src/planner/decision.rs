@@ -86,8 +86,9 @@ pub struct Reading {
     /// output filter.
     pub device_read: bool,
     /// The inputs' Parquet pages inflated on host threads before the
-    /// selection ([`cost::Candidate::host_inflated_bytes`]).
-    pub host_inflated_bytes: u64,
+    /// selection, and the ZSTD pages the device decompresses
+    /// ([`cost::Candidate::inflated`]).
+    pub inflated: crate::scan::InflatedBytes,
 }
 
 /// [`decide`], with the inputs read as `reading` says.
@@ -100,7 +101,7 @@ pub fn decide_reading(
     threads: usize,
     reading: Reading,
 ) -> Decision {
-    let Reading { device_read, host_inflated_bytes } = reading;
+    let Reading { device_read, inflated } = reading;
     if let Some(reason) = forced_cpu(cfg, key_types) {
         return Decision::cpu(reason);
     }
@@ -127,7 +128,7 @@ pub fn decide_reading(
     }
     // Costed as encoded: a dictionary as its values (string dictionaries as views).
     let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
-    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read, host_inflated_bytes };
+    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read, inflated };
     let calibration = cost::Calibration::current();
     let Some(readiness) = started else {
         let from_scratch = cost::not_started(&calibration);

@@ -60,8 +60,9 @@ pub(super) type ReadSide<'a> = (&'a Arc<dyn ExecutionPlan>, &'a PhysicalExprRef,
 /// How the rule would read `sides` (every input the device may read; one key
 /// each, of `key_type`), for the operator's decision, made before the rule
 /// runs: whether the device reads them all (string keys need both sides), and
-/// the bytes of their Parquet pages host threads inflate first (zstd, gzip,
-/// lz4: `pages::inflated_on_host`), read from the files' footers.
+/// the bytes of their Parquet pages host threads inflate first (gzip, lz4:
+/// `pages::inflated_on_host`) and of the ZSTD pages the device decompresses,
+/// read from the files' footers.
 pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadSide<'_>]) -> Reading {
     if !cfg.device_scan || sides.is_empty() {
         return Reading::default();
@@ -77,7 +78,9 @@ pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadS
     }
     Reading {
         device_read: strings && scans.iter().all(|s| s.is_ok()),
-        host_inflated_bytes: scans.iter().flatten().map(DeviceScanExec::host_inflated_bytes).sum(),
+        inflated: scans.iter().flatten().map(DeviceScanExec::inflated_bytes).fold(Default::default(), |a, b| {
+            crate::scan::InflatedBytes { host: a.host + b.host, device_zstd: a.device_zstd + b.device_zstd }
+        }),
     }
 }
 
@@ -123,7 +126,7 @@ fn mark_probe_scan(
             return Err(format!("a filtered input whose output column {} may hold NULLs", f.name()));
         }
     }
-    if scan.host_inflated_bytes() > 0 {
+    if scan.inflated_bytes().host > 0 {
         return Err("its pages are inflated on host threads (gzip, lz4, or zstd under SETFUSION_DEVICE_ZSTD=0), where DataFusion's scan \
                     decodes them as fast"
             .into());
@@ -516,16 +519,16 @@ mod tests {
         let int = DataType::Int64;
 
         let keys_only = reading(&cfg, &int, &[(&z, &k, None)]);
-        assert!(keys_only.host_inflated_bytes > 0, "{keys_only:?}");
+        assert!(keys_only.inflated.host > 0, "{keys_only:?}");
         assert!(!keys_only.device_read, "integer keys cost the same either way");
         let with_output = reading(&cfg, &int, &[(&z, &k, Some(&[0, 1])), (&s, &k, None)]);
-        assert!(with_output.host_inflated_bytes > keys_only.host_inflated_bytes, "{with_output:?}");
-        assert_eq!(reading(&cfg, &int, &[(&s, &k, Some(&[0, 1]))]).host_inflated_bytes, 0);
+        assert!(with_output.inflated.host > keys_only.inflated.host, "{with_output:?}");
+        assert_eq!(reading(&cfg, &int, &[(&s, &k, Some(&[0, 1]))]).inflated.host, 0);
 
         // (The type as the plan reads it: DataFusion reads Parquet strings as views.)
         let string = s.schema().field(2).data_type().clone();
         let strings = reading(&cfg, &string, &[(&s, &text, None), (&z, &text, None)]);
-        assert!(strings.device_read && strings.host_inflated_bytes > 0, "{strings:?}");
+        assert!(strings.device_read && strings.inflated.host > 0, "{strings:?}");
         // A side the device cannot read (a key coerced to another type) keeps string keys on the host.
         let coerced = reading(&cfg, &string, &[(&s, &text, None), (&s, &k, None)]);
         assert!(!coerced.device_read, "{coerced:?}");

@@ -44,8 +44,8 @@ use datafusion::error::Result;
 pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded, DeviceStrings};
 pub use pages::{
-    host_inflated_bytes, is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback, Keep,
-    RowSelections, ScanFile,
+    inflated_bytes, is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback,
+    InflatedBytes, Keep, RowSelections, ScanFile,
 };
 
 use crate::gpu::{Gpu, TransferStats};
@@ -1726,9 +1726,10 @@ mod tests {
 
     /// The pages the host inflates before a selection: a gzip file's columns
     /// count their decompressed sizes (the named ones only), snappy and
-    /// uncompressed files nothing, a missing file nothing.
+    /// uncompressed files nothing, a missing file nothing; a zstd file's
+    /// count as the device's (by default).
     #[test]
-    fn host_inflated_bytes_count_zstd_pages_only() {
+    fn inflated_bytes_count_slow_codecs_only() {
         use datafusion::arrow::array::{Int64Array, RecordBatch};
         use datafusion::arrow::datatypes::{Field, Schema};
         use parquet::basic::Compression;
@@ -1756,12 +1757,17 @@ mod tests {
         let gzip = write("z.parquet", Compression::GZIP(Default::default()));
         let snappy = write("s.parquet", Compression::SNAPPY);
         let plain = write("u.parquet", Compression::UNCOMPRESSED);
-        let one = pages::host_inflated_bytes(std::slice::from_ref(&gzip), &["k"]);
-        let both = pages::host_inflated_bytes(std::slice::from_ref(&gzip), &["k", "p", "not_there"]);
+        let one = pages::inflated_bytes(std::slice::from_ref(&gzip), &["k"]).host;
+        let both = pages::inflated_bytes(std::slice::from_ref(&gzip), &["k", "p", "not_there"]).host;
         assert!(one >= 400_000 && both >= 2 * 400_000 && both > one, "{one} {both}");
-        assert_eq!(pages::host_inflated_bytes(&[snappy, plain], &["k", "p"]), 0);
+        assert_eq!(pages::inflated_bytes(&[snappy.clone(), plain], &["k", "p"]), Default::default());
+        // ZSTD pages: the device's unless SETFUSION_DEVICE_ZSTD=0.
+        let zstd = write("d.parquet", Compression::ZSTD(Default::default()));
+        let z = pages::inflated_bytes(&[zstd, snappy], &["k"]);
+        let (device, host) = if crate::env::device_zstd() { (z.device_zstd, z.host) } else { (z.host, z.device_zstd) };
+        assert!(device >= 400_000 && host == 0, "{z:?}");
         let missing = ScanFile { path: dir.join("missing.parquet"), ranges: vec![] };
-        assert_eq!(pages::host_inflated_bytes(&[missing, gzip], &["k"]), one);
+        assert_eq!(pages::inflated_bytes(&[missing, gzip], &["k"]).host, one);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -337,23 +337,37 @@ impl Keep {
     }
 }
 
+/// Decompressed page bytes of a scan's columns that are slow to inflate
+/// ([`inflated_bytes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InflatedBytes {
+    /// Inflated on host threads before the selection can start
+    /// ([`inflated_on_host`]: GZIP, LZ4_RAW and the like).
+    pub host: u64,
+    /// ZSTD pages the device decompresses (`kernels/zstd.cu`: one warp a
+    /// page, slower than the snappy decoder).
+    pub device_zstd: u64,
+}
+
 /// The decompressed bytes of `columns`' pages in `files` that the device
-/// scan inflates on host threads before its selection can start
-/// ([`inflated_on_host`]: GZIP, LZ4_RAW and the like), by
-/// the footers' column chunk sizes. A file whose footer cannot be read
-/// counts nothing (the scan reports it when it runs).
-pub fn host_inflated_bytes(files: &[ScanFile], columns: &[&str]) -> u64 {
+/// scan inflates on host threads, and those of the ZSTD pages the device
+/// decompresses itself, by the footers' column chunk sizes. A file whose
+/// footer cannot be read counts nothing (the scan reports it when it runs).
+pub fn inflated_bytes(files: &[ScanFile], columns: &[&str]) -> InflatedBytes {
     let footers = crate::host::par_map(files, 1, |f| Ok::<_, DataFusionError>(read_footer(&f.path).ok()));
-    let Ok(footers) = footers else { return 0 };
-    let mut bytes = 0u64;
+    let Ok(footers) = footers else { return InflatedBytes::default() };
+    let mut bytes = InflatedBytes::default();
     for meta in footers.iter().flatten() {
         let schema = meta.file_metadata().schema_descr();
         let indexes: Vec<usize> = columns.iter().filter_map(|c| column_index(schema, c)).collect();
         for rg in meta.row_groups() {
             for &ci in &indexes {
                 let cc = rg.column(ci);
-                if codec_of(cc.compression()).is_some_and(inflated_on_host) {
-                    bytes += cc.uncompressed_size().max(0) as u64;
+                let size = cc.uncompressed_size().max(0) as u64;
+                match codec_of(cc.compression()) {
+                    Some(c) if inflated_on_host(c) => bytes.host += size,
+                    Some(CODEC_ZSTD) => bytes.device_zstd += size,
+                    _ => {}
                 }
             }
         }
