@@ -624,17 +624,18 @@ fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Snappy pages at least this large may be decompressed on the host ([`inflate_on_host`]).
+/// Snappy and zstd pages at least this large may be decompressed on the host ([`inflate_on_host`]).
 pub const HOST_INFLATE_MIN: u64 = 256 << 10;
 
 /// Which pages are decompressed on host threads before the upload
 /// ([`inflate_part_on_host`]): every page of a codec the device does not
-/// decompress (ZSTD, LZ4_RAW, GZIP), and the large SNAPPY pages. A warp
-/// decompresses one snappy page at ~25 MB/s while the other pages keep the
-/// device busy, so a launch lasts as long as its largest page, where a core
-/// does 1-2 GB/s. (arrow-rs's defaults write a 1 MiB dictionary page before
-/// ~160 KB data pages: those dictionary pages were most of the launch.)
-/// Large: over twice the median snappy page and at least `floor` bytes, so
+/// decompress (LZ4_RAW, GZIP; ZSTD under `SETFUSION_DEVICE_ZSTD=0`), and the
+/// large SNAPPY and ZSTD pages. A warp decompresses one snappy page at ~25-35
+/// MB/s (a zstd page at ~20 MB/s) while the other pages keep the device busy,
+/// so a launch lasts as long as its largest page, where a core does 1-2 GB/s.
+/// (arrow-rs's defaults write a 1 MiB dictionary page before ~160 KB data
+/// pages: those dictionary pages were most of the launch.) Large: over twice
+/// the median page the device decompresses and at least `floor` bytes, so
 /// files whose pages are all alike stay on the device.
 ///
 /// This one, for fixtures, tests and the self-check, returns the pages'
@@ -685,7 +686,10 @@ pub fn inflate_part_on_host<'a>(
 
 /// The pages [`inflate_on_host`] takes, and their bodies' bytes.
 fn pages_to_inflate(t: &PageTable, floor: u64) -> (Vec<usize>, u64) {
-    let mut sizes: Vec<u64> = t.pages.iter().filter(|p| p.codec == CODEC_SNAPPY).map(|p| p.dst_len).collect();
+    // Pages the device decompresses, one warp a page: SNAPPY, and ZSTD unless the host inflates it.
+    let on_device =
+        |p: &PqPage| (p.codec == CODEC_SNAPPY || p.codec == CODEC_ZSTD) && !super::pages::inflated_on_host(p.codec);
+    let mut sizes: Vec<u64> = t.pages.iter().filter(|p| on_device(p)).map(|p| p.dst_len).collect();
     let median = if sizes.is_empty() {
         0
     } else {
@@ -693,8 +697,7 @@ fn pages_to_inflate(t: &PageTable, floor: u64) -> (Vec<usize>, u64) {
         *sizes.select_nth_unstable(mid).1
     };
     let on_host = |p: &PqPage| {
-        super::pages::inflated_on_host(p.codec)
-            || (p.codec == CODEC_SNAPPY && p.dst_len > 2 * median && p.dst_len >= floor)
+        super::pages::inflated_on_host(p.codec) || (on_device(p) && p.dst_len > 2 * median && p.dst_len >= floor)
     };
     let chosen: Vec<usize> = (0..t.pages.len()).filter(|&i| on_host(&t.pages[i])).collect();
     let total: u64 = chosen.iter().map(|&i| t.pages[i].dst_len).sum();
