@@ -418,6 +418,7 @@ impl DeviceScanExec {
         crate::scan::inflated_bytes(self.files(), &columns)
     }
 
+    /// The filter the device applies to the rows before taking their keys (None: every row).
     pub fn filter(&self) -> Option<&ScanFilter> {
         self.filter.as_ref()
     }

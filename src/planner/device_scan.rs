@@ -78,9 +78,7 @@ pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadS
     }
     Reading {
         device_read: strings && scans.iter().all(|s| s.is_ok()),
-        inflated: scans.iter().flatten().map(DeviceScanExec::inflated_bytes).fold(Default::default(), |a, b| {
-            crate::scan::InflatedBytes { host: a.host + b.host, device_zstd: a.device_zstd + b.device_zstd }
-        }),
+        inflated: scans.iter().flatten().map(DeviceScanExec::inflated_bytes).sum(),
     }
 }
 

@@ -349,6 +349,12 @@ pub struct InflatedBytes {
     pub device_zstd: u64,
 }
 
+impl std::iter::Sum for InflatedBytes {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| Self { host: a.host + b.host, device_zstd: a.device_zstd + b.device_zstd })
+    }
+}
+
 /// The decompressed bytes of `columns`' pages in `files` that the device
 /// scan inflates on host threads, and those of the ZSTD pages the device
 /// decompresses itself, by the footers' column chunk sizes. A file whose
