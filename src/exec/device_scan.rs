@@ -438,7 +438,11 @@ impl DeviceScanExec {
     /// Record what the device scan did (shown by EXPLAIN ANALYZE).
     pub fn set_ran(&self, report: &crate::scan::ScanReport) {
         let cache = report.cache.map(|c| format!(", {c}")).unwrap_or_default();
-        let what = format!("{} rows, {:.1} MB of pages{cache}", report.rows, report.bytes_read as f64 / 1e6);
+        let shared = match report.shared_columns {
+            0 => String::new(),
+            n => format!(", {n} columns read with the other input's"),
+        };
+        let what = format!("{} rows, {:.1} MB of pages{shared}{cache}", report.rows, report.bytes_read as f64 / 1e6);
         *self.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(what);
     }
 }

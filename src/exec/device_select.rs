@@ -101,6 +101,165 @@ impl SideKeys {
     }
 }
 
+/// The columns a device-scanned side reads (each once; a filtered side's
+/// key is among its filter's columns) and the row groups and rows it reads
+/// them in: a filtered side's own (its filter's statistics, bloom filters and
+/// page index), else `keep`.
+struct SideReads<'a> {
+    scan: &'a DeviceScanExec,
+    keep: crate::scan::Keep,
+    pruned: Option<crate::scan::pages::Pruned>,
+    columns: Vec<(&'a str, &'a DataType)>,
+}
+
+impl<'a> SideReads<'a> {
+    fn of(scan: &'a DeviceScanExec, keep: &crate::scan::Keep) -> Result<Self> {
+        let Some(filter) = scan.filter() else {
+            return Ok(SideReads {
+                scan,
+                keep: keep.clone(),
+                pruned: None,
+                columns: vec![(scan.column(), scan.data_type())],
+            });
+        };
+        let (keep, pruned) = scan.row_groups_to_read()?;
+        let mut columns: Vec<(&str, &DataType)> = Vec::new();
+        for (name, t) in &filter.columns {
+            if !columns.iter().any(|(n, _)| n == name) {
+                columns.push((name.as_str(), t));
+            }
+        }
+        Ok(SideReads { scan, keep, pruned, columns })
+    }
+
+    /// Does `other` read column `i` of the same files as this side, in the same rows?
+    fn same_column(&self, i: usize, other: &SideReads<'_>, j: usize) -> bool {
+        let same_files = |a: &[crate::scan::ScanFile], b: &[crate::scan::ScanFile]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.path == y.path && x.ranges == y.ranges)
+        };
+        self.columns[i] == other.columns[j]
+            && self.keep == other.keep
+            && same_files(self.scan.files(), other.scan.files())
+    }
+}
+
+/// One column a side read: its name, its keys and report, and whether it was
+/// read in one pipeline with others (their times overlap).
+type ColumnRead<'a> = (&'a str, (crate::scan::DeviceDecoded, ScanReport), bool);
+
+/// How the columns of several sides are decoded: `own` each on its own
+/// (through the column cache, which holds it, or apart under
+/// `SETFUSION_SCAN_COLUMNS_APART`), `reads` together in one pipeline, and
+/// `alike` (a column one of the `reads` already reads the same way: the
+/// index of that read) copied on the device from it. Each entry: (side, column).
+struct SidesPlan {
+    own: Vec<(usize, usize)>,
+    reads: Vec<(usize, usize)>,
+    alike: Vec<(usize, usize, usize)>,
+}
+
+impl SidesPlan {
+    /// `cached`: does the column cache hold this column of this side?
+    fn of(sides: &[&SideReads<'_>], cached: impl Fn(&SideReads<'_>, &str, &DataType) -> bool) -> Self {
+        let apart = crate::env::scan_columns_apart();
+        let mut plan = SidesPlan { own: Vec::new(), reads: Vec::new(), alike: Vec::new() };
+        for (si, s) in sides.iter().enumerate() {
+            for (ci, &(name, t)) in s.columns.iter().enumerate() {
+                if apart || cached(s, name, t) {
+                    plan.own.push((si, ci));
+                    continue;
+                }
+                // Strings stay apart: their decoded spans point into their own page bodies.
+                let shared = (!crate::scan::is_byte_type(t))
+                    .then(|| plan.reads.iter().position(|&(sj, cj)| sides[sj].same_column(cj, s, ci)))
+                    .flatten();
+                match shared {
+                    Some(r) => plan.alike.push((si, ci, r)),
+                    None => plan.reads.push((si, ci)),
+                }
+            }
+        }
+        plan
+    }
+
+    /// The columns read together, in `reads`' order.
+    fn columns<'s>(&self, sides: &[&SideReads<'s>]) -> Vec<crate::scan::PairSide<'s>> {
+        self.reads
+            .iter()
+            .map(|&(si, ci)| {
+                let s = sides[si];
+                let (name, t) = s.columns[ci];
+                crate::scan::PairSide { files: s.scan.files(), column: name, arrow: t, keep: s.keep.clone() }
+            })
+            .collect()
+    }
+}
+
+/// The columns of `sides` decoded on the device as `plan` says: those in the
+/// column cache from it, the others read together in one pipeline of reads,
+/// uploads and decodes (`scan_columns_to_device`, or, with `early`, what host
+/// threads read of them while the device started), a column that two sides
+/// read alike (two filters over one table) read once and copied on the device
+/// for the second. Per side, its columns in its order. (Read one after
+/// another, with the whole of each column read before its upload, on the
+/// H100: 100M rows, two columns, 166 ms warm; the next column's files read
+/// while one uploaded and decoded, into fresh buffers while the kept ones were
+/// still held: 212 ms.) `Ok(Err(why))`: files the device does not decode.
+fn read_sides<'a>(
+    g: &Gpu,
+    sides: &[&SideReads<'a>],
+    plan: &SidesPlan,
+    early: Option<crate::scan::ReadAhead>,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<Vec<ColumnRead<'a>>>, String>> {
+    let mut got: Vec<Vec<Option<ColumnRead<'a>>>> =
+        sides.iter().map(|s| s.columns.iter().map(|_| None).collect()).collect();
+    for &(si, ci) in &plan.own {
+        let s = sides[si];
+        let (name, t) = s.columns[ci];
+        match crate::scan::scan_to_device(g, s.scan.files(), name, t, &s.keep, cache_limit, None, stats)? {
+            Ok(d) => got[si][ci] = Some((name, d, false)),
+            Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
+        }
+    }
+    if !plan.reads.is_empty() {
+        let columns = plan.columns(sides);
+        let scanned = match early {
+            Some(read) => crate::scan::finish_read_ahead(g, &columns, cache_limit, read, stats)?,
+            None => crate::scan::scan_columns_to_device(g, &columns, cache_limit, stats)?,
+        };
+        let scanned = match scanned {
+            Ok(scanned) => scanned,
+            Err((i, why)) => return Ok(Err(format!("column {}: {}", columns[i].column, why.0))),
+        };
+        let mut scanned: Vec<Option<(crate::scan::DeviceDecoded, ScanReport)>> =
+            scanned.into_iter().map(Some).collect();
+        for &(si, ci, r) in &plan.alike {
+            let Some((d, report)) = &scanned[r] else { continue };
+            let copy = crate::scan::DeviceDecoded {
+                keys: g.copy_on_device(&d.keys, d.rows)?,
+                valid: d.valid.as_ref().map(|v| g.copy_on_device(v, d.rows.div_ceil(32))).transpose()?,
+                rows: d.rows,
+                strings: None,
+            };
+            // Its bytes and pages count with the side that read them.
+            let report = ScanReport { bytes_read: 0, bytes_decoded: 0, pages: 0, shared_columns: 1, ..report.clone() };
+            got[si][ci] = Some((sides[si].columns[ci].0, (copy, report), true));
+        }
+        for (r, &(si, ci)) in plan.reads.iter().enumerate() {
+            let Some(d) = scanned[r].take() else { continue };
+            got[si][ci] = Some((sides[si].columns[ci].0, d, true));
+        }
+    }
+    Ok(Ok(got.into_iter().map(|side| side.into_iter().flatten().collect()).collect()))
+}
+
+/// [`SidesPlan::of`]'s `cached` on `g`: with the cache on, does it hold the column?
+fn cached_on(g: &Gpu, cache_limit: usize) -> impl Fn(&SideReads<'_>, &str, &DataType) -> bool + '_ {
+    move |s, name, t| cache_limit > 0 && crate::scan::is_cached_within(g, s.scan.files(), name, t, &s.keep)
+}
+
 /// A device-scanned side whose input filters its rows: the key and filter
 /// columns decoded (each through the column cache), the filter run on the
 /// device ([`crate::algo::join_filter::pass_rows_gpu`]), and the kept rows'
@@ -116,44 +275,26 @@ fn filtered_side(
     cache_limit: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<SideKeys, String>> {
-    // The row groups whose statistics allow a kept row, and the rows the page
-    // index leaves in them; every column reads those.
-    let (keep, pruned) = scan.row_groups_to_read()?;
+    let reads = SideReads::of(scan, &Default::default())?;
+    let plan = SidesPlan::of(&[&reads], cached_on(g, cache_limit));
+    let got = match read_sides(g, &[&reads], &plan, None, cache_limit, stats)? {
+        Ok(mut got) => got.pop().unwrap_or_default(),
+        Err(why) => return Ok(Err(why)),
+    };
+    filtered_keys(g, reads, filter, got, outputs, stats)
+}
+
+/// [`filtered_side`] once its columns are decoded (`got`, read as `reads` says).
+fn filtered_keys(
+    g: &Gpu,
+    reads: SideReads<'_>,
+    filter: &ScanFilter,
+    got: Vec<ColumnRead<'_>>,
+    outputs: &[String],
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<SideKeys, String>> {
+    let SideReads { scan, keep, pruned, .. } = reads;
     let by_bloom_filters = pruned.as_ref().map_or(0, |p| p.by_bloom_filters);
-    // Each column once (the key may be read by the filter too). Those not in
-    // the column cache are read together, in one pipeline of reads, uploads
-    // and decodes (`scan_columns_to_device`). (Read one after another, with
-    // the whole of each column read before its upload, on the H100: 100M rows,
-    // two columns, 166 ms warm; the next column's files read while one
-    // uploaded and decoded, into fresh buffers while the kept ones were still
-    // held: 212 ms.)
-    let mut names: Vec<(&str, &DataType)> = Vec::new();
-    for (name, t) in &filter.columns {
-        if !names.iter().any(|(n, _)| n == name) {
-            names.push((name.as_str(), t));
-        }
-    }
-    let cached = |name: &str, t: &DataType| cache_limit > 0 && crate::scan::is_cached(g, scan.files(), name, t);
-    let apart = crate::env::scan_columns_apart();
-    let (hits, reads): (Vec<_>, Vec<_>) = names.into_iter().partition(|(n, t)| apart || cached(n, t));
-    // (column, keys and report, read with the others)
-    let mut got: Vec<(&str, (crate::scan::DeviceDecoded, ScanReport), bool)> = Vec::new();
-    for (name, t) in hits {
-        match crate::scan::scan_to_device(g, scan.files(), name, t, &keep, cache_limit, None, stats)? {
-            Ok(d) => got.push((name, d, false)),
-            Err(why) => return Ok(Err(format!("column {name}: {}", why.0))),
-        }
-    }
-    if !reads.is_empty() {
-        let columns: Vec<crate::scan::PairSide<'_>> = reads
-            .iter()
-            .map(|(name, t)| crate::scan::PairSide { files: scan.files(), column: name, arrow: t, keep: keep.clone() })
-            .collect();
-        match crate::scan::scan_columns_to_device(g, &columns, cache_limit, stats)? {
-            Ok(scanned) => got.extend(reads.iter().zip(scanned).map(|((name, _), d)| (*name, d, true))),
-            Err((i, why)) => return Ok(Err(format!("column {}: {}", reads[i].0, why.0))),
-        }
-    }
     let mut decoded: Vec<(&str, crate::scan::DeviceDecoded)> = Vec::new();
     let mut report = ScanReport::default();
     let mut together = ScanReport::default();
@@ -313,6 +454,59 @@ fn side_keys(
     }
 }
 
+/// Key columns the caller started reading on host threads ([`read_ahead`])
+/// while it collected the other side's batches.
+#[derive(Default)]
+pub(crate) struct ReadAheads {
+    pub probe: Option<crate::scan::ReadAhead>,
+    pub build: Option<crate::scan::ReadAhead>,
+}
+
+/// Start reading `scan`'s key column on host threads, for a caller that
+/// collects the other input's batches on the host before the selection, so
+/// the two overlap (else the device's reads wait for the collection): an
+/// unfiltered side (a filtered one reads its filter's columns too) whose
+/// keys the column cache does not hold. Its rows are all row groups (no key
+/// range: the other side is not read by the device).
+pub(crate) fn read_ahead(scan: &DeviceScanExec, cfg: &SetfusionConfig) -> Option<crate::scan::ReadAhead> {
+    // (String keys beside a host side are read on the host: `select_device_scanned`.)
+    if scan.filter().is_some() || crate::scan::is_byte_type(scan.data_type()) {
+        return None;
+    }
+    // (A device still starting holds nothing in its cache.)
+    if cfg.cache_limit.0 > 0 && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Ready)) {
+        let device = gpu::gpu(cfg.device).ok()?;
+        if crate::scan::is_cached(&device, scan.files(), scan.column(), scan.data_type()) {
+            return None;
+        }
+    }
+    let column = crate::scan::PairSide {
+        files: scan.files(),
+        column: scan.column(),
+        arrow: scan.data_type(),
+        keep: Default::default(),
+    };
+    Some(crate::scan::ReadAhead::start(&[column]))
+}
+
+/// A device-scanned side's keys from its decoded columns (`got`, read as
+/// `reads` says): filtered on the device, or its key column as read.
+fn side_from_reads(
+    g: &Gpu,
+    reads: SideReads<'_>,
+    got: Vec<ColumnRead<'_>>,
+    outputs: &[String],
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<SideKeys, String>> {
+    match reads.scan.filter() {
+        Some(filter) => filtered_keys(g, reads, filter, got, outputs, stats),
+        None => match got.into_iter().next() {
+            Some((_, decoded, _)) => Ok(Ok(device_side(g, decoded, stats)?)),
+            None => Err(datafusion::error::DataFusionError::Internal("setfusion device scan: a side's key".into())),
+        },
+    }
+}
+
 /// A device-scanned side's keys, with its NULLs as a host buffer too.
 fn device_side(
     g: &Gpu,
@@ -359,6 +553,14 @@ fn describe(which: &str, r: &ScanReport) -> String {
         } else {
             String::new()
         };
+    let shared = match r.shared_columns {
+        0 => String::new(),
+        n => format!(", {n} of its columns read once with the other side's"),
+    };
+    if r.pages == 0 && r.shared_columns > 0 {
+        // Nothing read of its own: its bytes and times are the other side's.
+        return format!("{which}: {} rows", r.rows) + &shared + &cache + &filtered;
+    }
     // Streamed, the upload's time (but its tail) lies within the reads'.
     let secs = (r.read + r.upload + r.decode).as_secs_f64().max(1e-9);
     format!(
@@ -373,6 +575,7 @@ fn describe(which: &str, r: &ScanReport) -> String {
         r.decode.as_secs_f64() * 1e3,
         r.bytes_decoded as f64 / secs / 1e9,
     ) + &cache
+        + &shared
         + &filtered
 }
 
@@ -908,6 +1111,7 @@ pub(crate) fn select_device_scanned(
     build: Side<'_>,
     key_type: &DataType,
     output: Option<ProbeOutput<'_>>,
+    ahead: ReadAheads,
 ) -> Result<std::result::Result<DeviceSelected, String>> {
     let payload = output.map(|o| o.columns);
     let every_row = output.is_some_and(|o| o.every_row);
@@ -970,7 +1174,22 @@ pub(crate) fn select_device_scanned(
         }
         _ => None,
     };
-    if early.is_some() {
+    // Filtered inputs: their columns (each read once, as `read_sides` would
+    // read them; nothing is in a starting device's column cache) read then too.
+    let early_pair = match (&probe, &build) {
+        (Side::Device(p), Side::Device(b))
+            if (p.filter().is_some() || b.filter().is_some())
+                && !crate::env::scan_columns_apart()
+                && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
+        {
+            let reads = [SideReads::of(p, &probe_keep)?, SideReads::of(b, &Default::default())?];
+            let plan = SidesPlan::of(&[&reads[0], &reads[1]], |_, _, _| false);
+            let read = crate::scan::ReadAhead::start(&plan.columns(&[&reads[0], &reads[1]]));
+            Some((reads, plan, read))
+        }
+        _ => None,
+    };
+    if early.is_some() || early_pair.is_some() {
         crate::util::trace("device scan: both sides read while the device starts");
     }
     let device = gpu::gpu(cfg.device).map_err(gpu::GpuError::from)?;
@@ -981,6 +1200,13 @@ pub(crate) fn select_device_scanned(
         Side::Host(..) => None,
     };
     let mut stats = TransferStats::default();
+    // The output columns a filtered probe side's filter reads too are kept from it.
+    let filter_outputs: Vec<String> = match (payload, probe_side.and_then(|s| s.payload())) {
+        (Some(needed), Some(columns)) => {
+            needed.iter().filter_map(|&i| columns.get(i)).map(|(name, _)| name.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
     // Both sides read from their files (neither in the column cache): one
     // upload buffer and one decode launch for the two, so the launches'
     // tails (their largest pages) overlap. Otherwise side by side.
@@ -1031,30 +1257,66 @@ pub(crate) fn select_device_scanned(
                 }
             }
         }
+        (Side::Device(p), Side::Device(b)) if p.filter().is_some() || b.filter().is_some() => {
+            // Both sides' columns in one pipeline, so one side's reads overlap the
+            // other's decodes and their launches' tails overlap; a column both
+            // read alike (two filters over one table) is read once.
+            let (reads, plan, read) = match early_pair {
+                Some((reads, plan, read)) => (reads, plan, Some(read)),
+                None => {
+                    let reads = [SideReads::of(p, &probe_keep)?, SideReads::of(b, &Default::default())?];
+                    let plan = SidesPlan::of(&[&reads[0], &reads[1]], cached_on(&g, cfg.cache_limit.0));
+                    (reads, plan, None)
+                }
+            };
+            let sides = [&reads[0], &reads[1]];
+            let mut got = match read_sides(&g, &sides, &plan, read, cfg.cache_limit.0, &mut stats)? {
+                Ok(got) => got.into_iter(),
+                Err(why) => return Ok(Err(why)),
+            };
+            let [probe_reads, build_reads] = reads;
+            let (probe_got, build_got) = (got.next().unwrap_or_default(), got.next().unwrap_or_default());
+            let mut probe = match side_from_reads(&g, probe_reads, probe_got, &filter_outputs, &mut stats)? {
+                Ok(k) => k,
+                Err(why) => return Ok(Err(format!("probe side: {why}"))),
+            };
+            prefetched = std::mem::take(&mut probe.outputs);
+            let build = match side_from_reads(&g, build_reads, build_got, &[], &mut stats)? {
+                Ok(k) => k,
+                Err(why) => return Ok(Err(format!("build side: {why}"))),
+            };
+            (probe, build)
+        }
         _ => {
             // The build side's files are read on the host while the probe
             // side's are uploaded and decoded (unless the device holds its keys already).
-            let ahead = match &build {
-                Side::Device(scan) if scan.filter().is_none() && !cached(scan) => {
+            // A side read ahead by the caller was read in all its row groups:
+            // the probe side only where its `probe_keep` is that (the build
+            // side collected on the host).
+            let probe_ahead = ahead.probe.filter(|_| matches!(build, Side::Host(..)));
+            let build_ahead = match (&build, ahead.build) {
+                (_, Some(read)) => Some(read),
+                (Side::Device(scan), None) if scan.filter().is_none() && !cached(scan) => {
                     Some(crate::scan::ReadAhead::start(&[side(scan, Default::default())]))
                 }
                 _ => None,
             };
-            // The output columns a filtered probe side's filter reads too are kept from it.
-            let outputs: Vec<String> = match (payload, probe_side.and_then(|s| s.payload())) {
-                (Some(needed), Some(columns)) => {
-                    needed.iter().filter_map(|&i| columns.get(i)).map(|(name, _)| name.clone()).collect()
-                }
-                _ => Vec::new(),
+            let mut probe = match side_keys(
+                &g,
+                probe,
+                key_type,
+                &probe_keep,
+                &filter_outputs,
+                cfg.cache_limit.0,
+                probe_ahead,
+                &mut stats,
+            )? {
+                Ok(k) => k,
+                Err(why) => return Ok(Err(format!("probe side: {why}"))),
             };
-            let mut probe =
-                match side_keys(&g, probe, key_type, &probe_keep, &outputs, cfg.cache_limit.0, None, &mut stats)? {
-                    Ok(k) => k,
-                    Err(why) => return Ok(Err(format!("probe side: {why}"))),
-                };
             prefetched = std::mem::take(&mut probe.outputs);
             let all = crate::scan::Keep::default();
-            let build = match side_keys(&g, build, key_type, &all, &[], cfg.cache_limit.0, ahead, &mut stats)? {
+            let build = match side_keys(&g, build, key_type, &all, &[], cfg.cache_limit.0, build_ahead, &mut stats)? {
                 Ok(k) => k,
                 Err(why) => return Ok(Err(format!("build side: {why}"))),
             };

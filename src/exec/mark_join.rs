@@ -947,17 +947,24 @@ impl Run {
         let (probe_parts, build_parts, facts) = if probe_partition.is_none() && self.spec.scanned_build().is_some() {
             // The subquery side is read by the device: only the probe side is
             // collected, unless the device reads it too.
+            let mut ahead = super::device_select::ReadAheads::default();
             let probe_parts = match self.spec.scanned_probe() {
                 Some(_) => None,
-                None => Some(
-                    collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory).await?,
-                ),
+                None => {
+                    // The subquery side's keys are read on host threads meanwhile.
+                    ahead.build =
+                        self.spec.scanned_build().and_then(|(scan, _)| super::device_select::read_ahead(scan, &cfg));
+                    Some(
+                        collect_partitions_reserved(probe_plan.clone(), ranges[0].clone(), inputs.clone(), &memory)
+                            .await?,
+                    )
+                }
             };
             // (Its peak is noted below, with whatever the host reads after a fallback.)
             self.memory = Some(memory.clone());
             let at = cfg.clone();
             let (run, probe_parts, facts) = super::off_runtime(move || {
-                let facts = self.facts_scanned(&at, probe_parts.as_deref())?;
+                let facts = self.facts_scanned(&at, probe_parts.as_deref(), ahead)?;
                 Ok((self, probe_parts, facts))
             })
             .await?;
@@ -1151,6 +1158,7 @@ impl Run {
         &self,
         cfg: &SetfusionConfig,
         probe_parts: Option<&[Vec<RecordBatch>]>,
+        ahead: super::device_select::ReadAheads,
     ) -> Result<std::result::Result<Scanned, String>> {
         use super::device_select::{select_device_scanned, MarkedRowsFilter, ProbeOutput, Side};
         let Some((scan, probe_key)) = self.spec.scanned_build() else { return Ok(Err("no device scan".into())) };
@@ -1205,7 +1213,7 @@ impl Run {
             (None, None) => return Ok(Err("the probe side has no device scan".into())),
         };
         let device = Side::Device(scan);
-        let selected = match select_device_scanned(&selector, cfg, probe_side, device, &key_type, output) {
+        let selected = match select_device_scanned(&selector, cfg, probe_side, device, &key_type, output, ahead) {
             Ok(Ok(s)) => s,
             Ok(Err(why)) => return Ok(Err(why)),
             Err(e) => return Ok(Err(crate::util::one_line(&e))),

@@ -766,6 +766,19 @@ impl Run {
             if let Some(filter) = &run.spec.dynamic_filter {
                 filter.give_up();
             }
+            // One side collected on the host: the other's keys are read on
+            // host threads meanwhile.
+            let ahead = match (run.device_scanned(true), run.device_scanned(false)) {
+                (Some(scan), None) => super::device_select::ReadAheads {
+                    probe: super::device_select::read_ahead(scan, &cfg),
+                    build: None,
+                },
+                (None, Some(scan)) => super::device_select::ReadAheads {
+                    probe: None,
+                    build: super::device_select::read_ahead(scan, &cfg),
+                },
+                _ => Default::default(),
+            };
             let (p, b) = futures::try_join!(
                 collect(&run.spec.probe, run.probe_partitions.clone(), device_probe),
                 collect(&run.spec.build, run.build_partitions.clone(), device_build)
@@ -775,7 +788,7 @@ impl Run {
             let (c, m) = (cfg.clone(), memory.clone());
             let (back, outcome) = super::off_runtime(move || {
                 let timer = run.elapsed_compute.timer();
-                let outcome = run.select_device_scanned(&c, p, b, batch_size, &m);
+                let outcome = run.select_device_scanned(&c, p, b, batch_size, &m, ahead);
                 timer.done();
                 Ok((run, outcome))
             })
@@ -846,6 +859,7 @@ impl Run {
         build_parts: Option<Vec<Vec<RecordBatch>>>,
         batch_size: usize,
         memory: &Arc<datafusion::execution::memory_pool::MemoryReservation>,
+        ahead: super::device_select::ReadAheads,
     ) -> Result<DeviceOutcome> {
         let key_type = keys::key_type(&self.spec.probe_keys[0].data_type(&self.spec.probe.schema())?);
         if (probe_parts.is_none() && self.device_scanned(true).is_none())
@@ -875,6 +889,7 @@ impl Run {
                 filter: None,
                 reduce: self.aggregate.is_some(),
             }),
+            ahead,
         );
         let super::device_select::DeviceSelected { selection, ran, reports, payload, reduced, .. } = match outcome {
             Ok(Ok(r)) => r,

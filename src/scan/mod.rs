@@ -81,6 +81,9 @@ pub struct ScanReport {
     pub rows_pruned_by_page_index: u64,
     /// The input's filter, run on the device: the rows it kept, the time it took, the columns read for it.
     pub filtered: Option<(u64, Duration, usize)>,
+    /// Columns the other input read alike (same files, rows and type), copied
+    /// on the device from its read: their bytes and pages count there.
+    pub shared_columns: usize,
 }
 
 impl ScanReport {
@@ -93,6 +96,7 @@ impl ScanReport {
         self.read += r.read;
         self.upload += r.upload;
         self.decode += r.decode;
+        self.shared_columns += r.shared_columns;
     }
 }
 

@@ -170,6 +170,12 @@ const QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a WHERE k32 IS NULL OR k32 > 10 EXCEPT SELECT k FROM b WHERE p > 50)",
     "SELECT count(*) FROM (SELECT k32 FROM a WHERE k + 5 > k32 INTERSECT SELECT k32 FROM b_zstd WHERE p <> 7)",
     "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p % 3 = 1)",
+    // Both sides over one table: read in one pipeline, a column both read alike read once.
+    SAME_TABLE,
+    "SELECT k FROM a WHERE f EXCEPT SELECT k FROM a WHERE NOT f",
+    "SELECT count(*) FROM a WHERE k32 > 100 AND k IN (SELECT k FROM a WHERE k32 < 4000)",
+    "SELECT p FROM a WHERE k32 > 10 AND k NOT IN (SELECT k FROM a WHERE k32 < 50 AND k IS NOT NULL)",
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM a WHERE k32 < 100)",
     // The probe side's rows output: its columns decoded by the device (NULLs, INT, BIGINT).
     "SELECT k, k32, p FROM a WHERE k IN (SELECT k FROM b)",
     "SELECT k32, p FROM a WHERE k NOT IN (SELECT k FROM b_no_nulls)",
@@ -286,7 +292,15 @@ const ALL_QUERIES: &[&str] = &[
     "SELECT k FROM a INTERSECT ALL SELECT k FROM b",
     "SELECT k32 FROM a EXCEPT ALL SELECT k32 FROM b",
     "SELECT count(*) FROM (SELECT s FROM a INTERSECT ALL SELECT s FROM b)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE f INTERSECT ALL SELECT k FROM a WHERE k32 > 2500)",
+    // One side collected on the host (a filter the device cannot run): the other's keys read meanwhile.
+    "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b WHERE p % 3 = 1)",
 ];
+
+/// Two filters over one table: their key and filter columns (read in the same
+/// row groups) read once for both sides.
+const SAME_TABLE: &str =
+    "SELECT count(*) FROM (SELECT k FROM a WHERE k32 < 2000 INTERSECT SELECT k FROM a WHERE k32 >= 1000)";
 
 #[test]
 fn device_scan_answers_equal_host_scan() {
@@ -387,6 +401,12 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(plan.matches("DeviceScanExec: column=k").count(), 2, "{plan}");
             assert_eq!(plan.matches("filter=f@").count(), 2, "{plan}");
             let analyzed = explain(&device, BOOLEAN_FILTERED, true).await;
+            assert!(analyzed.matches("filtered on the device").count() == 2, "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            // Two filters over one table, both run by the device over columns read once.
+            let analyzed = explain(&no_cache, SAME_TABLE, true).await;
+            assert_eq!(analyzed.matches("DeviceScanExec: column=k").count(), 2, "{analyzed}");
+            assert!(analyzed.contains("2 of its columns read once with the other side's"), "{analyzed}");
             assert!(analyzed.matches("filtered on the device").count() == 2, "{analyzed}");
             assert!(!analyzed.contains("fell back"), "{analyzed}");
             // The page index: pages of the build side's row group that the filter rules out are not
