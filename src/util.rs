@@ -22,3 +22,23 @@ pub fn tracing() -> bool {
 pub fn one_line(e: &DataFusionError) -> String {
     e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+/// A xorshift64 generator (shifts 13, 7, 17): reproducible test, doctor and
+/// benchmark data without a random crate's versioned streams. The state must
+/// not be 0.
+#[derive(Debug, Clone)]
+pub struct Xorshift64(pub u64);
+
+impl Xorshift64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A value below `n` (below 1 where `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}

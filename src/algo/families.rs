@@ -1485,13 +1485,8 @@ pub mod tests_data {
 
     /// A xorshift64 generator: reproducible families without a random crate's versioned streams.
     pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
+        let mut s = crate::util::Xorshift64(seed.wrapping_mul(0x9e3779b97f4a7c15) | 1);
+        move || s.next_u64()
     }
 
     /// The paper's figure 1: F and F' (k = 6, k' = 4).

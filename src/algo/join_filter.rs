@@ -943,18 +943,7 @@ pub(crate) mod tests_data {
     use super::{op, Instr, PairColumn, Programs, RANGE_DEC, RANGE_I64};
     use crate::keys::KeyColumns;
 
-    pub struct Rng(pub u64);
-    impl Rng {
-        pub fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        pub fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
+    pub use crate::util::Xorshift64 as Rng;
 
     /// Exact keys of one side from Int64 values (None: NULL), split in batches of `batch` rows.
     pub fn keys(vals: &[Option<i64>], batch: usize) -> KeyColumns {
@@ -1017,7 +1006,7 @@ pub(crate) mod tests_data {
             }),
             make(&mut |r| Arc::new(Int8Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(256) as i8))))),
             make(&mut |r| Arc::new(Int16Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.below(65536) as i16))))),
-            make(&mut |r| Arc::new(UInt32Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.next() as u32))))),
+            make(&mut |r| Arc::new(UInt32Array::from_iter((0..b).map(|_| (!null(r)).then(|| r.next_u64() as u32))))),
         ]
     }
 
@@ -1186,13 +1175,14 @@ fn row_filter_check(gpu: &Gpu, rng: &mut tests_data::Rng) -> Result<usize> {
         let columns: Vec<(Vec<u64>, Option<Vec<u32>>)> = (0..3)
             .map(|c| {
                 let values: Vec<u64> = (0..n).map(|_| (rng.below(40) as i64 - 20) as u64).collect();
-                let valid = (c != 1).then(|| (0..n.div_ceil(32)).map(|_| rng.next() as u32 | 0x0101_0101).collect());
+                let valid =
+                    (c != 1).then(|| (0..n.div_ceil(32)).map(|_| rng.next_u64() as u32 | 0x0101_0101).collect());
                 (values, valid)
             })
             .collect();
         // The bit column: bits and validity words, its lanes for the twin.
-        let mark_words: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next() as u32).collect();
-        let mark_valid: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next() as u32 | 0x0303_0303).collect();
+        let mark_words: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next_u64() as u32).collect();
+        let mark_valid: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next_u64() as u32 | 0x0303_0303).collect();
         let mark_lanes: Vec<u64> = (0..n).map(|r| (mark_words[r / 32] >> (r % 32)) as u64 & 1).collect();
         let mut host: Vec<RowColumn> =
             columns.iter().map(|(v, b)| RowColumn { values: v, validity: b.as_deref() }).collect();

@@ -381,7 +381,7 @@ mod tests {
         let rare = if extremes { 10 } else { u64::MAX };
         let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, 1e300, -1.5];
         let cols: Vec<(&str, ArrayRef)> = vec![
-            ("i8", Arc::new(Int8Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.next() as i8))))),
+            ("i8", Arc::new(Int8Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.next_u64() as i8))))),
             (
                 "i16",
                 Arc::new(Int16Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.below(2000) as i16 - 1000)))),
@@ -412,11 +412,9 @@ mod tests {
             ),
             (
                 "u32",
-                Arc::new(UInt32Array::from_iter(
-                    (0..n).map(|_| {
-                        opt(rng, 0).map(|_| if extremes { rng.next() as u32 } else { rng.below(1000) as u32 })
-                    }),
-                )),
+                Arc::new(UInt32Array::from_iter((0..n).map(|_| {
+                    opt(rng, 0).map(|_| if extremes { rng.next_u64() as u32 } else { rng.below(1000) as u32 })
+                }))),
             ),
             (
                 "f32",

@@ -286,13 +286,8 @@ fn text(v: i64) -> String {
 
 /// The case's column (named `k`), deterministic.
 pub fn column(c: &Case) -> ArrayRef {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ c.rows as u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut x = crate::util::Xorshift64(0x9E37_79B9_7F4A_7C15 ^ c.rows as u64);
+    let mut next = || x.next_u64();
     let mut vals: Vec<Option<i64>> = (0..c.rows)
         .map(|i| {
             let r = next();

@@ -1367,13 +1367,8 @@ mod tests {
     /// writes them, sorted and small integers, text, incompressible and
     /// constant bytes, and empty and tiny inputs.
     fn zstd_test_inputs() -> Vec<Vec<u8>> {
-        let mut rng = 0x9E3779B97F4A7C15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = crate::util::Xorshift64(0x9E3779B97F4A7C15);
+        let mut next = move || rng.next_u64();
         let keys: Vec<u8> = (0..100_000).flat_map(|_| (next() % 400_000_000).to_le_bytes()).collect();
         let mut sorted: Vec<u64> = (0..60_000).map(|_| next() % 1_000_000_000_000).collect();
         sorted.sort_unstable();
