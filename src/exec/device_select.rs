@@ -134,12 +134,7 @@ impl<'a> SideReads<'a> {
 
     /// Does `other` read column `i` of the same files as this side, in the same rows?
     fn same_column(&self, i: usize, other: &SideReads<'_>, j: usize) -> bool {
-        let same_files = |a: &[crate::scan::ScanFile], b: &[crate::scan::ScanFile]| {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.path == y.path && x.ranges == y.ranges)
-        };
-        self.columns[i] == other.columns[j]
-            && self.keep == other.keep
-            && same_files(self.scan.files(), other.scan.files())
+        self.columns[i] == other.columns[j] && self.keep == other.keep && self.scan.files() == other.scan.files()
     }
 }
 
@@ -454,6 +449,11 @@ fn side_keys(
     }
 }
 
+/// `s`'s key column read in the row groups `keep` leaves.
+fn key_column(s: &DeviceScanExec, keep: crate::scan::Keep) -> crate::scan::PairSide<'_> {
+    crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
+}
+
 /// Key columns the caller started reading on host threads ([`read_ahead`])
 /// while it collected the other side's batches.
 #[derive(Default)]
@@ -480,13 +480,7 @@ pub(crate) fn read_ahead(scan: &DeviceScanExec, cfg: &SetfusionConfig) -> Option
             return None;
         }
     }
-    let column = crate::scan::PairSide {
-        files: scan.files(),
-        column: scan.column(),
-        arrow: scan.data_type(),
-        keep: Default::default(),
-    };
-    Some(crate::scan::ReadAhead::start(&[column]))
+    Some(crate::scan::ReadAhead::start(&[key_column(scan, Default::default())]))
 }
 
 /// A device-scanned side's keys from its decoded columns (`got`, read as
@@ -1136,9 +1130,6 @@ pub(crate) fn select_device_scanned(
         }
         _ => crate::scan::Keep::default(),
     };
-    fn side(s: &DeviceScanExec, keep: crate::scan::Keep) -> crate::scan::PairSide<'_> {
-        crate::scan::PairSide { files: s.files(), column: s.column(), arrow: s.data_type(), keep }
-    }
     // The probe side's output columns but its key (which its decoded keys
     // give), as they are read: `cached` says which the column cache holds.
     let output_sides = |cached: &dyn Fn(&str, &DataType) -> bool| -> Vec<crate::scan::PairSide<'_>> {
@@ -1168,27 +1159,33 @@ pub(crate) fn select_device_scanned(
                 && b.filter().is_none()
                 && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
         {
-            let sides = [side(p, probe_keep.clone()), side(b, Default::default())];
+            let sides = [key_column(p, probe_keep.clone()), key_column(b, Default::default())];
             let columns: Vec<crate::scan::PairSide<'_>> = sides.into_iter().chain(early_outputs.clone()).collect();
             Some(crate::scan::ReadAhead::start(&columns))
         }
         _ => None,
     };
-    // Filtered inputs: their columns (each read once, as `read_sides` would
-    // read them; nothing is in a starting device's column cache) read then too.
-    let early_pair = match (&probe, &build) {
-        (Side::Device(p), Side::Device(b))
-            if (p.filter().is_some() || b.filter().is_some())
-                && !crate::env::scan_columns_apart()
-                && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_))) =>
-        {
-            let reads = [SideReads::of(p, &probe_keep)?, SideReads::of(b, &Default::default())?];
-            let plan = SidesPlan::of(&[&reads[0], &reads[1]], |_, _, _| false);
-            let read = crate::scan::ReadAhead::start(&plan.columns(&[&reads[0], &reads[1]]));
-            Some((reads, plan, read))
+    // Both sides read by the device, either filtered: what each reads (its
+    // filter's row groups and rows), for one pipeline below.
+    let mut pair_reads = match (&probe, &build) {
+        (Side::Device(p), Side::Device(b)) if p.filter().is_some() || b.filter().is_some() => {
+            Some([SideReads::of(p, &probe_keep)?, SideReads::of(b, &Default::default())?])
         }
         _ => None,
     };
+    // Their columns (each read once, as `read_sides` would read them; nothing
+    // is in a starting device's column cache) are read then too.
+    let early_pair = pair_reads
+        .as_ref()
+        .filter(|_| {
+            !crate::env::scan_columns_apart()
+                && matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Starting(_)))
+        })
+        .map(|reads| {
+            let plan = SidesPlan::of(&[&reads[0], &reads[1]], |_, _, _| false);
+            let read = crate::scan::ReadAhead::start(&plan.columns(&[&reads[0], &reads[1]]));
+            (plan, read)
+        });
     if early.is_some() || early_pair.is_some() {
         crate::util::trace("device scan: both sides read while the device starts");
     }
@@ -1220,7 +1217,7 @@ pub(crate) fn select_device_scanned(
         (Side::Device(p), Side::Device(b))
             if early.is_some() || (!cached(p) && !cached(b) && p.filter().is_none() && b.filter().is_none()) =>
         {
-            let sides = [side(p, probe_keep.clone()), side(b, Default::default())];
+            let sides = [key_column(p, probe_keep.clone()), key_column(b, Default::default())];
             // The probe side's output columns (not in the column cache, not the key) are read with the
             // keys, in the same pipeline, rather than after the selection.
             let outputs = match &early {
@@ -1257,19 +1254,16 @@ pub(crate) fn select_device_scanned(
                 }
             }
         }
-        (Side::Device(p), Side::Device(b)) if p.filter().is_some() || b.filter().is_some() => {
+        _ if pair_reads.is_some() => {
             // Both sides' columns in one pipeline, so one side's reads overlap the
             // other's decodes and their launches' tails overlap; a column both
             // read alike (two filters over one table) is read once.
-            let (reads, plan, read) = match early_pair {
-                Some((reads, plan, read)) => (reads, plan, Some(read)),
-                None => {
-                    let reads = [SideReads::of(p, &probe_keep)?, SideReads::of(b, &Default::default())?];
-                    let plan = SidesPlan::of(&[&reads[0], &reads[1]], cached_on(&g, cfg.cache_limit.0));
-                    (reads, plan, None)
-                }
-            };
+            let reads = pair_reads.take().expect("checked by the guard");
             let sides = [&reads[0], &reads[1]];
+            let (plan, read) = match early_pair {
+                Some((plan, read)) => (plan, Some(read)),
+                None => (SidesPlan::of(&sides, cached_on(&g, cfg.cache_limit.0)), None),
+            };
             let mut got = match read_sides(&g, &sides, &plan, read, cfg.cache_limit.0, &mut stats)? {
                 Ok(got) => got.into_iter(),
                 Err(why) => return Ok(Err(why)),
@@ -1297,7 +1291,7 @@ pub(crate) fn select_device_scanned(
             let build_ahead = match (&build, ahead.build) {
                 (_, Some(read)) => Some(read),
                 (Side::Device(scan), None) if scan.filter().is_none() && !cached(scan) => {
-                    Some(crate::scan::ReadAhead::start(&[side(scan, Default::default())]))
+                    Some(crate::scan::ReadAhead::start(&[key_column(scan, Default::default())]))
                 }
                 _ => None,
             };

@@ -162,7 +162,7 @@ impl PqPage {
 
 /// One file of the scan: its path and the byte ranges DataFusion assigned
 /// (empty: the whole file). The ranges of one file must cover it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanFile {
     pub path: PathBuf,
     pub ranges: Vec<(u64, u64)>,
