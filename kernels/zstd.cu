@@ -152,7 +152,7 @@ __device__ __forceinline__ u32 zs_fwd(const u8* s, u32 len, u32 bit, u32 n) {
 // the end down, zeros below the start. Positions are 32-bit (a stream lies
 // in one block: at most 128 KiB). `c` holds bits [lo, lo + 64); a refill
 // leaves at least 57 of them at or below `pos`, so a caller may take up to
-// 57 bits after `zs_fill` without another check.
+// n <= 57 bits after `zs_need(b, n)` without another check.
 struct ZsBits {
     const u8* s;
     int len, pos, lo;
@@ -182,9 +182,7 @@ __device__ __forceinline__ u64 zs_le64(const u8* s, int len, int at) {
         const u64* a = (const u64*)(addr & ~7ull);
         if (sh == 0) return *a;
         if ((const u8*)a >= s && (const u8*)(a + 2) <= s + len) return (a[0] >> sh) | (a[1] << (64 - sh));
-        u64 v = 0;
-        for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
-        return v;
+        // The aligned words reach outside the stream: byte by byte, below.
     }
     u64 v = 0;
     for (int k = 7; k >= 0; --k) {
@@ -198,11 +196,6 @@ __device__ __forceinline__ void zs_refill(ZsBits& b) {
     const int hi = (b.pos + 7) >> 3;  // (arithmetic: below the start too)
     b.lo = hi * 8 - 64;
     b.c = zs_le64(b.s, b.len, hi - 8);
-}
-
-// At least 57 bits at or below pos in `c`.
-__device__ __forceinline__ void zs_fill(ZsBits& b) {
-    if (b.pos - b.lo < 57) zs_refill(b);
 }
 
 // At least n <= 57 bits at or below pos in `c`.
@@ -227,7 +220,7 @@ __device__ __forceinline__ u32 zs_read(ZsBits& b, u32 n) {
     return v;
 }
 
-// zs_read of bits `c` already holds (zs_fill or zs_need made sure of them).
+// zs_read of bits `c` already holds (zs_need made sure of them).
 __device__ __forceinline__ u32 zs_take(ZsBits& b, u32 n) {
     const u32 v = zs_look(b, n);
     b.pos -= (int)n;
@@ -407,13 +400,14 @@ __device__ u32 zs_read_huf(ZsWarp& sh, const u8* s, u32 len, u32* log) {
 }
 
 // One Huffman stream of n symbols into out; false unless it is consumed exactly.
-// A fill serves five symbols (codes of at most ZS_HUF_MAX = 11 bits).
+// One check serves five symbols (codes of at most ZS_HUF_MAX = 11 bits: the
+// fifth looks at ZS_HUF_MAX bits after four codes).
 __device__ bool zs_huf_stream(const u16* huf, u32 log, const u8* s, u32 len, u8* out, u32 n) {
     ZsBits b;
     if (!zs_bits_init(b, s, len)) return false;
     u32 i = 0;
     for (; i + 5 <= n; i += 5) {
-        zs_fill(b);
+        zs_need(b, 5 * ZS_HUF_MAX);
 #pragma unroll
         for (u32 k = 0; k < 5; ++k) {
             const u32 e = huf[zs_look(b, log)];
