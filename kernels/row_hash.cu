@@ -13,7 +13,8 @@
 // - fixed: row i is the 8-byte little-endian word vals[i] (an exact key
 //   column's 64-bit image, or the NULL masks below); no offsets array.
 // - spans: row i is at a device address of its own (a Parquet BYTE_ARRAY
-//   value in the decoder's page bodies), verified only (RhSpans).
+//   value in the decoder's page bodies), verified, or numbered by the
+//   literal it equals (RhSpans).
 // Each row becomes one
 // 64-bit hash, bit-identical to `keys::hash_bytes` (src/keys.rs, its CPU twin),
 // so the hash-table kernels can select on it. A hash is only a candidate
@@ -281,6 +282,26 @@ extern "C" __global__ void verify_check_fixed(const u64* bh, u64 nb, const u64* 
 extern "C" __global__ void verify_check_spans(const u64* bh, u64 nb, const u64* ph, u64 np, const u64* keys,
                                               const u32* reps, u64 mask, const u64* b_spans, const u64* p_spans, u32* flag) {
     rh_verify_check(bh, nb, ph, np, keys, reps, mask, RhSpans{b_spans}, RhSpans{p_spans}, flag);
+}
+
+// Which literal each row of a spans column equals: 1 + the index of the
+// first equal one, 0 for none and for a NULL row (address 0: a value's is
+// never 0, even an empty one's; its validity, kept beside, makes it NULL). A string column compared with literals in a device
+// scan's filter (`=`, `<>`, [NOT] IN) is read by the filter's program as this
+// number (src/exec/device_scan.rs). Literal j is lit_words' bytes
+// lit_at[j] .. lit_at[j + 1], padded like any row's.
+extern "C" __global__ void match_literals_spans(const u64* spans, u64 n, const u64* lit_words, const u64* lit_at,
+                                                u32 nlits, u64* out) {
+    RhSpans side{spans};
+    SF_FOR(i, n) {
+        RhRow r = side.row(i);
+        u64 number = 0;
+        for (u32 j = 0; spans[2 * i] != 0 && j < nlits && number == 0; ++j) {
+            u64 at = lit_at[j], len = lit_at[j + 1] - at;
+            if (r.len == len && rh_rows_equal(r.words, r.start, lit_words, at, len)) number = j + 1;
+        }
+        out[i] = number;
+    }
 }
 
 // Fill n words of a buffer with a value (the table's empty markers).

@@ -26,7 +26,8 @@
 //! hashes into one hash per row (`keys::hash_columns`), and verification
 //! compares every column and the masks with the hash's representative row.
 //!
-//! CPU twins: [`hash_rows_cpu`], [`verify_cpu`], [`hash_columns_cpu`] and [`verify_columns_cpu`].
+//! CPU twins: [`hash_rows_cpu`], [`verify_cpu`], [`hash_columns_cpu`], [`verify_columns_cpu`] and
+//! [`match_literals_cpu`].
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -671,6 +672,64 @@ pub fn spans_collision_free(
     }
     .map_err(|e| cuda_err("row_hash verify check", e))?;
     table.collision_free(gpu, stats)
+}
+
+/// The literal each row of a BYTE_ARRAY column that the Parquet decoder left
+/// on the device equals ([`crate::scan::DeviceStrings`]' spans): 1 + the
+/// index of the first equal one in `literals`, 0 for none and for a NULL
+/// row. A device scan's filter reads a string column compared with literals
+/// as this number (`crate::exec::device_scan`). CPU twin: [`match_literals_cpu`].
+pub fn match_literals_gpu(
+    gpu: &Gpu,
+    spans: &DeviceBuffer<u64>,
+    rows: usize,
+    literals: &[Vec<u8>],
+    stats: &mut TransferStats,
+) -> Result<DeviceBuffer<u64>> {
+    if spans.len() < 2 * rows {
+        return Err(DataFusionError::Internal("row_hash: fewer spans than rows".into()));
+    }
+    let out = gpu.alloc::<u64>(rows.max(1))?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let mut at = vec![0u64];
+    let mut words = vec![0u64; padded_len(literals.iter().map(Vec::len).sum()) / 8];
+    let mut pos = 0usize;
+    for l in literals {
+        for &b in l {
+            words[pos / 8] |= (b as u64) << (8 * (pos % 8));
+            pos += 1;
+        }
+        at.push(pos as u64);
+    }
+    let (words, at) = (gpu.upload(&words, stats)?, gpu.upload(&at, stats)?);
+    let (n, nlits) = (rows as u64, literals.len() as u32);
+    let f = gpu.function(&KERNEL, "match_literals_spans")?;
+    // SAFETY: signature matches kernels/row_hash.cu; spans hold two words a row (a decoded value's address and
+    // length in page bodies the caller keeps alive and padded, or (0, 0)), at nlits + 1 offsets into words
+    // (padded by one zeroed word), out `rows` entries.
+    unsafe {
+        gpu.stream()
+            .launch_builder(&f)
+            .arg(&spans.slice)
+            .arg(&n)
+            .arg(&words.slice)
+            .arg(&at.slice)
+            .arg(&nlits)
+            .arg(&out.slice)
+            .launch(launch_cfg(gpu, rows))
+    }
+    .map_err(|e| cuda_err("row_hash match literals", e))?;
+    Ok(out)
+}
+
+/// CPU twin of [`match_literals_gpu`] over the rows' values (None: NULL).
+pub fn match_literals_cpu<'a>(values: impl IntoIterator<Item = Option<&'a [u8]>>, literals: &[Vec<u8>]) -> Vec<u64> {
+    values
+        .into_iter()
+        .map(|v| v.and_then(|v| literals.iter().position(|l| l == v)).map_or(0, |j| j as u64 + 1))
+        .collect()
 }
 
 /// The verification's table of representatives over both sides' hashes
@@ -1391,6 +1450,65 @@ mod tests {
         same[0] = u64::MAX;
         same[k] = u64::MAX;
         assert!(verify_cpu(&same, &offsets, &data));
+    }
+
+    /// Rows of a spans column (values at unaligned addresses of their own, NULLs,
+    /// empty strings, duplicates) numbered by the literal they equal, on the
+    /// device as by the CPU twin; literals empty, short, 8 bytes and longer.
+    #[test]
+    fn literal_numbers_match_cpu_twin() {
+        let mut rng = crate::util::Xorshift64(0x5EED_0F_11);
+        let pool: Vec<Vec<u8>> =
+            ["", "F", "O", "P", "1-URGENT", "1-URGEN", "1-URGENT ", "MAIL", "a long string of bytes", "\0"]
+                .iter()
+                .map(|s| s.as_bytes().to_vec())
+                .collect();
+        let values: Vec<Option<Vec<u8>>> = (0..5000)
+            .map(|_| match rng.below(12) {
+                0 => None,
+                1 => Some((0..rng.below(20)).map(|_| rng.below(256) as u8).collect()),
+                k => Some(pool[(k as usize) % pool.len()].clone()),
+            })
+            .collect();
+        let literal_sets: [&[usize]; 5] = [&[1], &[0], &[4, 5, 6], &[8, 1, 0], &[]];
+        for set in literal_sets {
+            let literals: Vec<Vec<u8>> = set.iter().map(|&i| pool[i].clone()).collect();
+            let want = match_literals_cpu(values.iter().map(|v| v.as_deref()), &literals);
+            let empty = literals.iter().position(|l| l.is_empty()).map_or(0, |j| j as u64 + 1);
+            for (v, &w) in values.iter().zip(&want) {
+                let expect = v.as_deref().and_then(|v| literals.iter().position(|l| l == v));
+                assert_eq!(w, expect.map_or(0, |j| j as u64 + 1));
+                if v.as_deref() == Some(&b""[..]) {
+                    assert_eq!(w, empty);
+                }
+            }
+            let Some(g) = crate::gpu::test_gpu() else { continue };
+            let mut stats = TransferStats::default();
+            // Each value at an odd offset of one padded body, as decoded page bodies leave them.
+            let mut body = Vec::new();
+            let mut at = Vec::new();
+            for v in &values {
+                body.push(0xAB);
+                at.push(body.len());
+                body.extend_from_slice(v.as_deref().unwrap_or_default());
+            }
+            body.resize(padded_len(body.len()), 0);
+            let body = g.upload(&body, &mut stats).unwrap();
+            let base = g.untracked_address(&body);
+            let spans: Vec<u64> = values
+                .iter()
+                .zip(&at)
+                .flat_map(|(v, &a)| match v {
+                    Some(v) => [base + a as u64, v.len() as u64],
+                    None => [0, 0],
+                })
+                .collect();
+            let spans = g.upload(&spans, &mut stats).unwrap();
+            let got = match_literals_gpu(&g, &spans, values.len(), &literals, &mut stats).unwrap();
+            assert_eq!(g.download(&got, values.len(), &mut stats).unwrap(), want, "literals {set:?}");
+            let none = match_literals_gpu(&g, &spans, 0, &literals, &mut stats).unwrap();
+            assert!(none.len() >= 1);
+        }
     }
 
     fn string_rows(conv: &RowConverter, vals: &[Option<&str>], ints: &[i32]) -> KeyBytes {

@@ -33,7 +33,9 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Operator;
-use datafusion::physical_expr::expressions::{BinaryExpr, Column, DynamicFilterPhysicalExpr};
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CastExpr, Column, DynamicFilterPhysicalExpr, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
@@ -157,6 +159,164 @@ pub struct ScanFilter {
     pub keep_null: Vec<Instr>,
     /// The predicate as DataFusion printed it, for EXPLAIN.
     pub text: String,
+    /// The string columns among `columns`, which the programs read as the
+    /// number of the literal each row equals ([`StringLiterals`]).
+    pub literals: Vec<StringLiterals>,
+}
+
+/// A string column of a [`ScanFilter`], compared with literals only (`=`,
+/// `<>`, [NOT] IN, IS [NOT] NULL): the programs read it as the number of the
+/// literal a row equals (1 + its index here, 0 for none;
+/// [`crate::algo::row_hash::match_literals_gpu`], exact on the bytes), with
+/// the column's NULLs, and compare that number with the literal's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StringLiterals {
+    /// Its index in the filter's `columns`.
+    pub column: usize,
+    pub literals: Vec<Vec<u8>>,
+}
+
+/// IN lists longer than this stay with DataFusion (each value is one comparison of the program).
+const MAX_IN_LIST: usize = 64;
+
+/// Utf8 types: Some(true); binary types: Some(false); others: None. A cast
+/// within one family keeps a value's bytes.
+fn byte_family(t: &DataType) -> Option<bool> {
+    use DataType::*;
+    match t {
+        Utf8 | LargeUtf8 | Utf8View => Some(true),
+        Binary | LargeBinary | BinaryView => Some(false),
+        _ => None,
+    }
+}
+
+/// The string column `e` reads (through casts that keep its bytes), by its index in `columns`.
+fn string_column(e: &PhysicalExprRef, columns: &[(String, DataType)]) -> Option<usize> {
+    let mut e = e;
+    let mut family = None;
+    while let Some(c) = e.downcast_ref::<CastExpr>() {
+        let to = byte_family(c.cast_type())?;
+        if family.is_some_and(|f| f != to) {
+            return None;
+        }
+        family = Some(to);
+        e = c.expr();
+    }
+    let c = e.downcast_ref::<Column>()?;
+    let own = byte_family(&columns.get(c.index())?.1)?;
+    (family.is_none_or(|f| f == own)).then_some(c.index())
+}
+
+/// A string or binary literal's bytes (Some(None): a NULL one).
+fn literal_bytes(e: &PhysicalExprRef) -> Option<Option<Vec<u8>>> {
+    use datafusion::common::ScalarValue::*;
+    let l = e.downcast_ref::<Literal>()?;
+    match l.value() {
+        Utf8(v) | LargeUtf8(v) | Utf8View(v) => Some(v.as_ref().map(|s| s.as_bytes().to_vec())),
+        Binary(v) | LargeBinary(v) | BinaryView(v) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+/// `e` with every comparison of a string column with literals made a
+/// comparison of the column's literal number (see [`StringLiterals`]: the
+/// column then reads as Int64), and IN lists made ORed equalities (the same
+/// under SQL's three-valued logic, NULLs in the list included). Err: a
+/// string column used otherwise, which the device cannot evaluate.
+fn number_string_literals(
+    e: &PhysicalExprRef,
+    columns: &[(String, DataType)],
+    numbered: &mut Vec<StringLiterals>,
+) -> std::result::Result<PhysicalExprRef, String> {
+    let col = |c: usize| Arc::new(Column::new(&columns[c].0, c)) as PhysicalExprRef;
+    if let Some(b) = e.downcast_ref::<BinaryExpr>() {
+        if matches!(b.op(), Operator::Eq | Operator::NotEq) {
+            let pair = match (string_column(b.left(), columns), literal_bytes(b.right())) {
+                (Some(c), Some(l)) => Some((c, l)),
+                _ => string_column(b.right(), columns).zip(literal_bytes(b.left())),
+            };
+            if let Some((c, lit)) = pair {
+                return Ok(Arc::new(BinaryExpr::new(col(c), *b.op(), literal_number(numbered, c, lit))));
+            }
+        }
+    }
+    if let Some(l) = e.downcast_ref::<InListExpr>() {
+        if l.list().len() > MAX_IN_LIST {
+            return Err(format!("an IN list of {} values", l.list().len()));
+        }
+        let (probe, string) = match string_column(l.expr(), columns) {
+            Some(c) => (col(c), Some(c)),
+            None => (number_string_literals(l.expr(), columns, numbered)?, None),
+        };
+        let mut any: Option<PhysicalExprRef> = None;
+        for v in l.list() {
+            let value = match string {
+                Some(c) => {
+                    let lit = literal_bytes(v).ok_or_else(|| format!("{} IN a list holding {v}", l.expr()))?;
+                    literal_number(numbered, c, lit)
+                }
+                None => number_string_literals(v, columns, numbered)?,
+            };
+            let eq: PhysicalExprRef = Arc::new(BinaryExpr::new(probe.clone(), Operator::Eq, value));
+            any = Some(match any {
+                Some(a) => Arc::new(BinaryExpr::new(a, Operator::Or, eq)),
+                None => eq,
+            });
+        }
+        let any = any.ok_or("an empty IN list")?;
+        return Ok(if l.negated() { Arc::new(NotExpr::new(any)) } else { any });
+    }
+    if let Some(arg) = e.downcast_ref::<IsNullExpr>().map(|n| n.arg()) {
+        if let Some(c) = string_column(arg, columns) {
+            number_none(numbered, c);
+            return Ok(Arc::new(IsNullExpr::new(col(c))));
+        }
+    }
+    if let Some(arg) = e.downcast_ref::<IsNotNullExpr>().map(|n| n.arg()) {
+        if let Some(c) = string_column(arg, columns) {
+            number_none(numbered, c);
+            return Ok(Arc::new(IsNotNullExpr::new(col(c))));
+        }
+    }
+    if let Some((name, t)) = e.downcast_ref::<Column>().and_then(|c| columns.get(c.index())) {
+        if byte_family(t).is_some() {
+            return Err(format!("the filter reads {name} of type {t} other than =, <>, IN or IS NULL with literals"));
+        }
+    }
+    let children = e.children();
+    if children.is_empty() {
+        return Ok(e.clone());
+    }
+    let children = children
+        .into_iter()
+        .map(|c| number_string_literals(c, columns, numbered))
+        .collect::<std::result::Result<_, _>>()?;
+    e.clone().with_new_children(children).map_err(|e| e.to_string())
+}
+
+/// Column `c`'s entry among the numbered string columns (added without literals if new).
+fn number_none(numbered: &mut Vec<StringLiterals>, c: usize) -> &mut Vec<Vec<u8>> {
+    let at = match numbered.iter().position(|s| s.column == c) {
+        Some(at) => at,
+        None => {
+            numbered.push(StringLiterals { column: c, literals: Vec::new() });
+            numbered.len() - 1
+        }
+    };
+    &mut numbered[at].literals
+}
+
+/// The number string column `c` reads as where it equals `lit` (numbered
+/// here if new; a NULL literal: a NULL number).
+fn literal_number(numbered: &mut Vec<StringLiterals>, c: usize, lit: Option<Vec<u8>>) -> PhysicalExprRef {
+    let literals = number_none(numbered, c);
+    let n = lit.map(|lit| {
+        1 + literals.iter().position(|x| *x == lit).unwrap_or_else(|| {
+            literals.push(lit);
+            literals.len() - 1
+        }) as i64
+    });
+    Arc::new(Literal::new(datafusion::common::ScalarValue::Int64(n)))
 }
 
 impl ScanFilter {
@@ -172,15 +332,22 @@ impl ScanFilter {
             return Ok(None);
         };
         for (name, t) in &columns {
-            if !crate::scan::supported_type(t) {
+            if !crate::scan::supported_type(t) && byte_family(t).is_none() {
                 return Err(format!("the filter reads {name} of type {t}"));
             }
         }
+        let mut literals = Vec::new();
+        let numbered = number_string_literals(&expr, &columns, &mut literals)?;
+        // A numbered string column reads as Int64.
         let schema = Arc::new(Schema::new(
-            columns.iter().map(|(n, t)| Field::new(n.clone(), t.clone(), true)).collect::<Vec<_>>(),
+            columns
+                .iter()
+                .map(|(n, t)| {
+                    Field::new(n.clone(), if byte_family(t).is_some() { DataType::Int64 } else { t.clone() }, true)
+                })
+                .collect::<Vec<_>>(),
         ));
-        let filter =
-            PairFilter { expr: expr.clone(), columns: (0..columns.len()).map(|i| (true, i)).collect(), schema };
+        let filter = PairFilter { expr: numbered, columns: (0..columns.len()).map(|i| (true, i)).collect(), schema };
         let programs = compile(&filter, None).map_err(|why| format!("filter {expr}: {why}"))?;
         columns.push((key.0.to_string(), key.1.clone()));
         let key_col = Instr::new(op::COL, (columns.len() - 1) as u32, 0);
@@ -194,6 +361,7 @@ impl ScanFilter {
             keep_valid: with(op::IS_NOT_NULL),
             keep_null: with(op::IS_NULL),
             text: expr.to_string(),
+            literals,
         }))
     }
 }
@@ -539,16 +707,17 @@ mod tests {
 
     use super::DeviceScanExec;
     use crate::algo::join_filter::{pass_rows_cpu, RowColumn};
+    use crate::algo::row_hash::match_literals_cpu;
 
-    /// Two files of k BIGINT (NULLs), x INT (NULLs), d DATE, s VARCHAR, b
-    /// BOOLEAN (NULLs), in several row groups.
+    /// Two files of k BIGINT (NULLs), x INT (NULLs), d DATE, s VARCHAR (NULLs,
+    /// empty strings), b BOOLEAN (NULLs), in several row groups.
     fn write_files(dir: &std::path::Path) {
         std::fs::create_dir_all(dir).unwrap();
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, true),
             Field::new("x", DataType::Int32, true),
             Field::new("d", DataType::Date32, false),
-            Field::new("s", DataType::Utf8, false),
+            Field::new("s", DataType::Utf8, true),
             Field::new("b", DataType::Boolean, true),
         ]));
         for f in 0..2i64 {
@@ -556,7 +725,9 @@ mod tests {
             let k: Int64Array = (0..n).map(|i| (i % 13 != 5).then_some((i * 37 + f) % 900 - 100)).collect();
             let x: Int32Array = (0..n).map(|i| (i % 7 != 2).then_some(((i * 11) % 200) as i32 - 50)).collect();
             let d: Date32Array = (0..n).map(|i| Some(19000 + (i % 400) as i32)).collect();
-            let s: StringArray = (0..n).map(|i| Some(format!("s{}", i % 5))).collect();
+            let s: StringArray = (0..n)
+                .map(|i| (i % 19 != 7).then(|| if i % 23 == 0 { String::new() } else { format!("s{}", i % 5) }))
+                .collect();
             let b: BooleanArray = (0..n).map(|i| (i % 11 != 4).then_some(i % 3 == 0)).collect();
             let batch = RecordBatch::try_new(
                 schema.clone(),
@@ -571,17 +742,38 @@ mod tests {
         }
     }
 
+    /// A string column's values in the files' order, as arrow-rs reads them.
+    fn string_values(files: &[crate::scan::ScanFile], name: &str) -> Vec<Option<Vec<u8>>> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let mut out = Vec::new();
+        for f in files {
+            let b = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&f.path).unwrap()).unwrap();
+            let mask = parquet::arrow::ProjectionMask::columns(b.parquet_schema(), [name]);
+            for batch in b.with_projection(mask).build().unwrap() {
+                let a = datafusion::arrow::compute::cast(batch.unwrap().column(0), &DataType::Binary).unwrap();
+                let a = a.as_binary::<i32>();
+                out.extend((0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i).to_vec())));
+            }
+        }
+        out
+    }
+
     /// The kept rows' keys by the device scan's filter, evaluated by its CPU
     /// twin over the columns decoded on the host: sorted, NULLs as None.
     fn twin_keys(scan: &DeviceScanExec) -> Vec<Option<i64>> {
         let filter = scan.filter().expect("a filter");
-        let decoded: Vec<crate::scan::Decoded> = filter
+        let mut decoded: Vec<crate::scan::Decoded> = filter
             .columns
             .iter()
             .map(|(name, t)| {
                 crate::scan::scan_to_host(scan.files(), name, t).unwrap().unwrap_or_else(|f| panic!("{}", f.0))
             })
             .collect();
+        // String columns as the programs read them: the number of the literal each row equals.
+        for l in &filter.literals {
+            let values = string_values(scan.files(), &filter.columns[l.column].0);
+            decoded[l.column].keys = match_literals_cpu(values.iter().map(|v| v.as_deref()), &l.literals);
+        }
         let n = decoded[0].keys.len();
         let cols: Vec<RowColumn> =
             decoded.iter().map(|d| RowColumn { values: &d.keys, validity: d.valid.as_deref() }).collect();
@@ -629,6 +821,15 @@ mod tests {
                     "b IS NULL OR k < 0",
                     "b = true OR x = 3",
                     "b AND k IS NULL",
+                    // String columns compared with literals (NULLs, empty strings), IN lists.
+                    "s = 's1'",
+                    "s <> 's1' AND x > 0",
+                    "s IN ('s1', 's3', '')",
+                    "s NOT IN ('s2', 's4') OR k IS NULL",
+                    "'s0' = s OR b",
+                    "s IS NULL OR s = ''",
+                    "s IN ('s1', NULL) AND x < 30",
+                    "x IN (1, 2, 3, -50) OR s = 's9'",
                 ] {
                     let sql = format!("SELECT k FROM t WHERE {filter}");
                     let df = ctx.sql(&sql).await.unwrap();
@@ -651,7 +852,9 @@ mod tests {
                     assert_eq!(twin_keys(&scan), want, "{sql} (pushdown {pushdown})");
                 }
                 // Refused, with the reason.
-                for (filter, why) in [("s = 's1'", "of type Utf8"), ("x % 7 = 1", "filter")] {
+                for (filter, why) in
+                    [("s < 's1'", "other than"), ("s LIKE 's%'", "other than"), ("x % 7 = 1", "filter")]
+                {
                     let sql = format!("SELECT k FROM t WHERE {filter}");
                     let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
                     let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));

@@ -324,12 +324,32 @@ fn filtered_keys(
     if decoded.iter().any(|(_, d)| d.rows != n) {
         return Ok(Err("the filter's columns have different row counts".into()));
     }
-    let column = |name: &str| decoded.iter().find(|(c, _)| *c == name).map(|(_, d)| (&d.keys, d.valid.as_ref()));
-    let mut cols: Vec<_> = filter.columns.iter().filter_map(|(name, _)| column(name)).collect();
+    let t = std::time::Instant::now();
+    let decoded_column = |name: &str| decoded.iter().find(|(c, _)| *c == name).map(|(_, d)| d);
+    // A string column compared with literals: read by the programs as the
+    // number of the literal each row equals, worked out from its bytes.
+    let mut numbered: Vec<(usize, crate::gpu::DeviceBuffer<u64>)> = Vec::new();
+    for l in &filter.literals {
+        let name = filter.columns[l.column].0.as_str();
+        let Some(strings) = decoded_column(name).and_then(|d| d.strings.as_ref().map(|s| (s, d.rows))) else {
+            return Ok(Err(format!("the filter's string column {name} was decoded without its bytes")));
+        };
+        let numbers = crate::algo::row_hash::match_literals_gpu(g, &strings.0.spans, strings.1, &l.literals, stats)?;
+        numbered.push((l.column, numbers));
+    }
+    let column = |name: &str| decoded_column(name).map(|d| (&d.keys, d.valid.as_ref()));
+    let mut cols: Vec<_> = filter
+        .columns
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (name, _))| {
+            let (keys, valid) = column(name)?;
+            Some((numbered.iter().find(|(c, _)| *c == i).map_or(keys, |(_, numbers)| numbers), valid))
+        })
+        .collect();
     let Some((key, key_valid)) = column(scan.column()) else {
         return Err(datafusion::error::DataFusionError::Internal("setfusion device scan: the key column".into()));
     };
-    let t = std::time::Instant::now();
     // Rows the page index ruled out (their pages were not read) are dropped
     // too, as DataFusion's scan never returns them: the programs AND "the
     // row is selected", a column whose validity is the selection (its values,

@@ -746,8 +746,8 @@ pub fn supported_type(t: &DataType) -> bool {
 }
 
 /// Is this a string / binary type, which the device scan takes as a key
-/// alone (hashed, compared exactly on the device; not yet as a filter's or
-/// an output column)?
+/// (hashed, compared exactly on the device) and as a filter's column compared
+/// with literals (`exec::device_scan::StringLiterals`), not yet as an output column?
 pub fn is_byte_type(t: &DataType) -> bool {
     use DataType::*;
     matches!(t, Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView)

@@ -170,6 +170,14 @@ const QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a WHERE k32 IS NULL OR k32 > 10 EXCEPT SELECT k FROM b WHERE p > 50)",
     "SELECT count(*) FROM (SELECT k32 FROM a WHERE k + 5 > k32 INTERSECT SELECT k32 FROM b_zstd WHERE p <> 7)",
     "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE p % 3 = 1)",
+    // String columns compared with literals (NULLs, empty strings; dictionary and PLAIN
+    // pages): each row numbered by the literal it equals, on the device.
+    STRING_FILTERED,
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE s IN ('s1', 's17xxxx', '') AND p > 100)",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE s <> '' INTERSECT SELECT k FROM b WHERE s NOT IN ('s5xxxxx', 's6'))",
+    "SELECT p FROM a WHERE s IS NOT NULL AND s <> 's12' AND k NOT IN (SELECT k FROM b_no_nulls WHERE s = '')",
+    "SELECT count(*) FROM a WHERE s IN (SELECT s FROM b WHERE s <> '' AND k32 IN (1, 5, 7, 4000))",
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd WHERE s = 's10xxxxxxxxxx' OR s IS NULL OR k32 < 100)",
     // Both sides over one table: read in one pipeline, a column both read alike read once.
     SAME_TABLE,
     "SELECT k FROM a WHERE f EXCEPT SELECT k FROM a WHERE NOT f",
@@ -216,6 +224,9 @@ const QUERIES: &[&str] = &[
     "SELECT max(p), sum(k32) FROM a WHERE p > 10 AND k NOT IN (SELECT k FROM b_no_nulls)",
 ];
 
+/// A build side filtered by a string column's equality with a literal.
+const STRING_FILTERED: &str = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE s = '')";
+
 /// A semi join on string keys, both sides read by the device.
 const STRING_IN: &str = "SELECT count(*) FROM a WHERE s IN (SELECT s FROM b)";
 
@@ -247,8 +258,8 @@ const MARK_QUERIES: &[&str] = &[
     // Only NULL keys in the subquery, and an empty subquery.
     "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE k IS NULL) OR p = 1",
     "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE p < 0) OR p = 3",
-    // A string key: the host reads the subquery side (EXPLAIN says why).
-    "SELECT count(*) FROM a WHERE s NOT IN (SELECT s FROM b) OR p > 5000",
+    "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b WHERE s IN ('', 's1')) OR p > 5000",
+    MARK_STRING_KEY,
     // The probe side read by the device too (every row output with its mark): filtered
     // (c's columns hold no NULL), zstd (left to DataFusion's scan, with the reason), an
     // INT key, marks in a SELECT list over every column.
@@ -280,6 +291,9 @@ const MARK_ZSTD_PROBE: &str = "SELECT count(*) FROM b_zstd WHERE k NOT IN (SELEC
 /// A probe side whose pages host threads inflate (gzip).
 const MARK_GZIP_PROBE: &str = "SELECT count(*) FROM b_gzip WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
 
+/// A mark on a string key: the host reads the subquery side (EXPLAIN says why).
+const MARK_STRING_KEY: &str = "SELECT count(*) FROM a WHERE s NOT IN (SELECT s FROM b) OR p > 5000";
+
 /// NOT IN under OR: an uncorrelated IN mark, NULL keys on both sides.
 const MARK_NOT_IN: &str = "SELECT count(*) FROM a WHERE k NOT IN (SELECT k FROM b) OR p > 5000";
 
@@ -293,6 +307,7 @@ const ALL_QUERIES: &[&str] = &[
     "SELECT k32 FROM a EXCEPT ALL SELECT k32 FROM b",
     "SELECT count(*) FROM (SELECT s FROM a INTERSECT ALL SELECT s FROM b)",
     "SELECT count(*) FROM (SELECT k FROM a WHERE f INTERSECT ALL SELECT k FROM a WHERE k32 > 2500)",
+    "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b WHERE s = '')",
     // One side collected on the host (a filter the device cannot run): the other's keys read meanwhile.
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b WHERE p % 3 = 1)",
 ];
@@ -350,6 +365,10 @@ fn device_scan_answers_equal_host_scan() {
             assert!(analyzed.matches("filtered on the device").count() == 2, "{analyzed}");
             assert!(!analyzed.contains("fell back"), "{analyzed}");
             assert!(unfit.contains("device_scan=\"build: filter "), "{unfit}");
+            // A string column's equality with a literal: evaluated by the device.
+            let analyzed = explain(&device, STRING_FILTERED, true).await;
+            assert!(analyzed.contains("filtered on the device"), "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
             // The build side (and the probe side under count(*)) is read by the device.
             let plan = explain(&device, QUERIES[0], false).await;
             assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
@@ -470,7 +489,7 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(rows(&device, nullable).await, rows(&host, nullable).await);
             let plan = explain(&device, nullable, false).await;
             assert!(plan.contains("probe: a filtered input whose output column k may hold NULLs"), "{plan}");
-            let plan = explain(&device, MARK_QUERIES[7], false).await;
+            let plan = explain(&device, MARK_STRING_KEY, false).await;
             assert!(plan.contains("device_scan=\"build: string keys"), "{plan}");
             // An output column that may hold NULLs under a filter: the host reads that input.
             let analyzed = explain(&device, "SELECT k32 FROM a WHERE p > 10 AND k IN (SELECT k FROM b)", true).await;
