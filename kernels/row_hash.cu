@@ -304,6 +304,62 @@ extern "C" __global__ void match_literals_spans(const u64* spans, u64 n, const u
     }
 }
 
+// Does row r hold `part` (plen bytes at byte `at` of pat) at byte `pos`?
+__device__ __forceinline__ bool rh_part_at(RhRow r, u64 pos, const u64* pat, u64 at, u64 plen) {
+    return rh_rows_equal(r.words, r.start + pos, pat, at, plen);
+}
+
+// Whether each row of a spans column matches a LIKE pattern whose only
+// wildcard is `%` (src/exec/device_scan.rs splits it): its nparts non-empty
+// pieces, piece k at bytes part_at[k] .. part_at[k + 1] of pat, the first
+// anchored at the row's start (starts != 0: the pattern does not begin with
+// `%`), the last at its end (ends != 0). 1 or 0; 0 for a NULL row (address
+// 0), whose validity, kept beside, makes it NULL. Bytes, not characters:
+// exact for UTF-8, where a piece's bytes found in a row are always whole
+// characters. CPU twin: algo::row_hash::match_like_cpu.
+extern "C" __global__ void match_like_spans(const u64* spans, u64 n, const u64* pat, const u64* part_at, u32 nparts,
+                                            u32 starts, u32 ends, u64* out) {
+    RhSpans side{spans};
+    SF_FOR(i, n) {
+        RhRow r = side.row(i);
+        bool ok = spans[2 * i] != 0;
+        u64 pos = 0, limit = r.len;
+        u32 first = 0, last = nparts;
+        if (ok && nparts == 0) ok = !(starts && ends) || r.len == 0;
+        if (ok && nparts > 0 && starts) {
+            const u64 plen = part_at[1] - part_at[0];
+            ok = r.len >= plen && rh_part_at(r, 0, pat, part_at[0], plen);
+            pos = plen;
+            first = 1;
+        }
+        if (ok && nparts > 0 && ends) {
+            if (first == nparts) {
+                ok = r.len == pos;  // one piece, both ends anchored: the row is the piece
+            } else {
+                const u64 plen = part_at[nparts] - part_at[nparts - 1];
+                ok = r.len >= pos + plen && rh_part_at(r, r.len - plen, pat, part_at[nparts - 1], plen);
+                limit = r.len - plen;
+                last = nparts - 1;
+            }
+        }
+        // The middle pieces, each found leftmost after the one before (leftmost is
+        // always right when `%` is the only wildcard).
+        for (u32 k = first; ok && k < last; ++k) {
+            const u64 at = part_at[k], plen = part_at[k + 1] - at;
+            bool found = false;
+            for (; pos + plen <= limit; ++pos) {
+                if (rh_part_at(r, pos, pat, at, plen)) {
+                    found = true;
+                    break;
+                }
+            }
+            ok = found;
+            pos += plen;
+        }
+        out[i] = ok ? 1 : 0;
+    }
+}
+
 // Fill n words of a buffer with a value (the table's empty markers).
 extern "C" __global__ void fill_u64(u64* x, u64 n, u64 v) { SF_FOR(i, n) x[i] = v; }
 extern "C" __global__ void fill_u32(u32* x, u64 n, u32 v) { SF_FOR(i, n) x[i] = v; }

@@ -26,8 +26,8 @@
 //! hashes into one hash per row (`keys::hash_columns`), and verification
 //! compares every column and the masks with the hash's representative row.
 //!
-//! CPU twins: [`hash_rows_cpu`], [`verify_cpu`], [`hash_columns_cpu`], [`verify_columns_cpu`] and
-//! [`match_literals_cpu`].
+//! CPU twins: [`hash_rows_cpu`], [`verify_cpu`], [`hash_columns_cpu`], [`verify_columns_cpu`],
+//! [`match_literals_cpu`] and [`match_like_cpu`].
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -693,16 +693,7 @@ pub fn match_literals_gpu(
     if rows == 0 {
         return Ok(out);
     }
-    let mut at = vec![0u64];
-    let mut words = vec![0u64; padded_len(literals.iter().map(Vec::len).sum()) / 8];
-    let mut pos = 0usize;
-    for l in literals {
-        for &b in l {
-            words[pos / 8] |= (b as u64) << (8 * (pos % 8));
-            pos += 1;
-        }
-        at.push(pos as u64);
-    }
+    let (words, at) = padded_pieces(literals);
     let (words, at) = (gpu.upload(&words, stats)?, gpu.upload(&at, stats)?);
     let (n, nlits) = (rows as u64, literals.len() as u32);
     let f = gpu.function(&KERNEL, "match_literals_spans")?;
@@ -730,6 +721,128 @@ pub fn match_literals_cpu<'a>(values: impl IntoIterator<Item = Option<&'a [u8]>>
         .into_iter()
         .map(|v| v.and_then(|v| literals.iter().position(|l| l == v)).map_or(0, |j| j as u64 + 1))
         .collect()
+}
+
+/// A LIKE pattern whose only wildcard is `%`, split for matching bytes:
+/// its non-empty pieces in order, and whether the first is anchored at a
+/// value's start (the pattern does not begin with `%`) and the last at its
+/// end. None: a pattern with `_` or an escape (`\`), which match characters
+/// or change the meaning of the next byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LikePattern {
+    pub parts: Vec<Vec<u8>>,
+    pub starts: bool,
+    pub ends: bool,
+}
+
+impl LikePattern {
+    pub fn new(pattern: &[u8]) -> Option<Self> {
+        if pattern.iter().any(|&b| b == b'_' || b == b'\\') {
+            return None;
+        }
+        Some(LikePattern {
+            parts: pattern.split(|&b| b == b'%').filter(|p| !p.is_empty()).map(<[u8]>::to_vec).collect(),
+            starts: pattern.first() != Some(&b'%'),
+            ends: pattern.last() != Some(&b'%'),
+        })
+    }
+
+    /// Does `v` match (the CPU twin of `match_like_spans`, step for step)?
+    pub fn matches(&self, v: &[u8]) -> bool {
+        let n = self.parts.len();
+        if n == 0 {
+            return !(self.starts && self.ends) || v.is_empty();
+        }
+        let (mut pos, mut limit, mut first, mut last) = (0, v.len(), 0, n);
+        if self.starts {
+            if !v.starts_with(&self.parts[0]) {
+                return false;
+            }
+            pos = self.parts[0].len();
+            first = 1;
+        }
+        if self.ends {
+            if first == n {
+                return v.len() == pos;
+            }
+            let p = &self.parts[n - 1];
+            if v.len() < pos + p.len() || !v.ends_with(p) {
+                return false;
+            }
+            limit = v.len() - p.len();
+            last = n - 1;
+        }
+        for p in &self.parts[first..last] {
+            match v[pos..limit].windows(p.len()).position(|w| w == p.as_slice()) {
+                Some(at) => pos += at + p.len(),
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Whether each row of a BYTE_ARRAY column that the Parquet decoder left on
+/// the device ([`crate::scan::DeviceStrings`]' spans) matches `pattern`: 1 or
+/// 0, and 0 for a NULL row. CPU twin: [`match_like_cpu`].
+pub fn match_like_gpu(
+    gpu: &Gpu,
+    spans: &DeviceBuffer<u64>,
+    rows: usize,
+    pattern: &LikePattern,
+    stats: &mut TransferStats,
+) -> Result<DeviceBuffer<u64>> {
+    if spans.len() < 2 * rows {
+        return Err(DataFusionError::Internal("row_hash: fewer spans than rows".into()));
+    }
+    let out = gpu.alloc::<u64>(rows.max(1))?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let (words, at) = padded_pieces(&pattern.parts);
+    let (words, at) = (gpu.upload(&words, stats)?, gpu.upload(&at, stats)?);
+    let (n, nparts) = (rows as u64, pattern.parts.len() as u32);
+    let (starts, ends) = (pattern.starts as u32, pattern.ends as u32);
+    let f = gpu.function(&KERNEL, "match_like_spans")?;
+    // SAFETY: signature matches kernels/row_hash.cu; spans hold two words a row (a decoded value's address and
+    // length in page bodies the caller keeps alive and padded, or (0, 0)), at nparts + 1 offsets into words
+    // (padded by one zeroed word), out `rows` entries.
+    unsafe {
+        gpu.stream()
+            .launch_builder(&f)
+            .arg(&spans.slice)
+            .arg(&n)
+            .arg(&words.slice)
+            .arg(&at.slice)
+            .arg(&nparts)
+            .arg(&starts)
+            .arg(&ends)
+            .arg(&out.slice)
+            .launch(launch_cfg(gpu, rows))
+    }
+    .map_err(|e| cuda_err("row_hash match like", e))?;
+    Ok(out)
+}
+
+/// CPU twin of [`match_like_gpu`] over the rows' values (None: NULL).
+pub fn match_like_cpu<'a>(values: impl IntoIterator<Item = Option<&'a [u8]>>, pattern: &LikePattern) -> Vec<u64> {
+    values.into_iter().map(|v| v.is_some_and(|v| pattern.matches(v)) as u64).collect()
+}
+
+/// Byte strings in one padded little-endian word array (a zeroed word after
+/// the last byte, so a kernel may read whole words), with their byte offsets.
+fn padded_pieces(pieces: &[Vec<u8>]) -> (Vec<u64>, Vec<u64>) {
+    let mut at = vec![0u64];
+    let mut words = vec![0u64; padded_len(pieces.iter().map(Vec::len).sum()) / 8];
+    let mut pos = 0usize;
+    for l in pieces {
+        for &b in l {
+            words[pos / 8] |= (b as u64) << (8 * (pos % 8));
+            pos += 1;
+        }
+        at.push(pos as u64);
+    }
+    (words, at)
 }
 
 /// The verification's table of representatives over both sides' hashes
@@ -1509,6 +1622,62 @@ mod tests {
             let none = match_literals_gpu(&g, &spans, 0, &literals, &mut stats).unwrap();
             assert!(none.len() >= 1);
         }
+    }
+
+    /// LIKE patterns with `%` only: the CPU twin equals Arrow's `like` kernel on
+    /// random strings (UTF-8 of several widths, NULLs, empty), and the device
+    /// equals the twin on the same rows as spans at odd addresses.
+    #[test]
+    fn like_matches_arrow_and_cpu_twin() {
+        use datafusion::arrow::array::{BooleanArray, Scalar};
+        use datafusion::arrow::compute::kernels::comparison::like;
+        let mut rng = crate::util::Xorshift64(0x11CE);
+        let alphabet = ["a", "b", "ab", "é", "中", "%", "x"];
+        let values: Vec<Option<String>> = (0..4000)
+            .map(|_| {
+                (rng.below(15) != 0)
+                    .then(|| (0..rng.below(9)).map(|_| alphabet[rng.below(alphabet.len() as u64) as usize]).collect())
+            })
+            .collect();
+        let patterns = [
+            "", "%", "%%", "a", "ab%", "%b", "%ab%", "a%b", "a%b%", "%a%a%", "é%", "%中", "ab%ab", "a%%b", "%é%b%",
+            "aba", "%x%x%x%",
+        ];
+        let g = crate::gpu::test_gpu();
+        let array = StringArray::from(values.clone());
+        for pattern in patterns {
+            let p = LikePattern::new(pattern.as_bytes()).unwrap();
+            let twin = match_like_cpu(values.iter().map(|v| v.as_deref().map(str::as_bytes)), &p);
+            let arrow: BooleanArray = like(&array, &Scalar::new(StringArray::from(vec![pattern]))).unwrap();
+            for (i, &t) in twin.iter().enumerate() {
+                let want = arrow.is_valid(i) && arrow.value(i);
+                assert_eq!(t == 1, want, "{pattern:?} on {:?}", values[i]);
+            }
+            let Some(g) = &g else { continue };
+            let mut stats = TransferStats::default();
+            let mut body = Vec::new();
+            let mut at = Vec::new();
+            for v in &values {
+                body.extend_from_slice(b"zzz");
+                at.push(body.len());
+                body.extend_from_slice(v.as_deref().unwrap_or_default().as_bytes());
+            }
+            body.resize(padded_len(body.len()), 0);
+            let body = g.upload(&body, &mut stats).unwrap();
+            let base = g.untracked_address(&body);
+            let spans: Vec<u64> = values
+                .iter()
+                .zip(&at)
+                .flat_map(|(v, &a)| match v {
+                    Some(v) => [base + a as u64, v.len() as u64],
+                    None => [0, 0],
+                })
+                .collect();
+            let spans = g.upload(&spans, &mut stats).unwrap();
+            let got = match_like_gpu(g, &spans, values.len(), &p, &mut stats).unwrap();
+            assert_eq!(g.download(&got, values.len(), &mut stats).unwrap(), twin, "{pattern:?}");
+        }
+        assert!(LikePattern::new(b"a_b").is_none() && LikePattern::new(b"a\\%").is_none());
     }
 
     fn string_rows(conv: &RowConverter, vals: &[Option<&str>], ints: &[i32]) -> KeyBytes {

@@ -34,7 +34,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, DynamicFilterPhysicalExpr, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+    BinaryExpr, CastExpr, Column, DynamicFilterPhysicalExpr, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr, Literal,
+    NotExpr,
 };
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::filter::FilterExec;
@@ -47,6 +48,7 @@ use datafusion::physical_plan::{
 
 use super::pair_filter::{compile, PairFilter};
 use crate::algo::join_filter::{op, Instr};
+use crate::algo::row_hash::LikePattern;
 use crate::scan::ScanFile;
 
 /// See the module documentation.
@@ -151,7 +153,8 @@ fn rewrite_columns(
 /// `pushdown_filters`), over the file columns they read.
 #[derive(Debug, Clone)]
 pub struct ScanFilter {
-    /// The file columns the programs read, in their column order (the key last), with their types.
+    /// The file columns the programs read, in their column order (the key last), with their types;
+    /// a string column under LIKE once more for each pattern ([`StringPattern`]).
     pub columns: Vec<(String, DataType)>,
     /// Rows kept with a non-NULL key: `filter AND key IS NOT NULL`.
     pub keep_valid: Vec<Instr>,
@@ -162,6 +165,18 @@ pub struct ScanFilter {
     /// The string columns among `columns`, which the programs read as the
     /// number of the literal each row equals ([`StringLiterals`]).
     pub literals: Vec<StringLiterals>,
+    /// The string columns' LIKE patterns, each read as a column of its own.
+    pub patterns: Vec<StringPattern>,
+}
+
+/// A string column under LIKE (a pattern whose only wildcard is `%`): the
+/// programs read column `column` (the string column once more) as 1 where a
+/// row matches, 0 where not ([`crate::algo::row_hash::match_like_gpu`]), with
+/// the string column's NULLs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StringPattern {
+    pub column: usize,
+    pub pattern: LikePattern,
 }
 
 /// A string column of a [`ScanFilter`], compared with literals only (`=`,
@@ -220,15 +235,34 @@ fn literal_bytes(e: &PhysicalExprRef) -> Option<Option<Vec<u8>>> {
 
 /// `e` with every comparison of a string column with literals made a
 /// comparison of the column's literal number (see [`StringLiterals`]: the
-/// column then reads as Int64), and IN lists made ORed equalities (the same
-/// under SQL's three-valued logic, NULLs in the list included). Err: a
-/// string column used otherwise, which the device cannot evaluate.
+/// column then reads as Int64), every LIKE with a `%`-only pattern a
+/// comparison of a column of its own, appended to `columns` (see
+/// [`StringPattern`]), and IN lists made ORed equalities (the same under
+/// SQL's three-valued logic, NULLs in the list included). Err: a string
+/// column used otherwise, which the device cannot evaluate.
 fn number_string_literals(
     e: &PhysicalExprRef,
-    columns: &[(String, DataType)],
+    columns: &mut Vec<(String, DataType)>,
     numbered: &mut Vec<StringLiterals>,
+    patterns: &mut Vec<StringPattern>,
 ) -> std::result::Result<PhysicalExprRef, String> {
-    let col = |c: usize| Arc::new(Column::new(&columns[c].0, c)) as PhysicalExprRef;
+    fn col(columns: &[(String, DataType)], c: usize) -> PhysicalExprRef {
+        Arc::new(Column::new(&columns[c].0, c))
+    }
+    if let Some(l) = e.downcast_ref::<LikeExpr>() {
+        if let (Some(c), Some(Some(pattern))) = (string_column(l.expr(), columns), literal_bytes(l.pattern())) {
+            if l.case_insensitive() {
+                return Err(format!("the filter's ILIKE on {}", columns[c].0));
+            }
+            let Some(pattern) = LikePattern::new(&pattern) else {
+                return Err(format!("the filter's LIKE pattern {} (`_` or an escape)", l.pattern()));
+            };
+            columns.push(columns[c].clone());
+            patterns.push(StringPattern { column: columns.len() - 1, pattern });
+            let want = Arc::new(Literal::new(datafusion::common::ScalarValue::Int64(Some(!l.negated() as i64))));
+            return Ok(Arc::new(BinaryExpr::new(col(columns, columns.len() - 1), Operator::Eq, want)));
+        }
+    }
     if let Some(b) = e.downcast_ref::<BinaryExpr>() {
         if matches!(b.op(), Operator::Eq | Operator::NotEq) {
             let pair = match (string_column(b.left(), columns), literal_bytes(b.right())) {
@@ -236,7 +270,7 @@ fn number_string_literals(
                 _ => string_column(b.right(), columns).zip(literal_bytes(b.left())),
             };
             if let Some((c, lit)) = pair {
-                return Ok(Arc::new(BinaryExpr::new(col(c), *b.op(), literal_number(numbered, c, lit))));
+                return Ok(Arc::new(BinaryExpr::new(col(columns, c), *b.op(), literal_number(numbered, c, lit))));
             }
         }
     }
@@ -245,8 +279,8 @@ fn number_string_literals(
             return Err(format!("an IN list of {} values", l.list().len()));
         }
         let (probe, string) = match string_column(l.expr(), columns) {
-            Some(c) => (col(c), Some(c)),
-            None => (number_string_literals(l.expr(), columns, numbered)?, None),
+            Some(c) => (col(columns, c), Some(c)),
+            None => (number_string_literals(l.expr(), columns, numbered, patterns)?, None),
         };
         let mut any: Option<PhysicalExprRef> = None;
         for v in l.list() {
@@ -255,7 +289,7 @@ fn number_string_literals(
                     let lit = literal_bytes(v).ok_or_else(|| format!("{} IN a list holding {v}", l.expr()))?;
                     literal_number(numbered, c, lit)
                 }
-                None => number_string_literals(v, columns, numbered)?,
+                None => number_string_literals(v, columns, numbered, patterns)?,
             };
             let eq: PhysicalExprRef = Arc::new(BinaryExpr::new(probe.clone(), Operator::Eq, value));
             any = Some(match any {
@@ -269,13 +303,13 @@ fn number_string_literals(
     if let Some(arg) = e.downcast_ref::<IsNullExpr>().map(|n| n.arg()) {
         if let Some(c) = string_column(arg, columns) {
             number_none(numbered, c);
-            return Ok(Arc::new(IsNullExpr::new(col(c))));
+            return Ok(Arc::new(IsNullExpr::new(col(columns, c))));
         }
     }
     if let Some(arg) = e.downcast_ref::<IsNotNullExpr>().map(|n| n.arg()) {
         if let Some(c) = string_column(arg, columns) {
             number_none(numbered, c);
-            return Ok(Arc::new(IsNotNullExpr::new(col(c))));
+            return Ok(Arc::new(IsNotNullExpr::new(col(columns, c))));
         }
     }
     if let Some((name, t)) = e.downcast_ref::<Column>().and_then(|c| columns.get(c.index())) {
@@ -289,7 +323,7 @@ fn number_string_literals(
     }
     let children = children
         .into_iter()
-        .map(|c| number_string_literals(c, columns, numbered))
+        .map(|c| number_string_literals(c, columns, numbered, patterns))
         .collect::<std::result::Result<_, _>>()?;
     e.clone().with_new_children(children).map_err(|e| e.to_string())
 }
@@ -336,8 +370,8 @@ impl ScanFilter {
                 return Err(format!("the filter reads {name} of type {t}"));
             }
         }
-        let mut literals = Vec::new();
-        let numbered = number_string_literals(&expr, &columns, &mut literals)?;
+        let (mut literals, mut patterns) = (Vec::new(), Vec::new());
+        let numbered = number_string_literals(&expr, &mut columns, &mut literals, &mut patterns)?;
         // A numbered string column reads as Int64.
         let schema = Arc::new(Schema::new(
             columns
@@ -362,6 +396,7 @@ impl ScanFilter {
             keep_null: with(op::IS_NULL),
             text: expr.to_string(),
             literals,
+            patterns,
         }))
     }
 }
@@ -707,7 +742,7 @@ mod tests {
 
     use super::DeviceScanExec;
     use crate::algo::join_filter::{pass_rows_cpu, RowColumn};
-    use crate::algo::row_hash::match_literals_cpu;
+    use crate::algo::row_hash::{match_like_cpu, match_literals_cpu};
 
     /// Two files of k BIGINT (NULLs), x INT (NULLs), d DATE, s VARCHAR (NULLs,
     /// empty strings), b BOOLEAN (NULLs), in several row groups.
@@ -774,6 +809,10 @@ mod tests {
             let values = string_values(scan.files(), &filter.columns[l.column].0);
             decoded[l.column].keys = match_literals_cpu(values.iter().map(|v| v.as_deref()), &l.literals);
         }
+        for p in &filter.patterns {
+            let values = string_values(scan.files(), &filter.columns[p.column].0);
+            decoded[p.column].keys = match_like_cpu(values.iter().map(|v| v.as_deref()), &p.pattern);
+        }
         let n = decoded[0].keys.len();
         let cols: Vec<RowColumn> =
             decoded.iter().map(|d| RowColumn { values: &d.keys, validity: d.valid.as_deref() }).collect();
@@ -830,6 +869,11 @@ mod tests {
                     "s IS NULL OR s = ''",
                     "s IN ('s1', NULL) AND x < 30",
                     "x IN (1, 2, 3, -50) OR s = 's9'",
+                    // LIKE patterns with `%` only, a column of their own each.
+                    "s LIKE 's%'",
+                    "s NOT LIKE '%3' AND x > 0",
+                    "s LIKE '%1%' OR s LIKE '' OR b",
+                    "s LIKE 's1' OR (s = 's2' AND s NOT LIKE 's%2')",
                 ] {
                     let sql = format!("SELECT k FROM t WHERE {filter}");
                     let df = ctx.sql(&sql).await.unwrap();
@@ -852,9 +896,12 @@ mod tests {
                     assert_eq!(twin_keys(&scan), want, "{sql} (pushdown {pushdown})");
                 }
                 // Refused, with the reason.
-                for (filter, why) in
-                    [("s < 's1'", "other than"), ("s LIKE 's%'", "other than"), ("x % 7 = 1", "filter")]
-                {
+                for (filter, why) in [
+                    ("s < 's1'", "other than"),
+                    ("s LIKE 's_'", "LIKE pattern"),
+                    ("s ILIKE 'S%'", "ILIKE"),
+                    ("x % 7 = 1", "filter"),
+                ] {
                     let sql = format!("SELECT k FROM t WHERE {filter}");
                     let plan = ctx.sql(&sql).await.unwrap().create_physical_plan().await.unwrap();
                     let key: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(Column::new("k", 0));

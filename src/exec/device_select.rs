@@ -327,15 +327,28 @@ fn filtered_keys(
     let t = std::time::Instant::now();
     let decoded_column = |name: &str| decoded.iter().find(|(c, _)| *c == name).map(|(_, d)| d);
     // A string column compared with literals: read by the programs as the
-    // number of the literal each row equals, worked out from its bytes.
+    // number of the literal each row equals; under LIKE, as whether each row
+    // matches; worked out from its bytes.
     let mut numbered: Vec<(usize, crate::gpu::DeviceBuffer<u64>)> = Vec::new();
+    let spans_of = |c: usize| {
+        let name = filter.columns[c].0.as_str();
+        decoded_column(name)
+            .and_then(|d| d.strings.as_ref().map(|s| (&s.spans, d.rows)))
+            .ok_or_else(|| format!("the filter's string column {name} was decoded without its bytes"))
+    };
     for l in &filter.literals {
-        let name = filter.columns[l.column].0.as_str();
-        let Some(strings) = decoded_column(name).and_then(|d| d.strings.as_ref().map(|s| (s, d.rows))) else {
-            return Ok(Err(format!("the filter's string column {name} was decoded without its bytes")));
+        let (spans, rows) = match spans_of(l.column) {
+            Ok(s) => s,
+            Err(why) => return Ok(Err(why)),
         };
-        let numbers = crate::algo::row_hash::match_literals_gpu(g, &strings.0.spans, strings.1, &l.literals, stats)?;
-        numbered.push((l.column, numbers));
+        numbered.push((l.column, crate::algo::row_hash::match_literals_gpu(g, spans, rows, &l.literals, stats)?));
+    }
+    for p in &filter.patterns {
+        let (spans, rows) = match spans_of(p.column) {
+            Ok(s) => s,
+            Err(why) => return Ok(Err(why)),
+        };
+        numbered.push((p.column, crate::algo::row_hash::match_like_gpu(g, spans, rows, &p.pattern, stats)?));
     }
     let column = |name: &str| decoded_column(name).map(|d| (&d.keys, d.valid.as_ref()));
     let mut cols: Vec<_> = filter

@@ -178,6 +178,9 @@ const QUERIES: &[&str] = &[
     "SELECT p FROM a WHERE s IS NOT NULL AND s <> 's12' AND k NOT IN (SELECT k FROM b_no_nulls WHERE s = '')",
     "SELECT count(*) FROM a WHERE s IN (SELECT s FROM b WHERE s <> '' AND k32 IN (1, 5, 7, 4000))",
     "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b_zstd WHERE s = 's10xxxxxxxxxx' OR s IS NULL OR k32 < 100)",
+    // LIKE with `%` only: prefix, suffix, inside, negated.
+    STRING_LIKE,
+    "SELECT p FROM a WHERE s LIKE '%xxx%' AND k NOT IN (SELECT k FROM b_no_nulls WHERE s NOT LIKE 's1%x')",
     // Both sides over one table: read in one pipeline, a column both read alike read once.
     SAME_TABLE,
     "SELECT k FROM a WHERE f EXCEPT SELECT k FROM a WHERE NOT f",
@@ -226,6 +229,10 @@ const QUERIES: &[&str] = &[
 
 /// A build side filtered by a string column's equality with a literal.
 const STRING_FILTERED: &str = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE s = '')";
+
+/// A build side filtered by LIKE patterns.
+const STRING_LIKE: &str =
+    "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE s LIKE 's1%' AND s NOT LIKE '%x' OR s LIKE '%7x%')";
 
 /// A semi join on string keys, both sides read by the device.
 const STRING_IN: &str = "SELECT count(*) FROM a WHERE s IN (SELECT s FROM b)";
@@ -308,6 +315,7 @@ const ALL_QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT s FROM a INTERSECT ALL SELECT s FROM b)",
     "SELECT count(*) FROM (SELECT k FROM a WHERE f INTERSECT ALL SELECT k FROM a WHERE k32 > 2500)",
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b WHERE s = '')",
+    "SELECT count(*) FROM (SELECT k FROM a WHERE s LIKE '%xx%' INTERSECT ALL SELECT k FROM b WHERE s NOT LIKE 's2%')",
     // One side collected on the host (a filter the device cannot run): the other's keys read meanwhile.
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b WHERE p % 3 = 1)",
 ];
@@ -366,9 +374,11 @@ fn device_scan_answers_equal_host_scan() {
             assert!(!analyzed.contains("fell back"), "{analyzed}");
             assert!(unfit.contains("device_scan=\"build: filter "), "{unfit}");
             // A string column's equality with a literal: evaluated by the device.
-            let analyzed = explain(&device, STRING_FILTERED, true).await;
-            assert!(analyzed.contains("filtered on the device"), "{analyzed}");
-            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            for sql in [STRING_FILTERED, STRING_LIKE] {
+                let analyzed = explain(&device, sql, true).await;
+                assert!(analyzed.contains("filtered on the device"), "{analyzed}");
+                assert!(!analyzed.contains("fell back"), "{analyzed}");
+            }
             // The build side (and the probe side under count(*)) is read by the device.
             let plan = explain(&device, QUERIES[0], false).await;
             assert_eq!(plan.matches("DeviceScanExec").count(), 2, "{plan}");
