@@ -627,6 +627,13 @@ fn page_body(raw: &[u8], p: &PqPage) -> Result<Vec<u8>> {
 /// Snappy and zstd pages at least this large may be decompressed on the host ([`inflate_on_host`]).
 pub const HOST_INFLATE_MIN: u64 = 256 << 10;
 
+/// Snappy and zstd pages at least this large are decompressed on the host
+/// whatever the other pages: one warp takes ~15 ms or more for one (~35
+/// MB/s), a host core well under 1 ms. (TPC-H SF10's supplier, whose
+/// `s_comment` pages are ~1 MB each, all alike: its device scan spent 25.8 ms
+/// decompressing them after 1.2 ms of reads.)
+pub const HOST_INFLATE_ALWAYS: u64 = 512 << 10;
+
 /// Which pages are decompressed on host threads before the upload
 /// ([`inflate_part_on_host`]): every page of a codec the device does not
 /// decompress (LZ4_RAW, GZIP; ZSTD under `SETFUSION_DEVICE_ZSTD=0`), and the
@@ -634,9 +641,10 @@ pub const HOST_INFLATE_MIN: u64 = 256 << 10;
 /// MB/s (a zstd page at ~20 MB/s) while the other pages keep the device busy,
 /// so a launch lasts as long as its largest page, where a core does 1-2 GB/s.
 /// (arrow-rs's defaults write a 1 MiB dictionary page before ~160 KB data
-/// pages: those dictionary pages were most of the launch.) Large: over twice
-/// the median page the device decompresses and at least `floor` bytes, so
-/// files whose pages are all alike stay on the device.
+/// pages: those dictionary pages were most of the launch.) Large: at least
+/// `floor` bytes, and over twice the median page the device decompresses
+/// (so files whose pages are all alike stay on the device) or at least
+/// [`HOST_INFLATE_ALWAYS`].
 ///
 /// This one, for fixtures, tests and the self-check, returns the pages'
 /// bodies (levels and values) back to back in bytes of their own; each such
@@ -697,7 +705,8 @@ fn pages_to_inflate(t: &PageTable, floor: u64) -> (Vec<usize>, u64) {
         *sizes.select_nth_unstable(mid).1
     };
     let on_host = |p: &PqPage| {
-        super::pages::inflated_on_host(p.codec) || (on_device(p) && p.dst_len > 2 * median && p.dst_len >= floor)
+        super::pages::inflated_on_host(p.codec)
+            || (on_device(p) && p.dst_len >= floor && (p.dst_len > 2 * median || p.dst_len >= HOST_INFLATE_ALWAYS))
     };
     let chosen: Vec<usize> = (0..t.pages.len()).filter(|&i| on_host(&t.pages[i])).collect();
     let total: u64 = chosen.iter().map(|&i| t.pages[i].dst_len).sum();

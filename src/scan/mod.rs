@@ -16,9 +16,10 @@
 //! into one device buffer ([`scan_pair_to_device`]); in a fresh process they
 //! are read while the device starts ([`ReadAhead`]), and the parts read by
 //! then are uploaded and decoded as soon as it is there. Pages of ZSTD,
-//! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest, are
-//! decompressed on host threads first ([`decode::inflate_part_on_host`]): one warp
-//! decompresses one snappy page, so a launch lasts as long as its largest.
+//! LZ4_RAW and GZIP chunks, and SNAPPY pages much larger than the rest or of
+//! 512 KiB or more, are decompressed on host threads first
+//! ([`decode::inflate_part_on_host`]): one warp decompresses one snappy page,
+//! so a launch lasts as long as its largest.
 //!
 //! - [`pages`]: footers, column chunks, parallel reads (into buffers kept
 //!   for the next scan), the page table (host);
