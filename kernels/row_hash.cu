@@ -13,8 +13,8 @@
 // - fixed: row i is the 8-byte little-endian word vals[i] (an exact key
 //   column's 64-bit image, or the NULL masks below); no offsets array.
 // - spans: row i is at a device address of its own (a Parquet BYTE_ARRAY
-//   value in the decoder's page bodies), verified, or numbered by the
-//   literal it equals (RhSpans).
+//   value in the decoder's page bodies), verified, numbered by the literal
+//   it equals or matched with a LIKE pattern (RhSpans).
 // Each row becomes one
 // 64-bit hash, bit-identical to `keys::hash_bytes` (src/keys.rs, its CPU twin),
 // so the hash-table kernels can select on it. A hash is only a candidate
@@ -286,10 +286,11 @@ extern "C" __global__ void verify_check_spans(const u64* bh, u64 nb, const u64* 
 
 // Which literal each row of a spans column equals: 1 + the index of the
 // first equal one, 0 for none and for a NULL row (address 0: a value's is
-// never 0, even an empty one's; its validity, kept beside, makes it NULL). A string column compared with literals in a device
-// scan's filter (`=`, `<>`, [NOT] IN) is read by the filter's program as this
-// number (src/exec/device_scan.rs). Literal j is lit_words' bytes
-// lit_at[j] .. lit_at[j + 1], padded like any row's.
+// never 0, even an empty one's; its validity, kept beside, makes it NULL).
+// A string column compared with literals in a device scan's filter (`=`,
+// `<>`, [NOT] IN) is read by the filter's program as this number
+// (src/exec/device_scan.rs). Literal j is lit_words' bytes lit_at[j] ..
+// lit_at[j + 1], padded like any row's.
 extern "C" __global__ void match_literals_spans(const u64* spans, u64 n, const u64* lit_words, const u64* lit_at,
                                                 u32 nlits, u64* out) {
     RhSpans side{spans};

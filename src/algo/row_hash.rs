@@ -686,15 +686,8 @@ pub fn match_literals_gpu(
     literals: &[Vec<u8>],
     stats: &mut TransferStats,
 ) -> Result<DeviceBuffer<u64>> {
-    if spans.len() < 2 * rows {
-        return Err(DataFusionError::Internal("row_hash: fewer spans than rows".into()));
-    }
-    let out = gpu.alloc::<u64>(rows.max(1))?;
-    if rows == 0 {
-        return Ok(out);
-    }
-    let (words, at) = padded_pieces(literals);
-    let (words, at) = (gpu.upload(&words, stats)?, gpu.upload(&at, stats)?);
+    let (out, pieces) = spans_kernel_inputs(gpu, spans, rows, literals, stats)?;
+    let Some((words, at)) = pieces else { return Ok(out) };
     let (n, nlits) = (rows as u64, literals.len() as u32);
     let f = gpu.function(&KERNEL, "match_literals_spans")?;
     // SAFETY: signature matches kernels/row_hash.cu; spans hold two words a row (a decoded value's address and
@@ -792,15 +785,8 @@ pub fn match_like_gpu(
     pattern: &LikePattern,
     stats: &mut TransferStats,
 ) -> Result<DeviceBuffer<u64>> {
-    if spans.len() < 2 * rows {
-        return Err(DataFusionError::Internal("row_hash: fewer spans than rows".into()));
-    }
-    let out = gpu.alloc::<u64>(rows.max(1))?;
-    if rows == 0 {
-        return Ok(out);
-    }
-    let (words, at) = padded_pieces(&pattern.parts);
-    let (words, at) = (gpu.upload(&words, stats)?, gpu.upload(&at, stats)?);
+    let (out, pieces) = spans_kernel_inputs(gpu, spans, rows, &pattern.parts, stats)?;
+    let Some((words, at)) = pieces else { return Ok(out) };
     let (n, nparts) = (rows as u64, pattern.parts.len() as u32);
     let (starts, ends) = (pattern.starts as u32, pattern.ends as u32);
     let f = gpu.function(&KERNEL, "match_like_spans")?;
@@ -829,9 +815,26 @@ pub fn match_like_cpu<'a>(values: impl IntoIterator<Item = Option<&'a [u8]>>, pa
     values.into_iter().map(|v| v.is_some_and(|v| pattern.matches(v)) as u64).collect()
 }
 
-/// Byte strings in one padded little-endian word array (a zeroed word after
-/// the last byte, so a kernel may read whole words), with their byte offsets.
-fn padded_pieces(pieces: &[Vec<u8>]) -> (Vec<u64>, Vec<u64>) {
+/// What a per-row kernel over a spans column needs beside the spans: its
+/// output (one word a row, at least one), and `pieces` on the device as one
+/// padded little-endian word array (a zeroed word after the last byte, so a
+/// kernel may read whole words) with their byte offsets. None for the
+/// pieces: no rows, nothing to launch.
+#[allow(clippy::type_complexity)]
+fn spans_kernel_inputs(
+    gpu: &Gpu,
+    spans: &DeviceBuffer<u64>,
+    rows: usize,
+    pieces: &[Vec<u8>],
+    stats: &mut TransferStats,
+) -> Result<(DeviceBuffer<u64>, Option<(DeviceBuffer<u64>, DeviceBuffer<u64>)>)> {
+    if spans.len() < 2 * rows {
+        return Err(DataFusionError::Internal("row_hash: fewer spans than rows".into()));
+    }
+    let out = gpu.alloc::<u64>(rows.max(1))?;
+    if rows == 0 {
+        return Ok((out, None));
+    }
     let mut at = vec![0u64];
     let mut words = vec![0u64; padded_len(pieces.iter().map(Vec::len).sum()) / 8];
     let mut pos = 0usize;
@@ -842,7 +845,8 @@ fn padded_pieces(pieces: &[Vec<u8>]) -> (Vec<u64>, Vec<u64>) {
         }
         at.push(pos as u64);
     }
-    (words, at)
+    let uploaded = (gpu.upload(&words, stats)?, gpu.upload(&at, stats)?);
+    Ok((out, Some(uploaded)))
 }
 
 /// The verification's table of representatives over both sides' hashes

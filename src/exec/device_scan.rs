@@ -302,13 +302,13 @@ fn number_string_literals(
     }
     if let Some(arg) = e.downcast_ref::<IsNullExpr>().map(|n| n.arg()) {
         if let Some(c) = string_column(arg, columns) {
-            number_none(numbered, c);
+            column_literals(numbered, c);
             return Ok(Arc::new(IsNullExpr::new(col(columns, c))));
         }
     }
     if let Some(arg) = e.downcast_ref::<IsNotNullExpr>().map(|n| n.arg()) {
         if let Some(c) = string_column(arg, columns) {
-            number_none(numbered, c);
+            column_literals(numbered, c);
             return Ok(Arc::new(IsNotNullExpr::new(col(columns, c))));
         }
     }
@@ -328,8 +328,8 @@ fn number_string_literals(
     e.clone().with_new_children(children).map_err(|e| e.to_string())
 }
 
-/// Column `c`'s entry among the numbered string columns (added without literals if new).
-fn number_none(numbered: &mut Vec<StringLiterals>, c: usize) -> &mut Vec<Vec<u8>> {
+/// Column `c`'s literals among the numbered string columns (an entry without literals added if new).
+fn column_literals(numbered: &mut Vec<StringLiterals>, c: usize) -> &mut Vec<Vec<u8>> {
     let at = match numbered.iter().position(|s| s.column == c) {
         Some(at) => at,
         None => {
@@ -343,7 +343,7 @@ fn number_none(numbered: &mut Vec<StringLiterals>, c: usize) -> &mut Vec<Vec<u8>
 /// The number string column `c` reads as where it equals `lit` (numbered
 /// here if new; a NULL literal: a NULL number).
 fn literal_number(numbered: &mut Vec<StringLiterals>, c: usize, lit: Option<Vec<u8>>) -> PhysicalExprRef {
-    let literals = number_none(numbered, c);
+    let literals = column_literals(numbered, c);
     let n = lit.map(|lit| {
         1 + literals.iter().position(|x| *x == lit).unwrap_or_else(|| {
             literals.push(lit);
