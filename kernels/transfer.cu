@@ -119,3 +119,22 @@ extern "C" __global__ void reduce_kept(const u32* sel, const u32* valid, u64 has
         atomicMax((long long*)&out[3], (long long)hi);
     }
 }
+
+// One column of a composite key packed into the key: for each row whose
+// selection bit is set, key = key * range + (value - lo) (the first column,
+// first != 0: key = value - lo), so a key of several exact columns becomes one
+// exact 64-bit key (mixed radix; the host checked that the ranges multiply to
+// less than 2^64). A kept row whose value lies outside [lo, lo + range) sets
+// err[0] (the host then packs nothing); rows not kept are left as they were.
+extern "C" __global__ void pack_key_column(const u32* sel, u64 n, const u64* values, u64 lo, u64 range, u64 first,
+                                           u64* keys, u32* err) {
+    SF_FOR(i, n) {
+        if (!((sel[i >> 5] >> (i & 31)) & 1u)) continue;
+        const u64 slot = values[i] - lo;
+        if (slot >= range) {
+            atomicOr(err, 1u);
+            continue;
+        }
+        keys[i] = first ? slot : keys[i] * range + slot;
+    }
+}

@@ -9,6 +9,11 @@
 //! program of `kernels/join_filter.cu` over the file columns it reads, which
 //! the device decodes beside the key and runs before taking the keys.
 //!
+//! A composite key's other columns (exact fixed-width types) are read beside
+//! the first; the filter then always exists, its programs testing the key
+//! columns for NULL, and the selection packs the kept rows' columns into one
+//! 64-bit key on the device (`exec::device_select`).
+//!
 //! `SetSelectExec` recognises it and takes the keys on the device, with no
 //! Arrow batch on the host. Anyone else who executes it gets the original
 //! subtree's batches: the node runs that subtree, which it keeps (it is a
@@ -60,6 +65,11 @@ pub struct DeviceScanExec {
     /// The key column's name in the files.
     column: String,
     data_type: DataType,
+    /// A composite key's other columns (file column, type), in key order:
+    /// the device packs the key columns of both inputs into one exact 64-bit
+    /// key (`exec::device_select`); such a scan always has a [`ScanFilter`],
+    /// whose programs test the key columns for NULL. Empty: one key column.
+    more_keys: Vec<(String, DataType)>,
     /// Rows the input's filters remove (None: none).
     filter: Option<ScanFilter>,
     /// The files' schema and the conjunction of the input's filters and the
@@ -153,14 +163,15 @@ fn rewrite_columns(
 /// `pushdown_filters`), over the file columns they read.
 #[derive(Debug, Clone)]
 pub struct ScanFilter {
-    /// The file columns the programs read, in their column order (the key last), with their types;
+    /// The file columns the programs read, in their column order (the key columns last), with their types;
     /// a string column under LIKE once more for each pattern ([`StringPattern`]).
     pub columns: Vec<(String, DataType)>,
-    /// Rows kept with a non-NULL key: `filter AND key IS NOT NULL`.
+    /// Rows kept with a non-NULL key: `filter AND key IS NOT NULL` (each key column's, ANDed).
     pub keep_valid: Vec<Instr>,
-    /// Rows kept with a NULL key: `filter AND key IS NULL`.
+    /// Rows kept with a NULL key: `filter AND key IS NULL` (any key column's).
     pub keep_null: Vec<Instr>,
-    /// The predicate as DataFusion printed it, for EXPLAIN.
+    /// The predicate as DataFusion printed it, for EXPLAIN (empty: none, a
+    /// composite key's NULL tests alone).
     pub text: String,
     /// The string columns among `columns`, which the programs read as the
     /// number of the literal each row equals ([`StringLiterals`]).
@@ -190,6 +201,9 @@ pub struct StringLiterals {
     pub column: usize,
     pub literals: Vec<Vec<u8>>,
 }
+
+/// Composite keys of more columns stay with the host (each column is one packing pass on the device).
+const MAX_KEY_COLUMNS: usize = 8;
 
 /// IN lists longer than this stay with DataFusion (each value is one comparison of the program).
 const MAX_IN_LIST: usize = 64;
@@ -355,46 +369,73 @@ fn literal_number(numbered: &mut Vec<StringLiterals>, c: usize, lit: Option<Vec<
 
 impl ScanFilter {
     /// Compile `predicates` (each over the file columns `columns`, by index)
-    /// for the device; Err: why the device cannot evaluate them.
+    /// for the device; Err: why the device cannot evaluate them. `keys`: the
+    /// key columns, appended to `columns` (a row's key is NULL where any of
+    /// them is). None: no predicate and one key column (nothing to run).
     fn compile(
         predicates: Vec<PhysicalExprRef>,
         mut columns: Vec<(String, DataType)>,
-        key: (&str, &DataType),
+        keys: &[(&str, &DataType)],
     ) -> std::result::Result<Option<Self>, String> {
-        let Some(expr) = predicates.into_iter().reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as _)
-        else {
+        let expr = predicates.into_iter().reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as _);
+        if expr.is_none() && keys.len() < 2 {
             return Ok(None);
-        };
+        }
         for (name, t) in &columns {
             if !crate::scan::supported_type(t) && byte_family(t).is_none() {
                 return Err(format!("the filter reads {name} of type {t}"));
             }
         }
         let (mut literals, mut patterns) = (Vec::new(), Vec::new());
-        let numbered = number_string_literals(&expr, &mut columns, &mut literals, &mut patterns)?;
-        // A numbered string column reads as Int64.
-        let schema = Arc::new(Schema::new(
-            columns
-                .iter()
-                .map(|(n, t)| {
-                    Field::new(n.clone(), if byte_family(t).is_some() { DataType::Int64 } else { t.clone() }, true)
-                })
-                .collect::<Vec<_>>(),
-        ));
-        let filter = PairFilter { expr: numbered, columns: (0..columns.len()).map(|i| (true, i)).collect(), schema };
-        let programs = compile(&filter, None).map_err(|why| format!("filter {expr}: {why}"))?;
-        columns.push((key.0.to_string(), key.1.clone()));
-        let key_col = Instr::new(op::COL, (columns.len() - 1) as u32, 0);
-        let with = |test: u32| {
-            let mut p = programs.filter.clone();
-            p.extend([key_col, Instr::new(test, 0, 0), Instr::new(op::AND, 0, 0)]);
+        let (programs, text) = match &expr {
+            Some(expr) => {
+                let numbered = number_string_literals(expr, &mut columns, &mut literals, &mut patterns)?;
+                // A numbered string column reads as Int64.
+                let schema = Arc::new(Schema::new(
+                    columns
+                        .iter()
+                        .map(|(n, t)| {
+                            Field::new(
+                                n.clone(),
+                                if byte_family(t).is_some() { DataType::Int64 } else { t.clone() },
+                                true,
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                ));
+                let filter =
+                    PairFilter { expr: numbered, columns: (0..columns.len()).map(|i| (true, i)).collect(), schema };
+                let programs = compile(&filter, None).map_err(|why| format!("filter {expr}: {why}"))?;
+                (programs.filter, expr.to_string())
+            }
+            None => (Vec::new(), String::new()),
+        };
+        let first_key = columns.len();
+        columns.extend(keys.iter().map(|(n, t)| (n.to_string(), (*t).clone())));
+        // `test` of each key column, joined by `join` (IS NOT NULL by AND, IS NULL by OR).
+        let key_tests = |test: u32, join: u32| {
+            let mut p = Vec::new();
+            for c in 0..keys.len() {
+                p.extend([Instr::new(op::COL, (first_key + c) as u32, 0), Instr::new(test, 0, 0)]);
+                if c > 0 {
+                    p.push(Instr::new(join, 0, 0));
+                }
+            }
+            p
+        };
+        let with = |test: u32, join: u32| {
+            let mut p = programs.clone();
+            p.extend(key_tests(test, join));
+            if !programs.is_empty() {
+                p.push(Instr::new(op::AND, 0, 0));
+            }
             p
         };
         Ok(Some(Self {
             columns,
-            keep_valid: with(op::IS_NOT_NULL),
-            keep_null: with(op::IS_NULL),
-            text: expr.to_string(),
+            keep_valid: with(op::IS_NOT_NULL, op::AND),
+            keep_null: with(op::IS_NULL, op::OR),
+            text,
             literals,
             patterns,
         }))
@@ -414,17 +455,45 @@ impl DeviceScanExec {
         key_type: &DataType,
         payload: Option<&[usize]>,
     ) -> std::result::Result<Self, String> {
-        let Some(col) = key.downcast_ref::<Column>() else { return Err(format!("key {key} is not a column")) };
-        let data_type = input.schema().field(col.index()).data_type().clone();
-        if &data_type != key_type {
-            return Err(format!("key type {data_type} is coerced to {key_type}"));
+        Self::try_from_input_keys(input, std::slice::from_ref(key), std::slice::from_ref(key_type), payload)
+    }
+
+    /// [`Self::try_from_input`] for a key of one or more columns (`keys`,
+    /// each of its type in `key_types`). A composite key's columns must each
+    /// be an exact fixed-width type (integers, dates, decimals of at most 18
+    /// digits): the device packs them into one 64-bit key.
+    pub fn try_from_input_keys(
+        input: &Arc<dyn ExecutionPlan>,
+        keys: &[PhysicalExprRef],
+        key_types: &[DataType],
+        payload: Option<&[usize]>,
+    ) -> std::result::Result<Self, String> {
+        if keys.is_empty() || keys.len() != key_types.len() {
+            return Err("no key".into());
         }
-        if !crate::scan::supported_key_type(&data_type) {
-            return Err(format!("type {data_type}"));
+        if keys.len() > MAX_KEY_COLUMNS {
+            return Err(format!("{} key columns (the device packs at most {MAX_KEY_COLUMNS})", keys.len()));
         }
+        let mut key_columns = Vec::with_capacity(keys.len());
+        for (key, key_type) in keys.iter().zip(key_types) {
+            let Some(col) = key.downcast_ref::<Column>() else { return Err(format!("key {key} is not a column")) };
+            let data_type = input.schema().field(col.index()).data_type().clone();
+            if &data_type != key_type {
+                return Err(format!("key type {data_type} is coerced to {key_type}"));
+            }
+            if !crate::scan::supported_key_type(&data_type) {
+                return Err(format!("type {data_type}"));
+            }
+            if keys.len() > 1 && (crate::scan::is_byte_type(&data_type) || !crate::keys::is_exact(&[data_type.clone()]))
+            {
+                return Err(format!("a composite key with a column of type {data_type}"));
+            }
+            key_columns.push((col.index(), data_type));
+        }
+        let (col_index, data_type) = key_columns[0].clone();
         // Follow the key column down to the scan, gathering the filters on the way.
         let mut filters: Chain = Vec::new();
-        let (node, index) = follow_down(input.clone(), col.index(), Some(&mut filters))?;
+        let (node, index) = follow_down(input.clone(), col_index, Some(&mut filters))?;
         let Some(ds) = node.downcast_ref::<DataSourceExec>() else {
             return Err(format!("input {} is not a Parquet scan", node.name()));
         };
@@ -460,6 +529,19 @@ impl DeviceScanExec {
         let field = file_schema.field(key_file);
         if field.data_type() != &data_type {
             return Err(format!("schema adaptation: {} read as {data_type}", field.data_type()));
+        }
+        // A composite key's other columns, read from the same scan.
+        let mut more_keys = Vec::new();
+        for (at, t) in &key_columns[1..] {
+            let (n, i) = follow_down(input.clone(), *at, None)?;
+            if !Arc::ptr_eq(&n, &node) {
+                return Err(format!("a key column from {}", n.name()));
+            }
+            let f = file_schema.field(file_index(i).map_err(|why| format!("key: {why}"))?);
+            if f.data_type() != t {
+                return Err(format!("schema adaptation: {} read as {t}", f.data_type()));
+            }
+            more_keys.push((f.name().clone(), t.clone()));
         }
         // The filters over the files' columns (by their index in the files).
         let file_column = |i: usize| Column::new(file_schema.field(i).name(), i);
@@ -524,7 +606,10 @@ impl DeviceScanExec {
             .iter()
             .map(|&i| (file_schema.field(i).name().clone(), file_schema.field(i).data_type().clone()))
             .collect();
-        let filter = ScanFilter::compile(predicates, columns, (field.name(), &data_type))?;
+        let keys: Vec<(&str, &DataType)> = std::iter::once((field.name().as_str(), &data_type))
+            .chain(more_keys.iter().map(|(n, t)| (n.as_str(), t)))
+            .collect();
+        let filter = ScanFilter::compile(predicates, columns, &keys)?;
         let payload = if let Some(output) = payload {
             let schema = input.schema();
             let columns = schema
@@ -571,6 +656,7 @@ impl DeviceScanExec {
             files,
             column: field.name().clone(),
             data_type,
+            more_keys,
             filter,
             prune,
             bloom_filters,
@@ -634,6 +720,14 @@ impl DeviceScanExec {
     pub fn data_type(&self) -> &DataType {
         &self.data_type
     }
+    /// A composite key's columns after the first ([`Self::column`]), in key order (empty: one key column).
+    pub fn more_keys(&self) -> &[(String, DataType)] {
+        &self.more_keys
+    }
+    /// The key's columns.
+    pub fn key_count(&self) -> usize {
+        1 + self.more_keys.len()
+    }
     /// The subtree the node stands for.
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.input
@@ -652,8 +746,22 @@ impl DeviceScanExec {
 
 impl DisplayAs for DeviceScanExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "DeviceScanExec: column={}, type={}, files={}", self.column, self.data_type, self.files.len())?;
-        if let Some(filter) = &self.filter {
+        if self.more_keys.is_empty() {
+            write!(f, "DeviceScanExec: column={}, type={}", self.column, self.data_type)?;
+        } else {
+            let names: Vec<&str> = self.more_keys.iter().map(|(n, _)| n.as_str()).collect();
+            let types: Vec<String> = self.more_keys.iter().map(|(_, t)| t.to_string()).collect();
+            write!(
+                f,
+                "DeviceScanExec: columns=[{}, {}], types=[{}, {}]",
+                self.column,
+                names.join(", "),
+                self.data_type,
+                types.join(", ")
+            )?;
+        }
+        write!(f, ", files={}", self.files.len())?;
+        if let Some(filter) = self.filter.as_ref().filter(|f| !f.text.is_empty()) {
             write!(f, ", filter={}", filter.text)?;
         }
         if let Some(payload) = &self.payload {
@@ -699,6 +807,7 @@ impl ExecutionPlan for DeviceScanExec {
             files: self.files.clone(),
             column: self.column.clone(),
             data_type: self.data_type.clone(),
+            more_keys: self.more_keys.clone(),
             filter: self.filter.clone(),
             prune: self.prune.clone(),
             bloom_filters: self.bloom_filters,

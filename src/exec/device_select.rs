@@ -9,7 +9,12 @@
 //!
 //! String keys are hashes: the device reads both sides or neither, and
 //! [`prove_string_keys`] proves over both sides' decoded bytes that equal
-//! hashes mean equal strings before the selection trusts them. A mark join
+//! hashes mean equal strings before the selection trusts them. Composite
+//! keys (exact fixed-width columns) are packed once both sides' filters have
+//! run ([`pack_composite_keys`]): each column's range over both sides' kept
+//! rows is reduced on the device, and the columns become one mixed-radix
+//! 64-bit key, exact like the host's `keys::encode_packed` (a kept row with
+//! a NULL key column, or ranges past 2^64, leave both sides to the host). A mark join
 //! uses the same selection (`MarkJoinExec`'s subquery side read by the
 //! device, its probe side too where the device decodes its columns: then
 //! every probe row's columns come back, [`ProbeOutput::every_row`]).
@@ -56,6 +61,18 @@ struct SideKeys {
     /// A filtered side's output columns its filter decoded (over its file
     /// rows), kept for the payload so they are not read again.
     outputs: Vec<(String, crate::scan::DeviceDecoded)>,
+    /// A composite key's columns, not yet packed into `keys` ([`pack_composite_keys`]).
+    composite: Option<CompositeColumns>,
+}
+
+/// A composite key's columns as one side decoded them (over its file rows),
+/// and the range of each over the rows its filter kept: the key is packed
+/// once both sides' ranges are known ([`pack_composite_keys`]).
+struct CompositeColumns {
+    columns: Vec<DeviceBuffer<u64>>,
+    /// Each column's kept rows' aggregates (their min and max).
+    ranges: Vec<KeptAggregates>,
+    file_rows: usize,
 }
 
 /// A BYTE_ARRAY key's rows as the device decoded them (all of them, before a
@@ -388,10 +405,31 @@ fn filtered_keys(
     let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &cols, &[], n, &keep_valid, stats)? else {
         return Ok(Err(overflow.into()));
     };
-    let (keys, m) = gpu::compact_kept_keys_on_device(g, key, &pass, n, stats)?;
-    let (z, null_pass) = match key_valid {
-        None => (0, None),
-        Some(_) => match crate::algo::join_filter::pass_rows_gpu(g, &cols, &[], n, &keep_null, stats)? {
+    // A composite key: its rows' keys are packed once both sides are known
+    // (`keys` stays empty until then), from its columns' ranges over the kept rows.
+    let key_names: Vec<&str> = scan.more_keys().iter().map(|(name, _)| name.as_str()).collect();
+    let mut composite = None;
+    let (keys, m) = if key_names.is_empty() {
+        gpu::compact_kept_keys_on_device(g, key, &pass, n, stats)?
+    } else {
+        let mut columns = Vec::with_capacity(1 + key_names.len());
+        let mut ranges = Vec::with_capacity(1 + key_names.len());
+        for name in std::iter::once(scan.column()).chain(key_names.iter().copied()) {
+            let Some((values, _)) = column(name) else {
+                return Ok(Err(format!("the composite key's column {name} was not decoded")));
+            };
+            ranges.push(gpu::reduce_kept(g, values, None, &pass, n, stats)?);
+            columns.push(g.copy_on_device(values, n)?);
+        }
+        let m = ranges.first().map_or(0, |r| r.values as usize);
+        composite = Some(CompositeColumns { columns, ranges, file_rows: n });
+        (g.alloc::<u64>(1)?, m)
+    };
+    let any_key_nulls = key_valid.is_some()
+        || scan.more_keys().iter().any(|(name, _)| column(name).is_some_and(|(_, valid)| valid.is_some()));
+    let (z, null_pass) = match any_key_nulls {
+        false => (0, None),
+        true => match crate::algo::join_filter::pass_rows_gpu(g, &cols, &[], n, &keep_null, stats)? {
             Some(pass) => {
                 let z = gpu::count_kept_on_device(g, &pass, n, stats)?;
                 (z, (z > 0).then_some(pass))
@@ -399,6 +437,11 @@ fn filtered_keys(
             None => return Ok(Err(overflow.into())),
         },
     };
+    if composite.is_some() && z > 0 {
+        // (NULL, 1) is not (NULL, 2) in a set operation, and never matches in
+        // a join: the host's exact encoding tells them apart.
+        return Ok(Err(format!("{z} kept rows with a NULL in a composite key column")));
+    }
     report.filtered = Some(((m + z) as u64, t.elapsed(), decoded.len()));
     let nulls = (z > 0).then(|| {
         let mut bits = datafusion::arrow::array::BooleanBufferBuilder::new(m + z);
@@ -419,7 +462,52 @@ fn filtered_keys(
             ready.push((name.to_string(), d));
         }
     }
-    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept, strings, outputs: ready }))
+    Ok(Ok(SideKeys { keys, n: m + z, nulls, report: Some(report), kept, strings, outputs: ready, composite }))
+}
+
+/// Both sides' composite keys packed into one exact 64-bit key a row
+/// ([`gpu::pack_key_columns`]) by ranges that cover both sides' kept rows,
+/// and compacted to the kept rows (sides without a composite key are
+/// returned as they are). `Ok(Err(why))`: the ranges multiply past 2^64.
+fn pack_composite_keys(
+    g: &Gpu,
+    mut probe: SideKeys,
+    mut build: SideKeys,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(SideKeys, SideKeys), String>> {
+    let (p, b) = match (probe.composite.take(), build.composite.take()) {
+        (None, None) => return Ok(Ok((probe, build))),
+        (Some(p), Some(b)) if p.columns.len() == b.columns.len() => (p, b),
+        _ => return Ok(Err("composite keys: one side's key columns were not decoded".into())),
+    };
+    let mut bounds = Vec::with_capacity(p.ranges.len());
+    for (a, c) in p.ranges.iter().zip(&b.ranges) {
+        let r = a.merge(*c);
+        if r.values == 0 {
+            bounds.push((0i64, 1u64));
+            continue;
+        }
+        match u64::try_from(r.max as i128 - r.min as i128 + 1) {
+            Ok(range) => bounds.push((r.min, range)),
+            Err(_) => return Ok(Err("a composite key column's values span more than 64 bits".into())),
+        }
+    }
+    for (side, columns) in [(&mut probe, p), (&mut build, b)] {
+        let Some(kept) = side.kept.as_ref() else {
+            return Ok(Err("composite keys of a side without its filter's rows".into()));
+        };
+        let cols: Vec<&DeviceBuffer<u64>> = columns.columns.iter().collect();
+        let Some(packed) = gpu::pack_key_columns(g, &cols, &bounds, &kept.valid, columns.file_rows, stats)? else {
+            return Ok(Err("the composite key's column ranges multiply past 64 bits".into()));
+        };
+        let (keys, m) = gpu::compact_kept_keys_on_device(g, &packed, &kept.valid, columns.file_rows, stats)?;
+        if m != side.n {
+            return Ok(Err(format!("composite keys: {m} packed, {} kept rows", side.n)));
+        }
+        side.keys = keys;
+    }
+    crate::util::trace("device scan: composite keys packed");
+    Ok(Ok((probe, build)))
 }
 
 /// `prog` AND "column `selection` is not NULL" (a row the page index
@@ -477,7 +565,16 @@ fn side_keys(
                 }
                 None => None,
             };
-            Ok(Ok(SideKeys { keys, n, nulls, report: None, kept: None, strings: None, outputs: Vec::new() }))
+            Ok(Ok(SideKeys {
+                keys,
+                n,
+                nulls,
+                report: None,
+                kept: None,
+                strings: None,
+                outputs: Vec::new(),
+                composite: None,
+            }))
         }
     }
 }
@@ -546,7 +643,16 @@ fn device_side(
         None => None,
     };
     let strings = decoded.strings.map(|strings| StringKeys { hashes: None, strings, rows: n });
-    Ok(SideKeys { keys: decoded.keys, n, nulls, report: Some(report), kept: None, strings, outputs: Vec::new() })
+    Ok(SideKeys {
+        keys: decoded.keys,
+        n,
+        nulls,
+        report: Some(report),
+        kept: None,
+        strings,
+        outputs: Vec::new(),
+        composite: None,
+    })
 }
 
 fn describe(which: &str, r: &ScanReport) -> String {
@@ -1148,6 +1254,12 @@ pub(crate) fn select_device_scanned(
                        the bytes there)"
             .into()));
     }
+    let composite = |s: &Side<'_>| matches!(s, Side::Device(scan) if !scan.more_keys().is_empty());
+    if (composite(&probe) || composite(&build)) && !(composite(&probe) && composite(&build)) {
+        return Ok(Err("composite keys: the device reads both sides or neither (they are packed by ranges both \
+                       sides share)"
+            .into()));
+    }
     // Where unmatched probe rows are dropped (IN / EXISTS, INTERSECT [ALL];
     // not a mark join's, which outputs every row), probe row groups outside
     // the build side's key range (from its files' statistics) are not read,
@@ -1349,6 +1461,10 @@ pub(crate) fn select_device_scanned(
             };
             (probe, build)
         }
+    };
+    let (probe, build) = match pack_composite_keys(&g, probe, build, &mut stats)? {
+        Ok(sides) => sides,
+        Err(why) => return Ok(Err(why)),
     };
     let reports: Vec<(String, ScanReport)> = [("probe", &probe.report), ("build", &build.report)]
         .into_iter()

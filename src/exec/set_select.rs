@@ -731,13 +731,14 @@ enum DeviceOutcome {
 impl Run {
     /// Is this input a device scan whose keys the device reads itself? Only a
     /// side whose batches are not output (the build side; the probe side
-    /// under a row count), with one key, on the GPU backend.
+    /// under a row count) or whose output columns the device decodes, with
+    /// the scan's key columns, on the GPU backend.
     fn device_scanned(&self, probe: bool) -> Option<&DeviceScanExec> {
         let plan = if probe { &self.spec.probe } else { &self.spec.build };
         let scan = plan.downcast_ref::<DeviceScanExec>()?;
         // The probe side's rows are output: the device decodes its columns too.
         let keys_only = !probe || self.output == OutputColumns::RowCount || scan.payload().is_some();
-        (keys_only && self.backend == Backend::Gpu && self.spec.probe_keys.len() == 1).then_some(scan)
+        (keys_only && self.backend == Backend::Gpu && self.spec.probe_keys.len() == scan.key_count()).then_some(scan)
     }
 
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {

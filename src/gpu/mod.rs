@@ -25,7 +25,8 @@ pub use error::{is_out_of_memory, GpuError};
 pub use staging::{HostBytes, HostOut, PendingBuffer, PinnedArena, PinnedLoan, STAGING_HOST_BYTES};
 pub use transfer::{
     compact_kept_keys, compact_kept_keys_cpu, compact_kept_keys_on_device, count_kept_on_device, gpu_min_max,
-    reduce_kept, reduce_kept_cpu, DeviceArray, KeptAggregates, StreamedUpload, TransferStats,
+    pack_key_columns, pack_key_columns_cpu, packs_in_64_bits, reduce_kept, reduce_kept_cpu, DeviceArray,
+    KeptAggregates, StreamedUpload, TransferStats,
 };
 
 /// Why the GPU backend cannot be used.

@@ -769,6 +769,84 @@ pub fn reduce_kept_cpu(values: &[i64], valid: Option<&BooleanBuffer>, sel: &Bool
     sel.set_indices().filter(kept).map(one).fold(KeptAggregates::EMPTY, KeptAggregates::merge)
 }
 
+/// One exact 64-bit key per row from a composite key's columns (n signed
+/// 64-bit lanes each, as decoded), for the rows set in `sel`: column by
+/// column, `key = key * range + (value - lo)` with each column's
+/// `(lo, range)` from `bounds` (`kernels/transfer.cu`: pack_key_column, one
+/// pass a column). Two kept rows get equal keys iff their columns are equal.
+/// Rows not set in `sel` hold undefined keys. None: the ranges multiply past
+/// 2^64, or a kept value lies outside its column's range. CPU twin:
+/// [`pack_key_columns_cpu`].
+pub fn pack_key_columns(
+    gpu: &Gpu,
+    columns: &[&DeviceBuffer<u64>],
+    bounds: &[(i64, u64)],
+    sel: &DeviceBuffer<u32>,
+    n: usize,
+    stats: &mut TransferStats,
+) -> Result<Option<DeviceBuffer<u64>>> {
+    if columns.len() != bounds.len() || columns.iter().any(|c| c.len() < n) || sel.len() < n.div_ceil(32) {
+        return Err(DataFusionError::Internal(
+            "pack_key_columns: columns, bounds or selection shorter than the rows".into(),
+        ));
+    }
+    if !packs_in_64_bits(bounds) {
+        return Ok(None);
+    }
+    let t = Instant::now();
+    let mut keys = gpu.alloc::<u64>(n.max(1))?;
+    let mut err = gpu.upload(&[0u32], stats)?;
+    let f = gpu.function(&KERNEL, "pack_key_column")?;
+    let n64 = n as u64;
+    for (c, (values, &(lo, range))) in columns.iter().zip(bounds).enumerate() {
+        let (lo, first) = (lo as u64, (c == 0) as u64);
+        // SAFETY: signature matches kernels/transfer.cu; `sel` holds ceil(n / 32) words, `values` and `keys` n lanes (checked), `err` one word.
+        unsafe {
+            gpu.stream()
+                .launch_builder(&f)
+                .arg(&sel.slice)
+                .arg(&n64)
+                .arg(&values.slice)
+                .arg(&lo)
+                .arg(&range)
+                .arg(&first)
+                .arg(&mut keys.slice)
+                .arg(&mut err.slice)
+                .launch(gpu.grid_stride(n, 8))
+        }
+        .map_err(|e| cuda_err("pack_key_column", e))?;
+    }
+    let failed = gpu.download(&err, 1, stats)?[0] != 0;
+    stats.kernel += t.elapsed();
+    Ok((!failed).then_some(keys))
+}
+
+/// Do ranges of these sizes multiply to less than 2^64 (so mixed-radix keys are exact)?
+pub fn packs_in_64_bits(bounds: &[(i64, u64)]) -> bool {
+    bounds.iter().try_fold(1u128, |acc, &(_, r)| acc.checked_mul(r as u128).filter(|p| *p <= 1u128 << 64)).is_some()
+        && bounds.iter().all(|&(_, r)| r > 0)
+}
+
+/// CPU twin of [`pack_key_columns`] (rows not set in `sel` get key 0).
+pub fn pack_key_columns_cpu(columns: &[&[u64]], bounds: &[(i64, u64)], sel: &BooleanBuffer) -> Option<Vec<u64>> {
+    if !packs_in_64_bits(bounds) {
+        return None;
+    }
+    let mut keys = vec![0u64; sel.len()];
+    for i in sel.set_indices() {
+        let mut key = 0u64;
+        for (values, &(lo, range)) in columns.iter().zip(bounds) {
+            let slot = values[i].wrapping_sub(lo as u64);
+            if slot >= range {
+                return None;
+            }
+            key = key.wrapping_mul(range).wrapping_add(slot);
+        }
+        keys[i] = key;
+    }
+    Some(keys)
+}
+
 /// CPU twin of [`compact_kept_keys`]: the keys whose selection bit is set, in order.
 pub fn compact_kept_keys_cpu(keys: &[u64], sel: &BooleanBuffer) -> Vec<u64> {
     sel.set_indices().map(|i| keys[i]).collect()
@@ -878,6 +956,61 @@ mod tests {
         let back = gpu.download(&dst, 2 * n, &mut stats).unwrap();
         assert!(back[..n] == locked[..], "page-locked pieces");
         assert!(back[n..] == pageable[..], "pageable piece");
+    }
+
+    /// Composite keys packed on the device equal their CPU twin's, and two
+    /// kept rows share a key iff their columns are equal (negative values,
+    /// duplicates, ranges whose product is near 2^64, no row kept); a value
+    /// outside its range, or ranges past 2^64, pack nothing.
+    #[test]
+    fn packed_key_columns_match_cpu_twin() {
+        let mut x = 0x2545F4914F6CDD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let n = 100_003usize;
+        let a: Vec<u64> = (0..n).map(|_| ((next() % 2000) as i64 - 1000) as u64).collect();
+        let b: Vec<u64> = (0..n).map(|_| (next() % 7) as u64 + (1 << 40)).collect();
+        let c: Vec<u64> = (0..n).map(|_| ((next() % 3) as i64 - 1) as u64).collect();
+        let sel = BooleanBuffer::from_iter((0..n).map(|_| next() % 5 != 0));
+        let bounds = [(-1000i64, 2000u64), (1 << 40, 7), (-1, 3)];
+        let cols: [&[u64]; 3] = [&a, &b, &c];
+        let keys = pack_key_columns_cpu(&cols, &bounds, &sel).unwrap();
+        let mut seen = std::collections::HashMap::new();
+        for i in sel.set_indices() {
+            let tuple = (a[i], b[i], c[i]);
+            assert_eq!(*seen.entry(keys[i]).or_insert(tuple), tuple, "row {i}: a key shared by two tuples");
+        }
+        assert_eq!(
+            seen.len(),
+            sel.set_indices().map(|i| (a[i], b[i], c[i])).collect::<std::collections::HashSet<_>>().len()
+        );
+        // Out of range, and past 2^64.
+        assert!(pack_key_columns_cpu(&cols, &[(-999, 2000), (1 << 40, 7), (-1, 3)], &sel).is_none());
+        assert!(!packs_in_64_bits(&[(0, 1 << 33), (0, 1 << 31), (0, 3)]));
+        assert!(packs_in_64_bits(&[(0, 1 << 33), (0, 1 << 31)]));
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let _lock = gpu.lock_blocking();
+        let mut stats = TransferStats::default();
+        let up = |v: &[u64], stats: &mut TransferStats| gpu.upload(v, stats).unwrap();
+        let (da, db, dc) = (up(&a, &mut stats), up(&b, &mut stats), up(&c, &mut stats));
+        let words: Vec<u32> = (0..n.div_ceil(32))
+            .map(|w| (0..32).filter(|j| w * 32 + j < n && sel.value(w * 32 + j)).fold(0u32, |acc, j| acc | 1 << j))
+            .collect();
+        let dsel = gpu.upload(&words, &mut stats).unwrap();
+        let got = pack_key_columns(&gpu, &[&da, &db, &dc], &bounds, &dsel, n, &mut stats).unwrap().unwrap();
+        let got = gpu.download(&got, n, &mut stats).unwrap();
+        assert!(sel.set_indices().all(|i| got[i] == keys[i]), "device keys differ from the CPU twin's");
+        let out =
+            pack_key_columns(&gpu, &[&da, &db, &dc], &[(-999, 2000), (1 << 40, 7), (-1, 3)], &dsel, n, &mut stats);
+        assert!(out.unwrap().is_none(), "a kept value outside its range");
+        let none = gpu.upload(&vec![0u32; n.div_ceil(32)], &mut stats).unwrap();
+        assert!(pack_key_columns(&gpu, &[&da, &db, &dc], &[(0, 1), (0, 1), (0, 1)], &none, n, &mut stats)
+            .unwrap()
+            .is_some());
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //! becomes a [`DeviceScanExec`]: its key column (under the input's filters,
 //! which the device runs), and where its rows are output (the probe side of
 //! a join that outputs columns) all its columns, which the device decodes
-//! for the output (fixed-width types, no filter). A Parquet input that stays
+//! for the output (fixed-width types, no filter). A composite key of exact
+//! fixed-width columns (integers, dates, short decimals) is read column by
+//! column and packed by the device into one exact 64-bit key, by ranges both
+//! sides share, so both sides are device scans or neither (as string keys,
+//! whose hashes are proved against both sides' bytes). A Parquet input that stays
 //! with DataFusion's scan gets its reason in the operator's EXPLAIN line
 //! (`device_scan="..."`); inputs that are not Parquet scans, operators on the
 //! CPU backend and `setfusion.device_scan = false` leave the plan as it was.
@@ -348,17 +352,20 @@ impl DeviceScanRule {
         let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
         let mut reasons = Vec::new();
         let mut new_children = children.clone();
-        // Both sides' keys are encoded as the probe side's type.
+        // Both sides' keys are encoded as the probe side's types.
         let Some(key) = node.probe_keys().first() else { return Ok(Transformed::no(plan)) };
         let key_type = crate::keys::key_type(&key.data_type(&children[0].schema())?);
+        let key_types = node
+            .probe_keys()
+            .iter()
+            .map(|k| Ok(crate::keys::key_type(&k.data_type(&children[0].schema())?)))
+            .collect::<Result<Vec<DataType>>>()?;
         for (i, (side, keys)) in [("probe", node.probe_keys()), ("build", node.build_keys())].into_iter().enumerate() {
             if !reads_parquet(&children[i]) || children[i].downcast_ref::<DeviceScanExec>().is_some() {
                 continue;
             }
             let why = if node.partitioned_inputs_requested() {
                 Err("hash-partitioned inputs".to_string())
-            } else if keys.len() != 1 {
-                Err(format!("{} key columns", keys.len()))
             } else {
                 // A side whose rows are output (the probe side) has the columns the
                 // operator outputs (its projection's, or all) decoded too.
@@ -366,7 +373,7 @@ impl DeviceScanRule {
                     node.projection()
                         .map_or_else(|| (0..children[i].schema().fields().len()).collect(), <[usize]>::to_vec)
                 });
-                DeviceScanExec::try_from_input(&children[i], &keys[0], &key_type, output.as_deref())
+                DeviceScanExec::try_from_input_keys(&children[i], keys, &key_types, output.as_deref())
             };
             match why {
                 Ok(scan) => new_children[i] = Arc::new(scan),
@@ -375,10 +382,17 @@ impl DeviceScanRule {
         }
         // String keys are hashed, and the hashes proved against the bytes where
         // they lie: on the device for both sides, or on the host for both.
+        // Composite keys are packed into one 64-bit key by ranges that both
+        // sides' columns share: on the device for both, or on the host.
         let scanned = |c: &Arc<dyn ExecutionPlan>| c.downcast_ref::<DeviceScanExec>().is_some();
-        if crate::scan::is_byte_type(&key_type) && !new_children.iter().all(scanned) {
+        let both = if crate::scan::is_byte_type(&key_type) {
+            Some("string keys")
+        } else {
+            (key_types.len() > 1).then_some("composite keys")
+        };
+        if let Some(what) = both.filter(|_| !new_children.iter().all(scanned)) {
             if new_children.iter().any(scanned) {
-                reasons.push("string keys: the device reads both sides or neither".into());
+                reasons.push(format!("{what}: the device reads both sides or neither"));
             }
             new_children = children.clone();
         }

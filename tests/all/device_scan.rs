@@ -220,12 +220,31 @@ const QUERIES: &[&str] = &[
     "SELECT count(*) FROM a WHERE EXISTS (SELECT 1 FROM b_zstd WHERE b_zstd.s = a.s)",
     "SELECT count(*) FROM (SELECT s FROM a INTERSECT SELECT s FROM b)",
     "SELECT count(*) FROM a WHERE s IN (SELECT s FROM (VALUES ('s1'), ('s17xxxx'), ('')) t(s))",
+    // Composite keys: both sides' key columns decoded by the device and packed into one
+    // 64-bit key there (INT and BIGINT, zstd); NULLs in a key column leave both sides to the host.
+    COMPOSITE_INTERSECT,
+    "SELECT count(*) FROM (SELECT k32, p FROM b_no_nulls EXCEPT SELECT k32, p FROM b_zstd WHERE k32 > 10)",
+    "SELECT count(*) FROM b_no_nulls WHERE EXISTS (SELECT 1 FROM c WHERE c.k = b_no_nulls.k AND c.p = b_no_nulls.p)",
+    "SELECT p FROM b_no_nulls WHERE NOT EXISTS \
+     (SELECT 1 FROM b_no_nulls t WHERE t.k = b_no_nulls.k AND t.p = b_no_nulls.p AND t.p > 5000)",
+    COMPOSITE_NULLS,
     // Aggregates absorbed by the selection (no row kept: counts 0, the rest NULL).
     AGGREGATE_ABOVE,
     "SELECT sum(p), min(k), max(k32), count(k32) FROM a WHERE k IN (SELECT k FROM b WHERE p < 0)",
     "SELECT count(*), sum(k) FROM (SELECT k FROM a INTERSECT SELECT k FROM b)",
     "SELECT max(p), sum(k32) FROM a WHERE p > 10 AND k NOT IN (SELECT k FROM b_no_nulls)",
 ];
+
+/// A composite key (BIGINT, BIGINT) of two filters over one table, its columns output.
+const COMPOSITE_INTERSECT: &str =
+    "SELECT k, p FROM b_no_nulls WHERE p > 100 INTERSECT SELECT k, p FROM b_no_nulls WHERE k32 > 1000";
+
+/// A composite key whose column k holds NULLs: packed by the host.
+const COMPOSITE_NULLS: &str = "SELECT count(*) FROM (SELECT k, p FROM a INTERSECT SELECT k, p FROM a WHERE p > 100)";
+
+/// INTERSECT ALL on a composite key (BIGINT, BIGINT), its columns output.
+const COMPOSITE_ALL: &str =
+    "SELECT k, p FROM b_no_nulls WHERE k32 < 3000 INTERSECT ALL SELECT k, p FROM b_no_nulls WHERE p > 2000";
 
 /// A build side filtered by a string column's equality with a literal.
 const STRING_FILTERED: &str = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b WHERE s = '')";
@@ -318,6 +337,10 @@ const ALL_QUERIES: &[&str] = &[
     "SELECT count(*) FROM (SELECT k FROM a WHERE s LIKE '%xx%' INTERSECT ALL SELECT k FROM b WHERE s NOT LIKE 's2%')",
     // One side collected on the host (a filter the device cannot run): the other's keys read meanwhile.
     "SELECT count(*) FROM (SELECT k FROM a EXCEPT ALL SELECT k FROM b WHERE p % 3 = 1)",
+    // Composite keys packed on the device (INT and BIGINT, zstd), and by the host where a key column holds NULLs.
+    COMPOSITE_ALL,
+    "SELECT count(*) FROM (SELECT k32, k FROM b_zstd EXCEPT ALL SELECT k32, k FROM b_no_nulls WHERE p < 9000)",
+    "SELECT count(*) FROM (SELECT k32, p FROM a EXCEPT ALL SELECT k32, p FROM a WHERE k > 0)",
 ];
 
 /// Two filters over one table: their key and filter columns (read in the same
@@ -453,6 +476,18 @@ fn device_scan_answers_equal_host_scan() {
             assert_eq!(plan.matches("DeviceScanExec: column=s").count(), 2, "{plan}");
             let analyzed = explain(&uncached, STRING_IN, true).await;
             assert!(analyzed.contains("device scan probe:") && !analyzed.contains("fell back"), "{analyzed}");
+            // Composite keys: both sides' key columns decoded and packed into one 64-bit key by the
+            // device, the output columns taken from the decoded ones.
+            for sql in [COMPOSITE_ALL, COMPOSITE_INTERSECT] {
+                let plan = explain(&device, sql, false).await;
+                assert_eq!(plan.matches("DeviceScanExec: columns=[k, p]").count(), 2, "{plan}");
+                let analyzed = explain(&uncached, sql, true).await;
+                assert_eq!(analyzed.matches("filtered on the device").count(), 2, "{analyzed}");
+                assert!(!analyzed.contains("fell back"), "{analyzed}");
+            }
+            // ... a NULL in a key column: the host reads both sides, and says why.
+            let analyzed = explain(&uncached, COMPOSITE_NULLS, true).await;
+            assert!(analyzed.contains("with a NULL in a composite key column"), "{analyzed}");
             // ... both or neither: a side that is not a Parquet scan leaves the other to DataFusion's scan.
             let values = "SELECT count(*) FROM a WHERE s IN (SELECT s FROM (VALUES ('s1'), ('')) t(s))";
             let plan = explain(&device, values, false).await;
