@@ -115,6 +115,21 @@ impl fmt::Display for Reason {
     }
 }
 
+/// Start device `device` in the background for the next queries: an
+/// operator the cost model kept off a device nobody had started
+/// ([`Reason::StartsAfterQuery`]) calls this once its own work is done (not
+/// before: a device starting beside the query's operators slows them).
+pub fn start_for_next_queries(device: usize) {
+    crate::gpu::start_in_background(device, crate::algo::SET_SELECTION_KERNELS);
+}
+
+/// [`start_for_next_queries`] where `decision` says the device starts after this query.
+pub fn start_after_query(decision: &Decision) {
+    if let Reason::StartsAfterQuery { device, .. } = decision.reason {
+        start_for_next_queries(device);
+    }
+}
+
 /// The planner's choice for one operator, UDF call or table function: where
 /// it runs, the GPU strategy (`cpu` on the CPU) and why.
 #[derive(Debug, Clone, PartialEq)]

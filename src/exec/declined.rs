@@ -101,7 +101,7 @@ impl ExecutionPlan for SetfusionDeclinedExec {
         let start = futures::stream::poll_fn(move |_| {
             let last = !std::mem::replace(&mut counted, true) && running.fetch_sub(1, Ordering::AcqRel) <= 1;
             if last {
-                crate::gpu::start_in_background(device, crate::algo::SET_SELECTION_KERNELS);
+                super::common::start_for_next_queries(device);
             }
             std::task::Poll::Ready(None)
         });

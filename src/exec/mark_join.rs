@@ -1020,7 +1020,8 @@ impl Run {
         crate::util::trace("mark join: inputs collected");
         self.memory = Some(memory.clone());
         self.metrics.note_memory(&memory);
-        super::off_runtime(move || {
+        let decision = self.spec.decision.clone();
+        let marked = super::off_runtime(move || {
             let (elapsed_compute, metrics) = (self.elapsed_compute.clone(), self.metrics.clone());
             let _timer = elapsed_compute.timer();
             // A filter above may have taken over a round-robin repartition's partitions: the
@@ -1058,7 +1059,10 @@ impl Run {
             drop(build_share);
             Ok(Parts::new(parts))
         })
-        .await
+        .await;
+        // The marks are done; the device (kept off this query only for its start) starts for the next ones.
+        super::common::start_after_query(&decision);
+        marked
     }
 
     /// Each probe batch with its marks, over the collected inputs, or with

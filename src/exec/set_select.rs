@@ -828,12 +828,15 @@ impl Run {
         run.selector.reservation = Some(memory.clone());
         run.metrics.note_memory(&memory);
         let ran = run.ran.clone();
+        let decision = run.spec.decision.clone();
         let selected = super::off_runtime(move || {
             let elapsed_compute = run.elapsed_compute.clone();
             let _timer = elapsed_compute.timer();
             run.select_and_filter(&cfg, probe_parts, build_parts, batch_size, &memory)
         })
         .await?;
+        // The selection is done; what is left is the output.
+        super::common::start_after_query(&decision);
         if let Some(reason) = fell_back {
             if let Some(r) = ran.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                 r.push_str(&format!(", device scan fell back to the host: {reason}"));
