@@ -35,7 +35,7 @@ pub struct SetfusionDeclinedExec {
     input: Arc<dyn ExecutionPlan>,
     reason: Reason,
     /// Partitions whose output is not done yet ([`Reason::StartsAfterQuery`]:
-    /// the device starts when the last one is).
+    /// when the last one is, the device is asked to start for the next queries).
     running: Arc<AtomicUsize>,
     /// The baseline metrics of the batches passed on (the operator below
     /// does the work: this node's elapsed_compute stays about 0).
@@ -86,9 +86,10 @@ impl ExecutionPlan for SetfusionDeclinedExec {
             _ => Err(DataFusionError::Internal("SetfusionDeclinedExec has one child".into())),
         }
     }
-    /// The input's stream; under [`Reason::StartsAfterQuery`], the device
-    /// starts in the background once the last partition's output is done
-    /// (not before: a device starting beside DataFusion's operators slows them).
+    /// The input's stream; under [`Reason::StartsAfterQuery`], once the last
+    /// partition's output is done, the device is asked to start when the next
+    /// query is planned (`exec::common::start_for_next_queries`: not beside
+    /// this query's operators, which it slows).
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let input = self.input.execute(partition, context)?;

@@ -110,6 +110,8 @@ pub fn rewrite_when_enabled(
     if !cfg.enabled {
         return Ok(plan);
     }
+    // A device an earlier query asked to start for the next ones starts now.
+    crate::exec::common::start_pending_devices();
     plan.transform_up(|p| rewrite(p, &cfg)).map(|t| t.data)
 }
 

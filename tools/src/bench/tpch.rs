@@ -530,7 +530,8 @@ pub async fn run(options: Options) -> Result<()> {
         if cached_rows != sf_rows {
             return Err(exec_err(format!("{name}: {cached_rows} rows with the column cache, {sf_rows} without")));
         }
-        // Warm means the device is up: the untimed runs above began its start in the background,
+        // Warm means the device is up: the untimed runs above began its start in the background
+        // (a plan that used it, or the next planning after one that asked for it),
         // and runs timed while it still starts keep DataFusion's plan (q4 timed so on a loan whose
         // start took ~0.6 s: 206 ms, against 75-79 ms once up).
         setfusion::gpu::wait_started(0);
