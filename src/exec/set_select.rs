@@ -237,12 +237,15 @@ impl SetSelectExec {
         if self.aggregate_above.is_some() || self.fetch.is_some() || self.partitioned_inputs_requested() {
             return Err("a selection with a fetch, an aggregate or partitioned inputs".into());
         }
-        if !self.spec.decision.on_gpu() || self.spec.probe_keys.len() != 1 {
-            return Err("not a selection on the GPU backend over one key".into());
+        if !self.spec.decision.on_gpu() {
+            return Err("not a selection on the GPU backend".into());
         }
         let Some(scan) = self.spec.probe.downcast_ref::<DeviceScanExec>() else {
             return Err("the kept side is not read by the device".into());
         };
+        if self.spec.probe_keys.len() != scan.key_count() {
+            return Err("the kept side's device scan does not read its key columns".into());
+        }
         if scan.payload().is_none() && !self.spec.schema.fields().is_empty() {
             return Err("the kept side's output columns are not decoded by the device".into());
         }

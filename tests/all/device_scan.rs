@@ -233,7 +233,12 @@ const QUERIES: &[&str] = &[
     "SELECT sum(p), min(k), max(k32), count(k32) FROM a WHERE k IN (SELECT k FROM b WHERE p < 0)",
     "SELECT count(*), sum(k) FROM (SELECT k FROM a INTERSECT SELECT k FROM b)",
     "SELECT max(p), sum(k32) FROM a WHERE p > 10 AND k NOT IN (SELECT k FROM b_no_nulls)",
+    COMPOSITE_AGGREGATE,
 ];
+
+/// Aggregates absorbed above a semi join on a composite key.
+const COMPOSITE_AGGREGATE: &str = "SELECT sum(p), count(*), min(k) FROM b_no_nulls \
+     WHERE EXISTS (SELECT 1 FROM b_no_nulls t WHERE t.k = b_no_nulls.k AND t.p = b_no_nulls.p AND t.k32 < 2000)";
 
 /// A composite key (BIGINT, BIGINT) of two filters over one table, its columns output.
 const COMPOSITE_INTERSECT: &str =
@@ -427,7 +432,7 @@ fn device_scan_answers_equal_host_scan() {
             // and reduced on the device: no AggregateExec left, nothing but its row back (a
             // filtered probe side's two segments, string keys among them).
             let no_cache = session(&dir, &["SET setfusion.min_rows = 0", "SET setfusion.cache_limit = 0"], true).await;
-            for sql in [QUERIES[5], QUERIES[6], FILTERED_OUTPUT, AGGREGATE_ABOVE] {
+            for sql in [QUERIES[5], QUERIES[6], FILTERED_OUTPUT, AGGREGATE_ABOVE, COMPOSITE_AGGREGATE] {
                 let plan = explain(&device, sql, false).await;
                 assert!(plan.contains("aggregate_above=[") && !plan.contains("AggregateExec"), "{plan}");
                 let analyzed = explain(&no_cache, sql, true).await;
