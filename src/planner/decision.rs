@@ -89,6 +89,8 @@ pub struct Reading {
     /// selection, and the ZSTD pages the device decompresses
     /// ([`cost::Candidate::inflated`]).
     pub inflated: crate::scan::InflatedBytes,
+    /// The device scan reads an input (its last decode runs after the reads).
+    pub device_scans: bool,
 }
 
 /// [`decide`], with the inputs read as `reading` says.
@@ -101,7 +103,7 @@ pub fn decide_reading(
     threads: usize,
     reading: Reading,
 ) -> Decision {
-    let Reading { device_read, inflated } = reading;
+    let Reading { device_read, inflated, device_scans } = reading;
     if let Some(reason) = forced_cpu(cfg, key_types) {
         return Decision::cpu(reason);
     }
@@ -128,7 +130,7 @@ pub fn decide_reading(
     }
     // Costed as encoded: a dictionary as its values (string dictionaries as views).
     let encoded: Vec<DataType> = key_types.iter().map(crate::keys::key_type).collect();
-    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read, inflated };
+    let candidate = cost::Candidate { op, rows, key_types: &encoded, threads, device_read, inflated, device_scans };
     let calibration = cost::Calibration::current();
     let Some(readiness) = started else {
         let from_scratch = cost::not_started(&calibration);

@@ -82,6 +82,8 @@ pub(super) fn reading(cfg: &SetfusionConfig, key_type: &DataType, sides: &[ReadS
     }
     Reading {
         device_read: strings && scans.iter().all(|s| s.is_ok()),
+        // String keys are read on both sides or neither.
+        device_scans: if strings { scans.iter().all(|s| s.is_ok()) } else { scans.iter().any(|s| s.is_ok()) },
         inflated: scans.iter().flatten().map(DeviceScanExec::inflated_bytes).sum(),
     }
 }
