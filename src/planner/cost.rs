@@ -199,8 +199,9 @@ pub struct Candidate<'a> {
 const HOST_INFLATE_NS: f64 = 4.0;
 
 /// The device's ZSTD decoder (`kernels/zstd.cu`, one warp a page), ns per
-/// decompressed byte, and its fixed cost, ms: a launch lasts at least one
-/// page's decode, 7.9 ms for 20,000 BIGINT keys alone on an H200, and the
+/// decompressed byte; its fixed cost is the scan's last decode launch
+/// ([`DEVICE_SCAN_TAIL_MS`]: a launch lasts at least one page's decode, 7.9
+/// ms for 20,000 BIGINT keys alone on an H200). The
 /// scan's launches decoded two columns of 100M keys (1.6 GB) from ~12 to
 /// ~92 ms after the run began, beside the reads (~20 GB/s, once the 1 MiB
 /// dictionary pages went to the host threads; BENCHMARKS section 36; it was
@@ -214,8 +215,8 @@ const DEVICE_ZSTD_NS: f64 = 0.05;
 /// join against supplier (100,000 rows, 14 pages) was estimated at 2.7 ms on
 /// the GPU against DataFusion's 6.1 ms; its device scan decoded 8.8-11.2 ms
 /// after the reads, and q16 ran 0.86-0.98x warm (BENCHMARKS section 39).
+/// Paid once whatever the pages' codec (a zstd page's launch is this tail too).
 const DEVICE_SCAN_TAIL_MS: f64 = 8.0;
-const DEVICE_ZSTD_FIXED_MS: f64 = 8.0;
 
 /// Keys DataFusion compares as more than one fixed-width value.
 fn wide(types: &[DataType]) -> bool {
@@ -319,13 +320,9 @@ pub fn estimate(c: &Candidate, readiness: &Readiness, cal: &Calibration) -> Deci
     // Column-hashed keys: the string path's launches and synchronisations, and more (one pass a column).
     let fixed_ms = if strings || columns { GPU_STRING_FIXED_MS } else { GPU_FIXED_MS };
     let inflate_ms = c.inflated.host as f64 * HOST_INFLATE_NS / threads / 1e6;
-    let device_zstd_ms = if c.inflated.device_zstd > 0 {
-        DEVICE_ZSTD_FIXED_MS + c.inflated.device_zstd as f64 * DEVICE_ZSTD_NS / 1e6
-    } else {
-        0.0
-    };
+    let device_zstd_ms = c.inflated.device_zstd as f64 * DEVICE_ZSTD_NS / 1e6;
     // (The device's zstd decoding is setfusion's own work: the margin applies to it.)
-    let scan_tail_ms = if c.device_scans { DEVICE_SCAN_TAIL_MS } else { 0.0 };
+    let scan_tail_ms = if c.device_scans || c.inflated.device_zstd > 0 { DEVICE_SCAN_TAIL_MS } else { 0.0 };
     let own_ms = start_left + fixed_ms + transfer_ms + host_ms + device_zstd_ms + scan_tail_ms;
     let gpu_ms = own_ms + inflate_ms;
     // The rival inflates the pages too (the device's ZSTD pages on its
