@@ -23,6 +23,15 @@ pub fn one_line(e: &DataFusionError) -> String {
     e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Do composite keys whose columns take `ranges` slots each fit one exact
+/// 64-bit mixed-radix key (`key = key * range + slot`, column by column)?
+/// The one test for the host's packing (`keys::encode_packed`) and the
+/// device's (`gpu::pack_key_columns`): the slots' product must not pass
+/// 2^64, and no column may be empty.
+pub fn mixed_radix_fits(ranges: impl IntoIterator<Item = u128>) -> bool {
+    ranges.into_iter().try_fold(1u128, |acc, r| acc.checked_mul(r).filter(|p| r > 0 && *p <= 1u128 << 64)).is_some()
+}
+
 /// A xorshift64 generator (shifts 13, 7, 17): reproducible test, doctor and
 /// benchmark data without a random crate's versioned streams. The state must
 /// not be 0.

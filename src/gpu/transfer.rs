@@ -821,10 +821,9 @@ pub fn pack_key_columns(
     Ok((!failed).then_some(keys))
 }
 
-/// Do ranges of these sizes multiply to less than 2^64 (so mixed-radix keys are exact)?
+/// Do columns of these `(lo, range)` bounds pack into exact 64-bit keys? ([`crate::util::mixed_radix_fits`])
 pub fn packs_in_64_bits(bounds: &[(i64, u64)]) -> bool {
-    bounds.iter().try_fold(1u128, |acc, &(_, r)| acc.checked_mul(r as u128).filter(|p| *p <= 1u128 << 64)).is_some()
-        && bounds.iter().all(|&(_, r)| r > 0)
+    crate::util::mixed_radix_fits(bounds.iter().map(|&(_, r)| r as u128))
 }
 
 /// CPU twin of [`pack_key_columns`] (rows not set in `sel` get key 0).

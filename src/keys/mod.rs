@@ -265,7 +265,7 @@ pub fn encode(
 
 /// Composite keys whose columns are each exact (integers, dates, decimals of
 /// at most 18 digits, ...) and whose value ranges over both sides multiply to
-/// less than 2^64 become one exact 64-bit key per row: column by column,
+/// at most 2^64 become one exact 64-bit key per row: column by column,
 /// `key = key * range + (value - min)`, with one more slot per column for
 /// NULL. Such keys need no row encoding, hashing or verification (TPC-H's
 /// (partkey, suppkey) went from ~80 ns a row through row hashing to a few).
@@ -313,7 +313,7 @@ pub fn encode_packed(
     // Slots per column: its values, then NULL.
     let ranges: Vec<u128> =
         bounds.iter().map(|b| b.map_or(0, |(lo, hi)| (hi as i128 - lo as i128) as u128 + 1) + 1).collect();
-    if ranges.iter().try_fold(1u128, |acc, r| acc.checked_mul(*r).filter(|p| *p < 1u128 << 64)).is_none() {
+    if !crate::util::mixed_radix_fits(ranges.iter().copied()) {
         return Ok(None);
     }
     let mins: Vec<i64> = bounds.iter().map(|b| b.map_or(0, |(lo, _)| lo)).collect();
@@ -323,11 +323,14 @@ pub fn encode_packed(
             let n = cols.first().map_or(0, |c| c.len());
             let mut keys = vec![0u64; n];
             for (c, (v, col)) in imgs.iter().zip(cols.iter()).enumerate() {
-                let (range, min) = (ranges[c] as u64, mins[c]);
+                // A column of 2^64 slots (the others then have one) wraps
+                // `range` to 0, which is still exact as every key before
+                // it is 0; its NULL slot is computed before the cast.
+                let (range, null_slot, min) = (ranges[c] as u64, (ranges[c] - 1) as u64, mins[c]);
                 let nulls = col.logical_nulls();
                 for (i, k) in keys.iter_mut().enumerate() {
                     let slot = match &nulls {
-                        Some(nb) if nb.is_null(i) => range - 1,
+                        Some(nb) if nb.is_null(i) => null_slot,
                         _ => (v[i] as i64).wrapping_sub(min) as u64,
                     };
                     *k = k.wrapping_mul(range).wrapping_add(slot);
@@ -1232,6 +1235,16 @@ mod tests {
         let wide: Vec<Vec<ArrayRef>> =
             vec![vec![Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX])), Arc::new(Int64Array::from(vec![0, 1]))]];
         assert!(encode_packed(&wide, &wide, &[DataType::Int64, DataType::Int64]).unwrap().is_none());
+        // Slots (values and NULL) multiplying to exactly 2^64 still fit, as on the device
+        // (gpu::packs_in_64_bits): the extreme rows get the keys 0 and 2^64 - 2 - 2^32.
+        let edge = (1i64 << 32) - 2;
+        let full: Vec<Vec<ArrayRef>> =
+            vec![vec![Arc::new(Int64Array::from(vec![0, edge])), Arc::new(Int64Array::from(vec![0, edge]))]];
+        let (fk, _) = encode_packed(&full, &full, &[DataType::Int64, DataType::Int64]).unwrap().expect("2^64 fits");
+        assert_eq!(fk.iter().collect::<Vec<_>>(), vec![0, u64::MAX - (1 << 32) - 1]);
+        assert!(crate::util::mixed_radix_fits([1u128 << 32, 1 << 32]));
+        assert!(!crate::util::mixed_radix_fits([1u128 << 32, (1 << 32) + 1]));
+        assert!(!crate::util::mixed_radix_fits([5u128, 0]));
     }
     /// A composite key's rows as strings ("NULL" for NULL; floats through
     /// their canonical bits), in row order over the batches: equal strings
