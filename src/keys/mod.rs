@@ -290,14 +290,14 @@ pub fn encode_packed(
         imgs.iter()
             .zip(cols)
             .map(|(v, c)| {
-                let nulls = c.logical_nulls();
-                v.iter().enumerate().filter(|(i, _)| nulls.as_ref().is_none_or(|n| n.is_valid(*i))).fold(
-                    None,
-                    |acc: Option<(i64, i64)>, (_, &x)| {
-                        let x = x as i64;
-                        Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
-                    },
-                )
+                let span = |acc: (i64, i64), x: i64| (acc.0.min(x), acc.1.max(x));
+                let empty = (i64::MAX, i64::MIN);
+                let (lo, hi) = match c.logical_nulls().filter(|n| n.null_count() > 0) {
+                    // Without NULLs a plain fold, which the compiler vectorizes.
+                    None => v.iter().fold(empty, |acc, &x| span(acc, x as i64)),
+                    Some(n) => n.valid_indices().fold(empty, |acc, i| span(acc, v[i] as i64)),
+                };
+                (lo <= hi).then_some((lo, hi))
             })
             .collect()
     };
@@ -327,13 +327,19 @@ pub fn encode_packed(
                 // `range` to 0, which is still exact as every key before
                 // it is 0; its NULL slot is computed before the cast.
                 let (range, null_slot, min) = (ranges[c] as u64, (ranges[c] - 1) as u64, mins[c]);
-                let nulls = col.logical_nulls();
-                for (i, k) in keys.iter_mut().enumerate() {
-                    let slot = match &nulls {
-                        Some(nb) if nb.is_null(i) => null_slot,
-                        _ => (v[i] as i64).wrapping_sub(min) as u64,
-                    };
-                    *k = k.wrapping_mul(range).wrapping_add(slot);
+                let value_slot = |x: u64| (x as i64).wrapping_sub(min) as u64;
+                match col.logical_nulls().filter(|n| n.null_count() > 0) {
+                    None => {
+                        for (k, &x) in keys.iter_mut().zip(v.iter()) {
+                            *k = k.wrapping_mul(range).wrapping_add(value_slot(x));
+                        }
+                    }
+                    Some(nb) => {
+                        for (i, (k, &x)) in keys.iter_mut().zip(v.iter()).enumerate() {
+                            let slot = if nb.is_null(i) { null_slot } else { value_slot(x) };
+                            *k = k.wrapping_mul(range).wrapping_add(slot);
+                        }
+                    }
                 }
             }
             Ok::<_, DataFusionError>(ScalarBuffer::from(keys))
