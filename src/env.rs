@@ -52,6 +52,13 @@ pub fn user_cache_dir() -> Option<PathBuf> {
     path("XDG_CACHE_HOME").or_else(|| path("HOME").map(|h| h.join(".cache")))
 }
 
+/// `SETFUSION_COLLECT_CPU_PROBE=1`: the CPU backend's set operations collect
+/// their kept side before selecting, instead of streaming it past the other
+/// side's counts (`exec::streamed_probe`), for comparing the two in benchmarks.
+pub fn collect_cpu_probe() -> bool {
+    flag("SETFUSION_COLLECT_CPU_PROBE")
+}
+
 /// `SETFUSION_DEVICES_KEY_SPLIT=1`: several devices always split the keys by
 /// hash on the host (the general way), for comparing it with the row-range
 /// split in benchmarks.

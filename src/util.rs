@@ -32,6 +32,22 @@ pub fn mixed_radix_fits(ranges: impl IntoIterator<Item = u128>) -> bool {
     ranges.into_iter().try_fold(1u128, |acc, r| acc.checked_mul(r).filter(|p| r > 0 && *p <= 1u128 << 64)).is_some()
 }
 
+/// `len` default values (zeros) written into a fresh allocation, where
+/// `vec![0; len]` would be calloc's untouched pages: there the first read of
+/// a page maps the shared zero page and the first write after it copies the
+/// page and flushes the old mapping from every thread's TLB (an IPI to each
+/// core). Counters and bit words that are read before they are written paid
+/// that per page: in fresh processes it was most of building a 32 MB count
+/// table (perf: `ptep_clear_flush`, `native_write_msr`).
+pub fn written_defaults<T: Default>(len: usize) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    // Hides the fresh allocation from the optimizer, which would otherwise
+    // turn the allocation and its zeroing back into one calloc.
+    std::hint::black_box(&mut v);
+    v.resize_with(len, T::default);
+    v
+}
+
 /// A xorshift64 generator (shifts 13, 7, 17): reproducible test, doctor and
 /// benchmark data without a random crate's versioned streams. The state must
 /// not be 0.

@@ -350,12 +350,9 @@ where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<Vec<RecordBatch>>>>,
 {
-    let filter = match filter {
-        Some(f) if enabled(config) && f.is_used_by(inputs[f.plan.input.child_index()])? => f.clone(),
-        _ => {
-            let (a, b) = futures::try_join!(collect(0), collect(1))?;
-            return Ok([a, b]);
-        }
+    let Some(filter) = in_use(filter, inputs, config)? else {
+        let (a, b) = futures::try_join!(collect(0), collect(1))?;
+        return Ok([a, b]);
     };
     let filtered = filter.plan.input.child_index();
     let source = match collect(1 - filtered).await {
@@ -365,19 +362,42 @@ where
             return Err(e);
         }
     };
-    let schema = inputs[filtered].schema();
+    let source = publish_from(filter, source, inputs[filtered].schema(), config).await?;
+    let filtered_parts = collect(filtered).await?;
+    Ok(if filtered == 0 { [filtered_parts, source] } else { [source, filtered_parts] })
+}
+
+/// `filter`, when dynamic filters are on and its filtered input (of
+/// `inputs`, by child index) holds it; None: there is nothing to publish.
+pub(crate) fn in_use(
+    filter: Option<&DynamicKeyFilter>,
+    inputs: [&Arc<dyn ExecutionPlan>; 2],
+    config: &ConfigOptions,
+) -> Result<Option<DynamicKeyFilter>> {
+    Ok(match filter {
+        Some(f) if enabled(config) && f.is_used_by(inputs[f.plan.input.child_index()])? => Some(f.clone()),
+        _ => None,
+    })
+}
+
+/// Publish `filter` from its source input's collected partitions, off the
+/// runtime (given up on an error), and hand the partitions back.
+pub(crate) async fn publish_from(
+    filter: DynamicKeyFilter,
+    source: Vec<Vec<RecordBatch>>,
+    filtered_schema: datafusion::arrow::datatypes::SchemaRef,
+    config: &ConfigOptions,
+) -> Result<Vec<Vec<RecordBatch>>> {
     let config = config.clone();
-    let source = super::off_runtime(move || {
+    super::off_runtime(move || {
         let batches: Vec<&RecordBatch> = source.iter().flatten().collect();
-        let published = filter.publish(&batches, &schema, &config);
+        let published = filter.publish(&batches, &filtered_schema, &config);
         if published.is_err() {
             filter.give_up();
         }
         published.map(|_| source)
     })
-    .await?;
-    let filtered_parts = collect(filtered).await?;
-    Ok(if filtered == 0 { [filtered_parts, source] } else { [source, filtered_parts] })
+    .await
 }
 
 /// `stream` cut after `fetch` rows (None: all of it).

@@ -13,6 +13,7 @@ pub mod pair_filter;
 pub mod selection;
 pub mod set_select;
 pub mod similarity_join;
+mod streamed_probe;
 
 use std::fmt;
 use std::sync::Mutex;

@@ -71,6 +71,7 @@ use super::memory::{batch_bytes, collect_partitions_reserved, reservation, Parts
 use super::output_filter::filter_all;
 use super::output_filter::{plan_partitions, stream_chunks, OutputColumns, OutputSpec, PartitionOutput};
 use super::selection::{key_columns, Metrics, Selector};
+use super::streamed_probe::ProbeTable;
 
 /// The computed result, per partition of the kept side: its output to
 /// filter (kept rows, projected), or for an output without columns only the
@@ -80,11 +81,15 @@ struct Selected {
     /// With an aggregate above, its row where the device computed it (the
     /// outputs are then empty); else the outputs are folded into it.
     aggregated: Option<RecordBatch>,
+    /// With the probe side streamed (see [`super::streamed_probe`]), the
+    /// build side's table, one handle per partition (the outputs are then
+    /// empty): each partition filters its own probe partition through it.
+    streamed: Parts<Arc<ProbeTable>>,
 }
 
 impl Selected {
     fn outputs(outputs: Vec<PartitionOutput>) -> Self {
-        Selected { outputs: Parts::new(outputs), aggregated: None }
+        Selected { outputs: Parts::new(outputs), aggregated: None, streamed: Parts::new(Vec::new()) }
     }
 }
 
@@ -409,6 +414,32 @@ impl SetSelectExec {
     }
 }
 
+impl SetSelectExec {
+    /// Does an execution stream its probe side past a table of the build
+    /// side's counts ([`super::streamed_probe`])? On the CPU backend, all
+    /// partitions at once, no aggregate absorbed, for the rules and keys
+    /// [`ProbeTable::offered`] accepts (`SETFUSION_COLLECT_CPU_PROBE=1`:
+    /// never, to measure the collected path).
+    fn streams_probe(&self) -> Result<bool> {
+        if self.spec.decision.backend != Backend::Cpu
+            || self.partitioned
+            || self.aggregate_above.is_some()
+            || crate::env::collect_cpu_probe()
+        {
+            return Ok(false);
+        }
+        let types = |plan: &Arc<dyn ExecutionPlan>, exprs: &[PhysicalExprRef]| -> Result<Vec<DataType>> {
+            let schema = plan.schema();
+            exprs.iter().map(|k| Ok(keys::key_type(&k.data_type(&schema)?))).collect()
+        };
+        let (probe, build) =
+            (types(&self.spec.probe, &self.spec.probe_keys)?, types(&self.spec.build, &self.spec.build_keys)?);
+        // Every column a key (as in a set operation): rows of equal keys are equal rows.
+        let whole_rows = self.spec.probe_keys.len() == self.spec.probe.schema().fields().len();
+        Ok(whole_rows && ProbeTable::offered(self.spec.op, self.spec.nulls, &probe, &build))
+    }
+}
+
 impl DisplayAs for SetSelectExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let keys: Vec<String> =
@@ -565,7 +596,9 @@ impl ExecutionPlan for SetSelectExec {
         } else {
             (self.result.join(partition), partition)
         };
+        let stream_probe = self.streams_probe()?;
         let mut run = Run {
+            stream_probe,
             spec: self.spec.clone(),
             probe_partitions,
             build_partitions,
@@ -599,6 +632,8 @@ impl ExecutionPlan for SetSelectExec {
         let batch_size = context.session_config().batch_size().max(1);
         let aggregate = self.aggregate_above.clone();
         let ran = self.ran.clone();
+        let probe = self.spec.probe.clone();
+        let probe_context = input_context(&context);
         let fut = async move {
             let sel = execution
                 .get(move || {
@@ -607,6 +642,11 @@ impl ExecutionPlan for SetSelectExec {
                 })
                 .await?;
             crate::util::trace(&format!("partition {partition} ready"));
+            if let Some(table) = sel.streamed.take(part) {
+                drop(sel);
+                let input = probe.execute(partition, probe_context)?;
+                return Ok(table.stream(input, batch_size, elapsed_compute));
+            }
             if let Some(above) = aggregate {
                 // The aggregate's row: the device's, or every part's output folded into it here.
                 let row = match &sel.aggregated {
@@ -699,6 +739,8 @@ fn part_stream(
 
 /// One execution of the operator (all partitions).
 struct Run {
+    /// Stream the probe side past the build side's counts (see [`SetSelectExec::streams_probe`]).
+    stream_probe: bool,
     spec: Arc<SetSelectSpec>,
     /// The operator's name, for its memory consumer.
     name: String,
@@ -745,6 +787,9 @@ impl Run {
     }
 
     async fn run(self, context: Arc<TaskContext>) -> Result<Selected> {
+        if self.stream_probe {
+            return self.run_streamed(context).await;
+        }
         let cfg = SetfusionConfig::from_options(context.session_config().options());
         crate::util::trace("run start");
         let waiting = Instant::now();
@@ -848,6 +893,109 @@ impl Run {
         Ok(selected)
     }
 
+    /// The streamed execution (see [`super::streamed_probe`]): the build
+    /// side collected (the dynamic filter on the probe side published from
+    /// it; one on the build side, whose source is never collected, given up)
+    /// and its counts tabled; each partition then streams its probe
+    /// partition. Keys that do not pack into 64 bits fall back to the
+    /// collected path, the build side already in.
+    async fn run_streamed(self, context: Arc<TaskContext>) -> Result<Selected> {
+        let cfg = SetfusionConfig::from_options(context.session_config().options());
+        let waiting = Instant::now();
+        let inputs = input_context(&context);
+        let memory = reservation(&context, &self.name);
+        let config = context.session_config().options();
+        let sides = [&self.spec.probe, &self.spec.build];
+        let filter = dynamic_filter::in_use(self.spec.dynamic_filter.as_ref(), sides, config)?;
+        let (probe_filter, build_filter) = match filter {
+            Some(f) if f.plan.input == FilteredInput::Probe => (Some(f), None),
+            other => (None, other),
+        };
+        if let Some(f) = build_filter {
+            f.give_up();
+        }
+        let build_parts = match collect_partitions_reserved(
+            self.spec.build.clone(),
+            self.build_partitions.clone(),
+            inputs.clone(),
+            &memory,
+        )
+        .await
+        {
+            Ok(parts) => parts,
+            Err(e) => {
+                if let Some(f) = &probe_filter {
+                    f.give_up();
+                }
+                return Err(e);
+            }
+        };
+        let build_parts = match probe_filter {
+            Some(f) => dynamic_filter::publish_from(f, build_parts, self.spec.probe.schema(), config).await?,
+            None => build_parts,
+        };
+        self.metrics.input_time.add_duration(waiting.elapsed());
+        self.metrics.note_memory(&memory);
+        crate::util::trace("build side collected");
+        let m = memory.clone();
+        let (run, build_parts, table) = super::off_runtime(move || {
+            let elapsed_compute = self.elapsed_compute.clone();
+            let _timer = elapsed_compute.timer();
+            let t = Instant::now();
+            let batches: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
+            self.metrics.device.input_rows.add(batches.iter().map(|b| b.num_rows()).sum());
+            let probe_schema = self.spec.probe.schema();
+            let types = self
+                .spec
+                .probe_keys
+                .iter()
+                .map(|k| Ok(keys::key_type(&k.data_type(&probe_schema)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let cols = key_columns(&batches, &self.spec.build_keys)?;
+            let cols =
+                cols.into_iter().map(|c| super::selection::coerce_like(c, &types)).collect::<Result<Vec<_>>>()?;
+            let table = ProbeTable::build(
+                self.op,
+                &cols,
+                types,
+                self.spec.probe_keys.clone(),
+                self.output.clone(),
+                self.spec.schema.clone(),
+                m.clone(),
+            )?;
+            self.metrics.encode_time.add_duration(t.elapsed());
+            drop(batches);
+            Ok((self, build_parts, table))
+        })
+        .await?;
+        let Some(table) = table else {
+            // The build side's keys do not pack: the probe side collected, as without streaming.
+            let probe_parts =
+                collect_partitions_reserved(run.spec.probe.clone(), run.probe_partitions.clone(), inputs, &memory)
+                    .await?;
+            run.metrics.input_time.add_duration(waiting.elapsed());
+            let mut run = run;
+            run.selector.reservation = Some(memory.clone());
+            return super::off_runtime(move || {
+                let elapsed_compute = run.elapsed_compute.clone();
+                let _timer = elapsed_compute.timer();
+                run.select_and_filter(&cfg, probe_parts, build_parts, context.session_config().batch_size(), &memory)
+            })
+            .await;
+        };
+        // The build side's batches are done with: only the table's bytes stay reserved.
+        let build_bytes: usize = build_parts.iter().flatten().map(batch_bytes).sum();
+        crate::host::drop_later(build_parts);
+        let _ = memory.try_shrink(build_bytes.min(memory.size()));
+        run.metrics.note_memory(&memory);
+        crate::util::trace("build side's counts tabled");
+        *run.ran.lock().unwrap_or_else(|e| e.into_inner()) = Some(table.describe());
+        super::common::start_after_query(&run.spec.decision);
+        let table = Arc::new(table);
+        let handles = (0..run.probe_partitions.len()).map(|_| table.clone()).collect();
+        Ok(Selected { streamed: Parts::new(handles), ..Selected::outputs(Vec::new()) })
+    }
+
     /// One input for the device selection: its collected batches, or its device scan.
     fn side<'a>(&'a self, parts: &'a Option<Vec<Vec<RecordBatch>>>, probe: bool) -> Option<Side<'a>> {
         let expr = if probe { &self.spec.probe_keys[0] } else { &self.spec.build_keys[0] };
@@ -924,7 +1072,7 @@ impl Run {
             };
             if let Some(row) = row {
                 memory.free();
-                return Ok(DeviceOutcome::Done(Selected { outputs: Parts::new(Vec::new()), aggregated: Some(row) }));
+                return Ok(DeviceOutcome::Done(Selected { aggregated: Some(row), ..Selected::outputs(Vec::new()) }));
             }
         }
         if let (None, Some(arrays)) = (&probe_parts, payload) {
@@ -1224,6 +1372,123 @@ mod tests {
                         project(sorted_rows(&want)),
                         "{keys:?} {op:?} {nulls:?} ran={ran}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The CPU backend's streamed probe: composite integer keys with NULLs
+    /// over several probe partitions keep SQL's multiset for every rule it
+    /// takes (EXCEPT DISTINCT stays collected), under every kind of output
+    /// (all columns, one, none); a build side too wide to pack falls back to
+    /// the collected path with the same answer.
+    #[tokio::test]
+    async fn streamed_probe_keeps_the_multiset() {
+        use datafusion::arrow::array::Int64Array;
+        use std::collections::HashMap;
+        let schema: SchemaRef =
+            Arc::new(Schema::new(vec![Field::new("a", DataType::Int32, true), Field::new("b", DataType::Int64, true)]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+        let mut part = |n: usize, wide: bool| -> RecordBatch {
+            let a: Int32Array =
+                (0..n).map(|_| (rng.random_range(0..10) > 0).then(|| rng.random_range(-3..6))).collect();
+            let b: Int64Array = (0..n)
+                .map(|i| match (wide && i == 0, rng.random_range(0..12)) {
+                    (true, _) => Some(i64::MIN),
+                    (_, 0) => None,
+                    (_, v) => Some(v * 1_000_000_007),
+                })
+                .collect();
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(a), Arc::new(b)]).unwrap()
+        };
+        let probe_parts =
+            vec![vec![part(700, false), part(300, false)], vec![], vec![part(900, false)], vec![part(50, false)]];
+        let builds = [vec![vec![part(600, false)], vec![part(400, false)]], vec![vec![part(500, true)]], vec![vec![]]];
+        let rows = |batches: &[RecordBatch]| -> Vec<(Option<i32>, Option<i64>)> {
+            let mut v: Vec<_> = batches
+                .iter()
+                .flat_map(|b| {
+                    let a = b.column(0).as_any().downcast_ref::<Int32Array>().unwrap().clone();
+                    let c = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap().clone();
+                    (0..b.num_rows())
+                        .map(move |r| (a.is_valid(r).then(|| a.value(r)), c.is_valid(r).then(|| c.value(r))))
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let ctx = SessionContext::new();
+        let exprs: Vec<PhysicalExprRef> = ["a", "b"].iter().map(|k| col(k, &schema).unwrap()).collect();
+        for build_parts in &builds {
+            let (probe_rows, build_rows) =
+                (rows(&probe_parts.concat()), rows(&build_parts.iter().flatten().cloned().collect::<Vec<_>>()));
+            let mut n: HashMap<_, usize> = HashMap::new();
+            build_rows.iter().for_each(|r| *n.entry(*r).or_default() += 1);
+            for op in [SetOp::IntersectAll, SetOp::ExceptAll, SetOp::IntersectDistinct, SetOp::ExceptDistinct] {
+                let mut m: HashMap<_, usize> = HashMap::new();
+                probe_rows.iter().for_each(|r| *m.entry(*r).or_default() += 1);
+                let mut want: Vec<(Option<i32>, Option<i64>)> = m
+                    .iter()
+                    .flat_map(|(r, &mk)| {
+                        let nk = n.get(r).copied().unwrap_or(0);
+                        let copies = match op {
+                            SetOp::IntersectAll => mk.min(nk),
+                            SetOp::ExceptAll => mk.saturating_sub(nk),
+                            SetOp::IntersectDistinct => (nk > 0) as usize,
+                            _ => (nk == 0) as usize,
+                        };
+                        std::iter::repeat_n(*r, copies)
+                    })
+                    .collect();
+                want.sort();
+                for projection in [None, Some(vec![1]), Some(vec![])] {
+                    let probe = MemorySourceConfig::try_new_exec(&probe_parts, schema.clone(), None).unwrap();
+                    let build = MemorySourceConfig::try_new_exec(build_parts, schema.clone(), None).unwrap();
+                    let decision = Decision::cpu(Reason::StrategyCpu);
+                    let exec = Arc::new(
+                        SetSelectExec::try_new(
+                            op,
+                            probe,
+                            build,
+                            exprs.clone(),
+                            exprs.clone(),
+                            NullMode::Equal,
+                            decision,
+                            projection.clone(),
+                        )
+                        .unwrap(),
+                    );
+                    let got = datafusion::physical_plan::collect(exec.clone(), ctx.task_ctx()).await.unwrap();
+                    let ran = exec.ran.lock().unwrap().clone().unwrap_or_default();
+                    let streamed = ran.contains("streamed");
+                    let wide = build_parts.iter().flatten().any(|b| {
+                        b.column(1).as_any().downcast_ref::<Int64Array>().unwrap().iter().any(|v| v == Some(i64::MIN))
+                    });
+                    assert_eq!(streamed, op != SetOp::ExceptDistinct && !wide, "{op:?}: {ran}");
+                    let what = format!("{op:?} {projection:?} build rows {} ran={ran}", build_rows.len());
+                    match &projection {
+                        None => assert_eq!(rows(&got), want, "{what}"),
+                        Some(p) if p.is_empty() => {
+                            assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), want.len(), "{what}")
+                        }
+                        Some(_) => {
+                            let mut b: Vec<Option<i64>> = got
+                                .iter()
+                                .flat_map(|x| {
+                                    x.column(0)
+                                        .as_any()
+                                        .downcast_ref::<Int64Array>()
+                                        .unwrap()
+                                        .iter()
+                                        .collect::<Vec<_>>()
+                                })
+                                .collect();
+                            b.sort();
+                            let mut w: Vec<Option<i64>> = want.iter().map(|r| r.1).collect();
+                            w.sort();
+                            assert_eq!(b, w, "{what}");
+                        }
+                    }
                 }
             }
         }

@@ -279,13 +279,29 @@ pub fn encode_packed(
     if types.len() < 2 || !types.iter().all(|t| is_exact(std::slice::from_ref(t))) {
         return Ok(None);
     }
-    // Each batch's columns as 64-bit images (reinterpreted as i64: injective per type).
-    let images = |side: &[Vec<ArrayRef>]| {
-        crate::host::par_map(side, 16, |cols| cols.iter().map(exact_values).collect::<Result<Vec<_>>>())
+    let (ai, bi) = (column_images(a)?, column_images(b)?);
+    let bounds = side_bounds(&[(&ai, a), (&bi, b)], types.len())?;
+    let Some(domain) = PackedDomain::from_bounds(&bounds, 1u128 << 64) else { return Ok(None) };
+    let pack = |side: &[Vec<ArrayRef>], imgs: &[Vec<ScalarBuffer<u64>>]| -> Result<KeyColumns> {
+        let pairs: Vec<(&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)> = imgs.iter().zip(side).collect();
+        let chunks = crate::host::par_map(&pairs, 16, |(imgs, cols)| {
+            Ok::<_, DataFusionError>(domain.pack_images(imgs, cols).into())
+        })?;
+        Ok(KeyColumns { chunks, nulls: key_nulls(side), bytes: None })
     };
-    let (ai, bi) = (images(a)?, images(b)?);
-    // (min, max) of each column's valid values, over both sides.
-    let mut bounds: Vec<Option<(i64, i64)>> = vec![None; types.len()];
+    Ok(Some((pack(a, &ai)?, pack(b, &bi)?)))
+}
+
+/// Each batch's key columns as 64-bit images (reinterpreted as i64: injective per type).
+fn column_images(side: &[Vec<ArrayRef>]) -> Result<Vec<Vec<ScalarBuffer<u64>>>> {
+    crate::host::par_map(side, 16, |cols| cols.iter().map(exact_values).collect::<Result<Vec<_>>>())
+}
+
+/// (min, max) of each column's valid values over the sides' batches (images, columns).
+fn side_bounds(
+    sides: &[(&Vec<Vec<ScalarBuffer<u64>>>, &[Vec<ArrayRef>])],
+    columns: usize,
+) -> Result<Vec<Option<(i64, i64)>>> {
     let per_batch = |(imgs, cols): (&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)| -> Vec<Option<(i64, i64)>> {
         imgs.iter()
             .zip(cols)
@@ -301,8 +317,10 @@ pub fn encode_packed(
             })
             .collect()
     };
-    let pairs: Vec<(&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)> = ai.iter().zip(a).chain(bi.iter().zip(b)).collect();
+    let pairs: Vec<(&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)> =
+        sides.iter().flat_map(|(imgs, cols)| imgs.iter().zip(cols.iter())).collect();
     let found = crate::host::par_map(&pairs, 16, |p| Ok::<_, DataFusionError>(per_batch(*p)))?;
+    let mut bounds: Vec<Option<(i64, i64)>> = vec![None; columns];
     for batch in found {
         for (c, f) in batch.into_iter().enumerate() {
             if let Some((lo, hi)) = f {
@@ -310,43 +328,122 @@ pub fn encode_packed(
             }
         }
     }
-    // Slots per column: its values, then NULL.
-    let ranges: Vec<u128> =
-        bounds.iter().map(|b| b.map_or(0, |(lo, hi)| (hi as i128 - lo as i128) as u128 + 1) + 1).collect();
-    if !crate::util::mixed_radix_fits(ranges.iter().copied()) {
-        return Ok(None);
+    Ok(bounds)
+}
+
+/// The mixed-radix packing of exact key columns ([`encode_packed`]) over
+/// per-column bounds: column c has `ranges[c]` slots, its values from
+/// `mins[c]`, then one for NULL, and key = key * range + slot, column by
+/// column. [`PackedDomain::of_side`] takes the bounds of one side alone (a
+/// build side, before the other side is read): a value outside them packs to
+/// [`PackedDomain::ABSENT`], which no key of the domain equals.
+#[derive(Debug, Clone)]
+pub struct PackedDomain {
+    mins: Vec<i64>,
+    ranges: Vec<u128>,
+    size: u128,
+}
+
+impl PackedDomain {
+    /// The key of a row with a value outside the domain (the domain of
+    /// [`PackedDomain::of_side`] has fewer keys than 2^64 - 1, so none is this).
+    pub const ABSENT: u64 = u64::MAX;
+
+    /// Can keys of these types be packed from one side's bounds and stand
+    /// for their rows? Integer-like exact columns only: floats are exact up
+    /// to -0.0 = 0.0 and NaN = NaN, where equal keys are not equal rows.
+    pub fn packs(types: &[DataType]) -> bool {
+        !types.is_empty()
+            && types
+                .iter()
+                .all(|t| is_exact(std::slice::from_ref(t)) && !matches!(t, DataType::Float32 | DataType::Float64))
     }
-    let mins: Vec<i64> = bounds.iter().map(|b| b.map_or(0, |(lo, _)| lo)).collect();
-    let pack = |side: &[Vec<ArrayRef>], imgs: &[Vec<ScalarBuffer<u64>>]| -> Result<KeyColumns> {
-        let pairs: Vec<(&Vec<ScalarBuffer<u64>>, &Vec<ArrayRef>)> = imgs.iter().zip(side).collect();
-        let chunks = crate::host::par_map(&pairs, 16, |(imgs, cols)| {
-            let n = cols.first().map_or(0, |c| c.len());
-            let mut keys = vec![0u64; n];
-            for (c, (v, col)) in imgs.iter().zip(cols.iter()).enumerate() {
-                // A column of 2^64 slots (the others then have one) wraps
-                // `range` to 0, which is still exact as every key before
-                // it is 0; its NULL slot is computed before the cast.
-                let (range, null_slot, min) = (ranges[c] as u64, (ranges[c] - 1) as u64, mins[c]);
-                let value_slot = |x: u64| (x as i64).wrapping_sub(min) as u64;
-                match col.logical_nulls().filter(|n| n.null_count() > 0) {
-                    None => {
-                        for (k, &x) in keys.iter_mut().zip(v.iter()) {
-                            *k = k.wrapping_mul(range).wrapping_add(value_slot(x));
-                        }
+
+    /// The domain of one side's key columns (`side[b][c]`: column c of batch
+    /// b), of types [`PackedDomain::packs`] accepts; None when its keys would
+    /// not fit below [`PackedDomain::ABSENT`].
+    pub fn of_side(side: &[Vec<ArrayRef>], types: &[DataType]) -> Result<Option<Self>> {
+        if !Self::packs(types) {
+            return Ok(None);
+        }
+        let images = column_images(side)?;
+        let bounds = side_bounds(&[(&images, side)], types.len())?;
+        Ok(Self::from_bounds(&bounds, u64::MAX as u128))
+    }
+
+    /// The domain over per-column bounds (None: a column without values),
+    /// when its keys number at most `limit`.
+    fn from_bounds(bounds: &[Option<(i64, i64)>], limit: u128) -> Option<Self> {
+        // Slots per column: its values, then NULL.
+        let ranges: Vec<u128> =
+            bounds.iter().map(|b| b.map_or(0, |(lo, hi)| (hi as i128 - lo as i128) as u128 + 1) + 1).collect();
+        if !crate::util::mixed_radix_fits(ranges.iter().copied()) {
+            return None;
+        }
+        let size: u128 = ranges.iter().product();
+        let mins = bounds.iter().map(|b| b.map_or(0, |(lo, _)| lo)).collect();
+        (size <= limit).then_some(PackedDomain { mins, ranges, size })
+    }
+
+    /// How many keys the domain has: its keys are `0..size`.
+    pub fn size(&self) -> u128 {
+        self.size
+    }
+
+    /// One batch's key columns packed (columns of the domain's types).
+    pub fn pack(&self, cols: &[ArrayRef]) -> Result<Vec<u64>> {
+        let images = cols.iter().map(exact_values).collect::<Result<Vec<_>>>()?;
+        Ok(self.pack_images(&images, cols))
+    }
+
+    /// [`PackedDomain::pack`] over the columns' images.
+    fn pack_images(&self, imgs: &[ScalarBuffer<u64>], cols: &[ArrayRef]) -> Vec<u64> {
+        let n = cols.first().map_or(0, |c| c.len());
+        // Written by the first column, not zeroed first (see `util::written_defaults`).
+        let mut keys: Vec<u64> = Vec::new();
+        for (c, (v, col)) in imgs.iter().zip(cols.iter()).enumerate() {
+            // A column of 2^64 slots (the others then have one) wraps
+            // `range` to 0, which is still exact as every key before
+            // it is 0; its NULL slot is computed before the cast.
+            let (range, null_slot, min) = (self.ranges[c] as u64, (self.ranges[c] - 1) as u64, self.mins[c]);
+            let value_slot = |x: u64| (x as i64).wrapping_sub(min) as u64;
+            // A value outside the bounds, or a key already absent, is absent. (A
+            // partial key of the domain is ABSENT only where every later column
+            // has one slot, the NULL one, which leaves the key as it is.)
+            let step = |k: u64, slot: u64| {
+                if slot >= null_slot || k == Self::ABSENT {
+                    Self::ABSENT
+                } else {
+                    k.wrapping_mul(range).wrapping_add(slot)
+                }
+            };
+            let null_step =
+                |k: u64| if k == Self::ABSENT { Self::ABSENT } else { k.wrapping_mul(range).wrapping_add(null_slot) };
+            let nulls = col.logical_nulls().filter(|n| n.null_count() > 0);
+            match (c, nulls) {
+                (0, None) => keys = v.iter().map(|&x| step(0, value_slot(x))).collect(),
+                (0, Some(nb)) => {
+                    keys = v
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| if nb.is_null(i) { null_slot } else { step(0, value_slot(x)) })
+                        .collect()
+                }
+                (_, None) => {
+                    for (k, &x) in keys.iter_mut().zip(v.iter()) {
+                        *k = step(*k, value_slot(x));
                     }
-                    Some(nb) => {
-                        for (i, (k, &x)) in keys.iter_mut().zip(v.iter()).enumerate() {
-                            let slot = if nb.is_null(i) { null_slot } else { value_slot(x) };
-                            *k = k.wrapping_mul(range).wrapping_add(slot);
-                        }
+                }
+                (_, Some(nb)) => {
+                    for (i, (k, &x)) in keys.iter_mut().zip(v.iter()).enumerate() {
+                        *k = if nb.is_null(i) { null_step(*k) } else { step(*k, value_slot(x)) };
                     }
                 }
             }
-            Ok::<_, DataFusionError>(ScalarBuffer::from(keys))
-        })?;
-        Ok(KeyColumns { chunks, nulls: key_nulls(side), bytes: None })
-    };
-    Ok(Some((pack(a, &ai)?, pack(b, &bi)?)))
+        }
+        keys.resize(n, 0);
+        keys
+    }
 }
 
 /// A row converter for these key types (None when the keys are exact, one
@@ -1154,6 +1251,37 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Date32Array, Int32Array, Int64Array, StringArray};
     use rand::{Rng, SeedableRng};
+
+    /// A domain from one side's bounds: equal tuples (NULLs equal to NULLs)
+    /// pack to equal keys below its size, different ones to different keys,
+    /// and a tuple with a value outside the side's bounds to ABSENT.
+    #[test]
+    fn one_sides_domain_packs_the_others_keys() {
+        let types = [DataType::Int32, DataType::Int64];
+        let col32 = |v: &[Option<i32>]| -> ArrayRef { Arc::new(Int32Array::from(v.to_vec())) };
+        let col64 = |v: &[Option<i64>]| -> ArrayRef { Arc::new(Int64Array::from(v.to_vec())) };
+        let build = vec![
+            vec![col32(&[Some(-5), Some(7), None]), col64(&[Some(1 << 40), Some(3), Some(9)])],
+            vec![col32(&[Some(0)]), col64(&[None])],
+        ];
+        let domain = PackedDomain::of_side(&build, &types).unwrap().expect("small ranges fit");
+        // Column 0: -5..=7 and NULL (14 slots); column 1: 3..=2^40 and NULL.
+        assert_eq!(domain.size(), 14 * ((1u128 << 40) - 3 + 2));
+        let probe_a = [Some(-5), Some(7), None, Some(0), Some(8), Some(-6), Some(1), None];
+        let probe_b = [Some(1 << 40), Some(3), Some(9), None, Some(3), Some(3), Some(2), None];
+        let keys = domain.pack(&[col32(&probe_a), col64(&probe_b)]).unwrap();
+        let built: Vec<u64> = build.iter().flat_map(|b| domain.pack(b).unwrap()).collect();
+        assert_eq!(keys[..4], built[..], "the build side's own tuples");
+        // 8 and -6 lie outside column 0's bounds, 2 outside column 1's.
+        assert_eq!(keys[4..7], [PackedDomain::ABSENT; 3]);
+        assert!(keys[7] < domain.size() as u64 && !built.contains(&keys[7]));
+        let distinct: std::collections::HashSet<u64> = keys[..4].iter().chain(&keys[7..]).copied().collect();
+        assert_eq!(distinct.len(), 5);
+        // Floats are exact only up to -0.0 = 0.0; wide ranges do not fit below ABSENT.
+        assert!(!PackedDomain::packs(&[DataType::Float64]) && PackedDomain::packs(&[DataType::Date32]));
+        let wide = vec![vec![col64(&[Some(i64::MIN), Some(i64::MAX)])]];
+        assert!(PackedDomain::of_side(&wide, &[DataType::Int64]).unwrap().is_none());
+    }
 
     /// Filtered views that keep a large buffer for few rows are compacted
     /// (same values, small buffers); views sharing one buffer are left alone.

@@ -3,6 +3,7 @@
 //! threads (hash maps, or arrays over a dense key domain).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use datafusion::arrow::buffer::BooleanBuffer;
 
@@ -140,7 +141,9 @@ impl Split {
     fn table(self, p: usize, build_len: usize) -> Table {
         match self {
             Split::Hash => Table::Hash(KeyMap::with_capacity_and_hasher(build_len, Default::default())),
-            Split::Range { lo, shift } => Table::Dense { lo: lo + ((p as u64) << shift), slots: vec![0; 1 << shift] },
+            Split::Range { lo, shift } => {
+                Table::Dense { lo: lo + ((p as u64) << shift), slots: crate::util::written_defaults(1 << shift) }
+            }
         }
     }
 }
@@ -205,15 +208,16 @@ pub(super) fn bucket_keys(
 /// which the ALL rules need.
 pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u64]]) -> BooleanBuffer {
     use std::convert::Infallible;
-    use std::sync::atomic::{AtomicU32, Ordering};
     let probe_len: usize = probe_chunks.iter().map(|c| c.len()).sum();
     let build_len: usize = build_chunks.iter().map(|c| c.len()).sum();
     let all: Vec<&[u64]> = build_chunks.iter().chain(probe_chunks).copied().collect();
     let split = Split::new(key_range_chunks(&all), probe_len + build_len);
     if crate::host::copy_threads() == 1 || probe_len + build_len < (1 << 16) {
-        let mut words = vec![0u32; probe_len.div_ceil(32)];
+        let mut words = crate::util::written_defaults::<u32>(probe_len.div_ceil(32));
         let table = match split {
-            Split::Range { lo, shift } => Table::Dense { lo, slots: vec![0; (1usize << shift) << CPU_PART_BITS] },
+            Split::Range { lo, shift } => {
+                Table::Dense { lo, slots: crate::util::written_defaults((1usize << shift) << CPU_PART_BITS) }
+            }
             Split::Hash => split.table(0, build_len),
         };
         let build = build_chunks.iter().flat_map(|c| c.iter().copied());
@@ -236,7 +240,7 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
             }
             Ok(b)
         });
-    let words: Vec<AtomicU32> = (0..probe_len.div_ceil(32)).map(|_| AtomicU32::new(0)).collect();
+    let words: Vec<AtomicU32> = crate::util::written_defaults(probe_len.div_ceil(32));
     let ids: Vec<usize> = (0..parts).collect();
     let Ok(_): Result<Vec<()>, Infallible> = crate::host::par_map(&ids, 1, |&p| {
         let n = build_buckets.iter().map(|b| b[p].len()).sum();
@@ -264,6 +268,193 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
     });
     crate::host::drop_later((build_buckets, probe_buckets));
     words_to_bool(words.into_iter().map(AtomicU32::into_inner).collect(), probe_len)
+}
+
+/// Build counts shared by concurrent probes, for a probe side read batch by
+/// batch on any thread (the CPU backend's streamed set operations). Each
+/// probe row spends its key's count atomically as [`keep`] spends it
+/// serially: INTERSECT ALL keeps min(m, n) of a key's m probe copies, EXCEPT
+/// ALL max(m - n, 0), INTERSECT one. Which copies are kept depends on the
+/// threads' order, so the answer is SQL's multiset wherever equal keys are
+/// equal rows (set operations, whose output is their keys); EXCEPT DISTINCT,
+/// which must remember probe keys, is not offered.
+pub struct SharedCounts {
+    op: SetOp,
+    split: Split,
+    /// Keys are below this.
+    size: u64,
+    parts: Vec<CountPart>,
+    bytes: usize,
+}
+
+/// One partition of [`SharedCounts`]: an open-addressing table (linear
+/// probing, [`SharedCounts::EMPTY`] marks free slots) or an array over a key range.
+enum CountPart {
+    Hash { slots: Vec<Slot>, shift: u32 },
+    Dense { lo: u64, counts: Vec<AtomicU32> },
+}
+
+/// A hash slot: key and count side by side, one cache miss a probe.
+struct Slot {
+    key: u64,
+    count: AtomicU32,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot { key: SharedCounts::EMPTY, count: AtomicU32::new(0) }
+    }
+}
+
+impl SharedCounts {
+    /// The free slot's key (keys are below `size`, which is at most this).
+    const EMPTY: u64 = u64::MAX;
+    /// A dense domain has at most this many slots a build key: an array's
+    /// 4 bytes a slot against a table's 24 or more a key, and one load a
+    /// probe against a search.
+    const DENSE_SLOTS_PER_KEY: u64 = 16;
+
+    /// The counts of `build`'s keys (all below `size` <= 2^64 - 1), built
+    /// on the host threads; None for EXCEPT DISTINCT.
+    pub fn new(op: SetOp, build: &[&[u64]], size: u64) -> Option<Self> {
+        if op == SetOp::ExceptDistinct {
+            return None;
+        }
+        let n: usize = build.iter().map(|c| c.len()).sum();
+        let dense = size <= (n as u64).saturating_mul(Self::DENSE_SLOTS_PER_KEY).min(1 << 32);
+        let split = match size {
+            0 => Split::Hash,
+            _ if dense => Split::new(Some((0, size - 1)), usize::MAX),
+            _ => Split::Hash,
+        };
+        let buckets = bucket_keys(&pieces(build), 1 << CPU_PART_BITS, |k| split.part(k));
+        let ids: Vec<usize> = (0..1 << CPU_PART_BITS).collect();
+        let Ok(parts): Result<Vec<CountPart>, std::convert::Infallible> = crate::host::par_map(&ids, 1, |&p| {
+            let keys = || buckets.iter().flat_map(|b| b[p].iter().copied());
+            let zeros = crate::util::written_defaults::<AtomicU32>;
+            let add = |count: &mut AtomicU32| {
+                let c = count.get_mut();
+                *c = c.saturating_add(1);
+            };
+            Ok(match split {
+                Split::Range { lo, shift } => {
+                    let lo = lo + ((p as u64) << shift);
+                    let mut counts = zeros(1 << shift);
+                    keys().for_each(|k| add(&mut counts[(k - lo) as usize]));
+                    CountPart::Dense { lo, counts }
+                }
+                Split::Hash => {
+                    let len = buckets.iter().map(|b| b[p].len()).sum::<usize>();
+                    let slots = (2 * len).next_power_of_two().max(16);
+                    let shift = 64 - slots.trailing_zeros();
+                    let mut table = crate::util::written_defaults::<Slot>(slots);
+                    for k in keys() {
+                        let mut i = Self::home(k, shift);
+                        while table[i].key != k && table[i].key != Self::EMPTY {
+                            i = (i + 1) & (slots - 1);
+                        }
+                        table[i].key = k;
+                        add(&mut table[i].count);
+                    }
+                    CountPart::Hash { slots: table, shift }
+                }
+            })
+        });
+        crate::host::drop_later(buckets);
+        let bytes = parts
+            .iter()
+            .map(|p| match p {
+                CountPart::Hash { slots, .. } => slots.len() * std::mem::size_of::<Slot>(),
+                CountPart::Dense { counts, .. } => counts.len() * 4,
+            })
+            .sum();
+        Some(SharedCounts { op, split, size, parts, bytes })
+    }
+
+    /// A key's first slot in its partition's table of 2^(64 - shift) slots:
+    /// the top bits of a second product (the partition took the first's).
+    #[inline(always)]
+    fn home(k: u64, shift: u32) -> usize {
+        let h = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((h ^ (h >> 32)).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> shift) as usize
+    }
+
+    /// Bytes the table holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Is the table an array over the key domain (else hash tables)?
+    pub fn is_dense(&self) -> bool {
+        matches!(self.split, Split::Range { .. })
+    }
+
+    /// The count of key `k`, if the build side has it.
+    #[inline(always)]
+    fn count(&self, k: u64) -> Option<&AtomicU32> {
+        if k >= self.size {
+            return None;
+        }
+        match &self.parts[self.split.part(k)] {
+            CountPart::Dense { lo, counts } => counts.get((k - lo) as usize),
+            CountPart::Hash { slots, shift } => {
+                let mut i = Self::home(k, *shift);
+                loop {
+                    match slots[i].key {
+                        key if key == k => return Some(&slots[i].count),
+                        Self::EMPTY => return None,
+                        _ => i = (i + 1) & (slots.len() - 1),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Is a probe row of key `k` kept? Spends the key's count as the rule says.
+    pub fn keep(&self, k: u64) -> bool {
+        self.spend(self.live(k))
+    }
+
+    /// Which rows of one probe batch (`keys`) are kept, their counts spent as
+    /// [`SharedCounts::keep`] spends them. Blocks of rows are looked up
+    /// first and spent after: a spend's atomic read-modify-write orders every
+    /// load after it, so looking up and spending row by row waited for one
+    /// table miss at a time.
+    pub fn keep_batch(&self, keys: &[u64]) -> BooleanBuffer {
+        const BLOCK: usize = 256;
+        let mut words: Vec<u64> = Vec::with_capacity(keys.len().div_ceil(64));
+        let mut found: Vec<Option<&AtomicU32>> = Vec::with_capacity(BLOCK);
+        for block in keys.chunks(BLOCK) {
+            found.clear();
+            found.extend(block.iter().map(|&k| self.live(k)));
+            for rows in found.chunks(64) {
+                words.push(rows.iter().enumerate().fold(0u64, |w, (j, c)| w | (self.spend(*c) as u64) << j));
+            }
+        }
+        BooleanBuffer::new(datafusion::arrow::buffer::Buffer::from_vec(words), 0, keys.len())
+    }
+
+    /// Key `k`'s count while it is above 0 (None: not in the build side, or spent).
+    #[inline(always)]
+    fn live(&self, k: u64) -> Option<&AtomicU32> {
+        self.count(k).filter(|c| c.load(Ordering::Relaxed) > 0)
+    }
+
+    /// The rule on a probe row whose key's count was `live`: spend it.
+    #[inline(always)]
+    fn spend(&self, live: Option<&AtomicU32>) -> bool {
+        let spend_one =
+            |c: &AtomicU32| c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok();
+        match self.op {
+            SetOp::Semi => live.is_some(),
+            SetOp::Anti => live.is_none(),
+            SetOp::IntersectAll => live.is_some_and(spend_one),
+            SetOp::ExceptAll => !live.is_some_and(spend_one),
+            SetOp::IntersectDistinct => live.is_some_and(|c| c.swap(0, Ordering::Relaxed) > 0),
+            // Never built (see `new`).
+            SetOp::ExceptDistinct => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -336,6 +527,59 @@ mod tests {
                 let mut kept: Vec<u64> = got.set_indices().map(|i| probe[i]).collect();
                 kept.sort_unstable();
                 assert_eq!(kept, multiset_reference(op, &build, &probe), "{op:?} multiset");
+            }
+        }
+    }
+
+    /// Probe chunks spent by several threads at once, in any order: the kept
+    /// keys are SQL's multiset for every rule offered, over dense and sparse
+    /// domains, with keys outside the build side's domain and empty sides.
+    #[test]
+    fn shared_counts_spent_by_threads_keep_the_multiset() {
+        let mut rng = crate::util::Xorshift64(0x51a7);
+        let ops = [SetOp::Semi, SetOp::Anti, SetOp::IntersectAll, SetOp::ExceptAll, SetOp::IntersectDistinct];
+        assert!(SharedCounts::new(SetOp::ExceptDistinct, &[], 10).is_none());
+        // (build rows, probe rows, domain, stride): stride 1 is dense, a large one sparse.
+        let shapes = [
+            (0, 1000, 50, 1),
+            (1000, 0, 50, 1),
+            (3000, 5000, 2000, 1),
+            (3000, 5000, 2000, 1 << 40),
+            (200_000, 400_000, 150_000, 1),
+            (200_000, 400_000, 150_000, 0x9E37_79B9),
+        ];
+        for (nb, np, domain, stride) in shapes {
+            let build: Vec<u64> = (0..nb).map(|_| rng.below(domain) * stride).collect();
+            // Probe keys reach past the build side's domain, and to ABSENT.
+            let mut probe: Vec<u64> = (0..np).map(|_| rng.below(domain + domain / 4) * stride).collect();
+            probe.iter_mut().step_by(97).for_each(|k| *k = u64::MAX);
+            let size = build.iter().max().map_or(1, |m| m + 1);
+            for op in ops {
+                let counts = SharedCounts::new(op, &[&build], size).unwrap();
+                assert_eq!(counts.is_dense(), stride == 1 && nb > 0, "{op:?} {nb} {stride}");
+                let kept: Vec<std::sync::Mutex<Vec<u64>>> = (0..4).map(|_| Default::default()).collect();
+                crate::host::scope(|s| {
+                    for (t, slot) in kept.iter().enumerate() {
+                        let (counts, probe) = (&counts, &probe);
+                        s.spawn("test", move || {
+                            // Thread t takes every fourth chunk, from the back for odd t.
+                            let chunks: Vec<&[u64]> = probe.chunks(777).skip(t).step_by(4).collect();
+                            let order: Vec<&&[u64]> =
+                                if t % 2 == 1 { chunks.iter().rev().collect() } else { chunks.iter().collect() };
+                            let mut out = slot.lock().unwrap();
+                            for c in order {
+                                // Threads 0 and 1 spend row by row, 2 and 3 batch by batch.
+                                match t < 2 {
+                                    true => out.extend(c.iter().copied().filter(|&k| counts.keep(k))),
+                                    false => out.extend(counts.keep_batch(c).set_indices().map(|i| c[i])),
+                                }
+                            }
+                        });
+                    }
+                });
+                let mut got: Vec<u64> = kept.into_iter().flat_map(|m| m.into_inner().unwrap()).collect();
+                got.sort_unstable();
+                assert_eq!(got, multiset_reference(op, &build, &probe), "{op:?} nb={nb} np={np} stride={stride}");
             }
         }
     }

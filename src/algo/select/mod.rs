@@ -33,7 +33,7 @@ pub use auto::{
     ResidentSelect,
 };
 pub use bitmap::BITMAP_MAX_RANGE;
-pub use cpu::{select_cpu, select_cpu_chunks, KeyHasher};
+pub use cpu::{select_cpu, select_cpu_chunks, KeyHasher, SharedCounts};
 pub use devices::select_gpus;
 
 /// The selection rule.
