@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -428,12 +428,8 @@ impl SetSelectExec {
         {
             return Ok(false);
         }
-        let types = |plan: &Arc<dyn ExecutionPlan>, exprs: &[PhysicalExprRef]| -> Result<Vec<DataType>> {
-            let schema = plan.schema();
-            exprs.iter().map(|k| Ok(keys::key_type(&k.data_type(&schema)?))).collect()
-        };
-        let (probe, build) =
-            (types(&self.spec.probe, &self.spec.probe_keys)?, types(&self.spec.build, &self.spec.build_keys)?);
+        let probe = keys::key_types(&self.spec.probe_keys, &self.spec.probe.schema())?;
+        let build = keys::key_types(&self.spec.build_keys, &self.spec.build.schema())?;
         // Every column a key (as in a set operation): rows of equal keys are equal rows.
         let whole_rows = self.spec.probe_keys.len() == self.spec.probe.schema().fields().len();
         Ok(whole_rows && ProbeTable::offered(self.spec.op, self.spec.nulls, &probe, &build))
@@ -944,16 +940,11 @@ impl Run {
             let t = Instant::now();
             let batches: Vec<&RecordBatch> = build_parts.iter().flatten().collect();
             self.metrics.device.input_rows.add(batches.iter().map(|b| b.num_rows()).sum());
-            let probe_schema = self.spec.probe.schema();
-            let types = self
-                .spec
-                .probe_keys
-                .iter()
-                .map(|k| Ok(keys::key_type(&k.data_type(&probe_schema)?)))
-                .collect::<Result<Vec<_>>>()?;
+            let types = keys::key_types(&self.spec.probe_keys, &self.spec.probe.schema())?;
             let cols = key_columns(&batches, &self.spec.build_keys)?;
             let cols =
                 cols.into_iter().map(|c| super::selection::coerce_like(c, &types)).collect::<Result<Vec<_>>>()?;
+            crate::util::trace("build key columns evaluated");
             let table = ProbeTable::build(
                 self.op,
                 &cols,
@@ -1120,13 +1111,7 @@ impl Run {
         let selection = if probe_rows == 0 {
             BooleanBuffer::new_unset(0)
         } else {
-            let probe_schema = self.spec.probe.schema();
-            let types: Vec<DataType> = self
-                .spec
-                .probe_keys
-                .iter()
-                .map(|k| Ok(keys::key_type(&k.data_type(&probe_schema)?)))
-                .collect::<Result<_>>()?;
+            let types = keys::key_types(&self.spec.probe_keys, &self.spec.probe.schema())?;
             let probe_cols = key_columns(&probe_batches, &self.spec.probe_keys)?;
             let build_cols = key_columns(&build_batches, &self.spec.build_keys)?;
             crate::util::trace("key columns evaluated");
@@ -1180,7 +1165,7 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use datafusion::arrow::array::{Array, BooleanArray, Int32Array, StringArray};
-    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::physical_expr::expressions::col;
     use datafusion::prelude::SessionContext;
@@ -1281,19 +1266,22 @@ mod tests {
         }
     }
 
-    fn sorted_rows(batches: &[RecordBatch]) -> Vec<(Option<String>, i32)> {
-        let mut v: Vec<_> = batches
-            .iter()
-            .flat_map(|b| {
-                let s = b.column(0).as_any().downcast_ref::<StringArray>().unwrap().clone();
-                let i = b.column(1).as_any().downcast_ref::<Int32Array>().unwrap().clone();
-                (0..b.num_rows())
-                    .map(move |r| (s.is_valid(r).then(|| s.value(r).to_string()), i.value(r)))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+    /// Every row of `batches` read by `row(batch, index)`, sorted.
+    fn sorted_rows_by<T: Ord>(batches: &[RecordBatch], row: impl Fn(&RecordBatch, usize) -> T) -> Vec<T> {
+        let mut v: Vec<T> =
+            batches.iter().flat_map(|b| (0..b.num_rows()).map(|r| row(b, r)).collect::<Vec<_>>()).collect();
         v.sort();
         v
+    }
+
+    /// Rows of (Utf8, Int32) batches, sorted.
+    fn sorted_rows(batches: &[RecordBatch]) -> Vec<(Option<String>, i32)> {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::Int32Type;
+        sorted_rows_by(batches, |b, r| {
+            let s = b.column(0).as_string::<i32>();
+            (s.is_valid(r).then(|| s.value(r).to_string()), b.column(1).as_primitive::<Int32Type>().value(r))
+        })
     }
 
     /// Row-encoded keys (strings, composite) give the same rows on the GPU
@@ -1405,17 +1393,12 @@ mod tests {
             vec![vec![part(700, false), part(300, false)], vec![], vec![part(900, false)], vec![part(50, false)]];
         let builds = [vec![vec![part(600, false)], vec![part(400, false)]], vec![vec![part(500, true)]], vec![vec![]]];
         let rows = |batches: &[RecordBatch]| -> Vec<(Option<i32>, Option<i64>)> {
-            let mut v: Vec<_> = batches
-                .iter()
-                .flat_map(|b| {
-                    let a = b.column(0).as_any().downcast_ref::<Int32Array>().unwrap().clone();
-                    let c = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap().clone();
-                    (0..b.num_rows())
-                        .map(move |r| (a.is_valid(r).then(|| a.value(r)), c.is_valid(r).then(|| c.value(r))))
-                })
-                .collect();
-            v.sort();
-            v
+            use datafusion::arrow::array::AsArray;
+            use datafusion::arrow::datatypes::{Int32Type, Int64Type};
+            sorted_rows_by(batches, |b, r| {
+                let (a, c) = (b.column(0).as_primitive::<Int32Type>(), b.column(1).as_primitive::<Int64Type>());
+                (a.is_valid(r).then(|| a.value(r)), c.is_valid(r).then(|| c.value(r)))
+            })
         };
         let ctx = SessionContext::new();
         let exprs: Vec<PhysicalExprRef> = ["a", "b"].iter().map(|k| col(k, &schema).unwrap()).collect();

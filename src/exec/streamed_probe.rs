@@ -76,6 +76,7 @@ impl ProbeTable {
     ) -> Result<Option<Self>> {
         let Some(domain) = PackedDomain::of_side(build_cols, &types)? else { return Ok(None) };
         let packed = crate::host::par_map(build_cols, 1, |cols| domain.pack(cols))?;
+        crate::util::trace("streamed probe: build keys packed");
         let chunks: Vec<&[u64]> = packed.iter().map(|c| c.as_slice()).collect();
         // The domain has fewer keys than 2^64 - 1 (PackedDomain::of_side).
         let Some(counts) = SharedCounts::new(op, &chunks, domain.size() as u64) else { return Ok(None) };

@@ -113,6 +113,14 @@ pub fn key_type(t: &DataType) -> DataType {
     }
 }
 
+/// The encoded types ([`key_type`]) of key expressions over `schema`.
+pub fn key_types(
+    exprs: &[datafusion::physical_expr::PhysicalExprRef],
+    schema: &datafusion::arrow::datatypes::Schema,
+) -> Result<Vec<DataType>> {
+    exprs.iter().map(|k| Ok(key_type(&k.data_type(schema)?))).collect()
+}
+
 /// Is a single column of this type encoded exactly (its value is the key)?
 pub fn is_exact(types: &[DataType]) -> bool {
     use DataType::*;

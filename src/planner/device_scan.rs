@@ -357,11 +357,7 @@ impl DeviceScanRule {
         // Both sides' keys are encoded as the probe side's types.
         let Some(key) = node.probe_keys().first() else { return Ok(Transformed::no(plan)) };
         let key_type = crate::keys::key_type(&key.data_type(&children[0].schema())?);
-        let key_types = node
-            .probe_keys()
-            .iter()
-            .map(|k| Ok(crate::keys::key_type(&k.data_type(&children[0].schema())?)))
-            .collect::<Result<Vec<DataType>>>()?;
+        let key_types = crate::keys::key_types(node.probe_keys(), &children[0].schema())?;
         for (i, (side, keys)) in [("probe", node.probe_keys()), ("build", node.build_keys())].into_iter().enumerate() {
             if !reads_parquet(&children[i]) || children[i].downcast_ref::<DeviceScanExec>().is_some() {
                 continue;
