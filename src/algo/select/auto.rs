@@ -13,7 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use cudarc::driver::CudaView;
 
 use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
-use super::cpu::{bucket_keys, pieces};
+use super::cpu::{bucket_keys, pieces, Buckets};
 use super::hash::{hash_capacity, HashTable};
 use super::{
     bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool,
@@ -581,35 +581,31 @@ fn partitioned_by(
 /// as they are (never concatenated). Equal keys share a partition, so every
 /// rule, the ALL rules' ranks included, stays exact within it.
 struct KeySplit<'a> {
-    build_buckets: Vec<Vec<Vec<u64>>>,
+    build_buckets: Vec<Buckets<u64>>,
     probe_pieces: Vec<(usize, &'a [u64])>,
     /// Per probe piece: each partition's keys and their offsets in the piece.
-    probe_buckets: Vec<(Vec<Vec<u64>>, Vec<Vec<u32>>)>,
+    probe_buckets: Vec<(Buckets<u64>, Buckets<u32>)>,
 }
 
 impl<'a> KeySplit<'a> {
     fn new(build: &[&[u64]], probe: &[&'a [u64]], parts: usize, part_of: impl Fn(u64) -> usize + Sync) -> Self {
         let build_buckets = bucket_keys(&pieces(build), parts, &part_of);
         let probe_pieces = pieces(probe);
-        type ProbeBuckets = (Vec<Vec<u64>>, Vec<Vec<u32>>);
-        let Ok(probe_buckets): Result<Vec<ProbeBuckets>, Infallible> =
+        let Ok(probe_buckets): Result<Vec<(Buckets<u64>, Buckets<u32>)>, Infallible> =
             crate::host::par_map(&probe_pieces, 1, |(_, keys)| {
-                let mut k: Vec<Vec<u64>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-                let mut r: Vec<Vec<u32>> = (0..parts).map(|_| Vec::with_capacity(keys.len() / parts * 2)).collect();
-                for (j, &key) in keys.iter().enumerate() {
-                    let p = part_of(key);
-                    k[p].push(key);
-                    r[p].push(j as u32);
-                }
-                Ok((k, r))
+                let part = |j: usize| part_of(keys[j]);
+                Ok((
+                    Buckets::of(keys.len(), parts, part, |j| keys[j]),
+                    Buckets::of(keys.len(), parts, part, |j| j as u32),
+                ))
             });
         Self { build_buckets, probe_pieces, probe_buckets }
     }
 
     /// Partition `p`'s build and probe keys, as chunks.
     fn part(&self, p: usize) -> (Vec<&[u64]>, Vec<&[u64]>) {
-        let b = self.build_buckets.iter().map(|b| b[p].as_slice()).collect();
-        let k = self.probe_buckets.iter().map(|(k, _)| k[p].as_slice()).collect();
+        let b = self.build_buckets.iter().map(|b| &b[p]).collect();
+        let k = self.probe_buckets.iter().map(|(k, _)| &k[p]).collect();
         (b, k)
     }
 
@@ -639,7 +635,7 @@ impl<'a> KeySplit<'a> {
     }
 
     /// The buckets, for dropping off the query's path.
-    fn into_buckets(self) -> (Vec<Vec<Vec<u64>>>, Vec<(Vec<Vec<u64>>, Vec<Vec<u32>>)>) {
+    fn into_buckets(self) -> (Vec<Buckets<u64>>, Vec<(Buckets<u64>, Buckets<u32>)>) {
         (self.build_buckets, self.probe_buckets)
     }
 }
