@@ -514,7 +514,7 @@ impl SharedCounts {
     /// mispredicted branch discards the loads after it), and a spend's
     /// atomic read-modify-write orders the loads after it. Measured here (4M
     /// build keys in 122 MB, 8M probe rows, one thread): 75-95 ns a row for
-    /// linear probing in 16-byte slots, ~35 ns so.
+    /// linear probing in 16-byte slots, 50-60 ns so (BENCHMARKS section 42).
     pub fn keep_batch(&self, keys: &[u64]) -> BooleanBuffer {
         let mut words: Vec<u64> = Vec::with_capacity(keys.len().div_ceil(64));
         let mut homes: Vec<(usize, u32)> = Vec::with_capacity(Self::BLOCK);
