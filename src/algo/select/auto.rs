@@ -592,13 +592,7 @@ impl<'a> KeySplit<'a> {
         let build_buckets = bucket_keys(&pieces(build), parts, &part_of);
         let probe_pieces = pieces(probe);
         let Ok(probe_buckets): Result<Vec<(Buckets<u64>, Buckets<u32>)>, Infallible> =
-            crate::host::par_map(&probe_pieces, 1, |(_, keys)| {
-                let part = |j: usize| part_of(keys[j]);
-                Ok((
-                    Buckets::of(keys.len(), parts, part, |j| keys[j]),
-                    Buckets::of(keys.len(), parts, part, |j| j as u32),
-                ))
-            });
+            crate::host::par_map(&probe_pieces, 1, |(_, keys)| Ok(Buckets::with_offsets(keys, parts, &part_of)));
         Self { build_buckets, probe_pieces, probe_buckets }
     }
 

@@ -201,11 +201,7 @@ impl<T: Copy + Default> Buckets<T> {
     /// Items `item(j)` for j in 0..len (at most 2^32 - 1), each in partition
     /// `part_of(j)` (below `parts`): counted, then placed.
     pub(super) fn of(len: usize, parts: usize, part_of: impl Fn(usize) -> usize, item: impl Fn(usize) -> T) -> Self {
-        let mut starts = vec![0u32; parts + 1];
-        (0..len).for_each(|j| starts[part_of(j) + 1] += 1);
-        for p in 0..parts {
-            starts[p + 1] += starts[p];
-        }
+        let starts = starts_of(len, parts, &part_of);
         let mut at = starts[..parts].to_vec();
         let mut items = crate::util::written_defaults::<T>(len);
         for j in 0..len {
@@ -215,6 +211,35 @@ impl<T: Copy + Default> Buckets<T> {
         }
         Buckets { items, starts }
     }
+}
+
+impl Buckets<u64> {
+    /// A piece's keys and their offsets in it (`Buckets::of` of each, with
+    /// one count and one placement).
+    pub(super) fn with_offsets(keys: &[u64], parts: usize, part_of: impl Fn(u64) -> usize) -> (Self, Buckets<u32>) {
+        let starts = starts_of(keys.len(), parts, &|j| part_of(keys[j]));
+        let mut at = starts[..parts].to_vec();
+        let mut items = crate::util::written_defaults::<u64>(keys.len());
+        let mut offsets = crate::util::written_defaults::<u32>(keys.len());
+        for (j, &k) in keys.iter().enumerate() {
+            let p = part_of(k);
+            items[at[p] as usize] = k;
+            offsets[at[p] as usize] = j as u32;
+            at[p] += 1;
+        }
+        (Buckets { items, starts: starts.clone() }, Buckets { items: offsets, starts })
+    }
+}
+
+/// Where each partition's items start when `len` items fall into `parts`
+/// partitions by `part_of`, and (last) where they end.
+fn starts_of(len: usize, parts: usize, part_of: &impl Fn(usize) -> usize) -> Vec<u32> {
+    let mut starts = vec![0u32; parts + 1];
+    (0..len).for_each(|j| starts[part_of(j) + 1] += 1);
+    for p in 0..parts {
+        starts[p + 1] += starts[p];
+    }
+    starts
 }
 
 impl<T> std::ops::Index<usize> for Buckets<T> {
@@ -692,6 +717,11 @@ mod tests {
             for p in 0..parts {
                 let want: Vec<u64> = keys.iter().copied().filter(|k| (k % parts as u64) as usize == p).collect();
                 assert_eq!(&b[p], want.as_slice(), "parts {parts} partition {p}");
+            }
+            let (k, r) = Buckets::with_offsets(&keys, parts, |k| (k % parts as u64) as usize);
+            for p in 0..parts {
+                assert_eq!(&k[p], &b[p], "parts {parts} partition {p}");
+                assert!(r[p].iter().zip(&k[p]).all(|(&j, &key)| keys[j as usize] == key));
             }
             let none = Buckets::<u32>::of(0, parts, |_| 0, |_| 0);
             assert!((0..parts).all(|p| none[p].is_empty()));
