@@ -201,14 +201,8 @@ impl<T: Copy + Default> Buckets<T> {
     /// Items `item(j)` for j in 0..len (at most 2^32 - 1), each in partition
     /// `part_of(j)` (below `parts`): counted, then placed.
     pub(super) fn of(len: usize, parts: usize, part_of: impl Fn(usize) -> usize, item: impl Fn(usize) -> T) -> Self {
-        let starts = starts_of(len, parts, &part_of);
-        let mut at = starts[..parts].to_vec();
         let mut items = crate::util::written_defaults::<T>(len);
-        for j in 0..len {
-            let p = part_of(j);
-            items[at[p] as usize] = item(j);
-            at[p] += 1;
-        }
+        let starts = place(len, parts, &part_of, |at, j| items[at] = item(j));
         Buckets { items, starts }
     }
 }
@@ -217,27 +211,31 @@ impl Buckets<u64> {
     /// A piece's keys and their offsets in it (`Buckets::of` of each, with
     /// one count and one placement).
     pub(super) fn with_offsets(keys: &[u64], parts: usize, part_of: impl Fn(u64) -> usize) -> (Self, Buckets<u32>) {
-        let starts = starts_of(keys.len(), parts, &|j| part_of(keys[j]));
-        let mut at = starts[..parts].to_vec();
         let mut items = crate::util::written_defaults::<u64>(keys.len());
         let mut offsets = crate::util::written_defaults::<u32>(keys.len());
-        for (j, &k) in keys.iter().enumerate() {
-            let p = part_of(k);
-            items[at[p] as usize] = k;
-            offsets[at[p] as usize] = j as u32;
-            at[p] += 1;
-        }
+        let starts = place(keys.len(), parts, &|j| part_of(keys[j]), |at, j| {
+            items[at] = keys[j];
+            offsets[at] = j as u32;
+        });
         (Buckets { items, starts: starts.clone() }, Buckets { items: offsets, starts })
     }
 }
 
-/// Where each partition's items start when `len` items fall into `parts`
-/// partitions by `part_of`, and (last) where they end.
-fn starts_of(len: usize, parts: usize, part_of: &impl Fn(usize) -> usize) -> Vec<u32> {
+/// A counting sort's two passes over `len` items in `parts` partitions (by
+/// `part_of`): counts them, then calls `put(at, j)` with item j's place in
+/// partition order. Returns where each partition starts, and (last) where
+/// they end.
+fn place(len: usize, parts: usize, part_of: &impl Fn(usize) -> usize, mut put: impl FnMut(usize, usize)) -> Vec<u32> {
     let mut starts = vec![0u32; parts + 1];
     (0..len).for_each(|j| starts[part_of(j) + 1] += 1);
     for p in 0..parts {
         starts[p + 1] += starts[p];
+    }
+    let mut at = starts[..parts].to_vec();
+    for j in 0..len {
+        let p = part_of(j);
+        put(at[p] as usize, j);
+        at[p] += 1;
     }
     starts
 }
@@ -390,7 +388,7 @@ impl SharedCounts {
     /// [`CountLine::WIDTH`]): a full home bucket sends a lookup on to the
     /// next line, which 5.3% of buckets are at a mean of 2 (Poisson).
     const KEYS_PER_LINE: usize = 2;
-    /// Rows of a batch looked up together: their lines are prefetched
+    /// Rows of a batch looked up together: their first lines are loaded
     /// first, then searched, then spent.
     const BLOCK: usize = 64;
 
