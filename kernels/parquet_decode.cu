@@ -6,9 +6,11 @@
 // kernels, in order:
 //   pq_copy_pages  one block per page: uncompressed bodies, and the never
 //                  compressed level bytes of v2 pages, copied into `body`;
-//   pq_snappy      one warp per SNAPPY page (or pq_snappy_serial, one thread
-//                  per page, under SETFUSION_SNAPPY_SERIAL=1): the raw snappy
-//                  stream after the v2 levels decompressed into `body`;
+//   pq_snappy_pipe two warps per SNAPPY page, one parsing its windows and one
+//                  writing their output (or pq_snappy, one warp doing both,
+//                  under SETFUSION_SNAPPY_ONE_WARP=1; pq_snappy_serial, one
+//                  thread per page, under SETFUSION_SNAPPY_SERIAL=1): the raw
+//                  snappy stream after the v2 levels decompressed into `body`;
 //   pq_byte_dicts  one block per BYTE_ARRAY dictionary page: its values
 //                  located (thread 0 walks their lengths) and hashed;
 //   pq_decode      one block per data page: definition levels (RLE /
@@ -31,8 +33,9 @@
 // code lands in err[0] (the host turns it into a clear error).
 #include "common.cuh"
 
-// PQ_RUNS (run descriptors per batch in shared memory) and PQ_SNAPPY_WARPS
-// (pq_snappy's warps per block) come from src/scan/decode.rs.
+// PQ_RUNS (run descriptors per batch in shared memory), PQ_SNAPPY_WARPS
+// (pq_snappy's warps per block) and PQ_SNAPPY_PAIRS (pq_snappy_pipe's pages
+// per block) come from src/scan/decode.rs.
 
 // pq_snappy: output bytes each warp keeps in shared memory (a power of two,
 // at least 128).
@@ -134,197 +137,225 @@ __device__ __forceinline__ u32 pq_warp_or(u32 v, u32 lane) {
 
 __device__ bool pq_snappy_one(const u8* src, u64 n, u8* dst, u64 cap, u32* err);
 
-// One warp per SNAPPY page (the launcher's default): the raw snappy stream
-// after the v2 levels decompressed into `body`.
+// One window of a snappy stream, as pq_snappy_parse finds it: each lane's
+// element (if it starts at the lane's byte and lies on the chain) ...
+struct PqSnapLane {
+    u32 start;   // the element's first output byte
+    u32 length;  // its output bytes
+    u32 base;    // a literal: output byte x's input position is base + x (mod 2^32); a copy: its offset
+};
+// ... and what the whole warp shares.
+struct PqSnapWin {
+    u32 chain;     // lanes whose element is on the chain from the window's first byte
+    u32 literals;  // lanes whose element is a literal
+    u32 out;       // the window's first output byte
+    u32 end;       // one past its last
+};
+
+// Step 1 of pq_snappy: the window of input at `pos` (output so far `out`).
+// Each lane decodes the element that would start at its byte (speculatively:
+// most lanes are inside another element); the chain of elements from the
+// window's first byte is found with one shuffle per four elements, their
+// output offsets with one warp scan, and all of them are checked at once.
+// Returns false (the same in every lane) when an element on the chain is
+// corrupt; else `consumed` is the input the chain takes.
+__device__ __forceinline__ bool pq_snappy_parse(const u8* src, u32 n, u32 cap, u32 pos, u32 out, u32 lane,
+                                                PqSnapLane& me, PqSnapWin& w, u32& consumed) {
+    const u32 full = 0xffffffffu;
+    const u32 lanes = PQ_LANES;
+    const u32 q = pos + lane;
+    u8 b[5];
+#pragma unroll
+    for (u32 k = 0; k < 5; ++k) b[k] = q + k < n ? src[q + k] : 0;
+    // The element's fields without a branch (the lanes' tags differ, and a
+    // switch would run its cases one after another): `word` holds the four
+    // bytes after the tag, read as a literal's long length or a copy's offset.
+    const u32 tag = b[0] & 3, high = b[0] >> 2;
+    const u32 word = (u32)b[1] | ((u32)b[2] << 8) | ((u32)b[3] << 16) | ((u32)b[4] << 24);
+    const bool literal = tag == 0;
+    // A literal of 61+ bytes gives its length - 1 in the next 1-4 bytes.
+    const u32 extra = literal && high >= 60 ? high - 59 : 0;
+    const u32 lit = extra == 0 ? high : word & (0xffffffffu >> (32 - 8 * extra));
+    const u32 offset = tag == 1 ? ((b[0] >> 5) << 8) | b[1] : tag == 2 ? (word & 0xffff) : word;
+    const u32 length = literal ? (lit < PQ_SNAPPY_WARP_MAX ? lit + 1 : PQ_SNAPPY_WARP_MAX + 1)
+                               : tag == 1 ? 4 + (high & 7) : 1 + high;
+    const u32 hdr = literal ? 1 + extra : tag == 1 ? 2 : tag == 2 ? 3 : 5;
+    const u32 used = literal ? hdr + length : hdr;
+    // The chain from the window's first byte, four elements a shuffle:
+    // each lane knows the starts of the 1st to 4th elements after its
+    // own (`lanes`: past the window).
+    const u32 n1 = used < lanes - lane ? lane + used : lanes;
+    const u32 g2 = __shfl_sync(full, n1, n1 & 31), n2 = n1 < lanes ? g2 : lanes;
+    const u32 g3 = __shfl_sync(full, n1, n2 & 31), n3 = n2 < lanes ? g3 : lanes;
+    const u32 g4 = __shfl_sync(full, n2, n2 & 31), n4 = n2 < lanes ? g4 : lanes;
+    const u32 hops = n1 | n2 << 8 | n3 << 16 | n4 << 24;
+    u32 chain = 0, cur = 0;
+    while (cur < lanes && pos + cur < n) {
+        chain |= 1u << cur;
+        const u32 h = __shfl_sync(full, hops, cur);
+        const u32 a1 = h & 0xff, a2 = (h >> 8) & 0xff, a3 = (h >> 16) & 0xff;
+        const bool ok1 = a1 < lanes && pos + a1 < n;
+        const bool ok2 = ok1 && a2 < lanes && pos + a2 < n;
+        const bool ok3 = ok2 && a3 < lanes && pos + a3 < n;
+        if (ok1) chain |= 1u << a1;
+        if (ok2) chain |= 1u << a2;
+        if (ok3) chain |= 1u << a3;
+        cur = ok3 ? h >> 24 : lanes;
+    }
+    // The input the chain consumes: to the end of its last element.
+    const u32 last = 31 - __clz(chain);
+    consumed = last + __shfl_sync(full, used, last);
+    const bool on_chain = (chain >> lane) & 1;
+    // Output offsets: a scan of the chain elements' lengths.
+    const u32 mine = on_chain ? length : 0;
+    const u32 incl = sf_warp_inclusive_scan<u32>(mine, lanes, full);
+    const u32 total = __shfl_sync(full, incl, lanes - 1);
+    const u32 start = out + incl - mine;
+    const bool bad = on_chain && (used > n - q || start > cap || length > cap - start || (!literal && (offset == 0 || offset > start)));
+    if (__ballot_sync(full, bad) != 0) return false;
+    me.start = start;
+    me.length = length;
+    me.base = literal ? q + hdr - start : offset;
+    w.chain = chain;
+    w.literals = __ballot_sync(full, literal);
+    w.out = out;
+    w.end = out + total;
+    return true;
+}
+
+// Step 2 of pq_snappy: window `w`'s output, 32 bytes a step, one byte per
+// lane. Each byte finds its element (the last element start at or before it:
+// an OR of the starts' bits and a table of their lanes, `owner`), then reads
+// its literal byte from the input or, for a copy, its source: output before
+// the step is final (`ring`: the page's last PQ_SNAPPY_RING bytes in shared
+// memory, or `dst` further back, written by the flushes), and a source
+// inside the step is another lane's byte, found by pointer jumping over
+// shuffles until every lane has its byte (one packed word a round; a chain
+// of at most 31 hops takes at most 6 rounds). Every half ring, the output is
+// flushed to `dst` in coalesced stores (`flushed`: how far).
+__device__ __forceinline__ void pq_snappy_fill(const u8* src, u8* dst, u8* ring, u32* owner, const PqSnapLane& me,
+                                               const PqSnapWin& w, u32 lane, u32& flushed) {
+    const u32 full = 0xffffffffu;
+    const u32 lanes = PQ_LANES;
+    const u32 mask = PQ_SNAPPY_RING - 1;
+    // A copy reads the ring when its source cannot be a slot this step overwrites.
+    const u32 ring_reach = PQ_SNAPPY_RING - 32;
+    // This lane's bit and those below it.
+    const u32 upto = full >> (31 - lane);
+    const bool on_chain = (w.chain >> lane) & 1;
+    for (u32 s0 = w.out; s0 < w.end; s0 += lanes) {
+        const u32 at = s0 + lane;
+        const bool active = at < w.end;
+        // Each element overlapping the step marks its first byte in it;
+        // byte `at` belongs to the last mark at or before it.
+        const bool marks = on_chain && me.start < s0 + lanes && me.start + me.length > s0;
+        const u32 m = me.start > s0 ? me.start - s0 : 0;
+        const u32 starts = pq_warp_or(marks ? 1u << m : 0u, lane);
+        if (marks) owner[m] = lane;
+        __syncwarp();
+        const u32 o = owner[31 - __clz(starts & upto)];
+        const u32 e_base = __shfl_sync(full, me.base, o);
+        // v | 1 << 31 once this lane has its byte, else the lane that has it.
+        u32 got = 1u << 31;
+        if (active) {
+            if ((w.literals >> o) & 1) {
+                got |= src[e_base + at];
+            } else {
+                const u32 from = at - e_base;
+                if (from < s0) got |= e_base <= ring_reach ? ring[from & mask] : dst[from];
+                else got = from - s0;
+            }
+        }
+        while (__ballot_sync(full, !(got >> 31)) != 0) {
+            const u32 there = __shfl_sync(full, got, got & 31);
+            if (!(got >> 31)) got = there;
+        }
+        if (active) ring[at & mask] = (u8)got;
+        __syncwarp();
+        // Flush half a ring.
+        const u32 done = s0 + lanes < w.end ? s0 + lanes : w.end;
+        if (done - flushed >= PQ_SNAPPY_RING / 2) {
+            for (u32 i = flushed + lane; i < done; i += lanes) dst[i] = ring[i & mask];
+            flushed = done;
+            __syncwarp();
+        }
+    }
+}
+
+// A SNAPPY page's stream after its v2 levels: where it lies, or false (and
+// the error reported by `report`) when the page table or the stream's length
+// prefix is wrong. `pos` is the first element's input byte.
+__device__ __forceinline__ bool pq_snappy_stream(const u8* raw, u8* body, const PqPage& p, bool report, u32* err,
+                                                 const u8*& src, u8*& dst, u64& n64, u64& cap64, u32& pos) {
+    if (p.src_len < p.levels_len || p.dst_len < p.levels_len) {
+        if (report) pq_fail(err, PQ_ERR_SNAPPY);
+        return false;
+    }
+    src = raw + p.src + p.levels_len;
+    dst = body + p.dst + p.levels_len;
+    n64 = p.src_len - p.levels_len;
+    cap64 = p.dst_len - p.levels_len;
+    if (n64 > PQ_SNAPPY_WARP_MAX || cap64 > PQ_SNAPPY_WARP_MAX) return true;  // pq_snappy_one's
+    u64 pos64 = 0, len = 0;
+    if (!pq_uvarint(src, n64, &pos64, &len)) {
+        if (report) pq_fail(err, PQ_ERR_SNAPPY);
+        return false;
+    }
+    if (len != cap64) {
+        if (report) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
+        return false;
+    }
+    pos = (u32)pos64;
+    return true;
+}
+
+// One warp per SNAPPY page (SETFUSION_SNAPPY_ONE_WARP=1; the host harness's
+// form): the raw snappy stream after the v2 levels decompressed into `body`,
+// a window parsed (pq_snappy_parse), then its output written
+// (pq_snappy_fill), and so on.
 //
 // A page of integers is mostly 4-8 byte elements (a key's zero high bytes are
 // a copy of the previous key's), so the warp must not spend its steps one
 // element at a time: one thread per page (pq_snappy_serial) and a warp running
 // one element after another both took 120-130 ms for 100M keys on an H200,
 // the first waiting on L2 for every copied byte, the second on ~150
-// instructions per element. Here:
-//   1. Parse: each lane decodes the element that would start at its byte of a
-//      32-byte window of the stream (speculatively: most lanes are inside
-//      another element); the chain of elements from the window's first byte
-//      is found with one shuffle per element, their output offsets with one
-//      warp scan, and all of them are checked at once.
-//   2. Fill: the window's output, 32 bytes a step, one byte per lane. Each
-//      byte finds its element (the last element start at or before it: an OR
-//      of the starts' bits and a table of their lanes), then reads its literal
-//      byte from the input or, for a copy, its source: output before the step
-//      is final (a ring of the page's last PQ_SNAPPY_RING bytes in shared
-//      memory, or `body` further back, written by the flushes), and a source
-//      inside the step is another lane's byte, found by pointer jumping over
-//      shuffles until every lane has its byte (one packed word a round; a
-//      chain of at most 31 hops takes at most 6 rounds).
-//   3. Every half ring, the output is flushed to `body` in coalesced stores.
-// Offsets within the page are 32-bit (fewer registers and instructions: the
-// warps resident on an SM, not the instructions, bound this kernel).
-// All control flow is uniform in the warp. With one thread (the host harness)
-// the same steps run a byte at a time; scripts/kernels-on-host/parquet-warp.sh
-// runs them as an emulated warp of several threads.
+// instructions per element. Offsets within the page are 32-bit (fewer
+// registers and instructions). All control flow is uniform in the warp.
+// With one thread (the host harness) the same steps run a byte at a time;
+// scripts/kernels-on-host/parquet-warp.sh runs them as an emulated warp of
+// several threads.
 extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN_BLOCKS) pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
     __shared__ u8 rings[PQ_SNAPPY_WARPS][PQ_SNAPPY_RING];
     __shared__ u32 owners[PQ_SNAPPY_WARPS][32];
-    const u32 full = 0xffffffffu;
-    const u32 lanes = PQ_LANES;
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-    u8* ring = rings[warp];
-    u32* owner = owners[warp];
-    const u32 mask = PQ_SNAPPY_RING - 1;
-    // A copy reads the ring when its source cannot be a slot this step overwrites.
-    const u32 ring_reach = PQ_SNAPPY_RING - 32;
-    // This lane's bit and those below it.
-    const u32 upto = full >> (31 - lane);
     for (u64 pi = (u64)blockIdx.x * warps + warp; pi < npages; pi += (u64)gridDim.x * warps) {
         const PqPage p = pages[pi];
         if (p.codec != 1) continue;
-        if (p.src_len < p.levels_len || p.dst_len < p.levels_len) {
-            if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY);
-            continue;
-        }
-        const u8* src = raw + p.src + p.levels_len;
-        u8* dst = body + p.dst + p.levels_len;
-        if (p.src_len - p.levels_len > PQ_SNAPPY_WARP_MAX || p.dst_len - p.levels_len > PQ_SNAPPY_WARP_MAX) {
-            if (lane == 0) pq_snappy_one(src, p.src_len - p.levels_len, dst, p.dst_len - p.levels_len, err);
+        const u8* src;
+        u8* dst;
+        u64 n64, cap64;
+        u32 pos = 0;
+        if (!pq_snappy_stream(raw, body, p, lane == 0, err, src, dst, n64, cap64, pos)) continue;
+        if (n64 > PQ_SNAPPY_WARP_MAX || cap64 > PQ_SNAPPY_WARP_MAX) {
+            if (lane == 0) pq_snappy_one(src, n64, dst, cap64, err);
             __syncwarp();
             continue;
         }
-        const u32 n = (u32)(p.src_len - p.levels_len);
-        const u32 cap = (u32)(p.dst_len - p.levels_len);
-        u64 pos64 = 0, len = 0;
-        if (!pq_uvarint(src, n, &pos64, &len)) {
-            if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY);
-            continue;
-        }
-        if (len != cap) {
-            if (lane == 0) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
-            continue;
-        }
-        u32 pos = (u32)pos64, out = 0, flushed = 0, code = 0;
+        const u32 n = (u32)n64, cap = (u32)cap64;
+        u32 out = 0, flushed = 0, code = 0;
         while (pos < n) {
-            // 1. The element at byte pos + lane, if one starts there: its output
-            // length (clamped: longer is corrupt anyway), and `base`: for a
-            // literal, output byte x's input position is base + x (mod 2^32);
-            // for a copy, its offset.
-            const u32 q = pos + lane;
-            u8 b[5];
-#pragma unroll
-            for (u32 k = 0; k < 5; ++k) b[k] = q + k < n ? src[q + k] : 0;
-            u32 length, offset = 0, hdr;
-            const bool literal = (b[0] & 3) == 0;
-            switch (b[0] & 3) {
-            case 0: {
-                u32 l = b[0] >> 2;
-                hdr = 1;
-                if (l >= 60) {
-                    const u32 extra = l - 59;
-                    l = b[1];
-                    if (extra > 1) l |= (u32)b[2] << 8;
-                    if (extra > 2) l |= (u32)b[3] << 16;
-                    if (extra > 3) l |= (u32)b[4] << 24;
-                    hdr += extra;
-                }
-                length = l < PQ_SNAPPY_WARP_MAX ? l + 1 : PQ_SNAPPY_WARP_MAX + 1;
-                break;
-            }
-            case 1:
-                length = 4 + ((b[0] >> 2) & 7);
-                offset = ((u32)(b[0] >> 5) << 8) | b[1];
-                hdr = 2;
-                break;
-            case 2:
-                length = 1 + (b[0] >> 2);
-                offset = (u32)b[1] | ((u32)b[2] << 8);
-                hdr = 3;
-                break;
-            default:
-                length = 1 + (b[0] >> 2);
-                offset = (u32)b[1] | ((u32)b[2] << 8) | ((u32)b[3] << 16) | ((u32)b[4] << 24);
-                hdr = 5;
-                break;
-            }
-            const u32 used = literal ? hdr + length : hdr;
-            // The chain from the window's first byte, four elements a shuffle:
-            // each lane knows the starts of the 1st to 4th elements after its
-            // own (`lanes`: past the window).
-            const u32 n1 = used < lanes - lane ? lane + used : lanes;
-            const u32 g2 = __shfl_sync(full, n1, n1 & 31), n2 = n1 < lanes ? g2 : lanes;
-            const u32 g3 = __shfl_sync(full, n1, n2 & 31), n3 = n2 < lanes ? g3 : lanes;
-            const u32 g4 = __shfl_sync(full, n2, n2 & 31), n4 = n2 < lanes ? g4 : lanes;
-            const u32 hops = n1 | n2 << 8 | n3 << 16 | n4 << 24;
-            u32 chain = 0, cur = 0;
-            while (cur < lanes && pos + cur < n) {
-                chain |= 1u << cur;
-                const u32 h = __shfl_sync(full, hops, cur);
-                const u32 a1 = h & 0xff, a2 = (h >> 8) & 0xff, a3 = (h >> 16) & 0xff;
-                const bool ok1 = a1 < lanes && pos + a1 < n;
-                const bool ok2 = ok1 && a2 < lanes && pos + a2 < n;
-                const bool ok3 = ok2 && a3 < lanes && pos + a3 < n;
-                if (ok1) chain |= 1u << a1;
-                if (ok2) chain |= 1u << a2;
-                if (ok3) chain |= 1u << a3;
-                cur = ok3 ? h >> 24 : lanes;
-            }
-            // The input the chain consumes: to the end of its last element.
-            const u32 last = 31 - __clz(chain);
-            const u32 consumed = last + __shfl_sync(full, used, last);
-            const bool on_chain = (chain >> lane) & 1;
-            // Output offsets: a scan of the chain elements' lengths.
-            const u32 mine = on_chain ? length : 0;
-            const u32 incl = sf_warp_inclusive_scan<u32>(mine, lanes, full);
-            const u32 total = __shfl_sync(full, incl, lanes - 1);
-            const u32 start = out + incl - mine;  // the element's first output byte
-            const bool bad = on_chain && (used > n - q || start > cap || length > cap - start || (!literal && (offset == 0 || offset > start)));
-            if (__ballot_sync(full, bad) != 0) {
+            PqSnapLane me;
+            PqSnapWin w;
+            u32 consumed;
+            if (!pq_snappy_parse(src, n, cap, pos, out, lane, me, w, consumed)) {
                 code = PQ_ERR_SNAPPY;
                 break;
             }
-            const u32 literals = __ballot_sync(full, literal);
-            const u32 base = literal ? q + hdr - start : offset;
-            // 2. The window's output, a byte per lane.
-            const u32 end = out + total;
-            for (u32 s0 = out; s0 < end; s0 += lanes) {
-                const u32 at = s0 + lane;
-                const bool active = at < end;
-                // Each element overlapping the step marks its first byte in it;
-                // byte `at` belongs to the last mark at or before it.
-                const bool marks = on_chain && start < s0 + lanes && start + length > s0;
-                const u32 m = start > s0 ? start - s0 : 0;
-                const u32 starts = pq_warp_or(marks ? 1u << m : 0u, lane);
-                if (marks) owner[m] = lane;
-                __syncwarp();
-                const u32 o = owner[31 - __clz(starts & upto)];
-                const u32 e_base = __shfl_sync(full, base, o);
-                // v | 1 << 31 once this lane has its byte, else the lane that has it.
-                u32 got = 1u << 31;
-                if (active) {
-                    if ((literals >> o) & 1) {
-                        got |= src[e_base + at];
-                    } else {
-                        const u32 from = at - e_base;
-                        if (from < s0) got |= e_base <= ring_reach ? ring[from & mask] : dst[from];
-                        else got = from - s0;
-                    }
-                }
-                while (__ballot_sync(full, !(got >> 31)) != 0) {
-                    const u32 there = __shfl_sync(full, got, got & 31);
-                    if (!(got >> 31)) got = there;
-                }
-                if (active) ring[at & mask] = (u8)got;
-                __syncwarp();
-                // 3. Flush half a ring.
-                const u32 done = s0 + lanes < end ? s0 + lanes : end;
-                if (done - flushed >= PQ_SNAPPY_RING / 2) {
-                    for (u32 i = flushed + lane; i < done; i += lanes) dst[i] = ring[i & mask];
-                    flushed = done;
-                    __syncwarp();
-                }
-            }
-            out = end;
+            pq_snappy_fill(src, dst, rings[warp], owners[warp], me, w, lane, flushed);
+            out = w.end;
             pos += consumed;
         }
-        for (u32 i = flushed + lane; i < out; i += lanes) dst[i] = ring[i & mask];
+        for (u32 i = flushed + lane; i < out; i += PQ_LANES) dst[i] = rings[warp][i & (PQ_SNAPPY_RING - 1)];
         __syncwarp();
         if (lane == 0) {
             if (code != 0) pq_fail(err, code);
@@ -332,6 +363,108 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
         }
     }
 }
+
+#ifdef __CUDACC__
+// pq_snappy_pipe: windows a page's parsing warp may run ahead of its filling warp.
+#ifndef PQ_SNAPPY_QUEUE
+#define PQ_SNAPPY_QUEUE 8
+#endif
+
+// A window passed from a page's parsing warp to its filling warp.
+struct PqSnapSlot {
+    u32 start[32], length[32], base[32];
+    PqSnapWin w;
+    u32 stop;  // 0: a window; 1: the stream's end; 2: a corrupt element
+};
+
+// Two warps per SNAPPY page (the launcher's default): one parses windows
+// (pq_snappy_parse) into a queue of PQ_SNAPPY_QUEUE slots in shared memory,
+// the other writes their output (pq_snappy_fill). A warp alone on a page
+// waits on its own instructions' latencies (a page set has few pages an SM):
+// on an H200 a 160 KB page of integer keys took 4.7 ms, 2.7 of them parsing,
+// so the two halves overlap instead of adding up. The counters pass windows
+// through shared memory: a slot is written, fenced, then counted; read,
+// fenced, then released.
+extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN_BLOCKS) pq_snappy_pipe(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
+    __shared__ u8 rings[PQ_SNAPPY_PAIRS][PQ_SNAPPY_RING];
+    __shared__ PqSnapSlot slots[PQ_SNAPPY_PAIRS][PQ_SNAPPY_QUEUE];
+    __shared__ u32 owners[PQ_SNAPPY_PAIRS][32];
+    __shared__ u32 counts[PQ_SNAPPY_PAIRS][2];
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp / 2, pairs = blockDim.x / 64;
+    const bool parser = (warp & 1) == 0;
+    volatile u32* written = &counts[pair][0];
+    volatile u32* released = &counts[pair][1];
+    if (threadIdx.x < 2 * pairs) counts[threadIdx.x / 2][threadIdx.x % 2] = 0;
+    __syncthreads();
+    if (pair >= pairs) return;
+    // Windows this warp has written (parser) or read (filler): equal at each page's start.
+    u32 seq = 0;
+    for (u64 pi = (u64)blockIdx.x * pairs + pair; pi < npages; pi += (u64)gridDim.x * pairs) {
+        const PqPage p = pages[pi];
+        if (p.codec != 1) continue;
+        const u8* src;
+        u8* dst;
+        u64 n64, cap64;
+        u32 pos = 0;
+        if (!pq_snappy_stream(raw, body, p, parser && lane == 0, err, src, dst, n64, cap64, pos)) continue;
+        if (n64 > PQ_SNAPPY_WARP_MAX || cap64 > PQ_SNAPPY_WARP_MAX) {
+            if (parser && lane == 0) pq_snappy_one(src, n64, dst, cap64, err);
+            __syncwarp();
+            continue;
+        }
+        const u32 n = (u32)n64, cap = (u32)cap64;
+        if (parser) {
+            u32 out = 0, stop = 0;
+            while (stop == 0) {
+                PqSnapLane me = {0, 0, 0};
+                PqSnapWin w = {0, 0, out, out};
+                u32 consumed = 0;
+                if (pos >= n) stop = 1;
+                else if (!pq_snappy_parse(src, n, cap, pos, out, lane, me, w, consumed)) stop = 2;
+                while (seq - *released >= PQ_SNAPPY_QUEUE) __nanosleep(32);
+                __threadfence_block();
+                PqSnapSlot& s = slots[pair][seq % PQ_SNAPPY_QUEUE];
+                if (stop == 0) {
+                    s.start[lane] = me.start;
+                    s.length[lane] = me.length;
+                    s.base[lane] = me.base;
+                    if (lane == 0) s.w = w;
+                }
+                if (lane == 0) s.stop = stop;
+                __threadfence_block();
+                __syncwarp();
+                if (lane == 0) *written = seq + 1;
+                ++seq;
+                out = w.end;
+                pos += consumed;
+            }
+        } else {
+            u32 out = 0, flushed = 0, stop = 0;
+            for (;;) {
+                while (*written == seq) __nanosleep(32);
+                __threadfence_block();
+                const PqSnapSlot& s = slots[pair][seq % PQ_SNAPPY_QUEUE];
+                stop = s.stop;
+                const PqSnapLane me = {s.start[lane], s.length[lane], s.base[lane]};
+                const PqSnapWin w = s.w;
+                __threadfence_block();
+                __syncwarp();
+                if (lane == 0) *released = seq + 1;
+                ++seq;
+                if (stop != 0) break;
+                pq_snappy_fill(src, dst, rings[pair], owners[pair], me, w, lane, flushed);
+                out = w.end;
+            }
+            for (u32 i = flushed + lane; i < out; i += PQ_LANES) dst[i] = rings[pair][i & (PQ_SNAPPY_RING - 1)];
+            __syncwarp();
+            if (lane == 0) {
+                if (stop == 2) pq_fail(err, PQ_ERR_SNAPPY);
+                else if (out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
+            }
+        }
+    }
+}
+#endif
 
 // One snappy stream: src[0, n) into dst[0, cap). Returns false when corrupt
 // or when it does not decompress to exactly `cap` bytes.

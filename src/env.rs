@@ -85,10 +85,16 @@ pub fn snappy_warps() -> Option<u32> {
 }
 
 /// `SETFUSION_SNAPPY_SERIAL=1`: the device scan decompresses SNAPPY pages with
-/// one thread per page (`pq_snappy_serial`) instead of one warp per page
-/// (`pq_snappy`, the default), to measure one against the other.
+/// one thread per page (`pq_snappy_serial`) instead of two warps per page
+/// (`pq_snappy_pipe`, the default), to measure one against the other.
 pub fn snappy_serial() -> bool {
     flag("SETFUSION_SNAPPY_SERIAL")
+}
+
+/// `SETFUSION_SNAPPY_ONE_WARP=1`: one warp per SNAPPY page (`pq_snappy`, the
+/// host harness's form) instead of two (`pq_snappy_pipe`, the default).
+pub fn snappy_one_warp() -> bool {
+    flag("SETFUSION_SNAPPY_ONE_WARP")
 }
 
 /// Does the device scan decompress ZSTD pages on the device (`kernels/zstd.cu`)?

@@ -10,6 +10,7 @@
 // Build (from the repository root; -DKERNEL_DIR for a variant's folder):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -DZS_WARPS=3 benches/cuda/page_decompress_bench.cu -o zb
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -DSNAPPY -DPQ_SNAPPY_WARPS=4 -DPQ_RUNS=512 benches/cuda/page_decompress_bench.cu -o sb
+//   (add -DSNAPPY_PIPE -DPQ_SNAPPY_PAIRS=2 for pq_snappy_pipe: two warps a page, PQ_SNAPPY_PAIRS pages a block)
 // Run: ./zb LIST PAGES...   (LIST: lines "compressed original"; PAGES: column sizes in pages)
 #include <cstdio>
 #include <cstdlib>
@@ -45,16 +46,24 @@ int main(int argc, char** argv) {
         while (list >> zf >> of) { comp.push_back(load(zf)); orig.push_back(load(of)); }
     }
     if (comp.empty()) { printf("empty list\n"); return 2; }
-#ifdef SNAPPY
+#if defined(SNAPPY) && defined(SNAPPY_PIPE)
+    const char* name = "pq_snappy_pipe";
+    const u64 codec = 1;
+    const unsigned warps = 2 * PQ_SNAPPY_PAIRS;
+    const void* kernel = (const void*)pq_snappy_pipe;
+    const unsigned per_block = PQ_SNAPPY_PAIRS;
+#elif defined(SNAPPY)
     const char* name = "pq_snappy";
     const u64 codec = 1;
     const unsigned warps = PQ_SNAPPY_WARPS;
     const void* kernel = (const void*)pq_snappy;
+    const unsigned per_block = warps;
 #else
     const char* name = "zs_pages";
     const u64 codec = 2;
     const unsigned warps = ZS_WARPS;
     const void* kernel = (const void*)zs_pages;
+    const unsigned per_block = warps;
 #endif
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, kernel));
@@ -83,12 +92,14 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(dtab, table.data(), table.size() * 8, cudaMemcpyHostToDevice));
         CK(cudaMemset(derr, 0, 4));
         CK(cudaMemset(dbody, 0xcd, blen));
-        const unsigned blocks = (unsigned)((n + warps - 1) / warps);
+        const unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
         cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
         std::vector<float> ms;
         for (int r = 0; r < 6; ++r) {
             CK(cudaEventRecord(e0));
-#ifdef SNAPPY
+#if defined(SNAPPY) && defined(SNAPPY_PIPE)
+            pq_snappy_pipe<<<blocks, 32 * warps>>>(draw, dbody, (const PqPage*)dtab, n, derr);
+#elif defined(SNAPPY)
             pq_snappy<<<blocks, 32 * warps>>>(draw, dbody, (const PqPage*)dtab, n, derr);
 #else
             zs_pages<<<blocks, 32 * warps>>>(draw, dbody, dtab, n, 16, codec, derr);

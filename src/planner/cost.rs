@@ -216,8 +216,10 @@ const HOST_INFLATE_NS: f64 = 4.0;
 const DEVICE_ZSTD_NS: f64 = 0.05;
 
 /// What a device scan adds after its last read, ms: a decode launch lasts
-/// as long as its slowest page (one warp decompresses a ~160 KB snappy page
-/// in 7-8 ms on an H200), and small inputs pay it whole. TPC-H q16's anti
+/// as long as its slowest page (one warp decompresses a ~160 KB zstd page in
+/// ~7.9 ms on an H200; two warps a snappy page in 2-3 ms alone, and the last
+/// launch of a warm `except_parts` ends 5.3 ms after the reads: BENCHMARKS
+/// section 43), and small inputs pay it whole. TPC-H q16's anti
 /// join against supplier (100,000 rows, 14 pages) was estimated at 2.7 ms on
 /// the GPU against DataFusion's 6.1 ms; its device scan decoded 8.8-11.2 ms
 /// after the reads, and q16 ran 0.86-0.98x warm (BENCHMARKS section 39).

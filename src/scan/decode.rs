@@ -34,13 +34,23 @@ const BLOCK: u32 = 256;
 /// static shared memory a block may have, and six blocks, 24 warps, fit an SM).
 const SNAPPY_WARPS: u32 = 4;
 
+/// pq_snappy_pipe: pages per block, two warps each (a parsing and a filling
+/// warp, an 8 KiB ring and a 3.2 KiB queue of windows in shared memory). On an
+/// H200 one, two and four pages a block decompressed a part of 528 integer
+/// pages alike (3.4-3.8 ms); at 2000 pages two were fastest.
+const SNAPPY_PAIRS: u32 = 2;
+
 /// Warps a block of `pq_snappy`: `SETFUSION_SNAPPY_WARPS` (1 to 32), else [`SNAPPY_WARPS`].
 fn snappy_warps() -> u32 {
     crate::env::snappy_warps().filter(|w| (1..=32).contains(w)).unwrap_or(SNAPPY_WARPS)
 }
 
 fn defines() -> Vec<(String, u64)> {
-    vec![("PQ_RUNS".to_string(), RUNS as u64), ("PQ_SNAPPY_WARPS".to_string(), snappy_warps() as u64)]
+    vec![
+        ("PQ_RUNS".to_string(), RUNS as u64),
+        ("PQ_SNAPPY_WARPS".to_string(), snappy_warps() as u64),
+        ("PQ_SNAPPY_PAIRS".to_string(), SNAPPY_PAIRS as u64),
+    ]
 }
 
 /// kernels/parquet_decode.cu, with its contract constants as `-D` options.
@@ -225,17 +235,27 @@ pub fn launch_decode(
     unsafe { stream.launch_builder(&copy).arg(&raw).arg(&mut body.slice).arg(&pages).arg(&npages).launch(per_page) }
         .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
-        // One warp per page, 32 output bytes a step; one thread per page
-        // (SETFUSION_SNAPPY_SERIAL=1) waits on L2 for every copied byte.
-        let serial = crate::env::snappy_serial();
-        let snappy = gpu.function(&KERNEL, if serial { "pq_snappy_serial" } else { "pq_snappy" })?;
-        let cfg = if serial {
-            LaunchConfig { grid_dim: (npages.div_ceil(64) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 }
+        // Two warps per page (one parses, one writes), 32 output bytes a step;
+        // one warp per page (SETFUSION_SNAPPY_ONE_WARP=1) adds the two halves'
+        // times; one thread per page (SETFUSION_SNAPPY_SERIAL=1) waits on L2
+        // for every copied byte.
+        let (name, cfg) = if crate::env::snappy_serial() {
+            let cfg = LaunchConfig {
+                grid_dim: (npages.div_ceil(64) as u32, 1, 1),
+                block_dim: (64, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            ("pq_snappy_serial", cfg)
         } else {
-            let warps = snappy_warps();
-            let blocks = npages.div_ceil(warps as u64).min(1 << 20) as u32;
-            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 }
+            let (name, pages_a_block, warps) = if crate::env::snappy_one_warp() {
+                ("pq_snappy", snappy_warps(), snappy_warps())
+            } else {
+                ("pq_snappy_pipe", SNAPPY_PAIRS, 2 * SNAPPY_PAIRS)
+            };
+            let blocks = npages.div_ceil(pages_a_block as u64).min(1 << 20) as u32;
+            (name, LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 })
         };
+        let snappy = gpu.function(&KERNEL, name)?;
         // SAFETY: as above; `into.err` addresses one word.
         unsafe {
             stream
@@ -247,7 +267,7 @@ pub fn launch_decode(
                 .arg(&into.err)
                 .launch(cfg)
         }
-        .map_err(|e| cuda_err("pq_snappy", e))?;
+        .map_err(|e| cuda_err(name, e))?;
     }
     if t.pages.iter().any(|p| p.codec == CODEC_ZSTD) {
         launch_zstd(gpu, stream, raw, &mut body.slice, pages, npages, into.err)?;
