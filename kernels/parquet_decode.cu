@@ -282,30 +282,44 @@ __device__ __forceinline__ void pq_snappy_fill(const u8* src, u8* dst, u8* ring,
     }
 }
 
-// A SNAPPY page's stream after its v2 levels: where it lies, or false (and
-// the error reported by `report`) when the page table or the stream's length
-// prefix is wrong. `pos` is the first element's input byte.
-__device__ __forceinline__ bool pq_snappy_stream(const u8* raw, u8* body, const PqPage& p, bool report, u32* err,
-                                                 const u8*& src, u8*& dst, u64& n64, u64& cap64, u32& pos) {
+// A SNAPPY page's stream after its v2 levels: where it lies, and its first
+// element's input byte.
+struct PqSnapStream {
+    const u8* src;
+    u8* dst;
+    u64 n;    // input bytes
+    u64 cap;  // output bytes
+    u32 pos;
+};
+
+// Page pi's stream, or false: not a SNAPPY page, or (the error reported by
+// `report`) a page table entry or length prefix that is wrong. A stream too
+// long for the warp form (n or cap over PQ_SNAPPY_WARP_MAX) is left
+// unparsed, for pq_snappy_one.
+__device__ __forceinline__ bool pq_snappy_stream(const u8* raw, u8* body, const PqPage* pages, u64 pi, bool report,
+                                                 u32* err, PqSnapStream& s) {
+    const PqPage p = pages[pi];
+    if (p.codec != 1) return false;
     if (p.src_len < p.levels_len || p.dst_len < p.levels_len) {
         if (report) pq_fail(err, PQ_ERR_SNAPPY);
         return false;
     }
-    src = raw + p.src + p.levels_len;
-    dst = body + p.dst + p.levels_len;
-    n64 = p.src_len - p.levels_len;
-    cap64 = p.dst_len - p.levels_len;
-    if (n64 > PQ_SNAPPY_WARP_MAX || cap64 > PQ_SNAPPY_WARP_MAX) return true;  // pq_snappy_one's
+    s.src = raw + p.src + p.levels_len;
+    s.dst = body + p.dst + p.levels_len;
+    s.n = p.src_len - p.levels_len;
+    s.cap = p.dst_len - p.levels_len;
+    s.pos = 0;
+    if (s.n > PQ_SNAPPY_WARP_MAX || s.cap > PQ_SNAPPY_WARP_MAX) return true;
     u64 pos64 = 0, len = 0;
-    if (!pq_uvarint(src, n64, &pos64, &len)) {
+    if (!pq_uvarint(s.src, s.n, &pos64, &len)) {
         if (report) pq_fail(err, PQ_ERR_SNAPPY);
         return false;
     }
-    if (len != cap64) {
+    if (len != s.cap) {
         if (report) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
         return false;
     }
-    pos = (u32)pos64;
+    s.pos = (u32)pos64;
     return true;
 }
 
@@ -329,19 +343,17 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
     __shared__ u32 owners[PQ_SNAPPY_WARPS][32];
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
     for (u64 pi = (u64)blockIdx.x * warps + warp; pi < npages; pi += (u64)gridDim.x * warps) {
-        const PqPage p = pages[pi];
-        if (p.codec != 1) continue;
-        const u8* src;
-        u8* dst;
-        u64 n64, cap64;
-        u32 pos = 0;
-        if (!pq_snappy_stream(raw, body, p, lane == 0, err, src, dst, n64, cap64, pos)) continue;
-        if (n64 > PQ_SNAPPY_WARP_MAX || cap64 > PQ_SNAPPY_WARP_MAX) {
-            if (lane == 0) pq_snappy_one(src, n64, dst, cap64, err);
+        PqSnapStream st;
+        if (!pq_snappy_stream(raw, body, pages, pi, lane == 0, err, st)) continue;
+        if (st.n > PQ_SNAPPY_WARP_MAX || st.cap > PQ_SNAPPY_WARP_MAX) {
+            if (lane == 0) pq_snappy_one(st.src, st.n, st.dst, st.cap, err);
             __syncwarp();
             continue;
         }
-        const u32 n = (u32)n64, cap = (u32)cap64;
+        const u8* src = st.src;
+        u8* dst = st.dst;
+        const u32 n = (u32)st.n, cap = (u32)st.cap;
+        u32 pos = st.pos;
         u32 out = 0, flushed = 0, code = 0;
         while (pos < n) {
             PqSnapLane me;
@@ -400,19 +412,17 @@ extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN
     // Windows this warp has written (parser) or read (filler): equal at each page's start.
     u32 seq = 0;
     for (u64 pi = (u64)blockIdx.x * pairs + pair; pi < npages; pi += (u64)gridDim.x * pairs) {
-        const PqPage p = pages[pi];
-        if (p.codec != 1) continue;
-        const u8* src;
-        u8* dst;
-        u64 n64, cap64;
-        u32 pos = 0;
-        if (!pq_snappy_stream(raw, body, p, parser && lane == 0, err, src, dst, n64, cap64, pos)) continue;
-        if (n64 > PQ_SNAPPY_WARP_MAX || cap64 > PQ_SNAPPY_WARP_MAX) {
-            if (parser && lane == 0) pq_snappy_one(src, n64, dst, cap64, err);
+        PqSnapStream st;
+        if (!pq_snappy_stream(raw, body, pages, pi, parser && lane == 0, err, st)) continue;
+        if (st.n > PQ_SNAPPY_WARP_MAX || st.cap > PQ_SNAPPY_WARP_MAX) {
+            if (parser && lane == 0) pq_snappy_one(st.src, st.n, st.dst, st.cap, err);
             __syncwarp();
             continue;
         }
-        const u32 n = (u32)n64, cap = (u32)cap64;
+        const u8* src = st.src;
+        u8* dst = st.dst;
+        const u32 n = (u32)st.n, cap = (u32)st.cap;
+        u32 pos = st.pos;
         if (parser) {
             u32 out = 0, stop = 0;
             while (stop == 0) {

@@ -13,7 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use cudarc::driver::CudaView;
 
 use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
-use super::cpu::{bucket_keys, pieces, Buckets};
+use super::cpu::{bucket_keys, pieces, Buckets, CPU_PIECE};
 use super::hash::{hash_capacity, HashTable};
 use super::{
     bool_to_words, key_range, key_range_chunks, merge_ranges, same_multiset_selection, select_cpu, words_to_bool,
@@ -589,8 +589,8 @@ struct KeySplit<'a> {
 
 impl<'a> KeySplit<'a> {
     fn new(build: &[&[u64]], probe: &[&'a [u64]], parts: usize, part_of: impl Fn(u64) -> usize + Sync) -> Self {
-        let build_buckets = bucket_keys(&pieces(build), parts, &part_of);
-        let probe_pieces = pieces(probe);
+        let build_buckets = bucket_keys(&pieces(build, CPU_PIECE), parts, &part_of);
+        let probe_pieces = pieces(probe, CPU_PIECE);
         let Ok(probe_buckets): Result<Vec<(Buckets<u64>, Buckets<u32>)>, Infallible> =
             crate::host::par_map(&probe_pieces, 1, |(_, keys)| Ok(Buckets::with_offsets(keys, parts, &part_of)));
         Self { build_buckets, probe_pieces, probe_buckets }

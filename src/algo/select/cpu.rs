@@ -174,12 +174,13 @@ pub(super) const CPU_PART_BITS: u32 = 8;
 /// Keys per partitioning task.
 pub(super) const CPU_PIECE: usize = 1 << 20;
 
-/// Split chunks into pieces of at most [`CPU_PIECE`] keys, each with its first row.
-pub(super) fn pieces<'a>(chunks: &[&'a [u64]]) -> Vec<(usize, &'a [u64])> {
+/// Split chunks into pieces of at most `size` keys (the partitioning tasks:
+/// [`CPU_PIECE`] unless the caller wants more of them), each with its first row.
+pub(super) fn pieces<'a>(chunks: &[&'a [u64]], size: usize) -> Vec<(usize, &'a [u64])> {
     let mut out = Vec::new();
     let mut at = 0;
     for c in chunks {
-        for piece in c.chunks(CPU_PIECE) {
+        for piece in c.chunks(size) {
             out.push((at, piece));
             at += piece.len();
         }
@@ -286,12 +287,12 @@ pub fn select_cpu_chunks(op: SetOp, build_chunks: &[&[u64]], probe_chunks: &[&[u
         return words_to_bool(words, probe_len);
     }
     let parts = 1usize << CPU_PART_BITS;
-    let build_buckets = bucket_keys(&pieces(build_chunks), parts, |k| split.part(k));
+    let build_buckets = bucket_keys(&pieces(build_chunks, CPU_PIECE), parts, |k| split.part(k));
     // Probe rows are bucketed as 32-bit offsets into their piece (a piece holds
     // at most CPU_PIECE keys), not (row, key) pairs: 4 bytes a row instead of 16.
     // In a fresh process every scratch byte is a page fault first: on TPC-H SF10
     // (52M probe rows) the pairs cost ~600 MB of faults, ~0.15 s.
-    let probe_pieces = pieces(probe_chunks);
+    let probe_pieces = pieces(probe_chunks, CPU_PIECE);
     let Ok(probe_buckets): Result<Vec<Buckets<u32>>, Infallible> =
         crate::host::par_map(&probe_pieces, 1, |(_, keys)| {
             Ok(Buckets::of(keys.len(), parts, |j| split.part(keys[j]), |j| j as u32))
@@ -405,8 +406,7 @@ impl SharedCounts {
             _ => Split::Hash,
         };
         // Pieces of 64K keys: a 4M-key build side is 64 tasks for the threads, not 4.
-        let pieces: Vec<(usize, &[u64])> = build.iter().flat_map(|c| c.chunks(1 << 16)).map(|c| (0, c)).collect();
-        let buckets = bucket_keys(&pieces, 1 << CPU_PART_BITS, |k| split.part(k));
+        let buckets = bucket_keys(&pieces(build, 1 << 16), 1 << CPU_PART_BITS, |k| split.part(k));
         crate::util::trace("shared counts: keys bucketed");
         let ids: Vec<usize> = (0..1 << CPU_PART_BITS).collect();
         let Ok(parts): Result<Vec<CountPart>, std::convert::Infallible> = crate::host::par_map(&ids, 1, |&p| {
