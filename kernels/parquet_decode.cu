@@ -287,15 +287,17 @@ __device__ __forceinline__ void pq_snappy_fill(const u8* src, u8* dst, u8* ring,
 struct PqSnapStream {
     const u8* src;
     u8* dst;
-    u64 n;    // input bytes
-    u64 cap;  // output bytes
+    u32 n;    // input bytes
+    u32 cap;  // output bytes
     u32 pos;
 };
 
-// Page pi's stream, or false: not a SNAPPY page, or (the error reported by
-// `report`) a page table entry or length prefix that is wrong. A stream too
-// long for the warp form (n or cap over PQ_SNAPPY_WARP_MAX) is left
-// unparsed, for pq_snappy_one.
+// Page pi's stream for a warp (every lane calls it), or false when the warp
+// has nothing to do: not a SNAPPY page; a page table entry or length prefix
+// that is wrong (the error reported by the `report` lane); or a stream too
+// long for the warp form's 32-bit offsets (n or cap over
+// PQ_SNAPPY_WARP_MAX), which the `report` lane decompresses alone
+// (pq_snappy_one).
 __device__ __forceinline__ bool pq_snappy_stream(const u8* raw, u8* body, const PqPage* pages, u64 pi, bool report,
                                                  u32* err, PqSnapStream& s) {
     const PqPage p = pages[pi];
@@ -304,23 +306,38 @@ __device__ __forceinline__ bool pq_snappy_stream(const u8* raw, u8* body, const 
         if (report) pq_fail(err, PQ_ERR_SNAPPY);
         return false;
     }
-    s.src = raw + p.src + p.levels_len;
-    s.dst = body + p.dst + p.levels_len;
-    s.n = p.src_len - p.levels_len;
-    s.cap = p.dst_len - p.levels_len;
-    s.pos = 0;
-    if (s.n > PQ_SNAPPY_WARP_MAX || s.cap > PQ_SNAPPY_WARP_MAX) return true;
-    u64 pos64 = 0, len = 0;
-    if (!pq_uvarint(s.src, s.n, &pos64, &len)) {
+    const u8* src = raw + p.src + p.levels_len;
+    u8* dst = body + p.dst + p.levels_len;
+    const u64 n = p.src_len - p.levels_len, cap = p.dst_len - p.levels_len;
+    if (n > PQ_SNAPPY_WARP_MAX || cap > PQ_SNAPPY_WARP_MAX) {
+        if (report) pq_snappy_one(src, n, dst, cap, err);
+        __syncwarp();
+        return false;
+    }
+    u64 pos = 0, len = 0;
+    if (!pq_uvarint(src, n, &pos, &len)) {
         if (report) pq_fail(err, PQ_ERR_SNAPPY);
         return false;
     }
-    if (len != s.cap) {
+    if (len != cap) {
         if (report) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
         return false;
     }
-    s.pos = (u32)pos64;
+    s = {src, dst, (u32)n, (u32)cap, (u32)pos};
     return true;
+}
+
+// A page's end, after its last window: the ring's bytes not yet flushed
+// stored to `dst`, then lane 0 reports `code` (a corrupt element) or an
+// output that is not exactly `cap` bytes.
+__device__ __forceinline__ void pq_snappy_finish(u8* dst, const u8* ring, u32 flushed, u32 out, u32 cap, u32 code,
+                                                 u32 lane, u32* err) {
+    for (u32 i = flushed + lane; i < out; i += PQ_LANES) dst[i] = ring[i & (PQ_SNAPPY_RING - 1)];
+    __syncwarp();
+    if (lane == 0) {
+        if (code != 0) pq_fail(err, code);
+        else if (out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
+    }
 }
 
 // One warp per SNAPPY page (SETFUSION_SNAPPY_ONE_WARP=1; the host harness's
@@ -345,14 +362,9 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
     for (u64 pi = (u64)blockIdx.x * warps + warp; pi < npages; pi += (u64)gridDim.x * warps) {
         PqSnapStream st;
         if (!pq_snappy_stream(raw, body, pages, pi, lane == 0, err, st)) continue;
-        if (st.n > PQ_SNAPPY_WARP_MAX || st.cap > PQ_SNAPPY_WARP_MAX) {
-            if (lane == 0) pq_snappy_one(st.src, st.n, st.dst, st.cap, err);
-            __syncwarp();
-            continue;
-        }
         const u8* src = st.src;
         u8* dst = st.dst;
-        const u32 n = (u32)st.n, cap = (u32)st.cap;
+        const u32 n = st.n, cap = st.cap;
         u32 pos = st.pos;
         u32 out = 0, flushed = 0, code = 0;
         while (pos < n) {
@@ -367,12 +379,7 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
             out = w.end;
             pos += consumed;
         }
-        for (u32 i = flushed + lane; i < out; i += PQ_LANES) dst[i] = rings[warp][i & (PQ_SNAPPY_RING - 1)];
-        __syncwarp();
-        if (lane == 0) {
-            if (code != 0) pq_fail(err, code);
-            else if (out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
-        }
+        pq_snappy_finish(dst, rings[warp], flushed, out, cap, code, lane, err);
     }
 }
 
@@ -414,14 +421,9 @@ extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN
     for (u64 pi = (u64)blockIdx.x * pairs + pair; pi < npages; pi += (u64)gridDim.x * pairs) {
         PqSnapStream st;
         if (!pq_snappy_stream(raw, body, pages, pi, parser && lane == 0, err, st)) continue;
-        if (st.n > PQ_SNAPPY_WARP_MAX || st.cap > PQ_SNAPPY_WARP_MAX) {
-            if (parser && lane == 0) pq_snappy_one(st.src, st.n, st.dst, st.cap, err);
-            __syncwarp();
-            continue;
-        }
         const u8* src = st.src;
         u8* dst = st.dst;
-        const u32 n = (u32)st.n, cap = (u32)st.cap;
+        const u32 n = st.n, cap = st.cap;
         u32 pos = st.pos;
         if (parser) {
             u32 out = 0, stop = 0;
@@ -465,12 +467,7 @@ extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN
                 pq_snappy_fill(src, dst, rings[pair], owners[pair], me, w, lane, flushed);
                 out = w.end;
             }
-            for (u32 i = flushed + lane; i < out; i += PQ_LANES) dst[i] = rings[pair][i & (PQ_SNAPPY_RING - 1)];
-            __syncwarp();
-            if (lane == 0) {
-                if (stop == 2) pq_fail(err, PQ_ERR_SNAPPY);
-                else if (out != cap) pq_fail(err, PQ_ERR_SNAPPY_SIZE);
-            }
+            pq_snappy_finish(dst, rings[pair], flushed, out, cap, stop == 2 ? PQ_ERR_SNAPPY : 0, lane, err);
         }
     }
 }
