@@ -38,7 +38,7 @@
 // per block) come from src/scan/decode.rs.
 
 // pq_snappy: output bytes each warp keeps in shared memory (a power of two,
-// at least 128).
+// at least four fill steps: 256).
 #ifndef PQ_SNAPPY_RING
 #define PQ_SNAPPY_RING 8192
 #endif
@@ -107,7 +107,8 @@ __device__ __forceinline__ bool pq_uvarint(const u8* s, u64 end, u64* pos, u64* 
 }
 
 // Lanes of the warp that decodes a snappy page: 32 on the device (so loops
-// over them unroll); the host harness runs the same code with blockDim.x lanes.
+// over them unroll); the host harness runs the same code with blockDim.x lanes
+// (a power of two).
 #ifdef __CUDA_ARCH__
 #define PQ_LANES 32u
 #else
@@ -120,9 +121,9 @@ __device__ __forceinline__ bool pq_uvarint(const u8* s, u64 end, u64* pos, u64* 
 #endif
 
 // Pages larger than this (compressed or not) go to one lane (pq_snappy_one):
-// the warp form keeps offsets in 32 bits, and sums of 32 clamped lengths must
+// the warp form keeps offsets in 32 bits, and sums of 64 clamped lengths must
 // not wrap.
-#define PQ_SNAPPY_WARP_MAX (1u << 26)
+#define PQ_SNAPPY_WARP_MAX (1u << 25)
 
 // OR of v over the warp's lanes.
 __device__ __forceinline__ u32 pq_warp_or(u32 v, u32 lane) {
@@ -135,145 +136,194 @@ __device__ __forceinline__ u32 pq_warp_or(u32 v, u32 lane) {
 #endif
 }
 
+// ... of a 64-bit v.
+__device__ __forceinline__ u64 pq_warp_or64(u64 v, u32 lane) {
+    return (u64)pq_warp_or((u32)v, lane) | (u64)pq_warp_or((u32)(v >> 32), lane) << 32;
+}
+
+// A snappy window holds two positions a lane (PQ_LANES * 2: 64 bytes of
+// input, or of output in a fill step), lane l holding positions 2l and 2l + 1,
+// so that each shuffle, scan and ballot serves two bytes. `pair` holds a
+// lane's two values, the even position's in its low 16 bits; every lane gets
+// the value at its own position x, or `past` when x is past the window.
+__device__ __forceinline__ u32 pq_pair_at(u32 pair, u32 x, u32 past) {
+    const u32 g = __shfl_sync(0xffffffffu, pair, (x >> 1) & (PQ_LANES - 1));
+    return x < past ? ((x & 1) ? g >> 16 : g & 0xffff) : past;
+}
+
 __device__ bool pq_snappy_one(const u8* src, u64 n, u8* dst, u64 cap, u32* err);
 
-// One window of a snappy stream, as pq_snappy_parse finds it: each lane's
-// element (if it starts at the lane's byte and lies on the chain) ...
+// One window of a snappy stream, as pq_snappy_parse finds it: each lane's two
+// elements (j = 0, 1: the ones that would start at the window's bytes 2 lane
+// + j; they count if on the chain) ...
 struct PqSnapLane {
-    u32 start;   // the element's first output byte
-    u32 length;  // its output bytes
-    u32 base;    // a literal: output byte x's input position is base + x (mod 2^32); a copy: its offset
+    u32 start[2];   // the element's first output byte
+    u32 length[2];  // its output bytes
+    u32 base[2];    // a literal: output byte x's input position is base + x (mod 2^32); a copy: its offset
+    u32 literal;    // bit j: element j is a literal
 };
 // ... and what the whole warp shares.
 struct PqSnapWin {
-    u32 chain;     // lanes whose element is on the chain from the window's first byte
-    u32 literals;  // lanes whose element is a literal
-    u32 out;       // the window's first output byte
-    u32 end;       // one past its last
+    u64 chain;  // positions whose element is on the chain from the window's first byte
+    u32 out;    // the window's first output byte
+    u32 end;    // one past its last
 };
 
-// Step 1 of pq_snappy: the window of input at `pos` (output so far `out`).
-// Each lane decodes the element that would start at its byte (speculatively:
-// most lanes are inside another element); the chain of elements from the
-// window's first byte is found with one shuffle per four elements, their
-// output offsets with one warp scan, and all of them are checked at once.
-// Returns false (the same in every lane) when an element on the chain is
-// corrupt; else `consumed` is the input the chain takes.
+// Step 1 of pq_snappy: the window of input at `pos` < n (output so far
+// `out`). Each position's element is decoded speculatively (most positions
+// are inside another element); the chain of elements from the window's first
+// byte is found with one shuffle per four elements, their output offsets
+// with one warp scan, and all of them are checked at once. Returns false
+// (the same in every lane) when an element on the chain is corrupt; else
+// `consumed` is the input the chain takes.
 __device__ __forceinline__ bool pq_snappy_parse(const u8* src, u32 n, u32 cap, u32 pos, u32 out, u32 lane,
                                                 PqSnapLane& me, PqSnapWin& w, u32& consumed) {
     const u32 full = 0xffffffffu;
-    const u32 lanes = PQ_LANES;
-    const u32 q = pos + lane;
-    u8 b[5];
+    const u32 lanes = PQ_LANES, past = 2 * lanes;
+    const u32 q0 = pos + 2 * lane;
+    u8 b[6];
 #pragma unroll
-    for (u32 k = 0; k < 5; ++k) b[k] = q + k < n ? src[q + k] : 0;
-    // The element's fields without a branch (the lanes' tags differ, and a
-    // switch would run its cases one after another): `word` holds the four
-    // bytes after the tag, read as a literal's long length or a copy's offset.
-    const u32 tag = b[0] & 3, high = b[0] >> 2;
-    const u32 word = (u32)b[1] | ((u32)b[2] << 8) | ((u32)b[3] << 16) | ((u32)b[4] << 24);
-    const bool literal = tag == 0;
-    // A literal of 61+ bytes gives its length - 1 in the next 1-4 bytes.
-    const u32 extra = literal && high >= 60 ? high - 59 : 0;
-    const u32 lit = extra == 0 ? high : word & (0xffffffffu >> (32 - 8 * extra));
-    const u32 offset = tag == 1 ? ((b[0] >> 5) << 8) | b[1] : tag == 2 ? (word & 0xffff) : word;
-    const u32 length = literal ? (lit < PQ_SNAPPY_WARP_MAX ? lit + 1 : PQ_SNAPPY_WARP_MAX + 1)
+    for (u32 k = 0; k < 6; ++k) b[k] = q0 + k < n ? src[q0 + k] : 0;
+    u32 used[2], length[2], base[2], n1[2];
+    bool literal[2];
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) {
+        // The element's fields without a branch (the positions' tags differ,
+        // and a switch would run its cases one after another): `word` holds
+        // the four bytes after the tag, a literal's long length or a copy's offset.
+        const u32 tag = b[j] & 3, high = b[j] >> 2;
+        const u32 word = (u32)b[j + 1] | ((u32)b[j + 2] << 8) | ((u32)b[j + 3] << 16) | ((u32)b[j + 4] << 24);
+        literal[j] = tag == 0;
+        // A literal of 61+ bytes gives its length - 1 in the next 1-4 bytes.
+        const u32 extra = literal[j] && high >= 60 ? high - 59 : 0;
+        const u32 lit = extra == 0 ? high : word & (0xffffffffu >> (32 - 8 * extra));
+        const u32 offset = tag == 1 ? ((b[j] >> 5) << 8) | b[j + 1] : tag == 2 ? (word & 0xffff) : word;
+        length[j] = literal[j] ? (lit < PQ_SNAPPY_WARP_MAX ? lit + 1 : PQ_SNAPPY_WARP_MAX + 1)
                                : tag == 1 ? 4 + (high & 7) : 1 + high;
-    const u32 hdr = literal ? 1 + extra : tag == 1 ? 2 : tag == 2 ? 3 : 5;
-    const u32 used = literal ? hdr + length : hdr;
-    // The chain from the window's first byte, four elements a shuffle:
-    // each lane knows the starts of the 1st to 4th elements after its
-    // own (`lanes`: past the window).
-    const u32 n1 = used < lanes - lane ? lane + used : lanes;
-    const u32 g2 = __shfl_sync(full, n1, n1 & 31), n2 = n1 < lanes ? g2 : lanes;
-    const u32 g3 = __shfl_sync(full, n1, n2 & 31), n3 = n2 < lanes ? g3 : lanes;
-    const u32 g4 = __shfl_sync(full, n2, n2 & 31), n4 = n2 < lanes ? g4 : lanes;
-    const u32 hops = n1 | n2 << 8 | n3 << 16 | n4 << 24;
-    u32 chain = 0, cur = 0;
-    while (cur < lanes && pos + cur < n) {
-        chain |= 1u << cur;
-        const u32 h = __shfl_sync(full, hops, cur);
+        const u32 hdr = literal[j] ? 1 + extra : tag == 1 ? 2 : tag == 2 ? 3 : 5;
+        used[j] = literal[j] ? hdr + length[j] : hdr;
+        base[j] = literal[j] ? q0 + j + hdr : offset;  // a literal's start subtracted below
+        const u32 p = 2 * lane + j;
+        n1[j] = used[j] < past - p ? p + used[j] : past;
+    }
+    // The chain from the window's first byte, four elements a shuffle: each
+    // position knows the starts of the 1st to 4th elements after its own
+    // (`past`: past the window).
+    const u32 pair1 = n1[0] | n1[1] << 16;
+    const u32 n2a = pq_pair_at(pair1, n1[0], past), n2b = pq_pair_at(pair1, n1[1], past);
+    const u32 pair2 = n2a | n2b << 16;
+    const u32 hops0 = n1[0] | n2a << 8 | pq_pair_at(pair1, n2a, past) << 16 | pq_pair_at(pair2, n2a, past) << 24;
+    const u32 hops1 = n1[1] | n2b << 8 | pq_pair_at(pair1, n2b, past) << 16 | pq_pair_at(pair2, n2b, past) << 24;
+    u64 chain = 0;
+    u32 cur = 0;
+    while (cur < past && pos + cur < n) {
+        chain |= 1ull << cur;
+        const u32 h = __shfl_sync(full, (cur & 1) ? hops1 : hops0, (cur >> 1) & (lanes - 1));
         const u32 a1 = h & 0xff, a2 = (h >> 8) & 0xff, a3 = (h >> 16) & 0xff;
-        const bool ok1 = a1 < lanes && pos + a1 < n;
-        const bool ok2 = ok1 && a2 < lanes && pos + a2 < n;
-        const bool ok3 = ok2 && a3 < lanes && pos + a3 < n;
-        if (ok1) chain |= 1u << a1;
-        if (ok2) chain |= 1u << a2;
-        if (ok3) chain |= 1u << a3;
-        cur = ok3 ? h >> 24 : lanes;
+        const bool ok1 = a1 < past && pos + a1 < n;
+        const bool ok2 = ok1 && a2 < past && pos + a2 < n;
+        const bool ok3 = ok2 && a3 < past && pos + a3 < n;
+        if (ok1) chain |= 1ull << a1;
+        if (ok2) chain |= 1ull << a2;
+        if (ok3) chain |= 1ull << a3;
+        cur = ok3 ? h >> 24 : past;
     }
     // The input the chain consumes: to the end of its last element.
-    const u32 last = 31 - __clz(chain);
-    consumed = last + __shfl_sync(full, used, last);
-    const bool on_chain = (chain >> lane) & 1;
-    // Output offsets: a scan of the chain elements' lengths.
-    const u32 mine = on_chain ? length : 0;
-    const u32 incl = sf_warp_inclusive_scan<u32>(mine, lanes, full);
+    const u32 last = 63 - __clzll((long long)chain);
+    consumed = last + __shfl_sync(full, (last & 1) ? used[1] : used[0], (last >> 1) & (lanes - 1));
+    const bool on0 = (chain >> (2 * lane)) & 1, on1 = (chain >> (2 * lane + 1)) & 1;
+    // Output offsets: a scan of the chain elements' lengths (a lane's two summed).
+    const u32 m0 = on0 ? length[0] : 0, m1 = on1 ? length[1] : 0;
+    const u32 incl = sf_warp_inclusive_scan<u32>(m0 + m1, lanes, full);
     const u32 total = __shfl_sync(full, incl, lanes - 1);
-    const u32 start = out + incl - mine;
-    const bool bad = on_chain && (used > n - q || start > cap || length > cap - start || (!literal && (offset == 0 || offset > start)));
+    const u32 start0 = out + incl - m0 - m1, start1 = start0 + m0;
+    bool bad = false;
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) {
+        const bool on = j == 0 ? on0 : on1;
+        const u32 start = j == 0 ? start0 : start1, q = q0 + j;
+        bad |= on && (used[j] > n - q || start > cap || length[j] > cap - start ||
+                      (!literal[j] && (base[j] == 0 || base[j] > start)));
+        me.start[j] = start;
+        me.length[j] = length[j];
+        me.base[j] = literal[j] ? base[j] - start : base[j];
+    }
     if (__ballot_sync(full, bad) != 0) return false;
-    me.start = start;
-    me.length = length;
-    me.base = literal ? q + hdr - start : offset;
+    me.literal = (literal[0] ? 1u : 0u) | (literal[1] ? 2u : 0u);
     w.chain = chain;
-    w.literals = __ballot_sync(full, literal);
     w.out = out;
     w.end = out + total;
     return true;
 }
 
-// Step 2 of pq_snappy: window `w`'s output, 32 bytes a step, one byte per
-// lane. Each byte finds its element (the last element start at or before it:
-// an OR of the starts' bits and a table of their lanes, `owner`), then reads
-// its literal byte from the input or, for a copy, its source: output before
-// the step is final (`ring`: the page's last PQ_SNAPPY_RING bytes in shared
-// memory, or `dst` further back, written by the flushes), and a source
-// inside the step is another lane's byte, found by pointer jumping over
-// shuffles until every lane has its byte (one packed word a round; a chain
-// of at most 31 hops takes at most 6 rounds). Every half ring, the output is
-// flushed to `dst` in coalesced stores (`flushed`: how far).
-__device__ __forceinline__ void pq_snappy_fill(const u8* src, u8* dst, u8* ring, u32* owner, const PqSnapLane& me,
+// Step 2 of pq_snappy: window `w`'s output, 64 bytes a step, two bytes per
+// lane (lane l: the step's bytes 2l and 2l + 1). Each byte finds its element
+// (the last element start at or before it: an OR of the starts' bits, and
+// their bases in `bases`, 64 words in shared memory), then reads its literal
+// byte from the input or, for a copy, its source: output before the step is
+// final (`ring`: the page's last PQ_SNAPPY_RING bytes in shared memory, or
+// `dst` further back, written by the flushes), and a source inside the step
+// is another byte of it, found by pointer jumping over shuffles until every
+// byte has its value (a lane's two bytes' states packed in one word; a chain
+// of at most 63 hops takes at most 7 rounds). Every half ring, the output is
+// flushed to `dst` in coalesced stores (`flushed`: how far). PQ_SNAPPY_RING
+// must be at least 4 steps, so that a copy reaching past the ring reads
+// flushed bytes.
+__device__ __forceinline__ void pq_snappy_fill(const u8* src, u8* dst, u8* ring, u32* bases, const PqSnapLane& me,
                                                const PqSnapWin& w, u32 lane, u32& flushed) {
     const u32 full = 0xffffffffu;
-    const u32 lanes = PQ_LANES;
+    const u32 lanes = PQ_LANES, step = 2 * lanes;
     const u32 mask = PQ_SNAPPY_RING - 1;
     // A copy reads the ring when its source cannot be a slot this step overwrites.
-    const u32 ring_reach = PQ_SNAPPY_RING - 32;
-    // This lane's bit and those below it.
-    const u32 upto = full >> (31 - lane);
-    const bool on_chain = (w.chain >> lane) & 1;
-    for (u32 s0 = w.out; s0 < w.end; s0 += lanes) {
-        const u32 at = s0 + lane;
-        const bool active = at < w.end;
+    const u32 ring_reach = PQ_SNAPPY_RING - step;
+    const bool on0 = (w.chain >> (2 * lane)) & 1, on1 = (w.chain >> (2 * lane + 1)) & 1;
+    // A byte's state: 1 << 15 | its value once known, else the step position holding it.
+    const u32 known = 1u << 15;
+    for (u32 s0 = w.out; s0 < w.end; s0 += step) {
         // Each element overlapping the step marks its first byte in it;
-        // byte `at` belongs to the last mark at or before it.
-        const bool marks = on_chain && me.start < s0 + lanes && me.start + me.length > s0;
-        const u32 m = me.start > s0 ? me.start - s0 : 0;
-        const u32 starts = pq_warp_or(marks ? 1u << m : 0u, lane);
-        if (marks) owner[m] = lane;
-        __syncwarp();
-        const u32 o = owner[31 - __clz(starts & upto)];
-        const u32 e_base = __shfl_sync(full, me.base, o);
-        // v | 1 << 31 once this lane has its byte, else the lane that has it.
-        u32 got = 1u << 31;
-        if (active) {
-            if ((w.literals >> o) & 1) {
-                got |= src[e_base + at];
-            } else {
-                const u32 from = at - e_base;
-                if (from < s0) got |= e_base <= ring_reach ? ring[from & mask] : dst[from];
-                else got = from - s0;
+        // byte x belongs to the last mark at or before it.
+        u64 marks = 0, lits = 0;
+#pragma unroll
+        for (u32 j = 0; j < 2; ++j) {
+            const bool on = j == 0 ? on0 : on1;
+            if (on && me.start[j] < s0 + step && me.start[j] + me.length[j] > s0) {
+                const u32 m = me.start[j] > s0 ? me.start[j] - s0 : 0;
+                bases[m] = me.base[j];
+                marks |= 1ull << m;
+                if ((me.literal >> j) & 1) lits |= 1ull << m;
             }
         }
-        while (__ballot_sync(full, !(got >> 31)) != 0) {
-            const u32 there = __shfl_sync(full, got, got & 31);
-            if (!(got >> 31)) got = there;
+        const u64 starts = pq_warp_or64(marks, lane), literal = pq_warp_or64(lits, lane);
+        __syncwarp();
+        u32 got[2];
+#pragma unroll
+        for (u32 j = 0; j < 2; ++j) {
+            const u32 x = 2 * lane + j, at = s0 + x;
+            const u32 o = 63 - __clzll((long long)(starts & (~0ull >> (63 - x))));
+            const u32 e_base = bases[o];
+            got[j] = known;
+            if (at < w.end) {
+                if ((literal >> o) & 1) {
+                    got[j] |= src[e_base + at];
+                } else {
+                    const u32 from = at - e_base;
+                    if (from < s0) got[j] |= e_base <= ring_reach ? ring[from & mask] : dst[from];
+                    else got[j] = from - s0;
+                }
+            }
         }
-        if (active) ring[at & mask] = (u8)got;
+        while (__ballot_sync(full, !(got[0] & known) || !(got[1] & known)) != 0) {
+            const u32 pair = got[0] | got[1] << 16;
+            const u32 there0 = pq_pair_at(pair, got[0] & (step - 1), step);
+            const u32 there1 = pq_pair_at(pair, got[1] & (step - 1), step);
+            if (!(got[0] & known)) got[0] = there0;
+            if (!(got[1] & known)) got[1] = there1;
+        }
+        if (s0 + 2 * lane < w.end) ring[(s0 + 2 * lane) & mask] = (u8)got[0];
+        if (s0 + 2 * lane + 1 < w.end) ring[(s0 + 2 * lane + 1) & mask] = (u8)got[1];
         __syncwarp();
         // Flush half a ring.
-        const u32 done = s0 + lanes < w.end ? s0 + lanes : w.end;
+        const u32 done = s0 + step < w.end ? s0 + step : w.end;
         if (done - flushed >= PQ_SNAPPY_RING / 2) {
             for (u32 i = flushed + lane; i < done; i += lanes) dst[i] = ring[i & mask];
             flushed = done;
@@ -357,7 +407,7 @@ __device__ __forceinline__ void pq_snappy_finish(u8* dst, const u8* ring, u32 fl
 // several threads.
 extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN_BLOCKS) pq_snappy(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
     __shared__ u8 rings[PQ_SNAPPY_WARPS][PQ_SNAPPY_RING];
-    __shared__ u32 owners[PQ_SNAPPY_WARPS][32];
+    __shared__ u32 bases[PQ_SNAPPY_WARPS][64];
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
     for (u64 pi = (u64)blockIdx.x * warps + warp; pi < npages; pi += (u64)gridDim.x * warps) {
         PqSnapStream st;
@@ -375,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
                 code = PQ_ERR_SNAPPY;
                 break;
             }
-            pq_snappy_fill(src, dst, rings[warp], owners[warp], me, w, lane, flushed);
+            pq_snappy_fill(src, dst, rings[warp], bases[warp], me, w, lane, flushed);
             out = w.end;
             pos += consumed;
         }
@@ -386,12 +436,12 @@ extern "C" __global__ void __launch_bounds__(32 * PQ_SNAPPY_WARPS, PQ_SNAPPY_MIN
 #ifdef __CUDACC__
 // pq_snappy_pipe: windows a page's parsing warp may run ahead of its filling warp.
 #ifndef PQ_SNAPPY_QUEUE
-#define PQ_SNAPPY_QUEUE 8
+#define PQ_SNAPPY_QUEUE 4
 #endif
 
 // A window passed from a page's parsing warp to its filling warp.
 struct PqSnapSlot {
-    u32 start[32], length[32], base[32];
+    PqSnapLane lanes[32];  // 7 words each: lane-indexed stores do not conflict
     PqSnapWin w;
     u32 stop;  // 0: a window; 1: the stream's end; 2: a corrupt element
 };
@@ -407,7 +457,7 @@ struct PqSnapSlot {
 extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN_BLOCKS) pq_snappy_pipe(const u8* raw, u8* body, const PqPage* pages, u64 npages, u32* err) {
     __shared__ u8 rings[PQ_SNAPPY_PAIRS][PQ_SNAPPY_RING];
     __shared__ PqSnapSlot slots[PQ_SNAPPY_PAIRS][PQ_SNAPPY_QUEUE];
-    __shared__ u32 owners[PQ_SNAPPY_PAIRS][32];
+    __shared__ u32 bases[PQ_SNAPPY_PAIRS][64];
     __shared__ u32 counts[PQ_SNAPPY_PAIRS][2];
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, pair = warp / 2, pairs = blockDim.x / 64;
     const bool parser = (warp & 1) == 0;
@@ -428,8 +478,8 @@ extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN
         if (parser) {
             u32 out = 0, stop = 0;
             while (stop == 0) {
-                PqSnapLane me = {0, 0, 0};
-                PqSnapWin w = {0, 0, out, out};
+                PqSnapLane me = {};
+                PqSnapWin w = {0, out, out};
                 u32 consumed = 0;
                 if (pos >= n) stop = 1;
                 else if (!pq_snappy_parse(src, n, cap, pos, out, lane, me, w, consumed)) stop = 2;
@@ -437,9 +487,7 @@ extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN
                 __threadfence_block();
                 PqSnapSlot& s = slots[pair][seq % PQ_SNAPPY_QUEUE];
                 if (stop == 0) {
-                    s.start[lane] = me.start;
-                    s.length[lane] = me.length;
-                    s.base[lane] = me.base;
+                    s.lanes[lane] = me;
                     if (lane == 0) s.w = w;
                 }
                 if (lane == 0) s.stop = stop;
@@ -457,14 +505,14 @@ extern "C" __global__ void __launch_bounds__(64 * PQ_SNAPPY_PAIRS, PQ_SNAPPY_MIN
                 __threadfence_block();
                 const PqSnapSlot& s = slots[pair][seq % PQ_SNAPPY_QUEUE];
                 stop = s.stop;
-                const PqSnapLane me = {s.start[lane], s.length[lane], s.base[lane]};
+                const PqSnapLane me = s.lanes[lane];
                 const PqSnapWin w = s.w;
                 __threadfence_block();
                 __syncwarp();
                 if (lane == 0) *released = seq + 1;
                 ++seq;
                 if (stop != 0) break;
-                pq_snappy_fill(src, dst, rings[pair], owners[pair], me, w, lane, flushed);
+                pq_snappy_fill(src, dst, rings[pair], bases[pair], me, w, lane, flushed);
                 out = w.end;
             }
             pq_snappy_finish(dst, rings[pair], flushed, out, cap, stop == 2 ? PQ_ERR_SNAPPY : 0, lane, err);

@@ -84,6 +84,12 @@ pub fn snappy_warps() -> Option<u32> {
     parsed("SETFUSION_SNAPPY_WARPS")
 }
 
+/// `SETFUSION_SNAPPY_PAIRS=N` (1 to 8): pages a block of `pq_snappy_pipe`
+/// (two warps each), to measure the choice (`scan::decode`'s `SNAPPY_PAIRS`).
+pub fn snappy_pairs() -> Option<u32> {
+    parsed("SETFUSION_SNAPPY_PAIRS")
+}
+
 /// `SETFUSION_SNAPPY_SERIAL=1`: the device scan decompresses SNAPPY pages with
 /// one thread per page (`pq_snappy_serial`) instead of two warps per page
 /// (`pq_snappy_pipe`, the default), to measure one against the other.

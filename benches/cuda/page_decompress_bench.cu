@@ -10,7 +10,8 @@
 // Build (from the repository root; -DKERNEL_DIR for a variant's folder):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -DZS_WARPS=3 benches/cuda/page_decompress_bench.cu -o zb
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -DSNAPPY -DPQ_SNAPPY_WARPS=4 -DPQ_RUNS=512 benches/cuda/page_decompress_bench.cu -o sb
-//   (add -DSNAPPY_PIPE -DPQ_SNAPPY_PAIRS=2 for pq_snappy_pipe: two warps a page, PQ_SNAPPY_PAIRS pages a block)
+//   (add -DSNAPPY_PIPE -DPQ_SNAPPY_PAIRS=1 for pq_snappy_pipe: two warps a page, PQ_SNAPPY_PAIRS pages a block;
+//   PIPE_PAIRS=N in the environment launches N <= PQ_SNAPPY_PAIRS pages a block)
 // Run: ./zb LIST PAGES...   (LIST: lines "compressed original"; PAGES: column sizes in pages)
 #include <cstdio>
 #include <cstdlib>
@@ -49,9 +50,10 @@ int main(int argc, char** argv) {
 #if defined(SNAPPY) && defined(SNAPPY_PIPE)
     const char* name = "pq_snappy_pipe";
     const u64 codec = 1;
-    const unsigned warps = 2 * PQ_SNAPPY_PAIRS;
+    // PIPE_PAIRS: pages a block at launch (at most PQ_SNAPPY_PAIRS, which sizes the shared arrays).
+    const unsigned per_block = getenv("PIPE_PAIRS") ? (unsigned)atoi(getenv("PIPE_PAIRS")) : PQ_SNAPPY_PAIRS;
+    const unsigned warps = 2 * per_block;
     const void* kernel = (const void*)pq_snappy_pipe;
-    const unsigned per_block = PQ_SNAPPY_PAIRS;
 #elif defined(SNAPPY)
     const char* name = "pq_snappy";
     const u64 codec = 1;

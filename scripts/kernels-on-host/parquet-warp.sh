@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kernels/parquet_decode.cu's pq_snappy run as one emulated warp of LANES host
 # threads (warp_shim.h: __syncwarp and __shfl_sync through a barrier) with a
-# 128-byte ring, compared byte for byte with pq_snappy_serial on the fixture
+# 256-byte ring, compared byte for byte with pq_snappy_serial on the fixture
 # pages (see parquet.sh), intact and corrupted. Checks the warp logic (the
 # speculative parse, the element chain, copies shorter than the warp, ring
 # wrap and reads past the ring), not CUDA's memory model. Slow: every
@@ -32,7 +32,7 @@ fi
 } > "$out/kernels_host.h"
 cp "$here/warp_shim.h" "$here/parquet_warp_harness.cpp" "$out/"
 cd "$out"
-g++ -O2 -std=c++20 -w -pthread -DPQ_SNAPPY_RING=128 -DZS_WARPS=1 -o harness parquet_warp_harness.cpp
+g++ -O2 -std=c++20 -w -pthread -DPQ_SNAPPY_RING=256 -DZS_WARPS=1 -o harness parquet_warp_harness.cpp
 echo -n "pq_snappy as a warp of $lanes lanes: " && ./harness fixtures "$lanes" 0 "$step"
 # pq_decode by a block of LANES threads, of 32 (one full warp) and of 96 (three
 # warps: DELTA's scan over the warps' sums) over every case.

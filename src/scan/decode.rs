@@ -35,21 +35,29 @@ const BLOCK: u32 = 256;
 const SNAPPY_WARPS: u32 = 4;
 
 /// pq_snappy_pipe: pages per block, two warps each (a parsing and a filling
-/// warp, an 8 KiB ring and a 3.2 KiB queue of windows in shared memory). On an
-/// H200 one, two and four pages a block decompressed a part of 528 integer
-/// pages alike (3.4-3.8 ms); at 2000 pages two were fastest.
-const SNAPPY_PAIRS: u32 = 2;
+/// warp, an 8 KiB ring and a 3.6 KiB queue of four windows in shared memory).
+/// On an H200 (`benches/cuda/page_decompress_bench.cu`, 160 KB integer pages)
+/// one page a block decompressed a part of 528 pages in 2.0-2.9 ms, two in
+/// 2.3-3.2 (8-11% slower); from 2000 pages on, two were up to 7% faster. A
+/// query's last decode, which it waits for after its reads, is a part of a few
+/// hundred pages, and its earlier parts decode faster than they are read.
+const SNAPPY_PAIRS: u32 = 1;
 
 /// Warps a block of `pq_snappy`: `SETFUSION_SNAPPY_WARPS` (1 to 32), else [`SNAPPY_WARPS`].
 fn snappy_warps() -> u32 {
     crate::env::snappy_warps().filter(|w| (1..=32).contains(w)).unwrap_or(SNAPPY_WARPS)
 }
 
+/// Pages a block of `pq_snappy_pipe`: `SETFUSION_SNAPPY_PAIRS` (1 to 8), else [`SNAPPY_PAIRS`].
+fn snappy_pairs() -> u32 {
+    crate::env::snappy_pairs().filter(|p| (1..=8).contains(p)).unwrap_or(SNAPPY_PAIRS)
+}
+
 fn defines() -> Vec<(String, u64)> {
     vec![
         ("PQ_RUNS".to_string(), RUNS as u64),
         ("PQ_SNAPPY_WARPS".to_string(), snappy_warps() as u64),
-        ("PQ_SNAPPY_PAIRS".to_string(), SNAPPY_PAIRS as u64),
+        ("PQ_SNAPPY_PAIRS".to_string(), snappy_pairs() as u64),
     ]
 }
 
@@ -235,7 +243,7 @@ pub fn launch_decode(
     unsafe { stream.launch_builder(&copy).arg(&raw).arg(&mut body.slice).arg(&pages).arg(&npages).launch(per_page) }
         .map_err(|e| cuda_err("pq_copy_pages", e))?;
     if t.pages.iter().any(|p| p.codec == CODEC_SNAPPY) {
-        // Two warps per page (one parses, one writes), 32 output bytes a step;
+        // Two warps per page (one parses, one writes), 64 bytes a step;
         // one warp per page (SETFUSION_SNAPPY_ONE_WARP=1) adds the two halves'
         // times; one thread per page (SETFUSION_SNAPPY_SERIAL=1) waits on L2
         // for every copied byte.
@@ -250,7 +258,7 @@ pub fn launch_decode(
             let (name, pages_a_block, warps) = if crate::env::snappy_one_warp() {
                 ("pq_snappy", snappy_warps(), snappy_warps())
             } else {
-                ("pq_snappy_pipe", SNAPPY_PAIRS, 2 * SNAPPY_PAIRS)
+                ("pq_snappy_pipe", snappy_pairs(), 2 * snappy_pairs())
             };
             let blocks = npages.div_ceil(pages_a_block as u64).min(1 << 20) as u32;
             (name, LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 })

@@ -14,8 +14,18 @@
 use datafusion::prelude::SessionConfig;
 use setfusion_ballista::{demo, remote_context, start_loopback_cluster};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn loopback_cluster_answers_like_one_process() {
+#[test]
+fn loopback_cluster_answers_like_one_process() {
+    // The executors lease this process's device (`'hash'` below), so the test
+    // holds it beside the others (see `common::shared_device`); the cluster
+    // runs on a runtime of its own, stopped before the device is let go.
+    let _device = crate::common::shared_device();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("tokio runtime");
+    runtime.block_on(loopback_cluster());
+}
+
+async fn loopback_cluster() {
     let dir = std::env::temp_dir().join(format!("setfusion-ballista-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     demo::write_tables(&dir, 6000).await.unwrap();

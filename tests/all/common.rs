@@ -78,8 +78,8 @@ where
         .unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
-/// The device as the tests of this binary share it: every test holds the
-/// shared side while it runs, the concurrency test the exclusive side, so
+/// The device as the tests of this binary share it: every test that can run
+/// on it holds the shared side while it runs, the concurrency test the exclusive side, so
 /// that its before/after reading of the device budget sees no other test's
 /// buffers (the harness runs tests on several threads).
 static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());

@@ -104,6 +104,9 @@ fn a_tiny_limit_fails_with_resources_exhausted() {
 /// leave nothing reserved.
 #[test]
 fn device_staging_counts_against_the_pool() {
+    // It runs on the device, so it holds the device beside the other tests
+    // (the concurrency test reads the device budget before and after).
+    let _device = crate::common::shared_device();
     if setfusion::gpu::test_gpu().is_none() {
         return;
     }
