@@ -37,11 +37,12 @@ const SNAPPY_WARPS: u32 = 4;
 /// pq_snappy_pipe: pages per block, two warps each (a parsing and a filling
 /// warp, an 8 KiB ring and a 3.6 KiB queue of four windows in shared memory).
 /// On an H200 (`benches/cuda/page_decompress_bench.cu`, 160 KB integer pages)
-/// one page a block decompressed a part of 528 pages in 2.0-2.9 ms, two in
-/// 2.3-3.2 (8-11% slower); from 2000 pages on, two were up to 7% faster. A
-/// query's last decode, which it waits for after its reads, is a part of a few
-/// hundred pages, and its earlier parts decode faster than they are read.
-const SNAPPY_PAIRS: u32 = 1;
+/// one page a block decompressed a part of 528 pages alone 8-11% faster than
+/// two, but from 2000 pages on two were 2-11% faster; in queries, where
+/// several parts decode at once, two left the shorter decode after the reads
+/// (`bench parquet` on one loan: 11.8-26.5 ms against 13.9-35.0; TPC-H's set
+/// operations alike). `SETFUSION_SNAPPY_PAIRS` overrides it.
+const SNAPPY_PAIRS: u32 = 2;
 
 /// Warps a block of `pq_snappy`: `SETFUSION_SNAPPY_WARPS` (1 to 32), else [`SNAPPY_WARPS`].
 fn snappy_warps() -> u32 {
