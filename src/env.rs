@@ -84,7 +84,7 @@ pub fn snappy_warps() -> Option<u32> {
     parsed("SETFUSION_SNAPPY_WARPS")
 }
 
-/// `SETFUSION_SNAPPY_PAIRS=N` (1 to 8): pages a block of `pq_snappy_pipe`
+/// `SETFUSION_SNAPPY_PAIRS=N` (1 to 4): pages a block of `pq_snappy_pipe`
 /// (two warps each), to measure the choice (`scan::decode`'s `SNAPPY_PAIRS`).
 pub fn snappy_pairs() -> Option<u32> {
     parsed("SETFUSION_SNAPPY_PAIRS")

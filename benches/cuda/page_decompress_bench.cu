@@ -10,7 +10,7 @@
 // Build (from the repository root; -DKERNEL_DIR for a variant's folder):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -DZS_WARPS=3 benches/cuda/page_decompress_bench.cu -o zb
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -DSNAPPY -DPQ_SNAPPY_WARPS=4 -DPQ_RUNS=512 benches/cuda/page_decompress_bench.cu -o sb
-//   (add -DSNAPPY_PIPE -DPQ_SNAPPY_PAIRS=1 for pq_snappy_pipe: two warps a page, PQ_SNAPPY_PAIRS pages a block;
+//   (add -DSNAPPY_PIPE -DPQ_SNAPPY_PAIRS=2 for pq_snappy_pipe: two warps a page, PQ_SNAPPY_PAIRS pages a block;
 //   PIPE_PAIRS=N in the environment launches N <= PQ_SNAPPY_PAIRS pages a block)
 // Run: ./zb LIST PAGES...   (LIST: lines "compressed original"; PAGES: column sizes in pages)
 #include <cstdio>

@@ -49,9 +49,11 @@ fn snappy_warps() -> u32 {
     crate::env::snappy_warps().filter(|w| (1..=32).contains(w)).unwrap_or(SNAPPY_WARPS)
 }
 
-/// Pages a block of `pq_snappy_pipe`: `SETFUSION_SNAPPY_PAIRS` (1 to 8), else [`SNAPPY_PAIRS`].
+/// Pages a block of `pq_snappy_pipe`: `SETFUSION_SNAPPY_PAIRS` (1 to 4: each
+/// page holds ~12 KiB of the block's 48 KiB of static shared memory), else
+/// [`SNAPPY_PAIRS`].
 fn snappy_pairs() -> u32 {
-    crate::env::snappy_pairs().filter(|p| (1..=8).contains(p)).unwrap_or(SNAPPY_PAIRS)
+    crate::env::snappy_pairs().filter(|p| (1..=4).contains(p)).unwrap_or(SNAPPY_PAIRS)
 }
 
 fn defines() -> Vec<(String, u64)> {
@@ -257,9 +259,11 @@ pub fn launch_decode(
             ("pq_snappy_serial", cfg)
         } else {
             let (name, pages_a_block, warps) = if crate::env::snappy_one_warp() {
-                ("pq_snappy", snappy_warps(), snappy_warps())
+                let warps = snappy_warps();
+                ("pq_snappy", warps, warps)
             } else {
-                ("pq_snappy_pipe", snappy_pairs(), 2 * snappy_pairs())
+                let pairs = snappy_pairs();
+                ("pq_snappy_pipe", pairs, 2 * pairs)
             };
             let blocks = npages.div_ceil(pages_a_block as u64).min(1 << 20) as u32;
             (name, LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * warps, 1, 1), shared_mem_bytes: 0 })
