@@ -3,10 +3,12 @@
 // per domain value; the multiset set operations use a count per value, which
 // gives the same rank rules as hash_setops.cu without any probing.
 // When every build key occurs at most once (always true for the DISTINCT
-// forms, which only ask n_b > 0), counts are not needed: the build bitmap
-// gives n_b and a second "seen" bitmap gives each probe row's rank 0 or >= 1
-// (atomicOr returns the old bit) - two bits per domain value instead of two
-// 32-bit counters, 1/32 of the memory traffic.
+// forms, which only ask n_b > 0), counts are not needed: each probe row claims
+// its key's build bit (atomicAnd clears it and returns the old word), so the
+// one row that finds the bit set has rank 0 and later equal rows see it
+// clear - one bit per domain value instead of two 32-bit counters, and one
+// bitmap rather than presence and "seen" bitmaps, so a small device budget
+// holds twice the domain in one pass.
 #include "common.cuh"
 
 // SEMI .. EXCEPT_ALL (the SetOp codes) come from the host: -D options from src/algo/select/mod.rs.
@@ -63,26 +65,33 @@ extern "C" __global__ void build_bits_dup(const u64* bkeys, u64 nb, u64 lo, u64 
     }
 }
 
-// Multiset operators with build multiplicities 0 or 1: rank 0 is the probe
-// row that first sets the key's `seen` bit (equal rows are identical, so which
-// copy is kept is immaterial).
-extern "C" __global__ void probe_ranks(const u64* pkeys, u64 np, u64 lo, u64 range, const u32* bits, u32* seen, int op,
-                                       u32* out_bits) {
+// Multiset operators with build multiplicities 0 or 1: a probe row claims its
+// key's bit. INTERSECT [ALL] keeps the claiming row (min(m, 1) copies), EXCEPT
+// ALL every other row (max(m - n_b, 0)); EXCEPT DISTINCT claims from the
+// inverted build bits (`invert_bits`: the domain values the build side lacks),
+// keeping the first row of each such key. Equal rows are identical, so which
+// copy is kept is immaterial.
+extern "C" __global__ void probe_claims(const u64* pkeys, u64 np, u64 lo, u64 range, u32* bits, int op,
+                                        u32* out_bits) {
     SF_FOR_WARPS(i, np) {
-        bool keep = false;
+        bool claimed = false;
         if (i < np) {
             u64 k = pkeys[i];
-            bool in_range = k >= lo && k - lo < range;
-            u64 v = k - lo;
-            u32 bit = 1u << (v & 31);
-            bool in = in_range && (bits[v >> 5] & bit);
-            // Only rows whose rank decides the result touch `seen`.
-            bool ranked = op == EXCEPT_DISTINCT ? (in_range && !in) : in;
-            bool first = ranked && !(atomicOr(&seen[v >> 5], bit) & bit);
-            if (op == INTERSECT_ALL || op == INTERSECT_DISTINCT) keep = first;      // min(m, 1) copies
-            else if (op == EXCEPT_ALL) keep = !in || !first;                        // max(m - n_b, 0)
-            else keep = first;                                                     // EXCEPT_DISTINCT
+            if (k >= lo && k - lo < range) {
+                u64 v = k - lo;
+                u32 bit = 1u << (v & 31);
+                // Bits only go from set to clear here, so a stale plain read can only
+                // send a row to the atomic, which decides; rows of absent keys skip it.
+                if (bits[v >> 5] & bit) claimed = (atomicAnd(&bits[v >> 5], ~bit) & bit) != 0;
+            }
         }
-        sf_store_bit(out_bits, i, np, keep);
+        bool keep = op == EXCEPT_ALL ? !claimed : claimed;
+        sf_store_bit(out_bits, i, np, i < np && keep);
     }
+}
+
+// EXCEPT DISTINCT's claims: every word of the build bits inverted (bits past
+// the domain's end are never read: probe keys are range-checked).
+extern "C" __global__ void invert_bits(u32* bits, u64 words) {
+    SF_FOR(i, words) bits[i] = ~bits[i];
 }

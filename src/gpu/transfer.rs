@@ -254,8 +254,9 @@ impl Gpu {
     ) -> Result<(DeviceBuffer<u64>, Option<(u64, u64)>)> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         let dst = self.alloc::<u64>(total)?;
-        let dst =
-            self.upload_keys_into(chunks, stats, Some(dst), on_fill)?.expect("a resident upload returns its keys");
+        let dst = self
+            .upload_keys_into(chunks, stats, Some(dst), false, on_fill)?
+            .expect("a resident upload returns its keys");
         if !want_range || total == 0 {
             return Ok((dst, None));
         }
@@ -268,26 +269,31 @@ impl Gpu {
     }
 
     /// Stream keys through the device without keeping them: each fill is
-    /// decoded into one of two fill-sized device buffers and handed to
-    /// `on_fill(keys, first)` as in [`Gpu::upload_keys_each`]; work it queues on
-    /// the stream finishes before that buffer is reused (one stream, in order).
-    /// Device memory: two fills, whatever the number of keys.
+    /// decoded into a fill-sized device buffer and handed to `on_fill(keys,
+    /// first)` as in [`Gpu::upload_keys_each`]; work it queues on the stream
+    /// finishes before that buffer is reused (one stream, in order). With
+    /// `narrow`, the caller knows the keys' domain (max - min) is under 2^31,
+    /// so no fill needs high words and the device holds 12 bytes a key in
+    /// flight rather than 16: larger fills under a small budget. Device
+    /// memory: one fill, whatever the number of keys.
     pub fn stream_keys(
         &self,
         chunks: &[&[u64]],
+        narrow: bool,
         stats: &mut TransferStats,
         on_fill: &mut dyn FnMut(&cudarc::driver::CudaView<'_, u64>, usize) -> Result<()>,
     ) -> Result<()> {
-        self.upload_keys_into(chunks, stats, None, on_fill).map(|_| ())
+        self.upload_keys_into(chunks, stats, None, narrow, on_fill).map(|_| ())
     }
 
     /// The upload behind [`Gpu::upload_keys_each`] (into `resident`, which holds
-    /// every key) and [`Gpu::stream_keys`] (into two fill buffers, when None).
+    /// every key) and [`Gpu::stream_keys`] (into one fill buffer, when None).
     fn upload_keys_into(
         &self,
         chunks: &[&[u64]],
         stats: &mut TransferStats,
         mut resident: Option<DeviceBuffer<u64>>,
+        narrow: bool,
         on_fill: &mut dyn FnMut(&cudarc::driver::CudaView<'_, u64>, usize) -> Result<()>,
     ) -> Result<Option<DeviceBuffer<u64>>> {
         let total: usize = chunks.iter().map(|c| c.len()).sum();
@@ -296,35 +302,41 @@ impl Gpu {
         }
         let decode = self.function(&KERNEL, "decode_for")?;
         // Keys per fill: a whole staging buffer, or less for small uploads and
-        // small budgets (two device scratch buffers hold the fills in flight,
-        // and two decoded fills when streaming).
-        // Streaming holds 32 bytes a key (two packed fills and two decoded ones)
-        // and takes 7/8 of what is left, so fills are as large as the budget
-        // allows: each fill costs the host a fixed part (its events, launches and
-        // the pool's wake-up). Fills of under 16 segments used to be packed by one
-        // thread (~0.5 ms for 327K keys); [`pack_fill`] shares them from four.
+        // small budgets. The device holds one packed fill (and, streaming, one
+        // decoded fill): everything runs on one stream, so the next fill's copy
+        // queues behind this fill's decode and the work `on_fill` queued, while
+        // the host packs the next fill into the other pinned buffer.
+        // Streaming takes 7/8 of what is left, so fills are as large as the
+        // budget allows: each fill costs the host a fixed part (its events,
+        // launches and the pool's wake-up). Fills of under 16 segments used to
+        // be packed by one thread (~0.5 ms for 327K keys); [`pack_fill`] shares
+        // them from four. A fill of at least one segment a copy thread holds a
+        // whole number of segments a thread: the pool's threads each pack one
+        // segment at a time, so 18 segments on 16 threads take as long as 32.
+        let threads = copy_threads();
+        let packed_per_key = if narrow { 4 } else { 8 };
         let affordable = match resident {
-            Some(_) => (self.budget.available() / 8).saturating_sub(PACK_DESC) / 8,
-            None => (self.budget.available() / 8 * 7).saturating_sub(4 * PACK_DESC) / 32,
-        } / PACK_SEG
-            * PACK_SEG;
+            Some(_) => (self.budget.available() / 8).saturating_sub(PACK_DESC) / packed_per_key,
+            None => (self.budget.available() / 8 * 7).saturating_sub(PACK_DESC) / (packed_per_key + 8),
+        };
+        let round = if affordable >= threads * PACK_SEG { threads * PACK_SEG } else { PACK_SEG };
+        let affordable = affordable / round * round;
         let cap = if total <= PACK_FILL.min(affordable.max(PACK_SEG)) {
             total
         } else {
             PACK_FILL.min(affordable).max(PACK_SEG)
         };
         let high_off = PACK_DESC + cap * 4;
-        let mut scratch = [self.alloc::<u8>(high_off + cap * 4)?, self.alloc::<u8>(high_off + cap * 4)?];
-        let mut ring = match resident {
-            Some(_) => Vec::new(),
-            None => vec![self.alloc::<u64>(cap)?, self.alloc::<u64>(cap)?],
+        let mut scratch = self.alloc::<u8>(high_off + if narrow { 0 } else { cap * 4 })?;
+        let mut decoded = match resident {
+            Some(_) => None,
+            None => Some(self.alloc::<u64>(cap)?),
         };
         let start = Instant::now();
         let mut guard = self.staging()?;
         let Some(staging) = guard.as_mut() else {
             return Err(DataFusionError::Internal("staging buffers missing".into()));
         };
-        let threads = copy_threads();
         let mut cursor = Cursor::new(chunks);
         let (mut done, mut fill) = (0usize, 0usize);
         while done < total {
@@ -337,9 +349,14 @@ impl Gpu {
             let c = Instant::now();
             let wide = pack_fill(&pieces, n, &mut pinned[..high_off + cap * 4], cap, threads);
             stats.staging_copy += c.elapsed();
+            if wide && narrow {
+                return Err(DataFusionError::Internal(
+                    "setfusion: keys streamed as narrow need high words (their domain is 2^31 or wider)".into(),
+                ));
+            }
             let stream = self.stream.cu_stream();
             let mut copy = |from: usize, len: usize| -> Result<()> {
-                let mut view = scratch[b].slice.slice_mut(from..from + len);
+                let mut view = scratch.slice.slice_mut(from..from + len);
                 let (dptr, _record) = view.device_ptr_mut(&self.stream);
                 // SAFETY: pinned host bytes [from, from + len) stay untouched until this
                 // fill's event (recorded below) completes; the device view has len bytes.
@@ -353,30 +370,26 @@ impl Gpu {
                 stats.bytes_to_device += n * 4;
             }
             let (n64, high64) = (n as u64, high_off as u64);
-            let mut out = match resident.as_mut() {
-                Some(dst) => dst.slice.slice_mut(done..done + n),
-                None => ring[b].slice.slice_mut(0..n),
+            let mut out = match (resident.as_mut(), decoded.as_mut()) {
+                (Some(dst), _) => dst.slice.slice_mut(done..done + n),
+                (None, Some(fill)) => fill.slice.slice_mut(0..n),
+                (None, None) => return Err(DataFusionError::Internal("setfusion: no buffer for a fill".into())),
             };
             let cfg = self.grid_stride(n, 16);
             // SAFETY: signature matches kernels/transfer.cu; the scratch holds this fill's
             // descriptors, low and (if read) high words for n keys; `out` has n elements.
             unsafe {
-                self.stream
-                    .launch_builder(&decode)
-                    .arg(&scratch[b].slice)
-                    .arg(&n64)
-                    .arg(&high64)
-                    .arg(&mut out)
-                    .launch(cfg)
+                self.stream.launch_builder(&decode).arg(&scratch.slice).arg(&n64).arg(&high64).arg(&mut out).launch(cfg)
             }
             .map_err(|e| cuda_err("decode_for", e))?;
             staging.pending[b] = Some(self.stream.record_event(None).map_err(|e| cuda_err("event record", e))?);
             // After the staging event: the next fill's packing waits for this
             // fill's copy only, not for the work queued here.
             drop(out);
-            match resident.as_ref() {
-                Some(dst) => on_fill(&dst.slice.slice(done..done + n), done)?,
-                None => on_fill(&ring[b].slice.slice(0..n), done)?,
+            match (resident.as_ref(), decoded.as_ref()) {
+                (Some(dst), _) => on_fill(&dst.slice.slice(done..done + n), done)?,
+                (_, Some(fill)) => on_fill(&fill.slice.slice(0..n), done)?,
+                (None, None) => return Err(DataFusionError::Internal("setfusion: no buffer for a fill".into())),
             }
             done += n;
         }
@@ -925,6 +938,39 @@ mod tests {
         assert!(stats.bytes_to_device < all.len() * 8, "narrow segments travel as 32-bit offsets");
         let (_, none) = gpu.upload_keys(&[], &mut stats).unwrap();
         assert_eq!(none, None);
+    }
+
+    /// Keys streamed through one fill buffer under a small budget (many
+    /// fills) arrive whole and in order, narrow (low words alone) or not; keys
+    /// streamed as narrow whose domain is 2^31 or wider are refused, never
+    /// decoded wrongly.
+    #[test]
+    fn streamed_fills_arrive_in_order() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(8 << 20);
+        let mut stats = TransferStats::default();
+        let narrow: Vec<u64> = (0..3_000_000u64).map(|i| 77 + (i * 2654435761) % 2_000_000_000).collect();
+        let wide: Vec<u64> = (0..700_000u64).map(|i| i.wrapping_mul(0x9E3779B97F4A7C15)).collect();
+        let run = |chunks: &[&[u64]], narrow: bool, stats: &mut TransferStats| -> Result<(Vec<u64>, usize)> {
+            let (mut back, mut fills) = (Vec::new(), 0usize);
+            gpu.stream_keys(chunks, narrow, stats, &mut |keys, first| {
+                assert_eq!(first, back.len(), "fills arrive in row order");
+                let mut host = vec![0u64; keys.len()];
+                gpu.stream().memcpy_dtoh(keys, &mut host).map_err(|e| cuda_err("memcpy_dtoh", e))?;
+                back.extend(host);
+                fills += 1;
+                Ok(())
+            })?;
+            Ok((back, fills))
+        };
+        let (a, b) = narrow.split_at(1_234_567);
+        let (back, fills) = run(&[a, b], true, &mut stats).unwrap();
+        assert!(back == narrow, "narrow keys streamed");
+        assert!(fills > 4, "an 8 MiB budget streams in several fills ({fills})");
+        let (back, _) = run(&[&wide, a], false, &mut stats).unwrap();
+        assert!(back[..wide.len()] == wide[..] && back[wide.len()..] == a[..], "wide keys streamed");
+        let err = run(&[a, &wide], true, &mut stats).unwrap_err().to_string();
+        assert!(err.contains("narrow"), "{err}");
     }
 
     /// Pieces uploaded as they come ([`Gpu::streamed_upload`]), from

@@ -30,9 +30,8 @@ pub fn device_bytes(strategy: GpuStrategy, op: SetOp, nb: usize, np: usize, rang
     let keys = (nb + np) * 8 + np.div_ceil(32) * 4;
     match strategy {
         GpuStrategy::Hash => keys + hash_capacity(op, nb, np) * 16,
-        // ALL forms may need counts (a repeated build key); DISTINCT forms two bitmaps.
+        // ALL forms may need counts (a repeated build key); the others one bitmap.
         GpuStrategy::Bitmap if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) => keys + range as usize * 8,
-        GpuStrategy::Bitmap if op.needs_counts() => keys + (range as usize).div_ceil(32) * 8,
         GpuStrategy::Bitmap => keys + (range as usize).div_ceil(32) * 4,
         GpuStrategy::Sort => keys + super::sort::device_bytes_sorted(nb, np),
     }
@@ -227,8 +226,10 @@ pub(super) fn select_streamed(
     Ok((d_probe, out, strategy))
 }
 
-/// Both sides streamed through bitmap tables over `range` (the domain of
-/// both), when their keys do not fit the device budget: no key stays on the
+/// Both sides streamed through bitmap tables over `range` (the build keys'
+/// domain; EXCEPT DISTINCT's covers the probe keys too, and `probe_narrow`
+/// says whether every probe key lies within it: see [`over_budget_domain`]),
+/// when their keys do not fit the device budget: no key stays on the
 /// device, and nothing is partitioned on the host. Each fill's selection words
 /// go back to pinned host memory as soon as the fill is probed, so the device
 /// holds the tables and the fills alone. When the table of the whole domain
@@ -239,12 +240,14 @@ pub(super) fn select_streamed(
 /// the rules that keep absent keys (anti join, EXCEPT ALL) AND the passes'
 /// selections and the others OR them. None when an ALL rule meets a repeated
 /// build key (those need counts per value: the caller partitions instead).
+#[allow(clippy::too_many_arguments)]
 fn select_streamed_bitmap(
     gpu: &Gpu,
     op: SetOp,
     build: &[&[u64]],
     probe: &[&[u64]],
     (lo, hi): (u64, u64),
+    probe_narrow: bool,
     slices: u64,
     stats: &mut TransferStats,
 ) -> Result<Option<BooleanBuffer>> {
@@ -253,6 +256,8 @@ fn select_streamed_bitmap(
     let width = hi - lo + 1;
     let per = width.div_ceil(slices);
     let keeps_absent = matches!(op, SetOp::Anti | SetOp::ExceptAll);
+    // Every build key lies in [lo, hi]: its fills travel as low words alone.
+    let narrow = width <= 1 << 31;
     let mut acc: Option<crate::gpu::HostOut> = None;
     for s in 0..slices {
         let (s_lo, s_width) = (lo + s * per, per.min(width - s * per));
@@ -260,7 +265,8 @@ fn select_streamed_bitmap(
         let bitmap = BitmapTable::empty(gpu, op, s_lo, s_width)?;
         let dup = gpu.alloc_zeros::<u32>(1)?;
         stats.kernel += t.elapsed();
-        gpu.stream_keys(build, stats, &mut |keys, _| bitmap.add_build(gpu, keys, &dup))?;
+        gpu.stream_keys(build, narrow, stats, &mut |keys, _| bitmap.add_build(gpu, keys, &dup))?;
+        bitmap.seal(gpu, op)?;
         trace("gpu: build keys streamed into the bitmap");
         if matches!(op, SetOp::IntersectAll | SetOp::ExceptAll) && gpu.read_one(&dup, 0, stats)? != 0 {
             return Ok(None);
@@ -272,7 +278,7 @@ fn select_streamed_bitmap(
             // is queued after the download of the fill two before (one stream).
             let mut ring: Vec<DeviceBuffer<u32>> = Vec::new();
             let mut fill = 0usize;
-            gpu.stream_keys(probe, stats, &mut |keys, first| {
+            gpu.stream_keys(probe, narrow && probe_narrow, stats, &mut |keys, first| {
                 if first % 32 != 0 {
                     return Err(DataFusionError::Internal(format!(
                         "setfusion: upload fill starts at row {first}, not a word boundary"
@@ -297,6 +303,7 @@ fn select_streamed_bitmap(
             stats.kernel += t.elapsed();
             stats.bytes_to_host += words * 4;
         }
+        trace("gpu: probe keys streamed through the bitmap");
         drop(bitmap);
         acc = Some(match acc {
             None => host,
@@ -310,10 +317,13 @@ fn select_streamed_bitmap(
     Ok(Some(BooleanBuffer::new(acc.into_buffer(words * 4)?, 0, np)))
 }
 
-/// `acc` AND `next` (`and`) or `acc` OR `next`, bytewise on the copy threads.
-fn combine_words(acc: &mut [u8], next: &[u8], and: bool) {
-    let per = acc.len().div_ceil(crate::host::copy_threads()).max(1 << 20);
-    let mut pieces: Vec<&mut [u8]> = acc.chunks_mut(per).collect();
+/// `acc` AND `next` (`and`) or `acc` OR `next`, word by word on the copy threads.
+pub(super) fn combine_words<T>(acc: &mut [T], next: &[T], and: bool)
+where
+    T: Copy + Send + Sync + std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T>,
+{
+    let per = acc.len().div_ceil(crate::host::copy_threads()).max(1 << 18);
+    let mut pieces: Vec<&mut [T]> = acc.chunks_mut(per).collect();
     crate::host::for_each_mut(&mut pieces, &|i, piece| {
         let from = &next[i * per..i * per + piece.len()];
         for (a, b) in piece.iter_mut().zip(from) {
@@ -329,15 +339,31 @@ const MAX_BITMAP_SLICES: u64 = 8;
 /// The fewest slices of a domain of `width` values whose streamed tables fit
 /// `avail` bytes with two fills of the smallest size beside them; None beyond
 /// [`MAX_BITMAP_SLICES`].
-fn bitmap_slices(op: SetOp, width: u64, avail: usize) -> Option<u64> {
+fn bitmap_slices(width: u64, avail: usize) -> Option<u64> {
     let mut slices = 1u64;
-    while BitmapTable::streamed_bytes(op, width.div_ceil(slices)) + (8 << 20) > avail {
+    while BitmapTable::streamed_bytes(width.div_ceil(slices)) + (8 << 20) > avail {
         slices *= 2;
         if slices > MAX_BITMAP_SLICES {
             return None;
         }
     }
     Some(slices)
+}
+
+/// The domain a streamed bitmap needs (see [`select_streamed_bitmap`]), found
+/// on the host, and whether the probe keys lie within it. The build keys'
+/// alone: probe keys outside it are absent from the build side, which the
+/// kernels see by their range checks, and this pass over the keys is the
+/// largest host cost over the budget (23 ms of a 72 ms NOT IN of 100M x 100M
+/// over both sides). An empty build side gets a one-value domain. EXCEPT
+/// DISTINCT ranks the probe keys the build side lacks, so its domain is both
+/// sides'.
+fn over_budget_domain(op: SetOp, build: &[&[u64]], probe: &[&[u64]]) -> (Option<(u64, u64)>, bool) {
+    if op == SetOp::ExceptDistinct {
+        let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
+        return (key_range_chunks(&all), true);
+    }
+    (key_range_chunks(build).or(Some((0, 0))), false)
 }
 
 /// One bit per probe row back from the device. A large selection stays in the
@@ -418,12 +444,13 @@ pub fn select_gpu_auto(
     if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > avail {
         // Over the budget: a dense domain streams both sides through one bitmap
         // (the keys never stay on the device); otherwise hash partitions.
-        let all: Vec<&[u64]> = build.iter().chain(probe.iter()).copied().collect();
-        let range = key_range_chunks(&all);
+        let (range, probe_narrow) = over_budget_domain(op, build, probe);
+        trace("gpu: over the budget, the build keys' domain found on the host");
         let bitmap_ok = matches!(forced, None | Some(GpuStrategy::Bitmap));
         if let Some((lo, hi)) = range.filter(|(lo, hi)| bitmap_ok && hi - lo < BITMAP_MAX_RANGE) {
-            if let Some(slices) = bitmap_slices(op, hi - lo + 1, avail) {
-                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), slices, stats)? {
+            if let Some(slices) = bitmap_slices(hi - lo + 1, avail) {
+                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), probe_narrow, slices, stats)?
+                {
                     let passes = if slices > 1 {
                         format!(", in {slices} passes over slices of the domain")
                     } else {
@@ -1115,6 +1142,41 @@ mod tests {
                 select_gpu_auto(&gpu, None, op, &[&build], &[p1, p2], false, &mut TransferStats::default()).unwrap();
             assert!(ran.contains("passes over slices"), "{op:?}: ran {ran}");
             assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}: ran {ran}");
+        }
+    }
+
+    /// The multiset rules stream through one bitmap, as the semi / anti
+    /// joins do: a budget that holds one bitmap of the domain (not two) makes
+    /// one pass over both sides; duplicates on the probe side keep their rank
+    /// rules, and probe keys outside the build keys' domain (the table's
+    /// domain but for EXCEPT DISTINCT) are absent. An empty build side too.
+    #[test]
+    fn gpu_streamed_multiset_rules_take_one_bitmap() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let gpu = gpu.lease(16 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+        let lo = 1_000u64;
+        let build: Vec<u64> = (0..1_000_000u64).map(|i| lo + i * 50).collect();
+        let probe: Vec<u64> = (0..1_500_000)
+            .map(|i| match i % 3 {
+                0 => build[rng.random_range(0..build.len())],
+                1 => build[rng.random_range(0..1_000)],
+                _ => rng.random_range(0..lo + 52_000_000),
+            })
+            .collect();
+        let (p1, p2) = probe.split_at(700_001);
+        for op in OPS {
+            let (got, ran, _) =
+                select_gpu_auto(&gpu, None, op, &[&build], &[p1, p2], false, &mut TransferStats::default()).unwrap();
+            assert!(ran.contains("streamed") && !ran.contains("passes"), "{op:?}: ran {ran}");
+            assert_eq!(kept(&probe, &got), reference(op, &build, &probe), "{op:?}: ran {ran}");
+        }
+        // An empty build side over the budget: a one-value table, every rule exact.
+        let many: Vec<u64> = (0..2_500_000u64).map(|i| i % 1_000_003).collect();
+        for op in OPS {
+            let (got, ran, _) =
+                select_gpu_auto(&gpu, None, op, &[], &[&many], false, &mut TransferStats::default()).unwrap();
+            assert_eq!(kept(&many, &got), reference(op, &[], &many), "{op:?} (empty build): ran {ran}");
         }
     }
 

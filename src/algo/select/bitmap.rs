@@ -1,5 +1,5 @@
 //! The bitmap strategy's launcher (`kernels/bitmap_setops.cu`): presence
-//! bits, rank bits or counts over the keys' dense domain. CPU twin:
+//! bits, claimable bits or counts over the keys' dense domain. CPU twin:
 //! [`super::cpu::select_cpu`].
 
 use cudarc::driver::{CudaView, PushKernelArg};
@@ -24,9 +24,11 @@ pub(super) enum BitmapTable {
     /// Semi / anti joins: one presence bit per value of [lo, lo + range).
     Bits { bits: DeviceBuffer<u32>, lo: u64, range: u64 },
     /// INTERSECT [ALL] / EXCEPT [ALL] with build multiplicities 0 or 1 (the
-    /// DISTINCT forms need no more): presence bits and, per value, a "seen"
-    /// bit that gives each probe row its rank 0 or >= 1.
-    Ranks { bits: DeviceBuffer<u32>, seen: DeviceBuffer<u32>, lo: u64, range: u64 },
+    /// DISTINCT forms need no more): one bit per value that the first probe
+    /// row of its key claims (clears), which gives each row its rank 0 or
+    /// >= 1. EXCEPT DISTINCT's bits are inverted once the build side is in
+    /// ([`BitmapTable::seal`]): its rows claim the values the build side lacks.
+    Claims { bits: DeviceBuffer<u32>, lo: u64, range: u64 },
     /// The ALL forms when a build key repeats: build counts and probe counters.
     Counts { count_b: DeviceBuffer<u32>, ctr_a: DeviceBuffer<u32>, lo: u64, range: u64 },
 }
@@ -94,7 +96,9 @@ impl BitmapTable {
         }
         let all = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
         if !all || gpu.read_one(&dup, 0, &mut TransferStats::default())? == 0 {
-            return Ok(BitmapTable::Ranks { bits, seen: gpu.alloc_zeros::<u32>(words)?, lo, range });
+            let table = BitmapTable::Claims { bits, lo, range };
+            table.seal(gpu, op)?;
+            return Ok(table);
         }
         drop(bits);
         let count_b = gpu.alloc_zeros::<u32>(range as usize)?;
@@ -114,47 +118,60 @@ impl BitmapTable {
         Ok(BitmapTable::Counts { count_b, ctr_a, lo, range })
     }
 
-    /// Device bytes of the two-bitmap tables over `range` values ([`BitmapTable::empty`]).
-    pub(super) fn streamed_bytes(op: SetOp, range: u64) -> usize {
-        let words = (range as usize).div_ceil(32) * 4;
-        if op.needs_counts() {
-            2 * words
-        } else {
-            words
-        }
+    /// Device bytes of the one-bitmap tables over `range` values
+    /// ([`BitmapTable::empty`]), whatever the rule.
+    pub(super) fn streamed_bytes(range: u64) -> usize {
+        (range as usize).div_ceil(32) * 4
     }
 
     /// An empty table over [lo, lo + range) whose build keys arrive in runs
-    /// ([`BitmapTable::add_build`]): presence bits (semi / anti joins), or
-    /// presence and rank bits (the multiset rules; the ALL forms are exact
-    /// only when no build key repeats, which `dup` reports after the runs).
+    /// ([`BitmapTable::add_build`], then [`BitmapTable::seal`]): presence bits
+    /// (semi / anti joins) or claimable bits (the multiset rules; the ALL
+    /// forms are exact only when no build key repeats, which `dup` reports
+    /// after the runs).
     pub(super) fn empty(gpu: &Gpu, op: SetOp, lo: u64, range: u64) -> Result<Self> {
-        let words = (range as usize).div_ceil(32);
-        let bits = gpu.alloc_zeros::<u32>(words)?;
-        if !op.needs_counts() {
-            return Ok(BitmapTable::Bits { bits, lo, range });
-        }
-        Ok(BitmapTable::Ranks { bits, seen: gpu.alloc_zeros::<u32>(words)?, lo, range })
+        let bits = gpu.alloc_zeros::<u32>((range as usize).div_ceil(32))?;
+        Ok(if op.needs_counts() {
+            BitmapTable::Claims { bits, lo, range }
+        } else {
+            BitmapTable::Bits { bits, lo, range }
+        })
     }
 
-    /// The presence bits (and, for the multiset rules, the rank bits) of a
-    /// table from [`BitmapTable::empty`]: what several devices, each holding
-    /// a share of the rows, exchange. None for counts.
-    pub(super) fn words(&self) -> Option<(&DeviceBuffer<u32>, Option<&DeviceBuffer<u32>>)> {
+    /// Queue what follows the last build run before any probe: EXCEPT
+    /// DISTINCT's claims are the values the build side lacks, so its bits are
+    /// inverted. Nothing for the other rules.
+    pub(super) fn seal(&self, gpu: &Gpu, op: SetOp) -> Result<()> {
+        let BitmapTable::Claims { bits, .. } = self else { return Ok(()) };
+        if op != SetOp::ExceptDistinct {
+            return Ok(());
+        }
+        let (f, words) = (gpu.function(&KERNEL, "invert_bits")?, bits.len() as u64);
+        // SAFETY: signature matches kernels/bitmap_setops.cu; `bits` holds `words` words.
+        unsafe { gpu.stream().launch_builder(&f).arg(&bits.slice).arg(&words).launch(gpu.grid_stride(bits.len(), 32)) }
+            .map(|_| ())
+            .map_err(|e| cuda_err("bitmap invert", e))
+    }
+
+    /// The bits of a table from [`BitmapTable::empty`]: presence after the
+    /// build runs; for the multiset rules, after probes, the values no probe
+    /// row has claimed yet. What several devices, each holding a share of the
+    /// rows, exchange. None for counts.
+    pub(super) fn words(&self) -> Option<&DeviceBuffer<u32>> {
         match self {
-            BitmapTable::Bits { bits, .. } => Some((bits, None)),
-            BitmapTable::Ranks { bits, seen, .. } => Some((bits, Some(seen))),
+            BitmapTable::Bits { bits, .. } | BitmapTable::Claims { bits, .. } => Some(bits),
             BitmapTable::Counts { .. } => None,
         }
     }
 
-    /// Overwrite the presence bits (`seen` false) or the rank bits (`seen`
-    /// true) with `words` from the host (one word per 32 domain values).
-    pub(super) fn load_words(&mut self, gpu: &Gpu, seen: bool, words: &[u32], stats: &mut TransferStats) -> Result<()> {
-        let dst = match (self, seen) {
-            (BitmapTable::Bits { bits, .. } | BitmapTable::Ranks { bits, .. }, false) => bits,
-            (BitmapTable::Ranks { seen, .. }, true) => seen,
-            _ => return Err(DataFusionError::Internal("setfusion: this bitmap table has no such words".into())),
+    /// Overwrite the bits with `words` from the host (one word per 32 domain
+    /// values): presence, or the values still to be claimed.
+    pub(super) fn load_words(&mut self, gpu: &Gpu, words: &[u32], stats: &mut TransferStats) -> Result<()> {
+        let dst = match self {
+            BitmapTable::Bits { bits, .. } | BitmapTable::Claims { bits, .. } => bits,
+            BitmapTable::Counts { .. } => {
+                return Err(DataFusionError::Internal("setfusion: a table of counts has no bits to load".into()))
+            }
         };
         if words.len() > dst.len() {
             return Err(DataFusionError::Internal("setfusion: bitmap words exceed the table".into()));
@@ -185,7 +202,7 @@ impl BitmapTable {
                         .launch(gpu.grid_stride(n, 32))
                 }
             }
-            BitmapTable::Ranks { bits, lo, range, .. } => {
+            BitmapTable::Claims { bits, lo, range } => {
                 let f = gpu.function(&KERNEL, "build_bits_dup")?;
                 unsafe {
                     stream
@@ -209,7 +226,7 @@ impl BitmapTable {
 
     /// Queue the probe of `keys`: one bit per key into `out`, which starts at
     /// the word of the keys' first row. Probing runs in turn share the table's
-    /// ranks and counters, so together they make one selection.
+    /// claims and counters, so together they make one selection.
     pub(super) fn probe(&self, gpu: &Gpu, op: SetOp, keys: &CudaView<'_, u64>, out: &CudaView<'_, u32>) -> Result<()> {
         let (stream, n64, opi) = (gpu.stream(), keys.len() as u64, op as i32);
         let cfg = gpu.grid_stride(keys.len(), 32);
@@ -232,8 +249,8 @@ impl BitmapTable {
                         .launch(cfg)
                 }
             }
-            BitmapTable::Ranks { bits, seen, lo, range } => {
-                let f = gpu.function(&KERNEL, "probe_ranks")?;
+            BitmapTable::Claims { bits, lo, range } => {
+                let f = gpu.function(&KERNEL, "probe_claims")?;
                 unsafe {
                     stream
                         .launch_builder(&f)
@@ -242,7 +259,6 @@ impl BitmapTable {
                         .arg(lo)
                         .arg(range)
                         .arg(&bits.slice)
-                        .arg(&seen.slice)
                         .arg(&opi)
                         .arg(out)
                         .launch(cfg)

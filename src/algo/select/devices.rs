@@ -9,9 +9,9 @@
 //!   side is split by row ranges: each device selects its range and writes
 //!   its words of the selection. The multiset rules rank equal probe rows: a
 //!   row's rank counts the copies in earlier ranges too, so a device after the
-//!   first probes again with its "seen" bits set to the keys that earlier
-//!   ranges hold (each range's own keys come from a first probe that runs
-//!   while the uploads go on; [`BitmapTable::load_words`]).
+//!   first probes again with the bits that earlier ranges left unclaimed (each
+//!   range's claims come from a first probe that runs while the uploads go
+//!   on; [`BitmapTable::load_words`]).
 //! - Semi / anti joins on sparse keys (the hash table): the build keys go to
 //!   every device, the probe side splits by row ranges (no rank to carry).
 //! - The rest (EXCEPT DISTINCT, the sort strategy, the multiset rules on
@@ -27,7 +27,7 @@ use std::time::Instant;
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::error::{DataFusionError, Result};
 
-use super::auto::{choose_table, select_gpus_by_key, select_streamed};
+use super::auto::{choose_table, combine_words, select_gpus_by_key, select_streamed};
 use super::bitmap::{BitmapTable, BITMAP_MAX_RANGE};
 use super::{key_range_chunks, merge_ranges, words_to_bool, GpuStrategy, SetOp};
 use crate::gpu::{DeviceBuffer, Gpu, TransferStats};
@@ -109,8 +109,8 @@ struct Part<'a> {
     /// A build key occurred twice within the share.
     repeated: bool,
     presence: Vec<u32>,
-    /// The share's probe keys that the build side holds (its rank bits after a first probe).
-    seen: Vec<u32>,
+    /// The merged presence bits that the share's first probe left unclaimed.
+    unclaimed: Vec<u32>,
     keys: Option<DeviceBuffer<u64>>,
     out: Option<DeviceBuffer<u32>>,
     ran: &'static str,
@@ -212,7 +212,7 @@ fn select_by_rows(
                     table: None,
                     repeated: false,
                     presence: Vec::new(),
-                    seen: Vec::new(),
+                    unclaimed: Vec::new(),
                     keys: None,
                     out: None,
                     ran: "",
@@ -307,6 +307,7 @@ fn select_bitmap_rows(
     let k = parts.len();
     let all_rule = matches!(op, SetOp::IntersectAll | SetOp::ExceptAll);
     // 2. Each share's presence bits (and whether a build key repeats in it).
+    // Not sealed: EXCEPT DISTINCT, whose bits are inverted, splits by key.
     on_devices(&parts, ordinals, &|p, part| {
         let g = part.gpu;
         let table = BitmapTable::empty(g, op, lo, width)?;
@@ -315,12 +316,14 @@ fn select_bitmap_rows(
         if let Some(d) = part.d_build.take() {
             table.add_build(g, &d.slice.slice(..), &dup)?;
         } else if !part.build.is_empty() {
-            g.stream_keys(&part.build, &mut part.stats, &mut |keys, _| table.add_build(g, keys, &dup))?;
+            g.stream_keys(&part.build, width <= 1 << 31, &mut part.stats, &mut |keys, _| {
+                table.add_build(g, keys, &dup)
+            })?;
         }
         g.synchronize()?;
         part.stats.kernel += t.elapsed();
         part.repeated = all_rule && g.read_one(&dup, 0, &mut part.stats)? != 0;
-        let (bits, _) =
+        let bits =
             table.words().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table without words".into()))?;
         part.presence = g.download(bits, bits.len(), &mut part.stats)?;
         part.table = Some(table);
@@ -346,7 +349,7 @@ fn select_bitmap_rows(
         let g = part.gpu;
         let mut table =
             part.table.take().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table missing".into()))?;
-        table.load_words(g, false, &presence, &mut part.stats)?;
+        table.load_words(g, &presence, &mut part.stats)?;
         let out = g.alloc_zeros::<u32>(part.np.div_ceil(32))?;
         let probe_now = !ranked || p == 0 || p + 1 < k;
         let keep_keys = ranked && p > 0 && part.np * 8 + (64 << 20) <= g.budget().available();
@@ -359,17 +362,16 @@ fn select_bitmap_rows(
         if part.np > 0 && keep_keys {
             part.keys = Some(g.upload_keys_each(&part.probe, &mut part.stats, false, on_fill)?.0);
         } else if part.np > 0 && probe_now {
-            g.stream_keys(&part.probe, &mut part.stats, on_fill)?;
+            g.stream_keys(&part.probe, false, &mut part.stats, on_fill)?;
         }
         let t = Instant::now();
         g.synchronize()?;
         part.stats.kernel += t.elapsed();
         if ranked && p + 1 < k {
-            let (_, seen) = table
+            let bits = table
                 .words()
                 .ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table without words".into()))?;
-            let seen = seen.ok_or_else(|| DataFusionError::Internal("setfusion: rank bits missing".into()))?;
-            part.seen = g.download(seen, seen.len(), &mut part.stats)?;
+            part.unclaimed = g.download(bits, bits.len(), &mut part.stats)?;
         }
         if !ranked || p == 0 {
             g.download_into(&out, part.dst, &mut part.stats)?;
@@ -382,15 +384,20 @@ fn select_bitmap_rows(
     })?;
     trace("gpus: probe ranges selected");
     if ranked && k > 1 {
-        // 4. Range p probes again with the rank bits of ranges 0..p: a row's
-        // rank counts the copies before it in earlier ranges.
-        let seen: Vec<Vec<u32>> =
-            parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).seen)).collect();
-        let mut before: Vec<Vec<u32>> = vec![Vec::new()];
+        // 4. Range p probes again with the bits that ranges 0..p left
+        // unclaimed (each range's first probe started from the whole presence
+        // bits, so those are the AND of their unclaimed bits): a row's rank
+        // counts the copies before it in earlier ranges.
+        let mut unclaimed: Vec<Vec<u32>> =
+            parts.iter().map(|p| std::mem::take(&mut p.lock().unwrap_or_else(|e| e.into_inner()).unclaimed)).collect();
+        let mut left: Vec<Vec<u32>> = vec![Vec::new()];
         for p in 1..k {
-            before.push(merge_words(&[before[p - 1].as_slice(), seen[p - 1].as_slice()]).0);
+            let mut l = std::mem::take(&mut unclaimed[p - 1]);
+            if p > 1 {
+                combine_words(&mut l, &left[p - 1], true);
+            }
+            left.push(l);
         }
-        crate::host::drop_later(seen);
         on_devices(&parts, ordinals, &|p, part| {
             if p == 0 || part.np == 0 {
                 return Ok(());
@@ -400,11 +407,11 @@ fn select_bitmap_rows(
                 part.table.take().ok_or_else(|| DataFusionError::Internal("setfusion: bitmap table missing".into()))?;
             let out =
                 part.out.take().ok_or_else(|| DataFusionError::Internal("setfusion: selection missing".into()))?;
-            table.load_words(g, true, &before[p], &mut part.stats)?;
+            table.load_words(g, &left[p], &mut part.stats)?;
             let t = Instant::now();
             match part.keys.take() {
                 Some(keys) => table.probe(g, op, &keys.slice.slice(..part.np), &out.slice.slice(..))?,
-                None => g.stream_keys(&part.probe, &mut part.stats, &mut |keys, first| {
+                None => g.stream_keys(&part.probe, false, &mut part.stats, &mut |keys, first| {
                     table.probe(g, op, keys, &out.slice.slice(first / 32..))
                 })?,
             }
@@ -415,6 +422,7 @@ fn select_bitmap_rows(
             trace(&format!("gpu {}: probe range {p} ranked", g.info().ordinal));
             Ok(())
         })?;
+        crate::host::drop_later(left);
         trace("gpus: later ranges ranked");
     }
     finish(parts, stats);
