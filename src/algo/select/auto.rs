@@ -227,7 +227,7 @@ pub(super) fn select_streamed(
 }
 
 /// Both sides streamed through bitmap tables over `range` (the build keys'
-/// domain; EXCEPT DISTINCT's covers the probe keys too, and `probe_narrow`
+/// domain; EXCEPT DISTINCT's covers the probe keys too, and `covers_probe`
 /// says whether every probe key lies within it: see [`over_budget_domain`]),
 /// when their keys do not fit the device budget: no key stays on the
 /// device, and nothing is partitioned on the host. Each fill's selection words
@@ -247,7 +247,7 @@ fn select_streamed_bitmap(
     build: &[&[u64]],
     probe: &[&[u64]],
     (lo, hi): (u64, u64),
-    probe_narrow: bool,
+    covers_probe: bool,
     slices: u64,
     stats: &mut TransferStats,
 ) -> Result<Option<BooleanBuffer>> {
@@ -278,7 +278,7 @@ fn select_streamed_bitmap(
             // is queued after the download of the fill two before (one stream).
             let mut ring: Vec<DeviceBuffer<u32>> = Vec::new();
             let mut fill = 0usize;
-            gpu.stream_keys(probe, narrow && probe_narrow, stats, &mut |keys, first| {
+            gpu.stream_keys(probe, narrow && covers_probe, stats, &mut |keys, first| {
                 if first % 32 != 0 {
                     return Err(DataFusionError::Internal(format!(
                         "setfusion: upload fill starts at row {first}, not a word boundary"
@@ -317,12 +317,13 @@ fn select_streamed_bitmap(
     Ok(Some(BooleanBuffer::new(acc.into_buffer(words * 4)?, 0, np)))
 }
 
-/// `acc` AND `next` (`and`) or `acc` OR `next`, word by word on the copy threads.
+/// `acc` AND `next` (`and`) or `acc` OR `next`, word by word on the copy
+/// threads, in pieces of at least 1 MiB.
 pub(super) fn combine_words<T>(acc: &mut [T], next: &[T], and: bool)
 where
     T: Copy + Send + Sync + std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T>,
 {
-    let per = acc.len().div_ceil(crate::host::copy_threads()).max(1 << 18);
+    let per = acc.len().div_ceil(crate::host::copy_threads()).max((1 << 20) / std::mem::size_of::<T>().max(1));
     let mut pieces: Vec<&mut [T]> = acc.chunks_mut(per).collect();
     crate::host::for_each_mut(&mut pieces, &|i, piece| {
         let from = &next[i * per..i * per + piece.len()];
@@ -444,12 +445,12 @@ pub fn select_gpu_auto(
     if device_bytes(GpuStrategy::Hash, op, nb, np, 0) > avail {
         // Over the budget: a dense domain streams both sides through one bitmap
         // (the keys never stay on the device); otherwise hash partitions.
-        let (range, probe_narrow) = over_budget_domain(op, build, probe);
+        let (range, covers_probe) = over_budget_domain(op, build, probe);
         trace("gpu: over the budget, the build keys' domain found on the host");
         let bitmap_ok = matches!(forced, None | Some(GpuStrategy::Bitmap));
         if let Some((lo, hi)) = range.filter(|(lo, hi)| bitmap_ok && hi - lo < BITMAP_MAX_RANGE) {
             if let Some(slices) = bitmap_slices(hi - lo + 1, avail) {
-                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), probe_narrow, slices, stats)?
+                if let Some(sel) = select_streamed_bitmap(gpu, op, build, probe, (lo, hi), covers_probe, slices, stats)?
                 {
                     let passes = if slices > 1 {
                         format!(", in {slices} passes over slices of the domain")
