@@ -25,6 +25,8 @@ mod common;
 mod concurrency;
 #[path = "all/device_scan.rs"]
 mod device_scan;
+#[path = "all/device_scan_tpch.rs"]
+mod device_scan_tpch;
 #[path = "all/devices.rs"]
 mod devices;
 #[path = "all/differential.rs"]

@@ -253,7 +253,8 @@ fn read_sides<'a>(
                 keys: g.copy_on_device(&d.keys, d.rows)?,
                 valid: d.valid.as_ref().map(|v| g.copy_on_device(v, d.rows.div_ceil(32))).transpose()?,
                 rows: d.rows,
-                strings: None,
+                // A string column's spans, sharing its page bodies.
+                strings: d.strings.as_ref().map(|s| s.shared_copy(g)).transpose()?,
             };
             // Its bytes and pages count with the side that read them.
             let report = ScanReport { bytes_read: 0, bytes_decoded: 0, pages: 0, shared_columns: 1, ..report.clone() };

@@ -90,6 +90,36 @@ impl Gpu {
         self.copy_range_on_device(src, 0, len)
     }
 
+    /// 64-bit words into `dst`'s bytes from `byte_offset` (a multiple of 8):
+    /// frame-of-reference packed as keys are ([`Gpu::upload_keys`]: usually
+    /// 4 bytes a word cross PCIe, packed on the copy threads, instead of a
+    /// single copy of 8), decoded on the device and copied into place there.
+    pub fn upload_words_into_bytes(
+        &self,
+        chunks: &[&[u64]],
+        dst: &mut DeviceBuffer<u8>,
+        byte_offset: usize,
+        stats: &mut TransferStats,
+    ) -> Result<()> {
+        let n: usize = chunks.iter().map(|c| c.len()).sum();
+        if n == 0 {
+            return Ok(());
+        }
+        if byte_offset % 8 != 0 || byte_offset + n * 8 > dst.len() {
+            return Err(DataFusionError::Internal(format!(
+                "{n} words at byte {byte_offset} of a {}-byte buffer",
+                dst.len()
+            )));
+        }
+        let (words, _) = self.upload_keys_each(chunks, stats, false, &mut |_, _| Ok(()))?;
+        // SAFETY: the words' device memory read as bytes (every bit pattern is a u8), n * 8 bytes of it.
+        let bytes = unsafe { words.slice.transmute::<u8>(n * 8) }
+            .ok_or_else(|| DataFusionError::Internal("a word buffer shorter than its words".into()))?;
+        let mut to = dst.slice.slice_mut(byte_offset..byte_offset + n * 8);
+        self.stream.memcpy_dtod(&bytes, &mut to).map_err(|e| super::cuda_err("cuMemcpyDtoD", e))?;
+        Ok(())
+    }
+
     /// Elements `from..from + len` of `src` in a new device buffer.
     pub fn copy_range_on_device<T: Pod>(
         &self,

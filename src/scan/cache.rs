@@ -13,6 +13,10 @@
 //!   charge would not fit otherwise ([`MemoryBudget::set_evictor`]).
 //! - A hit hands out a copy made on the device (the selection consumes its
 //!   keys), which costs a few milliseconds for 100M keys.
+//! - A string (BYTE_ARRAY) column's keys are hashes, trusted only beside the
+//!   bytes that prove them: its entry keeps the decoder's spans and the page
+//!   bodies they point into, and a hit hands out a copy of the spans that
+//!   shares those bodies, so each query proves its hashes against the bytes.
 //!
 //! [`MemoryBudget`]: crate::gpu::MemoryBudget
 //! [`MemoryBudget::set_evictor`]: crate::gpu::MemoryBudget::set_evictor
@@ -25,7 +29,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
 
 use super::pages::FileStamp;
-use super::{DeviceDecoded, Keep, ScanFile};
+use super::{DeviceDecoded, DeviceStrings, Keep, ScanFile};
 use crate::gpu::{DeviceBuffer, Gpu};
 
 /// What identifies one cached column: every file as it is on disk now.
@@ -42,11 +46,6 @@ impl CacheKey {
     /// The key of `column` of `files` as they are now; None when a file
     /// cannot be inspected (it is then never cached).
     pub fn of(files: &[ScanFile], column: &str, data_type: &DataType) -> Option<Self> {
-        // A string column's keys are hashes, trusted only beside the bytes that
-        // prove them (proved anew for each query's two sides): not kept.
-        if super::is_byte_type(data_type) {
-            return None;
-        }
         let files = files
             .iter()
             .map(|f| Some((f.path.clone(), FileStamp::of_path(&f.path)?, f.ranges.clone())))
@@ -73,6 +72,8 @@ impl CacheKey {
 struct Entry {
     keys: DeviceBuffer<u64>,
     valid: Option<DeviceBuffer<u32>>,
+    /// A string column's spans and the page bodies they point into.
+    strings: Option<DeviceStrings>,
     rows: usize,
     bytes: usize,
     last_use: u64,
@@ -198,16 +199,24 @@ impl ColumnCache {
             Some(v) => Some(gpu.copy_on_device(v, entry.rows.div_ceil(32))),
             None => None,
         };
-        match (keys, valid.transpose()) {
-            (Ok(keys), Ok(valid)) => Ok(Some(DeviceDecoded { keys, valid, rows: entry.rows, strings: None })),
+        let strings = entry.strings.as_ref().map(|s| s.shared_copy(gpu));
+        match (keys, valid.transpose(), strings.transpose()) {
+            (Ok(keys), Ok(valid), Ok(strings)) => Ok(Some(DeviceDecoded { keys, valid, rows: entry.rows, strings })),
             _ => Ok(None),
         }
+    }
+
+    /// Device bytes a column's entry holds.
+    pub fn bytes_of(decoded: &DeviceDecoded) -> usize {
+        decoded.rows * 8
+            + decoded.valid.as_ref().map_or(0, |_| decoded.rows.div_ceil(32) * 4)
+            + decoded.strings.as_ref().map_or(0, DeviceStrings::bytes)
     }
 
     /// Keep a copy of `decoded` under `key` when it fits `limit` bytes
     /// (older entries leave to make room).
     pub fn put(&self, gpu: &Gpu, key: CacheKey, decoded: &DeviceDecoded, limit: usize) -> CacheUse {
-        let bytes = decoded.rows * 8 + decoded.valid.as_ref().map_or(0, |_| decoded.rows.div_ceil(32) * 4);
+        let bytes = Self::bytes_of(decoded);
         if bytes > limit {
             return CacheUse::Missed;
         }
@@ -221,12 +230,13 @@ impl ColumnCache {
         // Copied outside the lock, so the budget may take older entries back for it.
         let keys = gpu.copy_on_device(&decoded.keys, decoded.rows);
         let valid = decoded.valid.as_ref().map(|v| gpu.copy_on_device(v, decoded.rows.div_ceil(32))).transpose();
-        let (Ok(keys), Ok(valid)) = (keys, valid) else { return CacheUse::Missed };
+        let strings = decoded.strings.as_ref().map(|s| s.shared_copy(gpu)).transpose();
+        let (Ok(keys), Ok(valid), Ok(strings)) = (keys, valid, strings) else { return CacheUse::Missed };
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         e.clock += 1;
         let last_use = e.clock;
         e.bytes += bytes;
-        e.map.insert(key, Entry { keys, valid, rows: decoded.rows, bytes, last_use });
+        e.map.insert(key, Entry { keys, valid, strings, rows: decoded.rows, bytes, last_use });
         e.shrink_to(limit);
         CacheUse::Stored { bytes }
     }

@@ -135,9 +135,11 @@ pub struct DeviceDecoded {
 /// or one the page index left out, is (0, 0)), pointing into the page bodies
 /// held here (each padded so the word after a value's last byte may be
 /// read: `verify_check_spans` in kernels/row_hash.cu reads whole words).
+/// The bodies are never written after their decode, so a copy of the spans
+/// may share them ([`Self::shared_copy`]: the device column cache's entries).
 pub struct DeviceStrings {
     pub spans: DeviceBuffer<u64>,
-    bodies: Vec<DeviceBuffer<u8>>,
+    bodies: Vec<Arc<DeviceBuffer<u8>>>,
 }
 
 impl DeviceStrings {
@@ -148,7 +150,18 @@ impl DeviceStrings {
 
     /// Keep a decode's page bodies, which the spans point into.
     pub fn hold(&mut self, scratch: DecodeScratch) {
-        self.bodies.push(scratch.body);
+        self.bodies.push(Arc::new(scratch.body));
+    }
+
+    /// A copy of the spans made on the device, pointing into these same
+    /// bodies, which it keeps alive too.
+    pub fn shared_copy(&self, gpu: &Gpu) -> Result<Self> {
+        Ok(Self { spans: gpu.copy_on_device(&self.spans, self.spans.len())?, bodies: self.bodies.clone() })
+    }
+
+    /// Device bytes of the spans and the bodies.
+    pub fn bytes(&self) -> usize {
+        self.spans.len() * 8 + self.bodies.iter().map(|b| b.len()).sum::<usize>()
     }
 }
 

@@ -1,7 +1,8 @@
 //! Parquet files written by arrow-rs with the writer options the device scan
 //! meets (dictionary on, off and falling back to PLAIN mid-chunk;
 //! DELTA_BINARY_PACKED; data pages v1 and v2; snappy and uncompressed; small
-//! and large pages; no, some and only NULLs; several row groups; INT32 /
+//! and large pages; no, some and only NULLs; several row groups; the page
+//! index written or not; INT32 /
 //! INT64 / DATE32 / DECIMAL(12, 2) and DECIMAL(9, 2); BOOLEAN, PLAIN and RLE; strings and binary
 //! (BYTE_ARRAY: empty, short and long values, PLAIN and dictionary); random values, values
 //! whose deltas wrap, constant columns and arithmetic sequences), for the
@@ -17,7 +18,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::error::{DataFusionError, Result};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding};
-use parquet::file::properties::{WriterProperties, WriterVersion};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 
 use super::pages::{page_table, plan_scan, read_chunks, PageTable, ScanFile};
@@ -50,6 +51,9 @@ pub struct Case {
     /// BOOLEAN data pages RLE, not PLAIN.
     pub rle: bool,
     pub pattern: Pattern,
+    /// The writer's page index (column and offset indexes, page statistics);
+    /// false writes chunk statistics alone and no offset index.
+    pub page_index: bool,
 }
 
 /// How a case's values are drawn.
@@ -78,7 +82,7 @@ pub fn cases() -> Vec<Case> {
                     let page_rows = [64, 1000, 20_000][i % 3];
                     let distinct = if dict_fallback { 1 << 40 } else { [7, 1000, 1 << 40][i % 3] };
                     out.push(Case {
-                        name: format!("{data_type} dict={dictionary} fallback={dict_fallback} v2={v2} codec={codec} nulls={nulls}% page_rows={page_rows}"),
+                        name: format!("{data_type} dict={dictionary} fallback={dict_fallback} v2={v2} codec={codec} nulls={nulls}% page_rows={page_rows} page_index={}", i % 2 == 0),
                         data_type,
                         rows: 3000 + 917 * (i % 5),
                         nulls,
@@ -93,6 +97,7 @@ pub fn cases() -> Vec<Case> {
                         delta: false,
                         rle: false,
                         pattern: Pattern::Random,
+                        page_index: i % 2 == 0,
                     });
                     i += 1;
                 }
@@ -124,6 +129,7 @@ pub fn cases() -> Vec<Case> {
             delta: false,
             rle: false,
             pattern: Pattern::Random,
+            page_index: true,
         });
     }
     // The codecs decompressed on the host, on dictionary / PLAIN, v1 / v2 pages with NULLs.
@@ -150,6 +156,7 @@ pub fn cases() -> Vec<Case> {
                 delta: false,
                 rle: false,
                 pattern: Pattern::Random,
+                page_index: !v2,
             });
         }
     }
@@ -196,6 +203,7 @@ pub fn cases() -> Vec<Case> {
             delta: true,
             rle: false,
             pattern,
+            page_index: i % 2 == 0,
         });
     }
     // BOOLEAN (filter columns): PLAIN (bit-packed) and RLE pages, v1 and v2,
@@ -231,6 +239,7 @@ pub fn cases() -> Vec<Case> {
             delta: false,
             rle,
             pattern: Pattern::Random,
+            page_index: i % 2 == 1,
         });
     }
     // BYTE_ARRAY keys (strings, binary): dictionary (falling back to PLAIN
@@ -268,6 +277,7 @@ pub fn cases() -> Vec<Case> {
             delta: false,
             rle: false,
             pattern: Pattern::Random,
+            page_index: j % 2 == 0,
         });
     }
     out
@@ -359,6 +369,9 @@ pub fn write(c: &Case) -> Result<Vec<u8>> {
     }
     if c.dict_fallback {
         props = props.set_dictionary_page_size_limit(512);
+    }
+    if !c.page_index {
+        props = props.set_statistics_enabled(EnabledStatistics::Chunk).set_offset_index_disabled(true);
     }
     let mut buf = Vec::new();
     let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props.build()))?;

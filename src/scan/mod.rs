@@ -418,7 +418,7 @@ pub fn scan_to_device(
     let t = Instant::now();
     if let Some(hit) = cache.get(gpu, &key)? {
         let rows = hit.rows as u64;
-        let bytes = hit.rows * 8 + hit.valid.as_ref().map_or(0, |_| hit.rows.div_ceil(32) * 4);
+        let bytes = ColumnCache::bytes_of(&hit);
         let report = ScanReport {
             rows,
             bytes_decoded: rows * 8,
@@ -1136,8 +1136,19 @@ mod tests {
         let (mut dict_pages, mut plain_pages, mut v2_pages, mut snappy_pages, mut mixed_chunks) = (0, 0, 0, 0, 0);
         let (mut delta_v1_pages, mut delta_v2_pages) = (0, 0);
         let (mut bool_plain_pages, mut bool_rle_v1_pages, mut bool_rle_v2_pages) = (0, 0, 0);
+        let mut page_indexes = [0usize; 2];
         for case in cases() {
             let (raw, table) = table_of(&case).unwrap();
+            // The writer's page index option took effect (a file without one is read all the same).
+            let path = std::env::temp_dir().join(format!("setfusion-pq-index-{}.parquet", std::process::id()));
+            std::fs::write(&path, write(&case).unwrap()).unwrap();
+            let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional)
+                .parse_and_finish(&std::fs::File::open(&path).unwrap())
+                .unwrap();
+            let _ = std::fs::remove_file(&path);
+            assert_eq!(meta.offset_index().is_some(), case.page_index, "{}", case.name);
+            page_indexes[case.page_index as usize] += 1;
             let mut got = decode_cpu(&raw, &table).unwrap();
             let want = arrow_keys(write(&case).unwrap());
             // A required column has no validity; an optional one without NULLs has all bits set.
@@ -1185,6 +1196,7 @@ mod tests {
             "{dict_pages} {plain_pages} {v2_pages} {snappy_pages}"
         );
         assert!(mixed_chunks > 0, "no chunk fell back from dictionary to PLAIN");
+        assert!(page_indexes.iter().all(|&n| n >= 10), "files without / with a page index: {page_indexes:?}");
         assert!(delta_v1_pages > 0 && delta_v2_pages > 0, "DELTA pages: {delta_v1_pages} v1, {delta_v2_pages} v2");
         assert!(
             bool_plain_pages > 0 && bool_rle_v1_pages > 0 && bool_rle_v2_pages > 0,
@@ -1338,10 +1350,14 @@ mod tests {
     #[test]
     fn write_kernel_fixtures() {
         let Some(dir) = std::env::var_os("SETFUSION_WRITE_PQ_FIXTURES") else { return };
-        let dir = std::path::PathBuf::from(dir);
+        write_kernel_fixtures_to(std::path::Path::new(&dir));
+    }
+
+    /// Every fixture case's raw bytes, page table and arrow-rs's keys under `dir`.
+    fn write_kernel_fixtures_to(dir: &std::path::Path) {
         let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let all = cases();
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("cases.bin"), u64s(&[all.len() as u64])).unwrap();
         for (i, case) in all.iter().enumerate() {
             // The kernels see pages the host inflates decompressed already (ZSTD ones too under
@@ -1362,6 +1378,42 @@ mod tests {
             let valid: Vec<u8> = want.valid.unwrap_or_default().iter().flat_map(|w| w.to_le_bytes()).collect();
             std::fs::write(d.join("valid.bin"), valid).unwrap();
         }
+    }
+
+    /// The decode kernels' real CUDA source compiled as C++ and run on the
+    /// host over the fixtures (scripts/kernels-on-host: `parquet.sh`, also under
+    /// AddressSanitizer + UBSan; `parquet-warp.sh` as warps of 4 emulated lanes;
+    /// `zstd.sh`), so that CI without a GPU runs them too. Skipped, with the
+    /// reason, where g++ or the scripts are missing (`zstd.sh`: the zstd tool).
+    #[test]
+    fn decode_kernels_pass_on_the_host() {
+        use std::process::Command;
+        let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kernels-on-host");
+        let has = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+        if !scripts.is_dir() || !has("g++") {
+            eprintln!("skipping the decode kernels on the host: no g++ or no {}", scripts.display());
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("setfusion-pq-kernel-fixtures-{}", std::process::id()));
+        write_kernel_fixtures_to(&dir);
+        let mut runs = vec![("parquet.sh", vec![]), ("parquet-warp.sh", vec!["4"])];
+        if has("zstd") && has("python3") {
+            runs.push(("zstd.sh", vec![]));
+        } else {
+            eprintln!("skipping zstd.sh on the host: no zstd or python3 tool");
+        }
+        for (script, args) in runs {
+            let out = Command::new("bash")
+                .arg(scripts.join(script))
+                .args(&args)
+                .env("PQ_FIXTURES", &dir)
+                .output()
+                .unwrap_or_else(|e| panic!("{script}: {e}"));
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "{script} {args:?} failed:\n{said}");
+            eprintln!("kernels on the host, {script} {args:?}: {}", said.trim().replace('\n', "; "));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Inputs for the ZSTD kernel's tests: integer keys as `bench parquet`
@@ -1492,7 +1544,7 @@ mod tests {
         }
     }
 
-    /// Codecs, types and nested columns the device does not take fall back with a reason.
+    /// Codecs, types, nested columns and encrypted files the device does not take fall back with a reason.
     #[test]
     fn unsupported_inputs_fall_back_with_reasons() {
         use parquet::basic::Compression;
@@ -1528,6 +1580,13 @@ mod tests {
         assert!(why.0.contains("type Float64"), "{why}");
         let why = pages::plan_scan(&files, "nope", &DataType::Int64).unwrap().unwrap_err();
         assert!(why.0.contains("nested or missing"), "{why}");
+        // An encrypted footer (its magic `PARE`): left to DataFusion's scan, the reason named.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 4..].copy_from_slice(b"PARE");
+        std::fs::write(&path, &bytes).unwrap();
+        let why = pages::plan_scan(&files, "k", &DataType::Int64).unwrap().unwrap_err();
+        assert!(why.0.contains("encrypted file"), "{why}");
         let _ = std::fs::remove_file(&path);
         // Strings in DELTA_BYTE_ARRAY pages (each value a suffix of the one
         // before: a sequential walk per page): planned, refused at the page.

@@ -10,7 +10,9 @@
 //! ([`prune_row_groups`]: the row groups' statistics and bloom filters, as DataFusion's own
 //! Parquet scan prunes them). Data pages may be PLAIN, dictionary-encoded or
 //! DELTA_BINARY_PACKED (v1 and v2); BOOLEAN pages PLAIN or RLE. What the device cannot decode is reported
-//! as a [`Fallback`] reason, never decoded wrongly.
+//! as a [`Fallback`] reason, never decoded wrongly (an encrypted file too:
+//! its footer's magic says so, and DataFusion's scan is left to read it or
+//! to say why it cannot).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -774,13 +776,25 @@ fn read_footer_with(path: &PathBuf, policy: parquet::file::metadata::PageIndexPo
     if let Some(meta) = stamp.and_then(|s| footer_cache::get(path, s, with_index)) {
         return Ok(meta);
     }
-    let meta = Arc::new(
-        ParquetMetaDataReader::new().with_page_index_policy(policy).parse_and_finish(&f).map_err(|e| err(&e))?,
-    );
+    let meta =
+        Arc::new(ParquetMetaDataReader::new().with_page_index_policy(policy).parse_and_finish(&f).map_err(|e| {
+            if encrypted_footer(&f) {
+                err(&format!("an encrypted Parquet file (its footer is encrypted), which this build cannot read: {e}"))
+            } else {
+                err(&e)
+            }
+        })?);
     if let Some(s) = stamp {
         footer_cache::put(path, s, with_index, meta.clone());
     }
     Ok(meta)
+}
+
+/// Whether the file ends with the magic of an encrypted footer (`PARE`, not `PAR1`).
+fn encrypted_footer(f: &File) -> bool {
+    let mut magic = [0u8; 4];
+    let len = f.metadata().map_or(0, |m| m.len());
+    len >= 4 && f.read_exact_at(&mut magic, len - 4).is_ok() && &magic == b"PARE"
 }
 
 /// A file as it is on disk now: its size and modification time (what the
@@ -917,12 +931,24 @@ pub fn plan_scan_within(
         |fi: usize| keep.rows.as_ref().is_some_and(|r| r.0.get(fi).is_some_and(|g| g.iter().any(|x| x.1.is_some())));
     let indexed: Vec<usize> = (0..files.len()).collect();
     let footers = crate::host::par_map(&indexed, 1, |&fi| {
-        if selects(fi) {
+        Ok::<_, DataFusionError>(if selects(fi) {
             read_footer_with(&files[fi].path, parquet::file::metadata::PageIndexPolicy::Optional)
         } else {
             read_footer(&files[fi].path)
-        }
+        })
     })?;
+    // An encrypted file is left to DataFusion's scan (which says what it can read of it).
+    let mut read = Vec::with_capacity(footers.len());
+    for (file, footer) in files.iter().zip(footers) {
+        match footer {
+            Ok(meta) => read.push(meta),
+            Err(_) if File::open(&file.path).is_ok_and(|f| encrypted_footer(&f)) => {
+                return fallback(format!("encrypted file {}", file.path.display()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let footers = read;
     let mut chunks = Vec::new();
     let (mut rows, mut width, mut def_max, mut bytes, mut host_inflated_bound) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut row_groups, mut row_groups_pruned, mut pages_pruned) = (0usize, 0usize, 0usize);

@@ -549,8 +549,9 @@ fn device_scan_answers_equal_host_scan() {
 }
 
 /// The device column cache: a repeated query is answered from the device
-/// (EXPLAIN ANALYZE says "cache hit"), a rewritten file is read again (the
-/// answer follows the new file), and `cache_limit = 0` turns it off.
+/// (EXPLAIN ANALYZE says "cache hit"), string keys too (their spans and page
+/// bodies kept, the hashes proved against them again), a rewritten file is
+/// read again (the answer follows the new file), and `cache_limit = 0` turns it off.
 #[test]
 fn device_cache_serves_unchanged_files_only() {
     let _device = crate::common::shared_device();
@@ -559,6 +560,7 @@ fn device_cache_serves_unchanged_files_only() {
     write_table(&dir.join("a"), 2, 5000, 11, 8000, 0, None);
     write_table(&dir.join("b"), 2, 5000, 12, 8000, 0, None);
     let sql = "SELECT count(*) FROM a WHERE k IN (SELECT k FROM b)";
+    let strings = "SELECT count(*) FROM a WHERE s IN (SELECT s FROM b)";
     block_on(move || async move {
         let open = |settings: &'static [&'static str], setfusion: bool| {
             let dir = dir.clone();
@@ -585,19 +587,28 @@ fn device_cache_serves_unchanged_files_only() {
         assert_eq!(rows(&device, sql).await, want);
         let again = explain(&device, sql, true).await;
         assert_eq!(rows(&device, sql).await, want);
+        let want_strings = rows(&open(&[], false).await, strings).await;
+        assert_eq!(rows(&device, strings).await, want_strings);
+        let strings_again = explain(&device, strings, true).await;
+        assert_eq!(rows(&device, strings).await, want_strings, "string keys from the cache");
         // Rewrite b with other keys: the cache must not answer for the old file.
         write_table(&dir.join("b"), 2, 5200, 13, 8000, 0, None);
         let want_new = rows(&open(&[], false).await, sql).await;
         assert_ne!(want, want_new, "the rewrite changes the answer");
+        let want_strings_new = rows(&open(&[], false).await, strings).await;
+        assert_ne!(want_strings, want_strings_new, "the rewrite changes the answer");
         // A new session in this process: the device cache is the process's, while
         // DataFusion's own per-session file metadata may still describe the old file.
         let device_again = open(&["SET setfusion.min_rows = 0"], true).await;
         assert_eq!(rows(&device_again, sql).await, want_new, "a rewritten file was served from the cache");
+        assert_eq!(rows(&device_again, strings).await, want_strings_new, "rewritten strings served from the cache");
         let off = open(&["SET setfusion.min_rows = 0", "SET setfusion.cache_limit = 0"], true).await;
         let analyzed_off = explain(&off, sql, true).await;
         assert_eq!(rows(&off, sql).await, want_new);
         if gpu {
             assert!(again.contains("cache hit"), "{again}");
+            assert!(strings_again.matches("cache hit").count() >= 2, "{strings_again}");
+            assert!(!strings_again.contains("fell back"), "{strings_again}");
             assert!(analyzed_off.contains("cache off") && !analyzed_off.contains("cache hit"), "{analyzed_off}");
         }
         let _ = std::fs::remove_dir_all(&dir);

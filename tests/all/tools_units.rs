@@ -481,6 +481,26 @@ mod seeds_quick {
         }
     }
 
+    /// The SIMD baseline's block intersection counts what a set intersection
+    /// holds: empty sets, sets shorter than a block, tails of every length,
+    /// blocks whose last elements tie, disjoint and equal sets.
+    #[test]
+    fn simd_blocks_count_the_intersection() {
+        let mut rng = data::Rng::new(11);
+        for case in 0..400u64 {
+            let (na, nb) = (rng.below(60) as usize, rng.below(60) as usize);
+            let domain = 1 + rng.below(if case % 3 == 0 { 40 } else { 400 });
+            let set = |rng: &mut data::Rng, n: usize| {
+                let s: std::collections::BTreeSet<u32> = (0..n).map(|_| rng.below(domain) as u32).collect();
+                s.into_iter().collect::<Vec<u32>>()
+            };
+            let (a, b) = (set(&mut rng, na), set(&mut rng, nb));
+            let want = a.iter().filter(|x| b.binary_search(x).is_ok()).count() as u64;
+            assert_eq!(simd_count(&a, &b), want, "{a:?} {b:?}");
+            assert_eq!(simd_count(&a, &a), a.len() as u64);
+        }
+    }
+
     #[test]
     fn data_recipes_hold_what_they_say() {
         let (a, b) = data::overlapping_pair(10_000, 1_000);

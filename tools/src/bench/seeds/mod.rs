@@ -26,6 +26,8 @@ mod seed002_multisets;
 mod seed003_gtwj;
 mod seed004_large_sets;
 
+pub use seed004_large_sets::simd_count;
+
 /// `setfusion bench seeds`' options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
