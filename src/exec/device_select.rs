@@ -1024,6 +1024,12 @@ fn lanes_to_array(
     }))
 }
 
+/// A probe side read with no filter and nothing in the column cache has its
+/// output columns read after the selection (late materialization) where the
+/// build side has at most this share of its rows (one in 16); otherwise with
+/// its keys, in one pipeline.
+const SPARSE_BUILD_SHARE: u64 = 16;
+
 /// The probe side's columns `needed` decoded on the device, in the
 /// selection's order ([`PayloadColumn`]). A filtered side's column is put in
 /// its keys' order (the rows its filter kept, NULL keys last: `filtered`),
@@ -1365,9 +1371,19 @@ pub(crate) fn select_device_scanned(
         {
             let sides = [key_column(p, probe_keep.clone()), key_column(b, Default::default())];
             // The probe side's output columns (not in the column cache, not the key) are read with the
-            // keys, in the same pipeline, rather than after the selection.
+            // keys, in the same pipeline, rather than after the selection: a second pipeline after it
+            // would read the same pages where most blocks hold a kept row. But where the build side
+            // has at most a sixteenth of the probe side's rows (IN / EXISTS / INTERSECT), few probe
+            // rows are likely kept: they are read after the selection, only the pages that hold a
+            // kept row (`payload_on_device`).
+            let likely_sparse = !every_row
+                && matches!(selector.op, SetOp::Semi | SetOp::IntersectDistinct | SetOp::IntersectAll)
+                && crate::scan::file_rows(b.files())
+                    .zip(crate::scan::file_rows(p.files()))
+                    .is_some_and(|(nb, np)| nb.saturating_mul(SPARSE_BUILD_SHARE) <= np);
             let outputs = match &early {
                 Some(_) => early_outputs,
+                None if likely_sparse => Vec::new(),
                 None => output_sides(&|name, t| cached_column(p, name, t)),
             };
             if outputs.is_empty() {

@@ -45,7 +45,7 @@ use datafusion::error::Result;
 pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded, DeviceStrings};
 pub use pages::{
-    inflated_bytes, is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback,
+    file_rows, inflated_bytes, is_byte_type, key_range, prune_row_groups, supported_key_type, supported_type, Fallback,
     InflatedBytes, Keep, RowSelections, ScanFile,
 };
 

@@ -755,6 +755,11 @@ pub fn is_byte_type(t: &DataType) -> bool {
     matches!(t, Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView)
 }
 
+/// The rows of `files` by their footers (None when one cannot be read).
+pub fn file_rows(files: &[ScanFile]) -> Option<u64> {
+    files.iter().map(|f| read_footer(&f.path).ok().map(|m| m.file_metadata().num_rows().max(0) as u64)).sum()
+}
+
 /// Can the device scan take a key column of this Arrow type?
 pub fn supported_key_type(t: &DataType) -> bool {
     supported_type(t) || is_byte_type(t)

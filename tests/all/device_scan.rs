@@ -712,7 +712,8 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
 /// Late materialization: a filtered probe side's output column that its
 /// filter does not read is read, once the selection is known, only from the
 /// data pages that hold a kept row (the filter's own columns, the key among
-/// them, are kept from the filter and not read again). On sorted columns of
+/// them, are kept from the filter and not read again); so are an unfiltered
+/// probe side's output columns where the build side is small. On sorted columns of
 /// one row group in pages of 1000 rows, the 500 keys the build side matches
 /// lie in one block of 4096 rows, so 35 of the 40 pages of `q` are not read;
 /// where the kept rows fill most blocks, every page is read. Answers equal
@@ -751,6 +752,9 @@ fn payload_pages_of_rejected_rows_are_not_read() {
     write("few", 30_000..30_500);
     let sparse = "SELECT k, p, q FROM wide WHERE p >= 0 AND k IN (SELECT k FROM few)";
     let dense = "SELECT q FROM wide WHERE p < 93000 AND NOT EXISTS (SELECT 1 FROM few WHERE few.k = wide.k)";
+    // Unfiltered: the build side has a sixteenth of the probe's rows or less, so p and q are read
+    // after the selection, each from the 5 of its 40 pages that hold a kept row.
+    let unfiltered = "SELECT k, p, q FROM wide WHERE k IN (SELECT k FROM few)";
     block_on(move || async move {
         let open = |setfusion: bool| {
             let dir = dir.clone();
@@ -773,13 +777,16 @@ fn payload_pages_of_rejected_rows_are_not_read() {
             }
         };
         let (plain, device) = (open(false).await, open(true).await);
-        for sql in [sparse, dense] {
+        for sql in [sparse, dense, unfiltered] {
             assert_eq!(rows(&device, sql).await, rows(&plain, sql).await, "{sql}");
         }
         assert_eq!(rows(&device, sparse).await.len(), 500);
         if gpu {
             let analyzed = explain(&device, sparse, true).await;
             assert!(analyzed.contains("payload of the kept rows only: 35 of 40 data pages not read"), "{analyzed}");
+            assert!(!analyzed.contains("fell back"), "{analyzed}");
+            let analyzed = explain(&device, unfiltered, true).await;
+            assert!(analyzed.contains("payload of the kept rows only: 70 of 80 data pages not read"), "{analyzed}");
             assert!(!analyzed.contains("fell back"), "{analyzed}");
             let analyzed = explain(&device, dense, true).await;
             assert!(
