@@ -1442,6 +1442,7 @@ mod tests {
         let mut stats = TransferStats::default();
         assert_eq!(facts_gpu(&gpu, &j, &mut stats).unwrap(), None, "device overflow flag");
     }
+
     /// Probe columns of 64-bit integers large enough to cross PCIe packed
     /// ([`upload_values`]): a range wider than 32 bits and a narrow one, both
     /// with negative values and NULLs, over several batches, beside raw INT
