@@ -1170,6 +1170,34 @@ fn filter_marked_rows(
     filter: &MarkedRowsFilter<'_>,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<FilteredOutput, String>> {
+    let n = mark.len();
+    let (pass, kept) = match marked_pass(g, columns, mark, filter.program, stats)? {
+        Ok(x) => x,
+        Err(why) => return Ok(Err(why)),
+    };
+    if filter.reduce {
+        let mut aggregates = Vec::with_capacity(filter.projection.len());
+        for &j in filter.projection {
+            let Some(column) = columns.get(j) else { return Ok(Err("the mark is aggregated".into())) };
+            let d = &column.segments[0].0;
+            aggregates.push(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), &pass, n, stats)?);
+        }
+        return Ok(Ok((Vec::new(), Some(aggregates), kept)));
+    }
+    let sources: Vec<Option<&PayloadColumn>> = filter.projection.iter().map(|&j| columns.get(j)).collect();
+    Ok(kept_columns(g, &sources, mark, &pass, kept, stats)?.map(|out| (out, None, kept)))
+}
+
+/// The pass bits of `program` over `columns` (every probe row, one segment
+/// each) and the mark after them, left on the device, and how many rows pass.
+/// `Ok(Err(why))`: the host evaluates the filter.
+fn marked_pass(
+    g: &Gpu,
+    columns: &[PayloadColumn],
+    mark: &datafusion::arrow::array::BooleanArray,
+    program: &[Instr],
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(DeviceBuffer<u32>, usize), String>> {
     use datafusion::arrow::array::Array;
     let n = mark.len();
     let mut program_columns: Vec<(&DeviceBuffer<u64>, Option<&DeviceBuffer<u32>>)> = Vec::new();
@@ -1187,34 +1215,37 @@ fn filter_marked_rows(
     };
     let marks = [(&mark_bits, mark_valid.as_ref())];
     crate::util::trace("filter above: marks on the device");
-    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &program_columns, &marks, n, filter.program, stats)?
-    else {
+    let Some(pass) = crate::algo::join_filter::pass_rows_gpu(g, &program_columns, &marks, n, program, stats)? else {
         return Ok(Err("the filter's arithmetic overflows on the device".into()));
     };
     let kept = gpu::count_kept_on_device(g, &pass, n, stats)?;
     crate::util::trace("filter above: rows passed and counted");
-    drop(program_columns);
-    if filter.reduce {
-        let mut aggregates = Vec::with_capacity(filter.projection.len());
-        for &j in filter.projection {
-            let Some(column) = columns.get(j) else { return Ok(Err("the mark is aggregated".into())) };
-            let d = &column.segments[0].0;
-            aggregates.push(gpu::reduce_kept(g, &d.keys, d.valid.as_ref(), &pass, n, stats)?);
-        }
-        return Ok(Ok((Vec::new(), Some(aggregates), kept)));
-    }
+    Ok(Ok((pass, kept)))
+}
+
+/// The `kept` rows (`pass` on the device) of each source column, brought
+/// back as Arrow arrays; a `None` source is the mark itself.
+fn kept_columns(
+    g: &Gpu,
+    sources: &[Option<&PayloadColumn>],
+    mark: &datafusion::arrow::array::BooleanArray,
+    pass: &DeviceBuffer<u32>,
+    kept: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
+    let n = mark.len();
     // The pass bits on the host, once, where a column is filtered there.
     let mut pass_bits: Option<BooleanBuffer> = None;
     let mut host_pass = |stats: &mut TransferStats| -> Result<BooleanBuffer> {
         if pass_bits.is_none() {
-            let words = g.download(&pass, n.div_ceil(32), stats)?;
+            let words = g.download(pass, n.div_ceil(32), stats)?;
             pass_bits = Some(BooleanBuffer::new(Buffer::from_vec(words), 0, n));
         }
         Ok(pass_bits.clone().expect("set above"))
     };
-    let mut out = Vec::with_capacity(filter.projection.len());
-    for &j in filter.projection {
-        let Some(column) = columns.get(j) else {
+    let mut out = Vec::with_capacity(sources.len());
+    for source in sources {
+        let Some(column) = source else {
             // The mark itself.
             let bits = host_pass(stats)?;
             let selected = datafusion::arrow::array::BooleanArray::new(bits, None);
@@ -1224,13 +1255,13 @@ fn filter_marked_rows(
         let d = &column.segments[0].0;
         let (values, nulls) = match &d.valid {
             None if kept < n => {
-                let (pending, _) = gpu::compact_kept_keys(g, &d.keys, &pass, n, stats)?;
+                let (pending, _) = gpu::compact_kept_keys(g, &d.keys, pass, n, stats)?;
                 (pending.wait()?, None)
             }
             None => (g.download_to_arrow(&d.keys, n, stats)?.wait()?, None),
             Some(_) => {
                 let sel = host_pass(stats)?;
-                kept_values(g, d, &sel, Some(&pass), stats)?
+                kept_values(g, d, &sel, Some(pass), stats)?
             }
         };
         match lanes_to_array(&column.name, &column.data_type, values, nulls)? {
@@ -1238,7 +1269,90 @@ fn filter_marked_rows(
             Err(why) => return Ok(Err(why)),
         }
     }
-    Ok(Ok((out, None, kept)))
+    Ok(Ok(out))
+}
+
+/// A filter above whose projection holds probe columns it does not read
+/// (`late`: their payload column numbers), over a probe side read from its
+/// files: its own columns (`needed` less `late`) are decoded for every row and
+/// the filter run over them and the mark; the late columns are then read for
+/// the rows it kept only ([`payload_on_device`]: the pages that hold one,
+/// where they lie in at most half of the blocks), and every projected
+/// column's kept rows come back. The arrays, the rows kept and the notes.
+#[allow(clippy::too_many_arguments)]
+fn filter_then_read_late(
+    g: &Gpu,
+    scan: &DeviceScanExec,
+    needed: &[usize],
+    late: &[usize],
+    filter: &MarkedRowsFilter<'_>,
+    mark: &datafusion::arrow::array::BooleanArray,
+    keep: &crate::scan::Keep,
+    ready: Vec<(String, crate::scan::DeviceDecoded)>,
+    cache_limit: usize,
+    stats: &mut TransferStats,
+) -> Result<std::result::Result<(Vec<ArrayRef>, usize, Option<String>), String>> {
+    let n = mark.len();
+    // The program's columns that are not late, by their number in `needed` (the mark: `needed.len()`).
+    let early: Vec<usize> = (0..needed.len()).filter(|&j| !late.contains(&needed[j])).collect();
+    let early_needed: Vec<usize> = early.iter().map(|&j| needed[j]).collect();
+    let every = BooleanBuffer::new_set(n);
+    let (early_columns, note) =
+        match payload_on_device(g, scan, &early_needed, &every, None, keep, ready, cache_limit, stats)? {
+            Ok(x) => x,
+            Err(why) => return Ok(Err(why)),
+        };
+    // The program renumbered over the early columns, the mark after them.
+    let mut program = Vec::with_capacity(filter.program.len());
+    for i in filter.program {
+        if i.op != op::COL {
+            program.push(*i);
+            continue;
+        }
+        let j = i.arg as usize;
+        let to = match early.iter().position(|&e| e == j) {
+            Some(p) => p,
+            None if j == needed.len() => early.len(),
+            None => return Ok(Err(format!("the filter reads column {j}, which was left for after it"))),
+        };
+        program.push(Instr::new(i.op, to as u32, i.imm));
+    }
+    let (pass, kept) = match marked_pass(g, &early_columns, mark, &program, stats)? {
+        Ok(x) => x,
+        Err(why) => return Ok(Err(why)),
+    };
+    let words = g.download(&pass, n.div_ceil(32), stats)?;
+    let kept_rows = BooleanBuffer::new(Buffer::from_vec(words), 0, n);
+    crate::util::trace("filter above: the columns it does not read, for the rows it kept");
+    let (late_columns, late_note) =
+        match payload_on_device(g, scan, late, &kept_rows, None, keep, Vec::new(), cache_limit, stats)? {
+            Ok(x) => x,
+            Err(why) => return Ok(Err(why)),
+        };
+    let mut sources: Vec<Option<&PayloadColumn>> = Vec::with_capacity(filter.projection.len());
+    for &j in filter.projection {
+        if j >= needed.len() {
+            sources.push(None);
+            continue;
+        }
+        let source = match early.iter().position(|&e| e == j) {
+            Some(p) => early_columns.get(p),
+            None => late.iter().position(|&l| l == needed[j]).and_then(|p| late_columns.get(p)),
+        };
+        match source {
+            Some(c) => sources.push(Some(c)),
+            None => return Ok(Err(format!("projected column {j} was not decoded"))),
+        }
+    }
+    let arrays = match kept_columns(g, &sources, mark, &pass, kept, stats)? {
+        Ok(a) => a,
+        Err(why) => return Ok(Err(why)),
+    };
+    let note = match (note, late_note) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
+    Ok(Ok((arrays, kept, note)))
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -1256,6 +1370,28 @@ pub(crate) fn select_device_scanned(
     let payload = output.map(|o| o.columns);
     let every_row = output.is_some_and(|o| o.every_row);
     let reduce = output.is_some_and(|o| o.reduce);
+    // Under a filter above (a mark join's), the projected probe columns the
+    // filter does not read are read after it, for the rows it kept
+    // ([`filter_then_read_late`]); not the key (its decoded keys give it) nor
+    // a filtered side's.
+    let late_payload: Vec<usize> = match (output.and_then(|o| o.filter).filter(|_| every_row), payload, &probe) {
+        (Some(f), Some(needed), Side::Device(p)) if !f.reduce && p.filter().is_none() => {
+            let read: Vec<usize> = f.program.iter().filter(|i| i.op == op::COL).map(|i| i.arg as usize).collect();
+            let columns = p.payload().unwrap_or_default();
+            let mut late: Vec<usize> = f
+                .projection
+                .iter()
+                .copied()
+                .filter(|&j| j < needed.len() && !read.contains(&j))
+                .map(|j| needed[j])
+                .filter(|&i| columns.get(i).is_some_and(|(name, _)| name != p.column()))
+                .collect();
+            late.sort_unstable();
+            late.dedup();
+            late
+        }
+        _ => Vec::new(),
+    };
     if crate::scan::is_byte_type(key_type) && (matches!(probe, Side::Host(..)) || matches!(build, Side::Host(..))) {
         return Ok(Err("string keys: the device reads both sides or neither (their hashes are proved against \
                        the bytes there)"
@@ -1289,6 +1425,7 @@ pub(crate) fn select_device_scanned(
         let columns = p.payload().unwrap_or_default();
         needed
             .iter()
+            .filter(|&i| !late_payload.contains(i))
             .filter_map(|&i| columns.get(i))
             .filter(|(name, t)| name != p.column() && !cached(name, t))
             .map(|(name, t)| crate::scan::PairSide {
@@ -1526,74 +1663,100 @@ pub(crate) fn select_device_scanned(
     let probe_key_nulls = probe.nulls.as_ref().map(|(b, _)| b.clone());
     // `on_device`: the selection's words where the device holds them (none
     // where the host made the selection or added the NULL-keyed rows to it).
-    let mut with_payload = |selection: BooleanBuffer,
-                            on_device: Option<DeviceBuffer<u32>>,
-                            mut ran: String,
-                            stats: &mut TransferStats| {
-        let mut filtered_rows = None;
-        let mut reduced = None;
-        let payload = match (probe_scan, payload) {
-            (Some(scan), Some(needed)) => {
-                let ready = std::mem::take(&mut prefetched);
-                let rows = if every_row { BooleanBuffer::new_set(selection.len()) } else { selection.clone() };
-                let (kept, keep, limit) = (probe_kept.as_ref(), &probe_keep, cfg.cache_limit.0);
-                let arrays = match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
-                    Err(why) => Err(why),
-                    // The marked rows filtered on the device: only those kept come back.
-                    Ok((columns, note)) => match row_filter {
+    let mut with_payload =
+        |selection: BooleanBuffer, on_device: Option<DeviceBuffer<u32>>, mut ran: String, stats: &mut TransferStats| {
+            let mut filtered_rows = None;
+            let mut reduced = None;
+            let payload = match (probe_scan, payload) {
+                (Some(scan), Some(needed)) => {
+                    let ready = std::mem::take(&mut prefetched);
+                    let rows = if every_row { BooleanBuffer::new_set(selection.len()) } else { selection.clone() };
+                    let (kept, keep, limit) = (probe_kept.as_ref(), &probe_keep, cfg.cache_limit.0);
+                    let late_filter = row_filter.filter(|_| !late_payload.is_empty());
+                    let arrays = match late_filter {
                         Some(filter) => {
-                            crate::util::trace("filter above: its columns decoded");
                             let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
-                            match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
-                                Ok((arrays, aggregates, kept_rows)) => {
+                            match filter_then_read_late(
+                                &g,
+                                scan,
+                                needed,
+                                &late_payload,
+                                filter,
+                                &mark,
+                                keep,
+                                ready,
+                                limit,
+                                stats,
+                            )? {
+                                Ok((arrays, kept_rows, note)) => {
                                     ran = format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
-                                    if aggregates.is_some() {
-                                        ran = format!("{ran}; the aggregate above reduced on the device");
-                                    }
                                     filtered_rows = Some(kept_rows);
-                                    reduced = aggregates;
                                     Ok((arrays, note))
                                 }
                                 Err(why) => Err(why),
                             }
                         }
-                        // An aggregate above: the kept rows reduced on the device.
-                        None if reduce => match reduce_payload(&g, &columns, on_device.as_ref(), stats)? {
-                            Ok(aggregates) => {
-                                ran = format!("{ran}; the aggregate above reduced on the device");
-                                reduced = Some(aggregates);
-                                Ok((Vec::new(), note))
-                            }
+                        None => match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
                             Err(why) => Err(why),
+                            // The marked rows filtered on the device: only those kept come back.
+                            Ok((columns, note)) => match row_filter {
+                                Some(filter) => {
+                                    crate::util::trace("filter above: its columns decoded");
+                                    let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
+                                    match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
+                                        Ok((arrays, aggregates, kept_rows)) => {
+                                            ran = format!(
+                                                "{ran}; the filter above run on the device: {kept_rows} rows kept"
+                                            );
+                                            if aggregates.is_some() {
+                                                ran = format!("{ran}; the aggregate above reduced on the device");
+                                            }
+                                            filtered_rows = Some(kept_rows);
+                                            reduced = aggregates;
+                                            Ok((arrays, note))
+                                        }
+                                        Err(why) => Err(why),
+                                    }
+                                }
+                                // An aggregate above: the kept rows reduced on the device.
+                                None if reduce => match reduce_payload(&g, &columns, on_device.as_ref(), stats)? {
+                                    Ok(aggregates) => {
+                                        ran = format!("{ran}; the aggregate above reduced on the device");
+                                        reduced = Some(aggregates);
+                                        Ok((Vec::new(), note))
+                                    }
+                                    Err(why) => Err(why),
+                                },
+                                None => download_payload(&g, columns, on_device.as_ref(), stats)?
+                                    .map(|arrays| (arrays, note)),
+                            },
                         },
-                        None => download_payload(&g, columns, on_device.as_ref(), stats)?.map(|arrays| (arrays, note)),
-                    },
-                };
-                match arrays {
-                    Ok((arrays, note)) => {
-                        if let Some(note) = note {
-                            ran = format!("{ran}; {note}");
+                    };
+                    match arrays {
+                        Ok((arrays, note)) => {
+                            if let Some(note) = note {
+                                ran = format!("{ran}; {note}");
+                            }
+                            Some(arrays)
                         }
-                        Some(arrays)
+                        Err(why) => return Ok(Err(format!("probe side: {why}"))),
                     }
-                    Err(why) => return Ok(Err(format!("probe side: {why}"))),
                 }
-            }
-            _ => None,
+                _ => None,
+            };
+            crate::util::trace("device select: output done");
+            selector.metrics.device.record(stats);
+            Ok(Ok(DeviceSelected {
+                selection,
+                ran,
+                reports: reports.clone(),
+                payload,
+                filtered_rows,
+                reduced,
+                build_rows,
+                build_nulls: nb,
+            }))
         };
-        crate::util::trace("device select: output done");
-        selector.metrics.device.record(stats);
-        Ok(Ok(DeviceSelected {
-            selection,
-            ran,
-            reports: reports.clone(),
-            payload,
-            filtered_rows,
-            reduced,
-            build_rows,
-            build_nulls: nb,
-        }))
-    };
     if let Some((sel, ran)) = selector.decided_by_nulls(n, build.n, nb) {
         return with_payload(sel, None, format!("{ran}; device scan {}", notes.join("; ")), &mut stats);
     }

@@ -713,7 +713,8 @@ fn probe_row_groups_outside_the_build_range_are_not_read() {
 /// filter does not read is read, once the selection is known, only from the
 /// data pages that hold a kept row (the filter's own columns, the key among
 /// them, are kept from the filter and not read again); so are an unfiltered
-/// probe side's output columns where the build side is small. On sorted columns of
+/// probe side's output columns where the build side is small, and those a
+/// filter above a mark join outputs but does not read. On sorted columns of
 /// one row group in pages of 1000 rows, the 500 keys the build side matches
 /// lie in one block of 4096 rows, so 35 of the 40 pages of `q` are not read;
 /// where the kept rows fill most blocks, every page is read. Answers equal
@@ -755,6 +756,9 @@ fn payload_pages_of_rejected_rows_are_not_read() {
     // Unfiltered: the build side has a sixteenth of the probe's rows or less, so p and q are read
     // after the selection, each from the 5 of its 40 pages that hold a kept row.
     let unfiltered = "SELECT k, p, q FROM wide WHERE k IN (SELECT k FROM few)";
+    // A mark join whose filter above reads the mark and p: q is read after the filter, from the
+    // pages of the 500 rows it keeps (the same rows as the semi join's, p never being negative).
+    let marked = "SELECT q FROM wide WHERE k IN (SELECT k FROM few) OR p < 0";
     block_on(move || async move {
         let open = |setfusion: bool| {
             let dir = dir.clone();
@@ -781,6 +785,8 @@ fn payload_pages_of_rejected_rows_are_not_read() {
             assert_eq!(rows(&device, sql).await, rows(&plain, sql).await, "{sql}");
         }
         assert_eq!(rows(&device, sparse).await.len(), 500);
+        let semi = "SELECT q FROM wide WHERE k IN (SELECT k FROM few)";
+        assert_eq!(rows(&device, marked).await, rows(&plain, semi).await, "{marked}");
         if gpu {
             let analyzed = explain(&device, sparse, true).await;
             assert!(analyzed.contains("payload of the kept rows only: 35 of 40 data pages not read"), "{analyzed}");
@@ -788,6 +794,9 @@ fn payload_pages_of_rejected_rows_are_not_read() {
             let analyzed = explain(&device, unfiltered, true).await;
             assert!(analyzed.contains("payload of the kept rows only: 70 of 80 data pages not read"), "{analyzed}");
             assert!(!analyzed.contains("fell back"), "{analyzed}");
+            let analyzed = explain(&device, marked, true).await;
+            assert!(analyzed.contains("MarkJoinExec") && analyzed.contains("500 rows kept"), "{analyzed}");
+            assert!(analyzed.contains("payload of the kept rows only: 35 of 40 data pages not read"), "{analyzed}");
             let analyzed = explain(&device, dense, true).await;
             assert!(
                 !analyzed.contains("payload of the kept rows only") && !analyzed.contains("fell back"),
