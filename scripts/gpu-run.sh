@@ -17,6 +17,8 @@ cd ..   # the repository root: tests find sql-tests/ here
 root="$PWD"
 if [ ! -e /work/main/Cargo.toml ]; then mkdir -p /work && ln -sfn "$root" /work/main 2>/dev/null || true; fi
 if [ ! -e /work/shared/data/dblp_t_18k.txt ]; then mkdir -p /work/shared/data && cp $B/data/* /work/shared/data/ 2>/dev/null || true; fi
+# tests/all starts the CLI where cargo built it (CARGO_BIN_EXE_setfusion: the cluster test).
+if [ ! -e target/release/setfusion ] && [ -e "$B/setfusion" ]; then mkdir -p target/release && ln -sfn "$root/$B/setfusion" target/release/setfusion; fi
 if [[ $what == doctor || $what == all || $what == test ]]; then
   $B/setfusion doctor 2>&1 | tee "$out/doctor.txt" || rc=1
 fi
