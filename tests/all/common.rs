@@ -91,3 +91,22 @@ pub fn shared_device() -> std::sync::RwLockReadGuard<'static, ()> {
 pub fn exclusive_device() -> std::sync::RwLockWriteGuard<'static, ()> {
     DEVICE.write().unwrap_or_else(|e| e.into_inner())
 }
+
+/// A query's answer as sorted canonical rows (a failure names the query).
+pub async fn rows(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Vec<String> {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    setfusion_tools::bench::tpch::canonical_rows(&batches).unwrap()
+}
+
+/// The query's EXPLAIN (`analyze`: EXPLAIN ANALYZE) as one string.
+pub async fn explain(ctx: &datafusion::prelude::SessionContext, sql: &str, analyze: bool) -> String {
+    let q = format!("EXPLAIN {}{sql}", if analyze { "ANALYZE " } else { "" });
+    let batches = ctx.sql(&q).await.unwrap().collect().await.unwrap();
+    setfusion_tools::bench::tpch::canonical_rows(&batches).unwrap().join("\n")
+}

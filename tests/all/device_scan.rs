@@ -20,9 +20,8 @@ use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
-use setfusion_tools::bench::tpch::canonical_rows;
 
-use crate::common::{block_on, gpu_or_skip};
+use crate::common::{block_on, explain, gpu_or_skip, rows};
 
 /// Write `files` Parquet files of `rows` rows each under `dir` (k BIGINT with
 /// NULLs every `null_every` rows, 0: none; k32 INT; p BIGINT; f BOOLEAN with NULLs; s VARCHAR, NULL
@@ -126,23 +125,6 @@ async fn session(dir: &Path, settings: &[&str], setfusion: bool) -> SessionConte
         ctx.register_parquet(t, dir.join(t).to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
     }
     ctx
-}
-
-async fn rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
-    let batches = ctx
-        .sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    canonical_rows(&batches).unwrap()
-}
-
-async fn explain(ctx: &SessionContext, sql: &str, analyze: bool) -> String {
-    let q = format!("EXPLAIN {}{sql}", if analyze { "ANALYZE " } else { "" });
-    let batches = ctx.sql(&q).await.unwrap().collect().await.unwrap();
-    canonical_rows(&batches).unwrap().join("\n")
 }
 
 /// Queries whose answers DataFusion gets right (the ALL forms are compared with setfusion's host path).

@@ -26,9 +26,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use setfusion::scan::{scan_to_host, supported_type, ScanFile};
-use setfusion_tools::bench::tpch::canonical_rows;
 
-use crate::common::{block_on, gpu_or_skip};
+use crate::common::{block_on, explain, gpu_or_skip, rows};
 
 /// tpchgen's scale factor: 15,000 orders, 1,500 customers, ~60,000 line items.
 const SF: f64 = 0.01;
@@ -237,11 +236,6 @@ async fn session(dir: &Path, setfusion: bool, settings: &[&str]) -> SessionConte
     ctx
 }
 
-async fn rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
-    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-    canonical_rows(&df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"))).unwrap()
-}
-
 /// Queries DataFusion answers rightly.
 const QUERIES: &[&str] = &[
     "SELECT count(*) FROM orders WHERE o_custkey IN (SELECT c_custkey FROM customer)",
@@ -295,9 +289,7 @@ fn tpchgen_files_in_every_shape_answer_through_the_device_scan() {
         if gpu {
             // Integer, date and decimal keys over every shape: read by the device, nothing falls back.
             for sql in [QUERIES[0], QUERIES[5], QUERIES[7], QUERIES[8], EXACT_QUERIES[0]] {
-                let q = format!("EXPLAIN ANALYZE {sql}");
-                let analyzed =
-                    canonical_rows(&device.sql(&q).await.unwrap().collect().await.unwrap()).unwrap().join("\n");
+                let analyzed = explain(&device, sql, true).await;
                 assert!(analyzed.contains("DeviceScanExec") && analyzed.contains("device scan"), "{analyzed}");
                 assert!(!analyzed.contains("fell back"), "{analyzed}");
             }
