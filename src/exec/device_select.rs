@@ -1185,7 +1185,7 @@ fn filter_marked_rows(
         return Ok(Ok((Vec::new(), Some(aggregates), kept)));
     }
     let sources: Vec<Option<&PayloadColumn>> = filter.projection.iter().map(|&j| columns.get(j)).collect();
-    Ok(kept_columns(g, &sources, mark, &pass, kept, stats)?.map(|out| (out, None, kept)))
+    Ok(kept_columns(g, &sources, mark, &pass, None, kept, stats)?.map(|out| (out, None, kept)))
 }
 
 /// The pass bits of `program` over `columns` (every probe row, one segment
@@ -1223,19 +1223,20 @@ fn marked_pass(
     Ok(Ok((pass, kept)))
 }
 
-/// The `kept` rows (`pass` on the device) of each source column, brought
-/// back as Arrow arrays; a `None` source is the mark itself.
+/// The `kept` rows (`pass` on the device; `pass_bits` on the host, where the
+/// caller holds them already) of each source column, brought back as Arrow
+/// arrays; a `None` source is the mark itself.
 fn kept_columns(
     g: &Gpu,
     sources: &[Option<&PayloadColumn>],
     mark: &datafusion::arrow::array::BooleanArray,
     pass: &DeviceBuffer<u32>,
+    mut pass_bits: Option<BooleanBuffer>,
     kept: usize,
     stats: &mut TransferStats,
 ) -> Result<std::result::Result<Vec<ArrayRef>, String>> {
     let n = mark.len();
     // The pass bits on the host, once, where a column is filtered there.
-    let mut pass_bits: Option<BooleanBuffer> = None;
     let mut host_pass = |stats: &mut TransferStats| -> Result<BooleanBuffer> {
         if pass_bits.is_none() {
             let words = g.download(pass, n.div_ceil(32), stats)?;
@@ -1278,7 +1279,7 @@ fn kept_columns(
 /// the filter run over them and the mark; the late columns are then read for
 /// the rows it kept only ([`payload_on_device`]: the pages that hold one,
 /// where they lie in at most half of the blocks), and every projected
-/// column's kept rows come back. The arrays, the rows kept and the notes.
+/// column's kept rows come back, with the notes of the two reads.
 #[allow(clippy::too_many_arguments)]
 fn filter_then_read_late(
     g: &Gpu,
@@ -1291,7 +1292,7 @@ fn filter_then_read_late(
     ready: Vec<(String, crate::scan::DeviceDecoded)>,
     cache_limit: usize,
     stats: &mut TransferStats,
-) -> Result<std::result::Result<(Vec<ArrayRef>, usize, Option<String>), String>> {
+) -> Result<std::result::Result<(FilteredOutput, Option<String>), String>> {
     let n = mark.len();
     // The program's columns that are not late, by their number in `needed` (the mark: `needed.len()`).
     let early: Vec<usize> = (0..needed.len()).filter(|&j| !late.contains(&needed[j])).collect();
@@ -1344,7 +1345,7 @@ fn filter_then_read_late(
             None => return Ok(Err(format!("projected column {j} was not decoded"))),
         }
     }
-    let arrays = match kept_columns(g, &sources, mark, &pass, kept, stats)? {
+    let arrays = match kept_columns(g, &sources, mark, &pass, Some(kept_rows), kept, stats)? {
         Ok(a) => a,
         Err(why) => return Ok(Err(why)),
     };
@@ -1352,7 +1353,7 @@ fn filter_then_read_late(
         (Some(a), Some(b)) => Some(format!("{a}; {b}")),
         (a, b) => a.or(b),
     };
-    Ok(Ok((arrays, kept, note)))
+    Ok(Ok(((arrays, None, kept), note)))
 }
 
 /// The selection of every probe row, with what ran; `Ok(Err(reason))` when a
@@ -1672,64 +1673,44 @@ pub(crate) fn select_device_scanned(
                     let ready = std::mem::take(&mut prefetched);
                     let rows = if every_row { BooleanBuffer::new_set(selection.len()) } else { selection.clone() };
                     let (kept, keep, limit) = (probe_kept.as_ref(), &probe_keep, cfg.cache_limit.0);
-                    let late_filter = row_filter.filter(|_| !late_payload.is_empty());
-                    let arrays = match late_filter {
+                    let arrays = match row_filter {
+                        // The marked rows filtered on the device: only those kept come back.
                         Some(filter) => {
                             let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
-                            match filter_then_read_late(
-                                &g,
-                                scan,
-                                needed,
-                                &late_payload,
-                                filter,
-                                &mark,
-                                keep,
-                                ready,
-                                limit,
-                                stats,
-                            )? {
-                                Ok((arrays, kept_rows, note)) => {
-                                    ran = format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
-                                    filtered_rows = Some(kept_rows);
-                                    Ok((arrays, note))
+                            let filtered = if late_payload.is_empty() {
+                                match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
+                                    Ok((columns, note)) => {
+                                        crate::util::trace("filter above: its columns decoded");
+                                        filter_marked_rows(&g, &columns, &mark, filter, stats)?.map(|f| (f, note))
+                                    }
+                                    Err(why) => Err(why),
                                 }
-                                Err(why) => Err(why),
-                            }
+                            } else {
+                                let late = &late_payload;
+                                filter_then_read_late(&g, scan, needed, late, filter, &mark, keep, ready, limit, stats)?
+                            };
+                            filtered.map(|((arrays, aggregates, kept_rows), note)| {
+                                ran = format!("{ran}; the filter above run on the device: {kept_rows} rows kept");
+                                if aggregates.is_some() {
+                                    ran = format!("{ran}; the aggregate above reduced on the device");
+                                }
+                                filtered_rows = Some(kept_rows);
+                                reduced = aggregates;
+                                (arrays, note)
+                            })
                         }
                         None => match payload_on_device(&g, scan, needed, &rows, kept, keep, ready, limit, stats)? {
                             Err(why) => Err(why),
-                            // The marked rows filtered on the device: only those kept come back.
-                            Ok((columns, note)) => match row_filter {
-                                Some(filter) => {
-                                    crate::util::trace("filter above: its columns decoded");
-                                    let mark = (filter.mark)(&selection, probe_key_nulls.as_ref(), build_rows, nb);
-                                    match filter_marked_rows(&g, &columns, &mark, filter, stats)? {
-                                        Ok((arrays, aggregates, kept_rows)) => {
-                                            ran = format!(
-                                                "{ran}; the filter above run on the device: {kept_rows} rows kept"
-                                            );
-                                            if aggregates.is_some() {
-                                                ran = format!("{ran}; the aggregate above reduced on the device");
-                                            }
-                                            filtered_rows = Some(kept_rows);
-                                            reduced = aggregates;
-                                            Ok((arrays, note))
-                                        }
-                                        Err(why) => Err(why),
-                                    }
-                                }
-                                // An aggregate above: the kept rows reduced on the device.
-                                None if reduce => match reduce_payload(&g, &columns, on_device.as_ref(), stats)? {
-                                    Ok(aggregates) => {
-                                        ran = format!("{ran}; the aggregate above reduced on the device");
-                                        reduced = Some(aggregates);
-                                        Ok((Vec::new(), note))
-                                    }
-                                    Err(why) => Err(why),
-                                },
-                                None => download_payload(&g, columns, on_device.as_ref(), stats)?
-                                    .map(|arrays| (arrays, note)),
-                            },
+                            // An aggregate above: the kept rows reduced on the device.
+                            Ok((columns, note)) if reduce => reduce_payload(&g, &columns, on_device.as_ref(), stats)?
+                                .map(|aggregates| {
+                                    ran = format!("{ran}; the aggregate above reduced on the device");
+                                    reduced = Some(aggregates);
+                                    (Vec::new(), note)
+                                }),
+                            Ok((columns, note)) => {
+                                download_payload(&g, columns, on_device.as_ref(), stats)?.map(|arrays| (arrays, note))
+                            }
                         },
                     };
                     match arrays {
