@@ -281,13 +281,17 @@ mod cli_grammar {
             "100",
             "--partitions",
             "4",
+            "--distinct-rows",
+            "50000",
+            "--runs",
+            "1",
             "--skip-kway",
             "--strings",
         ]) else {
             panic!()
         };
         assert_eq!((l.rows, l.batch_rows, l.max_len, l.queries, l.terms), (200_000, 4096, 50, 10, 8));
-        assert_eq!((l.max_list, l.domain, l.partitions), (5000, 100, 4));
+        assert_eq!((l.max_list, l.domain, l.partitions, l.distinct_rows, l.runs), (5000, 100, 4, Some(50_000), 1));
         assert!(l.skip_kway && l.strings && !l.skip_rows);
 
         let Bench::Ssjoin(s) = bench(&[

@@ -1,5 +1,5 @@
 //! `setfusion bench lists [--rows N] [--max-len N] [--domain N] [--partitions N] [--batch-rows N]
-//! [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway] [--strings]`: the
+//! [--distinct-rows N] [--runs N] [--queries N] [--terms N] [--max-list N] [--skip-rows] [--skip-kway] [--strings]`: the
 //! list functions and the k-way intersection (issue 15).
 //!
 //! (a) `--rows` rows (default 10M) of two INT lists of 10 to `--max-len`
@@ -10,10 +10,13 @@
 //! which forces the device), `set_intersect_all` on setfusion's per-row CPU
 //! path (`strategy = 'cpu'`), and DataFusion's own `array_intersect` (a plain
 //! SessionContext), and setfusion's default (`auto`: the cost model decides
-//! per batch). Warm: one unmeasured run, then the median of 3. The GPU
+//! per batch). Warm: one unmeasured run, then the median of `--runs` (3). The GPU
 //! and CPU sums must agree (array_intersect's is smaller: it keeps distinct
 //! values only). `--strings`: the same values written as strings (Utf8 lists;
-//! the GPU path ranks each batch's strings on the host first).
+//! the GPU path ranks each batch's strings on the host first). `--distinct-rows N`:
+//! only the first N rows' batches are generated, and the table repeats them
+//! (shared buffers) until it has `--rows`: 10M rows of string lists are ~80 GB
+//! when every batch is distinct, more than the device machine's host holds.
 //!
 //! (b) `--terms` (64) posting lists of 1K to `--max-list` (10M) sorted
 //! distinct ids (sizes log-uniform, ids in [0, 20M)); `--queries` (1,000)
@@ -45,6 +48,8 @@ struct Args {
     domain: i32,
     partitions: usize,
     batch_rows: usize,
+    distinct_rows: usize,
+    runs: usize,
     queries: usize,
     terms: usize,
     max_list: usize,
@@ -71,6 +76,12 @@ pub struct Options {
     /// (a) rows per batch (DataFusion's default batch size)
     #[arg(long, value_name = "N", default_value_t = 8192)]
     pub batch_rows: usize,
+    /// (a) generate only the first N rows' batches and repeat them (default: every batch distinct)
+    #[arg(long, value_name = "N")]
+    pub distinct_rows: Option<usize>,
+    /// (a) timed runs per engine after its unmeasured one (the median)
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub runs: usize,
     /// (a) the values written as strings (Utf8 lists)
     #[arg(long)]
     pub strings: bool,
@@ -99,6 +110,8 @@ fn settings(o: Options) -> Args {
         domain: o.domain.clamp(1, i32::MAX as usize) as i32,
         partitions: o.partitions.max(1),
         batch_rows: o.batch_rows.max(1),
+        distinct_rows: o.distinct_rows.unwrap_or(o.rows).clamp(1, o.rows.max(1)),
+        runs: o.runs.max(1),
         queries: o.queries,
         terms: o.terms.max(2),
         max_list: o.max_list.max(1000),
@@ -115,7 +128,8 @@ fn ms(d: Duration) -> f64 {
 /// The table of list pairs, `partitions` partitions of `--batch-rows`-row
 /// batches (round robin). Batches are generated in parallel, each from its
 /// own seed, so the data does not depend on the thread count (10M rows are
-/// ~10G elements).
+/// ~10G elements). Batch `bi` repeats batch `bi % distinct` (its buffers
+/// shared), where `distinct` batches hold `--distinct-rows`.
 fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
     let elem = if a.strings { DataType::Utf8 } else { DataType::Int32 };
     let field = Arc::new(Field::new_list_field(elem, true));
@@ -125,6 +139,8 @@ fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
     ]));
     let batch_rows = a.batch_rows;
     let batches = a.rows.div_ceil(batch_rows);
+    // Whole batches only, so a repeated batch is never a short last one.
+    let distinct = a.distinct_rows.div_ceil(batch_rows).clamp(1, batches.max(1));
     let column = |rng: &mut rand::rngs::StdRng, n: usize| {
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0i32);
@@ -147,34 +163,43 @@ fn list_table(a: &Args) -> Result<(Arc<MemTable>, usize)> {
         let (ca, cb) = (column(&mut rng, n), column(&mut rng, n));
         RecordBatch::try_new(schema.clone(), vec![Arc::new(ca), Arc::new(cb)])
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(batches.max(1));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(distinct);
     let made: Vec<Vec<(usize, RecordBatch)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    (t..batches).step_by(threads).map(|bi| make(bi).map(|b| (bi, b))).collect::<Result<Vec<_>, _>>()
+                    (t..distinct).step_by(threads).map(|bi| make(bi).map(|b| (bi, b))).collect::<Result<Vec<_>, _>>()
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("list generator thread")).collect::<Result<_, _>>()
     })?;
     let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); a.partitions];
-    let mut all: Vec<(usize, RecordBatch)> = made.into_iter().flatten().collect();
-    all.sort_by_key(|(bi, _)| *bi);
+    let mut made: Vec<(usize, RecordBatch)> = made.into_iter().flatten().collect();
+    made.sort_by_key(|(bi, _)| *bi);
+    let last_rows = a.rows.saturating_sub(batches.saturating_sub(1) * batch_rows);
     let mut elements = 0;
-    for (bi, b) in all {
+    for bi in 0..batches {
+        let b = &made[bi % distinct].1;
+        // The last batch is cut to the rows left when it repeats a full one.
+        let b = if bi + 1 == batches && b.num_rows() > last_rows { b.slice(0, last_rows) } else { b.clone() };
         elements += b
             .columns()
             .iter()
-            .map(|c| c.as_any().downcast_ref::<ListArray>().map_or(0, |l| l.values().len()))
+            .map(|c| {
+                c.as_any().downcast_ref::<ListArray>().map_or(0, |l| {
+                    let o = l.value_offsets();
+                    (o[o.len() - 1] - o[0]) as usize
+                })
+            })
             .sum::<usize>();
         parts[bi % a.partitions].push(b);
     }
     Ok((Arc::new(MemTable::try_new(schema, parts)?), elements))
 }
 
-/// One unmeasured run, then the median of 3; the query's single BIGINT.
-async fn timed(ctx: &SessionContext, sql: &str) -> Result<(Duration, i64)> {
+/// One unmeasured run, then the median of `runs`; the query's single BIGINT.
+async fn timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<(Duration, i64)> {
     let run = || async {
         let t = Instant::now();
         let b = ctx.sql(sql).await?.collect().await?;
@@ -188,7 +213,7 @@ async fn timed(ctx: &SessionContext, sql: &str) -> Result<(Duration, i64)> {
     run().await?;
     let mut times = Vec::new();
     let mut value = 0;
-    for _ in 0..3 {
+    for _ in 0..runs {
         let (t, v) = run().await?;
         times.push(t);
         value = v;
@@ -203,12 +228,18 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
     let config = || SessionConfig::new().with_target_partitions(a.partitions).with_batch_size(a.batch_rows);
     let gpu_ok = setfusion::gpu::gpu(0).is_ok();
     let kind = if a.strings { "Utf8 (the integers written as strings)" } else { "INT" };
-    writeln!(report, "### List functions: {} rows of two {kind} lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of 3\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows).unwrap();
+    let repeated = if a.distinct_rows < a.rows {
+        format!(" (its first {} rows repeated)", (a.distinct_rows.div_ceil(a.batch_rows) * a.batch_rows).min(a.rows))
+    } else {
+        String::new()
+    };
+    writeln!(report, "### List functions: {} rows{repeated} of two {kind} lists of 10-{} values in [0, {}) ({elements} elements), {} partitions, batches of {} rows, warm, median of {}\n", a.rows, a.max_len, a.domain, a.partitions, a.batch_rows, a.runs).unwrap();
     writeln!(report, "| engine | query | time | sum of result lengths | vs array_intersect |").unwrap();
     writeln!(report, "|---|---|---|---|---|").unwrap();
     let df = SessionContext::new_with_config(config());
     df.register_table("t", table.clone())?;
-    let (t_df, n_df) = timed(&df, "SELECT CAST(sum(cardinality(array_intersect(a, b))) AS BIGINT) FROM t").await?;
+    let (t_df, n_df) =
+        timed(&df, "SELECT CAST(sum(cardinality(array_intersect(a, b))) AS BIGINT) FROM t", a.runs).await?;
     let mut rows = vec![("DataFusion", "array_intersect(a, b) (distinct)", t_df, n_df)];
     // setfusion's per-row CPU path, its default (the cost model decides per batch; the device
     // warm), and the device forced; every sum must equal the CPU's.
@@ -223,7 +254,8 @@ async fn bench_rows(a: &Args, report: &mut String) -> Result<()> {
         let ctx = setfusion::context_with_config(config());
         ctx.register_table("t", table.clone())?;
         ctx.sql(&format!("SET setfusion.strategy = '{strategy}'")).await?.collect().await?;
-        let (t, n) = timed(&ctx, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t").await?;
+        let (t, n) =
+            timed(&ctx, "SELECT CAST(sum(cardinality(set_intersect_all(a, b))) AS BIGINT) FROM t", a.runs).await?;
         if *n_cpu.get_or_insert(n) != n {
             return Err(DataFusionError::Execution(format!(
                 "bench lists: {engine} sum {n} differs from the CPU's {n_cpu:?}"

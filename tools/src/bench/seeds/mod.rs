@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use datafusion::error::{DataFusionError, Result};
 
+mod cuda_baselines;
 mod seed000_families;
 mod seed001_strategies;
 mod seed002_multisets;
@@ -57,11 +58,14 @@ impl Default for Options {
 }
 
 /// What the cases of one run share: the device (None: CPU twins only), the
-/// size regime and the runs per measurement.
+/// size regime, the runs per measurement, and the thrust / CUB harness.
 pub(crate) struct Bench {
     pub gpu: Option<std::sync::Arc<setfusion::gpu::Gpu>>,
     pub quick: bool,
     pub runs: usize,
+    cuda: std::sync::Mutex<Option<cuda_baselines::CudaBaselines>>,
+    /// Where the thrust / CUB figures come from, or why there are none.
+    pub cuda_note: String,
 }
 
 impl Bench {
@@ -94,6 +98,13 @@ impl Bench {
             times.push(t.elapsed());
         }
         Ok((super::median(times).as_secs_f64() * 1e3, last.expect("at least one run")))
+    }
+
+    /// `f` with the thrust / CUB harness, when it runs (not with `--quick`,
+    /// without a GPU or without nvcc).
+    pub fn with_cuda<T>(&self, f: impl FnOnce(&mut cuda_baselines::CudaBaselines) -> Result<T>) -> Option<Result<T>> {
+        let mut harness = self.cuda.lock().unwrap_or_else(|p| p.into_inner());
+        harness.as_mut().map(f)
     }
 
     /// `f` with the device held (a lease without a memory limit), when there is one.
@@ -239,7 +250,22 @@ pub(crate) fn times(a: f64, b: f64) -> String {
 /// Every seed's table for `options`; an error if an answer differed.
 pub fn tables(options: &Options) -> Result<Vec<Table>> {
     let gpu = if options.cpu_only { None } else { setfusion::gpu::gpu(0).ok() };
-    let b = Bench { gpu, quick: options.quick, runs: if options.quick { 1 } else { options.runs.max(1) } };
+    let runs = if options.quick { 1 } else { options.runs.max(1) };
+    let cuda = match (&gpu, options.quick) {
+        (None, _) if options.cpu_only => Err("--cpu-only".to_string()),
+        (None, _) => Err("no GPU".to_string()),
+        (Some(_), true) => Err("--quick".to_string()),
+        (Some(_), false) => cuda_baselines::CudaBaselines::start(runs),
+    };
+    let cuda_note = match &cuda {
+        Ok(h) => format!(
+            "thrust / CUB: `benches/cuda/seed_baselines.cu` built by nvcc for {}; \"total\" from host memory to \
+             the result in host memory (allocations, uploads, download), \"on the device\" the inputs already there",
+            h.device
+        ),
+        Err(why) => format!("thrust / CUB baselines not run: {why}"),
+    };
+    let b = Bench { gpu, quick: options.quick, runs, cuda: std::sync::Mutex::new(cuda.ok()), cuda_note };
     let mut out = Vec::new();
     for seed in &options.seeds {
         out.push(match seed.as_str() {

@@ -28,6 +28,7 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
          over the host's threads in two passes, count then place, then a hash table a bucket)"
             .into(),
     );
+    t.notes.push(b.cuda_note.clone());
     let sizes: &[u32] = if b.quick { &[12, 14] } else { &[12, 16, 20, 24] };
     for &log2 in sizes {
         t.rows.push(sort_case(b, 1 << log2, false)?);
@@ -133,6 +134,14 @@ fn sort_case(b: &Bench, n: usize, pairs: bool) -> Result<Row> {
         )?
     };
     parts.push(format!("CPU std sort {}, parallel sort {}", ms(t_std), ms(t_par)));
+    let image: Vec<u32> = keys.iter().map(|&k| float_image(k)).collect();
+    let mut cub_ms = None;
+    if let Some(r) = b.with_cuda(|c| c.sort(&image, pairs)) {
+        let s = r?;
+        parts.push(format!("CUB {}, thrust {}", s.cub.show(), s.thrust.show()));
+        answers = answers.and(Answers::check(s.ok, || format!("CUB / thrust sort of {n}")));
+        cub_ms = Some(s.cub.total_ms);
+    }
     let case = format!(
         "B{} sort {}, n = 2^{}",
         if pairs { 2 } else { 1 },
@@ -152,11 +161,14 @@ fn sort_case(b: &Bench, n: usize, pairs: bool) -> Result<Row> {
         (true, 16_777_216) => Some(223.04),
         _ => None,
     };
-    let ratio = match (gpu_ms, paper_gpu) {
+    let mut ratio = match (gpu_ms, paper_gpu) {
         (Some(g), Some(p)) => format!("{} MISCB; {} our parallel sort", times(p, g), times(t_par, g)),
         (Some(g), None) => format!("{} our parallel sort", times(t_par, g)),
         _ => "-".into(),
     };
+    if let (Some(g), Some(c)) = (gpu_ms, cub_ms) {
+        ratio += &format!("; {} CUB", times(c, g));
+    }
     Ok(Row::new(case, paper, parts.join("; ")).ratio(ratio).answers(answers))
 }
 
@@ -209,6 +221,7 @@ fn symmetric_case(b: &Bench, n: usize, fractions: &[f64], sorted: bool) -> Resul
     let mut cells = Vec::new();
     let mut answers = Answers::Unchecked;
     let mut at_10 = None;
+    let mut thrust_at_10 = None;
     for &c in fractions {
         let common = (n as f64 * c).round() as usize;
         let (mut a, mut bb) = overlapping_pair(n, common);
@@ -225,6 +238,15 @@ fn symmetric_case(b: &Bench, n: usize, fractions: &[f64], sorted: bool) -> Resul
             answers = answers.and(Answers::check(count == common as u64, || format!("n {n} c {c}: GPU {count}")));
             if c == 0.1 {
                 at_10 = Some(t);
+            }
+        }
+        if c == 0.1 {
+            if let Some(r) = b.with_cuda(|h| h.set_op("intersection", sorted, &a, &bb)) {
+                let (count, t) = r?;
+                parts.push(format!("thrust {}", t.show()));
+                answers =
+                    answers.and(Answers::check(count == common as u64, || format!("n {n} c {c}: thrust {count}")));
+                thrust_at_10 = Some(t.total_ms);
             }
         }
         if sorted {
@@ -266,10 +288,14 @@ fn symmetric_case(b: &Bench, n: usize, fractions: &[f64], sorted: bool) -> Resul
             109.73,
         )
     };
-    let ratio = match (n, at_10) {
+    let mut ratio = match (n, at_10) {
         (16_777_216, Some(t)) => format!("{} the paper's best GPU at 10%", times(paper_gpu, t)),
         _ => "-".into(),
     };
+    if let (Some(g), Some(th)) = (at_10, thrust_at_10) {
+        let vs = format!("{} thrust at 10%", times(th, g));
+        ratio = if ratio == "-" { vs } else { format!("{ratio}; {vs}") };
+    }
     Ok(Row::new(case, paper, cells.join("; ")).ratio(ratio).answers(answers))
 }
 

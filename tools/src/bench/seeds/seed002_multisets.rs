@@ -25,6 +25,7 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
          Balanced Path, download of the Arrow list); CPU: the std::set_* merge on the same keys"
             .into(),
     );
+    t.notes.push(format!("{} (thrust's set_* of the same sorted keys, the seed's named baseline)", b.cuda_note));
     t.rows.push(worked_example(b)?);
     t.rows.push(demo(b)?);
     t.rows.push(fuzz(b)?);
@@ -203,6 +204,22 @@ fn throughput(b: &Bench, count: usize, int64: bool) -> Result<Row> {
             }));
         }
         cell += &format!("CPU {:.0} M/s", rate(t_cpu));
+        if let Some(r) = b.with_cuda(|h| {
+            if int64 {
+                let (x, y): (Vec<u64>, Vec<u64>) =
+                    (va.iter().map(|&v| v as u64).collect(), vb.iter().map(|&v| v as u64).collect());
+                h.set_op(thrust_name(op), true, &x, &y)
+            } else {
+                let (x, y): (Vec<u32>, Vec<u32>) =
+                    (va.iter().map(|&v| v as u32).collect(), vb.iter().map(|&v| v as u32).collect());
+                h.set_op(thrust_name(op), true, &x, &y)
+            }
+        }) {
+            let (count, t) = r?;
+            cell += &format!(", thrust {:.0} M/s ({})", rate(t.total_ms), t.show());
+            answers =
+                answers.and(Answers::check(count == want.len() as u64, || format!("{} thrust {count}", op.sql_name())));
+        }
         cells.push(cell);
     }
     let ratio = if ratios.is_empty() { "-".into() } else { format!("GPU / CPU: {}", ratios.join(", ")) };
@@ -213,6 +230,16 @@ fn throughput(b: &Bench, count: usize, int64: bool) -> Result<Row> {
     )
     .ratio(ratio)
     .answers(answers))
+}
+
+/// thrust's name of `op` (std::set_* semantics, as setfusion's).
+fn thrust_name(op: MultisetOp) -> &'static str {
+    match op {
+        MultisetOp::IntersectAll => "intersection",
+        MultisetOp::UnionAll => "union",
+        MultisetOp::ExceptAll => "difference",
+        MultisetOp::SymmetricDifference => "symmetric_difference",
+    }
 }
 
 fn symbol(op: MultisetOp) -> &'static str {
