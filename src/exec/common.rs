@@ -236,8 +236,14 @@ pub fn decide_at_run_time(
 /// launches, the pairs' download), ms. Measured on the H100: UNIFORM-100k at
 /// Jaccard 0.5, handed over 56 ms into the host's work, ended ~54 ms later,
 /// against 5 ms for the same join warm; at 5 ms, joins of 5-10 ms on the host
-/// were handed over and lost 7-30 ms (BENCHMARKS section 28).
-const GPU_JOIN_FIXED_MS: f64 = 50.0;
+/// were handed over and lost 7-30 ms (BENCHMARKS section 28). On the H200
+/// a ZIPF-100k join at 0.7 handed over lost ~50 ms to the host's ~55 ms
+/// left (BENCHMARKS section 47): ~100 ms there.
+const GPU_JOIN_FIXED_MS: f64 = 80.0;
+/// The host's join is watched this long before its progress is extrapolated
+/// (the first chunks tell nothing: the first question came with nothing
+/// done, which handed every join to a device ready by then, 60 ms joins too).
+pub const HANDOVER_OBSERVE_MS: f64 = 10.0;
 /// The GPU join's speed over the CPU join's, at least, on joins long enough
 /// to matter: 9.7-37x where the CPU join took 24 ms or more, 1.4-5x on the
 /// 3-16 ms joins of high thresholds (BENCHMARKS section 2). The fixed cost
@@ -245,17 +251,21 @@ const GPU_JOIN_FIXED_MS: f64 = 50.0;
 const GPU_JOIN_MIN_SPEEDUP: f64 = 4.0;
 
 /// The other run-time rule: should the similarity join's host join (run
-/// while the device started, `exec::similarity_join`), having run
-/// `elapsed_ms` and handed out `done` of its probe side's elements, stop for
+/// while the device started, `exec::similarity_join`), having joined for
+/// `joined_ms` and handed out `done` of its probe side's elements, stop for
 /// the device, now ready? Yes when the work left (extrapolated from the work
 /// done) takes longer than the whole join would on a just-started device.
-/// Nothing done yet: the plan's choice, the device, stands.
-pub fn device_finishes_first(elapsed_ms: f64, done: f64) -> bool {
-    if done <= 0.0 {
-        return true;
+/// None before [`HANDOVER_OBSERVE_MS`]: too early to say. Nothing done by
+/// then: the plan's choice, the device, stands.
+pub fn device_finishes_first(joined_ms: f64, done: f64) -> Option<bool> {
+    if joined_ms < HANDOVER_OBSERVE_MS {
+        return None;
     }
-    let left_ms = elapsed_ms * (1.0 - done) / done;
-    left_ms > GPU_JOIN_FIXED_MS + (elapsed_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP
+    if done <= 0.0 {
+        return Some(true);
+    }
+    let left_ms = joined_ms * (1.0 - done) / done;
+    Some(left_ms > GPU_JOIN_FIXED_MS + (joined_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP)
 }
 
 /// NULL semantics of the keys.
@@ -302,15 +312,18 @@ mod tests {
 
     #[test]
     fn the_device_takes_over_only_where_it_finishes_first() {
-        // Nothing joined yet: the plan's choice stands.
-        assert!(device_finishes_first(0.0, 0.0));
-        // A tenth done in 40 ms: 360 ms left on the host against ~150 on the device.
-        assert!(device_finishes_first(40.0, 0.1));
+        // Too early to extrapolate: ask again.
+        assert_eq!(device_finishes_first(0.0, 0.0), None);
+        assert_eq!(device_finishes_first(5.0, 0.1), None);
+        // Watched long enough with nothing handed out: the plan's choice stands.
+        assert_eq!(device_finishes_first(HANDOVER_OBSERVE_MS, 0.0), Some(true));
+        // A tenth done in 40 ms: 360 ms left on the host against ~180 on the device.
+        assert_eq!(device_finishes_first(40.0, 0.1), Some(true));
+        // A twentieth done in 20 ms: 380 ms left.
+        assert_eq!(device_finishes_first(20.0, 0.05), Some(true));
         // Nine tenths done: 4.4 ms left, the device's fixed cost alone is more.
-        assert!(!device_finishes_first(40.0, 0.9));
-        // Half done in 2 ms: 2 ms left, under the device's fixed cost.
-        assert!(!device_finishes_first(2.0, 0.5));
-        // A tenth done in 5 ms: 45 ms left, less than a just-started device needs.
-        assert!(!device_finishes_first(5.0, 0.1));
+        assert_eq!(device_finishes_first(40.0, 0.9), Some(false));
+        // A fifth done in 12 ms: a 60 ms join, 48 ms left, stays on the host.
+        assert_eq!(device_finishes_first(12.0, 0.2), Some(false));
     }
 }

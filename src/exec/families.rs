@@ -395,18 +395,17 @@ impl Sets {
                     offsets.push(at);
                 }
                 let mut keys = vec![0u64; at];
-                const BLOCK: usize = 4096;
-                let mut blocks: Vec<(usize, &mut [u64])> = Vec::with_capacity(bounds.len().div_ceil(BLOCK));
+                let ranges = set_blocks(&offsets);
+                let mut blocks: Vec<(std::ops::Range<usize>, &mut [u64])> = Vec::with_capacity(ranges.len());
                 let mut rest = keys.as_mut_slice();
-                for first in (0..bounds.len()).step_by(BLOCK) {
-                    let last = (first + BLOCK).min(bounds.len());
-                    let (block, tail) = rest.split_at_mut(offsets[last] - offsets[first]);
-                    blocks.push((first, block));
+                for rows in ranges {
+                    let (block, tail) = rest.split_at_mut(offsets[rows.end] - offsets[rows.start]);
+                    blocks.push((rows, block));
                     rest = tail;
                 }
-                crate::host::for_each_mut(&mut blocks, &|_, (first, out)| {
+                crate::host::for_each_mut(&mut blocks, &|_, (rows, out)| {
                     let mut w = 0;
-                    for row in *first..(*first + BLOCK).min(bounds.len()) {
+                    for row in rows.clone() {
                         if offsets[row + 1] > offsets[row] {
                             let (s, e) = bounds[row];
                             w += values.write(s..e, &mut out[w..]);
@@ -450,18 +449,27 @@ impl Sets {
     }
 
     /// The sets reordered by ascending id (NULL ids dropped), and for each the
-    /// first set with a larger id: the self form's pairs.
-    fn in_id_order(&self) -> Result<(Sets, Vec<u32>)> {
+    /// first set with a larger id: the self form's pairs. Sets already in that
+    /// order keep their keys; others are gathered on the host's threads.
+    fn in_id_order(self) -> Result<(Sets, Vec<u32>)> {
         let order = sort_to_indices(self.ids.as_ref(), None, None)?;
         let order: Vec<u32> = order.values().iter().copied().filter(|&i| self.ids.is_valid(i as usize)).collect();
-        let ids = take(self.ids.as_ref(), &UInt32Array::from(order.clone()), None)?;
-        let mut out =
-            Sets { ids, offsets: Vec::with_capacity(order.len() + 1), keys: Vec::with_capacity(self.keys.len()) };
-        out.offsets.push(0);
-        for &i in &order {
-            out.keys.extend_from_slice(&self.keys[self.offsets[i as usize]..self.offsets[i as usize + 1]]);
-            out.offsets.push(out.keys.len());
-        }
+        let out = if order.len() == self.len() && order.iter().enumerate().all(|(at, &i)| at == i as usize) {
+            self
+        } else {
+            let ids = take(self.ids.as_ref(), &UInt32Array::from(order.clone()), None)?;
+            let pieces: Vec<&[u64]> =
+                order.iter().map(|&i| &self.keys[self.offsets[i as usize]..self.offsets[i as usize + 1]]).collect();
+            let mut offsets = Vec::with_capacity(order.len() + 1);
+            offsets.push(0);
+            offsets.extend(pieces.iter().scan(0, |at, p| {
+                *at += p.len();
+                Some(*at)
+            }));
+            let mut keys = vec![0u64; *offsets.last().unwrap_or(&0)];
+            crate::host::parallel_gather(&pieces, &mut keys, crate::host::copy_threads(), &|_| {});
+            Sets { ids, offsets, keys }
+        };
         let mut from = vec![0u32; order.len()];
         if !order.is_empty() {
             let ranges = datafusion::arrow::compute::kernels::partition::partition(&[out.ids.clone()])?;
@@ -572,13 +580,57 @@ impl ElementKeys {
     }
 }
 
+/// Blocks of consecutive sets (`offsets` in CSR form) for the host's threads,
+/// cut by their elements: about an eighth of a thread's share each (at
+/// least 65,536 elements or one set, at most 4,096 sets), so a few large sets
+/// spread over the threads as well as many small ones (1,000 sets of 10^6
+/// elements made one block of 4,096 sets: one thread wrote and then mapped
+/// all 10^9 keys, 25 s of a 29 s query).
+fn set_blocks(offsets: &[usize]) -> Vec<std::ops::Range<usize>> {
+    const MAX_SETS: usize = 4096;
+    let n = offsets.len().saturating_sub(1);
+    let total = offsets.last().map_or(0, |&e| e - offsets[0]);
+    let target = (total / (crate::host::copy_threads().max(1) * 8)).max(1 << 16);
+    let mut blocks = Vec::with_capacity(n.div_ceil(MAX_SETS));
+    let mut first = 0;
+    while first < n {
+        let mut last = first + 1;
+        while last < n && last - first < MAX_SETS && offsets[last] - offsets[first] < target {
+            last += 1;
+        }
+        blocks.push(first..last);
+        first = last;
+    }
+    blocks
+}
+
 /// The element domain: the keys present in both families, ascending; dense
 /// ids are positions in it.
 struct Domain {
     keys: Vec<u64>,
-    /// For keys within a span not much larger than the input: (lowest key,
-    /// id of each key - lowest, u32::MAX where absent), an O(1) lookup.
-    table: Option<(u64, Vec<u32>)>,
+    /// For keys within a span not much larger than the input, an O(1) lookup.
+    ranks: Option<Ranks>,
+}
+
+/// The domain's keys as presence bits over their span from `lo`, with each
+/// word's count of keys before it: a key's id is that count plus the bits
+/// below it in its word. 12 bytes per 64 keys of span (19 MB over 10^8),
+/// where a table of ids took 4 bytes a key of span (400 MB). Mapping 10^9
+/// zipf elements took as long either way (3.3-4.7 s on 16 threads, within
+/// the loans' spread; BENCHMARKS section 47): the saving is memory.
+struct Ranks {
+    lo: u64,
+    bits: Vec<u64>,
+    before: Vec<u32>,
+}
+
+impl Ranks {
+    fn id(&self, k: u64) -> Option<u32> {
+        let i = k.checked_sub(self.lo)?;
+        let (w, b) = ((i / 64) as usize, i % 64);
+        let word = *self.bits.get(w)?;
+        (word >> b & 1 == 1).then(|| self.before[w] + (word & ((1u64 << b) - 1)).count_ones())
+    }
 }
 
 impl Domain {
@@ -621,19 +673,27 @@ impl Domain {
                     })
                     .unwrap_or_else(|| vec![0u64; words])
             };
-            let (in_a, in_b) = (presence(a), presence(b));
-            let mut keys = Vec::new();
-            let mut table = vec![u32::MAX; span];
-            for (w, (&x, &y)) in in_a.iter().zip(&in_b).enumerate() {
-                let mut both = x & y;
-                while both != 0 {
-                    let i = w * 64 + both.trailing_zeros() as usize;
-                    table[i] = keys.len() as u32;
-                    keys.push(lo + i as u64);
-                    both &= both - 1;
+            // The self form passes one side twice: its bits are the domain.
+            let mut bits = presence(a);
+            let in_b = (!std::ptr::eq(a, b)).then(|| presence(b));
+            let mut before = Vec::with_capacity(words);
+            let mut count = 0u32;
+            for (w, x) in bits.iter_mut().enumerate() {
+                if let Some(y) = &in_b {
+                    *x &= y[w];
+                }
+                before.push(count);
+                count += x.count_ones();
+            }
+            let mut keys = Vec::with_capacity(count as usize);
+            for (w, &word) in bits.iter().enumerate() {
+                let mut word = word;
+                while word != 0 {
+                    keys.push(lo + (w * 64) as u64 + word.trailing_zeros() as u64);
+                    word &= word - 1;
                 }
             }
-            return Domain { keys, table: Some((lo, table)) };
+            return Domain { keys, ranks: Some(Ranks { lo, bits, before }) };
         }
         let distinct = |v: &[u64]| {
             let mut v = v.to_vec();
@@ -655,13 +715,13 @@ impl Domain {
                 }
             }
         }
-        Domain { keys, table: None }
+        Domain { keys, ranks: None }
     }
 
     /// The dense id of a key, if it is in the domain.
     fn id(&self, k: u64) -> Option<u32> {
-        match &self.table {
-            Some((lo, t)) => k.checked_sub(*lo).and_then(|i| t.get(i as usize)).copied().filter(|&x| x != u32::MAX),
+        match &self.ranks {
+            Some(r) => r.id(k),
             None => self.keys.binary_search(&k).ok().map(|x| x as u32),
         }
     }
@@ -671,13 +731,12 @@ impl Domain {
     /// ~250 ms on one thread), each set's ids sorted (when its keys were not)
     /// and without repeats.
     fn family(&self, sets: &Sets) -> Result<Family> {
-        const BLOCK: usize = 4096;
         let n = sets.len();
-        let blocks: Vec<usize> = (0..n).step_by(BLOCK).collect();
-        let parts = crate::host::par_map(&blocks, 1, |&lo| -> Result<(Vec<u32>, Vec<usize>)> {
-            let hi = (lo + BLOCK).min(n);
+        let blocks = set_blocks(&sets.offsets);
+        let parts = crate::host::par_map(&blocks, 1, |rows| -> Result<(Vec<u32>, Vec<usize>)> {
+            let (lo, hi) = (rows.start, rows.end);
             let mut elements = Vec::with_capacity(sets.offsets[hi] - sets.offsets[lo]);
-            let (mut lens, mut ids) = (Vec::with_capacity(BLOCK), Vec::new());
+            let (mut lens, mut ids) = (Vec::with_capacity(hi - lo), Vec::new());
             for s in lo..hi {
                 ids.clear();
                 ids.extend(sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|&k| self.id(k)));
@@ -1156,6 +1215,33 @@ fn pairs_on_gpu(
 mod tests {
     use super::*;
 
+    /// Set blocks cover every set once, in order, none empty and none over
+    /// 4,096 sets, and a few large sets are split one a block.
+    #[test]
+    fn set_blocks_cover_the_sets_and_spread_large_ones() {
+        let csr = |lens: &[usize]| {
+            let mut o = vec![0];
+            lens.iter().for_each(|l| o.push(o.last().unwrap() + l));
+            o
+        };
+        let many_small = vec![3; 10_000];
+        let few_large = vec![1_000_000; 40];
+        let mixed: Vec<usize> = (0..5000).map(|i| if i % 997 == 0 { 2_000_000 } else { i % 5 }).collect();
+        for lens in [&[][..], &[0][..], &[5, 0, 7][..], &many_small, &few_large, &mixed] {
+            let offsets = csr(lens);
+            let blocks = set_blocks(&offsets);
+            let mut next = 0;
+            for b in &blocks {
+                assert_eq!(b.start, next);
+                assert!(b.end > b.start && b.end - b.start <= 4096, "{b:?}");
+                next = b.end;
+            }
+            assert_eq!(next, lens.len());
+        }
+        assert_eq!(set_blocks(&csr(&few_large)).len(), 40);
+        assert!(set_blocks(&csr(&many_small)).len() >= 3);
+    }
+
     /// The domain holds exactly the keys of both sides, ascending, and maps
     /// each to its position: dense spans (presence bits) and sparse ones.
     #[test]
@@ -1174,6 +1260,11 @@ mod tests {
                 assert_eq!(d.id(k), Some(i as u32));
             }
             assert!(a.iter().chain(&b).filter(|k| !sb.contains(k) || !sa.contains(k)).all(|&k| d.id(k).is_none()));
+            assert!(d.id(6).is_none() && d.id(u64::MAX).is_none());
+            // One side given twice (the self form): its own distinct keys.
+            let d = Domain::shared(&a, &a);
+            assert_eq!(d.keys, sa.iter().copied().collect::<Vec<_>>(), "n = {n}, span = {span}, self");
+            assert!(d.keys.iter().enumerate().all(|(i, &k)| d.id(k) == Some(i as u32)));
         }
     }
 

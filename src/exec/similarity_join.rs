@@ -291,8 +291,12 @@ pub fn join_raw_sets(
                 && !device_ready_or_starts(cfg.device)
                 && r.elems.len() + s.map_or(0, |s| s.elems.len()) < HOST_PREP_MAX_ELEMENTS =>
         {
-            let ready = || matches!(gpu::readiness(cfg.device), gpu::Readiness::Ready);
-            join_while_device_starts(cfg, memory, r, s, thr, stats, &ready)
+            let handover = |joined_ms: f64, done: f64| {
+                matches!(gpu::readiness(cfg.device), gpu::Readiness::Ready)
+                    .then(|| device_finishes_first(joined_ms, done))
+                    .flatten()
+            };
+            join_while_device_starts(cfg, memory, r, s, thr, stats, &handover)
         }
         Backend::Gpu => {
             let g = match gpu::gpu(cfg.device) {
@@ -356,9 +360,12 @@ const HOST_PREP_MAX_ELEMENTS: usize = 16 << 20;
 /// The join the cost model gave the device, while the device is still
 /// starting (a fresh process: ~250-600 ms of driver and context start). The
 /// host preprocesses the sets and joins them meanwhile, and hands the rest to
-/// the device only once the device is ready (`ready` says so) and would
-/// finish first ([`device_finishes_first`]); a join the host finishes before
-/// that never waits for the device. So a fresh process's similarity join is
+/// the device only once `handover(joined_ms, done)` says so, asked between
+/// the host's chunks with the time the host has joined and the share of its
+/// probe elements handed out: Some(true) hands over, Some(false) keeps the
+/// host to the end, None asks again. A query's rule: None until the device is
+/// ready, then whether it would finish first ([`device_finishes_first`]); a
+/// join the host finishes before that never waits for the device. So a fresh process's similarity join is
 /// never much slower than the CPU backend's, however high its threshold
 /// (issue 31: at Jaccard 0.9 a fresh process lost 0.69x waiting for the
 /// device), and a long join still ends on the device.
@@ -369,17 +376,19 @@ fn join_while_device_starts(
     s: Option<&RawSets>,
     thr: Threshold,
     stats: &mut JoinStats,
-    ready: &(dyn Fn() -> bool + Sync),
+    handover: &(dyn Fn(f64, f64) -> Option<bool> + Sync),
 ) -> (ssjoin::SetCollection, Vec<Pair>, String) {
     let began = Instant::now();
     let (rc, sc) = ssjoin_prep::preprocess(r, s);
-    let prepared = Instant::now();
-    // Decided once, by the first worker to see the device ready.
+    // The join's start (the first question), and the decision, made once.
+    let joining: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let switch: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let give_up = |done: f64| match switch.get() {
         Some(&s) => s,
-        None if !ready() => false,
-        None => *switch.get_or_init(|| device_finishes_first(prepared.elapsed().as_secs_f64() * 1e3, done)),
+        None => {
+            let joined_ms = joining.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e3;
+            handover(joined_ms, done).is_some_and(|d| *switch.get_or_init(|| d))
+        }
     };
     let mut host = JoinStats::default();
     if let Some(pairs) = ssjoin::ssjoin_cpu_until(&rc, sc.as_ref(), thr, ssjoin::default_threads(), &mut host, &give_up)
@@ -714,14 +723,19 @@ mod tests {
         let gpu = gpu::test_gpu();
         let cfg = SetfusionConfig::default();
         let asked = AtomicUsize::new(0);
-        let never = || false;
-        let at_once = || true;
-        let midway = || asked.fetch_add(1, Ordering::Relaxed) >= 3;
-        for (name, ready) in
-            [("never", &never as &(dyn Fn() -> bool + Sync)), ("at once", &at_once), ("midway", &midway)]
-        {
+        let never = |_: f64, _: f64| None;
+        let at_once = |_: f64, _: f64| Some(true);
+        // Ready from the fourth question on, then the query's rule.
+        let midway = |joined_ms: f64, done: f64| {
+            (asked.fetch_add(1, Ordering::Relaxed) >= 3).then(|| device_finishes_first(joined_ms, done)).flatten()
+        };
+        for (name, handover) in [
+            ("never", &never as &(dyn Fn(f64, f64) -> Option<bool> + Sync)),
+            ("at once", &at_once),
+            ("midway", &midway),
+        ] {
             let mut stats = JoinStats::default();
-            let (_, pairs, ran) = join_while_device_starts(&cfg, None, &raw, None, thr, &mut stats, ready);
+            let (_, pairs, ran) = join_while_device_starts(&cfg, None, &raw, None, thr, &mut stats, handover);
             assert_eq!(sorted(pairs), want, "{name}: {ran}");
             match name {
                 "never" => assert!(ran.starts_with("cpu while the device started"), "{ran}"),
