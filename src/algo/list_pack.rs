@@ -283,9 +283,51 @@ fn longest_string(values: &ArrayRef) -> Option<usize> {
     Some(longest.unwrap_or(0))
 }
 
+/// A row of at least this many elements is read and written by the host's
+/// threads in pieces. A batch of one long row (`sorted_intersect` over two
+/// lists of 10^7 elements: seed 004's SISI from SQL) was packed by its
+/// partition's thread alone, two passes over each side: 65-92 ms on the
+/// H200 against 13-18 ms before batches were packed (BENCHMARKS section 47).
+const LONG_ROW: usize = 1 << 20;
+
+/// `s..e` in pieces for the host's threads.
+fn row_pieces(s: usize, e: usize) -> Vec<(usize, usize)> {
+    let per = (e - s).div_ceil(crate::host::copy_threads().max(1)).max(1 << 16);
+    (s..e).step_by(per).map(|a| (a, (a + per).min(e))).collect()
+}
+
+/// The first pass over one piece of a row: its kept elements, whether they
+/// ascend, the first and last, the least and greatest.
+#[derive(Debug, Clone, Copy, Default)]
+struct PieceFacts {
+    n: usize,
+    ascending: bool,
+    ends: Option<(u64, u64)>,
+    lo: u64,
+    hi: u64,
+}
+
+fn scan_piece(img: &(impl Fn(usize) -> u64 + Sync), elem_nulls: Option<&NullBuffer>, a: usize, b: usize) -> PieceFacts {
+    let mut f = PieceFacts { ascending: true, lo: u64::MAX, ..Default::default() };
+    for j in present(a, b, elem_nulls) {
+        let x = img(j);
+        f.ends = Some(match f.ends {
+            None => (x, x),
+            Some((first, last)) => {
+                f.ascending &= last <= x;
+                (first, x)
+            }
+        });
+        f.lo = f.lo.min(x);
+        f.hi = f.hi.max(x);
+        f.n += 1;
+    }
+    f
+}
+
 /// First pass over one side: kept elements per row, order, image range.
 fn scan_side(
-    img: impl Fn(usize) -> u64,
+    img: impl Fn(usize) -> u64 + Sync,
     elem_nulls: Option<&NullBuffer>,
     ranges: &[(usize, usize)],
     valid: &[u8],
@@ -294,7 +336,20 @@ fn scan_side(
     offsets.push(0u32);
     let (mut n, mut ascending, mut lo, mut hi) = (0usize, true, u64::MAX, 0u64);
     for (r, &(s, e)) in ranges.iter().enumerate() {
-        if valid[r] != 0 {
+        if valid[r] != 0 && e - s >= LONG_ROW {
+            let mut parts: Vec<((usize, usize), PieceFacts)> =
+                row_pieces(s, e).into_iter().map(|p| (p, PieceFacts::default())).collect();
+            crate::host::for_each_mut(&mut parts, &|_, ((a, b), f)| *f = scan_piece(&img, elem_nulls, *a, *b));
+            // The pieces in order: each ascends, and each begins at or above the last one's end.
+            let mut last: Option<u64> = None;
+            for (_, f) in &parts {
+                if let Some((first, end)) = f.ends {
+                    ascending &= f.ascending && last.is_none_or(|l| l <= first);
+                    last = Some(end);
+                    (lo, hi, n) = (lo.min(f.lo), hi.max(f.hi), n + f.n);
+                }
+            }
+        } else if valid[r] != 0 {
             let mut prev = 0u64;
             let mut first = true;
             let mut visit = |x: u64| {
@@ -318,17 +373,54 @@ fn scan_side(
     Ok(SideFacts { offsets, ascending, range: (n > 0).then_some((lo, hi)) })
 }
 
-/// Second pass over one side: its kept elements' keys into `out`.
+/// Second pass over one side: its kept elements' keys into `out` (a long
+/// row's pieces on the host's threads, each into its own part of `out`).
 fn write_side(
-    img: impl Fn(usize) -> u64,
+    img: impl Fn(usize) -> u64 + Sync,
     elem_nulls: Option<&NullBuffer>,
     ranges: &[(usize, usize)],
     valid: &[u8],
-    (base, wide): (u64, bool),
+    frame: (u64, bool),
     out: &mut [u8],
 ) {
+    let width = if frame.1 { 8 } else { 4 };
     let mut at = 0usize;
-    let mut put = |x: u64| {
+    for (r, &(s, e)) in ranges.iter().enumerate() {
+        if valid[r] == 0 {
+            continue;
+        }
+        if e - s < LONG_ROW {
+            at += put_keys(&img, elem_nulls, s, e, frame, &mut out[at..]);
+            continue;
+        }
+        let mut parts: Vec<((usize, usize), &mut [u8])> = Vec::new();
+        let mut rest = &mut out[at..];
+        for (a, b) in row_pieces(s, e) {
+            let kept = (b - a) - elem_nulls.map_or(0, |nb| nb.slice(a, b - a).null_count());
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(kept * width);
+            parts.push(((a, b), mine));
+            rest = tail;
+            at += kept * width;
+        }
+        crate::host::for_each_mut(&mut parts, &|_, ((a, b), dst)| {
+            put_keys(&img, elem_nulls, *a, *b, frame, dst);
+        });
+    }
+}
+
+/// The keys of `a..b`'s kept elements into `out`: u32 offsets from `base`,
+/// or whole images when `wide`. Returns the bytes written.
+fn put_keys(
+    img: &impl Fn(usize) -> u64,
+    elem_nulls: Option<&NullBuffer>,
+    a: usize,
+    b: usize,
+    (base, wide): (u64, bool),
+    out: &mut [u8],
+) -> usize {
+    let mut at = 0usize;
+    for j in present(a, b, elem_nulls) {
+        let x = img(j);
         if wide {
             out[at..at + 8].copy_from_slice(&x.to_ne_bytes());
             at += 8;
@@ -336,13 +428,8 @@ fn write_side(
             out[at..at + 4].copy_from_slice(&((x - base) as u32).to_ne_bytes());
             at += 4;
         }
-    };
-    for (r, &(s, e)) in ranges.iter().enumerate() {
-        if valid[r] == 0 {
-            continue;
-        }
-        present(s, e, elem_nulls).for_each(|j| put(img(j)));
     }
+    at
 }
 
 /// The indices of `s..e` whose element is not NULL (the order both passes visit).
@@ -851,6 +938,37 @@ mod tests {
         let null: ArrayRef = Arc::new(datafusion::arrow::array::NullArray::new(2));
         let (plan, buf) = pack::<i64, Vec<u8>>(&sorted, &null, None, RowBound::Min, |n| Ok(vec![0; n])).unwrap();
         assert!(buf.is_none() && plan.nulls.as_ref().is_some_and(|n| n.null_count() == 2));
+    }
+
+    /// Rows long enough to be packed in pieces by the host's threads (NULL
+    /// elements among them, so the packed path takes them) give the same
+    /// rows, and their order is found across the pieces: pieces that each
+    /// ascend but begin below the last one's end do not.
+    #[test]
+    fn long_rows_pack_in_pieces() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(33);
+        let n = LONG_ROW + 70_001;
+        let pieces = row_pieces(2, 2 + n);
+        for order in ["sorted", "random", "each piece sorted"] {
+            let mut v: Vec<i32> = (0..n + 5).map(|_| rng.random_range(-1000..1000)).collect();
+            match order {
+                "sorted" => v.sort_unstable(),
+                "each piece sorted" => {
+                    // The long row of `a` starts at value 2: each piece ascends from a lower start than the last.
+                    for (k, &(p, q)) in pieces.iter().enumerate() {
+                        for j in p..q {
+                            v[j] = (pieces.len() - k) as i32 * 10_000 + ((j - p) / 100) as i32;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            let nulls = NullBuffer::from((0..n + 5).map(|j| j % 97 != 3).collect::<Vec<bool>>());
+            let values: ArrayRef = Arc::new(Int32Array::new(v.into(), Some(nulls)));
+            let a = list_of(values.clone(), &[2, n, 3], None);
+            let b = list_of(values, &[n, 4, 1], None);
+            check::<i64>(&a, &b);
+        }
     }
 
     /// Batches without NULL elements travel raw (multiset rules): integers of

@@ -1216,7 +1216,7 @@ mod tests {
     use super::*;
 
     /// Set blocks cover every set once, in order, none empty and none over
-    /// 4,096 sets, and a few large sets are split one a block.
+    /// 4,096 sets, and a few large sets give every thread a block.
     #[test]
     fn set_blocks_cover_the_sets_and_spread_large_ones() {
         let csr = |lens: &[usize]| {
@@ -1238,7 +1238,8 @@ mod tests {
             }
             assert_eq!(next, lens.len());
         }
-        assert_eq!(set_blocks(&csr(&few_large)).len(), 40);
+        // Large sets spread over every thread (they were one block for one thread).
+        assert!(set_blocks(&csr(&few_large)).len() >= crate::host::copy_threads().min(40));
         assert!(set_blocks(&csr(&many_small)).len() >= 3);
     }
 
