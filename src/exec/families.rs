@@ -580,6 +580,22 @@ impl ElementKeys {
     }
 }
 
+/// Keep the first of each run of equal values of a sorted slice, in place;
+/// the count kept.
+fn dedup_sorted(run: &mut [u32]) -> usize {
+    if run.is_empty() {
+        return 0;
+    }
+    let mut kept = 1;
+    for r in 1..run.len() {
+        if run[r] != run[kept - 1] {
+            run[kept] = run[r];
+            kept += 1;
+        }
+    }
+    kept
+}
+
 /// Blocks of consecutive sets (`offsets` in CSR form) for the host's threads,
 /// cut by their elements: about an eighth of a thread's share each (at
 /// least 65,536 elements or one set, at most 4,096 sets), so a few large sets
@@ -732,39 +748,57 @@ impl Domain {
     /// and without repeats.
     fn family(&self, sets: &Sets) -> Result<Family> {
         let n = sets.len();
-        let blocks = set_blocks(&sets.offsets);
-        let parts = crate::host::par_map(&blocks, 1, |rows| -> Result<(Vec<u32>, Vec<usize>)> {
-            let (lo, hi) = (rows.start, rows.end);
-            let mut elements = Vec::with_capacity(sets.offsets[hi] - sets.offsets[lo]);
-            let (mut lens, mut ids) = (Vec::with_capacity(hi - lo), Vec::new());
-            for s in lo..hi {
-                ids.clear();
-                ids.extend(sets.keys[sets.offsets[s]..sets.offsets[s + 1]].iter().filter_map(|&k| self.id(k)));
-                if !ids.is_sorted() {
-                    ids.sort_unstable();
+        let base = sets.offsets[0];
+        // Each set's ids are written where its keys lie (a key outside the
+        // domain, or a repeat, takes no place, so that is room enough), by
+        // blocks of sets on the host's threads, into one buffer. The blocks'
+        // own vectors, gathered after, wrote every id twice and held the
+        // elements twice (4 GB more at 10^9); the self form's sets of
+        // distinct elements, whose ids all stay, are now written once.
+        let mut elements = vec![0u32; sets.offsets[n] - base];
+        let mut parts: Vec<(std::ops::Range<usize>, &mut [u32], Vec<usize>)> = Vec::new();
+        let mut rest = elements.as_mut_slice();
+        for rows in set_blocks(&sets.offsets) {
+            let (mine, tail) =
+                std::mem::take(&mut rest).split_at_mut(sets.offsets[rows.end] - sets.offsets[rows.start]);
+            parts.push((rows, mine, Vec::new()));
+            rest = tail;
+        }
+        crate::host::for_each_mut(&mut parts, &|_, (rows, out, lens)| {
+            let first = sets.offsets[rows.start];
+            for s in rows.clone() {
+                let (from, to) = (sets.offsets[s], sets.offsets[s + 1]);
+                let run = &mut out[from - first..to - first];
+                let mut k = 0;
+                for id in sets.keys[from..to].iter().filter_map(|&key| self.id(key)) {
+                    run[k] = id;
+                    k += 1;
                 }
-                ids.dedup();
-                elements.extend_from_slice(&ids);
-                lens.push(ids.len());
+                let run = &mut run[..k];
+                if !run.is_sorted() {
+                    run.sort_unstable();
+                }
+                lens.push(dedup_sorted(run));
             }
-            Ok((elements, lens))
-        })?;
-        // The offsets in one pass over the lengths; then the blocks' elements
-        // gathered on the host's threads (one thread copying 50 MB at
-        // k = 50,000 was most of this step).
+        });
+        let lens: Vec<usize> = parts.into_iter().flat_map(|(_, _, lens)| lens).collect();
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
         let mut at = 0;
-        for (_, lens) in &parts {
-            offsets.extend(lens.iter().map(|&l| {
-                at += l;
-                at
-            }));
+        offsets.extend(lens.iter().map(|&l| {
+            at += l;
+            at
+        }));
+        if at == elements.len() {
+            // Every key was in the domain once (the self form's sets of distinct elements).
+            return Ok(Family { offsets, elements });
         }
-        let pieces: Vec<&[u32]> = parts.iter().map(|(part, _)| part.as_slice()).collect();
-        let mut elements = vec![0u32; at];
-        crate::host::parallel_gather(&pieces, &mut elements, crate::host::copy_threads(), &|_| {});
-        Ok(Family { offsets, elements })
+        // The runs gathered back to back on the host's threads.
+        let pieces: Vec<&[u32]> =
+            (0..n).map(|s| &elements[sets.offsets[s] - base..sets.offsets[s] - base + lens[s]]).collect();
+        let mut packed = vec![0u32; at];
+        crate::host::parallel_gather(&pieces, &mut packed, crate::host::copy_threads(), &|_| {});
+        Ok(Family { offsets, elements: packed })
     }
 
     /// The output list array of sets given as dense ids.
