@@ -199,6 +199,18 @@ pub(crate) fn par_map<T: Sync, R: Send, E: Send>(
     Ok(out)
 }
 
+/// `buf` cut into consecutive parts of the given lengths (their sum at most
+/// `buf.len()`), for tasks that each fill their own part.
+pub(crate) fn split_mut<T>(mut buf: &mut [T], lens: impl IntoIterator<Item = usize>) -> Vec<&mut [T]> {
+    lens.into_iter()
+        .map(|n| {
+            let (part, rest) = std::mem::take(&mut buf).split_at_mut(n);
+            buf = rest;
+            part
+        })
+        .collect()
+}
+
 /// Copy `pieces` back to back into `dst`, splitting the work over `threads`.
 pub(crate) fn parallel_gather<T: Copy + Send + Sync>(
     pieces: &[&[T]],

@@ -393,15 +393,15 @@ fn write_side(
             at += put_keys(&img, elem_nulls, s, e, frame, &mut out[at..]);
             continue;
         }
-        let mut parts: Vec<((usize, usize), &mut [u8])> = Vec::new();
-        let mut rest = &mut out[at..];
-        for (a, b) in row_pieces(s, e) {
-            let kept = (b - a) - elem_nulls.map_or(0, |nb| nb.slice(a, b - a).null_count());
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(kept * width);
-            parts.push(((a, b), mine));
-            rest = tail;
-            at += kept * width;
-        }
+        let pieces = row_pieces(s, e);
+        let bytes: Vec<usize> = pieces
+            .iter()
+            .map(|&(a, b)| width * ((b - a) - elem_nulls.map_or(0, |nb| nb.slice(a, b - a).null_count())))
+            .collect();
+        let written: usize = bytes.iter().sum();
+        let mut parts: Vec<((usize, usize), &mut [u8])> =
+            pieces.into_iter().zip(crate::host::split_mut(&mut out[at..], bytes)).collect();
+        at += written;
         crate::host::for_each_mut(&mut parts, &|_, ((a, b), dst)| {
             put_keys(&img, elem_nulls, *a, *b, frame, dst);
         });

@@ -396,13 +396,9 @@ impl Sets {
                 }
                 let mut keys = vec![0u64; at];
                 let ranges = set_blocks(&offsets);
-                let mut blocks: Vec<(std::ops::Range<usize>, &mut [u64])> = Vec::with_capacity(ranges.len());
-                let mut rest = keys.as_mut_slice();
-                for rows in ranges {
-                    let (block, tail) = rest.split_at_mut(offsets[rows.end] - offsets[rows.start]);
-                    blocks.push((rows, block));
-                    rest = tail;
-                }
+                let lens = ranges.iter().map(|rows| offsets[rows.end] - offsets[rows.start]);
+                let parts = crate::host::split_mut(&mut keys, lens);
+                let mut blocks: Vec<(std::ops::Range<usize>, &mut [u64])> = ranges.iter().cloned().zip(parts).collect();
                 crate::host::for_each_mut(&mut blocks, &|_, (rows, out)| {
                     let mut w = 0;
                     for row in rows.clone() {
@@ -756,14 +752,14 @@ impl Domain {
         // elements twice (4 GB more at 10^9); the self form's sets of
         // distinct elements, whose ids all stay, are now written once.
         let mut elements = vec![0u32; sets.offsets[n] - base];
-        let mut parts: Vec<(std::ops::Range<usize>, &mut [u32], Vec<usize>)> = Vec::new();
-        let mut rest = elements.as_mut_slice();
-        for rows in set_blocks(&sets.offsets) {
-            let (mine, tail) =
-                std::mem::take(&mut rest).split_at_mut(sets.offsets[rows.end] - sets.offsets[rows.start]);
-            parts.push((rows, mine, Vec::new()));
-            rest = tail;
-        }
+        let ranges = set_blocks(&sets.offsets);
+        let lens = ranges.iter().map(|rows| sets.offsets[rows.end] - sets.offsets[rows.start]);
+        let mut parts: Vec<(std::ops::Range<usize>, &mut [u32], Vec<usize>)> = ranges
+            .iter()
+            .cloned()
+            .zip(crate::host::split_mut(&mut elements, lens))
+            .map(|(r, p)| (r, p, Vec::new()))
+            .collect();
         crate::host::for_each_mut(&mut parts, &|_, (rows, out, lens)| {
             let first = sets.offsets[rows.start];
             for s in rows.clone() {

@@ -211,18 +211,17 @@ fn misi_sql(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     let f = zipf_family(universe, k, n);
     // The list column straight from the family's arrays (10^9 elements: an
-    // element-by-element builder took a minute of the device's time).
-    let mut values = vec![0i64; f.elements.len()];
-    let mut parts: Vec<(usize, &mut [i64])> =
-        values.chunks_mut(1 << 20).enumerate().map(|(i, c)| (i << 20, c)).collect();
-    setfusion::host::for_each_mut(&mut parts, &|_, (at, c)| {
-        c.iter_mut().zip(&f.elements[*at..]).for_each(|(v, &e)| *v = e as i64);
-    });
-    let offsets: Vec<i32> = f.offsets.iter().map(|&o| o as i32).collect();
+    // element-by-element builder took a minute of the device's time): the
+    // ids widened on the host's threads, whose u64 bits are their BIGINTs.
+    let values = datafusion::arrow::buffer::ScalarBuffer::<i64>::new(
+        datafusion::arrow::buffer::Buffer::from_vec(widen(&f.elements)),
+        0,
+        f.elements.len(),
+    );
     let lists = ListArray::try_new(
         std::sync::Arc::new(Field::new_list_field(DataType::Int64, true)),
-        datafusion::arrow::buffer::OffsetBuffer::new(offsets.into()),
-        std::sync::Arc::new(Int64Array::from(values)),
+        datafusion::arrow::buffer::OffsetBuffer::from_lengths(f.offsets.windows(2).map(|w| w[1] - w[0])),
+        std::sync::Arc::new(Int64Array::new(values, None)),
         None,
     )?;
     let schema = std::sync::Arc::new(Schema::new(vec![
