@@ -280,6 +280,10 @@ setfusion_settings! {
         /// it off). It yields to any operator that needs the memory, and a changed file is
         /// read again.
         pub cache_limit: ByteSize, default = ByteSize(8 << 30)
+        /// Parquet inputs of a similarity join are read by ranges of rows, one partition each
+        /// (each file listed once per range, with a row selection), where DataFusion would read
+        /// a large row group on one thread. false: DataFusion's file groups.
+        pub scan_ranges: bool, default = true
     }
 }
 

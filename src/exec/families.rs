@@ -874,10 +874,13 @@ impl Run {
         self.peak_memory.set_max(memory.size());
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::task::spawn_blocking(move || {
-            // The inputs' reservation ends with the producer.
-            let failed = tx.clone();
-            if let Err(e) = self.produce(&cfg, &memory, batch_size, &left, right.as_ref(), &tx) {
-                let _ = failed.blocking_send(Err(e));
+            let produced = self.produce(&cfg, &memory, batch_size, &left, right.as_ref(), &tx);
+            // The inputs' reservation ends before the stream does (the sender's drop): a
+            // consumer that has seen the end finds the pool as it was before the query.
+            drop((left, right));
+            memory.free();
+            if let Err(e) = produced {
+                let _ = tx.blocking_send(Err(e));
             }
         });
         Ok(rx)

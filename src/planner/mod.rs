@@ -8,6 +8,7 @@ mod device_scan;
 mod mark_join;
 mod outer_decorrelate;
 mod quantified;
+mod scan_split;
 mod semi_join;
 mod set_ops;
 mod similarity;

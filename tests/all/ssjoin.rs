@@ -322,3 +322,74 @@ fn sql_similarity_join_with_equality_keys() {
         }
     });
 }
+
+/// A Parquet file of one large row group under a similarity join is read by
+/// ranges of rows, one partition each (EXPLAIN lists the file once per
+/// range); the answer is the in-memory table's and that of DataFusion's
+/// file groups (`scan_ranges = false`), for a self join (read once) and for a
+/// join of the file with itself filtered.
+#[test]
+fn a_large_parquet_row_group_is_read_by_ranges() {
+    let _device = crate::common::shared_device();
+    let use_gpu = gpu().is_some();
+    block_on(move || async move {
+        use datafusion::arrow::array::{Int64Array, ListArray};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::arrow::record_batch::RecordBatch;
+        let ctx = similarity_session(use_gpu).await;
+        ctx.sql("SET datafusion.execution.target_partitions = 4").await.unwrap().collect().await.unwrap();
+        let mut rng = StdRng::seed_from_u64(11);
+        let n = 40_000;
+        let sets: Vec<Option<Vec<Option<i64>>>> = (0..n)
+            .map(|i| match i % 997 {
+                0 => None,
+                1 => Some(vec![]),
+                _ => {
+                    let k = rng.random_range(1..9);
+                    Some((0..k).map(|_| Some(rng.random_range(0..300i64))).collect())
+                }
+            })
+            .collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("s", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..n as i64)),
+                Arc::new(ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int64Type, _, _>(sets)),
+            ],
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("setfusion-ssjoin-ranges-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sets.parquet");
+        let mut w =
+            datafusion::parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None)
+                .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        ctx.register_parquet("p", path.to_str().unwrap(), Default::default()).await.unwrap();
+        ctx.register_batch("m", batch).unwrap();
+        for q in [
+            "SELECT count(*), sum(a.id + b.id) FROM p a JOIN p b ON a.id < b.id AND jaccard(a.s, b.s) >= 0.6",
+            "SELECT count(*), sum(a.id - b.id) FROM p a JOIN (SELECT * FROM p WHERE id % 3 = 0) b \
+             ON a.id <> b.id AND overlap(a.s, b.s) >= 3",
+        ] {
+            let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+            assert!(plan.contains("SimilarityJoinExec"), "{plan}");
+            // 40,000 rows: four ranges (target_partitions) of one row group.
+            assert!(plan.contains("file_groups={4 groups: [[") && plan.contains("sets.parquet]]}"), "{plan}");
+            let got = sql_rows(&ctx, q).await;
+            assert_eq!(got, sql_rows(&ctx, &q.replace(" p ", " m ")).await, "{q}: against the table in memory");
+            // DataFusion's file groups (its own nested-loop plan takes minutes at this size).
+            ctx.sql("SET setfusion.scan_ranges = false").await.unwrap().collect().await.unwrap();
+            let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+            assert!(plan.contains("file_groups={1 group: [["), "{plan}");
+            assert_eq!(got, sql_rows(&ctx, q).await, "{q}: against one file group");
+            ctx.sql("SET setfusion.scan_ranges = true").await.unwrap().collect().await.unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
