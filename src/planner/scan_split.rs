@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use datafusion::common::stats::Precision;
+use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
@@ -25,8 +25,6 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
-use crate::scan::ScanFile;
-
 /// The fewest rows a range is cut to: below this, a partition's fixed cost
 /// (opening the file, its footer, its pages) outweighs what it reads.
 pub const MIN_RANGE_ROWS: u64 = 8192;
@@ -34,8 +32,9 @@ pub const MIN_RANGE_ROWS: u64 = 8192;
 /// `plan`, an operator's input whose partitions the operator reads all at
 /// once, with each Parquet scan reached through projections, filters and
 /// repartitions read in about `parts` ranges of rows; and how many scans
-/// were cut. A scan with a limit, byte ranges, row selections of its own,
-/// or as many file groups as `parts`, stays as it is.
+/// were cut. A scan with a limit, row selections of its own, files read in
+/// part, files not on the local disk, or as many row groups as `parts`
+/// (which DataFusion's byte ranges already spread), stays as it is.
 pub fn split_parquet_scans(plan: &Arc<dyn ExecutionPlan>, parts: usize) -> Result<(Arc<dyn ExecutionPlan>, usize)> {
     if let Some(scan) = plan.downcast_ref::<DataSourceExec>() {
         return Ok(match split_scan(scan, parts)? {
@@ -77,41 +76,64 @@ pub fn row_ranges(rows: u64, parts: usize) -> Vec<std::ops::Range<u64>> {
 
 fn split_scan(scan: &DataSourceExec, parts: usize) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let Some((config, _)) = scan.downcast_to_file_source::<ParquetSource>() else { return Ok(None) };
-    let files: Vec<_> = config.file_groups.iter().flat_map(|g| g.iter()).collect();
-    if config.limit.is_some()
-        || config.file_groups.len() >= parts
-        || files.is_empty()
-        || files.iter().any(|f| f.range.is_some() || !f.extensions.is_empty())
-    {
+    if config.limit.is_some() || parts < 2 {
         return Ok(None);
     }
-    // Each file's rows, exact from the listing's statistics or from the footer.
-    let mut rows = Vec::with_capacity(files.len());
-    for f in &files {
-        let exact = f.statistics.as_ref().and_then(|s| match s.num_rows {
-            Precision::Exact(n) => Some(n),
-            _ => None,
-        });
-        let n = match exact {
-            Some(n) => n as u64,
+    // Each file once, in the order listed, with the byte ranges DataFusion cut it into
+    // (a row group is read by the range that holds its middle, so one row group is one
+    // partition however many ranges there are).
+    let mut files: Vec<(&PartitionedFile, Vec<(i64, i64)>)> = Vec::new();
+    for f in config.file_groups.iter().flat_map(|g| g.iter()) {
+        if !f.extensions.is_empty() {
+            return Ok(None);
+        }
+        let at = match files.iter().position(|(g, _)| g.object_meta.location == f.object_meta.location) {
+            Some(at) => at,
             None => {
-                let path = std::path::PathBuf::from(format!("/{}", f.object_meta.location.as_ref()));
-                match crate::scan::file_rows(&[ScanFile { path, ranges: vec![] }]) {
-                    Some(n) => n,
-                    None => return Ok(None),
-                }
+                files.push((f, Vec::new()));
+                files.len() - 1
             }
         };
-        rows.push(n);
+        let size = f.object_meta.size as i64;
+        files[at].1.push(f.range.as_ref().map_or((0, size), |r| (r.start, r.end)));
     }
-    let total: u64 = rows.iter().sum();
+    // Only files read whole (by one range or several that cover them) are cut by rows.
+    for (f, ranges) in &mut files {
+        ranges.sort_unstable();
+        let mut end = 0;
+        for &(a, b) in ranges.iter() {
+            if a != end {
+                return Ok(None);
+            }
+            end = b;
+        }
+        if end != f.object_meta.size as i64 {
+            return Ok(None);
+        }
+    }
+    // Each file's rows and row groups by its footer (read once, cached for the scan).
+    let mut shapes = Vec::with_capacity(files.len());
+    for (f, _) in &files {
+        let path = std::path::PathBuf::from(format!("/{}", f.object_meta.location.as_ref()));
+        match crate::scan::file_shape(&path) {
+            Some(shape) => shapes.push(shape),
+            None => return Ok(None),
+        }
+    }
+    // DataFusion's own ranges already keep `parts` threads busy.
+    if files.is_empty() || shapes.iter().map(|s| s.1).sum::<usize>() >= parts {
+        return Ok(None);
+    }
+    let total: u64 = shapes.iter().map(|s| s.0).sum();
     let mut groups = Vec::new();
-    for (f, &n) in files.iter().zip(&rows) {
+    for ((f, _), &(n, _)) in files.iter().zip(&shapes) {
+        let mut whole = (*f).clone();
+        whole.range = None;
         // The file's share of the parts, by its rows.
         let share = if total == 0 { 1 } else { ((parts as u128 * n as u128).div_ceil(total as u128)) as usize };
         let ranges = row_ranges(n, share);
         if ranges.len() == 1 {
-            groups.push(FileGroup::new(vec![(*f).clone()]));
+            groups.push(FileGroup::new(vec![whole]));
             continue;
         }
         for r in ranges {
@@ -123,14 +145,15 @@ fn split_scan(scan: &DataSourceExec, parts: usize) -> Result<Option<Arc<dyn Exec
             if r.end < n {
                 selectors.push(RowSelector::skip((n - r.end) as usize));
             }
-            let mut piece = (*f).clone();
+            let mut piece = whole.clone();
             // The file's statistics are not the range's.
             piece.statistics = None;
             piece.extensions.insert(ParquetRowSelection::new(RowSelection::from(selectors)));
             groups.push(FileGroup::new(vec![piece]));
         }
     }
-    if groups.len() <= config.file_groups.len() {
+    // DataFusion reads as many row groups at once as there are.
+    if groups.len() <= shapes.iter().map(|s| s.1).sum::<usize>() {
         return Ok(None);
     }
     let config = FileScanConfigBuilder::from(config.clone()).with_file_groups(groups).build();

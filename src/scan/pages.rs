@@ -760,6 +760,11 @@ pub fn file_rows(files: &[ScanFile]) -> Option<u64> {
     files.iter().map(|f| read_footer(&f.path).ok().map(|m| m.file_metadata().num_rows().max(0) as u64)).sum()
 }
 
+/// A file's rows and row groups by its footer (None when it cannot be read).
+pub fn file_shape(path: &PathBuf) -> Option<(u64, usize)> {
+    read_footer(path).ok().map(|m| (m.file_metadata().num_rows().max(0) as u64, m.num_row_groups()))
+}
+
 /// Can the device scan take a key column of this Arrow type?
 pub fn supported_key_type(t: &DataType) -> bool {
     supported_type(t) || is_byte_type(t)

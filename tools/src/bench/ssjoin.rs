@@ -100,7 +100,7 @@ pub struct Options {
     /// The fresh-process run of one query over this file (the parent starts these)
     #[arg(long, value_name = "FILE.parquet", hide = true)]
     pub one: Option<std::path::PathBuf>,
-    /// --one's engine: `cpu` (the CPU backend), `wait` (the GPU backend, waited for), else setfusion's default
+    /// --one's engine: `cpu` (the CPU backend), `wait` (the GPU backend, waited for), `-whole` after either: the file scanned by DataFusion's file groups (`setfusion.scan_ranges = false`); else setfusion's default
     #[arg(long, hide = true, default_value = "auto")]
     pub engine: String,
 }
@@ -529,13 +529,20 @@ pub fn run(options: Options) {
 /// printing `ms=<query time> rows=<pair count>` and `ran=<the operator's report>`.
 fn run_one(file: &std::path::Path, t: f64, engine: &str) -> datafusion::error::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let settings: &[&str] = match engine {
-        "cpu" => &["SET setfusion.strategy = 'cpu'"],
-        // The device, opened at planning and waited for (how `auto` ran before it stopped waiting).
-        "wait" => &["SET setfusion.strategy = 'hash'"],
-        _ => &[],
+    let (engine, whole) = match engine.strip_suffix("-whole") {
+        Some(e) => (e, true),
+        None => (engine, false),
     };
-    let ctx = session(&rt, settings)?;
+    let mut settings: Vec<&str> = match engine {
+        "cpu" => vec!["SET setfusion.strategy = 'cpu'"],
+        // The device, opened at planning and waited for (how `auto` ran before it stopped waiting).
+        "wait" => vec!["SET setfusion.strategy = 'hash'"],
+        _ => vec![],
+    };
+    if whole {
+        settings.push("SET setfusion.scan_ranges = false");
+    }
+    let ctx = session(&rt, &settings)?;
     let path = file.to_string_lossy().to_string();
     rt.block_on(ctx.register_parquet("d", &path, datafusion::prelude::ParquetReadOptions::default()))?;
     let (took, count, ran) = time_sql(&rt, &ctx, &self_join_sql(t), 1)?;
