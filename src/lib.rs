@@ -62,6 +62,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     let at = rules.iter().position(|r| r.name() == "join_selection").map_or(rules.len(), |i| i + 1);
     rules.insert(at, Arc::new(planner::SemiJoinRule));
     rules.push(Arc::new(planner::SimilarityJoinRule));
+    // The inputs of operators that collect every partition at once, read by row ranges.
+    rules.push(Arc::new(planner::ScanRangesRule));
     // Last: Parquet inputs of the set selections read by the device (the plan's shape is final).
     rules.push(Arc::new(planner::DeviceScanRule));
     builder

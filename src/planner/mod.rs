@@ -21,6 +21,7 @@ use crate::config::SetfusionConfig;
 
 pub use device_scan::DeviceScanRule;
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
+pub use scan_split::ScanRangesRule;
 pub use semi_join::SemiJoinRule;
 pub use set_ops::{SetOpNode, SetOpPlanner, SetOpRule, SetfusionQueryPlanner};
 pub use similarity::SimilarityJoinRule;

@@ -1,5 +1,5 @@
 //! Parquet files read by row ranges, in parallel, under an operator that
-//! collects its whole input (the similarity join).
+//! collects its whole input (the similarity join, `intersect_families`).
 //!
 //! DataFusion reads one row group on one thread, and arrow-rs writes up to
 //! 1M rows into one row group: a table of 100k sets in one file was scanned
@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use datafusion::common::tree_node::Transformed;
+use datafusion::config::ConfigOptions;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::ParquetSource;
@@ -19,11 +21,67 @@ use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
+use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan, ExecutionPlanProperties};
+
+use crate::exec::families::FamiliesExec;
+use crate::exec::similarity_join::SimilarityJoinExec;
+
+/// The rule: the inputs of every similarity join and `intersect_families`
+/// call, which collect all their input partitions at once, read by row ranges
+/// (`setfusion.scan_ranges`). It runs after setfusion's other rules, on the
+/// final plan: a families input read in one partition gets a
+/// `CoalescePartitionsExec` over its ranges, so it still is one partition.
+#[derive(Debug)]
+pub struct ScanRangesRule;
+
+impl ScanRangesRule {
+    fn rewrite(plan: Arc<dyn ExecutionPlan>, threads: usize) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        let families = plan.downcast_ref::<FamiliesExec>().is_some();
+        if !families && plan.downcast_ref::<SimilarityJoinExec>().is_none() {
+            return Ok(Transformed::no(plan));
+        }
+        let mut cut = 0;
+        let mut children = Vec::new();
+        for child in plan.children() {
+            let (split, n) = split_parquet_scans(child, threads)?;
+            let one = child.output_partitioning().partition_count() == 1;
+            cut += n;
+            children.push(if n > 0 && families && one && split.output_partitioning().partition_count() > 1 {
+                Arc::new(CoalescePartitionsExec::new(split)) as Arc<dyn ExecutionPlan>
+            } else {
+                split
+            });
+        }
+        if cut == 0 {
+            return Ok(Transformed::no(plan));
+        }
+        Ok(Transformed::yes(replace_children_if_necessary(plan, children)?))
+    }
+}
+
+impl PhysicalOptimizerRule for ScanRangesRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        let threads = config.execution.target_partitions;
+        super::rewrite_when_enabled(plan, config, |p, cfg| {
+            if cfg.scan_ranges {
+                Self::rewrite(p, threads)
+            } else {
+                Ok(Transformed::no(p))
+            }
+        })
+    }
+    fn name(&self) -> &str {
+        "setfusion_scan_ranges"
+    }
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
 
 /// The fewest rows a range is cut to: below this, a partition's fixed cost
 /// (opening the file, its footer, its pages) outweighs what it reads.

@@ -197,11 +197,7 @@ fn residual_filter(rest: Vec<Arc<dyn PhysicalExpr>>, parts: &JoinParts) -> Resul
 }
 
 impl SimilarityJoinRule {
-    fn rewrite(
-        plan: Arc<dyn ExecutionPlan>,
-        cfg: &SetfusionConfig,
-        threads: usize,
-    ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
         let parts = if let Some(j) = plan.downcast_ref::<NestedLoopJoinExec>() {
             if *j.join_type() != JoinType::Inner {
                 return Ok(Transformed::no(plan));
@@ -244,13 +240,9 @@ impl SimilarityJoinRule {
         let left_set = to_side(&found.left_arg, filter, parts.left)?;
         let right_set = to_side(&found.right_arg, filter, parts.right)?;
         let decision = super::decision::decide_similarity(cfg, &found.threshold, parts.left, parts.right);
-        // The join collects every partition of its inputs: large Parquet row groups are read by ranges, in parallel.
-        let ranges = if cfg.scan_ranges { threads } else { 1 };
-        let (left, _) = super::scan_split::split_parquet_scans(parts.left, ranges)?;
-        let (right, _) = super::scan_split::split_parquet_scans(parts.right, ranges)?;
         let exec = SimilarityJoinExec::try_new(
-            left,
-            right,
+            parts.left.clone(),
+            parts.right.clone(),
             left_set,
             right_set,
             found.threshold,
@@ -270,8 +262,7 @@ impl SimilarityJoinRule {
 
 impl PhysicalOptimizerRule for SimilarityJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        let threads = config.execution.target_partitions;
-        super::rewrite_when_enabled(plan, config, |p, cfg| Self::rewrite(p, cfg, threads))
+        super::rewrite_when_enabled(plan, config, Self::rewrite)
     }
     fn name(&self) -> &str {
         "setfusion_similarity_join"

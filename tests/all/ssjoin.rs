@@ -323,11 +323,12 @@ fn sql_similarity_join_with_equality_keys() {
     });
 }
 
-/// A Parquet file of one large row group under a similarity join is read by
-/// ranges of rows, one partition each (EXPLAIN lists the file once per
-/// range); the answer is the in-memory table's and that of DataFusion's
-/// file groups (`scan_ranges = false`), for a self join (read once) and for a
-/// join of the file with itself filtered.
+/// A Parquet file of one large row group under a similarity join or
+/// `intersect_families` is read by ranges of rows, one partition each
+/// (EXPLAIN lists the file once per range); the answer is the in-memory
+/// table's and that of DataFusion's file groups (`scan_ranges = false`), for
+/// a self join (read once), a join of the file with itself filtered, and a
+/// families call (its input coalesced over the ranges).
 #[test]
 fn a_large_parquet_row_group_is_read_by_ranges() {
     let _device = crate::common::shared_device();
@@ -352,7 +353,7 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
             .collect();
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
-            Field::new("s", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
+            Field::new("elements", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
         ]));
         let batch = RecordBatch::try_new(
             schema.clone(),
@@ -371,11 +372,13 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
         w.write(&batch).unwrap();
         w.close().unwrap();
         ctx.register_parquet("p", path.to_str().unwrap(), Default::default()).await.unwrap();
+        ctx.register_batch("q", batch.slice(0, 30)).unwrap();
         ctx.register_batch("m", batch).unwrap();
         for (i, q) in [
-            "SELECT count(*), sum(a.id + b.id) FROM p a JOIN p b ON a.id < b.id AND jaccard(a.s, b.s) >= 0.6",
+            "SELECT count(*), sum(a.id + b.id) FROM p a JOIN p b ON a.id < b.id AND jaccard(a.elements, b.elements) >= 0.6",
             "SELECT count(*), sum(a.id - b.id) FROM p a JOIN (SELECT * FROM p WHERE id % 3 = 0) b \
-             ON a.id <> b.id AND overlap(a.s, b.s) >= 3",
+             ON a.id <> b.id AND overlap(a.elements, b.elements) >= 3",
+            "SELECT count(*), sum(left_id * 31 + right_id * overlap) FROM intersect_families('p', 'q', 'counts')",
         ]
         .into_iter()
         .enumerate()
@@ -390,11 +393,12 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
                 .await
                 .unwrap();
             let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
-            assert!(plan.contains("SimilarityJoinExec"), "{plan}");
+            assert!(plan.contains("SimilarityJoinExec") || plan.contains("FamiliesExec"), "{plan}");
             // 40,000 rows: four ranges (target_partitions) of one row group.
             assert!(plan.contains("file_groups={4 groups: [[") && plan.contains("sets.parquet]]}"), "{plan}");
             let got = sql_rows(&ctx, q).await;
-            assert_eq!(got, sql_rows(&ctx, &q.replace(" p ", " m ")).await, "{q}: against the table in memory");
+            let in_memory = q.replace(" p ", " m ").replace("('p'", "('m'");
+            assert_eq!(got, sql_rows(&ctx, &in_memory).await, "{q}: against the table in memory");
             // DataFusion's file groups (its own nested-loop plan takes minutes at this size).
             ctx.sql("SET setfusion.scan_ranges = false").await.unwrap().collect().await.unwrap();
             let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
