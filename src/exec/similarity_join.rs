@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
-use datafusion::arrow::compute::{concat_batches, filter, take};
+use datafusion::arrow::compute::{filter, take};
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::JoinSide;
@@ -448,6 +448,49 @@ fn rejects_diagonal(f: &JoinFilter, left: &RecordBatch, right: &RecordBatch) -> 
     })
 }
 
+/// `parts` as one batch of `schema`'s columns, the columns `read` says
+/// concatenated (their bytes reserved in `memory`), the others all NULL (their
+/// fields made nullable): the operator reads only the former by row.
+fn concat_read(
+    schema: &SchemaRef,
+    parts: &[RecordBatch],
+    read: &[bool],
+    memory: &MemoryReservation,
+) -> Result<RecordBatch> {
+    use datafusion::arrow::array::new_null_array;
+    use datafusion::arrow::datatypes::Field;
+    let rows: usize = parts.iter().map(|b| b.num_rows()).sum();
+    let mut fields = Vec::with_capacity(read.len());
+    let mut columns = Vec::with_capacity(read.len());
+    for (i, f) in schema.fields().iter().enumerate() {
+        if read[i] {
+            let pieces: Vec<&dyn Array> = parts.iter().map(|b| b.column(i).as_ref()).collect();
+            let c = match pieces.len() {
+                0 => datafusion::arrow::array::new_empty_array(f.data_type()),
+                1 => parts[0].column(i).clone(),
+                _ => datafusion::arrow::compute::concat(&pieces)?,
+            };
+            memory.try_grow(c.get_array_memory_size())?;
+            fields.push(f.clone());
+            columns.push(c);
+        } else {
+            fields.push(Arc::new(Field::new(f.name(), f.data_type().clone(), true)));
+            columns.push(new_null_array(f.data_type(), rows));
+        }
+    }
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
+}
+
+/// Are two lists of batches the same batches (a self join read once)?
+fn same_batches(a: &[RecordBatch], b: &[RecordBatch]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| x.columns().iter().zip(y.columns()).all(|(p, q)| Arc::ptr_eq(p, q)))
+}
+
 /// The plan below any repartitioning or coalescing (they only reorder rows).
 fn strip_partitioning(p: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     let mut p = p.clone();
@@ -529,27 +572,47 @@ impl Run {
         let batch_size = context.session_config().batch_size().max(1);
         let (ls, rs) = (self.spec.left.schema(), self.spec.right.schema());
         let memory = reservation(&context, "SimilarityJoinExec");
-        // The collected parts' bytes, then their concatenation's.
-        let concat = |schema: &SchemaRef, parts: Vec<Vec<RecordBatch>>| -> Result<RecordBatch> {
-            let parts_bytes: usize = parts.iter().flatten().map(batch_bytes).sum();
-            let b = concat_batches(schema, parts.iter().flatten())?;
-            memory.try_grow(batch_bytes(&b))?;
-            drop(parts);
-            let _ = memory.try_shrink(parts_bytes);
-            Ok(b)
+        // The columns the output and the residual filter read, by side: only these are
+        // concatenated (the set columns are encoded from the batches as they came, a copy
+        // of every element less).
+        let nl = ls.fields().len();
+        let (mut read_left, mut read_right) = (vec![false; nl], vec![false; rs.fields().len()]);
+        let output: Vec<usize> = match &self.spec.projection {
+            Some(p) => p.clone(),
+            None => (0..nl + rs.fields().len()).collect(),
         };
-        let (left, right) = if same_rows(&self.spec.left, &self.spec.right) {
+        for &c in &output {
+            if c < nl {
+                read_left[c] = true;
+            } else {
+                read_right[c - nl] = true;
+            }
+        }
+        for c in self.spec.residual.iter().flat_map(|f| f.column_indices()) {
+            match c.side {
+                JoinSide::Left => read_left[c.index] = true,
+                _ => read_right[c.index] = true,
+            }
+        }
+        let (lparts, rparts, left, right) = if same_rows(&self.spec.left, &self.spec.right) {
             // A self join whose sides differ only in partitioning: read once, so the
             // sets line up row for row and the join runs as a self join.
             let lp = collect_reserved(strip_partitioning(&self.spec.left), context.clone(), &memory).await?;
-            let left = concat(&ls, lp)?;
-            (left.clone(), left)
+            crate::util::trace("similarity join: partitions read");
+            let lp: Vec<RecordBatch> = lp.into_iter().flatten().collect();
+            let read: Vec<bool> = read_left.iter().zip(&read_right).map(|(a, b)| *a || *b).collect();
+            let left = concat_read(&ls, &lp, &read, &memory)?;
+            (lp.clone(), lp, left.clone(), left)
         } else {
             let (lp, rp) = futures::try_join!(
                 collect_reserved(self.spec.left.clone(), context.clone(), &memory),
                 collect_reserved(self.spec.right.clone(), context.clone(), &memory)
             )?;
-            (concat(&ls, lp)?, concat(&rs, rp)?)
+            let (lp, rp): (Vec<RecordBatch>, Vec<RecordBatch>) =
+                (lp.into_iter().flatten().collect(), rp.into_iter().flatten().collect());
+            let (left, right) =
+                (concat_read(&ls, &lp, &read_left, &memory)?, concat_read(&rs, &rp, &read_right, &memory)?);
+            (lp, rp, left, right)
         };
         self.metrics.device.input_rows.add(left.num_rows() + right.num_rows());
         self.metrics.peak_memory.set_max(memory.size());
@@ -558,8 +621,21 @@ impl Run {
         }
         crate::util::trace("similarity join: inputs collected");
         let evaluating = self.elapsed_compute.timer();
-        let la = self.spec.left_set.evaluate(&left)?.into_array(left.num_rows())?;
-        let ra = self.spec.right_set.evaluate(&right)?.into_array(right.num_rows())?;
+        let shared = same_batches(&lparts, &rparts);
+        let evaluate = |e: &PhysicalExprRef, parts: &[RecordBatch]| -> Result<Vec<ArrayRef>> {
+            parts.iter().map(|b| e.evaluate(b)?.into_array(b.num_rows())).collect()
+        };
+        let la = evaluate(&self.spec.left_set, &lparts)?;
+        let ra = evaluate(&self.spec.right_set, &rparts)?;
+        // The same arrays on both sides (a self join read once): encoded once.
+        let shared = shared && la.len() == ra.len() && la.iter().zip(&ra).all(|(a, b)| Arc::ptr_eq(a, b));
+        // The batches stay reserved until the join is done (the set columns point into them).
+        let parts_bytes: usize = lparts
+            .iter()
+            .chain(if same_batches(&lparts, &rparts) { &[][..] } else { &rparts[..] })
+            .map(batch_bytes)
+            .sum();
+        drop((lparts, rparts));
         evaluating.done();
 
         let timer = Instant::now();
@@ -572,10 +648,9 @@ impl Run {
         let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
             let _timer = elapsed_compute.timer();
             crate::util::trace("similarity join: set columns evaluated");
-            // One array on both sides (a self join read once): encode it once.
-            let shared = Arc::ptr_eq(&la, &ra);
             let both = [la, ra];
             let enc = crate::algo::ssjoin::encode::encode("similarity join", &both[..if shared { 1 } else { 2 }])?;
+            drop(both);
             crate::util::trace("similarity join: sets encoded");
             let same = shared || (enc[0].sets == enc[1].sets && enc[0].valid == enc[1].valid);
             let mut stats = JoinStats::default();
@@ -629,11 +704,8 @@ impl Run {
         self.metrics.device.record(&stats.transfer);
         *self.ran.lock().unwrap() = Some(ran);
 
-        let nl = ls.fields().len();
-        let cols: Vec<usize> = match &self.spec.projection {
-            Some(p) => p.clone(),
-            None => (0..nl + rs.fields().len()).collect(),
-        };
+        let _ = memory.try_shrink(parts_bytes);
+        let cols = output;
         // The pairs' row indices, held until the stream is done.
         memory.try_grow((lidx.capacity() + ridx.capacity()) * std::mem::size_of::<u32>())?;
         self.metrics.peak_memory.set_max(memory.size());

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{Field, Schema};
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinSide, JoinType, NullEquality, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -193,7 +193,30 @@ fn residual_filter(rest: Vec<Arc<dyn PhysicalExpr>>, parts: &JoinParts) -> Resul
         let op = if parts.null_equal { Operator::IsNotDistinctFrom } else { Operator::Eq };
         conjuncts.push(Arc::new(BinaryExpr::new(l, op, r)));
     }
-    Ok(conjunction_opt(conjuncts).map(|e| JoinFilter::new(e, indices, Arc::new(Schema::new(fields)))))
+    let Some(e) = conjunction_opt(conjuncts) else { return Ok(None) };
+    // Only the columns the filter reads: the operator gathers each of them for every
+    // candidate pair (the set columns, which the join's own filter read, are not).
+    let mut used: Vec<usize> = Vec::new();
+    e.apply(|n| {
+        if let Some(c) = n.downcast_ref::<Column>() {
+            used.push(c.index());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    used.sort_unstable();
+    used.dedup();
+    let e = e
+        .transform(|n| {
+            let Some(c) = n.downcast_ref::<Column>() else { return Ok(Transformed::no(n)) };
+            let at = used
+                .binary_search(&c.index())
+                .map_err(|_| DataFusionError::Internal(format!("similarity join filter: column {c} not collected")))?;
+            Ok(Transformed::yes(Arc::new(Column::new(c.name(), at)) as Arc<dyn PhysicalExpr>))
+        })?
+        .data;
+    let fields: Vec<Field> = used.iter().map(|&i| fields[i].clone()).collect();
+    let indices: Vec<ColumnIndex> = used.iter().map(|&i| indices[i].clone()).collect();
+    Ok(Some(JoinFilter::new(e, indices, Arc::new(Schema::new(fields)))))
 }
 
 impl SimilarityJoinRule {

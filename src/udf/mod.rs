@@ -101,7 +101,7 @@ impl ScalarUDFImpl for SimilarityUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.number_rows;
-        let arrays: Vec<ArrayRef> = args.args.iter().map(|a| a.to_array(n)).collect::<Result<_>>()?;
+        let arrays: Vec<Vec<ArrayRef>> = args.args.iter().map(|a| Ok(vec![a.to_array(n)?])).collect::<Result<_>>()?;
         let enc = sets::encode(self.name(), &arrays)?;
         let (a, b) = (&enc[0], &enc[1]);
         let (da, db) = (dedup_sets(&a.sets), dedup_sets(&b.sets));
