@@ -282,7 +282,8 @@ setfusion_settings! {
         pub cache_limit: ByteSize, default = ByteSize(8 << 30)
         /// Parquet inputs of a similarity join are read by ranges of rows, one partition each
         /// (each file listed once per range, with a row selection), where DataFusion would read
-        /// a large row group on one thread. false: DataFusion's file groups.
+        /// a large row group on one thread. false: DataFusion's file groups (always so under
+        /// `hash_partition_inputs`: a Ballista plan's codec does not carry row selections).
         pub scan_ranges: bool, default = true
     }
 }

@@ -68,7 +68,10 @@ impl PhysicalOptimizerRule for ScanRangesRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let threads = config.execution.target_partitions;
         super::rewrite_when_enabled(plan, config, |p, cfg| {
-            if cfg.scan_ranges {
+            // A Ballista plan (`hash_partition_inputs`) is serialized for its executors, and
+            // DataFusion's codec does not carry a file's row selection: every range would read
+            // the whole file.
+            if cfg.scan_ranges && !cfg.hash_partition_inputs {
                 Self::rewrite(p, threads)
             } else {
                 Ok(Transformed::no(p))

@@ -406,6 +406,11 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
             assert_eq!(got, sql_rows(&ctx, q).await, "{q}: against one file group");
             ctx.sql("SET setfusion.scan_ranges = true").await.unwrap().collect().await.unwrap();
         }
+        // A Ballista plan's codec does not carry row selections: no ranges there.
+        ctx.sql("SET setfusion.hash_partition_inputs = true").await.unwrap().collect().await.unwrap();
+        let q = "SELECT count(*) FROM p a JOIN p b ON a.id < b.id AND jaccard(a.elements, b.elements) >= 0.6";
+        let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+        assert!(plan.contains("sets.parquet:0..") && !plan.contains("sets.parquet]"), "{plan}");
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
