@@ -637,7 +637,7 @@ impl DeviceScanExec {
         let mut whole: std::collections::BTreeSet<PathBuf> = Default::default();
         for group in &config.file_groups {
             for f in group.iter() {
-                let path = PathBuf::from(format!("/{}", f.object_meta.location.as_ref()));
+                let path = crate::scan::local_path(f);
                 match &f.range {
                     Some(r) => by_path.entry(path).or_default().push((r.start.max(0) as u64, r.end.max(0) as u64)),
                     None => {

@@ -465,9 +465,9 @@ fn concat_read(
     for (i, f) in schema.fields().iter().enumerate() {
         if read[i] {
             let pieces: Vec<&dyn Array> = parts.iter().map(|b| b.column(i).as_ref()).collect();
+            // One piece is not copied (`concat` slices it).
             let c = match pieces.len() {
                 0 => datafusion::arrow::array::new_empty_array(f.data_type()),
-                1 => parts[0].column(i).clone(),
                 _ => datafusion::arrow::compute::concat(&pieces)?,
             };
             memory.try_grow(c.get_array_memory_size())?;
@@ -483,12 +483,6 @@ fn concat_read(
         columns,
         &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
-}
-
-/// Are two lists of batches the same batches (a self join read once)?
-fn same_batches(a: &[RecordBatch], b: &[RecordBatch]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| x.columns().iter().zip(y.columns()).all(|(p, q)| Arc::ptr_eq(p, q)))
 }
 
 /// The plan below any repartitioning or coalescing (they only reorder rows).
@@ -594,7 +588,8 @@ impl Run {
                 _ => read_right[c.index] = true,
             }
         }
-        let (lparts, rparts, left, right) = if same_rows(&self.spec.left, &self.spec.right) {
+        let read_once = same_rows(&self.spec.left, &self.spec.right);
+        let (lparts, rparts, left, right) = if read_once {
             // A self join whose sides differ only in partitioning: read once, so the
             // sets line up row for row and the join runs as a self join.
             let lp = collect_reserved(strip_partitioning(&self.spec.left), context.clone(), &memory).await?;
@@ -621,20 +616,16 @@ impl Run {
         }
         crate::util::trace("similarity join: inputs collected");
         let evaluating = self.elapsed_compute.timer();
-        let shared = same_batches(&lparts, &rparts);
         let evaluate = |e: &PhysicalExprRef, parts: &[RecordBatch]| -> Result<Vec<ArrayRef>> {
             parts.iter().map(|b| e.evaluate(b)?.into_array(b.num_rows())).collect()
         };
         let la = evaluate(&self.spec.left_set, &lparts)?;
         let ra = evaluate(&self.spec.right_set, &rparts)?;
         // The same arrays on both sides (a self join read once): encoded once.
-        let shared = shared && la.len() == ra.len() && la.iter().zip(&ra).all(|(a, b)| Arc::ptr_eq(a, b));
+        let shared = read_once && la.iter().zip(&ra).all(|(a, b)| Arc::ptr_eq(a, b));
         // The batches stay reserved until the join is done (the set columns point into them).
-        let parts_bytes: usize = lparts
-            .iter()
-            .chain(if same_batches(&lparts, &rparts) { &[][..] } else { &rparts[..] })
-            .map(batch_bytes)
-            .sum();
+        let parts_bytes: usize =
+            lparts.iter().chain(if read_once { &[][..] } else { &rparts[..] }).map(batch_bytes).sum();
         drop((lparts, rparts));
         evaluating.done();
 

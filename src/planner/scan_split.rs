@@ -175,8 +175,7 @@ fn split_scan(scan: &DataSourceExec, parts: usize) -> Result<Option<Arc<dyn Exec
     // Each file's rows and row groups by its footer (read once, cached for the scan).
     let mut shapes = Vec::with_capacity(files.len());
     for (f, _) in &files {
-        let path = std::path::PathBuf::from(format!("/{}", f.object_meta.location.as_ref()));
-        match crate::scan::file_shape(&path) {
+        match crate::scan::file_shape(&crate::scan::local_path(f)) {
             Some(shape) => shapes.push(shape),
             None => return Ok(None),
         }

@@ -757,12 +757,18 @@ pub fn is_byte_type(t: &DataType) -> bool {
 
 /// The rows of `files` by their footers (None when one cannot be read).
 pub fn file_rows(files: &[ScanFile]) -> Option<u64> {
-    files.iter().map(|f| read_footer(&f.path).ok().map(|m| m.file_metadata().num_rows().max(0) as u64)).sum()
+    files.iter().map(|f| file_shape(&f.path).map(|(rows, _)| rows)).sum()
 }
 
 /// A file's rows and row groups by its footer (None when it cannot be read).
 pub fn file_shape(path: &PathBuf) -> Option<(u64, usize)> {
     read_footer(path).ok().map(|m| (m.file_metadata().num_rows().max(0) as u64, m.num_row_groups()))
+}
+
+/// Where a listed file lies on the local disk (DataFusion's local object
+/// store lists paths without their leading `/`).
+pub fn local_path(file: &datafusion::datasource::listing::PartitionedFile) -> PathBuf {
+    PathBuf::from(format!("/{}", file.object_meta.location.as_ref()))
 }
 
 /// Can the device scan take a key column of this Arrow type?
