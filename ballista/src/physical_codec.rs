@@ -361,6 +361,7 @@ fn encode_reason(r: &Reason) -> ReasonNode {
         },
         Reason::HostFilter(why) => node("host_filter", why),
         Reason::DeviceOnExecutor => node("device_on_executor", ""),
+        Reason::UnsupportedPredicate(why) => node("unsupported_predicate", why),
     }
 }
 
@@ -387,6 +388,7 @@ fn decode_reason(n: ReasonNode) -> Result<Reason> {
         "starts_after_query" => Reason::StartsAfterQuery { device: n.count as usize, estimate: n.text },
         "host_filter" => Reason::HostFilter(n.text),
         "device_on_executor" => Reason::DeviceOnExecutor,
+        "unsupported_predicate" => Reason::UnsupportedPredicate(n.text),
         other => return Err(bad(format!("unknown reason '{other}'"))),
     })
 }
@@ -752,6 +754,7 @@ mod tests {
             Reason::StartsAfterQuery { device: 1, estimate: "~2 rows".into() },
             Reason::HostFilter("a UDF".into()),
             Reason::DeviceOnExecutor,
+            Reason::UnsupportedPredicate("every pair passes".into()),
         ];
         for r in reasons {
             assert_eq!(decode_reason(encode_reason(&r)).unwrap(), r);

@@ -88,6 +88,8 @@ pub enum Reason {
     HostFilter(String),
     /// Planned where no device was usable; this process (a Ballista executor) has one.
     DeviceOnExecutor,
+    /// A predicate setfusion's operator does not decide as DataFusion does (why).
+    UnsupportedPredicate(String),
 }
 
 impl fmt::Display for Reason {
@@ -112,6 +114,7 @@ impl fmt::Display for Reason {
             }
             Reason::HostFilter(why) => write!(f, "residual filter on the host: {why}"),
             Reason::DeviceOnExecutor => write!(f, "planned without a device; this executor has one"),
+            Reason::UnsupportedPredicate(why) => write!(f, "{why}"),
         }
     }
 }

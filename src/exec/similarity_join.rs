@@ -74,7 +74,7 @@ impl SimilarityJoinExec {
         projection: Option<Vec<usize>>,
         decision: Decision,
     ) -> Result<Self> {
-        threshold.metric.check_threshold(threshold.value).map_err(DataFusionError::Plan)?;
+        threshold.check().map_err(DataFusionError::Plan)?;
         let (ls, rs) = (left.schema(), right.schema());
         let fields: Vec<_> = ls.fields().iter().chain(rs.fields().iter()).cloned().collect();
         let joined = Schema::new(fields);

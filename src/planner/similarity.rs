@@ -10,18 +10,24 @@
 //! an output ordering or a fetch limit is left alone.
 //!
 //! `metric` is one of `jaccard`, `dice`, `set_cosine`, `overlap` (possibly
-//! under a cast, as for `overlap(a, b) >= 1.5`), `t` a literal, and each
-//! argument must read columns of one input only, the two arguments opposite
-//! inputs. The other conjuncts become the operator's residual filter. A
-//! threshold outside (0, 1] (jaccard, dice, set_cosine) or below 1 (overlap)
-//! is a planning error. Joins not of this form keep DataFusion's plan.
+//! under a cast that keeps its values, as for `overlap(a, b) >= 1.5`), `t` a
+//! literal (under casts, evaluated as DataFusion does), and each argument
+//! must read columns of one input only, the two arguments opposite inputs.
+//! The other conjuncts become the operator's residual filter. The predicate
+//! is DataFusion's to the bit: compared in IEEE's total order, as Arrow
+//! compares floats, so any threshold is exact (none passes `jaccard > 1`).
+//! Joins not of this form keep DataFusion's plan; those with a similarity
+//! comparison the operator does not decide keep it under a
+//! `SetfusionDeclinedExec` that says why: every pair passes (`jaccard >= 0`,
+//! `overlap > -1`: the operator lists pairs that share an element), or a
+//! cast changes the metric's values (`CAST(jaccard(a, b) AS INT) >= 1`).
 //!
 //! Backend choice ([`super::cost::similarity_estimate`], through [`super::decision::decide_similarity`]): GPU unless the CPU prefix-filter join is
 //! expected to be faster, from the threshold and the estimated input rows.
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinSide, JoinType, NullEquality, ScalarValue};
 use datafusion::config::ConfigOptions;
@@ -37,6 +43,8 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 
 use crate::algo::ssjoin::{Metric, Threshold};
 use crate::config::SetfusionConfig;
+use crate::exec::common::Reason;
+use crate::exec::declined::SetfusionDeclinedExec;
 use crate::exec::similarity_join::SimilarityJoinExec;
 
 #[derive(Debug, Default)]
@@ -50,24 +58,72 @@ struct Found {
     right_arg: Arc<dyn PhysicalExpr>,
 }
 
-fn strip_cast(e: &Arc<dyn PhysicalExpr>) -> &Arc<dyn PhysicalExpr> {
-    if let Some(c) = e.downcast_ref::<CastExpr>() {
-        return strip_cast(c.expr());
+/// The metric a comparison operand calls and the type it is compared in,
+/// through casts that keep every value the metric can take: `overlap`'s
+/// integers as BIGINT, UBIGINT or DOUBLE (exact below 2^53), a float metric
+/// as DOUBLE. None for anything else, `CAST(jaccard(a, b) AS INT)` among
+/// them: comparing that is not comparing the metric.
+fn metric_call(e: &Arc<dyn PhysicalExpr>) -> Option<(&ScalarFunctionExpr, Metric, DataType)> {
+    if let Some(f) = e.downcast_ref::<ScalarFunctionExpr>() {
+        let metric = Metric::from_name(f.name())?;
+        return (f.args().len() == 2).then(|| (f, metric, f.return_type().clone()));
     }
-    if let Some(c) = e.downcast_ref::<TryCastExpr>() {
-        return strip_cast(c.expr());
-    }
-    e
+    let (inner, to) = if let Some(c) = e.downcast_ref::<CastExpr>() {
+        (c.expr(), c.cast_type())
+    } else if let Some(c) = e.downcast_ref::<TryCastExpr>() {
+        (c.expr(), c.cast_type())
+    } else {
+        return None;
+    };
+    let (f, metric, from) = metric_call(inner)?;
+    let keeps = from == *to
+        || (metric == Metric::Overlap && matches!(to, DataType::Int64 | DataType::UInt64 | DataType::Float64));
+    keeps.then(|| (f, metric, to.clone()))
 }
 
-fn literal_f64(e: &Arc<dyn PhysicalExpr>) -> Option<f64> {
-    let l = strip_cast(e).downcast_ref::<Literal>()?;
-    let v = l.value();
-    if v.is_null() {
+/// Does a metric function appear under `e`'s casts (one that [`metric_call`]
+/// does not take, so EXPLAIN can say why the join stays DataFusion's)?
+fn rounded_metric(e: &Arc<dyn PhysicalExpr>) -> Option<String> {
+    let mut e = e;
+    loop {
+        if let Some(c) = e.downcast_ref::<CastExpr>() {
+            e = c.expr();
+        } else if let Some(c) = e.downcast_ref::<TryCastExpr>() {
+            e = c.expr();
+        } else {
+            break;
+        }
+    }
+    let f = e.downcast_ref::<ScalarFunctionExpr>()?;
+    Metric::from_name(f.name()).map(|m| m.name().to_string())
+}
+
+/// The value of a constant operand: a literal under casts, each applied as
+/// DataFusion applies it. None: not a constant, or a cast that fails.
+fn constant(e: &Arc<dyn PhysicalExpr>) -> Option<ScalarValue> {
+    if let Some(l) = e.downcast_ref::<Literal>() {
+        return Some(l.value().clone());
+    }
+    if let Some(c) = e.downcast_ref::<CastExpr>() {
+        return constant(c.expr())?.cast_to_with_options(c.cast_type(), c.cast_options()).ok();
+    }
+    if let Some(c) = e.downcast_ref::<TryCastExpr>() {
+        return constant(c.expr())?.cast_to(c.cast_type()).ok();
+    }
+    None
+}
+
+/// A threshold of the compared type as a double: exact for DOUBLE, and for
+/// the integers `overlap` is compared with (overlaps stay far below 2^53, so
+/// a rounded large integer orders the same against every one of them).
+fn threshold_f64(v: &ScalarValue, compared: &DataType) -> Option<f64> {
+    if v.data_type() != *compared {
         return None;
     }
-    match v.cast_to(&datafusion::arrow::datatypes::DataType::Float64).ok()? {
-        ScalarValue::Float64(Some(f)) => Some(f),
+    match v {
+        ScalarValue::Float64(Some(f)) => Some(*f),
+        ScalarValue::Int64(Some(i)) => Some(*i as f64),
+        ScalarValue::UInt64(Some(u)) => Some(*u as f64),
         _ => None,
     }
 }
@@ -114,8 +170,18 @@ fn to_side(
         .map(|t| t.data)
 }
 
-/// Find `metric(a, b) >= t` among the conjuncts.
-fn find(conjuncts: &[&Arc<dyn PhysicalExpr>], filter: &JoinFilter) -> Result<Option<Found>> {
+/// What the conjuncts hold for the rule.
+enum Search {
+    Found(Found),
+    /// A similarity comparison the operator does not decide (why), and none it does.
+    Declined(String),
+    None,
+}
+
+/// Find `metric(a, b) >= t` among the conjuncts: the first the operator
+/// decides exactly, else the reason the first one it does not.
+fn find(conjuncts: &[&Arc<dyn PhysicalExpr>], filter: &JoinFilter) -> Search {
+    let mut declined = None;
     for (index, c) in conjuncts.iter().enumerate() {
         let Some(b) = c.downcast_ref::<BinaryExpr>() else { continue };
         let (call, lit, strict) = match b.op() {
@@ -125,23 +191,36 @@ fn find(conjuncts: &[&Arc<dyn PhysicalExpr>], filter: &JoinFilter) -> Result<Opt
             Operator::Lt => (b.right(), b.left(), true),
             _ => continue,
         };
-        let Some(f) = strip_cast(call).downcast_ref::<ScalarFunctionExpr>() else { continue };
-        let Some(metric) = Metric::from_name(f.name()) else { continue };
-        if f.args().len() != 2 {
+        let Some(value) = constant(lit) else { continue };
+        let Some((f, metric, compared)) = metric_call(call) else {
+            if let Some(name) = rounded_metric(call) {
+                declined.get_or_insert(format!("`{call}` changes {name}'s values: compared as DataFusion compares it"));
+            }
             continue;
-        }
-        let Some(t) = literal_f64(lit) else { continue };
+        };
         let (a0, a1) = (&f.args()[0], &f.args()[1]);
         let (left_arg, right_arg) = match (side_of(a0, filter), side_of(a1, filter)) {
             (Some(JoinSide::Left), Some(JoinSide::Right)) => (a0.clone(), a1.clone()),
             (Some(JoinSide::Right), Some(JoinSide::Left)) => (a1.clone(), a0.clone()),
             _ => continue,
         };
-        metric.check_threshold(t).map_err(|e| DataFusionError::Plan(format!("setfusion similarity join: {e}")))?;
+        if value.is_null() {
+            // Never true: DataFusion's join answers no rows, as it should.
+            declined.get_or_insert(format!("`{c}` compares with NULL"));
+            continue;
+        }
+        let Some(t) = threshold_f64(&value, &compared) else {
+            declined.get_or_insert(format!("`{c}`: a threshold of type {} against {compared}", value.data_type()));
+            continue;
+        };
         let threshold = Threshold { metric, value: t, strict };
-        return Ok(Some(Found { index, threshold, left_arg, right_arg }));
+        if let Err(why) = threshold.check() {
+            declined.get_or_insert(why);
+            continue;
+        }
+        return Search::Found(Found { index, threshold, left_arg, right_arg });
     }
-    Ok(None)
+    declined.map_or(Search::None, Search::Declined)
 }
 
 /// The parts of a join the rule needs, from either join operator.
@@ -221,6 +300,13 @@ fn residual_filter(rest: Vec<Arc<dyn PhysicalExpr>>, parts: &JoinParts) -> Resul
 
 impl SimilarityJoinRule {
     fn rewrite(plan: Arc<dyn ExecutionPlan>, cfg: &SetfusionConfig) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if let Some(d) = plan.downcast_ref::<SetfusionDeclinedExec>() {
+            // A plan optimised twice: one note is enough.
+            let inner = d.children()[0];
+            if inner.downcast_ref::<SetfusionDeclinedExec>().is_some() {
+                return Ok(Transformed::yes(inner.clone()));
+            }
+        }
         let parts = if let Some(j) = plan.downcast_ref::<NestedLoopJoinExec>() {
             if *j.join_type() != JoinType::Inner {
                 return Ok(Transformed::no(plan));
@@ -256,7 +342,15 @@ impl SimilarityJoinRule {
         };
         let filter = parts.filter;
         let conjuncts = split_conjunction(filter.expression());
-        let Some(found) = find(&conjuncts, filter)? else { return Ok(Transformed::no(plan)) };
+        let found = match find(&conjuncts, filter) {
+            Search::Found(found) => found,
+            Search::None => return Ok(Transformed::no(plan)),
+            Search::Declined(why) => {
+                // DataFusion's join answers it (slowly where every pair passes): keep it, saying why.
+                let reason = Reason::UnsupportedPredicate(why);
+                return Ok(Transformed::yes(Arc::new(SetfusionDeclinedExec::new(plan, reason))));
+            }
+        };
         let rest: Vec<Arc<dyn PhysicalExpr>> =
             conjuncts.iter().enumerate().filter(|(i, _)| *i != found.index).map(|(_, c)| (*c).clone()).collect();
         let residual = residual_filter(rest, &parts)?;

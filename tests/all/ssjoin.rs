@@ -257,13 +257,88 @@ fn sql_similarity_join_plan_and_results() {
         assert_eq!(got_ne, sql_rows(&ctx, &q_ne).await);
         assert_eq!(got_le.len(), got.len() + 400, "the diagonal (400 sets with themselves) must be there for <=");
         assert!(got.len() > 4, "expected some pairs");
-        // A bad threshold is a planning error that says so.
-        ctx.sql("SET setfusion.enabled = true").await.unwrap().collect().await.unwrap();
-        let err = match ctx.sql("SELECT * FROM t a JOIN t b ON jaccard(a.s, b.s) >= 2").await {
-            Ok(df) => df.collect().await.unwrap_err().to_string(),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.contains("threshold must be in (0, 1]"), "{err}");
+    });
+}
+
+/// Every similarity predicate answers as DataFusion's own plan (setfusion
+/// disabled), over NULL lists, empty lists, NULL and repeated elements, ints
+/// and strings: thresholds at the metric's ends and past them, strict and
+/// not, `overlap` compared with fractions, NaN, casts of the metric. Those
+/// the operator decides run in a `SimilarityJoinExec`; the others (every pair
+/// passes, or a cast rounds the metric) keep DataFusion's join under a
+/// `SetfusionDeclinedExec` that says why.
+#[test]
+fn sql_similarity_predicates_answer_as_datafusion() {
+    let _device = crate::common::shared_device();
+    let use_gpu = gpu().is_some();
+    block_on(move || async move {
+        let ctx = similarity_session(use_gpu).await;
+        let mut rng = StdRng::seed_from_u64(31);
+        let rows: Vec<String> = (0..160)
+            .map(|i| {
+                let list = |rng: &mut StdRng, strings: bool| match rng.random_range(0..12) {
+                    0 => "NULL".to_string(),
+                    1 => "[]".to_string(),
+                    _ => {
+                        let k = rng.random_range(1..7);
+                        let v: Vec<String> = (0..k)
+                            .map(|_| match rng.random_range(0..14) {
+                                0 => "NULL".to_string(),
+                                e if strings => format!("'w{}'", e % 9),
+                                e => (e % 9).to_string(),
+                            })
+                            .collect();
+                        format!("[{}]", v.join(", "))
+                    }
+                };
+                format!("({i}, {}, {})", list(&mut rng, false), list(&mut rng, true))
+            })
+            .collect();
+        ctx.sql(&format!("CREATE TABLE t(id INT, s INT[], w VARCHAR[]) AS VALUES {}", rows.join(", ")))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        // (predicate, decided by the operator)
+        let cases = [
+            ("jaccard(a.s, b.s) >= 0.5", true),
+            ("jaccard(a.s, b.s) > 0.5", true),
+            ("jaccard(a.s, b.s) > 0", true),
+            ("jaccard(a.s, b.s) >= 1", true),
+            ("jaccard(a.s, b.s) > 1", true),
+            ("jaccard(a.s, b.s) >= 2", true),
+            ("jaccard(a.s, b.s) >= CAST('NaN' AS DOUBLE)", true),
+            ("0.4 <= dice(b.s, a.s)", true),
+            ("0.25 < set_cosine(a.w, b.w)", true),
+            ("jaccard(a.w, b.w) >= 0.3", true),
+            ("overlap(a.s, b.s) > 0", true),
+            ("overlap(a.s, b.s) >= 0.5", true),
+            ("overlap(a.s, b.s) > 1.5", true),
+            ("overlap(a.s, b.s) >= 3", true),
+            ("CAST(overlap(a.w, b.w) AS DOUBLE) >= 2", true),
+            ("jaccard(a.s, b.s) >= 0", false),
+            ("jaccard(a.s, b.s) > -0.5", false),
+            ("dice(a.s, b.s) > CAST('-0.0' AS DOUBLE)", false),
+            ("overlap(a.s, b.s) >= 0", false),
+            ("overlap(a.s, b.s) > -1", false),
+            ("CAST(jaccard(a.s, b.s) AS INT) >= 0.5", false),
+            ("CAST(jaccard(a.s, b.s) AS DECIMAL(3, 1)) >= 0.5", false),
+            ("CAST(jaccard(a.s, b.s) AS REAL) >= 0.4", false),
+        ];
+        let mut got = Vec::new();
+        for (p, decided) in cases {
+            let q = format!("SELECT a.id, b.id FROM t a JOIN t b ON a.id < b.id AND {p} ORDER BY 1, 2");
+            let plan = sql_rows(&ctx, &format!("EXPLAIN {q}")).await.join("\n");
+            assert_eq!(plan.contains("SimilarityJoinExec"), decided, "{p}\n{plan}");
+            assert_eq!(plan.contains("SetfusionDeclinedExec"), !decided, "{p}\n{plan}");
+            got.push(sql_rows(&ctx, &q).await);
+        }
+        ctx.sql("SET setfusion.enabled = false").await.unwrap().collect().await.unwrap();
+        for ((p, _), got) in cases.iter().zip(got) {
+            let q = format!("SELECT a.id, b.id FROM t a JOIN t b ON a.id < b.id AND {p} ORDER BY 1, 2");
+            assert_eq!(got, sql_rows(&ctx, &q).await, "{p}");
+        }
     });
 }
 

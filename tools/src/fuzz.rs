@@ -16,13 +16,17 @@
 //!   correlation on the preserved or the NULL-supplying side (off with
 //!   `SETFUSION_FUZZ_OUTER=0`).
 //!
-//! One round in four draws instead a table of list pairs for 20 random
+//! One round in three draws instead a table of list pairs for 20 random
 //! list-function queries (`set_intersect_all`, `set_except_all`,
 //! `set_union_all`, `set_symmetric_difference`, `sorted_intersect` over
 //! `array_sort`, `set_intersect_agg` by group; sometimes on UInt32 lists),
 //! checked against a count-based reference, or two random families of sets
 //! for 10 `intersect_families` queries (every level, and the self form),
-//! checked against a pairwise loop. Those tables are built in Rust and
+//! checked against a pairwise loop, or two random list tables for 10
+//! similarity joins (`jaccard`, `dice`, `set_cosine`, `overlap` against
+//! exact fractions and the metrics' ends, strict or not, either operand
+//! order, sometimes under a cast, with an equality key or another condition),
+//! checked against the metrics' definitions. Those tables are built in Rust and
 //! registered as batches; they run on the CPU backend, default settings and,
 //! with a GPU, `min_rows = 0` under auto and hash.
 //!
@@ -609,14 +613,18 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
     }
     while report.queries < opts.queries {
         report.rounds += 1;
-        // One round in four: list functions or families instead of set operators.
-        match rng.random_range(0..8) {
+        // One round in three: list functions, families or similarity joins instead of set operators.
+        match rng.random_range(0..9) {
             0 => {
                 report.queries += list_round(&mut rng, opts, gpu, report.rounds).await?;
                 continue;
             }
             1 => {
                 report.queries += families_round(&mut rng, opts, gpu, report.rounds).await?;
+                continue;
+            }
+            2 => {
+                report.queries += similarity_round(&mut rng, opts, gpu, report.rounds).await?;
                 continue;
             }
             _ => {}
@@ -952,28 +960,7 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
             (format!("SELECT g, set_intersect_agg({}) FROM l GROUP BY g", arg(x, rng)), want)
         };
         want.sort();
-        for (backend, ctx) in &contexts {
-            trace_query(round, backend, &sql);
-            let got = collect(ctx, &sql)
-                .await
-                .map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
-            if got != want {
-                let first = got
-                    .iter()
-                    .zip(&want)
-                    .find(|(p, q)| p != q)
-                    .map(|(p, q)| format!(": got {p:?}, expected {q:?}"))
-                    .unwrap_or_default();
-                return Err(list_mismatch(
-                    opts,
-                    round,
-                    backend,
-                    &sql,
-                    &what,
-                    &format!("{} rows, expected {}{first}", got.len(), want.len()),
-                ));
-            }
-        }
+        answers_on(&contexts, opts, round, &sql, &what, &want).await?;
     }
     Ok(20)
 }
@@ -1041,24 +1028,145 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
             (format!("SELECT left_id, right_id, elements FROM {call}"), rows)
         };
         want.sort();
-        for (backend, ctx) in &contexts {
-            trace_query(round, backend, &sql);
-            let got = collect(ctx, &sql)
-                .await
-                .map_err(|e| list_mismatch(opts, round, backend, &sql, &what, &format!("error: {e}")))?;
-            if got != want {
-                return Err(list_mismatch(
-                    opts,
-                    round,
-                    backend,
-                    &sql,
-                    &what,
-                    &format!("{} rows, expected {}", got.len(), want.len()),
-                ));
-            }
-        }
+        answers_on(&contexts, opts, round, &sql, &what, &want).await?;
     }
     Ok(10)
+}
+
+/// One round of 10 random similarity joins, `metric(x, y) op t` in either
+/// operand order, over random list tables `p` and `q` (NULL lists, empty
+/// lists, NULL and repeated elements), now and then with an equality key or
+/// another condition, against the pairs listed in Rust: each metric by its
+/// definition over the lists as sets (NULL elements and repeats dropped, a
+/// NULL list joins nothing, two empty sets score 0), compared as DataFusion
+/// compares doubles (IEEE's total order). Thresholds at exact fractions
+/// (`CAST(1 AS DOUBLE) / 3` is the jaccard of 1 shared of 3), the metrics'
+/// ends and past them.
+async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usize) -> Result<usize> {
+    use datafusion::arrow::array::Int64Array;
+    let sizes = [rng.random_range(0..60), rng.random_range(0..60)];
+    let max_len = [1, 4, 12][rng.random_range(0..3)];
+    let domain = [3, 10, 40][rng.random_range(0..3)];
+    let tables: Vec<Vec<Option<Vec<Option<i64>>>>> =
+        sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, false)).collect();
+    let groups: Vec<Vec<i64>> = sizes.iter().map(|&n| (0..n).map(|_| rng.random_range(0..3)).collect()).collect();
+    let batches: Vec<RecordBatch> = tables
+        .iter()
+        .zip(&groups)
+        .map(|(t, g)| {
+            RecordBatch::try_from_iter(vec![
+                ("id", std::sync::Arc::new(Int64Array::from_iter_values(0..t.len() as i64)) as _),
+                ("g", std::sync::Arc::new(Int64Array::from(g.clone())) as _),
+                ("s", list_array(t)),
+            ])
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let contexts = list_contexts(gpu, &|ctx| {
+        ctx.register_batch("p", batches[0].clone())?;
+        ctx.register_batch("q", batches[1].clone()).map(|_| ())
+    })
+    .await?;
+    let sets: Vec<Vec<Option<std::collections::BTreeSet<i64>>>> = tables
+        .iter()
+        .map(|t| t.iter().map(|l| l.as_ref().map(|l| l.iter().flatten().copied().collect())).collect())
+        .collect();
+    let what = format!("tables p, q: {sizes:?} lists of up to {max_len} values in [0, {domain}), 10% NULL");
+    for _ in 0..10 {
+        let metric = ["jaccard", "dice", "set_cosine", "overlap"][rng.random_range(0..4)];
+        let (sql_t, t): (String, f64) = match rng.random_range(0..4) {
+            0 => {
+                let t = [0.0, -0.5, 1.0, 1.5, 2.0][rng.random_range(0..5)];
+                (format!("{t:?}"), t)
+            }
+            1 if metric == "overlap" => {
+                let t = rng.random_range(0..8);
+                (t.to_string(), t as f64)
+            }
+            _ => {
+                let den = rng.random_range(1..9);
+                let num = rng.random_range(0..=den + 1);
+                (format!("CAST({num} AS DOUBLE) / {den}"), num as f64 / den as f64)
+            }
+        };
+        let strict = rng.random_bool(0.5);
+        let (x, y) = if rng.random_bool(0.5) { ("a.s", "b.s") } else { ("b.s", "a.s") };
+        // Now and then the metric under a cast: one that truncates (a predicate
+        // of its own, DataFusion's to answer) or, for overlap, one that keeps it.
+        let cast = rng.random_range(0..8) == 0;
+        let call = match (cast, metric) {
+            (false, _) => format!("{metric}({x}, {y})"),
+            (true, "overlap") => format!("CAST({metric}({x}, {y}) AS DOUBLE)"),
+            (true, _) => format!("CAST({metric}({x}, {y}) AS INT)"),
+        };
+        let pred = match (strict, rng.random_bool(0.5)) {
+            (false, false) => format!("{call} >= {sql_t}"),
+            (true, false) => format!("{call} > {sql_t}"),
+            (false, true) => format!("{sql_t} <= {call}"),
+            (true, true) => format!("{sql_t} < {call}"),
+        };
+        let self_form = rng.random_range(0..4) == 0;
+        let extra = ["", " AND a.id < b.id", " AND a.g = b.g", " AND a.id <> b.id"][rng.random_range(0..4)];
+        let right = if self_form { "p" } else { "q" };
+        let sql = format!("SELECT a.id, b.id FROM p a JOIN {right} b ON {pred}{extra}");
+        let (l, r) = (0, if self_form { 0 } else { 1 });
+        let mut want: Vec<Row> = Vec::new();
+        for (i, si) in sets[l].iter().enumerate() {
+            for (j, sj) in sets[r].iter().enumerate() {
+                let (Some(si), Some(sj)) = (si, sj) else { continue };
+                let keep = match extra {
+                    " AND a.id < b.id" => i < j,
+                    " AND a.g = b.g" => groups[l][i] == groups[r][j],
+                    " AND a.id <> b.id" => i != j,
+                    _ => true,
+                };
+                let (o, na, nb) = (si.intersection(sj).count() as f64, si.len() as f64, sj.len() as f64);
+                let v = match metric {
+                    "jaccard" if na + nb - o > 0.0 => o / (na + nb - o),
+                    "dice" if na + nb > 0.0 => 2.0 * o / (na + nb),
+                    "set_cosine" if na * nb > 0.0 => o / (na * nb).sqrt(),
+                    "overlap" => o,
+                    _ => 0.0,
+                };
+                let v = if cast { v.trunc() } else { v };
+                let order = v.total_cmp(&t);
+                if keep && (order.is_gt() || (!strict && order.is_eq())) {
+                    want.push(vec![Some(i.to_string()), Some(j.to_string())]);
+                }
+            }
+        }
+        want.sort();
+        answers_on(&contexts, opts, round, &sql, &what, &want).await?;
+    }
+    Ok(10)
+}
+
+/// A list, families or similarity query's rows on every context, against
+/// `want` (sorted): Err names the first backend that differs, and where.
+async fn answers_on(
+    contexts: &[(&str, SessionContext)],
+    opts: &FuzzOptions,
+    round: usize,
+    sql: &str,
+    what: &str,
+    want: &[Row],
+) -> Result<()> {
+    for (backend, ctx) in contexts {
+        trace_query(round, backend, sql);
+        let got = collect(ctx, sql)
+            .await
+            .map_err(|e| list_mismatch(opts, round, backend, sql, what, &format!("error: {e}")))?;
+        if got != want {
+            let first = got
+                .iter()
+                .zip(want)
+                .find(|(p, q)| p != q)
+                .map(|(p, q)| format!(": got {p:?}, expected {q:?}"))
+                .unwrap_or_default();
+            let how = format!("{} rows, expected {}{first}", got.len(), want.len());
+            return Err(list_mismatch(opts, round, backend, sql, what, &how));
+        }
+    }
+    Ok(())
 }
 
 fn list_mismatch(opts: &FuzzOptions, round: usize, backend: &str, sql: &str, what: &str, how: &str) -> DataFusionError {

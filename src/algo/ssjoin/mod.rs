@@ -128,18 +128,6 @@ impl Metric {
             Metric::Overlap => o as f64,
         }
     }
-
-    /// Is `t` a valid join threshold for this metric? `Err` says why not.
-    pub fn check_threshold(&self, t: f64) -> std::result::Result<(), String> {
-        match self {
-            Metric::Overlap if !(t >= 1.0 && t.is_finite()) => {
-                Err(format!("overlap join threshold must be at least 1, got {t}"))
-            }
-            Metric::Overlap => Ok(()),
-            _ if !(t > 0.0 && t <= 1.0) => Err(format!("{} join threshold must be in (0, 1], got {t}", self.name())),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// `metric(x, y) >= value` (or `> value` when `strict`).
@@ -159,15 +147,44 @@ impl Threshold {
         Self { metric, value, strict: true }
     }
 
-    /// The join predicate on (overlap, |x|, |y|).
+    /// The join predicate on (overlap, |x|, |y|). Compared as Arrow compares
+    /// floats (IEEE's total order, as DataFusion's `>=` does): -0.0 is below
+    /// 0.0, a NaN with the sign bit below everything, any other NaN above.
     #[inline]
     pub fn passes(&self, o: u32, a: u32, b: u32) -> bool {
-        let v = self.metric.value(o as u64, a as u64, b as u64);
+        self.passes_value(self.metric.value(o as u64, a as u64, b as u64))
+    }
+
+    #[inline]
+    fn passes_value(&self, v: f64) -> bool {
+        let order = v.total_cmp(&self.value);
         if self.strict {
-            v > self.value
+            order.is_gt()
         } else {
-            v >= self.value
+            order.is_ge()
         }
+    }
+
+    /// Does every pair of sets pass, disjoint and empty ones too (the metric's
+    /// least value, 0, passes: `jaccard(a, b) >= 0`, `overlap(a, b) > -1`)?
+    /// The join lists pairs that share an element, so such a predicate is not
+    /// its work. Any other threshold is exact, however high (none passes
+    /// `jaccard(a, b) > 1`: an empty answer).
+    pub fn every_pair_passes(&self) -> bool {
+        self.passes_value(0.0)
+    }
+
+    /// `Err` (saying why) where the join cannot answer this predicate.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.every_pair_passes() {
+            let op = if self.strict { ">" } else { ">=" };
+            return Err(format!(
+                "every pair of non-NULL sets passes {}(a, b) {op} {}, disjoint ones too: a nested loop's work, not a similarity join's",
+                self.metric.name(),
+                self.value
+            ));
+        }
+        Ok(())
     }
 
     /// Smallest overlap with which sets of sizes `a` and `b` pass, or None.
