@@ -93,7 +93,10 @@ __device__ __forceinline__ bool jf_in_range(i64 v, u32 range) {
 }
 
 // IEEE total order as a signed integer (Rust's f64::total_cmp).
+// A double's place in DataFusion's order: IEEE's total order once -0.0 is 0.0
+// (DataFusion makes it so before comparing floats). The host's `util::double_order_key` is the twin.
 __device__ __forceinline__ i64 jf_total(u64 bits) {
+    if (bits == 0x8000000000000000ull) bits = 0;
     i64 x = (i64)bits;
     return x ^ (i64)(((u64)(x >> 63)) >> 1);
 }

@@ -53,12 +53,9 @@ def hash_columns(column_hashes, null_mask: int) -> int:
 
 
 def f64_image(v):
-    """Floats canonical: -0.0 as 0.0, every NaN as Rust's f64::NAN."""
-    if v != v:
-        return 0x7FF8000000000000
-    if v == 0.0:
-        return 0
-    return struct.unpack("<Q", struct.pack("<d", v))[0]
+    """A double's key image, from its bits: -0.0 as 0.0, every other value (NaNs too) its own bits."""
+    bits = struct.unpack("<Q", struct.pack("<d", v))[0] if isinstance(v, float) else v
+    return 0 if bits == 0x8000000000000000 else bits
 
 
 def row(values):
@@ -90,7 +87,7 @@ def main():
         print(f"  (Utf8 {s!r}, Int64 {i}) = {row([('str', s), ('int', i)]):#018x}")
     dates = [19000, 19000, None]
     views = ["setfusion row hash!", "setfusion row hash!", None]
-    floats = [-0.0, float("nan"), None]
+    floats = [-0.0, 0xFFF8000000000000, None]  # -0.0, -NaN (Rust's -f64::NAN, given by its bits)
     for d, v, f in zip(dates, views, floats):
         print(f"  (Date32 {d}, Utf8View {v!r}, Float64 {f}) = {row([('int', d), ('str', v), ('f64', f)]):#018x}")
 

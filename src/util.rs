@@ -67,3 +67,14 @@ impl Xorshift64 {
         self.next_u64() % n.max(1)
     }
 }
+
+/// A double's place in DataFusion's order, from its bits, as a signed
+/// integer: IEEE's total order (`f64::total_cmp`: a NaN equals only a NaN of
+/// the same bits, the NaN with the sign bit is below every number, the
+/// others above) once -0.0 is made 0.0, as DataFusion makes it before it
+/// compares floats (so -0.0 = 0.0, and -0.0 < 0.0 is false). The device's
+/// `jf_total` (kernels/join_filter.cu) is the twin.
+pub fn double_order_key(bits: u64) -> i64 {
+    let bits = if bits == 1 << 63 { 0 } else { bits as i64 };
+    bits ^ (((bits >> 63) as u64) >> 1) as i64
+}

@@ -378,10 +378,9 @@ fn in_range(v: i64, range: u32) -> bool {
     }
 }
 
-/// IEEE total order as a signed integer (`f64::total_cmp`).
+/// A double's place in DataFusion's order ([`crate::util::double_order_key`]).
 fn total(bits: u64) -> i64 {
-    let x = bits as i64;
-    x ^ (((x >> 63) as u64) >> 1) as i64
+    crate::util::double_order_key(bits)
 }
 
 fn round(d: f64, to_f32: u32) -> f64 {
@@ -1361,7 +1360,13 @@ mod tests {
             (vec![null, bin(op::NOT), bin(op::IS_NULL)], true),
             (vec![lit(f64::NAN.to_bits()), lit(f64::NAN.to_bits()), bin(op::EQ_F)], true), // Arrow: NaN = NaN
             (vec![lit(f64::NAN.to_bits()), lit(f64::INFINITY.to_bits()), bin(op::GT_F)], true),
-            (vec![lit((-0.0f64).to_bits()), lit(0.0f64.to_bits()), bin(op::LT_F)], true), // total order
+            // DataFusion's order: -0.0 = 0.0; NaNs equal bit for bit, -NaN below everything.
+            (vec![lit((-0.0f64).to_bits()), lit(0.0f64.to_bits()), bin(op::LT_F)], false),
+            (vec![lit((-0.0f64).to_bits()), lit(0.0f64.to_bits()), bin(op::EQ_F)], true),
+            (vec![lit(0.0f64.to_bits()), lit((-0.0f64).to_bits()), bin(op::GE_F)], true),
+            (vec![lit((-f64::NAN).to_bits()), lit(f64::NAN.to_bits()), bin(op::EQ_F)], false),
+            (vec![lit((-f64::NAN).to_bits()), lit(f64::NEG_INFINITY.to_bits()), bin(op::LT_F)], true),
+            (vec![lit((-1.5f64).to_bits()), lit((-0.0f64).to_bits()), bin(op::LT_F)], true),
             (vec![lit(5), null, bin(op::LT_I), bin(op::IS_NOT_NULL)], false),
             (vec![lit((-3i64) as u64), lit(2), bin(op::LT_I)], true),
         ];

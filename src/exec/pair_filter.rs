@@ -379,7 +379,7 @@ mod tests {
         let null = |r: &mut Rng| r.below(8) == 0;
         let opt = |r: &mut Rng, v: i64| if null(r) { None } else { Some(v) };
         let rare = if extremes { 10 } else { u64::MAX };
-        let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, 1e300, -1.5];
+        let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, 1e300, -1.5, -f64::NAN];
         let cols: Vec<(&str, ArrayRef)> = vec![
             ("i8", Arc::new(Int8Array::from_iter((0..n).map(|_| opt(rng, 0).map(|_| rng.next_u64() as i8))))),
             (
@@ -427,7 +427,7 @@ mod tests {
                 Arc::new(Float64Array::from_iter((0..n).map(|_| {
                     opt(rng, 0).map(|_| {
                         if rng.below(5) == 0 {
-                            specials[rng.below(6) as usize]
+                            specials[rng.below(7) as usize]
                         } else {
                             (rng.below(2000) as f64 - 1000.0) / 3.0
                         }
@@ -481,6 +481,9 @@ mod tests {
                 "i64 + 1 > i64",
                 "f32 + f32 = f32 OR f32 - f32 <> 0",
                 "i64 > 2 AND (f64 = f64 OR f64 IS NULL)",
+                // -0.0 = 0.0, a NaN with the sign bit below everything
+                "f64 = -f64",
+                "-f64 < f64 OR f64 * 0 >= f64",
                 "TRY_CAST(i64 AS INT) > 5",
                 "CAST(i32 AS DECIMAL(12, 3)) > d",
                 "CAST(i64 AS SMALLINT) < i16",

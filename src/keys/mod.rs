@@ -27,8 +27,11 @@
 //! (and the NULL mask), all rows sharing a hash hold equal values, equal
 //! hashes mean equal tuples.
 //!
-//! SQL equality on floats: -0.0 = 0.0, and every NaN equals every NaN
-//! (DataFusion's grouping semantics); values are normalised before encoding.
+//! Equality on floats is DataFusion's (its `=`, IS NOT DISTINCT FROM, GROUP
+//! BY and joins alike): -0.0 = 0.0, and otherwise bit for bit, so a NaN
+//! equals only a NaN of the same bits (the NaN `0.0 / 0.0` gives on x86 has
+//! the sign bit and is not `'NaN'`). Values are normalised (-0.0 made 0.0)
+//! before encoding.
 
 pub mod lists;
 
@@ -359,7 +362,7 @@ impl PackedDomain {
 
     /// Can keys of these types be packed from one side's bounds and stand
     /// for their rows? Integer-like exact columns only: floats are exact up
-    /// to -0.0 = 0.0 and NaN = NaN, where equal keys are not equal rows.
+    /// to -0.0 = 0.0, where equal keys are not equal rows.
     pub fn packs(types: &[DataType]) -> bool {
         !types.is_empty()
             && types
@@ -469,10 +472,9 @@ fn normalized_type(t: &DataType) -> DataType {
     t.clone()
 }
 
+/// A double's key: its bits, -0.0 made 0.0 (see the module's note on floats).
 fn canon_f64(v: f64) -> u64 {
-    if v.is_nan() {
-        f64::NAN.to_bits()
-    } else if v == 0.0 {
+    if v == 0.0 {
         0
     } else {
         v.to_bits()
@@ -480,16 +482,14 @@ fn canon_f64(v: f64) -> u64 {
 }
 
 fn canon_f32(v: f32) -> u64 {
-    if v.is_nan() {
-        f32::NAN.to_bits() as u64
-    } else if v == 0.0 {
+    if v == 0.0 {
         0
     } else {
         v.to_bits() as u64
     }
 }
 
-/// Replace -0.0 by 0.0 and every NaN by the canonical NaN, so byte equality is SQL equality.
+/// Replace -0.0 by 0.0, so byte equality is DataFusion's equality.
 fn normalize_floats(a: &ArrayRef) -> Result<ArrayRef> {
     Ok(match a.data_type() {
         DataType::Float64 => {
@@ -1436,7 +1436,7 @@ mod tests {
     /// Pins the composite hash the device reproduces (values from an
     /// independent port of hash_bytes and hash_columns:
     /// `scripts/golden-hashes.py` prints them), through encoding:
-    /// NULL slots hash as 0 / '' plus the NULL mask, floats canonically.
+    /// NULL slots hash as 0 / '' plus the NULL mask, -0.0 as 0.0, -NaN as its bits.
     #[test]
     fn column_hash_golden_values() {
         use datafusion::arrow::array::{Float64Array, StringViewArray};
@@ -1460,7 +1460,29 @@ mod tests {
             Arc::new(StringViewArray::from(vec![Some("setfusion row hash!"), Some("setfusion row hash!"), None]));
         let f: ArrayRef = Arc::new(Float64Array::from(vec![Some(-0.0), Some(-f64::NAN), None]));
         let (_, h) = column_keys(&[vec![d, v, f]], &[DataType::Date32, DataType::Utf8View, DataType::Float64]);
-        assert_eq!(h, [0x6f44c8487907018d, 0x8284b2c2dba74c1b, 0xeaddebfa10d06d10]);
+        assert_eq!(h, [0x6f44c8487907018d, 0xbe5cb42a3eb97ad7, 0xeaddebfa10d06d10]);
+    }
+
+    /// A float column's keys are equal exactly where DataFusion's `=` holds:
+    /// -0.0 = 0.0; NaNs equal bit for bit ('NaN' is not the NaN with the sign
+    /// bit, which x86 gives for 0.0 / 0.0).
+    #[test]
+    fn float_keys_are_datafusions_equality() {
+        use datafusion::arrow::array::{Float32Array, Float64Array};
+        let payload = f64::from_bits(f64::NAN.to_bits() | 1);
+        let v = [0.0, -0.0, f64::NAN, -f64::NAN, payload, 1.5, f64::INFINITY];
+        let equal = |x: f64, y: f64| x == y || x.to_bits() == y.to_bits();
+        let a: ArrayRef = Arc::new(Float64Array::from(v.to_vec()));
+        let k = exact_values_owned(&a).unwrap();
+        let a32: ArrayRef = Arc::new(Float32Array::from(v.iter().map(|&x| x as f32).collect::<Vec<_>>()));
+        let k32 = exact_values_owned(&a32).unwrap();
+        for i in 0..v.len() {
+            for j in 0..v.len() {
+                assert_eq!(k[i] == k[j], equal(v[i], v[j]), "{:?} {:?}", v[i], v[j]);
+                let (x, y) = (v[i] as f32, v[j] as f32);
+                assert_eq!(k32[i] == k32[j], x == y || x.to_bits() == y.to_bits(), "{x:?} {y:?}");
+            }
+        }
     }
 
     #[test]

@@ -586,8 +586,9 @@ fn domain_quantified(left: &LogicalPlan, sc: &SetComparison, aliases: &AliasGene
     let alias = aliases.next("__sf_quantified");
     let u = outer_decorrelate::unnest(left, &sc.subquery, true, &alias, aliases)?;
     let value = u.output.expect("the value was asked for");
+    let (x, value) = quantified::comparable(sc.expr.as_ref().clone(), value, left.schema(), u.build.schema())?;
     let (plan, summary) = quantified::summary_join(left.clone(), u.build, u.on, value, &format!("{alias}_summary"))?;
-    Ok((plan, quantified::decide(sc.expr.as_ref().clone(), sc.op, sc.quantifier, &summary)?))
+    Ok((plan, quantified::decide(x, sc.op, sc.quantifier, &summary)?))
 }
 
 /// `x op ANY / ALL (subquery)` (op not `=` ANY / `<>` ALL, which are IN)
@@ -617,9 +618,10 @@ fn quantified_mark(
     };
     if d.residual.is_empty() {
         let Some(value) = d.output else { return Ok(None) };
+        let (x, value) = quantified::comparable(x.clone(), value, left.schema(), d.build.schema())?;
         let (plan, summary) =
             quantified::summary_join(left.clone(), d.build, d.on, value, &format!("{}_summary", d.alias))?;
-        return Ok(Some((plan, quantified::decide(x.clone(), sc.op, sc.quantifier, &summary)?)));
+        return Ok(Some((plan, quantified::decide(x, sc.op, sc.quantifier, &summary)?)));
     }
     // A residual correlation: a summary per group cannot answer; SQL's EXISTS form, as mark joins.
     let case =

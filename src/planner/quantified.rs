@@ -17,7 +17,9 @@
 //!   and a non-empty set, a comparison with some non-NULL value is TRUE
 //!   (ANY) / FALSE (ALL) exactly when one with the max or the min is, and
 //!   `x <> v` for some v (`<> ANY`, `= ALL`) exactly when x differs from the
-//!   min or the max.
+//!   min or the max. Floats are summarised by their order keys
+//!   ([`comparable`]), since DataFusion's grouped min and max of floats do
+//!   not follow its own order over NaNs.
 //! * With a residual (non-equality) correlation: SQL's definition over
 //!   EXISTS ([`as_exists`]) with the compared value under a fresh name, for
 //!   setfusion's mark joins (which evaluate the residual per pair).
@@ -29,14 +31,18 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{plan_err, Column, DFSchema, ExprSchema, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::{count, max, min};
 use datafusion::logical_expr::expr::{Exists, InSubquery, SetComparison, SetQuantifier};
+use datafusion::logical_expr::type_coercion::binary::comparison_coercion;
 use datafusion::logical_expr::{
-    binary_expr, lit, when, Expr, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Subquery,
+    binary_expr, cast, lit, when, Expr, ExprSchemable, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Subquery,
 };
+
+use crate::udf::float_order::float_order;
 
 /// `x = ANY (S)` as `x IN (S)`, `x <> ALL (S)` as `x NOT IN (S)`; anything else unchanged.
 pub(super) fn as_in_subquery(e: Expr) -> Transformed<Expr> {
@@ -54,6 +60,27 @@ pub(super) fn as_in_subquery(e: Expr) -> Transformed<Expr> {
         },
         e => Transformed::no(e),
     }
+}
+
+/// `x` and the subquery's `value` (`x` over `outer`, `value` over `build`)
+/// as the summary compares them. Where DataFusion compares them as floats,
+/// both become their order keys ([`float_order`], after the cast to the
+/// type the comparison is made in): DataFusion's grouped `min` / `max` of
+/// floats compare with IEEE's `<`, so over NaNs they depend on the rows'
+/// order, while its comparisons (and ungrouped `min` / `max`) use its total
+/// order. Other types are compared as they are.
+pub(super) fn comparable(x: Expr, value: Expr, outer: &DFSchema, build: &DFSchema) -> Result<(Expr, Expr)> {
+    let (xt, vt) = (x.get_type(outer)?, value.get_type(build)?);
+    let Some(common) = comparison_coercion(&xt, &vt) else { return Ok((x, value)) };
+    if !matches!(common, DataType::Float16 | DataType::Float32 | DataType::Float64) {
+        return Ok((x, value));
+    }
+    let key = |e: Expr, t: &DataType| {
+        let e = if *t == common { e } else { cast(e, common.clone()) };
+        let e = if common == DataType::Float64 { e } else { cast(e, DataType::Float64) };
+        float_order(e)
+    };
+    Ok((key(x, &xt), key(value, &vt)))
 }
 
 /// A correlation group's summary, as columns of the joined plan.

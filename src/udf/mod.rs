@@ -34,6 +34,7 @@
 //! nested-loop evaluation of the same predicate bit for bit.
 
 pub mod families;
+pub mod float_order;
 pub mod multiset;
 /// The list encoding moved to `algo::ssjoin::encode` (below the operators that use it).
 pub use crate::algo::ssjoin::encode as sets;
@@ -58,6 +59,7 @@ pub fn functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(SimilarityUdf::new(Metric::Overlap))),
         Arc::new(ScalarUDF::from(TokenizeUdf::new())),
         Arc::new(ScalarUDF::from(QgramsUdf::new())),
+        Arc::new(ScalarUDF::from(float_order::FloatOrderUdf::new())),
     ]
     .into_iter()
     .chain(multiset::scalar_functions())

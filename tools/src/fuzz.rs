@@ -46,6 +46,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
@@ -85,10 +87,38 @@ pub struct FuzzReport {
 }
 
 /// Key types of the random tables.
-const TYPES: &[&str] = &["BIGINT", "INT", "SMALLINT", "VARCHAR", "BOOLEAN", "DATE", "DECIMAL(10,2)", "DECIMAL(30,3)"];
+const TYPES: &[&str] =
+    &["BIGINT", "INT", "SMALLINT", "VARCHAR", "BOOLEAN", "DATE", "DECIMAL(10,2)", "DECIMAL(30,3)", "DOUBLE", "REAL"];
+
+fn is_float(ty: &str) -> bool {
+    matches!(ty, "DOUBLE" | "REAL")
+}
+
+/// A float column's SQL value for `v`: -0.0 (equal to 0.0), 'NaN' and the
+/// NaN with the sign bit (distinct from it, as in DataFusion), infinity, or
+/// a number with a fraction.
+fn float_literal(ty: &str, v: u64) -> String {
+    match v % 11 {
+        0 => "-0.0".to_string(),
+        1 => format!("CAST('NaN' AS {ty})"),
+        2 => format!("-CAST('NaN' AS {ty})"),
+        3 => format!("CAST('inf' AS {ty})"),
+        _ => format!("{}.25", v / 11),
+    }
+}
+
+/// The SQL literal of a value as [`rows_of`] prints it (`-NaN`: the NaN
+/// with the sign bit).
+fn printed_literal(ty: &str, v: &str) -> String {
+    match (is_float(ty), v) {
+        (true, "-NaN") => format!("-CAST('NaN' AS {ty})"),
+        _ => format!("CAST('{v}' AS {ty})"),
+    }
+}
 
 fn literal(ty: &str, v: u64) -> String {
     match ty {
+        t if is_float(t) => float_literal(t, v),
         "VARCHAR" => format!("'s{v}'"),
         "BOOLEAN" => (v % 2 == 0).to_string(),
         "DATE" => format!("DATE '2024-01-{:02}'", 1 + v % 28),
@@ -105,6 +135,10 @@ fn value_expr(ty: &str, x: &str) -> String {
         "DATE" => format!("to_date(concat('2024-01-', lpad(CAST(1 + ({x}) % 28 AS VARCHAR), 2, '0')))"),
         "DECIMAL(10,2)" | "DECIMAL(30,3)" => format!("CAST(({x}) AS {ty}) + CAST(({x}) % 7 AS {ty}) / 10"),
         "SMALLINT" => format!("CAST(({x}) % 30000 AS SMALLINT)"),
+        t if is_float(t) => format!(
+            "CASE ({x}) % 11 WHEN 0 THEN CAST(-0.0 AS {t}) WHEN 1 THEN CAST('NaN' AS {t}) \
+             WHEN 2 THEN -CAST('NaN' AS {t}) WHEN 3 THEN CAST('inf' AS {t}) ELSE CAST(({x}) / 11 AS {t}) + 0.25 END"
+        ),
         _ => format!("CAST({x} AS {ty})"),
     }
 }
@@ -155,6 +189,23 @@ fn random_table(rng: &mut StdRng, name: &str, types: &[&str], max_rows: usize) -
     format!("CREATE TABLE {name} ({}) AS VALUES {}", cols.join(", "), rows.join(", "))
 }
 
+/// A float value's text, equal for values DataFusion holds equal: -0.0 as
+/// 0.0, the NaN with the sign bit as -NaN (Arrow prints both NaNs alike).
+/// None for other types.
+fn float_text(c: &ArrayRef, i: usize) -> Option<String> {
+    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+    let v = match c.data_type() {
+        DataType::Float64 => c.as_primitive::<Float64Type>().value(i),
+        DataType::Float32 => c.as_primitive::<Float32Type>().value(i) as f64,
+        _ => return None,
+    };
+    Some(match v {
+        v if v.is_nan() && v.is_sign_negative() => "-NaN".to_string(),
+        v if v == 0.0 => "0".to_string(),
+        v => v.to_string(),
+    })
+}
+
 fn rows_of(batches: &[RecordBatch]) -> Result<Vec<Row>> {
     use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
     let mut rows = Vec::new();
@@ -171,7 +222,7 @@ fn rows_of(batches: &[RecordBatch]) -> Result<Vec<Row>> {
                 b.columns()
                     .iter()
                     .zip(&formatters)
-                    .map(|(c, f)| (!c.is_null(i)).then(|| f.value(i).to_string()))
+                    .map(|(c, f)| (!c.is_null(i)).then(|| float_text(c, i).unwrap_or_else(|| f.value(i).to_string())))
                     .collect(),
             );
         }
@@ -273,6 +324,10 @@ impl OuterJoin {
 fn cmp_values(ty: &str, x: &str, y: &str) -> std::cmp::Ordering {
     match ty {
         "BIGINT" | "INT" | "SMALLINT" => x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer")),
+        t if is_float(t) => {
+            let parse = |v: &str| if v == "-NaN" { -f64::NAN } else { v.parse::<f64>().expect("float") };
+            parse(x).total_cmp(&parse(y))
+        }
         t if t.starts_with("DECIMAL") => {
             x.parse::<f64>().expect("decimal").total_cmp(&y.parse::<f64>().expect("decimal"))
         }
@@ -566,7 +621,7 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
     let partner = a.get(rng.random_range(0..a.len().max(1))).and_then(|r| r[0].clone());
     let context = if kind < 6 { 0 } else { rng.random_range(1..6) };
     let partner_sql = match &partner {
-        Some(v) => format!("a.c0 = CAST('{v}' AS {})", types[0]),
+        Some(v) => format!("a.c0 = {}", printed_literal(types[0], v)),
         None => "false".to_string(),
     };
     let sql = match context {
@@ -1105,9 +1160,10 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
             (true, true) => format!("{sql_t} < {call}"),
         };
         let self_form = rng.random_range(0..4) == 0;
-        let extra = ["", " AND a.id < b.id", " AND a.g = b.g", " AND a.id <> b.id"][rng.random_range(0..4)];
+        let extra = ["", " AND a.id < b.id", " AND a.g = b.g", " AND a.id <> b.id", " AND cardinality(b.s) > 2"]
+            [rng.random_range(0..5)];
         let right = if self_form { "p" } else { "q" };
-        let sql = format!("SELECT a.id, b.id FROM p a JOIN {right} b ON {pred}{extra}");
+        let sql = format!("SELECT a.id, b.id, b.g FROM p a JOIN {right} b ON {pred}{extra}");
         let (l, r) = (0, if self_form { 0 } else { 1 });
         let mut want: Vec<Row> = Vec::new();
         for (i, si) in sets[l].iter().enumerate() {
@@ -1117,6 +1173,7 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
                     " AND a.id < b.id" => i < j,
                     " AND a.g = b.g" => groups[l][i] == groups[r][j],
                     " AND a.id <> b.id" => i != j,
+                    " AND cardinality(b.s) > 2" => tables[r][j].as_ref().is_some_and(|l| l.len() > 2),
                     _ => true,
                 };
                 let (o, na, nb) = (si.intersection(sj).count() as f64, si.len() as f64, sj.len() as f64);
@@ -1130,7 +1187,7 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
                 let v = if cast { v.trunc() } else { v };
                 let order = v.total_cmp(&t);
                 if keep && (order.is_gt() || (!strict && order.is_eq())) {
-                    want.push(vec![Some(i.to_string()), Some(j.to_string())]);
+                    want.push(vec![Some(i.to_string()), Some(j.to_string()), Some(groups[r][j].to_string())]);
                 }
             }
         }
