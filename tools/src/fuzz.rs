@@ -87,8 +87,22 @@ pub struct FuzzReport {
 }
 
 /// Key types of the random tables.
-const TYPES: &[&str] =
-    &["BIGINT", "INT", "SMALLINT", "VARCHAR", "BOOLEAN", "DATE", "DECIMAL(10,2)", "DECIMAL(30,3)", "DOUBLE", "REAL"];
+const TYPES: &[&str] = &[
+    "BIGINT",
+    "INT",
+    "SMALLINT",
+    "TINYINT",
+    "BIGINT UNSIGNED",
+    "VARCHAR",
+    "BYTEA",
+    "BOOLEAN",
+    "DATE",
+    "TIMESTAMP",
+    "DECIMAL(10,2)",
+    "DECIMAL(30,3)",
+    "DOUBLE",
+    "REAL",
+];
 
 fn is_float(ty: &str) -> bool {
     matches!(ty, "DOUBLE" | "REAL")
@@ -108,10 +122,12 @@ fn float_literal(ty: &str, v: u64) -> String {
 }
 
 /// The SQL literal of a value as [`rows_of`] prints it (`-NaN`: the NaN
-/// with the sign bit).
+/// with the sign bit; binary values in hex).
 fn printed_literal(ty: &str, v: &str) -> String {
     match (is_float(ty), v) {
         (true, "-NaN") => format!("-CAST('NaN' AS {ty})"),
+        // Binary values print as hex.
+        _ if ty == "BYTEA" => format!("decode('{v}', 'hex')"),
         _ => format!("CAST('{v}' AS {ty})"),
     }
 }
@@ -122,6 +138,9 @@ fn literal(ty: &str, v: u64) -> String {
         "VARCHAR" => format!("'s{v}'"),
         "BOOLEAN" => (v % 2 == 0).to_string(),
         "DATE" => format!("DATE '2024-01-{:02}'", 1 + v % 28),
+        "BYTEA" => format!("'b{v}'"),
+        "TIMESTAMP" => format!("TIMESTAMP '2024-01-01 00:{:02}:{:02}.{}'", v / 60 % 60, v % 60, v % 3),
+        "TINYINT" => (v % 100).to_string(),
         "DECIMAL(10,2)" | "DECIMAL(30,3)" => format!("{}.{}", v, v % 7),
         _ => v.to_string(),
     }
@@ -135,6 +154,9 @@ fn value_expr(ty: &str, x: &str) -> String {
         "DATE" => format!("to_date(concat('2024-01-', lpad(CAST(1 + ({x}) % 28 AS VARCHAR), 2, '0')))"),
         "DECIMAL(10,2)" | "DECIMAL(30,3)" => format!("CAST(({x}) AS {ty}) + CAST(({x}) % 7 AS {ty}) / 10"),
         "SMALLINT" => format!("CAST(({x}) % 30000 AS SMALLINT)"),
+        "TINYINT" => format!("CAST(({x}) % 100 AS TINYINT)"),
+        "BYTEA" => format!("CAST('b' || CAST({x} AS VARCHAR) AS BYTEA)"),
+        "TIMESTAMP" => format!("to_timestamp_millis(1704067200000 + ({x}) * 1001)"),
         t if is_float(t) => format!(
             "CASE ({x}) % 11 WHEN 0 THEN CAST(-0.0 AS {t}) WHEN 1 THEN CAST('NaN' AS {t}) \
              WHEN 2 THEN -CAST('NaN' AS {t}) WHEN 3 THEN CAST('inf' AS {t}) ELSE CAST(({x}) / 11 AS {t}) + 0.25 END"
@@ -323,7 +345,7 @@ impl OuterJoin {
 /// SQL order of two non-NULL values of a column type (canonical strings).
 fn cmp_values(ty: &str, x: &str, y: &str) -> std::cmp::Ordering {
     match ty {
-        "BIGINT" | "INT" | "SMALLINT" => x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer")),
+        "BIGINT" | "INT" | "SMALLINT" | "TINYINT" | "BIGINT UNSIGNED" => x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer")),
         t if is_float(t) => {
             let parse = |v: &str| if v == "-NaN" { -f64::NAN } else { v.parse::<f64>().expect("float") };
             parse(x).total_cmp(&parse(y))
