@@ -345,7 +345,9 @@ impl OuterJoin {
 /// SQL order of two non-NULL values of a column type (canonical strings).
 fn cmp_values(ty: &str, x: &str, y: &str) -> std::cmp::Ordering {
     match ty {
-        "BIGINT" | "INT" | "SMALLINT" | "TINYINT" | "BIGINT UNSIGNED" => x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer")),
+        "BIGINT" | "INT" | "SMALLINT" | "TINYINT" | "BIGINT UNSIGNED" => {
+            x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer"))
+        }
         t if is_float(t) => {
             let parse = |v: &str| if v == "-NaN" { -f64::NAN } else { v.parse::<f64>().expect("float") };
             parse(x).total_cmp(&parse(y))

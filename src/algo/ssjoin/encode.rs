@@ -69,14 +69,12 @@ pub fn common_class(func: &str, types: &[DataType]) -> Result<ElementClass> {
             }
             (a, b) if a == b => a,
             _ => {
+                let elements: Vec<String> =
+                    types.iter().map(|t| element_type(t).map(|e| e.to_string()).unwrap_or_default()).collect();
                 return Err(DataFusionError::Plan(format!(
-                    "{func}: cannot compare list elements of types {} and {el}",
-                    types
-                        .iter()
-                        .map(|t| element_type(t).map(|e| e.to_string()).unwrap_or_default())
-                        .collect::<Vec<_>>()
-                        .join(" and ")
-                )))
+                    "{func}: cannot compare list elements of types {}",
+                    elements.join(" and ")
+                )));
             }
         };
     }

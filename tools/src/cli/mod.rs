@@ -459,7 +459,7 @@ pub fn print_batches(out: &mut dyn Write, batches: &[RecordBatch], format: Forma
         Format::Csv => {
             let mut w = datafusion::arrow::csv::Writer::new(out);
             for b in batches {
-                w.write(b)?;
+                w.write(&nested_as_text(b)?)?;
             }
         }
         Format::Json => {
@@ -471,6 +471,31 @@ pub fn print_batches(out: &mut dyn Write, batches: &[RecordBatch], format: Forma
         }
     }
     Ok(())
+}
+
+/// `batch` with its nested columns (lists, structs, maps) as text, printed
+/// as the table format prints them: Arrow's CSV writer takes no nested type.
+fn nested_as_text(batch: &RecordBatch) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{Array, ArrayRef, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    if !batch.schema().fields().iter().any(|f| f.data_type().is_nested()) {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if f.data_type().is_nested() {
+            let text = ArrayFormatter::try_new(c.as_ref(), &FormatOptions::default())?;
+            let values: StringArray = (0..c.len()).map(|i| c.is_valid(i).then(|| text.value(i).to_string())).collect();
+            fields.push(Field::new(f.name(), DataType::Utf8, f.is_nullable()));
+            columns.push(Arc::new(values));
+        } else {
+            fields.push(f.as_ref().clone());
+            columns.push(c.clone());
+        }
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
 
 /// Read statements (terminated by `;`) from stdin; errors are reported and reading goes on.
