@@ -1,7 +1,8 @@
 //! Subquery predicates DataFusion gets wrong or refuses, as mark joins.
 //!
 //! DataFusion 55 turns a top-level `IN` / `EXISTS` / `NOT EXISTS` conjunct
-//! and an uncorrelated top-level `NOT IN` into semi / anti joins, correctly.
+//! and an uncorrelated top-level `NOT IN` into semi / anti joins, correctly
+//! (where its decorrelation takes the subquery at all: it fails on some).
 //! Anywhere else it fails: under OR its LeftMark join gives a two-valued mark
 //! (`k NOT IN (..) OR p < 100` keeps rows it must not), in a SELECT list or
 //! CASE it refuses the plan, and a correlated `NOT IN` fails as a null-aware
@@ -196,6 +197,18 @@ fn datafusion_answers(e: &Expr) -> bool {
     }
 }
 
+/// Does DataFusion's own decorrelation take this WHERE conjunct over
+/// `input`? Its pull-up fails on some shapes it means to take (a correlated
+/// derived table joined with another that reads the same table under new
+/// names: "No field named y.c1"); those go the mark-join way instead, which
+/// answers them.
+fn datafusion_decorrelates(c: &Expr, input: &Arc<LogicalPlan>) -> bool {
+    use datafusion::optimizer::decorrelate_predicate_subquery::DecorrelatePredicateSubquery;
+    use datafusion::optimizer::{OptimizerContext, OptimizerRule};
+    let Ok(filter) = Filter::try_new(c.clone(), Arc::clone(input)) else { return false };
+    DecorrelatePredicateSubquery::new().rewrite(LogicalPlan::Filter(filter), &OptimizerContext::new()).is_ok()
+}
+
 fn rewrite_node(plan: LogicalPlan, aliases: &AliasGenerator) -> Result<Transformed<LogicalPlan>> {
     match plan {
         LogicalPlan::Filter(filter) if has_subquery(&filter.predicate) => rewrite_filter(filter, aliases),
@@ -263,7 +276,8 @@ fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transforme
             Ok(t.data)
         })
         .collect::<Result<Vec<_>>>()?;
-    if conjuncts.iter().all(|c| !has_subquery(c) || datafusion_answers(c)) {
+    let left_to_datafusion = |c: &Expr| datafusion_answers(c) && datafusion_decorrelates(c, &filter.input);
+    if conjuncts.iter().all(|c| !has_subquery(c) || left_to_datafusion(c)) {
         if normalized {
             let predicate = conjunction(conjuncts).expect("one at least");
             return Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(predicate, filter.input)?)));
@@ -279,7 +293,7 @@ fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transforme
     let mut above = Vec::with_capacity(with.len());
     let mut changed = normalized;
     for c in with {
-        if datafusion_answers(&c) {
+        if left_to_datafusion(&c) {
             above.push(c);
             continue;
         }

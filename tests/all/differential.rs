@@ -215,3 +215,38 @@ fn float_keys_answer_as_datafusion() {
         }
     });
 }
+
+/// Top-level EXISTS / IN whose subquery joins a correlated derived table
+/// with another reading the same table under new names: DataFusion 55's
+/// decorrelation fails on them ("No field named y.c1"); setfusion takes them
+/// as mark joins and answers as SQL's rules say (answers written by hand).
+#[test]
+fn subqueries_datafusion_fails_to_decorrelate_answer() {
+    block_on(|| async {
+        let ctx = setfusion::context();
+        for s in [
+            "CREATE TABLE a(c0 INT, c1 INT) AS VALUES (1, 1), (2, 2), (3, NULL)",
+            "CREATE TABLE b(c0 INT, c1 INT) AS VALUES (1, 1), (2, 5), (NULL, 2)",
+        ] {
+            ctx.sql(s).await.unwrap().collect().await.unwrap();
+        }
+        let derived = "(SELECT * FROM b WHERE b.c1 = a.c1) x";
+        let renamed = "(SELECT c0 AS d0, c1 AS d1 FROM b) y";
+        let cases = [
+            (format!("EXISTS (SELECT 1 FROM {derived} LEFT JOIN {renamed} ON x.c0 = y.d0)"), vec!["1|1", "2|2"]),
+            (format!("EXISTS (SELECT 1 FROM {derived} JOIN {renamed} ON x.c0 = y.d0)"), vec!["1|1"]),
+            (format!("NOT EXISTS (SELECT 1 FROM {derived} JOIN {renamed} ON x.c0 = y.d0)"), vec!["2|2", "3|NULL"]),
+            (
+                "a.c1 IN (SELECT x.c1 FROM (SELECT * FROM b WHERE b.c0 = a.c0) x LEFT JOIN (SELECT c0 AS d0 FROM b) y \
+                 ON x.c0 = y.d0)"
+                    .to_string(),
+                vec!["1|1"],
+            ),
+        ];
+        for (predicate, want) in cases {
+            let q = format!("SELECT c0, c1 FROM a WHERE {predicate} ORDER BY c0");
+            let got = crate::common::rows(&ctx, &q).await;
+            assert_eq!(got, want, "{q}");
+        }
+    });
+}

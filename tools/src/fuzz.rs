@@ -39,9 +39,10 @@
 //! the tables, three-valued logic). A mismatch is returned as the seed,
 //! round, query, and the statements that build the tables. An error is a
 //! mismatch too, unless plain DataFusion also fails on the query: such a
-//! query is counted as refused (DataFusion's decorrelation fails on some
-//! shapes setfusion leaves to it, e.g. a top-level EXISTS over a derived
-//! table joined with a relation that repeats its column names).
+//! query is counted as refused, and the first is printed with setfusion's
+//! error. (DataFusion's decorrelation fails on a top-level EXISTS / IN over
+//! a correlated derived table joined with another that reads the same table
+//! under new names; setfusion now takes those as mark joins.)
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -84,6 +85,8 @@ pub struct FuzzReport {
     pub largest_table: usize,
     /// Queries that failed with an error on setfusion and on plain DataFusion alike.
     pub refused: usize,
+    /// The first refused query and setfusion's error on it.
+    pub first_refused: Option<String>,
 }
 
 /// Key types of the random tables.
@@ -761,6 +764,9 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
                             plain_fails = Some(collect(&plain, &sql).await.is_err());
                         }
                         if plain_fails == Some(true) {
+                            if report.first_refused.is_none() {
+                                report.first_refused = Some(format!("{sql}: {}", setfusion::util::one_line(&e)));
+                            }
                             continue;
                         }
                         format!("error: {e} (plain DataFusion answers)")
@@ -855,6 +861,9 @@ pub async fn cli(args: FuzzArgs) -> Result<i32> {
                 t.elapsed().as_secs_f64(),
                 r.refused
             );
+            if let Some(first) = &r.first_refused {
+                println!("fuzz: the first of them: {first}");
+            }
             Ok(0)
         }
         Err(e) => {
