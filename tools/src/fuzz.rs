@@ -25,7 +25,8 @@
 //! checked against a pairwise loop, or two random list tables for 10
 //! similarity joins (`jaccard`, `dice`, `set_cosine`, `overlap` against
 //! exact fractions and the metrics' ends, strict or not, either operand
-//! order, sometimes under a cast, with an equality key or another condition),
+//! order, sometimes under a cast or over the sets as strings, with an
+//! equality key or another condition),
 //! checked against the metrics' definitions. Those tables are built in Rust and
 //! registered as batches; they run on the CPU backend, default settings and,
 //! with a GPU, `min_rows = 0` under auto and hash.
@@ -1177,7 +1178,13 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
             }
         };
         let strict = rng.random_bool(0.5);
+        // Now and then the sets as strings (the elements' text: equal where the integers are).
         let (x, y) = if rng.random_bool(0.5) { ("a.s", "b.s") } else { ("b.s", "a.s") };
+        let (x, y) = if rng.random_range(0..4) == 0 {
+            (format!("arrow_cast({x}, 'List(Utf8)')"), format!("arrow_cast({y}, 'List(Utf8)')"))
+        } else {
+            (x.to_string(), y.to_string())
+        };
         // Now and then the metric under a cast: one that truncates (a predicate
         // of its own, DataFusion's to answer) or, for overlap, one that keeps it.
         let cast = rng.random_range(0..8) == 0;
