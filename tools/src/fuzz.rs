@@ -104,6 +104,7 @@ const TYPES: &[&str] = &[
     "TIMESTAMP",
     "DECIMAL(10,2)",
     "DECIMAL(30,3)",
+    "DECIMAL(50,5)",
     "DOUBLE",
     "REAL",
 ];
@@ -145,7 +146,7 @@ fn literal(ty: &str, v: u64) -> String {
         "BYTEA" => format!("'b{v}'"),
         "TIMESTAMP" => format!("TIMESTAMP '2024-01-01 00:{:02}:{:02}.{}'", v / 60 % 60, v % 60, v % 3),
         "TINYINT" => (v % 100).to_string(),
-        "DECIMAL(10,2)" | "DECIMAL(30,3)" => format!("{}.{}", v, v % 7),
+        t if t.starts_with("DECIMAL") => format!("{}.{}", v, v % 7),
         _ => v.to_string(),
     }
 }
@@ -156,7 +157,7 @@ fn value_expr(ty: &str, x: &str) -> String {
         "VARCHAR" => format!("'s' || CAST({x} AS VARCHAR)"),
         "BOOLEAN" => format!("({x}) % 2 = 0"),
         "DATE" => format!("to_date(concat('2024-01-', lpad(CAST(1 + ({x}) % 28 AS VARCHAR), 2, '0')))"),
-        "DECIMAL(10,2)" | "DECIMAL(30,3)" => format!("CAST(({x}) AS {ty}) + CAST(({x}) % 7 AS {ty}) / 10"),
+        t if t.starts_with("DECIMAL") => format!("CAST(({x}) AS {ty}) + CAST(({x}) % 7 AS {ty}) / 10"),
         "SMALLINT" => format!("CAST(({x}) % 30000 AS SMALLINT)"),
         "TINYINT" => format!("CAST(({x}) % 100 AS TINYINT)"),
         "BYTEA" => format!("CAST('b' || CAST({x} AS VARCHAR) AS BYTEA)"),
