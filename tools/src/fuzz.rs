@@ -911,6 +911,41 @@ fn list_array(rows: &[Option<Vec<Option<i64>>>]) -> datafusion::arrow::array::Ar
     std::sync::Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().cloned()))
 }
 
+/// The string named by a value: 7 bytes or fewer for most, longer for every
+/// third (the list functions key the two kinds apart).
+fn element_name(v: i64) -> String {
+    if v % 3 == 0 {
+        format!("a longer string {v}")
+    } else {
+        format!("w{v}")
+    }
+}
+
+/// A string list column: each value as [`element_name`].
+fn string_list_array(rows: &[Option<Vec<Option<i64>>>]) -> datafusion::arrow::array::ArrayRef {
+    use datafusion::arrow::array::{ListBuilder, StringBuilder};
+    let mut b = ListBuilder::new(StringBuilder::new());
+    for row in rows {
+        match row {
+            None => b.append(false),
+            Some(v) => {
+                for x in v {
+                    b.values().append_option(x.map(element_name));
+                }
+                b.append(true);
+            }
+        }
+    }
+    std::sync::Arc::new(b.finish())
+}
+
+/// A string list's result as the engine prints it: the values' names, in byte order.
+fn fmt_names(v: &[i64]) -> String {
+    let mut names: Vec<String> = v.iter().map(|&x| element_name(x)).collect();
+    names.sort();
+    format!("[{}]", names.join(", "))
+}
+
 /// A list as the engine prints it.
 fn fmt_list(v: &[i64]) -> String {
     format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
@@ -982,25 +1017,31 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
     let a = random_lists(rng, rows, max_len, domain, na, false);
     let b = random_lists(rng, rows, max_len, domain, nb, false);
     let g: Vec<i64> = (0..rows).map(|_| rng.random_range(0..groups)).collect();
+    // One round in four: string lists (values named by element_name: short and long strings).
+    let strings = rng.random_range(0..4) == 0;
+    let column = |l: &[Option<Vec<Option<i64>>>]| if strings { string_list_array(l) } else { list_array(l) };
+    let show = |v: &[i64]| if strings { fmt_names(v) } else { fmt_list(v) };
     let batch = RecordBatch::try_from_iter(vec![
         ("id", std::sync::Arc::new(Int64Array::from_iter_values(0..rows as i64)) as _),
         ("g", std::sync::Arc::new(Int64Array::from(g.clone())) as _),
-        ("a", list_array(&a)),
-        ("b", list_array(&b)),
+        ("a", column(&a)),
+        ("b", column(&b)),
     ])?;
     let contexts = list_contexts(gpu, &|ctx| ctx.register_batch("l", batch.clone()).map(|_| ())).await?;
-    let what = format!("table l: {rows} rows of up to {max_len} values in [0, {domain}), {groups} groups");
+    let what = format!(
+        "table l: {rows} rows of up to {max_len} {} in [0, {domain}), {groups} groups",
+        if strings { "strings named by values" } else { "values" }
+    );
     for _ in 0..20 {
         let kind = rng.random_range(0..7);
         let swap = rng.random_bool(0.5);
         let (x, y, cx, cy) = if swap { ("b", "a", &b, &a) } else { ("a", "b", &a, &b) };
-        // Unsigned lists now and then (values are never negative here).
-        let arg = |c: &str, rng: &mut StdRng| {
-            if rng.random_range(0..4) == 0 {
-                format!("arrow_cast({c}, 'List(UInt32)')")
-            } else {
-                c.to_string()
-            }
+        // Unsigned lists now and then (values are never negative here); strings as large or view strings.
+        let arg = |c: &str, rng: &mut StdRng| match (rng.random_range(0..4), strings) {
+            (0, false) => format!("arrow_cast({c}, 'List(UInt32)')"),
+            (0, true) => format!("arrow_cast({c}, 'List(LargeUtf8)')"),
+            (1, true) => format!("arrow_cast({c}, 'List(Utf8View)')"),
+            _ => c.to_string(),
         };
         let (sql, mut want) = if kind < 6 {
             let f = [
@@ -1020,7 +1061,7 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
             let want: Vec<Row> = (0..rows)
                 .map(|i| {
                     let v = match (&cx[i], &cy[i]) {
-                        (Some(p), Some(q)) => Some(fmt_list(&multiset_reference(f, p, q))),
+                        (Some(p), Some(q)) => Some(show(&multiset_reference(f, p, q))),
                         _ => None,
                     };
                     vec![Some(i.to_string()), v]
@@ -1043,9 +1084,7 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
             }
             let want = per_group
                 .into_iter()
-                .map(|(k, v)| {
-                    vec![Some(k.to_string()), v.map(|v| fmt_list(&v.into_iter().flatten().collect::<Vec<_>>()))]
-                })
+                .map(|(k, v)| vec![Some(k.to_string()), v.map(|v| show(&v.into_iter().flatten().collect::<Vec<_>>()))])
                 .collect();
             (format!("SELECT g, set_intersect_agg({}) FROM l GROUP BY g", arg(x, rng)), want)
         };
