@@ -14,8 +14,9 @@
 //! literal (under casts, evaluated as DataFusion does), and each argument
 //! must read columns of one input only, the two arguments opposite inputs.
 //! The other conjuncts become the operator's residual filter. The predicate
-//! is DataFusion's to the bit: compared in IEEE's total order, as Arrow
-//! compares floats, so any threshold is exact (none passes `jaccard > 1`).
+//! is DataFusion's to the bit: compared in DataFusion's order of floats
+//! (`util::double_order_key`), so any threshold is exact (none passes
+//! `jaccard > 1`; `> -0.0` is `> 0`).
 //! Joins not of this form keep DataFusion's plan; those with a similarity
 //! comparison the operator does not decide keep it under a
 //! `SetfusionDeclinedExec` that says why: every pair passes (`jaccard >= 0`,

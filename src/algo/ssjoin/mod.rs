@@ -147,9 +147,9 @@ impl Threshold {
         Self { metric, value, strict: true }
     }
 
-    /// The join predicate on (overlap, |x|, |y|). Compared as Arrow compares
-    /// floats (IEEE's total order, as DataFusion's `>=` does): -0.0 is below
-    /// 0.0, a NaN with the sign bit below everything, any other NaN above.
+    /// The join predicate on (overlap, |x|, |y|). Compared as DataFusion
+    /// compares floats ([`crate::util::double_order_key`]): -0.0 equals 0.0,
+    /// a NaN with the sign bit is below everything, any other NaN above.
     #[inline]
     pub fn passes(&self, o: u32, a: u32, b: u32) -> bool {
         self.passes_value(self.metric.value(o as u64, a as u64, b as u64))
@@ -157,7 +157,8 @@ impl Threshold {
 
     #[inline]
     fn passes_value(&self, v: f64) -> bool {
-        let order = v.total_cmp(&self.value);
+        use crate::util::double_order_key as key;
+        let order = key(v.to_bits()).cmp(&key(self.value.to_bits()));
         if self.strict {
             order.is_gt()
         } else {

@@ -60,6 +60,7 @@ fn thresholds() -> Vec<Threshold> {
         v.push(Threshold::strict(m, 1.0));
         // Sharing an element; none passes above 1 or a NaN.
         v.push(Threshold::strict(m, 0.0));
+        v.push(Threshold::strict(m, -0.0));
         v.push(Threshold::new(m, 1.5));
         v.push(Threshold::new(m, f64::NAN));
     }
@@ -73,17 +74,21 @@ fn thresholds() -> Vec<Threshold> {
 }
 
 /// The thresholds every pair passes (the metric's 0 passes, compared as
-/// DataFusion compares floats) are the join's to refuse; all others are its.
+/// DataFusion compares floats, -0.0 as 0.0) are the join's to refuse; all
+/// others are its.
 #[test]
 fn every_pair_passes_where_zero_passes() {
     let neg_nan = f64::from_bits(f64::NAN.to_bits() | 1 << 63);
     for m in [Metric::Jaccard, Metric::Dice, Metric::Cosine, Metric::Overlap] {
-        for (t, strict) in [(0.0, false), (-0.0, true), (-0.0, false), (-1.0, true), (-1.0, false), (neg_nan, true)] {
+        for (t, strict) in [(0.0, false), (-0.0, false), (-1.0, true), (-1.0, false), (neg_nan, true)] {
             let thr = Threshold { metric: m, value: t, strict };
             assert!(thr.every_pair_passes() && thr.check().is_err(), "{thr:?}");
             assert!(thr.passes(0, 3, 4) && thr.passes(0, 0, 0), "{thr:?}");
         }
-        for (t, strict) in [(0.0, true), (1e-300, false), (2.0, false), (f64::NAN, false), (f64::INFINITY, true)] {
+        // -0.0 is 0.0 to DataFusion: `> -0.0` is sharing an element.
+        for (t, strict) in
+            [(0.0, true), (-0.0, true), (1e-300, false), (2.0, false), (f64::NAN, false), (f64::INFINITY, true)]
+        {
             let thr = Threshold { metric: m, value: t, strict };
             assert!(!thr.every_pair_passes() && thr.check().is_ok(), "{thr:?}");
             assert!(!thr.passes(0, 3, 4), "{thr:?}");
