@@ -276,8 +276,12 @@ fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transforme
             Ok(t.data)
         })
         .collect::<Result<Vec<_>>>()?;
-    let left_to_datafusion = |c: &Expr| datafusion_answers(c) && datafusion_decorrelates(c, &filter.input);
-    if conjuncts.iter().all(|c| !has_subquery(c) || left_to_datafusion(c)) {
+    // Which subquery conjuncts DataFusion answers (its decorrelation tried once each).
+    let left_to_datafusion: Vec<bool> = conjuncts
+        .iter()
+        .map(|c| has_subquery(c) && datafusion_answers(c) && datafusion_decorrelates(c, &filter.input))
+        .collect();
+    if conjuncts.iter().zip(&left_to_datafusion).all(|(c, &left)| !has_subquery(c) || left) {
         if normalized {
             let predicate = conjunction(conjuncts).expect("one at least");
             return Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(predicate, filter.input)?)));
@@ -285,15 +289,16 @@ fn rewrite_filter(filter: Filter, aliases: &AliasGenerator) -> Result<Transforme
         return Ok(Transformed::no(LogicalPlan::Filter(filter)));
     }
     let columns = filter.input.schema().columns();
-    let (plain, with): (Vec<_>, Vec<_>) = conjuncts.into_iter().partition(|c| !has_subquery(c));
+    let (plain, with): (Vec<_>, Vec<_>) =
+        conjuncts.into_iter().zip(left_to_datafusion).partition(|(c, _)| !has_subquery(c));
     let mut input = filter.input.as_ref().clone();
-    if let Some(p) = conjunction(plain) {
+    if let Some(p) = conjunction(plain.into_iter().map(|(c, _)| c)) {
         input = LogicalPlan::Filter(Filter::try_new(p, Arc::new(input))?);
     }
     let mut above = Vec::with_capacity(with.len());
     let mut changed = normalized;
-    for c in with {
-        if left_to_datafusion(&c) {
+    for (c, left) in with {
+        if left {
             above.push(c);
             continue;
         }
