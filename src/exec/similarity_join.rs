@@ -307,10 +307,26 @@ pub fn join_raw_sets(
                 Ok(l) => l,
                 Err(e) => return on_cpu(stats, format!("cpu (GPU failed: {})", crate::util::one_line(&e))),
             };
+            crate::util::trace("similarity join: device held");
             let mut st = JoinStats::default();
             let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&lease, r, s, &mut st.transfer);
+            crate::util::trace(&format!("similarity join: {prep}"));
             let out = ssjoin::ssjoin_gpu(&lease, &rc, sc.as_ref(), thr, &mut st);
             drop(lease);
+            if crate::util::tracing() {
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+                let t = &st.transfer;
+                crate::util::trace(&format!(
+                    "similarity join: on the device (these counted since it was held: host plan {:.1} ms, \
+                     uploads {:.1} ms of {} bytes, kernels {:.1} ms, downloads {:.1} ms of {} bytes)",
+                    ms(st.plan),
+                    ms(t.to_device),
+                    t.bytes_to_device,
+                    ms(t.kernel),
+                    ms(t.to_host),
+                    t.bytes_to_host
+                ));
+            }
             match out {
                 Ok(pairs) => {
                     stats.add(&st);
