@@ -62,6 +62,11 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     let at = rules.iter().position(|r| r.name() == "join_selection").map_or(rules.len(), |i| i + 1);
     rules.insert(at, Arc::new(planner::SemiJoinRule));
     rules.push(Arc::new(planner::SimilarityJoinRule));
+    // Before DataFusion's last filter pushdown, which makes the hash joins' dynamic filters.
+    let last_pushdown = datafusion::physical_optimizer::filter_pushdown::FilterPushdown::new_post_optimization();
+    let last = datafusion::physical_optimizer::PhysicalOptimizerRule::name(&last_pushdown);
+    let at = rules.iter().position(|r| r.name() == last).unwrap_or(rules.len());
+    rules.insert(at, Arc::new(planner::FloatKeyBoundsRule));
     // The inputs of operators that collect every partition at once, read by row ranges.
     rules.push(Arc::new(planner::ScanRangesRule));
     // Last: Parquet inputs of the set selections read by the device (the plan's shape is final).

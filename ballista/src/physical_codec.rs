@@ -362,6 +362,7 @@ fn encode_reason(r: &Reason) -> ReasonNode {
         Reason::HostFilter(why) => node("host_filter", why),
         Reason::DeviceOnExecutor => node("device_on_executor", ""),
         Reason::UnsupportedPredicate(why) => node("unsupported_predicate", why),
+        Reason::FloatKeyBounds => node("float_key_bounds", ""),
     }
 }
 
@@ -389,6 +390,7 @@ fn decode_reason(n: ReasonNode) -> Result<Reason> {
         "host_filter" => Reason::HostFilter(n.text),
         "device_on_executor" => Reason::DeviceOnExecutor,
         "unsupported_predicate" => Reason::UnsupportedPredicate(n.text),
+        "float_key_bounds" => Reason::FloatKeyBounds,
         other => return Err(bad(format!("unknown reason '{other}'"))),
     })
 }
@@ -755,6 +757,7 @@ mod tests {
             Reason::HostFilter("a UDF".into()),
             Reason::DeviceOnExecutor,
             Reason::UnsupportedPredicate("every pair passes".into()),
+            Reason::FloatKeyBounds,
         ];
         for r in reasons {
             assert_eq!(decode_reason(encode_reason(&r)).unwrap(), r);

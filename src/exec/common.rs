@@ -90,6 +90,10 @@ pub enum Reason {
     DeviceOnExecutor,
     /// A predicate setfusion's operator does not decide as DataFusion does (why).
     UnsupportedPredicate(String),
+    /// Above the probe side of a DataFusion hash join with a floating-point
+    /// key: the join's dynamic filter of its build keys' bounds stops here
+    /// (`planner::float_key_bounds`).
+    FloatKeyBounds,
 }
 
 impl fmt::Display for Reason {
@@ -115,6 +119,11 @@ impl fmt::Display for Reason {
             Reason::HostFilter(why) => write!(f, "residual filter on the host: {why}"),
             Reason::DeviceOnExecutor => write!(f, "planned without a device; this executor has one"),
             Reason::UnsupportedPredicate(why) => write!(f, "{why}"),
+            Reason::FloatKeyBounds => write!(
+                f,
+                "float join keys: the hash join's dynamic filter compares its bounds in total order \
+                 (-0.0 below 0.0, which the join equates), so it is not pushed below here"
+            ),
         }
     }
 }

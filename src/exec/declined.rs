@@ -6,6 +6,11 @@
 //! projections and filters down to its input, and `execute` is its input's.
 //! Added wherever a rule keeps DataFusion's operator for a CPU decision, so
 //! EXPLAIN always says where a candidate runs and why (issue 29).
+//!
+//! With [`Reason::FloatKeyBounds`] it is the one exception to "changes
+//! nothing": placed above the probe side of a DataFusion hash join on float
+//! keys (`planner::float_key_bounds`), it refuses the last filter pushdown's
+//! filters, whose bounds would drop rows the join keeps.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,6 +59,13 @@ impl SetfusionDeclinedExec {
 
 impl DisplayAs for SetfusionDeclinedExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        if self.reason == Reason::FloatKeyBounds {
+            return write!(
+                f,
+                "SetfusionDeclinedExec: the join's dynamic filter stops here, reason=\"{}\"",
+                self.reason
+            );
+        }
         write!(f, "SetfusionDeclinedExec: kept DataFusion's operator below, backend=cpu, reason=\"{}\"", self.reason)
     }
 }
@@ -120,10 +132,14 @@ impl ExecutionPlan for SetfusionDeclinedExec {
     }
     fn gather_filters_for_pushdown(
         &self,
-        _phase: FilterPushdownPhase,
+        phase: FilterPushdownPhase,
         parent_filters: Vec<Arc<dyn PhysicalExpr>>,
         _config: &ConfigOptions,
     ) -> Result<FilterDescription> {
+        // The last pushdown's filters are the dynamic ones (a hash join's bounds).
+        if self.reason == Reason::FloatKeyBounds && matches!(phase, FilterPushdownPhase::Post) {
+            return Ok(FilterDescription::all_unsupported(&parent_filters, &self.children()));
+        }
         FilterDescription::from_children(parent_filters, &self.children())
     }
     fn handle_child_pushdown_result(

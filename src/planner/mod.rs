@@ -5,6 +5,7 @@
 pub mod cost;
 pub mod decision;
 mod device_scan;
+mod float_key_bounds;
 mod mark_join;
 mod outer_decorrelate;
 mod quantified;
@@ -20,6 +21,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use crate::config::SetfusionConfig;
 
 pub use device_scan::DeviceScanRule;
+pub use float_key_bounds::FloatKeyBoundsRule;
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
 pub use scan_split::ScanRangesRule;
 pub use semi_join::SemiJoinRule;

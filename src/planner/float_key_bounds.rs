@@ -1,0 +1,64 @@
+//! Physical rule: no dynamic filter of float key bounds below a DataFusion
+//! hash join.
+//!
+//! DataFusion 55's hash join pushes a dynamic filter of its build keys'
+//! bounds (`key >= min AND key <= max`) into its probe side, and compares
+//! floats there in IEEE total order, where -0.0 lies below 0.0. The join
+//! itself equates them (its hashes and its `=` make -0.0 into 0.0). So a
+//! probe row of -0.0 is dropped when the build side's least key is 0.0, and
+//! 0.0 when its greatest is -0.0: `SELECT a FROM t JOIN s ON a = b ORDER BY
+//! a` and `... WHERE a IN (SELECT b FROM s) ORDER BY a` lose the rows of
+//! -0.0 that match 0.0 (their plans put the probe side under a filter the
+//! bounds reach; without ORDER BY they answered). This rule puts a
+//! [`SetfusionDeclinedExec`] with [`Reason::FloatKeyBounds`] above the probe
+//! side of every hash join with a floating-point key: it refuses the last
+//! filter pushdown's filters (the dynamic ones) and says why in EXPLAIN.
+//! Runs before that pushdown, and only with setfusion enabled.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::Transformed;
+use datafusion::config::ConfigOptions;
+use datafusion::error::Result;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
+
+use crate::exec::common::Reason;
+use crate::exec::declined::SetfusionDeclinedExec;
+
+#[derive(Debug, Default)]
+pub struct FloatKeyBoundsRule;
+
+impl PhysicalOptimizerRule for FloatKeyBoundsRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        if !config.optimizer.enable_join_dynamic_filter_pushdown {
+            return Ok(plan);
+        }
+        super::rewrite_when_enabled(plan, config, |p, _| {
+            let Some(join) = p.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(p));
+            };
+            let probe = join.right();
+            let schema = probe.schema();
+            let float_key = join.on().iter().any(|(_, k)| k.data_type(&schema).is_ok_and(|t| t.is_floating()));
+            let stopped =
+                probe.downcast_ref::<SetfusionDeclinedExec>().is_some_and(|d| d.reason() == &Reason::FloatKeyBounds);
+            if !float_key || stopped {
+                return Ok(Transformed::no(p));
+            }
+            let barrier: Arc<dyn ExecutionPlan> =
+                Arc::new(SetfusionDeclinedExec::new(probe.clone(), Reason::FloatKeyBounds));
+            let left = join.left().clone();
+            Ok(Transformed::yes(replace_children_if_necessary(p.clone(), vec![left, barrier])?))
+        })
+    }
+
+    fn name(&self) -> &str {
+        "setfusion_float_key_bounds"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
