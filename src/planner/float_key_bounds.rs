@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::Transformed;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -41,7 +42,7 @@ impl PhysicalOptimizerRule for FloatKeyBoundsRule {
             };
             let probe = join.right();
             let schema = probe.schema();
-            let float_key = join.on().iter().any(|(_, k)| k.data_type(&schema).is_ok_and(|t| t.is_floating()));
+            let float_key = join.on().iter().any(|(_, k)| k.data_type(&schema).is_ok_and(|t| holds_float(&t)));
             let stopped =
                 probe.downcast_ref::<SetfusionDeclinedExec>().is_some_and(|d| d.reason() == &Reason::FloatKeyBounds);
             if !float_key || stopped {
@@ -60,5 +61,37 @@ impl PhysicalOptimizerRule for FloatKeyBoundsRule {
 
     fn schema_check(&self) -> bool {
         true
+    }
+}
+
+/// Does a key of type `t` compare floats: a float, or a dictionary, struct
+/// or list of them (their bounds compare field by field in the same order)?
+fn holds_float(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(_, v) => holds_float(v),
+        DataType::Struct(fields) => fields.iter().any(|f| holds_float(f.data_type())),
+        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) | DataType::LargeListView(f) => {
+            holds_float(f.data_type())
+        }
+        DataType::FixedSizeList(f, _) => holds_float(f.data_type()),
+        t => t.is_floating(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Field;
+
+    #[test]
+    fn float_keys_are_found_inside_other_types() {
+        let f = |t: DataType| Arc::new(Field::new("x", t, true));
+        assert!(holds_float(&DataType::Float32));
+        assert!(holds_float(&DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Float64))));
+        assert!(holds_float(&DataType::Struct(vec![f(DataType::Int64), f(DataType::Float16)].into())));
+        assert!(holds_float(&DataType::List(f(DataType::Float64))));
+        assert!(!holds_float(&DataType::Int64));
+        assert!(!holds_float(&DataType::Decimal128(10, 2)));
+        assert!(!holds_float(&DataType::List(f(DataType::Utf8))));
     }
 }

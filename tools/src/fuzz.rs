@@ -653,8 +653,11 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
         Some(v) => format!("a.c0 = {}", printed_literal(types[0], v)),
         None => "false".to_string(),
     };
+    // Sometimes sorted: DataFusion may then sort a's side below its join, under the join's
+    // dynamic filter (which dropped -0.0 matching 0.0 over float keys).
+    let order = if rng.random_bool(0.5) { " ORDER BY 1" } else { "" };
     let sql = match context {
-        0 => format!("SELECT {all} FROM a WHERE {p}"),
+        0 => format!("SELECT {all} FROM a WHERE {p}{order}"),
         1 => format!("SELECT {all} FROM a WHERE {p} OR {partner_sql}"),
         2 => format!("SELECT {all} FROM a WHERE NOT ({p})"),
         3 => format!("SELECT {all} FROM a WHERE ({p}) IS NULL"),
