@@ -63,9 +63,7 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     rules.insert(at, Arc::new(planner::SemiJoinRule));
     rules.push(Arc::new(planner::SimilarityJoinRule));
     // Before DataFusion's last filter pushdown, which makes the hash joins' dynamic filters.
-    let last_pushdown = datafusion::physical_optimizer::filter_pushdown::FilterPushdown::new_post_optimization();
-    let last = datafusion::physical_optimizer::PhysicalOptimizerRule::name(&last_pushdown);
-    let at = rules.iter().position(|r| r.name() == last).unwrap_or(rules.len());
+    let at = rules.iter().position(|r| planner::is_last_filter_pushdown(r.as_ref())).unwrap_or(rules.len());
     rules.insert(at, Arc::new(planner::FloatKeyBoundsRule));
     // The inputs of operators that collect every partition at once, read by row ranges.
     rules.push(Arc::new(planner::ScanRangesRule));

@@ -119,6 +119,13 @@ pub fn rewrite_when_enabled(
     plan.transform_up(|p| rewrite(p, &cfg)).map(|t| t.data)
 }
 
+/// Is `rule` DataFusion's last filter pushdown, the one that makes the hash
+/// joins' dynamic filters?
+pub fn is_last_filter_pushdown(rule: &dyn datafusion::physical_optimizer::PhysicalOptimizerRule) -> bool {
+    use datafusion::physical_optimizer::{filter_pushdown::FilterPushdown, PhysicalOptimizerRule};
+    rule.name() == FilterPushdown::new_post_optimization().name()
+}
+
 /// The physical plan of `plan`, a subtree of the plan being built, optimized
 /// without DataFusion's last filter pushdown (the one that creates dynamic
 /// filters): the whole plan is optimized again afterwards, and a hash join
@@ -136,10 +143,8 @@ pub async fn plan_subtree(
     use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
     match session.as_any().downcast_ref::<SessionState>() {
         Some(state) => {
-            use datafusion::physical_optimizer::{filter_pushdown::FilterPushdown, PhysicalOptimizerRule};
-            let last_pushdown = FilterPushdown::new_post_optimization();
             let rules =
-                state.physical_optimizers().iter().filter(|r| r.name() != last_pushdown.name()).cloned().collect();
+                state.physical_optimizers().iter().filter(|r| !is_last_filter_pushdown(r.as_ref())).cloned().collect();
             let without_dynamic_filters =
                 SessionStateBuilder::new_from_existing(state.clone()).with_physical_optimizer_rules(rules).build();
             planner.create_physical_plan(plan, &without_dynamic_filters).await
