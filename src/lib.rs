@@ -59,6 +59,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     // before distribution enforcement: a replaced join then gets no hash
     // repartitioning of its inputs (the operator reads all of them at once).
     let mut rules = PhysicalOptimizer::new().rules;
+    // First: Parquet's float min / max leave NaN out; nothing may take them for bounds.
+    rules.insert(0, Arc::new(planner::FloatStatisticsRule));
     let at = rules.iter().position(|r| r.name() == "join_selection").map_or(rules.len(), |i| i + 1);
     rules.insert(at, Arc::new(planner::SemiJoinRule));
     rules.push(Arc::new(planner::SimilarityJoinRule));
@@ -69,6 +71,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
     rules.push(Arc::new(planner::ScanRangesRule));
     // Last: Parquet inputs of the set selections read by the device (the plan's shape is final).
     rules.push(Arc::new(planner::DeviceScanRule));
+    // After it, on the scans DataFusion keeps, with their dynamic filters in place.
+    rules.push(Arc::new(planner::UnprunedFloatFiltersRule));
     builder
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))

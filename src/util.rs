@@ -78,3 +78,18 @@ pub fn double_order_key(bits: u64) -> i64 {
     let bits = if bits == 1 << 63 { 0 } else { bits as i64 };
     bits ^ (((bits >> 63) as u64) >> 1) as i64
 }
+
+/// Does a value of type `t` hold a float: a float, or a dictionary, struct
+/// or list of them? (Such values compare as their floats do.)
+pub fn holds_float(t: &datafusion::arrow::datatypes::DataType) -> bool {
+    use datafusion::arrow::datatypes::DataType;
+    match t {
+        DataType::Dictionary(_, v) => holds_float(v),
+        DataType::Struct(fields) => fields.iter().any(|f| holds_float(f.data_type())),
+        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) | DataType::LargeListView(f) => {
+            holds_float(f.data_type())
+        }
+        DataType::FixedSizeList(f, _) => holds_float(f.data_type()),
+        t => t.is_floating(),
+    }
+}

@@ -507,10 +507,14 @@ impl ExecutionPlan for SetSelectExec {
         }
     }
 
-    /// Read all at once, repartitioning the inputs first only costs; partitioned,
-    /// the hash partitioning is required anyway.
+    /// Read all at once, repartitioning the inputs first only costs.
+    /// Partitioned, yes: DataFusion's EnforceDistribution decides whether the
+    /// hash repartitioning is needed before it splits a Parquet input of one
+    /// file group into byte ranges, and with `false` here decided "one
+    /// partition, no hash" for an input it then split (four unhashed
+    /// partitions under a KeyPartitioned requirement: SanityCheckPlan failed).
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false, false]
+        vec![self.partitioned; 2]
     }
 
     fn apply_expressions(

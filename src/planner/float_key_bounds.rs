@@ -17,7 +17,6 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::Transformed;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -27,6 +26,7 @@ use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use crate::exec::common::Reason;
 use crate::exec::declined::SetfusionDeclinedExec;
+use crate::util::holds_float;
 
 #[derive(Debug, Default)]
 pub struct FloatKeyBoundsRule;
@@ -64,24 +64,10 @@ impl PhysicalOptimizerRule for FloatKeyBoundsRule {
     }
 }
 
-/// Does a key of type `t` compare floats: a float, or a dictionary, struct
-/// or list of them (their bounds compare field by field in the same order)?
-fn holds_float(t: &DataType) -> bool {
-    match t {
-        DataType::Dictionary(_, v) => holds_float(v),
-        DataType::Struct(fields) => fields.iter().any(|f| holds_float(f.data_type())),
-        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) | DataType::LargeListView(f) => {
-            holds_float(f.data_type())
-        }
-        DataType::FixedSizeList(f, _) => holds_float(f.data_type()),
-        t => t.is_floating(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::datatypes::Field;
+    use datafusion::arrow::datatypes::{DataType, Field};
 
     #[test]
     fn float_keys_are_found_inside_other_types() {

@@ -6,6 +6,7 @@ pub mod cost;
 pub mod decision;
 mod device_scan;
 mod float_key_bounds;
+mod float_statistics;
 mod mark_join;
 mod outer_decorrelate;
 mod quantified;
@@ -22,6 +23,7 @@ use crate::config::SetfusionConfig;
 
 pub use device_scan::DeviceScanRule;
 pub use float_key_bounds::FloatKeyBoundsRule;
+pub use float_statistics::{FloatStatisticsRule, UnprunedFloatFiltersRule};
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
 pub use scan_split::ScanRangesRule;
 pub use semi_join::SemiJoinRule;

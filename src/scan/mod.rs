@@ -1910,4 +1910,47 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A float column's min / max leave its NaNs out: a conjunct that reads
+    /// one prunes nothing, alone or beside one that does (whose pruning stays).
+    #[test]
+    fn float_conjuncts_prune_nothing() {
+        use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{lit, BinaryExpr, Column};
+        use datafusion::physical_expr::PhysicalExprRef;
+        use parquet::file::properties::WriterProperties;
+        use std::sync::Arc;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("f", DataType::Float64, false),
+        ]));
+        let dir = std::env::temp_dir().join(format!("setfusion-pq-nan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Row groups of 100 rows: f is 0.25 but for one NaN in each.
+        let k: Vec<i64> = (0..1000).collect();
+        let f: Vec<f64> = (0..1000).map(|i| if i % 100 == 7 { f64::NAN } else { 0.25 }).collect();
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(k)), Arc::new(Float64Array::from(f))])
+                .unwrap();
+        let props = WriterProperties::builder().set_max_row_group_row_count(Some(100)).build();
+        let path = dir.join("nan.parquet");
+        fixtures::write_file(&path, &batch, props).unwrap();
+        let files = vec![ScanFile { path, ranges: vec![] }];
+        let cmp = |c: &str, i: usize, op: Operator, v: PhysicalExprRef| -> PhysicalExprRef {
+            Arc::new(BinaryExpr::new(Arc::new(Column::new(c, i)), op, v))
+        };
+        let f_above = cmp("f", 1, Operator::Gt, lit(1.0f64));
+        assert!(pages::reads_float_column(&f_above, &schema));
+        assert!(pages::prune_row_groups(&files, &schema, &f_above, true, true).unwrap().is_none());
+        let nan = cmp("f", 1, Operator::Eq, lit(f64::NAN));
+        assert!(pages::prune_row_groups(&files, &schema, &nan, true, true).unwrap().is_none());
+        let k_below = cmp("k", 0, Operator::Lt, lit(250i64));
+        assert!(!pages::reads_float_column(&k_below, &schema));
+        let both: PhysicalExprRef = Arc::new(BinaryExpr::new(f_above, Operator::And, k_below));
+        let kept = pages::prune_row_groups(&files, &schema, &both, true, true).unwrap().unwrap();
+        assert_eq!(*kept.row_groups, vec![(0..10).map(|g| g < 3).collect::<Vec<bool>>()]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -19,7 +19,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
 use parquet::basic::{Compression, LogicalType, Type as PhysicalType};
@@ -411,6 +411,7 @@ fn intersect_ranges(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// index of the columns single-column conjuncts read
 /// (`PagePruningAccessPlanFilter`, where the files have one): within a row
 /// group, the rows of pages whose statistics rule a conjunct out.
+/// Conjuncts that read a float column prune nothing ([`reads_float_column`]).
 /// None when nothing is pruned (or the predicate cannot prune).
 pub fn prune_row_groups(
     files: &[ScanFile],
@@ -425,6 +426,13 @@ pub fn prune_row_groups(
     };
     use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
     use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+    let decidable = datafusion::physical_expr::split_conjunction(predicate)
+        .into_iter()
+        .filter(|c| !reads_float_column(c, file_schema))
+        .cloned();
+    let Some(predicate) = &datafusion::physical_expr::utils::conjunction_opt(decidable) else {
+        return Ok(None);
+    };
     // A predicate the statistics cannot decide prunes nothing (DataFusion's scan reads every row group then too).
     let Ok(pruning) = PruningPredicateBuilder::new().with_file_schema(file_schema.clone()).try_build(predicate.clone())
     else {
@@ -515,6 +523,29 @@ pub fn prune_row_groups(
         rows: any_selection.then(|| Arc::new(RowSelections(selections))),
         rows_pruned_by_page_index: by_page_index,
     }))
+}
+
+/// Does `expr` read a column of `schema` that holds a float (or one it
+/// cannot find there)? Parquet leaves NaN out of a float column's min / max
+/// and its bloom filters hash -0.0 apart from 0.0, while DataFusion orders NaN
+/// above every number and equates -0.0 with 0.0: such a conjunct cannot be
+/// decided by the statistics, the page index or the bloom filters
+/// (apache/datafusion#15812).
+pub fn reads_float_column(expr: &PhysicalExprRef, schema: &Schema) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::physical_expr::expressions::Column;
+    let mut float = false;
+    let _ = expr.apply(|e| {
+        if let Some(c) = e.downcast_ref::<Column>() {
+            let field = match schema.fields().get(c.index()) {
+                Some(f) if f.name() == c.name() => Some(f.data_type()),
+                _ => schema.index_of(c.name()).ok().map(|i| schema.field(i).data_type()),
+            };
+            float |= field.is_none_or(crate::util::holds_float);
+        }
+        Ok(if float { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    float
 }
 
 /// What [`prune_row_groups`] left: per file, whether each row group is

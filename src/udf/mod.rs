@@ -36,6 +36,7 @@
 pub mod families;
 pub mod float_order;
 pub mod multiset;
+pub mod unpruned;
 /// The list encoding moved to `algo::ssjoin::encode` (below the operators that use it).
 pub use crate::algo::ssjoin::encode as sets;
 
@@ -60,6 +61,7 @@ pub fn functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(TokenizeUdf::new())),
         Arc::new(ScalarUDF::from(QgramsUdf::new())),
         Arc::new(ScalarUDF::from(float_order::FloatOrderUdf::new())),
+        Arc::new(ScalarUDF::from(unpruned::UnprunedUdf::new())),
     ]
     .into_iter()
     .chain(multiset::scalar_functions())

@@ -31,6 +31,13 @@
 //! registered as batches; they run on the CPU backend, default settings and,
 //! with a GPU, `min_rows = 0` under auto and hash.
 //!
+//! One round in three, of every kind, reads its tables from Parquet files
+//! written for it (1-3 files a table, row groups and pages of 1 row to 1M,
+//! statistics of strings truncated or not, bloom filters or not, with or
+//! without `parquet.pushdown_filters`, 1-4 target partitions): the scans
+//! then prune with the dynamic filters setfusion's operators publish, and
+//! similarity joins and families read their inputs by row ranges.
+//!
 //! Every query runs on the CPU backend (`strategy = cpu`), with default
 //! settings (the cost model's choices), on the CPU backend with
 //! `hash_partition_inputs` (as on a cluster: partitioned set operations,
@@ -267,6 +274,22 @@ async fn setup(ctx: &SessionContext, stmts: &[String], settings: &[&str]) -> Res
         ctx.sql(&s).await?.collect().await?;
     }
     Ok(())
+}
+
+/// [`setup`] with the round's tables made by `stmts`, or read from their Parquet files.
+async fn round_setup(
+    ctx: &SessionContext,
+    stmts: &[String],
+    settings: &[&str],
+    parquet: Option<&ParquetTables>,
+) -> Result<()> {
+    match parquet {
+        None => setup(ctx, stmts, settings).await,
+        Some(p) => {
+            setup(ctx, &[], settings).await?;
+            p.register(ctx).await
+        }
+    }
 }
 
 /// Exact SQL multiset semantics (NULLs equal, as in set operations).
@@ -689,6 +712,15 @@ fn random_query(rng: &mut StdRng, types: &[&str], a: &[Row], b: &[Row]) -> (Stri
 
 /// Run the fuzz: Err describes the first mismatch, reproducibly.
 pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
+    let report = run_rounds(opts).await;
+    // A mismatch keeps its round's files (the message names their folder).
+    if report.is_ok() {
+        let _ = std::fs::remove_dir_all(fuzz_dir());
+    }
+    report
+}
+
+async fn run_rounds(opts: &FuzzOptions) -> Result<FuzzReport> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let gpu = opts.gpu && crate::slt::gpu_mode_status().is_ok();
     let mut report = FuzzReport {
@@ -724,6 +756,16 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         ];
         let plain = SessionContext::new();
         setup(&plain, &stmts, &[]).await?;
+        // One round in three reads the tables from Parquet files written from them.
+        let parquet = match ParquetLayout::draw(&mut rng) {
+            Some(layout) => {
+                let (ta, tb) = (table_batch(&plain, "a").await?, table_batch(&plain, "b").await?);
+                Some(ParquetTables::write(layout, &[("a", &ta), ("b", &tb)])?)
+            }
+            None => None,
+        };
+        let mut shown = stmts.clone();
+        shown.extend(parquet.as_ref().map(|p| format!("-- {}", p.layout.describe())));
         let cols = (0..ncols).map(|i| format!("c{i}")).collect::<Vec<_>>().join(", ");
         // The tables as the engine holds them (unsorted order does not matter to the rules).
         let a = collect(&plain, &format!("SELECT {cols} FROM a")).await?;
@@ -731,23 +773,23 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
         report.largest_table = report.largest_table.max(a.len()).max(b.len());
         let mut contexts = Vec::new();
         let cpu = setfusion::context();
-        setup(&cpu, &stmts, &["SET setfusion.strategy = 'cpu'"]).await?;
+        round_setup(&cpu, &stmts, &["SET setfusion.strategy = 'cpu'"], parquet.as_ref()).await?;
         contexts.push(("cpu", cpu));
         // Default settings: the cost model's choices, DataFusion's own operators where they are right.
         let default = setfusion::context();
-        setup(&default, &stmts, &[]).await?;
+        round_setup(&default, &stmts, &[], parquet.as_ref()).await?;
         contexts.push(("default", default));
         // As on a Ballista cluster: set operations and semi joins over hash-partitioned
         // inputs, each partition on its own; mark joins with the subquery side broadcast.
         let partitioned = setfusion::context();
-        setup(&partitioned, &stmts, &["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"])
-            .await?;
+        let settings = ["SET setfusion.strategy = 'cpu'", "SET setfusion.hash_partition_inputs = true"];
+        round_setup(&partitioned, &stmts, &settings, parquet.as_ref()).await?;
         contexts.push(("cpu/partitioned", partitioned));
         if gpu {
             for strategy in ["auto", "hash", "bitmap", "sort"] {
                 let g = setfusion::context();
-                setup(&g, &stmts, &["SET setfusion.min_rows = 0", &format!("SET setfusion.strategy = '{strategy}'")])
-                    .await?;
+                let settings = ["SET setfusion.min_rows = 0", &format!("SET setfusion.strategy = '{strategy}'")];
+                round_setup(&g, &stmts, &settings, parquet.as_ref()).await?;
                 contexts.push((strategy, g));
             }
         }
@@ -779,7 +821,7 @@ pub async fn run(opts: &FuzzOptions) -> Result<FuzzReport> {
                     (Err(e), _) => format!("error: {e}"),
                     (Ok(got), Err(refused)) => format!("{} rows, expected the error '{refused}'", got.len()),
                 };
-                return Err(mismatch(opts, report.rounds, backend, &sql, &stmts, &what));
+                return Err(mismatch(opts, report.rounds, backend, &sql, &shown, &what));
             }
             report.refused += plain_fails.unwrap_or(false) as usize;
             report.queries += 1;
@@ -983,10 +1025,14 @@ fn multiset_reference(op: &str, a: &[Option<i64>], b: &[Option<i64>]) -> Vec<i64
 
 /// The contexts a list / families round runs on: CPU, default settings, and
 /// where a GPU is usable the device with `min_rows = 0` (auto and forced).
+/// The tables are the batches, or one round in three Parquet files written
+/// from them; the second value says which (for a mismatch's message).
 async fn list_contexts(
+    rng: &mut StdRng,
     gpu: bool,
-    register: &dyn Fn(&SessionContext) -> Result<()>,
-) -> Result<Vec<(&'static str, SessionContext)>> {
+    tables: &[(&str, &RecordBatch)],
+) -> Result<(Vec<(&'static str, SessionContext)>, String)> {
+    let parquet = ParquetLayout::draw(rng).map(|layout| ParquetTables::write(layout, tables)).transpose()?;
     let mut settings: Vec<(&'static str, Vec<&str>)> =
         vec![("cpu", vec!["SET setfusion.strategy = 'cpu'"]), ("default", vec![])];
     if gpu {
@@ -997,10 +1043,18 @@ async fn list_contexts(
     for (name, s) in settings {
         let ctx = setfusion::context();
         setup(&ctx, &[], &s).await?;
-        register(&ctx)?;
+        match &parquet {
+            None => {
+                for (name, batch) in tables {
+                    ctx.register_batch(*name, (*batch).clone())?;
+                }
+            }
+            Some(p) => p.register(&ctx).await?,
+        }
         out.push((name, ctx));
     }
-    Ok(out)
+    let source = parquet.map_or_else(|| "in memory".to_string(), |p| p.layout.describe());
+    Ok((out, source))
 }
 
 /// One round of 20 random list-function queries (the four rules,
@@ -1030,9 +1084,9 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
         ("a", column(&a)),
         ("b", column(&b)),
     ])?;
-    let contexts = list_contexts(gpu, &|ctx| ctx.register_batch("l", batch.clone()).map(|_| ())).await?;
+    let (contexts, source) = list_contexts(rng, gpu, &[("l", &batch)]).await?;
     let what = format!(
-        "table l: {rows} rows of up to {max_len} {} in [0, {domain}), {groups} groups",
+        "table l: {rows} rows of up to {max_len} {} in [0, {domain}), {groups} groups, {source}",
         if strings { "strings named by values" } else { "values" }
     );
     for _ in 0..20 {
@@ -1115,15 +1169,11 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
             ])
         })
         .collect::<std::result::Result<_, _>>()?;
-    let contexts = list_contexts(gpu, &|ctx| {
-        ctx.register_batch("f", batches[0].clone())?;
-        ctx.register_batch("g", batches[1].clone()).map(|_| ())
-    })
-    .await?;
+    let (contexts, source) = list_contexts(rng, gpu, &[("f", &batches[0]), ("g", &batches[1])]).await?;
     let set = |v: &Option<Vec<Option<i64>>>| -> std::collections::BTreeSet<i64> {
         v.iter().flatten().flatten().copied().collect()
     };
-    let what = format!("families f, g: {sizes:?} sets of up to {max_len} elements in [0, {domain})");
+    let what = format!("families f, g: {sizes:?} sets of up to {max_len} elements in [0, {domain}), {source}");
     for _ in 0..10 {
         let level = ["distinct", "pairs", "all"][rng.random_range(0..3)];
         let self_form = rng.random_range(0..4) == 0;
@@ -1193,16 +1243,12 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
             ])
         })
         .collect::<std::result::Result<_, _>>()?;
-    let contexts = list_contexts(gpu, &|ctx| {
-        ctx.register_batch("p", batches[0].clone())?;
-        ctx.register_batch("q", batches[1].clone()).map(|_| ())
-    })
-    .await?;
+    let (contexts, source) = list_contexts(rng, gpu, &[("p", &batches[0]), ("q", &batches[1])]).await?;
     let sets: Vec<Vec<Option<std::collections::BTreeSet<i64>>>> = tables
         .iter()
         .map(|t| t.iter().map(|l| l.as_ref().map(|l| l.iter().flatten().copied().collect())).collect())
         .collect();
-    let what = format!("tables p, q: {sizes:?} lists of up to {max_len} values in [0, {domain}), 10% NULL");
+    let what = format!("tables p, q: {sizes:?} lists of up to {max_len} values in [0, {domain}), 10% NULL, {source}");
     for _ in 0..10 {
         let metric = ["jaccard", "dice", "set_cosine", "overlap"][rng.random_range(0..4)];
         let (sql_t, t): (String, f64) = match rng.random_range(0..4) {
@@ -1317,4 +1363,131 @@ fn list_mismatch(opts: &FuzzOptions, round: usize, backend: &str, sql: &str, wha
         round * 20,
         opts.max_rows
     ))
+}
+
+// ---------------------------------------------------------------- tables read from Parquet
+
+/// How a round's tables are read when they come from Parquet files written
+/// for the round (one round in three): the scans, their statistics, page
+/// indexes and bloom filters then prune with the dynamic filters setfusion's
+/// operators publish, the row-range reads of similarity joins and families
+/// run, and on a GPU the device scan decodes them. Small row groups and pages
+/// give the pruning something to prune.
+#[derive(Debug, Clone)]
+struct ParquetLayout {
+    /// Files per table (rows dealt out in runs).
+    files: usize,
+    /// Rows a row group and a page holds (at most; a large table gets larger ones).
+    row_group_rows: usize,
+    page_rows: usize,
+    /// Statistics of strings and binaries cut to this many bytes.
+    truncate: Option<usize>,
+    bloom_filters: bool,
+    /// `datafusion.execution.parquet.pushdown_filters`: row-level filtering.
+    pushdown_filters: bool,
+    target_partitions: usize,
+}
+
+impl ParquetLayout {
+    /// None (the tables stay in memory) two rounds in three.
+    fn draw(rng: &mut StdRng) -> Option<Self> {
+        (rng.random_range(0..3) == 0).then(|| ParquetLayout {
+            files: rng.random_range(1..=3),
+            row_group_rows: [1, 3, 16, 100, 1 << 20][rng.random_range(0..5)],
+            page_rows: [1, 2, 8, 1 << 20][rng.random_range(0..4)],
+            truncate: rng.random_bool(0.3).then(|| rng.random_range(1..4)),
+            bloom_filters: rng.random_bool(0.5),
+            pushdown_filters: rng.random_bool(0.5),
+            target_partitions: rng.random_range(1..=4),
+        })
+    }
+
+    fn settings(&self) -> Vec<String> {
+        vec![
+            format!("SET datafusion.execution.parquet.pushdown_filters = {}", self.pushdown_filters),
+            format!("SET datafusion.execution.target_partitions = {}", self.target_partitions),
+        ]
+    }
+
+    fn describe(&self) -> String {
+        format!("read from Parquet files under {}: {self:?}", fuzz_dir().display())
+    }
+
+    /// Writes `batch` as the files of `dir/name/` (the folder is emptied first).
+    fn write(&self, dir: &std::path::Path, name: &str, batch: &RecordBatch) -> Result<std::path::PathBuf> {
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::parquet::file::properties::WriterProperties;
+        let folder = dir.join(name);
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir_all(&folder)?;
+        let rows = batch.num_rows();
+        let per_file = rows.div_ceil(self.files).max(1);
+        // Parquet allows 32,767 row groups a file; a large table gets larger ones (and pages).
+        let row_group_rows = self.row_group_rows.max(per_file.div_ceil(4096));
+        let page_rows = self.page_rows.max(row_group_rows / 256);
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(row_group_rows))
+            .set_data_page_row_count_limit(page_rows)
+            .set_write_batch_size(page_rows.min(1024))
+            .set_statistics_truncate_length(self.truncate)
+            .set_bloom_filter_enabled(self.bloom_filters)
+            .build();
+        for f in 0..self.files {
+            let (from, to) = ((f * per_file).min(rows), ((f + 1) * per_file).min(rows));
+            // Every file exists, an empty one too: a table of no rows still has its schema.
+            if from == to && f > 0 {
+                break;
+            }
+            let file = std::fs::File::create(folder.join(format!("part-{f}.parquet")))?;
+            let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props.clone()))?;
+            w.write(&batch.slice(from, to - from))?;
+            w.close()?;
+        }
+        Ok(folder)
+    }
+}
+
+/// A round's tables when they are read from Parquet: the layout, and the
+/// folder each table was written to (once per round, read by every context).
+struct ParquetTables {
+    layout: ParquetLayout,
+    folders: Vec<(String, std::path::PathBuf)>,
+}
+
+impl ParquetTables {
+    /// Writes `tables` under this process's folder of the fuzz (reused by every round).
+    fn write(layout: ParquetLayout, tables: &[(&str, &RecordBatch)]) -> Result<Self> {
+        let dir = fuzz_dir();
+        let folders = tables
+            .iter()
+            .map(|(name, batch)| Ok((name.to_string(), layout.write(&dir, name, batch)?)))
+            .collect::<Result<_>>()?;
+        Ok(ParquetTables { layout, folders })
+    }
+
+    /// The layout's settings, then the tables registered from their files.
+    async fn register(&self, ctx: &SessionContext) -> Result<()> {
+        for s in self.layout.settings() {
+            ctx.sql(&s).await?.collect().await?;
+        }
+        for (name, folder) in &self.folders {
+            let opts = datafusion::prelude::ParquetReadOptions::default();
+            ctx.register_parquet(name.as_str(), &format!("{}/", folder.display()), opts).await?;
+        }
+        Ok(())
+    }
+}
+
+/// This process's folder of the fuzz's Parquet files (rewritten by every
+/// Parquet round, removed when the run ends).
+fn fuzz_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("setfusion-fuzz-{}", std::process::id()))
+}
+
+/// A SQL-made table of `plain` as one batch (its schema where it has no rows).
+async fn table_batch(plain: &SessionContext, name: &str) -> Result<RecordBatch> {
+    let df = plain.table(name).await?;
+    let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    Ok(datafusion::arrow::compute::concat_batches(&schema, &batches)?)
 }
