@@ -34,7 +34,8 @@
 //! One round in three, of every kind, reads its tables from Parquet files
 //! written for it (1-3 files a table, row groups and pages of 1 row to 1M,
 //! statistics of strings truncated or not, bloom filters or not, with or
-//! without `parquet.pushdown_filters`, 1-4 target partitions): the scans
+//! without `parquet.pushdown_filters`, 1-4 target partitions, rows sorted
+//! by the first column and the files declared so or not): the scans
 //! then prune with the dynamic filters setfusion's operators publish, and
 //! similarity joins and families read their inputs by row ranges.
 //!
@@ -129,9 +130,14 @@ fn float_literal(ty: &str, v: u64) -> String {
         1 => format!("CAST('NaN' AS {ty})"),
         2 => format!("-CAST('NaN' AS {ty})"),
         3 => format!("CAST('inf' AS {ty})"),
-        _ => format!("{}.25", v / 11),
+        // Odd ones negative.
+        _ => format!("{}{}.25", if v % 2 == 1 { "-" } else { "" }, v / 11),
     }
 }
+
+/// Half the integers and decimals drawn are negative (odd draws), and half the
+/// unsigned ones 2^63 or more: keys whose sign or top bit the encodings must keep.
+const TOP_BIT: &str = "9223372036854775808";
 
 /// The SQL literal of a value as [`rows_of`] prints it (`-NaN`: the NaN
 /// with the sign bit; binary values in hex).
@@ -152,8 +158,11 @@ fn literal(ty: &str, v: u64) -> String {
         "DATE" => format!("DATE '2024-01-{:02}'", 1 + v % 28),
         "BYTEA" => format!("'b{v}'"),
         "TIMESTAMP" => format!("TIMESTAMP '2024-01-01 00:{:02}:{:02}.{}'", v / 60 % 60, v % 60, v % 3),
-        "TINYINT" => (v % 100).to_string(),
-        t if t.starts_with("DECIMAL") => format!("{}.{}", v, v % 7),
+        "TINYINT" => format!("{}{}", if v % 2 == 1 { "-" } else { "" }, v % 100),
+        t if t.starts_with("DECIMAL") => format!("{}{}.{}", if v % 2 == 1 { "-" } else { "" }, v, v % 7),
+        "BIGINT UNSIGNED" if v % 2 == 1 => format!("'{}'", (1u64 << 63) + v),
+        "BIGINT UNSIGNED" => v.to_string(),
+        _ if v % 2 == 1 => format!("-{v}"),
         _ => v.to_string(),
     }
 }
@@ -164,14 +173,22 @@ fn value_expr(ty: &str, x: &str) -> String {
         "VARCHAR" => format!("'s' || CAST({x} AS VARCHAR)"),
         "BOOLEAN" => format!("({x}) % 2 = 0"),
         "DATE" => format!("to_date(concat('2024-01-', lpad(CAST(1 + ({x}) % 28 AS VARCHAR), 2, '0')))"),
-        t if t.starts_with("DECIMAL") => format!("CAST(({x}) AS {ty}) + CAST(({x}) % 7 AS {ty}) / 10"),
-        "SMALLINT" => format!("CAST(({x}) % 30000 AS SMALLINT)"),
-        "TINYINT" => format!("CAST(({x}) % 100 AS TINYINT)"),
+        t if t.starts_with("DECIMAL") => {
+            format!("(CAST(({x}) AS {ty}) + CAST(({x}) % 7 AS {ty}) / 10) * CASE ({x}) % 2 WHEN 1 THEN -1 ELSE 1 END")
+        }
+        "SMALLINT" => format!("CAST(({x}) % 30000 * CASE ({x}) % 2 WHEN 1 THEN -1 ELSE 1 END AS SMALLINT)"),
+        "TINYINT" => format!("CAST(({x}) % 100 * CASE ({x}) % 2 WHEN 1 THEN -1 ELSE 1 END AS TINYINT)"),
+        "BIGINT" | "INT" => format!("CAST(({x}) * CASE ({x}) % 2 WHEN 1 THEN -1 ELSE 1 END AS {ty})"),
+        "BIGINT UNSIGNED" => format!(
+            "CAST({x} AS BIGINT UNSIGNED) + CASE ({x}) % 2 WHEN 1 THEN CAST('{TOP_BIT}' AS BIGINT UNSIGNED) \
+             ELSE CAST(0 AS BIGINT UNSIGNED) END"
+        ),
         "BYTEA" => format!("CAST('b' || CAST({x} AS VARCHAR) AS BYTEA)"),
         "TIMESTAMP" => format!("to_timestamp_millis(1704067200000 + ({x}) * 1001)"),
         t if is_float(t) => format!(
             "CASE ({x}) % 11 WHEN 0 THEN CAST(-0.0 AS {t}) WHEN 1 THEN CAST('NaN' AS {t}) \
-             WHEN 2 THEN -CAST('NaN' AS {t}) WHEN 3 THEN CAST('inf' AS {t}) ELSE CAST(({x}) / 11 AS {t}) + 0.25 END"
+             WHEN 2 THEN -CAST('NaN' AS {t}) WHEN 3 THEN CAST('inf' AS {t}) \
+             ELSE (CAST(({x}) / 11 AS {t}) + 0.25) * CASE ({x}) % 2 WHEN 1 THEN -1 ELSE 1 END END"
         ),
         _ => format!("CAST({x} AS {ty})"),
     }
@@ -241,6 +258,13 @@ fn float_text(c: &ArrayRef, i: usize) -> Option<String> {
 }
 
 fn rows_of(batches: &[RecordBatch]) -> Result<Vec<Row>> {
+    let mut rows = rows_as_returned(batches)?;
+    rows.sort();
+    Ok(rows)
+}
+
+/// The rows in the order the engine returned them.
+fn rows_as_returned(batches: &[RecordBatch]) -> Result<Vec<Row>> {
     use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
     let mut rows = Vec::new();
     let options = FormatOptions::default();
@@ -261,8 +285,18 @@ fn rows_of(batches: &[RecordBatch]) -> Result<Vec<Row>> {
             );
         }
     }
-    rows.sort();
     Ok(rows)
+}
+
+/// Where rows returned for `ORDER BY 1` break that order (the first column
+/// ascending by SQL's order of its type `ty`, NULLs last): the first pair out
+/// of order, if any.
+fn out_of_order<'r>(rows: &'r [Row], ty: &str) -> Option<(&'r Row, &'r Row)> {
+    rows.windows(2).map(|w| (&w[0], &w[1])).find(|(x, y)| match (&x[0], &y[0]) {
+        (None, Some(_)) => true,
+        (Some(a), Some(b)) => cmp_values(ty, a, b).is_gt(),
+        _ => false,
+    })
 }
 
 async fn collect(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
@@ -374,7 +408,7 @@ impl OuterJoin {
 fn cmp_values(ty: &str, x: &str, y: &str) -> std::cmp::Ordering {
     match ty {
         "BIGINT" | "INT" | "SMALLINT" | "TINYINT" | "BIGINT UNSIGNED" => {
-            x.parse::<i64>().expect("integer").cmp(&y.parse::<i64>().expect("integer"))
+            x.parse::<i128>().expect("integer").cmp(&y.parse::<i128>().expect("integer"))
         }
         t if is_float(t) => {
             let parse = |v: &str| if v == "-NaN" { -f64::NAN } else { v.parse::<f64>().expect("float") };
@@ -802,7 +836,23 @@ async fn run_rounds(opts: &FuzzOptions) -> Result<FuzzReport> {
             let mut plain_fails: Option<bool> = None;
             for (backend, ctx) in &contexts {
                 trace_query(report.rounds, backend, &sql);
-                let what = match (collect(ctx, &sql).await, &want) {
+                let got = match ctx.sql(&sql).await {
+                    Ok(df) => df.collect().await.and_then(|b| rows_as_returned(&b)),
+                    Err(e) => Err(e),
+                };
+                // A sorted query's rows come in its order.
+                let unordered = got.as_ref().ok().filter(|_| sql.ends_with(" ORDER BY 1")).and_then(|rows| {
+                    out_of_order(rows, types[0])
+                        .map(|(x, y)| format!("rows out of ORDER BY 1's order: {x:?} before {y:?}"))
+                });
+                if let Some(what) = unordered {
+                    return Err(mismatch(opts, report.rounds, backend, &sql, &shown, &what));
+                }
+                let got = got.map(|mut rows| {
+                    rows.sort();
+                    rows
+                });
+                let what = match (got, &want) {
                     (Ok(got), Ok(want)) if got == *want => continue,
                     (Ok(got), Ok(want)) => format!("{} rows, expected {}", got.len(), want.len()),
                     (Err(e), Err(refused)) if e.to_string().contains(refused) => continue,
@@ -923,7 +973,8 @@ pub async fn cli(args: FuzzArgs) -> Result<i32> {
 // ---------------------------------------------------------------- list functions and families
 
 /// A random list column: `rows` rows of up to `max_len` values in [0, domain),
-/// `null_pct` percent NULL lists, a few NULL elements; `sets`: no value twice in a row.
+/// odd ones negative with `negative` (over domains larger than 3), `null_pct`
+/// percent NULL lists, a few NULL elements; `sets`: no value twice in a row.
 fn random_lists(
     rng: &mut StdRng,
     rows: usize,
@@ -931,6 +982,7 @@ fn random_lists(
     domain: i64,
     null_pct: u32,
     sets: bool,
+    negative: bool,
 ) -> Vec<Option<Vec<Option<i64>>>> {
     (0..rows)
         .map(|_| {
@@ -939,7 +991,13 @@ fn random_lists(
             }
             let len = rng.random_range(0..=max_len);
             let mut v: Vec<Option<i64>> = (0..len)
-                .map(|_| if rng.random_range(0..40) == 0 { None } else { Some(rng.random_range(0..domain)) })
+                .map(|_| match rng.random_range(0..40) {
+                    0 => None,
+                    _ => {
+                        Some(rng.random_range(0..domain))
+                            .map(|v| if negative && v % 2 == 1 && domain > 3 { -v } else { v })
+                    }
+                })
                 .collect();
             if sets {
                 let mut seen = std::collections::HashSet::new();
@@ -1071,8 +1129,10 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
     let domain = [1, 3, 10, 1000][rng.random_range(0..4)];
     let groups = rng.random_range(1..6);
     let (na, nb) = (rng.random_range(0..20), rng.random_range(0..20));
-    let a = random_lists(rng, rows, max_len, domain, na, false);
-    let b = random_lists(rng, rows, max_len, domain, nb, false);
+    // Half the rounds hold negative values (and cast no list to UInt32).
+    let negative = rng.random_bool(0.5);
+    let a = random_lists(rng, rows, max_len, domain, na, false, negative);
+    let b = random_lists(rng, rows, max_len, domain, nb, false, negative);
     let g: Vec<i64> = (0..rows).map(|_| rng.random_range(0..groups)).collect();
     // One round in four: string lists (values named by element_name: short and long strings).
     let strings = rng.random_range(0..4) == 0;
@@ -1086,16 +1146,17 @@ async fn list_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: usiz
     ])?;
     let (contexts, source) = list_contexts(rng, gpu, &[("l", &batch)]).await?;
     let what = format!(
-        "table l: {rows} rows of up to {max_len} {} in [0, {domain}), {groups} groups, {source}",
-        if strings { "strings named by values" } else { "values" }
+        "table l: {rows} rows of up to {max_len} {} in [0, {domain}){}, {groups} groups, {source}",
+        if strings { "strings named by values" } else { "values" },
+        if negative { " (odd ones negated)" } else { "" }
     );
     for _ in 0..20 {
         let kind = rng.random_range(0..7);
         let swap = rng.random_bool(0.5);
         let (x, y, cx, cy) = if swap { ("b", "a", &b, &a) } else { ("a", "b", &a, &b) };
-        // Unsigned lists now and then (values are never negative here); strings as large or view strings.
+        // Unsigned lists now and then (without negative values); strings as large or view strings.
         let arg = |c: &str, rng: &mut StdRng| match (rng.random_range(0..4), strings) {
-            (0, false) => format!("arrow_cast({c}, 'List(UInt32)')"),
+            (0, false) if !negative => format!("arrow_cast({c}, 'List(UInt32)')"),
             (0, true) => format!("arrow_cast({c}, 'List(LargeUtf8)')"),
             (1, true) => format!("arrow_cast({c}, 'List(Utf8View)')"),
             _ => c.to_string(),
@@ -1159,7 +1220,7 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
     let max_len = [1, 4, 12][rng.random_range(0..3)];
     let domain = [3, 10, 40][rng.random_range(0..3)];
     let fams: Vec<Vec<Option<Vec<Option<i64>>>>> =
-        sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, true)).collect();
+        sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, true, true)).collect();
     let batches: Vec<RecordBatch> = fams
         .iter()
         .map(|f| {
@@ -1173,7 +1234,9 @@ async fn families_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round: 
     let set = |v: &Option<Vec<Option<i64>>>| -> std::collections::BTreeSet<i64> {
         v.iter().flatten().flatten().copied().collect()
     };
-    let what = format!("families f, g: {sizes:?} sets of up to {max_len} elements in [0, {domain}), {source}");
+    let what = format!(
+        "families f, g: {sizes:?} sets of up to {max_len} elements in [0, {domain}) (odd ones negated), {source}"
+    );
     for _ in 0..10 {
         let level = ["distinct", "pairs", "all"][rng.random_range(0..3)];
         let self_form = rng.random_range(0..4) == 0;
@@ -1230,7 +1293,7 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
     let max_len = [1, 4, 12][rng.random_range(0..3)];
     let domain = [3, 10, 40][rng.random_range(0..3)];
     let tables: Vec<Vec<Option<Vec<Option<i64>>>>> =
-        sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, false)).collect();
+        sizes.iter().map(|&n| random_lists(rng, n, max_len, domain, 10, false, true)).collect();
     let groups: Vec<Vec<i64>> = sizes.iter().map(|&n| (0..n).map(|_| rng.random_range(0..3)).collect()).collect();
     let batches: Vec<RecordBatch> = tables
         .iter()
@@ -1248,7 +1311,7 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
         .iter()
         .map(|t| t.iter().map(|l| l.as_ref().map(|l| l.iter().flatten().copied().collect())).collect())
         .collect();
-    let what = format!("tables p, q: {sizes:?} lists of up to {max_len} values in [0, {domain}), 10% NULL, {source}");
+    let what = format!("tables p, q: {sizes:?} lists of up to {max_len} values in [0, {domain}) (odd ones negated), 10% NULL, {source}");
     for _ in 0..10 {
         let metric = ["jaccard", "dice", "set_cosine", "overlap"][rng.random_range(0..4)];
         let (sql_t, t): (String, f64) = match rng.random_range(0..4) {
@@ -1383,6 +1446,9 @@ struct ParquetLayout {
     /// Statistics of strings and binaries cut to this many bytes.
     truncate: Option<usize>,
     bloom_filters: bool,
+    /// Rows sorted by the first column (ascending, NULLs last) and the files
+    /// declared so (`file_sort_order`): plans may then keep that order instead of sorting.
+    sorted: bool,
     /// `datafusion.execution.parquet.pushdown_filters`: row-level filtering.
     pushdown_filters: bool,
     target_partitions: usize,
@@ -1397,6 +1463,7 @@ impl ParquetLayout {
             page_rows: [1, 2, 8, 1 << 20][rng.random_range(0..4)],
             truncate: rng.random_bool(0.3).then(|| rng.random_range(1..4)),
             bloom_filters: rng.random_bool(0.5),
+            sorted: rng.random_bool(0.3),
             pushdown_filters: rng.random_bool(0.5),
             target_partitions: rng.random_range(1..=4),
         })
@@ -1415,6 +1482,15 @@ impl ParquetLayout {
 
     /// Writes `batch` as the files of `dir/name/` (the folder is emptied first).
     fn write(&self, dir: &std::path::Path, name: &str, batch: &RecordBatch) -> Result<std::path::PathBuf> {
+        use datafusion::arrow::compute::{sort_to_indices, take_record_batch, SortOptions};
+        let sorted;
+        let batch = if self.sorted && batch.num_columns() > 0 {
+            let order = SortOptions { descending: false, nulls_first: false };
+            sorted = take_record_batch(batch, &sort_to_indices(batch.column(0), Some(order), None)?)?;
+            &sorted
+        } else {
+            batch
+        };
         use datafusion::parquet::arrow::ArrowWriter;
         use datafusion::parquet::file::properties::WriterProperties;
         let folder = dir.join(name);
@@ -1451,7 +1527,8 @@ impl ParquetLayout {
 /// folder each table was written to (once per round, read by every context).
 struct ParquetTables {
     layout: ParquetLayout,
-    folders: Vec<(String, std::path::PathBuf)>,
+    /// Each table's name, folder and first column (the sorted layout's order).
+    folders: Vec<(String, std::path::PathBuf, Option<String>)>,
 }
 
 impl ParquetTables {
@@ -1460,7 +1537,10 @@ impl ParquetTables {
         let dir = fuzz_dir();
         let folders = tables
             .iter()
-            .map(|(name, batch)| Ok((name.to_string(), layout.write(&dir, name, batch)?)))
+            .map(|(name, batch)| {
+                let first = batch.schema().fields().first().map(|f| f.name().clone());
+                Ok((name.to_string(), layout.write(&dir, name, batch)?, first))
+            })
             .collect::<Result<_>>()?;
         Ok(ParquetTables { layout, folders })
     }
@@ -1470,8 +1550,11 @@ impl ParquetTables {
         for s in self.layout.settings() {
             ctx.sql(&s).await?.collect().await?;
         }
-        for (name, folder) in &self.folders {
-            let opts = datafusion::prelude::ParquetReadOptions::default();
+        for (name, folder, first) in &self.folders {
+            let mut opts = datafusion::prelude::ParquetReadOptions::default();
+            if let Some(first) = first.as_ref().filter(|_| self.layout.sorted) {
+                opts.file_sort_order = vec![vec![datafusion::prelude::col(first.as_str()).sort(true, false)]];
+            }
             ctx.register_parquet(name.as_str(), &format!("{}/", folder.display()), opts).await?;
         }
         Ok(())
