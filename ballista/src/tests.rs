@@ -118,6 +118,23 @@ async fn declined_note_round_trips() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A Parquet scan whose float conjunct setfusion hid from the pruning
+/// (`setfusion_unpruned`) travels as it is, and answers the same.
+#[tokio::test]
+async fn unpruned_float_filters_round_trip() {
+    let dir = tables("unpruned-codec", 300).await;
+    let ctx = context(&dir, &[]).await;
+    let file = dir.join("floats/0.parquet");
+    let copy = format!(
+        "COPY (SELECT CAST(v AS DOUBLE) / 4 AS f, v AS k FROM generate_series(1, 100) g(v)) TO '{}' STORED AS PARQUET",
+        file.display()
+    );
+    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    ctx.register_parquet("floats", &format!("{}/floats/", dir.display()), Default::default()).await.unwrap();
+    check_physical(&ctx, "SELECT k FROM floats WHERE f > 20 AND k > 3", "setfusion_unpruned(f@0 > 20)").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Damaged bytes are an error, never a panic.
 #[tokio::test]
 async fn damaged_bytes_are_errors() {
