@@ -17,14 +17,16 @@
 //!   columns' min / max from the scan's statistics (the table's, the file
 //!   groups' and each file's);
 //! * [`UnprunedFloatFiltersRule`], last, wraps each conjunct of the scan's
-//!   predicate that reads a float column (dynamic filters included) in
-//!   `setfusion_unpruned(..)` ([`crate::udf::unpruned`]): it filters rows as
-//!   before, but the pruning by row group statistics, page index and bloom
-//!   filters cannot see into it. Conjuncts over other columns still prune.
+//!   predicate that the statistics cannot decide over a float column
+//!   (dynamic filters included) in `setfusion_unpruned(..)`
+//!   ([`crate::udf::unpruned`]): it filters rows as before, but the pruning
+//!   by row group statistics, page index and bloom filters cannot see into
+//!   it. Conjuncts over other columns, `f = 2.5` and two-sided ranges
+//!   (`f BETWEEN 1 AND 2`) still prune
+//!   ([`crate::scan::pages::undecidable_by_statistics`] says which).
 //!
-//! setfusion's own device scan leaves those conjuncts out of its pruning
-//! ([`crate::scan::pages::reads_float_column`]). Both rules act only with
-//! setfusion enabled.
+//! setfusion's own device scan leaves the same conjuncts out of its pruning.
+//! Both rules act only with setfusion enabled.
 
 use std::sync::Arc;
 
@@ -42,7 +44,7 @@ use datafusion::physical_expr::{split_conjunction, PhysicalExprRef, ScalarFuncti
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::scan::pages::reads_float_column;
+use crate::scan::pages::undecidable_by_statistics;
 use crate::udf::unpruned::{UnprunedUdf, NAME as UNPRUNED};
 use crate::util::holds_float;
 
@@ -142,10 +144,12 @@ impl PhysicalOptimizerRule for UnprunedFloatFiltersRule {
                 return Ok(Transformed::no(p));
             };
             let schema = source.table_schema().table_schema().clone();
+            let conjuncts: Vec<PhysicalExprRef> = split_conjunction(&predicate).into_iter().cloned().collect();
+            let undecidable = undecidable_by_statistics(&conjuncts, &schema);
             let mut wrapped = false;
             let mut parts: Vec<PhysicalExprRef> = Vec::new();
-            for c in split_conjunction(&predicate) {
-                if is_unpruned(c) || !reads_float_column(c, &schema) {
+            for (c, undecidable) in conjuncts.iter().zip(undecidable) {
+                if is_unpruned(c) || !undecidable {
                     parts.push(c.clone());
                     continue;
                 }

@@ -1911,8 +1911,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A float column's min / max leave its NaNs out: a conjunct that reads
-    /// one prunes nothing, alone or beside one that does (whose pruning stays).
+    /// A float column's min / max leave its NaNs out: a conjunct the
+    /// statistics cannot decide prunes nothing, alone or beside one that
+    /// does (whose pruning stays); closed ranges and equalities still prune.
     #[test]
     fn float_conjuncts_prune_nothing() {
         use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
@@ -1948,9 +1949,33 @@ mod tests {
         assert!(pages::prune_row_groups(&files, &schema, &nan, true, true).unwrap().is_none());
         let k_below = cmp("k", 0, Operator::Lt, lit(250i64));
         assert!(!pages::reads_float_column(&k_below, &schema));
-        let both: PhysicalExprRef = Arc::new(BinaryExpr::new(f_above, Operator::And, k_below));
+        let both: PhysicalExprRef = Arc::new(BinaryExpr::new(f_above.clone(), Operator::And, k_below.clone()));
         let kept = pages::prune_row_groups(&files, &schema, &both, true, true).unwrap().unwrap();
         assert_eq!(*kept.row_groups, vec![(0..10).map(|g| g < 3).collect::<Vec<bool>>()]);
+        // A range closed on both sides holds no NaN: it prunes every row group (their
+        // numbers are 0.25), as does an equality with a number other than zero.
+        let f_below = cmp("f", 1, Operator::LtEq, lit(2.0f64));
+        let range: PhysicalExprRef = Arc::new(BinaryExpr::new(f_above.clone(), Operator::And, f_below.clone()));
+        let none = pages::prune_row_groups(&files, &schema, &range, true, true).unwrap().unwrap();
+        assert_eq!(*none.row_groups, vec![vec![false; 10]]);
+        let half = cmp("f", 1, Operator::Eq, lit(0.5f64));
+        assert_eq!(
+            *pages::prune_row_groups(&files, &schema, &half, true, true).unwrap().unwrap().row_groups,
+            vec![vec![false; 10]]
+        );
+        // Which conjuncts the statistics cannot decide.
+        let zero = cmp("f", 1, Operator::Eq, lit(0.0f64));
+        let up_to_nan = cmp("f", 1, Operator::Lt, lit(f64::NAN));
+        let cases: [(Vec<PhysicalExprRef>, Vec<bool>); 5] = [
+            (vec![f_above.clone(), k_below.clone()], vec![true, false]),
+            (vec![f_above.clone(), f_below.clone()], vec![false, false]),
+            (vec![half, zero, nan], vec![false, true, true]),
+            (vec![f_above, up_to_nan], vec![true, true]),
+            (vec![f_below], vec![true]),
+        ];
+        for (conjuncts, want) in cases {
+            assert_eq!(pages::undecidable_by_statistics(&conjuncts, &schema), want, "{conjuncts:?}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

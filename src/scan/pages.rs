@@ -411,7 +411,8 @@ fn intersect_ranges(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// index of the columns single-column conjuncts read
 /// (`PagePruningAccessPlanFilter`, where the files have one): within a row
 /// group, the rows of pages whose statistics rule a conjunct out.
-/// Conjuncts that read a float column prune nothing ([`reads_float_column`]).
+/// Conjuncts that statistics cannot decide over a float column prune nothing
+/// ([`undecidable_by_statistics`]).
 /// None when nothing is pruned (or the predicate cannot prune).
 pub fn prune_row_groups(
     files: &[ScanFile],
@@ -426,10 +427,10 @@ pub fn prune_row_groups(
     };
     use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
     use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-    let decidable = datafusion::physical_expr::split_conjunction(predicate)
-        .into_iter()
-        .filter(|c| !reads_float_column(c, file_schema))
-        .cloned();
+    let conjuncts: Vec<PhysicalExprRef> =
+        datafusion::physical_expr::split_conjunction(predicate).into_iter().cloned().collect();
+    let undecidable = undecidable_by_statistics(&conjuncts, file_schema);
+    let decidable = conjuncts.into_iter().zip(undecidable).filter(|(_, u)| !u).map(|(c, _)| c);
     let Some(predicate) = &datafusion::physical_expr::utils::conjunction_opt(decidable) else {
         return Ok(None);
     };
@@ -546,6 +547,76 @@ pub fn reads_float_column(expr: &PhysicalExprRef, schema: &Schema) -> bool {
         Ok(if float { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
     });
     float
+}
+
+/// Which of `conjuncts` (a predicate's, over `schema`) statistics cannot
+/// decide because of what Parquet leaves out of a float column's: its min /
+/// max leave NaN out (DataFusion orders NaN above every number and the NaN
+/// with the sign bit below), and its bloom filters hash -0.0 apart from 0.0
+/// (which DataFusion's `=` equates). A conjunct that reads a float column is
+/// undecidable ([`reads_float_column`]) unless it is
+/// * `column = literal` with a literal neither NaN nor zero (no NaN equals
+///   it, and no other zero), or
+/// * one end of a range the conjuncts close on both sides with literals
+///   other than NaN (`c >= a AND c < b`): a NaN passes only the lower end,
+///   the NaN with the sign bit only the upper one, so neither is in the range.
+///
+/// One-sided ranges (`c > 1`, a TopK's dynamic filter) and everything else
+/// over a float column are undecidable (apache/datafusion#15812).
+pub fn undecidable_by_statistics(conjuncts: &[PhysicalExprRef], schema: &Schema) -> Vec<bool> {
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
+    // A float column (below a cast, which keeps NaN and order) and a literal, by their sides.
+    let column = |e: &PhysicalExprRef| -> Option<String> {
+        let e = e
+            .downcast_ref::<CastExpr>()
+            .map(|c| c.expr())
+            .or_else(|| e.downcast_ref::<TryCastExpr>().map(|c| c.expr()))
+            .unwrap_or(e);
+        let c = e.downcast_ref::<Column>()?;
+        let t = schema.field_with_name(c.name()).ok()?.data_type();
+        t.is_floating().then(|| c.name().to_string())
+    };
+    let literal = |e: &PhysicalExprRef| -> Option<f64> {
+        match e.downcast_ref::<Literal>()?.value() {
+            ScalarValue::Float64(Some(v)) => Some(*v),
+            ScalarValue::Float32(Some(v)) => Some(*v as f64),
+            ScalarValue::Float16(Some(v)) => Some(f64::from(*v)),
+            v if v.data_type().is_integer() => {
+                v.cast_to(&datafusion::arrow::datatypes::DataType::Float64).ok().and_then(|v| match v {
+                    ScalarValue::Float64(Some(v)) => Some(v),
+                    _ => None,
+                })
+            }
+            _ => None,
+        }
+    };
+    // (column, operator as if the column were on the left, literal)
+    let comparison = |e: &PhysicalExprRef| -> Option<(String, Operator, f64)> {
+        let b = e.downcast_ref::<BinaryExpr>()?;
+        match (column(b.left()), literal(b.right()), column(b.right()), literal(b.left())) {
+            (Some(c), Some(v), _, _) => Some((c, *b.op(), v)),
+            (_, _, Some(c), Some(v)) => Some((c, b.op().swap()?, v)),
+            _ => None,
+        }
+    };
+    let bounds: Vec<Option<(String, Operator, f64)>> =
+        conjuncts.iter().map(|c| comparison(c).filter(|(_, _, v)| !v.is_nan())).collect();
+    let closes = |name: &str, ops: &[Operator]| bounds.iter().flatten().any(|(c, op, _)| c == name && ops.contains(op));
+    conjuncts
+        .iter()
+        .zip(&bounds)
+        .map(|(c, bound)| {
+            let decidable = match bound {
+                Some((_, Operator::Eq, v)) => *v != 0.0,
+                Some((name, Operator::Gt | Operator::GtEq, _)) => closes(name, &[Operator::Lt, Operator::LtEq]),
+                Some((name, Operator::Lt | Operator::LtEq, _)) => closes(name, &[Operator::Gt, Operator::GtEq]),
+                _ => false,
+            };
+            !decidable && reads_float_column(c, schema)
+        })
+        .collect()
 }
 
 /// What [`prune_row_groups`] left: per file, whether each row group is
