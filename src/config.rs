@@ -285,6 +285,12 @@ setfusion_settings! {
         /// a large row group on one thread. false: DataFusion's file groups (always so under
         /// `hash_partition_inputs`: a Ballista plan's codec does not carry row selections).
         pub scan_ranges: bool, default = true
+        /// Take Parquet's min / max of float columns as bounds of all their values, as
+        /// DataFusion does. They leave NaN out, so with NaNs in the data, pruning,
+        /// constant columns and `min` / `max` from the statistics answer wrongly; false
+        /// (the default) uses them only where no NaN could pass (`f = 2.5`, `f BETWEEN 1
+        /// AND 2`). true: DataFusion's speed on data known to hold no NaN.
+        pub trust_float_statistics: bool, default = false
     }
 }
 

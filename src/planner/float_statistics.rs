@@ -26,7 +26,8 @@
 //!   ([`crate::scan::pages::undecidable_by_statistics`] says which).
 //!
 //! setfusion's own device scan leaves the same conjuncts out of its pruning.
-//! Both rules act only with setfusion enabled.
+//! Both rules act only with setfusion enabled and `setfusion.trust_float_statistics`
+//! off (its default; on, for data known to hold no NaN, DataFusion's plan stays).
 
 use std::sync::Arc;
 
@@ -54,7 +55,10 @@ pub struct FloatStatisticsRule;
 
 impl PhysicalOptimizerRule for FloatStatisticsRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        super::rewrite_when_enabled(plan, config, |p, _| {
+        super::rewrite_when_enabled(plan, config, |p, cfg| {
+            if cfg.trust_float_statistics {
+                return Ok(Transformed::no(p));
+            }
             let Some((scan, _)) =
                 p.downcast_ref::<DataSourceExec>().and_then(|d| d.downcast_to_file_source::<ParquetSource>())
             else {
@@ -133,7 +137,10 @@ pub struct UnprunedFloatFiltersRule;
 impl PhysicalOptimizerRule for UnprunedFloatFiltersRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let options = Arc::new(config.clone());
-        super::rewrite_when_enabled(plan, config, |p, _| {
+        super::rewrite_when_enabled(plan, config, |p, cfg| {
+            if cfg.trust_float_statistics {
+                return Ok(Transformed::no(p));
+            }
             let Some(exec) = p.downcast_ref::<DataSourceExec>() else {
                 return Ok(Transformed::no(p));
             };
