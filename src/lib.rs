@@ -77,6 +77,8 @@ pub fn install(builder: SessionStateBuilder) -> SessionStateBuilder {
         .with_config(config)
         .with_analyzer_rule(Arc::new(planner::SetOpRule))
         .with_analyzer_rule(Arc::new(planner::MarkJoinRule))
+        // DataFusion's hashed IN lists tell -0.0 from 0.0; its `=` does not.
+        .with_analyzer_rule(Arc::new(planner::FloatInListRule))
         // set_intersect_agg's accumulators see no session settings: the rule writes them in.
         .with_analyzer_rule(Arc::new(udf::multiset::IntersectAggSettingsRule))
         .with_physical_optimizer_rules(rules)

@@ -702,3 +702,38 @@ mod partitioned_parquet {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+mod float_in_list {
+    use super::{session, sorted_rows};
+
+    /// DataFusion 55.2 looks IN lists of more than three literals up in a hash
+    /// set of their bits, where -0.0 and 0.0 differ (its `=` equates them):
+    /// `f IN (0.0, 5.0, 6.0, 7.0)` missed -0.0. Every answer here is SQL's
+    /// (NaNs: equal only to the NaN of the same sign), and the column keeps its name.
+    #[tokio::test]
+    async fn minus_zero_is_in_a_list_of_zero() {
+        let nan = "CAST('NaN' AS DOUBLE)";
+        let (ctx, _) = session(
+            2,
+            &[&format!("CREATE TABLE t AS SELECT * FROM (VALUES (-0.0), (0.0), ({nan}), (-{nan}), (1.0)) t(f)")],
+        )
+        .await;
+        let rest = "5.0, 6.0, 7.0";
+        for (sql, want) in [
+            (format!("SELECT f FROM t WHERE f IN (0.0, {rest})"), vec!["-0.0", "0.0"]),
+            (format!("SELECT f FROM t WHERE f IN (-0.0, {rest})"), vec!["-0.0", "0.0"]),
+            (format!("SELECT f FROM t WHERE f NOT IN (0.0, {rest})"), vec!["1.0", "NaN", "NaN"]),
+            (format!("SELECT f FROM t WHERE f IN ({nan}, {rest})"), vec!["NaN"]),
+            (format!("SELECT f FROM t WHERE CAST(f AS REAL) IN (0.0, {rest})"), vec!["-0.0", "0.0"]),
+            (format!("SELECT count(*) FROM t WHERE f IN (SELECT f FROM t WHERE f IN (0.0, {rest}))"), vec!["2"]),
+        ] {
+            let got = sorted_rows(&ctx.sql(&sql).await.unwrap().collect().await.unwrap());
+            assert_eq!(got, want, "{sql}");
+        }
+        let batches = ctx.sql(&format!("SELECT f IN (0.0, {rest}) FROM t")).await.unwrap().collect().await.unwrap();
+        let name = batches[0].schema().field(0).name().clone();
+        // DataFusion's own name for it.
+        assert_eq!(name, "t.f IN Float64(0), Float64(5), Float64(6), Float64(7)");
+        assert_eq!(sorted_rows(&batches), vec!["false", "false", "false", "true", "true"]);
+    }
+}

@@ -5,6 +5,7 @@
 pub mod cost;
 pub mod decision;
 mod device_scan;
+mod float_in_list;
 mod float_key_bounds;
 mod float_statistics;
 mod mark_join;
@@ -22,6 +23,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use crate::config::SetfusionConfig;
 
 pub use device_scan::DeviceScanRule;
+pub use float_in_list::FloatInListRule;
 pub use float_key_bounds::FloatKeyBoundsRule;
 pub use float_statistics::{FloatStatisticsRule, UnprunedFloatFiltersRule};
 pub use mark_join::{MarkJoinNode, MarkJoinPlanner, MarkJoinRule};
