@@ -9,7 +9,7 @@
 //! the simplifier folds the list back into literals. The expressions keep
 //! their names. Runs after type coercion, only with setfusion enabled.
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -33,6 +33,15 @@ impl AnalyzerRule for FloatInListRule {
             return Ok(plan);
         }
         plan.transform_up_with_subqueries(|p| {
+            // Most nodes hold no IN list: they need no schema.
+            let mut in_list = false;
+            p.apply_expressions(|e| {
+                in_list = e.exists(|e| Ok(matches!(e, Expr::InList(_))))?;
+                Ok(if in_list { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+            })?;
+            if !in_list {
+                return Ok(Transformed::no(p));
+            }
             // The expressions read the inputs' columns.
             let mut schema = DFSchema::empty();
             for input in p.inputs() {

@@ -538,15 +538,20 @@ pub fn reads_float_column(expr: &PhysicalExprRef, schema: &Schema) -> bool {
     let mut float = false;
     let _ = expr.apply(|e| {
         if let Some(c) = e.downcast_ref::<Column>() {
-            let field = match schema.fields().get(c.index()) {
-                Some(f) if f.name() == c.name() => Some(f.data_type()),
-                _ => schema.index_of(c.name()).ok().map(|i| schema.field(i).data_type()),
-            };
-            float |= field.is_none_or(crate::util::holds_float);
+            float |= column_type(c, schema).is_none_or(crate::util::holds_float);
         }
         Ok(if float { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
     });
     float
+}
+
+/// The type of column `c` in `schema`: at its index where the name matches
+/// there, else by its name.
+fn column_type<'s>(c: &datafusion::physical_expr::expressions::Column, schema: &'s Schema) -> Option<&'s DataType> {
+    match schema.fields().get(c.index()) {
+        Some(f) if f.name() == c.name() => Some(f.data_type()),
+        _ => schema.index_of(c.name()).ok().map(|i| schema.field(i).data_type()),
+    }
 }
 
 /// Which of `conjuncts` (a predicate's, over `schema`) statistics cannot
@@ -575,8 +580,7 @@ pub fn undecidable_by_statistics(conjuncts: &[PhysicalExprRef], schema: &Schema)
             .or_else(|| e.downcast_ref::<TryCastExpr>().map(|c| c.expr()))
             .unwrap_or(e);
         let c = e.downcast_ref::<Column>()?;
-        let t = schema.field_with_name(c.name()).ok()?.data_type();
-        t.is_floating().then(|| c.name().to_string())
+        column_type(c, schema)?.is_floating().then(|| c.name().to_string())
     };
     let literal = |e: &PhysicalExprRef| -> Option<f64> {
         match e.downcast_ref::<Literal>()?.value() {

@@ -131,13 +131,23 @@ fn float_literal(ty: &str, v: u64) -> String {
         2 => format!("-CAST('NaN' AS {ty})"),
         3 => format!("CAST('inf' AS {ty})"),
         // Odd ones negative.
-        _ => format!("{}{}.25", if v % 2 == 1 { "-" } else { "" }, v / 11),
+        _ => format!("{}{}.25", sign(v), v / 11),
     }
 }
 
-/// Half the integers and decimals drawn are negative (odd draws), and half the
-/// unsigned ones 2^63 or more: keys whose sign or top bit the encodings must keep.
-const TOP_BIT: &str = "9223372036854775808";
+/// Half the integers, decimals and floats drawn are negative (odd draws), and
+/// half the unsigned ones 2^63 or more: keys whose sign or top bit the
+/// encodings must keep.
+fn sign(v: u64) -> &'static str {
+    if v % 2 == 1 {
+        "-"
+    } else {
+        ""
+    }
+}
+
+/// 2^63, added to the odd unsigned draws.
+const TOP_BIT: u64 = 1 << 63;
 
 /// The SQL literal of a value as [`rows_of`] prints it (`-NaN`: the NaN
 /// with the sign bit; binary values in hex).
@@ -158,9 +168,9 @@ fn literal(ty: &str, v: u64) -> String {
         "DATE" => format!("DATE '2024-01-{:02}'", 1 + v % 28),
         "BYTEA" => format!("'b{v}'"),
         "TIMESTAMP" => format!("TIMESTAMP '2024-01-01 00:{:02}:{:02}.{}'", v / 60 % 60, v % 60, v % 3),
-        "TINYINT" => format!("{}{}", if v % 2 == 1 { "-" } else { "" }, v % 100),
-        t if t.starts_with("DECIMAL") => format!("{}{}.{}", if v % 2 == 1 { "-" } else { "" }, v, v % 7),
-        "BIGINT UNSIGNED" if v % 2 == 1 => format!("'{}'", (1u64 << 63) + v),
+        "TINYINT" => format!("{}{}", sign(v), v % 100),
+        t if t.starts_with("DECIMAL") => format!("{}{}.{}", sign(v), v, v % 7),
+        "BIGINT UNSIGNED" if v % 2 == 1 => format!("'{}'", TOP_BIT + v),
         "BIGINT UNSIGNED" => v.to_string(),
         _ if v % 2 == 1 => format!("-{v}"),
         _ => v.to_string(),
@@ -301,6 +311,11 @@ fn out_of_order<'r>(rows: &'r [Row], ty: &str) -> Option<(&'r Row, &'r Row)> {
 
 async fn collect(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
     rows_of(&ctx.sql(sql).await?.collect().await?)
+}
+
+/// [`collect`] in the order the engine returned the rows.
+async fn collect_as_returned(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
+    rows_as_returned(&ctx.sql(sql).await?.collect().await?)
 }
 
 async fn setup(ctx: &SessionContext, stmts: &[String], settings: &[&str]) -> Result<()> {
@@ -836,10 +851,7 @@ async fn run_rounds(opts: &FuzzOptions) -> Result<FuzzReport> {
             let mut plain_fails: Option<bool> = None;
             for (backend, ctx) in &contexts {
                 trace_query(report.rounds, backend, &sql);
-                let got = match ctx.sql(&sql).await {
-                    Ok(df) => df.collect().await.and_then(|b| rows_as_returned(&b)),
-                    Err(e) => Err(e),
-                };
+                let got = collect_as_returned(ctx, &sql).await;
                 // A sorted query's rows come in its order.
                 let unordered = got.as_ref().ok().filter(|_| sql.ends_with(" ORDER BY 1")).and_then(|rows| {
                     out_of_order(rows, types[0])
