@@ -66,6 +66,14 @@ pub fn devices_key_split() -> bool {
     flag("SETFUSION_DEVICES_KEY_SPLIT")
 }
 
+/// `SETFUSION_SSJOIN_START_AT_PLANNING_ROWS=N`: a similarity join of N input
+/// rows or more starts an unstarted device at planning (the default's 1M;
+/// 0 gives the start at planning of every GPU plan, as before the
+/// fifty-seventh session), for comparing the two in one benchmark run.
+pub fn ssjoin_start_at_planning_rows() -> Option<usize> {
+    parsed("SETFUSION_SSJOIN_START_AT_PLANNING_ROWS")
+}
+
 /// `SSJOIN_PLAN_THREADS=1,16`: thread counts of the ssjoin planning experiment (an ignored test).
 pub fn ssjoin_plan_threads() -> Option<Vec<usize>> {
     std::env::var("SSJOIN_PLAN_THREADS").ok().map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())

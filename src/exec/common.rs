@@ -270,6 +270,24 @@ const GPU_JOIN_MIN_SPEEDUP: f64 = 4.0;
 /// None before [`HANDOVER_OBSERVE_MS`]: too early to say. Nothing done by
 /// then: the plan's choice, the device, stands.
 pub fn device_finishes_first(joined_ms: f64, done: f64) -> Option<bool> {
+    device_finishes_first_after(0.0, joined_ms, done)
+}
+
+/// The similarity join's rule for a device nobody has started yet: should
+/// the host's join, having joined for `joined_ms` and handed out `done` of
+/// its probe elements, start the device now? Yes when a device started now,
+/// ready `start_ms` later (the calibration's fresh start), would still finish
+/// first ([`device_finishes_first`] after the start). So a join the host
+/// finishes first never pays for a start beside it (on the H200 a start
+/// beside the 100k collections' 60-230 ms host joins, made at planning, cost
+/// them 8-24 ms: 0.76-0.93x the CPU backend in fresh processes, issue 31),
+/// and a long join still ends on the device.
+pub fn device_worth_starting(joined_ms: f64, done: f64, start_ms: f64) -> Option<bool> {
+    device_finishes_first_after(start_ms, joined_ms, done)
+}
+
+/// Would a device ready `wait_ms` from now finish the host's join first?
+fn device_finishes_first_after(wait_ms: f64, joined_ms: f64, done: f64) -> Option<bool> {
     if joined_ms < HANDOVER_OBSERVE_MS {
         return None;
     }
@@ -277,7 +295,7 @@ pub fn device_finishes_first(joined_ms: f64, done: f64) -> Option<bool> {
         return Some(true);
     }
     let left_ms = joined_ms * (1.0 - done) / done;
-    Some(left_ms > GPU_JOIN_FIXED_MS + (joined_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP)
+    Some(left_ms > wait_ms + GPU_JOIN_FIXED_MS + (joined_ms + left_ms) / GPU_JOIN_MIN_SPEEDUP)
 }
 
 /// NULL semantics of the keys.
@@ -337,5 +355,23 @@ mod tests {
         assert_eq!(device_finishes_first(40.0, 0.9), Some(false));
         // A fifth done in 12 ms: a 60 ms join, 48 ms left, stays on the host.
         assert_eq!(device_finishes_first(12.0, 0.2), Some(false));
+    }
+
+    #[test]
+    fn a_device_starts_only_for_a_join_that_outlasts_its_start() {
+        let start_ms = 200.0;
+        assert_eq!(device_worth_starting(5.0, 0.01, start_ms), None);
+        // The 100k collections' host joins (60-230 ms): a tenth in 20 ms, 180 ms left,
+        // less than the start, the device's fixed cost and its share.
+        assert_eq!(device_worth_starting(20.0, 0.1, start_ms), Some(false));
+        // A 3.5 s join (DBLP x5 at 0.5): a fortieth in 88 ms.
+        assert_eq!(device_worth_starting(88.0, 0.025, start_ms), Some(true));
+        // A 0.3 s join: stays on the host.
+        assert_eq!(device_worth_starting(30.0, 0.1, start_ms), Some(false));
+        // A ready device takes over what a starting one would not.
+        assert_eq!(device_finishes_first(30.0, 0.1), Some(true));
+        // Uncalibrated (a 550 ms start): a 0.8 s join stays on the host, a 2 s one starts it.
+        assert_eq!(device_worth_starting(40.0, 0.05, 550.0), Some(false));
+        assert_eq!(device_worth_starting(50.0, 0.025, 550.0), Some(true));
     }
 }

@@ -47,7 +47,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::algo::ssjoin::{self, JoinStats, Pair, RawSets, Threshold};
 use crate::algo::ssjoin_prep;
 use crate::config::{SetfusionConfig, Strategy};
-use crate::exec::common::{device_finishes_first, Backend, Decision};
+use crate::exec::common::{device_finishes_first, device_worth_starting, start_for_next_queries, Backend, Decision};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
 use crate::exec::DeviceMetrics;
 use crate::gpu;
@@ -265,9 +265,13 @@ struct Run {
 /// backend preprocesses on the device where that path takes the inputs
 /// ([`ssjoin_prep::preprocess_for_gpu`]); device trouble falls back to the
 /// CPU. A GPU chosen by the cost model (`strategy = auto`) on a device that
-/// is still starting is not waited for ([`join_while_device_starts`]) unless
-/// the sets are too many to preprocess on the host meanwhile
-/// ([`HOST_PREP_MAX_ELEMENTS`]); an explicit GPU strategy waits. Returns the
+/// is not ready is not waited for ([`join_while_device_starts`]) unless the
+/// sets are too many to preprocess on the host meanwhile
+/// ([`HOST_PREP_MAX_ELEMENTS`]); an explicit GPU strategy waits. A device
+/// nobody started (the planner starts it only for large inputs) is started
+/// by the host's join once the join is seen to outlast the start
+/// ([`device_worth_starting`]), and otherwise for the process's next queries
+/// once this one has joined. Returns the
 /// first collection (a self join's caller needs its sizes), the pairs and
 /// where they were computed.
 pub fn join_raw_sets(
@@ -288,15 +292,32 @@ pub fn join_raw_sets(
         Backend::Cpu => on_cpu(stats, "cpu".into()),
         Backend::Gpu
             if cfg.strategy == Strategy::Auto
-                && !device_ready_or_starts(cfg.device)
+                && !matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Ready))
                 && r.elems.len() + s.map_or(0, |s| s.elems.len()) < HOST_PREP_MAX_ELEMENTS =>
         {
-            let handover = |joined_ms: f64, done: f64| {
-                matches!(gpu::readiness(cfg.device), gpu::Readiness::Ready)
-                    .then(|| device_finishes_first(joined_ms, done))
-                    .flatten()
+            let start_ms = gpu::calibration::Calibration::current().start_ms;
+            // A start the host's join asks for stops that join, and the device
+            // path waits for the start: a start beside the host's 16 joining
+            // threads slowed their join 2-5x on the H200 (BENCHMARKS section
+            // 49), and the device redoes the whole join anyway.
+            let handover = |joined_ms: f64, done: f64| match gpu::readiness_if_started(cfg.device) {
+                Some(gpu::Readiness::Ready) => device_finishes_first(joined_ms, done),
+                Some(_) => None,
+                None => match device_worth_starting(joined_ms, done, start_ms) {
+                    Some(true) => {
+                        gpu::start_for_query(cfg.device, &crate::algo::SIMILARITY_KERNELS);
+                        Some(true)
+                    }
+                    _ => None,
+                },
             };
-            join_while_device_starts(cfg, memory, r, s, thr, stats, &handover)
+            let joined = join_while_device_starts(cfg, memory, r, s, thr, stats, &handover);
+            if gpu::readiness_if_started(cfg.device).is_none() {
+                // The host's join was too short to start the device for; the
+                // process's next queries may use it.
+                start_for_next_queries(cfg.device);
+            }
+            joined
         }
         Backend::Gpu => {
             let g = match gpu::gpu(cfg.device) {
@@ -352,20 +373,6 @@ fn cpu_join(
     ssjoin::ssjoin_cpu_with(rc, sc, thr, ssjoin::default_threads(), stats)
 }
 
-/// Is device `ordinal` ready (or unusable: the caller's device path then
-/// reports why)? A device nobody started (a plan built in another process,
-/// such as a Ballista executor's) starts now, in the background.
-fn device_ready_or_starts(ordinal: usize) -> bool {
-    match gpu::readiness_if_started(ordinal) {
-        Some(gpu::Readiness::Starting(_)) => false,
-        Some(_) => true,
-        None => {
-            gpu::start_for_query(ordinal, &crate::algo::SIMILARITY_KERNELS);
-            false
-        }
-    }
-}
-
 /// Sets of this many elements or more wait for a starting device rather
 /// than being preprocessed on the host: that alone would outlast the start
 /// (1M sets of 30 elements took 1.76 s on the H100 host's 16 threads, the
@@ -374,17 +381,19 @@ fn device_ready_or_starts(ordinal: usize) -> bool {
 const HOST_PREP_MAX_ELEMENTS: usize = 16 << 20;
 
 /// The join the cost model gave the device, while the device is still
-/// starting (a fresh process: ~250-600 ms of driver and context start). The
-/// host preprocesses the sets and joins them meanwhile, and hands the rest to
-/// the device only once `handover(joined_ms, done)` says so, asked between
-/// the host's chunks with the time the host has joined and the share of its
-/// probe elements handed out: Some(true) hands over, Some(false) keeps the
-/// host to the end, None asks again. A query's rule: None until the device is
-/// ready, then whether it would finish first ([`device_finishes_first`]); a
-/// join the host finishes before that never waits for the device. So a fresh process's similarity join is
-/// never much slower than the CPU backend's, however high its threshold
-/// (issue 31: at Jaccard 0.9 a fresh process lost 0.69x waiting for the
-/// device), and a long join still ends on the device.
+/// starting or not started (a fresh process: ~200-600 ms of driver and
+/// context start). The host preprocesses the sets and joins them meanwhile,
+/// and hands the join to the device only once `handover(joined_ms, done)`
+/// says so, asked between the host's chunks with the time the host has
+/// joined and the share of its probe elements handed out: Some(true) hands
+/// over, Some(false) keeps the host to the end, None asks again. A query's
+/// rule ([`join_raw_sets`]): a starting device, once ready, takes over where
+/// it would finish first ([`device_finishes_first`]); a device nobody started
+/// is started, and waited for, only where the join would outlast the start
+/// ([`device_worth_starting`]). So a fresh process's similarity join is never
+/// much slower than the CPU backend's, however high its threshold (issue 31:
+/// at Jaccard 0.9 a fresh process lost 0.69x waiting for the device), and a
+/// long join still ends on the device.
 fn join_while_device_starts(
     cfg: &SetfusionConfig,
     memory: Option<&MemoryReservation>,
@@ -406,19 +415,33 @@ fn join_while_device_starts(
             handover(joined_ms, done).is_some_and(|d| *switch.get_or_init(|| d))
         }
     };
+    let started_before = gpu::readiness_if_started(cfg.device).is_some();
     let mut host = JoinStats::default();
     if let Some(pairs) = ssjoin::ssjoin_cpu_until(&rc, sc.as_ref(), thr, ssjoin::default_threads(), &mut host, &give_up)
     {
         stats.add(&host);
-        let ran = format!(
-            "cpu while the device started (preprocessed and joined on the host in {:.0} ms)",
-            began.elapsed().as_secs_f64() * 1e3
-        );
+        let host_ms = began.elapsed().as_secs_f64() * 1e3;
+        let ran = if gpu::readiness_if_started(cfg.device).is_some() {
+            format!("cpu while the device started (preprocessed and joined on the host in {host_ms:.0} ms)")
+        } else {
+            format!(
+                "cpu, the device not started: the host's join ended first (preprocessed and joined in {host_ms:.0} ms)"
+            )
+        };
         return (rc, pairs, ran);
     }
-    let handed =
-        format!("the host's join stopped {:.0} ms in, once the device was ready", began.elapsed().as_secs_f64() * 1e3);
-    let device = gpu::gpu(cfg.device).map_err(|e| e.to_string()).and_then(|g| {
+    let stopped_ms = began.elapsed().as_secs_f64() * 1e3;
+    let waited = Instant::now();
+    let g = gpu::gpu(cfg.device);
+    let handed = if started_before {
+        format!("the host's join stopped {stopped_ms:.0} ms in, once the device was ready")
+    } else {
+        format!(
+            "the host's join stopped {stopped_ms:.0} ms in to start the device, which it would outlast; ready {:.0} ms later",
+            waited.elapsed().as_secs_f64() * 1e3
+        )
+    };
+    let device = g.map_err(|e| e.to_string()).and_then(|g| {
         let lease = hold_device(&g, cfg, memory).map_err(|e| crate::util::one_line(&e))?;
         let mut st = JoinStats::default();
         let pairs = ssjoin::ssjoin_gpu(&lease, &rc, sc.as_ref(), thr, &mut st).map_err(|e| e.to_string())?;
@@ -817,7 +840,10 @@ mod tests {
             let (_, pairs, ran) = join_while_device_starts(&cfg, None, &raw, None, thr, &mut stats, handover);
             assert_eq!(sorted(pairs), want, "{name}: {ran}");
             match name {
-                "never" => assert!(ran.starts_with("cpu while the device started"), "{ran}"),
+                "never" => assert!(
+                    ran.starts_with("cpu while the device started") || ran.starts_with("cpu, the device not started"),
+                    "{ran}"
+                ),
                 "at once" if gpu.is_some() => assert!(ran.starts_with("gpu"), "{ran}"),
                 "at once" => assert!(ran.starts_with("cpu (GPU failed"), "{ran}"),
                 // Ready after the host began: the rule may leave this short join on the host.

@@ -6,6 +6,7 @@
 //! as a one-line notice. Nothing here knows about SQL.
 
 mod budget;
+pub mod calibration;
 mod compile;
 mod error;
 mod packing;

@@ -188,8 +188,10 @@ pub fn decide_filtered(
 ///
 /// Only an explicit GPU strategy opens the device here and waits for it.
 /// Under `auto`, a device nobody started is not waited for at planning: a
-/// GPU choice starts it in the background, beside the scans and the sets'
-/// encoding, and the join itself does not wait for a start that is not done
+/// GPU choice over large inputs ([`SIMILARITY_START_AT_PLANNING_ROWS`])
+/// starts it in the background, beside the scans and the sets' encoding,
+/// smaller ones leave the start to the join, and the join itself does not
+/// wait for a start that is not done
 /// ([`crate::exec::similarity_join::join_raw_sets`]: the host joins
 /// meanwhile). Before, planning opened the device, so a fresh process paid
 /// the whole start (~250-600 ms) before its first scan.
@@ -218,13 +220,30 @@ pub fn decide_similarity(
     let pairs = super::estimated_rows(left).zip(super::estimated_rows(right)).map(|(l, r)| l as f64 * r as f64);
     let mut d = cost::similarity_estimate(threshold, pairs, cfg.min_rows > 0);
     if d.on_gpu() && started.is_none() {
-        crate::gpu::start_for_query(cfg.device, &crate::algo::SIMILARITY_KERNELS);
+        let at_planning = crate::env::ssjoin_start_at_planning_rows().unwrap_or(SIMILARITY_START_AT_PLANNING_ROWS);
+        let how = if rows.is_some_and(|n| n >= at_planning) {
+            crate::gpu::start_for_query(cfg.device, &crate::algo::SIMILARITY_KERNELS);
+            "; the device starts now, and the host joins until it is ready"
+        } else {
+            "; the host joins, and starts the device once its join would outlast the start"
+        };
         if let Reason::CostModel(why) = &mut d.reason {
-            why.push_str("; the device starts now, and the host joins until it is ready");
+            why.push_str(how);
         }
     }
     d
 }
+
+/// A similarity join of this many input rows or more (both sides) starts a
+/// device nobody started as it is planned, beside the scans: its sets may be
+/// too many to preprocess on the host while the device starts
+/// (`exec::similarity_join`'s `HOST_PREP_MAX_ELEMENTS`; the 1M-set
+/// collections' 30M elements wait for the device). Smaller joins leave the
+/// start to the host's join, which starts the device only once it would
+/// outlast the start: a start beside the scans and a 60-230 ms host join
+/// cost the 100k-set collections 8-24 ms in one-query processes on the H200
+/// (0.76-0.93x the CPU backend, issue 31), and their joins never needed it.
+const SIMILARITY_START_AT_PLANNING_ROWS: usize = 1_000_000;
 
 /// The device for one batch of a list function (`set_intersect_all` and
 /// friends) of `elements` list elements, both arguments (of strings when

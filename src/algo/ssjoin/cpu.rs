@@ -40,6 +40,24 @@ where
     })
 }
 
+/// A stride through `0..n` coprime to `n`, near its golden section: chunk
+/// `k` of `n` handed out is `k * stride % n`, a permutation that visits the
+/// small and the large sets (collections are in size order) alike from the
+/// first chunks on.
+pub(super) fn scatter_stride(n: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let mut stride = ((n as f64 * 0.618_033_988_75) as usize).max(1);
+    while gcd(stride, n) != 1 {
+        stride += 1;
+    }
+    stride
+}
+
 /// Default thread count: the machine's available parallelism.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -63,10 +81,15 @@ pub fn ssjoin_cpu_with(
 
 /// [`ssjoin_cpu_with`] that gives up (None) once `give_up(done)` says so.
 /// The workers ask between chunks of 64 probes; `done` is the share of the
-/// probe side's elements handed out so far (later probes are larger sets,
-/// so elements say more about the work left than sets do). Callers: the
-/// benchmark's CPU cap (a deadline), and the similarity join's run on the
-/// host while the device starts (it stops once the device would finish first).
+/// probe side's elements handed out so far (larger sets probe more, so
+/// elements say more about the work left than sets do). Chunks are handed
+/// out in a scattered order ([`scatter_stride`]), so the work done at any
+/// moment is a fair sample of the whole and `done` extrapolates it: in size
+/// order, a join's first tenth of elements (its smallest sets) took far less
+/// than a tenth of its time, and the early extrapolation started a device
+/// for 60 ms joins (BENCHMARKS section 49). Callers: the benchmark's CPU cap
+/// (a deadline), and the similarity join's run on the host while the device
+/// starts or is not started (it stops once the device would finish first).
 pub fn ssjoin_cpu_until(
     r: &SetCollection,
     s: Option<&SetCollection>,
@@ -92,6 +115,9 @@ pub fn ssjoin_cpu_until(
     }
     const PRUNED: u32 = u32::MAX;
     let chunk = 64;
+    let chunks = r.len().div_ceil(chunk);
+    let stride = scatter_stride(chunks);
+    let handed = AtomicUsize::new(0);
     let states = parallel_chunks(
         r.len(),
         threads,
@@ -105,8 +131,12 @@ pub fn ssjoin_cpu_until(
             alpha_lo: 0,
             alpha: Vec::new(),
         },
-        |start, end, st| {
-            if expired.load(Ordering::Relaxed) || give_up(r.offsets[start] as f64 / elements) {
+        |start, _, st| {
+            let start = (start / chunk * stride % chunks) * chunk;
+            let end = (start + chunk).min(r.len());
+            let size = (r.offsets[end] - r.offsets[start]) as usize;
+            let done = handed.fetch_add(size, Ordering::Relaxed) + size;
+            if expired.load(Ordering::Relaxed) || give_up(done as f64 / elements) {
                 expired.store(true, Ordering::Relaxed);
                 return;
             }

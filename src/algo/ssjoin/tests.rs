@@ -400,3 +400,13 @@ fn gpu_matches_brute_force() {
     }
     g.budget().set_limit(0);
 }
+
+#[test]
+fn scattered_chunks_visit_each_chunk_once() {
+    for n in [1, 2, 3, 4, 10, 64, 97, 100, 1563, 4096] {
+        let stride = super::cpu::scatter_stride(n);
+        let mut seen: Vec<usize> = (0..n).map(|k| k * stride % n).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n = {n}, stride {stride}");
+    }
+}
