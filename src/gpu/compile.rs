@@ -182,8 +182,7 @@ fn nvrtc_cubin(k: &KernelSource, src: &str, arch: &str) -> Result<Vec<u8>, DataF
 /// the check that the kernels and their `-D` contracts compile, wherever
 /// NVRTC alone is installed. None when NVRTC cannot be loaded.
 pub fn check_compiles(k: &KernelSource, arch: &'static str) -> Option<Result<(), DataFusionError>> {
-    // SAFETY: only probes for the shared library with dlopen.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if !super::nvrtc_present() {
         return None;
     }
     let opts = CompileOptions {

@@ -119,11 +119,29 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Unavailable> {
 
 /// How many CUDA devices the driver sees (0 without a driver).
 pub fn device_count() -> usize {
-    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
-    if disabled() || !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if disabled() || !driver_present() {
         return 0;
     }
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
+/// Is the CUDA driver library installed? Probed once per process: each probe
+/// loads and unloads libcuda (cudarc's `is_culib_present`: dlopen, then
+/// dlclose), which maps and unmaps it and takes the loader's lock. Asked per
+/// chunk of a similarity join's host work before any device was opened, the
+/// probes slowed that join 2-5x on the H100 and H200 (issue 31; BENCHMARKS
+/// sections 49 and 51).
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
+    *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
+}
+
+/// Is NVRTC installed? Probed once per process, as [`driver_present`].
+pub fn nvrtc_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only probes for the shared library with dlopen.
+    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
 }
 
 /// Is a device usable? Cheap after the first call.
@@ -180,8 +198,7 @@ pub fn start_for_query(ordinal: usize, preload: &'static [&'static KernelSource]
 
 fn start(ordinal: usize, preload: &'static [&'static KernelSource], urgent: bool) {
     let _ = PRELOAD.set(preload);
-    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
-    if disabled() || !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if disabled() || !driver_present() {
         return;
     }
     let start = {
@@ -286,8 +303,7 @@ fn opened_or_started(ordinal: usize) -> bool {
 /// 110-160 ms while DataFusion's plans ran beside it).
 pub fn readiness_if_started(ordinal: usize) -> Option<Readiness> {
     // Disabled or without a driver, `readiness` answers Unavailable without a CUDA call.
-    // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
-    let no_driver = disabled() || !unsafe { cudarc::driver::sys::is_culib_present() };
+    let no_driver = disabled() || !driver_present();
     (no_driver || opened_or_started(ordinal)).then(|| readiness(ordinal))
 }
 
@@ -324,12 +340,10 @@ pub fn wait_started(ordinal: usize) {
 impl Gpu {
     fn open(ordinal: usize) -> Result<Self, Unavailable> {
         crate::util::trace("device start: opening");
-        // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_present() {
             return Err(Unavailable::NoDriver);
         }
-        // SAFETY: as above, for libnvrtc.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if !nvrtc_present() {
             return Err(Unavailable::NoNvrtc);
         }
         crate::util::trace("device start: driver libraries found");
