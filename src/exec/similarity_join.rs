@@ -297,9 +297,9 @@ pub fn join_raw_sets(
         {
             let start_ms = gpu::calibration::Calibration::current().start_ms;
             // A start the host's join asks for stops that join, and the device
-            // path waits for the start: a start beside the host's 16 joining
-            // threads slowed their join 2-5x on the H200 (BENCHMARKS section
-            // 49), and the device redoes the whole join anyway.
+            // path waits for the start: the device redoes the whole join
+            // anyway, and the host's 16 threads would only compete with the
+            // start for the little that is left by the time it is ready.
             let handover = |joined_ms: f64, done: f64| match gpu::readiness_if_started(cfg.device) {
                 Some(gpu::Readiness::Ready) => device_finishes_first(joined_ms, done),
                 Some(_) => None,
@@ -421,7 +421,7 @@ fn join_while_device_starts(
     {
         stats.add(&host);
         let host_ms = began.elapsed().as_secs_f64() * 1e3;
-        let ran = if gpu::readiness_if_started(cfg.device).is_some() {
+        let ran = if started_before {
             format!("cpu while the device started (preprocessed and joined on the host in {host_ms:.0} ms)")
         } else {
             format!(

@@ -129,8 +129,9 @@ pub fn device_count() -> usize {
 /// loads and unloads libcuda (cudarc's `is_culib_present`: dlopen, then
 /// dlclose), which maps and unmaps it and takes the loader's lock. Asked per
 /// chunk of a similarity join's host work before any device was opened, the
-/// probes slowed that join 2-5x on the H100 and H200 (issue 31; BENCHMARKS
-/// sections 49 and 51).
+/// probes slowed that join so much on the H100 that every 100k-set join
+/// stopped to start a device it did not need (issue 31; BENCHMARKS section
+/// 51; most likely also the 2-5x of section 49).
 pub fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only probes for the shared library with dlopen; no CUDA call is made.
