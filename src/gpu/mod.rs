@@ -643,11 +643,35 @@ pub fn cuda_err(what: &str, e: DriverError) -> DataFusionError {
     GpuError::driver(what, e).into()
 }
 
+/// The turn of the GPU test that holds it: GPU tests of one binary run one at
+/// a time, because a test that charges the device's budget without a lease
+/// (an algorithm called with `&Gpu`) would otherwise be charged to the
+/// budget tests beside it, which lease a few MiB and count on them.
+static GPU_TEST_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// This test thread's turn, held until the thread (the test) ends.
+    static GPU_TEST_HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// For tests: the device, or `None` after printing why the GPU part is skipped.
-/// With `SETFUSION_REQUIRE_GPU=1` a missing device is a test failure.
+/// With `SETFUSION_REQUIRE_GPU=1` a missing device is a test failure. The
+/// calling test holds the GPU tests' one turn until its thread ends (the test
+/// harness runs each test on a thread of its own), so other tests' device
+/// memory is never charged to its budget; tests without a GPU run alongside.
 pub fn test_gpu() -> Option<Arc<Gpu>> {
     match gpu(0) {
-        Ok(g) => Some(g),
+        Ok(g) => {
+            GPU_TEST_HELD.with(|held| {
+                let mut held = held.borrow_mut();
+                if held.is_none() {
+                    // A test that failed holding the turn poisons it; the next test's device is still sound.
+                    *held = Some(GPU_TEST_TURN.lock().unwrap_or_else(|e| e.into_inner()));
+                }
+            });
+            Some(g)
+        }
         Err(e) => {
             if crate::env::require_gpu() {
                 panic!("SETFUSION_REQUIRE_GPU=1 but no usable GPU: {e}");
