@@ -75,7 +75,7 @@ impl FromStr for ByteSize {
             .map(|v| ByteSize((v * mul as f64) as usize))
             .ok_or_else(|| {
                 DataFusionError::Configuration(format!(
-                    "invalid size '{s}' for setfusion.memory_limit or setfusion.cache_limit: expected a size such as 0, 512M or 4G"
+                    "invalid size '{s}' for setfusion.memory_limit, cache_limit or sets_cache_limit: expected a size such as 0, 512M or 4G"
                 ))
             })
     }
@@ -280,6 +280,12 @@ setfusion_settings! {
         /// it off). It yields to any operator that needs the memory, and a changed file is
         /// read again.
         pub cache_limit: ByteSize, default = ByteSize(8 << 30)
+        /// A similarity self join over Parquet files keeps its preprocessed sets in host memory
+        /// between queries of this process (keyed by file path, size, modification time, byte
+        /// ranges, row selections and the scan), least recently used first out, up to this many
+        /// bytes (0 turns it off): asked again, it reads only the columns its output and filter
+        /// need. A changed file is read again.
+        pub sets_cache_limit: ByteSize, default = ByteSize(2 << 30)
         /// Parquet inputs of a similarity join are read by ranges of rows, one partition each
         /// (each file listed once per range, with a row selection), where DataFusion would read
         /// a large row group on one thread. false: DataFusion's file groups (always so under

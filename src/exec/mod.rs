@@ -12,6 +12,7 @@ pub mod output_filter;
 pub mod pair_filter;
 pub mod selection;
 pub mod set_select;
+pub mod sets_cache;
 pub mod similarity_join;
 mod streamed_probe;
 

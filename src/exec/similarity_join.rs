@@ -20,6 +20,7 @@
 //! sets and the backends' own working memory are not reserved. Nothing
 //! spills: over the pool's limit the query fails with `ResourcesExhausted`.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -49,6 +50,7 @@ use crate::algo::ssjoin_prep;
 use crate::config::{SetfusionConfig, Strategy};
 use crate::exec::common::{device_finishes_first, device_worth_starting, start_for_next_queries, Backend, Decision};
 use crate::exec::memory::{batch_bytes, collect_reserved, hold_device, reservation};
+use crate::exec::sets_cache;
 use crate::exec::DeviceMetrics;
 use crate::gpu;
 
@@ -261,7 +263,46 @@ struct Run {
     ran: Arc<Mutex<Option<String>>>,
 }
 
-/// Preprocess the raw sets and run the join on the chosen backend: the GPU
+/// The sets a join takes: raw, preprocessed by the backend that joins them,
+/// or a self join's collection preprocessed already (kept between queries by
+/// [`super::sets_cache`]).
+#[derive(Clone, Copy)]
+pub enum JoinSets<'a> {
+    Raw(&'a RawSets, Option<&'a RawSets>),
+    Prepared(&'a ssjoin::SetCollection),
+}
+
+impl<'a> JoinSets<'a> {
+    /// The collections, preprocessed on the host where they are raw.
+    fn on_host(self) -> (Cow<'a, ssjoin::SetCollection>, Option<ssjoin::SetCollection>) {
+        match self {
+            JoinSets::Raw(r, s) => {
+                let (rc, sc) = ssjoin_prep::preprocess(r, s);
+                (Cow::Owned(rc), sc)
+            }
+            JoinSets::Prepared(c) => (Cow::Borrowed(c), None),
+        }
+    }
+
+    /// The set elements of both sides.
+    fn elements(self) -> usize {
+        match self {
+            JoinSets::Raw(r, s) => r.elems.len() + s.map_or(0, |s| s.elems.len()),
+            JoinSets::Prepared(c) => c.tokens.len(),
+        }
+    }
+
+    /// What the host does before it joins, for EXPLAIN ANALYZE.
+    fn host_work(self) -> &'static str {
+        match self {
+            JoinSets::Raw(..) => "preprocessed and joined",
+            JoinSets::Prepared(_) => "joined",
+        }
+    }
+}
+
+/// Preprocess the sets (unless they come preprocessed) and run the join on
+/// the chosen backend: the GPU
 /// backend preprocesses on the device where that path takes the inputs
 /// ([`ssjoin_prep::preprocess_for_gpu`]); device trouble falls back to the
 /// CPU. A GPU chosen by the cost model (`strategy = auto`) on a device that
@@ -274,17 +315,16 @@ struct Run {
 /// once this one has joined. Returns the
 /// first collection (a self join's caller needs its sizes), the pairs and
 /// where they were computed.
-pub fn join_raw_sets(
+pub fn join_sets<'a>(
     backend: Backend,
     cfg: &SetfusionConfig,
     memory: Option<&MemoryReservation>,
-    r: &RawSets,
-    s: Option<&RawSets>,
+    sets: JoinSets<'a>,
     thr: Threshold,
     stats: &mut JoinStats,
-) -> (ssjoin::SetCollection, Vec<Pair>, String) {
+) -> (Cow<'a, ssjoin::SetCollection>, Vec<Pair>, String) {
     let on_cpu = |stats: &mut JoinStats, why: String| {
-        let (rc, sc) = ssjoin_prep::preprocess(r, s);
+        let (rc, sc) = sets.on_host();
         let pairs = cpu_join(&rc, sc.as_ref(), thr, stats);
         (rc, pairs, why)
     };
@@ -293,7 +333,7 @@ pub fn join_raw_sets(
         Backend::Gpu
             if cfg.strategy == Strategy::Auto
                 && !matches!(gpu::readiness_if_started(cfg.device), Some(gpu::Readiness::Ready))
-                && r.elems.len() + s.map_or(0, |s| s.elems.len()) < HOST_PREP_MAX_ELEMENTS =>
+                && sets.elements() < HOST_PREP_MAX_ELEMENTS =>
         {
             let start_ms = gpu::calibration::Calibration::current().start_ms;
             // A start the host's join asks for stops that join, and the device
@@ -311,7 +351,7 @@ pub fn join_raw_sets(
                     _ => None,
                 },
             };
-            let joined = join_while_device_starts(cfg, memory, r, s, thr, stats, &handover);
+            let joined = join_while_device_starts(cfg, memory, sets, thr, stats, &handover);
             if gpu::readiness_if_started(cfg.device).is_none() {
                 // The host's join was too short to start the device for; the
                 // process's next queries may use it.
@@ -330,7 +370,13 @@ pub fn join_raw_sets(
             };
             crate::util::trace("similarity join: device held");
             let mut st = JoinStats::default();
-            let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&lease, r, s, &mut st.transfer);
+            let ((rc, sc), prep) = match sets {
+                JoinSets::Raw(r, s) => {
+                    let ((rc, sc), prep) = ssjoin_prep::preprocess_for_gpu(&lease, r, s, &mut st.transfer);
+                    ((Cow::Owned(rc), sc), prep)
+                }
+                JoinSets::Prepared(c) => ((Cow::Borrowed(c), None), "preprocessed by an earlier query".to_string()),
+            };
             crate::util::trace(&format!("similarity join: {prep}"));
             let out = ssjoin::ssjoin_gpu(&lease, &rc, sc.as_ref(), thr, &mut st);
             drop(lease);
@@ -387,24 +433,24 @@ const HOST_PREP_MAX_ELEMENTS: usize = 16 << 20;
 /// says so, asked between the host's chunks with the time the host has
 /// joined and the share of its probe elements handed out: Some(true) hands
 /// over, Some(false) keeps the host to the end, None asks again. A query's
-/// rule ([`join_raw_sets`]): a starting device, once ready, takes over where
+/// rule ([`join_sets`]): a starting device, once ready, takes over where
 /// it would finish first ([`device_finishes_first`]); a device nobody started
 /// is started, and waited for, only where the join would outlast the start
 /// ([`device_worth_starting`]). So a fresh process's similarity join is never
 /// much slower than the CPU backend's, however high its threshold (issue 31:
 /// at Jaccard 0.9 a fresh process lost 0.69x waiting for the device), and a
 /// long join still ends on the device.
-fn join_while_device_starts(
+fn join_while_device_starts<'a>(
     cfg: &SetfusionConfig,
     memory: Option<&MemoryReservation>,
-    r: &RawSets,
-    s: Option<&RawSets>,
+    sets: JoinSets<'a>,
     thr: Threshold,
     stats: &mut JoinStats,
     handover: &(dyn Fn(f64, f64) -> Option<bool> + Sync),
-) -> (ssjoin::SetCollection, Vec<Pair>, String) {
+) -> (Cow<'a, ssjoin::SetCollection>, Vec<Pair>, String) {
     let began = Instant::now();
-    let (rc, sc) = ssjoin_prep::preprocess(r, s);
+    let (rc, sc) = sets.on_host();
+    let did = sets.host_work();
     // The join's start (the first question), and the decision, made once.
     let joining: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let switch: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -422,11 +468,9 @@ fn join_while_device_starts(
         stats.add(&host);
         let host_ms = began.elapsed().as_secs_f64() * 1e3;
         let ran = if started_before {
-            format!("cpu while the device started (preprocessed and joined on the host in {host_ms:.0} ms)")
+            format!("cpu while the device started ({did} on the host in {host_ms:.0} ms)")
         } else {
-            format!(
-                "cpu, the device not started: the host's join ended first (preprocessed and joined in {host_ms:.0} ms)"
-            )
+            format!("cpu, the device not started: the host's join ended first ({did} in {host_ms:.0} ms)")
         };
         return (rc, pairs, ran);
     }
@@ -450,7 +494,11 @@ fn join_while_device_starts(
     match device {
         Ok((pairs, st)) => {
             stats.add(&st);
-            (rc, pairs, format!("gpu in {} probe block(s), preprocessed on the host; {handed}", st.blocks))
+            let prep = match sets {
+                JoinSets::Raw(..) => "preprocessed on the host",
+                JoinSets::Prepared(_) => "preprocessed by an earlier query",
+            };
+            (rc, pairs, format!("gpu in {} probe block(s), {prep}; {handed}", st.blocks))
         }
         Err(e) => {
             let pairs = cpu_join(&rc, sc.as_ref(), thr, stats);
@@ -489,11 +537,13 @@ fn rejects_diagonal(f: &JoinFilter, left: &RecordBatch, right: &RecordBatch) -> 
 
 /// `parts` as one batch of `schema`'s columns, the columns `read` says
 /// concatenated (their bytes reserved in `memory`), the others all NULL (their
-/// fields made nullable): the operator reads only the former by row.
+/// fields made nullable): the operator reads only the former by row. `parts`
+/// lack column `absent` where it is given (a scan without the kept sets).
 fn concat_read(
     schema: &SchemaRef,
     parts: &[RecordBatch],
     read: &[bool],
+    absent: Option<usize>,
     memory: &MemoryReservation,
 ) -> Result<RecordBatch> {
     use datafusion::arrow::array::new_null_array;
@@ -502,8 +552,10 @@ fn concat_read(
     let mut fields = Vec::with_capacity(read.len());
     let mut columns = Vec::with_capacity(read.len());
     for (i, f) in schema.fields().iter().enumerate() {
-        if read[i] {
-            let pieces: Vec<&dyn Array> = parts.iter().map(|b| b.column(i).as_ref()).collect();
+        if read[i] && absent != Some(i) {
+            // The parts' column: one index lower past the column they lack.
+            let at = if absent.is_some_and(|a| i > a) { i - 1 } else { i };
+            let pieces: Vec<&dyn Array> = parts.iter().map(|b| b.column(at).as_ref()).collect();
             // One piece is not copied (`concat` slices it).
             let c = match pieces.len() {
                 0 => datafusion::arrow::array::new_empty_array(f.data_type()),
@@ -522,6 +574,23 @@ fn concat_read(
         columns,
         &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
+}
+
+/// The sets an execution joins, as its inputs gave them.
+enum SetsIn {
+    /// An input without rows: nothing to join.
+    None,
+    /// The set columns' arrays, one side's chunks each; `shared`: the same
+    /// arrays on both sides; `keep`: where to keep the preprocessed sets.
+    Arrays { la: Vec<ArrayRef>, ra: Vec<ArrayRef>, shared: bool, keep: Option<sets_cache::SetsKey> },
+    /// A self join's sets, preprocessed by an earlier query.
+    Kept(Arc<sets_cache::CachedSets>),
+}
+
+/// Are the two set expressions one plain column of the same index?
+fn same_column(a: &PhysicalExprRef, b: &PhysicalExprRef) -> bool {
+    use datafusion::physical_expr::expressions::Column;
+    matches!((a.downcast_ref::<Column>(), b.downcast_ref::<Column>()), (Some(x), Some(y)) if x.index() == y.index())
 }
 
 /// The plan below any repartitioning or coalescing (they only reorder rows).
@@ -628,45 +697,88 @@ impl Run {
             }
         }
         let read_once = same_rows(&self.spec.left, &self.spec.right);
-        let (lparts, rparts, left, right) = if read_once {
-            // A self join whose sides differ only in partitioning: read once, so the
-            // sets line up row for row and the join runs as a self join.
-            let lp = collect_reserved(strip_partitioning(&self.spec.left), context.clone(), &memory).await?;
-            crate::util::trace("similarity join: partitions read");
-            let lp: Vec<RecordBatch> = lp.into_iter().flatten().collect();
-            let read: Vec<bool> = read_left.iter().zip(&read_right).map(|(a, b)| *a || *b).collect();
-            let left = concat_read(&ls, &lp, &read, &memory)?;
-            (lp.clone(), lp, left.clone(), left)
+        // A self join's sets kept by an earlier query over the same files: only
+        // the other columns the output and the filter need are read.
+        let read: Vec<bool> = read_left.iter().zip(&read_right).map(|(a, b)| *a || *b).collect();
+        let sets_key =
+            (read_once && cfg.sets_cache_limit.0 > 0 && same_column(&self.spec.left_set, &self.spec.right_set))
+                .then(|| sets_cache::SetsKey::of(&strip_partitioning(&self.spec.left), &self.spec.left_set))
+                .flatten()
+                .filter(|k| !read[k.column()]);
+        let mut kept = None;
+        if let Some(key) = &sets_key {
+            let scan = sets_cache::get(key)
+                .and_then(|s| Some((s, key.scan_without_sets(&strip_partitioning(&self.spec.left))?)));
+            if let Some((sets, scan)) = scan {
+                let parts: Vec<RecordBatch> = collect_reserved(scan, sets_cache::in_fixed_order(&context), &memory)
+                    .await?
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                if parts.iter().map(|b| b.num_rows()).sum::<usize>() == sets.rows {
+                    let left = concat_read(&ls, &parts, &read, Some(key.column()), &memory)?;
+                    crate::util::trace("similarity join: the other columns read; the sets kept from an earlier query");
+                    kept = Some((sets, left));
+                } else {
+                    sets_cache::forget(key);
+                }
+            }
+        }
+        let (left, right, sets_in, parts_bytes) = if let Some((sets, left)) = kept {
+            let sets_in = if left.num_rows() == 0 { SetsIn::None } else { SetsIn::Kept(sets) };
+            (left.clone(), left, sets_in, 0)
         } else {
-            let (lp, rp) = futures::try_join!(
-                collect_reserved(self.spec.left.clone(), context.clone(), &memory),
-                collect_reserved(self.spec.right.clone(), context.clone(), &memory)
-            )?;
-            let (lp, rp): (Vec<RecordBatch>, Vec<RecordBatch>) =
-                (lp.into_iter().flatten().collect(), rp.into_iter().flatten().collect());
-            let (left, right) =
-                (concat_read(&ls, &lp, &read_left, &memory)?, concat_read(&rs, &rp, &read_right, &memory)?);
-            (lp, rp, left, right)
+            let (lparts, rparts, left, right) = if read_once {
+                // A self join whose sides differ only in partitioning: read once, so the
+                // sets line up row for row and the join runs as a self join.
+                // Rows in a fixed order where the sets may be kept (they name rows by position).
+                let scan_context =
+                    if sets_key.is_some() { sets_cache::in_fixed_order(&context) } else { context.clone() };
+                let lp = collect_reserved(strip_partitioning(&self.spec.left), scan_context, &memory).await?;
+                crate::util::trace("similarity join: partitions read");
+                let lp: Vec<RecordBatch> = lp.into_iter().flatten().collect();
+                let left = concat_read(&ls, &lp, &read, None, &memory)?;
+                (lp.clone(), lp, left.clone(), left)
+            } else {
+                let (lp, rp) = futures::try_join!(
+                    collect_reserved(self.spec.left.clone(), context.clone(), &memory),
+                    collect_reserved(self.spec.right.clone(), context.clone(), &memory)
+                )?;
+                let (lp, rp): (Vec<RecordBatch>, Vec<RecordBatch>) =
+                    (lp.into_iter().flatten().collect(), rp.into_iter().flatten().collect());
+                let (left, right) = (
+                    concat_read(&ls, &lp, &read_left, None, &memory)?,
+                    concat_read(&rs, &rp, &read_right, None, &memory)?,
+                );
+                (lp, rp, left, right)
+            };
+            if left.num_rows() == 0 || right.num_rows() == 0 {
+                (left, right, SetsIn::None, 0)
+            } else {
+                let evaluating = self.elapsed_compute.timer();
+                let evaluate = |e: &PhysicalExprRef, parts: &[RecordBatch]| -> Result<Vec<ArrayRef>> {
+                    parts.iter().map(|b| e.evaluate(b)?.into_array(b.num_rows())).collect()
+                };
+                let la = evaluate(&self.spec.left_set, &lparts)?;
+                let ra = evaluate(&self.spec.right_set, &rparts)?;
+                // The same arrays on both sides (a self join read once): encoded once.
+                let shared = read_once && la.iter().zip(&ra).all(|(a, b)| Arc::ptr_eq(a, b));
+                // The batches stay reserved until the join is done (the set columns point into them).
+                let parts_bytes: usize =
+                    lparts.iter().chain(if read_once { &[][..] } else { &rparts[..] }).map(batch_bytes).sum();
+                drop((lparts, rparts));
+                evaluating.done();
+                // Kept for later queries only where the sets are one column of the scan, read once.
+                let keep = sets_key.filter(|_| shared);
+                (left, right, SetsIn::Arrays { la, ra, shared, keep }, parts_bytes)
+            }
         };
         self.metrics.device.input_rows.add(left.num_rows() + right.num_rows());
         self.metrics.peak_memory.set_max(memory.size());
-        if left.num_rows() == 0 || right.num_rows() == 0 {
+        if matches!(sets_in, SetsIn::None) {
             return Ok(futures::stream::empty().boxed());
         }
         crate::util::trace("similarity join: inputs collected");
-        let evaluating = self.elapsed_compute.timer();
-        let evaluate = |e: &PhysicalExprRef, parts: &[RecordBatch]| -> Result<Vec<ArrayRef>> {
-            parts.iter().map(|b| e.evaluate(b)?.into_array(b.num_rows())).collect()
-        };
-        let la = evaluate(&self.spec.left_set, &lparts)?;
-        let ra = evaluate(&self.spec.right_set, &rparts)?;
-        // The same arrays on both sides (a self join read once): encoded once.
-        let shared = read_once && la.iter().zip(&ra).all(|(a, b)| Arc::ptr_eq(a, b));
-        // The batches stay reserved until the join is done (the set columns point into them).
-        let parts_bytes: usize =
-            lparts.iter().chain(if read_once { &[][..] } else { &rparts[..] }).map(batch_bytes).sum();
-        drop((lparts, rparts));
-        evaluating.done();
 
         let timer = Instant::now();
         let thr = self.spec.threshold;
@@ -675,19 +787,13 @@ impl Run {
         let cfg2 = cfg.clone();
         let held = memory.clone();
         let elapsed_compute = self.elapsed_compute.clone();
+        let rows = left.num_rows();
         let (lidx, ridx, ran, stats) = tokio::task::spawn_blocking(move || -> Result<_> {
             let _timer = elapsed_compute.timer();
-            crate::util::trace("similarity join: set columns evaluated");
-            let both = [la, ra];
-            let enc = crate::algo::ssjoin::encode::encode("similarity join", &both[..if shared { 1 } else { 2 }])?;
-            drop(both);
-            crate::util::trace("similarity join: sets encoded");
-            let same = shared || (enc[0].sets == enc[1].sets && enc[0].valid == enc[1].valid);
             let mut stats = JoinStats::default();
             let (mut lidx, mut ridx) = (Vec::new(), Vec::new());
-            let ran = if same {
-                let (c, pairs, ran) =
-                    join_raw_sets(backend, &cfg2, Some(held.as_ref()), &enc[0].sets, None, thr, &mut stats);
+            // A self join's pairs both ways, and the diagonal (unless the residual filter rejects every such pair).
+            let mut self_join_rows = |c: &ssjoin::SetCollection, pairs: Vec<Pair>| {
                 lidx.reserve(pairs.len() * 2);
                 ridx.reserve(pairs.len() * 2);
                 for (a, b, _) in pairs {
@@ -696,7 +802,6 @@ impl Run {
                     lidx.push(b);
                     ridx.push(a);
                 }
-                // The diagonal: a set with itself (unless the residual filter rejects every such pair).
                 for p in (0..c.len()).filter(|_| !skip_diagonal) {
                     let n = c.size(p);
                     if n > 0 && thr.passes(n, n, n) {
@@ -704,24 +809,67 @@ impl Run {
                         ridx.push(c.ids[p]);
                     }
                 }
-                format!("{ran}, self join")
-            } else {
-                let (_, pairs, ran) = join_raw_sets(
-                    backend,
-                    &cfg2,
-                    Some(held.as_ref()),
-                    &enc[0].sets,
-                    Some(&enc[1].sets),
-                    thr,
-                    &mut stats,
-                );
-                lidx.reserve(pairs.len());
-                ridx.reserve(pairs.len());
-                for (a, b, _) in pairs {
-                    lidx.push(a);
-                    ridx.push(b);
+            };
+            let ran = match sets_in {
+                SetsIn::None => String::new(),
+                SetsIn::Kept(sets) => {
+                    let c = &sets.collection;
+                    let (_, pairs, ran) =
+                        join_sets(backend, &cfg2, Some(held.as_ref()), JoinSets::Prepared(c), thr, &mut stats);
+                    self_join_rows(c, pairs);
+                    format!(
+                        "{ran}, self join; the sets kept from an earlier query ({:.1} MB)",
+                        sets.bytes() as f64 / 1e6
+                    )
                 }
-                ran
+                SetsIn::Arrays { la, ra, shared, keep } => {
+                    crate::util::trace("similarity join: set columns evaluated");
+                    let both = [la, ra];
+                    let enc =
+                        crate::algo::ssjoin::encode::encode("similarity join", &both[..if shared { 1 } else { 2 }])?;
+                    drop(both);
+                    crate::util::trace("similarity join: sets encoded");
+                    let same = shared || (enc[0].sets == enc[1].sets && enc[0].valid == enc[1].valid);
+                    if same {
+                        let (c, pairs, ran) = join_sets(
+                            backend,
+                            &cfg2,
+                            Some(held.as_ref()),
+                            JoinSets::Raw(&enc[0].sets, None),
+                            thr,
+                            &mut stats,
+                        );
+                        self_join_rows(&c, pairs);
+                        match keep {
+                            Some(key) => {
+                                let sets = Arc::new(sets_cache::CachedSets { collection: c.into_owned(), rows });
+                                let mb = sets.bytes() as f64 / 1e6;
+                                if sets_cache::put(key, sets, cfg2.sets_cache_limit.0) {
+                                    format!("{ran}, self join; the sets kept for later queries ({mb:.1} MB)")
+                                } else {
+                                    format!("{ran}, self join; the sets ({mb:.1} MB) not kept: over sets_cache_limit")
+                                }
+                            }
+                            None => format!("{ran}, self join"),
+                        }
+                    } else {
+                        let (_, pairs, ran) = join_sets(
+                            backend,
+                            &cfg2,
+                            Some(held.as_ref()),
+                            JoinSets::Raw(&enc[0].sets, Some(&enc[1].sets)),
+                            thr,
+                            &mut stats,
+                        );
+                        lidx.reserve(pairs.len());
+                        ridx.reserve(pairs.len());
+                        for (a, b, _) in pairs {
+                            lidx.push(a);
+                            ridx.push(b);
+                        }
+                        ran
+                    }
+                }
             };
             crate::util::trace("similarity join: joined");
             Ok((lidx, ridx, ran, stats))
@@ -837,7 +985,8 @@ mod tests {
             ("midway", &midway),
         ] {
             let mut stats = JoinStats::default();
-            let (_, pairs, ran) = join_while_device_starts(&cfg, None, &raw, None, thr, &mut stats, handover);
+            let (_, pairs, ran) =
+                join_while_device_starts(&cfg, None, JoinSets::Raw(&raw, None), thr, &mut stats, handover);
             assert_eq!(sorted(pairs), want, "{name}: {ran}");
             match name {
                 "never" => assert!(

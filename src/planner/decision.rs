@@ -192,7 +192,7 @@ pub fn decide_filtered(
 /// starts it in the background, beside the scans and the sets' encoding,
 /// smaller ones leave the start to the join, and the join itself does not
 /// wait for a start that is not done
-/// ([`crate::exec::similarity_join::join_raw_sets`]: the host joins
+/// ([`crate::exec::similarity_join::join_sets`]: the host joins
 /// meanwhile). Before, planning opened the device, so a fresh process paid
 /// the whole start (~250-600 ms) before its first scan.
 pub fn decide_similarity(

@@ -46,7 +46,7 @@ pub use cache::{CacheKey, CacheUse, ColumnCache};
 pub use decode::{decode_cpu, decode_gpu, Decoded, DeviceDecoded, DeviceStrings};
 pub use pages::{
     file_rows, file_shape, inflated_bytes, is_byte_type, key_range, local_path, prune_row_groups, supported_key_type,
-    supported_type, Fallback, InflatedBytes, Keep, RowSelections, ScanFile,
+    supported_type, Fallback, FileStamp, InflatedBytes, Keep, RowSelections, ScanFile,
 };
 
 use crate::gpu::{Gpu, TransferStats};

@@ -922,7 +922,7 @@ fn encrypted_footer(f: &File) -> bool {
 /// A file as it is on disk now: its size and modification time (what the
 /// device column cache keys a file by, too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct FileStamp {
+pub struct FileStamp {
     len: u64,
     modified_ns: u128,
 }
@@ -934,7 +934,7 @@ impl FileStamp {
     }
 
     /// [`FileStamp::of`] the file at `path`.
-    pub(super) fn of_path(path: &std::path::Path) -> Option<Self> {
+    pub fn of_path(path: &std::path::Path) -> Option<Self> {
         Self::from_metadata(&std::fs::metadata(path).ok()?)
     }
 

@@ -491,3 +491,88 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// A self join over a Parquet file keeps its preprocessed sets: asked again
+/// (another threshold), it reads only the id column and answers as the table
+/// in memory; a query whose output reads the sets reads them; a rewritten
+/// file is read again; `sets_cache_limit = 0` keeps nothing.
+#[test]
+fn a_self_join_keeps_its_sets_between_queries() {
+    let _device = crate::common::shared_device();
+    let use_gpu = gpu().is_some();
+    block_on(move || async move {
+        use datafusion::arrow::array::{Int64Array, ListArray};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::arrow::record_batch::RecordBatch;
+        let ctx = similarity_session(use_gpu).await;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("elements", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
+        ]));
+        let table = |seed: u64, n: usize| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let sets: Vec<Option<Vec<Option<i64>>>> = (0..n)
+                .map(|i| match i % 499 {
+                    0 => None,
+                    1 => Some(vec![]),
+                    2 => Some(vec![Some(5), None, Some(5)]),
+                    _ => Some((0..rng.random_range(1..7)).map(|_| Some(rng.random_range(0..120i64))).collect()),
+                })
+                .collect();
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(0..n as i64)),
+                    Arc::new(ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int64Type, _, _>(sets)),
+                ],
+            )
+            .unwrap()
+        };
+        let dir = std::env::temp_dir().join(format!("setfusion-ssjoin-kept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sets.parquet");
+        let write = |batch: &RecordBatch| {
+            let file = std::fs::File::create(&path).unwrap();
+            let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+            w.write(batch).unwrap();
+            w.close().unwrap();
+        };
+        let q = |t: f64| {
+            format!("SELECT count(*), sum(a.id * 7 + b.id) FROM p a JOIN p b ON a.id < b.id AND jaccard(a.elements, b.elements) >= {t}")
+        };
+        let ran = |plan: &str| {
+            let at = plan.find("ran=").unwrap_or_else(|| panic!("no ran= in {plan}"));
+            plan[at..].split(", metrics=").next().unwrap().to_string()
+        };
+        for (round, (seed, n)) in [(3u64, 12_000usize), (4, 12_500)].into_iter().enumerate() {
+            let batch = table(seed, n);
+            write(&batch);
+            let _ = ctx.deregister_table("p");
+            let _ = ctx.deregister_table("m");
+            ctx.register_parquet("p", path.to_str().unwrap(), Default::default()).await.unwrap();
+            ctx.register_batch("m", batch).unwrap();
+            for (i, t) in [0.5, 0.8, 0.5].into_iter().enumerate() {
+                let plan = sql_rows(&ctx, &format!("EXPLAIN ANALYZE {}", q(t))).await.join("\n");
+                let how = ran(&plan);
+                // The first query of each file reads and keeps the sets (in the second
+                // round the file was rewritten: its old sets are never served).
+                let want =
+                    if i == 0 { "the sets kept for later queries" } else { "the sets kept from an earlier query" };
+                assert!(how.contains(want), "round {round}, query {i}: {how}");
+                let got = sql_rows(&ctx, &q(t)).await;
+                assert_eq!(got, sql_rows(&ctx, &q(t).replace(" p ", " m ")).await, "round {round}, t = {t}");
+            }
+            // The output reads the sets: they are read from the file.
+            let reads = "SELECT count(*), sum(cardinality(b.elements)) FROM p a JOIN p b \
+                         ON a.id < b.id AND jaccard(a.elements, b.elements) >= 0.7";
+            let plan = sql_rows(&ctx, &format!("EXPLAIN ANALYZE {reads}")).await.join("\n");
+            assert!(!ran(&plan).contains("the sets kept"), "{}", ran(&plan));
+            assert_eq!(sql_rows(&ctx, reads).await, sql_rows(&ctx, &reads.replace(" p ", " m ")).await);
+        }
+        ctx.sql("SET setfusion.sets_cache_limit = 0").await.unwrap().collect().await.unwrap();
+        let plan = sql_rows(&ctx, &format!("EXPLAIN ANALYZE {}", q(0.6))).await.join("\n");
+        assert!(!ran(&plan).contains("the sets kept"), "{}", ran(&plan));
+        assert_eq!(sql_rows(&ctx, &q(0.6)).await, sql_rows(&ctx, &q(0.6).replace(" p ", " m ")).await);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

@@ -566,13 +566,17 @@ fn run_fresh(args: &Args) {
         return;
     }
     let mut md = format!(
-        "# Set-similarity join from Parquet, fresh processes\n\n`{}` over one Parquet file per collection; each cell the median of {} one-query process(es) (the query's time: planning, scan, set encoding, preprocessing, join, count; the device starts inside the query's process). CPU = `setfusion.strategy = 'cpu'`; setfusion = its defaults; GPU waited = `setfusion.strategy = 'hash'` (the device opened at planning and waited for, as the default did before it stopped waiting). Warm: the same query again in this process (median of {1} after one run), the device started.\n\n| dataset | sets | t | pairs | CPU ms | setfusion ms | speedup | GPU waited ms | CPU warm ms | setfusion warm ms | warm speedup | setfusion ran (fresh) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "# Set-similarity join from Parquet, fresh processes\n\n`{}` over one Parquet file per collection; each cell the median of {} one-query process(es) (the query's time: planning, scan, set encoding, preprocessing, join, count; the device starts inside the query's process). CPU = `setfusion.strategy = 'cpu'`; setfusion = its defaults; GPU waited = `setfusion.strategy = 'hash'` (the device opened at planning and waited for, as the default did before it stopped waiting). Warm: the same query again in this process (median of {1} after one run), the device started; the sets kept by the first run (`setfusion.sets_cache_limit`), and, in the next three columns, read and preprocessed again in every query (`sets_cache_limit = 0`).\n\n| dataset | sets | t | pairs | CPU ms | setfusion ms | speedup | GPU waited ms | CPU warm ms | setfusion warm ms | warm speedup | CPU warm, read ms | setfusion warm, read ms | warm read speedup | setfusion ran (fresh) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         self_join_sql(0.5).replace("0.5", "t"),
         args.reps,
     );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
     let warm_cpu = session(&rt, &["SET setfusion.strategy = 'cpu'"]).expect("a CPU-backend session");
     let warm_auto = session(&rt, &[]).expect("a default session");
+    // The same, reading and preprocessing the sets in every query (none kept between queries).
+    let no_kept = "SET setfusion.sets_cache_limit = 0";
+    let read_cpu = session(&rt, &["SET setfusion.strategy = 'cpu'", no_kept]).expect("a CPU-backend session");
+    let read_auto = session(&rt, &[no_kept]).expect("a default session");
     for (name, make) in datasets(args) {
         let Some(raw) = make() else { continue };
         let file = dir.join(format!("{}.parquet", name.to_lowercase().replace([' ', '-'], "_")));
@@ -581,7 +585,7 @@ fn run_fresh(args: &Args) {
             return;
         }
         let path = file.to_string_lossy().to_string();
-        for ctx in [&warm_cpu, &warm_auto] {
+        for ctx in [&warm_cpu, &warm_auto, &read_cpu, &read_auto] {
             let _ = ctx.deregister_table("d");
             rt.block_on(ctx.register_parquet("d", &path, datafusion::prelude::ParquetReadOptions::default()))
                 .expect("registering the Parquet file");
@@ -612,12 +616,14 @@ fn run_fresh(args: &Args) {
                 let q = self_join_sql(t);
                 time_sql(&rt, ctx, &q, 1).and_then(|_| time_sql(&rt, ctx, &q, args.reps)).map(|(d, _, _)| d)
             };
-            let warm = match (warm(&warm_cpu), warm(&warm_auto)) {
+            let pair = |c: datafusion::error::Result<Duration>, g: datafusion::error::Result<Duration>| match (c, g) {
                 (Ok(c), Ok(g)) => format!("{} | {} | {:.2}x", ms(c), ms(g), c.as_secs_f64() / g.as_secs_f64()),
                 (c, g) => {
                     format!("{} | {} | -", c.map_or_else(|e| e.to_string(), ms), g.map_or_else(|e| e.to_string(), ms))
                 }
             };
+            let warm =
+                format!("{} | {}", pair(warm(&warm_cpu), warm(&warm_auto)), pair(warm(&read_cpu), warm(&read_auto)));
             let line = match (run("cpu"), run("auto")) {
                 (Ok((c, cp, _)), Ok((g, gp, ran))) => {
                     let pairs = if cp == gp { cp.to_string() } else { format!("MISMATCH {cp} / {gp}") };

@@ -1,0 +1,222 @@
+//! A similarity self join's preprocessed sets, kept between the queries of a
+//! process (issue 31). Asked again over the same Parquet files (the same
+//! query, or another threshold or metric), the join reads only the columns
+//! its output and its filter need: the set column is neither read, decoded,
+//! encoded nor preprocessed again, on either backend.
+//!
+//! - An entry is one scan's set column: every file with its size and
+//!   modification time ([`FileStamp`]), byte range and row selection, and the
+//!   scan as DataFusion describes it (its projection). Every lookup stats the
+//!   files again, so a rewritten file is never served.
+//! - Taken only where the sets are a plain column of a Parquet scan with no
+//!   pushed filter or limit, and nothing else reads that column; the join's
+//!   one-pass self join (the two sides the same rows, read once).
+//! - Host memory, least recently used first out, up to
+//!   `setfusion.sets_cache_limit` bytes (0 turns it off).
+//!
+//! The collection is the one preprocessing gives, whichever backend made it
+//! (the device's preprocessing is tested equal to the host's).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
+use datafusion::datasource::physical_plan::{FileSource, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::algo::ssjoin::SetCollection;
+use crate::scan::{local_path, FileStamp};
+
+/// What identifies one cached set column: every file as it is on disk now,
+/// and the scan that read it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SetsKey {
+    /// Per file, in the scan's order: path, stamp, byte range, row selection, partition values.
+    files: Vec<(PathBuf, FileStamp, Option<(i64, i64)>, String, String)>,
+    /// The scan as DataFusion describes it (its projection and file type).
+    scan: String,
+    /// The set column's index in the scan's output, and its type.
+    column: usize,
+    data_type: DataType,
+}
+
+impl SetsKey {
+    /// The key of the sets `set` reads from `scan`'s output, or None where
+    /// the cache cannot take them: not a plain column, not a Parquet scan of
+    /// local files, a filter or limit pushed into the scan, a file extension
+    /// other than a row selection, or a file that cannot be inspected.
+    pub fn of(scan: &Arc<dyn ExecutionPlan>, set: &PhysicalExprRef) -> Option<Self> {
+        let column = set.downcast_ref::<Column>()?.index();
+        let exec = scan.downcast_ref::<DataSourceExec>()?;
+        let (config, source) = exec.downcast_to_file_source::<ParquetSource>()?;
+        if FileSource::filter(source).is_some()
+            || config.limit.is_some()
+            || !config.object_store_url.as_str().starts_with("file://")
+        {
+            return None;
+        }
+        let mut files = Vec::new();
+        for f in config.file_groups.iter().flat_map(|g| g.files()) {
+            let selection = f.extensions.get::<ParquetRowSelection>();
+            // Extensions other than a row selection may change what is read.
+            if f.extensions.len() > usize::from(selection.is_some()) {
+                return None;
+            }
+            let path = local_path(f);
+            let stamp = FileStamp::of_path(&path)?;
+            files.push((
+                path,
+                stamp,
+                f.range.as_ref().map(|r| (r.start, r.end)),
+                selection.map_or_else(String::new, |s| format!("{s:?}")),
+                format!("{:?}", f.partition_values),
+            ));
+        }
+        let scan = datafusion::physical_plan::displayable(exec).one_line().to_string();
+        let schema = exec.schema();
+        let data_type = schema.fields().get(column)?.data_type().clone();
+        Some(Self { files, scan, column, data_type })
+    }
+
+    /// The same scan without the set column (the other columns in their
+    /// order), the projection pushed into the scan; None where it cannot be.
+    pub fn scan_without_sets(&self, scan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        let schema = scan.schema();
+        let kept: Vec<(PhysicalExprRef, String)> = (0..schema.fields().len())
+            .filter(|&i| i != self.column)
+            .map(|i| {
+                let name = schema.field(i).name().clone();
+                (Arc::new(Column::new(&name, i)) as PhysicalExprRef, name)
+            })
+            .collect();
+        let projection = ProjectionExec::try_new(kept, scan.clone()).ok()?;
+        scan.try_swapping_with_projection(&projection).ok().flatten()
+    }
+
+    /// The set column's index in the scan's output.
+    pub fn column(&self) -> usize {
+        self.column
+    }
+}
+
+/// `context` with DataFusion's file-stream work stealing off: each partition
+/// of a scan then reads its own file group, in order, so the scan's rows come
+/// in the same order in every query (with stealing, a partition may read
+/// another's files). The kept sets name their rows by position, so both the
+/// read that keeps them and every read that uses them go through this.
+pub fn in_fixed_order(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    let mut config = context.session_config().clone();
+    config.options_mut().execution.enable_file_stream_work_stealing = false;
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
+}
+
+/// One scan's preprocessed sets.
+#[derive(Debug)]
+pub struct CachedSets {
+    pub collection: SetCollection,
+    /// The scan's rows: a hit reads the other columns again and must see as many.
+    pub rows: usize,
+}
+
+impl CachedSets {
+    /// The host memory the collection holds.
+    pub fn bytes(&self) -> usize {
+        let c = &self.collection;
+        (c.offsets.capacity() + c.tokens.capacity() + c.ids.capacity()) * std::mem::size_of::<u32>()
+    }
+}
+
+struct Entry {
+    sets: Arc<CachedSets>,
+    bytes: usize,
+    last_use: u64,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<SetsKey, Entry>,
+    clock: u64,
+    bytes: usize,
+}
+
+fn entries() -> std::sync::MutexGuard<'static, Entries> {
+    static ENTRIES: OnceLock<Mutex<Entries>> = OnceLock::new();
+    ENTRIES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The sets kept for `key`, if any.
+pub fn get(key: &SetsKey) -> Option<Arc<CachedSets>> {
+    let mut e = entries();
+    e.clock += 1;
+    let clock = e.clock;
+    let entry = e.map.get_mut(key)?;
+    entry.last_use = clock;
+    Some(entry.sets.clone())
+}
+
+/// Keep `sets` for `key` within `limit` bytes, least recently used first
+/// out; false where they alone exceed the limit (or it is 0). Entries of the
+/// same column whose files changed since are dropped first.
+pub fn put(key: SetsKey, sets: Arc<CachedSets>, limit: usize) -> bool {
+    let bytes = sets.bytes();
+    let mut e = entries();
+    let stale: Vec<SetsKey> = e
+        .map
+        .keys()
+        .filter(|k| {
+            k.column == key.column
+                && k.scan == key.scan
+                && k.files.len() == key.files.len()
+                && k.files.iter().zip(&key.files).all(|(a, b)| a.0 == b.0)
+        })
+        .cloned()
+        .collect();
+    for k in stale {
+        if let Some(old) = e.map.remove(&k) {
+            e.bytes -= old.bytes;
+        }
+    }
+    if bytes == 0 || bytes > limit {
+        return false;
+    }
+    while e.bytes + bytes > limit {
+        let Some(oldest) = e.map.iter().min_by_key(|(_, x)| x.last_use).map(|(k, _)| k.clone()) else { break };
+        if let Some(old) = e.map.remove(&oldest) {
+            e.bytes -= old.bytes;
+        }
+    }
+    e.clock += 1;
+    let last_use = e.clock;
+    e.bytes += bytes;
+    e.map.insert(key, Entry { sets, bytes, last_use });
+    true
+}
+
+/// Forget `key`'s sets (a hit whose rows did not match).
+pub fn forget(key: &SetsKey) {
+    let mut e = entries();
+    if let Some(old) = e.map.remove(key) {
+        e.bytes -= old.bytes;
+    }
+}
+
+/// The bytes kept now (for tests and `doctor`).
+pub fn bytes() -> usize {
+    entries().bytes
+}
