@@ -324,10 +324,18 @@ pub(crate) fn input_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     if config.batch_size() >= INPUT_BATCH_ROWS {
         return context.clone();
     }
+    with_session_config(context, config.clone().with_batch_size(INPUT_BATCH_ROWS))
+}
+
+/// `context` with `config` for its session's settings (the one place a task context is rebuilt).
+pub(crate) fn with_session_config(
+    context: &Arc<TaskContext>,
+    config: datafusion::execution::config::SessionConfig,
+) -> Arc<TaskContext> {
     Arc::new(TaskContext::new(
         context.task_id(),
         context.session_id(),
-        config.clone().with_batch_size(INPUT_BATCH_ROWS),
+        config,
         context.scalar_functions().clone(),
         context.higher_order_functions().clone(),
         context.aggregate_functions().clone(),

@@ -114,16 +114,7 @@ impl SetsKey {
 pub fn in_fixed_order(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     let mut config = context.session_config().clone();
     config.options_mut().execution.enable_file_stream_work_stealing = false;
-    Arc::new(TaskContext::new(
-        context.task_id(),
-        context.session_id(),
-        config,
-        context.scalar_functions().clone(),
-        context.higher_order_functions().clone(),
-        context.aggregate_functions().clone(),
-        context.window_functions().clone(),
-        context.runtime_env(),
-    ))
+    super::common::with_session_config(context, config)
 }
 
 /// One scan's preprocessed sets.
