@@ -1367,7 +1367,13 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
         let extra = ["", " AND a.id < b.id", " AND a.g = b.g", " AND a.id <> b.id", " AND cardinality(b.s) > 2"]
             [rng.random_range(0..5)];
         let right = if self_form { "p" } else { "q" };
-        let sql = format!("SELECT a.id, b.id, b.g FROM p a JOIN {right} b ON {pred}{extra}");
+        // Now and then both sides of a self join read the same columns: the join then reads
+        // its input once, and over Parquet keeps its sets for the round's later queries.
+        let both_g = self_form && rng.random_bool(0.5);
+        let sql = format!(
+            "SELECT a.id, b.id, b.g{} FROM p a JOIN {right} b ON {pred}{extra}",
+            if both_g { ", a.g" } else { "" }
+        );
         let (l, r) = (0, if self_form { 0 } else { 1 });
         let mut want: Vec<Row> = Vec::new();
         for (i, si) in sets[l].iter().enumerate() {
@@ -1391,7 +1397,11 @@ async fn similarity_round(rng: &mut StdRng, opts: &FuzzOptions, gpu: bool, round
                 let v = if cast { v.trunc() } else { v };
                 let order = v.total_cmp(&t);
                 if keep && (order.is_gt() || (!strict && order.is_eq())) {
-                    want.push(vec![Some(i.to_string()), Some(j.to_string()), Some(groups[r][j].to_string())]);
+                    let mut row = vec![Some(i.to_string()), Some(j.to_string()), Some(groups[r][j].to_string())];
+                    if both_g {
+                        row.push(Some(groups[l][i].to_string()));
+                    }
+                    want.push(row);
                 }
             }
         }
