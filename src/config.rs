@@ -281,8 +281,8 @@ setfusion_settings! {
         /// read again.
         pub cache_limit: ByteSize, default = ByteSize(8 << 30)
         /// A similarity self join over Parquet files keeps its preprocessed sets in host memory
-        /// between queries of this process (keyed by file path, size, modification time, byte
-        /// ranges, row selections and the scan), least recently used first out, up to this many
+        /// between queries of this process (keyed by file path, size, modification time, footer,
+        /// byte ranges, row selections and the scan), least recently used first out, up to this many
         /// bytes (0 turns it off): asked again, it reads only the columns its output and filter
         /// need. A changed file is read again.
         pub sets_cache_limit: ByteSize, default = ByteSize(2 << 30)

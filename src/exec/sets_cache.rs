@@ -5,9 +5,13 @@
 //! encoded nor preprocessed again, on either backend.
 //!
 //! - An entry is one scan's set column: every file with its size and
-//!   modification time ([`FileStamp`]), byte range and row selection, and the
-//!   scan as DataFusion describes it (its projection). Every lookup stats the
-//!   files again, so a rewritten file is never served.
+//!   modification time ([`FileStamp`]), a hash of its footer, byte range and
+//!   row selection, and the scan as DataFusion describes it (its projection).
+//!   Every lookup stats the files and reads their footers again, so a
+//!   rewritten file is not served its old sets, even one rewritten in place
+//!   with the same size within one tick of the clock that stamps it (unless
+//!   its footer, with every column chunk's offsets, sizes and statistics,
+//!   came out the same).
 //! - Taken only where the sets are a plain column of a Parquet scan with no
 //!   pushed filter or limit, and nothing else reads that column; the join's
 //!   one-pass self join (the two sides the same rows, read once).
@@ -40,6 +44,10 @@ use crate::scan::{local_path, FileStamp};
 pub struct SetsKey {
     /// Per file, in the scan's order: path, stamp, byte range, row selection, partition values.
     files: Vec<(PathBuf, FileStamp, Option<(i64, i64)>, String, String)>,
+    /// A hash of each file's footer as it is on disk now, by path: a file
+    /// rewritten in place within one tick of the clock that stamps it, with
+    /// the same size, still differs here unless its content is the same.
+    footers: Vec<(PathBuf, u64)>,
     /// The scan as DataFusion describes it (its projection and file type).
     scan: String,
     /// The set column's index in the scan's output, and its type.
@@ -79,10 +87,14 @@ impl SetsKey {
                 format!("{:?}", f.partition_values),
             ));
         }
+        let mut paths: Vec<&PathBuf> = files.iter().map(|f| &f.0).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        let footers = paths.into_iter().map(|p| Some((p.clone(), footer_hash(p)?))).collect::<Option<Vec<_>>>()?;
         let scan = datafusion::physical_plan::displayable(exec).one_line().to_string();
         let schema = exec.schema();
         let data_type = schema.fields().get(column)?.data_type().clone();
-        Some(Self { files, scan, column, data_type })
+        Some(Self { files, footers, scan, column, data_type })
     }
 
     /// The same scan without the set column (the other columns in their
@@ -104,6 +116,27 @@ impl SetsKey {
     pub fn column(&self) -> usize {
         self.column
     }
+}
+
+/// A hash of the Parquet footer of the file at `path` (its metadata, with
+/// every row group's and column chunk's sizes, offsets and statistics), read
+/// from the file now; None where it cannot be read or is not a Parquet footer.
+fn footer_hash(path: &std::path::Path) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    let mut tail = [0u8; 8];
+    file.read_exact_at(&mut tail, len.checked_sub(8)?).ok()?;
+    if &tail[4..] != b"PAR1" {
+        return None;
+    }
+    let footer_len = u64::from(u32::from_le_bytes(tail[..4].try_into().ok()?));
+    let mut footer = vec![0u8; usize::try_from(footer_len).ok()?];
+    file.read_exact_at(&mut footer, len.checked_sub(8 + footer_len)?).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    footer.hash(&mut h);
+    Some(h.finish())
 }
 
 /// `context` with DataFusion's file-stream work stealing off: each partition
@@ -210,4 +243,37 @@ pub fn forget(key: &SetsKey) {
 /// The bytes kept now (for tests and `doctor`).
 pub fn bytes() -> usize {
     entries().bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+
+    /// A footer's hash is stable for one file, differs between files whose
+    /// contents differ, and is None for a file that is not Parquet.
+    #[test]
+    fn footer_hash_tells_contents_apart() {
+        let dir = std::env::temp_dir().join(format!("setfusion-footer-hash-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, values: Vec<i64>| {
+            let batch = RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(values)) as _)]).unwrap();
+            let path = dir.join(name);
+            let file = std::fs::File::create(&path).unwrap();
+            let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            path
+        };
+        let (a, b) = (write("a.parquet", vec![1, 2, 3]), write("b.parquet", vec![1, 2, 4]));
+        let ha = footer_hash(&a).expect("a Parquet footer");
+        assert_eq!(footer_hash(&a), Some(ha));
+        assert_ne!(footer_hash(&b), Some(ha));
+        let text = dir.join("t.parquet");
+        std::fs::write(&text, b"not parquet at all").unwrap();
+        assert_eq!(footer_hash(&text), None);
+        std::fs::write(&text, b"").unwrap();
+        assert_eq!(footer_hash(&text), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
