@@ -7,7 +7,7 @@
 //! - An entry is one scan's set column: every file with its size and
 //!   modification time ([`FileStamp`]), a hash of its footer, byte range and
 //!   row selection, and the scan as DataFusion describes it (its projection).
-//!   Every lookup stats the files and reads their footers again, so a
+//!   Every lookup opens each file once, to stat it and read its footer, so a
 //!   rewritten file is not served its old sets, even one rewritten in place
 //!   with the same size within one tick of the clock that stamps it (unless
 //!   its footer, with every column chunk's offsets, sizes and statistics,
@@ -42,12 +42,13 @@ use crate::scan::{local_path, FileStamp};
 /// and the scan that read it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SetsKey {
-    /// Per file, in the scan's order: path, stamp, byte range, row selection, partition values.
-    files: Vec<(PathBuf, FileStamp, Option<(i64, i64)>, String, String)>,
-    /// A hash of each file's footer as it is on disk now, by path: a file
-    /// rewritten in place within one tick of the clock that stamps it, with
-    /// the same size, still differs here unless its content is the same.
-    footers: Vec<(PathBuf, u64)>,
+    /// Per file, in the scan's order: path, byte range, row selection, partition values.
+    files: Vec<(PathBuf, Option<(i64, i64)>, String, String)>,
+    /// Each file as it is on disk now, by path: its stamp, and a hash of its
+    /// footer (a file rewritten in place within one tick of the clock that
+    /// stamps it, with the same size, still differs here unless its footer
+    /// came out the same).
+    on_disk: Vec<(PathBuf, FileStamp, u64)>,
     /// The scan as DataFusion describes it (its projection and file type).
     scan: String,
     /// The set column's index in the scan's output, and its type.
@@ -77,24 +78,23 @@ impl SetsKey {
             if f.extensions.len() > usize::from(selection.is_some()) {
                 return None;
             }
-            let path = local_path(f);
-            let stamp = FileStamp::of_path(&path)?;
             files.push((
-                path,
-                stamp,
+                local_path(f),
                 f.range.as_ref().map(|r| (r.start, r.end)),
                 selection.map_or_else(String::new, |s| format!("{s:?}")),
                 format!("{:?}", f.partition_values),
             ));
         }
+        // A file read by several ranges is opened once.
         let mut paths: Vec<&PathBuf> = files.iter().map(|f| &f.0).collect();
         paths.sort_unstable();
         paths.dedup();
-        let footers = paths.into_iter().map(|p| Some((p.clone(), footer_hash(p)?))).collect::<Option<Vec<_>>>()?;
+        let on_disk =
+            paths.into_iter().map(|p| on_disk(p).map(|(s, h)| (p.clone(), s, h))).collect::<Option<Vec<_>>>()?;
         let scan = datafusion::physical_plan::displayable(exec).one_line().to_string();
         let schema = exec.schema();
         let data_type = schema.fields().get(column)?.data_type().clone();
-        Some(Self { files, footers, scan, column, data_type })
+        Some(Self { files, on_disk, scan, column, data_type })
     }
 
     /// The same scan without the set column (the other columns in their
@@ -118,13 +118,19 @@ impl SetsKey {
     }
 }
 
-/// A hash of the Parquet footer of the file at `path` (its metadata, with
-/// every row group's and column chunk's sizes, offsets and statistics), read
-/// from the file now; None where it cannot be read or is not a Parquet footer.
-fn footer_hash(path: &std::path::Path) -> Option<u64> {
+/// The file at `path` as it is now: its stamp, and a hash of its Parquet
+/// footer (its metadata, with every row group's and column chunk's sizes,
+/// offsets and statistics); None where either cannot be read, or the file
+/// does not end with a Parquet footer.
+fn on_disk(path: &std::path::Path) -> Option<(FileStamp, u64)> {
+    let file = std::fs::File::open(path).ok()?;
+    Some((FileStamp::of(&file)?, footer_hash(&file)?))
+}
+
+/// A hash of the Parquet footer `file` ends with (see [`on_disk`]).
+fn footer_hash(file: &std::fs::File) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path).ok()?;
     let len = file.metadata().ok()?.len();
     let mut tail = [0u8; 8];
     file.read_exact_at(&mut tail, len.checked_sub(8)?).ok()?;
@@ -240,11 +246,6 @@ pub fn forget(key: &SetsKey) {
     }
 }
 
-/// The bytes kept now (for tests and `doctor`).
-pub fn bytes() -> usize {
-    entries().bytes
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,14 +267,15 @@ mod tests {
             path
         };
         let (a, b) = (write("a.parquet", vec![1, 2, 3]), write("b.parquet", vec![1, 2, 4]));
-        let ha = footer_hash(&a).expect("a Parquet footer");
-        assert_eq!(footer_hash(&a), Some(ha));
-        assert_ne!(footer_hash(&b), Some(ha));
+        let hash = |p: &std::path::Path| on_disk(p).map(|(_, h)| h);
+        let ha = hash(&a).expect("a Parquet footer");
+        assert_eq!(hash(&a), Some(ha));
+        assert_ne!(hash(&b), Some(ha));
         let text = dir.join("t.parquet");
         std::fs::write(&text, b"not parquet at all").unwrap();
-        assert_eq!(footer_hash(&text), None);
+        assert_eq!(hash(&text), None);
         std::fs::write(&text, b"").unwrap();
-        assert_eq!(footer_hash(&text), None);
+        assert_eq!(hash(&text), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -700,15 +700,16 @@ impl Run {
         // A self join's sets kept by an earlier query over the same files: only
         // the other columns the output and the filter need are read.
         let read: Vec<bool> = read_left.iter().zip(&read_right).map(|(a, b)| *a || *b).collect();
+        // The one input a self join reads once.
+        let input = strip_partitioning(&self.spec.left);
         let sets_key =
             (read_once && cfg.sets_cache_limit.0 > 0 && same_column(&self.spec.left_set, &self.spec.right_set))
-                .then(|| sets_cache::SetsKey::of(&strip_partitioning(&self.spec.left), &self.spec.left_set))
+                .then(|| sets_cache::SetsKey::of(&input, &self.spec.left_set))
                 .flatten()
                 .filter(|k| !read[k.column()]);
         let mut kept = None;
         if let Some(key) = &sets_key {
-            let scan = sets_cache::get(key)
-                .and_then(|s| Some((s, key.scan_without_sets(&strip_partitioning(&self.spec.left))?)));
+            let scan = sets_cache::get(key).and_then(|s| Some((s, key.scan_without_sets(&input)?)));
             if let Some((sets, scan)) = scan {
                 let parts: Vec<RecordBatch> = collect_reserved(scan, sets_cache::in_fixed_order(&context), &memory)
                     .await?
@@ -734,7 +735,7 @@ impl Run {
                 // Rows in a fixed order where the sets may be kept (they name rows by position).
                 let scan_context =
                     if sets_key.is_some() { sets_cache::in_fixed_order(&context) } else { context.clone() };
-                let lp = collect_reserved(strip_partitioning(&self.spec.left), scan_context, &memory).await?;
+                let lp = collect_reserved(input, scan_context, &memory).await?;
                 crate::util::trace("similarity join: partitions read");
                 let lp: Vec<RecordBatch> = lp.into_iter().flatten().collect();
                 let left = concat_read(&ls, &lp, &read, None, &memory)?;

@@ -929,12 +929,12 @@ pub struct FileStamp {
 
 impl FileStamp {
     /// None when the file's time cannot be read (it is then never cached).
-    fn of(f: &File) -> Option<Self> {
+    pub fn of(f: &File) -> Option<Self> {
         Self::from_metadata(&f.metadata().ok()?)
     }
 
     /// [`FileStamp::of`] the file at `path`.
-    pub fn of_path(path: &std::path::Path) -> Option<Self> {
+    pub(super) fn of_path(path: &std::path::Path) -> Option<Self> {
         Self::from_metadata(&std::fs::metadata(path).ok()?)
     }
 

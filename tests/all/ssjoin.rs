@@ -195,6 +195,33 @@ async fn sql_rows(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Vec<S
     text.lines().map(|l| l.to_string()).collect()
 }
 
+/// A table `(id BIGINT NOT NULL, elements LIST<BIGINT>)`, ids 0.. in row order.
+fn id_sets_table(sets: Vec<Option<Vec<Option<i64>>>>) -> datafusion::arrow::record_batch::RecordBatch {
+    use datafusion::arrow::array::{Int64Array, ListArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("elements", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
+    ]));
+    let n = sets.len() as i64;
+    datafusion::arrow::record_batch::RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..n)),
+            Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(sets)),
+        ],
+    )
+    .unwrap()
+}
+
+/// `batch` as the one Parquet file at `path` (the writer's defaults: one row group up to 1M rows).
+fn write_parquet(path: &std::path::Path, batch: &datafusion::arrow::record_batch::RecordBatch) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
 /// A setfusion session that plans similarity joins at any size: on the GPU
 /// when one is present, else on the CPU backend (named, so EXPLAIN says so).
 async fn similarity_session(use_gpu: bool) -> datafusion::prelude::SessionContext {
@@ -411,9 +438,6 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
     let _device = crate::common::shared_device();
     let use_gpu = gpu().is_some();
     block_on(move || async move {
-        use datafusion::arrow::array::{Int64Array, ListArray};
-        use datafusion::arrow::datatypes::{DataType, Field, Schema};
-        use datafusion::arrow::record_batch::RecordBatch;
         let ctx = similarity_session(use_gpu).await;
         ctx.sql("SET datafusion.execution.target_partitions = 4").await.unwrap().collect().await.unwrap();
         let mut rng = StdRng::seed_from_u64(11);
@@ -428,26 +452,11 @@ fn a_large_parquet_row_group_is_read_by_ranges() {
                 }
             })
             .collect();
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("elements", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
-        ]));
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(Int64Array::from_iter_values(0..n as i64)),
-                Arc::new(ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int64Type, _, _>(sets)),
-            ],
-        )
-        .unwrap();
+        let batch = id_sets_table(sets);
         let dir = std::env::temp_dir().join(format!("setfusion-ssjoin-ranges-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("sets.parquet");
-        let mut w =
-            datafusion::parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None)
-                .unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        write_parquet(&path, &batch);
         ctx.register_parquet("p", path.to_str().unwrap(), Default::default()).await.unwrap();
         ctx.register_batch("q", batch.slice(0, 30)).unwrap();
         ctx.register_batch("m", batch).unwrap();
@@ -501,14 +510,7 @@ fn a_self_join_keeps_its_sets_between_queries() {
     let _device = crate::common::shared_device();
     let use_gpu = gpu().is_some();
     block_on(move || async move {
-        use datafusion::arrow::array::{Int64Array, ListArray};
-        use datafusion::arrow::datatypes::{DataType, Field, Schema};
-        use datafusion::arrow::record_batch::RecordBatch;
         let ctx = similarity_session(use_gpu).await;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("elements", DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true))), true),
-        ]));
         let table = |seed: u64, n: usize| {
             let mut rng = StdRng::seed_from_u64(seed);
             let sets: Vec<Option<Vec<Option<i64>>>> = (0..n)
@@ -519,24 +521,11 @@ fn a_self_join_keeps_its_sets_between_queries() {
                     _ => Some((0..rng.random_range(1..7)).map(|_| Some(rng.random_range(0..120i64))).collect()),
                 })
                 .collect();
-            RecordBatch::try_new(
-                schema.clone(),
-                vec![
-                    Arc::new(Int64Array::from_iter_values(0..n as i64)),
-                    Arc::new(ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int64Type, _, _>(sets)),
-                ],
-            )
-            .unwrap()
+            id_sets_table(sets)
         };
         let dir = std::env::temp_dir().join(format!("setfusion-ssjoin-kept-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("sets.parquet");
-        let write = |batch: &RecordBatch| {
-            let file = std::fs::File::create(&path).unwrap();
-            let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
-            w.write(batch).unwrap();
-            w.close().unwrap();
-        };
         let q = |t: f64| {
             format!("SELECT count(*), sum(a.id * 7 + b.id) FROM p a JOIN p b ON a.id < b.id AND jaccard(a.elements, b.elements) >= {t}")
         };
@@ -546,7 +535,7 @@ fn a_self_join_keeps_its_sets_between_queries() {
         };
         for (round, (seed, n)) in [(3u64, 12_000usize), (4, 12_500)].into_iter().enumerate() {
             let batch = table(seed, n);
-            write(&batch);
+            write_parquet(&path, &batch);
             let _ = ctx.deregister_table("p");
             let _ = ctx.deregister_table("m");
             ctx.register_parquet("p", path.to_str().unwrap(), Default::default()).await.unwrap();
