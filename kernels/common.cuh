@@ -91,6 +91,21 @@ template <typename T, typename I> __device__ __forceinline__ I sf_lower_bound(co
     return lo;
 }
 
+// Merge Path lower-bound search on diagonal `diag` of the merge of a[0, na)
+// and b[0, nb): the number of A elements among the first `diag` merged
+// elements (A before B on ties). sorted_intersect's tiles and
+// overlap_search's pieces of a pair.
+template <typename T>
+__device__ __forceinline__ i64 sf_merge_path(const T* a, i64 na, const T* b, i64 nb, i64 diag) {
+    i64 lo = diag > nb ? diag - nb : 0;
+    i64 hi = diag < na ? diag : na;
+    while (lo < hi) {
+        i64 mid = (lo + hi) >> 1;
+        if (a[mid] <= b[diag - 1 - mid]) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
 // First i in [0, n) with a[i] >= x (n if none).
 template <typename I> __device__ I sf_lower_bound_u64(const u64* a, I n, u64 x) { return sf_lower_bound<u64, I>(a, n, x); }
 

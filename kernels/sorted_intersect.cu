@@ -10,26 +10,13 @@
 // launcher picks one of the instantiations below (the benchmark measures all).
 #include "common.cuh"
 
-// Merge Path lower-bound search on diagonal `diag`: number of A elements
-// among the first `diag` merged elements (A before B on ties).
-template <typename T>
-__device__ __forceinline__ i64 merge_path(const T* a, i64 na, const T* b, i64 nb, i64 diag) {
-    i64 lo = diag > nb ? diag - nb : 0;
-    i64 hi = diag < na ? diag : na;
-    while (lo < hi) {
-        i64 mid = (lo + hi) >> 1;
-        if (a[mid] <= b[diag - 1 - mid]) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
 template <typename T>
 __device__ void partitions(const T* a, i64 na, const T* b, i64 nb, i64* parts, i64 nparts, i64 nv) {
     SF_FOR(i, nparts) {
         i64 diag = (i64)i * nv;
         i64 total = na + nb;
         if (diag > total) diag = total;
-        parts[i] = merge_path(a, na, b, nb, diag);
+        parts[i] = sf_merge_path(a, na, b, nb, diag);
     }
 }
 

@@ -33,6 +33,7 @@ pub fn kernel_sources() -> Vec<&'static KernelSource> {
         &join_filter::KERNEL,
         &families::KERNEL,
         &overlap::KERNEL,
+        &overlap::SEARCH_KERNEL,
         &sorted_intersect::KERNEL,
         &segmented::KERNEL,
         &multiset::KERNEL,

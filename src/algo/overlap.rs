@@ -3,8 +3,9 @@
 //! The `intersect_families(..., 'counts')` level of
 //! [`crate::exec::families`] runs it.
 //!
-//! Two device methods, chosen by [`choose`] from their estimated time (work
-//! times measured unit costs) and the seed's memory rules (its case B6):
+//! Three device methods, chosen by [`choose`] from their estimated time (work
+//! times measured unit costs); each fits the seed's memory rules (its case
+//! B6) by tiling, not by refusing:
 //! * [`OverlapMethod::InvertedLists`] (seed 004's sf-gSSJoin, threshold 0):
 //!   for each element of a left set, +1 for every right set in its inverted
 //!   list ([`families::pair_counts_gpu`]); work Σ df_left(e)·df_right(e).
@@ -16,11 +17,19 @@
 //!   regular addresses. Bitmaps take universe / 8 bytes a set, so the
 //!   universe is cut into chunks whose bitmaps fit the budget (the seed's
 //!   BI-naive refuses at 10^9 elements; chunks make it tile instead).
+//! * [`OverlapMethod::PartitionedSearch`] (the seed's IP-OBS, for few large
+//!   sets over a vast universe): each pair's merge cut into tiles of
+//!   [`SEARCH_TILE`] steps by Merge Path diagonals (IP), and in each tile the
+//!   smaller piece looked up in the larger, staged in shared memory (OBS;
+//!   kernels/overlap_search.cu); work Σ over pairs of |x| + |y|, independent
+//!   of the universe. Its diagonals take 8 bytes a tile (the seed's
+//!   O(k² · blocks)), so pairs run in batches whose diagonals fit the budget.
+//!   Seed 004's plain IP (a merge per tile) is the sorted intersection of
+//!   [`crate::algo::sorted_intersect`]; its OBS and HI without IP leave
+//!   million-element sets to one block, which the seed finds slower.
 //!
-//! Seed 004's IP variants are not built: their diagonals take O(k² · blocks)
-//! memory, and for sets of 10^6 their per-pair merges lose to the bitmaps.
-//!
-//! [`counts_cpu`] is the CPU twin (inverted lists on the host's threads).
+//! [`counts_cpu`] is the CPU twin (inverted lists on the host's threads);
+//! [`search_counts_cpu`] runs the partitioned search's tiles on the host.
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -39,18 +48,31 @@ pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
     defines: crate::gpu::no_defines,
 };
 
+/// kernels/overlap_search.cu.
+pub static SEARCH_KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
+    family: "overlap_search",
+    source: include_str!("../../kernels/overlap_search.cu"),
+    defines: crate::gpu::no_defines,
+};
+
 /// How [`counts_gpu`] counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverlapMethod {
     InvertedLists,
     Bitmaps,
+    PartitionedSearch,
 }
 
 impl OverlapMethod {
+    /// Every method, in the order [`MethodSeconds::cheapest`] prefers on ties.
+    pub const ALL: [OverlapMethod; 3] =
+        [OverlapMethod::InvertedLists, OverlapMethod::Bitmaps, OverlapMethod::PartitionedSearch];
+
     pub fn name(self) -> &'static str {
         match self {
             OverlapMethod::InvertedLists => "inverted lists",
             OverlapMethod::Bitmaps => "bitmaps",
+            OverlapMethod::PartitionedSearch => "partitioned search (IP-OBS)",
         }
     }
 }
@@ -103,37 +125,79 @@ const PS_PER_INCREMENT: f64 = 28.0;
 const PS_PER_INDEXED_ELEMENT: f64 = 5_000.0;
 const PS_PER_WORD_PAIR: f64 = 0.4;
 const PS_PER_BITMAP_ELEMENT: f64 = 1_500.0;
+/// The partitioned search's units: a step of a pair's merge (an element read
+/// and staged or looked up), a tile (its diagonal's search and its pair's
+/// loads), and an element of the families uploaded.
+const PS_PER_MERGED_ELEMENT: f64 = 1.5;
+const PS_PER_TILE: f64 = 3_000.0;
+const PS_PER_UPLOADED_ELEMENT: f64 = 400.0;
 
-/// The estimated seconds of each method: (inverted lists, bitmaps). The
-/// inverted lists' time includes indexing the right family on the host
-/// unless `indexed`.
-pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) -> (f64, f64) {
+/// The estimated seconds of each device method ([`estimate_seconds`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MethodSeconds {
+    /// Indexing the right family on the host included, unless it is indexed.
+    pub inverted_lists: f64,
+    pub bitmaps: f64,
+    pub partitioned_search: f64,
+}
+
+impl MethodSeconds {
+    pub fn of(&self, method: OverlapMethod) -> f64 {
+        match method {
+            OverlapMethod::InvertedLists => self.inverted_lists,
+            OverlapMethod::Bitmaps => self.bitmaps,
+            OverlapMethod::PartitionedSearch => self.partitioned_search,
+        }
+    }
+
+    /// The method of least estimated time (the first of [`OverlapMethod::ALL`] on ties).
+    pub fn cheapest(&self) -> OverlapMethod {
+        OverlapMethod::ALL
+            .into_iter()
+            .fold(OverlapMethod::InvertedLists, |m, c| if self.of(c) < self.of(m) { c } else { m })
+    }
+}
+
+/// The steps of every pair's merge, Σ |x| + |y| over the pairs of left sets
+/// `rows`: the partitioned search's work (one pass over the right sets' sizes).
+pub fn merged_elements(space: &PairSpace, rows: Range<usize>) -> u64 {
+    let k = space.right.len();
+    let mut suffix = vec![0u64; k + 1];
+    for j in (0..k).rev() {
+        suffix[j] = suffix[j + 1] + space.right.set(j).len() as u64;
+    }
+    rows.map(|i| {
+        let from = space.first_right(i).min(k);
+        (k - from) as u64 * space.left.set(i).len() as u64 + suffix[from]
+    })
+    .sum()
+}
+
+/// The estimated seconds of each method ([`MethodSeconds`]).
+pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) -> MethodSeconds {
     estimate_seconds_over(space, rows, indexed, space.domain())
 }
 
 /// [`estimate_seconds`] with the ids' domain already known.
-fn estimate_seconds_over(space: &PairSpace, rows: Range<usize>, indexed: bool, domain: usize) -> (f64, f64) {
-    let word_pairs = space.pair_count(rows.clone()) as f64 * domain.div_ceil(32) as f64;
+fn estimate_seconds_over(space: &PairSpace, rows: Range<usize>, indexed: bool, domain: usize) -> MethodSeconds {
+    let pairs = space.pair_count(rows.clone()) as f64;
+    let word_pairs = pairs * domain.div_ceil(32) as f64;
     let elements = space.right.elements.len() as f64;
     let index = if indexed { 0.0 } else { elements * PS_PER_INDEXED_ELEMENT };
-    let inverted = estimate_increments(space, rows) as f64 * PS_PER_INCREMENT + index;
+    let inverted = estimate_increments(space, rows.clone()) as f64 * PS_PER_INCREMENT + index;
     let bitmaps = word_pairs * PS_PER_WORD_PAIR + elements * PS_PER_BITMAP_ELEMENT;
-    (inverted * 1e-12, bitmaps * 1e-12)
+    let merged = merged_elements(space, rows) as f64;
+    let uploaded =
+        space.left.elements.len() + if std::ptr::eq(space.left, space.right) { 0 } else { space.right.elements.len() };
+    let search = merged * PS_PER_MERGED_ELEMENT
+        + (merged / SEARCH_TILE as f64 + pairs) * PS_PER_TILE
+        + uploaded as f64 * PS_PER_UPLOADED_ELEMENT;
+    MethodSeconds { inverted_lists: inverted * 1e-12, bitmaps: bitmaps * 1e-12, partitioned_search: search * 1e-12 }
 }
 
 /// The method with the least estimated time ([`estimate_seconds`]).
 pub fn choose(space: &PairSpace, rows: Range<usize>, indexed: bool) -> OverlapMethod {
-    choose_over(space, rows, indexed, space.domain())
-}
-
-/// [`choose`] with the ids' domain already known.
-fn choose_over(space: &PairSpace, rows: Range<usize>, indexed: bool, domain: usize) -> OverlapMethod {
-    let (inverted, bitmaps) = estimate_seconds_over(space, rows, indexed, domain);
-    if bitmaps < inverted {
-        OverlapMethod::Bitmaps
-    } else {
-        OverlapMethod::InvertedLists
-    }
+    estimate_seconds(space, rows, indexed).cheapest()
 }
 
 /// CPU twin of [`counts_gpu`]: the counts of the pairs of left sets `rows`, a
@@ -183,13 +247,15 @@ pub fn counts_gpu(
     // The ids' domain (a scan of every element) at most once, for the choice, the lists and the bitmaps.
     let domain = std::cell::OnceCell::new();
     let domain = || *domain.get_or_init(|| space.domain());
-    let method = method.unwrap_or_else(|| choose_over(space, rows.clone(), inv.get().is_some(), domain()));
+    let method =
+        method.unwrap_or_else(|| estimate_seconds_over(space, rows.clone(), inv.get().is_some(), domain()).cheapest());
     let counts = match method {
         OverlapMethod::InvertedLists => {
             let inv = inv.get_or_init(|| InvertedLists::of(space.right, domain()));
             families::pair_counts_gpu(gpu, space, inv, rows, ts)?
         }
         OverlapMethod::Bitmaps => bitmap_counts_gpu(gpu, space, rows, domain(), ts)?,
+        OverlapMethod::PartitionedSearch => search_counts_gpu(gpu, space, rows, SEARCH_TILE, ts)?,
     };
     Ok((counts, method))
 }
@@ -199,6 +265,30 @@ const THREADS: u32 = 256;
 /// The GEMM's tile of counts, and the words it stages at a time (OVL_TILE, OVL_KWORDS).
 const TILE: usize = 64;
 const KWORDS: usize = 32;
+
+/// SETFUSION_TRACE: a phase's time, the device synchronised after it, as
+/// "`what`: `phase`: N ms" (nothing when not tracing).
+fn traced_phases<'g>(gpu: &'g Gpu, what: &'static str) -> impl FnMut(&str) -> Result<()> + 'g {
+    let mut last = Instant::now();
+    move |phase: &str| {
+        if crate::env::trace() {
+            gpu.synchronize()?;
+            eprintln!("{what}: {phase}: {:.1} ms", last.elapsed().as_secs_f64() * 1e3);
+            last = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// A family on the device: its offsets (as u64) and elements (one dummy
+/// element when it has none: a buffer is never empty).
+type DeviceFamily = (crate::gpu::DeviceBuffer<u64>, crate::gpu::DeviceBuffer<u32>);
+
+fn upload_family(gpu: &Gpu, f: &families::Family, ts: &mut TransferStats) -> Result<DeviceFamily> {
+    let offs: Vec<u64> = f.offsets.iter().map(|&o| o as u64).collect();
+    let elements: &[u32] = if f.elements.is_empty() { &[0] } else { &f.elements };
+    Ok((gpu.upload(&offs, ts)?, gpu.upload(elements, ts)?))
+}
 
 /// [`counts_gpu`] by bitmaps: the universe in chunks of `words` 32-bit words
 /// a set, as many as the budget holds for the left rows' and the right
@@ -215,26 +305,12 @@ fn bitmap_counts_gpu(
     if nl == 0 || k == 0 {
         return Ok(vec![0u32; nl * k]);
     }
-    // SETFUSION_TRACE: each phase's time (the device synchronised after it).
-    let mut last = Instant::now();
-    let mut phase = |what: &str| -> Result<()> {
-        if crate::env::trace() {
-            gpu.synchronize()?;
-            eprintln!("overlap bitmaps: {what}: {:.1} ms", last.elapsed().as_secs_f64() * 1e3);
-            last = Instant::now();
-        }
-        Ok(())
-    };
+    let mut phase = traced_phases(gpu, "overlap bitmaps");
     let self_form = space.right_from.is_some();
     // The self form over every row: the left bitmaps are the right ones.
     let shared = self_form && rows == (0..space.left.len());
-    let upload = |f: &families::Family, ts: &mut TransferStats| -> Result<_> {
-        let offs: Vec<u64> = f.offsets.iter().map(|&o| o as u64).collect();
-        let elements: &[u32] = if f.elements.is_empty() { &[0] } else { &f.elements };
-        Ok((gpu.upload(&offs, ts)?, gpu.upload(elements, ts)?))
-    };
-    let left = upload(space.left, ts)?;
-    let right = if self_form { None } else { Some(upload(space.right, ts)?) };
+    let left = upload_family(gpu, space.left, ts)?;
+    let right = if self_form { None } else { Some(upload_family(gpu, space.right, ts)?) };
     let counts = gpu.alloc_zeros::<u32>(nl * k)?;
     let rows_of_bitmaps = if shared { k } else { nl + k };
     let total_words = ids.div_ceil(32).max(1);
@@ -262,20 +338,17 @@ fn bitmap_counts_gpu(
     let mut lo = 0usize;
     while lo < ids {
         let lo_u = lo as u32;
-        let bits_of = |(offs, elems): &(crate::gpu::DeviceBuffer<u64>, crate::gpu::DeviceBuffer<u32>),
-                       first: u64,
-                       n: u64,
-                       bits: &crate::gpu::DeviceBuffer<u32>|
-         -> Result<()> {
-            let mut b = stream.launch_builder(&set_bits);
-            b.arg(&offs.slice).arg(&elems.slice).arg(&first).arg(&n).arg(&lo_u).arg(&words_u).arg(&bits.slice);
-            let grid = (n as usize).clamp(1, sms * 16) as u32;
-            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: matches ovl_bits in kernels/overlap_bitmap.cu; sets first..first + n are the uploaded
-            // family's (offsets hold one more entry); bits holds n rows of `words` words, all written.
-            unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovl_bits", e))?;
-            Ok(())
-        };
+        let bits_of =
+            |(offs, elems): &DeviceFamily, first: u64, n: u64, bits: &crate::gpu::DeviceBuffer<u32>| -> Result<()> {
+                let mut b = stream.launch_builder(&set_bits);
+                b.arg(&offs.slice).arg(&elems.slice).arg(&first).arg(&n).arg(&lo_u).arg(&words_u).arg(&bits.slice);
+                let grid = (n as usize).clamp(1, sms * 16) as u32;
+                let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: matches ovl_bits in kernels/overlap_bitmap.cu; sets first..first + n are the uploaded
+                // family's (offsets hold one more entry); bits holds n rows of `words` words, all written.
+                unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovl_bits", e))?;
+                Ok(())
+            };
         bits_of(right.as_ref().unwrap_or(&left), 0, k_u, &right_bits)?;
         if !shared {
             bits_of(&left, left_offset, nl_u, &left_bits)?;
@@ -313,8 +386,215 @@ fn bitmap_counts_gpu(
     Ok(out)
 }
 
-/// Doctor self-check: both device methods equal the CPU twin on random
-/// families, two-family and self form, with a small budget forcing chunks.
+/// Merge steps of a pair a tile of the partitioned search holds (the kernel's
+/// OVS_MAX_NV): its larger piece, at most one more element, is staged in 16 KB
+/// of shared memory.
+pub const SEARCH_TILE: usize = 4096;
+
+/// Merge Path: the number of `a`'s elements among the first `diag` of the
+/// merge of `a` and `b`, `a` first on ties (the kernels' `sf_merge_path`).
+fn merge_path(a: &[u32], b: &[u32], diag: usize) -> usize {
+    let (mut lo, mut hi) = (diag.saturating_sub(b.len()), diag.min(a.len()));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if a[mid] <= b[diag - 1 - mid] {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// One tile of the partitioned search of `a` and `b` (distinct, ascending),
+/// the merge steps from `d0` (`a0` of them `a`'s) to `d1` (`a1`): the matches
+/// whose `b` element falls in it, |a[a0 - 1 (if any), a1) ∩ b[d0 - a0, d1 - a1)|,
+/// the smaller piece looked up in the larger (`ovs_count`'s work).
+fn tile_matches(a: &[u32], b: &[u32], (d0, a0): (usize, usize), (d1, a1): (usize, usize)) -> u32 {
+    let pa = &a[a0.saturating_sub(1)..a1];
+    let pb = &b[d0 - a0..d1 - a1];
+    let (small, large) = if pa.len() <= pb.len() { (pa, pb) } else { (pb, pa) };
+    small.iter().filter(|x| large.binary_search(x).is_ok()).count() as u32
+}
+
+/// |a ∩ b| by the partitioned search's tiles of `nv` merge steps.
+fn pair_search_count(a: &[u32], b: &[u32], nv: usize) -> u32 {
+    let total = a.len() + b.len();
+    let mut start = (0, 0);
+    let mut count = 0;
+    while start.0 < total {
+        let d1 = (start.0 + nv).min(total);
+        let end = (d1, merge_path(a, b, d1));
+        count += tile_matches(a, b, start, end);
+        start = end;
+    }
+    count
+}
+
+/// CPU twin of [`search_counts_gpu`]: the same matrix as [`counts_cpu`], by
+/// the same tiles of `nv` merge steps a pair, counted the same way, the rows
+/// spread over the host's threads.
+pub fn search_counts_cpu(space: &PairSpace, rows: Range<usize>, nv: usize) -> Vec<u32> {
+    let k = space.right.len();
+    let mut out = vec![0u32; rows.len() * k];
+    if k == 0 || rows.is_empty() {
+        return out;
+    }
+    let nv = nv.max(1);
+    let per = rows.len().div_ceil(crate::host::copy_threads().max(1) * 4).max(1);
+    let mut parts: Vec<(usize, &mut [u32])> =
+        out.chunks_mut(per * k).enumerate().map(|(c, part)| (rows.start + c * per, part)).collect();
+    crate::host::for_each_mut(&mut parts, &|_, (first, part)| {
+        for (r, row) in part.chunks_mut(k).enumerate() {
+            let i = *first + r;
+            for (j, c) in row.iter_mut().enumerate().skip(space.first_right(i)) {
+                *c = pair_search_count(space.left.set(i), space.right.set(j), nv);
+            }
+        }
+    });
+    out
+}
+
+/// One batch of the partitioned search: pairs `pairs[2p]` (a left set) and
+/// `pairs[2p + 1]` (a right set), pair `p` owning tiles
+/// `tile_start[p]..tile_start[p + 1]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SearchBatch {
+    pairs: Vec<u32>,
+    tile_start: Vec<u64>,
+}
+
+impl SearchBatch {
+    fn tiles(&self) -> u64 {
+        self.tile_start.last().copied().unwrap_or(0)
+    }
+}
+
+/// Device bytes a tile of a batch takes at most: its diagonal (pair and A
+/// position, 8 bytes), and its pair's entries (8 + 8) for a pair of one tile.
+const SEARCH_BYTES_PER_TILE: usize = 24;
+
+/// The pairs of left sets `rows` with any element, in row-major order, cut
+/// into batches of at most `max_tiles` tiles of `nv` merge steps (a pair of
+/// more tiles is a batch of its own).
+struct SearchBatches<'a> {
+    space: &'a PairSpace<'a>,
+    rows_end: usize,
+    nv: u64,
+    max_tiles: u64,
+    /// The next pair: a left set and a right one.
+    at: (usize, usize),
+}
+
+impl<'a> SearchBatches<'a> {
+    fn new(space: &'a PairSpace<'a>, rows: Range<usize>, nv: usize, max_tiles: u64) -> Self {
+        let at = (rows.start, if rows.is_empty() { 0 } else { space.first_right(rows.start) });
+        SearchBatches { space, rows_end: rows.end, nv: nv.max(1) as u64, max_tiles: max_tiles.max(1), at }
+    }
+}
+
+impl Iterator for SearchBatches<'_> {
+    type Item = SearchBatch;
+
+    fn next(&mut self) -> Option<SearchBatch> {
+        let k = self.space.right.len();
+        let mut batch = SearchBatch { pairs: Vec::new(), tile_start: vec![0] };
+        while self.at.0 < self.rows_end {
+            let (i, j) = self.at;
+            if j >= k {
+                self.at = (i + 1, if i + 1 < self.rows_end { self.space.first_right(i + 1) } else { 0 });
+                continue;
+            }
+            let merged = (self.space.left.set(i).len() + self.space.right.set(j).len()) as u64;
+            let tiles = merged.div_ceil(self.nv);
+            if tiles > 0 {
+                if batch.tiles() > 0 && batch.tiles() + tiles > self.max_tiles {
+                    break;
+                }
+                batch.pairs.extend([i as u32, j as u32]);
+                batch.tile_start.push(batch.tiles() + tiles);
+            }
+            self.at.1 += 1;
+        }
+        (batch.tiles() > 0).then_some(batch)
+    }
+}
+
+/// [`counts_gpu`] by partitioned search (seed 004's IP-OBS): the pairs in
+/// batches whose diagonals take at most half the free budget, each cut into
+/// tiles of `nv` (at most [`SEARCH_TILE`]) merge steps; kernels/overlap_search.cu.
+pub fn search_counts_gpu(
+    gpu: &Gpu,
+    space: &PairSpace,
+    rows: Range<usize>,
+    nv: usize,
+    ts: &mut TransferStats,
+) -> Result<Vec<u32>> {
+    let (nl, k) = (rows.len(), space.right.len());
+    if nl == 0 || k == 0 {
+        return Ok(vec![0u32; nl * k]);
+    }
+    if !(1..=SEARCH_TILE).contains(&nv) {
+        return Err(datafusion::error::DataFusionError::Internal(format!(
+            "partitioned search: tiles of {nv} merge steps (1..={SEARCH_TILE})"
+        )));
+    }
+    let mut phase = traced_phases(gpu, "overlap search");
+    let left = upload_family(gpu, space.left, ts)?;
+    let right = if std::ptr::eq(space.left, space.right) { None } else { Some(upload_family(gpu, space.right, ts)?) };
+    let right = right.as_ref().unwrap_or(&left);
+    let counts = gpu.alloc_zeros::<u32>(nl * k)?;
+    let max_tiles = (gpu.budget().available() / 2 / SEARCH_BYTES_PER_TILE).min(u32::MAX as usize) as u64;
+    if max_tiles == 0 {
+        return Err(crate::gpu::GpuError::over_budget(
+            "partitioned search diagonals",
+            2 * SEARCH_BYTES_PER_TILE,
+            gpu.budget().available(),
+        )
+        .into());
+    }
+    phase("uploaded")?;
+    let partitions = gpu.function(&SEARCH_KERNEL, "ovs_partitions")?;
+    let count = gpu.function(&SEARCH_KERNEL, "ovs_count")?;
+    let stream = gpu.stream();
+    let sms = gpu.info().multiprocessors.max(1) as u64;
+    let started = Instant::now();
+    let (nv_u, row0, ldc) = (nv as u64, rows.start as u64, k as u64);
+    for batch in SearchBatches::new(space, rows, nv, max_tiles) {
+        let (npairs, ntiles) = ((batch.tile_start.len() - 1) as u64, batch.tiles());
+        let pairs = gpu.upload(&batch.pairs, ts)?;
+        let tile_start = gpu.upload(&batch.tile_start, ts)?;
+        let tile_pair = gpu.alloc::<u32>(ntiles as usize)?;
+        let tile_a0 = gpu.alloc::<u32>(ntiles as usize)?;
+        let mut b = stream.launch_builder(&partitions);
+        b.arg(&left.0.slice).arg(&left.1.slice).arg(&right.0.slice).arg(&right.1.slice);
+        b.arg(&pairs.slice).arg(&tile_start.slice).arg(&npairs).arg(&ntiles).arg(&nv_u);
+        b.arg(&tile_pair.slice).arg(&tile_a0.slice);
+        let grid = ntiles.div_ceil(THREADS as u64).clamp(1, sms * 32) as u32;
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches ovs_partitions in kernels/overlap_search.cu; pairs name sets of the uploaded
+        // families (offsets hold one more entry), tile_start holds npairs + 1 entries ending at ntiles,
+        // tile_pair and tile_a0 ntiles each.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovs_partitions", e))?;
+        let mut b = stream.launch_builder(&count);
+        b.arg(&left.0.slice).arg(&left.1.slice).arg(&right.0.slice).arg(&right.1.slice);
+        b.arg(&pairs.slice).arg(&tile_start.slice).arg(&ntiles).arg(&nv_u);
+        b.arg(&tile_pair.slice).arg(&tile_a0.slice).arg(&row0).arg(&ldc).arg(&counts.slice);
+        let grid = ntiles.clamp(1, sms * 16) as u32;
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches ovs_count; the batch's buffers as above, written by ovs_partitions before it on
+        // this stream; every pair's left set lies in rows, so counts (nl x k) holds its cell; nv <= OVS_MAX_NV.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("overlap ovs_count", e))?;
+        phase(&format!("a batch of {npairs} pairs, {ntiles} tiles"))?;
+    }
+    gpu.synchronize()?;
+    ts.kernel += started.elapsed();
+    gpu.download(&counts, nl * k, ts)
+}
+
+/// Doctor self-check: every device method equals the CPU twin on random
+/// families, two-family and self form; the partitioned search also with
+/// tiles of 7 merge steps (a match split across tiles in every pair).
 pub fn self_check(gpu: &Gpu) -> Result<String> {
     let mut checked = 0;
     for (k, max_len, domain, seed) in [(7, 20, 50, 1u64), (150, 300, 5_000, 2), (70, 2_000, 100_000, 3)] {
@@ -328,13 +608,18 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
             let n = space.left.len();
             for rows in [0..n, n / 3..n] {
                 let want = counts_cpu(&space, inv.get_or_init(|| InvertedLists::of_space(&space)), rows.clone());
-                for method in [OverlapMethod::InvertedLists, OverlapMethod::Bitmaps] {
+                let mut runs: Vec<(String, Vec<u32>)> = Vec::new();
+                for method in OverlapMethod::ALL {
                     let (got, _) =
                         counts_gpu(gpu, &space, &inv, rows.clone(), Some(method), &mut TransferStats::default())?;
+                    runs.push((method.name().to_string(), got));
+                }
+                let small_tiles = search_counts_gpu(gpu, &space, rows.clone(), 7, &mut TransferStats::default())?;
+                runs.push(("partitioned search in tiles of 7".into(), small_tiles));
+                for (name, got) in runs {
                     if got != want {
                         return Err(datafusion::error::DataFusionError::Internal(format!(
-                            "overlap counts by {} differ from the CPU twin (k {k}, rows {rows:?}, self {})",
-                            method.name(),
+                            "overlap counts by {name} differ from the CPU twin (k {k}, rows {rows:?}, self {})",
                             space.right_from.is_some()
                         )));
                     }
@@ -400,14 +685,91 @@ mod tests {
 
     #[test]
     fn the_cheaper_method_is_chosen() {
-        // Few, large, overlapping sets over a small universe: bitmaps.
-        let (f, g) = families::tests_data::random(20, 20, 2_000, 3_000, 5);
+        // Many large, overlapping sets over a small universe: bitmaps (a pair is 32 words, not 400 merge steps).
+        let (f, g) = families::tests_data::random(1_500, 1_500, 400, 1_000, 5);
         let space = PairSpace { left: &f, right: &g, right_from: None };
-        assert_eq!(choose(&space, 0..20, false), OverlapMethod::Bitmaps);
+        assert_eq!(choose(&space, 0..1_500, false), OverlapMethod::Bitmaps);
         // Many small sets over a large universe: inverted lists.
         let (f, g) = families::tests_data::random(2_000, 2_000, 8, 1_000_000, 6);
         let space = PairSpace { left: &f, right: &g, right_from: None };
         assert_eq!(choose(&space, 0..2_000, true), OverlapMethod::InvertedLists);
+        // Two large sets over a vast universe (seed 004's SISI): the partitioned search.
+        let (f, g) = families::tests_data::random(2, 2, 200_000, 1_000_000_000, 7);
+        let space = PairSpace { left: &f, right: &g, right_from: None };
+        let est = estimate_seconds(&space, 0..2, false);
+        assert_eq!(est.cheapest(), OverlapMethod::PartitionedSearch, "{est:?}");
+    }
+
+    /// Pairs sharing every element, none, or some; tiles of 1 step up to
+    /// larger than the pair; empty sets: the tiles count every match once.
+    #[test]
+    fn search_tiles_count_every_pairs_overlap() {
+        for (k, k2, max_len, domain, seed) in
+            [(0, 3, 5, 10, 1u64), (6, 9, 30, 40, 7), (11, 11, 30, 40, 8), (40, 33, 60, 90, 3), (30, 30, 300, 400, 9)]
+        {
+            let (f, g) = families::tests_data::random(k, k2, max_len, domain, seed);
+            let from: Vec<u32> = (1..=f.len() as u32).collect();
+            for space in [
+                PairSpace { left: &f, right: &g, right_from: None },
+                PairSpace { left: &f, right: &f, right_from: Some(&from) },
+            ] {
+                let n = space.left.len();
+                for rows in [0..n, n / 2..n, 0..0] {
+                    let want = brute(&space, rows.clone());
+                    for nv in [1, 2, 3, 7, 64, SEARCH_TILE] {
+                        assert_eq!(search_counts_cpu(&space, rows.clone(), nv), want, "k {k} rows {rows:?} nv {nv}");
+                    }
+                }
+                let merged: u64 = (0..n)
+                    .flat_map(|i| (space.first_right(i)..space.right.len()).map(move |j| (i, j)))
+                    .map(|(i, j)| (space.left.set(i).len() + space.right.set(j).len()) as u64)
+                    .sum();
+                assert_eq!(merged_elements(&space, 0..n), merged);
+            }
+        }
+        // Identical sets: every element is a match, whatever the tiles.
+        let same: Vec<u32> = (0..1000).map(|x| x * 3).collect();
+        for nv in [1, 2, 5, 1000, 4096] {
+            assert_eq!(pair_search_count(&same, &same, nv), 1000);
+            assert_eq!(pair_search_count(&same, &same[1..], nv), 999);
+            assert_eq!(pair_search_count(&same, &[], nv), 0);
+        }
+    }
+
+    /// Batches hold every pair with an element once, in row-major order,
+    /// within their tile limit unless a pair alone exceeds it.
+    #[test]
+    fn search_batches_cover_every_pair_once() {
+        let (f, g) = families::tests_data::random(25, 31, 50, 200, 11);
+        let from: Vec<u32> = (1..=f.len() as u32).collect();
+        for space in [
+            PairSpace { left: &f, right: &g, right_from: None },
+            PairSpace { left: &f, right: &f, right_from: Some(&from) },
+        ] {
+            let n = space.left.len();
+            for rows in [0..n, 3..n - 2, 0..0] {
+                let want: Vec<(u32, u32)> = rows
+                    .clone()
+                    .flat_map(|i| (space.first_right(i)..space.right.len()).map(move |j| (i, j)))
+                    .filter(|&(i, j)| space.left.set(i).len() + space.right.set(j).len() > 0)
+                    .map(|(i, j)| (i as u32, j as u32))
+                    .collect();
+                for (nv, max_tiles) in [(1, 1), (4, 3), (16, 40), (4096, 1 << 40)] {
+                    let mut got = Vec::new();
+                    for b in SearchBatches::new(&space, rows.clone(), nv, max_tiles) {
+                        let pairs: Vec<(u32, u32)> = b.pairs.chunks(2).map(|p| (p[0], p[1])).collect();
+                        assert_eq!(b.tile_start.len(), pairs.len() + 1);
+                        for (p, &(i, j)) in pairs.iter().enumerate() {
+                            let merged = space.left.set(i as usize).len() + space.right.set(j as usize).len();
+                            assert_eq!(b.tile_start[p + 1] - b.tile_start[p], merged.div_ceil(nv) as u64);
+                        }
+                        assert!(b.tiles() <= max_tiles || pairs.len() == 1, "{} tiles", b.tiles());
+                        got.extend(pairs);
+                    }
+                    assert_eq!(got, want, "nv {nv} max_tiles {max_tiles}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -415,5 +777,28 @@ mod tests {
         let Some(gpu) = crate::gpu::test_gpu() else { return };
         let lease = gpu.lease(0);
         println!("{}", self_check(&lease).unwrap());
+    }
+
+    /// A budget that holds the families and counts but few diagonals: the
+    /// partitioned search runs in many batches (seed 004's case B6) and
+    /// counts as in one.
+    #[test]
+    fn gpu_search_tiles_when_memory_is_short() {
+        let Some(gpu) = crate::gpu::test_gpu() else { return };
+        let (f, g) = families::tests_data::random(60, 50, 3_000, 20_000, 12);
+        let space = PairSpace { left: &f, right: &g, right_from: None };
+        let want = brute(&space, 10..60);
+        let mut ts = TransferStats::default();
+        let roomy = search_counts_gpu(&gpu.lease(0), &space, 10..60, SEARCH_TILE, &mut ts).unwrap();
+        assert_eq!(roomy, want);
+        // Families, counts and 2 x 24 bytes a tile for ~40 tiles: 3,000 pairs of 1-2 tiles in ~100 batches.
+        let data = (f.elements.len() + g.elements.len()) * 4 + (f.offsets.len() + g.offsets.len()) * 8;
+        let limit = gpu.budget().used() + data + 50 * 50 * 4 + 40 * 2 * SEARCH_BYTES_PER_TILE + 1024;
+        let batches = SearchBatches::new(&space, 10..60, SEARCH_TILE, 40).count();
+        assert!(batches > 50, "{batches} batches");
+        let short = search_counts_gpu(&gpu.lease(limit), &space, 10..60, SEARCH_TILE, &mut ts).unwrap();
+        assert_eq!(short, want);
+        // Too little for the families at all: an error, not a wrong answer.
+        assert!(search_counts_gpu(&gpu.lease(1024), &space, 10..60, SEARCH_TILE, &mut ts).is_err());
     }
 }

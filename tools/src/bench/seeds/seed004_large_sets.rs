@@ -23,7 +23,8 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
     );
     t.notes.push(
         "GPU (transfers and allocations included, the count back on the host): setfusion's merge-path sorted \
-         intersection (the paper's IP) and its hash selection (keys widened to u64, timed); CPU on one thread as \
+         intersection (the paper's IP), the overlap counts' partitioned search (the paper's IP-OBS, as \
+         `intersect_families` runs it) and the hash selection (keys widened to u64, timed); CPU on one thread as \
          the paper's: the merge (std::set_intersection), galloping, the SIMD intersection (Lemire et al.'s \
          blocks of 8 x 8 compared at once, as safe Rust the compiler vectorizes for x86-64's baseline SSE2, not \
          their hand-written SSE4 / AVX code) and a bitmap of the universe (boost::dynamic_bitset, allocation \
@@ -75,7 +76,9 @@ pub(crate) fn table(b: &Bench) -> Result<Table> {
         "B6 memory limits",
         "reject or tile BI-naive at E = 10^9 (k x 125 MB), IP diagonals at k = 10000, sf-gssjoin at E = 10^9",
         "bitmaps tile the universe into chunks that fit the budget (B4 at 10^9: 125 GB of bitmaps in chunks); \
-         the inverted lists take 4 bytes an element (fit wherever the sets do); IP's diagonals are not built",
+         the inverted lists take 4 bytes an element (fit wherever the sets do); IP-OBS's diagonals (8 bytes a \
+         tile of 4,096 merge steps: 195 GB at k = 10000 sets of 10^6) are built a batch of pairs at a time, as many \
+         as half the free budget holds (unit test `gpu_search_tiles_when_memory_is_short`)",
     ));
     t.rows.push(Row::new(
         "B7 a larger GPU",
@@ -146,17 +149,20 @@ fn misi(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
         let t0 = std::time::Instant::now();
         let chosen = overlap::choose(&space, 0..k, false);
         let t_choose = t0.elapsed().as_secs_f64() * 1e3;
-        let (est_inverted, est_bitmaps) = overlap::estimate_seconds(&space, 0..k, false);
+        let est = overlap::estimate_seconds(&space, 0..k, false);
         ours.push(format!(
-            "estimated: {:.3e} increments, {:.3e} word pairs; inverted lists {:.2} s (indexing included), bitmaps {:.2} s",
+            "estimated: {:.3e} increments, {:.3e} word pairs, {:.3e} merge steps; inverted lists {:.2} s (indexing \
+             included), bitmaps {:.2} s, partitioned search {:.2} s",
             overlap::estimate_increments(&space, 0..k) as f64,
             pairs as f64 * (f.domain().div_ceil(32)) as f64,
-            est_inverted,
-            est_bitmaps
+            overlap::merged_elements(&space, 0..k) as f64,
+            est.inverted_lists,
+            est.bitmaps,
+            est.partitioned_search
         ));
         let mut results = Vec::new();
         let mut t_index = 0.0;
-        for method in [OverlapMethod::Bitmaps, OverlapMethod::InvertedLists] {
+        for method in [OverlapMethod::Bitmaps, OverlapMethod::PartitionedSearch, OverlapMethod::InvertedLists] {
             if method == OverlapMethod::InvertedLists {
                 let t0 = std::time::Instant::now();
                 inv.get_or_init(|| InvertedLists::of_space(&space));
@@ -169,7 +175,7 @@ fn misi(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
             ours.push(format!("GPU {} {}", method.name(), ms(t)));
             results.push((method, t, counts));
         }
-        let same = results[0].2 == results[1].2;
+        let same = results.iter().all(|r| r.2 == results[0].2);
         let sampled_ok = sample.iter().zip(&merged).all(|(&(i, j), &m)| results[0].2[i * k + j] as u64 == m);
         answers = answers.and(Answers::check(same && sampled_ok, || "GPU methods or sampled pairs differ".into()));
         // The chosen method's time, with the choice and (inverted lists) the host's indexing.
@@ -177,6 +183,11 @@ fn misi(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
             + t_choose
             + if chosen == OverlapMethod::InvertedLists { t_index } else { 0.0 };
         ours.push(format!("chosen: {} ({} to choose; {} in all)", chosen.name(), ms(t_choose), ms(t_chosen)));
+        let time_of = |m: OverlapMethod| results.iter().find(|r| r.0 == m).map_or(f64::NAN, |r| r.1);
+        ours.push(format!(
+            "IP-OBS {} the bitmaps (BI)",
+            times(time_of(OverlapMethod::PartitionedSearch), time_of(OverlapMethod::Bitmaps))
+        ));
         ratio = format!(
             "{} the best CPU ({}, one thread) by the chosen method",
             times(best.1 * pairs as f64, t_chosen),
@@ -276,6 +287,21 @@ fn misi_sql(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
 fn gpu_sorted_count(gpu: &Gpu, a: &[u32], b: &[u32]) -> Result<u64> {
     let mut stats = TransferStats::default();
     SortedIntersect::upload(gpu, a, b, &mut stats)?.run(gpu, None, &mut stats)
+}
+
+/// The count of `a ∩ b` (one set a family) on the device by the overlap
+/// counts' partitioned search (IP-OBS), as `intersect_families` runs it.
+fn gpu_search_count(gpu: &Gpu, a: &Family, b: &Family) -> Result<u64> {
+    let space = PairSpace { left: a, right: b, right_from: None };
+    let (counts, _) = overlap::counts_gpu(
+        gpu,
+        &space,
+        &OnceLock::new(),
+        0..1,
+        Some(OverlapMethod::PartitionedSearch),
+        &mut TransferStats::default(),
+    )?;
+    Ok(counts[0] as u64)
 }
 
 /// The count of `a ∩ b` on the device by the hash selection (keys widened to u64).
@@ -386,12 +412,20 @@ fn sisi(b: &Bench, dist: Dist, universe: u64, n: usize) -> Result<Row> {
     if let Some(r) = b.on_gpu(|g| {
         let sorted = b.time(true, || gpu_sorted_count(g, &a, &bb))?;
         let hash = b.time(true, || gpu_hash_count(g, &a, &bb))?;
-        Ok((sorted, hash))
+        let (fa, fb) = (Family::from_sets(&[&a]), Family::from_sets(&[&bb]));
+        let search = b.time(true, || gpu_search_count(g, &fa, &fb))?;
+        Ok((sorted, hash, search))
     }) {
-        let ((t_sorted, c_sorted), (t_hash, c_hash)) = r?;
-        ours = format!("GPU sorted {}, hash {}; {ours}", ms(t_sorted), ms(t_hash));
-        answers = answers.and(Answers::check(c_sorted == want && c_hash == want, || {
-            format!("GPU sorted {c_sorted}, hash {c_hash}, CPU {want}")
+        let ((t_sorted, c_sorted), (t_hash, c_hash), (t_search, c_search)) = r?;
+        ours = format!(
+            "GPU sorted (IP) {}, IP-OBS {} ({} IP), hash {}; {ours}",
+            ms(t_sorted),
+            ms(t_search),
+            times(t_sorted, t_search),
+            ms(t_hash)
+        );
+        answers = answers.and(Answers::check(c_sorted == want && c_hash == want && c_search == want, || {
+            format!("GPU sorted {c_sorted}, hash {c_hash}, IP-OBS {c_search}, CPU {want}")
         }));
         ratio = format!("{} the best CPU ({})", times(best.1, t_sorted.min(t_hash)), best.0);
         if let Some(r) = b.with_cuda(|h| h.set_op("intersection", true, &a, &bb)) {
