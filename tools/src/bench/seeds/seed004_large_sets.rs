@@ -195,11 +195,13 @@ fn misi(b: &Bench, universe: u64, k: usize, n: usize) -> Result<Row> {
         );
     }
     if b.quick {
-        // The CPU twin over every pair.
+        // The CPU twins over every pair: the inverted lists', and the partitioned search's tiles.
         let inv = InvertedLists::of_space(&space);
         let all = overlap::counts_cpu(&space, &inv, 0..k);
         let ok = sample.iter().zip(&merged).all(|(&(i, j), &m)| all[i * k + j] as u64 == m);
         answers = answers.and(Answers::check(ok, || "the CPU twin differs from the merge".into()));
+        let searched = overlap::search_counts_cpu(&space, 0..k, overlap::SEARCH_TILE);
+        answers = answers.and(Answers::check(searched == all, || "the partitioned search's twin differs".into()));
     }
     ours.push(format!("(sets drawn in {made:.1} s)"));
     Ok(Row::new(
