@@ -488,6 +488,29 @@ mod families {
             }
         }
     }
+
+    /// Few large sets of ids over a wide range (seed 004's SISI shape): the
+    /// counts level picks the partitioned search (IP-OBS) on the GPU, says so
+    /// in EXPLAIN ANALYZE, and counts as the CPU backend does.
+    #[tokio::test]
+    async fn few_large_sets_count_by_partitioned_search() {
+        let on_gpu = crate::gpu::test_gpu().is_some();
+        let make = "CREATE TABLE big AS SELECT id, array_concat(range(0, 2000000, 97), \
+                    range(id * 7, 30000000, 911 + id * 13)) AS elements FROM (VALUES (0), (1), (2), (3)) AS t(id)";
+        let query = "SELECT left_id, right_id, overlap FROM intersect_families('big', 'counts')";
+        let mut answers = Vec::new();
+        for setting in ["SET setfusion.strategy = 'cpu'", "SET setfusion.min_rows = 0"] {
+            let (ctx, _pool) = session(2, &[setting, make]).await;
+            answers.push(super::sorted_rows(&ctx.sql(query).await.unwrap().collect().await.unwrap()));
+            let explained = ctx.sql(&format!("EXPLAIN ANALYZE {query}")).await.unwrap().collect().await.unwrap();
+            let explained = datafusion::arrow::util::pretty::pretty_format_batches(&explained).unwrap().to_string();
+            if on_gpu && setting.contains("min_rows") {
+                assert!(explained.contains("gpu by partitioned search (IP-OBS)"), "{explained}");
+            }
+        }
+        assert_eq!(answers[0].len(), 6, "every pair shares the multiples of 97");
+        assert_eq!(answers[0], answers[1]);
+    }
 }
 
 /// `SetfusionDeclinedExec`.
