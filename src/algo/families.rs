@@ -88,9 +88,12 @@ impl Family {
         &self.elements[self.offsets[i]..self.offsets[i + 1]]
     }
 
-    /// The largest element id plus one (0 for a family without elements).
+    /// The largest element id plus one (0 for a family without elements):
+    /// the largest of the sets' last elements, as each set is ascending (a
+    /// look at every set, not every element: a scan of 10^9 elements took
+    /// ~0.65 s of MISI's choice of method).
     pub fn domain(&self) -> usize {
-        self.elements.iter().max().map_or(0, |&m| m as usize + 1)
+        self.offsets.windows(2).filter(|w| w[1] > w[0]).map(|w| self.elements[w[1] - 1] as usize + 1).max().unwrap_or(0)
     }
 }
 
@@ -106,9 +109,8 @@ pub struct PairSpace<'a> {
 }
 
 impl PairSpace<'_> {
-    /// The element domain both families' ids lie in (a scan of every element:
-    /// ~0.65 s for 10^9, so callers compute it once; the self form scans its
-    /// one family once).
+    /// The element domain both families' ids lie in ([`Family::domain`] of
+    /// each; the self form's one family once).
     pub fn domain(&self) -> usize {
         if std::ptr::eq(self.left, self.right) {
             return self.left.domain();

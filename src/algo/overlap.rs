@@ -117,20 +117,22 @@ pub fn estimate_increments(space: &PairSpace, rows: Range<usize>) -> u64 {
 
 /// Time per unit of work, measured on an H100 (`setfusion bench seeds`,
 /// MISI over 1,000 zipf sets of 10^6, SETFUSION_TRACE): an inverted-list
-/// increment on the device (2.4-2.5 s for 0.7-1.0 x 10^11); an element
-/// indexed into inverted lists on the host's threads (3.7-7.3 s for 10^9);
+/// increment on the device (2.2-2.6 s for 0.7-1.0 x 10^11); an element
+/// indexed into inverted lists on the host's threads (2.7-7.3 s for 10^9);
 /// a word pair of the popcount GEMM (0.57 s for 1.56 x 10^12); and an
-/// element uploaded, with its set's bitmap allocated (~1.4 s for 10^9).
+/// element uploaded, with its set's bitmap allocated and written (~0.9 s for
+/// 10^9 over 10^8 ids, at 1.4 s before).
 const PS_PER_INCREMENT: f64 = 28.0;
 const PS_PER_INDEXED_ELEMENT: f64 = 5_000.0;
 const PS_PER_WORD_PAIR: f64 = 0.4;
 const PS_PER_BITMAP_ELEMENT: f64 = 1_500.0;
-/// The partitioned search's units: a step of a pair's merge (an element read
-/// and staged or looked up), a tile (its diagonal's search and its pair's
-/// loads), and an element of the families uploaded.
-const PS_PER_MERGED_ELEMENT: f64 = 1.5;
-const PS_PER_TILE: f64 = 3_000.0;
-const PS_PER_UPLOADED_ELEMENT: f64 = 400.0;
+/// The partitioned search's units, from the same run: a step of a pair's
+/// merge (an element staged or looked up) and a tile (its diagonal's search
+/// and its pair's loads), 3.63 s for 9.99 x 10^11 steps in 2.44 x 10^8
+/// tiles; an element of the families uploaded (~90 ms for 10^9).
+const PS_PER_MERGED_ELEMENT: f64 = 3.1;
+const PS_PER_TILE: f64 = 2_000.0;
+const PS_PER_UPLOADED_ELEMENT: f64 = 100.0;
 
 /// The estimated seconds of each device method ([`estimate_seconds`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -244,7 +246,7 @@ pub fn counts_gpu(
     method: Option<OverlapMethod>,
     ts: &mut TransferStats,
 ) -> Result<(Vec<u32>, OverlapMethod)> {
-    // The ids' domain (a scan of every element) at most once, for the choice, the lists and the bitmaps.
+    // The ids' domain (a look at every set) at most once, for the choice, the lists and the bitmaps.
     let domain = std::cell::OnceCell::new();
     let domain = || *domain.get_or_init(|| space.domain());
     let method =
