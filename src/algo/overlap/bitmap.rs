@@ -9,7 +9,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::Result;
 
-use super::{traced_phases, upload_family, DeviceFamily};
+use super::shared::{traced_phases, upload_family, DeviceFamily};
 use crate::algo::families::PairSpace;
 use crate::gpu::{cuda_err, Gpu, TransferStats};
 

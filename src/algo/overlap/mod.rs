@@ -33,7 +33,6 @@
 
 use std::ops::Range;
 use std::sync::OnceLock;
-use std::time::Instant;
 
 use datafusion::error::Result;
 
@@ -42,8 +41,9 @@ use crate::gpu::{Gpu, TransferStats};
 
 pub mod bitmap;
 pub mod search;
+mod shared;
 
-pub use search::{search_counts_cpu, search_counts_gpu, SEARCH_TILE};
+pub use search::{merged_elements, search_counts_cpu, search_counts_gpu, SEARCH_TILE};
 
 /// How [`counts_gpu`] counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,21 +150,6 @@ impl MethodSeconds {
     }
 }
 
-/// The steps of every pair's merge, Σ |x| + |y| over the pairs of left sets
-/// `rows`: the partitioned search's work (one pass over the right sets' sizes).
-pub fn merged_elements(space: &PairSpace, rows: Range<usize>) -> u64 {
-    let k = space.right.len();
-    let mut suffix = vec![0u64; k + 1];
-    for j in (0..k).rev() {
-        suffix[j] = suffix[j + 1] + space.right.set(j).len() as u64;
-    }
-    rows.map(|i| {
-        let from = space.first_right(i).min(k);
-        (k - from) as u64 * space.left.set(i).len() as u64 + suffix[from]
-    })
-    .sum()
-}
-
 /// The estimated seconds of each method ([`MethodSeconds`]).
 pub fn estimate_seconds(space: &PairSpace, rows: Range<usize>, indexed: bool) -> MethodSeconds {
     estimate_seconds_over(space, rows, indexed, space.domain())
@@ -196,7 +181,7 @@ pub fn choose(space: &PairSpace, rows: Range<usize>, indexed: bool) -> OverlapMe
 /// row-major `rows.len() x k_right` matrix (0 outside the pair space), by the
 /// right family's inverted lists, the rows spread over the host's threads.
 pub fn counts_cpu(space: &PairSpace, inv: &InvertedLists, rows: Range<usize>) -> Vec<u32> {
-    rows_on_host_threads(space, rows, &|i, row| {
+    shared::rows_on_host_threads(space, rows, &|i, row| {
         let from = space.first_right(i) as u32;
         for &e in space.left.set(i) {
             let e = e as usize;
@@ -210,26 +195,6 @@ pub fn counts_cpu(space: &PairSpace, inv: &InvertedLists, rows: Range<usize>) ->
             }
         }
     })
-}
-
-/// The row-major `rows.len() x k_right` count matrix of the CPU twins, zeroed,
-/// with `fill(i, row)` called for every left set `i` of `rows`, the rows
-/// spread over the host's threads.
-fn rows_on_host_threads(space: &PairSpace, rows: Range<usize>, fill: &(dyn Fn(usize, &mut [u32]) + Sync)) -> Vec<u32> {
-    let k = space.right.len();
-    let mut out = vec![0u32; rows.len() * k];
-    if k == 0 || rows.is_empty() {
-        return out;
-    }
-    let per = rows.len().div_ceil(crate::host::copy_threads().max(1) * 4).max(1);
-    let mut parts: Vec<(usize, &mut [u32])> =
-        out.chunks_mut(per * k).enumerate().map(|(c, part)| (rows.start + c * per, part)).collect();
-    crate::host::for_each_mut(&mut parts, &|_, (first, part)| {
-        for (r, row) in part.chunks_mut(k).enumerate() {
-            fill(*first + r, row);
-        }
-    });
-    out
 }
 
 /// The counts of the pairs of left sets `rows` on the device (the same matrix
@@ -258,30 +223,6 @@ pub fn counts_gpu(
         OverlapMethod::PartitionedSearch => search_counts_gpu(gpu, space, rows, SEARCH_TILE, ts)?,
     };
     Ok((counts, method))
-}
-
-/// SETFUSION_TRACE: a phase's time, the device synchronised after it, as
-/// "`what`: `phase`: N ms" (nothing when not tracing).
-fn traced_phases<'g>(gpu: &'g Gpu, what: &'static str) -> impl FnMut(&str) -> Result<()> + 'g {
-    let mut last = Instant::now();
-    move |phase: &str| {
-        if crate::env::trace() {
-            gpu.synchronize()?;
-            eprintln!("{what}: {phase}: {:.1} ms", last.elapsed().as_secs_f64() * 1e3);
-            last = Instant::now();
-        }
-        Ok(())
-    }
-}
-
-/// A family on the device: its offsets (as u64) and elements (one dummy
-/// element when it has none: a buffer is never empty).
-type DeviceFamily = (crate::gpu::DeviceBuffer<u64>, crate::gpu::DeviceBuffer<u32>);
-
-fn upload_family(gpu: &Gpu, f: &families::Family, ts: &mut TransferStats) -> Result<DeviceFamily> {
-    let offs: Vec<u64> = f.offsets.iter().map(|&o| o as u64).collect();
-    let elements: &[u32] = if f.elements.is_empty() { &[0] } else { &f.elements };
-    Ok((gpu.upload(&offs, ts)?, gpu.upload(elements, ts)?))
 }
 
 /// Doctor self-check: every device method equals the CPU twin on random
@@ -324,21 +265,9 @@ pub fn self_check(gpu: &Gpu) -> Result<String> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
+    use super::shared::brute;
     use super::*;
-
-    /// Every pair's overlap by merging the two sets (sets are sorted and distinct).
-    pub(super) fn brute(space: &PairSpace, rows: Range<usize>) -> Vec<u32> {
-        let k = space.right.len();
-        let mut out = vec![0u32; rows.len() * k];
-        for (r, i) in rows.enumerate() {
-            for j in space.first_right(i)..k {
-                let (a, b) = (space.left.set(i), space.right.set(j));
-                out[r * k + j] = a.iter().filter(|x| b.binary_search(x).is_ok()).count() as u32;
-            }
-        }
-        out
-    }
 
     #[test]
     fn cpu_counts_are_every_pairs_overlap() {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use datafusion::error::Result;
 
-use super::{traced_phases, upload_family};
+use super::shared::{rows_on_host_threads, traced_phases, upload_family};
 use crate::algo::families::PairSpace;
 use crate::gpu::{cuda_err, Gpu, TransferStats};
 
@@ -20,6 +20,21 @@ pub static KERNEL: crate::gpu::KernelSource = crate::gpu::KernelSource {
     source: include_str!("../../../kernels/overlap_search.cu"),
     defines: crate::gpu::no_defines,
 };
+
+/// The steps of every pair's merge, Σ |x| + |y| over the pairs of left sets
+/// `rows`: the partitioned search's work (one pass over the right sets' sizes).
+pub fn merged_elements(space: &PairSpace, rows: Range<usize>) -> u64 {
+    let k = space.right.len();
+    let mut suffix = vec![0u64; k + 1];
+    for j in (0..k).rev() {
+        suffix[j] = suffix[j + 1] + space.right.set(j).len() as u64;
+    }
+    rows.map(|i| {
+        let from = space.first_right(i).min(k);
+        (k - from) as u64 * space.left.set(i).len() as u64 + suffix[from]
+    })
+    .sum()
+}
 
 /// Threads of a block of both search kernels (`ovs_count`'s launch bound).
 const THREADS: u32 = 256;
@@ -74,7 +89,7 @@ fn pair_search_count(a: &[u32], b: &[u32], nv: usize) -> u32 {
 /// spread over the host's threads.
 pub fn search_counts_cpu(space: &PairSpace, rows: Range<usize>, nv: usize) -> Vec<u32> {
     let nv = nv.max(1);
-    super::rows_on_host_threads(space, rows, &|i, row| {
+    rows_on_host_threads(space, rows, &|i, row| {
         for (j, c) in row.iter_mut().enumerate().skip(space.first_right(i)) {
             *c = pair_search_count(space.left.set(i), space.right.set(j), nv);
         }
@@ -220,7 +235,7 @@ pub fn search_counts_gpu(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::brute;
+    use super::super::shared::brute;
     use super::*;
     use crate::algo::families;
 
@@ -248,7 +263,7 @@ mod tests {
                     .flat_map(|i| (space.first_right(i)..space.right.len()).map(move |j| (i, j)))
                     .map(|(i, j)| (space.left.set(i).len() + space.right.set(j).len()) as u64)
                     .sum();
-                assert_eq!(super::super::merged_elements(&space, 0..n), merged);
+                assert_eq!(merged_elements(&space, 0..n), merged);
             }
         }
         // Identical sets: every element is a match, whatever the tiles.
